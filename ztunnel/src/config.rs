@@ -1,0 +1,198 @@
+//! Configuration: the local (standalone) mesh config file and the proxy's own settings.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::rbac::Authorization;
+use crate::state::{MeshState, Service, StateError, Workload};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// serde_yaml's message names the field path, line and column.
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: serde_yaml::Error },
+    #[error("invalid config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("inconsistent config file {path}: {source}")]
+    State { path: PathBuf, source: StateError },
+}
+
+/// Istio ztunnel's local config shape: three lists, camelCase keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalConfig {
+    #[serde(default)]
+    pub workloads: Vec<Workload>,
+    #[serde(default)]
+    pub services: Vec<Service>,
+    #[serde(default)]
+    pub policies: Vec<Authorization>,
+}
+
+impl LocalConfig {
+    pub fn parse(path: &Path, text: &str) -> Result<LocalConfig, ConfigError> {
+        let cfg: LocalConfig = serde_yaml::from_str(text)
+            .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> Result<LocalConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        LocalConfig::parse(path, &text)
+    }
+
+    fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        for (i, w) in self.workloads.iter().enumerate() {
+            for (field, value) in [
+                ("uid", &w.uid.0),
+                ("name", &w.name),
+                ("namespace", &w.namespace),
+                ("serviceAccount", &w.service_account),
+                ("trustDomain", &w.trust_domain),
+            ] {
+                if value.is_empty() || (value.contains('/') && field != "uid") || value.chars().any(char::is_control) {
+                    return Err(invalid(format!(
+                        "workloads[{i}].{field}: {value:?} must be non-empty, without '/' or control characters"
+                    )));
+                }
+            }
+            for svc in w.services.keys() {
+                if svc.0.split_once('/').is_none() {
+                    return Err(invalid(format!(
+                        "workloads[{i}].services: key {:?} must be \"<namespace>/<hostname>\"",
+                        svc.0
+                    )));
+                }
+            }
+        }
+        for (i, s) in self.services.iter().enumerate() {
+            for san in &s.subject_alt_names {
+                san.parse::<crate::identity::Identity>()
+                    .map_err(|e| invalid(format!("services[{i}].subjectAltNames: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn into_state(self, path: &Path) -> Result<MeshState, ConfigError> {
+        MeshState::build(self.workloads, self.services, self.policies)
+            .map_err(|source| ConfigError::State { path: path.to_path_buf(), source })
+    }
+}
+
+/// How enrolled pods' traffic is captured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CaptureMode {
+    /// nftables REDIRECT rules inside each pod network namespace.
+    Nftables,
+    /// Capture is set up by someone else (e.g. istio-cni); ztunnel only binds its listeners.
+    None,
+}
+
+/// Proxy settings that are not mesh state.
+#[derive(Clone, Debug)]
+pub struct ProxyConfig {
+    pub node_name: String,
+    /// Streams per pooled HBONE connection before another connection opens (Istio: 100).
+    pub pool_max_streams: usize,
+    /// Idle pooled HBONE connections close after this (Istio: 5 min).
+    pub pool_idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    pub capture: CaptureMode,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            node_name: String::new(),
+            pool_max_streams: 100,
+            pool_idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            capture: CaptureMode::Nftables,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+workloads:
+- uid: cluster1//Pod/default/client
+  name: client
+  namespace: default
+  serviceAccount: client
+  workloadIps: ["10.10.1.11"]
+  protocol: HBONE
+  node: node1
+  services:
+    default/echo.default.svc.cluster.local: {80: 8080}
+services:
+- name: echo
+  namespace: default
+  hostname: echo.default.svc.cluster.local
+  vips: ["/10.96.0.10"]
+  ports: {80: 8080}
+policies:
+- name: allow-client
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules:
+  - - - principals: [{Exact: cluster.local/ns/default/sa/client}]
+"#;
+
+    #[test]
+    fn parses_istio_shape() {
+        let cfg = LocalConfig::parse(Path::new("x.yaml"), GOOD).unwrap();
+        assert_eq!(cfg.workloads[0].trust_domain, "cluster.local");
+        assert_eq!(cfg.workloads[0].capacity, 1);
+        let st = cfg.into_state(Path::new("x.yaml")).unwrap();
+        let svc = st.service_by_vip("10.96.0.10".parse().unwrap()).unwrap().clone();
+        let eps = st.endpoints_for(&svc, 80);
+        assert_eq!(eps.len(), 1);
+        assert_eq!(eps[0].1, 8080);
+    }
+
+    #[test]
+    fn unknown_field_names_file_line_and_field() {
+        let bad = GOOD.replace("  node: node1", "  node: node1\n  nodeName: oops");
+        let err = LocalConfig::parse(Path::new("/etc/zt/local.yaml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("/etc/zt/local.yaml"), "{err}");
+        assert!(err.contains("unknown field `nodeName`"), "{err}");
+        assert!(err.contains("line 10"), "{err}");
+        assert!(err.contains("workloads[0]"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let bad = GOOD.replace("10.10.1.11", "10.10.1.300");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("workloads[0].workloadIps"), "{err}");
+        let bad = GOOD.replace("scope: Namespace", "scope: Cluster");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("policies[0].scope") && err.contains("line"), "{err}");
+        let bad = GOOD.replace("serviceAccount: client", "serviceAccount: \"a/b\"");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("workloads[0].serviceAccount"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_ip_is_rejected() {
+        let cfg = LocalConfig::parse(
+            Path::new("f.yaml"),
+            "workloads:\n- {uid: a, name: a, namespace: d, workloadIps: [10.0.0.1]}\n- {uid: b, name: b, namespace: d, workloadIps: [10.0.0.1]}\n",
+        )
+        .unwrap();
+        let err = cfg.into_state(Path::new("f.yaml")).unwrap_err().to_string();
+        assert!(err.contains("10.0.0.1") && err.contains("f.yaml"), "{err}");
+    }
+}

@@ -1,0 +1,188 @@
+//! The built-in CA for standalone use: an ECDSA P-256 root kept in the state directory
+//! (or loaded from files), issuing short-lived SPIFFE leaf certificates.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use super::manager::WorkloadCert;
+use super::Identity;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("cannot read CA file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot write CA file {path}: {source}; check that the state directory is writable")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("CA file {path} is not a valid PEM certificate or key: {source}")]
+    Parse { path: PathBuf, source: rcgen::Error },
+    #[error("cannot sign a certificate for {identity}: {source}")]
+    Sign { identity: String, source: rcgen::Error },
+    #[error("--ca-cert and --ca-key must be given together")]
+    HalfGiven,
+}
+
+pub struct Ca {
+    issuer: Issuer<'static, KeyPair>,
+    root_der: CertificateDer<'static>,
+    root_pem: String,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").finish_non_exhaustive()
+    }
+}
+
+const ROOT_CERT_FILE: &str = "ca-cert.pem";
+const ROOT_KEY_FILE: &str = "ca-key.pem";
+
+impl Ca {
+    /// Loads the root from `--ca-cert/--ca-key`, else from the state directory, else
+    /// generates one there (mode 0600 key) so restarts and other nodes can share it.
+    pub fn load_or_create(
+        state_dir: &Path,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Ca, CaError> {
+        match (cert, key) {
+            (Some(c), Some(k)) => return Ca::from_files(c, k),
+            (None, None) => {}
+            _ => return Err(CaError::HalfGiven),
+        }
+        let cert_path = state_dir.join(ROOT_CERT_FILE);
+        let key_path = state_dir.join(ROOT_KEY_FILE);
+        if cert_path.exists() && key_path.exists() {
+            return Ca::from_files(&cert_path, &key_path);
+        }
+        let write_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CaError::Write { path, source }
+        };
+        std::fs::create_dir_all(state_dir).map_err(write_err(state_dir))?;
+        let (cert_pem, key_pem) = Ca::generate_root_pem()?;
+        write_private(&key_path, &key_pem).map_err(write_err(&key_path))?;
+        std::fs::write(&cert_path, &cert_pem).map_err(write_err(&cert_path))?;
+        tracing::info!(path = %cert_path.display(), "generated a new mesh root CA");
+        Ca::from_pem(&cert_pem, &key_pem, &cert_path)
+    }
+
+    pub fn from_files(cert: &Path, key: &Path) -> Result<Ca, CaError> {
+        let read = |p: &Path| {
+            std::fs::read_to_string(p).map_err(|source| CaError::Read { path: p.to_path_buf(), source })
+        };
+        let key_pem = read(key)?;
+        let cert_pem = read(cert)?;
+        KeyPair::from_pem(&key_pem).map_err(|source| CaError::Parse { path: key.to_path_buf(), source })?;
+        Ca::from_pem(&cert_pem, &key_pem, cert)
+    }
+
+    /// A fresh root, as PEM (certificate, PKCS#8 key).
+    pub fn generate_root_pem() -> Result<(String, String), CaError> {
+        let sign_err = |source| CaError::Sign { identity: "root".into(), source };
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
+        let mut params = CertificateParams::default();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "ztunnel-rs standalone mesh");
+        params.distinguished_name = dn;
+        let now = time::OffsetDateTime::now_utc();
+        params.not_before = now - time::Duration::minutes(5);
+        params.not_after = now + time::Duration::days(3650);
+        let cert = params.self_signed(&key).map_err(sign_err)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+
+    fn from_pem(cert_pem: &str, key_pem: &str, cert_path: &Path) -> Result<Ca, CaError> {
+        let parse_err = |source| CaError::Parse { path: cert_path.to_path_buf(), source };
+        let key = KeyPair::from_pem(key_pem).map_err(parse_err)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(parse_err)?;
+        let root_der = pem_to_der(cert_pem).ok_or(CaError::Parse {
+            path: cert_path.to_path_buf(),
+            source: rcgen::Error::CouldNotParseCertificate,
+        })?;
+        Ok(Ca { issuer, root_der, root_pem: cert_pem.to_string() })
+    }
+
+    pub fn root(&self) -> CertificateDer<'static> {
+        self.root_der.clone()
+    }
+
+    pub fn root_pem(&self) -> &str {
+        &self.root_pem
+    }
+
+    /// Issues a leaf for `identity`: URI SAN only, no CN, EKU serverAuth + clientAuth.
+    pub fn issue(&self, identity: &Identity, ttl: Duration) -> Result<WorkloadCert, CaError> {
+        let sign_err = |source| CaError::Sign { identity: identity.to_string(), source };
+        let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
+        let uri = identity.to_string().try_into().map_err(sign_err)?;
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = vec![SanType::URI(uri)];
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        let serial: [u8; 16] = rand::random();
+        params.serial_number = Some(SerialNumber::from_slice(&serial));
+        let now = SystemTime::now();
+        // Backdate a little for clock skew between nodes.
+        let not_before = now - Duration::from_secs(60);
+        let not_after = now + ttl;
+        params.not_before = not_before.into();
+        params.not_after = not_after.into();
+        let cert = params.signed_by(&key, &self.issuer).map_err(sign_err)?;
+        Ok(WorkloadCert {
+            identity: identity.clone(),
+            chain: vec![cert.der().clone()],
+            key: PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            roots: vec![self.root_der.clone()],
+            not_before,
+            not_after,
+            serial: serial.iter().map(|b| format!("{b:02x}")).collect(),
+        })
+    }
+}
+
+fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(contents.as_bytes())
+}
+
+pub fn pem_to_der(pem: &str) -> Option<CertificateDer<'static>> {
+    use rustls_pki_types::pem::PemObject;
+    CertificateDer::from_pem_slice(pem.as_bytes()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn root_persists_across_restarts() {
+        let dir = std::env::temp_dir().join(format!("zt-ca-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let a = Ca::load_or_create(&dir, None, None).unwrap();
+        let b = Ca::load_or_create(&dir, None, None).unwrap();
+        assert_eq!(a.root(), b.root());
+        let id = Identity::new("cluster.local", "default", "client");
+        let leaf = b.issue(&id, Duration::from_secs(3600)).unwrap();
+        assert_eq!(crate::tls::identity_from_cert(&leaf.chain[0]).unwrap(), id);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn half_given_files_are_rejected() {
+        let e = Ca::load_or_create(Path::new("/nonexistent"), Some(Path::new("/x")), None).unwrap_err();
+        assert!(matches!(e, CaError::HalfGiven));
+    }
+}

@@ -1,0 +1,183 @@
+//! Per-identity certificates for the workloads on this node: fetched on enrollment,
+//! refreshed at half their lifetime, and only ever issued for local identities.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use rustls::sign::CertifiedKey;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use super::ca::{Ca, CaError};
+use super::Identity;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    #[error("refusing a certificate for {0}: no workload with that identity is enrolled on this node")]
+    NotLocal(Identity),
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    #[error("certificate for {identity} is unusable: {reason}")]
+    Unusable { identity: Identity, reason: String },
+}
+
+/// A leaf certificate and key for one identity.
+pub struct WorkloadCert {
+    pub identity: Identity,
+    /// Leaf first, then intermediates (the root is not sent).
+    pub chain: Vec<CertificateDer<'static>>,
+    pub key: PrivateKeyDer<'static>,
+    pub roots: Vec<CertificateDer<'static>>,
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+    pub serial: String,
+}
+
+impl WorkloadCert {
+    pub fn refresh_at(&self) -> SystemTime {
+        let life = self.not_after.duration_since(self.not_before).unwrap_or_default();
+        self.not_before + life / 2
+    }
+
+    pub fn is_valid(&self) -> bool {
+        SystemTime::now() < self.not_after
+    }
+}
+
+/// A certificate ready for rustls.
+pub struct CertState {
+    pub cert: WorkloadCert,
+    pub certified_key: Arc<CertifiedKey>,
+}
+
+type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
+
+/// Where certificates come from: the built-in CA, or (later) the Istio CA.
+pub trait CaClient: Send + Sync + 'static {
+    fn sign<'a>(&'a self, id: &'a Identity) -> SignFuture<'a>;
+}
+
+/// The built-in CA with a fixed leaf lifetime.
+pub struct LocalCa {
+    pub ca: Ca,
+    pub ttl: Duration,
+}
+
+impl CaClient for LocalCa {
+    fn sign<'a>(&'a self, id: &'a Identity) -> SignFuture<'a> {
+        Box::pin(async move { Ok(self.ca.issue(id, self.ttl)?) })
+    }
+}
+
+struct Entry {
+    refs: usize,
+    current: Option<Arc<ArcSwap<CertState>>>,
+    rotation: Option<tokio::task::AbortHandle>,
+}
+
+pub struct CertManager {
+    ca: Arc<dyn CaClient>,
+    entries: Mutex<HashMap<Identity, Entry>>,
+}
+
+impl CertManager {
+    pub fn new(ca: Arc<dyn CaClient>) -> Arc<CertManager> {
+        Arc::new(CertManager { ca, entries: Mutex::new(HashMap::new()) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Identity, Entry>> {
+        // A panic while holding this lock cannot leave the map inconsistent (single inserts/removes).
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `id` as belonging to a pod enrolled on this node (reference counted).
+    pub fn allow(&self, id: &Identity) {
+        self.lock()
+            .entry(id.clone())
+            .or_insert(Entry { refs: 0, current: None, rotation: None })
+            .refs += 1;
+    }
+
+    /// Drops one reference; the last one forgets the certificate and stops its rotation.
+    pub fn release(&self, id: &Identity) {
+        let mut map = self.lock();
+        if let Some(e) = map.get_mut(id) {
+            e.refs = e.refs.saturating_sub(1);
+            if e.refs == 0 {
+                if let Some(r) = e.rotation.take() {
+                    r.abort();
+                }
+                map.remove(id);
+            }
+        }
+    }
+
+    /// The current certificate for a local identity, issuing it on first use.
+    pub async fn fetch(self: &Arc<Self>, id: &Identity) -> Result<Arc<CertState>, CertError> {
+        let existing = match self.lock().get(id) {
+            None => return Err(CertError::NotLocal(id.clone())),
+            Some(e) => e.current.clone(),
+        };
+        if let Some(cur) = existing {
+            return Ok(cur.load_full());
+        }
+        let state = Arc::new(ArcSwap::from_pointee(self.issue(id).await?));
+        let mut map = self.lock();
+        let Some(entry) = map.get_mut(id) else {
+            return Err(CertError::NotLocal(id.clone()));
+        };
+        if let Some(cur) = &entry.current {
+            // Another task won the race; keep one certificate per identity.
+            return Ok(cur.load_full());
+        }
+        entry.current = Some(state.clone());
+        entry.rotation = Some(tokio::spawn(rotate(self.clone(), id.clone(), state.clone())).abort_handle());
+        Ok(state.load_full())
+    }
+
+    /// Snapshot of all current certificates (for config dumps and tests).
+    pub fn certificates(&self) -> Vec<Arc<CertState>> {
+        self.lock().values().filter_map(|e| e.current.as_ref().map(|c| c.load_full())).collect()
+    }
+
+    async fn issue(&self, id: &Identity) -> Result<CertState, CertError> {
+        let cert = self.ca.sign(id).await?;
+        let leaf_id = cert.chain.first().map(crate::tls::identity_from_cert);
+        if !matches!(&leaf_id, Some(Ok(got)) if got == id) {
+            return Err(CertError::Unusable {
+                identity: id.clone(),
+                reason: format!("the CA returned a leaf for {leaf_id:?}"),
+            });
+        }
+        let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)
+            .map_err(|e| CertError::Unusable { identity: id.clone(), reason: e.to_string() })?;
+        let certified_key = Arc::new(CertifiedKey::new(cert.chain.clone(), key));
+        Ok(CertState { cert, certified_key })
+    }
+}
+
+/// Refreshes a certificate at half-life; on failure retries with backoff and keeps the
+/// still-valid certificate in place.
+async fn rotate(mgr: Arc<CertManager>, id: Identity, slot: Arc<ArcSwap<CertState>>) {
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let at = slot.load().cert.refresh_at();
+        let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
+        tokio::time::sleep(wait).await;
+        match mgr.issue(&id).await {
+            Ok(next) => {
+                tracing::info!(identity = %id, serial = %next.cert.serial, "certificate rotated");
+                slot.store(Arc::new(next));
+                backoff = Duration::from_millis(500);
+            }
+            Err(e) => {
+                tracing::warn!(identity = %id, error = %e, retry_in = ?backoff, "certificate refresh failed; keeping the current one");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(60));
+            }
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! ztunnel: the ambient mesh node proxy. Shared mesh code (identity, TLS, HBONE,
+//! config, policy) lives here so the waypoint can reuse it.
+
+pub mod capture;
+pub mod config;
+pub mod hbone;
+pub mod identity;
+pub mod netns;
+pub mod proxy;
+pub mod rbac;
+pub mod state;
+pub mod tls;
+
+/// SO_MARK on every socket the proxy opens, so capture rules exempt its own traffic.
+pub const PROXY_MARK: u32 = 1337;
+
+/// Ports the proxy listens on inside each pod; as an original destination they are self-calls.
+pub mod ports {
+    pub const OUTBOUND: u16 = 15001;
+    pub const INBOUND_PLAINTEXT: u16 = 15006;
+    pub const HBONE: u16 = 15008;
+    pub const SOCKS5: u16 = 15080;
+
+    pub fn is_proxy_port(p: u16) -> bool {
+        matches!(p, OUTBOUND | INBOUND_PLAINTEXT | HBONE | SOCKS5)
+    }
+}

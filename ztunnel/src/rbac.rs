@@ -1,0 +1,281 @@
+//! L4 authorization (Istio's `istio.security.Authorization`).
+//!
+//! Semantics: a policy matches if any rule matches; a rule is the AND of its clauses;
+//! a clause is the OR of its matches; a match is the AND of its non-empty fields.
+//! Any matching DENY denies; with no ALLOW policy in scope the connection is allowed;
+//! otherwise one ALLOW must match. Names are compared as strings, never as patterns.
+//! A source without an identity fails every positive identity field and passes every
+//! negative one (Envoy RBAC semantics: "not principal X" holds for an anonymous peer).
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+
+use crate::identity::Identity;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum PolicyScope {
+    Global,
+    Namespace,
+    WorkloadSelector,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum PolicyAction {
+    Allow,
+    Deny,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Authorization {
+    pub name: String,
+    pub namespace: String,
+    pub scope: PolicyScope,
+    pub action: PolicyAction,
+    #[serde(default)]
+    pub dry_run: bool,
+    /// rules -> clauses -> matches
+    #[serde(default)]
+    pub rules: Vec<Vec<Vec<Match>>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Match {
+    #[serde(default)]
+    pub namespaces: Vec<StringMatch>,
+    #[serde(default)]
+    pub not_namespaces: Vec<StringMatch>,
+    #[serde(default)]
+    pub principals: Vec<StringMatch>,
+    #[serde(default)]
+    pub not_principals: Vec<StringMatch>,
+    #[serde(default)]
+    pub source_ips: Vec<Cidr>,
+    #[serde(default)]
+    pub not_source_ips: Vec<Cidr>,
+    #[serde(default)]
+    pub destination_ips: Vec<Cidr>,
+    #[serde(default)]
+    pub not_destination_ips: Vec<Cidr>,
+    #[serde(default)]
+    pub destination_ports: Vec<u16>,
+    #[serde(default)]
+    pub not_destination_ports: Vec<u16>,
+    #[serde(default)]
+    pub service_accounts: Vec<ServiceAccountMatch>,
+    #[serde(default)]
+    pub not_service_accounts: Vec<ServiceAccountMatch>,
+}
+
+/// Written as a one-key map, as Istio does: `{Exact: x}`, `{Prefix: x}`, `{Suffix: x}`, `{Presence: {}}`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StringMatch {
+    Exact(String),
+    Prefix(String),
+    Suffix(String),
+    /// Any non-empty value.
+    Presence,
+}
+
+impl<'de> Deserialize<'de> for StringMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Raw {
+            #[serde(rename = "Exact")]
+            exact: Option<String>,
+            #[serde(rename = "Prefix")]
+            prefix: Option<String>,
+            #[serde(rename = "Suffix")]
+            suffix: Option<String>,
+            #[serde(rename = "Presence")]
+            presence: Option<serde::de::IgnoredAny>,
+        }
+        let raw = Raw::deserialize(d)?;
+        let mut found = Vec::with_capacity(1);
+        found.extend(raw.exact.map(StringMatch::Exact));
+        found.extend(raw.prefix.map(StringMatch::Prefix));
+        found.extend(raw.suffix.map(StringMatch::Suffix));
+        found.extend(raw.presence.map(|_| StringMatch::Presence));
+        match (found.pop(), found.is_empty()) {
+            (Some(m), true) => Ok(m),
+            _ => Err(serde::de::Error::custom(
+                "a string match needs exactly one of Exact, Prefix, Suffix or Presence",
+            )),
+        }
+    }
+}
+
+impl StringMatch {
+    pub fn matches(&self, value: &str) -> bool {
+        match self {
+            StringMatch::Exact(s) => value == s,
+            StringMatch::Prefix(s) => value.starts_with(s.as_str()),
+            StringMatch::Suffix(s) => value.ends_with(s.as_str()),
+            StringMatch::Presence => !value.is_empty(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ServiceAccountMatch {
+    pub namespace: String,
+    pub service_account: String,
+}
+
+/// An IP or CIDR (`10.0.0.0/8`, `10.1.2.3`, `fd00::/8`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr(pub IpNet);
+
+impl Cidr {
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        // Compare IPv4-mapped IPv6 peers as IPv4 so a dual-stack socket cannot dodge a v4 rule.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+            v4 => v4,
+        };
+        self.0.contains(&ip)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse::<Cidr>().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for Cidr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Ok(net) = s.parse::<IpNet>() {
+            return Ok(Cidr(net));
+        }
+        s.parse::<IpAddr>()
+            .map(|ip| Cidr(IpNet::from(ip)))
+            .map_err(|_| format!("invalid IP or CIDR {s:?}: expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\""))
+    }
+}
+
+/// What L4 authorization knows about a connection.
+#[derive(Clone, Debug)]
+pub struct Connection {
+    /// Peer identity from mTLS; `None` for plaintext clients.
+    pub src_identity: Option<Identity>,
+    pub src_ip: IpAddr,
+    /// The destination workload address and target port.
+    pub dst: SocketAddr,
+}
+
+impl Match {
+    fn matches(&self, conn: &Connection) -> bool {
+        let id = conn.src_identity.as_ref();
+        let ns = id.map(|i| i.namespace.as_str());
+        let principal = id.map(|i| i.principal());
+        let principal = principal.as_deref();
+
+        positive(&self.namespaces, ns, |m, v| m.matches(v))
+            && negative(&self.not_namespaces, ns, |m, v| m.matches(v))
+            && positive(&self.principals, principal, |m, v| m.matches(v))
+            && negative(&self.not_principals, principal, |m, v| m.matches(v))
+            && positive(&self.service_accounts, id, sa_matches)
+            && negative(&self.not_service_accounts, id, sa_matches)
+            && positive(&self.source_ips, Some(conn.src_ip), |c, ip| c.contains(ip))
+            && negative(&self.not_source_ips, Some(conn.src_ip), |c, ip| c.contains(ip))
+            && positive(&self.destination_ips, Some(conn.dst.ip()), |c, ip| c.contains(ip))
+            && negative(&self.not_destination_ips, Some(conn.dst.ip()), |c, ip| c.contains(ip))
+            && positive(&self.destination_ports, Some(conn.dst.port()), |p, v| *p == v)
+            && negative(&self.not_destination_ports, Some(conn.dst.port()), |p, v| *p == v)
+    }
+}
+
+fn sa_matches(m: &ServiceAccountMatch, id: &Identity) -> bool {
+    m.namespace == id.namespace && m.service_account == id.service_account
+}
+
+/// Empty list: no constraint. Otherwise the value must be present and match one entry.
+fn positive<M, V: Copy>(list: &[M], value: Option<V>, f: impl Fn(&M, V) -> bool) -> bool {
+    list.is_empty() || value.is_some_and(|v| list.iter().any(|m| f(m, v)))
+}
+
+/// Empty list: no constraint. Otherwise an absent value passes; a present one must match none.
+fn negative<M, V: Copy>(list: &[M], value: Option<V>, f: impl Fn(&M, V) -> bool) -> bool {
+    match value {
+        Some(v) => !list.iter().any(|m| f(m, v)),
+        None => true,
+    }
+}
+
+impl Authorization {
+    /// `namespace/name`, the policy's resource name.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    pub fn matches(&self, conn: &Connection) -> bool {
+        self.rules
+            .iter()
+            .any(|rule| rule.iter().all(|clause| clause.iter().any(|m| m.matches(conn))))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allow,
+    /// Denied; names the policy that denied, or says no ALLOW policy matched.
+    Deny(DenyReason),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DenyReason {
+    DenyPolicy(String),
+    NoAllowMatch,
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenyReason::DenyPolicy(p) => write!(f, "denied by DENY policy {p}"),
+            DenyReason::NoAllowMatch => write!(f, "no ALLOW policy matched"),
+        }
+    }
+}
+
+/// Evaluates the policies in scope for the destination. Dry-run policies are logged, never enforced.
+pub fn evaluate<'a>(policies: impl IntoIterator<Item = &'a Authorization>, conn: &Connection) -> Decision {
+    let mut have_allow = false;
+    let mut allowed = false;
+    let mut denied_by = None;
+    for p in policies {
+        let m = p.matches(conn);
+        if p.dry_run {
+            tracing::info!(policy = %p.key(), action = ?p.action, matched = m, "dry-run policy evaluated");
+            continue;
+        }
+        match p.action {
+            PolicyAction::Deny if m => {
+                denied_by.get_or_insert_with(|| p.key());
+            }
+            PolicyAction::Deny => {}
+            PolicyAction::Allow => {
+                have_allow = true;
+                allowed |= m;
+            }
+        }
+    }
+    if let Some(p) = denied_by {
+        Decision::Deny(DenyReason::DenyPolicy(p))
+    } else if !have_allow || allowed {
+        Decision::Allow
+    } else {
+        Decision::Deny(DenyReason::NoAllowMatch)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,205 @@
+//! The proxy's view of the mesh: workloads, services and authorization policies,
+//! indexed for the lookups the data plane makes on every connection.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
+use crate::rbac::{Authorization, PolicyScope};
+
+pub mod workload;
+
+pub use workload::{HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid};
+
+/// An immutable snapshot of mesh state. Updates build a new snapshot and swap it in,
+/// so a connection always sees one consistent view.
+#[derive(Debug, Default)]
+pub struct MeshState {
+    workloads: HashMap<WorkloadUid, Arc<Workload>>,
+    workload_by_ip: HashMap<IpAddr, Arc<Workload>>,
+    services: HashMap<NamespacedHostname, Arc<Service>>,
+    service_by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// endpoints of each service: workload uid -> port map (service port -> target port)
+    endpoints: HashMap<NamespacedHostname, Vec<(Arc<Workload>, BTreeMap<u16, u16>)>>,
+    policies: BTreeMap<String, Arc<Authorization>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("workload uid {0:?} appears twice; every workload needs a unique uid")]
+    DuplicateWorkload(String),
+    #[error("workload IP {ip} is claimed by both {first} and {second}; an IP must map to one identity")]
+    DuplicateIp { ip: IpAddr, first: String, second: String },
+    #[error("service VIP {ip} is claimed by both {first} and {second}")]
+    DuplicateVip { ip: IpAddr, first: String, second: String },
+    #[error("service {0} appears twice")]
+    DuplicateService(String),
+}
+
+impl MeshState {
+    pub fn build(
+        workloads: Vec<Workload>,
+        services: Vec<Service>,
+        policies: Vec<Authorization>,
+    ) -> Result<MeshState, StateError> {
+        let mut st = MeshState::default();
+        for svc in services {
+            let svc = Arc::new(svc);
+            let key = svc.namespaced_hostname();
+            for vip in &svc.vips {
+                if let Some(prev) = st.service_by_vip.insert(vip.address, svc.clone()) {
+                    return Err(StateError::DuplicateVip {
+                        ip: vip.address,
+                        first: prev.namespaced_hostname().to_string(),
+                        second: key.to_string(),
+                    });
+                }
+            }
+            if st.services.insert(key.clone(), svc).is_some() {
+                return Err(StateError::DuplicateService(key.to_string()));
+            }
+        }
+        for wl in workloads {
+            let wl = Arc::new(wl);
+            for ip in &wl.workload_ips {
+                if let Some(prev) = st.workload_by_ip.insert(*ip, wl.clone()) {
+                    return Err(StateError::DuplicateIp {
+                        ip: *ip,
+                        first: prev.uid.to_string(),
+                        second: wl.uid.to_string(),
+                    });
+                }
+            }
+            for (svc, ports) in &wl.services {
+                st.endpoints.entry(svc.clone()).or_default().push((wl.clone(), ports.clone()));
+            }
+            if st.workloads.insert(wl.uid.clone(), wl.clone()).is_some() {
+                return Err(StateError::DuplicateWorkload(wl.uid.to_string()));
+            }
+        }
+        for p in policies {
+            st.policies.insert(p.key(), Arc::new(p));
+        }
+        Ok(st)
+    }
+
+    pub fn workload_by_uid(&self, uid: &WorkloadUid) -> Option<&Arc<Workload>> {
+        self.workloads.get(uid)
+    }
+
+    pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
+        self.workload_by_ip.get(&ip)
+    }
+
+    pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
+        self.service_by_vip.get(&ip)
+    }
+
+    pub fn service(&self, name: &NamespacedHostname) -> Option<&Arc<Service>> {
+        self.services.get(name)
+    }
+
+    pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
+        self.workloads.values()
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.values()
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Authorization>> {
+        self.policies.values()
+    }
+
+    /// Endpoints of a service that serve `service_port`, with the target port on each.
+    pub fn endpoints_for(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+        let Some(eps) = self.endpoints.get(&svc.namespaced_hostname()) else {
+            return Vec::new();
+        };
+        eps.iter()
+            .filter_map(|(wl, ports)| {
+                // A workload-level port map wins; else the service's own map; else the same port.
+                let target = ports
+                    .get(&service_port)
+                    .copied()
+                    .or_else(|| svc.ports.get(&service_port).copied())
+                    .or(if ports.is_empty() && svc.ports.is_empty() { Some(service_port) } else { None })?;
+                Some((wl.clone(), if target == 0 { service_port } else { target }))
+            })
+            .collect()
+    }
+
+    /// Policies that apply to a destination workload, in a stable order.
+    pub fn policies_for(&self, wl: &Workload) -> Vec<Arc<Authorization>> {
+        self.policies
+            .values()
+            .filter(|p| match p.scope {
+                PolicyScope::Global => true,
+                PolicyScope::Namespace => p.namespace == wl.namespace,
+                PolicyScope::WorkloadSelector => wl.authorization_policies.iter().any(|k| *k == p.key()),
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Identities acceptable for a destination workload (its own, plus its services' SANs).
+    pub fn expected_identities(&self, wl: &Workload, via_service: Option<&Service>) -> Vec<Identity> {
+        let mut ids = vec![wl.identity()];
+        if let Some(svc) = via_service {
+            for san in &svc.subject_alt_names {
+                if let Ok(id) = san.parse::<Identity>() {
+                    if !ids.contains(&id) {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+        ids
+    }
+}
+
+/// A destination address as HBONE names it (`ip:port`, IPv6 in brackets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HboneAddress(pub SocketAddr);
+
+impl fmt::Display for HboneAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // SocketAddr's Display already brackets IPv6.
+        write!(f, "{}", self.0)
+    }
+}
+
+pub(crate) fn default_trust_domain() -> String {
+    DEFAULT_TRUST_DOMAIN.to_string()
+}
+
+/// `network/ip` as used in service VIP lists; a bare IP means the default network.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NetworkAddress {
+    pub network: String,
+    pub address: IpAddr,
+}
+
+impl<'de> Deserialize<'de> for NetworkAddress {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let (network, ip) = match s.rsplit_once('/') {
+            Some((n, ip)) => (n.to_string(), ip),
+            None => (String::new(), s.as_str()),
+        };
+        let address = ip.parse().map_err(|_| {
+            serde::de::Error::custom(format!("invalid VIP {s:?}: expected \"<network>/<ip>\" or \"<ip>\""))
+        })?;
+        Ok(NetworkAddress { network, address })
+    }
+}
+
+impl fmt::Display for NetworkAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.address)
+    }
+}

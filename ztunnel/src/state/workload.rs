@@ -1,0 +1,122 @@
+//! Workloads and services in the shape of Istio's local config (camelCase keys).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+
+use serde::Deserialize;
+
+use super::{default_trust_domain, NetworkAddress};
+use crate::identity::Identity;
+
+/// The workload uid (for Kubernetes pods: `cluster//Pod/namespace/name`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(transparent)]
+pub struct WorkloadUid(pub String);
+
+impl fmt::Display for WorkloadUid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// `namespace/hostname`, the key of a service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(transparent)]
+pub struct NamespacedHostname(pub String);
+
+impl fmt::Display for NamespacedHostname {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[allow(clippy::upper_case_acronyms)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum Protocol {
+    /// Plain TCP: the workload is not in the mesh; traffic to it is passed through.
+    #[default]
+    TCP,
+    /// Reached over HBONE on port 15008.
+    HBONE,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum HealthStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Workload {
+    pub uid: WorkloadUid,
+    pub name: String,
+    pub namespace: String,
+    #[serde(default = "default_service_account")]
+    pub service_account: String,
+    #[serde(default = "default_trust_domain")]
+    pub trust_domain: String,
+    #[serde(default)]
+    pub workload_ips: Vec<IpAddr>,
+    #[serde(default)]
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub node: String,
+    #[serde(default)]
+    pub network: String,
+    /// `ns/hostname` -> { service port: target port }
+    #[serde(default)]
+    pub services: HashMap<NamespacedHostname, BTreeMap<u16, u16>>,
+    #[serde(default)]
+    pub canonical_name: String,
+    #[serde(default)]
+    pub canonical_revision: String,
+    #[serde(default)]
+    pub workload_name: String,
+    #[serde(default)]
+    pub cluster_id: String,
+    #[serde(default = "default_capacity")]
+    pub capacity: u32,
+    #[serde(default)]
+    pub status: HealthStatus,
+    /// `namespace/name` of WorkloadSelector-scoped policies that select this workload.
+    #[serde(default)]
+    pub authorization_policies: Vec<String>,
+}
+
+fn default_service_account() -> String {
+    "default".to_string()
+}
+
+fn default_capacity() -> u32 {
+    1
+}
+
+impl Workload {
+    pub fn identity(&self) -> Identity {
+        Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Service {
+    pub name: String,
+    pub namespace: String,
+    pub hostname: String,
+    #[serde(default)]
+    pub vips: Vec<NetworkAddress>,
+    /// service port -> target port (0 = same as the service port)
+    #[serde(default)]
+    pub ports: BTreeMap<u16, u16>,
+    #[serde(default)]
+    pub subject_alt_names: Vec<String>,
+}
+
+impl Service {
+    pub fn namespaced_hostname(&self) -> NamespacedHostname {
+        NamespacedHostname(format!("{}/{}", self.namespace, self.hostname))
+    }
+}

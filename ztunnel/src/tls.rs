@@ -1,0 +1,272 @@
+//! mTLS for HBONE: TLS 1.3 only, ALPN h2, no SNI, SPIFFE identities in URI SANs.
+//!
+//! Crypto provider: ring. It builds with only a C compiler (aws-lc-rs needs cmake and
+//! a longer build), is smaller, and covers everything HBONE needs (ECDSA P-256, AES-GCM).
+
+use std::sync::Arc;
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+
+use crate::identity::{Identity, IdentityError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("certificate cannot be parsed: {0}")]
+    BadCertificate(String),
+    #[error("certificate has no URI SAN; mesh certificates carry a spiffe:// identity")]
+    NoIdentity,
+    #[error("certificate identity is invalid: {0}")]
+    BadIdentity(#[from] IdentityError),
+    #[error("cannot build TLS config: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// ring, restricted to the cipher suites HBONE allows.
+pub fn provider() -> Arc<CryptoProvider> {
+    let mut p = rustls::crypto::ring::default_provider();
+    p.cipher_suites = vec![
+        rustls::crypto::ring::cipher_suite::TLS13_AES_256_GCM_SHA384,
+        rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256,
+    ];
+    Arc::new(p)
+}
+
+/// The identity of a certificate: its first URI SAN, which must be a SPIFFE id.
+pub fn identity_from_cert(der: &CertificateDer<'_>) -> Result<Identity, TlsError> {
+    use x509_parser::prelude::*;
+    let (_, cert) = X509Certificate::from_der(der.as_ref()).map_err(|e| TlsError::BadCertificate(e.to_string()))?;
+    let san = cert
+        .subject_alternative_name()
+        .map_err(|e| TlsError::BadCertificate(e.to_string()))?
+        .ok_or(TlsError::NoIdentity)?;
+    let uri = san
+        .value
+        .general_names
+        .iter()
+        .find_map(|n| match n {
+            GeneralName::URI(u) => Some(*u),
+            _ => None,
+        })
+        .ok_or(TlsError::NoIdentity)?;
+    // Identity parsing rejects NUL and other control bytes, so "a\0b" never equals "a".
+    Ok(uri.parse()?)
+}
+
+fn trust_anchors(roots: &[CertificateDer<'static>]) -> Vec<rustls_pki_types::TrustAnchor<'static>> {
+    roots
+        .iter()
+        .filter_map(|r| webpki::anchor_from_trusted_cert(r).ok().map(|a| a.to_owned()))
+        .collect()
+}
+
+fn verify_chain(
+    provider: &CryptoProvider,
+    anchors: &[rustls_pki_types::TrustAnchor<'static>],
+    end_entity: &CertificateDer<'_>,
+    intermediates: &[CertificateDer<'_>],
+    now: UnixTime,
+    usage: webpki::KeyUsage,
+) -> Result<Identity, rustls::Error> {
+    let cert = webpki::EndEntityCert::try_from(end_entity)
+        .map_err(|e| rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))))?;
+    cert.verify_for_usage(
+        provider.signature_verification_algorithms.all,
+        anchors,
+        intermediates,
+        now,
+        usage,
+        None,
+        None,
+    )
+    .map_err(|e| rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))))?;
+    identity_from_cert(end_entity)
+        .map_err(|e| rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))))
+}
+
+fn identity_error(msg: String) -> rustls::Error {
+    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(
+        std::io::Error::other(msg),
+    ))))
+}
+
+/// Client side: the server must chain to our roots and present one of the expected identities.
+#[derive(Debug)]
+struct ExpectedIdentityVerifier {
+    provider: Arc<CryptoProvider>,
+    anchors: Vec<rustls_pki_types::TrustAnchor<'static>>,
+    expected: Vec<Identity>,
+}
+
+impl ServerCertVerifier for ExpectedIdentityVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let id = verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, webpki::KeyUsage::server_auth())?;
+        if self.expected.contains(&id) {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            let expected: Vec<String> = self.expected.iter().map(|i| i.to_string()).collect();
+            Err(identity_error(format!("server identity {id} is not one of the expected {expected:?}")))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        // TLS 1.2 is disabled in every config we build.
+        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Server side: the client must present a certificate chaining to our roots, from our trust domain.
+#[derive(Debug)]
+struct TrustDomainVerifier {
+    provider: Arc<CryptoProvider>,
+    anchors: Vec<rustls_pki_types::TrustAnchor<'static>>,
+    trust_domain: String,
+}
+
+impl ClientCertVerifier for TrustDomainVerifier {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let id = verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, webpki::KeyUsage::client_auth())?;
+        if id.trust_domain == self.trust_domain {
+            Ok(ClientCertVerified::assertion())
+        } else {
+            Err(identity_error(format!(
+                "client identity {id} is from trust domain {:?}, expected {:?}",
+                id.trust_domain, self.trust_domain
+            )))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// TLS client config for one HBONE connection from `cert`'s identity to one of `expected`.
+pub fn client_config(
+    cert: &CertifiedKey,
+    roots: &[CertificateDer<'static>],
+    expected: Vec<Identity>,
+) -> Result<ClientConfig, TlsError> {
+    let provider = provider();
+    let verifier = ExpectedIdentityVerifier { provider: provider.clone(), anchors: trust_anchors(roots), expected };
+    let mut cfg = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_client_cert_resolver(Arc::new(FixedClientCert(Arc::new(cert.clone()))));
+    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
+    cfg.enable_sni = false;
+    Ok(cfg)
+}
+
+#[derive(Debug)]
+struct FixedClientCert(Arc<CertifiedKey>);
+
+impl rustls::client::ResolvesClientCert for FixedClientCert {
+    fn resolve(&self, _hints: &[&[u8]], _schemes: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.clone())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
+    }
+}
+
+/// Supplies the server certificate at handshake time, so rotation needs no new config.
+pub trait CurrentCert: Send + Sync + std::fmt::Debug {
+    fn current(&self) -> Option<Arc<CertifiedKey>>;
+}
+
+#[derive(Debug)]
+struct Resolver<C>(C);
+
+impl<C: CurrentCert> ResolvesServerCert for Resolver<C> {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.0.current()
+    }
+}
+
+/// TLS server config for a pod's HBONE listener.
+pub fn server_config(
+    cert: impl CurrentCert + 'static,
+    roots: &[CertificateDer<'static>],
+    trust_domain: &str,
+) -> Result<ServerConfig, TlsError> {
+    let provider = provider();
+    let verifier = TrustDomainVerifier {
+        provider: provider.clone(),
+        anchors: trust_anchors(roots),
+        trust_domain: trust_domain.to_string(),
+    };
+    let mut cfg = ServerConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(verifier))
+        .with_cert_resolver(Arc::new(Resolver(cert)));
+    cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
+    Ok(cfg)
+}
+
+/// The verified peer identity of an accepted server-side connection.
+pub fn peer_identity(conn: &rustls::ServerConnection) -> Result<Identity, TlsError> {
+    let certs = conn.peer_certificates().ok_or(TlsError::NoIdentity)?;
+    identity_from_cert(certs.first().ok_or(TlsError::NoIdentity)?)
+}
