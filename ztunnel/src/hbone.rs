@@ -1,1 +1,140 @@
+//! HBONE: TCP tunnelled as HTTP/2 CONNECT streams inside mTLS, port 15008.
 
+use std::io;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use h2::{RecvStream, SendStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+pub mod pool;
+
+pub use pool::{Pool, PoolKey};
+
+/// Istio's HTTP/2 tuning for HBONE.
+pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+pub const CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+pub const MAX_FRAME: u32 = 1024 * 1024;
+pub const SERVER_MAX_STREAMS: u32 = 200;
+pub const PING_INTERVAL: Duration = Duration::from_secs(10);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
+
+const COPY_BUF: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HboneError {
+    #[error("TLS to {peer} failed: {source}")]
+    Tls { peer: String, source: io::Error },
+    #[error("HTTP/2 error with {peer}: {source}")]
+    H2 { peer: String, source: h2::Error },
+    #[error("CONNECT {authority} answered {status}")]
+    Status { authority: String, status: http::StatusCode },
+    #[error("cannot reach {peer}: {source}")]
+    Connect { peer: String, source: crate::netns::NetnsError },
+    #[error("no certificate for the source identity: {0}")]
+    Cert(#[from] crate::identity::manager::CertError),
+    #[error(transparent)]
+    TlsConfig(#[from] crate::tls::TlsError),
+    #[error("bad CONNECT request: {0}")]
+    Request(#[from] http::Error),
+}
+
+/// How a tunnelled copy ended.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Transferred {
+    /// bytes from the TCP side into the tunnel
+    pub sent: u64,
+    /// bytes from the tunnel to the TCP side
+    pub received: u64,
+}
+
+/// Which side broke a tunnel, so the other side can be reset rather than closed.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("TCP side failed: {0}")]
+    Tcp(io::Error),
+    #[error("tunnel stream failed: {0}")]
+    Stream(h2::Error),
+}
+
+/// Copies both ways between a TCP connection and an HTTP/2 stream until both directions
+/// end. EOF becomes END_STREAM (and END_STREAM a write shutdown), so half-close carries
+/// through. An error on one side resets the other: RST_STREAM towards the tunnel, or the
+/// caller resets the TCP connection (see [`CopyError`]).
+pub async fn copy_tcp_h2(
+    tcp: &mut tokio::net::TcpStream,
+    mut send: SendStream<Bytes>,
+    mut recv: RecvStream,
+) -> Result<Transferred, (CopyError, Transferred)> {
+    let (mut rd, mut wr) = tcp.split();
+    let mut t = Transferred::default();
+    let up = tcp_to_h2(&mut rd, &mut send, &mut t.sent);
+    let down = h2_to_tcp(&mut recv, &mut wr, &mut t.received);
+    let res = tokio::try_join!(up, down);
+    match res {
+        Ok(_) => Ok(t),
+        Err(e) => {
+            if let CopyError::Tcp(_) = e {
+                send.send_reset(h2::Reason::CANCEL);
+            }
+            Err((e, t))
+        }
+    }
+}
+
+async fn tcp_to_h2<R: AsyncRead + Unpin>(
+    rd: &mut R,
+    send: &mut SendStream<Bytes>,
+    count: &mut u64,
+) -> Result<(), CopyError> {
+    let mut buf = BytesMut::with_capacity(COPY_BUF);
+    loop {
+        buf.reserve(COPY_BUF);
+        let n = rd.read_buf(&mut buf).await.map_err(CopyError::Tcp)?;
+        if n == 0 {
+            send.send_data(Bytes::new(), true).map_err(CopyError::Stream)?;
+            return Ok(());
+        }
+        let mut chunk = buf.split().freeze();
+        *count += chunk.len() as u64;
+        while !chunk.is_empty() {
+            send.reserve_capacity(chunk.len());
+            let cap = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => return Err(CopyError::Stream(e)),
+                None => return Err(CopyError::Stream(h2::Error::from(h2::Reason::CANCEL))),
+            };
+            if cap == 0 {
+                continue;
+            }
+            let part = chunk.split_to(cap.min(chunk.len()));
+            send.send_data(part, false).map_err(CopyError::Stream)?;
+        }
+    }
+}
+
+async fn h2_to_tcp<W: AsyncWrite + Unpin>(
+    recv: &mut RecvStream,
+    wr: &mut W,
+    count: &mut u64,
+) -> Result<(), CopyError> {
+    while let Some(chunk) = recv.data().await {
+        let chunk = chunk.map_err(CopyError::Stream)?;
+        let n = chunk.len();
+        wr.write_all(&chunk).await.map_err(CopyError::Tcp)?;
+        *count += n as u64;
+        // Return flow-control credit only once the bytes are written, so a slow reader
+        // pushes back on the sender instead of growing our buffers.
+        let _ = recv.flow_control().release_capacity(n);
+    }
+    // A stream that ends with RST_STREAM yields an error above; None here is END_STREAM.
+    wr.shutdown().await.map_err(CopyError::Tcp)?;
+    Ok(())
+}
+
+/// W3C traceparent with fresh ids for one tunnelled connection.
+pub fn traceparent() -> String {
+    let trace: u128 = rand::random();
+    let span: u64 = rand::random();
+    format!("00-{trace:032x}-{span:016x}-01")
+}

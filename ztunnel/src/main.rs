@@ -1,1 +1,114 @@
-fn main(){}
+//! ztunnel binary: loads the mesh config, starts the built-in CA, enrolls pods.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use clap::Parser;
+
+use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
+use ztunnel::hbone::Pool;
+use ztunnel::identity::ca::Ca;
+use ztunnel::identity::manager::LocalCa;
+use ztunnel::identity::CertManager;
+use ztunnel::netns::InPodNetns;
+use ztunnel::proxy::{self, ProxyInputs};
+use ztunnel::state::WorkloadUid;
+
+#[derive(Parser, Debug)]
+#[command(name = "ztunnel", version, about = "Ambient mesh node proxy (HBONE, mTLS, L4 policy)")]
+struct Args {
+    /// Local mesh config (Istio's local config YAML: workloads, services, policies).
+    #[arg(long, env = "LOCAL_XDS_PATH")]
+    local_xds_path: PathBuf,
+    /// This node's name; only workloads with `node: <this>` may be enrolled here.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Where the built-in CA keeps its root when --ca-cert/--ca-key are not given.
+    #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
+    state_dir: PathBuf,
+    #[arg(long, requires = "ca_key")]
+    ca_cert: Option<PathBuf>,
+    #[arg(long, requires = "ca_cert")]
+    ca_key: Option<PathBuf>,
+    /// Lifetime of issued workload certificates, in seconds (rotated at half-life).
+    #[arg(long, env = "WORKLOAD_CERT_TTL_SECONDS", default_value_t = 24 * 3600)]
+    cert_ttl_seconds: u64,
+    /// Enroll a pod at start: UID=NETNS_PATH (for example uid1=/var/run/netns/pod-a). Repeatable.
+    #[arg(long = "pod", value_name = "UID=NETNS")]
+    pods: Vec<String>,
+    #[arg(long, value_enum, default_value = "nftables")]
+    capture: CaptureMode,
+    #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
+    pool_max_streams: usize,
+    #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
+    pool_idle_timeout_seconds: u64,
+    /// Log as JSON (LOG_FORMAT=json) instead of text.
+    #[arg(long, env = "LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logging(&args.log_format);
+    // Remember our own netns before any thread visits a pod's.
+    ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let cfg = LocalConfig::load(&args.local_xds_path)?;
+    let state = cfg.into_state(&args.local_xds_path)?;
+    let ca = Ca::load_or_create(&args.state_dir, args.ca_cert.as_deref(), args.ca_key.as_deref())?;
+    let certs = CertManager::new(Arc::new(LocalCa { ca, ttl: Duration::from_secs(args.cert_ttl_seconds) }));
+    let pcfg = ProxyConfig {
+        node_name: args.node_name.clone(),
+        pool_max_streams: args.pool_max_streams,
+        pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
+        capture: args.capture,
+        ..ProxyConfig::default()
+    };
+    let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
+    let inputs = Arc::new(ProxyInputs { state: Arc::new(ArcSwap::from_pointee(state)), certs, pool, cfg: pcfg });
+
+    let mut enrolled = Vec::new();
+    for spec in &args.pods {
+        let (uid, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--pod {spec:?}: expected UID=NETNS_PATH"))?;
+        let netns = InPodNetns::open(path.as_ref())?;
+        let pod = proxy::enroll(inputs.clone(), &WorkloadUid(uid.to_string()), netns)
+            .await
+            .with_context(|| format!("cannot enroll pod {uid}"))?;
+        enrolled.push(pod);
+    }
+    tracing::info!(node = %args.node_name, pods = enrolled.len(), "ztunnel ready");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down; removing capture from enrolled pods");
+    for pod in enrolled {
+        let name = pod.pod.workload.name.clone();
+        if let Err(e) = pod.remove().await {
+            tracing::warn!(pod = %name, error = %e, "cannot remove capture");
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,183 @@
+//! Pod network namespaces. The proxy keeps its own netns and creates sockets inside a
+//! pod's netns by switching the calling thread there just for the `socket()` call
+//! (a socket stays in the netns it was created in), as Istio's in-pod mode does.
 
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use nix::sched::{setns, CloneFlags};
+use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+
+use crate::PROXY_MARK;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    #[error("cannot open network namespace {path}: {source}")]
+    Open { path: PathBuf, source: io::Error },
+    #[error("cannot enter network namespace {name}: {source} (ztunnel needs CAP_SYS_ADMIN)")]
+    Enter { name: String, source: nix::Error },
+    #[error("socket operation in network namespace {name} failed: {source}")]
+    Socket { name: String, source: io::Error },
+}
+
+static PROXY_NETNS: OnceLock<io::Result<File>> = OnceLock::new();
+
+/// Remembers the proxy's own netns. Call once at start, before any pod netns is entered.
+pub fn init() -> io::Result<()> {
+    match proxy_netns() {
+        Ok(_) => Ok(()),
+        Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+    }
+}
+
+fn proxy_netns() -> &'static io::Result<File> {
+    PROXY_NETNS.get_or_init(|| File::open("/proc/thread-self/ns/net"))
+}
+
+/// A handle to one pod's network namespace.
+#[derive(Clone, Debug)]
+pub struct InPodNetns {
+    fd: Arc<OwnedFd>,
+    name: Arc<str>,
+}
+
+impl InPodNetns {
+    pub fn open(path: &Path) -> Result<InPodNetns, NetnsError> {
+        let f = File::open(path).map_err(|source| NetnsError::Open { path: path.to_path_buf(), source })?;
+        Ok(InPodNetns { fd: Arc::new(f.into()), name: path.display().to_string().into() })
+    }
+
+    /// From a netns fd received from the CNI agent.
+    pub fn from_fd(fd: OwnedFd, name: &str) -> InPodNetns {
+        InPodNetns { fd: Arc::new(fd), name: name.into() }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Runs `f` with the current thread inside this netns, then switches back.
+    /// Keep `f` to socket creation: it runs on a runtime thread and must not block.
+    pub fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, NetnsError> {
+        let home = match proxy_netns() {
+            Ok(f) => f,
+            Err(e) => {
+                return Err(NetnsError::Enter { name: "proxy".into(), source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EBADF)) })
+            }
+        };
+        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
+            .map_err(|source| NetnsError::Enter { name: self.name.to_string(), source })?;
+        let out = f();
+        if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
+            // A runtime thread stuck in a pod's netns would create later sockets in the wrong
+            // pod: that cannot be allowed to continue.
+            tracing::error!(error = %e, "cannot return to the proxy network namespace; aborting");
+            std::process::abort();
+        }
+        Ok(out)
+    }
+
+    fn socket(&self, addr: &SocketAddr) -> Result<Socket, NetnsError> {
+        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        self.run(|| Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP)))?
+            .map_err(|source| self.sock_err(source))
+    }
+
+    fn sock_err(&self, source: io::Error) -> NetnsError {
+        NetnsError::Socket { name: self.name.to_string(), source }
+    }
+
+    /// A listener bound inside the pod. SO_REUSEPORT lets a new proxy bind beside the old one.
+    pub fn listen(&self, addr: SocketAddr, transparent: bool) -> Result<TcpListener, NetnsError> {
+        let s = self.socket(&addr)?;
+        let r = (|| {
+            s.set_reuse_address(true)?;
+            s.set_reuse_port(true)?;
+            if transparent {
+                s.set_ip_transparent_v4(true)?;
+            }
+            s.bind(&SockAddr::from(addr))?;
+            s.listen(1024)?;
+            TcpListener::from_std(std::net::TcpListener::from(s))
+        })();
+        r.map_err(|e| self.sock_err(e))
+    }
+
+    /// Connects from inside the pod with the proxy mark, so capture lets it through.
+    /// With `transparent_src`, the connection appears to come from that address (the
+    /// real client), which needs IP_TRANSPARENT and the pod's local-delivery route.
+    pub async fn connect(
+        &self,
+        dst: SocketAddr,
+        transparent_src: Option<SocketAddr>,
+        timeout: Duration,
+    ) -> Result<TcpStream, NetnsError> {
+        let s = self.socket(&dst)?;
+        let setup = (|| {
+            s.set_mark(PROXY_MARK)?;
+            s.set_tcp_nodelay(true)?;
+            set_keepalive(&s)?;
+            if let Some(src) = transparent_src {
+                s.set_ip_transparent_v4(true)?;
+                s.bind(&SockAddr::from(SocketAddr::new(src.ip(), 0)))?;
+            }
+            Ok::<_, io::Error>(())
+        })();
+        setup.map_err(|e| self.sock_err(e))?;
+        let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(s));
+        match tokio::time::timeout(timeout, sock.connect(dst)).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(e)) => Err(self.sock_err(e)),
+            Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
+        }
+    }
+}
+
+/// Istio's HBONE keepalive: 180 s idle, 180 s interval, 9 probes.
+pub fn set_keepalive(s: &Socket) -> io::Result<()> {
+    s.set_keepalive(true)?;
+    s.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(Duration::from_secs(180))
+            .with_interval(Duration::from_secs(180))
+            .with_retries(9),
+    )
+}
+
+/// The destination a captured connection was addressed to before REDIRECT.
+pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
+    use nix::sys::socket::{getsockopt, sockopt};
+    let local = stream.local_addr()?;
+    if local.is_ipv4() {
+        let sin = getsockopt(stream, sockopt::OriginalDst).map_err(io::Error::from)?;
+        let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+        Ok(SocketAddr::new(ip.into(), u16::from_be(sin.sin_port)))
+    } else {
+        let sin6 = getsockopt(stream, sockopt::Ip6tOriginalDst).map_err(io::Error::from)?;
+        let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+        Ok(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+    }
+}
+
+/// Closes a TCP connection with RST instead of FIN, to propagate a reset.
+pub fn reset(stream: TcpStream) {
+    if let Ok(std) = stream.into_std() {
+        let s = Socket::from(std);
+        let _ = s.set_linger(Some(Duration::ZERO));
+        drop(s);
+    }
+}
+
+pub fn raw_fd(s: &impl AsRawFd) -> i32 {
+    s.as_raw_fd()
+}

@@ -1,1 +1,160 @@
+//! The per-pod proxy: listeners inside each enrolled pod's netns, like Istio's in-pod mode.
+//! 15001 outbound (captured), 15008 inbound HBONE, 15006 inbound plaintext.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::task::JoinSet;
+
+use crate::capture::{self, CaptureError};
+use crate::config::{CaptureMode, ProxyConfig};
+use crate::hbone::Pool;
+use crate::identity::{CertManager, Identity};
+use crate::netns::{InPodNetns, NetnsError};
+use crate::ports;
+use crate::state::{MeshState, Workload, WorkloadUid};
+
+pub mod inbound;
+pub mod inbound_passthrough;
+pub mod outbound;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("workload {0} is not in the mesh config; add it to the config before enrolling the pod")]
+    UnknownWorkload(WorkloadUid),
+    #[error("workload {uid} runs on node {node:?}, not on this node {ours:?}; a node proxy only serves its own node's pods")]
+    WrongNode { uid: WorkloadUid, node: String, ours: String },
+    #[error("workload {0} has no IPv4 address")]
+    NoAddress(WorkloadUid),
+    #[error("cannot bind listener {addr} in pod {pod}: {source}")]
+    Bind { pod: String, addr: SocketAddr, source: NetnsError },
+    #[error(transparent)]
+    Cert(#[from] crate::identity::manager::CertError),
+    #[error(transparent)]
+    Capture(#[from] CaptureError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+}
+
+/// What every connection handler needs.
+pub struct ProxyInputs {
+    pub state: Arc<ArcSwap<MeshState>>,
+    pub certs: Arc<CertManager>,
+    pub pool: Pool,
+    pub cfg: ProxyConfig,
+}
+
+/// The local workload a listener serves.
+#[derive(Clone)]
+pub struct LocalPod {
+    pub workload: Arc<Workload>,
+    pub identity: Identity,
+    pub ip: IpAddr,
+    pub netns: InPodNetns,
+}
+
+/// An enrolled pod: its listeners run until this is dropped (or `remove` is called).
+pub struct EnrolledPod {
+    pub pod: LocalPod,
+    tasks: JoinSet<()>,
+    inputs: Arc<ProxyInputs>,
+}
+
+impl EnrolledPod {
+    /// Stops the listeners and removes capture from the pod.
+    pub async fn remove(mut self) -> Result<(), ProxyError> {
+        self.tasks.shutdown().await;
+        if self.inputs.cfg.capture == CaptureMode::Nftables {
+            capture::nftables::remove(&self.pod.netns).await?;
+        }
+        self.inputs.certs.release(&self.pod.identity);
+        Ok(())
+    }
+}
+
+pub async fn enroll(inputs: Arc<ProxyInputs>, uid: &WorkloadUid, netns: InPodNetns) -> Result<EnrolledPod, ProxyError> {
+    let wl = inputs
+        .state
+        .load()
+        .workload_by_uid(uid)
+        .cloned()
+        .ok_or_else(|| ProxyError::UnknownWorkload(uid.clone()))?;
+    if wl.node != inputs.cfg.node_name {
+        return Err(ProxyError::WrongNode { uid: uid.clone(), node: wl.node.clone(), ours: inputs.cfg.node_name.clone() });
+    }
+    let ip = wl
+        .workload_ips
+        .iter()
+        .copied()
+        .find(IpAddr::is_ipv4)
+        .ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
+    let identity = wl.identity();
+    inputs.certs.allow(&identity);
+    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, netns: netns.clone() };
+    let r = start(inputs.clone(), pod).await;
+    if r.is_err() {
+        inputs.certs.release(&identity);
+    }
+    r
+}
+
+async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, ProxyError> {
+    inputs.certs.fetch(&pod.identity).await?;
+    let bind = |addr: SocketAddr| {
+        pod.netns.listen(addr, false).map_err(|source| ProxyError::Bind { pod: pod.netns.name().to_string(), addr, source })
+    };
+    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+    // Outbound is only reached through REDIRECT, which targets loopback.
+    let outbound = bind(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::OUTBOUND))?;
+    let hbone = bind(SocketAddr::new(any, ports::HBONE))?;
+    let plaintext = bind(SocketAddr::new(any, ports::INBOUND_PLAINTEXT))?;
+    let tls = Arc::new(crate::tls::server_config(
+        PodCert { certs: inputs.certs.clone(), identity: pod.identity.clone() },
+        &inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default(),
+        &pod.identity.trust_domain,
+    )?);
+    if inputs.cfg.capture == CaptureMode::Nftables {
+        capture::nftables::install(&pod.netns).await?;
+    }
+    let mut tasks = JoinSet::new();
+    tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
+    tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));
+    tasks.spawn(inbound_passthrough::serve(inputs.clone(), pod.clone(), plaintext));
+    tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
+    Ok(EnrolledPod { pod, tasks, inputs })
+}
+
+#[derive(Debug)]
+struct PodCert {
+    certs: Arc<CertManager>,
+    identity: Identity,
+}
+
+impl std::fmt::Debug for CertManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CertManager")
+    }
+}
+
+impl crate::tls::CurrentCert for PodCert {
+    fn current(&self) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        self.certs.current(&self.identity).map(|c| c.certified_key.clone())
+    }
+}
+
+/// Whether an original destination points back at this pod's proxy listeners.
+pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
+    ports::is_proxy_port(dst.port()) && (dst.ip() == pod.ip || dst.ip().is_loopback() || dst.ip().is_unspecified())
+}
+
+/// Copies between two TCP connections; an error on one side resets the other.
+pub(crate) async fn copy_tcp(a: &mut tokio::net::TcpStream, b: &mut tokio::net::TcpStream) -> std::io::Result<(u64, u64)> {
+    tokio::io::copy_bidirectional(a, b).await
+}
+
+/// Accept errors (e.g. EMFILE) must not spin a runtime thread or end the listener.
+pub(crate) async fn accept_backoff(listener: &str, e: std::io::Error) {
+    tracing::warn!(listener, error = %e, "accept failed; retrying");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+}

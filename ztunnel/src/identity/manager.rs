@@ -138,6 +138,11 @@ impl CertManager {
         Ok(state.load_full())
     }
 
+    /// The current certificate without issuing one (for TLS handshakes, which are synchronous).
+    pub fn current(&self, id: &Identity) -> Option<Arc<CertState>> {
+        self.lock().get(id).and_then(|e| e.current.as_ref().map(|c| c.load_full()))
+    }
+
     /// Snapshot of all current certificates (for config dumps and tests).
     pub fn certificates(&self) -> Vec<Arc<CertState>> {
         self.lock().values().filter_map(|e| e.current.as_ref().map(|c| c.load_full())).collect()

@@ -1,0 +1,254 @@
+//! Pooled HBONE client connections: streams with the same (source identity, expected
+//! destination identities, destination, source IP) share one HTTP/2 connection up to a
+//! stream limit. Concurrent first requests wait for one dial instead of racing N.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::client::SendRequest;
+use h2::{RecvStream, SendStream};
+use rustls_pki_types::ServerName;
+use tracing::Instrument;
+
+use super::{HboneError, CONNECTION_WINDOW, MAX_FRAME, PING_INTERVAL, PING_TIMEOUT, STREAM_WINDOW};
+use crate::identity::{CertManager, Identity};
+use crate::netns::InPodNetns;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    pub src_identity: Identity,
+    /// Sorted, so the same set always maps to one key.
+    pub dst_identities: Vec<Identity>,
+    /// `<pod ip>:15008`
+    pub dst: SocketAddr,
+    pub src_ip: IpAddr,
+}
+
+impl PoolKey {
+    pub fn new(src_identity: Identity, mut dst_identities: Vec<Identity>, dst: SocketAddr, src_ip: IpAddr) -> Self {
+        dst_identities.sort();
+        dst_identities.dedup();
+        PoolKey { src_identity, dst_identities, dst, src_ip }
+    }
+}
+
+struct Conn {
+    id: u64,
+    send: SendRequest<Bytes>,
+    streams: AtomicUsize,
+    closed: AtomicBool,
+    idle_since: Mutex<Instant>,
+}
+
+#[derive(Default)]
+struct KeyState {
+    conns: Vec<Arc<Conn>>,
+    dial: Arc<tokio::sync::Mutex<()>>,
+}
+
+struct Inner {
+    keys: Mutex<HashMap<PoolKey, KeyState>>,
+    certs: Arc<CertManager>,
+    max_streams: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+    next_id: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+/// Holds a stream's slot on its pooled connection; released on drop.
+pub struct StreamGuard {
+    conn: Arc<Conn>,
+}
+
+impl StreamGuard {
+    pub fn connection_id(&self) -> u64 {
+        self.conn.id
+    }
+}
+
+impl Drop for StreamGuard {
+    fn drop(&mut self) {
+        if self.conn.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *lock(&self.conn.idle_since) = Instant::now();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Pool {
+    pub fn new(certs: Arc<CertManager>, max_streams: usize, idle_timeout: Duration, connect_timeout: Duration) -> Pool {
+        Pool {
+            inner: Arc::new(Inner {
+                keys: Mutex::new(HashMap::new()),
+                certs,
+                max_streams: max_streams.max(1),
+                idle_timeout,
+                connect_timeout,
+                next_id: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    /// Live pooled connections (for tests and the admin dump).
+    pub fn connection_count(&self) -> usize {
+        lock(&self.inner.keys).values().map(|k| k.conns.iter().filter(|c| !c.closed.load(Ordering::Acquire)).count()).sum()
+    }
+
+    fn try_checkout(&self, key: &PoolKey) -> Result<StreamGuard, Arc<tokio::sync::Mutex<()>>> {
+        let mut keys = lock(&self.inner.keys);
+        let st = keys.entry(key.clone()).or_default();
+        st.conns.retain(|c| !c.closed.load(Ordering::Acquire));
+        for c in &st.conns {
+            let mut cur = c.streams.load(Ordering::Acquire);
+            while cur < self.inner.max_streams {
+                match c.streams.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Ok(StreamGuard { conn: c.clone() }),
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        Err(st.dial.clone())
+    }
+
+    async fn checkout(&self, key: &PoolKey, netns: &InPodNetns) -> Result<StreamGuard, HboneError> {
+        let dial_lock = match self.try_checkout(key) {
+            Ok(g) => return Ok(g),
+            Err(l) => l,
+        };
+        let _dialing = dial_lock.lock().await;
+        if let Ok(g) = self.try_checkout(key) {
+            return Ok(g);
+        }
+        let conn = self.dial(key, netns).await?;
+        let guard = StreamGuard { conn: conn.clone() };
+        lock(&self.inner.keys).entry(key.clone()).or_default().conns.push(conn);
+        Ok(guard)
+    }
+
+    async fn dial(&self, key: &PoolKey, netns: &InPodNetns) -> Result<Arc<Conn>, HboneError> {
+        let peer = key.dst.to_string();
+        let cert = self.inner.certs.fetch(&key.src_identity).await?;
+        let tcp = netns
+            .connect(key.dst, None, self.inner.connect_timeout)
+            .await
+            .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
+        let cfg = crate::tls::client_config(&cert.certified_key, &cert.cert.roots, key.dst_identities.clone())?;
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+            .connect(ServerName::IpAddress(key.dst.ip().into()), tcp)
+            .await
+            .map_err(|source| HboneError::Tls { peer: peer.clone(), source })?;
+        let (send, mut connection) = h2::client::Builder::new()
+            .initial_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_frame_size(MAX_FRAME)
+            .handshake::<_, Bytes>(tls)
+            .await
+            .map_err(|source| HboneError::H2 { peer: peer.clone(), source })?;
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            id,
+            send,
+            streams: AtomicUsize::new(1),
+            closed: AtomicBool::new(false),
+            idle_since: Mutex::new(Instant::now()),
+        });
+        tracing::debug!(conn = id, dst = %key.dst, src_identity = %key.src_identity, "opened pooled HBONE connection");
+        let ping = connection.ping_pong();
+        let weak = Arc::downgrade(&conn);
+        let pool = self.clone();
+        let key = key.clone();
+        tokio::spawn(
+            async move {
+                tokio::select! {
+                    r = connection => if let Err(e) = r { tracing::debug!(error = %e, "HBONE connection ended") },
+                    _ = keepalive(ping) => tracing::debug!("HBONE connection failed its keepalive ping"),
+                    _ = pool.reap_when_idle(&key, weak.clone()) => {}
+                }
+                if let Some(c) = weak.upgrade() {
+                    c.closed.store(true, Ordering::Release);
+                }
+                pool.forget(&key, id);
+            }
+            .instrument(tracing::debug_span!("hbone_pool_conn", conn = id)),
+        );
+        Ok(conn)
+    }
+
+    /// Resolves once the connection has had no streams for the idle timeout. The driver
+    /// then drops the connection, which ends with a GOAWAY.
+    async fn reap_when_idle(&self, key: &PoolKey, conn: std::sync::Weak<Conn>) {
+        let tick = (self.inner.idle_timeout / 4).max(Duration::from_millis(50));
+        loop {
+            tokio::time::sleep(tick).await;
+            let Some(c) = conn.upgrade() else { return };
+            let idle = c.streams.load(Ordering::Acquire) == 0
+                && lock(&c.idle_since).elapsed() >= self.inner.idle_timeout;
+            if idle {
+                c.closed.store(true, Ordering::Release);
+                tracing::debug!(conn = c.id, dst = %key.dst, "closing idle pooled HBONE connection");
+                return;
+            }
+        }
+    }
+
+    fn forget(&self, key: &PoolKey, id: u64) {
+        let mut keys = lock(&self.inner.keys);
+        if let Some(st) = keys.get_mut(key) {
+            st.conns.retain(|c| c.id != id);
+            if st.conns.is_empty() && Arc::strong_count(&st.dial) == 1 {
+                keys.remove(key);
+            }
+        }
+    }
+
+    /// Opens one CONNECT stream; the tunnel is established once the peer answers 200.
+    pub async fn connect(
+        &self,
+        key: &PoolKey,
+        netns: &InPodNetns,
+        request: http::Request<()>,
+    ) -> Result<(SendStream<Bytes>, RecvStream, StreamGuard), HboneError> {
+        let guard = self.checkout(key, netns).await?;
+        let peer = || key.dst.to_string();
+        let authority = request.uri().to_string();
+        let mut send = guard
+            .conn
+            .send
+            .clone()
+            .ready()
+            .await
+            .map_err(|source| HboneError::H2 { peer: peer(), source })?;
+        let (response, stream) =
+            send.send_request(request, false).map_err(|source| HboneError::H2 { peer: peer(), source })?;
+        let response = response.await.map_err(|source| HboneError::H2 { peer: peer(), source })?;
+        if response.status() != http::StatusCode::OK {
+            return Err(HboneError::Status { authority, status: response.status() });
+        }
+        Ok((stream, response.into_body(), guard))
+    }
+}
+
+async fn keepalive(mut ping: Option<h2::PingPong>) {
+    let Some(ping) = ping.as_mut() else {
+        return std::future::pending().await;
+    };
+    loop {
+        tokio::time::sleep(PING_INTERVAL).await;
+        match tokio::time::timeout(PING_TIMEOUT, ping.ping(h2::Ping::opaque())).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! Inbound HBONE (15008): mTLS, then one CONNECT stream per tunnelled connection.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use http::{Method, Request, Response, StatusCode};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::Instrument;
+
+use super::{LocalPod, ProxyInputs};
+use crate::hbone::{self, CopyError};
+use crate::identity::Identity;
+use crate::netns::reset;
+use crate::rbac::{self, Decision};
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
+                tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, peer, acceptor.clone()).instrument(span));
+            }
+            Err(e) => super::accept_backoff("inbound", e).await,
+        }
+    }
+}
+
+async fn handle_connection(
+    inputs: Arc<ProxyInputs>,
+    pod: LocalPod,
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: tokio_rustls::TlsAcceptor,
+) {
+    let _ = stream.set_nodelay(true);
+    let local = match stream.local_addr() {
+        Ok(l) => l,
+        Err(_) => return,
+    };
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, response_flags = "TLS_FAILURE", "HBONE TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(response_flags = "TLS_FAILURE", "HBONE TLS handshake timed out");
+            return;
+        }
+    };
+    let src_identity = match crate::tls::peer_identity(tls.get_ref().1) {
+        Ok(id) => id,
+        Err(e) => {
+            tracing::warn!(error = %e, "HBONE peer has no usable identity");
+            return;
+        }
+    };
+    let h2 = h2::server::Builder::new()
+        .initial_window_size(hbone::STREAM_WINDOW)
+        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
+        .max_frame_size(hbone::MAX_FRAME)
+        .max_concurrent_streams(hbone::SERVER_MAX_STREAMS)
+        .max_header_list_size(16 * 1024)
+        .handshake::<_, Bytes>(tls)
+        .await;
+    let mut conn = match h2 {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed");
+            return;
+        }
+    };
+    while let Some(next) = conn.accept().await {
+        match next {
+            Ok((req, respond)) => {
+                let span = tracing::info_span!("stream", src.identity = %src_identity);
+                tokio::spawn(
+                    handle_stream(inputs.clone(), pod.clone(), req, respond, peer, local, src_identity.clone())
+                        .instrument(span),
+                );
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "HBONE connection ended");
+                break;
+            }
+        }
+    }
+}
+
+fn respond(mut tx: SendResponse<Bytes>, status: StatusCode) {
+    let resp = Response::builder().status(status).body(()).unwrap_or_default();
+    let _ = tx.send_response(resp, true);
+}
+
+async fn handle_stream(
+    inputs: Arc<ProxyInputs>,
+    pod: LocalPod,
+    req: Request<h2::RecvStream>,
+    tx: SendResponse<Bytes>,
+    peer: SocketAddr,
+    local: SocketAddr,
+    src_identity: Identity,
+) {
+    let start = Instant::now();
+    if req.method() != Method::CONNECT {
+        tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");
+        return respond(tx, StatusCode::BAD_REQUEST);
+    }
+    let target: SocketAddr = match req.uri().authority().and_then(|a| a.as_str().parse().ok()) {
+        Some(t) => t,
+        None => {
+            tracing::warn!(authority = %req.uri(), "CONNECT authority is not ip:port");
+            return respond(tx, StatusCode::BAD_REQUEST);
+        }
+    };
+    // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy port.
+    if target.ip() != local.ip() || target.ip() != pod.ip || crate::ports::is_proxy_port(target.port()) {
+        tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target does not match this pod");
+        return respond(tx, StatusCode::BAD_REQUEST);
+    }
+    let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
+    let policies = inputs.state.load().policies_for(&pod.workload);
+    if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
+        tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
+            dst.workload = %pod.workload.name, dst.identity = %pod.identity, response_flags = "DENY",
+            error = %reason, "connection denied");
+        return respond(tx, StatusCode::UNAUTHORIZED);
+    }
+    let mut upstream = match pod.netns.connect(target, Some(peer), inputs.cfg.connect_timeout).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(dst.addr = %target, error = %e, response_flags = "CONNECT", "cannot reach the application");
+            return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+        }
+    };
+    let (recv, mut tx) = (req.into_body(), tx);
+    let send = match tx.send_response(Response::new(()), false) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(error = %e, "client went away before the tunnel opened");
+            return;
+        }
+    };
+    let r = hbone::copy_tcp_h2(&mut upstream, send, recv).await;
+    let (t, err) = match r {
+        Ok(t) => (t, None),
+        Err((CopyError::Stream(e), t)) => {
+            reset(upstream);
+            (t, Some(format!("tunnel reset: {e}")))
+        }
+        Err((e, t)) => (t, Some(e.to_string())),
+    };
+    tracing::info!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
+        dst.workload = %pod.workload.name, dst.identity = %pod.identity, bytes_sent = t.received, bytes_recv = t.sent,
+        duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete");
+}

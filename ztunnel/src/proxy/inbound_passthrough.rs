@@ -1,0 +1,59 @@
+//! Inbound plaintext (15006): non-mesh clients reaching a mesh pod. Policy applies
+//! with no identity, so a policy that needs a principal denies them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::net::{TcpListener, TcpStream};
+use tracing::Instrument;
+
+use super::{is_self_call, LocalPod, ProxyInputs};
+use crate::netns::{original_dst, reset};
+use crate::rbac::{self, Decision};
+
+pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let span = tracing::info_span!("inbound_plaintext", src = %peer, pod = %pod.workload.name);
+                tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
+            }
+            Err(e) => super::accept_backoff("inbound plaintext", e).await,
+        }
+    }
+}
+
+async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    let start = Instant::now();
+    let dst = match original_dst(&stream) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the original destination; closing");
+            return reset(stream);
+        }
+    };
+    if is_self_call(&pod, dst) || dst.ip() != pod.ip {
+        tracing::warn!(dst = %dst, "refusing plaintext connection not addressed to this pod's application");
+        return reset(stream);
+    }
+    let conn = rbac::Connection { src_identity: None, src_ip: peer.ip(), dst };
+    let policies = inputs.state.load().policies_for(&pod.workload);
+    if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
+        tracing::warn!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
+            response_flags = "DENY", error = %reason, "connection denied");
+        return reset(stream);
+    }
+    let mut upstream = match pod.netns.connect(dst, Some(peer), inputs.cfg.connect_timeout).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot reach the application");
+            return reset(stream);
+        }
+    };
+    let r = super::copy_tcp(&mut stream, &mut upstream).await;
+    let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
+    tracing::info!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
+        connection_security_policy = "unknown", bytes_sent = sent, bytes_recv = recv,
+        duration_ms = start.elapsed().as_millis() as u64, error = r.err().map(|e| e.to_string()), "connection complete");
+}

@@ -1,0 +1,171 @@
+//! Outbound (15001): connections captured from the pod's own processes.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use rand::RngExt;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::Instrument;
+
+use super::{is_self_call, LocalPod, ProxyInputs};
+use crate::hbone::{self, CopyError, PoolKey};
+use crate::netns::{original_dst, reset};
+use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
+
+pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
+                tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
+            }
+            Err(e) => super::accept_backoff("outbound", e).await,
+        }
+    }
+}
+
+/// Where a captured connection goes.
+enum Route {
+    Hbone { workload: Arc<Workload>, port: u16, service: Option<Arc<Service>> },
+    Passthrough(SocketAddr),
+    NoHealthyEndpoint(String),
+}
+
+fn route(state: &MeshState, dst: SocketAddr) -> Route {
+    if let Some(svc) = state.service_by_vip(dst.ip()) {
+        let eps: Vec<_> = state
+            .endpoints_for(svc, dst.port())
+            .into_iter()
+            .filter(|(w, _)| w.status == HealthStatus::Healthy)
+            .collect();
+        let Some((wl, port)) = pick_weighted(&eps) else {
+            return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
+        };
+        return match (wl.protocol, wl.workload_ips.iter().find(|i| i.is_ipv4())) {
+            (Protocol::HBONE, _) => Route::Hbone { workload: wl.clone(), port, service: Some(svc.clone()) },
+            (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(*ip, port)),
+            (Protocol::TCP, None) => Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string()),
+        };
+    }
+    match state.workload_by_ip(dst.ip()) {
+        Some(wl) if wl.protocol == Protocol::HBONE => Route::Hbone { workload: wl.clone(), port: dst.port(), service: None },
+        _ => Route::Passthrough(dst),
+    }
+}
+
+/// Random endpoint, weighted by capacity (Istio's default capacity is 1).
+fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16)> {
+    let total: u64 = eps.iter().map(|(w, _)| u64::from(w.capacity)).sum();
+    if total == 0 {
+        return eps.first().cloned();
+    }
+    let mut n = rand::rng().random_range(0..total);
+    for (w, p) in eps {
+        let c = u64::from(w.capacity);
+        if n < c {
+            return Some((w.clone(), *p));
+        }
+        n -= c;
+    }
+    None
+}
+
+async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    let start = Instant::now();
+    let dst = match original_dst(&stream) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the original destination; closing");
+            return reset(stream);
+        }
+    };
+    if is_self_call(&pod, dst) {
+        tracing::warn!(dst = %dst, "refusing a connection to the proxy's own port (loop)");
+        return reset(stream);
+    }
+    let state = inputs.state.load_full();
+    match route(&state, dst) {
+        Route::NoHealthyEndpoint(svc) => {
+            tracing::warn!(dst = %dst, service = %svc, error = "no healthy endpoint", "connection failed");
+            reset(stream)
+        }
+        Route::Passthrough(to) => {
+            let upstream = pod.netns.connect(to, None, inputs.cfg.connect_timeout).await;
+            let mut upstream = match upstream {
+                Ok(u) => u,
+                Err(e) => {
+                    tracing::warn!(dst = %to, error = %e, "passthrough connect failed");
+                    return reset(stream);
+                }
+            };
+            let r = super::copy_tcp(&mut stream, &mut upstream).await;
+            let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
+            tracing::info!(
+                direction = "outbound", src.addr = %peer, dst.addr = %to, protocol = "TCP",
+                bytes_sent = sent, bytes_recv = recv, duration_ms = start.elapsed().as_millis() as u64,
+                error = r.err().map(|e| e.to_string()), "connection complete"
+            );
+        }
+        Route::Hbone { workload, port, service } => {
+            let Some(ip) = workload.workload_ips.iter().copied().find(|i| i.is_ipv4()) else {
+                return reset(stream);
+            };
+            let target = SocketAddr::new(ip, port);
+            let hbone_addr = SocketAddr::new(ip, crate::ports::HBONE);
+            let expected = state.expected_identities(&workload, service.as_deref());
+            let dst_identity = expected.first().map(|i| i.to_string()).unwrap_or_default();
+            let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip);
+            let mut req = http::Request::builder()
+                .method(http::Method::CONNECT)
+                .uri(target.to_string())
+                .header("forwarded", format!("for=\"{peer}\""))
+                .header("traceparent", hbone::traceparent());
+            if let Some(svc) = &service {
+                req = req.header(
+                    "baggage",
+                    format!("k8s.namespace.name={},service.name={}", pod.workload.namespace, svc.name),
+                );
+            }
+            let req = match req.body(()) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot build CONNECT request");
+                    return reset(stream);
+                }
+            };
+            let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
+                Ok((send, recv, guard)) => {
+                    let r = hbone::copy_tcp_h2(&mut stream, send, recv).await;
+                    drop(guard);
+                    match r {
+                        Ok(t) => (None, t),
+                        Err((CopyError::Stream(e), t)) => {
+                            reset(stream);
+                            (Some(format!("tunnel reset: {e}")), t)
+                        }
+                        Err((e, t)) => (Some(e.to_string()), t),
+                    }
+                }
+                Err(e) => {
+                    reset(stream);
+                    (Some(e.to_string()), Default::default())
+                }
+            };
+            let level_warn = result.is_some();
+            let msg = "connection complete";
+            let dur = start.elapsed().as_millis() as u64;
+            let svc = service.as_ref().map(|s| s.hostname.clone());
+            if level_warn {
+                tracing::warn!(direction = "outbound", src.addr = %peer, src.identity = %pod.identity, dst.addr = %target,
+                    dst.hbone_addr = %hbone_addr, dst.service = svc, dst.workload = %workload.name, dst.identity = %dst_identity,
+                    bytes_sent = t.sent, bytes_recv = t.received, duration_ms = dur, error = result, "{msg}");
+            } else {
+                tracing::info!(direction = "outbound", src.addr = %peer, src.identity = %pod.identity, dst.addr = %target,
+                    dst.hbone_addr = %hbone_addr, dst.service = svc, dst.workload = %workload.name, dst.identity = %dst_identity,
+                    bytes_sent = t.sent, bytes_recv = t.received, duration_ms = dur, "{msg}");
+            }
+        }
+    }
+}
