@@ -1,0 +1,368 @@
+//! End-to-end L4 mesh tests: two simulated nodes, pods as network namespaces, one real
+//! ztunnel process per node, nftables capture, real TCP.
+
+mod netsim;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use netsim::*;
+use tokio::io::AsyncReadExt;
+
+const ZTUNNEL: &str = env!("CARGO_BIN_EXE_ztunnel");
+const READY: Duration = Duration::from_secs(20);
+
+fn prefix(tag: &str) -> String {
+    format!("z{}{tag}", std::process::id() % 1000)
+}
+
+/// Workload YAML for a pod; uid = pod name.
+fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
+    let p = topo.pod(pod);
+    format!(
+        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: [{}], protocol: HBONE, node: node{}{extra}}}\n",
+        p.ip, p.node
+    )
+}
+
+struct Mesh {
+    ztunnels: Vec<Child>,
+    topo: Topology,
+}
+
+impl Mesh {
+    /// Starts ztunnel on each node, enrolling `enrolled` pods, all using `config`
+    /// (unless a node-specific config is given in `per_node`).
+    fn start(topo: Topology, config: &str, enrolled: &[&str], per_node: &HashMap<usize, String>, env: &[(&str, &str)]) -> Result<Mesh> {
+        let state = topo.dir.join("ca");
+        let mut ztunnels = Vec::new();
+        for n in 1..=topo.nodes.len() {
+            let cfg_path: PathBuf = topo.dir.join(format!("mesh-node{n}.yaml"));
+            std::fs::write(&cfg_path, per_node.get(&n).map(String::as_str).unwrap_or(config))?;
+            let mut args = vec![
+                "--local-xds-path".to_string(),
+                cfg_path.display().to_string(),
+                "--node-name".into(),
+                format!("node{n}"),
+                "--state-dir".into(),
+                state.display().to_string(),
+            ];
+            for pod in enrolled.iter().map(|p| topo.pod(p)).filter(|p| p.node == n) {
+                args.push("--pod".into());
+                args.push(format!("{}={}", pod.name, pod.netns.path().display()));
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let log = topo.dir.join(format!("ztunnel-node{n}.log"));
+            let mut full_env = vec![("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")];
+            full_env.extend_from_slice(env);
+            let z = topo.node(n).spawn(ZTUNNEL, &args, &full_env, &log)?;
+            // The first node creates the CA; the others load it.
+            z.wait_log("ztunnel ready", READY)?;
+            ztunnels.push(z);
+        }
+        Ok(Mesh { ztunnels, topo })
+    }
+
+    fn logs(&self) -> String {
+        self.ztunnels.iter().map(|z| z.log_text()).collect::<Vec<_>>().join("\n")
+    }
+}
+
+async fn roundtrip(from: &Pod, to: SocketAddr, data: &[u8]) -> Result<Vec<u8>> {
+    let mut s = from.netns.connect(to).await?;
+    echo_roundtrip(&mut s, data).await
+}
+
+fn addr(pod: &Pod, port: u16) -> SocketAddr {
+    SocketAddr::new(pod.ip.into(), port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cross_node_traffic_is_hbone_and_keeps_client_ip() -> Result<()> {
+    let topo = Topology::build(&prefix("x"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    let capture = Capture::start(mesh.topo.node(1), "eth0", &mesh.topo.dir)?;
+
+    let marker = b"plaintext-marker-that-must-not-cross-the-node-link".repeat(20);
+    let back = roundtrip(client, addr(server, 8080), &marker).await?;
+    assert_eq!(back, marker);
+    let packets = capture.stop()?;
+
+    // The app saw the client pod's own IP, not a proxy address.
+    assert_eq!(echo.peers().iter().map(|p| p.ip()).collect::<Vec<_>>(), vec![std::net::IpAddr::from(client.ip)]);
+    // On the node link, everything is client pod <-> server pod:15008, TLS from the first byte.
+    let data: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
+    assert!(!data.is_empty(), "capture saw no TCP payload ({} packets)", packets.len());
+    for p in &data {
+        assert!(p.dst.port() == 15008 || p.src.port() == 15008, "non-HBONE packet on node link: {} -> {}", p.src, p.dst);
+    }
+    let first = data.iter().find(|p| p.dst.port() == 15008).expect("no packet to 15008");
+    assert_eq!(&first.payload[..2], &[0x16, 0x03], "first bytes to 15008 are not a TLS handshake record");
+    let all: Vec<u8> = data.iter().flat_map(|p| p.payload.clone()).collect();
+    assert!(!all.windows(16).any(|w| w == &marker[..16]), "plaintext leaked onto the node link");
+    let logs = mesh.logs();
+    assert!(logs.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"), "{logs}");
+    assert!(logs.contains("dst.identity=spiffe://cluster.local/ns/default/sa/server"), "{logs}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_node_pod_to_pod() -> Result<()> {
+    let topo = Topology::build(&prefix("s"), &[2, 0])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n1p2", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n1p2"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    let data = pattern(64 * 1024, 7);
+    assert_eq!(roundtrip(client, addr(server, 8080), &data).await?, data);
+    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    assert!(mesh.logs().contains("dst.hbone_addr=10.10.1.12:15008"), "{}", mesh.logs());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_vip_balances_across_nodes() -> Result<()> {
+    let topo = Topology::build(&prefix("v"), &[2, 1])?;
+    let svc = " , services: {default/echo.default.svc.cluster.local: {80: 8080}}";
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "echo", svc),
+        workload(&topo, "n2p1", "echo", svc),
+    )
+    .replace(" , ", ", ");
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1"], &HashMap::new(), &[])?;
+    let _a = EchoServer::start(&mesh.topo.pod("n1p2").netns, 8080, Some("n1p2"))?;
+    let _b = EchoServer::start(&mesh.topo.pod("n2p1").netns, 8080, Some("n2p1"))?;
+    let client = mesh.topo.pod("n1p1");
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    for _ in 0..40 {
+        let mut s = client.netns.connect("10.96.0.10:80".parse()?).await?;
+        *seen.entry(read_line(&mut s).await?).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 2, "both endpoints must serve the VIP: {seen:?}");
+    assert!(seen.values().all(|&n| n >= 5), "{seen:?}");
+    Ok(())
+}
+
+const ALLOW_ONLY_CLIENT: &str = "policies:
+- name: only-client
+  namespace: default
+  scope: Namespace
+  action: Allow
+  rules:
+  - - - principals: [{Exact: cluster.local/ns/default/sa/client}]
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_allows_and_denies() -> Result<()> {
+    let topo = Topology::build(&prefix("p"), &[2, 1])?;
+    let cfg = format!(
+        "workloads:\n{}{}{}{ALLOW_ONLY_CLIENT}",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "intruder", ""),
+        workload(&topo, "n2p1", "server", ""),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1"], &HashMap::new(), &[])?;
+    let server = mesh.topo.pod("n2p1");
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(mesh.topo.pod("n1p1"), addr(server, 8080), b"hi").await?, b"hi");
+
+    // The intruder's connection is accepted by its own proxy, then closed/reset with no data.
+    let r = roundtrip(mesh.topo.pod("n1p2"), addr(server, 8080), b"let me in").await;
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "denied client got data: {r:?}");
+    assert_eq!(echo.peers().len(), 1, "the denied connection must never reach the app");
+    let logs = mesh.logs();
+    assert!(logs.contains("response_flags=\"DENY\"") && logs.contains("no ALLOW policy matched"), "{logs}");
+    assert!(logs.contains("CONNECT 10.10.2.11:8080 answered 401"), "{logs}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_server_identity_is_refused() -> Result<()> {
+    let topo = Topology::build(&prefix("i"), &[1, 1])?;
+    let client_view = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    // Node 2 believes the pod is someone else, so its proxy presents that identity.
+    let node2_view = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "impostor", ""));
+    let per_node = HashMap::from([(2, node2_view)]);
+    let mesh = Mesh::start(topo, &client_view, &["n1p1", "n2p1"], &per_node, &[])?;
+    let server = mesh.topo.pod("n2p1");
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    let r = roundtrip(mesh.topo.pod("n1p1"), addr(server, 8080), b"secret").await;
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
+    assert!(echo.peers().is_empty());
+    let logs = mesh.logs();
+    assert!(
+        logs.contains("server identity spiffe://cluster.local/ns/default/sa/impostor is not one of the expected"),
+        "{logs}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plaintext_client_to_mesh_pod() -> Result<()> {
+    // n1p1 is not in the mesh (not enrolled, no capture); it reaches the mesh pod via 15006.
+    let topo = Topology::build(&prefix("t"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"plain").await?, b"plain");
+    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    assert!(mesh.logs().contains("connection_security_policy=\"unknown\""), "{}", mesh.logs());
+    drop(echo);
+    drop(mesh);
+
+    // Same, with a policy that needs a principal: the plaintext client is denied.
+    let topo = Topology::build(&prefix("u"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{ALLOW_ONLY_CLIENT}", workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    let r = roundtrip(client, addr(server, 8080), b"plain").await;
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
+    assert!(echo.peers().is_empty());
+    assert!(mesh.logs().contains("response_flags=\"DENY\""), "{}", mesh.logs());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_transfers_are_byte_exact() -> Result<()> {
+    let topo = Topology::build(&prefix("b"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    for (len, seed) in [(1 << 20, 1u64), (100 << 20, 2)] {
+        let data = pattern(len, seed);
+        let back = roundtrip(client, addr(server, 8080), &data).await?;
+        assert_eq!(back.len(), data.len(), "length after echo of {len} bytes");
+        assert!(back == data, "echoed bytes differ for {len} bytes");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_close_and_reset_propagate() -> Result<()> {
+    let topo = Topology::build(&prefix("h"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    // A server that reads to EOF, then answers with the byte count: needs client FIN to arrive.
+    let l = server.netns.listen(9000)?;
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let _ = s.read_to_end(&mut buf).await;
+                let _ = tokio::io::AsyncWriteExt::write_all(&mut s, format!("got {}", buf.len()).as_bytes()).await;
+            });
+        }
+    });
+    let back = roundtrip(client, addr(server, 9000), &pattern(300_000, 3)).await?;
+    assert_eq!(String::from_utf8_lossy(&back), "got 300000");
+
+    // A server that resets: the client must see a reset or EOF promptly, never hang.
+    let l = server.netns.listen(9001)?;
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+            drop(s);
+        }
+    });
+    let mut s = client.netns.connect(addr(server, 9001)).await?;
+    let mut buf = [0u8; 16];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "expected EOF or reset, got {r:?}");
+    Ok(())
+}
+
+/// Counts established TCP connections to port 15008 from a pod (the pooled HBONE connections).
+fn hbone_connections(pod: &Pod) -> Result<usize> {
+    let out = pod.netns.exec("ss", &["-Htn", "state", "established", "( dport = :15008 )"])?;
+    Ok(out.lines().filter(|l| !l.trim().is_empty()).count())
+}
+
+async fn open_concurrent(client: &Pod, to: SocketAddr, n: usize) -> Result<Vec<tokio::net::TcpStream>> {
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let ns = client.netns.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut s = ns.connect(to).await?;
+            // One echo byte proves the tunnel is open end to end.
+            tokio::io::AsyncWriteExt::write_all(&mut s, b"x").await?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await?;
+            Ok::<_, anyhow::Error>(s)
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await??);
+    }
+    Ok(out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connections_share_pooled_http2() -> Result<()> {
+    let topo = Topology::build(&prefix("c"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[("POOL_MAX_STREAMS_PER_CONNECTION", "200")])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    // A burst of 200 concurrent first connections: one TLS connection carries them all.
+    let conns = open_concurrent(client, addr(server, 8080), 200).await?;
+    assert_eq!(echo.peers().len(), 200);
+    assert_eq!(hbone_connections(client)?, 1, "200 streams must share one pooled HTTP/2 connection");
+    drop(conns);
+    drop(mesh);
+
+    // With Istio's default limit of 100 streams per connection, 200 need exactly two.
+    let topo = Topology::build(&prefix("d"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let conns = open_concurrent(client, addr(server, 8080), 200).await?;
+    assert_eq!(hbone_connections(client)?, 2);
+    drop(conns);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_pooled_connection_is_released() -> Result<()> {
+    let topo = Topology::build(&prefix("l"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[("POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", "1")])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"a").await?, b"a");
+    wait_for("idle HBONE connection to close", Duration::from_secs(10), || hbone_connections(client).map(|n| n == 0).unwrap_or(false))?;
+    // A new connection after release dials again and works.
+    assert_eq!(roundtrip(client, addr(server, 8080), b"b").await?, b"b");
+    Ok(())
+}
+
+#[test]
+fn malformed_config_is_rejected_with_file_and_field() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("zt-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("bad.yaml");
+    std::fs::write(&path, "workloads:\n- uid: a\n  name: a\n  namespace: default\n  workloadIPs: [10.0.0.1]\n")?;
+    let out = std::process::Command::new(ZTUNNEL)
+        .args(["--local-xds-path", path.to_str().unwrap_or_default(), "--node-name", "n", "--state-dir"])
+        .arg(dir.join("st"))
+        .env("RUST_BACKTRACE", "0")
+        .output()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("bad.yaml") && err.contains("unknown field `workloadIPs`") && err.contains("line 5"), "{err}");
+    Ok(())
+}

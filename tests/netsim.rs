@@ -1,0 +1,399 @@
+//! Simulated cluster on network namespaces for end-to-end tests and the demo.
+//!
+//! | what            | netns            | address                               |
+//! |-----------------|------------------|---------------------------------------|
+//! | the network     | `{p}-wire`       | bridge br0                            |
+//! | node i          | `{p}-n{i}`       | eth0 10.0.0.i/24 (the node link)      |
+//! | pod j on node i | `{p}-n{i}p{j}`   | eth0 10.10.i.(10+j)/32, gw 169.254.1.1 |
+//!
+//! Nodes route their pods' /32s to the pod veths and other nodes' 10.10.k.0/24 via
+//! 10.0.0.k. Everything is removed on drop, also when a test panics.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+pub fn sh(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+    if !out.status.success() {
+        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+#[derive(Clone, Debug)]
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/var/run/netns/{}", self.name))
+    }
+
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<String> {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        sh("ip", &full)
+    }
+
+    /// Runs `f` on a thread inside this netns; sockets made there stay in it.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R> {
+        let ns = File::open(self.path()).with_context(|| format!("open netns {}", self.name))?;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("netns thread panicked"))?
+        })
+    }
+
+    pub fn listen(&self, port: u16) -> Result<TcpListener> {
+        let l = self.run(|| std::net::TcpListener::bind(("0.0.0.0", port)))??;
+        l.set_nonblocking(true)?;
+        Ok(TcpListener::from_std(l)?)
+    }
+
+    pub async fn connect(&self, addr: SocketAddr) -> Result<TcpStream> {
+        let s = self.run(|| std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)))?;
+        let s = s.with_context(|| format!("connect to {addr} from {}", self.name))?;
+        s.set_nonblocking(true)?;
+        Ok(TcpStream::from_std(s)?)
+    }
+
+    /// Starts a process inside the netns, output appended to `log`; killed on drop.
+    pub fn spawn(&self, program: &str, args: &[&str], env: &[(&str, &str)], log: &Path) -> Result<Child> {
+        let f = File::create(log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]).args(args).stdin(Stdio::null());
+        cmd.stdout(f.try_clone()?).stderr(f);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Ok(Child { inner: Some(cmd.spawn().with_context(|| format!("spawn {program}"))?), log: log.to_path_buf() })
+    }
+}
+
+pub struct Child {
+    inner: Option<std::process::Child>,
+    pub log: PathBuf,
+}
+
+impl Child {
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
+        wait_for(&format!("{needle:?} in {}", self.log.display()), timeout, || self.log_text().contains(needle))
+            .with_context(|| format!("log:\n{}", self.log_text()))
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.inner.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    bail!("timed out waiting for {what}")
+}
+
+pub struct Pod {
+    pub name: String,
+    pub node: usize,
+    pub ip: Ipv4Addr,
+    pub netns: Netns,
+}
+
+pub struct Topology {
+    pub prefix: String,
+    pub wire: Netns,
+    pub nodes: Vec<Netns>,
+    pub pods: Vec<Pod>,
+    pub dir: PathBuf,
+}
+
+fn remove_prefixed(prefix: &str) {
+    if let Ok(list) = sh("ip", &["netns", "list"]) {
+        for line in list.lines() {
+            if let Some(name) = line.split_whitespace().next() {
+                if name.starts_with(&format!("{prefix}-")) {
+                    let _ = sh("ip", &["netns", "del", name]);
+                }
+            }
+        }
+    }
+}
+
+impl Topology {
+    /// `pods_per_node[i]` pods on node i+1. Pod names are `n{i}p{j}`.
+    pub fn build(prefix: &str, pods_per_node: &[usize]) -> Result<Topology> {
+        if !nix::unistd::Uid::effective().is_root() {
+            bail!("end-to-end tests need root (network namespaces); run them as root");
+        }
+        remove_prefixed(prefix);
+        let dir = std::env::temp_dir().join(format!("ztunnel-e2e-{prefix}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut topo = Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir };
+        // From here on, Drop cleans up whatever was created.
+        let add = |name: &str| -> Result<Netns> {
+            sh("ip", &["netns", "add", name])?;
+            let ns = Netns { name: name.into() };
+            ns.exec("ip", &["link", "set", "lo", "up"])?;
+            for k in ["all", "default"] {
+                ns.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+            }
+            Ok(ns)
+        };
+        let wire = add(&topo.wire.name)?;
+        wire.exec("ip", &["link", "add", "br0", "type", "bridge"])?;
+        wire.exec("ip", &["link", "set", "br0", "up"])?;
+        for (i, &npods) in pods_per_node.iter().enumerate() {
+            let i = i + 1;
+            let node = add(&format!("{prefix}-n{i}"))?;
+            topo.nodes.push(node.clone());
+            sh("ip", &["-n", &node.name, "link", "add", "eth0", "type", "veth", "peer", "name", &format!("p{i}"), "netns", &wire.name])?;
+            wire.exec("ip", &["link", "set", &format!("p{i}"), "master", "br0", "up"])?;
+            node.exec("ip", &["addr", "add", &format!("10.0.0.{i}/24"), "dev", "eth0"])?;
+            node.exec("ip", &["link", "set", "eth0", "up"])?;
+            node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+            for j in 1..=npods {
+                let ip = Ipv4Addr::new(10, 10, i as u8, 10 + j as u8);
+                let pod = add(&format!("{prefix}-n{i}p{j}"))?;
+                let veth = format!("vp{j}");
+                sh("ip", &["-n", &node.name, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &pod.name])?;
+                // Calico style: every pod's gateway is 169.254.1.1 on its own veth.
+                node.exec("ip", &["addr", "add", "169.254.1.1/32", "dev", &veth])?;
+                node.exec("ip", &["link", "set", &veth, "up"])?;
+                node.exec("ip", &["route", "add", &format!("{ip}/32"), "dev", &veth])?;
+                pod.exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+                pod.exec("ip", &["link", "set", "eth0", "up"])?;
+                pod.exec("sysctl", &["-qw", "net.ipv4.conf.eth0.rp_filter=0"])?;
+                pod.exec("sysctl", &["-qw", "net.ipv4.conf.lo.rp_filter=0"])?;
+                pod.exec("ip", &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
+                pod.exec("ip", &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
+                topo.pods.push(Pod { name: format!("n{i}p{j}"), node: i, ip, netns: pod });
+            }
+        }
+        for (i, node) in topo.nodes.iter().enumerate() {
+            for k in 1..=topo.nodes.len() {
+                if k != i + 1 {
+                    node.exec("ip", &["route", "add", &format!("10.10.{k}.0/24"), "via", &format!("10.0.0.{k}")])?;
+                }
+            }
+        }
+        Ok(topo)
+    }
+
+    pub fn pod(&self, name: &str) -> &Pod {
+        self.pods.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no pod {name}"))
+    }
+
+    pub fn node(&self, i: usize) -> &Netns {
+        &self.nodes[i - 1]
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        remove_prefixed(&self.prefix);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Echo server in a pod. With a name it first sends "name\n" (to tell backends apart).
+pub struct EchoServer {
+    pub peers: Arc<Mutex<Vec<SocketAddr>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl EchoServer {
+    pub fn start(ns: &Netns, port: u16, name: Option<&str>) -> Result<EchoServer> {
+        let l = ns.listen(port)?;
+        let peers = Arc::new(Mutex::new(Vec::new()));
+        let p = peers.clone();
+        let greeting = name.map(|n| format!("{n}\n"));
+        let task = tokio::spawn(async move {
+            while let Ok((mut s, peer)) = l.accept().await {
+                p.lock().unwrap().push(peer);
+                let greeting = greeting.clone();
+                tokio::spawn(async move {
+                    if let Some(g) = greeting {
+                        if s.write_all(g.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+        Ok(EchoServer { peers, task })
+    }
+
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().unwrap().clone()
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Writes `data` while reading, half-closes, and returns everything read until EOF.
+pub async fn echo_roundtrip(s: &mut TcpStream, data: &[u8]) -> Result<Vec<u8>> {
+    let (mut r, mut w) = s.split();
+    let write = async {
+        w.write_all(data).await?;
+        w.shutdown().await?;
+        Ok::<_, std::io::Error>(())
+    };
+    let read = async {
+        let mut out = Vec::with_capacity(data.len());
+        r.read_to_end(&mut out).await?;
+        Ok::<_, std::io::Error>(out)
+    };
+    let (w, out) = tokio::join!(write, read);
+    w?;
+    Ok(out?)
+}
+
+pub async fn read_line(s: &mut TcpStream) -> Result<String> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    loop {
+        if s.read(&mut b).await? == 0 {
+            break;
+        }
+        if b[0] == b'\n' {
+            break;
+        }
+        line.push(b[0]);
+    }
+    Ok(String::from_utf8_lossy(&line).to_string())
+}
+
+/// Deterministic pseudo-random bytes (xorshift), fast enough for 100 MiB.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut v = Vec::with_capacity(len + 8);
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v.extend_from_slice(&x.to_le_bytes());
+    }
+    v.truncate(len);
+    v
+}
+
+/// A packet capture (tcpdump) on an interface inside a netns.
+pub struct Capture {
+    child: Child,
+    file: PathBuf,
+}
+
+pub struct Packet {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    pub payload: Vec<u8>,
+}
+
+impl Capture {
+    pub fn start(ns: &Netns, iface: &str, dir: &Path) -> Result<Capture> {
+        let file = dir.join(format!("{}-{iface}.pcap", ns.name));
+        let log = dir.join(format!("{}-{iface}.tcpdump.log", ns.name));
+        let f = file.to_string_lossy().to_string();
+        let child = ns.spawn("tcpdump", &["-i", iface, "-U", "--immediate-mode", "-n", "-Z", "root", "-s", "2048", "-w", &f, "tcp"], &[], &log)?;
+        child.wait_log("listening on", Duration::from_secs(10))?;
+        Ok(Capture { child, file })
+    }
+
+    pub fn stop(mut self) -> Result<Vec<Packet>> {
+        std::thread::sleep(Duration::from_millis(200));
+        self.child.stop();
+        parse_pcap(&std::fs::read(&self.file)?)
+    }
+}
+
+fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
+    if b.len() < 24 {
+        bail!("pcap too short");
+    }
+    let le = b[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
+    let u32at = |o: usize| -> u32 {
+        let a = [b[o], b[o + 1], b[o + 2], b[o + 3]];
+        if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) }
+    };
+    let linktype = u32at(20);
+    let l2 = match linktype {
+        1 => 14,
+        113 => 16,
+        other => bail!("unsupported pcap link type {other}"),
+    };
+    let mut out = Vec::new();
+    let mut o = 24;
+    while o + 16 <= b.len() {
+        let incl = u32at(o + 8) as usize;
+        let pkt = &b[o + 16..(o + 16 + incl).min(b.len())];
+        o += 16 + incl;
+        if pkt.len() < l2 + 20 {
+            continue;
+        }
+        let ip = &pkt[l2..];
+        if ip[0] >> 4 != 4 || ip[9] != 6 {
+            continue;
+        }
+        let ihl = (ip[0] & 0xf) as usize * 4;
+        let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+        if ip.len() < ihl + 20 {
+            continue;
+        }
+        let tcp = &ip[ihl..];
+        let doff = (tcp[12] >> 4) as usize * 4;
+        let src = SocketAddr::new(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]).into(), u16::from_be_bytes([tcp[0], tcp[1]]));
+        let dst = SocketAddr::new(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).into(), u16::from_be_bytes([tcp[2], tcp[3]]));
+        let end = total.min(ip.len());
+        let payload = if ihl + doff < end { ip[ihl + doff..end].to_vec() } else { Vec::new() };
+        out.push(Packet { src, dst, payload });
+    }
+    Ok(out)
+}
