@@ -10,6 +10,7 @@
 //! 10.0.0.k. Everything is removed on drop, also when a test panics.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -397,3 +398,63 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
     }
     Ok(out)
 }
+
+pub const ZTUNNEL: &str = env!("CARGO_BIN_EXE_ztunnel");
+pub const READY: Duration = Duration::from_secs(20);
+
+pub fn prefix(tag: &str) -> String {
+    format!("z{}{tag}", std::process::id() % 1000)
+}
+
+/// Workload YAML for a pod; uid = pod name.
+pub fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
+    let p = topo.pod(pod);
+    format!(
+        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: [{}], protocol: HBONE, node: node{}{extra}}}\n",
+        p.ip, p.node
+    )
+}
+
+pub struct Mesh {
+    pub ztunnels: Vec<Child>,
+    pub topo: Topology,
+}
+
+impl Mesh {
+    /// Starts ztunnel on each node, enrolling `enrolled` pods, all using `config`
+    /// (unless a node-specific config is given in `per_node`).
+    pub fn start(topo: Topology, config: &str, enrolled: &[&str], per_node: &HashMap<usize, String>, env: &[(&str, &str)]) -> Result<Mesh> {
+        let state = topo.dir.join("ca");
+        let mut ztunnels = Vec::new();
+        for n in 1..=topo.nodes.len() {
+            let cfg_path: PathBuf = topo.dir.join(format!("mesh-node{n}.yaml"));
+            std::fs::write(&cfg_path, per_node.get(&n).map(String::as_str).unwrap_or(config))?;
+            let mut args = vec![
+                "--local-xds-path".to_string(),
+                cfg_path.display().to_string(),
+                "--node-name".into(),
+                format!("node{n}"),
+                "--state-dir".into(),
+                state.display().to_string(),
+            ];
+            for pod in enrolled.iter().map(|p| topo.pod(p)).filter(|p| p.node == n) {
+                args.push("--pod".into());
+                args.push(format!("{}={}", pod.name, pod.netns.path().display()));
+            }
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let log = topo.dir.join(format!("ztunnel-node{n}.log"));
+            let mut full_env = vec![("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")];
+            full_env.extend_from_slice(env);
+            let z = topo.node(n).spawn(ZTUNNEL, &args, &full_env, &log)?;
+            // The first node creates the CA; the others load it.
+            z.wait_log("ztunnel ready", READY)?;
+            ztunnels.push(z);
+        }
+        Ok(Mesh { ztunnels, topo })
+    }
+
+    pub fn logs(&self) -> String {
+        self.ztunnels.iter().map(|z| z.log_text()).collect::<Vec<_>>().join("\n")
+    }
+}
+

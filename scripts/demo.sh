@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The local demo: pods on two simulated nodes talking through two ztunnels over HBONE.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/deps.sh
+exec cargo test -q -p ztunnel --test demo
