@@ -44,6 +44,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     println!("1. n1p1 -> {dst} answered by {who}: {:?}", String::from_utf8_lossy(&back));
     println!("   server app saw peer {}", echo1.peers()[0]);
     println!("   node link: {to_15008} TLS data packets to :15008, {to_8080} packets to :8080 (plaintext never leaves the pod)");
+    mesh.wait_logs(&["direction=\"inbound\""])?;
     let logs = mesh.logs();
     if let Some(line) = logs.lines().find(|l| l.contains("direction=\"inbound\"") && l.contains("connection complete")) {
         let ids: Vec<&str> = line.split_whitespace().filter(|w| w.starts_with("src.identity=") || w.starts_with("dst.identity=")).collect();

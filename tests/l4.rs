@@ -46,9 +46,10 @@ async fn cross_node_traffic_is_hbone_and_keeps_client_ip() -> Result<()> {
     assert_eq!(&first.payload[..2], &[0x16, 0x03], "first bytes to 15008 are not a TLS handshake record");
     let all: Vec<u8> = data.iter().flat_map(|p| p.payload.clone()).collect();
     assert!(!all.windows(16).any(|w| w == &marker[..16]), "plaintext leaked onto the node link");
-    let logs = mesh.logs();
-    assert!(logs.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"), "{logs}");
-    assert!(logs.contains("dst.identity=spiffe://cluster.local/ns/default/sa/server"), "{logs}");
+    mesh.wait_logs(&[
+        "src.identity=spiffe://cluster.local/ns/default/sa/client",
+        "dst.identity=spiffe://cluster.local/ns/default/sa/server",
+    ])?;
     Ok(())
 }
 
@@ -62,7 +63,7 @@ async fn same_node_pod_to_pod() -> Result<()> {
     let data = pattern(64 * 1024, 7);
     assert_eq!(roundtrip(client, addr(server, 8080), &data).await?, data);
     assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
-    assert!(mesh.logs().contains("dst.hbone_addr=10.10.1.12:15008"), "{}", mesh.logs());
+    mesh.wait_logs(&["dst.hbone_addr=10.10.1.12:15008"])?;
     Ok(())
 }
 
@@ -118,9 +119,7 @@ async fn policy_allows_and_denies() -> Result<()> {
     let r = roundtrip(mesh.topo.pod("n1p2"), addr(server, 8080), b"let me in").await;
     assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "denied client got data: {r:?}");
     assert_eq!(echo.peers().len(), 1, "the denied connection must never reach the app");
-    let logs = mesh.logs();
-    assert!(logs.contains("response_flags=\"DENY\"") && logs.contains("no ALLOW policy matched"), "{logs}");
-    assert!(logs.contains("CONNECT 10.10.2.11:8080 answered 401"), "{logs}");
+    mesh.wait_logs(&["response_flags=\"DENY\"", "no ALLOW policy matched", "CONNECT 10.10.2.11:8080 answered 401"])?;
     Ok(())
 }
 
@@ -137,11 +136,7 @@ async fn wrong_server_identity_is_refused() -> Result<()> {
     let r = roundtrip(mesh.topo.pod("n1p1"), addr(server, 8080), b"secret").await;
     assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
     assert!(echo.peers().is_empty());
-    let logs = mesh.logs();
-    assert!(
-        logs.contains("server identity spiffe://cluster.local/ns/default/sa/impostor is not one of the expected"),
-        "{logs}"
-    );
+    mesh.wait_logs(&["server identity spiffe://cluster.local/ns/default/sa/impostor is not one of the expected"])?;
     Ok(())
 }
 
@@ -155,7 +150,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"plain").await?, b"plain");
     assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
-    assert!(mesh.logs().contains("connection_security_policy=\"unknown\""), "{}", mesh.logs());
+    mesh.wait_logs(&["connection_security_policy=\"unknown\""])?;
     drop(echo);
     drop(mesh);
 
@@ -168,7 +163,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     let r = roundtrip(client, addr(server, 8080), b"plain").await;
     assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
     assert!(echo.peers().is_empty());
-    assert!(mesh.logs().contains("response_flags=\"DENY\""), "{}", mesh.logs());
+    mesh.wait_logs(&["response_flags=\"DENY\""])?;
     Ok(())
 }
 

@@ -453,6 +453,16 @@ impl Mesh {
         Ok(Mesh { ztunnels, topo })
     }
 
+    /// Waits until every needle appears in the ztunnel logs (they are written just after
+    /// the client sees its connection end).
+    pub fn wait_logs(&self, needles: &[&str]) -> Result<()> {
+        wait_for(&format!("{needles:?} in ztunnel logs"), Duration::from_secs(5), || {
+            let l = self.logs();
+            needles.iter().all(|n| l.contains(n))
+        })
+        .with_context(|| self.logs())
+    }
+
     pub fn logs(&self) -> String {
         self.ztunnels.iter().map(|z| z.log_text()).collect::<Vec<_>>().join("\n")
     }
