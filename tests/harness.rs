@@ -27,8 +27,11 @@
 //!   and a permanent neighbour entry `169.254.1.1 -> ee:ee:ee:ee:ee:ee` (the MAC
 //!   of every `vp{j}`), so the pod never depends on proxy ARP for its gateway.
 //! * node: `ip_forward=1`, `10.10.{i}.{10+j}/32 dev vp{j}` for each local pod,
-//!   `10.10.{k}.0/24 via 10.0.0.{k}` for every other node k. No default route,
-//!   so anything not in the cluster is unreachable (fails fast).
+//!   `10.10.{k}.0/24 via 10.0.0.{k}` for every other node k, and
+//!   `169.254.1.1 dev lo` (proxy ARP only answers for a destination the node
+//!   has a unicast route to through another device; this keeps the proxy ARP
+//!   path working if the pod's neighbour entry is ever flushed). No default
+//!   route, so anything outside the cluster is unreachable (fails fast).
 //! * `rp_filter=0` (all, default and every interface) in every namespace; in the
 //!   wire netns bridged traffic is not passed to iptables/nftables.
 //!
@@ -1064,6 +1067,12 @@ impl Topology {
                 (&format!("net/ipv4/neigh/{vp}/proxy_delay"), "0"),
             ])?;
             node_ns.ip(&["route", "add", &format!("{ip}/32"), "dev", &vp])?;
+            if pod.index == 1 {
+                // Proxy ARP only answers for addresses the node has a unicast
+                // route to via another device; without this (the node has no
+                // default route) proxy ARP for the gateway would never answer.
+                node_ns.ip(&["route", "add", &format!("{gw}/32"), "dev", "lo"])?;
+            }
             ns.ip(&["route", "add", &gw, "dev", NODE_LINK, "scope", "link"])?;
             ns.ip(&["route", "add", "default", "via", &gw, "dev", NODE_LINK])?;
             ns.ip(&["neigh", "replace", &gw, "lladdr", GATEWAY_MAC, "dev", NODE_LINK, "nud", "permanent"])?;

@@ -301,3 +301,71 @@ fn malformed_config_is_rejected_with_file_and_field() -> Result<()> {
     assert!(err.contains("bad.yaml") && err.contains("unknown field `workloadIPs`") && err.contains("line 5"), "{err}");
     Ok(())
 }
+
+mod hbone_peer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hbone_server_answers_400_401_503_as_istio() -> Result<()> {
+    use ztunnel::identity::Identity;
+    let topo = Topology::build(&prefix("r"), &[1, 2])?;
+    // n1p1 is an unenrolled host speaking HBONE by hand; n2p2 is another mesh pod.
+    let cfg = format!(
+        "workloads:\n{}{}policies:\n- {{name: no-evil, namespace: default, scope: Global, action: Deny, rules: [[[{{principals: [{{Exact: cluster.local/ns/default/sa/evil}}]}}]]]}}\n",
+        workload(&topo, "n2p1", "server", ""),
+        workload(&topo, "n2p2", "other", ""),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let (peer, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
+    let me = Identity::new("cluster.local", "default", "client");
+    let server_id = Identity::new("cluster.local", "default", "server");
+    let hbone = addr(server, 15008);
+    let h = hbone_peer::connect(&peer.netns, &ca, &me, server_id.clone(), hbone).await?;
+
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.10.2.11:8080")).await?, 200);
+    // CONNECT target is another pod than the L3 destination.
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.10.2.12:8080")).await?, 400);
+    // CONNECT to the proxy's own port.
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.10.2.11:15008")).await?, 400);
+    // Not CONNECT.
+    let get = http::Request::builder().method("GET").uri("http://10.10.2.11:8080/").body(())?;
+    assert_eq!(hbone_peer::status(&h, get).await?, 400);
+    // Nothing listens on 9999: 503.
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.10.2.11:9999")).await?, 503);
+    // The DENY policy names this identity: 401.
+    let evil = Identity::new("cluster.local", "default", "evil");
+    let h2 = hbone_peer::connect(&peer.netns, &ca, &evil, server_id.clone(), hbone).await?;
+    assert_eq!(hbone_peer::status(&h2, hbone_peer::connect_req("10.10.2.11:8080")).await?, 401);
+    // A client certificate from another trust domain is refused at the TLS layer.
+    let foreign = Identity::new("other.domain", "default", "client");
+    let r = async {
+        let h3 = hbone_peer::connect(&peer.netns, &ca, &foreign, server_id.clone(), hbone).await?;
+        hbone_peer::status(&h3, hbone_peer::connect_req("10.10.2.11:8080")).await
+    }
+    .await;
+    assert!(r.is_err(), "foreign trust domain was accepted: {r:?}");
+    mesh.wait_logs(&["client identity spiffe://other.domain/ns/default/sa/client is from trust domain"])?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
+    let topo = Topology::build(&prefix("q"), &[1, 1])?;
+    let p = topo.pod("n2p1");
+    let cfg = format!(
+        "workloads:\n{}- {{uid: legacy, name: legacy, namespace: default, workloadIps: [{}], protocol: TCP, node: node2}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        p.ip
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"plain tcp").await?, b"plain tcp");
+    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    mesh.wait_logs(&["protocol=\"TCP\"", "dst.addr=10.10.2.11:8080"])?;
+    // Connecting to a closed port of a passthrough destination fails fast (reset), no hang.
+    let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, addr(server, 8081), b"x")).await?;
+    assert!(r.map(|v| v.is_empty()).unwrap_or(true));
+    Ok(())
+}

@@ -92,6 +92,8 @@ fn verify_chain(
 }
 
 fn identity_error(msg: String) -> rustls::Error {
+    // rustls prints custom errors Debug-escaped; log the reason readably too.
+    tracing::warn!(reason = %msg, "peer certificate rejected");
     rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(
         std::io::Error::other(msg),
     ))))

@@ -186,3 +186,49 @@ async fn rotate(mgr: Arc<CertManager>, id: Identity, slot: Arc<ArcSwap<CertState
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(ttl: Duration) -> Arc<CertManager> {
+        let dir = std::env::temp_dir().join(format!("zt-mgr-{}-{}", std::process::id(), ttl.as_millis()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ca = Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        CertManager::new(Arc::new(LocalCa { ca, ttl }))
+    }
+
+    #[tokio::test]
+    async fn only_local_identities_get_certificates() {
+        let mgr = manager(Duration::from_secs(3600));
+        let id = Identity::new("cluster.local", "default", "a");
+        assert!(matches!(mgr.fetch(&id).await, Err(CertError::NotLocal(_))));
+        mgr.allow(&id);
+        let c = mgr.fetch(&id).await.unwrap();
+        assert_eq!(c.cert.identity, id);
+        // Same certificate on the next fetch; gone after the last release.
+        assert_eq!(mgr.fetch(&id).await.unwrap().cert.serial, c.cert.serial);
+        mgr.release(&id);
+        assert!(matches!(mgr.fetch(&id).await, Err(CertError::NotLocal(_))));
+    }
+
+    #[tokio::test]
+    async fn rotates_at_half_life() {
+        // Leaves are backdated 60 s, so a 122 s lifetime reaches half-life 1 s after issue.
+        let mgr = manager(Duration::from_secs(62));
+        let id = Identity::new("cluster.local", "default", "a");
+        mgr.allow(&id);
+        let first = mgr.fetch(&id).await.unwrap();
+        let start = std::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let now = mgr.current(&id).unwrap();
+            if now.cert.serial != first.cert.serial {
+                assert!(now.cert.not_after > first.cert.not_after);
+                break;
+            }
+            assert!(start.elapsed() < Duration::from_secs(5), "certificate was not rotated at half-life");
+        }
+    }
+}
