@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -169,6 +169,11 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
     }
 }
 
+/// Makes the next close of this socket send RST instead of FIN.
+pub fn set_reset_on_close(stream: &TcpStream) {
+    let _ = socket2::SockRef::from(stream).set_linger(Some(Duration::ZERO));
+}
+
 /// Closes a TCP connection with RST instead of FIN, to propagate a reset.
 pub fn reset(stream: TcpStream) {
     if let Ok(std) = stream.into_std() {
@@ -176,8 +181,4 @@ pub fn reset(stream: TcpStream) {
         let _ = s.set_linger(Some(Duration::ZERO));
         drop(s);
     }
-}
-
-pub fn raw_fd(s: &impl AsRawFd) -> i32 {
-    s.as_raw_fd()
 }

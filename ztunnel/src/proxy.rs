@@ -150,7 +150,12 @@ pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
 
 /// Copies between two TCP connections; an error on one side resets the other.
 pub(crate) async fn copy_tcp(a: &mut tokio::net::TcpStream, b: &mut tokio::net::TcpStream) -> std::io::Result<(u64, u64)> {
-    tokio::io::copy_bidirectional(a, b).await
+    let r = tokio::io::copy_bidirectional(a, b).await;
+    if r.is_err() {
+        crate::netns::set_reset_on_close(a);
+        crate::netns::set_reset_on_close(b);
+    }
+    r
 }
 
 /// Accept errors (e.g. EMFILE) must not spin a runtime thread or end the listener.

@@ -15,6 +15,9 @@ pub mod workload;
 
 pub use workload::{HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid};
 
+/// A workload serving a service, with its service port -> target port map.
+type Endpoint = (Arc<Workload>, BTreeMap<u16, u16>);
+
 /// An immutable snapshot of mesh state. Updates build a new snapshot and swap it in,
 /// so a connection always sees one consistent view.
 #[derive(Debug, Default)]
@@ -24,7 +27,7 @@ pub struct MeshState {
     services: HashMap<NamespacedHostname, Arc<Service>>,
     service_by_vip: HashMap<IpAddr, Arc<Service>>,
     /// endpoints of each service: workload uid -> port map (service port -> target port)
-    endpoints: HashMap<NamespacedHostname, Vec<(Arc<Workload>, BTreeMap<u16, u16>)>>,
+    endpoints: HashMap<NamespacedHostname, Vec<Endpoint>>,
     policies: BTreeMap<String, Arc<Authorization>>,
 }
 
