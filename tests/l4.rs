@@ -369,3 +369,44 @@ async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
     assert!(r.map(|v| v.is_empty()).unwrap_or(true));
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_calls_and_client_resets() -> Result<()> {
+    let topo = Topology::build(&prefix("k"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    // Connections whose original destination is the proxy itself are refused, not looped.
+    for to in ["127.0.0.1:15001".parse()?, addr(client, 15006)] {
+        let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, to, b"loop?")).await?;
+        assert!(r.map(|v| v.is_empty()).unwrap_or(true), "self-call to {to} was served");
+    }
+    mesh.wait_logs(&["refusing a connection to the proxy's own port", "refusing plaintext connection"])?;
+
+    // A client that resets: the server app sees the connection end promptly.
+    let l = server.netns.listen(9002)?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Ok((mut s, _)) = l.accept().await {
+            let mut buf = [0u8; 64];
+            let mut got = 0;
+            let end = loop {
+                match s.read(&mut buf).await {
+                    Ok(0) => break "eof",
+                    Ok(n) => got += n,
+                    Err(_) => break "reset",
+                }
+            };
+            let _ = tx.send((got, end));
+        }
+    });
+    let mut s = client.netns.connect(addr(server, 9002)).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"partial").await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
+    drop(s);
+    let (got, end) = tokio::time::timeout(Duration::from_secs(5), rx).await??;
+    assert_eq!(got, 7, "bytes sent before the reset must arrive");
+    assert_eq!(end, "reset", "a client RST must reach the server as a reset, not a clean close");
+    Ok(())
+}
