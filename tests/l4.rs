@@ -11,6 +11,13 @@ use anyhow::Result;
 use netsim::*;
 use tokio::io::AsyncReadExt;
 
+/// Node 1 runs pod n1p1 (identity sa/client), node 2 pod n2p1 (sa/server), both enrolled.
+fn client_server_mesh(tag: &str, env: &[(&str, &str)]) -> Result<Mesh> {
+    let topo = Topology::build(&prefix(tag), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), env)
+}
+
 async fn roundtrip(from: &Pod, to: SocketAddr, data: &[u8]) -> Result<Vec<u8>> {
     let mut s = from.netns.connect(to).await?;
     echo_roundtrip(&mut s, data).await
@@ -22,9 +29,7 @@ fn addr(pod: &Pod, port: u16) -> SocketAddr {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_node_traffic_is_hbone_and_keeps_client_ip() -> Result<()> {
-    let topo = Topology::build(&prefix("x"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let mesh = client_server_mesh("x", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     let capture = Capture::start(mesh.topo.node(1), "eth0", &mesh.topo.dir)?;
@@ -169,9 +174,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_transfers_are_byte_exact() -> Result<()> {
-    let topo = Topology::build(&prefix("b"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let mesh = client_server_mesh("b", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     for (len, seed) in [(1 << 20, 1u64), (100 << 20, 2)] {
@@ -185,9 +188,7 @@ async fn large_transfers_are_byte_exact() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_close_and_reset_propagate() -> Result<()> {
-    let topo = Topology::build(&prefix("h"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let mesh = client_server_mesh("h", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     // A server that reads to EOF, then answers with the byte count: needs client FIN to arrive.
     let l = server.netns.listen(9000)?;
@@ -246,9 +247,7 @@ async fn open_concurrent(client: &Pod, to: SocketAddr, n: usize) -> Result<Vec<t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_pooled_http2() -> Result<()> {
-    let topo = Topology::build(&prefix("c"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[("POOL_MAX_STREAMS_PER_CONNECTION", "200")])?;
+    let mesh = client_server_mesh("c", &[("POOL_MAX_STREAMS_PER_CONNECTION", "200")])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     // A burst of 200 concurrent first connections: one TLS connection carries them all.
@@ -259,9 +258,7 @@ async fn concurrent_connections_share_pooled_http2() -> Result<()> {
     drop(mesh);
 
     // With Istio's default limit of 100 streams per connection, 200 need exactly two.
-    let topo = Topology::build(&prefix("d"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let mesh = client_server_mesh("d", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     let conns = open_concurrent(client, addr(server, 8080), 200).await?;
@@ -272,9 +269,7 @@ async fn concurrent_connections_share_pooled_http2() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_pooled_connection_is_released() -> Result<()> {
-    let topo = Topology::build(&prefix("l"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[("POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", "1")])?;
+    let mesh = client_server_mesh("l", &[("POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", "1")])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"a").await?, b"a");
@@ -372,9 +367,7 @@ async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_calls_and_client_resets() -> Result<()> {
-    let topo = Topology::build(&prefix("k"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let mesh = client_server_mesh("k", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     // Connections whose original destination is the proxy itself are refused, not looped.
     for to in ["127.0.0.1:15001".parse()?, addr(client, 15006)] {

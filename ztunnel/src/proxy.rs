@@ -163,3 +163,14 @@ pub(crate) async fn accept_backoff(listener: &str, e: std::io::Error) {
     tracing::warn!(listener, error = %e, "accept failed; retrying");
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }
+
+/// The original destination of a captured connection; logs and yields None if unreadable.
+pub(crate) fn captured_destination(stream: &tokio::net::TcpStream) -> Option<SocketAddr> {
+    match crate::netns::original_dst(stream) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the original destination; closing");
+            None
+        }
+    }
+}

@@ -99,11 +99,46 @@ fn identity_error(msg: String) -> rustls::Error {
     ))))
 }
 
+/// The mesh roots and the provider's algorithms: what both verifiers check chains with.
+#[derive(Debug)]
+struct MeshRoots {
+    provider: Arc<CryptoProvider>,
+    anchors: Vec<rustls_pki_types::TrustAnchor<'static>>,
+}
+
+impl MeshRoots {
+    fn new(provider: Arc<CryptoProvider>, roots: &[CertificateDer<'static>]) -> MeshRoots {
+        MeshRoots { provider, anchors: trust_anchors(roots) }
+    }
+
+    fn verify(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+        usage: webpki::KeyUsage,
+    ) -> Result<Identity, rustls::Error> {
+        verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, usage)
+    }
+
+    fn tls12_refused() -> Result<HandshakeSignatureValid, rustls::Error> {
+        // TLS 1.2 is disabled in every config we build.
+        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+    }
+
+    fn tls13(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// Client side: the server must chain to our roots and present one of the expected identities.
 #[derive(Debug)]
 struct ExpectedIdentityVerifier {
-    provider: Arc<CryptoProvider>,
-    anchors: Vec<rustls_pki_types::TrustAnchor<'static>>,
+    roots: MeshRoots,
     expected: Vec<Identity>,
 }
 
@@ -116,7 +151,7 @@ impl ServerCertVerifier for ExpectedIdentityVerifier {
         _ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let id = verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, webpki::KeyUsage::server_auth())?;
+        let id = self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::server_auth())?;
         if self.expected.contains(&id) {
             Ok(ServerCertVerified::assertion())
         } else {
@@ -131,8 +166,7 @@ impl ServerCertVerifier for ExpectedIdentityVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        // TLS 1.2 is disabled in every config we build.
-        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+        MeshRoots::tls12_refused()
     }
 
     fn verify_tls13_signature(
@@ -141,19 +175,18 @@ impl ServerCertVerifier for ExpectedIdentityVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        self.roots.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.roots.schemes()
     }
 }
 
 /// Server side: the client must present a certificate chaining to our roots, from our trust domain.
 #[derive(Debug)]
 struct TrustDomainVerifier {
-    provider: Arc<CryptoProvider>,
-    anchors: Vec<rustls_pki_types::TrustAnchor<'static>>,
+    roots: MeshRoots,
     trust_domain: String,
 }
 
@@ -168,7 +201,7 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let id = verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, webpki::KeyUsage::client_auth())?;
+        let id = self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::client_auth())?;
         if id.trust_domain == self.trust_domain {
             Ok(ClientCertVerified::assertion())
         } else {
@@ -185,7 +218,7 @@ impl ClientCertVerifier for TrustDomainVerifier {
         _cert: &CertificateDer<'_>,
         _dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+        MeshRoots::tls12_refused()
     }
 
     fn verify_tls13_signature(
@@ -194,11 +227,11 @@ impl ClientCertVerifier for TrustDomainVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+        self.roots.tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.roots.schemes()
     }
 }
 
@@ -209,7 +242,7 @@ pub fn client_config(
     expected: Vec<Identity>,
 ) -> Result<ClientConfig, TlsError> {
     let provider = provider();
-    let verifier = ExpectedIdentityVerifier { provider: provider.clone(), anchors: trust_anchors(roots), expected };
+    let verifier = ExpectedIdentityVerifier { roots: MeshRoots::new(provider.clone(), roots), expected };
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
@@ -254,11 +287,7 @@ pub fn server_config(
     trust_domain: &str,
 ) -> Result<ServerConfig, TlsError> {
     let provider = provider();
-    let verifier = TrustDomainVerifier {
-        provider: provider.clone(),
-        anchors: trust_anchors(roots),
-        trust_domain: trust_domain.to_string(),
-    };
+    let verifier = TrustDomainVerifier { roots: MeshRoots::new(provider.clone(), roots), trust_domain: trust_domain.to_string() };
     let mut cfg = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(verifier))

@@ -9,7 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
-use crate::netns::{original_dst, reset};
+use crate::netns::reset;
 use crate::rbac::{self, Decision};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
@@ -26,12 +26,8 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
     let start = Instant::now();
-    let dst = match original_dst(&stream) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the original destination; closing");
-            return reset(stream);
-        }
+    let Some(dst) = super::captured_destination(&stream) else {
+        return reset(stream);
     };
     if is_self_call(&pod, dst) || dst.ip() != pod.ip {
         tracing::warn!(dst = %dst, "refusing plaintext connection not addressed to this pod's application");

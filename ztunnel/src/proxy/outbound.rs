@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
 use crate::hbone::{self, CopyError, PoolKey};
-use crate::netns::{original_dst, reset};
+use crate::netns::reset;
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
@@ -74,12 +74,8 @@ fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16)> {
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
     let start = Instant::now();
-    let dst = match original_dst(&stream) {
-        Ok(d) => d,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read the original destination; closing");
-            return reset(stream);
-        }
+    let Some(dst) = super::captured_destination(&stream) else {
+        return reset(stream);
     };
     if is_self_call(&pod, dst) {
         tracing::warn!(dst = %dst, "refusing a connection to the proxy's own port (loop)");
