@@ -403,3 +403,33 @@ async fn self_calls_and_client_resets() -> Result<()> {
     assert_eq!(end, "reset", "a client RST must reach the server as a reset, not a clean close");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn burst_to_unreachable_peer_fails_together() -> Result<()> {
+    let mesh = client_server_mesh("o", &[("CONNECT_TIMEOUT_MS", "1000")])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    // Node 2 silently drops HBONE: dials hang until the connect timeout.
+    let node2 = mesh.topo.node(2);
+    node2.exec("nft", &["add", "table", "ip", "blackhole"])?;
+    node2.exec("nft", &["add chain ip blackhole hold { type filter hook forward priority 0; }"])?;
+    node2.exec("nft", &["add rule ip blackhole hold tcp dport 15008 drop"])?;
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let ns = client.netns.clone();
+        let to = addr(server, 8080);
+        tasks.push(tokio::spawn(async move {
+            let mut s = ns.connect(to).await?;
+            echo_roundtrip(&mut s, b"x").await
+        }));
+    }
+    for t in tasks {
+        let r = t.await?;
+        assert!(r.map(|v| v.is_empty()).unwrap_or(true), "got data through a black hole");
+    }
+    let took = start.elapsed();
+    // One shared dial attempt (1 s), not twenty in a row.
+    assert!(took < Duration::from_secs(6), "queued connections redialed one by one: {took:?}");
+    mesh.wait_logs(&["failed while this request waited for it"])?;
+    Ok(())
+}

@@ -31,6 +31,8 @@ pub enum HboneError {
     Status { authority: String, status: http::StatusCode },
     #[error("cannot reach {peer}: {source}")]
     Connect { peer: String, source: crate::netns::NetnsError },
+    #[error("HBONE connection to {peer} failed while this request waited for it: {reason}")]
+    DialFailed { peer: String, reason: String },
     #[error("no certificate for the source identity: {0}")]
     Cert(#[from] crate::identity::manager::CertError),
     #[error(transparent)]

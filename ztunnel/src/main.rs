@@ -45,6 +45,9 @@ struct Args {
     pool_max_streams: usize,
     #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
     pool_idle_timeout_seconds: u64,
+    /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
+    #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
+    connect_timeout_ms: u64,
     /// Log as JSON (LOG_FORMAT=json) instead of text.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -81,7 +84,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pool_max_streams: args.pool_max_streams,
         pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
         capture: args.capture,
-        ..ProxyConfig::default()
+        connect_timeout: Duration::from_millis(args.connect_timeout_ms),
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let inputs = Arc::new(ProxyInputs { state: Arc::new(ArcSwap::from_pointee(state)), certs, pool, cfg: pcfg });

@@ -47,7 +47,9 @@ struct Conn {
 #[derive(Default)]
 struct KeyState {
     conns: Vec<Arc<Conn>>,
-    dial: Arc<tokio::sync::Mutex<()>>,
+    /// Held while dialing; the value is the outcome of the last failed dial, so callers
+    /// that queued behind it fail at once instead of each redialing a dead peer in turn.
+    dial: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
 }
 
 struct Inner {
@@ -58,6 +60,8 @@ struct Inner {
     connect_timeout: Duration,
     next_id: AtomicU64,
 }
+
+type DialLock = Arc<tokio::sync::Mutex<Option<(Instant, String)>>>;
 
 #[derive(Clone)]
 pub struct Pool {
@@ -106,7 +110,7 @@ impl Pool {
         lock(&self.inner.keys).values().map(|k| k.conns.iter().filter(|c| !c.closed.load(Ordering::Acquire)).count()).sum()
     }
 
-    fn try_checkout(&self, key: &PoolKey) -> Result<StreamGuard, Arc<tokio::sync::Mutex<()>>> {
+    fn try_checkout(&self, key: &PoolKey) -> Result<StreamGuard, DialLock> {
         let mut keys = lock(&self.inner.keys);
         let st = keys.entry(key.clone()).or_default();
         st.conns.retain(|c| !c.closed.load(Ordering::Acquire));
@@ -127,11 +131,26 @@ impl Pool {
             Ok(g) => return Ok(g),
             Err(l) => l,
         };
-        let _dialing = dial_lock.lock().await;
+        let queued_at = Instant::now();
+        let mut last_failure = dial_lock.lock().await;
         if let Ok(g) = self.try_checkout(key) {
             return Ok(g);
         }
-        let conn = self.dial(key, netns).await?;
+        if let Some((at, err)) = last_failure.as_ref() {
+            if *at >= queued_at {
+                return Err(HboneError::DialFailed { peer: key.dst.to_string(), reason: err.clone() });
+            }
+        }
+        let conn = match self.dial(key, netns).await {
+            Ok(c) => {
+                *last_failure = None;
+                c
+            }
+            Err(e) => {
+                *last_failure = Some((Instant::now(), e.to_string()));
+                return Err(e);
+            }
+        };
         let guard = StreamGuard { conn: conn.clone() };
         lock(&self.inner.keys).entry(key.clone()).or_default().conns.push(conn);
         Ok(guard)
