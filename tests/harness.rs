@@ -926,8 +926,13 @@ impl Topology {
         if unsafe { libc::geteuid() } != 0 {
             bail!("Topology::build needs root");
         }
-        if !valid_name(prefix) {
-            bail!("invalid prefix {prefix:?}");
+        // No '-' in the prefix: `{prefix}-` must never match another
+        // prefix's namespaces (stale cleanup removes everything matching).
+        if prefix.is_empty()
+            || prefix.len() > 20
+            || !prefix.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            bail!("invalid prefix {prefix:?} (use 1-20 chars of [A-Za-z0-9_], e.g. unique_prefix(\"tag\"))");
         }
         if nodes.is_empty() || nodes.len() > 250 {
             bail!("need between 1 and 250 nodes, got {}", nodes.len());

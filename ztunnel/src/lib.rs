@@ -10,6 +10,7 @@ pub mod proxy;
 pub mod rbac;
 pub mod state;
 pub mod tls;
+pub mod zds;
 
 /// SO_MARK on every socket the proxy opens, so capture rules exempt its own traffic.
 pub const PROXY_MARK: u32 = 1337;

@@ -19,13 +19,58 @@ use ztunnel::state::WorkloadUid;
 
 #[derive(Parser, Debug)]
 #[command(name = "ztunnel", version, about = "Ambient mesh node proxy (HBONE, mTLS, L4 policy)")]
+#[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    run: Args,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Cmd {
+    /// Play the istio-cni agent's side of ZDS for a standalone node: serve the pods
+    /// recorded in --pods-dir (by `ztunnel enroll`) to the node's ztunnel.
+    CniServer {
+        #[arg(long, default_value = ztunnel::zds::DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long)]
+        pods_dir: PathBuf,
+    },
+    /// Enroll a pod: record it for the CNI server, which sends ztunnel an Add with its netns.
+    Enroll {
+        #[arg(long)]
+        pods_dir: PathBuf,
+        #[arg(long)]
+        uid: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long)]
+        namespace: String,
+        #[arg(long, default_value = "default")]
+        service_account: String,
+        /// The pod's network namespace, e.g. /var/run/netns/pod-a
+        #[arg(long)]
+        netns: PathBuf,
+    },
+    /// Remove a pod from the mesh (the CNI server sends ztunnel a Del).
+    Unenroll {
+        #[arg(long)]
+        pods_dir: PathBuf,
+        #[arg(long)]
+        uid: String,
+    },
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// Local mesh config (Istio's local config YAML: workloads, services, policies).
     #[arg(long, env = "LOCAL_XDS_PATH")]
-    local_xds_path: PathBuf,
+    #[arg(required = true)]
+    local_xds_path: Option<PathBuf>,
     /// This node's name; only workloads with `node: <this>` may be enrolled here.
-    #[arg(long, env = "NODE_NAME")]
-    node_name: String,
+    #[arg(long, env = "NODE_NAME", required = true)]
+    node_name: Option<String>,
     /// Where the built-in CA keeps its root when --ca-cert/--ca-key are not given.
     #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
     state_dir: PathBuf,
@@ -39,6 +84,9 @@ struct Args {
     /// Enroll a pod at start: UID=NETNS_PATH (for example uid1=/var/run/netns/pod-a). Repeatable.
     #[arg(long = "pod", value_name = "UID=NETNS")]
     pods: Vec<String>,
+    /// Receive pods from the CNI agent over ZDS on this socket.
+    #[arg(long, env = "INPOD_UDS")]
+    zds_socket: Option<PathBuf>,
     #[arg(long, value_enum, default_value = "nftables")]
     capture: CaptureMode,
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
@@ -66,8 +114,28 @@ fn init_logging(format: &str) {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let cli = Cli::parse();
+    let args = cli.run;
     init_logging(&args.log_format);
+    match cli.cmd {
+        None => {}
+        Some(Cmd::CniServer { socket, pods_dir }) => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            return Ok(rt.block_on(ztunnel::zds::server::serve(&socket, &pods_dir))?);
+        }
+        Some(Cmd::Enroll { pods_dir, uid, name, namespace, service_account, netns }) => {
+            anyhow::ensure!(netns.exists(), "network namespace {} does not exist", netns.display());
+            let pod = ztunnel::zds::server::PodSpec { uid, name, namespace, service_account, netns };
+            ztunnel::zds::server::write_pod(&pods_dir, &pod)
+                .with_context(|| format!("cannot record pod in {}", pods_dir.display()))?;
+            return Ok(());
+        }
+        Some(Cmd::Unenroll { pods_dir, uid }) => {
+            ztunnel::zds::server::remove_pod(&pods_dir, &uid)
+                .with_context(|| format!("pod {uid} is not enrolled in {}", pods_dir.display()))?;
+            return Ok(());
+        }
+    }
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -75,12 +143,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn run(args: Args) -> anyhow::Result<()> {
-    let cfg = LocalConfig::load(&args.local_xds_path)?;
-    let state = cfg.into_state(&args.local_xds_path)?;
+    let (Some(config_path), Some(node_name)) = (args.local_xds_path.clone(), args.node_name.clone()) else {
+        anyhow::bail!("--local-xds-path and --node-name are required");
+    };
+    let cfg = LocalConfig::load(&config_path)?;
+    let state = cfg.into_state(&config_path)?;
     let ca = Ca::load_or_create(&args.state_dir, args.ca_cert.as_deref(), args.ca_key.as_deref())?;
     let certs = CertManager::new(Arc::new(LocalCa { ca, ttl: Duration::from_secs(args.cert_ttl_seconds) }));
     let pcfg = ProxyConfig {
-        node_name: args.node_name.clone(),
+        node_name: node_name.clone(),
         pool_max_streams: args.pool_max_streams,
         pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
         capture: args.capture,
@@ -89,7 +160,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let inputs = Arc::new(ProxyInputs { state: Arc::new(ArcSwap::from_pointee(state)), certs, pool, cfg: pcfg });
 
-    let mut enrolled = Vec::new();
+    let pods: ztunnel::zds::client::Pods = Default::default();
     for spec in &args.pods {
         let (uid, path) = spec
             .split_once('=')
@@ -98,9 +169,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
         let pod = proxy::enroll(inputs.clone(), &WorkloadUid(uid.to_string()), netns)
             .await
             .with_context(|| format!("cannot enroll pod {uid}"))?;
-        enrolled.push(pod);
+        pods.lock().await.insert(WorkloadUid(uid.to_string()), pod);
     }
-    tracing::info!(node = %args.node_name, pods = enrolled.len(), "ztunnel ready");
+    if let Some(sock) = args.zds_socket.clone() {
+        tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()));
+    }
+    let enrolled = pods.lock().await.len();
+    tracing::info!(node = %node_name, pods = enrolled, "ztunnel ready");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
@@ -108,11 +183,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
         _ = term.recv() => {}
     }
     tracing::info!("shutting down; removing capture from enrolled pods");
-    for pod in enrolled {
-        let name = pod.pod.workload.name.clone();
-        if let Err(e) = pod.remove().await {
-            tracing::warn!(pod = %name, error = %e, "cannot remove capture");
-        }
+    let uids: Vec<WorkloadUid> = pods.lock().await.keys().cloned().collect();
+    for uid in uids {
+        ztunnel::zds::client::remove_pod(&pods, &uid).await;
     }
     Ok(())
 }

@@ -1,0 +1,149 @@
+//! Pod enrollment over ZDS, end to end: a stand-in CNI agent (`ztunnel cni-server`) per
+//! node, `ztunnel enroll`/`unenroll` as the CNI plugin, and ztunnel as the ZDS client.
+
+mod netsim;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Result;
+use netsim::*;
+
+struct Node {
+    cni: Child,
+    ztunnel: Option<Child>,
+    pods_dir: PathBuf,
+    socket: PathBuf,
+    config: PathBuf,
+    state: PathBuf,
+    index: usize,
+}
+
+fn start_ztunnel(topo: &Topology, n: &Node, log_name: &str) -> Result<Child> {
+    let log = topo.dir.join(log_name);
+    let args = [
+        "--local-xds-path", n.config.to_str().unwrap_or_default(),
+        "--node-name", &format!("node{}", n.index),
+        "--state-dir", n.state.to_str().unwrap_or_default(),
+        "--zds-socket", n.socket.to_str().unwrap_or_default(),
+    ];
+    let z = topo.node(n.index).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
+    z.wait_log("ZDS snapshot applied", READY)
+        .map_err(|e| e.context(n.cni.log_text()))?;
+    Ok(z)
+}
+
+fn start_node(topo: &Topology, index: usize, config: &str) -> Result<Node> {
+    let pods_dir = topo.dir.join(format!("pods-node{index}"));
+    let socket = topo.dir.join(format!("zds-node{index}.sock"));
+    let cfg = topo.dir.join("mesh.yaml");
+    std::fs::write(&cfg, config)?;
+    let cni_log = topo.dir.join(format!("cni-node{index}.log"));
+    let cni = topo.node(index).spawn(
+        ZTUNNEL,
+        &["cni-server", "--socket", socket.to_str().unwrap_or_default(), "--pods-dir", pods_dir.to_str().unwrap_or_default()],
+        &[("RUST_LOG", "info")],
+        &cni_log,
+    )?;
+    cni.wait_log("listening", READY)?;
+    let mut node = Node { cni, ztunnel: None, pods_dir, socket, config: cfg, state: topo.dir.join("ca"), index };
+    node.ztunnel = Some(start_ztunnel(topo, &node, &format!("ztunnel-node{index}.log"))?);
+    Ok(node)
+}
+
+fn enroll(node: &Node, pod: &Pod, sa: &str) -> Result<()> {
+    sh(ZTUNNEL, &[
+        "enroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name, "--name", &pod.name,
+        "--namespace", "default", "--service-account", sa, "--netns", pod.netns.path().to_str().unwrap_or_default(),
+    ])?;
+    Ok(())
+}
+
+fn unenroll(node: &Node, pod: &Pod) -> Result<()> {
+    sh(ZTUNNEL, &["unenroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name])?;
+    Ok(())
+}
+
+fn count(log: &str, needle: &str) -> usize {
+    log.matches(needle).count()
+}
+
+/// What ztunnel leaves in a pod netns: must be nothing once the pod is removed.
+fn leftovers(pod: &Pod) -> Result<Vec<String>> {
+    let mut found = Vec::new();
+    if pod.netns.exec("nft", &["list", "tables"])?.contains("ztunnel") {
+        found.push("nft table".into());
+    }
+    if pod.netns.exec("ip", &["rule"])?.contains("32764") {
+        found.push("ip rule".into());
+    }
+    if !pod.netns.exec("ip", &["route", "show", "table", "133"])?.trim().is_empty() {
+        found.push("route table 133".into());
+    }
+    let listening = pod.netns.exec("ss", &["-Hltn"])?;
+    for port in ["15001", "15006", "15008"] {
+        if listening.contains(&format!(":{port} ")) {
+            found.push(format!("listener {port}"));
+        }
+    }
+    Ok(found)
+}
+
+async fn echo_once(from: &Pod, to: SocketAddr) -> Result<Vec<u8>> {
+    let mut s = from.netns.connect(to).await?;
+    echo_roundtrip(&mut s, b"zds").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_enroll_and_leave_over_zds() -> Result<()> {
+    let topo = Topology::build(&prefix("e"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let node1 = start_node(&topo, 1, &cfg)?;
+    let mut node2 = start_node(&topo, 2, &cfg)?;
+    let (client, server) = (topo.pod("n1p1"), topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let z1 = node1.ztunnel.as_ref().map(|z| z.log.clone()).unwrap_or_default();
+    let mut z2_log = node2.ztunnel.as_ref().map(|z| z.log.clone()).unwrap_or_default();
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+
+    enroll(&node1, client, "client")?;
+    enroll(&node2, server, "server")?;
+    wait_for("both pods enrolled", Duration::from_secs(10), || {
+        std::fs::read_to_string(&z1).unwrap_or_default().contains("pod enrolled") && read(&z2_log).contains("pod enrolled")
+    })?;
+    let to = SocketAddr::new(server.ip.into(), 8080);
+    assert_eq!(echo_once(client, to).await?, b"zds");
+    wait_for("HBONE in the logs", Duration::from_secs(5), || read(&z2_log).contains("direction=\"inbound\""))?;
+
+    // Remove and re-add the server pod repeatedly: nothing may be left behind.
+    for round in 0..20 {
+        unenroll(&node2, server)?;
+        wait_for("pod removed", Duration::from_secs(10), || count(&read(&z2_log), "pod removed") == round + 1)?;
+        let left = leftovers(server)?;
+        assert!(left.is_empty(), "round {round}: left in the pod netns: {left:?}");
+        enroll(&node2, server, "server")?;
+        wait_for("pod enrolled again", Duration::from_secs(10), || count(&read(&z2_log), "pod enrolled") == round + 2)?;
+    }
+    assert_eq!(echo_once(client, to).await?, b"zds");
+
+    // ztunnel restarts: the CNI agent's snapshot brings the pod back.
+    if let Some(mut z) = node2.ztunnel.take() {
+        z.stop();
+    }
+    assert!(leftovers(server)?.is_empty(), "a stopped ztunnel must leave the pod clean");
+    node2.ztunnel = Some(start_ztunnel(&topo, &node2, "ztunnel-node2-restarted.log")?);
+    z2_log = topo.dir.join("ztunnel-node2-restarted.log");
+    wait_for("pod enrolled after restart", Duration::from_secs(10), || read(&z2_log).contains("pod enrolled"))?;
+    assert_eq!(echo_once(client, to).await?, b"zds");
+
+    // The CNI agent's view of the pod must match the mesh config's.
+    unenroll(&node2, server)?;
+    wait_for("pod removed", Duration::from_secs(10), || read(&z2_log).contains("pod removed"))?;
+    enroll(&node2, server, "impostor")?;
+    wait_for("mismatch refused", Duration::from_secs(10), || read(&z2_log).contains("per the CNI agent but"))?;
+    assert!(leftovers(server)?.is_empty());
+    drop(node1);
+    drop(node2);
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The node proxy's side of ZDS: connect, say hello, apply Add/Keep/Del/SnapshotSent,
+//! ack each. Pods stay enrolled while the CNI agent is away; after a reconnect its
+//! snapshot says which to keep.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use super::{Payload, SeqPacket, Version, WorkloadRequest, WorkloadResponse, ZdsError, ZdsHello};
+use crate::netns::InPodNetns;
+use crate::proxy::{self, EnrolledPod, ProxyInputs};
+use crate::state::WorkloadUid;
+
+pub type Pods = Arc<Mutex<HashMap<WorkloadUid, EnrolledPod>>>;
+
+/// Runs forever: reconnects with backoff (100 ms doubling to 5 s) when the agent goes away.
+pub async fn run(path: PathBuf, inputs: Arc<ProxyInputs>, pods: Pods) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match session(&path, &inputs, &pods).await {
+            Ok(()) | Err(ZdsError::Closed) => {
+                tracing::info!("ZDS connection closed by the CNI agent; keeping enrolled pods");
+                backoff = Duration::from_millis(100);
+            }
+            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, "ZDS connection failed"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods) -> Result<(), ZdsError> {
+    let sock = SeqPacket::connect(path)?;
+    sock.send(&ZdsHello { version: Version::V1 as i32 }, None).await?;
+    tracing::info!(path = %path.display(), "connected to the CNI agent (ZDS)");
+    let mut in_snapshot: HashSet<WorkloadUid> = HashSet::new();
+    loop {
+        let (req, fd): (WorkloadRequest, _) = sock.recv().await?;
+        let result = match req.payload {
+            Some(Payload::Add(add)) => {
+                let uid = WorkloadUid(add.uid.clone());
+                in_snapshot.insert(uid.clone());
+                match fd {
+                    None => Err(ZdsError::MissingNetns(add.uid).to_string()),
+                    Some(fd) => add_pod(inputs, pods, uid, add.workload_info, fd).await,
+                }
+            }
+            Some(Payload::Keep(keep)) => {
+                let uid = WorkloadUid(keep.uid);
+                in_snapshot.insert(uid.clone());
+                if pods.lock().await.contains_key(&uid) { Ok(()) } else { Err(format!("cannot keep {uid}: not enrolled")) }
+            }
+            Some(Payload::Del(del)) => {
+                remove_pod(pods, &WorkloadUid(del.uid)).await;
+                Ok(())
+            }
+            Some(Payload::SnapshotSent(_)) => {
+                let stale: Vec<WorkloadUid> =
+                    pods.lock().await.keys().filter(|u| !in_snapshot.contains(*u)).cloned().collect();
+                for uid in stale {
+                    remove_pod(pods, &uid).await;
+                }
+                let enrolled = pods.lock().await.len();
+                tracing::info!(pods = enrolled, "ZDS snapshot applied");
+                Ok(())
+            }
+            None => Err(ZdsError::Empty.to_string()),
+        };
+        if let Err(e) = &result {
+            tracing::warn!(error = %e, "ZDS request failed");
+        }
+        sock.send(&WorkloadResponse::ack(result.err()), None).await?;
+    }
+}
+
+async fn add_pod(
+    inputs: &Arc<ProxyInputs>,
+    pods: &Pods,
+    uid: WorkloadUid,
+    info: Option<super::WorkloadInfo>,
+    fd: std::os::fd::OwnedFd,
+) -> Result<(), String> {
+    if pods.lock().await.contains_key(&uid) {
+        return Ok(());
+    }
+    if let (Some(info), Some(wl)) = (&info, inputs.state.load().workload_by_uid(&uid)) {
+        if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
+            return Err(format!(
+                "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
+                info.namespace, info.name, info.service_account, wl.namespace, wl.name, wl.service_account
+            ));
+        }
+    }
+    let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
+    let pod = proxy::enroll(inputs.clone(), &uid, netns).await.map_err(|e| e.to_string())?;
+    pods.lock().await.insert(uid, pod);
+    Ok(())
+}
+
+pub async fn remove_pod(pods: &Pods, uid: &WorkloadUid) {
+    let pod = pods.lock().await.remove(uid);
+    if let Some(pod) = pod {
+        match pod.remove().await {
+            Ok(()) => tracing::info!(uid = %uid, "pod removed"),
+            Err(e) => tracing::warn!(uid = %uid, error = %e, "pod removed, but capture cleanup failed"),
+        }
+    }
+}
