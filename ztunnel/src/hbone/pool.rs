@@ -206,7 +206,7 @@ impl Pool {
     }
 
     /// Resolves once the connection has had no streams for the idle timeout. The driver
-    /// then drops the connection, which ends with a GOAWAY.
+    /// then drops the connection, closing its socket (no stream is open, so nothing is cut).
     async fn reap_when_idle(&self, key: &PoolKey, conn: std::sync::Weak<Conn>) {
         let tick = (self.inner.idle_timeout / 4).max(Duration::from_millis(50));
         loop {
