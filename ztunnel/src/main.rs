@@ -113,6 +113,20 @@ fn init_logging(format: &str) {
     }
 }
 
+/// Every proxied connection holds two sockets; the default soft limit (often 1024) is far
+/// too low for a node proxy, so raise it to the hard limit.
+fn raise_fd_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::debug!(from = soft, to = hard, "raised RLIMIT_NOFILE"),
+            Err(e) => tracing::warn!(error = %e, "cannot raise RLIMIT_NOFILE"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot read RLIMIT_NOFILE"),
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = cli.run;
@@ -136,6 +150,7 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    raise_fd_limit();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
