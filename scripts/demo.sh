@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-exec cargo test -q -p ztunnel --test demo
+exec cargo test -p ztunnel --test demo
