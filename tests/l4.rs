@@ -433,3 +433,86 @@ async fn burst_to_unreachable_peer_fails_together() -> Result<()> {
     mesh.wait_logs(&["failed while this request waited for it"])?;
     Ok(())
 }
+
+/// GET a path from a ztunnel's own HTTP endpoints, from inside its node netns.
+async fn http_get(node: &Netns, port: u16, path: &str) -> Result<String> {
+    let mut s = node.connect(SocketAddr::from(([127, 0, 0, 1], port))).await?;
+    let req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+    let body = echo_roundtrip(&mut s, req.as_bytes()).await?;
+    Ok(String::from_utf8_lossy(&body).to_string())
+}
+
+/// The value of the one series of `name` whose labels contain all of `labels`.
+fn series(scrape: &str, name: &str, labels: &[&str]) -> Option<u64> {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_connections_and_exact_bytes() -> Result<()> {
+    let topo = Topology::build(&prefix("m"), &[2, 1])?;
+    let cfg = format!(
+        "workloads:\n{}{}{}{ALLOW_ONLY_CLIENT}",
+        workload(&topo, "n1p1", "client", ", canonicalName: sleep"),
+        workload(&topo, "n1p2", "intruder", ""),
+        workload(&topo, "n2p1", "server", ", canonicalName: echo"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert!(http_get(mesh.topo.node(2), 15021, "/healthz/ready").await?.starts_with("HTTP/1.1 200"));
+
+    for len in [1000usize, 2345] {
+        assert_eq!(roundtrip(client, addr(server, 8080), &pattern(len, 9)).await?.len(), len);
+    }
+    let denied = roundtrip(mesh.topo.pod("n1p2"), addr(server, 8080), b"no").await;
+    assert!(denied.map(|v| v.is_empty()).unwrap_or(true));
+    mesh.wait_logs(&["connection denied"])?;
+
+    let dst = [
+        "source_principal=\"spiffe://cluster.local/ns/default/sa/client\"",
+        "destination_principal=\"spiffe://cluster.local/ns/default/sa/server\"",
+        "source_canonical_service=\"sleep\"",
+        "destination_canonical_service=\"echo\"",
+        "connection_security_policy=\"mutual_tls\"",
+        "response_flags=\"-\"",
+    ];
+    let want = |reporter: &'static str| {
+        let mut v = dst.to_vec();
+        v.push(if reporter == "source" { "reporter=\"source\"" } else { "reporter=\"destination\"" });
+        v
+    };
+    // Counters are updated as connections end; wait until both sides saw both connections.
+    let mut node1 = String::new();
+    let mut node2 = String::new();
+    for _ in 0..100 {
+        node1 = http_get(mesh.topo.node(1), 15020, "/metrics").await?;
+        node2 = http_get(mesh.topo.node(2), 15020, "/stats/prometheus").await?;
+        if series(&node1, "istio_tcp_connections_closed_total", &want("source")) == Some(2)
+            && series(&node2, "istio_tcp_connections_closed_total", &want("destination")) == Some(2)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (scrape, reporter) in [(&node1, "source"), (&node2, "destination")] {
+        let l = want(reporter);
+        assert_eq!(series(scrape, "istio_tcp_connections_opened_total", &l), Some(2), "{reporter}:\n{scrape}");
+        assert_eq!(series(scrape, "istio_tcp_connections_closed_total", &l), Some(2), "{reporter}:\n{scrape}");
+        assert_eq!(series(scrape, "istio_tcp_received_bytes_total", &l), Some(3345), "{reporter}:\n{scrape}");
+        assert_eq!(series(scrape, "istio_tcp_sent_bytes_total", &l), Some(3345), "{reporter}:\n{scrape}");
+    }
+    let deny = [
+        "reporter=\"destination\"",
+        "source_principal=\"spiffe://cluster.local/ns/default/sa/intruder\"",
+        "response_flags=\"DENY\"",
+    ];
+    assert_eq!(series(&node2, "istio_tcp_connections_failed_total", &deny), Some(1), "{node2}");
+    let deny_src = ["reporter=\"source\"", "response_flags=\"DENY\"", "source_workload=\"n1p2\""];
+    assert_eq!(series(&node1, "istio_tcp_connections_failed_total", &deny_src), Some(1), "{node1}");
+    Ok(())
+}

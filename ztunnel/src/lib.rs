@@ -4,6 +4,7 @@
 pub mod capture;
 pub mod config;
 pub mod hbone;
+pub mod metrics;
 pub mod identity;
 pub mod netns;
 pub mod proxy;

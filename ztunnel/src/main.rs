@@ -96,6 +96,12 @@ struct Args {
     /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// Prometheus metrics (/metrics, /stats/prometheus).
+    #[arg(long, default_value = "0.0.0.0:15020")]
+    metrics_addr: std::net::SocketAddr,
+    /// Readiness (/healthz/ready).
+    #[arg(long, default_value = "0.0.0.0:15021")]
+    readiness_addr: std::net::SocketAddr,
     /// Log as JSON (LOG_FORMAT=json) instead of text.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -173,7 +179,18 @@ async fn run(args: Args) -> anyhow::Result<()> {
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
-    let inputs = Arc::new(ProxyInputs { state: Arc::new(ArcSwap::from_pointee(state)), certs, pool, cfg: pcfg });
+    let metrics = Arc::new(ztunnel::metrics::Metrics::default());
+    for addr in [args.metrics_addr, args.readiness_addr] {
+        let l = ztunnel::metrics::server::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
+    }
+    let inputs = Arc::new(ProxyInputs {
+        state: Arc::new(ArcSwap::from_pointee(state)),
+        certs,
+        pool,
+        cfg: pcfg,
+        metrics: metrics.clone(),
+    });
 
     let pods: ztunnel::zds::client::Pods = Default::default();
     for spec in &args.pods {
@@ -186,8 +203,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             .with_context(|| format!("cannot enroll pod {uid}"))?;
         pods.lock().await.insert(WorkloadUid(uid.to_string()), pod);
     }
-    if let Some(sock) = args.zds_socket.clone() {
-        tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()));
+    // With ZDS, readiness waits for the agent's first snapshot.
+    match args.zds_socket.clone() {
+        Some(sock) => drop(tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()))),
+        None => metrics.set_ready(),
     }
     let enrolled = pods.lock().await.len();
     tracing::info!(node = %node_name, pods = enrolled, "ztunnel ready");

@@ -43,6 +43,7 @@ pub struct ProxyInputs {
     pub certs: Arc<CertManager>,
     pub pool: Pool,
     pub cfg: ProxyConfig,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The local workload a listener serves.
@@ -159,7 +160,7 @@ pub(crate) async fn copy_tcp(a: &mut tokio::net::TcpStream, b: &mut tokio::net::
 }
 
 /// Accept errors (e.g. EMFILE) must not spin a runtime thread or end the listener.
-pub(crate) async fn accept_backoff(listener: &str, e: std::io::Error) {
+pub async fn accept_backoff(listener: &str, e: std::io::Error) {
     tracing::warn!(listener, error = %e, "accept failed; retrying");
     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
 }

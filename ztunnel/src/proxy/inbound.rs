@@ -13,6 +13,7 @@ use tracing::Instrument;
 use super::{LocalPod, ProxyInputs};
 use crate::hbone::{self, CopyError};
 use crate::identity::Identity;
+use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::rbac::{self, Decision};
 
@@ -125,17 +126,30 @@ async fn handle_stream(
         return respond(tx, StatusCode::BAD_REQUEST);
     }
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
-    let policies = inputs.state.load().policies_for(&pod.workload);
+    let state = inputs.state.load();
+    // Describe the source from config only if config agrees with its verified identity.
+    let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
+    let labels = TcpLabels::new(
+        "destination",
+        Peer { workload: src_wl.as_deref(), identity: Some(&src_identity) },
+        Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+        None,
+        true,
+    );
+    let policies = state.policies_for(&pod.workload);
+    drop(state);
     if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
         tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
             dst.workload = %pod.workload.name, dst.identity = %pod.identity, response_flags = "DENY",
             error = %reason, "connection denied");
+        inputs.metrics.failed(&labels, "DENY");
         return respond(tx, StatusCode::UNAUTHORIZED);
     }
     let mut upstream = match pod.netns.connect(target, Some(peer), inputs.cfg.connect_timeout).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %target, error = %e, response_flags = "CONNECT", "cannot reach the application");
+            inputs.metrics.failed(&labels, "CONNECT");
             return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
         }
     };
@@ -147,7 +161,13 @@ async fn handle_stream(
             return;
         }
     };
+    inputs.metrics.opened(&labels);
     let r = hbone::copy_tcp_h2(&mut upstream, send, recv).await;
+    let t = match &r {
+        Ok(t) | Err((_, t)) => *t,
+    };
+    // From the app's side: t.received went to the app (the client sent it), t.sent came back.
+    inputs.metrics.closed(&labels, t.received, t.sent);
     let (t, err) = match r {
         Ok(t) => (t, None),
         Err((CopyError::Stream(e), t)) => {

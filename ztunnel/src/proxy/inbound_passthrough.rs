@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
 use crate::netns::reset;
+use crate::metrics::{Peer, TcpLabels};
 use crate::rbac::{self, Decision};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
@@ -34,21 +35,34 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let conn = rbac::Connection { src_identity: None, src_ip: peer.ip(), dst };
-    let policies = inputs.state.load().policies_for(&pod.workload);
+    let state = inputs.state.load();
+    let labels = TcpLabels::new(
+        "destination",
+        Peer { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
+        Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+        None,
+        false,
+    );
+    let policies = state.policies_for(&pod.workload);
+    drop(state);
     if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
         tracing::warn!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
             response_flags = "DENY", error = %reason, "connection denied");
+        inputs.metrics.failed(&labels, "DENY");
         return reset(stream);
     }
     let mut upstream = match pod.netns.connect(dst, Some(peer), inputs.cfg.connect_timeout).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot reach the application");
+            inputs.metrics.failed(&labels, "CONNECT");
             return reset(stream);
         }
     };
+    inputs.metrics.opened(&labels);
     let r = super::copy_tcp(&mut stream, &mut upstream).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
+    inputs.metrics.closed(&labels, recv, sent);
     tracing::info!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
         connection_security_policy = "unknown", bytes_sent = sent, bytes_recv = recv,
         duration_ms = start.elapsed().as_millis() as u64, error = r.err().map(|e| e.to_string()), "connection complete");

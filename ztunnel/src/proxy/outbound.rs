@@ -10,6 +10,7 @@ use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
 use crate::hbone::{self, CopyError, PoolKey};
+use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
 
@@ -88,16 +89,26 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             reset(stream)
         }
         Route::Passthrough(to) => {
+            let labels = TcpLabels::new(
+                "source",
+                Peer { workload: Some(&pod.workload), identity: None },
+                Peer { workload: state.workload_by_ip(to.ip()).map(|w| &**w), identity: None },
+                state.service_by_vip(dst.ip()).map(|s| &**s),
+                false,
+            );
             let upstream = pod.netns.connect(to, None, inputs.cfg.connect_timeout).await;
             let mut upstream = match upstream {
                 Ok(u) => u,
                 Err(e) => {
                     tracing::warn!(dst = %to, error = %e, "passthrough connect failed");
+                    inputs.metrics.failed(&labels, "CONNECT");
                     return reset(stream);
                 }
             };
+            inputs.metrics.opened(&labels);
             let r = super::copy_tcp(&mut stream, &mut upstream).await;
             let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
+            inputs.metrics.closed(&labels, sent, recv);
             tracing::info!(
                 direction = "outbound", src.addr = %peer, dst.addr = %to, protocol = "TCP",
                 bytes_sent = sent, bytes_recv = recv, duration_ms = start.elapsed().as_millis() as u64,
@@ -111,6 +122,13 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             let target = SocketAddr::new(ip, port);
             let hbone_addr = SocketAddr::new(ip, crate::ports::HBONE);
             let expected = state.expected_identities(&workload, service.as_deref());
+            let labels = TcpLabels::new(
+                "source",
+                Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+                Peer { workload: Some(&workload), identity: expected.first() },
+                service.as_deref(),
+                true,
+            );
             let dst_identity = expected.first().map(|i| i.to_string()).unwrap_or_default();
             let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip);
             let mut req = http::Request::builder()
@@ -133,8 +151,13 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             };
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
+                    inputs.metrics.opened(&labels);
                     let r = hbone::copy_tcp_h2(&mut stream, send, recv).await;
                     drop(guard);
+                    let t = match &r {
+                        Ok(t) | Err((_, t)) => *t,
+                    };
+                    inputs.metrics.closed(&labels, t.sent, t.received);
                     match r {
                         Ok(t) => (None, t),
                         Err((CopyError::Stream(e), t)) => {
@@ -146,6 +169,12 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                 }
                 Err(e) => {
                     reset(stream);
+                    let flag = match &e {
+                        hbone::HboneError::Status { status, .. } if *status == http::StatusCode::UNAUTHORIZED => "DENY",
+                        hbone::HboneError::Tls { .. } | hbone::HboneError::TlsConfig(_) => "TLS_FAILURE",
+                        _ => "CONNECT",
+                    };
+                    inputs.metrics.failed(&labels, flag);
                     (Some(e.to_string()), Default::default())
                 }
             };

@@ -64,6 +64,7 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
                     remove_pod(pods, &uid).await;
                 }
                 let enrolled = pods.lock().await.len();
+                inputs.metrics.set_ready();
                 tracing::info!(pods = enrolled, "ZDS snapshot applied");
                 Ok(())
             }

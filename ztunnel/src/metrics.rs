@@ -1,0 +1,146 @@
+//! Istio's TCP metrics. Label values come from workload metadata in mesh config, and a
+//! peer that is not in config is `unknown`, so cardinality is bounded by the config size
+//! no matter how many distinct peers connect.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::identity::Identity;
+use crate::state::{Service, Workload};
+
+pub mod server;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub reporter: &'static str,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_service: String,
+    pub destination_service_name: String,
+    pub destination_service_namespace: String,
+    pub request_protocol: &'static str,
+    pub response_flags: &'static str,
+    pub connection_security_policy: &'static str,
+}
+
+const UNKNOWN: &str = "unknown";
+
+fn or_unknown(s: &str) -> String {
+    if s.is_empty() { UNKNOWN.to_string() } else { s.to_string() }
+}
+
+/// One side of a connection as the labels describe it.
+#[derive(Default)]
+pub struct Peer<'a> {
+    pub workload: Option<&'a Workload>,
+    /// The mTLS identity, when there is one (it may exist for a peer not in config).
+    pub identity: Option<&'a Identity>,
+}
+
+impl TcpLabels {
+    pub fn new(
+        reporter: &'static str,
+        src: Peer<'_>,
+        dst: Peer<'_>,
+        service: Option<&Service>,
+        mtls: bool,
+    ) -> TcpLabels {
+        let wl = |p: &Peer<'_>, f: fn(&Workload) -> &str| p.workload.map(|w| or_unknown(f(w))).unwrap_or_else(|| UNKNOWN.into());
+        // Only a verified identity names a principal; a config entry alone does not.
+        let principal = |p: &Peer<'_>| p.identity.map(|i| i.to_string()).unwrap_or_else(|| UNKNOWN.into());
+        TcpLabels {
+            reporter,
+            source_workload: wl(&src, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            source_canonical_service: wl(&src, |w| &w.canonical_name),
+            source_canonical_revision: wl(&src, |w| &w.canonical_revision),
+            source_workload_namespace: wl(&src, |w| &w.namespace),
+            source_principal: principal(&src),
+            destination_workload: wl(&dst, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            destination_canonical_service: wl(&dst, |w| &w.canonical_name),
+            destination_canonical_revision: wl(&dst, |w| &w.canonical_revision),
+            destination_workload_namespace: wl(&dst, |w| &w.namespace),
+            destination_principal: principal(&dst),
+            destination_service: service.map(|s| s.hostname.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_name: service.map(|s| s.name.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_namespace: service.map(|s| s.namespace.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            request_protocol: "tcp",
+            response_flags: "-",
+            connection_security_policy: if mtls { "mutual_tls" } else { UNKNOWN },
+        }
+    }
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    opened: Family<TcpLabels, Counter>,
+    closed: Family<TcpLabels, Counter>,
+    failed: Family<TcpLabels, Counter>,
+    received: Family<TcpLabels, Counter>,
+    sent: Family<TcpLabels, Counter>,
+    ready: AtomicBool,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::default();
+        let opened = Family::<TcpLabels, Counter>::default();
+        let closed = Family::<TcpLabels, Counter>::default();
+        let failed = Family::<TcpLabels, Counter>::default();
+        let received = Family::<TcpLabels, Counter>::default();
+        let sent = Family::<TcpLabels, Counter>::default();
+        // The text encoder appends `_total` to counters.
+        registry.register("istio_tcp_connections_opened", "TCP connections opened", opened.clone());
+        registry.register("istio_tcp_connections_closed", "TCP connections closed", closed.clone());
+        registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
+        registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
+        registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
+        Metrics { registry, opened, closed, failed, received, sent, ready: AtomicBool::new(false) }
+    }
+}
+
+impl Metrics {
+    pub fn opened(&self, l: &TcpLabels) {
+        self.opened.get_or_create(l).inc();
+    }
+
+    /// A connection that ended; `received` is what its client sent, `sent` what it got back.
+    pub fn closed(&self, l: &TcpLabels, received: u64, sent: u64) {
+        self.closed.get_or_create(l).inc();
+        self.received.get_or_create(l).inc_by(received);
+        self.sent.get_or_create(l).inc_by(sent);
+    }
+
+    /// A connection that could not be set up (denied, no upstream, TLS failure...).
+    pub fn failed(&self, l: &TcpLabels, response_flags: &'static str) {
+        let l = TcpLabels { response_flags, ..l.clone() };
+        self.failed.get_or_create(&l).inc();
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Release);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
