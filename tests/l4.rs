@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use netsim::*;
 use tokio::io::AsyncReadExt;
 
@@ -514,5 +514,46 @@ async fn metrics_count_connections_and_exact_bytes() -> Result<()> {
     assert_eq!(series(&node2, "istio_tcp_connections_failed_total", &deny), Some(1), "{node2}");
     let deny_src = ["reporter=\"source\"", "response_flags=\"DENY\"", "source_workload=\"n1p2\""];
     assert_eq!(series(&node1, "istio_tcp_connections_failed_total", &deny_src), Some(1), "{node1}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_then_exits_zero() -> Result<()> {
+    // Grace period 4 s -> drain deadline 3 s.
+    let mut mesh = client_server_mesh("g", &[("TERMINATION_GRACE_PERIOD_SECONDS", "4")])?;
+    let (client, server) = (mesh.topo.pod("n1p1").netns.clone(), mesh.topo.pod("n2p1"));
+    let to = addr(server, 8080);
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    // A long-lived connection, open before the drain.
+    let mut long = client.connect(to).await?;
+    let mut buf = [0u8; 5];
+    tokio::io::AsyncWriteExt::write_all(&mut long, b"hello").await?;
+    long.read_exact(&mut buf).await?;
+
+    mesh.ztunnels[1].terminate()?;
+    mesh.wait_logs(&["draining: listeners closed, GOAWAY sent on HBONE"])?;
+    // The established connection keeps working during the drain...
+    tokio::io::AsyncWriteExt::write_all(&mut long, b"still").await?;
+    long.read_exact(&mut buf).await?;
+    assert_eq!(&buf, b"still");
+    // ...new ones are refused (fail closed, never a hang).
+    let fresh = tokio::time::timeout(Duration::from_secs(5), roundtrip(mesh.topo.pod("n1p1"), to, b"new")).await?;
+    assert!(fresh.map(|v| v.is_empty()).unwrap_or(true), "a new connection was served while draining");
+    // The drain deadline ends the long-lived connection and the process exits 0.
+    let started = std::time::Instant::now();
+    let status = mesh.ztunnels[1].wait_exit(Duration::from_secs(10)).context("ztunnel did not exit after the drain deadline")?;
+    assert!(status.success(), "exit status {status}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    mesh.wait_logs(&["drain deadline reached"])?;
+    let mut rest = Vec::new();
+    let end = tokio::time::timeout(Duration::from_secs(5), long.read_to_end(&mut rest)).await?;
+    assert!(end.is_err() || rest.is_empty(), "connection should end with the process");
+
+    // Without connections in flight, the drain ends at once.
+    let mut mesh = client_server_mesh("f", &[])?;
+    let started = std::time::Instant::now();
+    mesh.ztunnels[0].terminate()?;
+    let status = mesh.ztunnels[0].wait_exit(Duration::from_secs(10)).context("idle ztunnel did not exit")?;
+    assert!(status.success() && started.elapsed() < Duration::from_secs(3), "{status} after {:?}", started.elapsed());
     Ok(())
 }

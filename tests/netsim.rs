@@ -100,6 +100,26 @@ impl Child {
             .with_context(|| format!("log:\n{}", self.log_text()))
     }
 
+    /// Sends SIGTERM without waiting.
+    pub fn terminate(&self) -> Result<()> {
+        let pid = self.inner.as_ref().map(|c| c.id()).context("process already reaped")?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)?;
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the process to exit; its status if it did.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        let c = self.inner.as_mut()?;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut c) = self.inner.take() {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);

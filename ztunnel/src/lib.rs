@@ -3,6 +3,7 @@
 
 pub mod capture;
 pub mod config;
+pub mod drain;
 pub mod hbone;
 pub mod metrics;
 pub mod identity;

@@ -102,6 +102,9 @@ struct Args {
     /// Readiness (/healthz/ready).
     #[arg(long, default_value = "0.0.0.0:15021")]
     readiness_addr: std::net::SocketAddr,
+    /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s or less).
+    #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
+    termination_grace_period_seconds: u64,
     /// Log as JSON (LOG_FORMAT=json) instead of text.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
@@ -180,6 +183,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let metrics = Arc::new(ztunnel::metrics::Metrics::default());
+    let drain = Arc::new(ztunnel::drain::Drain::default());
     for addr in [args.metrics_addr, args.readiness_addr] {
         let l = ztunnel::metrics::server::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
@@ -190,6 +194,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         pool,
         cfg: pcfg,
         metrics: metrics.clone(),
+        drain: drain.clone(),
     });
 
     let pods: ztunnel::zds::client::Pods = Default::default();
@@ -216,10 +221,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
-    tracing::info!("shutting down; removing capture from enrolled pods");
-    let uids: Vec<WorkloadUid> = pods.lock().await.keys().cloned().collect();
-    for uid in uids {
-        ztunnel::zds::client::remove_pod(&pods, &uid).await;
+    // Capture stays in the pods (the CNI owns it): while no proxy runs, their traffic
+    // fails closed instead of bypassing mTLS and policy, and a new proxy can take over.
+    let deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
+    tracing::info!(deadline = ?deadline, active = drain.active(), "draining: listeners closed, GOAWAY sent on HBONE");
+    drain.start();
+    if drain.wait_idle(deadline).await {
+        tracing::info!("drained; exiting");
+    } else {
+        tracing::warn!(active = drain.active(), "drain deadline reached; closing remaining connections");
     }
     Ok(())
 }

@@ -44,6 +44,7 @@ pub struct ProxyInputs {
     pub pool: Pool,
     pub cfg: ProxyConfig,
     pub metrics: Arc<crate::metrics::Metrics>,
+    pub drain: Arc<crate::drain::Drain>,
 }
 
 /// The local workload a listener serves.
@@ -172,6 +173,24 @@ pub(crate) fn captured_destination(stream: &tokio::net::TcpStream) -> Option<Soc
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the original destination; closing");
             None
+        }
+    }
+}
+
+/// Accepts until draining starts; then the listener is dropped, so new connections to
+/// this pod are refused while in-flight ones finish.
+pub(crate) async fn accept_until_drain(
+    inputs: &ProxyInputs,
+    listener: &tokio::net::TcpListener,
+    name: &str,
+) -> Option<(tokio::net::TcpStream, SocketAddr)> {
+    loop {
+        tokio::select! {
+            _ = inputs.drain.signaled() => return None,
+            r = listener.accept() => match r {
+                Ok(c) => return Some(c),
+                Err(e) => accept_backoff(name, e).await,
+            },
         }
     }
 }

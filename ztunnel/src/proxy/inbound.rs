@@ -21,14 +21,9 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
-                tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, peer, acceptor.clone()).instrument(span));
-            }
-            Err(e) => super::accept_backoff("inbound", e).await,
-        }
+    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "inbound").await {
+        let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
+        tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, peer, acceptor.clone()).instrument(span));
     }
 }
 
@@ -39,6 +34,7 @@ async fn handle_connection(
     peer: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
 ) {
+    let _active = inputs.drain.track();
     let _ = stream.set_nodelay(true);
     let local = match stream.local_addr() {
         Ok(l) => l,
@@ -77,7 +73,18 @@ async fn handle_connection(
             return;
         }
     };
-    while let Some(next) = conn.accept().await {
+    let mut goaway_sent = false;
+    loop {
+        let next = tokio::select! {
+            next = conn.accept() => next,
+            _ = inputs.drain.signaled(), if !goaway_sent => {
+                // GOAWAY: the client opens no new streams here; open ones run to completion.
+                conn.graceful_shutdown();
+                goaway_sent = true;
+                continue;
+            }
+        };
+        let Some(next) = next else { break };
         match next {
             Ok((req, respond)) => {
                 let span = tracing::info_span!("stream", src.identity = %src_identity);
@@ -108,6 +115,7 @@ async fn handle_stream(
     local: SocketAddr,
     src_identity: Identity,
 ) {
+    let _active = inputs.drain.track();
     let start = Instant::now();
     if req.method() != Method::CONNECT {
         tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");

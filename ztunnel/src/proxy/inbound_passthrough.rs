@@ -14,18 +14,14 @@ use crate::metrics::{Peer, TcpLabels};
 use crate::rbac::{self, Decision};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let span = tracing::info_span!("inbound_plaintext", src = %peer, pod = %pod.workload.name);
-                tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
-            }
-            Err(e) => super::accept_backoff("inbound plaintext", e).await,
-        }
+    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "inbound plaintext").await {
+        let span = tracing::info_span!("inbound_plaintext", src = %peer, pod = %pod.workload.name);
+        tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
     }
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    let _active = inputs.drain.track();
     let start = Instant::now();
     let Some(dst) = super::captured_destination(&stream) else {
         return reset(stream);

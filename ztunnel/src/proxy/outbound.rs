@@ -15,15 +15,10 @@ use crate::netns::reset;
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let _ = stream.set_nodelay(true);
-                let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
-                tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
-            }
-            Err(e) => super::accept_backoff("outbound", e).await,
-        }
+    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "outbound").await {
+        let _ = stream.set_nodelay(true);
+        let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
+        tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
     }
 }
 
@@ -74,6 +69,7 @@ fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16)> {
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    let _active = inputs.drain.track();
     let start = Instant::now();
     let Some(dst) = super::captured_destination(&stream) else {
         return reset(stream);
