@@ -557,3 +557,51 @@ async fn sigterm_drains_then_exits_zero() -> Result<()> {
     assert!(status.success() && started.elapsed() < Duration::from_secs(3), "{status} after {:?}", started.elapsed());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_hands_over_without_failed_connections() -> Result<()> {
+    let mut mesh = client_server_mesh("w", &[("TERMINATION_GRACE_PERIOD_SECONDS", "6")])?;
+    let (client, server) = (mesh.topo.pod("n1p1").netns.clone(), mesh.topo.pod("n2p1"));
+    let to = addr(server, 8080);
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let mut long = client.connect(to).await?;
+    let mut buf = [0u8; 4];
+
+    // A client opening new connections in a loop for the whole hand-off.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looper = {
+        let (client, stop) = (client.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = async {
+                    let mut s = client.connect(to).await?;
+                    echo_roundtrip(&mut s, b"ping").await
+                };
+                match tokio::time::timeout(Duration::from_secs(5), r).await {
+                    Ok(Ok(v)) if v == b"ping" => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+            }
+            (ok, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The new node-2 proxy binds beside the old one, then the old one drains.
+    let new = mesh.spawn_ztunnel(2, "ztunnel-node2-new.log")?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    mesh.ztunnels[1].terminate()?;
+    // The established connection is served by the old proxy until it finishes draining.
+    tokio::io::AsyncWriteExt::write_all(&mut long, b"live").await?;
+    long.read_exact(&mut buf).await?;
+    assert_eq!(&buf, b"live");
+    let status = mesh.ztunnels[1].wait_exit(Duration::from_secs(15)).context("old ztunnel did not exit")?;
+    assert!(status.success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = looper.await?;
+    assert!(failed.is_empty(), "{} of {} connections failed during the hand-off: {failed:?}", failed.len(), ok as usize + failed.len());
+    assert!(ok > 20, "too few connections exercised the hand-off: {ok}");
+    assert!(new.log_text().contains("direction=\"inbound\""), "the new proxy never served a connection");
+    Ok(())
+}

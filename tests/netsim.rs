@@ -435,8 +435,13 @@ pub fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
     )
 }
 
+/// A ztunnel command line and its environment.
+pub type ZtunnelCommand = (Vec<String>, Vec<(String, String)>);
+
 pub struct Mesh {
     pub ztunnels: Vec<Child>,
+    /// Command line and environment of each node's ztunnel, to start a replacement.
+    pub commands: Vec<ZtunnelCommand>,
     pub topo: Topology,
 }
 
@@ -445,7 +450,7 @@ impl Mesh {
     /// (unless a node-specific config is given in `per_node`).
     pub fn start(topo: Topology, config: &str, enrolled: &[&str], per_node: &HashMap<usize, String>, env: &[(&str, &str)]) -> Result<Mesh> {
         let state = topo.dir.join("ca");
-        let mut ztunnels = Vec::new();
+        let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
             let cfg_path: PathBuf = topo.dir.join(format!("mesh-node{n}.yaml"));
             std::fs::write(&cfg_path, per_node.get(&n).map(String::as_str).unwrap_or(config))?;
@@ -461,16 +466,27 @@ impl Mesh {
                 args.push("--pod".into());
                 args.push(format!("{}={}", pod.name, pod.netns.path().display()));
             }
-            let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let log = topo.dir.join(format!("ztunnel-node{n}.log"));
-            let mut full_env = vec![("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")];
-            full_env.extend_from_slice(env);
-            let z = topo.node(n).spawn(ZTUNNEL, &args, &full_env, &log)?;
-            // The first node creates the CA; the others load it.
-            z.wait_log("ztunnel ready", READY)?;
-            ztunnels.push(z);
+            let mut full_env = vec![("RUST_LOG".to_string(), "info".to_string()), ("RUST_BACKTRACE".into(), "0".into())];
+            full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            commands.push((args, full_env));
         }
-        Ok(Mesh { ztunnels, topo })
+        let mut mesh = Mesh { ztunnels: Vec::new(), commands, topo };
+        for n in 1..=mesh.topo.nodes.len() {
+            // The first node creates the CA; the others load it.
+            let z = mesh.spawn_ztunnel(n, &format!("ztunnel-node{n}.log"))?;
+            mesh.ztunnels.push(z);
+        }
+        Ok(mesh)
+    }
+
+    /// Starts (another) ztunnel for node `n` with its usual command line; waits until ready.
+    pub fn spawn_ztunnel(&self, n: usize, log_name: &str) -> Result<Child> {
+        let (args, env) = &self.commands[n - 1];
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let z = self.topo.node(n).spawn(ZTUNNEL, &args, &env, &self.topo.dir.join(log_name))?;
+        z.wait_log("ztunnel ready", READY)?;
+        Ok(z)
     }
 
     /// Waits until every needle appears in the ztunnel logs (they are written just after

@@ -119,6 +119,11 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     if inputs.cfg.capture == CaptureMode::Nftables {
         capture::nftables::install(&pod.netns).await?;
     }
+    // When a listener of a SO_REUSEPORT group closes (an old proxy handing over), move
+    // its queued connections to the remaining listener instead of resetting them.
+    if let Err(e) = pod.netns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1")) .map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+        tracing::warn!(error = %e, "cannot enable tcp_migrate_req; connections queued during a proxy hand-off may be reset");
+    }
     let mut tasks = JoinSet::new();
     tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));

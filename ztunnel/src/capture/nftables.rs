@@ -55,9 +55,17 @@ table inet {TABLE} {{
 }
 
 async fn run_in(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<(), CaptureError> {
+    run_capturing(netns, program, args, stdin).await.map(|_| ())
+}
+
+async fn run_in_output(netns: &InPodNetns, program: &'static str, args: &[&str]) -> Result<String, CaptureError> {
+    run_capturing(netns, program, args, None).await
+}
+
+async fn run_capturing(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<String, CaptureError> {
     let fd = netns.fd().as_raw_fd();
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::null()).stderr(Stdio::piped());
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     // SAFETY: setns is async-signal-safe and only touches the child after fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -74,7 +82,7 @@ async fn run_in(netns: &InPodNetns, program: &'static str, args: &[&str], stdin:
     }
     let out = child.wait_with_output().await.map_err(spawn_err)?;
     if out.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
     } else {
         Err(CaptureError::Failed {
             program,
@@ -86,9 +94,13 @@ async fn run_in(netns: &InPodNetns, program: &'static str, args: &[&str], stdin:
 
 pub async fn install(netns: &InPodNetns) -> Result<(), CaptureError> {
     let mark = format!("{CONN_MARK:#x}/0xfff");
-    // Replace a rule left by an earlier run instead of stacking duplicates.
-    let _ = run_in(netns, "ip", &["rule", "del", "pref", RULE_PREF], None).await;
-    run_in(netns, "ip", &["rule", "add", "fwmark", &mark, "pref", RULE_PREF, "lookup", ROUTE_TABLE], None).await?;
+    // A proxy taking over from another finds the rule in place: keep it rather than
+    // delete-and-add, which would briefly misroute the old proxy's replies.
+    let existing = run_in_output(netns, "ip", &["rule", "show", "pref", RULE_PREF]).await?;
+    if !existing.contains(&format!("lookup {ROUTE_TABLE}")) {
+        let _ = run_in(netns, "ip", &["rule", "del", "pref", RULE_PREF], None).await;
+        run_in(netns, "ip", &["rule", "add", "fwmark", &mark, "pref", RULE_PREF, "lookup", ROUTE_TABLE], None).await?;
+    }
     run_in(netns, "ip", &["route", "replace", "local", "0.0.0.0/0", "dev", "lo", "table", ROUTE_TABLE], None).await?;
     run_in(netns, "nft", &["-f", "-"], Some(&ruleset())).await
 }

@@ -233,6 +233,9 @@ impl Pool {
     }
 
     /// Opens one CONNECT stream; the tunnel is established once the peer answers 200.
+    /// A stream refused because the peer is going away (GOAWAY, REFUSED_STREAM) never
+    /// reached it, so it is retried once on a fresh connection; that keeps a proxy
+    /// hand-off invisible to clients.
     pub async fn connect(
         &self,
         key: &PoolKey,
@@ -240,23 +243,56 @@ impl Pool {
         request: http::Request<()>,
     ) -> Result<(SendStream<Bytes>, RecvStream, StreamGuard), HboneError> {
         let guard = self.checkout(key, netns).await?;
-        let peer = || key.dst.to_string();
-        let authority = request.uri().to_string();
-        let mut send = guard
-            .conn
-            .send
-            .clone()
-            .ready()
-            .await
-            .map_err(|source| HboneError::H2 { peer: peer(), source })?;
-        let (response, stream) =
-            send.send_request(request, false).map_err(|source| HboneError::H2 { peer: peer(), source })?;
-        let response = response.await.map_err(|source| HboneError::H2 { peer: peer(), source })?;
-        if response.status() != http::StatusCode::OK {
-            return Err(HboneError::Status { authority, status: response.status() });
+        match self.open_stream(key, &guard, copy_request(&request)).await {
+            Err(StreamError::Unprocessed(e)) => {
+                tracing::debug!(error = %e, dst = %key.dst, "stream refused by a closing connection; retrying on a new one");
+                guard.conn.closed.store(true, Ordering::Release);
+                drop(guard);
+                let guard = self.checkout(key, netns).await?;
+                match self.open_stream(key, &guard, request).await {
+                    Ok((s, r)) => Ok((s, r, guard)),
+                    Err(StreamError::Unprocessed(e) | StreamError::Failed(e)) => Err(e),
+                }
+            }
+            Err(StreamError::Failed(e)) => Err(e),
+            Ok((s, r)) => Ok((s, r, guard)),
         }
-        Ok((stream, response.into_body(), guard))
     }
+
+    async fn open_stream(
+        &self,
+        key: &PoolKey,
+        guard: &StreamGuard,
+        request: http::Request<()>,
+    ) -> Result<(SendStream<Bytes>, RecvStream), StreamError> {
+        let h2err = |source: h2::Error| {
+            let unprocessed = source.is_go_away() || source.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let e = HboneError::H2 { peer: key.dst.to_string(), source };
+            if unprocessed { StreamError::Unprocessed(e) } else { StreamError::Failed(e) }
+        };
+        let authority = request.uri().to_string();
+        let mut send = guard.conn.send.clone().ready().await.map_err(h2err)?;
+        let (response, stream) = send.send_request(request, false).map_err(h2err)?;
+        let response = response.await.map_err(h2err)?;
+        if response.status() != http::StatusCode::OK {
+            return Err(StreamError::Failed(HboneError::Status { authority, status: response.status() }));
+        }
+        Ok((stream, response.into_body()))
+    }
+}
+
+enum StreamError {
+    /// The peer did not process the stream; safe to retry.
+    Unprocessed(HboneError),
+    Failed(HboneError),
+}
+
+fn copy_request(r: &http::Request<()>) -> http::Request<()> {
+    let mut c = http::Request::new(());
+    *c.method_mut() = r.method().clone();
+    *c.uri_mut() = r.uri().clone();
+    *c.headers_mut() = r.headers().clone();
+    c
 }
 
 async fn keepalive(mut ping: Option<h2::PingPong>) {

@@ -55,6 +55,13 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
     }
 }
 
+/// SO_REUSEPORT, so a new ztunnel can bind beside the old one during a hand-off.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.set_reuse_port(true)?;
+    s.set_nonblocking(true)?;
+    s.bind(&addr.into())?;
+    s.listen(128)?;
+    TcpListener::from_std(s.into())
 }
