@@ -532,6 +532,7 @@ async fn sigterm_drains_then_exits_zero() -> Result<()> {
 
     mesh.ztunnels[1].terminate()?;
     mesh.wait_logs(&["draining: listeners closed, GOAWAY sent on HBONE"])?;
+    assert!(http_get(mesh.topo.node(2), 15021, "/healthz/ready").await?.starts_with("HTTP/1.1 503"), "draining proxy reports ready");
     // The established connection keeps working during the drain...
     tokio::io::AsyncWriteExt::write_all(&mut long, b"still").await?;
     long.read_exact(&mut buf).await?;

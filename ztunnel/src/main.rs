@@ -225,6 +225,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     // fails closed instead of bypassing mTLS and policy, and a new proxy can take over.
     let deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
     tracing::info!(deadline = ?deadline, active = drain.active(), "draining: listeners closed, GOAWAY sent on HBONE");
+    metrics.set_not_ready();
     drain.start();
     if drain.wait_idle(deadline).await {
         tracing::info!("drained; exiting");

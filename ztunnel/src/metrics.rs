@@ -132,6 +132,11 @@ impl Metrics {
         self.ready.store(true, Ordering::Release);
     }
 
+    /// Draining: stop advertising readiness so nothing new is sent here.
+    pub fn set_not_ready(&self) {
+        self.ready.store(false, Ordering::Release);
+    }
+
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Acquire)
     }

@@ -121,7 +121,11 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     }
     // When a listener of a SO_REUSEPORT group closes (an old proxy handing over), move
     // its queued connections to the remaining listener instead of resetting them.
-    if let Err(e) = pod.netns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1")) .map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+    let migrate = match pod.netns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1")) {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = migrate {
         tracing::warn!(error = %e, "cannot enable tcp_migrate_req; connections queued during a proxy hand-off may be reset");
     }
     let mut tasks = JoinSet::new();
