@@ -436,8 +436,12 @@ async fn burst_to_unreachable_peer_fails_together() -> Result<()> {
 
 /// GET a path from a ztunnel's own HTTP endpoints, from inside its node netns.
 async fn http_get(node: &Netns, port: u16, path: &str) -> Result<String> {
+    http_request(node, "GET", port, path).await
+}
+
+async fn http_request(node: &Netns, method: &str, port: u16, path: &str) -> Result<String> {
     let mut s = node.connect(SocketAddr::from(([127, 0, 0, 1], port))).await?;
-    let req = format!("GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n");
+    let req = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
     let body = echo_roundtrip(&mut s, req.as_bytes()).await?;
     Ok(String::from_utf8_lossy(&body).to_string())
 }
@@ -604,5 +608,29 @@ async fn restart_hands_over_without_failed_connections() -> Result<()> {
     assert!(failed.is_empty(), "{} of {} connections failed during the hand-off: {failed:?}", failed.len(), ok as usize + failed.len());
     assert!(ok > 20, "too few connections exercised the hand-off: {ok}");
     assert!(new.log_text().contains("direction=\"inbound\""), "the new proxy never served a connection");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_is_local_and_controls_logging_and_drain() -> Result<()> {
+    let mut mesh = client_server_mesh("a", &[])?;
+    let node = mesh.topo.node(1).clone();
+    assert!(http_get(&node, 15000, "/logging").await?.contains("current log level is info"));
+    let r = http_request(&node, "POST", 15000, "/logging?level=debug").await?;
+    assert!(r.starts_with("HTTP/1.1 200") && r.contains("current log level is debug"), "{r}");
+    let r = http_request(&node, "POST", 15000, "/logging?level=no=such=filter[").await?;
+    assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    // Debug now reaches the log: pool events are logged at debug.
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"dbg").await?, b"dbg");
+    wait_for("debug log line", Duration::from_secs(5), || mesh.ztunnels[0].log_text().contains("opened pooled HBONE connection"))?;
+    // Only on localhost: the node's own address does not answer.
+    let via_node_ip = node.connect(SocketAddr::from(([10, 0, 0, 1], 15000))).await;
+    assert!(via_node_ip.is_err(), "admin reachable on the node address");
+    // /quitquitquit drains like SIGTERM and exits 0.
+    assert!(http_request(&node, "POST", 15000, "/quitquitquit").await?.starts_with("HTTP/1.1 200"));
+    let status = mesh.ztunnels[0].wait_exit(Duration::from_secs(10)).context("no exit after /quitquitquit")?;
+    assert!(status.success());
     Ok(())
 }

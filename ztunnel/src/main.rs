@@ -96,6 +96,9 @@ struct Args {
     /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// Admin endpoint (/logging, /quitquitquit); must be a loopback address.
+    #[arg(long, default_value = "127.0.0.1:15000")]
+    admin_addr: std::net::SocketAddr,
     /// Prometheus metrics (/metrics, /stats/prometheus).
     #[arg(long, default_value = "0.0.0.0:15020")]
     metrics_addr: std::net::SocketAddr,
@@ -110,16 +113,40 @@ struct Args {
     log_format: String,
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi).with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().flatten_event(true).init();
-    } else {
-        builder.init();
+/// The log filter, replaceable at run time through the admin endpoint.
+struct ReloadableLog {
+    handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
+    current: std::sync::Mutex<String>,
+}
+
+impl ztunnel::admin::LogControl for ReloadableLog {
+    fn get(&self) -> String {
+        self.current.lock().map(|c| c.clone()).unwrap_or_default()
     }
+
+    fn set(&self, filter: &str) -> Result<(), String> {
+        let parsed = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
+        self.handle.reload(parsed).map_err(|e| e.to_string())?;
+        if let Ok(mut c) = self.current.lock() {
+            *c = filter.to_string();
+        }
+        Ok(())
+    }
+}
+
+fn init_logging(format: &str) -> ReloadableLog {
+    use tracing_subscriber::prelude::*;
+    let initial = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_new(&initial).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
+    if format == "json" {
+        tracing_subscriber::registry().with(filter).with(fmt.json().flatten_event(true)).init();
+    } else {
+        tracing_subscriber::registry().with(filter).with(fmt).init();
+    }
+    ReloadableLog { handle, current: std::sync::Mutex::new(initial) }
 }
 
 /// Every proxied connection holds two sockets; the default soft limit (often 1024) is far
@@ -139,7 +166,7 @@ fn raise_fd_limit() {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = cli.run;
-    init_logging(&args.log_format);
+    let log = init_logging(&args.log_format);
     match cli.cmd {
         None => {}
         Some(Cmd::CniServer { socket, pods_dir }) => {
@@ -163,10 +190,10 @@ fn main() -> anyhow::Result<()> {
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(run(args))
+    rt.block_on(run(args, log))
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     let (Some(config_path), Some(node_name)) = (args.local_xds_path.clone(), args.node_name.clone()) else {
         anyhow::bail!("--local-xds-path and --node-name are required");
     };
@@ -184,6 +211,17 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let metrics = Arc::new(ztunnel::metrics::Metrics::default());
     let drain = Arc::new(ztunnel::drain::Drain::default());
+    anyhow::ensure!(
+        args.admin_addr.ip().is_loopback(),
+        "--admin-addr {} is not a loopback address; the admin endpoint must stay on localhost",
+        args.admin_addr
+    );
+    let quit = Arc::new(tokio::sync::Notify::new());
+    let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone() });
+    let admin_listener = ztunnel::metrics::server::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
+    tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
     for addr in [args.metrics_addr, args.readiness_addr] {
         let l = ztunnel::metrics::server::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
@@ -220,6 +258,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
+        _ = quit.notified() => tracing::info!("drain requested through /quitquitquit"),
     }
     // Capture stays in the pods (the CNI owns it): while no proxy runs, their traffic
     // fails closed instead of bypassing mTLS and policy, and a new proxy can take over.
