@@ -4,13 +4,12 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
+
+use crate::http_endpoint::{self, text, HttpResponse};
 
 /// Reads or replaces the log filter (e.g. `info`, `ztunnel::proxy=debug`).
 pub trait LogControl: Send + Sync {
@@ -24,17 +23,11 @@ pub struct Admin {
     pub quit: Arc<Notify>,
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r
-}
-
 fn query_param<'a>(req: &'a Request<Incoming>, key: &str) -> Option<&'a str> {
     req.uri().query()?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
-fn route(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(admin: &Admin, req: &Request<Incoming>) -> HttpResponse {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/logging") => text(StatusCode::OK, format!("current log level is {}\n", admin.log.get())),
         (&Method::POST, "/logging") => match query_param(req, "level") {
@@ -57,21 +50,5 @@ fn route(admin: &Admin, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 pub async fn serve(listener: TcpListener, admin: Arc<Admin>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(s) => s,
-            Err(e) => {
-                crate::proxy::accept_backoff("admin", e).await;
-                continue;
-            }
-        };
-        let admin = admin.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let resp = route(&admin, &req);
-                async move { Ok::<_, std::convert::Infallible>(resp) }
-            });
-            let _ = hyper::server::conn::http1::Builder::new().half_close(true).serve_connection(TokioIo::new(stream), svc).await;
-        });
-    }
+    http_endpoint::serve(listener, "admin", move |req| route(&admin, req)).await
 }

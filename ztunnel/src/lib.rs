@@ -6,6 +6,7 @@ pub mod capture;
 pub mod config;
 pub mod drain;
 pub mod hbone;
+pub mod http_endpoint;
 pub mod metrics;
 pub mod identity;
 pub mod netns;

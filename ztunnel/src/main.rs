@@ -218,12 +218,12 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     );
     let quit = Arc::new(tokio::sync::Notify::new());
     let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone() });
-    let admin_listener = ztunnel::metrics::server::bind(args.admin_addr)
+    let admin_listener = ztunnel::http_endpoint::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
     tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
     for addr in [args.metrics_addr, args.readiness_addr] {
-        let l = ztunnel::metrics::server::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
     }
     let inputs = Arc::new(ProxyInputs {
