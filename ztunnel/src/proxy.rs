@@ -159,9 +159,18 @@ pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
     ports::is_proxy_port(dst.port()) && (dst.ip() == pod.ip || dst.ip().is_loopback() || dst.ip().is_unspecified())
 }
 
-/// Copies between two TCP connections; an error on one side resets the other.
-pub(crate) async fn copy_tcp(a: &mut tokio::net::TcpStream, b: &mut tokio::net::TcpStream) -> std::io::Result<(u64, u64)> {
+/// Relays between a client connection `a` and its upstream `b`, counting the connection
+/// in `metrics`; returns (bytes from the client, bytes to it). An error resets both sides.
+pub(crate) async fn copy_tcp(
+    metrics: &crate::metrics::Metrics,
+    labels: &crate::metrics::TcpLabels,
+    a: &mut tokio::net::TcpStream,
+    b: &mut tokio::net::TcpStream,
+) -> std::io::Result<(u64, u64)> {
+    metrics.opened(labels);
     let r = tokio::io::copy_bidirectional(a, b).await;
+    let (from_client, to_client) = r.as_ref().map(|t| *t).unwrap_or_default();
+    metrics.closed(labels, from_client, to_client);
     if r.is_err() {
         crate::netns::set_reset_on_close(a);
         crate::netns::set_reset_on_close(b);

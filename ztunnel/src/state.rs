@@ -102,22 +102,6 @@ impl MeshState {
         self.service_by_vip.get(&ip)
     }
 
-    pub fn service(&self, name: &NamespacedHostname) -> Option<&Arc<Service>> {
-        self.services.get(name)
-    }
-
-    pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
-        self.workloads.values()
-    }
-
-    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
-        self.services.values()
-    }
-
-    pub fn policies(&self) -> impl Iterator<Item = &Arc<Authorization>> {
-        self.policies.values()
-    }
-
     /// Endpoints of a service that serve `service_port`, with the target port on each.
     pub fn endpoints_for(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
         let Some(eps) = self.endpoints.get(&svc.namespaced_hostname()) else {
@@ -134,6 +118,11 @@ impl MeshState {
                 Some((wl.clone(), if target == 0 { service_port } else { target }))
             })
             .collect()
+    }
+
+    /// L4 authorization of a connection to a local workload, under the policies in scope.
+    pub fn authorize(&self, wl: &Workload, conn: &crate::rbac::Connection) -> crate::rbac::Decision {
+        crate::rbac::evaluate(self.policies_for(wl).iter().map(|p| &**p), conn)
     }
 
     /// Policies that apply to a destination workload, in a stable order.

@@ -73,12 +73,6 @@ pub struct StreamGuard {
     conn: Arc<Conn>,
 }
 
-impl StreamGuard {
-    pub fn connection_id(&self) -> u64 {
-        self.conn.id
-    }
-}
-
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         if self.conn.streams.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -103,11 +97,6 @@ impl Pool {
                 next_id: AtomicU64::new(1),
             }),
         }
-    }
-
-    /// Live pooled connections (for tests and the admin dump).
-    pub fn connection_count(&self) -> usize {
-        lock(&self.inner.keys).values().map(|k| k.conns.iter().filter(|c| !c.closed.load(Ordering::Acquire)).count()).sum()
     }
 
     fn try_checkout(&self, key: &PoolKey) -> Result<StreamGuard, DialLock> {

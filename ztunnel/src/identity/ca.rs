@@ -30,7 +30,6 @@ pub enum CaError {
 pub struct Ca {
     issuer: Issuer<'static, KeyPair>,
     root_der: CertificateDer<'static>,
-    root_pem: String,
 }
 
 impl std::fmt::Debug for Ca {
@@ -107,15 +106,11 @@ impl Ca {
             path: cert_path.to_path_buf(),
             source: rcgen::Error::CouldNotParseCertificate,
         })?;
-        Ok(Ca { issuer, root_der, root_pem: cert_pem.to_string() })
+        Ok(Ca { issuer, root_der })
     }
 
     pub fn root(&self) -> CertificateDer<'static> {
         self.root_der.clone()
-    }
-
-    pub fn root_pem(&self) -> &str {
-        &self.root_pem
     }
 
     /// Issues a leaf for `identity`: URI SAN only, no CN, EKU serverAuth + clientAuth.

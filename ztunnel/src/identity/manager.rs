@@ -42,9 +42,6 @@ impl WorkloadCert {
         self.not_before + life / 2
     }
 
-    pub fn is_valid(&self) -> bool {
-        SystemTime::now() < self.not_after
-    }
 }
 
 /// A certificate ready for rustls.
@@ -141,11 +138,6 @@ impl CertManager {
     /// The current certificate without issuing one (for TLS handshakes, which are synchronous).
     pub fn current(&self, id: &Identity) -> Option<Arc<CertState>> {
         self.lock().get(id).and_then(|e| e.current.as_ref().map(|c| c.load_full()))
-    }
-
-    /// Snapshot of all current certificates (for config dumps and tests).
-    pub fn certificates(&self) -> Vec<Arc<CertState>> {
-        self.lock().values().filter_map(|e| e.current.as_ref().map(|c| c.load_full())).collect()
     }
 
     async fn issue(&self, id: &Identity) -> Result<CertState, CertError> {

@@ -144,9 +144,9 @@ async fn handle_stream(
         None,
         true,
     );
-    let policies = state.policies_for(&pod.workload);
+    let decision = state.authorize(&pod.workload, &conn);
     drop(state);
-    if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
+    if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
             dst.workload = %pod.workload.name, dst.identity = %pod.identity, response_flags = "DENY",
             error = %reason, "connection denied");

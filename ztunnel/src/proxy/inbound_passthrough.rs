@@ -39,9 +39,9 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         None,
         false,
     );
-    let policies = state.policies_for(&pod.workload);
+    let decision = state.authorize(&pod.workload, &conn);
     drop(state);
-    if let Decision::Deny(reason) = rbac::evaluate(policies.iter().map(|p| &**p), &conn) {
+    if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
             response_flags = "DENY", error = %reason, "connection denied");
         inputs.metrics.failed(&labels, "DENY");
@@ -55,10 +55,8 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             return reset(stream);
         }
     };
-    inputs.metrics.opened(&labels);
-    let r = super::copy_tcp(&mut stream, &mut upstream).await;
+    let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
-    inputs.metrics.closed(&labels, recv, sent);
     tracing::info!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
         connection_security_policy = "unknown", bytes_sent = sent, bytes_recv = recv,
         duration_ms = start.elapsed().as_millis() as u64, error = r.err().map(|e| e.to_string()), "connection complete");

@@ -101,10 +101,8 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            inputs.metrics.opened(&labels);
-            let r = super::copy_tcp(&mut stream, &mut upstream).await;
+            let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream).await;
             let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
-            inputs.metrics.closed(&labels, sent, recv);
             tracing::info!(
                 direction = "outbound", src.addr = %peer, dst.addr = %to, protocol = "TCP",
                 bytes_sent = sent, bytes_recv = recv, duration_ms = start.elapsed().as_millis() as u64,
