@@ -22,15 +22,19 @@ struct Node {
 
 fn start_ztunnel(topo: &Topology, n: &Node, log_name: &str) -> Result<Child> {
     let log = topo.dir.join(log_name);
-    let args = [
+    let node = format!("node{}", n.index);
+    let mut args = vec![
         "--local-xds-path", n.config.to_str().unwrap_or_default(),
-        "--node-name", &format!("node{}", n.index),
+        "--node-name", &node,
         "--state-dir", n.state.to_str().unwrap_or_default(),
         "--zds-socket", n.socket.to_str().unwrap_or_default(),
     ];
+    let capture = topo.capture_args(n.index);
+    args.extend(capture.iter().map(String::as_str));
     let z = topo.node(n.index).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
     z.wait_log("ZDS snapshot applied", READY)
         .map_err(|e| e.context(n.cni.log_text()))?;
+    check_capture_mode(&z)?;
     Ok(z)
 }
 
@@ -69,9 +73,26 @@ fn count(log: &str, needle: &str) -> usize {
     log.matches(needle).count()
 }
 
-/// What ztunnel leaves in a pod netns: must be nothing once the pod is removed.
-fn leftovers(pod: &Pod) -> Result<Vec<String>> {
+/// What ztunnel leaves in a pod netns (and, with eBPF, in the node's pinned maps and
+/// links): must be nothing once the pod is removed.
+fn leftovers(topo: &Topology, pod: &Pod) -> Result<Vec<String>> {
     let mut found = Vec::new();
+    let netns = std::fs::File::open(pod.netns.path())?;
+    if ztunnel_ebpf::sk_lookup_programs(std::os::fd::AsFd::as_fd(&netns))? > 0 {
+        found.push("sk_lookup program".into());
+    }
+    let pins = topo.bpffs.join(format!("node{}", pod.node));
+    if pins.exists() {
+        let seen = ztunnel_ebpf::inspect(&pins)?;
+        for map in ["zt_pods_netns", "zt_pods_ip", "zt_inbound"] {
+            if seen.entries(map) > 0 {
+                found.push(format!("{map} entry"));
+            }
+        }
+        if !seen.pod_links.is_empty() {
+            found.push("pod link pin".into());
+        }
+    }
     if pod.netns.exec("nft", &["list", "tables"])?.contains("ztunnel") {
         found.push("nft table".into());
     }
@@ -116,16 +137,31 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     assert_eq!(echo_once(client, to).await?, b"zds");
     wait_for("HBONE in the logs", Duration::from_secs(5), || read(&z2_log).contains("direction=\"inbound\""))?;
 
-    // Remove and re-add the server pod repeatedly: nothing may be left behind.
-    for round in 0..20 {
+    // Remove and re-add the server pod 100 times: nothing may be left behind.
+    let pins = topo.bpffs.join("node2");
+    let before = ztunnel_ebpf::inspect(&pins).ok();
+    for round in 0..100 {
         unenroll(&node2, server)?;
         wait_for("pod removed", Duration::from_secs(10), || count(&read(&z2_log), "pod removed") == round + 1)?;
-        let left = leftovers(server)?;
+        let left = leftovers(&topo, server)?;
         assert!(left.is_empty(), "round {round}: left in the pod netns: {left:?}");
         enroll(&node2, server, "server")?;
         wait_for("pod enrolled again", Duration::from_secs(10), || count(&read(&z2_log), "pod enrolled") == round + 2)?;
     }
     assert_eq!(echo_once(client, to).await?, b"zds");
+    if capture_mode() == "ebpf" {
+        let after = ztunnel_ebpf::inspect(&pins)?;
+        let before = before.unwrap_or_default();
+        assert_eq!(after.global_links, before.global_links, "process-wide programs must not pile up");
+        assert_eq!(after.pod_links.len(), 1, "one pod, one sk_lookup link: {after:?}");
+        // Per-connection state goes with the sockets (sock_release), on both nodes.
+        for node in ["node1", "node2"] {
+            let seen = ztunnel_ebpf::inspect(&topo.bpffs.join(node))?;
+            for map in ["zt_orig_by_cookie", "zt_orig_by_tuple", "zt_local_conns", "zt_local_by_cookie"] {
+                assert_eq!(seen.entries(map), 0, "{node}: {map} keeps entries of closed connections: {seen:?}");
+            }
+        }
+    }
 
     // ztunnel restarts: the CNI agent's snapshot brings the pod back.
     if let Some(mut z) = node2.ztunnel.take() {
@@ -133,8 +169,14 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     }
     // Capture stays while no proxy runs (the CNI owns it): the pod fails closed rather
     // than talking around the mesh.
-    let left = leftovers(server)?;
-    assert_eq!(left, vec!["nft table", "ip rule", "route table 133"], "capture must stay, listeners must go");
+    let left = leftovers(&topo, server)?;
+    let stays: &[&str] = if capture_mode() == "ebpf" {
+        // The listener's zt_inbound entry went with its socket; SYNs are dropped meanwhile.
+        &["sk_lookup program", "zt_pods_netns entry", "zt_pods_ip entry", "pod link pin", "ip rule", "route table 133"]
+    } else {
+        &["nft table", "ip rule", "route table 133"]
+    };
+    assert_eq!(left, stays, "capture must stay, listeners must go");
     let bypass = tokio::time::timeout(Duration::from_secs(5), echo_once(client, to)).await?;
     assert!(bypass.map(|v| v.is_empty()).unwrap_or(true), "traffic reached the pod with its proxy down");
     node2.ztunnel = Some(start_ztunnel(&topo, &node2, "ztunnel-node2-restarted.log")?);
@@ -147,7 +189,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     wait_for("pod removed", Duration::from_secs(10), || read(&z2_log).contains("pod removed"))?;
     enroll(&node2, server, "impostor")?;
     wait_for("mismatch refused", Duration::from_secs(10), || read(&z2_log).contains("per the CNI agent but"))?;
-    assert!(leftovers(server)?.is_empty());
+    assert!(leftovers(&topo, server)?.is_empty());
     drop(node1);
     drop(node2);
     Ok(())

@@ -166,6 +166,37 @@ pub struct Topology {
     pub nodes: Vec<Netns>,
     pub pods: Vec<Pod>,
     pub dir: PathBuf,
+    /// A bpf filesystem of this topology's own, for ztunnels' eBPF pins (`ip netns exec`
+    /// hides the host's /sys/fs/bpf). Unmounted on drop, which drops every pin in it.
+    pub bpffs: PathBuf,
+}
+
+/// Fails if a ztunnel asked for eBPF capture fell back to nftables: the tests must
+/// exercise the mode they claim to.
+pub fn check_capture_mode(z: &Child) -> Result<()> {
+    let log = z.log_text();
+    let want = format!("capture={}", capture_mode());
+    if !log.contains(&want) {
+        bail!("ztunnel is not running with {want}:\n{log}");
+    }
+    Ok(())
+}
+
+/// The capture mode the e2e tests run ztunnel with: ZTUNNEL_TEST_CAPTURE, default ebpf.
+pub fn capture_mode() -> String {
+    std::env::var("ZTUNNEL_TEST_CAPTURE").unwrap_or_else(|_| "ebpf".into())
+}
+
+impl Topology {
+    /// ztunnel arguments selecting the test capture mode and node `n`'s pin directory.
+    pub fn capture_args(&self, n: usize) -> Vec<String> {
+        vec![
+            "--capture".into(),
+            capture_mode(),
+            "--bpf-pin-dir".into(),
+            self.bpffs.join(format!("node{n}")).display().to_string(),
+        ]
+    }
 }
 
 fn remove_prefixed(prefix: &str) {
@@ -188,10 +219,15 @@ impl Topology {
         }
         remove_prefixed(prefix);
         let dir = std::env::temp_dir().join(format!("ztunnel-e2e-{prefix}"));
+        // A run that was killed may have left its bpffs mounted.
+        let _ = Command::new("umount").args(["-l", &dir.join("bpf").display().to_string()]).stderr(Stdio::null()).status();
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let mut topo = Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir };
+        let bpffs = dir.join("bpf");
+        let mut topo = Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs };
         // From here on, Drop cleans up whatever was created.
+        std::fs::create_dir_all(&topo.bpffs)?;
+        sh("mount", &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()])?;
         let add = |name: &str| -> Result<Netns> {
             sh("ip", &["netns", "add", name])?;
             let ns = Netns { name: name.into() };
@@ -253,6 +289,17 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         remove_prefixed(&self.prefix);
+        let _ = sh("umount", &["-l", &self.bpffs.display().to_string()]);
+        // ZTUNNEL_TEST_KEEP_LOGS=DIR keeps each test's logs for debugging.
+        if let Some(keep) = std::env::var_os("ZTUNNEL_TEST_KEEP_LOGS") {
+            let to = PathBuf::from(keep).join(&self.prefix);
+            let _ = std::fs::create_dir_all(&to);
+            for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+                if e.path().extension().is_some_and(|x| x == "log") {
+                    let _ = std::fs::copy(e.path(), to.join(e.file_name()));
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -462,6 +509,7 @@ impl Mesh {
                 "--state-dir".into(),
                 state.display().to_string(),
             ];
+            args.extend(topo.capture_args(n));
             for pod in enrolled.iter().map(|p| topo.pod(p)).filter(|p| p.node == n) {
                 args.push("--pod".into());
                 args.push(format!("{}={}", pod.name, pod.netns.path().display()));
@@ -486,6 +534,7 @@ impl Mesh {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         let z = self.topo.node(n).spawn(ZTUNNEL, &args, &env, &self.topo.dir.join(log_name))?;
         z.wait_log("ztunnel ready", READY)?;
+        check_capture_mode(&z)?;
         Ok(z)
     }
 

@@ -1,7 +1,24 @@
-//! Traffic capture for enrolled pods. nftables REDIRECT inside each pod's netns is the
-//! fallback mode (and the only one until eBPF lands).
+//! Traffic capture for enrolled pods: eBPF (the default; `ebpf`), nftables REDIRECT inside
+//! each pod's netns (the fallback; `nftables`), or none (someone else captures). Both
+//! capturing modes share `local_route`, which brings replies to the proxy's
+//! transparent deliveries back to it.
 
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+use std::process::Stdio;
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+
+use crate::config::CaptureMode;
+use crate::netns::InPodNetns;
+
+pub mod ebpf;
+pub mod local_route;
 pub mod nftables;
+
+/// kubelet health probes arrive from this address in Istio's ambient mode; never capture them.
+pub const PROBE_SOURCE: &str = "169.254.7.127";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureError {
@@ -9,4 +26,126 @@ pub enum CaptureError {
     Spawn { program: &'static str, netns: String, source: std::io::Error },
     #[error("{program} failed in {netns}: {stderr}")]
     Failed { program: &'static str, netns: String, stderr: String },
+    #[error("eBPF capture of {netns}: {source}")]
+    Ebpf { netns: String, source: ztunnel_ebpf::EbpfError },
+    #[error("{netns}: {what}: {source}")]
+    Netns { netns: String, what: &'static str, source: std::io::Error },
 }
+
+/// Capture settings common to the modes.
+#[derive(Clone, Debug, Default)]
+pub struct CaptureOptions {
+    pub bpf_pin_dir: Option<std::path::PathBuf>,
+    pub cgroup: Option<std::path::PathBuf>,
+    /// Inbound destination ports never captured (the app answers them directly).
+    pub exempt_inbound_ports: Vec<u16>,
+}
+
+/// The capture this process performs, decided once at start.
+#[derive(Clone)]
+pub enum Backend {
+    None,
+    Nftables { exempt_inbound_ports: Vec<u16> },
+    Ebpf(Arc<ztunnel_ebpf::Capture>),
+}
+
+impl std::fmt::Debug for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::None => "none",
+            Backend::Nftables { .. } => "nftables",
+            Backend::Ebpf(_) => "ebpf",
+        })
+    }
+}
+
+impl Backend {
+    /// Sets up the requested mode; eBPF that the kernel or build cannot provide falls
+    /// back to nftables with a warning saying why.
+    pub fn start(mode: CaptureMode, opts: &CaptureOptions) -> Backend {
+        let nft = || Backend::Nftables { exempt_inbound_ports: opts.exempt_inbound_ports.clone() };
+        match mode {
+            CaptureMode::None => Backend::None,
+            CaptureMode::Nftables => nft(),
+            CaptureMode::Ebpf => {
+                let eopts = ztunnel_ebpf::Options {
+                    pin_dir: opts.bpf_pin_dir.clone().unwrap_or_else(|| ztunnel_ebpf::DEFAULT_PIN_DIR.into()),
+                    cgroup: opts.cgroup.clone(),
+                    exempt_inbound_ports: opts.exempt_inbound_ports.clone(),
+                };
+                match ztunnel_ebpf::Capture::load(&eopts) {
+                    Ok(c) => Backend::Ebpf(Arc::new(c)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "eBPF capture unavailable; falling back to nftables capture");
+                        nft()
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn mode(&self) -> CaptureMode {
+        match self {
+            Backend::None => CaptureMode::None,
+            Backend::Nftables { .. } => CaptureMode::Nftables,
+            Backend::Ebpf(_) => CaptureMode::Ebpf,
+        }
+    }
+
+    /// Starts capturing a pod whose listeners are already accepting.
+    pub async fn install(&self, netns: &InPodNetns, ip: Ipv4Addr, inbound_listener: &tokio::net::TcpListener) -> Result<(), CaptureError> {
+        match self {
+            Backend::None => Ok(()),
+            Backend::Nftables { exempt_inbound_ports } => nftables::install(netns, exempt_inbound_ports).await,
+            Backend::Ebpf(c) => ebpf::install(c, netns, ip, inbound_listener).await,
+        }
+    }
+
+    /// Stops capturing a pod and removes what `install` put in its netns.
+    pub async fn remove(&self, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
+        match self {
+            Backend::None => Ok(()),
+            Backend::Nftables { .. } => nftables::remove(netns).await,
+            Backend::Ebpf(c) => ebpf::remove(c, netns, ip).await,
+        }
+    }
+}
+
+pub(crate) async fn run_in(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<(), CaptureError> {
+    run_capturing(netns, program, args, stdin).await.map(|_| ())
+}
+
+pub(crate) async fn run_in_output(netns: &InPodNetns, program: &'static str, args: &[&str]) -> Result<String, CaptureError> {
+    run_capturing(netns, program, args, None).await
+}
+
+async fn run_capturing(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<String, CaptureError> {
+    let fd = netns.fd().as_raw_fd();
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    // SAFETY: setns is async-signal-safe and only touches the child after fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let spawn_err = |source| CaptureError::Spawn { program, netns: netns.name().to_string(), source };
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes()).await.map_err(spawn_err)?;
+    }
+    let out = child.wait_with_output().await.map_err(spawn_err)?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    } else {
+        Err(CaptureError::Failed {
+            program,
+            netns: netns.name().to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        })
+    }
+}
+

@@ -90,6 +90,8 @@ impl LocalConfig {
 /// How enrolled pods' traffic is captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum CaptureMode {
+    /// eBPF: cgroup connect4/sockops/getsockopt for outbound, sk_lookup for inbound.
+    Ebpf,
     /// nftables REDIRECT rules inside each pod network namespace.
     Nftables,
     /// Capture is set up by someone else (e.g. istio-cni); ztunnel only binds its listeners.
@@ -105,7 +107,6 @@ pub struct ProxyConfig {
     /// Idle pooled HBONE connections close after this (Istio: 5 min).
     pub pool_idle_timeout: Duration,
     pub connect_timeout: Duration,
-    pub capture: CaptureMode,
 }
 
 impl Default for ProxyConfig {
@@ -115,7 +116,6 @@ impl Default for ProxyConfig {
             pool_max_streams: 100,
             pool_idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
-            capture: CaptureMode::Nftables,
         }
     }
 }

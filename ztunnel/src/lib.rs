@@ -19,6 +19,10 @@ pub mod zds;
 /// SO_MARK on every socket the proxy opens, so capture rules exempt its own traffic.
 pub const PROXY_MARK: u32 = 1337;
 
+/// SO_MARK on the proxy's transparent deliveries to a pod's app (connections that carry
+/// the real client's address); replies to them are routed back over lo by this mark.
+pub const DELIVERY_MARK: u32 = 0x111;
+
 /// Ports the proxy listens on inside each pod; as an original destination they are self-calls.
 pub mod ports {
     pub const OUTBOUND: u16 = 15001;

@@ -87,8 +87,19 @@ struct Args {
     /// Receive pods from the CNI agent over ZDS on this socket.
     #[arg(long, env = "INPOD_UDS")]
     zds_socket: Option<PathBuf>,
-    #[arg(long, value_enum, default_value = "nftables")]
+    /// How pods' traffic is captured. eBPF falls back to nftables (with a warning) where the
+    /// kernel or the build cannot do it.
+    #[arg(long, env = "ZTUNNEL_CAPTURE", value_enum, default_value = "ebpf")]
     capture: CaptureMode,
+    /// Where eBPF maps and links are pinned (bpffs); capture survives restarts through it.
+    #[arg(long, env = "ZTUNNEL_BPF_PIN_DIR", default_value = ztunnel_ebpf::DEFAULT_PIN_DIR)]
+    bpf_pin_dir: PathBuf,
+    /// The cgroup (v2) the eBPF socket programs attach to; default: the hierarchy's root.
+    #[arg(long, env = "ZTUNNEL_CGROUP_PATH")]
+    cgroup_path: Option<PathBuf>,
+    /// Inbound destination ports never captured, comma-separated (the app answers them itself).
+    #[arg(long, env = "EXCLUDE_INBOUND_PORTS", value_delimiter = ',')]
+    exclude_inbound_ports: Vec<u16>,
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams: usize,
     #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
@@ -205,7 +216,6 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         node_name: node_name.clone(),
         pool_max_streams: args.pool_max_streams,
         pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
-        capture: args.capture,
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
@@ -226,7 +236,17 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
         tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
     }
+    let capture = ztunnel::capture::Backend::start(
+        args.capture,
+        &ztunnel::capture::CaptureOptions {
+            bpf_pin_dir: Some(args.bpf_pin_dir.clone()),
+            cgroup: args.cgroup_path.clone(),
+            exempt_inbound_ports: args.exclude_inbound_ports.clone(),
+        },
+    );
+    tracing::info!(capture = ?capture, "traffic capture");
     let inputs = Arc::new(ProxyInputs {
+        capture,
         state: Arc::new(ArcSwap::from_pointee(state)),
         certs,
         pool,

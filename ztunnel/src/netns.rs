@@ -14,7 +14,7 @@ use nix::sched::{setns, CloneFlags};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::PROXY_MARK;
+use crate::{DELIVERY_MARK, PROXY_MARK};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -97,6 +97,29 @@ impl InPodNetns {
         NetnsError::Socket { name: self.name.to_string(), source }
     }
 
+    /// The kernel's unique id for this netns (SO_NETNS_COOKIE), as eBPF programs see it.
+    pub fn cookie(&self) -> Result<u64, NetnsError> {
+        let s = self
+            .run(|| Socket::new(Domain::IPV4, Type::DGRAM.cloexec(), None))?
+            .map_err(|source| self.sock_err(source))?;
+        let mut cookie: u64 = 0;
+        let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cookie`.
+        let r = unsafe {
+            libc::getsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&s),
+                libc::SOL_SOCKET,
+                libc::SO_NETNS_COOKIE,
+                &mut cookie as *mut u64 as *mut libc::c_void,
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(self.sock_err(io::Error::last_os_error()));
+        }
+        Ok(cookie)
+    }
+
     /// A listener bound inside the pod. SO_REUSEPORT lets a new proxy bind beside the old one.
     pub fn listen(&self, addr: SocketAddr, transparent: bool) -> Result<TcpListener, NetnsError> {
         let s = self.socket(&addr)?;
@@ -124,7 +147,7 @@ impl InPodNetns {
     ) -> Result<TcpStream, NetnsError> {
         let s = self.socket(&dst)?;
         let setup = (|| {
-            s.set_mark(PROXY_MARK)?;
+            s.set_mark(if transparent_src.is_some() { DELIVERY_MARK } else { PROXY_MARK })?;
             s.set_tcp_nodelay(true)?;
             set_keepalive(&s)?;
             if let Some(src) = transparent_src {

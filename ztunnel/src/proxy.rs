@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use tokio::task::JoinSet;
 
 use crate::capture::{self, CaptureError};
-use crate::config::{CaptureMode, ProxyConfig};
+use crate::config::ProxyConfig;
 use crate::hbone::Pool;
 use crate::identity::{CertManager, Identity};
 use crate::netns::{InPodNetns, NetnsError};
@@ -43,6 +43,7 @@ pub struct ProxyInputs {
     pub certs: Arc<CertManager>,
     pub pool: Pool,
     pub cfg: ProxyConfig,
+    pub capture: capture::Backend,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub drain: Arc<crate::drain::Drain>,
 }
@@ -53,6 +54,7 @@ pub struct LocalPod {
     pub workload: Arc<Workload>,
     pub identity: Identity,
     pub ip: IpAddr,
+    pub ipv4: Ipv4Addr,
     pub netns: InPodNetns,
 }
 
@@ -66,12 +68,11 @@ pub struct EnrolledPod {
 impl EnrolledPod {
     /// Stops the listeners and removes capture from the pod.
     pub async fn remove(mut self) -> Result<(), ProxyError> {
+        // Capture goes first: connections must not be steered to listeners about to close.
+        let r = self.inputs.capture.remove(&self.pod.netns, self.pod.ipv4).await;
         self.tasks.shutdown().await;
-        if self.inputs.cfg.capture == CaptureMode::Nftables {
-            capture::nftables::remove(&self.pod.netns).await?;
-        }
         self.inputs.certs.release(&self.pod.identity);
-        Ok(())
+        Ok(r?)
     }
 }
 
@@ -85,15 +86,18 @@ pub async fn enroll(inputs: Arc<ProxyInputs>, uid: &WorkloadUid, netns: InPodNet
     if wl.node != inputs.cfg.node_name {
         return Err(ProxyError::WrongNode { uid: uid.clone(), node: wl.node.clone(), ours: inputs.cfg.node_name.clone() });
     }
-    let ip = wl
+    let ipv4 = wl
         .workload_ips
         .iter()
-        .copied()
-        .find(IpAddr::is_ipv4)
+        .find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        })
         .ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
+    let ip = IpAddr::V4(ipv4);
     let identity = wl.identity();
     inputs.certs.allow(&identity);
-    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, netns: netns.clone() };
+    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, ipv4, netns: netns.clone() };
     let r = start(inputs.clone(), pod).await;
     if r.is_err() {
         inputs.certs.release(&identity);
@@ -116,9 +120,6 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         &inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default(),
         &pod.identity.trust_domain,
     )?);
-    if inputs.cfg.capture == CaptureMode::Nftables {
-        capture::nftables::install(&pod.netns).await?;
-    }
     // When a listener of a SO_REUSEPORT group closes (an old proxy handing over), move
     // its queued connections to the remaining listener instead of resetting them.
     let migrate = match pod.netns.run(|| std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1")) {
@@ -128,6 +129,8 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     if let Err(e) = migrate {
         tracing::warn!(error = %e, "cannot enable tcp_migrate_req; connections queued during a proxy hand-off may be reset");
     }
+    // Listeners exist (and queue connections) before capture steers anything to them.
+    inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await?;
     let mut tasks = JoinSet::new();
     tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));
@@ -185,10 +188,17 @@ pub async fn accept_backoff(listener: &str, e: std::io::Error) {
 }
 
 /// The original destination of a captured connection; logs and yields None if unreadable.
+/// REDIRECT (nftables) and the eBPF outbound hook answer SO_ORIGINAL_DST; a connection
+/// steered by sk_lookup keeps its original local address, so there getsockname() is the
+/// destination. A local address on a proxy port means nothing redirected it.
 pub(crate) fn captured_destination(stream: &tokio::net::TcpStream) -> Option<SocketAddr> {
-    match crate::netns::original_dst(stream) {
-        Ok(d) => Some(d),
-        Err(e) => {
+    let e = match crate::netns::original_dst(stream) {
+        Ok(d) => return Some(d),
+        Err(e) => e,
+    };
+    match stream.local_addr() {
+        Ok(local) if !ports::is_proxy_port(local.port()) => Some(local),
+        _ => {
             tracing::warn!(error = %e, "cannot read the original destination; closing");
             None
         }

@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only (the kernel lets GPL-compatible programs use every helper)
+//
+// ztunnel's eBPF traffic capture for enrolled pods.
+//
+// Outbound: cgroup/connect4 (attached at the cgroup v2 root, so every process) rewrites a
+// TCP connect() made inside an enrolled pod's netns to 127.0.0.1:15001 and remembers the
+// original destination under the socket cookie. sockops (TCP_CONNECT_CB, when the source
+// port is known) re-keys it by the client's (netns, ip, port), which is what the proxy's
+// accepted socket sees as its peer; cgroup/getsockopt answers SO_ORIGINAL_DST from it,
+// so the proxy reads the destination exactly as with iptables REDIRECT. getpeername4
+// shows the client app the address it asked for. sock_release drops the entries.
+//
+// Inbound: sk_lookup, attached to each enrolled pod's netns, steers TCP arriving from the
+// network at the pod's IP to the pod's 15006 listener (from a SOCKHASH keyed by pod IP),
+// except HBONE (15008), connections from inside the pod (the proxy's deliveries, the app
+// calling itself: recorded by sockops), the kubelet probe source and exempt ports. The accepted socket keeps the original local address,
+// so the destination is getsockname(), as with TPROXY.
+//
+// Every program is a no-op outside the netns cookies / pod IPs in its maps.
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/socket.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#define SOCK_STREAM 1
+#define SOL_IP 0
+#define SO_ORIGINAL_DST 80
+#define LOOPBACK_IFINDEX 1
+
+#define PROXY_MARK 1337
+#define DELIVERY_MARK 0x111
+#define OUTBOUND_PORT 15001
+#define HBONE_PORT 15008
+// 169.254.7.127: kubelet probes in Istio's ambient mode.
+#define PROBE_SOURCE 0xa9fe077f
+
+struct pod_config {
+	__u32 ip;	/* network order */
+	__u32 flags;
+};
+
+// An original destination; ip and port in network order.
+struct orig_dst {
+	__u32 ip;
+	__u16 port;
+	__u16 pad;
+};
+
+struct cookie_entry {
+	struct orig_dst dst;
+	__u64 netns;
+};
+
+struct tuple_key {
+	__u64 netns;
+	__u32 ip;	/* client address, network order */
+	__u32 port;	/* client port, host order */
+};
+
+// A TCP connection by its addresses; ports in host order.
+struct conn_key {
+	__u32 src_ip;
+	__u32 dst_ip;
+	__u16 src_port;
+	__u16 dst_port;
+};
+
+// Enrolled pods for outbound capture: netns cookie -> pod.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, struct pod_config);
+} zt_pods_netns SEC(".maps");
+
+// Enrolled pods for inbound capture: pod IP (network order) -> flags.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);
+} zt_pods_ip SEC(".maps");
+
+// Each pod's inbound plaintext (15006) listener, by pod IP.
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u32);	/* a socket fd on update (what aya's SockHash writes) */
+} zt_inbound SEC(".maps");
+
+// Inbound destination ports never captured (host order) -> 1.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u16);
+	__type(value, __u8);
+} zt_exempt_ports SEC(".maps");
+
+// LRU: a socket whose release we never see cannot fill the map.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct cookie_entry);
+} zt_orig_by_cookie SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct tuple_key);
+	__type(value, struct orig_dst);
+} zt_orig_by_tuple SEC(".maps");
+
+// Connections made inside an enrolled pod to its own address: the proxy's transparent
+// deliveries to the app and the app calling itself. sk_lookup must not steer them to
+// 15006 (nftables: `iifname lo return`); their route's input interface is the pod's
+// eth0, not lo, so only their addresses tell them apart.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct conn_key);
+	__type(value, __u8);
+} zt_local_conns SEC(".maps");
+
+// The same connections by socket cookie, so sock_release (which cannot read the source
+// address) can remove them: a stale entry would let a later connection with the same
+// addresses from the network past 15006.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct conn_key);
+} zt_local_by_cookie SEC(".maps");
+
+static __always_inline int is_proxy_mark(__u32 mark)
+{
+	return mark == PROXY_MARK || mark == DELIVERY_MARK;
+}
+
+SEC("cgroup/connect4")
+int zt_connect4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || (ctx->protocol != 0 && ctx->protocol != IPPROTO_TCP))
+		return 1;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
+	if (!pod)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || is_proxy_mark(sk->mark))
+		return 1;
+	__u32 dst = ctx->user_ip4;
+	// Loopback, the pod's own address and 0.0.0.0 stay inside the pod (nftables: oif lo).
+	if ((bpf_ntohl(dst) >> 24) == 127 || dst == pod->ip || dst == 0)
+		return 1;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct cookie_entry e = {
+		.dst = { .ip = dst, .port = (__u16)ctx->user_port },
+		.netns = netns,
+	};
+	if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_ANY) != 0)
+		return 0; // EPERM to the app: better than a connection the proxy cannot route
+	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(OUTBOUND_PORT);
+	return 1;
+}
+
+SEC("sockops")
+int zt_sockops(struct bpf_sock_ops *skops)
+{
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB || skops->family != AF_INET)
+		return 1;
+	__u64 netns = bpf_get_netns_cookie(skops);
+	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
+	if (!pod)
+		return 1;
+	if (skops->remote_ip4 == pod->ip) {
+		// The source port is bound by now and the SYN not yet sent: the entry is in
+		// place before sk_lookup sees the connection.
+		struct conn_key c = {
+			.src_ip = skops->local_ip4,
+			.dst_ip = skops->remote_ip4,
+			.src_port = (__u16)skops->local_port,
+			.dst_port = (__u16)bpf_ntohl(skops->remote_port),
+		};
+		__u8 one = 1;
+		__u64 cookie = bpf_get_socket_cookie(skops);
+		if (bpf_map_update_elem(&zt_local_by_cookie, &cookie, &c, BPF_ANY) == 0)
+			bpf_map_update_elem(&zt_local_conns, &c, &one, BPF_ANY);
+		return 1;
+	}
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
+	if (!e)
+		return 1;
+	struct tuple_key k = { .netns = e->netns, .ip = skops->local_ip4, .port = skops->local_port };
+	struct orig_dst v = e->dst;
+	bpf_map_update_elem(&zt_orig_by_tuple, &k, &v, BPF_ANY);
+	return 1;
+}
+
+SEC("cgroup/getsockopt")
+int zt_getsockopt(struct bpf_sockopt *ctx)
+{
+	if (ctx->level != SOL_IP || ctx->optname != SO_ORIGINAL_DST)
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || sk->family != AF_INET)
+		return 1;
+	struct tuple_key k = {
+		.netns = bpf_get_netns_cookie(ctx),
+		.ip = sk->dst_ip4,
+		.port = bpf_ntohs(sk->dst_port),
+	};
+	struct orig_dst *v = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
+	if (!v)
+		return 1;
+	struct sockaddr_in_bpf {
+		__u16 family;
+		__u16 port;
+		__u32 addr;
+		__u8 zero[8];
+	} *sa = ctx->optval;
+	if ((void *)(sa + 1) > ctx->optval_end)
+		return 1;
+	sa->family = AF_INET;
+	sa->port = v->port;
+	sa->addr = v->ip;
+	__builtin_memset(sa->zero, 0, sizeof(sa->zero));
+	// Two 4-byte context stores: the verifier refuses the 8-byte one clang would merge them into.
+	ctx->optlen = sizeof(*sa);
+	asm volatile("" ::: "memory");
+	ctx->retval = 0;
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int zt_getpeername4(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
+	if (!e)
+		return 1;
+	ctx->user_ip4 = e->dst.ip;
+	ctx->user_port = e->dst.port;
+	return 1;
+}
+
+SEC("cgroup/sock_release")
+int zt_sock_release(struct bpf_sock *sk)
+{
+	if (sk->family != AF_INET || sk->protocol != IPPROTO_TCP)
+		return 1;
+	__u64 netns = bpf_get_netns_cookie(sk);
+	if (!bpf_map_lookup_elem(&zt_pods_netns, &netns))
+		return 1;
+	// A captured client socket: its cookie entry.
+	__u64 cookie = bpf_get_socket_cookie(sk);
+	bpf_map_delete_elem(&zt_orig_by_cookie, &cookie);
+	// The proxy's accepted end of a captured connection: its destination entry.
+	struct tuple_key k = { .netns = netns, .ip = sk->dst_ip4, .port = bpf_ntohs(sk->dst_port) };
+	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
+	// A connection inside the pod to its own address.
+	struct conn_key *c = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
+	if (c) {
+		struct conn_key copy = *c;
+		bpf_map_delete_elem(&zt_local_conns, &copy);
+		bpf_map_delete_elem(&zt_local_by_cookie, &cookie);
+	}
+	return 1;
+}
+
+SEC("sk_lookup")
+int zt_sk_lookup(struct bpf_sk_lookup *ctx)
+{
+	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
+		return SK_PASS;
+	if (ctx->ingress_ifindex == LOOPBACK_IFINDEX)
+		return SK_PASS;
+	__u32 ip = ctx->local_ip4;
+	if (!bpf_map_lookup_elem(&zt_pods_ip, &ip))
+		return SK_PASS;
+	__u16 port = ctx->local_port;
+	if (port == HBONE_PORT || ctx->remote_ip4 == bpf_htonl(PROBE_SOURCE))
+		return SK_PASS;
+	if (bpf_map_lookup_elem(&zt_exempt_ports, &port))
+		return SK_PASS;
+	struct conn_key c = {
+		.src_ip = ctx->remote_ip4,
+		.dst_ip = ip,
+		.src_port = bpf_ntohs(ctx->remote_port),
+		.dst_port = port,
+	};
+	if (bpf_map_lookup_elem(&zt_local_conns, &c))
+		return SK_PASS;
+	struct bpf_sock *sk = bpf_map_lookup_elem(&zt_inbound, &ip);
+	// Enrolled but no listener (the proxy is restarting): drop the SYN so the client
+	// retries, rather than let plaintext reach the app around policy.
+	if (!sk)
+		return SK_DROP;
+	long err = bpf_sk_assign(ctx, sk, 0);
+	bpf_sk_release(sk);
+	return err == 0 ? SK_PASS : SK_DROP;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

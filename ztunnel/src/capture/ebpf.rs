@@ -1,0 +1,51 @@
+//! eBPF capture of one pod (programs and maps: the ztunnel-ebpf crate). Besides the map
+//! entries and the pod's sk_lookup link, the pod gets the local-reply route and
+//! tcp_fwmark_accept, so the app's sockets accepted from the proxy's deliveries carry
+//! the delivery mark and their replies route back to the proxy.
+
+use std::net::Ipv4Addr;
+use std::os::fd::AsFd;
+
+use super::{local_route, CaptureError};
+use crate::netns::InPodNetns;
+
+fn sysctl(netns: &InPodNetns, value: &str) -> Result<(), CaptureError> {
+    let what = "setting net.ipv4.tcp_fwmark_accept";
+    let err = |source| CaptureError::Netns { netns: netns.name().to_string(), what, source };
+    let r = netns
+        .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_fwmark_accept", value))
+        .map_err(|e| err(std::io::Error::other(e.to_string())))?;
+    r.map_err(err)
+}
+
+pub async fn install(
+    capture: &ztunnel_ebpf::Capture,
+    netns: &InPodNetns,
+    ip: Ipv4Addr,
+    inbound_listener: &tokio::net::TcpListener,
+) -> Result<(), CaptureError> {
+    let cookie = netns
+        .cookie()
+        .map_err(|e| CaptureError::Netns { netns: netns.name().to_string(), what: "reading the netns cookie", source: std::io::Error::other(e.to_string()) })?;
+    local_route::install(netns).await?;
+    sysctl(netns, "1")?;
+    let pod = ztunnel_ebpf::PodCapture {
+        netns: netns.fd(),
+        cookie: ztunnel_ebpf::NetnsCookie(cookie),
+        ip,
+        inbound_listener: inbound_listener.as_fd(),
+    };
+    capture.enroll(&pod).map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
+}
+
+pub async fn remove(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
+    let cookie = netns
+        .cookie()
+        .map_err(|e| CaptureError::Netns { netns: netns.name().to_string(), what: "reading the netns cookie", source: std::io::Error::other(e.to_string()) })?;
+    let r = capture
+        .remove(ztunnel_ebpf::NetnsCookie(cookie), ip)
+        .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source });
+    local_route::remove(netns).await;
+    let _ = sysctl(netns, "0");
+    r
+}
