@@ -194,3 +194,82 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     drop(node2);
     Ok(())
 }
+
+/// A client looping connections (connect, 1 KiB echo, close) from `from` to `to` on its
+/// own thread inside the pod netns, until told to stop; returns (succeeded, failures).
+fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    use std::io::{Read, Write};
+    let path = from.netns.path();
+    std::thread::spawn(move || {
+        let mut ok = 0;
+        let mut failed = Vec::new();
+        let ns = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => return (0, vec![e.to_string()]),
+        };
+        if let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET) {
+            return (0, vec![e.to_string()]);
+        }
+        let payload = pattern(1024, 3);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let started = std::time::SystemTime::now();
+            let mut local = None;
+            let attempt = (|| -> std::io::Result<Vec<u8>> {
+                let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+                local = s.local_addr().ok();
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(&payload)?;
+                s.shutdown(std::net::Shutdown::Write)?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out)?;
+                Ok(out)
+            })();
+            match attempt {
+                Ok(v) if v == payload => ok += 1,
+                Ok(v) => failed.push(format!("{started:?} from {local:?}: short echo: {} of {} bytes", v.len(), payload.len())),
+                Err(e) => failed.push(format!("{started:?} from {local:?}: {e}")),
+            }
+        }
+        (ok, failed)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
+    let topo = Topology::build(&prefix("t"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let node1 = start_node(&topo, 1, &cfg)?;
+    let node2 = start_node(&topo, 2, &cfg)?;
+    let (client, server) = (topo.pod("n1p1"), topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let z1 = node1.ztunnel.as_ref().map(|z| z.log.clone()).unwrap_or_default();
+    let z2 = node2.ztunnel.as_ref().map(|z| z.log.clone()).unwrap_or_default();
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let looping = connect_loop(client, SocketAddr::new(server.ip.into(), 8080), stop.clone());
+    let pause = || std::thread::sleep(Duration::from_millis(400));
+
+    // Plaintext -> server captured (15006) -> both captured (HBONE) -> and back.
+    pause();
+    enroll(&node2, server, "server")?;
+    wait_for("server enrolled", Duration::from_secs(10), || read(&z2).contains("pod enrolled"))?;
+    pause();
+    enroll(&node1, client, "client")?;
+    wait_for("client enrolled", Duration::from_secs(10), || read(&z1).contains("pod enrolled"))?;
+    pause();
+    wait_for("HBONE under the loop", Duration::from_secs(5), || read(&z2).contains("direction=\"inbound\""))?;
+    unenroll(&node1, client)?;
+    wait_for("client removed", Duration::from_secs(10), || read(&z1).contains("pod removed"))?;
+    pause();
+    unenroll(&node2, server)?;
+    wait_for("server removed", Duration::from_secs(10), || read(&z2).contains("pod removed"))?;
+    pause();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = looping.join().map_err(|_| anyhow::anyhow!("client loop panicked"))?;
+    println!("capture={}: {ok} connections through enrollment and removal of both pods, {} failed", capture_mode(), failed.len());
+    assert!(failed.is_empty(), "connections failed during enrollment/removal: {failed:?}");
+    assert!(ok > 20, "the loop hardly ran ({ok} connections)");
+    assert!(read(&z2).contains("inbound_plaintext"), "the server's capture never saw the plaintext phase");
+    assert!(leftovers(&topo, server)?.is_empty() && leftovers(&topo, client)?.is_empty());
+    Ok(())
+}

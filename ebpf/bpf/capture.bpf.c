@@ -178,9 +178,13 @@ int zt_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	__u64 netns = bpf_get_netns_cookie(skops);
 	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
-	if (!pod)
+	struct bpf_sock *sk = skops->sk;
+	// Deliveries are recognized by their mark alone, so that one made while the pod is
+	// half enrolled or half removed is never looped back to 15006.
+	int delivery = sk && sk->mark == DELIVERY_MARK;
+	if (!pod && !delivery)
 		return 1;
-	if (skops->remote_ip4 == pod->ip) {
+	if (delivery || (pod && skops->remote_ip4 == pod->ip)) {
 		// The source port is bound by now and the SYN not yet sent: the entry is in
 		// place before sk_lookup sees the connection.
 		struct conn_key c = {
@@ -257,22 +261,22 @@ int zt_sock_release(struct bpf_sock *sk)
 {
 	if (sk->family != AF_INET || sk->protocol != IPPROTO_TCP)
 		return 1;
-	__u64 netns = bpf_get_netns_cookie(sk);
-	if (!bpf_map_lookup_elem(&zt_pods_netns, &netns))
-		return 1;
-	// A captured client socket: its cookie entry.
+	// Entries keyed by this socket's cookie go whether or not its pod is still enrolled
+	// (it may have been removed while the socket lived).
 	__u64 cookie = bpf_get_socket_cookie(sk);
 	bpf_map_delete_elem(&zt_orig_by_cookie, &cookie);
-	// The proxy's accepted end of a captured connection: its destination entry.
-	struct tuple_key k = { .netns = netns, .ip = sk->dst_ip4, .port = bpf_ntohs(sk->dst_port) };
-	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
-	// A connection inside the pod to its own address.
 	struct conn_key *c = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
 	if (c) {
 		struct conn_key copy = *c;
 		bpf_map_delete_elem(&zt_local_conns, &copy);
 		bpf_map_delete_elem(&zt_local_by_cookie, &cookie);
 	}
+	// The proxy's accepted end of a captured connection: its destination entry.
+	__u64 netns = bpf_get_netns_cookie(sk);
+	if (!bpf_map_lookup_elem(&zt_pods_netns, &netns))
+		return 1;
+	struct tuple_key k = { .netns = netns, .ip = sk->dst_ip4, .port = bpf_ntohs(sk->dst_port) };
+	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
 	return 1;
 }
 

@@ -195,9 +195,23 @@ impl Capture {
 
     /// Starts capturing a pod. Its listeners must already be accepting: each step is one
     /// atomic map update or attach, ordered so that whatever a connection meets is
-    /// complete (listener before inbound steering, inbound before outbound).
+    /// complete: outbound first (it also lets sockops recognize the pod's calls to its
+    /// own address), then the inbound listener, then inbound steering.
+    /// On failure nothing of the pod is left in place.
     pub fn enroll(&self, pod: &PodCapture<'_>) -> Result<(), EbpfError> {
+        let r = self.try_enroll(pod);
+        if r.is_err() {
+            let _ = self.remove(pod.cookie, pod.ip);
+        }
+        r
+    }
+
+    fn try_enroll(&self, pod: &PodCapture<'_>) -> Result<(), EbpfError> {
         let ip = u32::from_ne_bytes(pod.ip.octets());
+        self.lock_maps()
+            .pods_netns
+            .insert(pod.cookie.0, PodConfig { ip, flags: 0 }, 0)
+            .map_err(map_err("zt_pods_netns"))?;
         {
             let mut maps = self.lock_maps();
             maps.inbound.insert(ip, pod.inbound_listener.as_raw_fd(), 0).map_err(map_err("zt_inbound"))?;
@@ -210,20 +224,14 @@ impl Capture {
             sys::link_create(fd.as_fd(), pod.netns, sys::AttachType::SkLookup)
                 .map_err(|source| EbpfError::Attach { program: "zt_sk_lookup", source })?
         };
-        replace_pin(link, &self.pod_link_path(pod.cookie))?;
-        self.lock_maps()
-            .pods_netns
-            .insert(pod.cookie.0, PodConfig { ip, flags: 0 }, 0)
-            .map_err(map_err("zt_pods_netns"))?;
-        Ok(())
+        replace_pin(link, &self.pod_link_path(pod.cookie))
     }
 
     /// Stops capturing a pod and removes every trace of it: map entries and its
-    /// sk_lookup link. Outbound first, so no new connection is half-captured.
+    /// sk_lookup link, in the reverse order of `enroll`.
     pub fn remove(&self, cookie: NetnsCookie, ip: Ipv4Addr) -> Result<(), EbpfError> {
         let key = u32::from_ne_bytes(ip.octets());
         let mut maps = self.lock_maps();
-        ignore_missing(maps.pods_netns.remove(&cookie.0)).map_err(map_err("zt_pods_netns"))?;
         let path = self.pod_link_path(cookie);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -232,6 +240,7 @@ impl Capture {
         }
         ignore_missing(maps.pods_ip.remove(&key)).map_err(map_err("zt_pods_ip"))?;
         ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
+        ignore_missing(maps.pods_netns.remove(&cookie.0)).map_err(map_err("zt_pods_netns"))?;
         Ok(())
     }
 

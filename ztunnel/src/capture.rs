@@ -101,12 +101,22 @@ impl Backend {
         }
     }
 
-    /// Stops capturing a pod and removes what `install` put in its netns.
-    pub async fn remove(&self, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
+    /// Removal, first half: stops steering new connections to the proxy.
+    pub async fn stop_steering(&self, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { .. } => nftables::remove(netns).await,
-            Backend::Ebpf(c) => ebpf::remove(c, netns, ip).await,
+            Backend::Nftables { .. } => nftables::stop_steering(netns).await,
+            Backend::Ebpf(c) => ebpf::stop_steering(c, netns, ip).await,
+        }
+    }
+
+    /// Removal, second half, once the pod's connections are done: removes the rest of
+    /// what `install` put in the netns (the reply routing they needed).
+    pub async fn finish_removal(&self, netns: &InPodNetns) -> Result<(), CaptureError> {
+        match self {
+            Backend::None => Ok(()),
+            Backend::Nftables { .. } => nftables::finish_removal(netns).await,
+            Backend::Ebpf(_) => ebpf::finish_removal(netns).await,
         }
     }
 }

@@ -37,6 +37,11 @@ pub enum ProxyError {
     Tls(#[from] crate::tls::TlsError),
 }
 
+/// How long a removed pod's listeners keep accepting connections captured just before.
+const REMOVAL_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+/// How long a removed pod's in-flight connections may take to finish.
+const REMOVAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What every connection handler needs.
 pub struct ProxyInputs {
     pub state: Arc<ArcSwap<MeshState>>,
@@ -56,6 +61,8 @@ pub struct LocalPod {
     pub ip: IpAddr,
     pub ipv4: Ipv4Addr,
     pub netns: InPodNetns,
+    /// This pod's in-flight connections, which its removal lets finish.
+    pub active: Arc<crate::drain::Drain>,
 }
 
 /// An enrolled pod: its listeners run until this is dropped (or `remove` is called).
@@ -68,11 +75,20 @@ pub struct EnrolledPod {
 impl EnrolledPod {
     /// Stops the listeners and removes capture from the pod.
     pub async fn remove(mut self) -> Result<(), ProxyError> {
-        // Capture goes first: connections must not be steered to listeners about to close.
-        let r = self.inputs.capture.remove(&self.pod.netns, self.pod.ipv4).await;
+        // Steering goes first: no new connection reaches listeners about to close. Those
+        // steered just before (handshake under way, or queued for accept) are still
+        // accepted and served during a short grace instead of dying with the listener.
+        let stopped = self.inputs.capture.stop_steering(&self.pod.netns, self.pod.ipv4).await;
+        tokio::time::sleep(REMOVAL_GRACE).await;
         self.tasks.shutdown().await;
+        // Deliveries in flight need the local reply route until they end.
+        if !self.pod.active.wait_idle(REMOVAL_DRAIN).await {
+            tracing::warn!(uid = %self.pod.workload.uid, active = self.pod.active.active(), "pod removed with connections still open; they will break");
+        }
+        let finished = self.inputs.capture.finish_removal(&self.pod.netns).await;
         self.inputs.certs.release(&self.pod.identity);
-        Ok(r?)
+        stopped?;
+        Ok(finished?)
     }
 }
 
@@ -97,7 +113,7 @@ pub async fn enroll(inputs: Arc<ProxyInputs>, uid: &WorkloadUid, netns: InPodNet
     let ip = IpAddr::V4(ipv4);
     let identity = wl.identity();
     inputs.certs.allow(&identity);
-    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, ipv4, netns: netns.clone() };
+    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, ipv4, netns: netns.clone(), active: Default::default() };
     let r = start(inputs.clone(), pod).await;
     if r.is_err() {
         inputs.certs.release(&identity);
@@ -130,7 +146,12 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         tracing::warn!(error = %e, "cannot enable tcp_migrate_req; connections queued during a proxy hand-off may be reset");
     }
     // Listeners exist (and queue connections) before capture steers anything to them.
-    inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await?;
+    if let Err(e) = inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await {
+        // Leave the pod as we found it.
+        let _ = inputs.capture.stop_steering(&pod.netns, pod.ipv4).await;
+        let _ = inputs.capture.finish_removal(&pod.netns).await;
+        return Err(e.into());
+    }
     let mut tasks = JoinSet::new();
     tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));

@@ -38,14 +38,16 @@ pub async fn install(
     capture.enroll(&pod).map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
 }
 
-pub async fn remove(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
+pub async fn stop_steering(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
     let cookie = netns
         .cookie()
         .map_err(|e| CaptureError::Netns { netns: netns.name().to_string(), what: "reading the netns cookie", source: std::io::Error::other(e.to_string()) })?;
-    let r = capture
+    capture
         .remove(ztunnel_ebpf::NetnsCookie(cookie), ip)
-        .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source });
+        .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
+}
+
+pub async fn finish_removal(netns: &InPodNetns) -> Result<(), CaptureError> {
     local_route::remove(netns).await;
-    let _ = sysctl(netns, "0");
-    r
+    sysctl(netns, "0")
 }

@@ -1,6 +1,8 @@
 //! nftables capture inside a pod netns (what istio-cni sets up in in-pod mode):
 //! - outbound TCP from the pod's processes is REDIRECTed to 15001;
 //! - inbound TCP from the network goes to 15006 unless it is HBONE to 15008;
+//! - only a connection's first SYN is redirected: conntrack picks up connections that
+//!   were open before the rules arrived mid-stream, and those must stay as they are;
 //! - the proxy's own sockets (mark 1337) and loopback are never captured;
 //! - replies from the app to a transparent (spoofed-source) proxy socket are routed back
 //!   locally: the proxy's deliveries (mark 0x111) get ct mark 0x111, their reply packets
@@ -29,13 +31,13 @@ table inet {TABLE} {{
     meta l4proto tcp tcp dport {hbone} return
     ip saddr {PROBE_SOURCE} return
     {exempt}
-    meta l4proto tcp redirect to :{inbound}
+    tcp flags & (syn | ack) == syn redirect to :{inbound}
   }}
   chain output {{
     type nat hook output priority -100; policy accept;
     meta mark {{ {mark}, {delivery} }} return
     oifname "lo" return
-    meta l4proto tcp redirect to :{outbound}
+    tcp flags & (syn | ack) == syn redirect to :{outbound}
   }}
   chain output_route {{
     type route hook output priority -150; policy accept;
@@ -57,7 +59,15 @@ pub async fn install(netns: &InPodNetns, exempt_inbound_ports: &[u16]) -> Result
     run_in(netns, "nft", &["-f", "-"], Some(&ruleset(exempt_inbound_ports))).await
 }
 
-pub async fn remove(netns: &InPodNetns) -> Result<(), CaptureError> {
+/// Empties the redirecting chains. The chains themselves stay until `finish_removal`:
+/// while a nat chain exists its hook keeps translating connections redirected before,
+/// and `output_route` keeps routing established deliveries' replies.
+pub async fn stop_steering(netns: &InPodNetns) -> Result<(), CaptureError> {
+    let script = format!("flush chain inet {TABLE} prerouting\nflush chain inet {TABLE} output\n");
+    run_in(netns, "nft", &["-f", "-"], Some(&script)).await
+}
+
+pub async fn finish_removal(netns: &InPodNetns) -> Result<(), CaptureError> {
     let nft = run_in(netns, "nft", &["delete", "table", "inet", TABLE], None).await;
     local_route::remove(netns).await;
     nft

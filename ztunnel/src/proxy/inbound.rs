@@ -116,6 +116,7 @@ async fn handle_stream(
     src_identity: Identity,
 ) {
     let _active = inputs.drain.track();
+    let _in_pod = pod.active.track();
     let start = Instant::now();
     if req.method() != Method::CONNECT {
         tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");
