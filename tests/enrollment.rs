@@ -183,6 +183,22 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     z2_log = topo.dir.join("ztunnel-node2-restarted.log");
     wait_for("pod enrolled after restart", Duration::from_secs(10), || read(&z2_log).contains("pod enrolled"))?;
     assert_eq!(echo_once(client, to).await?, b"zds");
+    // Captured by the new proxy: HBONE into it, not around it.
+    wait_for("HBONE into the restarted ztunnel", Duration::from_secs(5), || read(&z2_log).contains("direction=\"inbound\""))?;
+
+    // The client side too: while node1's ztunnel is down its pod's connections fail
+    // (outbound capture stays), and after the restart they go through the new one.
+    let mut node1 = node1;
+    if let Some(mut z) = node1.ztunnel.take() {
+        z.stop();
+    }
+    let down = tokio::time::timeout(Duration::from_secs(5), echo_once(client, to)).await;
+    assert!(down.map(|r| r.map(|v| v.is_empty()).unwrap_or(true)).unwrap_or(true), "client traffic left the pod with its proxy down");
+    node1.ztunnel = Some(start_ztunnel(&topo, &node1, "ztunnel-node1-restarted.log")?);
+    let z1_log = topo.dir.join("ztunnel-node1-restarted.log");
+    wait_for("client enrolled after restart", Duration::from_secs(10), || read(&z1_log).contains("pod enrolled"))?;
+    assert_eq!(echo_once(client, to).await?, b"zds");
+    wait_for("outbound through the restarted ztunnel", Duration::from_secs(5), || read(&z1_log).contains("direction=\"outbound\""))?;
 
     // The CNI agent's view of the pod must match the mesh config's.
     unenroll(&node2, server)?;

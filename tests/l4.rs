@@ -640,3 +640,34 @@ async fn admin_is_local_and_controls_logging_and_drain() -> Result<()> {
     assert!(status.success());
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
+    let topo = Topology::build(&prefix("f"), &[2, 0])?;
+    let cfg_path = topo.dir.join("mesh.yaml");
+    std::fs::write(&cfg_path, format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n1p2", "server", "")))?;
+    // A pin directory that is not on a bpf filesystem: eBPF cannot start.
+    let not_bpffs = topo.dir.join("plain-dir");
+    let (client, server) = (topo.pod("n1p1"), topo.pod("n1p2"));
+    let pods = [format!("n1p1={}", client.netns.path().display()), format!("n1p2={}", server.netns.path().display())];
+    let args = [
+        "--local-xds-path", cfg_path.to_str().unwrap_or_default(),
+        "--node-name", "node1",
+        "--state-dir", &topo.dir.join("ca").display().to_string(),
+        "--capture", "ebpf",
+        "--bpf-pin-dir", not_bpffs.to_str().unwrap_or_default(),
+        "--pod", &pods[0], "--pod", &pods[1],
+    ]
+    .map(String::from);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &topo.dir.join("ztunnel.log"))?;
+    z.wait_log("ztunnel ready", READY)?;
+    let log = z.log_text();
+    assert!(log.contains("WARN") && log.contains("falling back to nftables capture") && log.contains("not a bpf filesystem"), "{log}");
+    assert!(log.contains("capture=nftables"), "{log}");
+    // And capture works: the pods talk over HBONE.
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"fallback").await?, b"fallback");
+    wait_for("HBONE", Duration::from_secs(5), || z.log_text().contains("dst.hbone_addr=10.10.1.12:15008"))?;
+    Ok(())
+}
