@@ -1,7 +1,10 @@
 //! Capture benchmark (not a timed test): connection setup rate and 1 KiB round-trip
 //! latency from a pod on node1 to a pod on node2, with eBPF capture, nftables capture,
 //! and no capture (no ztunnel: plain pod-to-pod TCP), measured in the same run, rounds
-//! interleaved, medians reported with ratios.
+//! interleaved, medians reported with ratios. Two scenarios: `mesh` (both pods
+//! enrolled: outbound capture on the client, HBONE between the ztunnels) and `inbound`
+//! (only the server enrolled: a plaintext client steered to 15006 by sk_lookup or
+//! REDIRECT, which isolates inbound capture).
 //!
 //! `cargo test -p ztunnel --test capture_bench` runs a small smoke pass (CI keeps it
 //! working); `ZTUNNEL_BENCH=1 cargo test --release -p ztunnel --test capture_bench`
@@ -87,15 +90,27 @@ async fn main() -> Result<()> {
     } else {
         Sizes { rounds: 1, connections: 20, round_trips: 50 }
     };
+    for scenario in ["mesh", "inbound"] {
+        run(scenario, &sizes)?;
+    }
+    Ok(())
+}
+
+fn run(scenario: &str, sizes: &Sizes) -> Result<()> {
+    println!("== scenario {scenario} ==");
     let modes = ["none", "nftables", "ebpf"];
     let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
     for round in 0..sizes.rounds {
         for mode in modes {
             // SAFETY: set before any ztunnel of this round starts; nothing reads it concurrently.
             unsafe { std::env::set_var("ZTUNNEL_TEST_CAPTURE", mode) };
-            let topo = Topology::build(&prefix(&format!("b{round}{}", &mode[..1])), &[1, 1])?;
+            let topo = Topology::build(&prefix(&format!("b{}{round}{}", &scenario[..1], &mode[..1])), &[1, 1])?;
             let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
-            let enrolled: &[&str] = if mode == "none" { &[] } else { &["n1p1", "n2p1"] };
+            let enrolled: &[&str] = match (mode, scenario) {
+                ("none", _) => &[],
+                (_, "mesh") => &["n1p1", "n2p1"],
+                _ => &["n2p1"],
+            };
             let mesh = if mode == "none" {
                 Mesh { ztunnels: vec![], commands: vec![], topo }
             } else {
@@ -106,7 +121,7 @@ async fn main() -> Result<()> {
             let to = SocketAddr::new(server.ip.into(), 8080);
             // Warm up (certificates, pooled HBONE connection).
             measure(client, to, &Sizes { rounds: 1, connections: 5, round_trips: 20 })?;
-            let s = measure(client, to, &sizes)?;
+            let s = measure(client, to, sizes)?;
             println!(
                 "round {round} {mode:<8}  {:>8.0} conn/s   1 KiB RTT p50 {:>7.1} us  p99 {:>7.1} us",
                 s.conn_per_s, s.p50_us, s.p99_us
@@ -116,17 +131,17 @@ async fn main() -> Result<()> {
     }
     let med = |mode: &str, f: fn(&Sample) -> f64| median(results[mode].iter().map(f).collect());
     println!("\nmedians of {} round(s): {} connections, {} round trips each", sizes.rounds, sizes.connections, sizes.round_trips);
-    println!("{:<9} {:>10} {:>12} {:>12}", "capture", "conn/s", "RTT p50 us", "RTT p99 us");
+    println!("{:<8} {:<9} {:>10} {:>12} {:>12}", "scenario", "capture", "conn/s", "RTT p50 us", "RTT p99 us");
     for mode in modes {
         println!(
-            "{mode:<9} {:>10.0} {:>12.1} {:>12.1}",
+            "{scenario:<8} {mode:<9} {:>10.0} {:>12.1} {:>12.1}",
             med(mode, |s| s.conn_per_s),
             med(mode, |s| s.p50_us),
             med(mode, |s| s.p99_us)
         );
     }
     let ratio = |a: &str, b: &str, f: fn(&Sample) -> f64| med(a, f) / med(b, f);
-    println!("\nratios (same run):");
+    println!("\n{scenario} ratios (same run):");
     for (a, b) in [("ebpf", "nftables"), ("ebpf", "none"), ("nftables", "none")] {
         println!(
             "  {a}/{b}: conn/s x{:.2}, RTT p50 x{:.2}, RTT p99 x{:.2}",
@@ -135,5 +150,6 @@ async fn main() -> Result<()> {
             ratio(a, b, |s| s.p99_us)
         );
     }
+    println!();
     Ok(())
 }
