@@ -7,6 +7,9 @@ command -v nft >/dev/null || need+=(nftables)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v ss >/dev/null || need+=(iproute2)
 command -v cc >/dev/null || need+=(gcc)
+# eBPF capture: clang -target bpf, libbpf's headers (bpf/bpf_helpers.h).
+command -v clang >/dev/null || need+=(clang llvm)
+[ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

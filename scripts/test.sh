@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-exec cargo test --workspace
+cargo test --workspace
+# eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
+ZTUNNEL_TEST_CAPTURE=nftables cargo test -p ztunnel --test l4 --test enrollment

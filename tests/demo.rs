@@ -26,7 +26,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
         println!("  pod {:<5} on node{}  ip {}", p.name, p.node, p.ip);
     }
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
-    println!("\n  ztunnel running on node1 and node2 (nftables capture in each pod)\n");
+    println!("\n  ztunnel running on node1 and node2 (eBPF capture of each pod)\n");
     let t = &mesh.topo;
     let echo1 = EchoServer::start(&t.pod("n2p1").netns, 8080, Some("n2p1"))?;
     let echo2 = EchoServer::start(&t.pod("n2p2").netns, 8080, Some("n2p2"))?;

@@ -671,3 +671,18 @@ async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
     wait_for("HBONE", Duration::from_secs(5), || z.log_text().contains("dst.hbone_addr=10.10.1.12:15008"))?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_sockets_are_captured_too() -> Result<()> {
+    let mesh = client_server_mesh("6", &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    // An AF_INET6 socket dialing a v4-mapped address (Java's default) must not bypass
+    // the mesh.
+    let mapped: SocketAddr = format!("[::ffff:{}]:8080", server.ip).parse()?;
+    let mut s = client.netns.connect(mapped).await?;
+    assert_eq!(s.peer_addr()?, mapped, "the app sees the address it dialed");
+    assert_eq!(echo_roundtrip(&mut s, b"dual stack").await?, b"dual stack");
+    mesh.wait_logs(&["dst.hbone_addr=10.10.2.11:15008", "src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
+    Ok(())
+}

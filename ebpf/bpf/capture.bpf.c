@@ -27,6 +27,9 @@
 #ifndef AF_INET
 #define AF_INET 2
 #endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
 #define SOCK_STREAM 1
 #define SOL_IP 0
 #define SO_ORIGINAL_DST 80
@@ -143,30 +146,64 @@ static __always_inline int is_proxy_mark(__u32 mark)
 	return mark == PROXY_MARK || mark == DELIVERY_MARK;
 }
 
-SEC("cgroup/connect4")
-int zt_connect4(struct bpf_sock_addr *ctx)
+// Whether a connect() to IPv4 address `dst` from this socket is captured; if so, the
+// original destination is recorded under the socket cookie.
+static __always_inline int capture_connect(struct bpf_sock_addr *ctx, __u32 dst, __u16 port)
 {
 	if (ctx->type != SOCK_STREAM || (ctx->protocol != 0 && ctx->protocol != IPPROTO_TCP))
-		return 1;
+		return 0;
 	__u64 netns = bpf_get_netns_cookie(ctx);
 	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
 	if (!pod)
-		return 1;
+		return 0;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk || is_proxy_mark(sk->mark))
-		return 1;
-	__u32 dst = ctx->user_ip4;
+		return 0;
 	// Loopback, the pod's own address and 0.0.0.0 stay inside the pod (nftables: oif lo).
 	if ((bpf_ntohl(dst) >> 24) == 127 || dst == pod->ip || dst == 0)
-		return 1;
+		return 0;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct cookie_entry e = {
-		.dst = { .ip = dst, .port = (__u16)ctx->user_port },
+		.dst = { .ip = dst, .port = port },
 		.netns = netns,
 	};
 	if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_ANY) != 0)
+		return -1;
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int zt_connect4(struct bpf_sock_addr *ctx)
+{
+	int c = capture_connect(ctx, ctx->user_ip4, (__u16)ctx->user_port);
+	if (c < 0)
 		return 0; // EPERM to the app: better than a connection the proxy cannot route
+	if (c == 0)
+		return 1;
 	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(OUTBOUND_PORT);
+	return 1;
+}
+
+static __always_inline int is_v4_mapped(__u32 a0, __u32 a1, __u32 a2)
+{
+	return a0 == 0 && a1 == 0 && a2 == bpf_htonl(0xffff);
+}
+
+// Dual-stack sockets (AF_INET6, e.g. Java's default) reach IPv4 destinations through
+// v4-mapped addresses: capture those the same way, or they would bypass the mesh.
+// Native IPv6 is left alone (pods here are IPv4).
+SEC("cgroup/connect6")
+int zt_connect6(struct bpf_sock_addr *ctx)
+{
+	if (!is_v4_mapped(ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2]))
+		return 1;
+	int c = capture_connect(ctx, ctx->user_ip6[3], (__u16)ctx->user_port);
+	if (c < 0)
+		return 0;
+	if (c == 0)
+		return 1;
+	ctx->user_ip6[3] = bpf_htonl(0x7f000001);
 	ctx->user_port = bpf_htons(OUTBOUND_PORT);
 	return 1;
 }
@@ -174,8 +211,25 @@ int zt_connect4(struct bpf_sock_addr *ctx)
 SEC("sockops")
 int zt_sockops(struct bpf_sock_ops *skops)
 {
-	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB || skops->family != AF_INET)
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
 		return 1;
+	// Every context field is loaded once, up front: the verifier refuses the
+	// pointer-offset loads clang makes when a load is shared between branches.
+	__u32 family = skops->family;
+	__u32 local4 = skops->local_ip4, remote4 = skops->remote_ip4;
+	__u32 local6 = skops->local_ip6[3];
+	__u32 r0 = skops->remote_ip6[0], r1 = skops->remote_ip6[1], r2 = skops->remote_ip6[2], r3 = skops->remote_ip6[3];
+	asm volatile("" ::: "memory");
+	__u32 local_ip, remote_ip;
+	if (family == AF_INET) {
+		local_ip = local4;
+		remote_ip = remote4;
+	} else if (family == AF_INET6 && is_v4_mapped(r0, r1, r2)) {
+		local_ip = local6;
+		remote_ip = r3;
+	} else {
+		return 1;
+	}
 	__u64 netns = bpf_get_netns_cookie(skops);
 	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
 	struct bpf_sock *sk = skops->sk;
@@ -184,12 +238,12 @@ int zt_sockops(struct bpf_sock_ops *skops)
 	int delivery = sk && sk->mark == DELIVERY_MARK;
 	if (!pod && !delivery)
 		return 1;
-	if (delivery || (pod && skops->remote_ip4 == pod->ip)) {
+	if (delivery || (pod && remote_ip == pod->ip)) {
 		// The source port is bound by now and the SYN not yet sent: the entry is in
 		// place before sk_lookup sees the connection.
 		struct conn_key c = {
-			.src_ip = skops->local_ip4,
-			.dst_ip = skops->remote_ip4,
+			.src_ip = local_ip,
+			.dst_ip = remote_ip,
 			.src_port = (__u16)skops->local_port,
 			.dst_port = (__u16)bpf_ntohl(skops->remote_port),
 		};
@@ -203,7 +257,7 @@ int zt_sockops(struct bpf_sock_ops *skops)
 	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
 	if (!e)
 		return 1;
-	struct tuple_key k = { .netns = e->netns, .ip = skops->local_ip4, .port = skops->local_port };
+	struct tuple_key k = { .netns = e->netns, .ip = local_ip, .port = skops->local_port };
 	struct orig_dst v = e->dst;
 	bpf_map_update_elem(&zt_orig_by_tuple, &k, &v, BPF_ANY);
 	return 1;
@@ -256,10 +310,22 @@ int zt_getpeername4(struct bpf_sock_addr *ctx)
 	return 1;
 }
 
+SEC("cgroup/getpeername6")
+int zt_getpeername6(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
+	if (!e)
+		return 1;
+	ctx->user_ip6[3] = e->dst.ip;
+	ctx->user_port = e->dst.port;
+	return 1;
+}
+
 SEC("cgroup/sock_release")
 int zt_sock_release(struct bpf_sock *sk)
 {
-	if (sk->family != AF_INET || sk->protocol != IPPROTO_TCP)
+	if (sk->protocol != IPPROTO_TCP)
 		return 1;
 	// Entries keyed by this socket's cookie go whether or not its pod is still enrolled
 	// (it may have been removed while the socket lived).

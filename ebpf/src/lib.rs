@@ -1,7 +1,7 @@
 //! eBPF traffic capture for ztunnel's enrolled pods: the programs in `bpf/capture.bpf.c`
 //! (compiled by build.rs with clang -target bpf), loaded and attached with aya.
 //!
-//! Process-wide programs (connect4, sockops, getsockopt, getpeername4, sock_release) sit
+//! Process-wide programs (connect4/6, sockops, getsockopt, getpeername4/6, sock_release) sit
 //! on the cgroup v2 root and act only on sockets of enrolled pods' netns; each pod adds an
 //! sk_lookup program on its own netns. Maps and links are pinned under one directory on
 //! bpffs, so capture stays in force while ztunnel restarts (fail closed: new connections
@@ -135,7 +135,8 @@ const MAPS: [&str; 8] = [
 ];
 
 /// Program name in the object, and its pinned link's file name.
-const GLOBAL_PROGRAMS: [&str; 5] = ["zt_connect4", "zt_sockops", "zt_getsockopt", "zt_getpeername4", "zt_sock_release"];
+const GLOBAL_PROGRAMS: [&str; 7] =
+    ["zt_connect4", "zt_connect6", "zt_sockops", "zt_getsockopt", "zt_getpeername4", "zt_getpeername6", "zt_sock_release"];
 
 impl Capture {
     /// Loads the programs, takes over (or creates) the pinned maps, and attaches the
@@ -350,6 +351,8 @@ fn attach_global(bpf: &mut Ebpf, name: &'static str, cgroup: BorrowedFd<'_>) -> 
         "zt_getsockopt" => load!(CgroupSockopt, A::CgroupGetsockopt),
         "zt_sock_release" => load!(CgroupSock, A::CgroupSockRelease),
         "zt_getpeername4" => load!(CgroupSockAddr, A::CgroupGetpeername4),
+        "zt_getpeername6" => load!(CgroupSockAddr, A::CgroupGetpeername6),
+        "zt_connect6" => load!(CgroupSockAddr, A::CgroupConnect6),
         _ => load!(CgroupSockAddr, A::CgroupConnect4),
     }
 }

@@ -96,8 +96,10 @@ mod tests {
 pub enum AttachType {
     CgroupSockOps = 3,
     CgroupConnect4 = 10,
+    CgroupConnect6 = 11,
     CgroupGetsockopt = 21,
     CgroupGetpeername4 = 29,
+    CgroupGetpeername6 = 30,
     CgroupSockRelease = 34,
     SkLookup = 36,
 }
