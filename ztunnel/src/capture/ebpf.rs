@@ -1,7 +1,9 @@
 //! eBPF capture of one pod (programs and maps: the ztunnel-ebpf crate). Besides the map
-//! entries and the pod's sk_lookup link, the pod gets the local-reply route and
-//! tcp_fwmark_accept, so the app's sockets accepted from the proxy's deliveries carry
-//! the delivery mark and their replies route back to the proxy.
+//! entries and the pod's sk_lookup link, the pod gets the local-reply route and two
+//! sysctls so that everything answering a proxy delivery carries the delivery mark and
+//! routes back to the proxy: tcp_fwmark_accept (the app's accepted socket takes the
+//! SYN's mark) and fwmark_reflect (a kernel RST for a closed port does too, so the proxy
+//! sees "refused" at once instead of timing out).
 
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
@@ -10,10 +12,13 @@ use super::{local_route, CaptureError};
 use crate::netns::InPodNetns;
 
 fn sysctl(netns: &InPodNetns, value: &str) -> Result<(), CaptureError> {
-    let what = "setting net.ipv4.tcp_fwmark_accept";
+    let what = "setting net.ipv4.tcp_fwmark_accept and net.ipv4.fwmark_reflect";
     let err = |source| CaptureError::Netns { netns: netns.name().to_string(), what, source };
     let r = netns
-        .run(|| std::fs::write("/proc/sys/net/ipv4/tcp_fwmark_accept", value))
+        .run(|| {
+            std::fs::write("/proc/sys/net/ipv4/tcp_fwmark_accept", value)?;
+            std::fs::write("/proc/sys/net/ipv4/fwmark_reflect", value)
+        })
         .map_err(|e| err(std::io::Error::other(e.to_string())))?;
     r.map_err(err)
 }
