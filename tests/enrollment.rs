@@ -200,6 +200,21 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     assert_eq!(echo_once(client, to).await?, b"zds");
     wait_for("outbound through the restarted ztunnel", Duration::from_secs(5), || read(&z1_log).contains("direction=\"outbound\""))?;
 
+    // A pod removed while its node's ztunnel is down: the next ztunnel, seeing it missing
+    // from the agent's snapshot, drops the capture state it left on the node.
+    if let Some(mut z) = node2.ztunnel.take() {
+        z.stop();
+    }
+    unenroll(&node2, server)?;
+    node2.ztunnel = Some(start_ztunnel(&topo, &node2, "ztunnel-node2-third.log")?);
+    let left = leftovers(&topo, server)?;
+    let ebpf_left: Vec<&String> = left.iter().filter(|l| l.contains("zt_") || l.contains("sk_lookup") || l.contains("pin")).collect();
+    assert!(ebpf_left.is_empty(), "capture of a pod removed while ztunnel was down stayed: {left:?}");
+    enroll(&node2, server, "server")?;
+    let z2_log = topo.dir.join("ztunnel-node2-third.log");
+    wait_for("server enrolled again", Duration::from_secs(10), || read(&z2_log).contains("pod enrolled"))?;
+    assert_eq!(echo_once(client, to).await?, b"zds");
+
     // The CNI agent's view of the pod must match the mesh config's.
     unenroll(&node2, server)?;
     wait_for("pod removed", Duration::from_secs(10), || read(&z2_log).contains("pod removed"))?;

@@ -686,3 +686,32 @@ async fn dual_stack_sockets_are_captured_too() -> Result<()> {
     mesh.wait_logs(&["dst.hbone_addr=10.10.2.11:15008", "src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_marks_from_another_pod_exempt_nothing() -> Result<()> {
+    // n1p2 is a same-node pod outside the mesh that sets the proxy's marks on its own
+    // sockets (SO_MARK needs only CAP_NET_RAW). It must still meet the server's policy.
+    let topo = Topology::build(&prefix("m"), &[2, 0])?;
+    let cfg = format!("workloads:\n{}{ALLOW_ONLY_CLIENT}", workload(&topo, "n1p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[])?;
+    let (server, attacker) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n1p2"));
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    for mark in [ztunnel::DELIVERY_MARK, ztunnel::PROXY_MARK] {
+        let to = addr(server, 8080);
+        let s = attacker.netns.run(move || -> std::io::Result<std::net::TcpStream> {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.set_mark(mark)?;
+            s.connect_timeout(&to.into(), Duration::from_secs(5))?;
+            Ok(s.into())
+        })?;
+        if let Ok(s) = s {
+            s.set_nonblocking(true)?;
+            let mut s = tokio::net::TcpStream::from_std(s)?;
+            let r = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"bypass?")).await?;
+            assert!(r.map(|v| v.is_empty()).unwrap_or(true), "mark {mark:#x} from another pod reached the app");
+        }
+    }
+    assert!(echo.peers().is_empty(), "the app saw {:?}", echo.peers());
+    mesh.wait_logs(&["inbound_plaintext{src=10.10.1.12", "response_flags=\"DENY\""])?;
+    Ok(())
+}

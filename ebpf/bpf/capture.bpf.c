@@ -16,7 +16,10 @@
 // calling itself: recorded by sockops), the kubelet probe source and exempt ports. The accepted socket keeps the original local address,
 // so the destination is getsockname(), as with TPROXY.
 //
-// Every program is a no-op outside the netns cookies / pod IPs in its maps.
+// Every program is a no-op outside the netns cookies / pod IPs in its maps. An app that
+// can set SO_MARK (CAP_NET_RAW/NET_ADMIN) to the proxy's marks can exempt its own
+// connections, as with Istio's iptables rules; the mark cannot exempt anything in
+// another pod's netns.
 
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -65,12 +68,15 @@ struct tuple_key {
 	__u32 port;	/* client port, host order */
 };
 
-// A TCP connection by its addresses; ports in host order.
+// A TCP connection inside one netns, by its addresses; ports in host order. The netns
+// is part of the key: a mark set in another pod's netns must not exempt anything here.
 struct conn_key {
+	__u64 netns;
 	__u32 src_ip;
 	__u32 dst_ip;
 	__u16 src_port;
 	__u16 dst_port;
+	__u32 pad;
 };
 
 // Enrolled pods for outbound capture: netns cookie -> pod.
@@ -81,12 +87,14 @@ struct {
 	__type(value, struct pod_config);
 } zt_pods_netns SEC(".maps");
 
-// Enrolled pods for inbound capture: pod IP (network order) -> flags.
+// Enrolled pods for inbound capture: pod IP (network order) -> the pod's netns cookie
+// (sk_lookup has no helper for it; removal checks it so a newer pod with a reused IP
+// keeps its capture).
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u64);
 } zt_pods_ip SEC(".maps");
 
 // Each pod's inbound plaintext (15006) listener, by pod IP.
@@ -123,9 +131,10 @@ struct {
 // Connections made inside an enrolled pod to its own address: the proxy's transparent
 // deliveries to the app and the app calling itself. sk_lookup must not steer them to
 // 15006 (nftables: `iifname lo return`); their route's input interface is the pod's
-// eth0, not lo, so only their addresses tell them apart.
+// eth0, not lo, so only their addresses tell them apart. Plain hashes, not LRU: an
+// evicted by-cookie entry would leave its exemption behind for a later connection.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct conn_key);
 	__type(value, __u8);
@@ -135,7 +144,7 @@ struct {
 // address) can remove them: a stale entry would let a later connection with the same
 // addresses from the network past 15006.
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct conn_key);
@@ -192,13 +201,26 @@ static __always_inline int is_v4_mapped(__u32 a0, __u32 a1, __u32 a2)
 
 // Dual-stack sockets (AF_INET6, e.g. Java's default) reach IPv4 destinations through
 // v4-mapped addresses: capture those the same way, or they would bypass the mesh.
-// Native IPv6 is left alone (pods here are IPv4).
+// Native IPv6 from an enrolled pod is refused (EPERM) except ::1: the proxy is IPv4
+// only, and nftables capture fails closed for IPv6 too.
 SEC("cgroup/connect6")
 int zt_connect6(struct bpf_sock_addr *ctx)
 {
-	if (!is_v4_mapped(ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2]))
-		return 1;
-	int c = capture_connect(ctx, ctx->user_ip6[3], (__u16)ctx->user_port);
+	__u32 a0 = ctx->user_ip6[0], a1 = ctx->user_ip6[1], a2 = ctx->user_ip6[2], a3 = ctx->user_ip6[3];
+	asm volatile("" ::: "memory");
+	if (!is_v4_mapped(a0, a1, a2)) {
+		if (ctx->type != SOCK_STREAM)
+			return 1;
+		__u64 netns = bpf_get_netns_cookie(ctx);
+		if (!bpf_map_lookup_elem(&zt_pods_netns, &netns))
+			return 1;
+		struct bpf_sock *sk = ctx->sk;
+		if (!sk || is_proxy_mark(sk->mark))
+			return 1;
+		int loopback = a0 == 0 && a1 == 0 && a2 == 0 && a3 == bpf_htonl(1);
+		return loopback ? 1 : 0;
+	}
+	int c = capture_connect(ctx, a3, (__u16)ctx->user_port);
 	if (c < 0)
 		return 0;
 	if (c == 0)
@@ -242,6 +264,7 @@ int zt_sockops(struct bpf_sock_ops *skops)
 		// The source port is bound by now and the SYN not yet sent: the entry is in
 		// place before sk_lookup sees the connection.
 		struct conn_key c = {
+			.netns = netns,
 			.src_ip = local_ip,
 			.dst_ip = remote_ip,
 			.src_port = (__u16)skops->local_port,
@@ -276,9 +299,11 @@ int zt_getsockopt(struct bpf_sockopt *ctx)
 		.ip = sk->dst_ip4,
 		.port = bpf_ntohs(sk->dst_port),
 	};
-	struct orig_dst *v = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
-	if (!v)
+	struct orig_dst *found = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
+	if (!found)
 		return 1;
+	struct orig_dst copy = *found;
+	struct orig_dst *v = &copy;
 	struct sockaddr_in_bpf {
 		__u16 family;
 		__u16 port;
@@ -295,6 +320,10 @@ int zt_getsockopt(struct bpf_sockopt *ctx)
 	ctx->optlen = sizeof(*sa);
 	asm volatile("" ::: "memory");
 	ctx->retval = 0;
+	// Read once: the proxy asks right after accept. Deleting here rather than at
+	// release, whose only key (the peer address) an unrelated in-pod loopback
+	// connection can share; entries never asked for age out of the LRU.
+	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
 	return 1;
 }
 
@@ -337,24 +366,21 @@ int zt_sock_release(struct bpf_sock *sk)
 		bpf_map_delete_elem(&zt_local_conns, &copy);
 		bpf_map_delete_elem(&zt_local_by_cookie, &cookie);
 	}
-	// The proxy's accepted end of a captured connection: its destination entry.
-	__u64 netns = bpf_get_netns_cookie(sk);
-	if (!bpf_map_lookup_elem(&zt_pods_netns, &netns))
-		return 1;
-	struct tuple_key k = { .netns = netns, .ip = sk->dst_ip4, .port = bpf_ntohs(sk->dst_port) };
-	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
 	return 1;
 }
 
 SEC("sk_lookup")
 int zt_sk_lookup(struct bpf_sk_lookup *ctx)
 {
-	if (ctx->family != AF_INET || ctx->protocol != IPPROTO_TCP)
+	if (ctx->protocol != IPPROTO_TCP || ctx->ingress_ifindex == LOOPBACK_IFINDEX)
 		return SK_PASS;
-	if (ctx->ingress_ifindex == LOOPBACK_IFINDEX)
-		return SK_PASS;
+	// This program only runs in enrolled pods' netns; the proxy is IPv4 only, so IPv6
+	// from the network fails closed (as with nftables) instead of reaching the app.
+	if (ctx->family != AF_INET)
+		return SK_DROP;
 	__u32 ip = ctx->local_ip4;
-	if (!bpf_map_lookup_elem(&zt_pods_ip, &ip))
+	__u64 *netns = bpf_map_lookup_elem(&zt_pods_ip, &ip);
+	if (!netns)
 		return SK_PASS;
 	__u16 port = ctx->local_port;
 	if (port == HBONE_PORT || ctx->remote_ip4 == bpf_htonl(PROBE_SOURCE))
@@ -362,6 +388,7 @@ int zt_sk_lookup(struct bpf_sk_lookup *ctx)
 	if (bpf_map_lookup_elem(&zt_exempt_ports, &port))
 		return SK_PASS;
 	struct conn_key c = {
+		.netns = *netns,
 		.src_ip = ctx->remote_ip4,
 		.dst_ip = ip,
 		.src_port = bpf_ntohs(ctx->remote_port),

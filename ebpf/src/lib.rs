@@ -27,6 +27,15 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ca
 /// The default pin directory, like Istio's /sys/fs/bpf/... convention.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ztunnel";
 
+/// Maps are pinned under `maps-<LAYOUT>`: a ztunnel whose map layout differs (key or
+/// value sizes) must not open the old pins, whose smaller keys would still verify and
+/// then silently match the wrong entries. Bump on any change to a map definition.
+const MAP_LAYOUT: &str = "v1";
+
+fn maps_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join(format!("maps-{MAP_LAYOUT}"))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EbpfError {
     #[error("this ztunnel was built without eBPF programs (ZTUNNEL_BUILD_WITHOUT_EBPF); rebuild with clang and libbpf-dev installed, or use --capture nftables")]
@@ -37,6 +46,8 @@ pub enum EbpfError {
     BpfFs { path: PathBuf, source: std::io::Error },
     #[error("no cgroup v2 hierarchy is mounted; mount one (`mount -t cgroup2 none /sys/fs/cgroup`) or pass --cgroup-path")]
     NoCgroup2,
+    #[error("{0} is not the cgroup v2 root (ztunnel runs in a cgroup namespace: run it with cgroupns=host, or pass --cgroup-path to the host's cgroup2 root)")]
+    NotCgroupRoot(PathBuf),
     #[error("cannot open cgroup {path}: {source}")]
     Cgroup { path: PathBuf, source: std::io::Error },
     #[error("cannot load the eBPF object (maps pinned in {pin_dir} may be from an incompatible ztunnel; remove that directory and re-enroll pods): {source}")]
@@ -111,7 +122,8 @@ impl Default for Options {
 
 struct Maps {
     pods_netns: HashMap<MapData, u64, PodConfig>,
-    pods_ip: HashMap<MapData, u32, u32>,
+    /// pod IP -> owning pod's netns cookie
+    pods_ip: HashMap<MapData, u32, u64>,
     inbound: SockHash<MapData, u32>,
 }
 
@@ -152,13 +164,13 @@ impl Capture {
         sys::ensure_bpffs(&opts.pin_dir)?;
         let cgroup_path = match &opts.cgroup {
             Some(p) => p.clone(),
-            None => sys::cgroup2_root().ok_or(EbpfError::NoCgroup2)?,
+            None => sys::cgroup2_root()?,
         };
         let cgroup = File::open(&cgroup_path).map_err(|source| EbpfError::Cgroup { path: cgroup_path.clone(), source })?;
-        for dir in [opts.pin_dir.join("links"), opts.pin_dir.join("pods")] {
+        for dir in [opts.pin_dir.join("links"), opts.pin_dir.join("pods"), maps_dir(&opts.pin_dir)] {
             std::fs::create_dir_all(&dir).map_err(|source| EbpfError::Pin { path: dir.clone(), source })?;
         }
-        let pin_paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, opts.pin_dir.join(m))).collect();
+        let pin_paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, maps_dir(&opts.pin_dir).join(m))).collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &pin_paths {
             loader.map_pin_path(name, path.as_path());
@@ -168,6 +180,15 @@ impl Capture {
         for name in GLOBAL_PROGRAMS {
             let link = attach_global(&mut bpf, name, cgroup.as_fd())?;
             replace_pin(link, &opts.pin_dir.join("links").join(name))?;
+        }
+        // Older layouts' map pins: their programs were just replaced (or are per-pod and
+        // replaced on re-enrollment), so only the pins keep them alive.
+        for e in std::fs::read_dir(&opts.pin_dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("maps-") && e.path() != maps_dir(&opts.pin_dir) {
+                tracing::info!(dir = %e.path().display(), "removing pinned maps of an older ztunnel");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
         }
         let sk_lookup: &mut SkLookup = program(&mut bpf, "zt_sk_lookup")?;
         sk_lookup.load().map_err(program_err("zt_sk_lookup"))?;
@@ -198,16 +219,9 @@ impl Capture {
     /// atomic map update or attach, ordered so that whatever a connection meets is
     /// complete: outbound first (it also lets sockops recognize the pod's calls to its
     /// own address), then the inbound listener, then inbound steering.
-    /// On failure nothing of the pod is left in place.
+    /// On failure, what was already in place stays (fail closed): the pod may have been
+    /// captured before (a restart), and a retry or a removal settles it.
     pub fn enroll(&self, pod: &PodCapture<'_>) -> Result<(), EbpfError> {
-        let r = self.try_enroll(pod);
-        if r.is_err() {
-            let _ = self.remove(pod.cookie, pod.ip);
-        }
-        r
-    }
-
-    fn try_enroll(&self, pod: &PodCapture<'_>) -> Result<(), EbpfError> {
         let ip = u32::from_ne_bytes(pod.ip.octets());
         self.lock_maps()
             .pods_netns
@@ -216,7 +230,7 @@ impl Capture {
         {
             let mut maps = self.lock_maps();
             maps.inbound.insert(ip, pod.inbound_listener.as_raw_fd(), 0).map_err(map_err("zt_inbound"))?;
-            maps.pods_ip.insert(ip, 0, 0).map_err(map_err("zt_pods_ip"))?;
+            maps.pods_ip.insert(ip, pod.cookie.0, 0).map_err(map_err("zt_pods_ip"))?;
         }
         let link = {
             let mut bpf = self.bpf.lock().unwrap_or_else(|e| e.into_inner());
@@ -239,10 +253,45 @@ impl Capture {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => return Err(EbpfError::Pin { path, source }),
         }
-        ignore_missing(maps.pods_ip.remove(&key)).map_err(map_err("zt_pods_ip"))?;
-        ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
+        // The IP may belong to a newer pod by now (IPs are reused): leave its entries.
+        let owner = maps.pods_ip.get(&key, 0).ok();
+        if owner.is_none_or(|o| o == cookie.0) {
+            ignore_missing(maps.pods_ip.remove(&key)).map_err(map_err("zt_pods_ip"))?;
+            ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
+        }
         ignore_missing(maps.pods_netns.remove(&cookie.0)).map_err(map_err("zt_pods_netns"))?;
         Ok(())
+    }
+
+    /// Removes every pod not in `keep`: after a restart, the pods the CNI agent's
+    /// snapshot no longer lists (removed while no ztunnel ran) would otherwise stay
+    /// captured, their connections refused, forever.
+    pub fn retain(&self, keep: &[NetnsCookie]) -> Result<usize, EbpfError> {
+        let keep: std::collections::HashSet<u64> = keep.iter().map(|c| c.0).collect();
+        let mut stale: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        {
+            let maps = self.lock_maps();
+            stale.extend(maps.pods_netns.keys().filter_map(Result::ok).filter(|c| !keep.contains(c)));
+            stale.extend(maps.pods_ip.iter().filter_map(Result::ok).map(|(_, c)| c).filter(|c| !keep.contains(c)));
+        }
+        for e in std::fs::read_dir(self.pin_dir.join("pods")).into_iter().flatten().flatten() {
+            if let Some(c) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
+                if !keep.contains(&c) {
+                    stale.insert(c);
+                }
+            }
+        }
+        for c in &stale {
+            let ips: Vec<u32> = {
+                let maps = self.lock_maps();
+                maps.pods_ip.iter().filter_map(Result::ok).filter(|(_, o)| o == c).map(|(ip, _)| ip).collect()
+            };
+            for ip in ips {
+                self.remove(NetnsCookie(*c), Ipv4Addr::from(ip.to_ne_bytes()))?;
+            }
+            self.remove(NetnsCookie(*c), Ipv4Addr::UNSPECIFIED)?;
+        }
+        Ok(stale.len())
     }
 
     /// Entries in the pod maps (enrolled netns, enrolled IPs, inbound listeners).
@@ -281,7 +330,7 @@ impl Inspection {
 pub fn inspect(pin_dir: &Path) -> std::io::Result<Inspection> {
     let mut out = Inspection::default();
     for name in MAPS {
-        let path = pin_dir.join(name);
+        let path = maps_dir(pin_dir).join(name);
         if !path.exists() {
             continue;
         }

@@ -48,19 +48,29 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), EbpfError> {
     Ok(())
 }
 
-/// The mount point of the cgroup v2 hierarchy's root, mounting it if nothing has.
-pub fn cgroup2_root() -> Option<PathBuf> {
-    if let Some(p) = std::fs::read_to_string("/proc/self/mountinfo").ok().as_deref().and_then(find_cgroup2_root) {
-        return Some(p);
-    }
-    let own = Path::new(OWN_CGROUP2_MOUNT);
-    match mount("cgroup2", own) {
-        Ok(()) => Some(own.to_path_buf()),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot mount cgroup2");
-            None
+/// The mount point of the cgroup v2 hierarchy's root, mounting it if nothing has. Inside
+/// a cgroup namespace (a container's default on cgroup v2) the visible "root" is the
+/// container's own cgroup: programs there would see only ztunnel's sockets and capture
+/// nothing, so that is an error (the real root's directory is inode 1).
+pub fn cgroup2_root() -> Result<PathBuf, EbpfError> {
+    let found = std::fs::read_to_string("/proc/self/mountinfo").ok().as_deref().and_then(find_cgroup2_root);
+    let path = match found {
+        Some(p) => p,
+        None => {
+            let own = Path::new(OWN_CGROUP2_MOUNT);
+            mount("cgroup2", own).map_err(|e| {
+                tracing::warn!(error = %e, "cannot mount cgroup2");
+                EbpfError::NoCgroup2
+            })?;
+            own.to_path_buf()
         }
+    };
+    use std::os::unix::fs::MetadataExt;
+    let ino = std::fs::metadata(&path).map_err(|source| EbpfError::Cgroup { path: path.clone(), source })?.ino();
+    if ino != 1 {
+        return Err(EbpfError::NotCgroupRoot(path));
     }
+    Ok(path)
 }
 
 /// mountinfo: `id parent maj:min root mountpoint opts [optional...] - fstype source superopts`.
@@ -170,7 +180,9 @@ pub fn count_keys(map: std::os::fd::BorrowedFd<'_>, key_size: usize) -> std::io:
     let mut next = vec![0u8; key_size];
     let mut first = true;
     let mut n = 0;
-    loop {
+    // A key deleted mid-walk restarts the walk at the first key; bound it.
+    const LIMIT: usize = 1 << 22;
+    while n < LIMIT {
         let mut attr = NextKey {
             map_fd: map.as_raw_fd() as u32,
             pad: 0,
@@ -186,6 +198,7 @@ pub fn count_keys(map: std::os::fd::BorrowedFd<'_>, key_size: usize) -> std::io:
         first = false;
         std::mem::swap(&mut cur, &mut next);
     }
+    Err(std::io::Error::other("map walk did not end (entries changing under it)"))
 }
 
 /// Number of programs attached to `target` (a cgroup or netns fd) for `attach`.

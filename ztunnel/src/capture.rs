@@ -101,6 +101,25 @@ impl Backend {
         }
     }
 
+    /// Drops capture state left for pods that are not in `enrolled` (removed while no
+    /// ztunnel ran). Only eBPF keeps such state outside the pods' netns.
+    pub fn retain(&self, enrolled: &[&InPodNetns]) {
+        let Backend::Ebpf(c) = self else { return };
+        let mut keep = Vec::new();
+        for netns in enrolled {
+            match netns.cookie() {
+                Ok(cookie) => keep.push(ztunnel_ebpf::NetnsCookie(cookie)),
+                // Unknown cookie: removing anything could uncapture that pod; keep all.
+                Err(e) => return tracing::warn!(netns = netns.name(), error = %e, "cannot read a netns cookie; keeping all eBPF pod state"),
+            }
+        }
+        match c.retain(&keep) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(pods = n, "removed eBPF capture of pods no longer enrolled"),
+            Err(e) => tracing::warn!(error = %e, "cannot remove eBPF capture of pods no longer enrolled"),
+        }
+    }
+
     /// Removal, first half: stops steering new connections to the proxy.
     pub async fn stop_steering(&self, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
         match self {

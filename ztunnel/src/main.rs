@@ -266,7 +266,13 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
             .with_context(|| format!("cannot enroll pod {uid}"))?;
         pods.lock().await.insert(WorkloadUid(uid.to_string()), pod);
     }
-    // With ZDS, readiness waits for the agent's first snapshot.
+    // With ZDS, readiness waits for the agent's first snapshot (which also drops capture
+    // of pods removed while no ztunnel ran); without, the --pod list is the whole truth.
+    if args.zds_socket.is_none() {
+        let pods = pods.lock().await;
+        let netns: Vec<&InPodNetns> = pods.values().map(|p| &p.pod.netns).collect();
+        inputs.capture.retain(&netns);
+    }
     match args.zds_socket.clone() {
         Some(sock) => drop(tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()))),
         None => metrics.set_ready(),

@@ -146,12 +146,9 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         tracing::warn!(error = %e, "cannot enable tcp_migrate_req; connections queued during a proxy hand-off may be reset");
     }
     // Listeners exist (and queue connections) before capture steers anything to them.
-    if let Err(e) = inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await {
-        // Leave the pod as we found it.
-        let _ = inputs.capture.stop_steering(&pod.netns, pod.ipv4).await;
-        let _ = inputs.capture.finish_removal(&pod.netns).await;
-        return Err(e.into());
-    }
+    // On failure capture is left as it is (fail closed): the pod may have been captured
+    // before this proxy started, and a retried Add or a Del settles it.
+    inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await?;
     let mut tasks = JoinSet::new();
     tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));

@@ -63,6 +63,11 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
                 for uid in stale {
                     remove_pod(pods, &uid).await;
                 }
+                {
+                    let pods = pods.lock().await;
+                    let netns: Vec<&crate::netns::InPodNetns> = pods.values().map(|p| &p.pod.netns).collect();
+                    inputs.capture.retain(&netns);
+                }
                 let enrolled = pods.lock().await.len();
                 inputs.metrics.set_ready();
                 tracing::info!(pods = enrolled, "ZDS snapshot applied");
