@@ -466,7 +466,13 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
     Ok(out)
 }
 
-pub const ZTUNNEL: &str = env!("CARGO_BIN_EXE_ztunnel");
+/// The ztunnel binary: cargo names it for the ztunnel package's tests; other packages'
+/// tests (the waypoint's) find it in the debug target dir, which `cargo test
+/// --workspace` fills.
+pub const ZTUNNEL: &str = match option_env!("CARGO_BIN_EXE_ztunnel") {
+    Some(p) => p,
+    None => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/ztunnel"),
+};
 pub const READY: Duration = Duration::from_secs(20);
 
 pub fn prefix(tag: &str) -> String {

@@ -186,6 +186,20 @@ policies:
     }
 
     #[test]
+    fn waypoint_addresses_parse_and_bad_ones_are_named() {
+        let svc = "services:\n- {name: s, namespace: d, hostname: s.d.svc, vips: [\"/10.96.0.1\"], waypoint: {destination: \"/10.0.0.9\", hboneMtlsPort: 15008}}\n";
+        let cfg = LocalConfig::parse(Path::new("f.yaml"), svc).unwrap();
+        let wp = cfg.services[0].waypoint.clone().unwrap();
+        assert_eq!(wp.destination.address, "10.0.0.9".parse::<std::net::IpAddr>().unwrap());
+        assert_eq!(wp.hbone_mtls_port, 15008);
+        let defaulted = svc.replace(", hboneMtlsPort: 15008", "");
+        assert_eq!(LocalConfig::parse(Path::new("f.yaml"), &defaulted).unwrap().services[0].waypoint.as_ref().unwrap().hbone_mtls_port, 15008);
+        let bad = svc.replace("/10.0.0.9", "/not-an-ip");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        assert!(err.contains("services[0].waypoint") && err.contains("not-an-ip"), "{err}");
+    }
+
+    #[test]
     fn duplicate_ip_is_rejected() {
         let cfg = LocalConfig::parse(
             Path::new("f.yaml"),

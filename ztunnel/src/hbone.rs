@@ -134,6 +134,49 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// Relays between two HBONE streams (a waypoint's downstream and upstream) until both
+/// directions end: END_STREAM carries over as END_STREAM, a reset on one side resets
+/// the other. Credit is returned to each sender only once its bytes were sent on.
+pub async fn copy_h2_h2(
+    down_send: SendStream<Bytes>,
+    down_recv: RecvStream,
+    up_send: SendStream<Bytes>,
+    up_recv: RecvStream,
+) -> Result<Transferred, (h2::Error, Transferred)> {
+    let mut t = Transferred::default();
+    let (mut ds, mut dr, mut us, mut ur) = (down_send, down_recv, up_send, up_recv);
+    let r = tokio::try_join!(h2_to_h2(&mut dr, &mut us, &mut t.sent), h2_to_h2(&mut ur, &mut ds, &mut t.received));
+    match r {
+        Ok(_) => Ok(t),
+        Err(e) => {
+            ds.send_reset(h2::Reason::CANCEL);
+            us.send_reset(h2::Reason::CANCEL);
+            Err((e, t))
+        }
+    }
+}
+
+async fn h2_to_h2(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &mut u64) -> Result<(), h2::Error> {
+    while let Some(chunk) = recv.data().await {
+        let mut chunk = chunk?;
+        let n = chunk.len();
+        while !chunk.is_empty() {
+            send.reserve_capacity(chunk.len());
+            let cap = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                Some(c) => c?,
+                None => return Err(h2::Error::from(h2::Reason::CANCEL)),
+            };
+            if cap == 0 {
+                continue;
+            }
+            send.send_data(chunk.split_to(cap.min(chunk.len())), false)?;
+        }
+        *count += n as u64;
+        let _ = recv.flow_control().release_capacity(n);
+    }
+    send.send_data(Bytes::new(), true)
+}
+
 /// W3C traceparent with fresh ids for one tunnelled connection.
 pub fn traceparent() -> String {
     let trace: u128 = rand::random();

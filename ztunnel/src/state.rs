@@ -13,7 +13,7 @@ use crate::rbac::{Authorization, PolicyScope};
 
 pub mod workload;
 
-pub use workload::{HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid};
+pub use workload::{GatewayAddress, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid};
 
 /// A workload serving a service, with its service port -> target port map.
 type Endpoint = (Arc<Workload>, BTreeMap<u16, u16>);
@@ -184,7 +184,7 @@ impl<'de> Deserialize<'de> for NetworkAddress {
             None => (String::new(), s.as_str()),
         };
         let address = ip.parse().map_err(|_| {
-            serde::de::Error::custom(format!("invalid VIP {s:?}: expected \"<network>/<ip>\" or \"<ip>\""))
+            serde::de::Error::custom(format!("invalid address {s:?}: expected \"<network>/<ip>\" or \"<ip>\""))
         })?;
         Ok(NetworkAddress { network, address })
     }

@@ -24,13 +24,61 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
 
 /// Where a captured connection goes.
 enum Route {
-    Hbone { workload: Arc<Workload>, port: u16, service: Option<Arc<Service>> },
+    /// A tunnel to `peer` (the destination workload, or the waypoint in front of it):
+    /// CONNECT `target` on `hbone_addr`, the peer proving one of `expected`.
+    Hbone {
+        peer: Arc<Workload>,
+        target: SocketAddr,
+        hbone_addr: SocketAddr,
+        expected: Vec<crate::identity::Identity>,
+        service: Option<Arc<Service>>,
+    },
     Passthrough(SocketAddr),
     NoHealthyEndpoint(String),
 }
 
-fn route(state: &MeshState, dst: SocketAddr) -> Route {
+fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&Arc<Service>>) -> Option<Route> {
+    let ip = wl.workload_ips.iter().copied().find(|i| i.is_ipv4())?;
+    Some(Route::Hbone {
+        peer: wl.clone(),
+        target: SocketAddr::new(ip, port),
+        hbone_addr: SocketAddr::new(ip, crate::ports::HBONE),
+        expected: state.expected_identities(wl, service.map(|s| &**s)),
+        service: service.cloned(),
+    })
+}
+
+/// Through the destination's waypoint: CONNECT to the original destination (VIP:port
+/// for a service), the waypoint proving its own identity. Traffic from the waypoint
+/// itself goes direct (no loop). An unknown waypoint fails the connection rather than
+/// skipping the waypoint's policy.
+fn via_waypoint(
+    state: &MeshState,
+    pod: &LocalPod,
+    gw: &crate::state::GatewayAddress,
+    dst: SocketAddr,
+    service: Option<&Arc<Service>>,
+) -> Option<Route> {
+    let Some(wp) = state.workload_by_ip(gw.destination.address) else {
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (not a known workload)", gw.destination)));
+    };
+    if wp.uid == pod.workload.uid {
+        return None;
+    }
+    Some(Route::Hbone {
+        peer: wp.clone(),
+        target: dst,
+        hbone_addr: SocketAddr::new(gw.destination.address, gw.hbone_mtls_port),
+        expected: vec![wp.identity()],
+        service: service.cloned(),
+    })
+}
+
+fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
     if let Some(svc) = state.service_by_vip(dst.ip()) {
+        if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, pod, gw, dst, Some(svc))) {
+            return r;
+        }
         let eps: Vec<_> = state
             .endpoints_for(svc, dst.port())
             .into_iter()
@@ -39,14 +87,20 @@ fn route(state: &MeshState, dst: SocketAddr) -> Route {
         let Some((wl, port)) = pick_weighted(&eps) else {
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
+        let none = || Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         return match (wl.protocol, wl.workload_ips.iter().find(|i| i.is_ipv4())) {
-            (Protocol::HBONE, _) => Route::Hbone { workload: wl.clone(), port, service: Some(svc.clone()) },
+            (Protocol::HBONE, _) => hbone_to(state, &wl, port, Some(svc)).unwrap_or_else(none),
             (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(*ip, port)),
-            (Protocol::TCP, None) => Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string()),
+            (Protocol::TCP, None) => none(),
         };
     }
     match state.workload_by_ip(dst.ip()) {
-        Some(wl) if wl.protocol == Protocol::HBONE => Route::Hbone { workload: wl.clone(), port: dst.port(), service: None },
+        Some(wl) if wl.protocol == Protocol::HBONE => {
+            if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, pod, gw, dst, None)) {
+                return r;
+            }
+            hbone_to(state, wl, dst.port(), None).unwrap_or(Route::Passthrough(dst))
+        }
         _ => Route::Passthrough(dst),
     }
 }
@@ -80,7 +134,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let state = inputs.state.load_full();
-    match route(&state, dst) {
+    match route(&state, &pod, dst) {
         Route::NoHealthyEndpoint(svc) => {
             tracing::warn!(dst = %dst, service = %svc, error = "no healthy endpoint", "connection failed");
             reset(stream)
@@ -110,13 +164,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                 error = r.err().map(|e| e.to_string()), "connection complete"
             );
         }
-        Route::Hbone { workload, port, service } => {
-            let Some(ip) = workload.workload_ips.iter().copied().find(|i| i.is_ipv4()) else {
-                return reset(stream);
-            };
-            let target = SocketAddr::new(ip, port);
-            let hbone_addr = SocketAddr::new(ip, crate::ports::HBONE);
-            let expected = state.expected_identities(&workload, service.as_deref());
+        Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
             let labels = TcpLabels::new(
                 "source",
                 Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },

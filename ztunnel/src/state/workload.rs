@@ -41,6 +41,20 @@ pub enum Protocol {
     HBONE,
 }
 
+/// Where a destination's waypoint is (Istio's GatewayAddress): `destination` is
+/// `"<network>/<ip>"`; HBONE goes to that address on `hboneMtlsPort`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GatewayAddress {
+    pub destination: NetworkAddress,
+    #[serde(default = "default_hbone_port")]
+    pub hbone_mtls_port: u16,
+}
+
+fn default_hbone_port() -> u16 {
+    crate::ports::HBONE
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum HealthStatus {
     #[default]
@@ -84,6 +98,9 @@ pub struct Workload {
     /// `namespace/name` of WorkloadSelector-scoped policies that select this workload.
     #[serde(default)]
     pub authorization_policies: Vec<String>,
+    /// Traffic addressed to this workload directly goes through this waypoint.
+    #[serde(default)]
+    pub waypoint: Option<GatewayAddress>,
 }
 
 fn default_service_account() -> String {
@@ -113,6 +130,9 @@ pub struct Service {
     pub ports: BTreeMap<u16, u16>,
     #[serde(default)]
     pub subject_alt_names: Vec<String>,
+    /// Traffic to this service's VIPs goes through this waypoint.
+    #[serde(default)]
+    pub waypoint: Option<GatewayAddress>,
 }
 
 impl Service {
