@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+cargo build -p waypoint
 exec cargo test -p ztunnel --test demo

@@ -1,5 +1,6 @@
-//! The local demo: two simulated nodes, four pods, one ztunnel per node, real traffic.
-//! Prints what happened and exits non-zero if anything did not work.
+//! The local demo: two simulated nodes, five pods (one a waypoint), one ztunnel per
+//! node, real traffic. Prints what happened and exits non-zero if anything did not work.
+//! Needs the waypoint binary beside ztunnel's (scripts/demo.sh builds it).
 
 mod netsim;
 
@@ -11,14 +12,20 @@ use netsim::*;
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    println!("== ztunnel local demo: 2 nodes, 4 pods, HBONE between node proxies ==\n");
-    let topo = Topology::build(&prefix("demo"), &[2, 2])?;
-    let svc = ", services: {default/echo.default.svc.cluster.local: {80: 8080}}";
+    println!("== ztunnel local demo: 2 nodes, 5 pods, HBONE between node proxies and a waypoint ==\n");
+    let waypoint_bin = std::path::Path::new(ZTUNNEL).with_file_name("waypoint");
+    ensure!(waypoint_bin.exists(), "{} is missing: run `cargo build -p waypoint` (scripts/demo.sh does)", waypoint_bin.display());
+    let topo = Topology::build(&prefix("demo"), &[3, 2])?;
+    let wp_ip = topo.pod("n1p3").ip;
+    let svc = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-wp.default.svc.cluster.local: {80: 8080}}";
     let cfg = format!(
-        "workloads:\n{}{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n\
-policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n  action: Allow\n  rules:\n  - - - principals: [{{Exact: cluster.local/ns/default/sa/sleep}}]\n",
+        "workloads:\n{}{}{}{}{}services:\n\
+- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n\
+- {{name: echo-wp, namespace: default, hostname: echo-wp.default.svc.cluster.local, vips: [\"/10.96.0.20\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n  action: Allow\n  rules:\n  - - - principals: [{{Exact: cluster.local/ns/default/sa/sleep}}, {{Exact: cluster.local/ns/default/sa/waypoint}}]\n",
         workload(&topo, "n1p1", "sleep", ""),
         workload(&topo, "n1p2", "intruder", ""),
+        workload(&topo, "n1p3", "waypoint", ""),
         workload(&topo, "n2p1", "echo", svc),
         workload(&topo, "n2p2", "echo", svc),
     );
@@ -26,8 +33,19 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
         println!("  pod {:<5} on node{}  ip {}", p.name, p.node, p.ip);
     }
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
-    println!("\n  ztunnel running on node1 and node2 (eBPF capture of each pod)\n");
     let t = &mesh.topo;
+    let waypoint = t.pod("n1p3").netns.spawn(
+        &waypoint_bin.display().to_string(),
+        &[
+            "--local-xds-path", &t.dir.join("mesh-node1.yaml").display().to_string(),
+            "--workload-uid", "n1p3",
+            "--state-dir", &t.dir.join("ca").display().to_string(),
+        ],
+        &[("RUST_LOG", "info")],
+        &t.dir.join("waypoint.log"),
+    )?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    println!("\n  ztunnel running on node1 and node2 (eBPF capture of each pod); waypoint in n1p3\n");
     let echo1 = EchoServer::start(&t.pod("n2p1").netns, 8080, Some("n2p1"))?;
     let echo2 = EchoServer::start(&t.pod("n2p2").netns, 8080, Some("n2p2"))?;
 
@@ -66,6 +84,19 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     let denied = echo_roundtrip(&mut s, b"let me in").await.map(|v| v.is_empty()).unwrap_or(true);
     println!("\n3. n1p2 (identity .../sa/intruder) -> {dst}: {}", if denied { "DENIED (HBONE 401, connection closed)" } else { "allowed?!" });
     ensure!(denied, "policy should deny the intruder");
+
+    // 4. A service with a waypoint: sleep -> ztunnel -> waypoint -> ztunnel -> echo.
+    let mut s = t.pod("n1p1").netns.connect("10.96.0.20:80".parse()?).await?;
+    let who = read_line(&mut s).await?;
+    let back = echo_roundtrip(&mut s, b"via the waypoint").await?;
+    ensure!(back == b"via the waypoint", "echo through the waypoint mismatch");
+    wait_for("waypoint log", std::time::Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
+    let wl = waypoint.log_text();
+    let hop = wl.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+    let pick = |k: &str| hop.split_whitespace().find(|w| w.starts_with(k)).unwrap_or_default().to_string();
+    println!("\n4. n1p1 -> service VIP 10.96.0.20:80 (has a waypoint) answered by {who}: {:?}", String::from_utf8_lossy(&back));
+    println!("   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}", pick("src.identity="), pick("dst.workload="), pick("dst.hbone_addr="));
+    ensure!(hop.contains("sa/sleep"), "the waypoint did not see the client's identity");
     let _ = echo2;
     println!("\ndemo complete: all checks passed");
     Ok(())
