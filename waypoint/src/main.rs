@@ -110,9 +110,11 @@ async fn main() -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(identity = %identity, listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
                     let span = tracing::info_span!("waypoint", peer = %peer);
@@ -125,6 +127,8 @@ async fn main() -> anyhow::Result<()> {
             },
         }
     }
+    // Draining (GOAWAY, a deadline) is not built yet: in-flight tunnels end with us.
+    tracing::info!("waypoint stopping");
     Ok(())
 }
 
