@@ -14,9 +14,8 @@ use bytes::Bytes;
 use clap::Parser;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
-use rand::RngExt;
 use tracing::Instrument;
-use ztunnel::hbone::{self, Pool, PoolKey};
+use ztunnel::hbone::{self, respond_status as respond, Pool, PoolKey};
 use ztunnel::identity::ca::Ca;
 use ztunnel::identity::manager::LocalCa;
 use ztunnel::identity::{CertManager, Identity};
@@ -143,14 +142,7 @@ async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stre
         Ok(id) => id,
         Err(e) => return tracing::warn!(error = %e, "HBONE peer has no usable identity"),
     };
-    let h2 = h2::server::Builder::new()
-        .initial_window_size(hbone::STREAM_WINDOW)
-        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
-        .max_frame_size(hbone::MAX_FRAME)
-        .max_concurrent_streams(hbone::SERVER_MAX_STREAMS)
-        .max_header_list_size(16 * 1024)
-        .handshake::<_, Bytes>(tls)
-        .await;
+    let h2 = hbone::server_builder().handshake::<_, Bytes>(tls).await;
     let mut conn = match h2 {
         Ok(c) => c,
         Err(e) => return tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed"),
@@ -169,10 +161,6 @@ async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stre
     }
 }
 
-fn respond(mut tx: SendResponse<Bytes>, status: StatusCode) {
-    let resp = Response::builder().status(status).body(()).unwrap_or_default();
-    let _ = tx.send_response(resp, true);
-}
 
 /// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
 /// VIP (random, weighted by capacity), or the workload with that address.
@@ -183,19 +171,7 @@ fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>
             .into_iter()
             .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
             .collect();
-        let total: u64 = eps.iter().map(|(w, _)| u64::from(w.capacity.max(1))).sum();
-        if total == 0 {
-            return None;
-        }
-        let mut n = rand::rng().random_range(0..total);
-        for (w, p) in eps {
-            let c = u64::from(w.capacity.max(1));
-            if n < c {
-                return Some((w, p, Some(svc.clone())));
-            }
-            n -= c;
-        }
-        return None;
+        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
     }
     let wl = state.workload_by_ip(target.ip())?;
     (wl.protocol == Protocol::HBONE).then(|| (wl.clone(), target.port(), None))

@@ -134,6 +134,23 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
+/// The HTTP/2 server side of HBONE with Istio's tuning (ztunnel's inbound, the waypoint).
+pub fn server_builder() -> h2::server::Builder {
+    let mut b = h2::server::Builder::new();
+    b.initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .max_concurrent_streams(SERVER_MAX_STREAMS)
+        .max_header_list_size(16 * 1024);
+    b
+}
+
+/// Answers a CONNECT stream with a bodyless status (400/401/503...).
+pub fn respond_status(mut tx: h2::server::SendResponse<Bytes>, status: http::StatusCode) {
+    let resp = http::Response::builder().status(status).body(()).unwrap_or_default();
+    let _ = tx.send_response(resp, true);
+}
+
 /// Relays between two HBONE streams (a waypoint's downstream and upstream) until both
 /// directions end: END_STREAM carries over as END_STREAM, a reset on one side resets
 /// the other. Credit is returned to each sender only once its bytes were sent on.

@@ -6,6 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use rand::RngExt;
 use serde::Deserialize;
 
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
@@ -152,6 +153,23 @@ impl MeshState {
         }
         ids
     }
+}
+
+/// Random endpoint, weighted by capacity (Istio's default capacity is 1).
+pub fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16)> {
+    let total: u64 = eps.iter().map(|(w, _)| u64::from(w.capacity)).sum();
+    if total == 0 {
+        return eps.first().cloned();
+    }
+    let mut n = rand::rng().random_range(0..total);
+    for (w, p) in eps {
+        let c = u64::from(w.capacity);
+        if n < c {
+            return Some((w.clone(), *p));
+        }
+        n -= c;
+    }
+    None
 }
 
 /// A destination address as HBONE names it (`ip:port`, IPv6 in brackets).

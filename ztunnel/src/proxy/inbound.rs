@@ -11,7 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::{LocalPod, ProxyInputs};
-use crate::hbone::{self, CopyError};
+use crate::hbone::{self, respond_status as respond, CopyError};
 use crate::identity::Identity;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
@@ -58,14 +58,7 @@ async fn handle_connection(
             return;
         }
     };
-    let h2 = h2::server::Builder::new()
-        .initial_window_size(hbone::STREAM_WINDOW)
-        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
-        .max_frame_size(hbone::MAX_FRAME)
-        .max_concurrent_streams(hbone::SERVER_MAX_STREAMS)
-        .max_header_list_size(16 * 1024)
-        .handshake::<_, Bytes>(tls)
-        .await;
+    let h2 = hbone::server_builder().handshake::<_, Bytes>(tls).await;
     let mut conn = match h2 {
         Ok(c) => c,
         Err(e) => {
@@ -101,10 +94,6 @@ async fn handle_connection(
     }
 }
 
-fn respond(mut tx: SendResponse<Bytes>, status: StatusCode) {
-    let resp = Response::builder().status(status).body(()).unwrap_or_default();
-    let _ = tx.send_response(resp, true);
-}
 
 async fn handle_stream(
     inputs: Arc<ProxyInputs>,

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
-use rand::RngExt;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
@@ -84,7 +83,7 @@ fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
             .into_iter()
             .filter(|(w, _)| w.status == HealthStatus::Healthy)
             .collect();
-        let Some((wl, port)) = pick_weighted(&eps) else {
+        let Some((wl, port)) = crate::state::pick_weighted(&eps) else {
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
         let none = || Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
@@ -103,23 +102,6 @@ fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
         }
         _ => Route::Passthrough(dst),
     }
-}
-
-/// Random endpoint, weighted by capacity (Istio's default capacity is 1).
-fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16)> {
-    let total: u64 = eps.iter().map(|(w, _)| u64::from(w.capacity)).sum();
-    if total == 0 {
-        return eps.first().cloned();
-    }
-    let mut n = rand::rng().random_range(0..total);
-    for (w, p) in eps {
-        let c = u64::from(w.capacity);
-        if n < c {
-            return Some((w.clone(), *p));
-        }
-        n -= c;
-    }
-    None
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
