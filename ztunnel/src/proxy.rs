@@ -199,6 +199,11 @@ pub(crate) async fn copy_tcp(
     r
 }
 
+/// Counts a connection both for the process's drain and for its pod's removal.
+pub(crate) fn track(inputs: &ProxyInputs, pod: &LocalPod) -> (crate::drain::ActiveGuard, crate::drain::ActiveGuard) {
+    (inputs.drain.track(), pod.active.track())
+}
+
 /// Accept errors (e.g. EMFILE) must not spin a runtime thread or end the listener.
 pub async fn accept_backoff(listener: &str, e: std::io::Error) {
     tracing::warn!(listener, error = %e, "accept failed; retrying");

@@ -23,20 +23,26 @@ fn sysctl(netns: &InPodNetns, value: &str) -> Result<(), CaptureError> {
     r.map_err(err)
 }
 
+fn cookie(netns: &InPodNetns) -> Result<ztunnel_ebpf::NetnsCookie, CaptureError> {
+    netns.cookie().map(ztunnel_ebpf::NetnsCookie).map_err(|e| CaptureError::Netns {
+        netns: netns.name().to_string(),
+        what: "reading the netns cookie",
+        source: std::io::Error::other(e.to_string()),
+    })
+}
+
 pub async fn install(
     capture: &ztunnel_ebpf::Capture,
     netns: &InPodNetns,
     ip: Ipv4Addr,
     inbound_listener: &tokio::net::TcpListener,
 ) -> Result<(), CaptureError> {
-    let cookie = netns
-        .cookie()
-        .map_err(|e| CaptureError::Netns { netns: netns.name().to_string(), what: "reading the netns cookie", source: std::io::Error::other(e.to_string()) })?;
+    let cookie = cookie(netns)?;
     local_route::install(netns).await?;
     sysctl(netns, "1")?;
     let pod = ztunnel_ebpf::PodCapture {
         netns: netns.fd(),
-        cookie: ztunnel_ebpf::NetnsCookie(cookie),
+        cookie,
         ip,
         inbound_listener: inbound_listener.as_fd(),
     };
@@ -44,11 +50,9 @@ pub async fn install(
 }
 
 pub async fn stop_steering(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
-    let cookie = netns
-        .cookie()
-        .map_err(|e| CaptureError::Netns { netns: netns.name().to_string(), what: "reading the netns cookie", source: std::io::Error::other(e.to_string()) })?;
+    let cookie = cookie(netns)?;
     capture
-        .remove(ztunnel_ebpf::NetnsCookie(cookie), ip)
+        .remove(cookie, ip)
         .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
 }
 

@@ -104,8 +104,7 @@ async fn handle_stream(
     local: SocketAddr,
     src_identity: Identity,
 ) {
-    let _active = inputs.drain.track();
-    let _in_pod = pod.active.track();
+    let _active = super::track(&inputs, &pod);
     let start = Instant::now();
     if req.method() != Method::CONNECT {
         tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");

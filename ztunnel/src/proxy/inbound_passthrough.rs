@@ -21,8 +21,7 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let _active = inputs.drain.track();
-    let _in_pod = pod.active.track();
+    let _active = super::track(&inputs, &pod);
     let start = Instant::now();
     let Some(dst) = super::captured_destination(&stream) else {
         return reset(stream);
