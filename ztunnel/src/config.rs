@@ -31,6 +31,12 @@ pub struct LocalConfig {
     pub services: Vec<Service>,
     #[serde(default)]
     pub policies: Vec<Authorization>,
+    /// L7 routing for waypoints (Gateway API HTTPRoute); ztunnel only validates them.
+    #[serde(default)]
+    pub http_routes: Vec<crate::l7::route::HttpRoute>,
+    /// L7 authorization for waypoints (Istio AuthorizationPolicy with targetRefs).
+    #[serde(default)]
+    pub authorization_policies: Vec<crate::l7::authz::AuthorizationPolicy>,
 }
 
 impl LocalConfig {
@@ -77,6 +83,12 @@ impl LocalConfig {
                 san.parse::<crate::identity::Identity>()
                     .map_err(|e| invalid(format!("services[{i}].subjectAltNames: {e}")))?;
             }
+        }
+        for (i, r) in self.http_routes.iter().enumerate() {
+            r.validate().map_err(|e| invalid(format!("httpRoutes[{i}].{e} (HTTPRoute {}/{})", r.namespace, r.name)))?;
+        }
+        for (i, p) in self.authorization_policies.iter().enumerate() {
+            p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
         Ok(())
     }

@@ -8,8 +8,10 @@ use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub mod pool;
+pub mod stream;
 
-pub use pool::{Pool, PoolKey};
+pub use pool::{Pool, PoolKey, StreamGuard};
+pub use stream::H2Stream;
 
 /// Istio's HTTP/2 tuning for HBONE.
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;

@@ -9,6 +9,7 @@ pub mod hbone;
 pub mod http_endpoint;
 pub mod metrics;
 pub mod identity;
+pub mod l7;
 pub mod netns;
 pub mod proxy;
 pub mod rbac;

@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use crate::identity::Identity;
 use crate::state::{Service, Workload};
 
+pub mod http;
 pub mod server;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -99,6 +99,11 @@ impl MeshState {
         self.workload_by_ip.get(&ip)
     }
 
+    /// A service by its Kubernetes name (what HTTPRoute backendRefs name).
+    pub fn service_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<Service>> {
+        self.services.values().find(|s| s.namespace == namespace && s.name == name)
+    }
+
     pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
         self.service_by_vip.get(&ip)
     }
