@@ -1,0 +1,58 @@
+//! The waypoint's view of the local config file (mesh state plus L7 routes and
+//! policies), reloaded when the file changes. A file that fails to load is reported and
+//! the previous config stays in force; requests in flight keep the snapshot they began with.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use ztunnel::config::{ConfigError, LocalConfig};
+use ztunnel::l7::authz::AuthorizationPolicy;
+use ztunnel::l7::route::HttpRoute;
+use ztunnel::state::MeshState;
+
+pub struct Config {
+    pub state: MeshState,
+    pub routes: Vec<HttpRoute>,
+    pub policies: Vec<AuthorizationPolicy>,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let mut cfg = LocalConfig::load(path)?;
+        let routes = std::mem::take(&mut cfg.http_routes);
+        let policies = std::mem::take(&mut cfg.authorization_policies);
+        Ok(Config { state: cfg.into_state(path)?, routes, policies })
+    }
+}
+
+/// What identifies a version of the file without reading it.
+fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), std::os::unix::fs::MetadataExt::ino(&m)))
+}
+
+/// Polls the file (a rename over it, as Kubernetes ConfigMap updates do, is seen too)
+/// and swaps in each new version that loads. `on_change` sees every applied version.
+pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Duration, on_change: impl Fn(&Config) + Send + 'static) {
+    let mut last = stamp(&path);
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = stamp(&path);
+        if now == last {
+            continue;
+        }
+        last = now;
+        let p = path.clone();
+        match tokio::task::spawn_blocking(move || Config::load(&p)).await {
+            Ok(Ok(cfg)) => {
+                tracing::info!(path = %path.display(), routes = cfg.routes.len(), policies = cfg.policies.len(), "config reloaded");
+                on_change(&cfg);
+                current.store(Arc::new(cfg));
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "config change rejected; keeping the previous config"),
+            Err(e) => tracing::error!(error = %e, "config reload task failed"),
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! One HBONE CONNECT stream into the waypoint: answered, sniffed, then served as HTTP
+//! (see `http`) or relayed at L4 to an endpoint of the target over pooled HBONE.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use h2::server::SendResponse;
+use http::{Method, Request, Response, StatusCode};
+use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
+use ztunnel::identity::Identity;
+use ztunnel::l7::{authz, Target};
+use ztunnel::state::{HealthStatus, MeshState, Protocol as MeshProtocol, Service, Workload};
+
+use crate::detect;
+use crate::http::Tunnel;
+use crate::Waypoint;
+
+/// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
+/// VIP (random, weighted by capacity), or the workload with that address.
+fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
+    if let Some(svc) = state.service_by_vip(target.ip()) {
+        let eps: Vec<_> = state
+            .endpoints_for(svc, target.port())
+            .into_iter()
+            .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == MeshProtocol::HBONE)
+            .collect();
+        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
+    }
+    let wl = state.workload_by_ip(target.ip())?;
+    (wl.protocol == MeshProtocol::HBONE).then(|| (wl.clone(), target.port(), None))
+}
+
+fn is_known_target(state: &MeshState, target: SocketAddr) -> bool {
+    state.service_by_vip(target.ip()).is_some()
+        || state.workload_by_ip(target.ip()).is_some_and(|w| w.protocol == MeshProtocol::HBONE)
+}
+
+pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
+    let _active = wp.drain.track();
+    let start = Instant::now();
+    if req.method() != Method::CONNECT {
+        tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");
+        return respond(tx, StatusCode::BAD_REQUEST);
+    }
+    let Some(target) = req.uri().authority().and_then(|a| a.as_str().parse::<SocketAddr>().ok()) else {
+        tracing::warn!(uri = %req.uri(), "CONNECT authority is not ip:port");
+        return respond(tx, StatusCode::BAD_REQUEST);
+    };
+    if !is_known_target(&wp.config.load().state, target) {
+        tracing::warn!(dst.addr = %target, response_flags = "NR", "CONNECT target is no mesh service or workload");
+        return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // The tunnel must be open before its first bytes can tell HTTP from anything else.
+    let ok = Response::builder().status(StatusCode::OK).body(()).unwrap_or_default();
+    let down_send = match tx.send_response(ok, false) {
+        Ok(s) => s,
+        Err(e) => return tracing::debug!(error = %e, "client went away"),
+    };
+    let mut down_recv = req.into_body();
+    let (proto, first) = match detect::sniff(&mut down_recv, wp.detect_timeout).await {
+        Ok(x) => x,
+        Err(e) => return tracing::debug!(error = %e, "tunnel ended before its protocol was known"),
+    };
+    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target });
+    if proto.is_http() {
+        let mut io = H2Stream::new(down_send, down_recv, None);
+        io.unread(first);
+        return crate::http::serve(wp, tunnel, io, proto).await;
+    }
+    relay(wp, tunnel, down_send, down_recv, first, start).await
+}
+
+/// Whether opaque (non-HTTP) traffic may pass under the target's policies, judged by
+/// their TCP form (`AuthorizationPolicy::for_tcp`): otherwise a client could dodge an
+/// HTTP deny by making its request look like something else (a bare `\n` line end, a
+/// pause before the request line).
+fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy]) -> Result<(), String> {
+    let tcp: Vec<authz::AuthorizationPolicy> = policies.iter().map(|p| p.for_tcp()).collect();
+    let headers = http::HeaderMap::new();
+    let verdict = authz::evaluate(
+        &tcp,
+        &authz::Request {
+            source_principal: Some(&tunnel.src_identity),
+            source_ip: tunnel.src_addr.ip(),
+            destination_port: tunnel.target.port(),
+            host: "",
+            method: "",
+            path: "",
+            headers: &headers,
+        },
+    );
+    if verdict.allowed {
+        return Ok(());
+    }
+    Err(verdict.denied_by.map(|p| format!("denied by {p}")).unwrap_or_else(|| "no ALLOW policy matches TCP traffic".into()))
+}
+
+async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendStream<Bytes>, down_recv: h2::RecvStream, first: Bytes, start: Instant) {
+    let cfg = wp.config.load_full();
+    let target = tunnel.target;
+    let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ztunnel::l7::ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), port: target.port() };
+    let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&l7_target)).collect();
+    if !policies.is_empty() {
+        if let Err(reason) = l4_allowed(&tunnel, &policies) {
+            tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "DENY", reason, "opaque connection denied");
+            down_send.send_reset(h2::Reason::REFUSED_STREAM);
+            return;
+        }
+    }
+    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target) else {
+        tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
+        return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+    };
+    let Some(ep_ip) = endpoint.workload_ips.iter().copied().find(IpAddr::is_ipv4) else {
+        return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+    };
+    let upstream_target = SocketAddr::new(ep_ip, port);
+    let expected = cfg.state.expected_identities(&endpoint, service.as_deref());
+    let key = PoolKey::new(wp.identity.clone(), expected, SocketAddr::new(ep_ip, ztunnel::ports::HBONE), wp.ip);
+    let up_req = Request::builder()
+        .method(Method::CONNECT)
+        .uri(upstream_target.to_string())
+        .header("forwarded", format!("for=\"{}\"", tunnel.src_addr))
+        .header("traceparent", hbone::traceparent())
+        .body(());
+    let Ok(up_req) = up_req else {
+        return down_send.send_reset(h2::Reason::INTERNAL_ERROR);
+    };
+    let (mut up_send, up_recv, guard) = match wp.pool.connect(&key, &wp.netns, up_req).await {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::warn!(dst.addr = %upstream_target, error = %e, response_flags = "UF", "upstream HBONE failed");
+            // The tunnel is already open: a reset is how the client learns of the failure.
+            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+        }
+    };
+    let sniffed = first.len() as u64;
+    if !first.is_empty() {
+        if let Err(e) = up_send.send_data(first, false) {
+            return tracing::debug!(error = %e, "upstream stream failed");
+        }
+    }
+    let r = hbone::copy_h2_h2(down_send, down_recv, up_send, up_recv).await;
+    drop(guard);
+    let (t, err) = match r {
+        Ok(t) => (t, None),
+        Err((e, t)) => (t, Some(e.to_string())),
+    };
+    tracing::info!(
+        direction = "waypoint", protocol = "tcp", src.identity = %tunnel.src_identity, src.addr = %tunnel.src_addr, dst.addr = %target,
+        dst.service = service.as_ref().map(|s| s.hostname.clone()), dst.workload = %endpoint.name,
+        dst.hbone_addr = %key.dst, waypoint = %wp.me.name,
+        bytes_sent = t.sent + sniffed, bytes_recv = t.received, duration_ms = start.elapsed().as_millis() as u64,
+        error = err, "connection complete"
+    );
+}
+
