@@ -100,6 +100,22 @@ impl Child {
             .with_context(|| format!("log:\n{}", self.log_text()))
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.inner.as_ref().map(|c| c.id())
+    }
+
+    /// CPU time (user + system) the process has used so far (`ip netns exec` execs the
+    /// program, so the pid is the program's).
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()?)).ok()?;
+        // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+        let rest = stat.rsplit_once(')')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??.max(1) as u64;
+        Some(Duration::from_micros(ticks * 1_000_000 / hz))
+    }
+
     /// Sends SIGTERM without waiting.
     pub fn terminate(&self) -> Result<()> {
         let pid = self.inner.as_ref().map(|c| c.id()).context("process already reaped")?;

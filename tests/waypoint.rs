@@ -2,12 +2,13 @@
 //! -> server pod, all over HBONE with each hop's own identity.
 
 mod netsim;
+mod http_app;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use netsim::*;
 
 const WAYPOINT: &str = env!("CARGO_BIN_EXE_waypoint");
@@ -73,5 +74,340 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     .await?;
     assert!(r.map(|v| v.is_empty()).unwrap_or(true), "traffic went around an unknown waypoint");
     mesh.wait_logs(&["waypoint /10.10.9.9 (not a known workload)"])?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// L7: client (n1p1) -> ztunnel -> waypoint (n1p2) -> ztunnel -> echo pods on both nodes:
+// n1p3 = echo-v2, n2p1 = echo-v1, n2p2 = echo-v1 that answers 503 on /flaky.
+
+const ECHO_VIP: &str = "10.96.0.10";
+
+const L7_ROUTES: &str = r#"
+httpRoutes:
+- name: echo
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{headers: [{name: x-version, value: v2}]}]
+    backendRefs: [{name: echo-v2, port: 80}]
+  - matches: [{headers: [{name: x-split, value: "yes"}]}]
+    backendRefs: [{name: echo-v1, port: 80, weight: 90}, {name: echo-v2, port: 80, weight: 10}]
+  - matches: [{path: {type: Exact, value: /flaky}}]
+    backendRefs: [{name: echo-v1, port: 80}]
+    retry: {attempts: 2, codes: [503], backoff: 10ms}
+  - matches: [{path: {type: PathPrefix, value: /delay}}]
+    backendRefs: [{name: echo-v1, port: 80}]
+    timeouts: {request: 3s, backendRequest: 300ms}
+  - matches: [{path: {type: PathPrefix, value: /echo.Echo/}}]
+    backendRefs: [{name: echo-v2, port: 80}]
+  - matches: [{path: {type: Exact, value: /old}}]
+    filters: [{type: RequestRedirect, requestRedirect: {path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}}]
+  - matches: [{path: {type: PathPrefix, value: /api}}]
+    filters:
+    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}
+    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-route, value: api}], remove: [x-drop]}}
+    - {type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x-served-by, value: waypoint}]}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo-v2, port: 80}}}
+    backendRefs: [{name: echo-v1, port: 80}]
+  - backendRefs: [{name: echo-v1, port: 80}]
+authorizationPolicies:
+- name: deny-admin
+  namespace: default
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  action: DENY
+  rules:
+  - to: [{operation: {ports: ["80"], paths: ["/admin", "/admin/*"]}}]
+  - to: [{operation: {ports: ["80"], methods: ["DELETE"]}}]
+  - to: [{operation: {ports: ["80"]}}]
+    when: [{key: "request.headers[x-block]", values: ["yes"]}]
+- name: allow-client
+  namespace: default
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
+    to: [{operation: {notPaths: ["/admin-only"]}}]
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
+    to: [{operation: {ports: ["9000"]}}]
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/admin"]}}]
+"#;
+
+struct L7Mesh {
+    mesh: Mesh,
+    waypoint: netsim::Child,
+    apps: HashMap<&'static str, http_app::HttpApp>,
+    _tcp: Vec<EchoServer>,
+    cfg_path: std::path::PathBuf,
+    base: String,
+}
+
+impl L7Mesh {
+    fn mesh_config(topo: &Topology) -> String {
+        let wp_ip = topo.pod("n1p2").ip;
+        let both = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080}}";
+        let v2 = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v2.default.svc.cluster.local: {80: 8080}}";
+        format!(
+            "workloads:\n{}{}{}{}{}services:\n\
+             - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080, 9000: 9000}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+             - {{name: echo-v1, namespace: default, hostname: echo-v1.default.svc.cluster.local, vips: [\"/10.96.0.21\"], ports: {{80: 8080}}}}\n\
+             - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080}}}}\n",
+            workload(topo, "n1p1", "client", ""),
+            workload(topo, "n1p2", "waypoint", ""),
+            workload(topo, "n1p3", "echo", v2),
+            workload(topo, "n2p1", "echo", both),
+            workload(topo, "n2p2", "echo", both),
+        )
+    }
+
+    async fn start(tag: &str, l7: &str, waypoint_env: &[(&str, &str)]) -> Result<L7Mesh> {
+        let topo = Topology::build(&prefix(tag), &[3, 2])?;
+        let base = L7Mesh::mesh_config(&topo);
+        let cfg = format!("{base}{l7}");
+        let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p3", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+        let t = &mesh.topo;
+        let cfg_path = t.dir.join("waypoint.yaml");
+        std::fs::write(&cfg_path, &cfg)?;
+        let state = t.dir.join("ca");
+        let mut env = vec![("RUST_LOG", "info"), ("CONFIG_POLL_INTERVAL_MS", "100")];
+        env.extend_from_slice(waypoint_env);
+        let waypoint = t.pod("n1p2").netns.spawn(
+            WAYPOINT,
+            &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
+            &env,
+            &t.dir.join("waypoint.log"),
+        )?;
+        waypoint.wait_log("waypoint ready", READY)?;
+        let mut apps = HashMap::new();
+        let mut tcp = Vec::new();
+        for (pod, flaky) in [("n1p3", false), ("n2p1", false), ("n2p2", true)] {
+            apps.insert(pod, http_app::HttpApp::start(&t.pod(pod).netns, 8080, pod, flaky)?);
+            tcp.push(EchoServer::start(&t.pod(pod).netns, 9000, Some(pod))?);
+        }
+        Ok(L7Mesh { mesh, waypoint, apps, _tcp: tcp, cfg_path, base })
+    }
+
+    fn client(&self) -> &netsim::Netns {
+        &self.mesh.topo.pod("n1p1").netns
+    }
+
+    async fn h1(&self) -> Result<http_app::H1Client> {
+        http_app::H1Client::connect(self.client(), format!("{ECHO_VIP}:80").parse()?, "echo.default.svc.cluster.local").await
+    }
+
+    fn log(&self) -> String {
+        self.waypoint.log_text()
+    }
+
+    /// Scrapes the waypoint's Prometheus endpoint from inside its pod.
+    async fn metrics(&self) -> Result<String> {
+        let ns = &self.mesh.topo.pod("n1p2").netns;
+        let mut c = http_app::H1Client::connect(ns, "127.0.0.1:15020".parse()?, "localhost").await?;
+        Ok(c.get("/stats/prometheus").await?.body)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_routes_by_header_and_weight_over_keepalive() -> Result<()> {
+    let m = L7Mesh::start("l7r", L7_ROUTES, &[]).await?;
+    let mut c = m.h1().await?;
+    // Default rule -> echo-v1 (n2p1/n2p2); header rule -> echo-v2 (n1p3).
+    let r = c.get("/hello").await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert!(["n2p1", "n2p2"].contains(&r.pod().as_str()), "{r:?}");
+    let r = c.request("GET", "/hello", &[("x-version", "v2")]).await?;
+    assert_eq!(r.pod(), "n1p3", "{r:?}");
+    // The server sees the original Host and the client's identity from the waypoint.
+    assert_eq!(r.echoed("host"), ["echo.default.svc.cluster.local"]);
+    assert_eq!(r.echoed("x-forwarded-client-cert"), [format!("By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client")]);
+
+    // 90/10 over 1000 requests, all on the one keep-alive connection.
+    let mut v2 = 0;
+    for _ in 0..1000 {
+        let r = c.request("GET", "/split", &[("x-split", "yes")]).await?;
+        assert_eq!(r.status, 200, "{r:?}");
+        if r.pod() == "n1p3" {
+            v2 += 1;
+        }
+    }
+    // Binomial(1000, 0.1): sd 9.5; 60..140 is beyond 4 sd either way.
+    assert!((60..=140).contains(&v2), "echo-v2 got {v2} of 1000, expected about 100");
+    // The waypoint reuses its upstream HTTP connections too.
+    let conns: u64 = m.apps.values().map(|a| *a.connections.lock().unwrap()).sum();
+    assert!(conns <= 10, "{conns} upstream connections for 1002 requests");
+
+    // Istio request metrics, reporter=waypoint, with the standard labels.
+    let text = m.metrics().await?;
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("istio_requests_total{") && l.contains("destination_workload=\"n1p3\"") && l.contains("response_code=\"200\""))
+        .with_context(|| text.clone())?;
+    for label in ["reporter=\"waypoint\"", "source_workload=\"n1p1\"", "source_principal=\"spiffe://cluster.local/ns/default/sa/client\"",
+                  "destination_service=\"echo-v2.default.svc.cluster.local\"", "request_protocol=\"http\"", "connection_security_policy=\"mutual_tls\""] {
+        assert!(line.contains(label), "{label} missing in {line}");
+    }
+    let count: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
+    assert!((count - (v2 as f64 + 1.0)).abs() < 0.5, "{line}: expected {} requests", v2 + 1);
+    for name in ["istio_request_duration_milliseconds_bucket{", "istio_request_bytes_bucket{", "istio_response_bytes_bucket{"] {
+        assert!(text.contains(name), "{name} missing");
+    }
+    // One access log line per request.
+    wait_for("access log", Duration::from_secs(5), || m.log().matches("request complete").count() >= 1002)?;
+    let log = m.log();
+    assert!(log.contains("path=/split") && log.contains("status=200") && log.contains("route=\"default/echo#1\""), "{}", &log[log.len().saturating_sub(3000)..]);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_retries_eject_and_time_out() -> Result<()> {
+    let m = L7Mesh::start("l7t", L7_ROUTES, &[("OUTLIER_CONSECUTIVE_5XX", "3")]).await?;
+    let mut c = m.h1().await?;
+    // n2p2 answers 503 on /flaky; a retry goes to the other endpoint, so every request succeeds.
+    for i in 0..40 {
+        let r = c.get("/flaky").await?;
+        assert_eq!(r.status, 200, "request {i}: {r:?}\n{}", m.log());
+        assert_eq!(r.pod(), "n2p1");
+    }
+    let log = m.log();
+    assert!(log.contains("attempts=2"), "no request was retried: {log}");
+    // After 3 failures in a row n2p2 is ejected: later requests go straight to n2p1.
+    assert!(log.contains("endpoint ejected"), "{log}");
+    let flaky_hits = m.apps["n2p2"].seen().iter().filter(|s| s.path == "/flaky").count();
+    assert!(flaky_hits <= 6, "ejected endpoint still got {flaky_hits} requests");
+
+    // backendRequest timeout 300 ms: a 2 s response becomes a 504, fast.
+    let start = std::time::Instant::now();
+    let r = c.get("/delay/2000").await?;
+    assert_eq!(r.status, 504, "{r:?}");
+    assert!(start.elapsed() < Duration::from_millis(1900), "timeout took {:?}", start.elapsed());
+    let r = c.get("/delay/10").await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    // A 503 without a retry policy reaches the client as is.
+    let r = c.get("/status/503").await?;
+    assert_eq!(r.status, 503);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers() -> Result<()> {
+    let m = L7Mesh::start("l7a", L7_ROUTES, &[]).await?;
+    let mut c = m.h1().await?;
+    for path in ["/admin", "/admin/x", "/x/../admin", "/%61dmin", "//admin", "/admin/.", "/./admin/", "/x/%2e%2e/admin"] {
+        let r = c.get(path).await?;
+        assert_eq!(r.status, 403, "{path}: {r:?}");
+        assert_eq!(r.body.trim(), "RBAC: access denied", "{path}");
+    }
+    // An encoded slash could mean two things to two parsers: refused.
+    let r = c.get("/admin%2Fx").await?;
+    assert_eq!(r.status, 400, "{r:?}");
+    let r = c.request("DELETE", "/thing", &[]).await?;
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = c.request("GET", "/thing", &[]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    // Header values are matched one by one: `x-block: no` plus `x-block: yes` is denied.
+    let r = c.request("GET", "/thing", &[("x-block", "no"), ("x-block", "yes")]).await?;
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = c.request("GET", "/thing", &[("x-block", "no, yes")]).await?;
+    assert_eq!(r.status, 200, "a single value is not split: {r:?}");
+
+    // Spoofed identity and origin headers are replaced, and do not sway policy.
+    let spoof = [
+        ("x-forwarded-client-cert", "By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/admin"),
+        ("x-forwarded-for", "1.2.3.4"),
+        ("x-forwarded-proto", "https"),
+        ("forwarded", "for=1.2.3.4"),
+    ];
+    let r = c.request("GET", "/admin-only", &spoof).await?;
+    assert_eq!(r.status, 403, "spoofed XFCC was trusted: {r:?}");
+    let r = c.request("GET", "/whoami", &spoof).await?;
+    assert_eq!(r.status, 200);
+    let client_ip = m.mesh.topo.pod("n1p1").ip.to_string();
+    assert_eq!(r.echoed("x-forwarded-for"), [client_ip]);
+    assert_eq!(r.echoed("x-forwarded-proto"), ["http"]);
+    assert_eq!(r.echoed("x-forwarded-client-cert"), ["By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client"]);
+    assert!(r.echoed("forwarded").is_empty(), "{r:?}");
+    assert!(m.log().contains("authz.denied_by=\"default/deny-admin\""), "{}", m.log());
+    let text = m.metrics().await?;
+    assert!(text.lines().any(|l| l.starts_with("istio_requests_total{") && l.contains("response_code=\"403\"") && l.contains("response_flags=\"DENY\"")), "{text}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
+    let m = L7Mesh::start("l7h", L7_ROUTES, &[]).await?;
+    // 50 concurrent requests multiplexed on one HTTP/2 connection.
+    let h2 = http_app::H2Client::connect(m.client(), format!("{ECHO_VIP}:80").parse()?, "echo.default.svc.cluster.local").await?;
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let h2 = h2.clone();
+        tasks.push(tokio::spawn(async move {
+            let hdrs: &[(&str, &str)] = if i % 2 == 0 { &[("x-version", "v2")] } else { &[] };
+            h2.request("GET", &format!("/mux/{i}"), hdrs, bytes::Bytes::new()).await.map(|r| (i, r))
+        }));
+    }
+    for t in tasks {
+        let (i, r) = t.await??;
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.field("version").as_deref(), Some("HTTP/2.0"), "{r:?}");
+        if i % 2 == 0 {
+            assert_eq!(r.pod(), "n1p3");
+        } else {
+            assert_ne!(r.pod(), "n1p3");
+        }
+    }
+    // gRPC unary, routed by its service path to echo-v2.
+    let (r, msg) = h2.grpc_unary("/echo.Echo/Say", b"\x0a\x05hello").await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.pod(), "n1p3");
+    assert_eq!(&msg[..], b"\x0a\x05hello");
+    assert_eq!(r.trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes()), Some(&b"0"[..]), "{r:?}");
+    wait_for("grpc log", Duration::from_secs(5), || m.log().contains("protocol=\"grpc\"") || m.log().contains("protocol=grpc"))?;
+
+    // Filters over HTTP/1.1: redirect, rewrite, header modifiers, mirror.
+    let mut c = m.h1().await?;
+    let r = c.get("/old?q=1").await?;
+    assert_eq!(r.status, 301);
+    assert_eq!(r.headers.get("location").and_then(|v| v.to_str().ok()), Some("http://echo.default.svc.cluster.local/new?q=1"));
+    let r = c.request("GET", "/api/items?x=1", &[("x-drop", "1"), ("x-route", "client")]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.field("path").as_deref(), Some("/v2/items?x=1"), "{r:?}");
+    assert_eq!(r.echoed("x-route"), ["api"]);
+    assert!(r.echoed("x-drop").is_empty());
+    assert_eq!(r.headers.get("x-served-by").and_then(|v| v.to_str().ok()), Some("waypoint"));
+    wait_for("mirrored request", Duration::from_secs(5), || {
+        m.apps["n1p3"].seen().iter().any(|s| s.path.ends_with("/v2/items?x=1") && s.headers.get("host").is_some_and(|h| h == "echo.default.svc.cluster.local-shadow"))
+    })?;
+
+    // Non-HTTP bytes pass at L4 (port 9000), whole and in order.
+    let data = pattern(64 * 1024, 9);
+    let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let got = echo_roundtrip(&mut s, &data).await?;
+    let (greeting, rest) = got.split_at(got.iter().position(|b| *b == b'\n').map(|i| i + 1).unwrap_or(0));
+    assert!(greeting.starts_with(b"n"), "{:?}", String::from_utf8_lossy(greeting));
+    assert_eq!(rest, &data[..]);
+    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("protocol=\"tcp\"") || m.log().contains("protocol=tcp"))?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_config_reloads_without_dropping_connections() -> Result<()> {
+    let m = L7Mesh::start("l7c", L7_ROUTES, &[]).await?;
+    let mut c = m.h1().await?;
+    assert_ne!(c.get("/before").await?.pod(), "n1p3");
+    // Everything to echo-v2 now; the open keep-alive connection carries on.
+    let all_v2 = "httpRoutes:\n- {name: echo, namespace: default, parentRefs: [{kind: Service, group: \"\", name: echo}], rules: [{backendRefs: [{name: echo-v2, port: 80}]}]}\n";
+    let tmp = m.cfg_path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{}{all_v2}", m.base))?;
+    std::fs::rename(&tmp, &m.cfg_path)?;
+    m.waypoint.wait_log("config reloaded", Duration::from_secs(5))?;
+    let r = c.get("/after").await?;
+    assert_eq!(r.pod(), "n1p3", "{r:?}");
+    // A broken file is refused with the field named; the last good config stays.
+    std::fs::write(&tmp, format!("{}{}", m.base, all_v2.replace("backendRefs", "backendRef")))?;
+    std::fs::rename(&tmp, &m.cfg_path)?;
+    m.waypoint.wait_log("config change rejected", Duration::from_secs(5))?;
+    assert!(m.log().contains("backendRef"), "{}", m.log());
+    let r = c.get("/still").await?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n1p3"));
     Ok(())
 }

@@ -1,0 +1,192 @@
+//! Waypoint benchmark (not a timed test): HTTP/1.1 keep-alive request latency and proxy
+//! CPU per request from a pod on node1 to a pod on node2, three ways in the same run,
+//! rounds interleaved, medians and ratios reported:
+//! - `direct`: no mesh (neither pod enrolled);
+//! - `l4`: both pods enrolled, ztunnel to ztunnel over HBONE;
+//! - `waypoint`: the same plus the waypoint hop (service with a waypoint, L7 routing and
+//!   an AuthorizationPolicy evaluated per request).
+//! CPU is the user+system time of the ztunnels and the waypoint over the measured
+//! requests (from /proc), divided by the request count.
+//!
+//! `cargo test -p waypoint --test waypoint_bench` runs a smoke pass (CI keeps it
+//! working); `ZTUNNEL_BENCH=1 cargo test --release -p waypoint --test waypoint_bench`
+//! gives the numbers (README).
+
+mod http_app;
+mod netsim;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use netsim::*;
+
+const WAYPOINT: &str = env!("CARGO_BIN_EXE_waypoint");
+
+#[derive(Clone, Default)]
+struct Sample {
+    req_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    cpu_us_per_req: f64,
+}
+
+/// Blocking HTTP/1.1 keep-alive client: `n` GETs, latency of each.
+fn run_requests(pod: &Pod, to: SocketAddr, n: usize) -> Result<Vec<f64>> {
+    let path = pod.netns.path();
+    std::thread::spawn(move || -> Result<Vec<f64>> {
+        let ns = std::fs::File::open(&path)?;
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        s.set_nodelay(true)?;
+        let mut w = s.try_clone()?;
+        let mut r = BufReader::new(s);
+        let mut lat = Vec::with_capacity(n);
+        let mut line = String::new();
+        for _ in 0..n {
+            let t = Instant::now();
+            w.write_all(b"GET /bench HTTP/1.1\r\nhost: echo.default.svc.cluster.local\r\nuser-agent: bench\r\n\r\n")?;
+            let mut len = 0usize;
+            line.clear();
+            r.read_line(&mut line)?;
+            if !line.starts_with("HTTP/1.1 200") {
+                bail!("unexpected response {line:?}");
+            }
+            loop {
+                line.clear();
+                r.read_line(&mut line)?;
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse()?;
+                }
+            }
+            let mut body = vec![0u8; len];
+            r.read_exact(&mut body).context("response body")?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        Ok(lat)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+const L7: &str = r#"httpRoutes:
+- name: echo
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /bench}, headers: [{name: user-agent, value: bench}]}]
+    backendRefs: [{name: echo, port: 80}]
+authorizationPolicies:
+- name: allow-client
+  namespace: default
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  rules:
+  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
+    to: [{operation: {methods: [GET], paths: ["/bench*"]}}]
+"#;
+
+fn main() -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let _guard = rt.enter();
+    let full = std::env::var_os("ZTUNNEL_BENCH").is_some();
+    let (rounds, requests) = if full { (5, 5000) } else { (1, 50) };
+    let modes = ["direct", "l4", "waypoint"];
+    let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
+    for round in 0..rounds {
+        for mode in modes {
+            let topo = Topology::build(&prefix(&format!("wb{round}{}", &mode[..1])), &[2, 1])?;
+            let wp_ip = topo.pod("n1p2").ip;
+            let waypoint_ref = if mode == "waypoint" { format!(", waypoint: {{destination: \"/{wp_ip}\"}}") } else { String::new() };
+            let cfg = format!(
+                "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{waypoint_ref}}}\n{L7}",
+                workload(&topo, "n1p1", "client", ""),
+                workload(&topo, "n1p2", "waypoint", ""),
+                workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
+            );
+            let enrolled: &[&str] = if mode == "direct" { &[] } else { &["n1p1", "n2p1"] };
+            let mesh = if mode == "direct" {
+                Mesh { ztunnels: vec![], commands: vec![], topo }
+            } else {
+                Mesh::start(topo, &cfg, enrolled, &HashMap::new(), &[])?
+            };
+            let t = &mesh.topo;
+            let waypoint = if mode == "waypoint" {
+                let cfg_path = t.dir.join("waypoint.yaml");
+                std::fs::write(&cfg_path, &cfg)?;
+                let state = t.dir.join("ca");
+                let w = t.pod("n1p2").netns.spawn(
+                    WAYPOINT,
+                    &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
+                    &[("RUST_LOG", "warn")],
+                    &t.dir.join("waypoint.log"),
+                )?;
+                wait_for("waypoint listening", READY, || {
+                    t.pod("n1p2").netns.exec("ss", &["-Htln", "sport = :15008"]).is_ok_and(|o| !o.trim().is_empty())
+                })?;
+                Some(w)
+            } else {
+                None
+            };
+            let _app = rt.block_on(async { http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false) })?;
+            let to: SocketAddr = if mode == "direct" { SocketAddr::new(t.pod("n2p1").ip.into(), 8080) } else { "10.96.0.10:80".parse()? };
+            run_requests(t.pod("n1p1"), to, 50).context("warm-up")?;
+            let cpu = || -> Duration { mesh.ztunnels.iter().chain(waypoint.iter()).filter_map(|c| c.cpu_time()).sum() };
+            let cpu0 = cpu();
+            let start = Instant::now();
+            let mut lat = run_requests(t.pod("n1p1"), to, requests)?;
+            let elapsed = start.elapsed().as_secs_f64();
+            let cpu_used = cpu() - cpu0;
+            lat.sort_by(f64::total_cmp);
+            let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+            let s = Sample {
+                req_per_s: requests as f64 / elapsed,
+                p50_us: pct(0.5),
+                p99_us: pct(0.99),
+                cpu_us_per_req: cpu_used.as_secs_f64() * 1e6 / requests as f64,
+            };
+            println!(
+                "round {round} {mode:<8} {:>8.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  proxy CPU {:>6.1} us/req",
+                s.req_per_s, s.p50_us, s.p99_us, s.cpu_us_per_req
+            );
+            results.entry(mode).or_default().push(s);
+        }
+    }
+    let med = |mode: &str, f: fn(&Sample) -> f64| median(results[mode].iter().map(f).collect());
+    println!("\nmedians of {rounds} round(s), {requests} keep-alive HTTP/1.1 requests each");
+    println!("{:<9} {:>9} {:>12} {:>12} {:>16}", "path", "req/s", "p50 us", "p99 us", "proxy CPU us/req");
+    for mode in modes {
+        println!(
+            "{mode:<9} {:>9.0} {:>12.1} {:>12.1} {:>16.1}",
+            med(mode, |s| s.req_per_s),
+            med(mode, |s| s.p50_us),
+            med(mode, |s| s.p99_us),
+            med(mode, |s| s.cpu_us_per_req)
+        );
+    }
+    let ratio = |a: &str, b: &str, f: fn(&Sample) -> f64| med(a, f) / med(b, f);
+    println!("\nratios (same run):");
+    for (a, b) in [("waypoint", "l4"), ("l4", "direct"), ("waypoint", "direct")] {
+        println!(
+            "  {a}/{b}: req/s x{:.2}, p50 x{:.2}, p99 x{:.2}",
+            ratio(a, b, |s| s.req_per_s),
+            ratio(a, b, |s| s.p50_us),
+            ratio(a, b, |s| s.p99_us)
+        );
+    }
+    println!(
+        "  proxy CPU per request: waypoint/l4 x{:.2} ({:.1} us added by the L7 hop)",
+        ratio("waypoint", "l4", |s| s.cpu_us_per_req),
+        med("waypoint", |s| s.cpu_us_per_req) - med("l4", |s| s.cpu_us_per_req)
+    );
+    Ok(())
+}
