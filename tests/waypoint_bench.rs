@@ -99,7 +99,11 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let _guard = rt.enter();
     let full = std::env::var_os("ZTUNNEL_BENCH").is_some();
-    let (rounds, requests) = if full { (5, 5000) } else { (1, 50) };
+    let (rounds, mut requests) = if full { (5, 5000) } else { (1, 50) };
+    // For profiling a longer run: ZTUNNEL_BENCH_REQUESTS=<n>.
+    if let Some(n) = std::env::var("ZTUNNEL_BENCH_REQUESTS").ok().and_then(|n| n.parse().ok()) {
+        requests = n;
+    }
     let modes = ["direct", "l4", "waypoint"];
     let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
     for round in 0..rounds {

@@ -27,6 +27,8 @@ pub struct MeshState {
     workload_by_ip: HashMap<IpAddr, Arc<Workload>>,
     services: HashMap<NamespacedHostname, Arc<Service>>,
     service_by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// (namespace, name) -> service: what HTTPRoute backendRefs name.
+    service_by_name: HashMap<(String, String), Arc<Service>>,
     /// endpoints of each service: workload uid -> port map (service port -> target port)
     endpoints: HashMap<NamespacedHostname, Vec<Endpoint>>,
     policies: BTreeMap<String, Arc<Authorization>>,
@@ -63,6 +65,7 @@ impl MeshState {
                     });
                 }
             }
+            st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
             if st.services.insert(key.clone(), svc).is_some() {
                 return Err(StateError::DuplicateService(key.to_string()));
             }
@@ -101,7 +104,7 @@ impl MeshState {
 
     /// A service by its Kubernetes name (what HTTPRoute backendRefs name).
     pub fn service_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<Service>> {
-        self.services.values().find(|s| s.namespace == namespace && s.name == name)
+        self.service_by_name.get(&(namespace.to_string(), name.to_string()))
     }
 
     pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
