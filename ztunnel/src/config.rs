@@ -202,7 +202,14 @@ policies:
         let svc = "services:\n- {name: s, namespace: d, hostname: s.d.svc, vips: [\"/10.96.0.1\"], waypoint: {destination: \"/10.0.0.9\", hboneMtlsPort: 15008}}\n";
         let cfg = LocalConfig::parse(Path::new("f.yaml"), svc).unwrap();
         let wp = cfg.services[0].waypoint.clone().unwrap();
-        assert_eq!(wp.destination.address, "10.0.0.9".parse::<std::net::IpAddr>().unwrap());
+        let crate::state::GatewayDestination::Address(a) = &wp.destination else { panic!("{wp:?}") };
+        assert_eq!(a.address, "10.0.0.9".parse::<std::net::IpAddr>().unwrap());
+        let by_name = svc.replace("/10.0.0.9", "istio-system/waypoint.istio-system.svc.cluster.local");
+        let wp = LocalConfig::parse(Path::new("f.yaml"), &by_name).unwrap().services[0].waypoint.clone().unwrap();
+        assert_eq!(
+            wp.destination,
+            crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname("istio-system/waypoint.istio-system.svc.cluster.local".into()))
+        );
         assert_eq!(wp.hbone_mtls_port, 15008);
         let defaulted = svc.replace(", hboneMtlsPort: 15008", "");
         assert_eq!(LocalConfig::parse(Path::new("f.yaml"), &defaulted).unwrap().services[0].waypoint.as_ref().unwrap().hbone_mtls_port, 15008);

@@ -14,7 +14,9 @@ use crate::rbac::{Authorization, PolicyScope};
 
 pub mod workload;
 
-pub use workload::{GatewayAddress, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid};
+pub use workload::{
+    GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
+};
 
 /// A workload serving a service, with its service port -> target port map.
 type Endpoint = (Arc<Workload>, BTreeMap<u16, u16>);
@@ -47,10 +49,36 @@ pub enum StateError {
 }
 
 impl MeshState {
+    /// For a config file: any conflict (two workloads on one IP, ...) is an error.
     pub fn build(
         workloads: Vec<Workload>,
         services: Vec<Service>,
         policies: Vec<Authorization>,
+    ) -> Result<MeshState, StateError> {
+        Self::build_with(workloads, services, policies, &mut |e| Err(e))
+    }
+
+    /// For state pushed by istiod, which can briefly overlap (a new pod reusing the IP of
+    /// one whose removal has not arrived yet): on a conflict the later entry wins and the
+    /// conflict is returned for logging.
+    pub fn build_lenient(
+        workloads: Vec<Workload>,
+        services: Vec<Service>,
+        policies: Vec<Authorization>,
+    ) -> (MeshState, Vec<StateError>) {
+        let mut conflicts = Vec::new();
+        let st = Self::build_with(workloads, services, policies, &mut |e| {
+            conflicts.push(e);
+            Ok(())
+        });
+        (st.unwrap_or_default(), conflicts)
+    }
+
+    fn build_with(
+        workloads: Vec<Workload>,
+        services: Vec<Service>,
+        policies: Vec<Authorization>,
+        conflict: &mut dyn FnMut(StateError) -> Result<(), StateError>,
     ) -> Result<MeshState, StateError> {
         let mut st = MeshState::default();
         for svc in services {
@@ -58,34 +86,30 @@ impl MeshState {
             let key = svc.namespaced_hostname();
             for vip in &svc.vips {
                 if let Some(prev) = st.service_by_vip.insert(vip.address, svc.clone()) {
-                    return Err(StateError::DuplicateVip {
+                    conflict(StateError::DuplicateVip {
                         ip: vip.address,
                         first: prev.namespaced_hostname().to_string(),
                         second: key.to_string(),
-                    });
+                    })?;
                 }
             }
             st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
             if st.services.insert(key.clone(), svc).is_some() {
-                return Err(StateError::DuplicateService(key.to_string()));
+                conflict(StateError::DuplicateService(key.to_string()))?;
             }
         }
         for wl in workloads {
             let wl = Arc::new(wl);
             for ip in &wl.workload_ips {
                 if let Some(prev) = st.workload_by_ip.insert(*ip, wl.clone()) {
-                    return Err(StateError::DuplicateIp {
-                        ip: *ip,
-                        first: prev.uid.to_string(),
-                        second: wl.uid.to_string(),
-                    });
+                    conflict(StateError::DuplicateIp { ip: *ip, first: prev.uid.to_string(), second: wl.uid.to_string() })?;
                 }
             }
             for (svc, ports) in &wl.services {
                 st.endpoints.entry(svc.clone()).or_default().push((wl.clone(), ports.clone()));
             }
             if st.workloads.insert(wl.uid.clone(), wl.clone()).is_some() {
-                return Err(StateError::DuplicateWorkload(wl.uid.to_string()));
+                conflict(StateError::DuplicateWorkload(wl.uid.to_string()))?;
             }
         }
         for p in policies {
@@ -96,6 +120,78 @@ impl MeshState {
 
     pub fn workload_by_uid(&self, uid: &WorkloadUid) -> Option<&Arc<Workload>> {
         self.workloads.get(uid)
+    }
+
+    /// The workload of a pod the CNI agent enrolls: by uid (local config uses the same
+    /// uid), else by namespace and name on this node (istio-cni sends the Kubernetes pod
+    /// UID, istiod names workloads `cluster//Pod/namespace/name`).
+    pub fn workload_for_pod(&self, uid: &WorkloadUid, pod: Option<(&str, &str)>, node: &str) -> Option<&Arc<Workload>> {
+        self.workloads.get(uid).or_else(|| {
+            let (namespace, name) = pod?;
+            self.workloads.values().find(|w| w.namespace == namespace && w.name == name && w.node == node)
+        })
+    }
+
+    pub fn workloads(&self) -> impl Iterator<Item = &Arc<Workload>> {
+        self.workloads.values()
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = &Arc<Service>> {
+        self.services.values()
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Authorization>> {
+        self.policies.values()
+    }
+
+    pub fn service_by_hostname(&self, key: &NamespacedHostname) -> Option<&Arc<Service>> {
+        self.services.get(key)
+    }
+
+    /// Whether `wl` is (one of the replicas of) the waypoint `gw` names: the workload at
+    /// that address, or a member of the waypoint Service named by VIP or hostname.
+    pub fn is_waypoint(&self, gw: &GatewayAddress, wl: &Workload) -> bool {
+        match &gw.destination {
+            GatewayDestination::Address(a) => {
+                wl.workload_ips.contains(&a.address)
+                    || self.service_by_vip.get(&a.address).is_some_and(|s| wl.services.contains_key(&s.namespaced_hostname()))
+            }
+            GatewayDestination::Hostname(h) => wl.services.contains_key(h),
+        }
+    }
+
+    /// The waypoint workload behind a GatewayAddress: the workload at that IP, or an
+    /// endpoint of the service with that VIP or hostname (picked by capacity).
+    pub fn waypoint_workload(&self, gw: &GatewayAddress) -> Option<Arc<Workload>> {
+        let svc = match &gw.destination {
+            GatewayDestination::Address(a) => {
+                if let Some(w) = self.workload_by_ip.get(&a.address) {
+                    return Some(w.clone());
+                }
+                self.service_by_vip.get(&a.address)?
+            }
+            GatewayDestination::Hostname(h) => self.services.get(h)?,
+        };
+        let eps: Vec<_> = self
+            .endpoints_for(svc, gw.hbone_mtls_port)
+            .into_iter()
+            .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
+            .collect();
+        // The waypoint Service may not list the HBONE port; any of its workloads will do.
+        let eps = if eps.is_empty() {
+            self.endpoints
+                .get(&svc.namespaced_hostname())
+                .map(|v| {
+                    v.iter()
+                        .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
+                        .map(|(w, _)| (w.clone(), gw.hbone_mtls_port))
+                        .collect()
+                })
+                .unwrap_or_default()
+        } else {
+            eps
+        };
+        pick_weighted(&eps).map(|(w, _)| w)
     }
 
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
@@ -178,6 +274,43 @@ pub fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16
         n -= c;
     }
     None
+}
+
+/// The current mesh state, replaced as a whole on every change; `changes` lets
+/// subscribers (pods waiting to be enrolled, connections re-checked against new
+/// policy) react to each new version.
+pub struct SharedState {
+    current: arc_swap::ArcSwap<MeshState>,
+    generation: tokio::sync::watch::Sender<u64>,
+}
+
+impl SharedState {
+    pub fn new(state: MeshState) -> SharedState {
+        SharedState { current: arc_swap::ArcSwap::from_pointee(state), generation: tokio::sync::watch::Sender::new(0) }
+    }
+
+    pub fn load(&self) -> arc_swap::Guard<Arc<MeshState>> {
+        self.current.load()
+    }
+
+    pub fn load_full(&self) -> Arc<MeshState> {
+        self.current.load_full()
+    }
+
+    pub fn store(&self, state: MeshState) {
+        self.current.store(Arc::new(state));
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.generation.subscribe()
+    }
+}
+
+impl Default for SharedState {
+    fn default() -> Self {
+        SharedState::new(MeshState::default())
+    }
 }
 
 /// A destination address as HBONE names it (`ip:port`, IPv6 in brackets).

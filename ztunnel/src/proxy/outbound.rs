@@ -58,17 +58,19 @@ fn via_waypoint(
     dst: SocketAddr,
     service: Option<&Arc<Service>>,
 ) -> Option<Route> {
-    let Some(wp) = state.workload_by_ip(gw.destination.address) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (not a known workload)", gw.destination)));
-    };
-    if wp.uid == pod.workload.uid {
+    // Traffic from the waypoint itself (any replica of it) goes direct: no loop.
+    if state.is_waypoint(gw, &pod.workload) {
         return None;
     }
+    let Some(wp) = state.waypoint_workload(gw) else {
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (not a known workload)", gw.destination)));
+    };
+    let ip = wp.workload_ips.iter().copied().find(|i| i.is_ipv4())?;
     Some(Route::Hbone {
-        peer: wp.clone(),
-        target: dst,
-        hbone_addr: SocketAddr::new(gw.destination.address, gw.hbone_mtls_port),
         expected: vec![wp.identity()],
+        peer: wp,
+        target: dst,
+        hbone_addr: SocketAddr::new(ip, gw.hbone_mtls_port),
         service: service.cloned(),
     })
 }

@@ -41,14 +41,52 @@ pub enum Protocol {
     HBONE,
 }
 
-/// Where a destination's waypoint is (Istio's GatewayAddress): `destination` is
-/// `"<network>/<ip>"`; HBONE goes to that address on `hboneMtlsPort`.
+/// Where a destination's waypoint is (Istio's GatewayAddress). `destination` is
+/// `"<network>/<ip>"` (the waypoint workload's IP or its Service's VIP) or
+/// `"<namespace>/<hostname>"` (its Service); HBONE goes to a waypoint workload on
+/// `hboneMtlsPort`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddress {
-    pub destination: NetworkAddress,
+    pub destination: GatewayDestination,
     #[serde(default = "default_hbone_port")]
     pub hbone_mtls_port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayDestination {
+    Address(NetworkAddress),
+    Hostname(NamespacedHostname),
+}
+
+impl<'de> Deserialize<'de> for GatewayDestination {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        // "x/<ip>" is an address; "namespace/<hostname>" a service.
+        match s.rsplit_once('/') {
+            Some((_, last)) if last.parse::<IpAddr>().is_err() => {
+                if s.split('/').count() != 2 || s.starts_with('/') || last.is_empty() {
+                    return Err(serde::de::Error::custom(format!(
+                        "invalid waypoint {s:?}: expected \"<network>/<ip>\" or \"<namespace>/<hostname>\""
+                    )));
+                }
+                Ok(GatewayDestination::Hostname(NamespacedHostname(s)))
+            }
+            _ => {
+                let addr = serde::de::value::StrDeserializer::<D::Error>::new(&s);
+                NetworkAddress::deserialize(addr).map(GatewayDestination::Address)
+            }
+        }
+    }
+}
+
+impl fmt::Display for GatewayDestination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GatewayDestination::Address(a) => a.fmt(f),
+            GatewayDestination::Hostname(h) => h.fmt(f),
+        }
+    }
 }
 
 fn default_hbone_port() -> u16 {
@@ -62,7 +100,7 @@ pub enum HealthStatus {
     Unhealthy,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Workload {
     pub uid: WorkloadUid,
@@ -117,7 +155,7 @@ impl Workload {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Service {
     pub name: String,
