@@ -3,6 +3,7 @@
 
 mod netsim;
 mod http_app;
+mod hbone_peer;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -74,6 +75,18 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     .await?;
     assert!(r.map(|v| v.is_empty()).unwrap_or(true), "traffic went around an unknown waypoint");
     mesh.wait_logs(&["waypoint /10.10.9.9 (not a known workload)"])?;
+
+    // The waypoint relays only for destinations that use it: not to itself (a loop) and
+    // not to a pod without a waypoint (that would swap the client's identity for its own).
+    let ca = hbone_peer::load_ca(&state)?;
+    let me = ztunnel::identity::Identity::new("cluster.local", "default", "client");
+    let wp_id = ztunnel::identity::Identity::new("cluster.local", "default", "waypoint");
+    let h = hbone_peer::connect(t.node(1), &ca, &me, wp_id, SocketAddr::new(wp_ip.into(), 15008)).await?;
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{wp_ip}:8080"))).await?, 503);
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{server_ip}:8080"))).await?, 503);
+    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.96.0.10:80")).await?, 200);
+    let wl = waypoint.log_text();
+    assert!(wl.contains("not a service or workload that uses this waypoint"), "{wl}");
     Ok(())
 }
 
@@ -321,8 +334,13 @@ async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers
     assert_eq!(r.status, 403, "spoofed XFCC was trusted: {r:?}");
     let r = c.request("GET", "/whoami", &spoof).await?;
     assert_eq!(r.status, 200);
+    // As Envoy does: the peer the waypoint saw is appended (the last entry is the one
+    // to trust), and a forwarded protocol is kept.
     let client_ip = m.mesh.topo.pod("n1p1").ip.to_string();
-    assert_eq!(r.echoed("x-forwarded-for"), [client_ip]);
+    assert_eq!(r.echoed("x-forwarded-for"), [format!("1.2.3.4, {client_ip}")]);
+    assert_eq!(r.echoed("x-forwarded-proto"), ["https"]);
+    let r = c.request("GET", "/whoami", &[]).await?;
+    assert_eq!(r.echoed("x-forwarded-for"), [client_ip.clone()]);
     assert_eq!(r.echoed("x-forwarded-proto"), ["http"]);
     assert_eq!(r.echoed("x-forwarded-client-cert"), ["By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client"]);
     assert!(r.echoed("forwarded").is_empty(), "{r:?}");
@@ -373,10 +391,25 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     assert_eq!(r.field("path").as_deref(), Some("/v2/items?x=1"), "{r:?}");
     assert_eq!(r.echoed("x-route"), ["api"]);
     assert!(r.echoed("x-drop").is_empty());
+    // A client's Connection header cannot remove what the route set.
+    let r = c.request("GET", "/api/items", &[("connection", "x-route")]).await?;
+    assert_eq!(r.echoed("x-route"), ["api"], "{r:?}");
     assert_eq!(r.headers.get("x-served-by").and_then(|v| v.to_str().ok()), Some("waypoint"));
     wait_for("mirrored request", Duration::from_secs(5), || {
         m.apps["n1p3"].seen().iter().any(|s| s.path.ends_with("/v2/items?x=1") && s.headers.get("host").is_some_and(|h| h == "echo.default.svc.cluster.local-shadow"))
     })?;
+
+    // An HTTP request after an empty line is still HTTP (and still authorized).
+    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"\r\nGET /admin HTTP/1.1\r\nhost: echo\r\nconnection: close\r\n\r\n").await?;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)).await??;
+    assert!(got.starts_with(b"HTTP/1.1 403"), "{:?}", String::from_utf8_lossy(&got));
+    // Non-HTTP bytes to a port with HTTPRoutes are refused, not relayed around them.
+    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
+    let r = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"\x16\x03\x01 not http")).await?;
+    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "opaque bytes got through a port with routes");
+    wait_for("refusal log", Duration::from_secs(5), || m.log().contains("non-HTTP traffic to a target with HTTPRoutes"))?;
 
     // Non-HTTP bytes pass at L4 (port 9000), whole and in order.
     let data = pattern(64 * 1024, 9);

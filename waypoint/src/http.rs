@@ -36,6 +36,11 @@ use crate::Waypoint;
 /// Request bodies up to this size are buffered when a retry or mirror needs a copy.
 const MAX_BUFFERED_BODY: u64 = 64 * 1024;
 const MAX_BACKOFF_FACTOR: u32 = 10;
+/// Mirrored requests in flight at once; more are skipped.
+pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+/// A mirror's response is read (to reuse its connection) up to this size, then dropped.
+const MIRROR_MAX_RESPONSE: usize = 1 << 20;
 
 /// The tunnel a request arrived in.
 pub struct Tunnel {
@@ -93,7 +98,8 @@ struct RequestLog {
     path: String,
     host: String,
     protocol: &'static str,
-    status: StatusCode,
+    /// 0 until there is a response (Envoy's code for "no response sent").
+    status: u16,
     grpc_status: Option<String>,
     response_flags: &'static str,
     route: Option<String>,
@@ -103,10 +109,28 @@ struct RequestLog {
     audited_by: Vec<String>,
     denied_by: Option<String>,
     error: Option<String>,
+    /// Set once written; a log dropped unwritten is a request the client abandoned.
+    finished: bool,
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.response_flags = "DC";
+            self.error.get_or_insert_with(|| "client went away before the response".into());
+            self.status = 0;
+            self.write(0);
+        }
+    }
 }
 
 impl RequestLog {
-    fn finish(self, response_bytes: u64) {
+    fn finish(mut self, response_bytes: u64) {
+        self.write(response_bytes);
+    }
+
+    fn write(&mut self, response_bytes: u64) {
+        self.finished = true;
         let wp = &self.wp;
         let dst_identity = self.dst_workload.as_ref().map(|w| w.identity());
         let mut peers = TcpLabels::new(
@@ -120,7 +144,7 @@ impl RequestLog {
         peers.response_flags = self.response_flags;
         let labels = HttpLabels {
             peers,
-            response_code: self.status.as_u16(),
+            response_code: self.status,
             grpc_response_status: self.grpc_status.clone().unwrap_or_default(),
         };
         let duration = self.start.elapsed();
@@ -137,7 +161,7 @@ impl RequestLog {
             method = %self.method,
             host = %self.host,
             path = %self.path,
-            status = self.status.as_u16(),
+            status = self.status,
             grpc_status = self.grpc_status.as_deref(),
             response_flags = self.response_flags,
             route = self.route.as_deref(),
@@ -285,12 +309,14 @@ fn grpc_status_for(status: StatusCode) -> u8 {
 
 /// A reply made by the waypoint itself (denied, no route, no upstream, timeout...).
 fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'static str, message: &str) -> Response<Body> {
-    log.status = status;
+    log.status = status.as_u16();
     log.response_flags = flags;
     let mut resp = if grpc {
-        // gRPC clients read errors from grpc-status, in a trailers-only response.
+        // gRPC clients read errors from grpc-status, in a trailers-only response (HTTP
+        // 200 on the wire, which is what Istio's metrics report too).
         let code = grpc_status_for(status);
         log.grpc_status = Some(code.to_string());
+        log.status = 200;
         let mut r = Response::new(empty());
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         r.headers_mut().insert("grpc-status", HeaderValue::from(u16::from(code)));
@@ -333,24 +359,38 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-/// Identity and origin headers are the waypoint's to set: whatever the client sent is
-/// dropped, so a backend (or a policy on it) can trust them.
+/// Identity and origin headers. `x-forwarded-client-cert` is the waypoint's to set
+/// (Envoy's SANITIZE_SET): the client's is dropped, so a backend can trust it.
+/// `x-forwarded-for` gets the peer's address appended, as Envoy does, so its last entry
+/// is always the one the waypoint saw; `x-forwarded-proto` is kept (an ingress gateway
+/// may have terminated TLS) or set to `http`. Unverifiable claims (`forwarded`,
+/// `x-real-ip`) and Envoy-internal `x-envoy-*` headers are dropped.
 fn set_trusted_headers(h: &mut HeaderMap, wp: &Waypoint, src_identity: &Identity, src_ip: IpAddr) {
     let client_set: Vec<HeaderName> = h
         .keys()
         .filter(|k| {
             let k = k.as_str();
-            k.starts_with("x-forwarded-") || k.starts_with("x-envoy-") || k == "forwarded" || k == "x-real-ip"
+            k.starts_with("x-envoy-") || k == "x-forwarded-client-cert" || k == "forwarded" || k == "x-real-ip"
         })
         .cloned()
         .collect();
     for k in client_set {
         h.remove(k);
     }
-    if let Ok(v) = HeaderValue::from_str(&src_ip.to_string()) {
-        h.insert("x-forwarded-for", v);
+    // Several x-forwarded-for lines are one list (RFC 9110 5.3); join them first.
+    let prior: Vec<&str> = h.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
+    let xff = if prior.is_empty() { src_ip.to_string() } else { format!("{}, {src_ip}", prior.join(", ")) };
+    match HeaderValue::from_str(&xff) {
+        Ok(v) => {
+            h.insert("x-forwarded-for", v);
+        }
+        Err(_) => {
+            h.remove("x-forwarded-for");
+        }
     }
-    h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if !h.contains_key("x-forwarded-proto") {
+        h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    }
     if let Ok(v) = HeaderValue::from_str(&format!("By={};URI={}", wp.identity, src_identity)) {
         h.insert("x-forwarded-client-cert", v);
     }
@@ -408,18 +448,19 @@ fn object_name(s: &Service) -> ObjectName {
 
 async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Request<Incoming>) -> Response<Body> {
     let cfg = wp.config.load_full();
-    let grpc = is_grpc(req.headers());
+    let (mut parts, body) = req.into_parts();
+    let grpc = is_grpc(&parts.headers);
     let target_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
     let src_workload = cfg
         .state
         .workload_by_ip(tunnel.src_addr.ip())
         .filter(|w| w.identity() == tunnel.src_identity)
         .cloned();
-    let host_full = req
-        .uri()
+    let host_full = parts
+        .uri
         .authority()
         .map(|a| a.as_str().to_string())
-        .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string))
+        .or_else(|| parts.headers.get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string))
         .unwrap_or_default();
     let mut log = RequestLog {
         wp: wp.clone(),
@@ -430,30 +471,44 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
         dst_service: target_service.clone(),
         dst_workload: None,
         dst_addr: None,
-        method: req.method().clone(),
-        path: req.uri().path().to_string(),
+        method: parts.method.clone(),
+        path: parts.uri.path().to_string(),
         host: host_full.clone(),
         protocol: if grpc { "grpc" } else { "http" },
-        status: StatusCode::OK,
+        status: 0,
         grpc_status: None,
         response_flags: "-",
         route: None,
         attempts: 0,
         request_bytes: Arc::new(AtomicU64::new(0)),
-        request_header_bytes: header_bytes(req.headers()),
+        request_header_bytes: header_bytes(&parts.headers),
         audited_by: Vec::new(),
         denied_by: None,
         error: None,
+        finished: false,
     };
 
+    // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
+    if parts.method == Method::CONNECT {
+        return local_reply(log, grpc, StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint");
+    }
+    // `user@host` would match host policies as one string and reach the backend as another.
+    if host_full.contains('@') {
+        return local_reply(log, grpc, StatusCode::BAD_REQUEST, "-", "userinfo in the request authority is not allowed");
+    }
     // One normalized path for policy, routing and the backend alike.
-    let pq = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let (norm_path, query) = match path::normalize_path_and_query(pq) {
         Ok(x) => x,
         Err(e) => return local_reply(log, grpc, StatusCode::BAD_REQUEST, "-", &format!("bad request path: {e}")),
     };
     log.path = norm_path.clone();
     let host = strip_port(&host_full).to_ascii_lowercase();
+    // Headers as the backend will get them, before policy and routes look at them: a
+    // client's `Connection: x-foo` must not remove a header after it was authorized or
+    // set by a route, and identity headers are the waypoint's.
+    strip_hop_by_hop(&mut parts.headers);
+    set_trusted_headers(&mut parts.headers, &wp, &tunnel.src_identity, tunnel.src_addr.ip());
 
     let target_name = target_service.as_deref().map(object_name);
     let target = Target { gateway: &wp.gateway, service: target_name.as_ref(), port: tunnel.target.port() };
@@ -467,9 +522,9 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
                 source_ip: tunnel.src_addr.ip(),
                 destination_port: tunnel.target.port(),
                 host: &host_full,
-                method: req.method().as_str(),
+                method: parts.method.as_str(),
                 path: &norm_path,
-                headers: req.headers(),
+                headers: &parts.headers,
             },
         );
         log.audited_by = verdict.audited_by;
@@ -480,20 +535,16 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     }
 
     let routes: Vec<&route::HttpRoute> = cfg.routes.iter().collect();
-    let attached = routes.iter().any(|r| r.attaches_to(&target));
-    let selected = route::select(
-        &routes,
-        &target,
-        &RouteRequest { method: req.method(), path: &norm_path, query: query.as_deref(), headers: req.headers(), host: &host },
-    );
-    if attached && selected.is_none() {
-        return local_reply(log, grpc, StatusCode::NOT_FOUND, "NR", "no route matched");
-    }
+    let rreq = RouteRequest { method: &parts.method, path: &norm_path, query: query.as_deref(), headers: &parts.headers, host: &host };
+    let selected = match route::select(&routes, &target, &rreq) {
+        route::Selection::NoRoutes => None,
+        route::Selection::NoMatch => return local_reply(log, grpc, StatusCode::NOT_FOUND, "NR", "no route matched"),
+        route::Selection::Matched(s) => Some(s),
+    };
     if let Some(s) = &selected {
         log.route = Some(format!("{}/{}#{}", s.route.namespace, s.route.name, s.rule_index));
     }
 
-    let (mut parts, body) = req.into_parts();
     let mut up_path = norm_path.clone();
     let mut up_host = host_full.clone();
     let mut response_modifiers = Vec::new();
@@ -560,10 +611,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
         RequestBody::Streaming(Some(counted.boxed()))
     };
 
-    // Upstream request head: the normalized (maybe rewritten) path, trusted identity
-    // headers, no hop-by-hop headers.
-    strip_hop_by_hop(&mut parts.headers);
-    set_trusted_headers(&mut parts.headers, &wp, &tunnel.src_identity, tunnel.src_addr.ip());
+    // Upstream request head: the normalized (maybe rewritten) path.
     let pq = match &query {
         Some(q) => format!("{up_path}?{q}"),
         None => up_path.clone(),
@@ -609,7 +657,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
             for m in response_modifiers {
                 m.apply(&mut rparts.headers);
             }
-            log.status = rparts.status;
+            log.status = rparts.status.as_u16();
             if let Some(s) = rparts.headers.get("grpc-status").and_then(|v| v.to_str().ok()) {
                 log.grpc_status = Some(s.to_string());
             }
@@ -746,15 +794,32 @@ fn mirror(
     } else if let Ok(v) = HeaderValue::from_str(&shadow) {
         parts.headers.insert(header::HOST, v);
     }
+    // Mirrors are best effort and must not pile up behind a slow mirror backend.
+    let Ok(slot) = wp.mirror_slots.clone().try_acquire_owned() else {
+        return tracing::debug!("mirror skipped: too many mirrored requests in flight");
+    };
     let wp = wp.clone();
     tokio::spawn(async move {
+        let _slot = slot;
         let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
         let ep = Endpoint { addr: picked.addr, identities: wp.config.load().state.expected_identities(&picked.workload, backend.service.as_deref()) };
-        match wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await {
-            Ok(resp) => {
-                let _ = resp.into_body().collect().await;
+        let exchange = async {
+            let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
+            // Read (and drop) the response so the connection can be reused, up to a cap.
+            let mut body = resp.into_body();
+            let mut read = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > MIRROR_MAX_RESPONSE {
+                    break;
+                }
             }
-            Err(e) => tracing::debug!(error = %e, "mirrored request failed"),
+            Ok::<_, UpstreamError>(())
+        };
+        match tokio::time::timeout(MIRROR_TIMEOUT, exchange).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "mirrored request failed"),
+            Err(_) => tracing::debug!("mirrored request timed out"),
         }
     });
 }

@@ -62,6 +62,14 @@ impl Picked {
         let s = stats.entry(self.addr).or_default();
         if success {
             s.consecutive_failures = 0;
+            // Envoy's multiplier decay: each ejection-length of health after the last
+            // ejection ended takes one step off the next ejection's length.
+            if let Some(until) = s.ejected_until.filter(|_| s.times_ejected > 0) {
+                if until.elapsed() > cfg.base_ejection {
+                    s.times_ejected -= 1;
+                    s.ejected_until = (s.times_ejected > 0).then(Instant::now);
+                }
+            }
             return;
         }
         s.consecutive_failures += 1;

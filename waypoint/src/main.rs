@@ -95,6 +95,8 @@ pub struct Waypoint {
     pub http_metrics: HttpMetrics,
     pub drain: Arc<Drain>,
     pub detect_timeout: Duration,
+    /// Bounds mirrored requests in flight.
+    pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }
 
 #[derive(Debug)]
@@ -170,6 +172,7 @@ async fn main() -> anyhow::Result<()> {
         http_metrics,
         drain: Arc::new(Drain::default()),
         detect_timeout: Duration::from_millis(args.protocol_detection_timeout_ms),
+        mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     let metrics_listener = ztunnel::http_endpoint::bind(args.metrics_addr)
@@ -222,9 +225,10 @@ async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stre
         Ok(id) => id,
         Err(e) => return tracing::warn!(error = %e, "HBONE peer has no usable identity"),
     };
-    let mut conn = match hbone::server_builder().handshake::<_, Bytes>(tls).await {
-        Ok(c) => c,
-        Err(e) => return tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed"),
+    let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder().handshake::<_, Bytes>(tls)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed"),
+        Err(_) => return tracing::warn!("HBONE HTTP/2 handshake timed out"),
     };
     let mut goaway_sent = false;
     loop {

@@ -32,9 +32,22 @@ fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>
     (wl.protocol == MeshProtocol::HBONE).then(|| (wl.clone(), target.port(), None))
 }
 
-fn is_known_target(state: &MeshState, target: SocketAddr) -> bool {
-    state.service_by_vip(target.ip()).is_some()
-        || state.workload_by_ip(target.ip()).is_some_and(|w| w.protocol == MeshProtocol::HBONE)
+/// Whether this waypoint serves `target`: a service (by VIP) or workload whose
+/// `waypoint` is this one. Anything else is refused: relaying it would let a client
+/// reach a destination with this waypoint's identity instead of its own, skipping that
+/// destination's own waypoint (or its absence), or make the waypoint dial itself.
+fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
+    if me.workload_ips.contains(&target.ip()) {
+        return false;
+    }
+    let gw = match state.service_by_vip(target.ip()) {
+        Some(svc) => svc.waypoint.as_ref(),
+        None => state
+            .workload_by_ip(target.ip())
+            .filter(|w| w.protocol == MeshProtocol::HBONE)
+            .and_then(|w| w.waypoint.as_ref()),
+    };
+    gw.is_some_and(|gw| state.is_waypoint(gw, me))
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
@@ -48,10 +61,15 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
         tracing::warn!(uri = %req.uri(), "CONNECT authority is not ip:port");
         return respond(tx, StatusCode::BAD_REQUEST);
     };
-    if !is_known_target(&wp.config.load().state, target) {
-        tracing::warn!(dst.addr = %target, response_flags = "NR", "CONNECT target is no mesh service or workload");
+    let cfg = wp.config.load();
+    // Our own entry as the current config has it (its service memberships may change).
+    let me = cfg.state.workload_by_uid(&wp.me.uid).unwrap_or(&wp.me);
+    if !serves(&cfg.state, me, target) {
+        tracing::warn!(dst.addr = %target, src.identity = %src_identity, response_flags = "NR",
+            "CONNECT target is not a service or workload that uses this waypoint; refused");
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     }
+    drop(cfg);
     // The tunnel must be open before its first bytes can tell HTTP from anything else.
     let ok = Response::builder().status(StatusCode::OK).body(()).unwrap_or_default();
     let down_send = match tx.send_response(ok, false) {
@@ -102,6 +120,14 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let target = tunnel.target;
     let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ztunnel::l7::ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
     let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), port: target.port() };
+    // Routes on the target mean it speaks HTTP: bytes that don't look like HTTP must not
+    // slip past the routes (and the trusted-header handling) as opaque TCP.
+    if cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {
+        tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "NR",
+            "non-HTTP traffic to a target with HTTPRoutes; refused");
+        down_send.send_reset(h2::Reason::REFUSED_STREAM);
+        return;
+    }
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&l7_target)).collect();
     if !policies.is_empty() {
         if let Err(reason) = l4_allowed(&tunnel, &policies) {

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -24,8 +24,12 @@ pub type Body = BoxBody<Bytes, BoxError>;
 /// An HTTP/1.1 connection idle longer than this is not reused (servers close idle
 /// keep-alive connections after a while; reusing one then fails the request).
 const H1_IDLE: Duration = Duration::from_secs(30);
-/// At most this many idle HTTP/1.1 connections are kept per endpoint.
+/// At most this many HTTP/1.1 connections are kept per endpoint.
 const H1_MAX_IDLE: usize = 64;
+/// An HTTP/2 connection unused this long is closed.
+const H2_IDLE: Duration = Duration::from_secs(300);
+/// Attempts on reused HTTP/1.1 connections that closed before taking the request.
+const H1_STALE_RETRIES: usize = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -50,18 +54,51 @@ pub struct Endpoint {
     pub identities: Vec<Identity>,
 }
 
+/// Connections are shared only between requests that expect the same peer identities.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct ConnKey {
+    addr: SocketAddr,
+    identities: Vec<Identity>,
+}
+
+impl ConnKey {
+    fn of(ep: &Endpoint) -> ConnKey {
+        let mut identities = ep.identities.clone();
+        identities.sort();
+        ConnKey { addr: ep.addr, identities }
+    }
+}
+
+struct H1Conn {
+    /// When it was last seen busy or handed out.
+    since: Instant,
+    sender: http1::SendRequest<Body>,
+}
+
+/// One endpoint's HTTP/2 connection. Its own lock is held while dialling, so concurrent
+/// first requests to that endpoint share one connection and no other endpoint waits.
+#[derive(Default)]
+struct H2Slot {
+    conn: tokio::sync::Mutex<Option<http2::SendRequest<Body>>>,
+    last_used: Mutex<Option<Instant>>,
+}
+
 pub struct Upstreams {
     pool: Pool,
     netns: InPodNetns,
     identity: Identity,
     ip: IpAddr,
-    h1: Mutex<HashMap<SocketAddr, Vec<(Instant, http1::SendRequest<Body>)>>>,
-    h2: tokio::sync::Mutex<HashMap<SocketAddr, http2::SendRequest<Body>>>,
+    h1: Mutex<HashMap<ConnKey, Vec<H1Conn>>>,
+    h2: Mutex<HashMap<ConnKey, Arc<H2Slot>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Upstreams {
     pub fn new(pool: Pool, netns: InPodNetns, identity: Identity, ip: IpAddr) -> Upstreams {
-        Upstreams { pool, netns, identity, ip, h1: Mutex::default(), h2: tokio::sync::Mutex::default() }
+        Upstreams { pool, netns, identity, ip, h1: Mutex::default(), h2: Mutex::default() }
     }
 
     /// Opens one HBONE stream to the endpoint (CONNECT endpoint ip:port).
@@ -85,55 +122,91 @@ impl Upstreams {
         if http2 { self.send_h2(ep, req).await } else { self.send_h1(ep, req).await }
     }
 
-    fn idle_h1(&self, addr: SocketAddr) -> Option<http1::SendRequest<Body>> {
-        let mut all = self.h1.lock().unwrap_or_else(|p| p.into_inner());
-        let list = all.get_mut(&addr)?;
-        list.retain(|(since, s)| !s.is_closed() && since.elapsed() < H1_IDLE);
-        let i = list.iter().position(|(_, s)| s.is_ready())?;
-        Some(list.swap_remove(i).1)
+    fn idle_h1(&self, key: &ConnKey) -> Option<http1::SendRequest<Body>> {
+        let mut all = lock(&self.h1);
+        let list = all.get_mut(key)?;
+        let now = Instant::now();
+        list.retain_mut(|c| {
+            if !c.sender.is_ready() && !c.sender.is_closed() {
+                c.since = now;
+            }
+            !c.sender.is_closed() && now.duration_since(c.since) < H1_IDLE
+        });
+        let i = list.iter().position(|c| c.sender.is_ready())?;
+        Some(list.swap_remove(i).sender)
     }
 
-    async fn send_h1(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
-        let mut sender = match self.idle_h1(ep.addr) {
-            Some(s) => s,
-            None => {
-                let io = TokioIo::new(self.tunnel(ep).await?);
-                let (sender, conn) = http1::handshake(io)
-                    .await
-                    .map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;
-                tokio::spawn(
-                    async move {
-                        if let Err(e) = conn.await {
-                            tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
-                        }
-                    }
-                    .in_current_span(),
-                );
-                sender
+    async fn dial_h1(&self, ep: &Endpoint) -> Result<http1::SendRequest<Body>, UpstreamError> {
+        let io = TokioIo::new(self.tunnel(ep).await?);
+        let (sender, conn) =
+            http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;
+        tokio::spawn(
+            async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
+                }
             }
-        };
-        let resp = sender
-            .send_request(req)
-            .await
-            .map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })?;
-        // Back to the idle list: it turns ready again once this response body is read.
-        let mut all = self.h1.lock().unwrap_or_else(|p| p.into_inner());
-        let list = all.entry(ep.addr).or_default();
-        if list.len() < H1_MAX_IDLE {
-            list.push((Instant::now(), sender));
+            .in_current_span(),
+        );
+        Ok(sender)
+    }
+
+    async fn send_h1(&self, ep: &Endpoint, mut req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+        let key = ConnKey::of(ep);
+        let mut stale = 0;
+        loop {
+            let (mut sender, reused) = match self.idle_h1(&key) {
+                Some(s) if stale < H1_STALE_RETRIES => (s, true),
+                _ => (self.dial_h1(ep).await?, false),
+            };
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    // Kept for reuse: it turns ready again once this response body is read.
+                    let mut all = lock(&self.h1);
+                    let list = all.entry(key).or_default();
+                    if list.len() < H1_MAX_IDLE {
+                        list.push(H1Conn { since: Instant::now(), sender });
+                    }
+                    return Ok(resp);
+                }
+                Err(mut e) => match e.take_message() {
+                    // A kept connection the server had closed: the request was never
+                    // sent, so it may go on another connection whatever its method.
+                    Some(r) if reused => {
+                        tracing::debug!(error = %e.error(), "kept HTTP/1.1 connection was closed; sending on another");
+                        req = r;
+                        stale += 1;
+                    }
+                    _ => return Err(UpstreamError::Request { endpoint: ep.addr, source: e.into_error() }),
+                },
+            }
         }
-        Ok(resp)
+    }
+
+    fn h2_slot(&self, key: &ConnKey) -> Arc<H2Slot> {
+        let mut all = lock(&self.h2);
+        if let Some(slot) = all.get(key) {
+            return slot.clone();
+        }
+        // A new endpoint: forget connections that closed or sat unused (endpoints go away).
+        all.retain(|_, slot| {
+            let idle = lock(&slot.last_used).is_some_and(|t| t.elapsed() > H2_IDLE);
+            let closed = slot.conn.try_lock().map(|c| c.as_ref().is_some_and(|s| s.is_closed())).unwrap_or(false);
+            !(idle || closed)
+        });
+        all.entry(key.clone()).or_default().clone()
     }
 
     async fn send_h2(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+        let slot = self.h2_slot(&ConnKey::of(ep));
+        *lock(&slot.last_used) = Some(Instant::now());
         let mut sender = {
-            // Held across the dial so concurrent first requests share one connection.
-            let mut conns = self.h2.lock().await;
-            match conns.get(&ep.addr) {
+            let mut conn = slot.conn.lock().await;
+            match conn.as_ref() {
                 Some(s) if !s.is_closed() => s.clone(),
                 _ => {
                     let io = TokioIo::new(self.tunnel(ep).await?);
-                    let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                    let (sender, c) = http2::Builder::new(TokioExecutor::new())
                         .initial_stream_window_size(hbone::STREAM_WINDOW)
                         .initial_connection_window_size(hbone::CONNECTION_WINDOW)
                         .handshake(io)
@@ -141,13 +214,13 @@ impl Upstreams {
                         .map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;
                     tokio::spawn(
                         async move {
-                            if let Err(e) = conn.await {
+                            if let Err(e) = c.await {
                                 tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
                             }
                         }
                         .in_current_span(),
                     );
-                    conns.insert(ep.addr, sender.clone());
+                    *conn = Some(sender.clone());
                     sender
                 }
             }

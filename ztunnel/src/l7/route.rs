@@ -935,6 +935,16 @@ pub struct RouteRequest<'a> {
     pub host: &'a str,
 }
 
+/// What routing decided for a request.
+#[derive(Clone, Copy, Debug)]
+pub enum Selection<'a> {
+    /// No route applies to the target: the request goes where it was addressed.
+    NoRoutes,
+    /// Routes apply but none matches: 404.
+    NoMatch,
+    Matched(Selected<'a>),
+}
+
 /// The rule chosen for a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Selected<'a> {
@@ -1079,17 +1089,19 @@ fn check_hostname(h: &str, wildcard: bool) -> Result<(), String> {
 static DEFAULT_MATCH: RouteMatch = RouteMatch { path: None, headers: Vec::new(), query_params: Vec::new(), method: None };
 
 /// The rule for a request among `routes`, by Gateway API precedence (module docs).
-pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest) -> Option<Selected<'a>> {
+/// Routes on the Gateway whose `hostnames` don't cover the request's host don't apply.
+pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest) -> Selection<'a> {
     let attached: Vec<(&HttpRoute, Attachment)> =
         routes.iter().filter_map(|r| r.attachment(target).map(|a| (*r, a))).collect();
     let service_routes = attached.iter().any(|(_, a)| matches!(a, Attachment::Service));
+    let applying = attached.into_iter().filter(|(route, att)| match att {
+        Attachment::Service => true,
+        Attachment::Gateway => !service_routes && route.host_matches(req.host),
+    });
+    let mut any = false;
     let mut best: Option<((u8, usize, bool, usize, usize), Selected<'a>)> = None;
-    for (route, att) in attached {
-        match att {
-            Attachment::Gateway if service_routes => continue,
-            Attachment::Gateway if !route.host_matches(req.host) => continue,
-            _ => {}
-        }
+    for (route, _) in applying {
+        any = true;
         for (rule_index, rule) in route.rules.iter().enumerate() {
             let matches = if rule.matches.is_empty() { std::slice::from_ref(&DEFAULT_MATCH) } else { &rule.matches };
             for m in matches {
@@ -1109,7 +1121,11 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
             }
         }
     }
-    best.map(|(_, s)| s)
+    match (best, any) {
+        (Some((_, s)), _) => Selection::Matched(s),
+        (None, true) => Selection::NoMatch,
+        (None, false) => Selection::NoRoutes,
+    }
 }
 
 #[cfg(test)]
@@ -1173,7 +1189,11 @@ mod tests {
                 headers: &self.headers,
                 host: &self.host,
             };
-            select(&refs, &target, &r).map(|s| format!("{}#{}", s.route.name, s.rule_index))
+            match select(&refs, &target, &r) {
+                Selection::Matched(s) => Some(format!("{}#{}", s.route.name, s.rule_index)),
+                Selection::NoMatch => Some("404".into()),
+                Selection::NoRoutes => None,
+            }
         }
     }
 
@@ -1218,10 +1238,10 @@ mod tests {
         ));
         assert_eq!(req("/").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
         assert_eq!(req("/").header("x-version", "v1").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
-        assert_eq!(req("/").header("x-version", "v1,v2").pick(&rs), None, "never split or joined");
-        assert_eq!(req("/").header("x-version", "V2").pick(&rs), None, "values are case-sensitive");
+        assert_eq!(req("/").header("x-version", "v1,v2").pick(&rs).as_deref(), Some("404"), "never split or joined");
+        assert_eq!(req("/").header("x-version", "V2").pick(&rs).as_deref(), Some("404"), "values are case-sensitive");
         assert_eq!(req("/").header("x-user", "admin").pick(&rs).as_deref(), Some("a#1"));
-        assert_eq!(req("/").header("x-user", "xadmin").pick(&rs), None, "regexes are anchored");
+        assert_eq!(req("/").header("x-user", "xadmin").pick(&rs).as_deref(), Some("404"), "regexes are anchored");
     }
 
     #[test]
@@ -1242,7 +1262,7 @@ mod tests {
         );
         // Port 80: the Service route is for port 81, so the Gateway route applies, by host.
         assert_eq!(req("/").host("a.example.com").pick(&rs).as_deref(), Some("gw#0"));
-        assert_eq!(req("/").host("example.com").pick(&rs), None);
+        assert_eq!(req("/").host("example.com").pick(&rs), None, "a Gateway route for other hosts does not apply");
         assert_eq!(req("/").pick(&rs), None);
         // A Service route for the request's port takes precedence over Gateway routes.
         let rs = routes(&format!(
@@ -1250,7 +1270,7 @@ mod tests {
              - name: svc\n  namespace: default\n  {SVC}\n  rules: [{{matches: [{{path: {{type: Exact, value: /only}}}}]}}]\n"
         ));
         assert_eq!(req("/only").pick(&rs).as_deref(), Some("svc#0"));
-        assert_eq!(req("/x").pick(&rs), None, "Gateway routes don't apply to a Service with routes");
+        assert_eq!(req("/x").pick(&rs).as_deref(), Some("404"), "Gateway routes don't apply to a Service with routes");
     }
 
     #[test]

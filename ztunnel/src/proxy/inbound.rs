@@ -58,11 +58,15 @@ async fn handle_connection(
             return;
         }
     };
-    let h2 = hbone::server_builder().handshake::<_, Bytes>(tls).await;
+    let h2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder().handshake::<_, Bytes>(tls)).await;
     let mut conn = match h2 {
-        Ok(c) => c,
-        Err(e) => {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::warn!("HBONE HTTP/2 handshake timed out");
             return;
         }
     };
