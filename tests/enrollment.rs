@@ -226,45 +226,6 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     Ok(())
 }
 
-/// A client looping connections (connect, 1 KiB echo, close) from `from` to `to` on its
-/// own thread inside the pod netns, until told to stop; returns (succeeded, failures).
-fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
-    use std::io::{Read, Write};
-    let path = from.netns.path();
-    std::thread::spawn(move || {
-        let mut ok = 0;
-        let mut failed = Vec::new();
-        let ns = match std::fs::File::open(&path) {
-            Ok(f) => f,
-            Err(e) => return (0, vec![e.to_string()]),
-        };
-        if let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET) {
-            return (0, vec![e.to_string()]);
-        }
-        let payload = pattern(1024, 3);
-        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            let started = std::time::SystemTime::now();
-            let mut local = None;
-            let attempt = (|| -> std::io::Result<Vec<u8>> {
-                let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
-                local = s.local_addr().ok();
-                s.set_read_timeout(Some(Duration::from_secs(5)))?;
-                s.write_all(&payload)?;
-                s.shutdown(std::net::Shutdown::Write)?;
-                let mut out = Vec::new();
-                s.read_to_end(&mut out)?;
-                Ok(out)
-            })();
-            match attempt {
-                Ok(v) if v == payload => ok += 1,
-                Ok(v) => failed.push(format!("{started:?} from {local:?}: short echo: {} of {} bytes", v.len(), payload.len())),
-                Err(e) => failed.push(format!("{started:?} from {local:?}: {e}")),
-            }
-        }
-        (ok, failed)
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
     let topo = Topology::build(&prefix("t"), &[1, 1])?;

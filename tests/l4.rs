@@ -643,7 +643,7 @@ async fn admin_is_local_and_controls_logging_and_drain() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
-    let topo = Topology::build(&prefix("f"), &[2, 0])?;
+    let topo = Topology::build(&prefix("e"), &[2, 0])?;
     let cfg_path = topo.dir.join("mesh.yaml");
     std::fs::write(&cfg_path, format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n1p2", "server", "")))?;
     // A pin directory that is not on a bpf filesystem: eBPF cannot start.
@@ -691,7 +691,7 @@ async fn dual_stack_sockets_are_captured_too() -> Result<()> {
 async fn proxy_marks_from_another_pod_exempt_nothing() -> Result<()> {
     // n1p2 is a same-node pod outside the mesh that sets the proxy's marks on its own
     // sockets (SO_MARK needs only CAP_NET_RAW). It must still meet the server's policy.
-    let topo = Topology::build(&prefix("m"), &[2, 0])?;
+    let topo = Topology::build(&prefix("n"), &[2, 0])?;
     let cfg = format!("workloads:\n{}{ALLOW_ONLY_CLIENT}", workload(&topo, "n1p1", "server", ""));
     let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[])?;
     let (server, attacker) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n1p2"));

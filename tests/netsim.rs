@@ -549,6 +549,31 @@ impl Mesh {
         Ok(mesh)
     }
 
+    /// Starts ztunnel on each node with its configuration from istiod (`env` names it, see
+    /// `istiod::FakeIstiod::env`) and `node_args[n - 1]` added to node n's command line.
+    pub fn start_with_istiod(topo: Topology, node_args: &[Vec<String>], env: &[(String, String)]) -> Result<Mesh> {
+        let mut commands = Vec::new();
+        for n in 1..=topo.nodes.len() {
+            let mut args = vec!["--node-name".to_string(), format!("node{n}")];
+            args.extend(topo.capture_args(n));
+            args.extend(node_args.get(n - 1).cloned().unwrap_or_default());
+            let mut full_env = vec![
+                ("RUST_LOG".to_string(), "info".to_string()),
+                ("RUST_BACKTRACE".into(), "0".into()),
+                ("POD_NAME".into(), format!("ztunnel-node{n}")),
+                ("INSTANCE_IP".into(), format!("10.0.0.{n}")),
+            ];
+            full_env.extend(env.iter().cloned());
+            commands.push((args, full_env));
+        }
+        let mut mesh = Mesh { ztunnels: Vec::new(), commands, topo };
+        for n in 1..=mesh.topo.nodes.len() {
+            let z = mesh.spawn_ztunnel(n, &format!("ztunnel-node{n}.log"))?;
+            mesh.ztunnels.push(z);
+        }
+        Ok(mesh)
+    }
+
     /// Starts (another) ztunnel for node `n` with its usual command line; waits until ready.
     pub fn spawn_ztunnel(&self, n: usize, log_name: &str) -> Result<Child> {
         let (args, env) = &self.commands[n - 1];
@@ -575,3 +600,41 @@ impl Mesh {
     }
 }
 
+/// A client looping connections (connect, 1 KiB echo, close) from `from` to `to` on its
+/// own thread inside the pod netns, until told to stop; returns (succeeded, failures).
+pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    use std::io::{Read, Write};
+    let path = from.netns.path();
+    std::thread::spawn(move || {
+        let mut ok = 0;
+        let mut failed = Vec::new();
+        let ns = match std::fs::File::open(&path) {
+            Ok(f) => f,
+            Err(e) => return (0, vec![e.to_string()]),
+        };
+        if let Err(e) = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET) {
+            return (0, vec![e.to_string()]);
+        }
+        let payload = pattern(1024, 3);
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let started = std::time::SystemTime::now();
+            let mut local = None;
+            let attempt = (|| -> std::io::Result<Vec<u8>> {
+                let mut s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+                local = s.local_addr().ok();
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                s.write_all(&payload)?;
+                s.shutdown(std::net::Shutdown::Write)?;
+                let mut out = Vec::new();
+                s.read_to_end(&mut out)?;
+                Ok(out)
+            })();
+            match attempt {
+                Ok(v) if v == payload => ok += 1,
+                Ok(v) => failed.push(format!("{started:?} from {local:?}: short echo: {} of {} bytes", v.len(), payload.len())),
+                Err(e) => failed.push(format!("{started:?} from {local:?}: {e}")),
+            }
+        }
+        (ok, failed)
+    })
+}

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use ztunnel::config::{ConfigError, LocalConfig};
@@ -27,23 +27,10 @@ impl Config {
     }
 }
 
-/// What identifies a version of the file without reading it.
-fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), std::os::unix::fs::MetadataExt::ino(&m)))
-}
-
-/// Polls the file (a rename over it, as Kubernetes ConfigMap updates do, is seen too)
-/// and swaps in each new version that loads. `on_change` sees every applied version.
+/// Watches the file (see `ztunnel::config::watch_file`) and swaps in each new version
+/// that loads. `on_change` sees every applied version.
 pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Duration, on_change: impl Fn(&Config) + Send + 'static) {
-    let mut last = stamp(&path);
-    loop {
-        tokio::time::sleep(interval).await;
-        let now = stamp(&path);
-        if now == last {
-            continue;
-        }
-        last = now;
+    ztunnel::config::watch_file(path.clone(), interval, || async {
         let p = path.clone();
         match tokio::task::spawn_blocking(move || Config::load(&p)).await {
             Ok(Ok(cfg)) => {
@@ -54,5 +41,6 @@ pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Durat
             Ok(Err(e)) => tracing::error!(error = %e, "config change rejected; keeping the previous config"),
             Err(e) => tracing::error!(error = %e, "config reload task failed"),
         }
-    }
+    })
+    .await
 }

@@ -24,7 +24,7 @@ use tracing::Instrument;
 use ztunnel::drain::Drain;
 use ztunnel::hbone::{self, Pool};
 use ztunnel::identity::ca::Ca;
-use ztunnel::identity::manager::LocalCa;
+use ztunnel::identity::manager::{IdentityCert, LocalCa};
 use ztunnel::identity::{CertManager, Identity};
 use ztunnel::l7::ObjectName;
 use ztunnel::metrics::http::HttpMetrics;
@@ -99,18 +99,6 @@ pub struct Waypoint {
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }
 
-#[derive(Debug)]
-struct OwnCert {
-    certs: Arc<CertManager>,
-    identity: Identity,
-}
-
-impl ztunnel::tls::CurrentCert for OwnCert {
-    fn current(&self) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        self.certs.current(&self.identity).map(|c| c.certified_key.clone())
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -145,7 +133,7 @@ async fn main() -> anyhow::Result<()> {
     certs.allow(&identity);
     let cert = certs.fetch(&identity).await?;
     let tls = Arc::new(ztunnel::tls::server_config(
-        OwnCert { certs: certs.clone(), identity: identity.clone() },
+        IdentityCert { certs: certs.clone(), identity: identity.clone() },
         &cert.cert.roots,
         &identity.trust_domain,
     )?);

@@ -99,6 +99,27 @@ impl LocalConfig {
     }
 }
 
+/// What identifies a version of a file without reading it (a rename over it, as
+/// Kubernetes ConfigMap updates do, changes the inode).
+async fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
+    let m = tokio::fs::metadata(path).await.ok()?;
+    Some((m.modified().ok()?, m.len(), std::os::unix::fs::MetadataExt::ino(&m)))
+}
+
+/// Polls `path` every `interval` and awaits `on_change` after each change (not for the
+/// version present at the start).
+pub async fn watch_file<F: std::future::Future<Output = ()>>(path: PathBuf, interval: Duration, mut on_change: impl FnMut() -> F) {
+    let mut last = file_stamp(&path).await;
+    loop {
+        tokio::time::sleep(interval).await;
+        let now = file_stamp(&path).await;
+        if now != last {
+            last = now;
+            on_change().await;
+        }
+    }
+}
+
 /// How enrolled pods' traffic is captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum CaptureMode {

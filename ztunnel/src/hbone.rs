@@ -59,6 +59,8 @@ pub enum CopyError {
     Tcp(io::Error),
     #[error("tunnel stream failed: {0}")]
     Stream(h2::Error),
+    #[error("closed: authorization policy now denies this connection")]
+    Revoked,
 }
 
 /// Copies both ways between a TCP connection and an HTTP/2 stream until both directions
@@ -67,14 +69,33 @@ pub enum CopyError {
 /// caller resets the TCP connection (see [`CopyError`]).
 pub async fn copy_tcp_h2(
     tcp: &mut tokio::net::TcpStream,
+    send: SendStream<Bytes>,
+    recv: RecvStream,
+) -> Result<Transferred, (CopyError, Transferred)> {
+    copy_tcp_h2_until(tcp, send, recv, std::future::pending()).await
+}
+
+/// [`copy_tcp_h2`], ended early (the tunnel reset, [`CopyError::Revoked`]) when `revoked`
+/// completes: a policy change that denies an open connection.
+pub async fn copy_tcp_h2_until(
+    tcp: &mut tokio::net::TcpStream,
     mut send: SendStream<Bytes>,
     mut recv: RecvStream,
+    revoked: impl std::future::Future<Output = ()>,
 ) -> Result<Transferred, (CopyError, Transferred)> {
     let (mut rd, mut wr) = tcp.split();
     let mut t = Transferred::default();
-    let up = tcp_to_h2(&mut rd, &mut send, &mut t.sent);
-    let down = h2_to_tcp(&mut recv, &mut wr, &mut t.received);
-    let res = tokio::try_join!(up, down);
+    let res = {
+        let up = tcp_to_h2(&mut rd, &mut send, &mut t.sent);
+        let down = h2_to_tcp(&mut recv, &mut wr, &mut t.received);
+        tokio::select! {
+            r = async { tokio::try_join!(up, down) } => r,
+            _ = revoked => Err(CopyError::Revoked),
+        }
+    };
+    if let Err(CopyError::Revoked) = res {
+        send.send_reset(h2::Reason::CANCEL);
+    }
     match res {
         Ok(_) => Ok(t),
         Err(e) => {

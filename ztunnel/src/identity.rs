@@ -4,6 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub mod ca;
+pub mod istio_ca;
 pub mod manager;
 
 pub use manager::{CertManager, WorkloadCert};

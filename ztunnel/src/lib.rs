@@ -9,12 +9,14 @@ pub mod hbone;
 pub mod http_endpoint;
 pub mod metrics;
 pub mod identity;
+pub mod istiod;
 pub mod l7;
 pub mod netns;
 pub mod proxy;
 pub mod rbac;
 pub mod state;
 pub mod tls;
+pub mod xds;
 pub mod zds;
 
 /// SO_MARK on every socket the proxy opens, so capture rules exempt its own traffic.

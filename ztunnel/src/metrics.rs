@@ -90,7 +90,9 @@ pub struct Metrics {
     failed: Family<TcpLabels, Counter>,
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
-    ready: AtomicBool,
+    /// What readiness still waits for ("startup", "xds", "zds", ...).
+    pending: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
+    draining: AtomicBool,
 }
 
 impl Default for Metrics {
@@ -107,7 +109,16 @@ impl Default for Metrics {
         registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
         registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
-        Metrics { registry, opened, closed, failed, received, sent, ready: AtomicBool::new(false) }
+        Metrics {
+            registry,
+            opened,
+            closed,
+            failed,
+            received,
+            sent,
+            pending: std::sync::Mutex::new(["startup"].into()),
+            draining: AtomicBool::new(false),
+        }
     }
 }
 
@@ -129,17 +140,40 @@ impl Metrics {
         self.failed.get_or_create(&l).inc();
     }
 
+    fn pending(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<&'static str>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Start-up is done (listeners bound, start-up pods enrolled).
     pub fn set_ready(&self) {
-        self.ready.store(true, Ordering::Release);
+        self.ready_part("startup");
+    }
+
+    /// Readiness also waits for `part` (e.g. "xds" until istiod's first full state).
+    pub fn wait_for(&self, part: &'static str) {
+        self.pending().insert(part);
+    }
+
+    pub fn ready_part(&self, part: &'static str) {
+        self.pending().remove(part);
     }
 
     /// Draining: stop advertising readiness so nothing new is sent here.
     pub fn set_not_ready(&self) {
-        self.ready.store(false, Ordering::Release);
+        self.draining.store(true, Ordering::Release);
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Acquire)
+        !self.draining.load(Ordering::Acquire) && self.pending().is_empty()
+    }
+
+    /// Why readiness is not reported, for the 503 body.
+    pub fn not_ready_reason(&self) -> String {
+        if self.draining.load(Ordering::Acquire) {
+            return "draining".into();
+        }
+        let p = self.pending();
+        format!("waiting for {}", p.iter().copied().collect::<Vec<_>>().join(", "))
     }
 
     pub fn encode(&self) -> String {

@@ -4,16 +4,16 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
 use tokio::task::JoinSet;
 
 use crate::capture::{self, CaptureError};
 use crate::config::ProxyConfig;
 use crate::hbone::Pool;
+use crate::identity::manager::IdentityCert;
 use crate::identity::{CertManager, Identity};
 use crate::netns::{InPodNetns, NetnsError};
 use crate::ports;
-use crate::state::{MeshState, Workload, WorkloadUid};
+use crate::state::{MeshState, SharedState, Workload, WorkloadUid};
 
 pub mod inbound;
 pub mod inbound_passthrough;
@@ -21,8 +21,8 @@ pub mod outbound;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("workload {0} is not in the mesh config; add it to the config before enrolling the pod")]
-    UnknownWorkload(WorkloadUid),
+    #[error("workload {0} is not in the mesh config (waited {1:?} for it); add it to the config, or check that istiod knows the pod")]
+    UnknownWorkload(WorkloadUid, std::time::Duration),
     #[error("workload {uid} runs on node {node:?}, not on this node {ours:?}; a node proxy only serves its own node's pods")]
     WrongNode { uid: WorkloadUid, node: String, ours: String },
     #[error("workload {0} has no IPv4 address")]
@@ -44,7 +44,7 @@ const REMOVAL_DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// What every connection handler needs.
 pub struct ProxyInputs {
-    pub state: Arc<ArcSwap<MeshState>>,
+    pub state: Arc<SharedState>,
     pub certs: Arc<CertManager>,
     pub pool: Pool,
     pub cfg: ProxyConfig,
@@ -63,6 +63,82 @@ pub struct LocalPod {
     pub netns: InPodNetns,
     /// This pod's in-flight connections, which its removal lets finish.
     pub active: Arc<crate::drain::Drain>,
+    /// Its inbound connections, re-checked against policy whenever the state changes.
+    pub inbound: Arc<InboundConns>,
+}
+
+impl LocalPod {
+    /// The pod's workload as the current state has it (policies and labels may have
+    /// changed since enrollment); the enrolled one if the state no longer lists it.
+    pub fn workload_in<'a>(&'a self, state: &'a MeshState) -> &'a Arc<Workload> {
+        state.workload_by_uid(&self.workload.uid).unwrap_or(&self.workload)
+    }
+}
+
+/// Open inbound connections of one pod and what authorized them. When the mesh state
+/// changes (a policy pushed by istiod), each is authorized again and closed if the new
+/// policy denies it, as Istio's ztunnel does.
+#[derive(Default)]
+pub struct InboundConns {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<u64, (crate::rbac::Connection, Arc<tokio::sync::Notify>)>>,
+}
+
+/// A registered connection; dropping it unregisters.
+pub struct InboundGuard {
+    conns: Arc<InboundConns>,
+    id: u64,
+    /// Notified when policy no longer allows the connection.
+    pub revoked: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for InboundGuard {
+    fn drop(&mut self) {
+        self.conns.lock().remove(&self.id);
+    }
+}
+
+impl InboundConns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (crate::rbac::Connection, Arc<tokio::sync::Notify>)>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn register(self: &Arc<Self>, conn: crate::rbac::Connection) -> InboundGuard {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let revoked = Arc::new(tokio::sync::Notify::new());
+        self.lock().insert(id, (conn, revoked.clone()));
+        InboundGuard { conns: self.clone(), id, revoked }
+    }
+
+    /// Re-authorizes every open connection of `pod` under `state`; returns how many were revoked.
+    fn recheck(&self, state: &MeshState, pod: &LocalPod) -> usize {
+        let wl = pod.workload_in(state);
+        let mut revoked = 0;
+        for (conn, notify) in self.lock().values() {
+            if let crate::rbac::Decision::Deny(reason) = state.authorize(wl, conn) {
+                tracing::warn!(src.addr = %conn.src_ip, dst.addr = %conn.dst,
+                    src.identity = conn.src_identity.as_ref().map(|i| i.to_string()),
+                    error = %reason, "closing an open connection: policy now denies it");
+                // A stored permit: the connection sees it even if not waiting yet.
+                notify.notify_one();
+                revoked += 1;
+            }
+        }
+        revoked
+    }
+}
+
+/// Re-checks the pod's open inbound connections on every state change.
+async fn recheck_on_change(inputs: Arc<ProxyInputs>, pod: LocalPod) {
+    let mut changes = inputs.state.changes();
+    changes.mark_unchanged();
+    while changes.changed().await.is_ok() {
+        let state = inputs.state.load_full();
+        let n = pod.inbound.recheck(&state, &pod);
+        if n > 0 {
+            tracing::info!(pod = %pod.workload.name, revoked = n, "policy change closed open connections");
+        }
+    }
 }
 
 /// An enrolled pod: its listeners run until this is dropped (or `remove` is called).
@@ -92,13 +168,45 @@ impl EnrolledPod {
     }
 }
 
-pub async fn enroll(inputs: Arc<ProxyInputs>, uid: &WorkloadUid, netns: InPodNetns) -> Result<EnrolledPod, ProxyError> {
-    let wl = inputs
-        .state
-        .load()
-        .workload_by_uid(uid)
-        .cloned()
-        .ok_or_else(|| ProxyError::UnknownWorkload(uid.clone()))?;
+/// How long an enrollment waits for its workload to show up in the mesh state (with
+/// istiod, the CNI agent can announce a pod before istiod has pushed it).
+pub const ENROLL_WAIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The pod's workload: by `uid`, else by `(namespace, name)` on this node, waiting up to
+/// `wait` for it to appear.
+pub async fn await_workload(
+    inputs: &ProxyInputs,
+    uid: &WorkloadUid,
+    pod: Option<(&str, &str)>,
+    wait: std::time::Duration,
+) -> Result<Arc<Workload>, ProxyError> {
+    let mut changes = inputs.state.changes();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        if let Some(w) = inputs.state.load().workload_for_pod(uid, pod, &inputs.cfg.node_name) {
+            return Ok(w.clone());
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Err(ProxyError::UnknownWorkload(uid.clone(), wait)),
+        }
+    }
+}
+
+/// Enrolls the pod of workload `uid`, waiting up to `wait` for it to appear.
+pub async fn enroll(
+    inputs: Arc<ProxyInputs>,
+    uid: &WorkloadUid,
+    netns: InPodNetns,
+    wait: std::time::Duration,
+) -> Result<EnrolledPod, ProxyError> {
+    let wl = await_workload(&inputs, uid, None, wait).await?;
+    enroll_workload(inputs, wl, netns).await
+}
+
+/// Enrolls the pod of a known workload: certificate, listeners, then capture.
+pub async fn enroll_workload(inputs: Arc<ProxyInputs>, wl: Arc<Workload>, netns: InPodNetns) -> Result<EnrolledPod, ProxyError> {
+    let uid = &wl.uid.clone();
     if wl.node != inputs.cfg.node_name {
         return Err(ProxyError::WrongNode { uid: uid.clone(), node: wl.node.clone(), ours: inputs.cfg.node_name.clone() });
     }
@@ -113,7 +221,15 @@ pub async fn enroll(inputs: Arc<ProxyInputs>, uid: &WorkloadUid, netns: InPodNet
     let ip = IpAddr::V4(ipv4);
     let identity = wl.identity();
     inputs.certs.allow(&identity);
-    let pod = LocalPod { workload: wl, identity: identity.clone(), ip, ipv4, netns: netns.clone(), active: Default::default() };
+    let pod = LocalPod {
+        workload: wl,
+        identity: identity.clone(),
+        ip,
+        ipv4,
+        netns: netns.clone(),
+        active: Default::default(),
+        inbound: Default::default(),
+    };
     let r = start(inputs.clone(), pod).await;
     if r.is_err() {
         inputs.certs.release(&identity);
@@ -129,10 +245,15 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
     // Outbound is only reached through REDIRECT, which targets loopback.
     let outbound = bind(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::OUTBOUND))?;
-    let hbone = bind(SocketAddr::new(any, ports::HBONE))?;
-    let plaintext = bind(SocketAddr::new(any, ports::INBOUND_PLAINTEXT))?;
+    // Inbound listeners are transparent so that TPROXY rules (istio-cni's in-pod capture,
+    // with `--capture none`) can deliver to them; REDIRECT and sk_lookup don't mind.
+    let bind_transparent = |addr: SocketAddr| {
+        pod.netns.listen(addr, true).map_err(|source| ProxyError::Bind { pod: pod.netns.name().to_string(), addr, source })
+    };
+    let hbone = bind_transparent(SocketAddr::new(any, ports::HBONE))?;
+    let plaintext = bind_transparent(SocketAddr::new(any, ports::INBOUND_PLAINTEXT))?;
     let tls = Arc::new(crate::tls::server_config(
-        PodCert { certs: inputs.certs.clone(), identity: pod.identity.clone() },
+        IdentityCert { certs: inputs.certs.clone(), identity: pod.identity.clone() },
         &inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default(),
         &pod.identity.trust_domain,
     )?);
@@ -153,26 +274,9 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     tasks.spawn(outbound::serve(inputs.clone(), pod.clone(), outbound));
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));
     tasks.spawn(inbound_passthrough::serve(inputs.clone(), pod.clone(), plaintext));
+    tasks.spawn(recheck_on_change(inputs.clone(), pod.clone()));
     tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
     Ok(EnrolledPod { pod, tasks, inputs })
-}
-
-#[derive(Debug)]
-struct PodCert {
-    certs: Arc<CertManager>,
-    identity: Identity,
-}
-
-impl std::fmt::Debug for CertManager {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CertManager")
-    }
-}
-
-impl crate::tls::CurrentCert for PodCert {
-    fn current(&self) -> Option<Arc<rustls::sign::CertifiedKey>> {
-        self.certs.current(&self.identity).map(|c| c.certified_key.clone())
-    }
 }
 
 /// Whether an original destination points back at this pod's proxy listeners.
@@ -188,15 +292,55 @@ pub(crate) async fn copy_tcp(
     a: &mut tokio::net::TcpStream,
     b: &mut tokio::net::TcpStream,
 ) -> std::io::Result<(u64, u64)> {
+    copy_tcp_until(metrics, labels, a, b, std::future::pending()).await
+}
+
+/// [`copy_tcp`], ended with a reset of both sides when `revoked` completes (a policy
+/// change that denies an open connection). Bytes moved until then are still counted.
+pub(crate) async fn copy_tcp_until(
+    metrics: &crate::metrics::Metrics,
+    labels: &crate::metrics::TcpLabels,
+    a: &mut tokio::net::TcpStream,
+    b: &mut tokio::net::TcpStream,
+    revoked: impl std::future::Future<Output = ()>,
+) -> std::io::Result<(u64, u64)> {
     metrics.opened(labels);
-    let r = tokio::io::copy_bidirectional(a, b).await;
-    let (from_client, to_client) = r.as_ref().map(|t| *t).unwrap_or_default();
+    let (mut from_client, mut to_client) = (0u64, 0u64);
+    let r = {
+        let (mut ar, mut aw) = a.split();
+        let (mut br, mut bw) = b.split();
+        let up = copy_half(&mut ar, &mut bw, &mut from_client);
+        let down = copy_half(&mut br, &mut aw, &mut to_client);
+        tokio::select! {
+            r = async { tokio::try_join!(up, down) } => r.map(|_| ()),
+            _ = revoked => Err(std::io::Error::other("closed: authorization policy now denies this connection")),
+        }
+    };
     metrics.closed(labels, from_client, to_client);
+    let r = r.map(|()| (from_client, to_client));
     if r.is_err() {
         crate::netns::set_reset_on_close(a);
         crate::netns::set_reset_on_close(b);
     }
     r
+}
+
+/// One direction of a TCP relay: copies until EOF, then half-closes the other side.
+async fn copy_half(
+    from: &mut (impl tokio::io::AsyncRead + Unpin),
+    to: &mut (impl tokio::io::AsyncWrite + Unpin),
+    count: &mut u64,
+) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        let n = from.read(&mut buf).await?;
+        if n == 0 {
+            return to.shutdown().await;
+        }
+        to.write_all(&buf[..n]).await?;
+        *count += n as u64;
+    }
 }
 
 /// Counts a connection both for the process's drain and for its pod's removal.

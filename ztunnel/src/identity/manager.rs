@@ -22,6 +22,8 @@ pub enum CertError {
     Ca(#[from] CaError),
     #[error("certificate for {identity} is unusable: {reason}")]
     Unusable { identity: Identity, reason: String },
+    #[error("the Istio CA gave no usable certificate for {identity}: {reason}")]
+    Remote { identity: Identity, reason: String },
 }
 
 /// A leaf certificate and key for one identity.
@@ -50,7 +52,7 @@ pub struct CertState {
     pub certified_key: Arc<CertifiedKey>,
 }
 
-type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
+pub type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
 
 /// Where certificates come from: the built-in CA, or (later) the Istio CA.
 pub trait CaClient: Send + Sync + 'static {
@@ -78,11 +80,13 @@ struct Entry {
 pub struct CertManager {
     ca: Arc<dyn CaClient>,
     entries: Mutex<HashMap<Identity, Entry>>,
+    /// Bumped to make every rotation task re-issue now (the mesh roots changed).
+    reissue: tokio::sync::watch::Sender<u64>,
 }
 
 impl CertManager {
     pub fn new(ca: Arc<dyn CaClient>) -> Arc<CertManager> {
-        Arc::new(CertManager { ca, entries: Mutex::new(HashMap::new()) })
+        Arc::new(CertManager { ca, entries: Mutex::new(HashMap::new()), reissue: tokio::sync::watch::Sender::new(0) })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Identity, Entry>> {
@@ -135,6 +139,20 @@ impl CertManager {
         Ok(state.load_full())
     }
 
+    /// Re-issues every certificate now (e.g. the mesh root changed): the roots and
+    /// chains in use get replaced without waiting for half-life.
+    pub fn reissue_all(&self) {
+        self.reissue.send_modify(|g| *g += 1);
+    }
+
+    /// Identities with a certificate, and the certificate (for config dumps).
+    pub fn snapshot(&self) -> Vec<(Identity, Option<Arc<CertState>>)> {
+        let mut v: Vec<_> =
+            self.lock().iter().map(|(id, e)| (id.clone(), e.current.as_ref().map(|c| c.load_full()))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
     /// The current certificate without issuing one (for TLS handshakes, which are synchronous).
     pub fn current(&self, id: &Identity) -> Option<Arc<CertState>> {
         self.lock().get(id).and_then(|e| e.current.as_ref().map(|c| c.load_full()))
@@ -152,7 +170,30 @@ impl CertManager {
         let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)
             .map_err(|e| CertError::Unusable { identity: id.clone(), reason: e.to_string() })?;
         let certified_key = Arc::new(CertifiedKey::new(cert.chain.clone(), key));
+        certified_key
+            .keys_match()
+            .map_err(|e| CertError::Unusable { identity: id.clone(), reason: format!("certificate and key disagree: {e}") })?;
         Ok(CertState { cert, certified_key })
+    }
+}
+
+/// The current certificate of one local identity, for TLS handshakes (rotation needs no
+/// new TLS config: each handshake asks for the certificate in force).
+#[derive(Clone)]
+pub struct IdentityCert {
+    pub certs: Arc<CertManager>,
+    pub identity: Identity,
+}
+
+impl std::fmt::Debug for IdentityCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "IdentityCert({})", self.identity)
+    }
+}
+
+impl crate::tls::CurrentCert for IdentityCert {
+    fn current(&self) -> Option<Arc<CertifiedKey>> {
+        self.certs.current(&self.identity).map(|c| c.certified_key.clone())
     }
 }
 
@@ -160,10 +201,15 @@ impl CertManager {
 /// still-valid certificate in place.
 async fn rotate(mgr: Arc<CertManager>, id: Identity, slot: Arc<ArcSwap<CertState>>) {
     let mut backoff = Duration::from_millis(500);
+    let mut reissue = mgr.reissue.subscribe();
+    reissue.mark_unchanged();
     loop {
         let at = slot.load().cert.refresh_at();
         let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = reissue.changed() => tracing::info!(identity = %id, "re-issuing the certificate (mesh roots changed)"),
+        }
         match mgr.issue(&id).await {
             Ok(next) => {
                 tracing::info!(identity = %id, serial = %next.cert.serial, "certificate rotated");

@@ -17,7 +17,7 @@ fn route(metrics: &Metrics, req: &Request<Incoming>) -> HttpResponse {
             respond(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", metrics.encode())
         }
         "/healthz/ready" if metrics.is_ready() => text(StatusCode::OK, "ready\n".into()),
-        "/healthz/ready" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
+        "/healthz/ready" => text(StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {}\n", metrics.not_ready_reason())),
         _ => text(StatusCode::NOT_FOUND, "not found\n".into()),
     }
 }

@@ -127,17 +127,20 @@ async fn handle_stream(
         return respond(tx, StatusCode::BAD_REQUEST);
     }
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
-    let state = inputs.state.load();
+    let state = inputs.state.load_full();
+    let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity.
     let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
     let labels = TcpLabels::new(
         "destination",
         Peer { workload: src_wl.as_deref(), identity: Some(&src_identity) },
-        Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+        Peer { workload: Some(workload), identity: Some(&pod.identity) },
         None,
         true,
     );
-    let decision = state.authorize(&pod.workload, &conn);
+    // Registered before the decision, so a policy change in between is not missed.
+    let registration = pod.inbound.register(conn.clone());
+    let decision = state.authorize(workload, &conn);
     drop(state);
     if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
@@ -163,7 +166,7 @@ async fn handle_stream(
         }
     };
     inputs.metrics.opened(&labels);
-    let r = hbone::copy_tcp_h2(&mut upstream, send, recv).await;
+    let r = hbone::copy_tcp_h2_until(&mut upstream, send, recv, registration.revoked.notified()).await;
     let t = match &r {
         Ok(t) | Err((_, t)) => *t,
     };
@@ -174,6 +177,10 @@ async fn handle_stream(
         Err((CopyError::Stream(e), t)) => {
             reset(upstream);
             (t, Some(format!("tunnel reset: {e}")))
+        }
+        Err((e @ CopyError::Revoked, t)) => {
+            reset(upstream);
+            (t, Some(e.to_string()))
         }
         Err((e, t)) => (t, Some(e.to_string())),
     };

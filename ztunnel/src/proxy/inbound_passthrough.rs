@@ -31,15 +31,17 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let conn = rbac::Connection { src_identity: None, src_ip: peer.ip(), dst };
-    let state = inputs.state.load();
+    let state = inputs.state.load_full();
+    let workload = pod.workload_in(&state);
     let labels = TcpLabels::new(
         "destination",
         Peer { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
-        Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+        Peer { workload: Some(workload), identity: Some(&pod.identity) },
         None,
         false,
     );
-    let decision = state.authorize(&pod.workload, &conn);
+    let registration = pod.inbound.register(conn.clone());
+    let decision = state.authorize(workload, &conn);
     drop(state);
     if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
@@ -55,7 +57,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             return reset(stream);
         }
     };
-    let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream).await;
+    let r = super::copy_tcp_until(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified()).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
     tracing::info!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
         connection_security_policy = "unknown", bytes_sent = sent, bytes_recv = recv,

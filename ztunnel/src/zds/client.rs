@@ -69,7 +69,7 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
                     inputs.capture.retain(&netns);
                 }
                 let enrolled = pods.lock().await.len();
-                inputs.metrics.set_ready();
+                inputs.metrics.ready_part("zds");
                 tracing::info!(pods = enrolled, "ZDS snapshot applied");
                 Ok(())
             }
@@ -92,7 +92,11 @@ async fn add_pod(
     if pods.lock().await.contains_key(&uid) {
         return Ok(());
     }
-    if let (Some(info), Some(wl)) = (&info, inputs.state.load().workload_by_uid(&uid)) {
+    let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
+    let wl = proxy::await_workload(inputs, &uid, named, proxy::ENROLL_WAIT).await.map_err(|e| e.to_string())?;
+    // The agent's view of the pod must agree with the mesh's: its identity comes from the
+    // mesh state, and a disagreement means one of them is wrong about who this pod is.
+    if let Some(info) = &info {
         if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
             return Err(format!(
                 "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
@@ -101,7 +105,7 @@ async fn add_pod(
         }
     }
     let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
-    let pod = proxy::enroll(inputs.clone(), &uid, netns).await.map_err(|e| e.to_string())?;
+    let pod = proxy::enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;
     pods.lock().await.insert(uid, pod);
     Ok(())
 }

@@ -1,0 +1,372 @@
+//! istiod's resources into the proxy's own types. Every check a local config file gets
+//! applies here too; a resource that fails one is refused with a reason that names the
+//! field (the NACK carries it back to istiod).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::IpNet;
+use prost::Message;
+
+use super::proto::istio::{security as pb_sec, workload as pb};
+use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
+use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
+use crate::state::{
+    GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
+    WorkloadUid,
+};
+
+/// A decoded `istio.workload.Address`.
+#[derive(Debug)]
+pub enum Address {
+    Workload(Workload),
+    Service(Service),
+}
+
+pub fn decode_address(bytes: &[u8]) -> Result<Address, String> {
+    let a = pb::Address::decode(bytes).map_err(|e| format!("cannot decode istio.workload.Address: {e}"))?;
+    match a.r#type {
+        Some(pb::address::Type::Workload(w)) => workload(w).map(Address::Workload),
+        Some(pb::address::Type::Service(s)) => service(s).map(Address::Service),
+        None => Err("Address has neither a workload nor a service".into()),
+    }
+}
+
+pub fn decode_authorization(bytes: &[u8]) -> Result<Authorization, String> {
+    let a = pb_sec::Authorization::decode(bytes).map_err(|e| format!("cannot decode istio.security.Authorization: {e}"))?;
+    authorization(a)
+}
+
+fn ip(bytes: &[u8], field: &str) -> Result<IpAddr, String> {
+    match bytes.len() {
+        4 => Ok(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).map_err(|_| format!("{field}: bad IPv4"))?))),
+        16 => Ok(IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(bytes).map_err(|_| format!("{field}: bad IPv6"))?))),
+        n => Err(format!("{field}: an address is 4 or 16 bytes, not {n}")),
+    }
+}
+
+fn port(p: u32, field: &str) -> Result<u16, String> {
+    u16::try_from(p).map_err(|_| format!("{field}: {p} is not a port"))
+}
+
+/// A name that goes into an identity or a key: non-empty, no '/', no control characters.
+fn name(value: &str, field: &str) -> Result<(), String> {
+    if value.is_empty() || value.contains('/') || value.chars().any(char::is_control) {
+        return Err(format!("{field}: {value:?} must be non-empty, without '/' or control characters"));
+    }
+    Ok(())
+}
+
+fn gateway(g: Option<pb::GatewayAddress>, field: &str) -> Result<Option<GatewayAddress>, String> {
+    let Some(g) = g else { return Ok(None) };
+    let destination = match g.destination {
+        Some(pb::gateway_address::Destination::Address(a)) => {
+            GatewayDestination::Address(NetworkAddress { network: a.network, address: ip(&a.address, field)? })
+        }
+        Some(pb::gateway_address::Destination::Hostname(h)) => {
+            if h.namespace.is_empty() || h.hostname.is_empty() {
+                return Err(format!("{field}.hostname: namespace and hostname are required"));
+            }
+            GatewayDestination::Hostname(NamespacedHostname(format!("{}/{}", h.namespace, h.hostname)))
+        }
+        // A waypoint with no destination: refusing it is safer than routing around it.
+        None => return Err(format!("{field}: a waypoint needs an address or a hostname")),
+    };
+    let hbone_mtls_port = match g.hbone_mtls_port {
+        0 => crate::ports::HBONE,
+        p => port(p, &format!("{field}.hbone_mtls_port"))?,
+    };
+    Ok(Some(GatewayAddress { destination, hbone_mtls_port }))
+}
+
+fn port_map(ports: &[pb::Port], field: &str) -> Result<BTreeMap<u16, u16>, String> {
+    ports
+        .iter()
+        .map(|p| Ok((port(p.service_port, field)?, port(p.target_port, field)?)))
+        .collect()
+}
+
+pub fn workload(w: pb::Workload) -> Result<Workload, String> {
+    if w.uid.is_empty() {
+        return Err("workload: uid is required".into());
+    }
+    let at = |f: &str| format!("workload {}: {f}", w.uid);
+    name(&w.name, &at("name"))?;
+    name(&w.namespace, &at("namespace"))?;
+    let service_account = if w.service_account.is_empty() { "default".to_string() } else { w.service_account.clone() };
+    name(&service_account, &at("service_account"))?;
+    let trust_domain = if w.trust_domain.is_empty() { DEFAULT_TRUST_DOMAIN.to_string() } else { w.trust_domain.clone() };
+    name(&trust_domain, &at("trust_domain"))?;
+    let protocol = match pb::TunnelProtocol::try_from(w.tunnel_protocol) {
+        Ok(pb::TunnelProtocol::None) => Protocol::TCP,
+        Ok(pb::TunnelProtocol::Hbone) => Protocol::HBONE,
+        Ok(pb::TunnelProtocol::LegacyIstioMtls) => {
+            return Err(at("tunnel_protocol: LEGACY_ISTIO_MTLS (sidecar mTLS) is not supported; use HBONE"))
+        }
+        Err(_) => return Err(at(&format!("tunnel_protocol: unknown value {}", w.tunnel_protocol))),
+    };
+    let workload_ips = w
+        .addresses
+        .iter()
+        .map(|a| ip(a, &at("addresses")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut services = HashMap::new();
+    for (key, list) in &w.services {
+        if key.split_once('/').is_none_or(|(ns, host)| ns.is_empty() || host.is_empty()) {
+            return Err(at(&format!("services: key {key:?} must be \"<namespace>/<hostname>\"")));
+        }
+        services.insert(NamespacedHostname(key.clone()), port_map(&list.ports, &at(&format!("services[{key}]")))?);
+    }
+    let status = match pb::WorkloadStatus::try_from(w.status) {
+        Ok(pb::WorkloadStatus::Healthy) => HealthStatus::Healthy,
+        // Unknown values are treated as unhealthy: never send traffic on a guess.
+        _ => HealthStatus::Unhealthy,
+    };
+    Ok(Workload {
+        waypoint: gateway(w.waypoint, &at("waypoint"))?,
+        uid: WorkloadUid(w.uid),
+        name: w.name,
+        namespace: w.namespace,
+        service_account,
+        trust_domain,
+        workload_ips,
+        protocol,
+        node: w.node,
+        network: w.network,
+        services,
+        canonical_name: w.canonical_name,
+        canonical_revision: w.canonical_revision,
+        workload_name: w.workload_name,
+        cluster_id: w.cluster_id,
+        capacity: w.capacity.unwrap_or(1),
+        status,
+        authorization_policies: w.authorization_policies,
+    })
+}
+
+pub fn service(s: pb::Service) -> Result<Service, String> {
+    let at = |f: &str| format!("service {}/{}: {f}", s.namespace, s.hostname);
+    if s.hostname.is_empty() || s.namespace.is_empty() {
+        return Err(at("namespace and hostname are required"));
+    }
+    let vips = s
+        .addresses
+        .iter()
+        .map(|a| Ok(NetworkAddress { network: a.network.clone(), address: ip(&a.address, &at("addresses"))? }))
+        .collect::<Result<Vec<_>, String>>()?;
+    for san in &s.subject_alt_names {
+        san.parse::<Identity>().map_err(|e| at(&format!("subject_alt_names: {e}")))?;
+    }
+    Ok(Service {
+        ports: port_map(&s.ports, &at("ports"))?,
+        waypoint: gateway(s.waypoint, &at("waypoint"))?,
+        name: s.name,
+        namespace: s.namespace,
+        hostname: s.hostname,
+        vips,
+        subject_alt_names: s.subject_alt_names,
+    })
+}
+
+fn string_match(m: pb_sec::StringMatch, field: &str) -> Result<StringMatch, String> {
+    use pb_sec::string_match::MatchType;
+    match m.match_type {
+        Some(MatchType::Exact(s)) => Ok(StringMatch::Exact(s)),
+        Some(MatchType::Prefix(s)) => Ok(StringMatch::Prefix(s)),
+        Some(MatchType::Suffix(s)) => Ok(StringMatch::Suffix(s)),
+        Some(MatchType::Presence(_)) => Ok(StringMatch::Presence),
+        None => Err(format!("{field}: a string match needs exact, prefix, suffix or presence")),
+    }
+}
+
+fn cidr(a: pb_sec::Address, field: &str) -> Result<Cidr, String> {
+    let addr = ip(&a.address, field)?;
+    let len = u8::try_from(a.length).map_err(|_| format!("{field}: prefix length {} is too long", a.length))?;
+    IpNet::new(addr, len).map(Cidr).map_err(|_| format!("{field}: prefix length {len} is too long for {addr}"))
+}
+
+fn rbac_match(m: pb_sec::Match, at: &str) -> Result<rbac::Match, String> {
+    let strings = |v: Vec<pb_sec::StringMatch>, f: &str| -> Result<Vec<StringMatch>, String> {
+        v.into_iter().map(|m| string_match(m, &format!("{at}.{f}"))).collect()
+    };
+    let cidrs = |v: Vec<pb_sec::Address>, f: &str| -> Result<Vec<Cidr>, String> {
+        v.into_iter().map(|a| cidr(a, &format!("{at}.{f}"))).collect()
+    };
+    let ports = |v: Vec<u32>, f: &str| -> Result<Vec<u16>, String> {
+        v.into_iter().map(|p| port(p, &format!("{at}.{f}"))).collect()
+    };
+    let sas = |v: Vec<pb_sec::ServiceAccountMatch>| -> Vec<ServiceAccountMatch> {
+        v.into_iter().map(|s| ServiceAccountMatch { namespace: s.namespace, service_account: s.service_account }).collect()
+    };
+    Ok(rbac::Match {
+        namespaces: strings(m.namespaces, "namespaces")?,
+        not_namespaces: strings(m.not_namespaces, "not_namespaces")?,
+        principals: strings(m.principals, "principals")?,
+        not_principals: strings(m.not_principals, "not_principals")?,
+        source_ips: cidrs(m.source_ips, "source_ips")?,
+        not_source_ips: cidrs(m.not_source_ips, "not_source_ips")?,
+        destination_ips: cidrs(m.destination_ips, "destination_ips")?,
+        not_destination_ips: cidrs(m.not_destination_ips, "not_destination_ips")?,
+        destination_ports: ports(m.destination_ports, "destination_ports")?,
+        not_destination_ports: ports(m.not_destination_ports, "not_destination_ports")?,
+        service_accounts: sas(m.service_accounts),
+        not_service_accounts: sas(m.not_service_accounts),
+    })
+}
+
+pub fn authorization(a: pb_sec::Authorization) -> Result<Authorization, String> {
+    let key = format!("{}/{}", a.namespace, a.name);
+    if a.name.is_empty() || a.namespace.is_empty() {
+        return Err(format!("authorization {key:?}: name and namespace are required"));
+    }
+    let scope = match pb_sec::Scope::try_from(a.scope) {
+        Ok(pb_sec::Scope::Global) => PolicyScope::Global,
+        Ok(pb_sec::Scope::Namespace) => PolicyScope::Namespace,
+        Ok(pb_sec::Scope::WorkloadSelector) => PolicyScope::WorkloadSelector,
+        Err(_) => return Err(format!("authorization {key}: unknown scope {}", a.scope)),
+    };
+    // An action we don't know could be a deny we'd silently skip: refuse the policy.
+    let action = match pb_sec::Action::try_from(a.action) {
+        Ok(pb_sec::Action::Allow) => PolicyAction::Allow,
+        Ok(pb_sec::Action::Deny) => PolicyAction::Deny,
+        Err(_) => return Err(format!("authorization {key}: unknown action {}", a.action)),
+    };
+    let mut rules = Vec::with_capacity(a.rules.len());
+    for (i, r) in a.rules.into_iter().enumerate() {
+        let mut clauses = Vec::with_capacity(r.clauses.len());
+        for (j, c) in r.clauses.into_iter().enumerate() {
+            let matches = c
+                .matches
+                .into_iter()
+                .enumerate()
+                .map(|(k, m)| rbac_match(m, &format!("authorization {key}: rules[{i}].clauses[{j}].matches[{k}]")))
+                .collect::<Result<Vec<_>, _>>()?;
+            clauses.push(matches);
+        }
+        rules.push(clauses);
+    }
+    Ok(Authorization { name: a.name, namespace: a.namespace, scope, action, dry_run: a.dry_run, rules })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn pb_workload(uid: &str, ip: [u8; 4]) -> pb::Workload {
+        pb::Workload {
+            uid: uid.into(),
+            name: "echo-1".into(),
+            namespace: "default".into(),
+            addresses: vec![ip.to_vec().into()],
+            tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
+            service_account: "echo".into(),
+            node: "node2".into(),
+            services: [(
+                "default/echo.default.svc.cluster.local".to_string(),
+                pb::PortList { ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }] },
+            )]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn workload_converts_with_istio_defaults() {
+        let w = workload(pb_workload("Kubernetes//Pod/default/echo-1", [10, 10, 2, 11])).unwrap();
+        assert_eq!(w.identity().to_string(), "spiffe://cluster.local/ns/default/sa/echo");
+        assert_eq!(w.workload_ips, vec!["10.10.2.11".parse::<IpAddr>().unwrap()]);
+        assert_eq!(w.protocol, Protocol::HBONE);
+        assert_eq!(w.capacity, 1);
+        assert_eq!(w.status, HealthStatus::Healthy);
+        let ports = &w.services[&NamespacedHostname("default/echo.default.svc.cluster.local".into())];
+        assert_eq!(ports.get(&80), Some(&8080));
+        // Round trip through the wire format as istiod sends it.
+        let bytes = pb::Address { r#type: Some(pb::address::Type::Workload(pb_workload("u", [10, 0, 0, 1]))) }.encode_to_vec();
+        assert!(matches!(decode_address(&bytes), Ok(Address::Workload(w)) if w.uid.0 == "u"));
+    }
+
+    #[test]
+    fn bad_workloads_are_refused_with_the_field() {
+        let cases: Vec<(pb::Workload, &str)> = vec![
+            (pb::Workload { uid: String::new(), ..pb_workload("x", [1, 1, 1, 1]) }, "uid is required"),
+            (pb::Workload { addresses: vec![vec![1, 2, 3].into()], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
+            (pb::Workload { service_account: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "service_account"),
+            (pb::Workload { namespace: "bad\0ns".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "namespace"),
+            (pb::Workload { tunnel_protocol: 2, ..pb_workload("x", [1, 1, 1, 1]) }, "LEGACY_ISTIO_MTLS"),
+            (pb::Workload { tunnel_protocol: 9, ..pb_workload("x", [1, 1, 1, 1]) }, "tunnel_protocol: unknown"),
+            (
+                pb::Workload { waypoint: Some(pb::GatewayAddress { destination: None, hbone_mtls_port: 15008 }), ..pb_workload("x", [1, 1, 1, 1]) },
+                "waypoint: a waypoint needs",
+            ),
+        ];
+        for (w, want) in cases {
+            let e = workload(w).unwrap_err();
+            assert!(e.contains(want), "{e} (want {want})");
+        }
+        assert!(decode_address(b"\xff\xff\xff").unwrap_err().contains("cannot decode"));
+    }
+
+    #[test]
+    fn services_and_waypoints() {
+        let s = service(pb::Service {
+            name: "echo".into(),
+            namespace: "default".into(),
+            hostname: "echo.default.svc.cluster.local".into(),
+            addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10].into(), length: None }],
+            ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
+            subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
+            waypoint: Some(pb::GatewayAddress {
+                destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
+                    namespace: "default".into(),
+                    hostname: "waypoint.default.svc.cluster.local".into(),
+                })),
+                hbone_mtls_port: 0,
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(s.vips[0].address, "10.96.0.10".parse::<IpAddr>().unwrap());
+        let wp = s.waypoint.unwrap();
+        assert_eq!(wp.hbone_mtls_port, 15008);
+        assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
+        let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
+        assert!(bad.unwrap_err().contains("subject_alt_names"));
+    }
+
+    #[test]
+    fn authorizations() {
+        use pb_sec::string_match::MatchType;
+        let a = authorization(pb_sec::Authorization {
+            name: "allow-sleep".into(),
+            namespace: "default".into(),
+            scope: pb_sec::Scope::Namespace as i32,
+            action: pb_sec::Action::Deny as i32,
+            rules: vec![pb_sec::Rule {
+                clauses: vec![pb_sec::Clause {
+                    matches: vec![pb_sec::Match {
+                        principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact("cluster.local/ns/default/sa/sleep".into())) }],
+                        source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0].into(), length: 8 }],
+                        destination_ports: vec![8080],
+                        ..Default::default()
+                    }],
+                }],
+            }],
+            dry_run: false,
+        })
+        .unwrap();
+        assert_eq!((a.scope, a.action), (PolicyScope::Namespace, PolicyAction::Deny));
+        let m = &a.rules[0][0][0];
+        assert_eq!(m.principals, vec![StringMatch::Exact("cluster.local/ns/default/sa/sleep".into())]);
+        assert!(m.source_ips[0].contains("10.1.2.3".parse().unwrap()));
+        assert_eq!(m.destination_ports, vec![8080]);
+        let bad = |a: pb_sec::Authorization| authorization(a).unwrap_err();
+        let base = pb_sec::Authorization { name: "p".into(), namespace: "n".into(), ..Default::default() };
+        assert!(bad(pb_sec::Authorization { action: 7, ..base.clone() }).contains("unknown action"));
+        let bad_port = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { destination_ports: vec![70000], ..Default::default() }] }] };
+        assert!(bad(pb_sec::Authorization { rules: vec![bad_port], ..base.clone() }).contains("rules[0].clauses[0].matches[0].destination_ports"));
+        let empty_match = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { namespaces: vec![pb_sec::StringMatch { match_type: None }], ..Default::default() }] }] };
+        assert!(bad(pb_sec::Authorization { rules: vec![empty_match], ..base.clone() }).contains("namespaces"));
+        let long = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { source_ips: vec![pb_sec::Address { address: vec![1, 2, 3, 4].into(), length: 33 }], ..Default::default() }] }] };
+        assert!(bad(pb_sec::Authorization { rules: vec![long], ..base }).contains("too long"));
+    }
+}
