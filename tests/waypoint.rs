@@ -4,6 +4,8 @@
 mod netsim;
 mod http_app;
 mod hbone_peer;
+mod istiod;
+mod kube_api;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -443,4 +445,131 @@ async fn l7_config_reloads_without_dropping_connections() -> Result<()> {
     let r = c.get("/still").await?;
     assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n1p3"));
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// In a cluster: ztunnels and the waypoint configured by a fake istiod (xDS and the Istio
+// CA), the waypoint's routes and policies from a fake Kubernetes API. n1p1 (sleep) calls
+// the echo service, whose waypoint is the Service `waypoint` (pod n1p2); echo-v1 is n2p1,
+// echo-v2 is n1p3.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
+    use istiod::*;
+    use serde_json::json;
+    use ztunnel::xds::proto::istio::workload as pb;
+    let topo = Topology::build(&prefix("k"), &[3, 1])?;
+    let token = topo.dir.join("istio-token");
+    std::fs::write(&token, TOKEN)?;
+    let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
+    let kube = kube_api::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
+    let (echo, v1, v2, wp) = ("echo.default.svc.cluster.local", "echo-v1.default.svc.cluster.local", "echo-v2.default.svc.cluster.local", "waypoint.default.svc.cluster.local");
+    istiod.update(|r| {
+        r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
+        r.set_workload(pod_workload("n1p2", topo.pod("n1p2").ip, 1, "waypoint", &[(wp, 15008, 15008)]));
+        r.set_workload(pod_workload("n1p3", topo.pod("n1p3").ip, 1, "echo", &[(echo, 80, 8080), (v2, 80, 8080)]));
+        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(echo, 80, 8080), (v1, 80, 8080)]));
+        let mut s = service("echo", [10, 96, 0, 10], 80, 8080);
+        s.waypoint = Some(pb::GatewayAddress {
+            destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname { namespace: "default".into(), hostname: wp.into() })),
+            hbone_mtls_port: 15008,
+        });
+        r.set_service(s);
+        r.set_service(service("echo-v1", [10, 96, 0, 11], 80, 8080));
+        r.set_service(service("echo-v2", [10, 96, 0, 12], 80, 8080));
+        r.set_service(service("waypoint", [10, 96, 0, 99], 15008, 15008));
+    });
+    kube.apply("gateways", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "waypoint"},
+        "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}}));
+    let route = |v2_rule: serde_json::Value| json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "echo"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 80}],
+                 "rules": [v2_rule, {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v1", "port": 80, "weight": 1}]}]}});
+    kube.apply("httproutes", route(json!({"matches": [{"headers": [{"type": "Exact", "name": "x-version", "value": "v2"}]}],
+        "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v2", "port": 80, "weight": 1}]})));
+    let env = istiod.env(&token);
+    let node_args = [
+        vec!["--pod".into(), format!("{}={}", pod_uid("n1p1"), topo.pod("n1p1").netns.path().display()),
+             "--pod".into(), format!("{}={}", pod_uid("n1p3"), topo.pod("n1p3").netns.path().display())],
+        vec!["--pod".into(), format!("{}={}", pod_uid("n2p1"), topo.pod("n2p1").netns.path().display())],
+    ];
+    let mesh = Mesh::start_with_istiod(topo, &node_args, &env)?;
+    let t = &mesh.topo;
+    let kubeconfig = t.dir.join("kubeconfig");
+    kube.write_kubeconfig(&kubeconfig)?;
+    let mut wenv: Vec<(String, String)> = env.clone();
+    wenv.extend([
+        ("RUST_LOG".into(), "info".into()),
+        ("POD_NAME".into(), "n1p2".into()),
+        ("POD_NAMESPACE".into(), "default".into()),
+        ("INSTANCE_IP".into(), t.pod("n1p2").ip.to_string()),
+        ("SERVICE_ACCOUNT".into(), "waypoint".into()),
+        ("WAYPOINT_GATEWAY_NAME".into(), "waypoint".into()),
+        ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+    ]);
+    let wenv: Vec<(&str, &str)> = wenv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let waypoint = t.pod("n1p2").netns.spawn(WAYPOINT, &[], &wenv, &t.dir.join("waypoint.log"))?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    let _apps = [http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?, http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?];
+    // Ready once istiod's state and the Kubernetes objects are in.
+    let ready_at: SocketAddr = SocketAddr::new(t.pod("n1p2").ip.into(), 15021);
+    wait_for_ready(t.node(1), ready_at).await.with_context(|| waypoint.log_text())?;
+    // Its certificate came from the Istio CA, for its own identity.
+    let wp_id = "spiffe://cluster.local/ns/default/sa/waypoint";
+    istiod.wait("the waypoint's certificate", Duration::from_secs(5), |r| r.issued.iter().any(|i| i.identity == wp_id && i.impersonated.is_none())).await?;
+    istiod.wait("the waypoint's subscription", Duration::from_secs(5), |r| {
+        r.seen.iter().any(|s| s.node_id.as_deref() == Some("router~10.10.1.12~n1p2.default~default.svc.cluster.local"))
+    }).await?;
+
+    // Routing from the HTTPRoute: header to v2, default to v1.
+    let mut c = http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.10:80".parse()?, echo).await?;
+    let r = c.get("/x").await.with_context(|| waypoint.log_text())?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", waypoint.log_text());
+    assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
+    assert_eq!(r.echoed("x-forwarded-client-cert"), [format!("By={wp_id};URI=spiffe://cluster.local/ns/default/sa/sleep")]);
+
+    // An AuthorizationPolicy arrives from Kubernetes: denied by path.
+    kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-admin"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}]}}));
+    wait_for_status(&mut c, "/admin", 403).await.with_context(|| waypoint.log_text())?;
+    assert_eq!(c.get("/x").await?.status, 200);
+
+    // The route changes: everything to v2. A broken route is refused and changes nothing.
+    kube.apply("httproutes", route(json!({"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v2", "port": 80, "weight": 1}]})));
+    kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "broken"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}], "rules": [{"backendRefs": [{"name": "echo-v1"}]}]}}));
+    wait_for("route change", Duration::from_secs(10), || waypoint.log_text().contains("object rejected"))?;
+    let mut all_v2 = false;
+    for _ in 0..50 {
+        if c.get("/y").await?.pod() == "n1p3" {
+            all_v2 = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(all_v2, "{}", waypoint.log_text());
+    // The policy goes away: /admin reaches the app again.
+    kube.delete("authorizationpolicies", "deny-admin");
+    wait_for_status(&mut c, "/admin", 200).await?;
+    Ok(())
+}
+
+async fn wait_for_ready(ns: &netsim::Netns, addr: SocketAddr) -> Result<()> {
+    for _ in 0..100 {
+        if istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("not ready: {:?}", istiod::readiness(ns, addr).await)
+}
+
+async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) -> Result<()> {
+    for _ in 0..100 {
+        if c.get(path).await?.status.as_u16() == status {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("{path} never answered {status}")
 }

@@ -1,6 +1,7 @@
-//! The waypoint's view of the local config file (mesh state plus L7 routes and
-//! policies), reloaded when the file changes. A file that fails to load is reported and
-//! the previous config stays in force; requests in flight keep the snapshot they began with.
+//! The waypoint's config: mesh state plus L7 routes and policies, from the local config
+//! file (reloaded when it changes; a file that fails to load is reported and the previous
+//! config stays in force) or, in a cluster, from istiod's state and the Kubernetes API.
+//! Requests in flight keep the snapshot they began with.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +14,7 @@ use ztunnel::l7::route::HttpRoute;
 use ztunnel::state::MeshState;
 
 pub struct Config {
-    pub state: MeshState,
+    pub state: Arc<MeshState>,
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
 }
@@ -23,7 +24,7 @@ impl Config {
         let mut cfg = LocalConfig::load(path)?;
         let routes = std::mem::take(&mut cfg.http_routes);
         let policies = std::mem::take(&mut cfg.authorization_policies);
-        Ok(Config { state: cfg.into_state(path)?, routes, policies })
+        Ok(Config { state: Arc::new(cfg.into_state(path)?), routes, policies })
     }
 }
 
@@ -43,4 +44,21 @@ pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Durat
         }
     })
     .await
+}
+
+/// In a cluster: a new config whenever istiod's state or the Kubernetes objects change.
+pub async fn combine(
+    state: Arc<ztunnel::state::SharedState>,
+    mut l7: tokio::sync::watch::Receiver<Option<Arc<crate::k8s::L7Config>>>,
+    current: Arc<ArcSwap<Config>>,
+) {
+    let mut changes = state.changes();
+    loop {
+        let l = l7.borrow_and_update().clone().unwrap_or_default();
+        current.store(Arc::new(Config { state: state.load_full(), routes: l.routes.clone(), policies: l.policies.clone() }));
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { return },
+            r = l7.changed() => if r.is_err() { return },
+        }
+    }
 }

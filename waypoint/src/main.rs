@@ -7,6 +7,7 @@
 mod config;
 mod detect;
 mod http;
+mod k8s;
 mod lb;
 mod tunnel;
 mod upstream;
@@ -38,24 +39,31 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 #[command(name = "waypoint", about = "Waypoint proxy: HBONE in, L7 policy and routing, HBONE out")]
 struct Args {
     /// Mesh config (the same local config YAML as ztunnel's, with httpRoutes and
-    /// authorizationPolicies); reloaded when it changes.
-    #[arg(long, env = "LOCAL_XDS_PATH")]
-    local_xds_path: PathBuf,
-    /// This waypoint's own workload uid in the config (its identity and address).
-    #[arg(long, env = "WAYPOINT_WORKLOAD_UID")]
-    workload_uid: String,
+    /// authorizationPolicies); reloaded when it changes. Without it (in a cluster), the
+    /// mesh state comes from istiod (XDS_ADDRESS) and the L7 config from the Kubernetes API.
+    #[arg(long, env = "LOCAL_XDS_PATH", required_unless_present = "xds_address")]
+    local_xds_path: Option<PathBuf>,
+    /// With a local config: this waypoint's own workload uid in it (its identity and address).
+    #[arg(long, env = "WAYPOINT_WORKLOAD_UID", required_unless_present = "xds_address")]
+    workload_uid: Option<String>,
+    #[command(flatten)]
+    istiod: ztunnel::istiod::IstiodArgs,
     /// The Gateway this waypoint implements, for parentRefs/targetRefs of kind Gateway
-    /// (default: the workload's canonicalName, else its name; namespace: the workload's).
+    /// (default: the workload's canonicalName, else its name; in a cluster: "waypoint").
     #[arg(long, env = "WAYPOINT_GATEWAY_NAME")]
     gateway_name: Option<String>,
-    /// Directory holding the mesh CA (`ca-cert.pem`, `ca-key.pem`), as ztunnel's --state-dir.
+    /// Directory holding the mesh CA (`ca-cert.pem`, `ca-key.pem`), as ztunnel's
+    /// --state-dir; not used with the Istio CA (CA_ADDRESS).
     #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
     state_dir: PathBuf,
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
-    /// Prometheus metrics (`/stats/prometheus`, `/metrics`) and readiness (`/healthz/ready`).
+    /// Prometheus metrics (`/stats/prometheus`, `/metrics`).
     #[arg(long, env = "WAYPOINT_METRICS_ADDR", default_value = "0.0.0.0:15020")]
     metrics_addr: SocketAddr,
+    /// Readiness (`/healthz/ready`).
+    #[arg(long, env = "WAYPOINT_READINESS_ADDR", default_value = "0.0.0.0:15021")]
+    readiness_addr: SocketAddr,
     #[arg(long, env = "WORKLOAD_CERT_TTL_SECONDS", default_value_t = 24 * 3600)]
     cert_ttl_seconds: u64,
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
@@ -79,6 +87,105 @@ struct Args {
     config_poll_interval_ms: u64,
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
     termination_grace_period_seconds: u64,
+}
+
+/// Who this waypoint is and where its config comes from.
+struct Setup {
+    config: Arc<ArcSwap<config::Config>>,
+    me: Arc<Workload>,
+    identity: Identity,
+    ip: IpAddr,
+    gateway: ObjectName,
+    certs: Arc<CertManager>,
+}
+
+/// Standalone: everything from the local config file; certificates from the mesh CA files
+/// (or the Istio CA).
+async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration) -> anyhow::Result<Setup> {
+    let cfg = config::Config::load(path)?;
+    let uid = args.workload_uid.clone().context("--workload-uid is required with --local-xds-path")?;
+    let me = cfg
+        .state
+        .workload_by_uid(&WorkloadUid(uid.clone()))
+        .cloned()
+        .with_context(|| format!("--workload-uid {uid}: no such workload in {}", path.display()))?;
+    let ip = me.workload_ips.iter().copied().find(IpAddr::is_ipv4).with_context(|| format!("workload {} has no IPv4 address", me.uid))?;
+    let identity = me.identity();
+    let gateway = ObjectName {
+        namespace: me.namespace.clone(),
+        name: args.gateway_name.clone().unwrap_or_else(|| if me.canonical_name.is_empty() { me.name.clone() } else { me.canonical_name.clone() }),
+    };
+    let certs = match args.istiod.istio_ca(ttl)? {
+        Some(c) => c,
+        None => {
+            // The waypoint signs with the mesh CA it shares with the node proxies; it
+            // never creates one (that would split the mesh's trust).
+            let ca = Ca::from_files(&args.state_dir.join("ca-cert.pem"), &args.state_dir.join("ca-key.pem"))
+                .with_context(|| format!("cannot load the mesh CA from {}", args.state_dir.display()))?;
+            CertManager::new(Arc::new(LocalCa { ca, ttl }))
+        }
+    };
+    let config = Arc::new(ArcSwap::from_pointee(cfg));
+    tokio::spawn(config::watch(path.to_path_buf(), config.clone(), Duration::from_millis(args.config_poll_interval_ms), |_| {}));
+    Ok(Setup { config, me, identity, ip, gateway, certs })
+}
+
+/// In a cluster: mesh state from istiod, L7 config from the Kubernetes API, certificates
+/// from the Istio CA; readiness waits for the first full state of both.
+async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> anyhow::Result<Setup> {
+    let ia = &args.istiod;
+    let ip: IpAddr = ia.instance_ip.parse().with_context(|| format!("INSTANCE_IP {:?} is not an IP address", ia.instance_ip))?;
+    let identity = ia.own_identity();
+    let certs = match ia.istio_ca(ttl)? {
+        Some(c) => c,
+        None => {
+            let ca = Ca::from_files(&args.state_dir.join("ca-cert.pem"), &args.state_dir.join("ca-key.pem"))
+                .with_context(|| format!("no CA_ADDRESS and no mesh CA in {}", args.state_dir.display()))?;
+            CertManager::new(Arc::new(LocalCa { ca, ttl }))
+        }
+    };
+    // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
+    let me = Arc::new(Workload {
+        uid: WorkloadUid(format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name)),
+        name: ia.pod_name.clone(),
+        namespace: ia.pod_namespace.clone(),
+        service_account: ia.service_account.clone(),
+        trust_domain: ia.trust_domain.clone(),
+        workload_ips: vec![ip],
+        protocol: ztunnel::state::Protocol::HBONE,
+        node: String::new(),
+        network: String::new(),
+        services: Default::default(),
+        canonical_name: String::new(),
+        canonical_revision: String::new(),
+        workload_name: String::new(),
+        cluster_id: ia.cluster_id.clone(),
+        capacity: 1,
+        status: Default::default(),
+        authorization_policies: Vec::new(),
+        waypoint: None,
+    });
+    let gateway = ObjectName { namespace: ia.pod_namespace.clone(), name: args.gateway_name.clone().unwrap_or_else(|| "waypoint".into()) };
+    let state = Arc::new(ztunnel::state::SharedState::default());
+    metrics.wait_for("xds");
+    let m = metrics.clone();
+    // Istio's proxy type for gateways and waypoints.
+    ia.start_xds("router", "", &certs, state.clone(), move || m.ready_part("xds")).await?;
+    metrics.wait_for("kubernetes");
+    let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
+    let (tx, mut rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(k8s::watch(client, ia.pod_namespace.clone(), gateway.name.clone(), tx));
+    let m = metrics.clone();
+    let mut ready_rx = rx.clone();
+    tokio::spawn(async move {
+        if ready_rx.wait_for(Option::is_some).await.is_ok() {
+            m.ready_part("kubernetes");
+        }
+    });
+    rx.mark_changed();
+    let config = Arc::new(ArcSwap::from_pointee(config::Config { state: state.load_full(), routes: Vec::new(), policies: Vec::new() }));
+    tokio::spawn(config::combine(state, rx, config.clone()));
+    Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 
 /// Everything a tunnel or request handler needs.
@@ -108,28 +215,18 @@ async fn main() -> anyhow::Result<()> {
     if json { fmt.json().init() } else { fmt.init() }
     let args = Args::parse();
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
-    let cfg = config::Config::load(&args.local_xds_path)?;
-    let me = cfg
-        .state
-        .workload_by_uid(&WorkloadUid(args.workload_uid.clone()))
-        .cloned()
-        .with_context(|| format!("--workload-uid {}: no such workload in {}", args.workload_uid, args.local_xds_path.display()))?;
-    let ip = me
-        .workload_ips
-        .iter()
-        .copied()
-        .find(IpAddr::is_ipv4)
-        .with_context(|| format!("workload {} has no IPv4 address", me.uid))?;
-    let identity = me.identity();
-    let gateway = ObjectName {
-        namespace: me.namespace.clone(),
-        name: args.gateway_name.clone().unwrap_or_else(|| if me.canonical_name.is_empty() { me.name.clone() } else { me.canonical_name.clone() }),
+    let ttl = Duration::from_secs(args.cert_ttl_seconds);
+    let mut metrics = Metrics::default();
+    let http_metrics = HttpMetrics::register(&mut metrics.registry);
+    let metrics = Arc::new(metrics);
+    for addr in [args.metrics_addr, args.readiness_addr] {
+        let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
+        tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
+    }
+    let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
+        Some(path) => local_setup(&args, path, ttl).await?,
+        None => cluster_setup(&args, ttl, &metrics).await?,
     };
-    // The waypoint signs with the mesh CA it shares with the node proxies; it never
-    // creates one (that would split the mesh's trust).
-    let ca = Ca::from_files(&args.state_dir.join("ca-cert.pem"), &args.state_dir.join("ca-key.pem"))
-        .with_context(|| format!("cannot load the mesh CA from {}", args.state_dir.display()))?;
-    let certs = CertManager::new(Arc::new(LocalCa { ca, ttl: Duration::from_secs(args.cert_ttl_seconds) }));
     certs.allow(&identity);
     let cert = certs.fetch(&identity).await?;
     let tls = Arc::new(ztunnel::tls::server_config(
@@ -140,10 +237,6 @@ async fn main() -> anyhow::Result<()> {
     let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
     let pool = Pool::new(certs.clone(), args.pool_max_streams, Duration::from_secs(args.pool_idle_timeout_seconds), connect_timeout);
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
-    let mut metrics = Metrics::default();
-    let http_metrics = HttpMetrics::register(&mut metrics.registry);
-    let metrics = Arc::new(metrics);
-    let config = Arc::new(ArcSwap::from_pointee(cfg));
     let wp = Arc::new(Waypoint {
         config: config.clone(),
         me,
@@ -163,11 +256,6 @@ async fn main() -> anyhow::Result<()> {
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
-    let metrics_listener = ztunnel::http_endpoint::bind(args.metrics_addr)
-        .await
-        .with_context(|| format!("cannot listen on {} for metrics", args.metrics_addr))?;
-    tokio::spawn(ztunnel::metrics::server::serve(metrics_listener, metrics.clone()));
-    tokio::spawn(config::watch(args.local_xds_path.clone(), config, Duration::from_millis(args.config_poll_interval_ms), |_| {}));
     metrics.set_ready();
     tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);

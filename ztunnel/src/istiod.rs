@@ -12,7 +12,150 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::identity::istio_ca::IstioCa;
+use crate::identity::manager::{CertManager, IdentityCert};
+use crate::identity::Identity;
+use crate::state::SharedState;
 use crate::tls::CurrentCert;
+use crate::xds::client::NodeInfo;
+use crate::xds::XdsConfig;
+
+/// How a proxy reaches istiod, as flags and Istio's environment variables (shared by
+/// ztunnel and the waypoint).
+#[derive(clap::Args, Debug, Clone)]
+pub struct IstiodArgs {
+    /// istiod's xDS address (https://host:port): workloads, services and policies come
+    /// from istiod (delta ADS) instead of a local file.
+    #[arg(long, env = "XDS_ADDRESS")]
+    pub xds_address: Option<String>,
+    /// Istio CA address (https://host:port): workload certificates come from istiod
+    /// instead of the built-in CA.
+    #[arg(long, env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// Name istiod's certificate is checked against for xDS (default: the address's host).
+    #[arg(long, env = "ALT_XDS_HOSTNAME")]
+    pub alt_xds_hostname: Option<String>,
+    /// Name istiod's certificate is checked against for the CA (default: the address's host).
+    #[arg(long, env = "ALT_CA_HOSTNAME")]
+    pub alt_ca_hostname: Option<String>,
+    /// Root certificate that istiod's xDS endpoint is verified with.
+    #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_ROOT_CERT)]
+    pub xds_root_ca: PathBuf,
+    /// Root certificate of the Istio CA: verifies istiod and is the mesh's trust root.
+    /// Watched; a change re-issues every certificate.
+    #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_ROOT_CERT)]
+    pub ca_root_ca: PathBuf,
+    /// Projected service-account token (audience istio-ca), re-read for every call.
+    #[arg(long, env = "ISTIO_TOKEN_PATH", default_value = DEFAULT_TOKEN)]
+    pub token_path: PathBuf,
+    #[arg(long, env = "ISTIO_META_CLUSTER_ID", default_value = DEFAULT_CLUSTER_ID)]
+    pub cluster_id: String,
+    /// This proxy's pod (istiod's node id and metadata; its own identity).
+    #[arg(long, env = "POD_NAME", default_value = "ztunnel")]
+    pub pod_name: String,
+    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
+    pub pod_namespace: String,
+    #[arg(long, env = "INSTANCE_IP", default_value = "")]
+    pub instance_ip: String,
+    #[arg(long, env = "SERVICE_ACCOUNT", default_value = "ztunnel")]
+    pub service_account: String,
+    #[arg(long, env = "TRUST_DOMAIN", default_value = crate::identity::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+}
+
+impl IstiodArgs {
+    /// This proxy's own identity (its pod's service account).
+    pub fn own_identity(&self) -> Identity {
+        Identity::new(&self.trust_domain, &self.pod_namespace, &self.service_account)
+    }
+
+    fn config(&self, address: &str, alt: &Option<String>, root: &std::path::Path) -> IstiodConfig {
+        IstiodConfig {
+            address: address.to_string(),
+            alt_hostname: alt.clone(),
+            root_cert: root.to_path_buf(),
+            token: Some(self.token_path.clone()),
+            cluster_id: self.cluster_id.clone(),
+            client_cert: None,
+        }
+    }
+
+    /// Certificates from the Istio CA when CA_ADDRESS is set (None: use another CA). A
+    /// change of the mesh root file re-issues every certificate.
+    pub fn istio_ca(&self, ttl: Duration) -> Result<Option<Arc<CertManager>>, IstiodError> {
+        let Some(address) = &self.ca_address else { return Ok(None) };
+        let ca = IstioCa::new(self.config(address, &self.alt_ca_hostname, &self.ca_root_ca), ttl, Some(self.own_identity()))?;
+        let certs = CertManager::new(Arc::new(ca));
+        tokio::spawn(watch_roots(self.ca_root_ca.clone(), certs.clone()));
+        Ok(Some(certs))
+    }
+
+    /// Starts the xDS client (XDS_ADDRESS must be set) feeding `state`; `ready` runs once
+    /// istiod's first full state is in. With the Istio CA, the stream is mTLS with this
+    /// proxy's own certificate, which gets a moment to arrive first.
+    pub async fn start_xds(
+        &self,
+        proxy_type: &str,
+        node_name: &str,
+        certs: &Arc<CertManager>,
+        state: Arc<SharedState>,
+        ready: impl FnOnce() + Send + 'static,
+    ) -> Result<(), IstiodError> {
+        let Some(address) = &self.xds_address else { return Ok(()) };
+        let mut cfg = self.config(address, &self.alt_xds_hostname, &self.xds_root_ca);
+        if self.ca_address.is_some() {
+            let own = self.own_identity();
+            certs.allow(&own);
+            if tokio::time::timeout(OWN_CERT_WAIT, certs.fetch(&own)).await.map_or(true, |r| r.is_err()) {
+                tokio::spawn(fetch_own_certificate(certs.clone(), own.clone()));
+            }
+            cfg.client_cert = Some(Arc::new(IdentityCert { certs: certs.clone(), identity: own }));
+        }
+        // Fail now on an address that can never work.
+        cfg.host_port()?;
+        let node = NodeInfo {
+            pod_ip: self.instance_ip.clone(),
+            pod_name: self.pod_name.clone(),
+            pod_namespace: self.pod_namespace.clone(),
+            node_name: node_name.to_string(),
+            cluster_id: self.cluster_id.clone(),
+            proxy_type: proxy_type.to_string(),
+        };
+        let store = Arc::new(crate::xds::Store::new(state));
+        tokio::spawn(crate::xds::run(XdsConfig { istiod: cfg, node }, store, ready));
+        Ok(())
+    }
+}
+
+/// How long start-up waits for the proxy's own certificate before xDS connects with the
+/// token alone.
+const OWN_CERT_WAIT: Duration = Duration::from_secs(5);
+/// How often the mesh root file is checked for changes.
+const ROOT_POLL: Duration = Duration::from_secs(2);
+
+/// The proxy's own certificate (for mTLS to istiod), retried until the CA gives one.
+async fn fetch_own_certificate(certs: Arc<CertManager>, identity: Identity) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        match certs.fetch(&identity).await {
+            Ok(c) => return tracing::info!(identity = %identity, serial = %c.cert.serial, "own certificate issued by the Istio CA"),
+            Err(e) => tracing::warn!(identity = %identity, error = %e, retry_in = ?backoff, "cannot get our own certificate yet"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// A changed mesh root (the istio-ca-root-cert ConfigMap) re-issues every certificate,
+/// so chains and trust move to the new root without waiting for half-life.
+async fn watch_roots(path: PathBuf, certs: Arc<CertManager>) {
+    crate::config::watch_file(path.clone(), ROOT_POLL, || {
+        tracing::info!(path = %path.display(), "mesh root certificate changed; re-issuing certificates");
+        certs.reissue_all();
+        std::future::ready(())
+    })
+    .await
+}
 
 /// Istio's defaults (ztunnel's environment variables of the same meaning in brackets).
 pub const DEFAULT_ADDRESS: &str = "https://istiod.istio-system.svc:15012";

@@ -10,13 +10,9 @@ use clap::Parser;
 use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
 use ztunnel::hbone::Pool;
 use ztunnel::identity::ca::Ca;
-use ztunnel::identity::istio_ca::IstioCa;
-use ztunnel::identity::manager::{IdentityCert, LocalCa};
-use ztunnel::identity::{CertManager, Identity};
-use ztunnel::istiod::IstiodConfig;
+use ztunnel::identity::manager::LocalCa;
+use ztunnel::identity::CertManager;
 use ztunnel::state::SharedState;
-use ztunnel::xds::client::NodeInfo;
-use ztunnel::xds::XdsConfig;
 use ztunnel::netns::InPodNetns;
 use ztunnel::proxy::{self, ProxyInputs};
 use ztunnel::state::WorkloadUid;
@@ -71,43 +67,8 @@ struct Args {
     /// Local mesh config (Istio's local config YAML: workloads, services, policies).
     #[arg(long, env = "LOCAL_XDS_PATH", required_unless_present = "xds_address")]
     local_xds_path: Option<PathBuf>,
-    /// istiod's xDS address (https://host:port): workloads, services and policies come
-    /// from istiod (delta ADS) instead of a local file.
-    #[arg(long, env = "XDS_ADDRESS")]
-    xds_address: Option<String>,
-    /// Istio CA address (https://host:port): workload certificates come from istiod
-    /// instead of the built-in CA.
-    #[arg(long, env = "CA_ADDRESS")]
-    ca_address: Option<String>,
-    /// Name istiod's certificate is checked against for xDS (default: the address's host).
-    #[arg(long, env = "ALT_XDS_HOSTNAME")]
-    alt_xds_hostname: Option<String>,
-    /// Name istiod's certificate is checked against for the CA (default: the address's host).
-    #[arg(long, env = "ALT_CA_HOSTNAME")]
-    alt_ca_hostname: Option<String>,
-    /// Root certificate that istiod's xDS endpoint is verified with.
-    #[arg(long, env = "XDS_ROOT_CA", default_value = ztunnel::istiod::DEFAULT_ROOT_CERT)]
-    xds_root_ca: PathBuf,
-    /// Root certificate of the Istio CA: verifies istiod and is the mesh's trust root.
-    /// Watched; a change re-issues every certificate.
-    #[arg(long, env = "CA_ROOT_CA", default_value = ztunnel::istiod::DEFAULT_ROOT_CERT)]
-    ca_root_ca: PathBuf,
-    /// Projected service-account token (audience istio-ca), re-read for every call.
-    #[arg(long, env = "ISTIO_TOKEN_PATH", default_value = ztunnel::istiod::DEFAULT_TOKEN)]
-    token_path: PathBuf,
-    #[arg(long, env = "ISTIO_META_CLUSTER_ID", default_value = ztunnel::istiod::DEFAULT_CLUSTER_ID)]
-    cluster_id: String,
-    /// This proxy's pod (istiod's node id and metadata; its own identity).
-    #[arg(long, env = "POD_NAME", default_value = "ztunnel")]
-    pod_name: String,
-    #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
-    pod_namespace: String,
-    #[arg(long, env = "INSTANCE_IP", default_value = "")]
-    instance_ip: String,
-    #[arg(long, env = "SERVICE_ACCOUNT", default_value = "ztunnel")]
-    service_account: String,
-    #[arg(long, env = "TRUST_DOMAIN", default_value = ztunnel::identity::DEFAULT_TRUST_DOMAIN)]
-    trust_domain: String,
+    #[command(flatten)]
+    istiod: ztunnel::istiod::IstiodArgs,
     /// This node's name; only workloads with `node: <this>` may be enrolled here.
     #[arg(long, env = "NODE_NAME", required = true)]
     node_name: Option<String>,
@@ -214,34 +175,6 @@ fn raise_fd_limit() {
     }
 }
 
-/// The proxy's own certificate (for mTLS to istiod), retried until the CA gives one.
-async fn fetch_own_certificate(certs: Arc<CertManager>, identity: Identity) {
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        match certs.fetch(&identity).await {
-            Ok(c) => return tracing::info!(identity = %identity, serial = %c.cert.serial, "own certificate issued by the Istio CA"),
-            Err(e) => tracing::warn!(identity = %identity, error = %e, retry_in = ?backoff, "cannot get our own certificate yet"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(30));
-    }
-}
-
-/// A changed mesh root (the istio-ca-root-cert ConfigMap) re-issues every certificate,
-/// so chains and trust move to the new root without waiting for half-life.
-async fn watch_roots(path: PathBuf, certs: Arc<CertManager>) {
-    ztunnel::config::watch_file(path.clone(), ROOT_POLL, || {
-        tracing::info!(path = %path.display(), "mesh root certificate changed; re-issuing certificates");
-        certs.reissue_all();
-        std::future::ready(())
-    })
-    .await
-}
-
-const ROOT_POLL: Duration = Duration::from_secs(2);
-/// How long start-up waits for our own certificate before xDS connects with the token alone.
-const OWN_CERT_WAIT: Duration = Duration::from_secs(5);
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let args = cli.run;
@@ -281,22 +214,9 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         state.store(LocalConfig::load(path)?.into_state(path)?);
     }
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
-    let istiod = |address: &str, alt: &Option<String>, root: &PathBuf| IstiodConfig {
-        address: address.to_string(),
-        alt_hostname: alt.clone(),
-        root_cert: root.clone(),
-        token: Some(args.token_path.clone()),
-        cluster_id: args.cluster_id.clone(),
-        client_cert: None,
-    };
-    let own_identity = Identity::new(&args.trust_domain, &args.pod_namespace, &args.service_account);
-    let certs = match &args.ca_address {
-        Some(address) => {
-            let ca = IstioCa::new(istiod(address, &args.alt_ca_hostname, &args.ca_root_ca), ttl, Some(own_identity.clone()))?;
-            let certs = CertManager::new(Arc::new(ca));
-            tokio::spawn(watch_roots(args.ca_root_ca.clone(), certs.clone()));
-            certs
-        }
+    let ia = &args.istiod;
+    let certs = match ia.istio_ca(ttl)? {
+        Some(certs) => certs,
         None => {
             let ca = Ca::load_or_create(&args.state_dir, args.ca_cert.as_deref(), args.ca_key.as_deref())?;
             CertManager::new(Arc::new(LocalCa { ca, ttl }))
@@ -319,10 +239,10 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     let quit = Arc::new(tokio::sync::Notify::new());
     let config = serde_json::json!({
         "nodeName": node_name,
-        "xdsAddress": args.xds_address,
-        "caAddress": args.ca_address,
+        "xdsAddress": ia.xds_address,
+        "caAddress": ia.ca_address,
         "localXdsPath": args.local_xds_path,
-        "clusterId": args.cluster_id,
+        "clusterId": ia.cluster_id,
         "proxyMode": "Shared",
         "captureMode": format!("{:?}", args.capture).to_lowercase(),
         "poolMaxStreamsPerConn": args.pool_max_streams,
@@ -356,32 +276,13 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         },
     );
     tracing::info!(capture = ?capture, "traffic capture");
-    if let Some(address) = &args.xds_address {
-        let mut cfg = istiod(address, &args.alt_xds_hostname, &args.xds_root_ca);
-        if args.ca_address.is_some() {
-            // mTLS to istiod with our own certificate: given a moment to arrive before the
-            // first xDS connection, then retried in the background if the CA is slow.
-            certs.allow(&own_identity);
-            if tokio::time::timeout(OWN_CERT_WAIT, certs.fetch(&own_identity)).await.map_or(true, |r| r.is_err()) {
-                tokio::spawn(fetch_own_certificate(certs.clone(), own_identity.clone()));
-            }
-            cfg.client_cert = Some(Arc::new(IdentityCert { certs: certs.clone(), identity: own_identity.clone() }));
-        }
-        let node = NodeInfo {
-            pod_ip: args.instance_ip.clone(),
-            pod_name: args.pod_name.clone(),
-            pod_namespace: args.pod_namespace.clone(),
-            node_name: node_name.clone(),
-            cluster_id: args.cluster_id.clone(),
-            proxy_type: "ztunnel".into(),
-        };
+    if ia.xds_address.is_some() {
         metrics.wait_for("xds");
-        let store = Arc::new(ztunnel::xds::Store::new(state.clone()));
         let m = metrics.clone();
-        tokio::spawn(ztunnel::xds::run(XdsConfig { istiod: cfg, node }, store, move || m.ready_part("xds")));
+        ia.start_xds("ztunnel", &node_name, &certs, state.clone(), move || m.ready_part("xds")).await?;
     }
     // With istiod, the CNI agent (or --pod) may name a pod before istiod pushed it.
-    let enroll_wait = if args.xds_address.is_some() { ztunnel::proxy::ENROLL_WAIT } else { Duration::ZERO };
+    let enroll_wait = if ia.xds_address.is_some() { ztunnel::proxy::ENROLL_WAIT } else { Duration::ZERO };
     let inputs = Arc::new(ProxyInputs {
         capture,
         state,

@@ -60,7 +60,8 @@ pub fn identity_from_cert(der: &CertificateDer<'_>) -> Result<Identity, TlsError
     Ok(uri.parse()?)
 }
 
-fn trust_anchors(roots: &[CertificateDer<'static>]) -> Vec<rustls_pki_types::TrustAnchor<'static>> {
+/// Trust anchors parsed from root certificates (unparsable roots are skipped).
+pub fn trust_anchors(roots: &[CertificateDer<'static>]) -> Vec<rustls_pki_types::TrustAnchor<'static>> {
     roots
         .iter()
         .filter_map(|r| webpki::anchor_from_trusted_cert(r).ok().map(|a| a.to_owned()))
@@ -119,6 +120,18 @@ impl MeshRoots {
         usage: webpki::KeyUsage,
     ) -> Result<Identity, rustls::Error> {
         verify_chain(&self.provider, &self.anchors, end_entity, intermediates, now, usage)
+    }
+
+    /// Like `verify`, against other anchors (the current ones of a rotating root).
+    fn verify_with(
+        &self,
+        anchors: &[rustls_pki_types::TrustAnchor<'static>],
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+        usage: webpki::KeyUsage,
+    ) -> Result<Identity, rustls::Error> {
+        verify_chain(&self.provider, anchors, end_entity, intermediates, now, usage)
     }
 
     fn tls12_refused() -> Result<HandshakeSignatureValid, rustls::Error> {
@@ -187,6 +200,8 @@ impl ServerCertVerifier for ExpectedIdentityVerifier {
 #[derive(Debug)]
 struct TrustDomainVerifier {
     roots: MeshRoots,
+    /// Supplies the anchors in force now (a rotated mesh root); `roots` otherwise.
+    current: Arc<dyn CurrentCert>,
     trust_domain: String,
 }
 
@@ -201,7 +216,10 @@ impl ClientCertVerifier for TrustDomainVerifier {
         intermediates: &[CertificateDer<'_>],
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        let id = self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::client_auth())?;
+        let id = match self.current.anchors() {
+            Some(a) => self.roots.verify_with(&a, end_entity, intermediates, now, webpki::KeyUsage::client_auth())?,
+            None => self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::client_auth())?,
+        };
         if id.trust_domain == self.trust_domain {
             Ok(ClientCertVerified::assertion())
         } else {
@@ -269,12 +287,18 @@ impl rustls::client::ResolvesClientCert for FixedClientCert {
 /// Supplies the server certificate at handshake time, so rotation needs no new config.
 pub trait CurrentCert: Send + Sync + std::fmt::Debug {
     fn current(&self) -> Option<Arc<CertifiedKey>>;
+
+    /// The trust anchors that go with the current certificate (they move when the mesh
+    /// root rotates); None keeps the ones the config was built with.
+    fn anchors(&self) -> Option<Arc<Vec<rustls_pki_types::TrustAnchor<'static>>>> {
+        None
+    }
 }
 
 #[derive(Debug)]
-struct Resolver<C>(C);
+struct Resolver<C: ?Sized>(Arc<C>);
 
-impl<C: CurrentCert> ResolvesServerCert for Resolver<C> {
+impl<C: CurrentCert + ?Sized> ResolvesServerCert for Resolver<C> {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.0.current()
     }
@@ -287,7 +311,12 @@ pub fn server_config(
     trust_domain: &str,
 ) -> Result<ServerConfig, TlsError> {
     let provider = provider();
-    let verifier = TrustDomainVerifier { roots: MeshRoots::new(provider.clone(), roots), trust_domain: trust_domain.to_string() };
+    let cert: Arc<dyn CurrentCert> = Arc::new(cert);
+    let verifier = TrustDomainVerifier {
+        roots: MeshRoots::new(provider.clone(), roots),
+        current: cert.clone(),
+        trust_domain: trust_domain.to_string(),
+    };
     let mut cfg = ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(Arc::new(verifier))

@@ -50,6 +50,8 @@ impl WorkloadCert {
 pub struct CertState {
     pub cert: WorkloadCert,
     pub certified_key: Arc<CertifiedKey>,
+    /// `cert.roots` as trust anchors, parsed once.
+    pub anchors: Arc<Vec<rustls_pki_types::TrustAnchor<'static>>>,
 }
 
 pub type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
@@ -173,7 +175,8 @@ impl CertManager {
         certified_key
             .keys_match()
             .map_err(|e| CertError::Unusable { identity: id.clone(), reason: format!("certificate and key disagree: {e}") })?;
-        Ok(CertState { cert, certified_key })
+        let anchors = Arc::new(crate::tls::trust_anchors(&cert.roots));
+        Ok(CertState { cert, certified_key, anchors })
     }
 }
 
@@ -194,6 +197,10 @@ impl std::fmt::Debug for IdentityCert {
 impl crate::tls::CurrentCert for IdentityCert {
     fn current(&self) -> Option<Arc<CertifiedKey>> {
         self.certs.current(&self.identity).map(|c| c.certified_key.clone())
+    }
+
+    fn anchors(&self) -> Option<Arc<Vec<rustls_pki_types::TrustAnchor<'static>>>> {
+        self.certs.current(&self.identity).map(|c| c.anchors.clone())
     }
 }
 
