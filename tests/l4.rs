@@ -715,3 +715,30 @@ async fn proxy_marks_from_another_pod_exempt_nothing() -> Result<()> {
     mesh.wait_logs(&["inbound_plaintext{src=10.10.1.12", "response_flags=\"DENY\""])?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn access_log_has_istio_fields_as_json() -> Result<()> {
+    let mesh = client_server_mesh("j", &[("LOG_FORMAT", "json")])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"0123456789").await?, b"0123456789");
+    mesh.wait_logs(&["\"direction\":\"outbound\"", "\"direction\":\"inbound\""])?;
+    let logs = mesh.logs();
+    let events: Vec<serde_json::Value> = logs
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "connection complete")
+        .collect();
+    for direction in ["outbound", "inbound"] {
+        let e = events.iter().find(|e| e["direction"] == direction).with_context(|| format!("no {direction} line in {logs}"))?;
+        for field in ["src.addr", "src.workload", "src.namespace", "src.identity", "dst.addr", "dst.hbone_addr", "dst.workload", "dst.namespace", "dst.identity", "bytes_sent", "bytes_recv", "duration"] {
+            assert!(!e[field].is_null(), "{direction} line lacks {field}: {e}");
+        }
+        assert_eq!(e["bytes_sent"], 10, "{e}");
+        assert_eq!(e["bytes_recv"], 10, "{e}");
+        assert_eq!(e["src.workload"], "n1p1");
+        assert_eq!(e["dst.namespace"], "default");
+        assert!(e["duration"].as_str().is_some_and(|d| d.ends_with("ms")), "{e}");
+    }
+    Ok(())
+}

@@ -192,7 +192,8 @@ pub struct Topology {
 pub fn check_capture_mode(z: &Child) -> Result<()> {
     let log = z.log_text();
     let want = format!("capture={}", capture_mode());
-    if !log.contains(&want) {
+    let want_json = format!("\"capture\":\"{}\"", capture_mode());
+    if !log.contains(&want) && !log.contains(&want_json) {
         bail!("ztunnel is not running with {want}:\n{log}");
     }
     Ok(())

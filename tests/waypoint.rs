@@ -420,7 +420,7 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     let (greeting, rest) = got.split_at(got.iter().position(|b| *b == b'\n').map(|i| i + 1).unwrap_or(0));
     assert!(greeting.starts_with(b"n"), "{:?}", String::from_utf8_lossy(greeting));
     assert_eq!(rest, &data[..]);
-    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("protocol=\"tcp\"") || m.log().contains("protocol=tcp"))?;
+    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("protocol=\"TCP\"") && m.log().contains("direction=\"waypoint\""))?;
     Ok(())
 }
 

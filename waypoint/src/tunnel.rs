@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
+use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
 use ztunnel::l7::{authz, Target};
@@ -175,12 +176,22 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),
     };
-    tracing::info!(
-        direction = "waypoint", protocol = "tcp", src.identity = %tunnel.src_identity, src.addr = %tunnel.src_addr, dst.addr = %target,
-        dst.service = service.as_ref().map(|s| s.hostname.clone()), dst.workload = %endpoint.name,
-        dst.hbone_addr = %key.dst, waypoint = %wp.me.name,
-        bytes_sent = t.sent + sniffed, bytes_recv = t.received, duration_ms = start.elapsed().as_millis() as u64,
-        error = err, "connection complete"
-    );
+    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity);
+    let dst_identity = endpoint.identity();
+    ConnectionLog {
+        direction: "waypoint",
+        protocol: "TCP",
+        src_addr: tunnel.src_addr,
+        src: Side { workload: src_wl.map(|w| &**w), identity: Some(&tunnel.src_identity) },
+        dst_addr: upstream_target,
+        dst_hbone_addr: Some(key.dst),
+        dst_service: service.as_deref(),
+        dst: Side { workload: Some(&endpoint), identity: Some(&dst_identity) },
+        bytes_sent: t.sent + sniffed,
+        bytes_recv: t.received,
+        duration: start.elapsed(),
+        error: err,
+    }
+    .write();
 }
 

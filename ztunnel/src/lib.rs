@@ -1,6 +1,7 @@
 //! ztunnel: the ambient mesh node proxy. Shared mesh code (identity, TLS, HBONE,
 //! config, policy) lives here so the waypoint can reuse it.
 
+pub mod access_log;
 pub mod admin;
 pub mod capture;
 pub mod config;

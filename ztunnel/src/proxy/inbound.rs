@@ -11,6 +11,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::{LocalPod, ProxyInputs};
+use crate::access_log::{ConnectionLog, Side};
 use crate::hbone::{self, respond_status as respond, CopyError};
 use crate::identity::Identity;
 use crate::metrics::{Peer, TcpLabels};
@@ -184,7 +185,20 @@ async fn handle_stream(
         }
         Err((e, t)) => (t, Some(e.to_string())),
     };
-    tracing::info!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
-        dst.workload = %pod.workload.name, dst.identity = %pod.identity, bytes_sent = t.received, bytes_recv = t.sent,
-        duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete");
+    let state = inputs.state.load();
+    ConnectionLog {
+        direction: "inbound",
+        protocol: "HBONE",
+        src_addr: peer,
+        src: Side { workload: src_wl.as_deref(), identity: Some(&src_identity) },
+        dst_addr: target,
+        dst_hbone_addr: Some(local),
+        dst_service: None,
+        dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
+        bytes_sent: t.received,
+        bytes_recv: t.sent,
+        duration: start.elapsed(),
+        error: err,
+    }
+    .write();
 }

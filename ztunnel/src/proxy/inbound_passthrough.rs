@@ -9,6 +9,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
+use crate::access_log::{ConnectionLog, Side};
 use crate::netns::reset;
 use crate::metrics::{Peer, TcpLabels};
 use crate::rbac::{self, Decision};
@@ -59,7 +60,20 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     };
     let r = super::copy_tcp_until(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified()).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
-    tracing::info!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
-        connection_security_policy = "unknown", bytes_sent = sent, bytes_recv = recv,
-        duration_ms = start.elapsed().as_millis() as u64, error = r.err().map(|e| e.to_string()), "connection complete");
+    let state = inputs.state.load();
+    ConnectionLog {
+        direction: "inbound",
+        protocol: "TCP",
+        src_addr: peer,
+        src: Side { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
+        dst_addr: dst,
+        dst_hbone_addr: None,
+        dst_service: None,
+        dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
+        bytes_sent: recv,
+        bytes_recv: sent,
+        duration: start.elapsed(),
+        error: r.err().map(|e| e.to_string()),
+    }
+    .write();
 }

@@ -8,6 +8,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
 use super::{is_self_call, LocalPod, ProxyInputs};
+use crate::access_log::{ConnectionLog, Side};
 use crate::hbone::{self, CopyError, PoolKey};
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
@@ -141,11 +142,21 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             };
             let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream).await;
             let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
-            tracing::info!(
-                direction = "outbound", src.addr = %peer, dst.addr = %to, protocol = "TCP",
-                bytes_sent = sent, bytes_recv = recv, duration_ms = start.elapsed().as_millis() as u64,
-                error = r.err().map(|e| e.to_string()), "connection complete"
-            );
+            ConnectionLog {
+                direction: "outbound",
+                protocol: "TCP",
+                src_addr: peer,
+                src: Side { workload: Some(&pod.workload), identity: None },
+                dst_addr: to,
+                dst_hbone_addr: None,
+                dst_service: state.service_by_vip(dst.ip()).map(|s| &**s),
+                dst: Side { workload: state.workload_by_ip(to.ip()).map(|w| &**w), identity: None },
+                bytes_sent: sent,
+                bytes_recv: recv,
+                duration: start.elapsed(),
+                error: r.err().map(|e| e.to_string()),
+            }
+            .write();
         }
         Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
             let labels = TcpLabels::new(
@@ -155,7 +166,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                 service.as_deref(),
                 true,
             );
-            let dst_identity = expected.first().map(|i| i.to_string()).unwrap_or_default();
+            let dst_identity = expected.first().cloned();
             let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip);
             let mut req = http::Request::builder()
                 .method(http::Method::CONNECT)
@@ -204,19 +215,21 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     (Some(e.to_string()), Default::default())
                 }
             };
-            let level_warn = result.is_some();
-            let msg = "connection complete";
-            let dur = start.elapsed().as_millis() as u64;
-            let svc = service.as_ref().map(|s| s.hostname.clone());
-            if level_warn {
-                tracing::warn!(direction = "outbound", src.addr = %peer, src.identity = %pod.identity, dst.addr = %target,
-                    dst.hbone_addr = %hbone_addr, dst.service = svc, dst.workload = %workload.name, dst.identity = %dst_identity,
-                    bytes_sent = t.sent, bytes_recv = t.received, duration_ms = dur, error = result, "{msg}");
-            } else {
-                tracing::info!(direction = "outbound", src.addr = %peer, src.identity = %pod.identity, dst.addr = %target,
-                    dst.hbone_addr = %hbone_addr, dst.service = svc, dst.workload = %workload.name, dst.identity = %dst_identity,
-                    bytes_sent = t.sent, bytes_recv = t.received, duration_ms = dur, "{msg}");
+            ConnectionLog {
+                direction: "outbound",
+                protocol: "HBONE",
+                src_addr: peer,
+                src: Side { workload: Some(&pod.workload), identity: Some(&pod.identity) },
+                dst_addr: target,
+                dst_hbone_addr: Some(hbone_addr),
+                dst_service: service.as_deref(),
+                dst: Side { workload: Some(&workload), identity: dst_identity.as_ref() },
+                bytes_sent: t.sent,
+                bytes_recv: t.received,
+                duration: start.elapsed(),
+                error: result,
             }
+            .write();
         }
     }
 }
