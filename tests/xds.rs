@@ -223,6 +223,20 @@ async fn istiod_state_drives_the_mesh_while_traffic_flows() -> Result<()> {
     let log = m.mesh.logs();
     assert!(log.contains("(NACK)"), "{log}");
     long.echo(b"and at the end").await?;
+
+    // Control-plane and process metrics on node2 (which saw the NACK too).
+    let (_, text) = http_get(m.mesh.topo.node(2), "127.0.0.1:15020".parse()?, "/stats/prometheus").await?;
+    let value = |prefix: &str| -> f64 {
+        text.lines().find(|l| l.starts_with(prefix)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse().ok()).unwrap_or(-1.0)
+    };
+    assert!(value(&format!("istio_xds_message_total{{url=\"{ADDRESS_TYPE}\"}}")) >= 5.0, "{text}");
+    assert!(value(&format!("istio_xds_message_bytes_total{{url=\"{ADDRESS_TYPE}\"}}")) > 100.0, "{text}");
+    assert_eq!(value(&format!("ztunnel_xds_rejected_resources_total{{url=\"{ADDRESS_TYPE}\"}}")), 1.0, "{text}");
+    assert!(value("ztunnel_certificate_requests_total{result=\"success\"}") >= 2.0, "its own and sa/echo: {text}");
+    assert!(value("ztunnel_certificates ") >= 2.0, "{text}");
+    assert!(value("ztunnel_certificate_nearest_expiry_seconds ") > 80_000.0, "{text}");
+    assert!(value("process_resident_memory_bytes ") > 1_000_000.0, "{text}");
+    assert!(value("process_open_fds ") > 5.0, "{text}");
     Ok(())
 }
 

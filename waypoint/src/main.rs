@@ -170,7 +170,7 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     metrics.wait_for("xds");
     let m = metrics.clone();
     // Istio's proxy type for gateways and waypoints.
-    ia.start_xds("router", "", &certs, state.clone(), move || m.ready_part("xds")).await?;
+    ia.start_xds("router", "", &certs, state.clone(), metrics, move || m.ready_part("xds")).await?;
     metrics.wait_for("kubernetes");
     let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
     let (tx, mut rx) = tokio::sync::watch::channel(None);
@@ -228,6 +228,8 @@ async fn main() -> anyhow::Result<()> {
         None => cluster_setup(&args, ttl, &metrics).await?,
     };
     certs.allow(&identity);
+    certs.set_metrics(metrics.certs.clone());
+    let _ = metrics.process.certs.set(certs.clone());
     let cert = certs.fetch(&identity).await?;
     let tls = Arc::new(ztunnel::tls::server_config(
         IdentityCert { certs: certs.clone(), identity: identity.clone() },

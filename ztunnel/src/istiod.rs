@@ -99,6 +99,7 @@ impl IstiodArgs {
         node_name: &str,
         certs: &Arc<CertManager>,
         state: Arc<SharedState>,
+        metrics: &crate::metrics::Metrics,
         ready: impl FnOnce() + Send + 'static,
     ) -> Result<(), IstiodError> {
         let Some(address) = &self.xds_address else { return Ok(()) };
@@ -122,7 +123,7 @@ impl IstiodArgs {
             proxy_type: proxy_type.to_string(),
         };
         let store = Arc::new(crate::xds::Store::new(state));
-        tokio::spawn(crate::xds::run(XdsConfig { istiod: cfg, node }, store, ready));
+        tokio::spawn(crate::xds::run(XdsConfig { istiod: cfg, node, metrics: Some(metrics.xds.clone()) }, store, ready));
         Ok(())
     }
 }

@@ -230,6 +230,8 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let metrics = Arc::new(ztunnel::metrics::Metrics::default());
+    certs.set_metrics(metrics.certs.clone());
+    let _ = metrics.process.certs.set(certs.clone());
     let drain = Arc::new(ztunnel::drain::Drain::default());
     anyhow::ensure!(
         args.admin_addr.ip().is_loopback(),
@@ -279,7 +281,7 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     if ia.xds_address.is_some() {
         metrics.wait_for("xds");
         let m = metrics.clone();
-        ia.start_xds("ztunnel", &node_name, &certs, state.clone(), move || m.ready_part("xds")).await?;
+        ia.start_xds("ztunnel", &node_name, &certs, state.clone(), &metrics, move || m.ready_part("xds")).await?;
     }
     // With istiod, the CNI agent (or --pod) may name a pod before istiod pushed it.
     let enroll_wait = if ia.xds_address.is_some() { ztunnel::proxy::ENROLL_WAIT } else { Duration::ZERO };

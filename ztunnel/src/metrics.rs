@@ -1,6 +1,8 @@
 //! Istio's TCP metrics. Label values come from workload metadata in mesh config, and a
-//! peer that is not in config is `unknown`, so cardinality is bounded by the config size
-//! no matter how many distinct peers connect.
+//! peer that is not in config is `unknown`, so cardinality follows the config, not the
+//! number of distinct peers; on top of that each family holds at most `MAX_SERIES` label
+//! sets, and connections beyond it are counted under `unknown` peers, so no amount of
+//! traffic can grow the metrics without limit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,8 +14,13 @@ use prometheus_client::registry::Registry;
 use crate::identity::Identity;
 use crate::state::{Service, Workload};
 
+pub mod control;
 pub mod http;
+pub mod process;
 pub mod server;
+
+/// Label sets kept per TCP metric family; more are folded into one overflow set.
+pub const MAX_SERIES: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TcpLabels {
@@ -90,6 +97,11 @@ pub struct Metrics {
     failed: Family<TcpLabels, Counter>,
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
+    /// Hashes of the label sets in use, to bound them (see `MAX_SERIES`).
+    series: std::sync::Mutex<std::collections::HashSet<u64>>,
+    pub xds: control::XdsMetrics,
+    pub certs: control::CertMetrics,
+    pub process: std::sync::Arc<process::ProcessCollector>,
     /// What readiness still waits for ("startup", "xds", "zds", ...).
     pending: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
     draining: AtomicBool,
@@ -109,6 +121,10 @@ impl Default for Metrics {
         registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
         registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
+        let xds = control::XdsMetrics::register(&mut registry);
+        let certs = control::CertMetrics::register(&mut registry);
+        let process = std::sync::Arc::new(process::ProcessCollector::default());
+        registry.register_collector(Box::new(process.clone()));
         Metrics {
             registry,
             opened,
@@ -116,6 +132,10 @@ impl Default for Metrics {
             failed,
             received,
             sent,
+            series: Default::default(),
+            xds,
+            certs,
+            process,
             pending: std::sync::Mutex::new(["startup"].into()),
             draining: AtomicBool::new(false),
         }
@@ -123,21 +143,54 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// `l` itself while there is room for another label set, else `l` with every peer
+    /// label `unknown` (the overflow set).
+    fn bounded<'l>(&self, l: &'l TcpLabels) -> std::borrow::Cow<'l, TcpLabels> {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        l.hash(&mut h);
+        let key = h.finish();
+        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
+        if series.contains(&key) || series.len() < MAX_SERIES {
+            series.insert(key);
+            return std::borrow::Cow::Borrowed(l);
+        }
+        drop(series);
+        let u = || UNKNOWN.to_string();
+        std::borrow::Cow::Owned(TcpLabels {
+            source_workload: u(),
+            source_canonical_service: u(),
+            source_canonical_revision: u(),
+            source_workload_namespace: u(),
+            source_principal: u(),
+            destination_workload: u(),
+            destination_canonical_service: u(),
+            destination_canonical_revision: u(),
+            destination_workload_namespace: u(),
+            destination_principal: u(),
+            destination_service: u(),
+            destination_service_name: u(),
+            destination_service_namespace: u(),
+            ..l.clone()
+        })
+    }
+
     pub fn opened(&self, l: &TcpLabels) {
-        self.opened.get_or_create(l).inc();
+        self.opened.get_or_create(&self.bounded(l)).inc();
     }
 
     /// A connection that ended; `received` is what its client sent, `sent` what it got back.
     pub fn closed(&self, l: &TcpLabels, received: u64, sent: u64) {
-        self.closed.get_or_create(l).inc();
-        self.received.get_or_create(l).inc_by(received);
-        self.sent.get_or_create(l).inc_by(sent);
+        let l = self.bounded(l);
+        self.closed.get_or_create(&l).inc();
+        self.received.get_or_create(&l).inc_by(received);
+        self.sent.get_or_create(&l).inc_by(sent);
     }
 
     /// A connection that could not be set up (denied, no upstream, TLS failure...).
     pub fn failed(&self, l: &TcpLabels, response_flags: &'static str) {
         let l = TcpLabels { response_flags, ..l.clone() };
-        self.failed.get_or_create(&l).inc();
+        self.failed.get_or_create(&self.bounded(&l)).inc();
     }
 
     fn pending(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeSet<&'static str>> {
@@ -182,5 +235,40 @@ impl Metrics {
             out.clear();
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_sets_are_bounded() {
+        let m = Metrics::default();
+        let base = TcpLabels::new("destination", Peer::default(), Peer::default(), None, true);
+        for i in 0..(MAX_SERIES + 5_000) {
+            let l = TcpLabels { source_workload: format!("peer-{i}"), ..base.clone() };
+            m.opened(&l);
+            m.closed(&l, 1, 1);
+        }
+        let text = m.encode();
+        let series = text.lines().filter(|l| l.starts_with("istio_tcp_connections_opened_total{")).count();
+        assert_eq!(series, MAX_SERIES + 1, "the overflow set takes everything past the bound");
+        let overflow = text
+            .lines()
+            .find(|l| l.starts_with("istio_tcp_connections_opened_total{") && l.contains("source_workload=\"unknown\""))
+            .unwrap();
+        assert!(overflow.ends_with(" 5000"), "{overflow}");
+        // Known label sets still count after the bound is reached.
+        m.opened(&TcpLabels { source_workload: "peer-7".into(), ..base.clone() });
+        assert!(m.encode().contains("source_workload=\"peer-7\""));
+    }
+
+    #[test]
+    fn process_metrics_are_exported() {
+        let text = Metrics::default().encode();
+        for name in ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "process_max_fds", "process_start_time_seconds"] {
+            assert!(text.contains(name), "{name} missing");
+        }
     }
 }

@@ -84,11 +84,23 @@ pub struct CertManager {
     entries: Mutex<HashMap<Identity, Entry>>,
     /// Bumped to make every rotation task re-issue now (the mesh roots changed).
     reissue: tokio::sync::watch::Sender<u64>,
+    metrics: std::sync::OnceLock<crate::metrics::control::CertMetrics>,
+}
+
+impl std::fmt::Debug for CertManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CertManager")
+    }
 }
 
 impl CertManager {
     pub fn new(ca: Arc<dyn CaClient>) -> Arc<CertManager> {
-        Arc::new(CertManager { ca, entries: Mutex::new(HashMap::new()), reissue: tokio::sync::watch::Sender::new(0) })
+        Arc::new(CertManager {
+            ca,
+            entries: Mutex::new(HashMap::new()),
+            reissue: tokio::sync::watch::Sender::new(0),
+            metrics: std::sync::OnceLock::new(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Identity, Entry>> {
@@ -141,6 +153,11 @@ impl CertManager {
         Ok(state.load_full())
     }
 
+    /// Counts certificate requests in `m` from now on.
+    pub fn set_metrics(&self, m: crate::metrics::control::CertMetrics) {
+        let _ = self.metrics.set(m);
+    }
+
     /// Re-issues every certificate now (e.g. the mesh root changed): the roots and
     /// chains in use get replaced without waiting for half-life.
     pub fn reissue_all(&self) {
@@ -161,6 +178,14 @@ impl CertManager {
     }
 
     async fn issue(&self, id: &Identity) -> Result<CertState, CertError> {
+        let r = self.issue_once(id).await;
+        if let Some(m) = self.metrics.get() {
+            m.request(r.is_ok());
+        }
+        r
+    }
+
+    async fn issue_once(&self, id: &Identity) -> Result<CertState, CertError> {
         let cert = self.ca.sign(id).await?;
         let leaf_id = cert.chain.first().map(crate::tls::identity_from_cert);
         if !matches!(&leaf_id, Some(Ok(got)) if got == id) {

@@ -76,6 +76,7 @@ impl NodeInfo {
 pub struct XdsConfig {
     pub istiod: IstiodConfig,
     pub node: NodeInfo,
+    pub metrics: Option<crate::metrics::control::XdsMetrics>,
 }
 
 /// Keeps the stream up forever. `ready` runs once, when both types have been received
@@ -109,6 +110,9 @@ pub async fn run(cfg: XdsConfig, store: Arc<Store>, ready: impl FnOnce() + Send 
             backoff = BACKOFF_START;
         }
         let (w, s, p) = store.counts();
+        if let Some(m) = &cfg.metrics {
+            m.terminated(if r.is_ok() { "closed" } else { "error" });
+        }
         match r {
             Ok(()) => tracing::info!(retry_in = ?backoff, "istiod closed the xDS stream; reconnecting"),
             Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, workloads = w, services = s, policies = p,
@@ -147,6 +151,10 @@ async fn session(
     tracing::info!(address = %cfg.istiod.address, node = %node.id, "xDS stream to istiod open");
     while let Some(resp) = responses.message().await? {
         let errors = apply(store, &resp);
+        if let Some(m) = &cfg.metrics {
+            let bytes = resp.resources.iter().filter_map(|r| r.resource.as_ref()).map(|a| a.value.len() as u64).sum();
+            m.message(&resp.type_url, bytes, errors.len() as u64);
+        }
         let error_detail = (!errors.is_empty()).then(|| Status {
             code: INVALID_ARGUMENT,
             message: errors.join("; "),
