@@ -199,6 +199,7 @@ fn main() -> anyhow::Result<()> {
         }
     }
     raise_fd_limit();
+    ztunnel::proxy::reserve_spare_fd();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

@@ -99,6 +99,7 @@ pub struct Metrics {
     sent: Family<TcpLabels, Counter>,
     /// Hashes of the label sets in use, to bound them (see `MAX_SERIES`).
     series: std::sync::Mutex<std::collections::HashSet<u64>>,
+    accept_failures: Family<control::ReasonLabel, Counter>,
     pub xds: control::XdsMetrics,
     pub certs: control::CertMetrics,
     pub process: std::sync::Arc<process::ProcessCollector>,
@@ -121,6 +122,12 @@ impl Default for Metrics {
         registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
         registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
+        let accept_failures = Family::<control::ReasonLabel, Counter>::default();
+        registry.register(
+            "ztunnel_accept_failures",
+            "Connections that could not be accepted (fd_exhaustion: refused for lack of file descriptors)",
+            accept_failures.clone(),
+        );
         let xds = control::XdsMetrics::register(&mut registry);
         let certs = control::CertMetrics::register(&mut registry);
         let process = std::sync::Arc::new(process::ProcessCollector::default());
@@ -133,6 +140,7 @@ impl Default for Metrics {
             received,
             sent,
             series: Default::default(),
+            accept_failures,
             xds,
             certs,
             process,
@@ -173,6 +181,11 @@ impl Metrics {
             destination_service_namespace: u(),
             ..l.clone()
         })
+    }
+
+    /// A listener could not accept (`fd_exhaustion` or `other`).
+    pub fn accept_failed(&self, reason: &'static str) {
+        self.accept_failures.get_or_create(&control::ReasonLabel { reason }).inc();
     }
 
     pub fn opened(&self, l: &TcpLabels) {
