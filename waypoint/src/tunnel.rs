@@ -54,13 +54,12 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
     let _active = wp.drain.track();
     let start = Instant::now();
-    if req.method() != Method::CONNECT {
-        tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");
-        return respond(tx, StatusCode::BAD_REQUEST);
-    }
-    let Some(target) = req.uri().authority().and_then(|a| a.as_str().parse::<SocketAddr>().ok()) else {
-        tracing::warn!(uri = %req.uri(), "CONNECT authority is not ip:port");
-        return respond(tx, StatusCode::BAD_REQUEST);
+    let target = match hbone::connect_target(&req) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "bad HBONE request");
+            return respond(tx, StatusCode::BAD_REQUEST);
+        }
     };
     let cfg = wp.config.load();
     // Our own entry as the current config has it (its service memberships may change).

@@ -168,6 +168,27 @@ pub fn server_builder() -> h2::server::Builder {
     b
 }
 
+/// Why an HBONE request is refused before anything else looks at it (answered 400).
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadConnect {
+    #[error("HBONE request is {0}, not CONNECT")]
+    NotConnect(String),
+    #[error("CONNECT authority {0:?} is not ip:port")]
+    BadAuthority(String),
+}
+
+/// The target of an HBONE request: it must be `CONNECT ip:port` (IPv6 in brackets).
+/// Anything else, headers included, is never used to decide where a tunnel goes.
+pub fn connect_target<B>(req: &http::Request<B>) -> Result<std::net::SocketAddr, BadConnect> {
+    if req.method() != http::Method::CONNECT {
+        return Err(BadConnect::NotConnect(req.method().to_string()));
+    }
+    req.uri()
+        .authority()
+        .and_then(|a| a.as_str().parse().ok())
+        .ok_or_else(|| BadConnect::BadAuthority(req.uri().to_string()))
+}
+
 /// Answers a CONNECT stream with a bodyless status (400/401/503...).
 pub fn respond_status(mut tx: h2::server::SendResponse<Bytes>, status: http::StatusCode) {
     let resp = http::Response::builder().status(status).body(()).unwrap_or_default();
@@ -222,4 +243,20 @@ pub fn traceparent() -> String {
     let trace: u128 = rand::random();
     let span: u64 = rand::random();
     format!("00-{trace:032x}-{span:016x}-01")
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use super::*;
+
+    #[test]
+    fn connect_targets() {
+        let req = |m: &str, uri: &str| http::Request::builder().method(m).uri(uri).body(()).unwrap();
+        assert_eq!(connect_target(&req("CONNECT", "10.0.0.1:8080")), Ok("10.0.0.1:8080".parse().unwrap()));
+        assert_eq!(connect_target(&req("CONNECT", "[fd00::1]:80")), Ok("[fd00::1]:80".parse().unwrap()));
+        assert!(matches!(connect_target(&req("GET", "http://10.0.0.1:80/")), Err(BadConnect::NotConnect(_))));
+        for bad in ["echo.default:80", "10.0.0.1", "10.0.0.1:99999", "user@10.0.0.1:80"] {
+            assert!(matches!(connect_target(&req("CONNECT", bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
+        }
+    }
 }

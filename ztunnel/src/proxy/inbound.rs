@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
@@ -111,14 +111,10 @@ async fn handle_stream(
 ) {
     let _active = super::track(&inputs, &pod);
     let start = Instant::now();
-    if req.method() != Method::CONNECT {
-        tracing::warn!(method = %req.method(), "HBONE request is not CONNECT");
-        return respond(tx, StatusCode::BAD_REQUEST);
-    }
-    let target: SocketAddr = match req.uri().authority().and_then(|a| a.as_str().parse().ok()) {
-        Some(t) => t,
-        None => {
-            tracing::warn!(authority = %req.uri(), "CONNECT authority is not ip:port");
+    let target = match hbone::connect_target(&req) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(error = %e, "bad HBONE request");
             return respond(tx, StatusCode::BAD_REQUEST);
         }
     };
