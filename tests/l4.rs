@@ -795,7 +795,7 @@ async fn out_of_file_descriptors_refuses_new_connections_and_keeps_open_ones() -
         mesh.topo.node(2).exec("sh", &["-c", "exec 3<>/dev/tcp/127.0.0.1/15020; printf 'GET /stats/prometheus HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"])
     })?;
     let refused_counted = text.lines().any(|l| {
-        (l.starts_with("ztunnel_accept_failures_total{reason=\"fd_exhaustion\"}") && !l.ends_with(" 0"))
+        (l.starts_with("ztunnel_connections_refused_total{reason=\"fd_exhaustion\"}") && !l.ends_with(" 0"))
             || (l.starts_with("istio_tcp_connections_failed_total{") && l.contains("response_flags=\"CONNECT\""))
     });
     assert!(refused_counted, "refusals not counted:\n{text}");

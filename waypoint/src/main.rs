@@ -303,7 +303,8 @@ async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stre
         Ok(id) => id,
         Err(e) => return tracing::warn!(error = %e, "HBONE peer has no usable identity"),
     };
-    let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder().handshake::<_, Bytes>(tls)).await {
+    let guarded = hbone::guard::FrameGuard::new(tls);
+    let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(hbone::SERVER_MAX_STREAMS, hbone::MAX_HEADER_BYTES).handshake::<_, Bytes>(guarded)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed"),
         Err(_) => return tracing::warn!("HBONE HTTP/2 handshake timed out"),

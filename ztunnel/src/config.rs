@@ -140,6 +140,16 @@ pub struct ProxyConfig {
     /// Idle pooled HBONE connections close after this (Istio: 5 min).
     pub pool_idle_timeout: Duration,
     pub connect_timeout: Duration,
+    /// A proxied connection with no bytes either way for this long is closed (Envoy's
+    /// TCP proxy default: 1 h); None: never.
+    pub idle_timeout: Option<Duration>,
+    /// Connections a pod may have open through its proxy at once (0: no limit); more are
+    /// refused (reset) and counted.
+    pub max_connections_per_pod: usize,
+    /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
+    pub hbone_max_streams: u32,
+    /// Largest header block an HBONE peer may send.
+    pub hbone_max_header_bytes: u32,
 }
 
 impl Default for ProxyConfig {
@@ -149,6 +159,10 @@ impl Default for ProxyConfig {
             pool_max_streams: 100,
             pool_idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
+            idle_timeout: Some(Duration::from_secs(3600)),
+            max_connections_per_pod: 0,
+            hbone_max_streams: crate::hbone::SERVER_MAX_STREAMS,
+            hbone_max_header_bytes: crate::hbone::MAX_HEADER_BYTES,
         }
     }
 }

@@ -1,12 +1,14 @@
 //! HBONE: TCP tunnelled as HTTP/2 CONNECT streams inside mTLS, port 15008.
 
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+pub mod guard;
 pub mod pool;
 pub mod stream;
 
@@ -61,45 +63,59 @@ pub enum CopyError {
     Stream(h2::Error),
     #[error("closed: authorization policy now denies this connection")]
     Revoked,
+    #[error("closed: no bytes either way for longer than the idle timeout")]
+    Idle,
+}
+
+/// Completes once neither counter has moved for `timeout` (checked every `timeout`, so
+/// an idle connection ends within twice the timeout); never without a timeout.
+pub(crate) async fn idle_watchdog(counters: [&AtomicU64; 2], timeout: Option<Duration>) {
+    let Some(timeout) = timeout.filter(|t| !t.is_zero()) else {
+        return std::future::pending().await;
+    };
+    let total = || counters.iter().map(|c| c.load(Ordering::Relaxed)).sum::<u64>();
+    let mut last = total();
+    loop {
+        tokio::time::sleep(timeout).await;
+        let now = total();
+        if now == last {
+            return;
+        }
+        last = now;
+    }
 }
 
 /// Copies both ways between a TCP connection and an HTTP/2 stream until both directions
 /// end. EOF becomes END_STREAM (and END_STREAM a write shutdown), so half-close carries
 /// through. An error on one side resets the other: RST_STREAM towards the tunnel, or the
 /// caller resets the TCP connection (see [`CopyError`]).
+///
+/// It also ends early, with the tunnel reset, when `revoked` completes (a policy change
+/// that denies the open connection: [`CopyError::Revoked`]) or when no byte moved either
+/// way for `idle` ([`CopyError::Idle`]).
 pub async fn copy_tcp_h2(
-    tcp: &mut tokio::net::TcpStream,
-    send: SendStream<Bytes>,
-    recv: RecvStream,
-) -> Result<Transferred, (CopyError, Transferred)> {
-    copy_tcp_h2_until(tcp, send, recv, std::future::pending()).await
-}
-
-/// [`copy_tcp_h2`], ended early (the tunnel reset, [`CopyError::Revoked`]) when `revoked`
-/// completes: a policy change that denies an open connection.
-pub async fn copy_tcp_h2_until(
     tcp: &mut tokio::net::TcpStream,
     mut send: SendStream<Bytes>,
     mut recv: RecvStream,
     revoked: impl std::future::Future<Output = ()>,
+    idle: Option<Duration>,
 ) -> Result<Transferred, (CopyError, Transferred)> {
     let (mut rd, mut wr) = tcp.split();
-    let mut t = Transferred::default();
+    let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let res = {
-        let up = tcp_to_h2(&mut rd, &mut send, &mut t.sent);
-        let down = h2_to_tcp(&mut recv, &mut wr, &mut t.received);
+        let up = tcp_to_h2(&mut rd, &mut send, &sent);
+        let down = h2_to_tcp(&mut recv, &mut wr, &received);
         tokio::select! {
-            r = async { tokio::try_join!(up, down) } => r,
+            r = async { tokio::try_join!(up, down) } => r.map(|_| ()),
             _ = revoked => Err(CopyError::Revoked),
+            _ = idle_watchdog([&sent, &received], idle) => Err(CopyError::Idle),
         }
     };
-    if let Err(CopyError::Revoked) = res {
-        send.send_reset(h2::Reason::CANCEL);
-    }
+    let t = Transferred { sent: sent.into_inner(), received: received.into_inner() };
     match res {
-        Ok(_) => Ok(t),
+        Ok(()) => Ok(t),
         Err(e) => {
-            if let CopyError::Tcp(_) = e {
+            if !matches!(e, CopyError::Stream(_)) {
                 send.send_reset(h2::Reason::CANCEL);
             }
             Err((e, t))
@@ -110,7 +126,7 @@ pub async fn copy_tcp_h2_until(
 async fn tcp_to_h2<R: AsyncRead + Unpin>(
     rd: &mut R,
     send: &mut SendStream<Bytes>,
-    count: &mut u64,
+    count: &AtomicU64,
 ) -> Result<(), CopyError> {
     let mut buf = BytesMut::with_capacity(COPY_BUF);
     loop {
@@ -121,7 +137,7 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
             return Ok(());
         }
         let mut chunk = buf.split().freeze();
-        *count += chunk.len() as u64;
+        count.fetch_add(chunk.len() as u64, Ordering::Relaxed);
         while !chunk.is_empty() {
             send.reserve_capacity(chunk.len());
             let cap = match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
@@ -141,13 +157,13 @@ async fn tcp_to_h2<R: AsyncRead + Unpin>(
 async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     recv: &mut RecvStream,
     wr: &mut W,
-    count: &mut u64,
+    count: &AtomicU64,
 ) -> Result<(), CopyError> {
     while let Some(chunk) = recv.data().await {
         let chunk = chunk.map_err(CopyError::Stream)?;
         let n = chunk.len();
         wr.write_all(&chunk).await.map_err(CopyError::Tcp)?;
-        *count += n as u64;
+        count.fetch_add(n as u64, Ordering::Relaxed);
         // Return flow-control credit only once the bytes are written, so a slow reader
         // pushes back on the sender instead of growing our buffers.
         let _ = recv.flow_control().release_capacity(n);
@@ -157,14 +173,22 @@ async fn h2_to_tcp<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-/// The HTTP/2 server side of HBONE with Istio's tuning (ztunnel's inbound, the waypoint).
-pub fn server_builder() -> h2::server::Builder {
+/// Largest header block an HBONE peer may send (HPACK-decoded size).
+pub const MAX_HEADER_BYTES: u32 = 16 * 1024;
+
+/// The HTTP/2 server side of HBONE with Istio's tuning (ztunnel's inbound, the waypoint):
+/// at most `max_streams` concurrent streams per connection (more are refused with
+/// REFUSED_STREAM) and `max_header_bytes` of headers per request.
+pub fn server_builder(max_streams: u32, max_header_bytes: u32) -> h2::server::Builder {
     let mut b = h2::server::Builder::new();
     b.initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(MAX_FRAME)
-        .max_concurrent_streams(SERVER_MAX_STREAMS)
-        .max_header_list_size(16 * 1024);
+        .max_concurrent_streams(max_streams)
+        .max_header_list_size(max_header_bytes)
+        // Rapid reset: streams reset before we accept them count here; past the bound
+        // the connection gets GOAWAY ENHANCE_YOUR_CALM (h2's default is 20).
+        .max_pending_accept_reset_streams(20);
     b
 }
 
@@ -187,6 +211,22 @@ pub fn connect_target<B>(req: &http::Request<B>) -> Result<std::net::SocketAddr,
         .authority()
         .and_then(|a| a.as_str().parse().ok())
         .ok_or_else(|| BadConnect::BadAuthority(req.uri().to_string()))
+}
+
+/// Whether an HTTP/2 connection error means the peer misbehaved, and how (a bounded
+/// metric label): floods of empty DATA frames (our guard), and protocol violations h2
+/// refuses (rapid reset, CONTINUATION floods, too many streams, bad frames) — h2 answers
+/// those with GOAWAY. A peer that just went away is not abuse.
+pub fn protocol_abuse(e: &h2::Error) -> Option<&'static str> {
+    if e.get_io().is_some_and(guard::is_flood) {
+        return Some("empty_data_flood");
+    }
+    match e.reason() {
+        Some(h2::Reason::ENHANCE_YOUR_CALM) => Some("rapid_reset"),
+        Some(h2::Reason::NO_ERROR) | Some(h2::Reason::CANCEL) | None => None,
+        Some(_) if e.is_go_away() || e.is_library() => Some("h2_protocol"),
+        Some(_) => None,
+    }
 }
 
 /// Answers a CONNECT stream with a bodyless status (400/401/503...).

@@ -108,6 +108,20 @@ struct Args {
     /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// Close a proxied connection after this many seconds without a byte either way
+    /// (0: never). Envoy's TCP proxy uses 1 h.
+    #[arg(long, env = "CONNECTION_IDLE_TIMEOUT_SECONDS", default_value_t = 3600)]
+    idle_timeout_seconds: u64,
+    /// Connections one pod may have open through ztunnel at once; more are refused
+    /// (0: no limit).
+    #[arg(long, env = "MAX_CONNECTIONS_PER_POD", default_value_t = 0)]
+    max_connections_per_pod: usize,
+    /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
+    #[arg(long, env = "HBONE_MAX_STREAMS_PER_CONNECTION", default_value_t = ztunnel::hbone::SERVER_MAX_STREAMS)]
+    hbone_max_streams: u32,
+    /// Largest request header block an HBONE peer may send, in bytes.
+    #[arg(long, env = "HBONE_MAX_HEADER_BYTES", default_value_t = ztunnel::hbone::MAX_HEADER_BYTES)]
+    hbone_max_header_bytes: u32,
     /// Admin endpoint (/logging, /quitquitquit); must be a loopback address.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin_addr: std::net::SocketAddr,
@@ -228,6 +242,10 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         pool_max_streams: args.pool_max_streams,
         pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
+        idle_timeout: (args.idle_timeout_seconds > 0).then(|| Duration::from_secs(args.idle_timeout_seconds)),
+        max_connections_per_pod: args.max_connections_per_pod,
+        hbone_max_streams: args.hbone_max_streams,
+        hbone_max_header_bytes: args.hbone_max_header_bytes,
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let metrics = Arc::new(ztunnel::metrics::Metrics::default());

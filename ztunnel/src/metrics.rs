@@ -99,7 +99,8 @@ pub struct Metrics {
     sent: Family<TcpLabels, Counter>,
     /// Hashes of the label sets in use, to bound them (see `MAX_SERIES`).
     series: std::sync::Mutex<std::collections::HashSet<u64>>,
-    accept_failures: Family<control::ReasonLabel, Counter>,
+    connections_refused: Family<control::ReasonLabel, Counter>,
+    hbone_rejections: Family<control::ReasonLabel, Counter>,
     pub xds: control::XdsMetrics,
     pub certs: control::CertMetrics,
     pub process: std::sync::Arc<process::ProcessCollector>,
@@ -122,11 +123,17 @@ impl Default for Metrics {
         registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
         registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
-        let accept_failures = Family::<control::ReasonLabel, Counter>::default();
+        let connections_refused = Family::<control::ReasonLabel, Counter>::default();
         registry.register(
-            "ztunnel_accept_failures",
+            "ztunnel_connections_refused",
             "Connections that could not be accepted (fd_exhaustion: refused for lack of file descriptors)",
-            accept_failures.clone(),
+            connections_refused.clone(),
+        );
+        let hbone_rejections = Family::<control::ReasonLabel, Counter>::default();
+        registry.register(
+            "ztunnel_hbone_rejections",
+            "HBONE connections or requests refused before reaching policy (tls_handshake, bad_request, rapid_reset, empty_data_flood, h2_protocol)",
+            hbone_rejections.clone(),
         );
         let xds = control::XdsMetrics::register(&mut registry);
         let certs = control::CertMetrics::register(&mut registry);
@@ -140,7 +147,8 @@ impl Default for Metrics {
             received,
             sent,
             series: Default::default(),
-            accept_failures,
+            connections_refused,
+            hbone_rejections,
             xds,
             certs,
             process,
@@ -183,9 +191,14 @@ impl Metrics {
         })
     }
 
-    /// A listener could not accept (`fd_exhaustion` or `other`).
-    pub fn accept_failed(&self, reason: &'static str) {
-        self.accept_failures.get_or_create(&control::ReasonLabel { reason }).inc();
+    /// A connection refused before it was proxied (`fd_exhaustion`, `pod_limit`, `accept_error`).
+    pub fn connection_refused(&self, reason: &'static str) {
+        self.connections_refused.get_or_create(&control::ReasonLabel { reason }).inc();
+    }
+
+    /// An inbound HBONE connection or request refused for `reason` (a fixed set).
+    pub fn hbone_rejected(&self, reason: &'static str) {
+        self.hbone_rejections.get_or_create(&control::ReasonLabel { reason }).inc();
     }
 
     pub fn opened(&self, l: &TcpLabels) {

@@ -285,37 +285,32 @@ pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
 }
 
 /// Relays between a client connection `a` and its upstream `b`, counting the connection
-/// in `metrics`; returns (bytes from the client, bytes to it). An error resets both sides.
+/// in `metrics`; returns (bytes from the client, bytes to it). It ends early, with both
+/// sides reset, when `revoked` completes (a policy change that denies the connection) or
+/// when no byte moved either way for `idle`. An error resets both sides.
 pub(crate) async fn copy_tcp(
     metrics: &crate::metrics::Metrics,
     labels: &crate::metrics::TcpLabels,
     a: &mut tokio::net::TcpStream,
     b: &mut tokio::net::TcpStream,
-) -> std::io::Result<(u64, u64)> {
-    copy_tcp_until(metrics, labels, a, b, std::future::pending()).await
-}
-
-/// [`copy_tcp`], ended with a reset of both sides when `revoked` completes (a policy
-/// change that denies an open connection). Bytes moved until then are still counted.
-pub(crate) async fn copy_tcp_until(
-    metrics: &crate::metrics::Metrics,
-    labels: &crate::metrics::TcpLabels,
-    a: &mut tokio::net::TcpStream,
-    b: &mut tokio::net::TcpStream,
     revoked: impl std::future::Future<Output = ()>,
+    idle: Option<std::time::Duration>,
 ) -> std::io::Result<(u64, u64)> {
+    use std::sync::atomic::AtomicU64;
     metrics.opened(labels);
-    let (mut from_client, mut to_client) = (0u64, 0u64);
+    let (from_client, to_client) = (AtomicU64::new(0), AtomicU64::new(0));
     let r = {
         let (mut ar, mut aw) = a.split();
         let (mut br, mut bw) = b.split();
-        let up = copy_half(&mut ar, &mut bw, &mut from_client);
-        let down = copy_half(&mut br, &mut aw, &mut to_client);
+        let up = copy_half(&mut ar, &mut bw, &from_client);
+        let down = copy_half(&mut br, &mut aw, &to_client);
         tokio::select! {
             r = async { tokio::try_join!(up, down) } => r.map(|_| ()),
-            _ = revoked => Err(std::io::Error::other("closed: authorization policy now denies this connection")),
+            _ = revoked => Err(std::io::Error::other(crate::hbone::CopyError::Revoked.to_string())),
+            _ = crate::hbone::idle_watchdog([&from_client, &to_client], idle) => Err(std::io::Error::other(crate::hbone::CopyError::Idle.to_string())),
         }
     };
+    let (from_client, to_client) = (from_client.into_inner(), to_client.into_inner());
     metrics.closed(labels, from_client, to_client);
     let r = r.map(|()| (from_client, to_client));
     if r.is_err() {
@@ -329,7 +324,7 @@ pub(crate) async fn copy_tcp_until(
 async fn copy_half(
     from: &mut (impl tokio::io::AsyncRead + Unpin),
     to: &mut (impl tokio::io::AsyncWrite + Unpin),
-    count: &mut u64,
+    count: &std::sync::atomic::AtomicU64,
 ) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 32 * 1024];
@@ -339,13 +334,20 @@ async fn copy_half(
             return to.shutdown().await;
         }
         to.write_all(&buf[..n]).await?;
-        *count += n as u64;
+        count.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
-/// Counts a connection both for the process's drain and for its pod's removal.
-pub(crate) fn track(inputs: &ProxyInputs, pod: &LocalPod) -> (crate::drain::ActiveGuard, crate::drain::ActiveGuard) {
-    (inputs.drain.track(), pod.active.track())
+/// Counts a connection both for the process's drain and for its pod's removal; None
+/// (counted as refused) when the pod already has `max_connections_per_pod` open.
+pub(crate) fn track(inputs: &ProxyInputs, pod: &LocalPod) -> Option<(crate::drain::ActiveGuard, crate::drain::ActiveGuard)> {
+    let max = inputs.cfg.max_connections_per_pod;
+    if max > 0 && pod.active.active() >= max {
+        inputs.metrics.connection_refused("pod_limit");
+        tracing::warn!(pod = %pod.workload.name, max, "pod connection limit reached; refusing");
+        return None;
+    }
+    Some((inputs.drain.track(), pod.active.track()))
 }
 
 /// Accept errors (e.g. EMFILE) must not spin a runtime thread or end the listener.
@@ -412,7 +414,7 @@ async fn refuse_queued(inputs: &ProxyInputs, listener: &tokio::net::TcpListener,
         }
     }
     for _ in 0..refused {
-        inputs.metrics.accept_failed("fd_exhaustion");
+        inputs.metrics.connection_refused("fd_exhaustion");
     }
     // Out of descriptors, accept fails at once whether or not anything waits: warn once a
     // second, not on every retry.
@@ -456,7 +458,7 @@ pub(crate) async fn accept_until_drain(
                 Ok(c) => return Some(c),
                 Err(e) if out_of_fds(&e) => refuse_queued(inputs, listener, name).await,
                 Err(e) => {
-                    inputs.metrics.accept_failed("other");
+                    inputs.metrics.connection_refused("accept_error");
                     accept_backoff(name, e).await
                 }
             },

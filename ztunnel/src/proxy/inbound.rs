@@ -45,30 +45,31 @@ async fn handle_connection(
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, response_flags = "TLS_FAILURE", "HBONE TLS handshake failed");
-            return;
+            return inputs.metrics.hbone_rejected("tls_handshake");
         }
         Err(_) => {
             tracing::warn!(response_flags = "TLS_FAILURE", "HBONE TLS handshake timed out");
-            return;
+            return inputs.metrics.hbone_rejected("tls_handshake");
         }
     };
     let src_identity = match crate::tls::peer_identity(tls.get_ref().1) {
         Ok(id) => id,
         Err(e) => {
             tracing::warn!(error = %e, "HBONE peer has no usable identity");
-            return;
+            return inputs.metrics.hbone_rejected("tls_handshake");
         }
     };
-    let h2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder().handshake::<_, Bytes>(tls)).await;
+    let guarded = hbone::guard::FrameGuard::new(tls);
+    let h2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(inputs.cfg.hbone_max_streams, inputs.cfg.hbone_max_header_bytes).handshake::<_, Bytes>(guarded)).await;
     let mut conn = match h2 {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed");
-            return;
+            return inputs.metrics.hbone_rejected("h2_protocol");
         }
         Err(_) => {
             tracing::warn!("HBONE HTTP/2 handshake timed out");
-            return;
+            return inputs.metrics.hbone_rejected("h2_protocol");
         }
     };
     let mut goaway_sent = false;
@@ -92,7 +93,13 @@ async fn handle_connection(
                 );
             }
             Err(e) => {
-                tracing::debug!(error = %e, "HBONE connection ended");
+                match hbone::protocol_abuse(&e) {
+                    Some(reason) => {
+                        tracing::warn!(src.identity = %src_identity, error = %e, reason, "HBONE connection closed for abuse");
+                        inputs.metrics.hbone_rejected(reason);
+                    }
+                    None => tracing::debug!(error = %e, "HBONE connection ended"),
+                }
                 break;
             }
         }
@@ -109,18 +116,22 @@ async fn handle_stream(
     local: SocketAddr,
     src_identity: Identity,
 ) {
-    let _active = super::track(&inputs, &pod);
+    let Some(_active) = super::track(&inputs, &pod) else {
+        return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+    };
     let start = Instant::now();
     let target = match hbone::connect_target(&req) {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "bad HBONE request");
+            inputs.metrics.hbone_rejected("bad_request");
             return respond(tx, StatusCode::BAD_REQUEST);
         }
     };
     // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy port.
     if target.ip() != local.ip() || target.ip() != pod.ip || crate::ports::is_proxy_port(target.port()) {
         tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target does not match this pod");
+        inputs.metrics.hbone_rejected("bad_request");
         return respond(tx, StatusCode::BAD_REQUEST);
     }
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
@@ -163,7 +174,7 @@ async fn handle_stream(
         }
     };
     inputs.metrics.opened(&labels);
-    let r = hbone::copy_tcp_h2_until(&mut upstream, send, recv, registration.revoked.notified()).await;
+    let r = hbone::copy_tcp_h2(&mut upstream, send, recv, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let t = match &r {
         Ok(t) | Err((_, t)) => *t,
     };
@@ -175,7 +186,7 @@ async fn handle_stream(
             reset(upstream);
             (t, Some(format!("tunnel reset: {e}")))
         }
-        Err((e @ CopyError::Revoked, t)) => {
+        Err((e @ (CopyError::Revoked | CopyError::Idle), t)) => {
             reset(upstream);
             (t, Some(e.to_string()))
         }

@@ -22,7 +22,9 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let _active = super::track(&inputs, &pod);
+    let Some(_active) = super::track(&inputs, &pod) else {
+        return reset(stream);
+    };
     let start = Instant::now();
     let Some(dst) = super::captured_destination(&stream) else {
         return reset(stream);
@@ -58,7 +60,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             return reset(stream);
         }
     };
-    let r = super::copy_tcp_until(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified()).await;
+    let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
     let state = inputs.state.load();
     ConnectionLog {

@@ -108,7 +108,9 @@ fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let _active = super::track(&inputs, &pod);
+    let Some(_active) = super::track(&inputs, &pod) else {
+        return reset(stream);
+    };
     let start = Instant::now();
     let Some(dst) = super::captured_destination(&stream) else {
         return reset(stream);
@@ -140,7 +142,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream).await;
+            let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
             let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
             ConnectionLog {
                 direction: "outbound",
@@ -189,7 +191,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
                     inputs.metrics.opened(&labels);
-                    let r = hbone::copy_tcp_h2(&mut stream, send, recv).await;
+                    let r = hbone::copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
                     drop(guard);
                     let t = match &r {
                         Ok(t) | Err((_, t)) => *t,
@@ -200,6 +202,10 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                         Err((CopyError::Stream(e), t)) => {
                             reset(stream);
                             (Some(format!("tunnel reset: {e}")), t)
+                        }
+                        Err((e @ CopyError::Idle, t)) => {
+                            reset(stream);
+                            (Some(e.to_string()), t)
                         }
                         Err((e, t)) => (Some(e.to_string()), t),
                     }
