@@ -214,15 +214,15 @@ pub fn connect_target<B>(req: &http::Request<B>) -> Result<std::net::SocketAddr,
 }
 
 /// Whether an HTTP/2 connection error means the peer misbehaved, and how (a bounded
-/// metric label): floods of empty DATA frames (our guard), and protocol violations h2
-/// refuses (rapid reset, CONTINUATION floods, too many streams, bad frames) — h2 answers
-/// those with GOAWAY. A peer that just went away is not abuse.
+/// metric label): floods of empty DATA frames (our guard), floods h2 cuts off with GOAWAY
+/// ENHANCE_YOUR_CALM (rapid reset, CONTINUATION floods), and other protocol violations
+/// h2 answers with GOAWAY. A peer that just went away is not abuse.
 pub fn protocol_abuse(e: &h2::Error) -> Option<&'static str> {
     if e.get_io().is_some_and(guard::is_flood) {
         return Some("empty_data_flood");
     }
     match e.reason() {
-        Some(h2::Reason::ENHANCE_YOUR_CALM) => Some("rapid_reset"),
+        Some(h2::Reason::ENHANCE_YOUR_CALM) => Some("h2_flood"),
         Some(h2::Reason::NO_ERROR) | Some(h2::Reason::CANCEL) | None => None,
         Some(_) if e.is_go_away() || e.is_library() => Some("h2_protocol"),
         Some(_) => None,

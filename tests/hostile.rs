@@ -1,0 +1,426 @@
+//! Hostile peers against ztunnel, end to end: bad TLS, lying HBONE requests, spoofed
+//! sources and HTTP/2 floods. Each is refused and counted, and a victim pod pair keeps
+//! its traffic flowing meanwhile (its latency during each attack is printed; run with
+//! `--nocapture` to see it: the numbers are in SECURITY.md).
+//!
+//! Topology: node1 has n1p1 (a host outside the mesh that speaks HBONE by hand with a
+//! mesh certificate for `sa/attacker`) and n1p2 (the victim client, `sa/victim`); node2
+//! has n2p1 (server, `sa/server`) and n2p2 (`sa/guarded`, which only `sa/victim` may call).
+
+mod hbone_peer;
+mod h2_raw;
+mod netsim;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use h2_raw::*;
+use netsim::*;
+use rustls_pki_types::CertificateDer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use ztunnel::identity::Identity;
+
+struct Hostile {
+    mesh: Mesh,
+    ca: ztunnel::identity::ca::Ca,
+    _echo: Vec<EchoServer>,
+}
+
+fn id(sa: &str) -> Identity {
+    Identity::new("cluster.local", "default", sa)
+}
+
+impl Hostile {
+    fn start(tag: &str) -> Result<Hostile> {
+        let topo = Topology::build(&prefix(tag), &[2, 2])?;
+        let guarded = ", authorizationPolicies: [default/only-victim]";
+        let cfg = format!(
+            "workloads:\n{}{}{}policies:\n- {{name: only-victim, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{{principals: [{{Exact: cluster.local/ns/default/sa/victim}}]}}]]]}}\n",
+            workload(&topo, "n1p2", "victim", ""),
+            workload(&topo, "n2p1", "server", ""),
+            workload(&topo, "n2p2", "guarded", guarded),
+        );
+        let mesh = Mesh::start(topo, &cfg, &["n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+        let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
+        let t = &mesh.topo;
+        let echo = vec![EchoServer::start(&t.pod("n2p1").netns, 8080, None)?, EchoServer::start(&t.pod("n2p2").netns, 8080, None)?];
+        Ok(Hostile { mesh, ca, _echo: echo })
+    }
+
+    fn pod_addr(&self, pod: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(self.mesh.topo.pod(pod).ip.into(), port)
+    }
+
+    fn attacker(&self) -> &netsim::Netns {
+        &self.mesh.topo.pod("n1p1").netns
+    }
+
+    /// A TLS 1.3 mTLS client config with a mesh certificate for `sa/<sa>`.
+    fn mesh_tls(&self, sa: &str, server: &str) -> Result<rustls::ClientConfig> {
+        let cert = self.ca.issue(&id(sa), Duration::from_secs(600))?;
+        let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)?;
+        let ck = rustls::sign::CertifiedKey::new(cert.chain.clone(), key);
+        Ok(ztunnel::tls::client_config(&ck, &[self.ca.root()], vec![id(server)])?)
+    }
+
+    async fn metrics(&self, node: usize) -> Result<String> {
+        let mut s = self.mesh.topo.node(node).connect("127.0.0.1:15020".parse()?).await?;
+        s.write_all(b"GET /stats/prometheus HTTP/1.0\r\n\r\n").await?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await?;
+        Ok(out)
+    }
+
+    async fn rejections(&self, reason: &str) -> Result<u64> {
+        let text = self.metrics(2).await?;
+        let prefix = format!("ztunnel_hbone_rejections_total{{reason=\"{reason}\"}} ");
+        Ok(text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0))
+    }
+}
+
+/// Accepts any server certificate: the tests probe the server, not its identity.
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &rustls_pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn any_server_config(versions: &[&'static rustls::SupportedProtocolVersion], cert: Option<(Vec<CertificateDer<'static>>, rustls_pki_types::PrivateKeyDer<'static>)>) -> Result<rustls::ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServer(provider)));
+    Ok(match cert {
+        Some((chain, key)) => b.with_client_auth_cert(chain, key)?,
+        None => b.with_no_client_auth(),
+    })
+}
+
+/// A leaf signed by the test mesh CA (files in `state`) with any URI SAN at all.
+fn leaf_with_san(state: &std::path::Path, san: &str) -> Result<(Vec<CertificateDer<'static>>, rustls_pki_types::PrivateKeyDer<'static>)> {
+    let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(state.join("ca-key.pem"))?)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(state.join("ca-cert.pem"))?, ca_key)?;
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name = rcgen::DistinguishedName::new();
+    p.subject_alt_names = vec![rcgen::SanType::URI(san.to_string().try_into()?)];
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = p.signed_by(&key, &issuer)?;
+    Ok((vec![cert.der().clone()], rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into())))
+}
+
+/// Sends one CONNECT on a raw connection and says whether a 200 came back.
+async fn connect_answered_200(h: &mut RawH2, authority: &str) -> bool {
+    if h.send(&frame(HEADERS, END_HEADERS, 1, &connect_block(authority))).await.is_err() {
+        return false;
+    }
+    // HPACK static index 8 is ":status 200", sent as the single byte 0x88.
+    h.next_of(HEADERS, Duration::from_secs(3)).await.is_some_and(|f| f.3.first() == Some(&0x88))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_tls_peers_are_refused() -> Result<()> {
+    let h = Hostile::start("ha")?;
+    let server = h.pod_addr("n2p1", 15008);
+    let target = h.pod_addr("n2p1", 8080).to_string();
+    let state = h.mesh.topo.dir.join("ca");
+    let before = h.rejections("tls_handshake").await?;
+    let mesh_leaf = {
+        let c = h.ca.issue(&id("attacker"), Duration::from_secs(600))?;
+        (c.chain.clone(), c.key.clone_key())
+    };
+    let attempts: Vec<(&str, rustls::ClientConfig)> = vec![
+        ("no client certificate", any_server_config(&[&rustls::version::TLS13], None)?),
+        ("TLS 1.2 only", any_server_config(&[&rustls::version::TLS12], Some(mesh_leaf))?),
+        ("another trust domain", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "spiffe://evil.local/ns/default/sa/victim")?))?),
+        ("a SAN with an embedded NUL", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "spiffe://cluster.local/ns/default/sa/victim\0.evil")?))?),
+        ("a SAN that is no SPIFFE id", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "https://cluster.local/victim")?))?),
+    ];
+    for (what, cfg) in attempts {
+        let answered = match RawH2::connect(h.attacker(), server, cfg).await {
+            Ok(mut raw) => connect_answered_200(&mut raw, &target).await,
+            Err(_) => false,
+        };
+        assert!(!answered, "{what}: the tunnel was opened");
+    }
+    wait_for_async("TLS refusals counted", || async { Ok(h.rejections("tls_handshake").await? >= before + 5) }).await?;
+    // A proper mesh peer on the same path works.
+    let mut raw = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
+    assert!(connect_answered_200(&mut raw, &target).await, "a valid mesh client was refused");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lying_hbone_requests_are_refused() -> Result<()> {
+    let h = Hostile::start("hb")?;
+    let attacker = id("attacker");
+    let n2p1 = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("server"), h.pod_addr("n2p1", 15008)).await?;
+    let bad = |a: SocketAddr| hbone_peer::connect_req(&a.to_string());
+    let before = h.rejections("bad_request").await?;
+    // The CONNECT target must be the pod the connection reached, never a proxy port, never
+    // a pod elsewhere.
+    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n2p2", 8080))).await?, 400, "another pod on the node");
+    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n1p2", 8080))).await?, 400, "a pod on another node");
+    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n2p1", 15001))).await?, 400, "the proxy's own port");
+    assert_eq!(hbone_peer::status(&n2p1, hbone_peer::connect_req("echo.default.svc:8080")).await?, 400, "a hostname");
+    wait_for_async("bad requests counted", || async { Ok(h.rejections("bad_request").await? >= before + 4) }).await?;
+
+    // Headers claiming to be the victim change nothing: identity comes from the certificate.
+    let n2p2 = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("guarded"), h.pod_addr("n2p2", 15008)).await?;
+    let victim_ip = h.mesh.topo.pod("n1p2").ip;
+    let lying = http::Request::builder()
+        .method("CONNECT")
+        .uri(h.pod_addr("n2p2", 8080).to_string())
+        .header("forwarded", format!("for=\"{victim_ip}:40000\""))
+        .header("baggage", "k8s.namespace.name=default,k8s.pod.name=n1p2,service.name=victim")
+        .header("x-forwarded-client-cert", "URI=spiffe://cluster.local/ns/default/sa/victim")
+        .body(())?;
+    assert_eq!(hbone_peer::status(&n2p2, lying).await?, 401);
+
+    // Data sent before the answer to a denied CONNECT never reaches the app.
+    let mut send = n2p2.clone().ready().await?;
+    let (resp, mut body) = send.send_request(hbone_peer::connect_req(&h.pod_addr("n2p2", 8080).to_string()), false)?;
+    let _ = body.send_data(bytes::Bytes::from_static(b"smuggled bytes"), false);
+    let resp = tokio::time::timeout(Duration::from_secs(5), resp).await??;
+    assert_eq!(resp.status(), 401);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let attacker_ip = std::net::IpAddr::from(h.mesh.topo.pod("n1p1").ip);
+    assert!(!h._echo[1].peers().iter().any(|p| p.ip() == attacker_ip), "the denied client reached the app");
+    assert!(h._echo[1].peers().is_empty(), "nothing reached the guarded app");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spoofed_source_ip_gains_nothing() -> Result<()> {
+    let h = Hostile::start("hc")?;
+    let victim = h.mesh.topo.pod("n1p2");
+    let to = h.pod_addr("n2p1", 8080);
+    // The victim pod's process binds a foreign address (IP_FREEBIND needs no privilege)
+    // and connects: capture hands the connection to the pod's own proxy, which speaks
+    // with the pod's identity from the pod's real address.
+    let spoofed: std::net::Ipv4Addr = "10.10.1.99".parse()?;
+    let attempt = victim.netns.run(move || -> std::io::Result<Vec<u8>> {
+        use std::io::{Read, Write};
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_freebind_v4(true)?;
+        s.bind(&SocketAddr::from((spoofed, 0)).into())?;
+        s.connect_timeout(&to.into(), Duration::from_secs(3))?;
+        let mut s: std::net::TcpStream = s.into();
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(b"who am i")?;
+        s.shutdown(std::net::Shutdown::Write)?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        Ok(out)
+    })?;
+    let spoofed_ip = std::net::IpAddr::from(spoofed);
+    assert!(!h._echo[0].peers().iter().any(|p| p.ip() == spoofed_ip), "the app saw the spoofed address");
+    if let Ok(out) = attempt {
+        if out == b"who am i" {
+            // It went through: as the victim pod, from its real address.
+            assert_eq!(h._echo[0].peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(victim.ip)));
+            h.mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/victim"])?;
+        }
+    }
+    // The guarded pod admits only sa/victim: an unenrolled host claiming the victim's
+    // address gets nowhere (no mesh identity, plaintext policy needs a principal).
+    let spoof_host = h.attacker().run(move || -> std::io::Result<()> {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+        s.set_freebind_v4(true)?;
+        s.bind(&SocketAddr::from((std::net::Ipv4Addr::new(10, 10, 1, 12), 0)).into())?;
+        s.connect_timeout(&SocketAddr::from((std::net::Ipv4Addr::new(10, 10, 2, 12), 8080)).into(), Duration::from_secs(3))
+    })?;
+    let _ = spoof_host;
+    assert!(h._echo[1].peers().is_empty(), "a spoofed host reached the guarded app");
+    Ok(())
+}
+
+/// The victim's round trips on one open connection until `stop`: (latencies, failures).
+fn victim_loop(pod: &Pod, to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<Duration>, usize)> {
+    let path = pod.netns.path();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut lat = Vec::new();
+        let mut failed = 0;
+        let Ok(ns) = std::fs::File::open(&path) else { return (lat, 1) };
+        if nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
+            return (lat, 1);
+        }
+        let connect = || -> std::io::Result<std::net::TcpStream> {
+            let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+            s.set_read_timeout(Some(Duration::from_secs(3)))?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        };
+        let mut s = match connect() {
+            Ok(s) => s,
+            Err(_) => return (lat, 1),
+        };
+        let payload = [7u8; 1024];
+        let mut back = [0u8; 1024];
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            match s.write_all(&payload).and_then(|_| s.read_exact(&mut back)) {
+                Ok(()) if back == payload => lat.push(t.elapsed()),
+                _ => {
+                    failed += 1;
+                    if let Ok(n) = connect() {
+                        s = n;
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        (lat, failed)
+    })
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+}
+
+async fn wait_for_async<F, Fut>(what: &str, mut f: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    for _ in 0..100 {
+        if f().await.unwrap_or(false) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("timed out waiting for {what}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<()> {
+    let h = Hostile::start("hd")?;
+    let server = h.pod_addr("n2p1", 15008);
+    let target = h.pod_addr("n2p1", 8080).to_string();
+    let victim_to = h.pod_addr("n2p1", 8080);
+    let victim = h.mesh.topo.pod("n1p2");
+
+    // Baseline: the victim's 1 KiB round trips with nobody attacking.
+    let stop = Arc::new(AtomicBool::new(false));
+    let v = victim_loop(victim, victim_to, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut base, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
+    assert_eq!(failed, 0);
+    println!("victim baseline: {} round trips, p50 {:?}, p99 {:?}", base.len(), percentile(&mut base, 0.5), percentile(&mut base, 0.99));
+
+    type Attack = (&'static str, &'static str);
+    let attacks: [Attack; 4] = [
+        ("rapid reset", "h2_flood"),
+        ("CONTINUATION flood", "h2_flood"),
+        ("empty DATA flood", "empty_data_flood"),
+        ("too many streams", ""),
+    ];
+    for (name, reason) in attacks {
+        let before = if reason.is_empty() { 0 } else { h.rejections(reason).await? };
+        let stop = Arc::new(AtomicBool::new(false));
+        let v = victim_loop(victim, victim_to, stop.clone());
+        let mut raw = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
+        let started = Instant::now();
+        match name {
+            "rapid reset" => {
+                // Open and cancel streams as fast as possible.
+                for i in 0..20_000u32 {
+                    let s = 2 * i + 1;
+                    let mut burst = frame(HEADERS, END_HEADERS, s, &connect_block(&target));
+                    burst.extend(frame(RST_STREAM, 0, s, &8u32.to_be_bytes()));
+                    if raw.send(&burst).await.is_err() || raw.is_closed() {
+                        break;
+                    }
+                }
+            }
+            "CONTINUATION flood" => {
+                let junk = header_block(&[("x-junk", &"a".repeat(100))]);
+                let _ = raw.send(&frame(HEADERS, 0, 1, &connect_block(&target))).await;
+                for _ in 0..100_000 {
+                    if raw.send(&frame(CONTINUATION, 0, 1, &junk)).await.is_err() || raw.is_closed() {
+                        break;
+                    }
+                }
+            }
+            "empty DATA flood" => {
+                assert!(connect_answered_200(&mut raw, &target).await, "the flood's stream was not opened");
+                let burst: Vec<u8> = (0..1000).flat_map(|_| frame(DATA, 0, 1, &[])).collect();
+                for _ in 0..1000 {
+                    if raw.send(&burst).await.is_err() || raw.is_closed() {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                // 300 concurrent CONNECTs on one connection; the server allows 200.
+                let mut all = Vec::new();
+                for i in 0..300u32 {
+                    all.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &connect_block(&target)));
+                }
+                raw.send(&all).await?;
+            }
+        }
+        if reason.is_empty() {
+            // Too many streams: the excess is refused stream by stream; the connection lives.
+            let mut refused = 0;
+            let mut opened = 0;
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while opened + refused < 300 && Instant::now() < deadline {
+                for f in raw.drain() {
+                    match f.0 {
+                        RST_STREAM if f.3 == 7u32.to_be_bytes() => refused += 1,
+                        HEADERS => opened += 1,
+                        _ => {}
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(refused, 100, "{name}: {opened} opened");
+            assert!(opened <= 200, "{name}: {opened} streams opened");
+        } else {
+            assert!(raw.wait_closed(Duration::from_secs(10)).await, "{name}: the attacker's connection was not closed");
+            wait_for_async(&format!("{name} counted"), || async { Ok(h.rejections(reason).await? > before) }).await?;
+        }
+        let took = started.elapsed();
+        // The victim's figures cover the attack and its aftermath: at least a second.
+        tokio::time::sleep(Duration::from_secs(1).saturating_sub(took)).await;
+        stop.store(true, Ordering::Relaxed);
+        let (mut lat, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
+        assert_eq!(failed, 0, "{name}: the victim's round trips failed");
+        assert!(!lat.is_empty(), "{name}: the victim made no round trip");
+        println!(
+            "{name}: attack ended in {took:?}; victim {} round trips, p50 {:?}, p99 {:?}",
+            lat.len(),
+            percentile(&mut lat, 0.5),
+            percentile(&mut lat, 0.99)
+        );
+    }
+    Ok(())
+}
