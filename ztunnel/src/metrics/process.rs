@@ -71,6 +71,10 @@ impl Collector for ProcessCollector {
             gauge(&mut e, "process_max_fds", "Maximum number of open file descriptors", p.max_fds)?;
             gauge(&mut e, "process_start_time_seconds", "Start time of the process since the Unix epoch, in seconds", p.start_time)?;
         }
+        // Scrapes are served on the runtime, so its task count is at hand (leak detector).
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            gauge(&mut e, "ztunnel_tokio_alive_tasks", "Tasks alive on the proxy's runtime", rt.metrics().num_alive_tasks() as i64)?;
+        }
         if let Some(certs) = self.certs.get() {
             let held = certs.snapshot();
             let now = SystemTime::now();
