@@ -102,8 +102,8 @@ fn leftovers(topo: &Topology, pod: &Pod) -> Result<Vec<String>> {
     if !pod.netns.exec("ip", &["route", "show", "table", "133"])?.trim().is_empty() {
         found.push("route table 133".into());
     }
-    let listening = pod.netns.exec("ss", &["-Hltn"])?;
-    for port in ["15001", "15006", "15008"] {
+    let listening = pod.netns.exec("ss", &["-Hltun"])?;
+    for port in ["15001", "15006", "15008", "15053"] {
         if listening.contains(&format!(":{port} ")) {
             found.push(format!("listener {port}"));
         }

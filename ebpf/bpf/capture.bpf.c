@@ -16,6 +16,14 @@
 // calling itself: recorded by sockops), the kubelet probe source and exempt ports. The accepted socket keeps the original local address,
 // so the destination is getsockname(), as with TPROXY.
 //
+// DNS (pods whose pod_config has POD_DNS): a TCP connect() to port 53 goes to the DNS
+// proxy's 127.0.0.1:15053 instead of 15001; UDP to port 53 too, through connect4 for
+// connected sockets and sendmsg4 for the others, with the original server recorded under
+// the socket cookie. recvmsg4 then shows the answers as coming from that server (resolvers
+// such as glibc's drop answers from anyone else), and getpeername4 shows it for connected
+// sockets. The proxy forwards from its own netns, so its upstream queries are never seen
+// here (and carry the proxy mark anyway).
+//
 // Every program is a no-op outside the netns cookies / pod IPs in its maps. An app that
 // can set SO_MARK (CAP_NET_RAW/NET_ADMIN) to the proxy's marks can exempt its own
 // connections, as with Istio's iptables rules; the mark cannot exempt anything in
@@ -34,6 +42,7 @@
 #define AF_INET6 10
 #endif
 #define SOCK_STREAM 1
+#define SOCK_DGRAM 2
 #define SOL_IP 0
 #define SO_ORIGINAL_DST 80
 #define LOOPBACK_IFINDEX 1
@@ -42,13 +51,19 @@
 #define DELIVERY_MARK 0x111
 #define OUTBOUND_PORT 15001
 #define HBONE_PORT 15008
+#define DNS_PORT 53
+#define DNS_PROXY_PORT 15053
+#define LOOPBACK_ADDR 0x7f000001
 // 169.254.7.127: kubelet probes in Istio's ambient mode.
 #define PROBE_SOURCE 0xa9fe077f
 
 struct pod_config {
 	__u32 ip;	/* network order */
-	__u32 flags;
+	__u32 flags;	/* POD_* */
 };
+
+// The pod's DNS goes to the DNS proxy.
+#define POD_DNS 1
 
 // An original destination; ip and port in network order.
 struct orig_dst {
@@ -155,43 +170,104 @@ static __always_inline int is_proxy_mark(__u32 mark)
 	return mark == PROXY_MARK || mark == DELIVERY_MARK;
 }
 
-// Whether a connect() to IPv4 address `dst` from this socket is captured; if so, the
-// original destination is recorded under the socket cookie.
-static __always_inline int capture_connect(struct bpf_sock_addr *ctx, __u32 dst, __u16 port)
+// Where a connect() (TCP or UDP) or sendmsg() (UDP) to IPv4 address `dst`, port
+// `port` (network order) from this socket goes: NOT_CAPTURED, TO_OUTBOUND (TCP, 15001)
+// or TO_DNS (port 53, 15053); CAPTURE_FAILED if the original destination could not be
+// recorded under the socket cookie.
+#define CAPTURE_FAILED -1
+#define NOT_CAPTURED 0
+#define TO_OUTBOUND 1
+#define TO_DNS 2
+
+static __always_inline int capture_dst(struct bpf_sock_addr *ctx, __u32 dst, __u16 port)
 {
-	if (ctx->type != SOCK_STREAM || (ctx->protocol != 0 && ctx->protocol != IPPROTO_TCP))
-		return 0;
+	int tcp = ctx->type == SOCK_STREAM && (ctx->protocol == 0 || ctx->protocol == IPPROTO_TCP);
+	int udp = ctx->type == SOCK_DGRAM && (ctx->protocol == 0 || ctx->protocol == IPPROTO_UDP);
+	int dns_port = port == bpf_htons(DNS_PORT);
+	// Cheap test first: sendmsg4 runs for every unconnected UDP datagram on the host.
+	if ((!tcp && !udp) || (udp && !dns_port))
+		return NOT_CAPTURED;
 	__u64 netns = bpf_get_netns_cookie(ctx);
 	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
 	if (!pod)
-		return 0;
+		return NOT_CAPTURED;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk || is_proxy_mark(sk->mark))
-		return 0;
+		return NOT_CAPTURED;
 	// Loopback, the pod's own address and 0.0.0.0 stay inside the pod (nftables: oif lo).
 	if ((bpf_ntohl(dst) >> 24) == 127 || dst == pod->ip || dst == 0)
-		return 0;
+		return NOT_CAPTURED;
+	int dns = dns_port && (pod->flags & POD_DNS);
+	if (udp && !dns)
+		return NOT_CAPTURED;
 	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct cookie_entry e = {
 		.dst = { .ip = dst, .port = port },
 		.netns = netns,
 	};
 	if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_ANY) != 0)
-		return -1;
+		return CAPTURE_FAILED;
+	return dns ? TO_DNS : TO_OUTBOUND;
+}
+
+static __always_inline __u16 capture_port(int c)
+{
+	return bpf_htons(c == TO_DNS ? DNS_PROXY_PORT : OUTBOUND_PORT);
+}
+
+// Steers a captured connect() or sendmsg() to `dst` (the IPv4 destination; in a
+// v4-mapped address when `v6`) to the proxy's listener on loopback. The program's verdict.
+static __always_inline int steer(struct bpf_sock_addr *ctx, __u32 dst, int v6)
+{
+	int c = capture_dst(ctx, dst, (__u16)ctx->user_port);
+	if (c == CAPTURE_FAILED)
+		return 0; // EPERM to the app: better than a connection the proxy cannot route
+	if (c == NOT_CAPTURED)
+		return 1;
+	if (v6)
+		ctx->user_ip6[3] = bpf_htonl(LOOPBACK_ADDR);
+	else
+		ctx->user_ip4 = bpf_htonl(LOOPBACK_ADDR);
+	ctx->user_port = capture_port(c);
 	return 1;
 }
 
 SEC("cgroup/connect4")
 int zt_connect4(struct bpf_sock_addr *ctx)
 {
-	int c = capture_connect(ctx, ctx->user_ip4, (__u16)ctx->user_port);
-	if (c < 0)
-		return 0; // EPERM to the app: better than a connection the proxy cannot route
-	if (c == 0)
+	return steer(ctx, ctx->user_ip4, 0);
+}
+
+// Unconnected UDP: each datagram to port 53 goes to the DNS proxy.
+SEC("cgroup/sendmsg4")
+int zt_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_DGRAM)
 		return 1;
-	ctx->user_ip4 = bpf_htonl(0x7f000001);
-	ctx->user_port = bpf_htons(OUTBOUND_PORT);
+	return steer(ctx, ctx->user_ip4, 0);
+}
+
+// Puts the original destination capture recorded for this socket, if any, in ctx's
+// IPv4 address. Returns 1 (the only verdict getpeername and recvmsg programs may give).
+static __always_inline int show_original4(struct bpf_sock_addr *ctx)
+{
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
+	if (e) {
+		ctx->user_ip4 = e->dst.ip;
+		ctx->user_port = e->dst.port;
+	}
 	return 1;
+}
+
+// A datagram from the DNS proxy to a socket that sent DNS through it appears to come from
+// the server the socket last sent to.
+SEC("cgroup/recvmsg4")
+int zt_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->user_ip4 != bpf_htonl(LOOPBACK_ADDR) || ctx->user_port != bpf_htons(DNS_PROXY_PORT))
+		return 1;
+	return show_original4(ctx);
 }
 
 static __always_inline int is_v4_mapped(__u32 a0, __u32 a1, __u32 a2)
@@ -220,14 +296,11 @@ int zt_connect6(struct bpf_sock_addr *ctx)
 		int loopback = a0 == 0 && a1 == 0 && a2 == 0 && a3 == bpf_htonl(1);
 		return loopback ? 1 : 0;
 	}
-	int c = capture_connect(ctx, a3, (__u16)ctx->user_port);
-	if (c < 0)
-		return 0;
-	if (c == 0)
+	// v4-mapped UDP (DNS included) is left alone: without recvmsg6 its answers would
+	// come from the proxy's address, which resolvers refuse.
+	if (ctx->type != SOCK_STREAM)
 		return 1;
-	ctx->user_ip6[3] = bpf_htonl(0x7f000001);
-	ctx->user_port = bpf_htons(OUTBOUND_PORT);
-	return 1;
+	return steer(ctx, a3, 1);
 }
 
 SEC("sockops")
@@ -330,13 +403,7 @@ int zt_getsockopt(struct bpf_sockopt *ctx)
 SEC("cgroup/getpeername4")
 int zt_getpeername4(struct bpf_sock_addr *ctx)
 {
-	__u64 cookie = bpf_get_socket_cookie(ctx);
-	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
-	if (!e)
-		return 1;
-	ctx->user_ip4 = e->dst.ip;
-	ctx->user_port = e->dst.port;
-	return 1;
+	return show_original4(ctx);
 }
 
 SEC("cgroup/getpeername6")
@@ -354,10 +421,11 @@ int zt_getpeername6(struct bpf_sock_addr *ctx)
 SEC("cgroup/sock_release")
 int zt_sock_release(struct bpf_sock *sk)
 {
-	if (sk->protocol != IPPROTO_TCP)
+	if (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP)
 		return 1;
 	// Entries keyed by this socket's cookie go whether or not its pod is still enrolled
-	// (it may have been removed while the socket lived).
+	// (it may have been removed while the socket lived). UDP sockets only have the DNS
+	// server they sent to.
 	__u64 cookie = bpf_get_socket_cookie(sk);
 	bpf_map_delete_elem(&zt_orig_by_cookie, &cookie);
 	struct conn_key *c = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);

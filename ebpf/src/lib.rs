@@ -1,7 +1,8 @@
 //! eBPF traffic capture for ztunnel's enrolled pods: the programs in `bpf/capture.bpf.c`
 //! (compiled by build.rs with clang -target bpf), loaded and attached with aya.
 //!
-//! Process-wide programs (connect4/6, sockops, getsockopt, getpeername4/6, sock_release) sit
+//! Process-wide programs (connect4/6, sendmsg4, recvmsg4, sockops, getsockopt,
+//! getpeername4/6, sock_release) sit
 //! on the cgroup v2 root and act only on sockets of enrolled pods' netns; each pod adds an
 //! sk_lookup program on its own netns. Maps and links are pinned under one directory on
 //! bpffs, so capture stays in force while ztunnel restarts (fail closed: new connections
@@ -91,6 +92,9 @@ struct PodConfig {
     flags: u32,
 }
 
+/// `pod_config.flags`: the pod's DNS goes to the DNS proxy (POD_DNS).
+const POD_DNS: u32 = 1;
+
 // SAFETY: repr(C), plain integers, no padding.
 unsafe impl aya::Pod for PodConfig {}
 
@@ -112,11 +116,13 @@ pub struct Options {
     pub cgroup: Option<PathBuf>,
     /// Inbound destination ports never captured.
     pub exempt_inbound_ports: Vec<u16>,
+    /// Send enrolled pods' DNS (UDP and TCP port 53) to the DNS proxy (127.0.0.1:15053).
+    pub capture_dns: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { pin_dir: DEFAULT_PIN_DIR.into(), cgroup: None, exempt_inbound_ports: Vec::new() }
+        Options { pin_dir: DEFAULT_PIN_DIR.into(), cgroup: None, exempt_inbound_ports: Vec::new(), capture_dns: false }
     }
 }
 
@@ -130,6 +136,8 @@ struct Maps {
 /// Loaded capture programs and their maps.
 pub struct Capture {
     pin_dir: PathBuf,
+    /// `pod_config.flags` of the pods this process enrolls.
+    pod_flags: u32,
     // Holds the loaded sk_lookup program; the other programs live on in their pinned links.
     bpf: Mutex<Ebpf>,
     maps: Mutex<Maps>,
@@ -147,8 +155,17 @@ const MAPS: [&str; 8] = [
 ];
 
 /// Program name in the object, and its pinned link's file name.
-const GLOBAL_PROGRAMS: [&str; 7] =
-    ["zt_connect4", "zt_connect6", "zt_sockops", "zt_getsockopt", "zt_getpeername4", "zt_getpeername6", "zt_sock_release"];
+const GLOBAL_PROGRAMS: [&str; 9] = [
+    "zt_connect4",
+    "zt_connect6",
+    "zt_sendmsg4",
+    "zt_recvmsg4",
+    "zt_sockops",
+    "zt_getsockopt",
+    "zt_getpeername4",
+    "zt_getpeername6",
+    "zt_sock_release",
+];
 
 impl Capture {
     /// Loads the programs, takes over (or creates) the pinned maps, and attaches the
@@ -208,7 +225,8 @@ impl Capture {
             inbound: take_map(&mut bpf, "zt_inbound")?,
         };
         tracing::info!(pin_dir = %opts.pin_dir.display(), cgroup = %cgroup_path.display(), "eBPF capture loaded");
-        Ok(Capture { pin_dir: opts.pin_dir.clone(), bpf: Mutex::new(bpf), maps: Mutex::new(maps) })
+        let pod_flags = if opts.capture_dns { POD_DNS } else { 0 };
+        Ok(Capture { pin_dir: opts.pin_dir.clone(), pod_flags, bpf: Mutex::new(bpf), maps: Mutex::new(maps) })
     }
 
     fn pod_link_path(&self, cookie: NetnsCookie) -> PathBuf {
@@ -225,7 +243,7 @@ impl Capture {
         let ip = u32::from_ne_bytes(pod.ip.octets());
         self.lock_maps()
             .pods_netns
-            .insert(pod.cookie.0, PodConfig { ip, flags: 0 }, 0)
+            .insert(pod.cookie.0, PodConfig { ip, flags: self.pod_flags }, 0)
             .map_err(map_err("zt_pods_netns"))?;
         {
             let mut maps = self.lock_maps();
@@ -402,6 +420,8 @@ fn attach_global(bpf: &mut Ebpf, name: &'static str, cgroup: BorrowedFd<'_>) -> 
         "zt_getpeername4" => load!(CgroupSockAddr, A::CgroupGetpeername4),
         "zt_getpeername6" => load!(CgroupSockAddr, A::CgroupGetpeername6),
         "zt_connect6" => load!(CgroupSockAddr, A::CgroupConnect6),
+        "zt_sendmsg4" => load!(CgroupSockAddr, A::CgroupUdp4Sendmsg),
+        "zt_recvmsg4" => load!(CgroupSockAddr, A::CgroupUdp4Recvmsg),
         _ => load!(CgroupSockAddr, A::CgroupConnect4),
     }
 }

@@ -107,6 +107,8 @@ pub enum AttachType {
     CgroupSockOps = 3,
     CgroupConnect4 = 10,
     CgroupConnect6 = 11,
+    CgroupUdp4Sendmsg = 14,
+    CgroupUdp4Recvmsg = 19,
     CgroupGetsockopt = 21,
     CgroupGetpeername4 = 29,
     CgroupGetpeername6 = 30,

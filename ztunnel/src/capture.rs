@@ -39,13 +39,15 @@ pub struct CaptureOptions {
     pub cgroup: Option<std::path::PathBuf>,
     /// Inbound destination ports never captured (the app answers them directly).
     pub exempt_inbound_ports: Vec<u16>,
+    /// Send the pods' DNS (UDP and TCP port 53) to the DNS proxy on 127.0.0.1:15053.
+    pub capture_dns: bool,
 }
 
 /// The capture this process performs, decided once at start.
 #[derive(Clone)]
 pub enum Backend {
     None,
-    Nftables { exempt_inbound_ports: Vec<u16> },
+    Nftables { exempt_inbound_ports: Vec<u16>, capture_dns: bool },
     Ebpf(Arc<ztunnel_ebpf::Capture>),
 }
 
@@ -63,7 +65,7 @@ impl Backend {
     /// Sets up the requested mode; eBPF that the kernel or build cannot provide falls
     /// back to nftables with a warning saying why.
     pub fn start(mode: CaptureMode, opts: &CaptureOptions) -> Backend {
-        let nft = || Backend::Nftables { exempt_inbound_ports: opts.exempt_inbound_ports.clone() };
+        let nft = || Backend::Nftables { exempt_inbound_ports: opts.exempt_inbound_ports.clone(), capture_dns: opts.capture_dns };
         match mode {
             CaptureMode::None => Backend::None,
             CaptureMode::Nftables => nft(),
@@ -72,6 +74,7 @@ impl Backend {
                     pin_dir: opts.bpf_pin_dir.clone().unwrap_or_else(|| ztunnel_ebpf::DEFAULT_PIN_DIR.into()),
                     cgroup: opts.cgroup.clone(),
                     exempt_inbound_ports: opts.exempt_inbound_ports.clone(),
+                    capture_dns: opts.capture_dns,
                 };
                 match ztunnel_ebpf::Capture::load(&eopts) {
                     Ok(c) => Backend::Ebpf(Arc::new(c)),
@@ -96,7 +99,7 @@ impl Backend {
     pub async fn install(&self, netns: &InPodNetns, ip: Ipv4Addr, inbound_listener: &tokio::net::TcpListener) -> Result<(), CaptureError> {
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { exempt_inbound_ports } => nftables::install(netns, exempt_inbound_ports).await,
+            Backend::Nftables { exempt_inbound_ports, capture_dns } => nftables::install(netns, exempt_inbound_ports, *capture_dns).await,
             Backend::Ebpf(c) => ebpf::install(c, netns, ip, inbound_listener).await,
         }
     }

@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod admin;
 pub mod capture;
 pub mod config;
+pub mod dns;
 pub mod drain;
 pub mod hbone;
 pub mod http_endpoint;

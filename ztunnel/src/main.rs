@@ -134,9 +134,53 @@ struct Args {
     /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s or less).
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
     termination_grace_period_seconds: u64,
+    #[command(flatten)]
+    dns: DnsArgs,
     /// Log as JSON (LOG_FORMAT=json) instead of text.
     #[arg(long, env = "LOG_FORMAT", default_value = "text")]
     log_format: String,
+}
+
+/// The DNS proxy (127.0.0.1:15053 in every pod).
+#[derive(clap::Args, Debug)]
+struct DnsArgs {
+    /// Run the DNS proxy in every enrolled pod (Istio ztunnel's DNS_PROXY).
+    #[arg(long, env = "DNS_PROXY", default_value_t = true, action = clap::ArgAction::Set)]
+    dns_proxy: bool,
+    /// Capture the pods' DNS (UDP and TCP port 53) to the DNS proxy. Turn off when someone
+    /// else captures (istio-cni with dnsCapture redirects to 15053 itself) or to leave DNS alone.
+    #[arg(long, env = "ZTUNNEL_DNS_CAPTURE", default_value_t = true, action = clap::ArgAction::Set)]
+    dns_capture: bool,
+    /// Upstream resolvers for names outside the mesh, comma-separated IP or IP:PORT;
+    /// default: the nameservers of ztunnel's own /etc/resolv.conf.
+    #[arg(long, env = "ZTUNNEL_DNS_UPSTREAM", value_delimiter = ',')]
+    dns_upstream: Vec<String>,
+    /// The cluster's DNS domain, for search-domain expansion.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = "cluster.local")]
+    cluster_domain: String,
+    /// Forwarded answers cached, at most (0: no cache); the cache also stays under 4 MiB.
+    #[arg(long, env = "ZTUNNEL_DNS_CACHE_ENTRIES", default_value_t = 4096)]
+    dns_cache_entries: usize,
+}
+
+impl DnsArgs {
+    fn config(&self) -> anyhow::Result<ztunnel::dns::DnsConfig> {
+        let upstreams = if self.dns_upstream.is_empty() {
+            // Without upstreams the proxy still answers mesh names (and says why it cannot do more).
+            ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "DNS proxy: no upstream resolvers");
+                Vec::new()
+            })
+        } else {
+            self.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?
+        };
+        Ok(ztunnel::dns::DnsConfig {
+            cluster_domain: self.cluster_domain.clone(),
+            upstreams,
+            cache_entries: self.dns_cache_entries,
+            ..Default::default()
+        })
+    }
 }
 
 /// The log filter, replaceable at run time through the admin endpoint.
@@ -248,7 +292,14 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         hbone_max_header_bytes: args.hbone_max_header_bytes,
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
-    let metrics = Arc::new(ztunnel::metrics::Metrics::default());
+    let mut metrics = ztunnel::metrics::Metrics::default();
+    let dns = if args.dns.dns_proxy {
+        let dns_metrics = ztunnel::metrics::dns::DnsMetrics::register(&mut metrics.registry);
+        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config()?, state.clone(), dns_metrics)))
+    } else {
+        None
+    };
+    let metrics = Arc::new(metrics);
     certs.set_metrics(metrics.certs.clone());
     let _ = metrics.process.certs.set(certs.clone());
     let drain = Arc::new(ztunnel::drain::Drain::default());
@@ -274,6 +325,9 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         "statsAddr": args.metrics_addr.to_string(),
         "readinessAddr": args.readiness_addr.to_string(),
         "terminationGracePeriod": format!("{}s", args.termination_grace_period_seconds),
+        "dnsProxy": args.dns.dns_proxy,
+        "dnsCapture": args.dns.dns_proxy && args.dns.dns_capture,
+        "clusterDomain": args.dns.cluster_domain,
     });
     let config_dump = {
         let (state, certs) = (state.clone(), certs.clone());
@@ -294,6 +348,7 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
             bpf_pin_dir: Some(args.bpf_pin_dir.clone()),
             cgroup: args.cgroup_path.clone(),
             exempt_inbound_ports: args.exclude_inbound_ports.clone(),
+            capture_dns: args.dns.dns_proxy && args.dns.dns_capture,
         },
     );
     tracing::info!(capture = ?capture, "traffic capture");
@@ -312,6 +367,7 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         cfg: pcfg,
         metrics: metrics.clone(),
         drain: drain.clone(),
+        dns,
     });
 
     let pods: ztunnel::zds::client::Pods = Default::default();

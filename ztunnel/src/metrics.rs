@@ -15,6 +15,7 @@ use crate::identity::Identity;
 use crate::state::{Service, Workload};
 
 pub mod control;
+pub mod dns;
 pub mod http;
 pub mod process;
 pub mod server;

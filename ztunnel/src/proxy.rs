@@ -1,5 +1,5 @@
 //! The per-pod proxy: listeners inside each enrolled pod's netns, like Istio's in-pod mode.
-//! 15001 outbound (captured), 15008 inbound HBONE, 15006 inbound plaintext.
+//! 15001 outbound (captured), 15008 inbound HBONE, 15006 inbound plaintext, 15053 DNS.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -35,6 +35,8 @@ pub enum ProxyError {
     Capture(#[from] CaptureError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    Dns(#[from] crate::dns::DnsError),
 }
 
 /// How long a removed pod's listeners keep accepting connections captured just before.
@@ -51,6 +53,8 @@ pub struct ProxyInputs {
     pub capture: capture::Backend,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub drain: Arc<crate::drain::Drain>,
+    /// The DNS proxy, when on: each pod gets its listeners.
+    pub dns: Option<Arc<crate::dns::DnsProxy>>,
 }
 
 /// The local workload a listener serves.
@@ -252,6 +256,10 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     };
     let hbone = bind_transparent(SocketAddr::new(any, ports::HBONE))?;
     let plaintext = bind_transparent(SocketAddr::new(any, ports::INBOUND_PLAINTEXT))?;
+    let dns = match &inputs.dns {
+        Some(d) => Some((d.clone(), crate::dns::server::bind(&pod.netns)?)),
+        None => None,
+    };
     let tls = Arc::new(crate::tls::server_config(
         IdentityCert { certs: inputs.certs.clone(), identity: pod.identity.clone() },
         &inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default(),
@@ -275,6 +283,9 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     tasks.spawn(inbound::serve(inputs.clone(), pod.clone(), hbone, tls));
     tasks.spawn(inbound_passthrough::serve(inputs.clone(), pod.clone(), plaintext));
     tasks.spawn(recheck_on_change(inputs.clone(), pod.clone()));
+    if let Some((dns, listeners)) = dns {
+        tasks.spawn(crate::dns::server::serve(dns, pod.clone(), listeners, inputs.drain.clone()));
+    }
     tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
     Ok(EnrolledPod { pod, tasks, inputs })
 }

@@ -3,6 +3,9 @@
 //! - inbound TCP from the network goes to 15006 unless it is HBONE to 15008;
 //! - only a connection's first SYN is redirected: conntrack picks up connections that
 //!   were open before the rules arrived mid-stream, and those must stay as they are;
+//! - IPv4 DNS from the pod's processes (UDP and TCP port 53) is REDIRECTed to the DNS
+//!   proxy on 15053 when DNS capture is on (conntrack makes the answers come from the
+//!   server asked);
 //! - the proxy's own sockets (mark 1337) and loopback are never captured;
 //! - replies from the app to a transparent (spoofed-source) proxy socket are routed back
 //!   locally: the proxy's deliveries (mark 0x111) get ct mark 0x111, their reply packets
@@ -14,12 +17,20 @@ use crate::{ports, DELIVERY_MARK, PROXY_MARK};
 
 const TABLE: &str = "ztunnel-capture";
 
-fn ruleset(exempt_inbound_ports: &[u16]) -> String {
+fn ruleset(exempt_inbound_ports: &[u16], capture_dns: bool) -> String {
     let exempt = if exempt_inbound_ports.is_empty() {
         String::new()
     } else {
         let ports: Vec<String> = exempt_inbound_ports.iter().map(u16::to_string).collect();
         format!("meta l4proto tcp tcp dport {{ {} }} return", ports.join(", "))
+    };
+    let dns = if capture_dns {
+        format!(
+            "meta nfproto ipv4 udp dport 53 redirect to :{port}\n    meta nfproto ipv4 tcp dport 53 tcp flags & (syn | ack) == syn redirect to :{port}",
+            port = crate::dns::PORT
+        )
+    } else {
+        String::new()
     };
     format!(
         r#"table inet {TABLE}
@@ -37,6 +48,7 @@ table inet {TABLE} {{
     type nat hook output priority -100; policy accept;
     meta mark {{ {mark}, {delivery} }} return
     oifname "lo" return
+    {dns}
     tcp flags & (syn | ack) == syn redirect to :{outbound}
   }}
   chain output_route {{
@@ -54,9 +66,9 @@ table inet {TABLE} {{
     )
 }
 
-pub async fn install(netns: &InPodNetns, exempt_inbound_ports: &[u16]) -> Result<(), CaptureError> {
+pub async fn install(netns: &InPodNetns, exempt_inbound_ports: &[u16], capture_dns: bool) -> Result<(), CaptureError> {
     local_route::install(netns).await?;
-    run_in(netns, "nft", &["-f", "-"], Some(&ruleset(exempt_inbound_ports))).await
+    run_in(netns, "nft", &["-f", "-"], Some(&ruleset(exempt_inbound_ports, capture_dns))).await
 }
 
 /// Empties the redirecting chains. The chains themselves stay until `finish_removal`:
@@ -71,4 +83,21 @@ pub async fn finish_removal(netns: &InPodNetns) -> Result<(), CaptureError> {
     let nft = run_in(netns, "nft", &["delete", "table", "inet", TABLE], None).await;
     local_route::remove(netns).await;
     nft
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_rules_only_when_asked() {
+        let on = ruleset(&[], true);
+        assert!(on.contains("meta nfproto ipv4 udp dport 53 redirect to :15053"), "{on}");
+        assert!(on.contains("meta nfproto ipv4 tcp dport 53 tcp flags & (syn | ack) == syn redirect to :15053"), "{on}");
+        // After the proxy's own marks and loopback are let through, before the TCP catch-all.
+        let at = |needle: &str| on.find(needle).unwrap();
+        assert!(at("meta mark") < at("udp dport 53") && at("oifname \"lo\" return") < at("udp dport 53"));
+        assert!(at("tcp dport 53") < at("redirect to :15001"));
+        assert!(!ruleset(&[], false).contains("dport 53"));
+    }
 }
