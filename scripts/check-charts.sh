@@ -139,7 +139,7 @@ echo "  node $(node --version), CRD schemas: $GATEWAY_MODELS_PKG $ISTIO_MODELS_P
 ztunnel_sets=(
   "default|"
   "ebpf-json|--set captureMode=ebpf --set logAsJson=true --set logLevel=debug"
-  "nftables-custom|--set captureMode=nftables --set image.tag=1.2.3 --set image.pullPolicy=Always --set terminationGracePeriodSeconds=60 --set env.EXCLUDE_INBOUND_PORTS=9901 --set nodeSelector.pool=mesh --set-json imagePullSecrets=[\"regcred\"] --set clusterId=cluster-a --set caAddress=https://istiod-canary.istio-system.svc:15012"
+  "nftables-custom|--set captureMode=nftables --set image.tag=1.2.3 --set image.pullPolicy=Always --set terminationGracePeriodSeconds=60 --set env.EXCLUDE_INBOUND_PORTS=9901 --set nodeSelector.pool=mesh --set-json imagePullSecrets=[\"regcred\"] --set clusterId=cluster-a --set caAddress=https://istiod-canary.istio-system.svc:15012 --set dns.capture=false --set dns.clusterDomain=corp.example"
 )
 waypoint_sets=(
   "default|"
@@ -237,6 +237,8 @@ if chart == "ztunnel":
     expect(rp.get("port") == 15021 and rp.get("path") == "/healthz/ready", f"readinessProbe {rp}")
     expect(field_ref(env, "NODE_NAME") == "spec.nodeName", "NODE_NAME from spec.nodeName")
     expect(env_value(env, "INPOD_UDS") == "/var/run/ztunnel/ztunnel.sock", "INPOD_UDS")
+    expect(env_value(env, "DNS_PROXY") == "true", "DNS_PROXY")
+    expect(env_value(env, "ZTUNNEL_DNS_CAPTURE") in ("true", "false"), "ZTUNNEL_DNS_CAPTURE")
     mounts = mounts_by_volume(pod, c)
     expect(mounts.get("/var/run/ztunnel", {}).get("hostPath", {}).get("path") == "/var/run/ztunnel", "hostPath /var/run/ztunnel")
     expect(token_mounted(mounts), "projected istio-ca token at /var/run/secrets/tokens/istio-token")
@@ -332,6 +334,7 @@ chart_checks waypoint demo "${waypoint_sets[@]}"
 
 section "values the charts must refuse"
 check_fails "ztunnel captureMode=bogus" "$HELM" template z charts/ztunnel --set captureMode=bogus
+check_fails "ztunnel dns.cacheEntries=-1" "$HELM" template z charts/ztunnel --set dns.cacheEntries=-1
 check_fails "ztunnel unknown value (typo)" "$HELM" template z charts/ztunnel --set capturemode=ebpf
 check_fails "waypoint waypointFor=bogus" "$HELM" template w charts/waypoint --set waypointFor=bogus
 check_fails "waypoint name=Bad_Name" "$HELM" template w charts/waypoint --set name=Bad_Name
