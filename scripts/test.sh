@@ -7,4 +7,5 @@ cargo test --workspace
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
 bash scripts/check-charts.sh
 # eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
-ZTUNNEL_TEST_CAPTURE=nftables cargo test -p ztunnel --test l4 --test enrollment --test dns
+# --workspace (not -p ztunnel) keeps the same feature set as above: no second build.
+ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns
