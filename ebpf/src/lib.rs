@@ -52,7 +52,7 @@ pub enum EbpfError {
     #[error("cannot open cgroup {path}: {source}")]
     Cgroup { path: PathBuf, source: std::io::Error },
     #[error("cannot load the eBPF object (maps pinned in {pin_dir} may be from an incompatible ztunnel; remove that directory and re-enroll pods): {source}")]
-    Object { pin_dir: PathBuf, source: aya::EbpfError },
+    Object { pin_dir: PathBuf, source: Box<aya::EbpfError> },
     #[error("the kernel refused eBPF program {program}: {source}")]
     Program { program: &'static str, source: ProgramError },
     #[error("eBPF program {0} is missing from the object; the build is broken")]
@@ -192,7 +192,7 @@ impl Capture {
         for (name, path) in &pin_paths {
             loader.map_pin_path(name, path.as_path());
         }
-        let mut bpf = loader.load(OBJECT).map_err(|source| EbpfError::Object { pin_dir: opts.pin_dir.clone(), source })?;
+        let mut bpf = loader.load(OBJECT).map_err(|source| EbpfError::Object { pin_dir: opts.pin_dir.clone(), source: Box::new(source) })?;
 
         for name in GLOBAL_PROGRAMS {
             let link = attach_global(&mut bpf, name, cgroup.as_fd())?;
