@@ -140,7 +140,7 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     let start = Instant::now();
     let mut rss_base = vec![0u64; pids.len()];
     let mut rss_max = vec![0u64; pids.len()];
-    let mut in_flight_max = 0u64;
+    let (mut in_flight_max, mut in_flight_filled) = (0u64, 0u64);
     while start.elapsed() < window {
         tokio::time::sleep(Duration::from_millis(250)).await;
         anyhow::ensure!(!reader.is_finished() && !sender.is_finished(), "a side ended early");
@@ -149,6 +149,7 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
         in_flight_max = in_flight_max.max(s.saturating_sub(r));
         if start.elapsed() < settle {
             rss_base = rss.clone();
+            in_flight_filled = s.saturating_sub(r);
         } else {
             for (m, v) in rss_max.iter_mut().zip(&rss) {
                 *m = (*m).max(*v);
@@ -168,10 +169,11 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     let (rmem_s, wmem_s) = tcp_buffer_max(&server.netns)?;
     let bound = wmem_c + rmem_c + 4 * MIB + 2 * 64 * 1024 + wmem_s + rmem_s;
     println!(
-        "backpressure: {secs:.1} s: sender wrote {:.1} MiB, reader read {:.1} MiB ({:.2} MiB/s); in flight max {:.1} MiB (bound {:.1} MiB)",
+        "backpressure: {secs:.1} s: sender wrote {:.1} MiB, reader read {:.1} MiB ({:.2} MiB/s); in flight {:.1} MiB after fill, max {:.1} MiB (bound {:.1} MiB)",
         s as f64 / MIB as f64,
         r as f64 / MIB as f64,
         r as f64 / MIB as f64 / secs,
+        in_flight_filled as f64 / MIB as f64,
         in_flight_max as f64 / MIB as f64,
         bound as f64 / MIB as f64
     );
