@@ -517,6 +517,20 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
         println!("soak: ztunnel node{} end   {}  ({warns} WARN/ERROR log lines)", n + 1, end[n]);
     }
 
+    // Kernel state: after ~all those enrollments and connections, each node's pinned eBPF
+    // state holds its one stable pod and no per-connection entry.
+    if capture_mode() == "ebpf" {
+        for n in 1..=2 {
+            let seen = ztunnel_ebpf::inspect(&s.mesh.topo.bpffs.join(format!("node{n}")))?;
+            println!("soak: node{n} eBPF: {} pod links, {} zt_pods_ip entries", seen.pod_links.len(), seen.entries("zt_pods_ip"));
+            assert_eq!(seen.pod_links.len(), 1, "node{n}: sk_lookup links left by removed pods: {seen:?}");
+            assert_eq!(seen.entries("zt_pods_ip"), 1, "node{n}: {seen:?}");
+            for map in ["zt_orig_by_cookie", "zt_orig_by_tuple", "zt_local_conns", "zt_local_by_cookie"] {
+                assert_eq!(seen.entries(map), 0, "node{n}: {map} keeps entries of closed connections: {seen:?}");
+            }
+        }
+    }
+
     let failures: Vec<String> = [&short, &streams, &http, &churn].iter().flat_map(|t| t.failures.lock().unwrap().clone()).collect();
     assert!(failures.is_empty(), "{} connections failed: {:#?}", failures.len(), &failures[..failures.len().min(20)]);
     assert!(short.ok.load(Ordering::Relaxed) > duration.as_secs() * 10, "too little short-connection traffic");
