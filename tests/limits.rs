@@ -207,3 +207,71 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     assert_eq!(read_sum, sent_sum);
     Ok(())
 }
+
+/// Streams stalled by their readers hold HBONE connection-window credit (4 MiB each, the
+/// connection has 16 MiB): does another connection between the same pods, pooled on
+/// the same HBONE connection, still get through? Not yet: credit is returned only once
+/// bytes reach the app (that is what bounds memory), so four stalled streams use up the
+/// connection window and every other stream on it waits (head-of-line blocking; Istio's
+/// tuning has the same arithmetic). Kept as the reproducer for the fix, which has to
+/// choose between the per-connection memory bound and this: e.g. the server growing the
+/// connection window with its open streams, or the pool not placing new streams on a
+/// connection whose window is exhausted. Run it with `--ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known head-of-line blocking on a pooled HBONE connection, see the comment"]
+async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> {
+    let topo = Topology::build(&prefix("lc"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "sleep", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    // Accepts and never reads.
+    let listener = server.netns.listen(9000)?;
+    let held = tokio::spawn(async move {
+        let mut keep = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            keep.push(s);
+        }
+    });
+    let sent = Arc::new(AtomicU64::new(0));
+    let mut senders = Vec::new();
+    for i in 0..5u64 {
+        let mut c = client.netns.connect(SocketAddr::new(server.ip.into(), 9000)).await?;
+        let sent = sent.clone();
+        senders.push(tokio::spawn(async move {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut off = 0;
+            loop {
+                fill_pattern(off + i * (1 << 40), &mut buf);
+                match c.write(&buf).await {
+                    Ok(n) => {
+                        off += n as u64;
+                        sent.fetch_add(n as u64, Ordering::Relaxed);
+                    }
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let stalled = sent.load(Ordering::Relaxed);
+    let started = Instant::now();
+    let echo = async {
+        let mut s = client.netns.connect(SocketAddr::new(server.ip.into(), 8080)).await?;
+        echo_roundtrip(&mut s, &pattern(1024, 1)).await
+    };
+    let r = tokio::time::timeout(Duration::from_secs(10), echo).await;
+    println!(
+        "stalled streams: 5 senders wrote {:.1} MiB towards readers that never read; a new echo on the same pod pair: {:?} after {:?}",
+        stalled as f64 / MIB as f64,
+        r.as_ref().map(|x| x.as_ref().map(|v| v.len())),
+        started.elapsed()
+    );
+    for s in senders {
+        s.abort();
+    }
+    held.abort();
+    let got = r.context("an echo between the same pods waited 10 s behind stalled streams")??;
+    assert_eq!(got, pattern(1024, 1));
+    Ok(())
+}
