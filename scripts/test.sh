@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# Includes the backpressure test (~30 s) and the soak (tests/soak.rs, SOAK_SECONDS, 120 s
+# by default; each is alone in its test binary, so nothing else runs beside it).
 cargo test --workspace
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
 bash scripts/check-charts.sh

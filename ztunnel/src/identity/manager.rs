@@ -39,12 +39,22 @@ pub struct WorkloadCert {
 }
 
 impl WorkloadCert {
-    pub fn refresh_at(&self) -> SystemTime {
-        let life = self.not_after.duration_since(self.not_before).unwrap_or_default();
-        self.not_before + life / 2
+    /// When to renew a certificate that arrived at `received`: half-way through the part
+    /// of its lifetime left then. CAs backdate `not_before` against clock skew (ours and
+    /// the test CA by 60 s); counted from there, a short-lived leaf (`WORKLOAD_CERT_TTL`
+    /// under the backdating) is past half-life on arrival and would be requested again
+    /// at once, in a loop against the CA. Never sooner than [`MIN_REFRESH`] after receipt,
+    /// so a CA answering with already-expired leaves is not hammered either.
+    pub fn refresh_at(&self, received: SystemTime) -> SystemTime {
+        let from = self.not_before.max(received);
+        let left = self.not_after.duration_since(from).unwrap_or_default();
+        received + (from.duration_since(received).unwrap_or_default() + left / 2).max(MIN_REFRESH)
     }
 
 }
+
+/// The shortest time between receiving a certificate and asking for the next one.
+pub const MIN_REFRESH: Duration = Duration::from_secs(1);
 
 /// A certificate ready for rustls.
 pub struct CertState {
@@ -235,8 +245,10 @@ async fn rotate(mgr: Arc<CertManager>, id: Identity, slot: Arc<ArcSwap<CertState
     let mut backoff = Duration::from_millis(500);
     let mut reissue = mgr.reissue.subscribe();
     reissue.mark_unchanged();
+    // The first certificate was issued just before this task started.
+    let mut received = SystemTime::now();
     loop {
-        let at = slot.load().cert.refresh_at();
+        let at = slot.load().cert.refresh_at(received);
         let wait = at.duration_since(SystemTime::now()).unwrap_or_default();
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -246,6 +258,7 @@ async fn rotate(mgr: Arc<CertManager>, id: Identity, slot: Arc<ArcSwap<CertState
             Ok(next) => {
                 tracing::info!(identity = %id, serial = %next.cert.serial, "certificate rotated");
                 slot.store(Arc::new(next));
+                received = SystemTime::now();
                 backoff = Duration::from_millis(500);
             }
             Err(e) => {
@@ -285,8 +298,8 @@ mod tests {
 
     #[tokio::test]
     async fn rotates_at_half_life() {
-        // Leaves are backdated 60 s, so a 122 s lifetime reaches half-life 1 s after issue.
-        let mgr = manager(Duration::from_secs(62));
+        // Leaves are backdated 60 s; half-life counts from receipt: 1 s after issue.
+        let mgr = manager(Duration::from_secs(2));
         let id = Identity::new("cluster.local", "default", "a");
         mgr.allow(&id);
         let first = mgr.fetch(&id).await.unwrap();
@@ -300,5 +313,43 @@ mod tests {
             }
             assert!(start.elapsed() < Duration::from_secs(5), "certificate was not rotated at half-life");
         }
+    }
+
+    #[tokio::test]
+    async fn backdated_short_lived_certificates_are_not_requested_in_a_loop() {
+        // 3 s leaves backdated 60 s: counted from not_before they are past half-life on
+        // arrival. Refreshed every 1.5 s, that is 2 or 3 requests in 3.5 s, not hundreds.
+        let mgr = manager(Duration::from_secs(3));
+        let id = Identity::new("cluster.local", "default", "a");
+        mgr.allow(&id);
+        let first = mgr.fetch(&id).await.unwrap();
+        let mut serials = std::collections::HashSet::from([first.cert.serial.clone()]);
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(3500) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            serials.insert(mgr.current(&id).unwrap().cert.serial.clone());
+        }
+        assert!((2..=4).contains(&serials.len()), "{} certificates in 3.5 s", serials.len());
+    }
+
+    #[test]
+    fn refresh_time() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let cert = |nb: u64, na: u64| WorkloadCert {
+            identity: Identity::new("cluster.local", "default", "a"),
+            chain: vec![],
+            key: PrivateKeyDer::Pkcs8(Vec::new().into()),
+            roots: vec![],
+            not_before: t - Duration::from_secs(nb),
+            not_after: t + Duration::from_secs(na),
+            serial: String::new(),
+        };
+        // Not backdated: half its life.
+        assert_eq!(cert(0, 3600).refresh_at(t), t + Duration::from_secs(1800));
+        // Backdated: half of what is left on arrival.
+        assert_eq!(cert(60, 10).refresh_at(t), t + Duration::from_secs(5));
+        // Already expired, or valid from the future: not before the floor.
+        assert_eq!(cert(60, 0).refresh_at(t), t + MIN_REFRESH);
+        assert_eq!(cert(60, 10).refresh_at(t - Duration::from_secs(100)), t - Duration::from_secs(60) + Duration::from_secs(35));
     }
 }
