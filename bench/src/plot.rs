@@ -18,8 +18,10 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+type Pick = fn(&crate::load::Percentiles) -> f64;
+
 pub fn latency_svg(res: &Results) -> String {
-    let panels: [(&str, fn(&crate::load::Percentiles) -> f64); 4] =
+    let panels: [(&str, Pick); 4] =
         [("P50", |p| p.p50_us), ("P90", |p| p.p90_us), ("P99", |p| p.p99_us), ("P99.9", |p| p.p999_us)];
     let rates: Vec<f64> = {
         let mut r: Vec<f64> = res.constant_rate.iter().map(|r| r.result.target_rps).collect();

@@ -44,7 +44,7 @@ fn px(u: &crate::Usage, v: f64, decimals: usize) -> String {
 }
 
 /// The direct row matching `pred`, for ratios.
-fn base<'a, T>(rows: &'a [Row<T>], pred: impl Fn(&Row<T>) -> bool) -> Option<&'a Row<T>> {
+fn base<T>(rows: &[Row<T>], pred: impl Fn(&Row<T>) -> bool) -> Option<&Row<T>> {
     rows.iter().find(|r| r.mode == DIRECT && pred(r))
 }
 
