@@ -93,6 +93,9 @@ pub struct Usage {
     pub rss_mib: f64,
     /// Sum of VmHWM over the measurement (peaks reset at its start), MiB.
     pub peak_mib: f64,
+    /// Sum of RssAnon at the end, MiB: RSS without the mapped binary's pages, which
+    /// are most of a ztunnel's RSS.
+    pub anon_mib: f64,
     pub processes: Vec<ProcUsage>,
 }
 
@@ -103,6 +106,7 @@ pub struct ProcUsage {
     pub vcpu: f64,
     pub rss_mib: f64,
     pub peak_mib: f64,
+    pub anon_mib: f64,
 }
 
 struct Meter {
@@ -132,7 +136,14 @@ impl Meter {
             .map(|(name, pid, b)| {
                 let a = procstat::read(*pid).unwrap_or_default();
                 let cpu_s = a.cpu.saturating_sub(b.cpu).as_secs_f64();
-                ProcUsage { name: name.clone(), cpu_s, vcpu: cpu_s / wall_s, rss_mib: mib(a.rss_kib), peak_mib: mib(a.hwm_kib) }
+                ProcUsage {
+                    name: name.clone(),
+                    cpu_s,
+                    vcpu: cpu_s / wall_s,
+                    rss_mib: mib(a.rss_kib),
+                    peak_mib: mib(a.hwm_kib),
+                    anon_mib: mib(a.anon_kib),
+                }
             })
             .collect();
         let cpu_s: f64 = processes.iter().map(|p| p.cpu_s).sum();
@@ -145,6 +156,7 @@ impl Meter {
             cpu_s_per_1000: if units > 0.0 { cpu_s / units * scale } else { 0.0 },
             rss_mib: processes.iter().map(|p| p.rss_mib).sum(),
             peak_mib: processes.iter().map(|p| p.peak_mib).sum(),
+            anon_mib: processes.iter().map(|p| p.anon_mib).sum(),
             processes,
         }
     }

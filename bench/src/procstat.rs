@@ -11,6 +11,8 @@ pub struct Reading {
     pub rss_kib: u64,
     /// VmHWM (peak RSS since start or since the last `reset_peak`), KiB.
     pub hwm_kib: u64,
+    /// RssAnon: heap and stacks, without the mapped binary (RssFile), KiB.
+    pub anon_kib: u64,
 }
 
 /// Reads /proc/<pid>/stat and /proc/<pid>/status; None once the process is gone.
@@ -31,7 +33,7 @@ pub fn read(pid: u32) -> Option<Reading> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    Some(Reading { cpu: Duration::from_micros(ticks * 1_000_000 / hz), rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:") })
+    Some(Reading { cpu: Duration::from_micros(ticks * 1_000_000 / hz), rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:"), anon_kib: kib("RssAnon:") })
 }
 
 /// Resets VmHWM to the current RSS (clear_refs value 5, Linux >= 4.0), so each scenario
