@@ -116,6 +116,11 @@ struct Args {
     /// (0: no limit).
     #[arg(long, env = "MAX_CONNECTIONS_PER_POD", default_value_t = 0)]
     max_connections_per_pod: usize,
+    /// Tokio worker threads of the data path (Istio's ztunnel: the same variable, default
+    /// 2). Not one per core: a node proxy on a 64-core node does not need 64 workers, and
+    /// each idle one adds wake-ups (futex, IPIs) to every request it steals.
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    worker_threads: u16,
     /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
     #[arg(long, env = "HBONE_MAX_STREAMS_PER_CONNECTION", default_value_t = ztunnel::hbone::SERVER_MAX_STREAMS)]
     hbone_max_streams: u32,
@@ -260,7 +265,7 @@ fn main() -> anyhow::Result<()> {
     ztunnel::proxy::reserve_spare_fd();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.worker_threads.into()).enable_all().build()?;
     rt.block_on(run(args, log))
 }
 

@@ -1,0 +1,243 @@
+//! results.md (also printed), results.json and the plots.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::{Results, Row};
+
+const DIRECT: &str = "direct";
+
+pub fn write_all(out: &Path, res: &Results) -> Result<()> {
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?).context("write results.json")?;
+    let md = markdown(res);
+    println!("\n{md}");
+    std::fs::write(out.join("results.md"), &md).context("write results.md")?;
+    let svg = crate::plot::latency_svg(res);
+    let svg_path = out.join("latency.svg");
+    std::fs::write(&svg_path, svg).context("write latency.svg")?;
+    // PNG only where librsvg's converter is installed (Debian: librsvg2-bin).
+    let png = out.join("latency.png");
+    match std::process::Command::new("rsvg-convert").arg("-b").arg("white").arg("-o").arg(&png).arg(&svg_path).status() {
+        Ok(s) if s.success() => {}
+        Ok(s) => println!("note: rsvg-convert failed ({s}); no PNG"),
+        Err(_) => println!("note: rsvg-convert not installed (apt-get install librsvg2-bin); SVG only"),
+    }
+    Ok(())
+}
+
+fn ratio(v: f64, base: Option<f64>) -> String {
+    match base {
+        Some(b) if b > 0.0 => format!("×{:.2}", v / b),
+        _ => "–".into(),
+    }
+}
+
+/// Proxy figures, or a dash for a mode without proxies (direct).
+fn px(u: &crate::Usage, v: f64, decimals: usize) -> String {
+    if u.processes.is_empty() {
+        "–".into()
+    } else {
+        format!("{v:.decimals$}")
+    }
+}
+
+/// The direct row matching `pred`, for ratios.
+fn base<T>(rows: &[Row<T>], pred: impl Fn(&Row<T>) -> bool) -> Option<&Row<T>> {
+    rows.iter().find(|r| r.mode == DIRECT && pred(r))
+}
+
+fn ztunnel_max(r: &crate::Usage, f: impl Fn(&crate::ProcUsage) -> f64) -> f64 {
+    r.processes.iter().filter(|p| !p.name.starts_with("waypoint")).map(f).fold(0.0, f64::max)
+}
+
+pub fn markdown(res: &Results) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Mesh benchmark results\n");
+    let _ = writeln!(s, "- date: {}\n- host: {}\n- command: `{}`", res.date, res.host, res.command);
+    let _ = writeln!(s, "- load average (1/5/15 min) at start: {}, at end: {}", res.loadavg_start, res.loadavg_end);
+    if let Some(p) = &res.plan {
+        let _ = writeln!(
+            s,
+            "- plan: {} s per step ({} s warm-up), rates {:?} req/s on {} connections, max rate on {:?} connections, bulk {} MiB, {} connection workers, {} idle tunnels{}",
+            p.step_seconds,
+            p.warmup_seconds,
+            p.rates,
+            p.rate_connections,
+            p.max_rate_connections,
+            p.bulk_bytes >> 20,
+            p.conn_rate_workers,
+            p.idle_connections,
+            if p.quick { " (quick)" } else { "" }
+        );
+    }
+    let _ = writeln!(s, "- modes: {}\n", res.modes.join(", "));
+    let _ = writeln!(
+        s,
+        "Proxy columns cover every proxy process of the mode (both node proxies, and the waypoint): CPU seconds \
+         (utime+stime) per 1000 requests/connections (per GiB for bulk), average cores busy (vCPU), peak RSS \
+         (VmHWM, reset at the start of each step) and steady RSS (VmRSS at its end), summed, MiB. Latencies in µs.\n"
+    );
+
+    if !res.constant_rate.is_empty() {
+        let _ = writeln!(s, "## Constant rate, HTTP/1.1 POST 1 KiB → 1 KiB, latency from the intended send time\n");
+        let _ = writeln!(
+            s,
+            "| mode | target req/s | achieved | P50 | P90 | P99 | P99.9 | P99 vs direct | proxy cpu-s/1k req | proxy vCPU | max ztunnel vCPU | peak RSS | steady RSS | of which anon |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &res.constant_rate {
+            let b = base(&res.constant_rate, |x| x.result.target_rps == r.result.target_rps);
+            let l = &r.result.latency;
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                r.mode,
+                r.result.target_rps,
+                r.result.achieved_rps,
+                l.p50_us,
+                l.p90_us,
+                l.p99_us,
+                l.p999_us,
+                b.map(|b| format!("{:+.0} µs ({})", l.p99_us - b.result.latency.p99_us, ratio(l.p99_us, Some(b.result.latency.p99_us)))).unwrap_or("–".into()),
+                px(&r.usage, r.usage.cpu_s_per_1000, 3),
+                px(&r.usage, r.usage.vcpu, 3),
+                px(&r.usage, ztunnel_max(&r.usage, |p| p.vcpu), 3),
+                px(&r.usage, r.usage.peak_mib, 1),
+                px(&r.usage, r.usage.rss_mib, 1),
+                px(&r.usage, r.usage.anon_mib, 1)
+            );
+        }
+        s.push('\n');
+    }
+    if !res.max_rate.is_empty() {
+        let _ = writeln!(s, "## Maximum request rate (closed loop, HTTP/1.1 POST 1 KiB)\n");
+        let _ = writeln!(s, "| mode | connections | req/s | × direct | P50 | P99 | proxy cpu-s/1k req | proxy vCPU | peak RSS | steady RSS |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &res.max_rate {
+            let b = base(&res.max_rate, |x| x.result.connections == r.result.connections);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
+                r.mode,
+                r.result.connections,
+                r.result.rps,
+                ratio(r.result.rps, b.map(|b| b.result.rps)),
+                r.result.latency.p50_us,
+                r.result.latency.p99_us,
+                px(&r.usage, r.usage.cpu_s_per_1000, 3),
+                px(&r.usage, r.usage.vcpu, 2),
+                px(&r.usage, r.usage.peak_mib, 1),
+                px(&r.usage, r.usage.rss_mib, 1)
+            );
+        }
+        s.push('\n');
+    }
+    if !res.bulk.is_empty() {
+        let _ = writeln!(s, "## Single-stream bulk throughput\n");
+        let _ = writeln!(s, "| mode | MiB | seconds | Gbit/s | × direct | proxy cpu-s/GiB | proxy vCPU | peak RSS | steady RSS |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &res.bulk {
+            let b = base(&res.bulk, |_| true);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
+                r.mode,
+                r.result.bytes >> 20,
+                r.result.seconds,
+                r.result.gbit_per_s,
+                ratio(r.result.gbit_per_s, b.map(|b| b.result.gbit_per_s)),
+                px(&r.usage, r.usage.cpu_s_per_1000, 3),
+                px(&r.usage, r.usage.vcpu, 2),
+                px(&r.usage, r.usage.peak_mib, 1),
+                px(&r.usage, r.usage.rss_mib, 1)
+            );
+        }
+        s.push('\n');
+    }
+    if !res.conn_rate.is_empty() {
+        let _ = writeln!(s, "## New connections (connect + 1 KiB echo + close)\n");
+        let _ = writeln!(s, "| mode | workers | conn/s | × direct | P50 | P99 | errors | proxy cpu-s/1k conn | proxy vCPU | peak RSS | steady RSS |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &res.conn_rate {
+            let b = base(&res.conn_rate, |_| true);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
+                r.mode,
+                r.result.workers,
+                r.result.conn_per_s,
+                ratio(r.result.conn_per_s, b.map(|b| b.result.conn_per_s)),
+                r.result.latency.p50_us,
+                r.result.latency.p99_us,
+                r.result.errors,
+                px(&r.usage, r.usage.cpu_s_per_1000, 3),
+                px(&r.usage, r.usage.vcpu, 2),
+                px(&r.usage, r.usage.peak_mib, 1),
+                px(&r.usage, r.usage.rss_mib, 1)
+            );
+        }
+        s.push('\n');
+    }
+    if !res.idle.is_empty() {
+        let _ = writeln!(s, "## Concurrent idle tunnels (each proven by a 1-byte echo, then held)\n");
+        let _ = writeln!(s, "| mode | requested | open | open in s | proxy RSS before | with tunnels | bytes/tunnel | peak RSS |");
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+        for r in &res.idle {
+            let x = &r.result;
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {:.1} | {} | {} | {} | {} |",
+                r.mode,
+                x.requested,
+                x.established,
+                x.open_seconds,
+                px(&r.usage, x.rss_before_mib, 1),
+                px(&r.usage, x.rss_after_mib, 1),
+                px(&r.usage, x.bytes_per_conn, 0),
+                px(&r.usage, r.usage.peak_mib, 1)
+            );
+        }
+        s.push('\n');
+    }
+    s.push_str(&targets(res));
+    if !res.errors.is_empty() {
+        let _ = writeln!(s, "## Errors\n");
+        for e in &res.errors {
+            let _ = writeln!(s, "- {}", e.replace('\n', " "));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Where the issue's targets stand, for each node-proxy mode.
+fn targets(res: &Results) -> String {
+    let mut s = String::from("## Targets\n\n| mode | target | measured | met |\n|---|---|---|---|\n");
+    let yes = |b: bool| if b { "yes" } else { "**no**" };
+    let at = |mode: &str, rate: f64| res.constant_rate.iter().find(|r| r.mode == mode && r.result.target_rps == rate);
+    for mode in ["ztunnel-l4", "reference-l4"] {
+        if let Some(r) = at(mode, 1000.0) {
+            let vcpu = ztunnel_max(&r.usage, |p| p.vcpu);
+            let rss_mb = ztunnel_max(&r.usage, |p| p.rss_mib) * 1.048576;
+            let anon_mb = ztunnel_max(&r.usage, |p| p.anon_mib) * 1.048576;
+            let _ = writeln!(s, "| {mode} | < 0.06 vCPU per node proxy at 1000 req/s | {vcpu:.3} vCPU (busier of the two) | {} |", yes(vcpu < 0.06));
+            let _ = writeln!(
+                s,
+                "| {mode} | < 12 MB RSS per node proxy at 1000 req/s | {rss_mb:.1} MB (larger of the two; {anon_mb:.1} MB of it anonymous, the rest the mapped binary) | {} |",
+                yes(rss_mb < 12.0)
+            );
+            if let Some(d) = at(DIRECT, 1000.0) {
+                let added = r.result.latency.p99_us - d.result.latency.p99_us;
+                let _ = writeln!(s, "| {mode} | added P99 < 0.3 ms over direct at 1000 req/s | {:+.3} ms | {} |", added / 1000.0, yes(added < 300.0));
+            }
+        }
+        let bulk = |m: &str| res.bulk.iter().find(|r| r.mode == m).map(|r| r.result.gbit_per_s);
+        if let (Some(m), Some(d)) = (bulk(mode), bulk(DIRECT)) {
+            let _ = writeln!(s, "| {mode} | bulk ≥ 60% of direct | {:.0}% ({m:.2} of {d:.2} Gbit/s) | {} |", m / d * 100.0, yes(m >= 0.6 * d));
+        }
+    }
+    s.push('\n');
+    s
+}

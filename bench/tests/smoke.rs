@@ -1,0 +1,48 @@
+//! `bench --quick` end to end: every mode runs every scenario and produces numbers. Only
+//! that; the numbers themselves are for docs/benchmarks.md. Needs root and the ztunnel
+//! and waypoint binaries next to the bench binary (`cargo test --workspace` builds them).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn quick_run_produces_numbers_for_every_mode() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
+    let dir = bench.parent().expect("bench binary has a directory");
+    for b in ["ztunnel", "waypoint"] {
+        assert!(dir.join(b).exists(), "{} missing: build the workspace first (cargo test --workspace does)", dir.join(b).display());
+    }
+    let out = std::env::temp_dir().join(format!("bench-smoke-{}", std::process::id()));
+    let started = std::time::Instant::now();
+    let status = Command::new(&bench).arg("--quick").arg("--out").arg(&out).status().expect("run bench");
+    let elapsed = started.elapsed();
+    let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
+    let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
+    let svg = std::fs::read_to_string(out.join("latency.svg")).expect("latency.svg");
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(status.success(), "bench --quick failed ({status}):\n{md}");
+    let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    let modes = ["direct", "ztunnel-l4", "ztunnel+waypoint"];
+    let positive = |section: &str, field: &[&str]| {
+        for m in modes {
+            let rows: Vec<&serde_json::Value> = v[section].as_array().expect(section).iter().filter(|r| r["mode"] == m).collect();
+            assert!(!rows.is_empty(), "{section}: no row for {m}");
+            for r in rows {
+                let mut x = &r["result"];
+                for f in field {
+                    x = &x[f];
+                }
+                assert!(x.as_f64().is_some_and(|n| n > 0.0), "{section} {m}: {field:?} = {x}");
+            }
+        }
+    };
+    positive("constant_rate", &["latency", "p99_us"]);
+    positive("max_rate", &["rps"]);
+    positive("bulk", &["gbit_per_s"]);
+    positive("conn_rate", &["conn_per_s"]);
+    positive("idle", &["established"]);
+    assert!(v["errors"].as_array().is_some_and(|e| e.is_empty()), "errors: {}", v["errors"]);
+    assert!(svg.contains("<polyline"), "no plot lines");
+    // The smoke run must stay cheap in CI.
+    assert!(elapsed.as_secs() < 120, "bench --quick took {elapsed:?}");
+}
