@@ -139,7 +139,15 @@ impl Cidr {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
             v4 => v4,
         };
-        self.0.contains(&ip)
+        match self.0 {
+            // An IPv4-mapped IPv6 rule (`::ffff:10.0.0.0/104`) names IPv4 peers, which are
+            // compared as IPv4 above: compare the rule as IPv4 too, or it would never match.
+            IpNet::V6(net) if net.prefix_len() >= 96 => match net.network().to_ipv4_mapped() {
+                Some(v4) => ipnet::Ipv4Net::new(v4, net.prefix_len() - 96).is_ok_and(|n| IpNet::V4(n).contains(&ip)),
+                None => self.0.contains(&ip),
+            },
+            _ => self.0.contains(&ip),
+        }
     }
 }
 
