@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
     WorkloadUid,
 };
 
@@ -122,7 +122,26 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         // Unknown values are treated as unhealthy: never send traffic on a guess.
         _ => HealthStatus::Unhealthy,
     };
+    let application_tunnel = match w.application_tunnel {
+        None => None,
+        Some(t) => {
+            let protocol = match pb::application_tunnel::Protocol::try_from(t.protocol) {
+                Ok(pb::application_tunnel::Protocol::None) => ApplicationTunnelProtocol::None,
+                Ok(pb::application_tunnel::Protocol::Proxy) => ApplicationTunnelProtocol::PROXY,
+                // Bytes the app does not expect would corrupt its connections: refuse.
+                Err(_) => return Err(at(&format!("application_tunnel.protocol: unknown value {}", t.protocol))),
+            };
+            let port = match t.port {
+                0 => None,
+                p => Some(port(p, &at("application_tunnel.port"))?),
+            };
+            let t = ApplicationTunnel { protocol, port };
+            t.validate().map_err(|e| at(&format!("application_tunnel.{e}")))?;
+            ApplicationTunnel::effective(Some(t))
+        }
+    };
     Ok(Workload {
+        application_tunnel,
         waypoint: gateway(w.waypoint, &at("waypoint"))?,
         uid: WorkloadUid(w.uid),
         name: w.name,
@@ -304,6 +323,21 @@ mod tests {
             assert!(e.contains(want), "{e} (want {want})");
         }
         assert!(decode_address(b"\xff\xff\xff").unwrap_err().contains("cannot decode"));
+    }
+
+    #[test]
+    fn application_tunnel_converts_and_bad_ones_are_refused() {
+        let with = |protocol: i32, port: u32| pb::Workload {
+            application_tunnel: Some(pb::ApplicationTunnel { protocol, port }),
+            ..pb_workload("x", [1, 1, 1, 1])
+        };
+        let t = workload(with(1, 15088)).unwrap().application_tunnel.unwrap();
+        assert_eq!((t.protocol, t.port), (ApplicationTunnelProtocol::PROXY, Some(15088)));
+        assert_eq!(workload(with(1, 0)).unwrap().application_tunnel.unwrap().port, None);
+        assert_eq!(workload(with(0, 15088)).unwrap().application_tunnel, None, "NONE is no tunnel");
+        assert!(workload(with(7, 0)).unwrap_err().contains("application_tunnel.protocol: unknown value 7"));
+        assert!(workload(with(1, 70000)).unwrap_err().contains("application_tunnel.port"));
+        assert!(workload(with(1, 15006)).unwrap_err().contains("proxy's own ports"));
     }
 
     #[test]
