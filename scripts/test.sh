@@ -8,3 +8,6 @@ cargo test --workspace
 bash scripts/check-charts.sh
 # eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
 ZTUNNEL_TEST_CAPTURE=nftables cargo test -p ztunnel --test l4 --test enrollment --test dns
+# Fuzzing: every cargo-fuzz target for 20 s from its committed corpus, regressions replayed
+# (installs cargo-fuzz if missing; `bash scripts/fuzz.sh 600` is the thorough run).
+bash scripts/fuzz.sh 20
