@@ -109,7 +109,7 @@ fn xds(dir: &Path) {
         uid: "Kubernetes//Pod/default/echo-1".into(),
         name: "echo-1".into(),
         namespace: "default".into(),
-        addresses: vec![vec![10, 10, 2, 11].into()],
+        addresses: vec![vec![10, 10, 2, 11]],
         tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
         service_account: "echo".into(),
         node: "node2".into(),
@@ -122,7 +122,7 @@ fn xds(dir: &Path) {
         waypoint: Some(pb::GatewayAddress {
             destination: Some(pb::gateway_address::Destination::Address(pb::NetworkAddress {
                 network: String::new(),
-                address: vec![10, 10, 1, 99].into(),
+                address: vec![10, 10, 1, 99],
                 length: None,
             })),
             hbone_mtls_port: 15008,
@@ -134,7 +134,7 @@ fn xds(dir: &Path) {
         name: "echo".into(),
         namespace: "default".into(),
         hostname: "echo.default.svc.cluster.local".into(),
-        addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10].into(), length: None }],
+        addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10], length: None }],
         ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
         subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
         ..Default::default()
@@ -142,7 +142,7 @@ fn xds(dir: &Path) {
     let addr = |t| pb::Address { r#type: Some(t) }.encode_to_vec();
     let wl = addr(pb::address::Type::Workload(w));
     let svc = addr(pb::address::Type::Service(s));
-    write(dir, "xds_resources", "workload", &framed(0, &[wl.clone()]));
+    write(dir, "xds_resources", "workload", &framed(0, std::slice::from_ref(&wl)));
     write(dir, "xds_resources", "workload_and_service", &framed(0, &[wl, svc]));
     use pb_sec::string_match::MatchType;
     let a = pb_sec::Authorization {
@@ -155,7 +155,7 @@ fn xds(dir: &Path) {
                 matches: vec![pb_sec::Match {
                     principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact("cluster.local/ns/default/sa/sleep".into())) }],
                     not_namespaces: vec![pb_sec::StringMatch { match_type: Some(MatchType::Prefix("kube".into())) }],
-                    source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0].into(), length: 8 }],
+                    source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0], length: 8 }],
                     destination_ports: vec![8080],
                     service_accounts: vec![pb_sec::ServiceAccountMatch { namespace: "default".into(), service_account: "sleep".into() }],
                     ..Default::default()
@@ -266,7 +266,8 @@ fn seeds_pass_the_targets() {
     zds(&dir);
     dns(&dir);
     proxy_protocol(&dir);
-    let targets: [(&str, fn(&[u8])); 6] = [
+    type Target = (&'static str, fn(&[u8]));
+    let targets: [Target; 6] = [
         ("hbone_connect", super::hbone_connect),
         ("config_yaml", super::config_yaml),
         ("xds_resources", super::xds_resources),

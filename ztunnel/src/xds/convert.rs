@@ -16,7 +16,8 @@ use crate::state::{
     WorkloadUid,
 };
 
-/// A decoded `istio.workload.Address`.
+/// A decoded `istio.workload.Address`. Not boxed: each one is moved into the store at once.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Address {
     Workload(Workload),
@@ -276,7 +277,7 @@ mod tests {
             uid: uid.into(),
             name: "echo-1".into(),
             namespace: "default".into(),
-            addresses: vec![ip.to_vec().into()],
+            addresses: vec![ip.to_vec()],
             tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
             service_account: "echo".into(),
             node: "node2".into(),
@@ -308,7 +309,7 @@ mod tests {
     fn bad_workloads_are_refused_with_the_field() {
         let cases: Vec<(pb::Workload, &str)> = vec![
             (pb::Workload { uid: String::new(), ..pb_workload("x", [1, 1, 1, 1]) }, "uid is required"),
-            (pb::Workload { addresses: vec![vec![1, 2, 3].into()], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
+            (pb::Workload { addresses: vec![vec![1, 2, 3]], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
             (pb::Workload { service_account: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "service_account"),
             (pb::Workload { namespace: "bad\0ns".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "namespace"),
             (pb::Workload { tunnel_protocol: 2, ..pb_workload("x", [1, 1, 1, 1]) }, "LEGACY_ISTIO_MTLS"),
@@ -346,7 +347,7 @@ mod tests {
             name: "echo".into(),
             namespace: "default".into(),
             hostname: "echo.default.svc.cluster.local".into(),
-            addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10].into(), length: None }],
+            addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10], length: None }],
             ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
             subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
             waypoint: Some(pb::GatewayAddress {
@@ -379,7 +380,7 @@ mod tests {
                 clauses: vec![pb_sec::Clause {
                     matches: vec![pb_sec::Match {
                         principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact("cluster.local/ns/default/sa/sleep".into())) }],
-                        source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0].into(), length: 8 }],
+                        source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0], length: 8 }],
                         destination_ports: vec![8080],
                         ..Default::default()
                     }],
@@ -400,7 +401,7 @@ mod tests {
         assert!(bad(pb_sec::Authorization { rules: vec![bad_port], ..base.clone() }).contains("rules[0].clauses[0].matches[0].destination_ports"));
         let empty_match = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { namespaces: vec![pb_sec::StringMatch { match_type: None }], ..Default::default() }] }] };
         assert!(bad(pb_sec::Authorization { rules: vec![empty_match], ..base.clone() }).contains("namespaces"));
-        let long = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { source_ips: vec![pb_sec::Address { address: vec![1, 2, 3, 4].into(), length: 33 }], ..Default::default() }] }] };
+        let long = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { source_ips: vec![pb_sec::Address { address: vec![1, 2, 3, 4], length: 33 }], ..Default::default() }] }] };
         assert!(bad(pb_sec::Authorization { rules: vec![long], ..base }).contains("too long"));
     }
 }
