@@ -197,10 +197,12 @@ fn bits(ip: IpAddr) -> (bool, u128) {
 
 fn model_contains(n: &Net, ip: IpAddr) -> bool {
     let (net_ip, len) = net(n);
-    // A CIDR written as an IPv4-mapped IPv6 address stays an IPv6 CIDR.
-    let (net_v4, net_bits) = match net_ip {
-        IpAddr::V4(v4) => (true, u128::from(u32::from(v4)) << 96),
-        IpAddr::V6(v6) => (false, u128::from(v6)),
+    // A CIDR written as IPv4-mapped IPv6 with a prefix of 96 or more names IPv4 peers
+    // (::ffff:10.0.0.0/104 is 10.0.0.0/8); a shorter one stays an IPv6 CIDR.
+    let (net_v4, net_bits, len) = match net_ip {
+        IpAddr::V4(v4) => (true, u128::from(u32::from(v4)) << 96, len),
+        IpAddr::V6(v6) if len >= 96 && u128::from(v6) >> 32 == 0xffff => (true, (u128::from(v6) & 0xffff_ffff) << 96, len - 96),
+        IpAddr::V6(v6) => (false, u128::from(v6), len),
     };
     let (ip_v4, ip_bits) = bits(ip);
     if net_v4 != ip_v4 {
