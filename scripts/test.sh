@@ -11,3 +11,6 @@ bash scripts/check-charts.sh
 # eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
 # --workspace (not -p ztunnel) keeps the same feature set as above: no second build.
 ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns
+# Fuzzing: every cargo-fuzz target for 20 s from its committed corpus, regressions replayed
+# (`bash scripts/fuzz.sh 600` is the thorough run).
+bash scripts/fuzz.sh 20

@@ -164,6 +164,7 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
         status: Default::default(),
         authorization_policies: Vec::new(),
         waypoint: None,
+        application_tunnel: None,
     });
     let gateway = ObjectName { namespace: ia.pod_namespace.clone(), name: args.gateway_name.clone().unwrap_or_else(|| "waypoint".into()) };
     let state = Arc::new(ztunnel::state::SharedState::default());

@@ -69,6 +69,9 @@ impl LocalConfig {
                     )));
                 }
             }
+            if let Some(t) = &w.application_tunnel {
+                t.validate().map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
+            }
             for svc in w.services.keys() {
                 if svc.0.split_once('/').is_none() {
                     return Err(invalid(format!(
@@ -251,6 +254,28 @@ policies:
         let bad = svc.replace("/10.0.0.9", "/not-an-ip");
         let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
         assert!(err.contains("services[0].waypoint") && err.contains("not-an-ip"), "{err}");
+    }
+
+    #[test]
+    fn application_tunnel_parses_and_bad_ports_are_named() {
+        let wl = |t: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, workloadIps: [10.0.0.1], applicationTunnel: {t}}}\n");
+        let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY, port: 15088}")).unwrap();
+        let t = cfg.workloads[0].application_tunnel.unwrap();
+        assert_eq!((t.protocol, t.port, t.port_for(80)), (crate::state::ApplicationTunnelProtocol::PROXY, Some(15088), 15088));
+        let t = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY}")).unwrap().workloads[0].application_tunnel.unwrap();
+        assert_eq!(t.port_for(80), 80);
+        let none = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: NONE}")).unwrap().workloads[0].application_tunnel;
+        assert_eq!(crate::state::ApplicationTunnel::effective(none), None);
+        for (bad, want) in [
+            ("{protocol: PROXY, port: 0}", "workloads[0].applicationTunnel.port: 0"),
+            ("{protocol: PROXY, port: 15008}", "workloads[0].applicationTunnel.port: 15008 is one of the proxy's own ports"),
+            ("{protocol: PROXY, port: 70000}", "applicationTunnel.port"),
+            ("{protocol: HTTP}", "unknown variant `HTTP`"),
+            ("{protocol: PROXY, prot: 1}", "unknown field `prot`"),
+        ] {
+            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
+            assert!(err.contains(want), "{bad}: {err}");
+        }
     }
 
     #[test]

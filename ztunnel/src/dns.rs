@@ -142,35 +142,28 @@ impl DnsProxy {
 
     /// The response to one message from `pod`, if it deserves one.
     pub async fn handle(&self, pod: &LocalPod, wire: &[u8], transport: Transport) -> Option<Vec<u8>> {
-        let req = match message::classify(wire) {
-            message::Incoming::Query(m) => m,
-            message::Incoming::Reject(resp, reason) => {
-                tracing::debug!(pod = %pod.workload.name, reason, "malformed DNS message");
-                return Some(resp);
-            }
-            message::Incoming::Drop(reason) => {
-                tracing::debug!(pod = %pod.workload.name, reason, "DNS message dropped");
-                return None;
-            }
-        };
-        let limit = match transport {
-            Transport::Udp => message::udp_limit(&req),
-            Transport::Tcp => usize::from(u16::MAX),
-        };
         let state = self.state.load_full();
         let client = pod.workload_in(&state).clone();
-        let q = req.queries.first()?.clone();
-        let labels = DnsLabels::new(q.query_type(), transport.label(), Some(&client));
-        self.metrics.request(&labels);
-        let asked = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
-        let mesh = matches!(q.query_type(), RecordType::A | RecordType::AAAA) && q.query_class() == DNSClass::IN && !asked.is_empty();
-        if let Some(answer) = mesh.then(|| self.index(&state).lookup(&asked, &client, q.query_type())).flatten() {
-            tracing::debug!(src.workload = %client.name, src.namespace = %client.namespace,
-                query = %q.query_type(), domain = %asked, service = %answer.service, endpoints = answer.addrs.len(), result = "mesh", "dns request");
-            return Some(message::encode(&message::mesh_response(&req, &answer), limit));
+        match answer_locally(&self.index(&state), &client, wire, transport) {
+            Local::Drop(reason) => {
+                tracing::debug!(pod = %pod.workload.name, reason, "DNS message dropped");
+                None
+            }
+            Local::Reject(resp, reason) => {
+                tracing::debug!(pod = %pod.workload.name, reason, "malformed DNS message");
+                Some(resp)
+            }
+            Local::Mesh { response, query } => {
+                self.metrics.request(&DnsLabels::new(query.query_type(), transport.label(), Some(&client)));
+                Some(response)
+            }
+            Local::Forward { request, query, limit } => {
+                let labels = DnsLabels::new(query.query_type(), transport.label(), Some(&client));
+                self.metrics.request(&labels);
+                let resp = self.forward(&request, &query, &labels, &client).await;
+                Some(message::encode(&resp, limit))
+            }
         }
-        let resp = self.forward(&req, &q, &labels, &client).await;
-        Some(message::encode(&resp, limit))
     }
 
     /// Answers from the cache or the upstream resolvers; SERVFAIL when they fail.
@@ -232,6 +225,42 @@ impl DnsProxy {
     pub fn cache_usage(&self) -> (usize, usize) {
         self.cache.usage()
     }
+}
+
+/// What a message from a pod gets, decided without I/O (so it is testable and fuzzable).
+#[derive(Debug)]
+pub enum Local {
+    /// Not worth an answer.
+    Drop(&'static str),
+    /// Refused at once (FORMERR, NOTIMP, BADVERS).
+    Reject(Vec<u8>, &'static str),
+    /// A mesh name, answered from the mesh state.
+    Mesh { response: Vec<u8>, query: Query },
+    /// Not ours: ask the upstream resolvers; the answer may be `limit` bytes.
+    Forward { request: Box<Message>, query: Query, limit: usize },
+}
+
+/// Classifies `wire` from `client` and answers it if it is a mesh name in `index`.
+pub fn answer_locally(index: &resolver::MeshIndex, client: &crate::state::Workload, wire: &[u8], transport: Transport) -> Local {
+    let req = match message::classify(wire) {
+        message::Incoming::Query(m) => m,
+        message::Incoming::Reject(resp, reason) => return Local::Reject(resp, reason),
+        message::Incoming::Drop(reason) => return Local::Drop(reason),
+    };
+    let limit = match transport {
+        Transport::Udp => message::udp_limit(&req),
+        Transport::Tcp => usize::from(u16::MAX),
+    };
+    // classify() lets through only messages with exactly one question.
+    let Some(q) = req.queries.first().cloned() else { return Local::Drop("no question") };
+    let asked = q.name().to_ascii().trim_end_matches('.').to_ascii_lowercase();
+    let mesh = matches!(q.query_type(), RecordType::A | RecordType::AAAA) && q.query_class() == DNSClass::IN && !asked.is_empty();
+    if let Some(answer) = mesh.then(|| index.lookup(&asked, client, q.query_type())).flatten() {
+        tracing::debug!(src.workload = %client.name, src.namespace = %client.namespace,
+            query = %q.query_type(), domain = %asked, service = %answer.service, endpoints = answer.addrs.len(), result = "mesh", "dns request");
+        return Local::Mesh { response: message::encode(&message::mesh_response(&req, &answer), limit), query: q };
+    }
+    Local::Forward { request: req, query: q, limit }
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@ pub mod capture;
 pub mod config;
 pub mod dns;
 pub mod drain;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod hbone;
 pub mod http_endpoint;
 pub mod metrics;
@@ -15,6 +17,7 @@ pub mod istiod;
 pub mod l7;
 pub mod netns;
 pub mod proxy;
+pub mod proxy_protocol;
 pub mod rbac;
 pub mod state;
 pub mod tls;

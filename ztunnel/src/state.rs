@@ -15,7 +15,7 @@ use crate::rbac::{Authorization, PolicyScope};
 pub mod workload;
 
 pub use workload::{
-    GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.

@@ -126,6 +126,18 @@ impl WorkloadResponse {
     }
 }
 
+/// The CNI agent's view of a pod must agree with the mesh's: the pod's identity comes
+/// from the mesh state, and a disagreement means one of them is wrong about who it is.
+pub fn check_workload_info(uid: &crate::state::WorkloadUid, info: &WorkloadInfo, wl: &crate::state::Workload) -> Result<(), String> {
+    if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
+        return Err(format!(
+            "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
+            info.namespace, info.name, info.service_account, wl.namespace, wl.name, wl.service_account
+        ));
+    }
+    Ok(())
+}
+
 /// Registers an owned socket with the reactor.
 pub(crate) fn register(fd: OwnedFd) -> std::io::Result<AsyncFd<OwnedFd>> {
     // SAFETY: an OwnedFd is a valid open fd and returns the same fd for as long as it lives,

@@ -52,7 +52,11 @@ pub fn workload(w: &Workload) -> Value {
         "clusterId": w.cluster_id,
         "authorizationPolicies": w.authorization_policies,
         "nativeTunnel": false,
-        "applicationTunnel": null,
+        // Istio's dump shape: {"protocol": "PROXY", "port": N} (port omitted when unset).
+        "applicationTunnel": crate::state::ApplicationTunnel::effective(w.application_tunnel).map(|t| match t.port {
+            Some(p) => json!({"protocol": "PROXY", "port": p}),
+            None => json!({"protocol": "PROXY"}),
+        }),
         "services": services,
         "capacity": w.capacity,
     })

@@ -149,6 +149,7 @@ async fn handle_stream(
     // Registered before the decision, so a policy change in between is not missed.
     let registration = pod.inbound.register(conn.clone());
     let decision = state.authorize(workload, &conn);
+    let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
     if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
@@ -157,14 +158,25 @@ async fn handle_stream(
         inputs.metrics.failed(&labels, "DENY");
         return respond(tx, StatusCode::UNAUTHORIZED);
     }
-    let mut upstream = match pod.netns.connect(target, Some(peer), inputs.cfg.connect_timeout).await {
+    // Sandwich mode: the app (typically a waypoint or a proxy in front of it) listens on
+    // its tunnel port and learns the client from a PROXY header instead of from TLS.
+    let deliver_to = app_tunnel.map_or(target, |t| SocketAddr::new(target.ip(), t.port_for(target.port())));
+    let mut upstream = match pod.netns.connect(deliver_to, Some(peer), inputs.cfg.connect_timeout).await {
         Ok(u) => u,
         Err(e) => {
-            tracing::warn!(dst.addr = %target, error = %e, response_flags = "CONNECT", "cannot reach the application");
+            tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot reach the application");
             inputs.metrics.failed(&labels, "CONNECT");
             return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
         }
     };
+    if app_tunnel.is_some() {
+        if let Err(e) = write_proxy_header(&mut upstream, peer, target, &src_identity).await {
+            tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
+            inputs.metrics.failed(&labels, "CONNECT");
+            reset(upstream);
+            return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+        }
+    }
     let (recv, mut tx) = (req.into_body(), tx);
     let send = match tx.send_response(Response::new(()), false) {
         Ok(s) => s,
@@ -208,4 +220,23 @@ async fn handle_stream(
         error: err,
     }
     .write();
+}
+
+#[derive(Debug, thiserror::Error)]
+enum AppTunnelError {
+    #[error(transparent)]
+    Encode(#[from] crate::proxy_protocol::ProxyProtocolError),
+    #[error("write failed: {0}")]
+    Write(#[from] std::io::Error),
+}
+
+/// Istio's PROXY v2 header for an app tunnel: the HBONE peer as source, the CONNECT
+/// target as destination, the peer's SPIFFE id in TLV 0xD0.
+async fn write_proxy_header(upstream: &mut TcpStream, src: SocketAddr, dst: SocketAddr, id: &Identity) -> Result<(), AppTunnelError> {
+    use tokio::io::AsyncWriteExt;
+    let (src, dst) = crate::proxy_protocol::same_family(src, dst);
+    let id = id.to_string();
+    let header = crate::proxy_protocol::encode(src, dst, &[(crate::proxy_protocol::TLV_PEER_IDENTITY, id.as_bytes())])?;
+    upstream.write_all(&header).await?;
+    Ok(())
 }

@@ -139,6 +139,53 @@ pub struct Workload {
     /// Traffic addressed to this workload directly goes through this waypoint.
     #[serde(default)]
     pub waypoint: Option<GatewayAddress>,
+    /// How inbound HBONE connections are handed to the app (Istio's "sandwich" mode:
+    /// a PROXY protocol header first); None: the tunnelled bytes alone.
+    #[serde(default)]
+    pub application_tunnel: Option<ApplicationTunnel>,
+}
+
+/// Istio's ApplicationTunnel, as `applicationTunnel: {protocol: PROXY, port: 15088}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplicationTunnel {
+    pub protocol: ApplicationTunnelProtocol,
+    /// Where the app listens for tunnelled connections; None: the CONNECT target port.
+    #[serde(default)]
+    pub port: Option<u16>,
+}
+
+#[allow(clippy::upper_case_acronyms)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum ApplicationTunnelProtocol {
+    /// Plain bytes, as without a tunnel (Istio's NONE).
+    #[serde(rename = "NONE")]
+    None,
+    /// A PROXY protocol v2 header with the client's addresses and SPIFFE id, then the bytes.
+    PROXY,
+}
+
+impl ApplicationTunnel {
+    /// The tunnel that changes anything: PROXY; NONE is the same as no tunnel.
+    pub fn effective(t: Option<ApplicationTunnel>) -> Option<ApplicationTunnel> {
+        t.filter(|t| t.protocol == ApplicationTunnelProtocol::PROXY)
+    }
+
+    /// Checks shared by the config file and xDS; the message names what to change.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.port {
+            Some(0) => Err("port: 0 is not a port; omit it to use the connection's target port".into()),
+            Some(p) if crate::ports::is_proxy_port(p) => {
+                Err(format!("port: {p} is one of the proxy's own ports (15001, 15006, 15008, 15080); use the app's port"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Where an inbound connection for `target` is delivered.
+    pub fn port_for(&self, target: u16) -> u16 {
+        self.port.unwrap_or(target)
+    }
 }
 
 fn default_service_account() -> String {

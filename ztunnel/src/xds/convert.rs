@@ -12,11 +12,12 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
     WorkloadUid,
 };
 
-/// A decoded `istio.workload.Address`.
+/// A decoded `istio.workload.Address`. Not boxed: each one is moved into the store at once.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Address {
     Workload(Workload),
@@ -122,7 +123,26 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         // Unknown values are treated as unhealthy: never send traffic on a guess.
         _ => HealthStatus::Unhealthy,
     };
+    let application_tunnel = match w.application_tunnel {
+        None => None,
+        Some(t) => {
+            let protocol = match pb::application_tunnel::Protocol::try_from(t.protocol) {
+                Ok(pb::application_tunnel::Protocol::None) => ApplicationTunnelProtocol::None,
+                Ok(pb::application_tunnel::Protocol::Proxy) => ApplicationTunnelProtocol::PROXY,
+                // Bytes the app does not expect would corrupt its connections: refuse.
+                Err(_) => return Err(at(&format!("application_tunnel.protocol: unknown value {}", t.protocol))),
+            };
+            let port = match t.port {
+                0 => None,
+                p => Some(port(p, &at("application_tunnel.port"))?),
+            };
+            let t = ApplicationTunnel { protocol, port };
+            t.validate().map_err(|e| at(&format!("application_tunnel.{e}")))?;
+            ApplicationTunnel::effective(Some(t))
+        }
+    };
     Ok(Workload {
+        application_tunnel,
         waypoint: gateway(w.waypoint, &at("waypoint"))?,
         uid: WorkloadUid(w.uid),
         name: w.name,
@@ -257,7 +277,7 @@ mod tests {
             uid: uid.into(),
             name: "echo-1".into(),
             namespace: "default".into(),
-            addresses: vec![ip.to_vec().into()],
+            addresses: vec![ip.to_vec()],
             tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
             service_account: "echo".into(),
             node: "node2".into(),
@@ -289,7 +309,7 @@ mod tests {
     fn bad_workloads_are_refused_with_the_field() {
         let cases: Vec<(pb::Workload, &str)> = vec![
             (pb::Workload { uid: String::new(), ..pb_workload("x", [1, 1, 1, 1]) }, "uid is required"),
-            (pb::Workload { addresses: vec![vec![1, 2, 3].into()], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
+            (pb::Workload { addresses: vec![vec![1, 2, 3]], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
             (pb::Workload { service_account: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "service_account"),
             (pb::Workload { namespace: "bad\0ns".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "namespace"),
             (pb::Workload { tunnel_protocol: 2, ..pb_workload("x", [1, 1, 1, 1]) }, "LEGACY_ISTIO_MTLS"),
@@ -307,12 +327,27 @@ mod tests {
     }
 
     #[test]
+    fn application_tunnel_converts_and_bad_ones_are_refused() {
+        let with = |protocol: i32, port: u32| pb::Workload {
+            application_tunnel: Some(pb::ApplicationTunnel { protocol, port }),
+            ..pb_workload("x", [1, 1, 1, 1])
+        };
+        let t = workload(with(1, 15088)).unwrap().application_tunnel.unwrap();
+        assert_eq!((t.protocol, t.port), (ApplicationTunnelProtocol::PROXY, Some(15088)));
+        assert_eq!(workload(with(1, 0)).unwrap().application_tunnel.unwrap().port, None);
+        assert_eq!(workload(with(0, 15088)).unwrap().application_tunnel, None, "NONE is no tunnel");
+        assert!(workload(with(7, 0)).unwrap_err().contains("application_tunnel.protocol: unknown value 7"));
+        assert!(workload(with(1, 70000)).unwrap_err().contains("application_tunnel.port"));
+        assert!(workload(with(1, 15006)).unwrap_err().contains("proxy's own ports"));
+    }
+
+    #[test]
     fn services_and_waypoints() {
         let s = service(pb::Service {
             name: "echo".into(),
             namespace: "default".into(),
             hostname: "echo.default.svc.cluster.local".into(),
-            addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10].into(), length: None }],
+            addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10], length: None }],
             ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
             subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
             waypoint: Some(pb::GatewayAddress {
@@ -345,7 +380,7 @@ mod tests {
                 clauses: vec![pb_sec::Clause {
                     matches: vec![pb_sec::Match {
                         principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact("cluster.local/ns/default/sa/sleep".into())) }],
-                        source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0].into(), length: 8 }],
+                        source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0], length: 8 }],
                         destination_ports: vec![8080],
                         ..Default::default()
                     }],
@@ -366,7 +401,7 @@ mod tests {
         assert!(bad(pb_sec::Authorization { rules: vec![bad_port], ..base.clone() }).contains("rules[0].clauses[0].matches[0].destination_ports"));
         let empty_match = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { namespaces: vec![pb_sec::StringMatch { match_type: None }], ..Default::default() }] }] };
         assert!(bad(pb_sec::Authorization { rules: vec![empty_match], ..base.clone() }).contains("namespaces"));
-        let long = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { source_ips: vec![pb_sec::Address { address: vec![1, 2, 3, 4].into(), length: 33 }], ..Default::default() }] }] };
+        let long = pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { source_ips: vec![pb_sec::Address { address: vec![1, 2, 3, 4], length: 33 }], ..Default::default() }] }] };
         assert!(bad(pb_sec::Authorization { rules: vec![long], ..base }).contains("too long"));
     }
 }

@@ -97,12 +97,7 @@ async fn add_pod(
     // The agent's view of the pod must agree with the mesh's: its identity comes from the
     // mesh state, and a disagreement means one of them is wrong about who this pod is.
     if let Some(info) = &info {
-        if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
-            return Err(format!(
-                "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
-                info.namespace, info.name, info.service_account, wl.namespace, wl.name, wl.service_account
-            ));
-        }
+        super::check_workload_info(&uid, info, &wl)?;
     }
     let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
     let pod = proxy::enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;

@@ -1,0 +1,4 @@
+//! See `ztunnel::fuzzing::dns_message` for the input format and the properties checked.
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| ztunnel::fuzzing::dns_message(data));
