@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Fuzzing (cargo-fuzz targets in fuzz/): builds every target once, replays the crash
 # inputs kept in fuzz/regressions/<target>/, then runs each target for SECONDS (default
-# 20, what CI uses) starting from a temporary copy of its committed corpus
+# 10, what CI uses) starting from a temporary copy of its committed corpus
 # fuzz/corpus/<target>/, so runs never grow the repository. Exits non-zero on any crash.
 #
-#   bash scripts/fuzz.sh          # CI: 20 s per target
+#   bash scripts/fuzz.sh          # CI: 10 s per target
 #   bash scripts/fuzz.sh 600      # a thorough run: 10 min per target
 #   FUZZ_TARGETS="dns_message proxy_protocol" bash scripts/fuzz.sh 60
 #
@@ -12,7 +12,7 @@
 # the input in fuzz/regressions/<target>/ and as a unit test next to the code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-secs="${1:-20}"
+secs="${1:-10}"
 start=$SECONDS
 
 # The build is what `cargo fuzz build -s none` does (same instrumentation flags), done with

@@ -3,14 +3,27 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+start=$SECONDS
+timings=()
+# Runs one stage and records how long it took (printed at the end: CI time is budgeted).
+stage() {
+  local name=$1 t=$SECONDS
+  shift
+  echo "== $name"
+  "$@"
+  timings+=("$(printf '%5ds  %s' $((SECONDS - t)) "$name")")
+}
 # Includes the backpressure test (~30 s) and the soak (tests/soak.rs, SOAK_SECONDS, 120 s
 # by default; each is alone in its test binary, so nothing else runs beside it).
-cargo test --workspace
+stage "build the tests" cargo test --workspace --no-run
+stage "unit and end-to-end tests (eBPF capture)" cargo test --workspace
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
-bash scripts/check-charts.sh
+stage "charts, Dockerfiles, shell scripts" bash scripts/check-charts.sh
 # eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
 # --workspace (not -p ztunnel) keeps the same feature set as above: no second build.
-ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns
-# Fuzzing: every cargo-fuzz target for 20 s from its committed corpus, regressions replayed
+stage "end-to-end tests (nftables capture)" env ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns
+# Fuzzing: every cargo-fuzz target for 10 s from its committed corpus, regressions replayed
 # (`bash scripts/fuzz.sh 600` is the thorough run).
-bash scripts/fuzz.sh 20
+stage "fuzz smoke" bash scripts/fuzz.sh 10
+echo "== all tests passed in $((SECONDS - start))s:"
+printf '%s\n' "${timings[@]}"
