@@ -295,7 +295,7 @@ async fn main() -> anyhow::Result<()> {
 
 async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stream: tokio::net::TcpStream, peer: SocketAddr) {
     let _ = stream.set_nodelay(true);
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => return tracing::warn!(error = %e, "HBONE TLS handshake failed"),
         Err(_) => return tracing::warn!("HBONE TLS handshake timed out"),
@@ -304,6 +304,7 @@ async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stre
         Ok(id) => id,
         Err(e) => return tracing::warn!(error = %e, "HBONE peer has no usable identity"),
     };
+    hbone::tune_tls(tls.get_mut().1);
     let guarded = hbone::guard::FrameGuard::new(tls);
     let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(hbone::SERVER_MAX_STREAMS, hbone::MAX_HEADER_BYTES).handshake::<_, Bytes>(guarded)).await {
         Ok(Ok(c)) => c,

@@ -25,6 +25,18 @@ pub const PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 const COPY_BUF: usize = 64 * 1024;
 
+/// Plaintext rustls accepts while earlier TLS records still wait for the socket. rustls's
+/// default (64 KiB) is just under one full copy chunk plus its HTTP/2 frame header, so
+/// each 64 KiB chunk left as two writev(2)s, the second a 9-byte record (measured: half
+/// the writevs of a bulk transfer). Bounded still; HTTP/2 flow control, not this, is what
+/// holds a fast sender back.
+pub const TLS_SEND_BUFFER_LIMIT: usize = 256 * 1024;
+
+/// Applies HBONE's TLS session tuning once the handshake is done.
+pub fn tune_tls<D>(conn: &mut rustls::ConnectionCommon<D>) {
+    conn.set_buffer_limit(Some(TLS_SEND_BUFFER_LIMIT));
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum HboneError {
     #[error("TLS to {peer} failed: {source}")]

@@ -153,10 +153,11 @@ impl Pool {
             .await
             .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
         let cfg = crate::tls::client_config(&cert.certified_key, &cert.cert.roots, key.dst_identities.clone())?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
             .connect(ServerName::IpAddress(key.dst.ip().into()), tcp)
             .await
             .map_err(|source| HboneError::Tls { peer: peer.clone(), source })?;
+        super::tune_tls(tls.get_mut().1);
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)

@@ -41,7 +41,7 @@ async fn handle_connection(
         Ok(l) => l,
         Err(_) => return,
     };
-    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             tracing::warn!(error = %e, response_flags = "TLS_FAILURE", "HBONE TLS handshake failed");
@@ -59,6 +59,7 @@ async fn handle_connection(
             return inputs.metrics.hbone_rejected("tls_handshake");
         }
     };
+    hbone::tune_tls(tls.get_mut().1);
     let guarded = hbone::guard::FrameGuard::new(tls);
     let h2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(inputs.cfg.hbone_max_streams, inputs.cfg.hbone_max_header_bytes).handshake::<_, Bytes>(guarded)).await;
     let mut conn = match h2 {
