@@ -260,6 +260,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     metrics.set_ready();
+    tokio::spawn(ztunnel::memory::release_periodically());
     tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

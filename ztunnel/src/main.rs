@@ -400,6 +400,7 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     metrics.set_ready();
     let enrolled = pods.lock().await.len();
     tracing::info!(node = %node_name, pods = enrolled, "ztunnel ready");
+    tokio::spawn(ztunnel::memory::release_periodically());
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
