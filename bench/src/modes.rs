@@ -81,6 +81,12 @@ impl Env {
         self.proxies.iter().filter_map(|(n, c)| c.pid().map(|p| (n.clone(), p))).collect()
     }
 
+    /// The server app (the same program in every mode): its CPU per request is this
+    /// machine's price of one plain process hop, the yardstick for the proxies' CPU.
+    pub fn server_pid(&self) -> u32 {
+        self._server.pid()
+    }
+
     /// Fails if a proxy died (its log tail says why).
     pub fn check_alive(&mut self) -> Result<()> {
         for (name, c) in &mut self.proxies {

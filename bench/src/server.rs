@@ -33,6 +33,10 @@ impl Drop for Server {
 }
 
 impl Server {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts the server in the netns at `ns` and waits until it listens.
     pub fn start(ns: &Path) -> Result<Server> {
         let mut child = std::process::Command::new(std::env::current_exe()?)
