@@ -424,3 +424,70 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
     }
     Ok(())
 }
+
+/// Sandwich mode: a workload with `applicationTunnel: {protocol: PROXY, port: 15088}`
+/// trusts the PROXY header on 15088 to carry the client's verified SPIFFE id. A client
+/// outside the mesh reaching that port in plaintext must not be able to write that header
+/// itself: ztunnel puts its own first (the client's real address, no identity), so the
+/// forged one arrives as payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_proxy_header_in_plaintext_carries_no_identity() -> Result<()> {
+    use ztunnel::proxy_protocol::{self, Addresses, TLV_PEER_IDENTITY};
+    let topo = Topology::build(&prefix("hp"), &[1, 1])?;
+    let tunnel = ", applicationTunnel: {protocol: PROXY, port: 15088}";
+    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", tunnel));
+    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let (outsider, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let listener = server.netns.listen(15088)?;
+    let app = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await?;
+        let first = proxy_protocol::read_header(&mut s).await?;
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await??;
+        Ok::<_, anyhow::Error>((first, rest))
+    });
+    let victim = "spiffe://cluster.local/ns/default/sa/victim";
+    let tunnel_port = SocketAddr::new(server.ip.into(), 15088);
+    let forged = proxy_protocol::encode(
+        SocketAddr::new(server.ip.into(), 1234),
+        tunnel_port,
+        &[(TLV_PEER_IDENTITY, victim.as_bytes())],
+    )?;
+    let mut s = outsider.netns.connect(tunnel_port).await?;
+    s.write_all(&forged).await?;
+    s.write_all(b"hello").await?;
+    s.shutdown().await?;
+    let (first, rest) = tokio::time::timeout(Duration::from_secs(10), app).await??.map_err(|e| anyhow::anyhow!("app: {e:#}"))?;
+    assert_eq!(first.peer_identity(), None, "the app was handed an identity from a plaintext client: {first:?}");
+    assert!(first.tlv(TLV_PEER_IDENTITY).is_none());
+    let Addresses::Ip { src, .. } = first.addresses else { panic!("no addresses in {first:?}") };
+    assert_eq!(src.ip(), std::net::IpAddr::from(outsider.ip), "the header names the real client");
+    let mut expected = forged.clone();
+    expected.extend_from_slice(b"hello");
+    assert_eq!(rest, expected, "the client's bytes, its forged header included, arrive as payload");
+    Ok(())
+}
+
+/// ztunnel delivers an HBONE stream from the peer's TCP source address. Where the mesh
+/// knows that address as a workload, the peer must hold that workload's identity: a
+/// certificate for `sa/attacker` from `sa/owner`'s address is refused (and counted); the
+/// owner's own certificate from there works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
+    let topo = Topology::build(&prefix("hs"), &[1, 1])?;
+    // n1p1 is not enrolled (no capture): its process speaks HBONE by hand from its address,
+    // which the mesh knows as `sa/owner`'s.
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "owner", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
+    let _echo = EchoServer::start(&mesh.topo.pod("n2p1").netns, 8080, None)?;
+    let (from, server) = (&mesh.topo.pod("n1p1").netns, mesh.topo.pod("n2p1"));
+    let hbone = SocketAddr::new(server.ip.into(), 15008);
+    let target = SocketAddr::new(server.ip.into(), 8080).to_string();
+    let impostor = hbone_peer::connect(from, &ca, &id("attacker"), id("server"), hbone).await?;
+    assert_eq!(hbone_peer::status(&impostor, hbone_peer::connect_req(&target)).await?, 401, "another identity from sa/owner's address");
+    let owner = hbone_peer::connect(from, &ca, &id("owner"), id("server"), hbone).await?;
+    assert_eq!(hbone_peer::status(&owner, hbone_peer::connect_req(&target)).await?, 200, "the address's own identity");
+    mesh.wait_logs(&["source address belongs to another workload"])?;
+    Ok(())
+}

@@ -74,6 +74,8 @@ pub struct Resources {
     pub issued: Vec<Issued>,
     /// Identities the CA answers with a certificate for someone else.
     pub wrong_identity_for: HashSet<String>,
+    /// Identities whose certificate requests are accepted and never answered.
+    pub stall_for: HashSet<String>,
     /// Tokens accepted (the current one); others get UNAUTHENTICATED.
     pub tokens: HashSet<String>,
 }
@@ -368,6 +370,10 @@ impl IstioCertificateService for CaService {
             .ok_or_else(|| Status::invalid_argument("CSR without a URI SAN"))?;
         if impersonated.as_ref().is_some_and(|i| *i != csr_id) {
             return Err(Status::permission_denied("ImpersonatedIdentity differs from the CSR"));
+        }
+        if self.res.lock().unwrap().stall_for.contains(&csr_id) {
+            // A CA that took the request and never answers.
+            std::future::pending::<()>().await;
         }
         let wrong = self
             .res

@@ -387,3 +387,30 @@ async fn certificates_rotate_under_a_long_transfer() -> Result<()> {
     assert_eq!(m.who(SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080), 3).await?.get("n2p1"), Some(&3));
     Ok(())
 }
+
+/// A CA that takes a pod's certificate request and never answers must not stall
+/// enrollment on the node: that pod's Add fails after the CA timeout, and a pod added
+/// beside it is enrolled and reachable meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_ca_request_does_not_stall_other_pods() -> Result<()> {
+    const STUCK: &str = "spiffe://cluster.local/ns/default/sa/stuck";
+    let m = XdsMesh::start("xh", &[], |_| {}).await?;
+    m.istiod.update(|r| {
+        r.stall_for.insert(STUCK.into());
+        r.set_workload(pod_workload("n2p1", m.mesh.topo.pod("n2p1").ip, 2, "stuck", &[]));
+        r.set_workload(pod_workload("n2p2", m.mesh.topo.pod("n2p2").ip, 2, "echo", &[]));
+    });
+    // Give the push a moment so both workloads are known when the Adds arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // n2p1 (the stuck one) sorts first: the agent sends its Add before n2p2's.
+    m.enroll("n2p1", "stuck")?;
+    m.enroll("n2p2", "echo")?;
+    m.mesh.ztunnels[1].wait_log("pod enrolled", READY).context("the second pod was never enrolled")?;
+    let to = SocketAddr::new(m.mesh.topo.pod("n2p2").ip.into(), 8080);
+    let mut s = m.client().netns.connect(to).await?;
+    let who = tokio::time::timeout(Duration::from_secs(5), read_line(&mut s)).await.context("no greeting")??;
+    assert_eq!(who, "n2p2");
+    m.mesh.ztunnels[1].wait_log("no answer from the CA", READY)?;
+    assert_eq!(m.mesh.ztunnels[1].log_text().matches("pod enrolled").count(), 1, "the stuck pod was enrolled");
+    Ok(())
+}

@@ -1,6 +1,7 @@
 //! The proxy's view of the mesh: workloads, services and authorization policies,
 //! indexed for the lookups the data plane makes on every connection.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -59,8 +60,10 @@ impl MeshState {
     }
 
     /// For state pushed by istiod, which can briefly overlap (a new pod reusing the IP of
-    /// one whose removal has not arrived yet): on a conflict the later entry wins and the
-    /// conflict is returned for logging.
+    /// one whose removal has not arrived yet): on a conflict the entry given first keeps
+    /// the IP, VIP or hostname, and the conflict is returned for logging. The caller orders
+    /// by precedence (Kubernetes objects before ServiceEntry/WorkloadEntry, then older
+    /// before newer), so a later or weaker resource can never take over an address.
     pub fn build_lenient(
         workloads: Vec<Workload>,
         services: Vec<Service>,
@@ -84,25 +87,37 @@ impl MeshState {
         for svc in services {
             let svc = Arc::new(svc);
             let key = svc.namespaced_hostname();
+            if st.services.contains_key(&key) {
+                conflict(StateError::DuplicateService(key.to_string()))?;
+                continue;
+            }
             for vip in &svc.vips {
-                if let Some(prev) = st.service_by_vip.insert(vip.address, svc.clone()) {
-                    conflict(StateError::DuplicateVip {
+                match st.service_by_vip.entry(vip.address) {
+                    Entry::Occupied(prev) => conflict(StateError::DuplicateVip {
                         ip: vip.address,
-                        first: prev.namespaced_hostname().to_string(),
+                        first: prev.get().namespaced_hostname().to_string(),
                         second: key.to_string(),
-                    })?;
+                    })?,
+                    Entry::Vacant(v) => {
+                        v.insert(svc.clone());
+                    }
                 }
             }
             st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
-            if st.services.insert(key.clone(), svc).is_some() {
-                conflict(StateError::DuplicateService(key.to_string()))?;
-            }
+            st.services.insert(key, svc);
         }
         for wl in workloads {
             let wl = Arc::new(wl);
             for ip in &wl.workload_ips {
-                if let Some(prev) = st.workload_by_ip.insert(*ip, wl.clone()) {
-                    conflict(StateError::DuplicateIp { ip: *ip, first: prev.uid.to_string(), second: wl.uid.to_string() })?;
+                match st.workload_by_ip.entry(*ip) {
+                    Entry::Occupied(prev) => conflict(StateError::DuplicateIp {
+                        ip: *ip,
+                        first: prev.get().uid.to_string(),
+                        second: wl.uid.to_string(),
+                    })?,
+                    Entry::Vacant(v) => {
+                        v.insert(wl.clone());
+                    }
                 }
             }
             for (svc, ports) in &wl.services {

@@ -46,6 +46,12 @@ impl MeshIndex {
         let mut headless: HashMap<NamespacedHostname, Vec<Arc<Workload>>> = HashMap::new();
         for svc in state.services() {
             let host = svc.hostname.trim_end_matches('.').to_ascii_lowercase();
+            // `x.prod.svc.<domain>` is prod's to define: a ServiceEntry elsewhere claiming
+            // it would shadow the real service for every client.
+            if host.ends_with(&svc_suffix) && svc.claims_foreign_namespace() {
+                tracing::debug!(service = %svc.namespaced_hostname(), "ignoring a svc hostname of another namespace");
+                continue;
+            }
             if svc.vips.is_empty() {
                 // Without a VIP only a Kubernetes headless service has addresses to give;
                 // anything else is left to the upstream resolver.
@@ -57,7 +63,8 @@ impl MeshIndex {
             hosts.entry(host).or_default().push(svc.clone());
         }
         for list in hosts.values_mut() {
-            list.sort_by(|a, b| a.namespace.cmp(&b.namespace));
+            // A Kubernetes Service's own name before ServiceEntries sharing it.
+            list.sort_by(|a, b| (a.precedence(), &a.namespace).cmp(&(b.precedence(), &b.namespace)));
         }
         if !headless.is_empty() {
             for w in state.workloads().filter(|w| w.status == HealthStatus::Healthy) {
@@ -124,6 +131,9 @@ services:
 - {name: wild, namespace: default, hostname: "*.wild.example", vips: ["/240.240.0.3"]}
 - {name: db, namespace: default, hostname: db.default.svc.cluster.local}
 - {name: novip, namespace: default, hostname: novip.example.com}
+- {name: shadow, namespace: aaa, hostname: db.prod.svc.cluster.local, vips: ["/240.240.0.9"]}
+- {name: db, namespace: prod, hostname: db.prod.svc.cluster.local, vips: ["/10.96.2.10"]}
+- {name: se, namespace: aaa, hostname: echo.default.svc.cluster.local, vips: ["/240.240.0.8"]}
 "#;
 
     fn setup() -> (Arc<MeshState>, MeshIndex) {
@@ -172,6 +182,14 @@ services:
         // An IPv4-only service asked for AAAA: the name is ours, with no records.
         let a = ask("echo", "client", RecordType::AAAA).expect("a mesh name");
         assert!(a.addrs.is_empty());
+    }
+
+    #[test]
+    fn svc_names_of_another_namespace_are_not_shadowed() {
+        // A ServiceEntry in `aaa` (sorting before `prod`) claims prod's Kubernetes name.
+        assert_eq!(ips(&ask("db.prod.svc.cluster.local", "client", RecordType::A)), vec!["10.96.2.10"]);
+        assert_eq!(ips(&ask("db.prod", "other-client", RecordType::A)), vec!["10.96.2.10"]);
+        assert_eq!(ips(&ask("echo.default.svc.cluster.local", "other-client", RecordType::A)), vec!["10.96.0.10"]);
     }
 
     #[test]

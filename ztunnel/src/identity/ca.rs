@@ -25,6 +25,8 @@ pub enum CaError {
     Sign { identity: String, source: rcgen::Error },
     #[error("--ca-cert and --ca-key must be given together")]
     HalfGiven,
+    #[error("CA key {path} is readable or writable by others (mode {mode:03o}); run `chmod 600 {path}` (for a Kubernetes Secret volume, set defaultMode: 0400)")]
+    KeyPermissions { path: PathBuf, mode: u32 },
 }
 
 pub struct Ca {
@@ -65,8 +67,8 @@ impl Ca {
         };
         std::fs::create_dir_all(state_dir).map_err(write_err(state_dir))?;
         let (cert_pem, key_pem) = Ca::generate_root_pem()?;
-        write_private(&key_path, &key_pem).map_err(write_err(&key_path))?;
-        std::fs::write(&cert_path, &cert_pem).map_err(write_err(&cert_path))?;
+        write_new(&key_path, &key_pem, 0o600).map_err(write_err(&key_path))?;
+        write_new(&cert_path, &cert_pem, 0o644).map_err(write_err(&cert_path))?;
         tracing::info!(path = %cert_path.display(), "generated a new mesh root CA");
         Ca::from_pem(&cert_pem, &key_pem, &cert_path)
     }
@@ -75,6 +77,7 @@ impl Ca {
         let read = |p: &Path| {
             std::fs::read_to_string(p).map_err(|source| CaError::Read { path: p.to_path_buf(), source })
         };
+        check_key_mode(key)?;
         let key_pem = read(key)?;
         let cert_pem = read(cert)?;
         KeyPair::from_pem(&key_pem).map_err(|source| CaError::Parse { path: key.to_path_buf(), source })?;
@@ -146,11 +149,43 @@ impl Ca {
     }
 }
 
-fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+/// Writes `path` afresh with `mode`: into a new file beside it (O_EXCL, O_NOFOLLOW: no
+/// symlink planted there is followed, no old file keeps a wider mode), then renamed over
+/// `path` (which replaces a symlink at `path` rather than writing through it).
+fn write_new(path: &Path, contents: &str, mode: u32) -> std::io::Result<()> {
     use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    f.write_all(contents.as_bytes())
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_file(&tmp);
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode; never widened it, but make it exact.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(contents.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+/// A CA key anyone else on the node can read is a compromised mesh: refuse to use it.
+fn check_key_mode(key: &Path) -> Result<(), CaError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(key).map_err(|source| CaError::Read { path: key.to_path_buf(), source })?;
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(CaError::KeyPermissions { path: key.to_path_buf(), mode });
+    }
+    Ok(())
 }
 
 pub fn pem_to_der(pem: &str) -> Option<CertificateDer<'static>> {
@@ -172,6 +207,39 @@ mod tests {
         let id = Identity::new("cluster.local", "default", "client");
         let leaf = b.issue(&id, Duration::from_secs(3600)).unwrap();
         assert_eq!(crate::tls::identity_from_cert(&leaf.chain[0]).unwrap(), id);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_key_is_written_0600_without_following_symlinks_and_checked_on_load() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("zt-ca-mode-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // A key file left with a wide mode, and a symlink planted where the cert goes.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "do not overwrite").unwrap();
+        std::os::unix::fs::symlink(&victim, dir.join(ROOT_CERT_FILE)).unwrap();
+        let key = dir.join(ROOT_KEY_FILE);
+        std::fs::write(&key, "stale").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        // The cert is a dangling-or-not symlink and the key exists: `exists()` follows the
+        // link, so both exist and the load is tried; the wide key mode refuses it.
+        let e = Ca::load_or_create(&dir, None, None).unwrap_err();
+        assert!(matches!(e, CaError::KeyPermissions { mode: 0o644, .. }), "{e}");
+        assert!(e.to_string().contains("chmod 600"), "{e}");
+        // A fresh state directory with the planted links: written, not followed.
+        std::fs::remove_file(&key).unwrap();
+        std::os::unix::fs::symlink(&victim, &key).unwrap();
+        std::fs::remove_file(dir.join(ROOT_CERT_FILE)).unwrap();
+        let ca = Ca::load_or_create(&dir, None, None).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not overwrite");
+        let meta = std::fs::symlink_metadata(&key).unwrap();
+        assert!(meta.file_type().is_file(), "the key replaced the symlink");
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        // And it loads again (mode 0600 passes the check).
+        let again = Ca::load_or_create(&dir, None, None).unwrap();
+        assert_eq!(ca.root(), again.root());
         let _ = std::fs::remove_dir_all(&dir);
     }
 

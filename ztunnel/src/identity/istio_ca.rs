@@ -17,6 +17,9 @@ use crate::xds::proto::istio::v1::auth::{
     istio_certificate_service_client::IstioCertificateServiceClient, IstioCertificateRequest,
 };
 
+/// How long one CreateCertificate may take (connect, TLS and answer included).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
 pub struct IstioCa {
     istiod: IstiodConfig,
     channel: Channel,
@@ -47,9 +50,10 @@ impl IstioCa {
         });
         let req = IstioCertificateRequest { csr, validity_duration: self.ttl.as_secs() as i64, metadata };
         let mut client = IstioCertificateServiceClient::new(self.channel.clone());
-        let resp = client
-            .create_certificate(self.istiod.request(req))
+        // A CA that accepts and never answers must not hold a pod's enrollment forever.
+        let resp = tokio::time::timeout(REQUEST_TIMEOUT, client.create_certificate(self.istiod.request(req)))
             .await
+            .map_err(|_| remote(format!("no answer from the CA within {REQUEST_TIMEOUT:?}")))?
             .map_err(|s| remote(format!("{} ({:?})", s.message(), s.code())))?
             .into_inner();
         let mut chain: Vec<CertificateDer<'static>> = Vec::new();

@@ -137,6 +137,15 @@ async fn handle_stream(
     }
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
     let state = inputs.state.load_full();
+    // The app sees the peer's address as the source (and ipBlocks policies match on it):
+    // an address the mesh knows as another workload's must come with that workload's
+    // identity, else one identity could act as another workload's IP.
+    if let Some(owner) = state.workload_by_ip(peer.ip()).filter(|w| w.identity() != src_identity) {
+        tracing::warn!(src.addr = %peer, src.identity = %src_identity, ip_owner = %owner.identity(),
+            "HBONE peer's source address belongs to another workload's identity");
+        inputs.metrics.hbone_rejected("source_mismatch");
+        return respond(tx, StatusCode::UNAUTHORIZED);
+    }
     let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity.
     let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
@@ -171,7 +180,7 @@ async fn handle_stream(
         }
     };
     if app_tunnel.is_some() {
-        if let Err(e) = write_proxy_header(&mut upstream, peer, target, &src_identity).await {
+        if let Err(e) = write_proxy_header(&mut upstream, peer, target, Some(&src_identity)).await {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);
@@ -224,20 +233,22 @@ async fn handle_stream(
 }
 
 #[derive(Debug, thiserror::Error)]
-enum AppTunnelError {
+pub(super) enum AppTunnelError {
     #[error(transparent)]
     Encode(#[from] crate::proxy_protocol::ProxyProtocolError),
     #[error("write failed: {0}")]
     Write(#[from] std::io::Error),
 }
 
-/// Istio's PROXY v2 header for an app tunnel: the HBONE peer as source, the CONNECT
-/// target as destination, the peer's SPIFFE id in TLV 0xD0.
-async fn write_proxy_header(upstream: &mut TcpStream, src: SocketAddr, dst: SocketAddr, id: &Identity) -> Result<(), AppTunnelError> {
+/// Istio's PROXY v2 header for an app tunnel: the client as source, the target as
+/// destination, the peer's verified SPIFFE id in TLV 0xD0 (none for a plaintext client:
+/// the app then sees a header without an identity, never one the client wrote).
+pub(super) async fn write_proxy_header(upstream: &mut TcpStream, src: SocketAddr, dst: SocketAddr, id: Option<&Identity>) -> Result<(), AppTunnelError> {
     use tokio::io::AsyncWriteExt;
     let (src, dst) = crate::proxy_protocol::same_family(src, dst);
-    let id = id.to_string();
-    let header = crate::proxy_protocol::encode(src, dst, &[(crate::proxy_protocol::TLV_PEER_IDENTITY, id.as_bytes())])?;
+    let id = id.map(|i| i.to_string());
+    let tlvs: Vec<(u8, &[u8])> = id.iter().map(|i| (crate::proxy_protocol::TLV_PEER_IDENTITY, i.as_bytes())).collect();
+    let header = crate::proxy_protocol::encode(src, dst, &tlvs)?;
     upstream.write_all(&header).await?;
     Ok(())
 }

@@ -45,6 +45,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     );
     let registration = pod.inbound.register(conn.clone());
     let decision = state.authorize(workload, &conn);
+    let tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
     if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, dst.addr = %dst, dst.workload = %pod.workload.name,
@@ -60,6 +61,17 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             return reset(stream);
         }
     };
+    // A port where the app reads a PROXY header (sandwich mode) gets ours first, without an
+    // identity: relayed raw, the client's own bytes would be taken as a header, and a
+    // forged TLV 0xD0 as a verified SPIFFE id.
+    if tunnel.is_some_and(|t| t.port_for(dst.port()) == dst.port()) {
+        if let Err(e) = super::inbound::write_proxy_header(&mut upstream, peer, dst, None).await {
+            tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
+            inputs.metrics.failed(&labels, "CONNECT");
+            reset(upstream);
+            return reset(stream);
+        }
+    }
     let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
     let state = inputs.state.load();

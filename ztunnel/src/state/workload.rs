@@ -197,6 +197,13 @@ fn default_capacity() -> u32 {
 }
 
 impl Workload {
+    /// Who keeps a contested IP (lower wins): Kubernetes pods (`cluster//Pod/ns/name`)
+    /// before Istio's WorkloadEntry/ServiceEntry endpoints
+    /// (`cluster/networking.istio.io/<Kind>/ns/name`).
+    pub fn precedence(&self) -> u8 {
+        u8::from(self.uid.0.contains("/networking.istio.io/"))
+    }
+
     pub fn identity(&self) -> Identity {
         Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
     }
@@ -223,5 +230,31 @@ pub struct Service {
 impl Service {
     pub fn namespaced_hostname(&self) -> NamespacedHostname {
         NamespacedHostname(format!("{}/{}", self.namespace, self.hostname))
+    }
+
+    /// The namespace a Kubernetes-style `<name>.<namespace>.svc.<domain>` hostname names.
+    pub fn svc_namespace(&self) -> Option<&str> {
+        let mut labels = self.hostname.split('.');
+        let (_, ns, svc) = (labels.next()?, labels.next()?, labels.next()?);
+        (svc.eq_ignore_ascii_case("svc") && labels.next().is_some()).then_some(ns)
+    }
+
+    /// A `*.svc.*` hostname claimed from another namespace (a ServiceEntry in `evil`
+    /// naming `db.prod.svc.cluster.local`): never allowed to shadow the real one.
+    pub fn claims_foreign_namespace(&self) -> bool {
+        self.svc_namespace().is_some_and(|ns| !ns.eq_ignore_ascii_case(&self.namespace))
+    }
+
+    /// Who keeps a contested VIP or hostname (lower wins): a Kubernetes Service's own
+    /// `<name>.<namespace>.svc.` hostname, then other names (ServiceEntry), then names
+    /// that claim another namespace's `svc` domain.
+    pub fn precedence(&self) -> u8 {
+        if self.claims_foreign_namespace() {
+            2
+        } else if self.svc_namespace().is_some() && self.hostname.split('.').next() == Some(self.name.as_str()) {
+            0
+        } else {
+            1
+        }
     }
 }

@@ -22,6 +22,23 @@ struct Resources {
     workloads: BTreeMap<String, (String, Workload)>,
     services: BTreeMap<String, (String, Service)>,
     policies: BTreeMap<String, (String, Authorization)>,
+    /// When each address resource was first received (a counter): on a conflict over an
+    /// IP, VIP or hostname the older one keeps it, whatever the names sort as.
+    first_seen: HashMap<String, u64>,
+    next_seen: u64,
+}
+
+impl Resources {
+    fn seen(&mut self, name: &str) {
+        if !self.first_seen.contains_key(name) {
+            self.next_seen += 1;
+            self.first_seen.insert(name.to_string(), self.next_seen);
+        }
+    }
+
+    fn age(&self, name: &str) -> u64 {
+        self.first_seen.get(name).copied().unwrap_or(u64::MAX)
+    }
 }
 
 pub struct Store {
@@ -50,15 +67,18 @@ impl Store {
                     for name in removed {
                         r.workloads.remove(name);
                         r.services.remove(name);
+                        r.first_seen.remove(name);
                     }
                     for res in resources {
                         match convert::decode_address(res.bytes) {
                             Ok(Address::Workload(w)) => {
                                 r.services.remove(res.name);
+                                r.seen(res.name);
                                 r.workloads.insert(res.name.to_string(), (res.version.to_string(), w));
                             }
                             Ok(Address::Service(s)) => {
                                 r.workloads.remove(res.name);
+                                r.seen(res.name);
                                 r.services.insert(res.name.to_string(), (res.version.to_string(), s));
                             }
                             Err(e) => errors.push(format!("{}: {e}", res.name)),
@@ -91,14 +111,18 @@ impl Store {
     fn rebuild(&self) {
         let (state, conflicts) = {
             let r = self.lock();
+            let mut workloads: Vec<(&String, &Workload)> = r.workloads.iter().map(|(n, (_, w))| (n, w)).collect();
+            workloads.sort_by_key(|(n, w)| (w.precedence(), r.age(n)));
+            let mut services: Vec<(&String, &Service)> = r.services.iter().map(|(n, (_, s))| (n, s)).collect();
+            services.sort_by_key(|(n, s)| (s.precedence(), r.age(n)));
             MeshState::build_lenient(
-                r.workloads.values().map(|(_, w)| w.clone()).collect(),
-                r.services.values().map(|(_, s)| s.clone()).collect(),
+                workloads.into_iter().map(|(_, w)| w.clone()).collect(),
+                services.into_iter().map(|(_, s)| s.clone()).collect(),
                 r.policies.values().map(|(_, p)| p.clone()).collect(),
             )
         };
         for c in conflicts {
-            tracing::warn!(conflict = %c, "istiod's state overlaps; the later entry wins");
+            tracing::warn!(conflict = %c, "istiod's state overlaps; the Kubernetes or older entry keeps the address");
         }
         self.state.store(state);
     }
@@ -118,5 +142,89 @@ impl Store {
     pub fn counts(&self) -> (usize, usize, usize) {
         let r = self.lock();
         (r.workloads.len(), r.services.len(), r.policies.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::xds::proto::istio::workload as pb;
+
+    fn workload(uid: &str, sa: &str, ip: [u8; 4]) -> Vec<u8> {
+        let w = pb::Workload {
+            uid: uid.into(),
+            name: sa.into(),
+            namespace: "default".into(),
+            addresses: vec![ip.to_vec()],
+            tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
+            service_account: sa.into(),
+            node: "node1".into(),
+            ..Default::default()
+        };
+        pb::Address { r#type: Some(pb::address::Type::Workload(w)) }.encode_to_vec()
+    }
+
+    fn service(name: &str, namespace: &str, hostname: &str, vip: [u8; 4]) -> Vec<u8> {
+        let s = pb::Service {
+            name: name.into(),
+            namespace: namespace.into(),
+            hostname: hostname.into(),
+            addresses: vec![pb::NetworkAddress { network: String::new(), address: vip.to_vec(), length: None }],
+            ..Default::default()
+        };
+        pb::Address { r#type: Some(pb::address::Type::Service(s)) }.encode_to_vec()
+    }
+
+    fn push(store: &Store, name: &str, bytes: &[u8]) {
+        let errors = store.apply(ADDRESS_TYPE, &[Incoming { name, version: "1", bytes }], &[]);
+        assert!(errors.is_empty(), "{errors:?}");
+    }
+
+    fn owner_of_ip(store: &Store, ip: [u8; 4]) -> String {
+        store.state.load().workload_by_ip(ip.into()).map(|w| w.uid.0.clone()).unwrap_or_default()
+    }
+
+    fn owner_of_vip(store: &Store, ip: [u8; 4]) -> String {
+        store.state.load().service_by_vip(ip.into()).map(|s| s.namespaced_hostname().0).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_later_or_weaker_resource_never_takes_an_address() {
+        let store = Store::new(Arc::new(SharedState::default()));
+        let pod = "Kubernetes//Pod/prod/db-0";
+        // A WorkloadEntry in a namespace that sorts first claims the pod's IP.
+        push(&store, pod, &workload(pod, "db", [10, 10, 2, 11]));
+        let we = "Kubernetes/networking.istio.io/WorkloadEntry/aaa/fake";
+        push(&store, we, &workload(we, "attacker", [10, 10, 2, 11]));
+        assert_eq!(owner_of_ip(&store, [10, 10, 2, 11]), pod);
+        // Even if the WorkloadEntry was there first, the pod wins.
+        let ip2 = [10, 10, 2, 12];
+        let we2 = "Kubernetes/networking.istio.io/WorkloadEntry/aaa/early";
+        push(&store, we2, &workload(we2, "attacker", ip2));
+        let pod2 = "Kubernetes//Pod/prod/db-1";
+        push(&store, pod2, &workload(pod2, "db", ip2));
+        assert_eq!(owner_of_ip(&store, ip2), pod2);
+        // Two pods on one IP (a reused address whose removal is late): the older keeps it,
+        // though the newer one's name sorts first.
+        let ip3 = [10, 10, 2, 13];
+        push(&store, "Kubernetes//Pod/zzz/old", &workload("Kubernetes//Pod/zzz/old", "old", ip3));
+        push(&store, "Kubernetes//Pod/aaa/new", &workload("Kubernetes//Pod/aaa/new", "new", ip3));
+        assert_eq!(owner_of_ip(&store, ip3), "Kubernetes//Pod/zzz/old");
+        // Once the old one is removed, the new one has it.
+        store.apply(ADDRESS_TYPE, &[], &["Kubernetes//Pod/zzz/old".to_string()]);
+        assert_eq!(owner_of_ip(&store, ip3), "Kubernetes//Pod/aaa/new");
+
+        // A ServiceEntry (in a namespace sorting first) claiming a Kubernetes Service's VIP.
+        let vip = [10, 96, 0, 10];
+        push(&store, "prod/db.prod.svc.cluster.local", &service("db", "prod", "db.prod.svc.cluster.local", vip));
+        push(&store, "aaa/db.example.com", &service("db-se", "aaa", "db.example.com", vip));
+        assert_eq!(owner_of_vip(&store, vip), "prod/db.prod.svc.cluster.local");
+        // ... or arriving first, with a svc name of another namespace.
+        let vip2 = [10, 96, 0, 11];
+        push(&store, "aaa/web.prod.svc.cluster.local", &service("fake", "aaa", "web.prod.svc.cluster.local", vip2));
+        push(&store, "prod/web.prod.svc.cluster.local", &service("web", "prod", "web.prod.svc.cluster.local", vip2));
+        assert_eq!(owner_of_vip(&store, vip2), "prod/web.prod.svc.cluster.local");
     }
 }

@@ -2,12 +2,13 @@
 //! ack each. Pods stay enrolled while the CNI agent is away; after a reconnect its
 //! snapshot says which to keep.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use super::{Payload, SeqPacket, Version, WorkloadRequest, WorkloadResponse, ZdsError, ZdsHello};
 use crate::netns::InPodNetns;
@@ -37,8 +38,42 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
     sock.send(&ZdsHello { version: Version::V1 as i32 }, None).await?;
     tracing::info!(path = %path.display(), "connected to the CNI agent (ZDS)");
     let mut in_snapshot: HashSet<WorkloadUid> = HashSet::new();
+    // Adds in flight, in request order: one pod waiting for its workload or certificate
+    // does not hold back the others an agent has already sent. Acks go out in order
+    // (ZDS answers carry no id); anything else waits until the Adds before it are done.
+    let mut adds: VecDeque<(WorkloadUid, JoinHandle<Result<(), String>>)> = VecDeque::new();
     loop {
-        let (req, fd): (WorkloadRequest, _) = sock.recv().await?;
+        let next = tokio::select! {
+            r = sock.recv::<WorkloadRequest>() => Some(r?),
+            done = async { (&mut adds.front_mut().expect("guarded by the condition").1).await }, if !adds.is_empty() => {
+                send_ack(&sock, joined(done)).await?;
+                None
+            }
+        };
+        let Some((req, fd)) = next else {
+            adds.pop_front();
+            continue;
+        };
+        if let Some(Payload::Add(add)) = &req.payload {
+            let uid = WorkloadUid(add.uid.clone());
+            if !adds.iter().any(|(u, _)| *u == uid) {
+                in_snapshot.insert(uid.clone());
+                let task = match fd {
+                    None => tokio::spawn(std::future::ready(Err(ZdsError::MissingNetns(add.uid.clone()).to_string()))),
+                    Some(fd) => {
+                        let (inputs, pods, info, uid) = (inputs.clone(), pods.clone(), add.workload_info.clone(), uid.clone());
+                        tokio::spawn(async move { add_pod(&inputs, &pods, uid, info, fd).await })
+                    }
+                };
+                adds.push_back((uid, task));
+                continue;
+            }
+        }
+        // Everything else (and a second Add of a pod still being added) after the Adds
+        // already in flight.
+        while let Some((_, task)) = adds.pop_front() {
+            send_ack(&sock, joined(task.await)).await?;
+        }
         let result = match req.payload {
             Some(Payload::Add(add)) => {
                 let uid = WorkloadUid(add.uid.clone());
@@ -75,11 +110,19 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
             }
             None => Err(ZdsError::Empty.to_string()),
         };
-        if let Err(e) = &result {
-            tracing::warn!(error = %e, "ZDS request failed");
-        }
-        sock.send(&WorkloadResponse::ack(result.err()), None).await?;
+        send_ack(&sock, result).await?;
     }
+}
+
+fn joined(r: Result<Result<(), String>, tokio::task::JoinError>) -> Result<(), String> {
+    r.unwrap_or_else(|e| Err(format!("enrollment task failed: {e}")))
+}
+
+async fn send_ack(sock: &SeqPacket, result: Result<(), String>) -> Result<(), ZdsError> {
+    if let Err(e) = &result {
+        tracing::warn!(error = %e, "ZDS request failed");
+    }
+    sock.send(&WorkloadResponse::ack(result.err()), None).await
 }
 
 async fn add_pod(

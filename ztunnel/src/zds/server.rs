@@ -107,11 +107,19 @@ pub async fn serve(socket_path: &Path, pods_dir: &Path) -> Result<(), ZdsError> 
 }
 
 async fn request(sock: &SeqPacket, payload: Payload, netns: Option<&Path>) -> Result<(), ZdsError> {
+    send(sock, payload, netns).await?;
+    ack(sock).await
+}
+
+async fn send(sock: &SeqPacket, payload: Payload, netns: Option<&Path>) -> Result<(), ZdsError> {
     let file = match netns {
         Some(p) => Some(std::fs::File::open(p)?),
         None => None,
     };
-    sock.send(&WorkloadRequest { payload: Some(payload) }, file.as_ref().map(|f| f.as_raw_fd())).await?;
+    sock.send(&WorkloadRequest { payload: Some(payload) }, file.as_ref().map(|f| f.as_raw_fd())).await
+}
+
+async fn ack(sock: &SeqPacket) -> Result<(), ZdsError> {
     let (resp, _): (WorkloadResponse, _) = sock.recv().await?;
     if let Some(super::ResponsePayload::Ack(a)) = resp.payload {
         if !a.error.is_empty() {
@@ -136,8 +144,13 @@ async fn session(sock: SeqPacket, pods_dir: &Path) -> Result<(), ZdsError> {
     let (hello, _): (ZdsHello, _) = sock.recv().await?;
     tracing::info!(version = hello.version, "node proxy connected");
     let mut sent = read_pods(pods_dir);
+    // The snapshot's Adds go out together and are answered in order: the node proxy
+    // enrolls them side by side, so one slow pod does not delay the rest.
     for pod in sent.values() {
-        request(&sock, add(pod), Some(&pod.netns)).await?;
+        send(&sock, add(pod), Some(&pod.netns)).await?;
+    }
+    for _ in sent.values() {
+        ack(&sock).await?;
     }
     request(&sock, Payload::SnapshotSent(SnapshotSent {}), None).await?;
     loop {
@@ -148,10 +161,12 @@ async fn session(sock: SeqPacket, pods_dir: &Path) -> Result<(), ZdsError> {
                 request(&sock, Payload::Del(DelWorkload { uid: uid.clone() }), None).await?;
             }
         }
-        for (uid, pod) in &now {
-            if sent.get(uid) != Some(pod) {
-                request(&sock, add(pod), Some(&pod.netns)).await?;
-            }
+        let new: Vec<&PodSpec> = now.iter().filter(|(uid, pod)| sent.get(*uid) != Some(*pod)).map(|(_, p)| p).collect();
+        for pod in &new {
+            send(&sock, add(pod), Some(&pod.netns)).await?;
+        }
+        for _ in &new {
+            ack(&sock).await?;
         }
         sent = now;
     }
