@@ -119,8 +119,8 @@ pub fn xds_resources(data: &[u8]) {
         let _ = crate::xds::convert::decode_authorization(b);
         // An authorization either converts or becomes a deny-all: never nothing.
         match crate::xds::convert::authorization_or_deny_all("ns/name", b) {
-            Ok(p) => assert!(p.unenforceable.is_none()),
-            Err((p, _)) => assert!(p.action == crate::rbac::PolicyAction::Deny && p.unenforceable.is_some() && p.rules.iter().any(Vec::is_empty)),
+            (p, None) => assert!(p.unenforceable.is_none()),
+            (p, Some(_)) => assert!(p.action == crate::rbac::PolicyAction::Deny && p.unenforceable.is_some() && p.rules.iter().any(Vec::is_empty)),
         }
     }
     let names: Vec<String> = (0..bodies.len()).map(|i| format!("r{}", i % 4)).collect();

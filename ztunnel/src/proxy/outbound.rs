@@ -61,10 +61,12 @@ fn via_waypoint(
     service: Option<&Arc<Service>>,
 ) -> Option<Route> {
     let Some(identity) = state.waypoint_identity(gw) else {
-        return Some(Route::NoHealthyEndpoint(format!(
-            "waypoint {} (not a known workload, or its workloads have different identities)",
-            gw.destination
-        )));
+        let why = if state.waypoint_workload(gw).is_none() {
+            "not a known workload"
+        } else {
+            "its workloads have different identities, so none can be told to be the waypoint"
+        };
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} ({why})", gw.destination)));
     };
     if identity == *src {
         return None;

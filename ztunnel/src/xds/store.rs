@@ -74,15 +74,12 @@ impl Store {
                         // A policy that doesn't convert is NACKed, as any resource, but
                         // never just left out (nor left at its previous version): a
                         // deny-all takes its place in its scope.
-                        let p = match convert::authorization_or_deny_all(res.name, res.bytes) {
-                            Ok(p) => p,
-                            Err((deny_all, e)) => {
-                                tracing::error!(policy = %deny_all.key(), scope = ?deny_all.scope, dry_run = deny_all.dry_run, error = %e,
-                                    "authorization cannot be enforced exactly; denying every connection in its scope instead");
-                                errors.push(format!("{}: {e}", res.name));
-                                deny_all
-                            }
-                        };
+                        let (p, error) = convert::authorization_or_deny_all(res.name, res.bytes);
+                        if let Some(e) = error {
+                            tracing::error!(policy = %p.key(), scope = ?p.scope, dry_run = p.dry_run, error = %e,
+                                "authorization cannot be enforced exactly; denying every connection in its scope instead");
+                            errors.push(format!("{}: {e}", res.name));
+                        }
                         r.policies.insert(res.name.to_string(), (res.version.to_string(), p));
                     }
                 }
