@@ -321,7 +321,7 @@ fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'sta
         // gRPC clients read errors from grpc-status, in a trailers-only response (HTTP
         // 200 on the wire, which is what Istio's metrics report too).
         let code = grpc_status_for(status);
-        log.grpc_status = Some(grpc_status_label(&HeaderValue::from(u16::from(code))));
+        log.grpc_status = Some(ztunnel::metrics::http::grpc_status(&code.to_string()));
         log.status = 200;
         let mut r = Response::new(empty());
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
