@@ -407,6 +407,12 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     let mut got = Vec::new();
     tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)).await??;
     assert!(got.starts_with(b"HTTP/1.1 403"), "{:?}", String::from_utf8_lossy(&got));
+    // A request without Host has no host for policy or routes: 400.
+    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /hello HTTP/1.0\r\n\r\n").await?;
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)).await??;
+    assert!(got.starts_with(b"HTTP/1.0 400") || got.starts_with(b"HTTP/1.1 400"), "{:?}", String::from_utf8_lossy(&got));
     // Non-HTTP bytes to a port with HTTPRoutes are refused, not relayed around them.
     let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
     let r = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"\x16\x03\x01 not http")).await?;
@@ -551,6 +557,18 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     // The policy goes away: /admin reaches the app again.
     kube.delete("authorizationpolicies", "deny-admin");
     wait_for_status(&mut c, "/admin", 200).await?;
+
+    // An ALLOW the waypoint cannot enforce (JWT) denies every request to its target
+    // instead of vanishing (which would allow everyone).
+    kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "jwt-only"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}}));
+    wait_for_status(&mut c, "/x", 403).await.with_context(|| waypoint.log_text())?;
+    assert!(waypoint.log_text().contains("denying every request to its targets"), "{}", waypoint.log_text());
+    let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
+    let text = mc.get("/stats/prometheus").await?.body;
+    assert!(text.lines().any(|l| l == "ztunnel_unenforceable_policies{source=\"kubernetes\"} 1"), "{text}");
+    kube.delete("authorizationpolicies", "jwt-only");
+    wait_for_status(&mut c, "/x", 200).await?;
     Ok(())
 }
 

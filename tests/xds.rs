@@ -302,6 +302,51 @@ async fn pushed_policy_applies_to_open_connections() -> Result<()> {
     Ok(())
 }
 
+/// A policy ztunnel cannot convert is NACKed and enforced as a deny-all in its scope:
+/// dropping a DENY (or the only ALLOW) would widen access.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unconvertible_policy_denies_everything_in_its_scope() -> Result<()> {
+    let m = XdsMesh::start("xu", &[], |_| {}).await?;
+    m.enroll("n2p1", "echo")?;
+    m.mesh.ztunnels[1].wait_log("pod enrolled", READY)?;
+    let server = SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080);
+    let reaches = || async {
+        let mut s = m.client().netns.connect(server).await?;
+        Ok::<_, anyhow::Error>(tokio::time::timeout(Duration::from_secs(2), read_line(&mut s)).await.ok().and_then(|r| r.ok()).as_deref() == Some("n2p1"))
+    };
+    assert!(reaches().await?);
+
+    // A DENY for sleep with a clause ztunnel cannot convert (a port that is no port).
+    let mut deny = principal_policy("deny-sleep", pb_sec::Action::Deny, &["cluster.local/ns/default/sa/sleep"]);
+    deny.rules[0].clauses.push(pb_sec::Clause { matches: vec![pb_sec::Match { destination_ports: vec![70000], ..Default::default() }] });
+    m.istiod.update(|r| r.set_policy(deny.clone()));
+    m.istiod
+        .wait("a NACK naming the policy", Duration::from_secs(5), |r| r.nacks().iter().any(|n| n.contains("default/deny-sleep")))
+        .await?;
+    wait_for_async("the deny-all", Duration::from_secs(5), || async { Ok(!reaches().await?) }).await?;
+    m.mesh.ztunnels[1].wait_log("denying every connection in its scope", Duration::from_secs(5))?;
+    let (_, body) = http_get(m.mesh.topo.node(2), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let dump: serde_json::Value = serde_json::from_str(&body)?;
+    let p = dump["policies"].as_array().context("policies")?.iter().find(|p| p["name"] == "deny-sleep").context("the policy in config_dump")?;
+    assert_eq!((p["action"].as_str(), p["scope"].as_str()), (Some("Deny"), Some("Namespace")), "{p}");
+    assert!(p["unenforceable"].as_str().is_some_and(|r| r.contains("destination_ports")), "{p}");
+    let gauge = || async {
+        let (_, text) = http_get(m.mesh.topo.node(2), "127.0.0.1:15020".parse()?, "/stats/prometheus").await?;
+        Ok::<_, anyhow::Error>(text.lines().find(|l| l.starts_with("ztunnel_unenforceable_policies{source=\"xds\"}")).map(str::to_string))
+    };
+    assert_eq!(gauge().await?.as_deref(), Some("ztunnel_unenforceable_policies{source=\"xds\"} 1"));
+
+    // Fixed by istiod (now a DENY for another principal): it applies as written.
+    deny.rules[0].clauses.pop();
+    deny.rules[0].clauses[0].matches[0].principals[0] = pb_sec::StringMatch {
+        match_type: Some(pb_sec::string_match::MatchType::Exact("cluster.local/ns/default/sa/other".into())),
+    };
+    m.istiod.update(|r| r.set_policy(deny));
+    wait_for_async("the fixed policy", Duration::from_secs(5), reaches).await?;
+    assert_eq!(gauge().await?.as_deref(), Some("ztunnel_unenforceable_policies{source=\"xds\"} 0"));
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn traffic_keeps_flowing_while_istiod_restarts() -> Result<()> {
     let mut m = XdsMesh::start("xr", &[], |_| {}).await?;

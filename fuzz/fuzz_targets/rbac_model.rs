@@ -157,6 +157,7 @@ fn policy(p: &P) -> Authorization {
                     .collect()
             })
             .collect(),
+        unenforceable: None,
     }
 }
 

@@ -100,7 +100,8 @@ struct RequestLog {
     protocol: &'static str,
     /// 0 until there is a response (Envoy's code for "no response sent").
     status: u16,
-    grpc_status: Option<String>,
+    /// As a label: 0-16 or `other` (the backend chooses it).
+    grpc_status: Option<&'static str>,
     response_flags: &'static str,
     route: Option<String>,
     attempts: u32,
@@ -145,7 +146,7 @@ impl RequestLog {
         let labels = HttpLabels {
             peers,
             response_code: self.status,
-            grpc_response_status: self.grpc_status.clone().unwrap_or_default(),
+            grpc_response_status: self.grpc_status.unwrap_or_default(),
         };
         let duration = self.start.elapsed();
         let request_bytes = self.request_header_bytes + self.request_bytes.load(Ordering::Relaxed);
@@ -162,7 +163,7 @@ impl RequestLog {
             host = %self.host,
             path = %self.path,
             status = self.status,
-            grpc_status = self.grpc_status.as_deref(),
+            grpc_status = self.grpc_status,
             response_flags = self.response_flags,
             route = self.route.as_deref(),
             attempts = self.attempts,
@@ -207,8 +208,8 @@ impl http_body::Body for Metered {
                 if let Some(d) = f.data_ref() {
                     this.bytes += d.len() as u64;
                 } else if let (Some(t), Some(log)) = (f.trailers_ref(), this.log.as_mut()) {
-                    if let Some(s) = t.get("grpc-status").and_then(|v| v.to_str().ok()) {
-                        log.grpc_status = Some(s.to_string());
+                    if let Some(v) = t.get("grpc-status") {
+                        log.grpc_status = Some(grpc_status_label(v));
                     }
                 }
             }
@@ -294,6 +295,11 @@ fn is_grpc(headers: &HeaderMap) -> bool {
         .is_some_and(|ct| ct.starts_with("application/grpc"))
 }
 
+/// The backend's `grpc-status` as a metric label (bounded: 0-16 or `other`).
+fn grpc_status_label(v: &HeaderValue) -> &'static str {
+    v.to_str().map_or("other", ztunnel::metrics::http::grpc_status)
+}
+
 /// HTTP status -> gRPC status for locally generated replies to gRPC clients (the
 /// mapping Envoy uses).
 fn grpc_status_for(status: StatusCode) -> u8 {
@@ -315,7 +321,7 @@ fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'sta
         // gRPC clients read errors from grpc-status, in a trailers-only response (HTTP
         // 200 on the wire, which is what Istio's metrics report too).
         let code = grpc_status_for(status);
-        log.grpc_status = Some(code.to_string());
+        log.grpc_status = Some(ztunnel::metrics::http::grpc_status(&code.to_string()));
         log.status = 200;
         let mut r = Response::new(empty());
         r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -492,6 +498,11 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     if parts.method == Method::CONNECT {
         return local_reply(log, grpc, StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint");
     }
+    // Host policies and routes need a host: without Host or :authority (HTTP/1.0, or an
+    // HTTP/2 request without it) there is none to check, so the request is refused.
+    if host_full.is_empty() {
+        return local_reply(log, grpc, StatusCode::BAD_REQUEST, "-", "the request has no Host or :authority");
+    }
     // `user@host` would match host policies as one string and reach the backend as another.
     if host_full.contains('@') {
         return local_reply(log, grpc, StatusCode::BAD_REQUEST, "-", "userinfo in the request authority is not allowed");
@@ -658,8 +669,8 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
                 m.apply(&mut rparts.headers);
             }
             log.status = rparts.status.as_u16();
-            if let Some(s) = rparts.headers.get("grpc-status").and_then(|v| v.to_str().ok()) {
-                log.grpc_status = Some(s.to_string());
+            if let Some(v) = rparts.headers.get("grpc-status") {
+                log.grpc_status = Some(grpc_status_label(v));
             }
             let body = Metered { inner: rbody.map_err(BoxError::from).boxed(), bytes: 0, log: Some(log), _picked: Some(picked) };
             Response::from_parts(rparts, body.boxed())
@@ -857,5 +868,15 @@ mod tests {
         assert_eq!(grpc_status_for(StatusCode::FORBIDDEN), 7);
         assert_eq!(grpc_status_for(StatusCode::SERVICE_UNAVAILABLE), 14);
         assert_eq!(grpc_status_for(StatusCode::NOT_FOUND), 12);
+    }
+
+    #[test]
+    fn backend_grpc_status_becomes_a_bounded_label() {
+        assert_eq!(grpc_status_label(&HeaderValue::from_static("14")), "14");
+        assert_eq!(grpc_status_label(&HeaderValue::from_static("0")), "0");
+        for v in ["17", "deadbeef", "1 ", "00"] {
+            assert_eq!(grpc_status_label(&HeaderValue::from_static(v)), "other", "{v}");
+        }
+        assert_eq!(grpc_status_label(&HeaderValue::from_bytes(b"\xff").unwrap()), "other");
     }
 }

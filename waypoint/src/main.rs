@@ -175,7 +175,7 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     metrics.wait_for("kubernetes");
     let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
     let (tx, mut rx) = tokio::sync::watch::channel(None);
-    tokio::spawn(k8s::watch(client, ia.pod_namespace.clone(), gateway.name.clone(), tx));
+    tokio::spawn(k8s::watch(client, ia.pod_namespace.clone(), gateway.name.clone(), tx, metrics.xds.clone()));
     let m = metrics.clone();
     let mut ready_rx = rx.clone();
     tokio::spawn(async move {

@@ -48,7 +48,7 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
             .filter(|w| w.protocol == MeshProtocol::HBONE)
             .and_then(|w| w.waypoint.as_ref()),
     };
-    gw.is_some_and(|gw| state.is_waypoint(gw, me))
+    gw.is_some_and(|gw| state.is_waypoint(gw, &me.identity()))
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {

@@ -117,6 +117,11 @@ pub fn xds_resources(data: &[u8]) {
             Ok(crate::xds::convert::Address::Service(_)) | Err(_) => {}
         }
         let _ = crate::xds::convert::decode_authorization(b);
+        // An authorization either converts or becomes a deny-all: never nothing.
+        match crate::xds::convert::authorization_or_deny_all("ns/name", b) {
+            (p, None) => assert!(p.unenforceable.is_none()),
+            (p, Some(_)) => assert!(p.action == crate::rbac::PolicyAction::Deny && p.unenforceable.is_some() && p.rules.iter().any(Vec::is_empty)),
+        }
     }
     let names: Vec<String> = (0..bodies.len()).map(|i| format!("r{}", i % 4)).collect();
     let incoming: Vec<crate::xds::store::Incoming<'_>> =

@@ -20,7 +20,7 @@ pub mod http;
 pub mod process;
 pub mod server;
 
-/// Label sets kept per TCP metric family; more are folded into one overflow set.
+/// Label sets kept per metric family (TCP and HTTP); more are folded into an overflow set.
 pub const MAX_SERIES: usize = 10_000;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -91,6 +91,52 @@ impl TcpLabels {
     }
 }
 
+/// The label sets in use by a group of families (by hash), to bound them at `MAX_SERIES`.
+#[derive(Default)]
+pub struct SeriesBound(std::sync::Mutex<std::collections::HashSet<u64>>);
+
+impl SeriesBound {
+    /// Whether `l` may have its own series: already in use, or there is room for one more.
+    pub fn admit<L: std::hash::Hash>(&self, l: &L) -> bool {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        l.hash(&mut h);
+        let key = h.finish();
+        let mut series = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if series.contains(&key) {
+            return true;
+        }
+        if series.len() < MAX_SERIES {
+            series.insert(key);
+            return true;
+        }
+        false
+    }
+}
+
+impl TcpLabels {
+    /// The overflow set for `self`: every peer label `unknown`.
+    pub fn overflow(&self) -> TcpLabels {
+        let u = || UNKNOWN.to_string();
+        TcpLabels {
+            source_workload: u(),
+            source_canonical_service: u(),
+            source_canonical_revision: u(),
+            source_workload_namespace: u(),
+            source_principal: u(),
+            destination_workload: u(),
+            destination_canonical_service: u(),
+            destination_canonical_revision: u(),
+            destination_workload_namespace: u(),
+            destination_principal: u(),
+            destination_service: u(),
+            destination_service_name: u(),
+            destination_service_namespace: u(),
+            ..self.clone()
+        }
+    }
+}
+
 pub struct Metrics {
     pub registry: Registry,
     opened: Family<TcpLabels, Counter>,
@@ -98,8 +144,7 @@ pub struct Metrics {
     failed: Family<TcpLabels, Counter>,
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
-    /// Hashes of the label sets in use, to bound them (see `MAX_SERIES`).
-    series: std::sync::Mutex<std::collections::HashSet<u64>>,
+    series: SeriesBound,
     connections_refused: Family<control::ReasonLabel, Counter>,
     hbone_rejections: Family<control::ReasonLabel, Counter>,
     pub xds: control::XdsMetrics,
@@ -160,36 +205,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// `l` itself while there is room for another label set, else `l` with every peer
-    /// label `unknown` (the overflow set).
+    /// `l` itself while there is room for another label set, else the overflow set.
     fn bounded<'l>(&self, l: &'l TcpLabels) -> std::borrow::Cow<'l, TcpLabels> {
-        use std::hash::{Hash, Hasher};
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        l.hash(&mut h);
-        let key = h.finish();
-        let mut series = self.series.lock().unwrap_or_else(|p| p.into_inner());
-        if series.contains(&key) || series.len() < MAX_SERIES {
-            series.insert(key);
-            return std::borrow::Cow::Borrowed(l);
+        if self.series.admit(l) {
+            std::borrow::Cow::Borrowed(l)
+        } else {
+            std::borrow::Cow::Owned(l.overflow())
         }
-        drop(series);
-        let u = || UNKNOWN.to_string();
-        std::borrow::Cow::Owned(TcpLabels {
-            source_workload: u(),
-            source_canonical_service: u(),
-            source_canonical_revision: u(),
-            source_workload_namespace: u(),
-            source_principal: u(),
-            destination_workload: u(),
-            destination_canonical_service: u(),
-            destination_canonical_revision: u(),
-            destination_workload_namespace: u(),
-            destination_principal: u(),
-            destination_service: u(),
-            destination_service_name: u(),
-            destination_service_namespace: u(),
-            ..l.clone()
-        })
     }
 
     /// A connection refused before it was proxied (`fd_exhaustion`, `pod_limit`, `accept_error`).

@@ -40,6 +40,10 @@ pub struct Authorization {
     /// rules -> clauses -> matches
     #[serde(default)]
     pub rules: Vec<Vec<Vec<Match>>>,
+    /// Set when istiod's resource could not be converted exactly: this is then the
+    /// deny-all that stands in for it (see `deny_all`), and this says why.
+    #[serde(skip)]
+    pub unenforceable: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -223,6 +227,22 @@ impl Authorization {
     /// `namespace/name`, the policy's resource name.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What stands in for a policy we cannot enforce exactly: a DENY of every connection
+    /// in its scope. Dropping it instead would widen access (a lost DENY, or the only
+    /// ALLOW in scope). A dry-run policy stays dry-run: it never decided anything.
+    pub fn deny_all(namespace: &str, name: &str, scope: PolicyScope, dry_run: bool, reason: String) -> Authorization {
+        Authorization {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            scope,
+            action: PolicyAction::Deny,
+            dry_run,
+            // One rule without clauses matches every connection.
+            rules: vec![Vec::new()],
+            unenforceable: Some(reason),
+        }
     }
 
     pub fn matches(&self, conn: &Connection) -> bool {

@@ -14,6 +14,8 @@ use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{Authorization, PolicyScope};
 
 pub mod workload;
+#[cfg(test)]
+mod waypoint_tests;
 
 pub use workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
@@ -163,16 +165,29 @@ impl MeshState {
         self.services.get(key)
     }
 
-    /// Whether `wl` is (one of the replicas of) the waypoint `gw` names: the workload at
-    /// that address, or a member of the waypoint Service named by VIP or hostname.
-    pub fn is_waypoint(&self, gw: &GatewayAddress, wl: &Workload) -> bool {
-        match &gw.destination {
+    /// The identity of the waypoint `gw` names: the workload's at that address, or the one
+    /// identity every workload of the waypoint Service (by VIP or hostname) has. None when
+    /// there is no such workload, or when they disagree: a pod whose labels put it in the
+    /// waypoint's selector must not pass for the waypoint, and callers fail closed.
+    pub fn waypoint_identity(&self, gw: &GatewayAddress) -> Option<Identity> {
+        let svc = match &gw.destination {
             GatewayDestination::Address(a) => {
-                wl.workload_ips.contains(&a.address)
-                    || self.service_by_vip.get(&a.address).is_some_and(|s| wl.services.contains_key(&s.namespaced_hostname()))
+                if let Some(w) = self.workload_by_ip.get(&a.address) {
+                    return Some(w.identity());
+                }
+                self.service_by_vip.get(&a.address)?
             }
-            GatewayDestination::Hostname(h) => wl.services.contains_key(h),
-        }
+            GatewayDestination::Hostname(h) => self.services.get(h)?,
+        };
+        let mut ids = self.endpoints.get(&svc.namespaced_hostname())?.iter().map(|(w, _)| w.identity());
+        let first = ids.next()?;
+        ids.all(|i| i == first).then_some(first)
+    }
+
+    /// Whether `id` is the identity of the waypoint `gw` names (see `waypoint_identity`):
+    /// decided by identity, not by membership of the waypoint Service.
+    pub fn is_waypoint(&self, gw: &GatewayAddress, id: &Identity) -> bool {
+        self.waypoint_identity(gw).is_some_and(|w| w == *id)
     }
 
     /// The waypoint workload behind a GatewayAddress: the workload at that IP, or an

@@ -127,14 +127,19 @@ pub fn policy(p: &Authorization) -> Value {
         .iter()
         .map(|r| Value::Array(r.iter().map(|c| Value::Array(c.iter().map(rbac_match).collect())).collect()))
         .collect();
-    json!({
+    let mut v = json!({
         "name": p.name,
         "namespace": p.namespace,
         "scope": match p.scope { PolicyScope::Global => "Global", PolicyScope::Namespace => "Namespace", PolicyScope::WorkloadSelector => "WorkloadSelector" },
         "action": match p.action { PolicyAction::Allow => "Allow", PolicyAction::Deny => "Deny" },
         "rules": rules,
         "dryRun": p.dry_run,
-    })
+    });
+    // A deny-all standing in for a policy istiod sent that we could not convert: why.
+    if let Some(reason) = &p.unenforceable {
+        v["unenforceable"] = json!(reason);
+    }
+    v
 }
 
 fn rfc3339(t: std::time::SystemTime) -> String {

@@ -18,13 +18,13 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
-use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::{ParentRef, Target};
 use crate::identity::Identity;
+// One CIDR type for L4 and L7 policies, so both compare IPv4-mapped peers and rules alike.
+use crate::rbac::Cidr;
 
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 const SUPPORTED_KEYS: &str =
@@ -110,11 +110,11 @@ pub struct Source {
     /// `<namespace>/<service account>`, exact.
     pub service_accounts: Vec<String>,
     pub not_service_accounts: Vec<String>,
-    pub ip_blocks: Vec<IpBlock>,
-    pub not_ip_blocks: Vec<IpBlock>,
+    pub ip_blocks: Vec<Cidr>,
+    pub not_ip_blocks: Vec<Cidr>,
     /// Same as `ipBlocks` here: the waypoint's source address is the original client's.
-    pub remote_ip_blocks: Vec<IpBlock>,
-    pub not_remote_ip_blocks: Vec<IpBlock>,
+    pub remote_ip_blocks: Vec<Cidr>,
+    pub not_remote_ip_blocks: Vec<Cidr>,
     /// Parsed only to be refused by `validate` with a clear message (needs JWT).
     pub request_principals: Vec<String>,
     pub not_request_principals: Vec<String>,
@@ -147,42 +147,6 @@ pub struct Condition {
     pub not_values: Vec<String>,
 }
 
-/// An IP or CIDR (`10.0.0.0/8`, `10.1.2.3` = /32, `fd00::/8`), parsed when the config
-/// is loaded so a bad one fails with serde's field path.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IpBlock(pub IpNet);
-
-impl IpBlock {
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        self.0.contains(&unmap(ip))
-    }
-}
-
-impl FromStr for IpBlock {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Ok(net) = s.parse::<IpNet>() {
-            return Ok(IpBlock(net));
-        }
-        s.parse::<IpAddr>().map(|ip| IpBlock(IpNet::from(ip))).map_err(|_| format!("{s:?} is not an IP or CIDR"))
-    }
-}
-
-impl<'de> Deserialize<'de> for IpBlock {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-/// A dual-stack socket reports IPv4 peers as `::ffff:a.b.c.d`; compare them as IPv4 so
-/// they cannot dodge an IPv4 block.
-fn unmap(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    }
-}
-
 /// What a policy is checked against, for one request.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {
@@ -190,7 +154,7 @@ pub struct Request<'a> {
     pub source_principal: Option<&'a Identity>,
     pub source_ip: IpAddr,
     pub destination_port: u16,
-    /// Host / :authority as received (may include :port).
+    /// Host / :authority as received (may include :port); empty when the request had none.
     pub host: &'a str,
     pub method: &'a str,
     /// Normalized (`l7::path`), without the query.
@@ -240,6 +204,40 @@ impl AuthorizationPolicy {
     /// `namespace/name`, the policy's resource name.
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What stands in for a policy the waypoint cannot enforce exactly (CUSTOM, JWT
+    /// fields, a condition it does not know...): a DENY of every request to what it
+    /// targets, since dropping it would widen access. Each ref is taken wider (its port
+    /// and sectionName dropped); if one cannot be placed (a kind we don't serve, another
+    /// namespace, no name) the deny covers the whole waypoint, its Gateway `gateway`.
+    pub fn deny_all(namespace: &str, name: &str, refs: &[ParentRef], gateway: &str) -> AuthorizationPolicy {
+        let placed: Option<Vec<ParentRef>> = refs
+            .iter()
+            .map(|r| {
+                let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
+                ok.then(|| ParentRef { namespace: None, port: None, section_name: None, ..r.clone() })
+            })
+            .collect();
+        let target_refs = match placed {
+            Some(refs) if !refs.is_empty() => refs,
+            _ => vec![ParentRef {
+                group: Some(GATEWAY_GROUP.into()),
+                kind: Some("Gateway".into()),
+                name: gateway.into(),
+                namespace: None,
+                port: None,
+                section_name: None,
+            }],
+        };
+        AuthorizationPolicy {
+            name: name.into(),
+            namespace: namespace.into(),
+            target_refs,
+            action: Action::Deny,
+            // A rule with no from, to or when matches every request.
+            rules: vec![Rule::default()],
+        }
     }
 
     /// Whether the policy targets the request's service or the waypoint's Gateway.
@@ -424,7 +422,7 @@ impl Source {
         let ns = id.map(|i| i.namespace.as_bytes());
         let string = |p: &String, v: &[u8]| wildcard_match(p, v, false);
         let ip = a.req.source_ip;
-        let in_block = |b: &IpBlock, ip: IpAddr| b.contains(ip);
+        let in_block = |b: &Cidr, ip: IpAddr| b.contains(ip);
         let sa = |p: &String, id: &Identity| service_account_match(p, id);
         positive(&self.principals, principal, pol, string)
             && negative(&self.not_principals, principal, pol, string)
@@ -464,7 +462,9 @@ impl Operation {
     }
 
     fn matches(&self, a: &Attrs, pol: Polarity) -> bool {
-        let host = Some(a.host.as_bytes());
+        // No Host / :authority is a missing attribute (fails closed), not an empty name
+        // that every `notHosts` would let through.
+        let host = (!a.host.is_empty()).then_some(a.host.as_bytes());
         let path = Some(a.req.path.as_bytes());
         let method = Some(a.req.method);
         let port = a.req.destination_port;
@@ -521,7 +521,7 @@ impl Condition {
         let check: fn(&str) -> Result<(), String> = match key {
             Key::Header(_) | Key::SourceNamespace => check_wildcard,
             Key::SourcePrincipal => check_principal,
-            Key::SourceIp => |v| v.parse::<IpBlock>().map(|_| ()),
+            Key::SourceIp => |v| v.parse::<Cidr>().map(|_| ()),
             Key::DestinationPort => check_port,
         };
         check_list(at, "values", &self.values, check)?;
@@ -659,7 +659,7 @@ fn ports_hold(list: &[String], port: u16, negate: bool, pol: Polarity) -> bool {
 fn cidrs_hold(list: &[String], ip: IpAddr, negate: bool, pol: Polarity) -> bool {
     let mut hit = false;
     for c in list {
-        match c.parse::<IpBlock>() {
+        match c.parse::<Cidr>() {
             Ok(b) => hit |= b.contains(ip),
             Err(_) => return pol == Polarity::Deny,
         }
@@ -944,7 +944,7 @@ authorizationPolicies:
         assert_eq!(p.action, Action::Deny);
         let src = &p.rules[0].from[0].source;
         assert_eq!(src.ip_blocks, vec!["10.10.1.0/24".parse().unwrap(), "10.10.2.5/32".parse().unwrap()]);
-        assert_eq!(src.remote_ip_blocks[0].0, "fd00::/8".parse::<IpNet>().unwrap());
+        assert_eq!(src.remote_ip_blocks[0].0, "fd00::/8".parse::<ipnet::IpNet>().unwrap());
         assert_eq!(p.rules[0].to[0].operation.paths, ["/admin", "/admin/*", "*/info"]);
         assert_eq!(p.rules[0].when.len(), 6);
         assert_eq!(ps[1].action, Action::Allow, "ALLOW is the default");
@@ -958,7 +958,7 @@ authorizationPolicies:
             (
                 "  rules:\n  - from:\n    - source:\n        ipBlocks: [\"10.0.0.1\", \"10.0.0.300\"]\n",
                 // serde_yaml names the list, not the element; line and column point at it.
-                "authorizationPolicies[0].rules[0].from[0].source.ipBlocks: \"10.0.0.300\" is not an IP or CIDR at line 8 column 19",
+                "authorizationPolicies[0].rules[0].from[0].source.ipBlocks: invalid IP or CIDR \"10.0.0.300\": expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\" at line 8 column 19",
             ),
             ("  action: CUSTOM\n", "authorizationPolicies[0]: action CUSTOM delegates to an external authorizer"),
             ("  action: Deny\n", "authorizationPolicies[0]: unknown action \"Deny\""),
@@ -1028,7 +1028,7 @@ authorizationPolicies:
             ("when: [{key: 'request.headers[a b]', values: [x]}]", "rules[0].when[0].key: \"a b\""),
             ("when: [{key: '', values: [x]}]", "rules[0].when[0].key: must not be empty"),
             ("when: [{key: source.ip}]", "rules[0].when[0]: at least one of values or notValues"),
-            ("when: [{key: source.ip, values: ['10.0.0.300']}]", "rules[0].when[0].values[0]: \"10.0.0.300\" is not an IP or CIDR"),
+            ("when: [{key: source.ip, values: ['10.0.0.300']}]", "rules[0].when[0].values[0]: invalid IP or CIDR \"10.0.0.300\""),
             ("when: [{key: destination.port, notValues: ['80', x]}]", "rules[0].when[0].notValues[1]:"),
             ("when: [{key: 'request.headers[x]', values: ['']}]", "rules[0].when[0].values[0]: must not be empty"),
             ("when: [{key: 'request.headers[x]', values: ['a*b']}]", "rules[0].when[0].values[0]:"),
@@ -1240,6 +1240,34 @@ authorizationPolicies:
         assert!(req().ip("10.10.3.3").allowed(&[&when]));
         assert!(!req().ip("10.10.9.9").allowed(&[&when]));
         assert!(!req().ip("10.11.0.1").allowed(&[&when]));
+    }
+
+    #[test]
+    fn ipv4_mapped_ip_blocks_match_ipv4_peers() {
+        // `::ffff:10.0.0.0/104` names the IPv4 peers 10.0.0.0/8, as in L4 policies.
+        let deny = policy("action: DENY\nrules: [{from: [{source: {ipBlocks: ['::ffff:10.0.0.0/104']}}]}]");
+        assert!(!req().ip("10.1.2.3").allowed(&[&deny]), "an IPv4 peer in the mapped block is denied");
+        assert!(!req().ip("::ffff:10.1.2.3").allowed(&[&deny]), "so is its IPv4-mapped form");
+        assert!(req().ip("11.1.2.3").allowed(&[&deny]));
+        let when = policy("action: DENY\nrules: [{when: [{key: source.ip, values: ['::ffff:10.0.0.0/104']}]}]");
+        assert!(!req().ip("10.1.2.3").allowed(&[&when]));
+        let allow = policy("rules: [{from: [{source: {remoteIpBlocks: ['::ffff:192.168.0.0/112']}}]}]");
+        assert!(req().ip("192.168.4.5").allowed(&[&allow]));
+        assert!(!req().ip("192.169.4.5").allowed(&[&allow]));
+    }
+
+    #[test]
+    fn a_request_without_host_is_missing_the_host() {
+        // No Host / :authority is a missing attribute, not the empty name: it satisfies
+        // no ALLOW field about hosts (not even notHosts) and triggers any host DENY.
+        let not_evil = policy("rules: [{to: [{operation: {notHosts: ['evil.com']}}]}]");
+        assert!(req().host("echo").allowed(&[&not_evil]));
+        assert!(!req().host("").allowed(&[&not_evil]), "a missing host passed an ALLOW notHosts");
+        let deny = policy("action: DENY\nrules: [{to: [{operation: {notHosts: ['echo']}}]}]");
+        assert!(req().host("echo").allowed(&[&deny]));
+        assert!(!req().host("").allowed(&[&deny]));
+        let deny_hosts = policy("action: DENY\nrules: [{to: [{operation: {hosts: ['evil.com']}}]}]");
+        assert!(!req().host("").allowed(&[&deny_hosts]), "doubt counts for a DENY");
     }
 
     #[test]

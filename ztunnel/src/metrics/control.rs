@@ -4,6 +4,7 @@
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -18,6 +19,12 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// Where the config came from: `xds` or `kubernetes`.
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabel {
     pub result: &'static str,
 }
@@ -29,6 +36,7 @@ pub struct XdsMetrics {
     messages: Family<UrlLabel, Counter>,
     message_bytes: Family<UrlLabel, Counter>,
     rejected: Family<UrlLabel, Counter>,
+    unenforceable: Family<SourceLabel, Gauge>,
 }
 
 impl XdsMetrics {
@@ -38,6 +46,11 @@ impl XdsMetrics {
         registry.register("istio_xds_message", "xDS responses received, by type", m.messages.clone());
         registry.register("istio_xds_message_bytes", "Bytes of xDS resources received, by type", m.message_bytes.clone());
         registry.register("ztunnel_xds_rejected_resources", "xDS resources NACKed (not applied), by type", m.rejected.clone());
+        registry.register(
+            "ztunnel_unenforceable_policies",
+            "Authorization policies that could not be converted exactly and are enforced as deny-all in their scope, by config source",
+            m.unenforceable.clone(),
+        );
         m
     }
 
@@ -48,6 +61,12 @@ impl XdsMetrics {
         if rejected > 0 {
             self.rejected.get_or_create(&l).inc_by(rejected);
         }
+    }
+
+    /// How many policies from `source` (`xds`, `kubernetes`) are deny-alls in place of ones
+    /// that did not convert.
+    pub fn set_unenforceable(&self, source: &'static str, n: usize) {
+        self.unenforceable.get_or_create(&SourceLabel { source }).set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// `reason`: `error` (the stream failed) or `closed` (istiod ended it).

@@ -10,6 +10,7 @@ use tracing::Instrument;
 use super::{is_self_call, LocalPod, ProxyInputs};
 use crate::access_log::{ConnectionLog, Side};
 use crate::hbone::{self, CopyError, PoolKey};
+use crate::identity::Identity;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
@@ -50,25 +51,34 @@ fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&A
 
 /// Through the destination's waypoint: CONNECT to the original destination (VIP:port
 /// for a service), the waypoint proving its own identity. Traffic from the waypoint
-/// itself goes direct (no loop). An unknown waypoint fails the connection rather than
-/// skipping the waypoint's policy.
+/// itself (a source with the waypoint's identity) goes direct (no loop). A waypoint we
+/// cannot reach or tell apart fails the connection rather than skipping its policy.
 fn via_waypoint(
     state: &MeshState,
-    pod: &LocalPod,
+    src: &Identity,
     gw: &crate::state::GatewayAddress,
     dst: SocketAddr,
     service: Option<&Arc<Service>>,
 ) -> Option<Route> {
-    // Traffic from the waypoint itself (any replica of it) goes direct: no loop.
-    if state.is_waypoint(gw, &pod.workload) {
+    let Some(identity) = state.waypoint_identity(gw) else {
+        let why = if state.waypoint_workload(gw).is_none() {
+            "not a known workload"
+        } else {
+            "its workloads have different identities, so none can be told to be the waypoint"
+        };
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} ({why})", gw.destination)));
+    };
+    if identity == *src {
         return None;
     }
     let Some(wp) = state.waypoint_workload(gw) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (not a known workload)", gw.destination)));
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (no healthy HBONE workload)", gw.destination)));
     };
-    let ip = wp.workload_ips.iter().copied().find(|i| i.is_ipv4())?;
+    let Some(ip) = wp.workload_ips.iter().copied().find(|i| i.is_ipv4()) else {
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (workload {} has no IPv4 address)", gw.destination, wp.uid)));
+    };
     Some(Route::Hbone {
-        expected: vec![wp.identity()],
+        expected: vec![identity],
         peer: wp,
         target: dst,
         hbone_addr: SocketAddr::new(ip, gw.hbone_mtls_port),
@@ -76,9 +86,9 @@ fn via_waypoint(
     })
 }
 
-fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
+fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
     if let Some(svc) = state.service_by_vip(dst.ip()) {
-        if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, pod, gw, dst, Some(svc))) {
+        if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, Some(svc))) {
             return r;
         }
         let eps: Vec<_> = state
@@ -98,7 +108,7 @@ fn route(state: &MeshState, pod: &LocalPod, dst: SocketAddr) -> Route {
     }
     match state.workload_by_ip(dst.ip()) {
         Some(wl) if wl.protocol == Protocol::HBONE => {
-            if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, pod, gw, dst, None)) {
+            if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, None)) {
                 return r;
             }
             hbone_to(state, wl, dst.port(), None).unwrap_or(Route::Passthrough(dst))
@@ -120,7 +130,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let state = inputs.state.load_full();
-    match route(&state, &pod, dst) {
+    match route(&state, &pod.identity, dst) {
         Route::NoHealthyEndpoint(svc) => {
             tracing::warn!(dst = %dst, service = %svc, error = "no healthy endpoint", "connection failed");
             reset(stream)
@@ -237,5 +247,76 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             }
             .write();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WP: &str = "default/waypoint.default.svc.cluster.local";
+
+    fn state(waypoint_ips: &str, extra: &str) -> MeshState {
+        let workloads: Vec<Workload> = serde_yaml::from_str(&format!(
+            "- {{uid: client, name: client, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.1], protocol: HBONE}}
+- {{uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2], protocol: HBONE,
+   services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}}}
+- {{uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: {waypoint_ips}, protocol: HBONE,
+   services: {{{WP}: {{15008: 15008}}}}}}
+{extra}"
+        ))
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(&format!(
+            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {{80: 8080}},
+   waypoint: {{destination: {WP}}}}}
+- {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {{15008: 15008}}}}"
+        ))
+        .unwrap();
+        MeshState::build(workloads, services, Vec::new()).unwrap()
+    }
+
+    fn route_from(st: &MeshState, uid: &str, dst: &str) -> Route {
+        let src = st.workload_by_uid(&crate::state::WorkloadUid(uid.into())).unwrap().clone();
+        route(st, &src.identity(), dst.parse().unwrap())
+    }
+
+    fn peer(r: &Route) -> String {
+        match r {
+            Route::Hbone { peer, target, .. } => format!("hbone {} {target}", peer.uid),
+            Route::Passthrough(to) => format!("passthrough {to}"),
+            Route::NoHealthyEndpoint(why) => format!("refused: {why}"),
+        }
+    }
+
+    #[test]
+    fn service_traffic_goes_through_its_waypoint() {
+        let st = state("[10.0.0.9]", "");
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.10:80")), "hbone wp 10.96.0.10:80");
+        // The waypoint's own traffic goes to the service's endpoints.
+        assert_eq!(peer(&route_from(&st, "wp", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+    }
+
+    #[test]
+    fn a_waypoint_without_an_ipv4_address_fails_closed() {
+        let st = state("[\"fd00::9\"]", "");
+        let r = peer(&route_from(&st, "client", "10.96.0.10:80"));
+        assert!(r.starts_with("refused:"), "traffic went around the waypoint: {r}");
+    }
+
+    #[test]
+    fn joining_the_waypoint_service_does_not_skip_the_waypoint() {
+        // A pod whose labels put it in the waypoint Service's selector is not the waypoint:
+        // its identity is not the waypoint's.
+        let intruder = format!(
+            "- {{uid: intruder, name: intruder, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.3], protocol: HBONE,
+   services: {{{WP}: {{15008: 15008}}}}}}"
+        );
+        let st = state("[10.0.0.9]", &intruder);
+        let r = peer(&route_from(&st, "intruder", "10.96.0.10:80"));
+        assert!(!r.starts_with("hbone echo"), "the intruder went straight to the destination: {r}");
+        // A pod with the waypoint's identity is the waypoint (same principal), member or not.
+        let twin = "- {uid: twin, name: twin, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.4], protocol: HBONE}";
+        let st = state("[10.0.0.9]", twin);
+        assert_eq!(peer(&route_from(&st, "twin", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
     }
 }

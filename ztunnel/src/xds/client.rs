@@ -154,6 +154,7 @@ async fn session(
         if let Some(m) = &cfg.metrics {
             let bytes = resp.resources.iter().filter_map(|r| r.resource.as_ref()).map(|a| a.value.len() as u64).sum();
             m.message(&resp.type_url, bytes, errors.len() as u64);
+            m.set_unenforceable("xds", store.unenforceable_policies());
         }
         let error_detail = (!errors.is_empty()).then(|| Status {
             code: INVALID_ARGUMENT,

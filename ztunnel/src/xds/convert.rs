@@ -38,6 +38,38 @@ pub fn decode_authorization(bytes: &[u8]) -> Result<Authorization, String> {
     authorization(a)
 }
 
+/// An `Authorization` resource as it is to be enforced, and why it could not be
+/// converted, if so (for the NACK). What cannot be converted exactly becomes a deny-all
+/// in its scope; where the scope is unknown (the resource does not decode, or names a
+/// scope we don't know) the deny-all is global: we cannot tell what it covered.
+pub fn authorization_or_deny_all(resource: &str, bytes: &[u8]) -> (Authorization, Option<String>) {
+    // istiod names the resource `namespace/name`, which is also the policy's key.
+    let (res_ns, res_name) = resource.split_once('/').unwrap_or(("", resource));
+    let a = match pb_sec::Authorization::decode(bytes) {
+        Ok(a) => a,
+        Err(e) => {
+            let reason = format!("cannot decode istio.security.Authorization: {e}");
+            return (Authorization::deny_all(res_ns, res_name, PolicyScope::Global, false, reason.clone()), Some(reason));
+        }
+    };
+    let (namespace, name) =
+        if a.namespace.is_empty() || a.name.is_empty() { (res_ns.to_string(), res_name.to_string()) } else { (a.namespace.clone(), a.name.clone()) };
+    let (scope, dry_run) = (pb_sec::Scope::try_from(a.scope), a.dry_run);
+    match authorization(a) {
+        Ok(p) => (p, None),
+        Err(reason) => {
+            let known = !namespace.is_empty() && !name.is_empty();
+            let scope = match scope {
+                Ok(pb_sec::Scope::Namespace) if known => PolicyScope::Namespace,
+                // Workloads name the selector policies that select them by `namespace/name`.
+                Ok(pb_sec::Scope::WorkloadSelector) if known => PolicyScope::WorkloadSelector,
+                _ => PolicyScope::Global,
+            };
+            (Authorization::deny_all(&namespace, &name, scope, dry_run, reason.clone()), Some(reason))
+        }
+    }
+}
+
 fn ip(bytes: &[u8], field: &str) -> Result<IpAddr, String> {
     match bytes.len() {
         4 => Ok(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).map_err(|_| format!("{field}: bad IPv4"))?))),
@@ -265,7 +297,7 @@ pub fn authorization(a: pb_sec::Authorization) -> Result<Authorization, String> 
         }
         rules.push(clauses);
     }
-    Ok(Authorization { name: a.name, namespace: a.namespace, scope, action, dry_run: a.dry_run, rules })
+    Ok(Authorization { name: a.name, namespace: a.namespace, scope, action, dry_run: a.dry_run, rules, unenforceable: None })
 }
 
 #[cfg(test)]

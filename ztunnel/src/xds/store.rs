@@ -55,9 +55,10 @@ impl Store {
         self.resources.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies one response: upserts and removals. A resource that doesn't decode or
-    /// convert is left out (its previous version, if any, stays); the errors are returned
-    /// for the NACK. Unknown types are an error as a whole.
+    /// Applies one response: upserts and removals. An address that doesn't decode or
+    /// convert is left out (its previous version, if any, stays); an authorization that
+    /// doesn't is replaced by a deny-all in its scope. The errors are returned for the
+    /// NACK. Unknown types are an error as a whole.
     pub fn apply(&self, type_url: &str, resources: &[Incoming<'_>], removed: &[String]) -> Vec<String> {
         let mut errors = Vec::new();
         {
@@ -90,12 +91,16 @@ impl Store {
                         r.policies.remove(name);
                     }
                     for res in resources {
-                        match convert::decode_authorization(res.bytes) {
-                            Ok(p) => {
-                                r.policies.insert(res.name.to_string(), (res.version.to_string(), p));
-                            }
-                            Err(e) => errors.push(format!("{}: {e}", res.name)),
+                        // A policy that doesn't convert is NACKed, as any resource, but
+                        // never just left out (nor left at its previous version): a
+                        // deny-all takes its place in its scope.
+                        let (p, error) = convert::authorization_or_deny_all(res.name, res.bytes);
+                        if let Some(e) = error {
+                            tracing::error!(policy = %p.key(), scope = ?p.scope, dry_run = p.dry_run, error = %e,
+                                "authorization cannot be enforced exactly; denying every connection in its scope instead");
+                            errors.push(format!("{}: {e}", res.name));
                         }
+                        r.policies.insert(res.name.to_string(), (res.version.to_string(), p));
                     }
                 }
                 other => {
@@ -136,6 +141,11 @@ impl Store {
             _ => Vec::new(),
         };
         pairs.into_iter().map(|(n, v)| (n.clone(), v.clone())).collect()
+    }
+
+    /// How many policies are deny-alls standing in for ones that did not convert.
+    pub fn unenforceable_policies(&self) -> usize {
+        self.lock().policies.values().filter(|(_, p)| p.unenforceable.is_some()).count()
     }
 
     /// How many resources of each kind are held (workloads, services, policies).
@@ -226,5 +236,96 @@ mod tests {
         push(&store, "aaa/web.prod.svc.cluster.local", &service("fake", "aaa", "web.prod.svc.cluster.local", vip2));
         push(&store, "prod/web.prod.svc.cluster.local", &service("web", "prod", "web.prod.svc.cluster.local", vip2));
         assert_eq!(owner_of_vip(&store, vip2), "prod/web.prod.svc.cluster.local");
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::rbac::{Connection, Decision, DenyReason, PolicyAction, PolicyScope};
+    use crate::xds::proto::istio::security as pb_sec;
+
+    fn push(store: &Store, name: &str, bytes: Vec<u8>) -> Vec<String> {
+        store.apply(AUTHORIZATION_TYPE, &[Incoming { name, version: "1", bytes: &bytes }], &[])
+    }
+
+    fn bad_port_policy(name: &str, action: pb_sec::Action, scope: i32) -> Vec<u8> {
+        pb_sec::Authorization {
+            name: name.into(),
+            namespace: "default".into(),
+            scope,
+            action: action as i32,
+            rules: vec![pb_sec::Rule {
+                clauses: vec![pb_sec::Clause { matches: vec![pb_sec::Match { destination_ports: vec![70000], ..Default::default() }] }],
+            }],
+            dry_run: false,
+        }
+        .encode_to_vec()
+    }
+
+    fn workload(namespace: &str, policies: &[&str]) -> Workload {
+        serde_yaml::from_str(&format!(
+            "{{uid: {namespace}-w, name: w, namespace: {namespace}, workloadIps: [10.0.0.2], authorizationPolicies: {policies:?}}}"
+        ))
+        .unwrap()
+    }
+
+    fn decide(state: &SharedState, wl: &Workload) -> Decision {
+        let conn = Connection { src_identity: "spiffe://cluster.local/ns/default/sa/sleep".parse().ok(), src_ip: "10.0.0.1".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() };
+        state.load().authorize(wl, &conn)
+    }
+
+    #[test]
+    fn an_unconvertible_policy_denies_everything_in_its_scope() {
+        let shared = Arc::new(SharedState::default());
+        let store = Store::new(shared.clone());
+        let (default, other) = (workload("default", &[]), workload("other", &[]));
+        assert_eq!(decide(&shared, &default), Decision::Allow);
+
+        // An ALLOW we cannot convert (a port that is no port) is NACKed, and in its place
+        // a deny-all covers its namespace: dropping it would have allowed everything.
+        let errors = push(&store, "default/allow-sleep", bad_port_policy("allow-sleep", pb_sec::Action::Allow, pb_sec::Scope::Namespace as i32));
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].contains("destination_ports"), "{errors:?}");
+        assert_eq!(decide(&shared, &default), Decision::Deny(DenyReason::DenyPolicy("default/allow-sleep".into())));
+        assert_eq!(decide(&shared, &other), Decision::Allow, "other namespaces are out of its scope");
+        let st = shared.load();
+        let p = st.policies().next().unwrap();
+        assert_eq!((p.action, p.scope, p.dry_run), (PolicyAction::Deny, PolicyScope::Namespace, false));
+        assert!(p.unenforceable.as_deref().is_some_and(|r| r.contains("destination_ports")), "{p:?}");
+        assert_eq!(store.unenforceable_policies(), 1);
+
+        // The fixed version replaces it.
+        let good = pb_sec::Authorization { name: "allow-sleep".into(), namespace: "default".into(), scope: pb_sec::Scope::Namespace as i32, rules: vec![pb_sec::Rule::default()], ..Default::default() };
+        assert!(push(&store, "default/allow-sleep", good.encode_to_vec()).is_empty());
+        assert_eq!(decide(&shared, &default), Decision::Allow);
+        assert_eq!(store.unenforceable_policies(), 0);
+
+        // A selector policy: deny-all for the workloads it selects only.
+        push(&store, "default/sel", bad_port_policy("sel", pb_sec::Action::Deny, pb_sec::Scope::WorkloadSelector as i32));
+        assert!(matches!(decide(&shared, &workload("default", &["default/sel"])), Decision::Deny(_)));
+        assert_eq!(decide(&shared, &default), Decision::Allow);
+        store.apply(AUTHORIZATION_TYPE, &[], &["default/sel".to_string()]);
+
+        // Scope unknown (an undecodable resource, a scope we don't know): everything.
+        assert!(!push(&store, "default/garbage", vec![0x12, 0x03, 0xff, 0xff, 0xff]).is_empty());
+        assert!(matches!(decide(&shared, &other), Decision::Deny(DenyReason::DenyPolicy(p)) if p == "default/garbage"));
+        store.apply(AUTHORIZATION_TYPE, &[], &["default/garbage".to_string()]);
+        assert_eq!(decide(&shared, &other), Decision::Allow);
+        push(&store, "default/future", bad_port_policy("future", pb_sec::Action::Allow, 7));
+        assert!(matches!(decide(&shared, &other), Decision::Deny(_)));
+    }
+
+    #[test]
+    fn an_unconvertible_dry_run_policy_stays_dry_run() {
+        let shared = Arc::new(SharedState::default());
+        let store = Store::new(shared.clone());
+        let mut a = pb_sec::Authorization::decode(&bad_port_policy("dry", pb_sec::Action::Deny, pb_sec::Scope::Namespace as i32)[..]).unwrap();
+        a.dry_run = true;
+        assert!(!push(&store, "default/dry", a.encode_to_vec()).is_empty());
+        assert_eq!(shared.load().policies().count(), 1, "kept, as a dry-run deny-all");
+        assert_eq!(decide(&shared, &workload("default", &[])), Decision::Allow);
     }
 }
