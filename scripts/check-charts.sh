@@ -148,6 +148,7 @@ ztunnel_sets=(
 waypoint_sets=(
   "default|"
   "workload-json|--set waypointFor=workload --set logAsJson=true --set replicas=2 --set name=reviews-wp --set podDisruptionBudget.minAvailable=1"
+  "istio-class|--set istioClassDefaults.enabled=true"
   "all-no-gateway|--set waypointFor=all --set gateway.create=false --set serviceAccount.name=wp-identity --set env.WAYPOINT_LB_POLICY=round-robin --set-json topologySpreadConstraints=[{\"maxSkew\":1,\"topologyKey\":\"kubernetes.io/hostname\",\"whenUnsatisfiable\":\"ScheduleAnyway\",\"labelSelector\":{\"matchLabels\":{\"gateway.networking.k8s.io/gateway-name\":\"waypoint\"}}}]"
 )
 mkdir -p "$WORK/rendered"
@@ -336,6 +337,19 @@ else:
     expect(all(v in ("get", "list", "watch") for rule in role.get("rules", []) for v in rule["verbs"]), "Role is read-only")
     expect(rb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "RoleBinding subject")
     expect(rb.get("roleRef", {}).get("name") == role.get("metadata", {}).get("name"), "RoleBinding roleRef")
+    cms = [d for d in docs if d["kind"] == "ConfigMap"]
+    if set_name == "istio-class":
+        (cm,) = cms or [{}]
+        expect(cm.get("metadata", {}).get("labels", {}).get("gateway.istio.io/defaults-for-class") == "istio-waypoint",
+               "class defaults ConfigMap label")
+        patch = yaml.safe_load(cm.get("data", {}).get("deployment", "{}"))
+        (pc,) = patch["spec"]["template"]["spec"]["containers"]
+        expect(pc["name"] == "istio-proxy" and pc["image"] == c["image"] and pc["args"] == [],
+               "overlay replaces Istio's istio-proxy container image and args")
+        penv = {e["name"] for e in pc["env"]}
+        expect({"XDS_ADDRESS", "CA_ADDRESS", "WAYPOINT_GATEWAY_NAME"} <= penv, f"overlay env {sorted(penv)}")
+    else:
+        expect(not cms, "no ConfigMap unless istioClassDefaults.enabled")
     gws = [d for d in docs if d["kind"] == "Gateway"]
     if set_name == "all-no-gateway":
         expect(not gws, "gateway.create=false renders no Gateway")
@@ -346,7 +360,7 @@ else:
         expect(gw["spec"]["listeners"] == [{"name": "mesh", "port": 15008, "protocol": "HBONE"}], "listener mesh/15008/HBONE")
         expect(gw["spec"].get("addresses") == [{"type": "Hostname", "value": f"{name}.{ns}.svc.cluster.local"}],
                "Gateway address = our Service's hostname (manual deployment)")
-        want_for = {"default": "service", "workload-json": "workload"}.get(set_name)
+        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service"}.get(set_name)
         expect(gw["metadata"]["labels"].get("istio.io/waypoint-for") == want_for, f"istio.io/waypoint-for={want_for}")
 
 if errors:
