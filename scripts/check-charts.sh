@@ -139,11 +139,16 @@ echo "  node $(node --version), CRD schemas: $GATEWAY_MODELS_PKG $ISTIO_MODELS_P
 ztunnel_sets=(
   "default|"
   "ebpf-json|--set captureMode=ebpf --set logAsJson=true --set logLevel=debug"
+  "istio-defaults|-f tests/charts/ztunnel-istio-defaults.yaml"
+  "istio-user|-f tests/charts/ztunnel-istio-user.yaml"
+  "revision|--set revision=1-24"
+  "openshift|--set platform=openshift --set resourceScope=all"
   "nftables-custom|--set captureMode=nftables --set image.tag=1.2.3 --set image.pullPolicy=Always --set terminationGracePeriodSeconds=60 --set env.EXCLUDE_INBOUND_PORTS=9901 --set nodeSelector.pool=mesh --set-json imagePullSecrets=[\"regcred\"] --set clusterId=cluster-a --set caAddress=https://istiod-canary.istio-system.svc:15012 --set dns.capture=false --set dns.clusterDomain=corp.example"
 )
 waypoint_sets=(
   "default|"
   "workload-json|--set waypointFor=workload --set logAsJson=true --set replicas=2 --set name=reviews-wp --set podDisruptionBudget.minAvailable=1"
+  "istio-class|--set istioClassDefaults.enabled=true"
   "all-no-gateway|--set waypointFor=all --set gateway.create=false --set serviceAccount.name=wp-identity --set env.WAYPOINT_LB_POLICY=round-robin --set-json topologySpreadConstraints=[{\"maxSkew\":1,\"topologyKey\":\"kubernetes.io/hostname\",\"whenUnsatisfiable\":\"ScheduleAnyway\",\"labelSelector\":{\"matchLabels\":{\"gateway.networking.k8s.io/gateway-name\":\"waypoint\"}}}]"
 )
 mkdir -p "$WORK/rendered"
@@ -162,7 +167,7 @@ chart_checks() {
          "${args[@]}" >"$out" 2>"$WORK/template.log"; then
       pass "helm template $chart [$set_name] ($(grep -c '^kind:' "$out") objects)"
       check "chart contract $chart [$set_name]" "$PY" - "$chart" "$set_name" "$out" <<'PYEOF'
-import sys, yaml
+import re, sys, yaml
 
 chart, set_name, path = sys.argv[1:4]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
@@ -210,7 +215,8 @@ def common_proxy_env(env):
                      ("INSTANCE_IP", "status.podIP"), ("SERVICE_ACCOUNT", "spec.serviceAccountName")]:
         expect(field_ref(env, name) == fp, f"env {name} must come from fieldRef {fp}")
     expect(env_value(env, "LOG_FORMAT") in ("json", "text"), "LOG_FORMAT must be json or text")
-    expect((env_value(env, "CA_ADDRESS") or "").startswith("https://"), "CA_ADDRESS must be https://")
+    for name in ["CA_ADDRESS", "XDS_ADDRESS"]:
+        expect(re.match(r"^(https://)?[a-z0-9.-]+:[0-9]+$", env_value(env, name) or ""), f"{name} must be [https://]host:port")
 
 if chart == "ztunnel":
     ds, sa = one("DaemonSet"), one("ServiceAccount")
@@ -242,7 +248,7 @@ if chart == "ztunnel":
     mounts = mounts_by_volume(pod, c)
     expect(mounts.get("/var/run/ztunnel", {}).get("hostPath", {}).get("path") == "/var/run/ztunnel", "hostPath /var/run/ztunnel")
     expect(token_mounted(mounts), "projected istio-ca token at /var/run/secrets/tokens/istio-token")
-    expect(mounts.get("/var/run/secrets/istio", {}).get("configMap", {}).get("name") == "istio-ca-root-cert", "root cert ConfigMap")
+    expect(mounts.get("/var/run/secrets/istio", {}).get("configMap", {}).get("name") in ("istio-ca-root-cert", "corp-root-cert"), "root cert ConfigMap")
     bpf_mount = mounts.get("/sys/fs/bpf", {}).get("hostPath", {}).get("path")
     cg_path = env_value(env, "ZTUNNEL_CGROUP_PATH")
     if capture == "ebpf":
@@ -259,6 +265,31 @@ if chart == "ztunnel":
     ann = ds["spec"]["template"]["metadata"].get("annotations", {})
     expect(ann.get("prometheus.io/port") == "15020" and ann.get("prometheus.io/scrape") == "true", "prometheus annotations")
     expect(ds["spec"]["template"]["metadata"]["labels"].get("istio.io/dataplane-mode") == "none", "ztunnel pods must not be enrolled")
+    # Istio's selector, so `helm upgrade` over an Istio ztunnel release keeps the DaemonSet.
+    expect(ds["spec"]["selector"] == {"matchLabels": {"app": "ztunnel"}}, f"selector {ds['spec']['selector']}")
+    want_addr = {"revision": "istiod-1-24.istio-system.svc:15012",
+                 "istio-defaults": "istiod.istio-system.svc:15012",
+                 "istio-user": "istiod-1-24.mesh-system.svc:15012"}.get(set_name)
+    if want_addr:
+        expect(env_value(env, "XDS_ADDRESS") == want_addr and env_value(env, "CA_ADDRESS") == want_addr,
+               f"XDS/CA address {env_value(env, 'XDS_ADDRESS')}/{env_value(env, 'CA_ADDRESS')} != {want_addr}")
+    if set_name in ("revision", "istio-user"):
+        expect(ds["metadata"]["labels"].get("istio.io/rev") == "1-24", "istio.io/rev label on the DaemonSet")
+        expect(ds["spec"]["template"]["metadata"]["annotations"].get("istio.io/rev") == "1-24", "istio.io/rev pod annotation")
+    if set_name == "istio-defaults":
+        expect(env_value(env, "ISTIO_META_CLUSTER_ID") == "cluster-east", "multiCluster.clusterName")
+        expect(env_value(env, "NETWORK") == "net-a", "network -> NETWORK")
+        expect(env_value(env, "ISTIO_META_DNS_CAPTURE") == "true", "proxyMetadata -> env")
+        expect(c["image"].startswith("ztunnel-rs.local/ztunnel:"), f"Istio's image must not be used: {c['image']}")
+        expect(pod.get("dnsPolicy") == "ClusterFirst" and pod.get("dnsConfig"), "dnsPolicy/dnsConfig")
+        expect("/etc/extra-ca" in mounts, "volumes/volumeMounts")
+        expect([d for d in docs if d["kind"] == "ResourceQuota"] and [d for d in docs if d["kind"] == "NetworkPolicy"],
+               "resourceQuotas / global.networkPolicy")
+    if set_name == "istio-user":
+        expect(c["image"] == "registry.example.com/mesh/ztunnel-rs:0.1.0", f"hub/image/tag: {c['image']}")
+        expect(env_value(env, "ISTIO_META_CLUSTER_ID") == "cluster-west", "global.multiCluster.clusterName")
+        expect(mounts.get("/var/run/secrets/istio", {}).get("configMap", {}).get("name") == "corp-root-cert", "trustBundleName")
+        expect(c["securityContext"].get("seLinuxOptions") == {"type": "spc_t"}, "seLinuxOptions")
 else:
     dep, svc = one("Deployment"), one("Service")
     pod = dep["spec"]["template"]["spec"]
@@ -306,6 +337,19 @@ else:
     expect(all(v in ("get", "list", "watch") for rule in role.get("rules", []) for v in rule["verbs"]), "Role is read-only")
     expect(rb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "RoleBinding subject")
     expect(rb.get("roleRef", {}).get("name") == role.get("metadata", {}).get("name"), "RoleBinding roleRef")
+    cms = [d for d in docs if d["kind"] == "ConfigMap"]
+    if set_name == "istio-class":
+        (cm,) = cms or [{}]
+        expect(cm.get("metadata", {}).get("labels", {}).get("gateway.istio.io/defaults-for-class") == "istio-waypoint",
+               "class defaults ConfigMap label")
+        patch = yaml.safe_load(cm.get("data", {}).get("deployment", "{}"))
+        (pc,) = patch["spec"]["template"]["spec"]["containers"]
+        expect(pc["name"] == "istio-proxy" and pc["image"] == c["image"] and pc["args"] == [],
+               "overlay replaces Istio's istio-proxy container image and args")
+        penv = {e["name"] for e in pc["env"]}
+        expect({"XDS_ADDRESS", "CA_ADDRESS", "WAYPOINT_GATEWAY_NAME"} <= penv, f"overlay env {sorted(penv)}")
+    else:
+        expect(not cms, "no ConfigMap unless istioClassDefaults.enabled")
     gws = [d for d in docs if d["kind"] == "Gateway"]
     if set_name == "all-no-gateway":
         expect(not gws, "gateway.create=false renders no Gateway")
@@ -316,7 +360,7 @@ else:
         expect(gw["spec"]["listeners"] == [{"name": "mesh", "port": 15008, "protocol": "HBONE"}], "listener mesh/15008/HBONE")
         expect(gw["spec"].get("addresses") == [{"type": "Hostname", "value": f"{name}.{ns}.svc.cluster.local"}],
                "Gateway address = our Service's hostname (manual deployment)")
-        want_for = {"default": "service", "workload-json": "workload"}.get(set_name)
+        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service"}.get(set_name)
         expect(gw["metadata"]["labels"].get("istio.io/waypoint-for") == want_for, f"istio.io/waypoint-for={want_for}")
 
 if errors:
@@ -335,6 +379,8 @@ chart_checks waypoint demo "${waypoint_sets[@]}"
 section "values the charts must refuse"
 check_fails "ztunnel captureMode=bogus" "$HELM" template z charts/ztunnel --set captureMode=bogus
 check_fails "ztunnel dns.cacheEntries=-1" "$HELM" template z charts/ztunnel --set dns.cacheEntries=-1
+check_fails "ztunnel peerCaCrl.enabled (CRLs not checked)" "$HELM" template z charts/ztunnel --set peerCaCrl.enabled=true
+check_fails "ztunnel platform=bogus" "$HELM" template z charts/ztunnel --set platform=bogus
 check_fails "ztunnel unknown value (typo)" "$HELM" template z charts/ztunnel --set capturemode=ebpf
 check_fails "waypoint waypointFor=bogus" "$HELM" template w charts/waypoint --set waypointFor=bogus
 check_fails "waypoint name=Bad_Name" "$HELM" template w charts/waypoint --set name=Bad_Name

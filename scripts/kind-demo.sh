@@ -11,7 +11,7 @@
 #
 # Settings (environment):
 #   CLUSTER_NAME         kind cluster name                  (ztunnel-demo)
-#   ISTIO_VERSION        Istio Helm charts                  (1.24.3)
+#   ISTIO_VERSION        Istio Helm charts                  (1.30.3)
 #   GATEWAY_API_VERSION  Gateway API CRDs, standard channel (v1.2.1)
 #   KIND_NODE_IMAGE      node image                         (kindest/node:v1.31.2)
 #   REGISTRY, TAG        our images REGISTRY/{ztunnel,waypoint}:TAG (ztunnel-rs.local, dev)
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 CLUSTER_NAME=${CLUSTER_NAME:-ztunnel-demo}
-ISTIO_VERSION=${ISTIO_VERSION:-1.24.3}
+ISTIO_VERSION=${ISTIO_VERSION:-1.30.3}
 ISTIO_REPO=${ISTIO_REPO:-https://istio-release.storage.googleapis.com/charts}
 GATEWAY_API_VERSION=${GATEWAY_API_VERSION:-v1.2.1}
 KIND_NODE_IMAGE=${KIND_NODE_IMAGE:-kindest/node:v1.31.2}
@@ -194,11 +194,11 @@ install_istio() {
   run helm --kube-context "kind-${CLUSTER_NAME}" upgrade --install istiod istiod \
     --repo "$ISTIO_REPO" --version "$ISTIO_VERSION" -n "$ISTIO_NS" \
     --set profile=ambient --wait --timeout 5m
-  # dnsCapture=false: our ztunnel has no DNS proxy (15053), so istio-cni must not redirect
-  # the pods' DNS to it.
+  # istio-cni's ambient DNS capture (Istio's default) redirects the pods' DNS to ztunnel's
+  # DNS proxy on 15053, which ours serves.
   run helm --kube-context "kind-${CLUSTER_NAME}" upgrade --install istio-cni cni \
     --repo "$ISTIO_REPO" --version "$ISTIO_VERSION" -n "$ISTIO_NS" \
-    --set profile=ambient --set ambient.dnsCapture=false --wait --timeout 5m
+    --set profile=ambient --wait --timeout 5m
 }
 
 install_ztunnel() {
