@@ -185,7 +185,7 @@ pub enum IstiodError {
 /// How to reach istiod.
 #[derive(Clone)]
 pub struct IstiodConfig {
-    /// `https://host:port`.
+    /// `host:port` (Istio's form) or `https://host:port`.
     pub address: String,
     /// The name istiod's certificate is checked against (Istio's ALT_XDS_HOSTNAME /
     /// ALT_CA_HOSTNAME); default: the address's host.
@@ -238,7 +238,9 @@ impl rustls::client::ResolvesClientCert for ClientCert {
 impl IstiodConfig {
     fn host_port(&self) -> Result<(String, u16), IstiodError> {
         let bad = |reason: &str| IstiodError::Address { address: self.address.clone(), reason: reason.into() };
-        let uri: Uri = self.address.parse().map_err(|_| bad("not a URI"))?;
+        // Istio's form is `host:port` without a scheme (TLS implied); ours also takes https://.
+        let address = if self.address.contains("://") { self.address.clone() } else { format!("https://{}", self.address) };
+        let uri: Uri = address.parse().map_err(|_| bad("not a URI"))?;
         if uri.scheme_str() != Some("https") {
             return Err(bad("istiod is reached over TLS: use https://"));
         }
@@ -319,5 +321,29 @@ impl IstiodConfig {
             req.metadata_mut().insert("clusterid", v);
         }
         req
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    fn cfg(address: &str) -> IstiodConfig {
+        IstiodConfig {
+            address: address.into(),
+            alt_hostname: None,
+            root_cert: PathBuf::new(),
+            token: None,
+            cluster_id: "Kubernetes".into(),
+            client_cert: None,
+        }
+    }
+
+    #[test]
+    fn istio_form_without_a_scheme_and_https_both_work() {
+        assert_eq!(cfg("istiod.istio-system.svc:15012").host_port().unwrap(), ("istiod.istio-system.svc".into(), 15012));
+        assert_eq!(cfg("https://istiod-1-24.istio-system.svc:15012").host_port().unwrap(), ("istiod-1-24.istio-system.svc".into(), 15012));
+        assert_eq!(cfg("[fd00::1]:15012").host_port().unwrap(), ("fd00::1".into(), 15012));
+        assert!(cfg("http://istiod:15012").host_port().unwrap_err().to_string().contains("https"));
     }
 }
