@@ -8,6 +8,9 @@ use serde::Deserialize;
 use crate::rbac::Authorization;
 use crate::state::{MeshState, Service, StateError, Workload};
 
+// Istio ztunnel's environment variables (issue 18).
+pub mod istio_env;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]

@@ -2,6 +2,7 @@
 //! root file, ALPN h2, the projected service-account token as a bearer token (re-read
 //! on every call: the kubelet rotates it) and the `clusterid` header.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,8 +11,10 @@ use std::time::Duration;
 use http::Uri;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::{CertificateDer, ServerName};
+use tonic::metadata::{AsciiMetadataKey, AsciiMetadataValue};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::config::istio_env::{self, Env, EnvError};
 use crate::identity::istio_ca::IstioCa;
 use crate::identity::manager::{CertManager, IdentityCert};
 use crate::identity::Identity;
@@ -24,12 +27,13 @@ use crate::xds::XdsConfig;
 /// ztunnel and the waypoint).
 #[derive(clap::Args, Debug, Clone)]
 pub struct IstiodArgs {
-    /// istiod's xDS address (https://host:port): workloads, services and policies come
-    /// from istiod (delta ADS) instead of a local file.
+    /// istiod's xDS address (host:port or https://host:port): workloads, services and
+    /// policies come from istiod (delta ADS) instead of a local file. Default in
+    /// Kubernetes (KUBERNETES_SERVICE_HOST set) without a local config: istiod.istio-system.svc:15012.
     #[arg(long, env = "XDS_ADDRESS")]
     pub xds_address: Option<String>,
-    /// Istio CA address (https://host:port): workload certificates come from istiod
-    /// instead of the built-in CA.
+    /// Istio CA address (host:port or https://host:port): workload certificates come from
+    /// istiod instead of the built-in CA. Default: the xDS address.
     #[arg(long, env = "CA_ADDRESS")]
     pub ca_address: Option<String>,
     /// Name istiod's certificate is checked against for xDS (default: the address's host).
@@ -38,16 +42,22 @@ pub struct IstiodArgs {
     /// Name istiod's certificate is checked against for the CA (default: the address's host).
     #[arg(long, env = "ALT_CA_HOSTNAME")]
     pub alt_ca_hostname: Option<String>,
-    /// Root certificate that istiod's xDS endpoint is verified with.
+    /// Root certificate that istiod's xDS endpoint is verified with: a file, inline PEM,
+    /// or SYSTEM (the system's trust store).
     #[arg(long, env = "XDS_ROOT_CA", default_value = DEFAULT_ROOT_CERT)]
-    pub xds_root_ca: PathBuf,
-    /// Root certificate of the Istio CA: verifies istiod and is the mesh's trust root.
-    /// Watched; a change re-issues every certificate.
+    pub xds_root_ca: String,
+    /// Root certificate of the Istio CA, a file or inline PEM: verifies istiod and is the
+    /// mesh's trust root (so SYSTEM is refused). A file is watched; a change re-issues
+    /// every certificate.
     #[arg(long, env = "CA_ROOT_CA", default_value = DEFAULT_ROOT_CERT)]
-    pub ca_root_ca: PathBuf,
+    pub ca_root_ca: String,
     /// Projected service-account token (audience istio-ca), re-read for every call.
     #[arg(long, env = "ISTIO_TOKEN_PATH", default_value = DEFAULT_TOKEN)]
     pub token_path: PathBuf,
+    /// Istio's AUTH_TOKEN: a token file (re-read for every call) or, if no such file
+    /// exists, the token itself; overrides --token-path.
+    #[arg(long, env = "AUTH_TOKEN", hide_env_values = true)]
+    pub auth_token: Option<String>,
     #[arg(long, env = "ISTIO_META_CLUSTER_ID", default_value = DEFAULT_CLUSTER_ID)]
     pub cluster_id: String,
     /// This proxy's pod (istiod's node id and metadata; its own identity).
@@ -61,6 +71,88 @@ pub struct IstiodArgs {
     pub service_account: String,
     #[arg(long, env = "TRUST_DOMAIN", default_value = crate::identity::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
+    /// gRPC headers for xDS and the CA (Istio's XDS_HEADER_*, CA_HEADER_*), from
+    /// [`IstiodArgs::apply_istio_env`].
+    #[arg(skip)]
+    pub xds_headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    #[arg(skip)]
+    pub ca_headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
+    /// Extra xDS node metadata (Istio's ISTIO_META_*, ISTIO_METAJSON_*).
+    #[arg(skip)]
+    pub node_metadata: BTreeMap<String, serde_json::Value>,
+}
+
+/// A root certificate setting: Istio's XDS_ROOT_CA / CA_ROOT_CA value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootCert {
+    /// A PEM file, re-read on every connection (a rotated root applies).
+    File(PathBuf),
+    /// PEM given inline.
+    Pem(Arc<str>),
+    /// The system trust store (SYSTEM).
+    System,
+}
+
+impl RootCert {
+    /// Istio's forms: `SYSTEM`, inline PEM, or a path.
+    pub fn from_setting(s: &str) -> RootCert {
+        if s == "SYSTEM" {
+            RootCert::System
+        } else if s.trim_start().starts_with("-----BEGIN") {
+            RootCert::Pem(s.into())
+        } else {
+            RootCert::File(PathBuf::from(s))
+        }
+    }
+
+    pub fn read(&self) -> Result<Vec<CertificateDer<'static>>, IstiodError> {
+        match self {
+            RootCert::File(path) => read_roots(path),
+            RootCert::Pem(pem) => {
+                use rustls_pki_types::pem::PemObject;
+                let roots: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes()).filter_map(Result::ok).collect();
+                if roots.is_empty() {
+                    return Err(IstiodError::NoInlineRootCert);
+                }
+                Ok(roots)
+            }
+            RootCert::System => {
+                let found = rustls_native_certs::load_native_certs();
+                if found.certs.is_empty() {
+                    return Err(IstiodError::NoSystemRoots(found.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")));
+                }
+                Ok(found.certs)
+            }
+        }
+    }
+}
+
+/// Where the bearer token comes from.
+#[derive(Clone)]
+pub enum Token {
+    /// A file, re-read for every call (the kubelet rotates projected tokens).
+    File(PathBuf),
+    /// The token itself (Istio's AUTH_TOKEN holding a token rather than a path).
+    Static(Arc<str>),
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Token::File(p) => f.debug_tuple("File").field(p).finish(),
+            // Never in logs.
+            Token::Static(_) => f.write_str("Static(<redacted>)"),
+        }
+    }
+}
+
+/// `https://` added to an address without a scheme (Istio's form `host:port`).
+pub fn normalize_address(address: &str) -> String {
+    if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("https://{address}")
+    }
 }
 
 impl IstiodArgs {
@@ -69,14 +161,63 @@ impl IstiodArgs {
         Identity::new(&self.trust_domain, &self.pod_namespace, &self.service_account)
     }
 
-    fn config(&self, address: &str, alt: &Option<String>, root: &std::path::Path) -> IstiodConfig {
+    /// Istio's defaults and environment-only settings, applied over the parsed flags:
+    /// addresses without a scheme get `https://`; in Kubernetes (KUBERNETES_SERVICE_HOST)
+    /// without a local config (`local_config`), xDS defaults to istiod's address; the CA
+    /// defaults to the xDS address unless the built-in CA was chosen (`builtin_ca`), so
+    /// a node never makes its own CA silently; CLUSTER_ID when ISTIO_META_CLUSTER_ID is
+    /// unset; AUTH_TOKEN; XDS_HEADER_* / CA_HEADER_*; ISTIO_META_* / ISTIO_METAJSON_* for
+    /// the node metadata. Returns warnings to log.
+    pub fn apply_istio_env(&mut self, env: &Env, local_config: bool, builtin_ca: bool) -> Result<Vec<String>, IstiodError> {
+        let mut warnings = Vec::new();
+        let non_empty = |a: &Option<String>| a.as_deref().map(str::trim).filter(|a| !a.is_empty()).map(normalize_address);
+        self.xds_address = non_empty(&self.xds_address);
+        if self.xds_address.is_none() && !local_config && env.get("KUBERNETES_SERVICE_HOST").is_some() {
+            self.xds_address = Some(DEFAULT_ADDRESS.to_string());
+        }
+        self.ca_address = non_empty(&self.ca_address);
+        if builtin_ca {
+            if let Some(ca) = self.ca_address.take() {
+                warnings.push(format!("FAKE_CA=true: the built-in CA signs certificates; CA_ADDRESS {ca} is not used"));
+            }
+        } else if self.ca_address.is_none() {
+            self.ca_address = self.xds_address.clone();
+        }
+        if env.get("ISTIO_META_CLUSTER_ID").is_none() && self.cluster_id == DEFAULT_CLUSTER_ID {
+            if let Some(id) = env.non_empty("CLUSTER_ID") {
+                self.cluster_id = id.to_string();
+            }
+        }
+        if self.ca_address.is_some() && RootCert::from_setting(&self.ca_root_ca) == RootCert::System {
+            return Err(IstiodError::SystemCaRoot);
+        }
+        self.xds_headers = istio_env::headers(env, "XDS_HEADER_")?;
+        self.ca_headers = istio_env::headers(env, "CA_HEADER_")?;
+        let (meta, meta_warnings) = istio_env::node_metadata(env);
+        self.node_metadata = meta;
+        warnings.extend(meta_warnings);
+        Ok(warnings)
+    }
+
+    /// The bearer token source: AUTH_TOKEN (a file if one exists there or it looks like
+    /// a path, else the token itself), else --token-path.
+    fn token(&self) -> Token {
+        match self.auth_token.as_deref().filter(|t| !t.is_empty()) {
+            Some(t) if std::path::Path::new(t).exists() || t.starts_with('/') || t.starts_with("./") => Token::File(PathBuf::from(t)),
+            Some(t) => Token::Static(t.trim().into()),
+            None => Token::File(self.token_path.clone()),
+        }
+    }
+
+    fn config(&self, address: &str, alt: &Option<String>, root: &str, headers: &[(AsciiMetadataKey, AsciiMetadataValue)]) -> IstiodConfig {
         IstiodConfig {
             address: address.to_string(),
             alt_hostname: alt.clone(),
-            root_cert: root.to_path_buf(),
-            token: Some(self.token_path.clone()),
+            root_cert: RootCert::from_setting(root),
+            token: Some(self.token()),
             cluster_id: self.cluster_id.clone(),
             client_cert: None,
+            headers: headers.to_vec(),
         }
     }
 
@@ -84,9 +225,18 @@ impl IstiodArgs {
     /// change of the mesh root file re-issues every certificate.
     pub fn istio_ca(&self, ttl: Duration) -> Result<Option<Arc<CertManager>>, IstiodError> {
         let Some(address) = &self.ca_address else { return Ok(None) };
-        let ca = IstioCa::new(self.config(address, &self.alt_ca_hostname, &self.ca_root_ca), ttl, Some(self.own_identity()))?;
+        let cfg = self.config(address, &self.alt_ca_hostname, &self.ca_root_ca, &self.ca_headers);
+        // The CA's root is also the mesh's trust root: never the system store.
+        if cfg.root_cert == RootCert::System {
+            return Err(IstiodError::SystemCaRoot);
+        }
+        cfg.host_port()?;
+        let root = cfg.root_cert.clone();
+        let ca = IstioCa::new(cfg, ttl, Some(self.own_identity()))?;
         let certs = CertManager::new(Arc::new(ca));
-        tokio::spawn(watch_roots(self.ca_root_ca.clone(), certs.clone()));
+        if let RootCert::File(path) = root {
+            tokio::spawn(watch_roots(path, certs.clone()));
+        }
         Ok(Some(certs))
     }
 
@@ -103,7 +253,7 @@ impl IstiodArgs {
         ready: impl FnOnce() + Send + 'static,
     ) -> Result<(), IstiodError> {
         let Some(address) = &self.xds_address else { return Ok(()) };
-        let mut cfg = self.config(address, &self.alt_xds_hostname, &self.xds_root_ca);
+        let mut cfg = self.config(address, &self.alt_xds_hostname, &self.xds_root_ca, &self.xds_headers);
         if self.ca_address.is_some() {
             let own = self.own_identity();
             certs.allow(&own);
@@ -121,6 +271,7 @@ impl IstiodArgs {
             node_name: node_name.to_string(),
             cluster_id: self.cluster_id.clone(),
             proxy_type: proxy_type.to_string(),
+            metadata: self.node_metadata.clone(),
         };
         let store = Arc::new(crate::xds::Store::new(state));
         tokio::spawn(crate::xds::run(XdsConfig { istiod: cfg, node, metrics: Some(metrics.xds.clone()) }, store, ready));
@@ -166,8 +317,16 @@ pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
 
 #[derive(Debug, thiserror::Error)]
 pub enum IstiodError {
-    #[error("invalid istiod address {address:?}: {reason} (expected https://host:port)")]
+    #[error("invalid istiod address {address:?}: {reason} (expected host:port or https://host:port)")]
     Address { address: String, reason: String },
+    #[error("{0}")]
+    Env(#[from] EnvError),
+    #[error("CA_ROOT_CA=SYSTEM is not supported: the CA's root is also the mesh's trust root, and the system store would let any public CA vouch for mesh peers; give the mesh root as a file or inline PEM")]
+    SystemCaRoot,
+    #[error("the inline root certificate (XDS_ROOT_CA / CA_ROOT_CA) holds no PEM certificate")]
+    NoInlineRootCert,
+    #[error("XDS_ROOT_CA=SYSTEM: no certificate in the system trust store ({0})")]
+    NoSystemRoots(String),
     #[error("cannot read the istiod root certificate {path}: {source}; mount the istio-ca-root-cert ConfigMap there or set it with the root certificate option")]
     RootCert { path: PathBuf, source: std::io::Error },
     #[error("the istiod root certificate file {0} holds no PEM certificate")]
@@ -190,10 +349,12 @@ pub struct IstiodConfig {
     /// The name istiod's certificate is checked against (Istio's ALT_XDS_HOSTNAME /
     /// ALT_CA_HOSTNAME); default: the address's host.
     pub alt_hostname: Option<String>,
-    pub root_cert: PathBuf,
+    pub root_cert: RootCert,
     /// Projected service-account token (audience istio-ca); None: no bearer token.
-    pub token: Option<PathBuf>,
+    pub token: Option<Token>,
     pub cluster_id: String,
+    /// Extra gRPC headers on every call (Istio's XDS_HEADER_* / CA_HEADER_*).
+    pub headers: Vec<(AsciiMetadataKey, AsciiMetadataValue)>,
     /// Presented as the client certificate when it has one (mTLS); the token alone
     /// authenticates otherwise.
     pub client_cert: Option<Arc<dyn CurrentCert>>,
@@ -207,6 +368,7 @@ impl std::fmt::Debug for IstiodConfig {
             .field("root_cert", &self.root_cert)
             .field("token", &self.token)
             .field("cluster_id", &self.cluster_id)
+            .field("headers", &self.headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
             .finish()
     }
 }
@@ -238,11 +400,9 @@ impl rustls::client::ResolvesClientCert for ClientCert {
 impl IstiodConfig {
     fn host_port(&self) -> Result<(String, u16), IstiodError> {
         let bad = |reason: &str| IstiodError::Address { address: self.address.clone(), reason: reason.into() };
-        // Istio's form is `host:port` without a scheme (TLS implied); ours also takes https://.
-        let address = if self.address.contains("://") { self.address.clone() } else { format!("https://{}", self.address) };
-        let uri: Uri = address.parse().map_err(|_| bad("not a URI"))?;
+        let uri: Uri = normalize_address(&self.address).parse().map_err(|_| bad("not a URI"))?;
         if uri.scheme_str() != Some("https") {
-            return Err(bad("istiod is reached over TLS: use https://"));
+            return Err(bad("istiod is reached over TLS: use https:// or no scheme"));
         }
         let host = uri.host().ok_or_else(|| bad("no host"))?.trim_matches(|c| c == '[' || c == ']').to_string();
         Ok((host, uri.port_u16().unwrap_or(443)))
@@ -250,7 +410,7 @@ impl IstiodConfig {
 
     fn tls(&self) -> Result<rustls::ClientConfig, IstiodError> {
         let mut store = rustls::RootCertStore::empty();
-        for r in read_roots(&self.root_cert)? {
+        for r in self.root_cert.read()? {
             // A root that doesn't parse is skipped; an empty store fails every handshake.
             let _ = store.add(r);
         }
@@ -303,10 +463,22 @@ impl IstiodConfig {
         Ok(endpoint.connect_with_connector_lazy(connector))
     }
 
-    /// A request carrying the bearer token (read now) and the cluster id.
+    /// A request carrying the configured headers, the bearer token (read now) and the
+    /// cluster id (the last two win over a configured header of the same name).
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(message);
-        if let Some(path) = &self.token {
+        for (k, v) in &self.headers {
+            req.metadata_mut().insert(k.clone(), v.clone());
+        }
+        if let Some(Token::Static(token)) = &self.token {
+            match format!("Bearer {token}").parse() {
+                Ok(v) => {
+                    req.metadata_mut().insert("authorization", v);
+                }
+                Err(_) => tracing::warn!("AUTH_TOKEN is not a valid header value; sent without it"),
+            }
+        }
+        if let Some(Token::File(path)) = &self.token {
             match std::fs::read_to_string(path) {
                 Ok(token) => match format!("Bearer {}", token.trim()).parse() {
                     Ok(v) => {
@@ -332,10 +504,11 @@ mod address_tests {
         IstiodConfig {
             address: address.into(),
             alt_hostname: None,
-            root_cert: PathBuf::new(),
+            root_cert: RootCert::File(PathBuf::new()),
             token: None,
             cluster_id: "Kubernetes".into(),
             client_cert: None,
+            headers: vec![],
         }
     }
 
@@ -345,5 +518,123 @@ mod address_tests {
         assert_eq!(cfg("https://istiod-1-24.istio-system.svc:15012").host_port().unwrap(), ("istiod-1-24.istio-system.svc".into(), 15012));
         assert_eq!(cfg("[fd00::1]:15012").host_port().unwrap(), ("fd00::1".into(), 15012));
         assert!(cfg("http://istiod:15012").host_port().unwrap_err().to_string().contains("https"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        istiod: IstiodArgs,
+    }
+
+    fn args(flags: &[&str]) -> IstiodArgs {
+        Cli::try_parse_from(std::iter::once("x").chain(flags.iter().copied())).unwrap().istiod
+    }
+
+    #[test]
+    fn address_without_scheme_is_https() {
+        let cfg = args(&[]).config("istiod.istio-system.svc:15012", &None, DEFAULT_ROOT_CERT, &[]);
+        assert_eq!(cfg.host_port().unwrap(), ("istiod.istio-system.svc".to_string(), 15012));
+        let cfg = args(&[]).config("https://[fd00::1]:15012", &None, DEFAULT_ROOT_CERT, &[]);
+        assert_eq!(cfg.host_port().unwrap(), ("fd00::1".to_string(), 15012));
+        let err = args(&[]).config("http://istiod:15010", &None, DEFAULT_ROOT_CERT, &[]).host_port().unwrap_err().to_string();
+        assert!(err.contains("TLS"), "{err}");
+        assert_eq!(normalize_address("istiod:15012"), "https://istiod:15012");
+    }
+
+    #[test]
+    fn istio_defaults_for_addresses() {
+        let k8s = Env::from_pairs([("KUBERNETES_SERVICE_HOST", "10.96.0.1")]);
+        // In Kubernetes without a local config: istiod, for xDS and the CA.
+        let mut a = args(&[]);
+        a.apply_istio_env(&k8s, false, false).unwrap();
+        assert_eq!(a.xds_address.as_deref(), Some(DEFAULT_ADDRESS));
+        assert_eq!(a.ca_address.as_deref(), Some(DEFAULT_ADDRESS));
+        // XDS_ADDRESS without CA_ADDRESS: the CA is the xDS address, never a per-node CA.
+        let mut a = args(&["--xds-address", "istiod-rev.istio-system.svc:15012"]);
+        a.apply_istio_env(&Env::default(), false, false).unwrap();
+        assert_eq!(a.xds_address.as_deref(), Some("https://istiod-rev.istio-system.svc:15012"));
+        assert_eq!(a.ca_address.as_deref(), Some("https://istiod-rev.istio-system.svc:15012"));
+        // An explicit CA address stays; an empty one is unset.
+        let mut a = args(&["--xds-address", "x:1", "--ca-address", "ca.example:15012"]);
+        a.apply_istio_env(&k8s, false, false).unwrap();
+        assert_eq!(a.ca_address.as_deref(), Some("https://ca.example:15012"));
+        let mut a = args(&["--xds-address", "", "--ca-address", ""]);
+        a.apply_istio_env(&Env::default(), true, false).unwrap();
+        assert_eq!((a.xds_address, a.ca_address), (None, None));
+        // Standalone (local config, outside or inside Kubernetes): no istiod.
+        let mut a = args(&[]);
+        a.apply_istio_env(&k8s, true, false).unwrap();
+        assert_eq!((a.xds_address, a.ca_address), (None, None));
+        // FAKE_CA: the built-in CA, even with istiod.
+        let mut a = args(&["--ca-address", "ca:1"]);
+        let w = a.apply_istio_env(&k8s, false, true).unwrap();
+        assert_eq!(a.ca_address, None);
+        assert!(w.iter().any(|w| w.contains("FAKE_CA")), "{w:?}");
+    }
+
+    #[test]
+    fn cluster_id_token_headers_and_metadata_from_env() {
+        let env = Env::from_pairs([
+            ("CLUSTER_ID", "c2"),
+            ("XDS_HEADER_X-Tenant", "t1"),
+            ("CA_HEADER_X-Ca", "c"),
+            ("ISTIO_META_DNS_CAPTURE", "true"),
+            ("ISTIO_METAJSON_LABELS", "{\"a\":\"b\"}"),
+        ]);
+        let mut a = args(&["--xds-address", "istiod:15012", "--auth-token", "static-token"]);
+        a.apply_istio_env(&env, false, false).unwrap();
+        assert_eq!(a.cluster_id, "c2", "CLUSTER_ID applies when ISTIO_META_CLUSTER_ID is unset");
+        assert_eq!(a.node_metadata["DNS_CAPTURE"], serde_json::json!("true"));
+        assert_eq!(a.node_metadata["LABELS"], serde_json::json!({"a": "b"}));
+        let cfg = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.xds_headers);
+        assert!(matches!(&cfg.token, Some(Token::Static(t)) if &**t == "static-token"));
+        assert!(!format!("{cfg:?}").contains("static-token"), "the token never reaches Debug");
+        let req = cfg.request(());
+        assert_eq!(req.metadata().get("x-tenant").unwrap(), "t1");
+        assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer static-token");
+        assert_eq!(req.metadata().get("clusterid").unwrap(), "c2");
+        assert!(req.metadata().get("x-ca").is_none());
+        let ca = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.ca_headers).request(());
+        assert_eq!(ca.metadata().get("x-ca").unwrap(), "c");
+        // ISTIO_META_CLUSTER_ID wins over CLUSTER_ID.
+        let mut a = args(&["--cluster-id", "meta"]);
+        a.apply_istio_env(&Env::from_pairs([("CLUSTER_ID", "c2"), ("ISTIO_META_CLUSTER_ID", "meta")]), true, false).unwrap();
+        assert_eq!(a.cluster_id, "meta");
+        // AUTH_TOKEN naming a file reads the file; a token file header cannot be overridden.
+        let dir = std::env::temp_dir().join(format!("istiod-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let mut a = args(&["--auth-token", file.to_str().unwrap()]);
+        a.apply_istio_env(&Env::from_pairs([("XDS_HEADER_authorization", "Bearer forged")]), true, false).unwrap();
+        let req = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.xds_headers).request(());
+        assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer from-file");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn root_cert_settings() {
+        assert_eq!(RootCert::from_setting("SYSTEM"), RootCert::System);
+        assert_eq!(RootCert::from_setting("/etc/root.pem"), RootCert::File("/etc/root.pem".into()));
+        let ca = rcgen::generate_simple_self_signed(vec!["istiod".to_string()]).unwrap();
+        let pem = ca.cert.pem();
+        let inline = RootCert::from_setting(&pem);
+        assert!(matches!(inline, RootCert::Pem(_)));
+        assert_eq!(inline.read().unwrap().len(), 1);
+        assert!(matches!(RootCert::from_setting("-----BEGIN CERTIFICATE-----\nnope\n").read(), Err(IstiodError::NoInlineRootCert)));
+        // The CA's root is the mesh's trust root: SYSTEM is refused for it.
+        let mut a = args(&["--ca-root-ca", "SYSTEM", "--xds-root-ca", "SYSTEM"]);
+        let err = a.apply_istio_env(&Env::from_pairs([("KUBERNETES_SERVICE_HOST", "x")]), false, false).unwrap_err();
+        assert!(matches!(err, IstiodError::SystemCaRoot), "{err}");
+        // For xDS alone (built-in CA) it is fine.
+        let mut a = args(&["--xds-root-ca", "SYSTEM", "--xds-address", "istiod:15012"]);
+        a.apply_istio_env(&Env::default(), false, true).unwrap();
+        assert_eq!(a.config("istiod:15012", &None, &a.xds_root_ca, &[]).root_cert, RootCert::System);
     }
 }

@@ -5,8 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 
+use ztunnel::config::istio_env::Env;
 use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
 use ztunnel::hbone::Pool;
 use ztunnel::identity::ca::Ca;
@@ -17,8 +19,13 @@ use ztunnel::netns::InPodNetns;
 use ztunnel::proxy::{self, ProxyInputs};
 use ztunnel::state::WorkloadUid;
 
-#[derive(Parser, Debug)]
-#[command(name = "ztunnel", version, about = "Ambient mesh node proxy (HBONE, mTLS, L4 policy)")]
+#[derive(clap::Parser, Debug)]
+#[command(
+    name = "ztunnel",
+    version,
+    about = "Ambient mesh node proxy (HBONE, mTLS, L4 policy)",
+    after_help = "Istio's container arguments `proxy ztunnel` are accepted (and mean: run the proxy); so is `version`. Istio's environment variables: docs/environment.md."
+)]
 #[command(subcommand_negates_reqs = true, args_conflicts_with_subcommands = true)]
 struct Cli {
     #[command(subcommand)]
@@ -65,8 +72,12 @@ enum Cmd {
 #[derive(clap::Args, Debug)]
 struct Args {
     /// Local mesh config (Istio's local config YAML: workloads, services, policies).
-    #[arg(long, env = "LOCAL_XDS_PATH", required_unless_present = "xds_address")]
+    /// Without it, mesh state comes from istiod (XDS_ADDRESS; its default in Kubernetes).
+    #[arg(long, env = "LOCAL_XDS_PATH")]
     local_xds_path: Option<PathBuf>,
+    /// The local mesh config inline (Istio's LOCAL_XDS), instead of a file.
+    #[arg(long, env = "LOCAL_XDS", conflicts_with = "local_xds_path", hide_env_values = true)]
+    local_xds: Option<String>,
     #[command(flatten)]
     istiod: ztunnel::istiod::IstiodArgs,
     /// This node's name; only workloads with `node: <this>` may be enrolled here.
@@ -75,11 +86,16 @@ struct Args {
     /// Where the built-in CA keeps its root when --ca-cert/--ca-key are not given.
     #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
     state_dir: PathBuf,
+    /// Use the built-in CA even with istiod (Istio's FAKE_CA): self-signed, per node
+    /// unless --ca-cert/--ca-key give a shared root.
+    #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
+    fake_ca: bool,
     #[arg(long, requires = "ca_key")]
     ca_cert: Option<PathBuf>,
     #[arg(long, requires = "ca_cert")]
     ca_key: Option<PathBuf>,
-    /// Lifetime of issued workload certificates, in seconds (rotated at half-life).
+    /// Lifetime of issued workload certificates, in seconds (rotated at half-life);
+    /// Istio's SECRET_TTL (a duration such as "24h") also sets it.
     #[arg(long, env = "WORKLOAD_CERT_TTL_SECONDS", default_value_t = 24 * 3600)]
     cert_ttl_seconds: u64,
     /// Enroll a pod at start: UID=NETNS_PATH (for example uid1=/var/run/netns/pod-a). Repeatable.
@@ -89,7 +105,8 @@ struct Args {
     #[arg(long, env = "INPOD_UDS")]
     zds_socket: Option<PathBuf>,
     /// How pods' traffic is captured. eBPF falls back to nftables (with a warning) where the
-    /// kernel or the build cannot do it.
+    /// kernel or the build cannot do it. Default `none` when INPOD_UDS is set in the
+    /// environment (istio-cni is there and captures), else `ebpf`.
     #[arg(long, env = "ZTUNNEL_CAPTURE", value_enum, default_value = "ebpf")]
     capture: CaptureMode,
     /// Where eBPF maps and links are pinned (bpffs); capture survives restarts through it.
@@ -103,6 +120,8 @@ struct Args {
     exclude_inbound_ports: Vec<u16>,
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams: usize,
+    /// Idle pooled HBONE connections close after this many seconds; Istio's
+    /// POOL_UNUSED_RELEASE_TIMEOUT (a duration) also sets it.
     #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
     pool_idle_timeout_seconds: u64,
     /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
@@ -116,11 +135,13 @@ struct Args {
     /// (0: no limit).
     #[arg(long, env = "MAX_CONNECTIONS_PER_POD", default_value_t = 0)]
     max_connections_per_pod: usize,
-    /// Tokio worker threads of the data path (Istio's ztunnel: the same variable, default
-    /// 2). Not one per core: a node proxy on a 64-core node does not need 64 workers, and
-    /// each idle one adds wake-ups (futex, IPIs) to every request it steals.
-    #[arg(long, env = "ZTUNNEL_WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
-    worker_threads: u16,
+    /// Tokio worker threads of the data path: a number, `N%` of the CPUs (ZTUNNEL_CPU_LIMIT
+    /// or the container's), or 0 for all (Istio's ztunnel: the same variable). Default 2,
+    /// or Istio's CPU-aware default when ZTUNNEL_RESOURCE_CPU_* are set. Not one per
+    /// core: a node proxy on a 64-core node does not need 64 workers, and each idle one
+    /// adds wake-ups (futex, IPIs) to every request it steals.
+    #[arg(long, env = "ZTUNNEL_WORKER_THREADS")]
+    worker_threads: Option<String>,
     /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
     #[arg(long, env = "HBONE_MAX_STREAMS_PER_CONNECTION", default_value_t = ztunnel::hbone::SERVER_MAX_STREAMS)]
     hbone_max_streams: u32,
@@ -136,7 +157,8 @@ struct Args {
     /// Readiness (/healthz/ready).
     #[arg(long, default_value = "0.0.0.0:15021")]
     readiness_addr: std::net::SocketAddr,
-    /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s or less).
+    /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s
+    /// or less), or after Istio's CONNECTION_TERMINATION_DEADLINE (a duration) when set.
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
     termination_grace_period_seconds: u64,
     #[command(flatten)]
@@ -149,7 +171,8 @@ struct Args {
 /// The DNS proxy (127.0.0.1:15053 in every pod).
 #[derive(clap::Args, Debug)]
 struct DnsArgs {
-    /// Run the DNS proxy in every enrolled pod (Istio ztunnel's DNS_PROXY).
+    /// Run the DNS proxy in every enrolled pod; Istio's ISTIO_META_DNS_CAPTURE (anything
+    /// but "true" turns it off) also sets it.
     #[arg(long, env = "DNS_PROXY", default_value_t = true, action = clap::ArgAction::Set)]
     dns_proxy: bool,
     /// Capture the pods' DNS (UDP and TCP port 53) to the DNS proxy. Turn off when someone
@@ -224,6 +247,94 @@ fn init_logging(format: &str) -> ReloadableLog {
     ReloadableLog { handle, current: std::sync::Mutex::new(initial) }
 }
 
+/// Istio's container arguments: `proxy ztunnel` (its chart's) runs the proxy, as no
+/// arguments do; `version` prints the version.
+fn istio_args(mut argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
+    match argv.get(1).and_then(|a| a.to_str()) {
+        Some("proxy") => {
+            argv.remove(1);
+            match argv.get(1).and_then(|a| a.to_str()) {
+                Some("ztunnel") => {
+                    argv.remove(1);
+                }
+                Some(other) if !other.starts_with('-') => {
+                    return Err(format!("`proxy {other}`: this binary is the ztunnel node proxy; run it as `proxy ztunnel` or without arguments"));
+                }
+                _ => {}
+            }
+        }
+        Some("version") if argv.len() == 2 => argv[1] = "--version".into(),
+        _ => {}
+    }
+    Ok(argv)
+}
+
+/// Settings that only Istio's environment variables carry (no flag of ours).
+#[derive(Debug)]
+struct IstioSettings {
+    worker_threads: usize,
+    termination_deadline: Option<Duration>,
+    network: String,
+    /// Messages for the log, gathered before logging exists.
+    warnings: Vec<String>,
+    infos: Vec<String>,
+}
+
+/// Istio's environment variables over our flags: where both name a setting, our flag or
+/// our own variable (given explicitly) wins, with a warning; Istio's otherwise.
+fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::Result<IstioSettings> {
+    let explicit = |id: &str| matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+    let mut warnings = ztunnel::config::istio_env::unsupported(env)?;
+    let mut infos = Vec::new();
+    let mut shadowed = |istio: &str, ours: &str| warnings.push(format!("{istio} ignored: {ours} is set and wins"));
+    if let Some(ttl) = env.duration("SECRET_TTL")? {
+        match explicit("cert_ttl_seconds") {
+            true => shadowed("SECRET_TTL", "--cert-ttl-seconds (WORKLOAD_CERT_TTL_SECONDS)"),
+            false => args.cert_ttl_seconds = ttl.as_secs().max(1),
+        }
+    }
+    if let Some(t) = env.duration("POOL_UNUSED_RELEASE_TIMEOUT")? {
+        match explicit("pool_idle_timeout_seconds") {
+            true => shadowed("POOL_UNUSED_RELEASE_TIMEOUT", "--pool-idle-timeout-seconds (POOL_UNUSED_RELEASE_TIMEOUT_SECONDS)"),
+            false => args.pool_idle_timeout_seconds = t.as_secs().max(1),
+        }
+    }
+    // Istio runs its DNS server unless the DNS_CAPTURE metadata says otherwise.
+    if let Some(v) = env.get("ISTIO_META_DNS_CAPTURE") {
+        match explicit("dns_proxy") {
+            true => shadowed("ISTIO_META_DNS_CAPTURE", "--dns-proxy (DNS_PROXY)"),
+            false => args.dns.dns_proxy = v.eq_ignore_ascii_case("true"),
+        }
+    }
+    // INPOD_UDS in the environment is how Istio's chart says istio-cni is there; it
+    // captures, so ours would redirect the same connections twice. (The --zds-socket flag
+    // alone keeps our capture: `ztunnel cni-server` does none.)
+    if m.value_source("zds_socket") == Some(ValueSource::EnvVariable) && !explicit("capture") {
+        args.capture = CaptureMode::None;
+        infos.push("INPOD_UDS is set: istio-cni captures the pods' traffic, so ztunnel's own capture is off (set ZTUNNEL_CAPTURE to change)".into());
+    }
+    let worker_threads = ztunnel::config::istio_env::worker_threads(env, args.worker_threads.as_deref(), 2)?;
+    let socket = ztunnel::netns::SocketOptions {
+        keepalive: ztunnel::config::istio_env::Keepalive::from_env(env)?,
+        no_port_reuse: env.bool("INPOD_PORT_REUSE")? == Some(false),
+    };
+    ztunnel::netns::set_socket_options(socket);
+    let local_config = args.local_xds_path.is_some() || args.local_xds.is_some();
+    let builtin_ca = args.fake_ca || args.ca_cert.is_some();
+    warnings.extend(args.istiod.apply_istio_env(env, local_config, builtin_ca)?);
+    anyhow::ensure!(
+        local_config || args.istiod.xds_address.is_some(),
+        "no mesh config: set XDS_ADDRESS (istiod, the default in Kubernetes) or LOCAL_XDS_PATH / --local-xds-path"
+    );
+    Ok(IstioSettings {
+        worker_threads,
+        termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
+        network: env.get("NETWORK").unwrap_or_default().to_string(),
+        warnings,
+        infos,
+    })
+}
+
 /// Every proxied connection holds two sockets; the default soft limit (often 1024) is far
 /// too low for a node proxy, so raise it to the hard limit.
 fn raise_fd_limit() {
@@ -239,8 +350,14 @@ fn raise_fd_limit() {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    let args = cli.run;
+    let argv = istio_args(std::env::args_os().collect()).map_err(anyhow::Error::msg)?;
+    let matches = Cli::command().get_matches_from(argv);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    let mut args = cli.run;
+    let istio = match cli.cmd {
+        None => Some(apply_istio_env(&mut args, &matches, &Env::from_process())?),
+        Some(_) => None,
+    };
     let log = init_logging(&args.log_format);
     match cli.cmd {
         None => {}
@@ -261,15 +378,22 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     }
+    let Some(istio) = istio else { anyhow::bail!("unreachable: no Istio settings for the proxy") };
+    for w in &istio.warnings {
+        tracing::warn!("{w}");
+    }
+    for i in &istio.infos {
+        tracing::info!("{i}");
+    }
     raise_fd_limit();
     ztunnel::proxy::reserve_spare_fd();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(args.worker_threads.into()).enable_all().build()?;
-    rt.block_on(run(args, log))
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(istio.worker_threads).enable_all().build()?;
+    rt.block_on(run(args, istio, log))
 }
 
-async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
+async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Result<()> {
     let Some(node_name) = args.node_name.clone() else {
         anyhow::bail!("--node-name (NODE_NAME) is required");
     };
@@ -277,11 +401,19 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     if let Some(path) = &args.local_xds_path {
         state.store(LocalConfig::load(path)?.into_state(path)?);
     }
+    if let Some(text) = &args.local_xds {
+        let path = std::path::Path::new("LOCAL_XDS");
+        state.store(LocalConfig::parse(path, text)?.into_state(path)?);
+    }
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let ia = &args.istiod;
     let certs = match ia.istio_ca(ttl)? {
-        Some(certs) => certs,
+        Some(certs) => {
+            tracing::info!(ca = ia.ca_address.as_deref().unwrap_or_default(), "workload certificates from the Istio CA");
+            certs
+        }
         None => {
+            tracing::info!(state_dir = %args.state_dir.display(), shared_root = args.ca_cert.is_some(), "workload certificates from the built-in CA");
             let ca = Ca::load_or_create(&args.state_dir, args.ca_cert.as_deref(), args.ca_key.as_deref())?;
             CertManager::new(Arc::new(LocalCa { ca, ttl }))
         }
@@ -320,6 +452,7 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
         "caAddress": ia.ca_address,
         "localXdsPath": args.local_xds_path,
         "clusterId": ia.cluster_id,
+        "network": istio.network,
         "proxyMode": "Shared",
         "captureMode": format!("{:?}", args.capture).to_lowercase(),
         "poolMaxStreamsPerConn": args.pool_max_streams,
@@ -410,7 +543,9 @@ async fn run(args: Args, log: ReloadableLog) -> anyhow::Result<()> {
     }
     // Capture stays in the pods (the CNI owns it): while no proxy runs, their traffic
     // fails closed instead of bypassing mTLS and policy, and a new proxy can take over.
-    let deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
+    let deadline = istio
+        .termination_deadline
+        .unwrap_or_else(|| ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds)));
     tracing::info!(deadline = ?deadline, active = drain.active(), "draining: listeners closed, GOAWAY sent on HBONE");
     metrics.set_not_ready();
     drain.start();

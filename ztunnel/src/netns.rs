@@ -40,6 +40,27 @@ fn proxy_netns() -> &'static io::Result<File> {
     PROXY_NETNS.get_or_init(|| File::open("/proc/thread-self/ns/net"))
 }
 
+/// Socket settings from the environment (Istio's KEEPALIVE_*, USER_TIMEOUT_ENABLED and
+/// INPOD_PORT_REUSE), fixed at start; unset: Istio's defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SocketOptions {
+    pub keepalive: crate::config::istio_env::Keepalive,
+    /// SO_REUSEPORT on the in-pod listeners, so a new proxy can bind beside the old one
+    /// during an upgrade (Istio: INPOD_PORT_REUSE, default on).
+    pub no_port_reuse: bool,
+}
+
+static SOCKET_OPTIONS: OnceLock<SocketOptions> = OnceLock::new();
+
+/// Sets the socket options for the rest of the process (the first call wins).
+pub fn set_socket_options(o: SocketOptions) {
+    let _ = SOCKET_OPTIONS.set(o);
+}
+
+pub fn socket_options() -> SocketOptions {
+    SOCKET_OPTIONS.get().copied().unwrap_or_default()
+}
+
 /// A handle to one pod's network namespace.
 #[derive(Clone, Debug)]
 pub struct InPodNetns {
@@ -125,7 +146,7 @@ impl InPodNetns {
         let s = self.socket(&addr)?;
         let r = (|| {
             s.set_reuse_address(true)?;
-            s.set_reuse_port(true)?;
+            s.set_reuse_port(!socket_options().no_port_reuse)?;
             if transparent {
                 s.set_ip_transparent_v4(true)?;
             }
@@ -166,15 +187,18 @@ impl InPodNetns {
     }
 }
 
-/// Istio's HBONE keepalive: 180 s idle, 180 s interval, 9 probes.
+/// TCP keepalive as configured (Istio's default: 180 s idle, 180 s interval, 9 probes).
 pub fn set_keepalive(s: &Socket) -> io::Result<()> {
+    let k = socket_options().keepalive;
+    if !k.enabled {
+        return Ok(());
+    }
     s.set_keepalive(true)?;
-    s.set_tcp_keepalive(
-        &TcpKeepalive::new()
-            .with_time(Duration::from_secs(180))
-            .with_interval(Duration::from_secs(180))
-            .with_retries(9),
-    )
+    s.set_tcp_keepalive(&TcpKeepalive::new().with_time(k.time).with_interval(k.interval).with_retries(k.retries))?;
+    if k.user_timeout {
+        s.set_tcp_user_timeout(Some(k.time.saturating_add(k.interval.saturating_mul(k.retries))))?;
+    }
+    Ok(())
 }
 
 /// The destination a captured connection was addressed to before REDIRECT.

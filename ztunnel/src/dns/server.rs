@@ -42,7 +42,7 @@ pub fn bind(netns: &InPodNetns) -> Result<Listeners, DnsError> {
         .map_err(|e| err(io::Error::other(e)))?
         .map_err(err)?;
     s.set_reuse_address(true).map_err(err)?;
-    s.set_reuse_port(true).map_err(err)?;
+    s.set_reuse_port(!crate::netns::socket_options().no_port_reuse).map_err(err)?;
     s.bind(&addr.into()).map_err(err)?;
     let udp = UdpSocket::from_std(std::net::UdpSocket::from(s)).map_err(err)?;
     let tcp = netns.listen(addr, false).map_err(|e| err(io::Error::other(e)))?;

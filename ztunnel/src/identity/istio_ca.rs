@@ -12,7 +12,7 @@ use tonic::transport::Channel;
 
 use super::manager::{CaClient, CertError, SignFuture, WorkloadCert};
 use super::Identity;
-use crate::istiod::{read_roots, IstiodConfig, IstiodError};
+use crate::istiod::{IstiodConfig, IstiodError};
 use crate::xds::proto::istio::v1::auth::{
     istio_certificate_service_client::IstioCertificateServiceClient, IstioCertificateRequest,
 };
@@ -78,7 +78,7 @@ impl IstioCa {
         if chain.len() > 1 {
             chain.pop();
         }
-        let roots = read_roots(&self.istiod.root_cert).map_err(|e| remote(e.to_string()))?;
+        let roots = self.istiod.root_cert.read().map_err(|e| remote(e.to_string()))?;
         Ok(WorkloadCert {
             identity: id.clone(),
             chain,

@@ -46,6 +46,23 @@ pub struct NodeInfo {
     pub cluster_id: String,
     /// `ztunnel` for the node proxy (Istio's proxy type in the node id).
     pub proxy_type: String,
+    /// Further metadata (ISTIO_META_* / ISTIO_METAJSON_*), over the fields above as in
+    /// Istio's ztunnel.
+    pub metadata: std::collections::BTreeMap<String, serde_json::Value>,
+}
+
+/// A JSON value as a protobuf `Value` (numbers become doubles, as in JSON).
+fn json_to_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(json_to_value).collect() }),
+        J::Object(o) => Kind::StructValue(Struct { fields: o.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect() }),
+    };
+    Value { kind: Some(kind) }
 }
 
 impl NodeInfo {
@@ -68,6 +85,7 @@ impl NodeInfo {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
+        .chain(self.metadata.iter().map(|(k, v)| (k.clone(), json_to_value(v))))
         .collect();
         Node { id: self.id(), cluster: String::new(), metadata: Some(Struct { fields }) }
     }
@@ -210,11 +228,17 @@ mod tests {
             node_name: "node1".into(),
             cluster_id: "Kubernetes".into(),
             proxy_type: "ztunnel".into(),
+            metadata: [("DNS_CAPTURE".to_string(), serde_json::json!("true")), ("LABELS".to_string(), serde_json::json!({"app": "ztunnel", "n": 2}))].into(),
         };
         assert_eq!(n.id(), "ztunnel~10.244.1.5~ztunnel-abcde.istio-system~istio-system.svc.cluster.local");
         let node = n.node();
         let md = node.metadata.unwrap().fields;
         assert_eq!(md["NODE_NAME"].kind, Some(Kind::StringValue("node1".into())));
         assert_eq!(md["INSTANCE_IPS"].kind, Some(Kind::StringValue("10.244.1.5".into())));
+        // ISTIO_META_* as strings, ISTIO_METAJSON_* as structured values.
+        assert_eq!(md["DNS_CAPTURE"].kind, Some(Kind::StringValue("true".into())));
+        let Some(Kind::StructValue(labels)) = &md["LABELS"].kind else { panic!("{:?}", md["LABELS"]) };
+        assert_eq!(labels.fields["app"].kind, Some(Kind::StringValue("ztunnel".into())));
+        assert_eq!(labels.fields["n"].kind, Some(Kind::NumberValue(2.0)));
     }
 }
