@@ -50,6 +50,20 @@ pub struct Seen {
     pub node_id: Option<String>,
     /// Identity in the client certificate of the connection, if any.
     pub client_identity: Option<String>,
+    /// The node metadata of the request, if it had a node.
+    pub node_metadata: Option<prost_types::Struct>,
+    /// The stream's ASCII request headers (gRPC metadata).
+    pub headers: HashMap<String, String>,
+}
+
+/// A request's ASCII gRPC metadata as name → value.
+fn ascii_headers(m: &tonic::metadata::MetadataMap) -> HashMap<String, String> {
+    m.iter()
+        .filter_map(|kv| match kv {
+            tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.as_str().to_string(), v.to_str().ok()?.to_string())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A certificate the CA issued.
@@ -60,6 +74,8 @@ pub struct Issued {
     pub validity_secs: i64,
     pub token: String,
     pub at: SystemTime,
+    /// The request's ASCII headers.
+    pub headers: HashMap<String, String>,
 }
 
 #[derive(Default)]
@@ -297,6 +313,7 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<Response<ResponseStream>, Status> {
         check_auth(&self.res, &request)?;
         let peer = request.extensions().get::<Peer>().cloned().unwrap_or(Peer(None));
+        let headers = ascii_headers(request.metadata());
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<DeltaDiscoveryResponse, Status>>(16);
         let ads = self.clone();
@@ -315,6 +332,8 @@ impl AggregatedDiscoveryService for Ads {
                             initial_versions: req.initial_resource_versions.clone(),
                             node_id: req.node.as_ref().map(|n| n.id.clone()),
                             client_identity: peer.0.clone(),
+                            node_metadata: req.node.as_ref().and_then(|n| n.metadata.clone()),
+                            headers: headers.clone(),
                         });
                         if req.response_nonce.is_empty() {
                             // A subscription: the client's view starts from what it announces.
@@ -354,6 +373,7 @@ impl IstioCertificateService for CaService {
         request: Request<IstioCertificateRequest>,
     ) -> Result<Response<IstioCertificateResponse>, Status> {
         let token = check_auth(&self.res, &request)?;
+        let headers = ascii_headers(request.metadata());
         let req = request.into_inner();
         let impersonated = req.metadata.as_ref().and_then(|m| m.fields.get("ImpersonatedIdentity")).and_then(|v| match &v.kind {
             Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
@@ -390,6 +410,7 @@ impl IstioCertificateService for CaService {
             validity_secs: req.validity_duration,
             token,
             at: SystemTime::now(),
+            headers,
         });
         Ok(Response::new(IstioCertificateResponse { cert_chain: vec![leaf, self.pki.root_pem.clone()] }))
     }

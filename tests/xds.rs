@@ -459,3 +459,96 @@ async fn a_hung_ca_request_does_not_stall_other_pods() -> Result<()> {
     assert_eq!(m.mesh.ztunnels[1].log_text().matches("pod enrolled").count(), 1, "the stuck pod was enrolled");
     Ok(())
 }
+
+/// Istio's DaemonSet shape (issue 18): container args `proxy ztunnel` and nothing but
+/// Istio's environment names and formats: an address without a scheme and no CA_ADDRESS
+/// (the CA is istiod, not a per-node CA), AUTH_TOKEN, CLUSTER_ID, SECRET_TTL as a
+/// duration, inline-PEM XDS_ROOT_CA, XDS_HEADER_* / CA_HEADER_*, ISTIO_META(JSON)_* in
+/// the node metadata, INPOD_UDS (istio-cni: no capture of our own), N% worker threads.
+/// Settings we cannot honour safely refuse the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istio_container_args_and_environment_names() -> Result<()> {
+    let topo = Topology::build(&prefix("istioenv"), &[0])?;
+    let token = topo.dir.join("istio-token");
+    std::fs::write(&token, TOKEN)?;
+    let istiod = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
+    let socket = topo.dir.join("zds.sock").display().to_string();
+    let pods_dir = topo.dir.join("pods").display().to_string();
+    let _cni = topo.node(1).spawn(ZTUNNEL, &["cni-server", "--socket", &socket, "--pods-dir", &pods_dir], &[("RUST_LOG", "info")], &topo.dir.join("cni.log"))?;
+    _cni.wait_log("listening", READY)?;
+    let token_path = token.display().to_string();
+    let root_path = istiod.pki.root_path.display().to_string();
+    let env = [
+        ("RUST_LOG", "info"),
+        ("RUST_BACKTRACE", "0"),
+        ("NODE_NAME", "node1"),
+        ("POD_NAME", "ztunnel-abcde"),
+        ("POD_NAMESPACE", "istio-system"),
+        ("INSTANCE_IP", "10.0.0.1"),
+        ("SERVICE_ACCOUNT", "ztunnel"),
+        ("XDS_ADDRESS", ISTIOD),
+        ("ALT_XDS_HOSTNAME", ISTIOD_SAN),
+        ("ALT_CA_HOSTNAME", ISTIOD_SAN),
+        ("XDS_ROOT_CA", istiod.pki.root_pem.as_str()),
+        ("CA_ROOT_CA", root_path.as_str()),
+        ("AUTH_TOKEN", token_path.as_str()),
+        ("CLUSTER_ID", CLUSTER_ID),
+        ("SECRET_TTL", "12h"),
+        ("POOL_UNUSED_RELEASE_TIMEOUT", "2m"),
+        ("CONNECTION_TERMINATION_DEADLINE", "3s"),
+        ("KEEPALIVE_TIME", "60s"),
+        ("ZTUNNEL_CPU_LIMIT", "4"),
+        ("ZTUNNEL_WORKER_THREADS", "50%"),
+        ("XDS_HEADER_X-Tenant", "t1"),
+        ("CA_HEADER_X-Ca-Tenant", "t2"),
+        ("ISTIO_META_DNS_CAPTURE", "true"),
+        ("ISTIO_METAJSON_LABELS", r#"{"app":"ztunnel","rev":1}"#),
+        ("INPOD_UDS", socket.as_str()),
+        ("INPOD_ENABLED", "true"),
+        ("PACKET_MARK", "1337"),
+        ("INPOD_PORT_REUSE", "true"),
+        ("ENABLE_ORIG_SRC", "true"),
+    ];
+    let mut z = topo.node(1).spawn(ZTUNNEL, &["proxy", "ztunnel"], &env, &topo.dir.join("ztunnel.log"))?;
+    z.wait_log("ztunnel ready", READY)?;
+    let log = z.log_text();
+    assert!(log.contains("INPOD_UDS is set: istio-cni captures"), "{log}");
+    assert!(log.contains("workload certificates from the Istio CA"), "{log}");
+    assert!(!log.contains("WARN"), "Istio's values we support give no warning:\n{log}");
+    wait_for_async("ready (xDS and the ZDS snapshot)", READY, || async { Ok(readiness(topo.node(1), "127.0.0.1:15021".parse()?).await?.0 == 200) }).await.map_err(|e| e.context(z.log_text()))?;
+    {
+        let r = istiod.res.lock().unwrap();
+        let own = r.issued.iter().find(|i| i.identity == ZTUNNEL_ID).context("no certificate for ztunnel itself")?;
+        assert_eq!(own.validity_secs, 12 * 3600, "SECRET_TTL=12h");
+        assert_eq!(own.headers.get("x-ca-tenant").map(String::as_str), Some("t2"), "{:?}", own.headers);
+        assert!(!own.headers.contains_key("x-tenant"), "xDS headers stay on xDS");
+        let seen = r.seen.iter().find(|s| s.node_metadata.is_some()).context("no xDS request with a node")?;
+        assert_eq!(seen.headers.get("x-tenant").map(String::as_str), Some("t1"), "{:?}", seen.headers);
+        assert_eq!(seen.node_id.as_deref(), Some("ztunnel~10.0.0.1~ztunnel-abcde.istio-system~istio-system.svc.cluster.local"));
+        let md = &seen.node_metadata.as_ref().context("metadata")?.fields;
+        use prost_types::value::Kind;
+        assert_eq!(md.get("DNS_CAPTURE").and_then(|v| v.kind.clone()), Some(Kind::StringValue("true".into())), "{md:?}");
+        let Some(Some(Kind::StructValue(labels))) = md.get("LABELS").map(|v| v.kind.clone()) else { panic!("LABELS: {md:?}") };
+        assert_eq!(labels.fields.get("app").and_then(|v| v.kind.clone()), Some(Kind::StringValue("ztunnel".into())));
+        assert_eq!(labels.fields.get("rev").and_then(|v| v.kind.clone()), Some(Kind::NumberValue(1.0)));
+    }
+    z.terminate()?;
+    anyhow::ensure!(z.wait_exit(Duration::from_secs(10)).is_some(), "ztunnel did not exit on SIGTERM");
+
+    // What we cannot honour without weakening security refuses the start, naming the variable.
+    for (name, value, want) in [
+        ("CRL_PATH", "/var/run/secrets/istio/crl/ca-crl.pem", "CRL_PATH"),
+        ("CA_ROOT_CA", "SYSTEM", "CA_ROOT_CA=SYSTEM"),
+        ("PACKET_MARK", "42", "PACKET_MARK"),
+        ("INPOD_PORT_REUSE", "maybe", "INPOD_PORT_REUSE"),
+    ] {
+        let mut env: Vec<(&str, &str)> = env.iter().copied().filter(|(k, _)| *k != name).collect();
+        env.push((name, value));
+        let mut z = topo.node(1).spawn(ZTUNNEL, &["proxy", "ztunnel"], &env, &topo.dir.join(format!("refused-{name}.log")))?;
+        let status = z.wait_exit(Duration::from_secs(10)).with_context(|| format!("{name}={value}: ztunnel kept running"))?;
+        assert!(!status.success(), "{name}={value}: exit {status}");
+        let log = z.log_text();
+        assert!(log.contains(want), "{name}={value}: {log}");
+    }
+    Ok(())
+}

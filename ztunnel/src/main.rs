@@ -556,3 +556,85 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(argv: &[&str], env: &[(&str, &str)]) -> anyhow::Result<(Args, IstioSettings)> {
+        let argv = istio_args(argv.iter().map(Into::into).collect()).map_err(anyhow::Error::msg)?;
+        let m = Cli::command().try_get_matches_from(argv)?;
+        let mut args = Cli::from_arg_matches(&m)?.run;
+        let s = apply_istio_env(&mut args, &m, &Env::from_pairs(env.iter().copied()))?;
+        Ok((args, s))
+    }
+
+    const BASE: &[&str] = &["ztunnel", "--node-name", "n1", "--local-xds-path", "/dev/null"];
+
+    #[test]
+    fn istio_container_args() {
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(istio_args(os(&["ztunnel", "proxy", "ztunnel", "--node-name", "a"])), Ok(os(&["ztunnel", "--node-name", "a"])));
+        assert_eq!(istio_args(os(&["ztunnel", "proxy"])), Ok(os(&["ztunnel"])));
+        assert_eq!(istio_args(os(&["ztunnel"])), Ok(os(&["ztunnel"])));
+        assert_eq!(istio_args(os(&["ztunnel", "version"])), Ok(os(&["ztunnel", "--version"])));
+        assert!(istio_args(os(&["ztunnel", "proxy", "router"])).unwrap_err().contains("proxy router"));
+        // Our subcommands are untouched.
+        assert_eq!(istio_args(os(&["ztunnel", "cni-server"])), Ok(os(&["ztunnel", "cni-server"])));
+        let (args, _) = parse(&["ztunnel", "proxy", "ztunnel", "--node-name", "n1", "--local-xds-path", "/dev/null"], &[]).unwrap();
+        assert_eq!(args.node_name.as_deref(), Some("n1"));
+    }
+
+    #[test]
+    fn istio_names_apply_unless_ours_are_given() {
+        let env = [("SECRET_TTL", "12h"), ("POOL_UNUSED_RELEASE_TIMEOUT", "90s"), ("ISTIO_META_DNS_CAPTURE", "false"), ("CONNECTION_TERMINATION_DEADLINE", "3s")];
+        let (args, s) = parse(BASE, &env).unwrap();
+        assert_eq!(args.cert_ttl_seconds, 12 * 3600);
+        assert_eq!(args.pool_idle_timeout_seconds, 90);
+        assert!(!args.dns.dns_proxy, "ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off");
+        assert_eq!(s.termination_deadline, Some(Duration::from_secs(3)));
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
+        // Our own flag wins, and the Istio variable it shadows is named.
+        let mut argv = BASE.to_vec();
+        argv.extend(["--cert-ttl-seconds", "600", "--dns-proxy", "true"]);
+        let (args, s) = parse(&argv, &env).unwrap();
+        assert_eq!(args.cert_ttl_seconds, 600);
+        assert!(args.dns.dns_proxy);
+        assert!(s.warnings.iter().any(|w| w.starts_with("SECRET_TTL ignored")), "{:?}", s.warnings);
+        assert!(parse(BASE, &[("SECRET_TTL", "a day")]).unwrap_err().to_string().contains("SECRET_TTL"));
+        // Worker threads as a share of ZTUNNEL_CPU_LIMIT.
+        let mut argv = BASE.to_vec();
+        argv.extend(["--worker-threads", "25%"]);
+        assert_eq!(parse(&argv, &[("ZTUNNEL_CPU_LIMIT", "8")]).unwrap().1.worker_threads, 2);
+        assert_eq!(parse(BASE, &[]).unwrap().1.worker_threads, 2);
+    }
+
+    #[test]
+    fn a_mesh_config_source_is_required_and_xds_brings_its_ca() {
+        let err = parse(&["ztunnel", "--node-name", "n1"], &[]).unwrap_err().to_string();
+        assert!(err.contains("XDS_ADDRESS") && err.contains("LOCAL_XDS_PATH"), "{err}");
+        // In Kubernetes, istiod is the default for both.
+        let (args, _) = parse(&["ztunnel", "--node-name", "n1"], &[("KUBERNETES_SERVICE_HOST", "10.96.0.1")]).unwrap();
+        assert_eq!(args.istiod.xds_address.as_deref(), Some(ztunnel::istiod::DEFAULT_ADDRESS));
+        assert_eq!(args.istiod.ca_address.as_deref(), Some(ztunnel::istiod::DEFAULT_ADDRESS));
+        // FAKE_CA chooses the built-in CA explicitly.
+        let (args, _) = parse(&["ztunnel", "--node-name", "n1", "--xds-address", "istiod:15012", "--fake-ca", "true"], &[]).unwrap();
+        assert_eq!(args.istiod.ca_address, None);
+    }
+
+    #[test]
+    fn inpod_uds_in_the_environment_means_istio_cni_captures() {
+        // The only test here that touches the process environment (clap reads it).
+        std::env::set_var("INPOD_UDS", "/var/run/ztunnel/ztunnel.sock");
+        let from_env = parse(BASE, &[]);
+        let explicit = parse(&[BASE, &["--capture", "nftables"]].concat(), &[]);
+        std::env::remove_var("INPOD_UDS");
+        let (args, s) = from_env.unwrap();
+        assert_eq!(args.capture, CaptureMode::None);
+        assert!(s.infos.iter().any(|i| i.contains("istio-cni captures")), "{:?}", s.infos);
+        assert_eq!(explicit.unwrap().0.capture, CaptureMode::Nftables);
+        // The flag alone (our own `ztunnel cni-server` does no capture) keeps ours.
+        let (args, _) = parse(&[BASE, &["--zds-socket", "/tmp/zds.sock"]].concat(), &[]).unwrap();
+        assert_eq!(args.capture, CaptureMode::Ebpf);
+    }
+}
