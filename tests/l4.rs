@@ -626,6 +626,18 @@ async fn admin_is_local_and_controls_logging_and_drain() -> Result<()> {
     assert!(r.starts_with("HTTP/1.1 200") && r.contains("current log level is debug"), "{r}");
     let r = http_request(&node, "POST", 15000, "/logging?level=no=such=filter[").await?;
     assert!(r.starts_with("HTTP/1.1 400"), "{r}");
+    // Istio's forms: an empty level (or none) lists and changes nothing; scopes by Istio's
+    // names, percent-encoded; reset returns to the start-up levels.
+    for list in ["/logging?level=", "/logging"] {
+        let r = http_request(&node, "POST", 15000, list).await?;
+        assert!(r.starts_with("HTTP/1.1 200") && r.contains("current log level is debug\n"), "{list}: {r}");
+    }
+    let r = http_request(&node, "POST", 15000, "/logging?level=access%3Dwarn%2Cproxy%3Dtrace").await?;
+    assert!(r.contains("current log level is access=warn,ztunnel::access_log=warn,proxy=trace,ztunnel::proxy=trace,debug\n"), "{r}");
+    let r = http_request(&node, "POST", 15000, "/logging?reset").await?;
+    assert!(r.contains("current log level is info\n"), "{r}");
+    let r = http_request(&node, "POST", 15000, "/logging?level=debug").await?;
+    assert!(r.contains("current log level is debug\n"), "{r}");
     // Debug now reaches the log: pool events are logged at debug.
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;

@@ -215,11 +215,16 @@ impl DnsArgs {
 struct ReloadableLog {
     handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
     current: std::sync::Mutex<String>,
+    initial: String,
 }
 
 impl ztunnel::admin::LogControl for ReloadableLog {
     fn get(&self) -> String {
         self.current.lock().map(|c| c.clone()).unwrap_or_default()
+    }
+
+    fn initial(&self) -> String {
+        self.initial.clone()
     }
 
     fn set(&self, filter: &str) -> Result<(), String> {
@@ -244,7 +249,7 @@ fn init_logging(format: &str) -> ReloadableLog {
     } else {
         tracing_subscriber::registry().with(filter).with(fmt).init();
     }
-    ReloadableLog { handle, current: std::sync::Mutex::new(initial) }
+    ReloadableLog { handle, current: std::sync::Mutex::new(initial.clone()), initial }
 }
 
 /// Istio's container arguments: `proxy ztunnel` (its chart's) runs the proxy, as no
