@@ -3,6 +3,7 @@
 //! (node1) or by a stand-in CNI agent over ZDS (node2), real traffic throughout.
 
 mod istiod;
+mod json_schema;
 mod netsim;
 
 use std::net::SocketAddr;
@@ -532,6 +533,29 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
         assert_eq!(labels.fields.get("app").and_then(|v| v.kind.clone()), Some(Kind::StringValue("ztunnel".into())));
         assert_eq!(labels.fields.get("rev").and_then(|v| v.kind.clone()), Some(Kind::NumberValue(1.0)));
     }
+    // /config_dump in upstream's shape (as istioctl ztunnel-config decodes it), with
+    // Istio's config field names and this start's settings.
+    let (code, body) = http_get(topo.node(1), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    assert_eq!(code, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body)?;
+    let schema: serde_json::Value = serde_json::from_str(include_str!("../ztunnel/tests/data/config_dump.schema.json"))?;
+    let bad = json_schema::violations(&schema, &dump);
+    assert!(bad.is_empty(), "{bad:#?}");
+    let c = &dump["config"];
+    assert_eq!(c["localNode"], "node1");
+    assert_eq!(c["xdsAddress"], format!("https://{ISTIOD}"));
+    assert_eq!(c["caAddress"], format!("https://{ISTIOD}"));
+    assert_eq!(c["secretTtl"], serde_json::json!({"secs": 43200, "nanos": 0}));
+    assert_eq!(c["poolUnusedReleaseTimeout"]["secs"], 120);
+    assert_eq!(c["selfTerminationDeadline"]["secs"], 3);
+    assert_eq!(c["numWorkerThreads"], 2, "50% of ZTUNNEL_CPU_LIMIT=4");
+    assert_eq!(c["socketConfig"]["keepaliveTime"]["secs"], 60);
+    assert_eq!(c["xdsHeaders"], serde_json::json!([["x-tenant", "<redacted>"]]));
+    assert_eq!(c["proxyMetadata"]["DNS_CAPTURE"], "true");
+    assert_eq!(c["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    let own = dump["certificates"].as_array().context("certificates")?.iter().find(|c| c["identity"] == ZTUNNEL_ID).context("own certificate")?;
+    assert_eq!(own["rootCerts"].as_array().map(Vec::len), Some(1), "{own}");
+
     z.terminate()?;
     anyhow::ensure!(z.wait_exit(Duration::from_secs(10)).is_some(), "ztunnel did not exit on SIGTERM");
 

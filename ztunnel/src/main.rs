@@ -451,27 +451,90 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         args.admin_addr
     );
     let quit = Arc::new(tokio::sync::Notify::new());
-    let config = serde_json::json!({
-        "nodeName": node_name,
-        "xdsAddress": ia.xds_address,
-        "caAddress": ia.ca_address,
-        "localXdsPath": args.local_xds_path,
-        "clusterId": ia.cluster_id,
-        "network": istio.network,
-        "proxyMode": "Shared",
-        "captureMode": format!("{:?}", args.capture).to_lowercase(),
-        "poolMaxStreamsPerConn": args.pool_max_streams,
-        "poolUnusedReleaseTimeout": format!("{}s", args.pool_idle_timeout_seconds),
-        "connectTimeout": format!("{}ms", args.connect_timeout_ms),
-        "workloadCertTtl": format!("{}s", args.cert_ttl_seconds),
-        "adminAddr": args.admin_addr.to_string(),
-        "statsAddr": args.metrics_addr.to_string(),
-        "readinessAddr": args.readiness_addr.to_string(),
-        "terminationGracePeriod": format!("{}s", args.termination_grace_period_seconds),
+    // Upstream's Config field names and serde shapes (durations {secs, nanos}, addresses
+    // {"Localhost": [v6, port]} / {"SocketAddr": ...}), then our own settings.
+    let (d, addr) = (ztunnel::admin::config_dump::duration, ztunnel::admin::config_dump::address);
+    let root = |r: &str| match ztunnel::istiod::RootCert::from_setting(r) {
+        ztunnel::istiod::RootCert::File(p) => serde_json::json!({ "File": p }),
+        ztunnel::istiod::RootCert::Pem(_) => serde_json::json!("Static"),
+        ztunnel::istiod::RootCert::System => serde_json::json!("Default"),
+    };
+    // Header values may be credentials: names only.
+    let headers = |h: &[(tonic::metadata::AsciiMetadataKey, tonic::metadata::AsciiMetadataValue)]| {
+        h.iter().map(|(k, _)| serde_json::json!([k.as_str(), "<redacted>"])).collect::<Vec<_>>()
+    };
+    let proxy_metadata: serde_json::Map<String, serde_json::Value> =
+        ia.node_metadata.iter().filter(|(_, v)| v.is_string()).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let keepalive = ztunnel::netns::socket_options();
+    let drain_deadline = istio
+        .termination_deadline
+        .unwrap_or_else(|| ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds)));
+    let mut config = serde_json::json!({
+        "proxy": true,
         "dnsProxy": args.dns.dns_proxy,
-        "dnsCapture": args.dns.dns_proxy && args.dns.dns_capture,
-        "clusterDomain": args.dns.cluster_domain,
+        "windowSize": ztunnel::hbone::STREAM_WINDOW,
+        "connectionWindowSize": ztunnel::hbone::CONNECTION_WINDOW,
+        "frameSize": ztunnel::hbone::MAX_FRAME,
+        "poolMaxStreamsPerConn": args.pool_max_streams,
+        "poolUnusedReleaseTimeout": d(Duration::from_secs(args.pool_idle_timeout_seconds)),
+        "socks5Addr": null,
+        "adminAddr": addr(args.admin_addr),
+        "statsAddr": addr(args.metrics_addr),
+        "readinessAddr": addr(args.readiness_addr),
+        "inboundAddr": format!("0.0.0.0:{}", ztunnel::ports::HBONE),
+        "inboundPlaintextAddr": format!("0.0.0.0:{}", ztunnel::ports::INBOUND_PLAINTEXT),
+        "outboundAddr": format!("127.0.0.1:{}", ztunnel::ports::OUTBOUND),
+        "dnsProxyAddr": { "Localhost": [false, 15053] },
+        "illegalPorts": [ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
+        "network": istio.network,
+        "localNode": node_name,
+        "proxyMode": "Shared",
+        "proxyWorkloadInformation": null,
     });
+    let rest = serde_json::json!({
+        "clusterId": ia.cluster_id,
+        "clusterDomain": args.dns.cluster_domain,
+        "caAddress": ia.ca_address,
+        "caRootCert": root(&ia.ca_root_ca),
+        "altCaHostname": ia.alt_ca_hostname,
+        "xdsAddress": ia.xds_address,
+        "xdsRootCert": root(&ia.xds_root_ca),
+        "altXdsHostname": ia.alt_xds_hostname,
+        "preferedServiceNamespace": null,
+        "secretTtl": d(Duration::from_secs(args.cert_ttl_seconds)),
+        "xdsOnDemand": false,
+        "fakeCa": ia.ca_address.is_none(),
+        "fakeSelfInbound": false,
+        "selfTerminationDeadline": d(drain_deadline),
+        "proxyMetadata": proxy_metadata,
+        "numWorkerThreads": istio.worker_threads,
+        "requireOriginalSource": true,
+        "proxyArgs": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        "inpodUds": args.zds_socket,
+        "inpodPortReuse": !keepalive.no_port_reuse,
+        "packetMark": ztunnel::PROXY_MARK,
+        "socketConfig": {
+            "keepaliveTime": d(keepalive.keepalive.time),
+            "keepaliveInterval": d(keepalive.keepalive.interval),
+            "keepaliveRetries": keepalive.keepalive.retries,
+            "keepaliveEnabled": keepalive.keepalive.enabled,
+            "userTimeoutEnabled": keepalive.keepalive.user_timeout,
+        },
+        "xdsHeaders": headers(&ia.xds_headers),
+        "caHeaders": headers(&ia.ca_headers),
+        "localhostAppTunnel": false,
+        "ztunnelIdentity": ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
+        "ipv6Enabled": false,
+        "crlPath": null,
+        // Ours.
+        "localXdsPath": args.local_xds_path,
+        "captureMode": format!("{:?}", args.capture).to_lowercase(),
+        "connectTimeout": d(Duration::from_millis(args.connect_timeout_ms)),
+        "dnsCapture": args.dns.dns_proxy && args.dns.dns_capture,
+    });
+    if let (Some(c), serde_json::Value::Object(rest)) = (config.as_object_mut(), rest) {
+        c.extend(rest);
+    }
     let config_dump = {
         let (state, certs) = (state.clone(), certs.clone());
         Box::new(move || ztunnel::admin::config_dump::dump(&state.load(), &certs, config.clone()))
@@ -548,9 +611,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     // Capture stays in the pods (the CNI owns it): while no proxy runs, their traffic
     // fails closed instead of bypassing mTLS and policy, and a new proxy can take over.
-    let deadline = istio
-        .termination_deadline
-        .unwrap_or_else(|| ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds)));
+    let deadline = drain_deadline;
     tracing::info!(deadline = ?deadline, active = drain.active(), "draining: listeners closed, GOAWAY sent on HBONE");
     metrics.set_not_ready();
     drain.start();

@@ -8,19 +8,29 @@ use crate::identity::manager::CertManager;
 use crate::rbac::{Authorization, Match, PolicyAction, PolicyScope, StringMatch};
 use crate::state::{GatewayAddress, GatewayDestination, HealthStatus, MeshState, Protocol, Service, Workload};
 
-fn gateway(g: &Option<GatewayAddress>) -> Value {
-    match g {
-        None => Value::Null,
-        Some(g) => {
-            let destination = match &g.destination {
-                GatewayDestination::Address(a) => json!({ "Address": a.to_string() }),
-                GatewayDestination::Hostname(h) => {
-                    let (namespace, hostname) = h.0.split_once('/').unwrap_or(("", &h.0));
-                    json!({ "Hostname": { "namespace": namespace, "hostname": hostname } })
-                }
-            };
-            json!({ "destination": destination, "hboneMtlsPort": g.hbone_mtls_port })
-        }
+/// Istio's GatewayAddress: `destination` is one string, `network/ip` or
+/// `namespace/hostname` (upstream's untagged enum; istioctl decodes a string).
+fn gateway(g: &GatewayAddress) -> Value {
+    let destination = match &g.destination {
+        GatewayDestination::Address(a) => a.to_string(),
+        GatewayDestination::Hostname(h) => h.0.clone(),
+    };
+    json!({ "destination": destination, "hboneMtlsPort": g.hbone_mtls_port })
+}
+
+/// Inserts `key` unless the value is its type's default (upstream's
+/// `skip_serializing_if = "is_default"`).
+fn insert_unless_default(m: &mut Map<String, Value>, key: &str, v: Value) {
+    let default = match &v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::Number(_) => false,
+    };
+    if !default {
+        m.insert(key.to_string(), v);
     }
 }
 
@@ -28,63 +38,76 @@ fn ports(p: &std::collections::BTreeMap<u16, u16>) -> Value {
     Value::Object(p.iter().map(|(k, v)| (k.to_string(), json!(v))).collect())
 }
 
+fn health(h: HealthStatus) -> &'static str {
+    match h {
+        HealthStatus::Healthy => "Healthy",
+        HealthStatus::Unhealthy => "Unhealthy",
+    }
+}
+
+/// A workload as upstream serializes it: fields at their default are left out; the
+/// service list is `namespace/hostname` strings (the ports live in the services'
+/// endpoints).
 pub fn workload(w: &Workload) -> Value {
-    let services: Map<String, Value> = w.services.iter().map(|(k, p)| (k.0.clone(), ports(p))).collect();
-    json!({
-        "uid": w.uid.0,
-        "workloadIps": w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
-        "waypoint": gateway(&w.waypoint),
-        "networkGateway": null,
-        "protocol": match w.protocol { Protocol::HBONE => "HBONE", Protocol::TCP => "TCP" },
-        "networkMode": "Standard",
-        "name": w.name,
-        "namespace": w.namespace,
-        "trustDomain": w.trust_domain,
-        "serviceAccount": w.service_account,
-        "network": w.network,
-        "workloadName": w.workload_name,
-        "workloadType": "pod",
-        "canonicalName": w.canonical_name,
-        "canonicalRevision": w.canonical_revision,
-        "hostname": "",
-        "node": w.node,
-        "status": match w.status { HealthStatus::Healthy => "Healthy", HealthStatus::Unhealthy => "Unhealthy" },
-        "clusterId": w.cluster_id,
-        "authorizationPolicies": w.authorization_policies,
-        "nativeTunnel": false,
-        // Istio's dump shape: {"protocol": "PROXY", "port": N} (port omitted when unset).
-        "applicationTunnel": crate::state::ApplicationTunnel::effective(w.application_tunnel).map(|t| match t.port {
-            Some(p) => json!({"protocol": "PROXY", "port": p}),
-            None => json!({"protocol": "PROXY"}),
-        }),
-        "services": services,
-        "capacity": w.capacity,
-    })
+    let mut services: Vec<&str> = w.services.keys().map(|k| k.0.as_str()).collect();
+    services.sort_unstable();
+    let mut m = Map::new();
+    m.insert("workloadIps".into(), json!(w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>()));
+    insert_unless_default(&mut m, "waypoint", w.waypoint.as_ref().map_or(Value::Null, gateway));
+    m.insert("protocol".into(), json!(match w.protocol { Protocol::HBONE => "HBONE", Protocol::TCP => "TCP" }));
+    m.insert("networkMode".into(), json!("Standard"));
+    insert_unless_default(&mut m, "uid", json!(w.uid.0));
+    m.insert("name".into(), json!(w.name));
+    m.insert("namespace".into(), json!(w.namespace));
+    insert_unless_default(&mut m, "trustDomain", json!(w.trust_domain));
+    insert_unless_default(&mut m, "serviceAccount", json!(w.service_account));
+    insert_unless_default(&mut m, "network", json!(w.network));
+    insert_unless_default(&mut m, "workloadName", json!(w.workload_name));
+    insert_unless_default(&mut m, "workloadType", json!("pod"));
+    insert_unless_default(&mut m, "canonicalName", json!(w.canonical_name));
+    insert_unless_default(&mut m, "canonicalRevision", json!(w.canonical_revision));
+    insert_unless_default(&mut m, "node", json!(w.node));
+    // Istio's dump shape: {"protocol": "PROXY", "port": N} (port null when unset).
+    if let Some(t) = crate::state::ApplicationTunnel::effective(w.application_tunnel) {
+        m.insert("applicationTunnel".into(), json!({"protocol": "PROXY", "port": t.port}));
+    }
+    insert_unless_default(&mut m, "authorizationPolicies", json!(w.authorization_policies));
+    m.insert("status".into(), json!(health(w.status)));
+    m.insert("clusterId".into(), json!(w.cluster_id));
+    insert_unless_default(&mut m, "services", json!(services));
+    m.insert("capacity".into(), json!(w.capacity));
+    Value::Object(m)
 }
 
 pub fn service(state: &MeshState, s: &Service) -> Value {
     let key = s.namespaced_hostname();
+    // Upstream keys endpoints by workload uid.
     let mut endpoints = Map::new();
     for w in state.workloads() {
         if let Some(p) = w.services.get(&key) {
-            endpoints.insert(
-                format!("{}:{}", key, w.uid),
-                json!({ "workloadUid": w.uid.0, "service": key.0, "port": ports(p) }),
-            );
+            endpoints.insert(w.uid.0.clone(), json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }));
         }
     }
-    json!({
-        "name": s.name,
-        "namespace": s.namespace,
-        "hostname": s.hostname,
-        "vips": s.vips.iter().map(|v| v.to_string()).collect::<Vec<_>>(),
-        "ports": ports(&s.ports),
-        "endpoints": endpoints,
-        "subjectAltNames": s.subject_alt_names,
-        "waypoint": gateway(&s.waypoint),
-        "loadBalancer": null,
-        "ipFamilies": "IPv4",
-    })
+    let (v4, v6) = (s.vips.iter().any(|v| v.address.is_ipv4()), s.vips.iter().any(|v| v.address.is_ipv6()));
+    let ip_families = match (v4, v6) {
+        (true, true) => json!("Dual"),
+        (true, false) => json!("IPv4"),
+        (false, true) => json!("IPv6"),
+        (false, false) => Value::Null,
+    };
+    let mut m = Map::new();
+    m.insert("name".into(), json!(s.name));
+    m.insert("namespace".into(), json!(s.namespace));
+    m.insert("hostname".into(), json!(s.hostname));
+    m.insert("vips".into(), json!(s.vips.iter().map(|v| v.to_string()).collect::<Vec<_>>()));
+    m.insert("ports".into(), ports(&s.ports));
+    m.insert("endpoints".into(), Value::Object(endpoints));
+    m.insert("subjectAltNames".into(), json!(s.subject_alt_names));
+    insert_unless_default(&mut m, "waypoint", s.waypoint.as_ref().map_or(Value::Null, gateway));
+    insert_unless_default(&mut m, "ipFamilies", ip_families);
+    m.insert("canonical".into(), json!(false));
+    m.insert("visibility".into(), json!("Public"));
+    Value::Object(m)
 }
 
 fn strings(v: &[StringMatch]) -> Value {
@@ -195,11 +218,13 @@ pub fn certificates(certs: &CertManager) -> Value {
             .snapshot()
             .into_iter()
             .map(|(id, cert)| match cert {
-                Some(c) => {
-                    let chain: Vec<Value> = c.cert.chain.iter().chain(c.cert.roots.iter()).map(cert_dump).collect();
-                    json!({ "identity": id.to_string(), "state": "Available", "certChain": chain })
-                }
-                None => json!({ "identity": id.to_string(), "state": "Initializing", "certChain": [] }),
+                Some(c) => json!({
+                    "identity": id.to_string(),
+                    "state": "Available",
+                    "certChain": c.cert.chain.iter().map(cert_dump).collect::<Vec<_>>(),
+                    "rootCerts": c.cert.roots.iter().map(cert_dump).collect::<Vec<_>>(),
+                }),
+                None => json!({ "identity": id.to_string(), "state": "Initializing", "certChain": [], "rootCerts": [] }),
             })
             .collect(),
     )
@@ -215,15 +240,94 @@ pub fn dump(state: &MeshState, certs: &CertManager, config: Value) -> Value {
         "workloads": workloads.iter().map(|w| workload(w)).collect::<Vec<_>>(),
         "services": services.iter().map(|s| service(state, s)).collect::<Vec<_>>(),
         "policies": state.policies().map(|p| policy(p)).collect::<Vec<_>>(),
+        // Endpoints of services not yet known; ours are never staged.
+        "stagedServices": {},
+        // Upstream's local config section; ours is merged into the lists above.
+        "staticConfig": { "workloads": [], "policies": [], "services": [] },
         "certificates": certificates(certs),
         "config": config,
-        "version": { "version": env!("CARGO_PKG_VERSION"), "rustVersion": option_env!("CARGO_PKG_RUST_VERSION").unwrap_or(""), "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" } },
+        "version": version(),
     })
+}
+
+/// Upstream's BuildInfo fields.
+pub fn version() -> Value {
+    json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "gitRevision": option_env!("ZTUNNEL_GIT_REVISION").unwrap_or("unknown"),
+        "rustVersion": option_env!("CARGO_PKG_RUST_VERSION").unwrap_or(""),
+        "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" },
+        "buildStatus": "Clean",
+        "istioVersion": option_env!("ZTUNNEL_ISTIO_VERSION").unwrap_or("unknown"),
+        "cryptoProvider": "ring",
+    })
+}
+
+/// A duration as upstream's serde writes it.
+pub fn duration(d: std::time::Duration) -> Value {
+    json!({ "secs": d.as_secs(), "nanos": d.subsec_nanos() })
+}
+
+/// A listen address as upstream's `Address` enum: localhost (dual stack flag, port) or
+/// an explicit socket address.
+pub fn address(a: std::net::SocketAddr) -> Value {
+    if a.ip().is_loopback() {
+        json!({ "Localhost": [a.is_ipv6(), a.port()] })
+    } else {
+        json!({ "SocketAddr": a.to_string() })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    // Shared with the end-to-end tests (tests/json_schema.rs).
+    mod json_schema {
+        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/json_schema.rs"));
+    }
+
+    const SCHEMA: &str = include_str!("../../tests/data/config_dump.schema.json");
+
+    /// The dump of a state with waypoints (by address and by hostname), an application
+    /// tunnel, a policy and an issued certificate, checked against upstream's shape
+    /// (the config section is checked end to end, with the binary's real config).
+    #[test]
+    fn dump_matches_upstream_schema() {
+        let cfg = crate::config::LocalConfig::parse(
+            std::path::Path::new("t.yaml"),
+            "workloads:\n- {uid: u1, name: a, namespace: ns, serviceAccount: sa, workloadIps: [10.0.0.1], protocol: HBONE, node: n1, services: {ns/s.ns.svc: {80: 8080}}, waypoint: {destination: \"ns/wp.ns.svc.cluster.local\"}, applicationTunnel: {protocol: PROXY}}\n\
+             - {uid: u2, name: b, namespace: ns, workloadIps: [10.0.0.2]}\n\
+             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}}\n\
+             policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
+        )
+        .unwrap();
+        let state = cfg.into_state(std::path::Path::new("t.yaml")).unwrap();
+        let dir = std::env::temp_dir().join(format!("zt-schema-{}", std::process::id()));
+        let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) }));
+        let id = crate::identity::Identity::new("cluster.local", "ns", "sa");
+        certs.allow(&id);
+        certs.allow(&crate::identity::Identity::new("cluster.local", "ns", "pending"));
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(certs.fetch(&id)).unwrap();
+        let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+        let d = dump(&state, &certs, json!({}));
+        let bad: Vec<String> = json_schema::violations(&schema, &d).into_iter().filter(|v| !v.starts_with("$.config")).collect();
+        assert!(bad.is_empty(), "{bad:#?}\n{d:#}");
+        assert_eq!(d["workloads"][0]["waypoint"]["destination"], "ns/wp.ns.svc.cluster.local");
+        assert_eq!(d["services"][0]["waypoint"]["destination"], "/10.0.0.9");
+        assert_eq!(d["workloads"][0]["applicationTunnel"], json!({"protocol": "PROXY", "port": null}));
+        // The shapes this dump had before (istioctl could not decode them) are caught.
+        let mut old = d.clone();
+        old["workloads"][0]["waypoint"]["destination"] = json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});
+        old["workloads"][0]["services"] = json!({"ns/s.ns.svc": {"80": 8080}});
+        old["certificates"][0].as_object_mut().unwrap().remove("rootCerts");
+        let found = json_schema::violations(&schema, &old);
+        for want in ["$.workloads[0].waypoint.destination", "$.workloads[0].services", "$.certificates[0]: missing required field \"rootCerts\""] {
+            assert!(found.iter().any(|v| v.starts_with(want)), "{want}: {found:#?}");
+        }
+    }
 
     #[test]
     fn base64_matches_rfc4648() {
@@ -262,10 +366,15 @@ mod tests {
         assert_eq!(d["workloads"][0]["uid"], "u1");
         assert_eq!(d["workloads"][0]["workloadIps"][0], "10.0.0.1");
         assert_eq!(d["workloads"][0]["protocol"], "HBONE");
-        assert_eq!(d["workloads"][0]["services"]["ns/s.ns.svc"]["80"], 8080);
-        assert_eq!(d["workloads"][0]["waypoint"]["destination"]["Address"], "/10.0.0.9");
+        assert_eq!(d["workloads"][0]["services"], json!(["ns/s.ns.svc"]));
+        assert_eq!(d["workloads"][0]["waypoint"]["destination"], "/10.0.0.9");
         assert_eq!(d["services"][0]["vips"][0], "/10.96.0.1");
-        assert_eq!(d["services"][0]["endpoints"]["ns/s.ns.svc:u1"]["workloadUid"], "u1");
+        assert_eq!(d["services"][0]["endpoints"]["u1"]["workloadUid"], "u1");
+        assert_eq!(d["services"][0]["endpoints"]["u1"]["port"]["80"], 8080);
+        assert_eq!(d["services"][0]["ipFamilies"], "IPv4");
+        assert!(d["services"][0].get("waypoint").is_none(), "no waypoint: left out as upstream");
+        assert_eq!(d["certificates"][0]["certChain"].as_array().unwrap().len(), 1, "the leaf; the root is in rootCerts");
+        assert_eq!(d["certificates"][0]["rootCerts"].as_array().unwrap().len(), 1);
         assert_eq!(d["policies"][0]["action"], "Deny");
         assert_eq!(d["policies"][0]["rules"][0][0][0]["principals"][0]["Exact"], "td/ns/x/sa/y");
         assert_eq!(d["policies"][0]["rules"][0][0][0]["destinationPorts"][0], 80);
