@@ -26,7 +26,7 @@ fn type_ok(t: &str, v: &Value) -> bool {
 
 fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<String>) {
     if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-        let target = r.strip_prefix("#/").map(|p| p.split('/').fold(Some(root), |s, k| s.and_then(|s| s.get(k))));
+        let target = r.strip_prefix("#/").map(|p| p.split('/').try_fold(root, |s, k| s.get(k)));
         match target.flatten() {
             Some(t) => check(root, t, v, path, out),
             None => out.push(format!("{path}: unresolvable $ref {r}")),
