@@ -292,6 +292,20 @@ mod tests {
     /// The dump of a state with waypoints (by address and by hostname), an application
     /// tunnel, a policy and an issued certificate, checked against upstream's shape
     /// (the config section is checked end to end, with the binary's real config).
+    /// The state of `cfg` and a certificate manager on a throw-away CA holding a
+    /// certificate for `ns/sa`.
+    fn fixture(cfg: crate::config::LocalConfig, tag: &str) -> (crate::state::MeshState, std::sync::Arc<CertManager>, std::sync::Arc<crate::identity::manager::CertState>) {
+        let state = cfg.into_state(std::path::Path::new("t.yaml")).unwrap();
+        let dir = std::env::temp_dir().join(format!("zt-{tag}-{}", std::process::id()));
+        let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) }));
+        let id = crate::identity::Identity::new("cluster.local", "ns", "sa");
+        certs.allow(&id);
+        let issued = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(certs.fetch(&id)).unwrap();
+        (state, certs, issued)
+    }
+
     #[test]
     fn dump_matches_upstream_schema() {
         let cfg = crate::config::LocalConfig::parse(
@@ -302,15 +316,8 @@ mod tests {
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
         )
         .unwrap();
-        let state = cfg.into_state(std::path::Path::new("t.yaml")).unwrap();
-        let dir = std::env::temp_dir().join(format!("zt-schema-{}", std::process::id()));
-        let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) }));
-        let id = crate::identity::Identity::new("cluster.local", "ns", "sa");
-        certs.allow(&id);
+        let (state, certs, _) = fixture(cfg, "schema");
         certs.allow(&crate::identity::Identity::new("cluster.local", "ns", "pending"));
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(certs.fetch(&id)).unwrap();
         let schema: Value = serde_json::from_str(SCHEMA).unwrap();
         let d = dump(&state, &certs, json!({}));
         let bad: Vec<String> = json_schema::violations(&schema, &d).into_iter().filter(|v| !v.starts_with("$.config")).collect();
@@ -348,14 +355,7 @@ mod tests {
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}], destinationPorts: [80]}]]]}\n",
         )
         .unwrap();
-        let state = cfg.into_state(std::path::Path::new("t.yaml")).unwrap();
-        let dir = std::env::temp_dir().join(format!("zt-dump-{}", std::process::id()));
-        let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) }));
-        let id = crate::identity::Identity::new("cluster.local", "ns", "sa");
-        certs.allow(&id);
-        let issued = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(certs.fetch(&id)).unwrap();
+        let (state, certs, issued) = fixture(cfg, "dump");
         let d = dump(&state, &certs, json!({}));
         assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/ns/sa/sa");
         assert_eq!(d["certificates"][0]["state"], "Available");

@@ -54,34 +54,27 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
             adds.pop_front();
             continue;
         };
-        if let Some(Payload::Add(add)) = &req.payload {
-            let uid = WorkloadUid(add.uid.clone());
-            if !adds.iter().any(|(u, _)| *u == uid) {
-                in_snapshot.insert(uid.clone());
-                let task = match fd {
-                    None => tokio::spawn(std::future::ready(Err(ZdsError::MissingNetns(add.uid.clone()).to_string()))),
-                    Some(fd) => {
-                        let (inputs, pods, info, uid) = (inputs.clone(), pods.clone(), add.workload_info.clone(), uid.clone());
-                        tokio::spawn(async move { add_pod(&inputs, &pods, uid, info, fd).await })
-                    }
-                };
-                adds.push_back((uid, task));
-                continue;
+        let add_in_flight = matches!(&req.payload, Some(Payload::Add(add)) if adds.iter().any(|(u, _)| u.0 == add.uid));
+        if !matches!(req.payload, Some(Payload::Add(_))) || add_in_flight {
+            // Everything else, and a second Add of a pod still being added, after the
+            // Adds already in flight.
+            while let Some((_, task)) = adds.pop_front() {
+                send_ack(&sock, joined(task.await)).await?;
             }
-        }
-        // Everything else (and a second Add of a pod still being added) after the Adds
-        // already in flight.
-        while let Some((_, task)) = adds.pop_front() {
-            send_ack(&sock, joined(task.await)).await?;
         }
         let result = match req.payload {
             Some(Payload::Add(add)) => {
                 let uid = WorkloadUid(add.uid.clone());
                 in_snapshot.insert(uid.clone());
-                match fd {
-                    None => Err(ZdsError::MissingNetns(add.uid).to_string()),
-                    Some(fd) => add_pod(inputs, pods, uid, add.workload_info, fd).await,
-                }
+                let task = match fd {
+                    None => tokio::spawn(std::future::ready(Err(ZdsError::MissingNetns(add.uid).to_string()))),
+                    Some(fd) => {
+                        let (inputs, pods, uid) = (inputs.clone(), pods.clone(), uid.clone());
+                        tokio::spawn(async move { add_pod(&inputs, &pods, uid, add.workload_info, fd).await })
+                    }
+                };
+                adds.push_back((uid, task));
+                continue;
             }
             Some(Payload::Keep(keep)) => {
                 let uid = WorkloadUid(keep.uid);
