@@ -12,9 +12,17 @@
 //
 // Inbound: sk_lookup, attached to each enrolled pod's netns, steers TCP arriving from the
 // network at the pod's IP to the pod's 15006 listener (from a SOCKHASH keyed by pod IP),
-// except HBONE (15008), connections from inside the pod (the proxy's deliveries, the app
-// calling itself: recorded by sockops), the kubelet probe source and exempt ports. The accepted socket keeps the original local address,
-// so the destination is getsockname(), as with TPROXY.
+// except HBONE (15008), the app calling itself (source = destination, or a 127/8 source,
+// which the kernel never accepts from the wire), the proxy's deliveries (recorded by
+// connect4 and sockops, see below), the kubelet probe source and exempt ports. The accepted
+// socket keeps the original local address, so the destination is getsockname(), as with
+// TPROXY.
+//
+// Bounds: every per-connection entry is charged to the netns that made it
+// (zt_netns_usage), and a netns over its share is refused (EPERM on connect) instead of
+// crowding out other pods: a pod flooding connects hurts only itself. Entries go at the
+// TCP close state change and at socket release, whichever comes first, and a re-connect()
+// on one socket replaces its entry instead of orphaning it.
 //
 // DNS (pods whose pod_config has POD_DNS): a TCP connect() to port 53 goes to the DNS
 // proxy's 127.0.0.1:15053 instead of 15001; UDP to port 53 too, through connect4 for
@@ -75,6 +83,17 @@ struct orig_dst {
 struct cookie_entry {
 	struct orig_dst dst;
 	__u64 netns;
+	/* the client's address as zt_orig_by_tuple keys it (set by sockops), so release can
+	   delete that entry too; port 0: none yet */
+	__u32 client_ip;
+	__u32 client_port;
+};
+
+// zt_orig_by_tuple's value: the destination, and which socket it is for (a later socket
+// can reuse the client port while the first is still open).
+struct tuple_value {
+	struct orig_dst dst;
+	__u64 cookie;
 };
 
 struct tuple_key {
@@ -128,46 +147,140 @@ struct {
 	__type(value, __u8);
 } zt_exempt_ports SEC(".maps");
 
-// LRU: a socket whose release we never see cannot fill the map.
+// Per-connection entries one netns may hold: far above what one pod's proxy traffic
+// needs, a small share of each map (so it takes 16 pods at their limit to fill one).
+#define ORIG_PER_NETNS 16384
+#define LOCAL_PER_NETNS 16384
+
+// What each enrolled netns holds in the per-connection maps. Signed: a racing decrement
+// may dip below zero, which must never read as "over the limit". Entries are created on
+// first use by an enrolled pod's socket and removed with the pod by ztunnel.
+struct netns_usage {
+	__s32 local;	/* zt_local_by_cookie entries */
+	__s32 orig;	/* zt_orig_by_cookie entries */
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, struct netns_usage);
+} zt_netns_usage SEC(".maps");
+
+// Captured sockets' original destinations. Not LRU: every socket's release is seen
+// (the programs stay attached through restarts), so entries cannot be orphaned, and
+// eviction would let one pod's flood push out another's; the per-netns limit bounds it
+// instead. Allocated on use.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u64);
 	__type(value, struct cookie_entry);
 } zt_orig_by_cookie SEC(".maps");
+
+// Read (and deleted) by the proxy's getsockopt right after accept, deleted at the
+// client socket's release otherwise; LRU only as a last resort.
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, struct tuple_key);
-	__type(value, struct orig_dst);
+	__type(value, struct tuple_value);
 } zt_orig_by_tuple SEC(".maps");
 
-// Connections made inside an enrolled pod to its own address: the proxy's transparent
-// deliveries to the app and the app calling itself. sk_lookup must not steer them to
-// 15006 (nftables: `iifname lo return`); their route's input interface is the pod's
-// eth0, not lo, so only their addresses tell them apart. Plain hashes, not LRU: an
-// evicted by-cookie entry would leave its exemption behind for a later connection.
+// The proxy's transparent deliveries to an enrolled pod's app (DELIVERY_MARK, made in the
+// pod's netns to its own address, from the original client's address). sk_lookup must
+// not steer them to 15006 (nftables: `iifname lo return`); their route's input interface
+// is the pod's eth0, not lo, so only their addresses tell them apart. Plain hashes, not
+// LRU: an evicted by-cookie entry would leave its exemption behind for a later connection.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct conn_key);
 	__type(value, __u8);
 } zt_local_conns SEC(".maps");
 
-// The same connections by socket cookie, so sock_release (which cannot read the source
-// address) can remove them: a stale entry would let a later connection with the same
-// addresses from the network past 15006.
+// The same deliveries by socket cookie: the netns's reservation, taken at connect()
+// (ports zero until sockops knows them), and how the close and release callbacks (which
+// cannot read the source address) find the zt_local_conns entry: a stale one would let a
+// later connection with the same addresses from the network past 15006.
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, 262144);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u64);
 	__type(value, struct conn_key);
 } zt_local_by_cookie SEC(".maps");
 
+// Charges one entry of `field` (0: local, 1: orig) to netns; 0 when its share is spent.
+static __always_inline int take_share(__u64 netns, int orig)
+{
+	struct netns_usage *u = bpf_map_lookup_elem(&zt_netns_usage, &netns);
+	if (!u) {
+		struct netns_usage zero = {};
+		bpf_map_update_elem(&zt_netns_usage, &netns, &zero, BPF_NOEXIST);
+		u = bpf_map_lookup_elem(&zt_netns_usage, &netns);
+		if (!u)
+			return 0;
+	}
+	__s32 *n = orig ? &u->orig : &u->local;
+	if (*n >= (orig ? ORIG_PER_NETNS : LOCAL_PER_NETNS))
+		return 0;
+	__sync_fetch_and_add(n, 1);
+	return 1;
+}
+
+static __always_inline void give_share(__u64 netns, int orig)
+{
+	struct netns_usage *u = bpf_map_lookup_elem(&zt_netns_usage, &netns);
+	if (!u)
+		return; // the pod is gone, and its usage with it
+	__sync_fetch_and_add(orig ? &u->orig : &u->local, -1);
+}
+
+// Removes a delivery's entries (on close or release, whichever comes first).
+static __always_inline void forget_local(__u64 cookie)
+{
+	struct conn_key *c = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
+	if (!c)
+		return;
+	struct conn_key copy = *c;
+	bpf_map_delete_elem(&zt_local_conns, &copy);
+	// Only the caller whose delete succeeds gives the share back.
+	if (bpf_map_delete_elem(&zt_local_by_cookie, &cookie) == 0)
+		give_share(copy.netns, 0);
+}
+
 static __always_inline int is_proxy_mark(__u32 mark)
 {
 	return mark == PROXY_MARK || mark == DELIVERY_MARK;
+}
+
+// A delivery's connect() in an enrolled pod's netns: reserves its zt_local_by_cookie
+// entry, charged to the netns (sockops fills in the addresses). A re-connect() on the
+// same socket drops the exemption of its earlier addresses and keeps the reservation.
+// 0 when the netns's share is spent: the connect fails (EPERM) rather than loop through
+// 15006. Marks in netns that are not enrolled never get here.
+static __always_inline int reserve_delivery(__u64 cookie, __u64 netns)
+{
+	struct conn_key *old = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
+	if (old) {
+		struct conn_key copy = *old;
+		bpf_map_delete_elem(&zt_local_conns, &copy);
+		struct conn_key empty = { .netns = copy.netns };
+		bpf_map_update_elem(&zt_local_by_cookie, &cookie, &empty, BPF_EXIST);
+		return 1;
+	}
+	if (!take_share(netns, 0))
+		return 0;
+	struct conn_key reserved = { .netns = netns };
+	if (bpf_map_update_elem(&zt_local_by_cookie, &cookie, &reserved, BPF_NOEXIST) != 0) {
+		give_share(netns, 0);
+		return 0;
+	}
+	return 1;
 }
 
 // Where a connect() (TCP or UDP) or sendmsg() (UDP) to IPv4 address `dst`, port
@@ -192,7 +305,12 @@ static __always_inline int capture_dst(struct bpf_sock_addr *ctx, __u32 dst, __u
 	if (!pod)
 		return NOT_CAPTURED;
 	struct bpf_sock *sk = ctx->sk;
-	if (!sk || is_proxy_mark(sk->mark))
+	if (!sk)
+		return NOT_CAPTURED;
+	__u64 cookie = bpf_get_socket_cookie(ctx);
+	if (sk->mark == DELIVERY_MARK && tcp && dst == pod->ip)
+		return reserve_delivery(cookie, netns) ? NOT_CAPTURED : CAPTURE_FAILED;
+	if (is_proxy_mark(sk->mark))
 		return NOT_CAPTURED;
 	// Loopback, the pod's own address and 0.0.0.0 stay inside the pod (nftables: oif lo).
 	if ((bpf_ntohl(dst) >> 24) == 127 || dst == pod->ip || dst == 0)
@@ -200,13 +318,21 @@ static __always_inline int capture_dst(struct bpf_sock_addr *ctx, __u32 dst, __u
 	int dns = dns_port && (pod->flags & POD_DNS);
 	if (udp && !dns)
 		return NOT_CAPTURED;
-	__u64 cookie = bpf_get_socket_cookie(ctx);
 	struct cookie_entry e = {
 		.dst = { .ip = dst, .port = port },
 		.netns = netns,
 	};
-	if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_ANY) != 0)
+	// A socket captured before (a re-connect, or the next datagram) keeps its share.
+	if (!bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie)) {
+		if (!take_share(netns, 1))
+			return CAPTURE_FAILED;
+		if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_NOEXIST) != 0) {
+			give_share(netns, 1);
+			return CAPTURE_FAILED;
+		}
+	} else if (bpf_map_update_elem(&zt_orig_by_cookie, &cookie, &e, BPF_EXIST) != 0) {
 		return CAPTURE_FAILED;
+	}
 	return dns ? TO_DNS : TO_OUTBOUND;
 }
 
@@ -306,7 +432,15 @@ int zt_connect6(struct bpf_sock_addr *ctx)
 SEC("sockops")
 int zt_sockops(struct bpf_sock_ops *skops)
 {
-	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+	__u32 op = skops->op;
+	if (op == BPF_SOCK_OPS_STATE_CB) {
+		// A delivery's exemption ends with its connection, even while the proxy still
+		// holds the socket.
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			forget_local(bpf_get_socket_cookie(skops));
+		return 1;
+	}
+	if (op != BPF_SOCK_OPS_TCP_CONNECT_CB)
 		return 1;
 	// Every context field is loaded once, up front: the verifier refuses the
 	// pointer-offset loads clang makes when a load is shared between branches.
@@ -314,6 +448,8 @@ int zt_sockops(struct bpf_sock_ops *skops)
 	__u32 local4 = skops->local_ip4, remote4 = skops->remote_ip4;
 	__u32 local6 = skops->local_ip6[3];
 	__u32 r0 = skops->remote_ip6[0], r1 = skops->remote_ip6[1], r2 = skops->remote_ip6[2], r3 = skops->remote_ip6[3];
+	__u32 local_port = skops->local_port, remote_port = skops->remote_port;
+	__u32 cb_flags = skops->bpf_sock_ops_cb_flags;
 	asm volatile("" ::: "memory");
 	__u32 local_ip, remote_ip;
 	if (family == AF_INET) {
@@ -325,36 +461,31 @@ int zt_sockops(struct bpf_sock_ops *skops)
 	} else {
 		return 1;
 	}
-	__u64 netns = bpf_get_netns_cookie(skops);
-	struct pod_config *pod = bpf_map_lookup_elem(&zt_pods_netns, &netns);
-	struct bpf_sock *sk = skops->sk;
-	// Deliveries are recognized by their mark alone, so that one made while the pod is
-	// half enrolled or half removed is never looped back to 15006.
-	int delivery = sk && sk->mark == DELIVERY_MARK;
-	if (!pod && !delivery)
-		return 1;
-	if (delivery || (pod && remote_ip == pod->ip)) {
-		// The source port is bound by now and the SYN not yet sent: the entry is in
-		// place before sk_lookup sees the connection.
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	// A delivery reserved at connect(): the source port is bound by now and the SYN not
+	// yet sent, so the entry is in place before sk_lookup sees the connection.
+	struct conn_key *reserved = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
+	if (reserved) {
 		struct conn_key c = {
-			.netns = netns,
+			.netns = reserved->netns,
 			.src_ip = local_ip,
 			.dst_ip = remote_ip,
-			.src_port = (__u16)skops->local_port,
-			.dst_port = (__u16)bpf_ntohl(skops->remote_port),
+			.src_port = (__u16)local_port,
+			.dst_port = (__u16)bpf_ntohl(remote_port),
 		};
 		__u8 one = 1;
-		__u64 cookie = bpf_get_socket_cookie(skops);
-		if (bpf_map_update_elem(&zt_local_by_cookie, &cookie, &c, BPF_ANY) == 0)
+		if (bpf_map_update_elem(&zt_local_by_cookie, &cookie, &c, BPF_EXIST) == 0)
 			bpf_map_update_elem(&zt_local_conns, &c, &one, BPF_ANY);
+		bpf_sock_ops_cb_flags_set(skops, cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		return 1;
 	}
-	__u64 cookie = bpf_get_socket_cookie(skops);
 	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
 	if (!e)
 		return 1;
-	struct tuple_key k = { .netns = e->netns, .ip = local_ip, .port = skops->local_port };
-	struct orig_dst v = e->dst;
+	struct tuple_key k = { .netns = e->netns, .ip = local_ip, .port = local_port };
+	struct tuple_value v = { .dst = e->dst, .cookie = cookie };
+	e->client_ip = local_ip;
+	e->client_port = local_port;
 	bpf_map_update_elem(&zt_orig_by_tuple, &k, &v, BPF_ANY);
 	return 1;
 }
@@ -372,10 +503,10 @@ int zt_getsockopt(struct bpf_sockopt *ctx)
 		.ip = sk->dst_ip4,
 		.port = bpf_ntohs(sk->dst_port),
 	};
-	struct orig_dst *found = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
+	struct tuple_value *found = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
 	if (!found)
 		return 1;
-	struct orig_dst copy = *found;
+	struct orig_dst copy = found->dst;
 	struct orig_dst *v = &copy;
 	struct sockaddr_in_bpf {
 		__u16 family;
@@ -393,9 +524,8 @@ int zt_getsockopt(struct bpf_sockopt *ctx)
 	ctx->optlen = sizeof(*sa);
 	asm volatile("" ::: "memory");
 	ctx->retval = 0;
-	// Read once: the proxy asks right after accept. Deleting here rather than at
-	// release, whose only key (the peer address) an unrelated in-pod loopback
-	// connection can share; entries never asked for age out of the LRU.
+	// Read once: the proxy asks right after accept. Entries never asked for go when
+	// the client socket is released.
 	bpf_map_delete_elem(&zt_orig_by_tuple, &k);
 	return 1;
 }
@@ -427,13 +557,20 @@ int zt_sock_release(struct bpf_sock *sk)
 	// (it may have been removed while the socket lived). UDP sockets only have the DNS
 	// server they sent to.
 	__u64 cookie = bpf_get_socket_cookie(sk);
-	bpf_map_delete_elem(&zt_orig_by_cookie, &cookie);
-	struct conn_key *c = bpf_map_lookup_elem(&zt_local_by_cookie, &cookie);
-	if (c) {
-		struct conn_key copy = *c;
-		bpf_map_delete_elem(&zt_local_conns, &copy);
-		bpf_map_delete_elem(&zt_local_by_cookie, &cookie);
+	struct cookie_entry *e = bpf_map_lookup_elem(&zt_orig_by_cookie, &cookie);
+	if (e) {
+		struct cookie_entry copy = *e;
+		if (copy.client_port != 0) {
+			// Never read by the proxy (it did not accept in time): nothing else removes it.
+			struct tuple_key k = { .netns = copy.netns, .ip = copy.client_ip, .port = copy.client_port };
+			struct tuple_value *t = bpf_map_lookup_elem(&zt_orig_by_tuple, &k);
+			if (t && t->cookie == cookie)
+				bpf_map_delete_elem(&zt_orig_by_tuple, &k);
+		}
+		if (bpf_map_delete_elem(&zt_orig_by_cookie, &cookie) == 0)
+			give_share(copy.netns, 1);
 	}
+	forget_local(cookie);
 	return 1;
 }
 
@@ -451,13 +588,18 @@ int zt_sk_lookup(struct bpf_sk_lookup *ctx)
 	if (!netns)
 		return SK_PASS;
 	__u16 port = ctx->local_port;
-	if (port == HBONE_PORT || ctx->remote_ip4 == bpf_htonl(PROBE_SOURCE))
+	__u32 remote = ctx->remote_ip4;
+	if (port == HBONE_PORT || remote == bpf_htonl(PROBE_SOURCE))
+		return SK_PASS;
+	// The app calling itself, with no map entry to exhaust: from its own address, or
+	// from 127/8 (a martian on any wire, so only ever local).
+	if (remote == ip || (bpf_ntohl(remote) >> 24) == 127)
 		return SK_PASS;
 	if (bpf_map_lookup_elem(&zt_exempt_ports, &port))
 		return SK_PASS;
 	struct conn_key c = {
 		.netns = *netns,
-		.src_ip = ctx->remote_ip4,
+		.src_ip = remote,
 		.dst_ip = ip,
 		.src_port = bpf_ntohs(ctx->remote_port),
 		.dst_port = port,

@@ -21,6 +21,7 @@ use aya::programs::{
 };
 use aya::{Ebpf, EbpfLoader};
 
+mod conns;
 mod sys;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/capture.bpf.o"));
@@ -31,7 +32,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ztunnel";
 /// Maps are pinned under `maps-<LAYOUT>`: a ztunnel whose map layout differs (key or
 /// value sizes) must not open the old pins, whose smaller keys would still verify and
 /// then silently match the wrong entries. Bump on any change to a map definition.
-const MAP_LAYOUT: &str = "v1";
+const MAP_LAYOUT: &str = "v2";
 
 fn maps_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join(format!("maps-{MAP_LAYOUT}"))
@@ -131,6 +132,8 @@ struct Maps {
     /// pod IP -> owning pod's netns cookie
     pods_ip: HashMap<MapData, u32, u64>,
     inbound: SockHash<MapData, u32>,
+    /// netns cookie -> its share of the per-connection maps
+    usage: HashMap<MapData, u64, conns::NetnsUsage>,
 }
 
 /// Loaded capture programs and their maps.
@@ -143,7 +146,7 @@ pub struct Capture {
     maps: Mutex<Maps>,
 }
 
-const MAPS: [&str; 8] = [
+const MAPS: [&str; 9] = [
     "zt_pods_netns",
     "zt_pods_ip",
     "zt_inbound",
@@ -152,6 +155,7 @@ const MAPS: [&str; 8] = [
     "zt_orig_by_tuple",
     "zt_local_conns",
     "zt_local_by_cookie",
+    "zt_netns_usage",
 ];
 
 /// Program name in the object, and its pinned link's file name.
@@ -219,11 +223,25 @@ impl Capture {
         for port in &opts.exempt_inbound_ports {
             exempt.insert(port, 1, 0).map_err(map_err("zt_exempt_ports"))?;
         }
-        let maps = Maps {
+        let mut maps = Maps {
             pods_netns: take_map(&mut bpf, "zt_pods_netns")?,
             pods_ip: take_map(&mut bpf, "zt_pods_ip")?,
             inbound: take_map(&mut bpf, "zt_inbound")?,
+            usage: take_map(&mut bpf, "zt_netns_usage")?,
         };
+        // What the pinned maps carried over from before this process: the pods stay
+        // enrolled (the CNI agent's snapshot settles them), entries of anything else go.
+        let enrolled: std::collections::HashSet<u64> = maps.pods_netns.keys().filter_map(Result::ok).collect();
+        let mut conn_maps = conns::ConnMaps {
+            local_conns: take_map(&mut bpf, "zt_local_conns")?,
+            local_by_cookie: take_map(&mut bpf, "zt_local_by_cookie")?,
+            orig_by_cookie: take_map(&mut bpf, "zt_orig_by_cookie")?,
+            orig_by_tuple: take_map(&mut bpf, "zt_orig_by_tuple")?,
+        };
+        let purged = conns::purge(&mut conn_maps, &mut maps.usage, &enrolled).map_err(map_err("zt_netns_usage"))?;
+        if purged != conns::Purged::default() {
+            tracing::info!(unenrolled = purged.unenrolled, orphans = purged.orphans, "removed stale per-connection eBPF entries");
+        }
         tracing::info!(pin_dir = %opts.pin_dir.display(), cgroup = %cgroup_path.display(), "eBPF capture loaded");
         let pod_flags = if opts.capture_dns { POD_DNS } else { 0 };
         Ok(Capture { pin_dir: opts.pin_dir.clone(), pod_flags, bpf: Mutex::new(bpf), maps: Mutex::new(maps) })
@@ -278,6 +296,9 @@ impl Capture {
             ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
         }
         ignore_missing(maps.pods_netns.remove(&cookie.0)).map_err(map_err("zt_pods_netns"))?;
+        // Last: the pod's sockets can no longer take a share; those still open find no
+        // usage to give back to, which is what they should find.
+        ignore_missing(maps.usage.remove(&cookie.0)).map_err(map_err("zt_netns_usage"))?;
         Ok(())
     }
 
@@ -377,13 +398,7 @@ pub fn sk_lookup_programs(netns: BorrowedFd<'_>) -> std::io::Result<u32> {
     sys::query_attached(netns, sys::AttachType::SkLookup)
 }
 
-fn ignore_missing(r: Result<(), MapError>) -> Result<(), MapError> {
-    match r {
-        Err(MapError::KeyNotFound) => Ok(()),
-        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other,
-    }
-}
+use conns::ignore_missing;
 
 fn program<'a, T>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, EbpfError>
 where
