@@ -66,9 +66,16 @@ arch() {
   esac
 }
 
-download() { # url dest
+download() { # url dest checksum-url
   info "downloading $1"
   curl -fsSL --retry 3 -o "$2.part" "$1" || die "download failed: $1"
+  # Each project publishes a SHA-256 next to its release artifact: a truncated or
+  # tampered download is refused rather than run.
+  local want got
+  want=$(curl -fsSL --retry 3 "$3" | awk '{print $1; exit}') || die "checksum download failed: $3"
+  [ "${#want}" = 64 ] || die "no SHA-256 in $3"
+  got=$(sha256sum "$2.part" | awk '{print $1}')
+  [ "$want" = "$got" ] || { rm -f "$2.part"; die "SHA-256 mismatch for $1: expected $want, got $got"; }
   mv "$2.part" "$2"
 }
 
@@ -82,17 +89,20 @@ ensure_tools() {
   a=$(arch)
   os=$(uname -s | tr '[:upper:]' '[:lower:]')
   if ! command -v kind >/dev/null; then
-    download "https://kind.sigs.k8s.io/dl/${KIND_VERSION}/kind-${os}-${a}" "$TOOLS_DIR/kind"
+    download "https://kind.sigs.k8s.io/dl/${KIND_VERSION}/kind-${os}-${a}" "$TOOLS_DIR/kind" \
+      "https://github.com/kubernetes-sigs/kind/releases/download/${KIND_VERSION}/kind-${os}-${a}.sha256sum"
     chmod +x "$TOOLS_DIR/kind"
   fi
   if ! command -v kubectl >/dev/null; then
-    download "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/${os}/${a}/kubectl" "$TOOLS_DIR/kubectl"
+    download "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/${os}/${a}/kubectl" "$TOOLS_DIR/kubectl" \
+      "https://dl.k8s.io/release/${KUBECTL_VERSION}/bin/${os}/${a}/kubectl.sha256"
     chmod +x "$TOOLS_DIR/kubectl"
   fi
   if ! command -v helm >/dev/null; then
     local tmp
     tmp=$(mktemp -d)
-    download "https://get.helm.sh/helm-${HELM_VERSION}-${os}-${a}.tar.gz" "$tmp/helm.tgz"
+    download "https://get.helm.sh/helm-${HELM_VERSION}-${os}-${a}.tar.gz" "$tmp/helm.tgz" \
+      "https://get.helm.sh/helm-${HELM_VERSION}-${os}-${a}.tar.gz.sha256sum"
     tar -xzf "$tmp/helm.tgz" -C "$tmp"
     mv "$tmp/${os}-${a}/helm" "$TOOLS_DIR/helm"
     rm -rf "$tmp"
