@@ -125,7 +125,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     let hop = wl.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
     let pick = |k: &str| hop.split_whitespace().find(|w| w.starts_with(k)).unwrap_or_default().to_string();
     println!("\n4. n1p1 -> service VIP 10.96.0.20:80 (has a waypoint) answered by {who}: {:?}", String::from_utf8_lossy(&back));
-    println!("   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}", pick("src.identity="), pick("dst.workload="), pick("dst.hbone_addr="));
+    println!("   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}", pick("src.identity="), pick("dst.workload="), pick("dst.addr="));
     ensure!(hop.contains("sa/sleep"), "the waypoint did not see the client's identity");
     let _ = echo2;
 

@@ -68,7 +68,7 @@ async fn same_node_pod_to_pod() -> Result<()> {
     let data = pattern(64 * 1024, 7);
     assert_eq!(roundtrip(client, addr(server, 8080), &data).await?, data);
     assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
-    mesh.wait_logs(&["dst.hbone_addr=10.10.1.12:15008"])?;
+    mesh.wait_logs(&["dst.addr=10.10.1.12:15008"])?;
     Ok(())
 }
 
@@ -680,7 +680,7 @@ async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
     // And capture works: the pods talk over HBONE.
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"fallback").await?, b"fallback");
-    wait_for("HBONE", Duration::from_secs(5), || z.log_text().contains("dst.hbone_addr=10.10.1.12:15008"))?;
+    wait_for("HBONE", Duration::from_secs(5), || z.log_text().contains("dst.addr=10.10.1.12:15008"))?;
     Ok(())
 }
 
@@ -695,7 +695,7 @@ async fn dual_stack_sockets_are_captured_too() -> Result<()> {
     let mut s = client.netns.connect(mapped).await?;
     assert_eq!(s.peer_addr()?, mapped, "the app sees the address it dialed");
     assert_eq!(echo_roundtrip(&mut s, b"dual stack").await?, b"dual stack");
-    mesh.wait_logs(&["dst.hbone_addr=10.10.2.11:15008", "src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
+    mesh.wait_logs(&["dst.addr=10.10.2.11:15008", "src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
     Ok(())
 }
 

@@ -54,7 +54,7 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"), "{wl}");
     assert!(wl.contains("dst.workload=n2p1") && wl.contains("bytes_sent=262144"), "{wl}");
     mesh.wait_logs(&[
-        &format!("dst.hbone_addr={wp_ip}:15008"),
+        &format!("dst.addr={wp_ip}:15008"),
         "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint",
         "src.identity=spiffe://cluster.local/ns/default/sa/waypoint",
     ])?;

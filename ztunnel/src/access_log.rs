@@ -27,7 +27,9 @@ pub struct ConnectionLog<'a> {
     pub protocol: &'static str,
     pub src_addr: SocketAddr,
     pub src: Side<'a>,
+    /// The address connected to: for HBONE the peer's 15008, as Istio logs it.
     pub dst_addr: SocketAddr,
+    /// HBONE only: the CONNECT target (the workload's address and port).
     pub dst_hbone_addr: Option<SocketAddr>,
     pub dst_service: Option<&'a Service>,
     pub dst: Side<'a>,
