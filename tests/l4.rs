@@ -675,7 +675,7 @@ async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
     let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &topo.dir.join("ztunnel.log"))?;
     z.wait_log("ztunnel ready", READY)?;
     let log = z.log_text();
-    assert!(log.contains("WARN") && log.contains("falling back to nftables capture") && log.contains("not a bpf filesystem"), "{log}");
+    assert!(log.contains("\twarn\t") && log.contains("falling back to nftables capture") && log.contains("not a bpf filesystem"), "{log}");
     assert!(log.contains("capture=nftables"), "{log}");
     // And capture works: the pods talk over HBONE.
     let _echo = EchoServer::start(&server.netns, 8080, None)?;

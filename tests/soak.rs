@@ -214,7 +214,7 @@ impl LogCount {
                     }
                 }
             }
-            if line.contains(" WARN ") || line.contains(" ERROR ") {
+            if line.contains("\twarn\t") || line.contains("\terror\t") {
                 *self.counts.entry("warn".into()).or_default() += 1;
             }
         }

@@ -45,6 +45,7 @@ pub struct ConnectionLog<'a> {
 macro_rules! connection_event {
     ($level:ident, $l:expr) => {
         tracing::$level!(
+            target: "access",
             direction = $l.direction,
             protocol = $l.protocol,
             connection_security_policy = if $l.protocol == "HBONE" { "mutual_tls" } else { "unknown" },

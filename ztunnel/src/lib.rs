@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod identity;
 pub mod istiod;
 pub mod l7;
+pub mod logging;
 pub mod memory;
 pub mod netns;
 pub mod proxy;

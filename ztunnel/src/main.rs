@@ -245,9 +245,10 @@ fn init_logging(format: &str) -> ReloadableLog {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
     if format == "json" {
-        tracing_subscriber::registry().with(filter).with(fmt.json().flatten_event(true)).init();
-    } else {
+        let fmt = fmt.event_format(ztunnel::logging::IstioJson).fmt_fields(tracing_subscriber::fmt::format::JsonFields::new());
         tracing_subscriber::registry().with(filter).with(fmt).init();
+    } else {
+        tracing_subscriber::registry().with(filter).with(fmt.event_format(ztunnel::logging::IstioText)).init();
     }
     ReloadableLog { handle, current: std::sync::Mutex::new(initial.clone()), initial }
 }
