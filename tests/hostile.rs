@@ -36,6 +36,11 @@ fn id(sa: &str) -> Identity {
 
 impl Hostile {
     fn start(tag: &str) -> Result<Hostile> {
+        Hostile::start_with(tag, &[])
+    }
+
+    /// With extra ztunnel environment (limits set low for a test).
+    fn start_with(tag: &str, env: &[(&str, &str)]) -> Result<Hostile> {
         let topo = Topology::build(&prefix(tag), &[2, 2])?;
         let guarded = ", authorizationPolicies: [default/only-victim]";
         let cfg = format!(
@@ -44,7 +49,7 @@ impl Hostile {
             workload(&topo, "n2p1", "server", ""),
             workload(&topo, "n2p2", "guarded", guarded),
         );
-        let mesh = Mesh::start(topo, &cfg, &["n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+        let mesh = Mesh::start(topo, &cfg, &["n1p2", "n2p1", "n2p2"], &HashMap::new(), env)?;
         let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
         let t = &mesh.topo;
         let echo = vec![EchoServer::start(&t.pod("n2p1").netns, 8080, None)?, EchoServer::start(&t.pod("n2p2").netns, 8080, None)?];
@@ -489,5 +494,98 @@ async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
     let owner = hbone_peer::connect(from, &ca, &id("owner"), id("server"), hbone).await?;
     assert_eq!(hbone_peer::status(&owner, hbone_peer::connect_req(&target)).await?, 200, "the address's own identity");
     mesh.wait_logs(&["source address belongs to another workload"])?;
+    Ok(())
+}
+
+/// Connections from one source that stall in the handshake (nothing sent, or half a
+/// ClientHello) hold at most HBONE_MAX_HANDSHAKES_PER_IP places of the node's
+/// HBONE_MAX_HANDSHAKES: the excess is closed at once and counted (`handshake_limit`),
+/// the rest at the 5 s handshake deadline, and a victim pod's new HBONE connection to the
+/// same pod goes through meanwhile (without the per-source cap the flood would hold every
+/// place).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_from_one_source_does_not_starve_others() -> Result<()> {
+    const PER_IP: usize = 4;
+    const FLOOD: usize = 100;
+    let h = Hostile::start_with("he", &[("HBONE_MAX_HANDSHAKES", "16"), ("HBONE_MAX_HANDSHAKES_PER_IP", "4")])?;
+    let server = h.pod_addr("n2p1", 15008);
+    let before = h.rejections("handshake_limit").await?;
+    // A TLS record header announcing a 512-byte ClientHello, then its first bytes only.
+    let partial_hello: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    let mut flood = Vec::new();
+    for i in 0..FLOOD {
+        let opened = Instant::now();
+        let mut s = match h.attacker().connect(server).await {
+            Ok(s) => s,
+            // Reset before connect(2) even returned: closed at once.
+            Err(e) if e.root_cause().downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) => {
+                flood.push(tokio::spawn(async { Some(Duration::ZERO) }));
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        if i % 2 == 1 {
+            // Fails if the server has already reset this one.
+            let _ = s.write_all(partial_hello).await;
+        }
+        flood.push(tokio::spawn(async move {
+            // Until the server closes (EOF or reset); the deadline is only the test's.
+            let mut buf = [0u8; 1024];
+            let r = tokio::time::timeout(Duration::from_secs(15), async {
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            })
+            .await;
+            r.ok().map(|_| opened.elapsed())
+        }));
+    }
+    // The victim's first connection to the server pod: a new HBONE connection from node1.
+    let victim = h.mesh.topo.pod("n1p2");
+    let t = Instant::now();
+    let mut s = victim.netns.connect(h.pod_addr("n2p1", 8080)).await?;
+    let echoed = tokio::time::timeout(Duration::from_secs(3), echo_roundtrip(&mut s, b"still here")).await;
+    let took = t.elapsed();
+    assert_eq!(echoed.map_err(|_| anyhow::anyhow!("the victim got no answer within 3 s"))??, b"still here");
+    println!("victim's request during the flood: {took:?}");
+    let mut closed = Vec::new();
+    for f in flood {
+        closed.push(f.await?.ok_or_else(|| anyhow::anyhow!("a flooding connection was still open after 15 s"))?);
+    }
+    closed.sort();
+    let slowest = closed[FLOOD - 1];
+    let at_once = closed.iter().filter(|d| **d < Duration::from_secs(1)).count();
+    println!("flood: {at_once} of {FLOOD} closed within 1 s, the slowest after {slowest:?}");
+    assert!(at_once >= FLOOD - PER_IP, "only {at_once} of {FLOOD} over-limit connections were closed at once: {closed:?}");
+    assert!(slowest <= Duration::from_millis(6500), "a stalled handshake was held {slowest:?}, past the 5 s deadline");
+    let counted = h.rejections("handshake_limit").await? - before;
+    assert!(counted >= (FLOOD - PER_IP) as u64, "{counted} refusals counted");
+    Ok(())
+}
+
+/// An authenticated HBONE connection that opens no stream gets GOAWAY and is closed
+/// after HBONE_IDLE_TIMEOUT_SECONDS; one with a stream open stays however long the
+/// stream is silent, and is closed once the stream is gone and the timeout passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hbone_connection_without_streams_is_closed_when_idle() -> Result<()> {
+    let h = Hostile::start_with("hi", &[("HBONE_IDLE_TIMEOUT_SECONDS", "1")])?;
+    let server = h.pod_addr("n2p1", 15008);
+    let target = h.pod_addr("n2p1", 8080).to_string();
+    let goaway = |frames: Vec<Frame>| frames.into_iter().find(|f| f.0 == GOAWAY);
+
+    let t = Instant::now();
+    let mut idle = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
+    assert!(idle.wait_closed(Duration::from_secs(5)).await, "an HBONE connection without streams stayed open");
+    let took = t.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
+    let g = goaway(idle.drain()).ok_or_else(|| anyhow::anyhow!("closed without GOAWAY"))?;
+    assert_eq!(g.3.get(4..8), Some(&0u32.to_be_bytes()[..]), "GOAWAY carries NO_ERROR");
+    println!("idle connection closed after {took:?}");
+
+    let mut busy = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
+    assert!(connect_answered_200(&mut busy, &target).await, "the stream was not opened");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(!busy.is_closed(), "a connection with an open stream was closed as idle");
+    assert!(goaway(busy.drain()).is_none(), "GOAWAY on a connection with an open stream");
+    busy.send(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes())).await?;
+    assert!(busy.wait_closed(Duration::from_secs(5)).await, "the connection stayed open after its last stream ended");
     Ok(())
 }

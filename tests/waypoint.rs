@@ -591,3 +591,64 @@ async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) ->
     }
     anyhow::bail!("{path} never answered {status}")
 }
+
+/// The waypoint's HBONE server has ztunnel's limits (the same code): handshakes from one
+/// source over HBONE_MAX_HANDSHAKES_PER_IP are closed at once and counted, the rest at the
+/// 5 s deadline, while mesh traffic through the waypoint goes on; an authenticated
+/// connection with no stream is closed after HBONE_IDLE_TIMEOUT_SECONDS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connections() -> Result<()> {
+    const FLOOD: usize = 20;
+    let m = L7Mesh::start("l7h", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
+    let t = &m.mesh.topo;
+    let hbone = SocketAddr::new(t.pod("n1p2").ip.into(), 15008);
+    // From the node's netns: a source outside the mesh that stalls in the handshake.
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        let opened = std::time::Instant::now();
+        let Ok(mut s) = t.node(1).connect(hbone).await else {
+            flood.push(tokio::spawn(async { Some(Duration::ZERO) }));
+            continue;
+        };
+        flood.push(tokio::spawn(async move {
+            use tokio::io::AsyncReadExt;
+            let mut buf = [0u8; 256];
+            let r = tokio::time::timeout(Duration::from_secs(15), async { while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {} }).await;
+            r.ok().map(|_| opened.elapsed())
+        }));
+    }
+    let r = m.h1().await?.get("/hello").await?;
+    assert_eq!(r.status, 200, "a request through the waypoint during the flood: {r:?}\n{}", m.log());
+    let mut closed = Vec::new();
+    for f in flood {
+        closed.push(f.await?.context("a flooding connection was still open after 15 s")?);
+    }
+    let at_once = closed.iter().filter(|d| **d < Duration::from_secs(1)).count();
+    assert!(at_once >= FLOOD - 2, "{at_once} of {FLOOD} closed at once: {closed:?}");
+    assert!(closed.iter().all(|d| *d <= Duration::from_millis(6500)), "held past the 5 s deadline: {closed:?}");
+    let text = m.metrics().await?;
+    let counted: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("ztunnel_hbone_rejections_total{reason=\"handshake_limit\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(counted >= (FLOOD - 2) as u64, "{counted} refusals counted:\n{text}");
+
+    // A mesh peer that completes the handshakes and opens nothing.
+    let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
+    let id = |sa: &str| ztunnel::identity::Identity::new("cluster.local", "default", sa);
+    let cert = ca.issue(&id("client"), Duration::from_secs(600))?;
+    let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)?;
+    let cfg = ztunnel::tls::client_config(&rustls::sign::CertifiedKey::new(cert.chain.clone(), key), &[ca.root()], vec![id("waypoint")])?;
+    let tcp = t.node(1).connect(hbone).await?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
+        .connect(rustls_pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
+        .await?;
+    let started = std::time::Instant::now();
+    let (_send, conn) = h2::client::handshake(tls).await?;
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await.context("an HBONE connection without streams stayed open")?;
+    let took = started.elapsed();
+    assert!(ended.is_ok(), "closed with an error, not GOAWAY NO_ERROR: {ended:?}");
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
+    Ok(())
+}

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
-use bytes::Bytes;
 use clap::Parser;
 use tracing::Instrument;
 use ztunnel::drain::Drain;
@@ -32,8 +31,6 @@ use ztunnel::metrics::http::HttpMetrics;
 use ztunnel::metrics::Metrics;
 use ztunnel::netns::InPodNetns;
 use ztunnel::state::{Workload, WorkloadUid};
-
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Parser, Debug)]
 #[command(name = "waypoint", about = "Waypoint proxy: HBONE in, L7 policy and routing, HBONE out")]
@@ -87,6 +84,17 @@ struct Args {
     config_poll_interval_ms: u64,
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
     termination_grace_period_seconds: u64,
+    /// TLS + HTTP/2 handshakes in flight at once (0: no limit); more are closed at once
+    /// and counted, as in ztunnel.
+    #[arg(long, env = "HBONE_MAX_HANDSHAKES", default_value_t = hbone::server::MAX_HANDSHAKES)]
+    hbone_max_handshakes: usize,
+    /// The same from one source address (an IPv6 /64) (0: no limit).
+    #[arg(long, env = "HBONE_MAX_HANDSHAKES_PER_IP", default_value_t = hbone::server::MAX_HANDSHAKES_PER_IP)]
+    hbone_max_handshakes_per_ip: usize,
+    /// Close an HBONE connection that has had no stream open for this many seconds,
+    /// with GOAWAY (0: never).
+    #[arg(long, env = "HBONE_IDLE_TIMEOUT_SECONDS", default_value_t = hbone::server::IDLE_TIMEOUT.as_secs())]
+    hbone_idle_timeout_seconds: u64,
 }
 
 /// Who this waypoint is and where its config comes from.
@@ -263,6 +271,14 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(ztunnel::memory::release_periodically());
     tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    // ztunnel's HBONE server limits, counted in the same metric.
+    let server = Arc::new(hbone::server::Server {
+        handshakes: hbone::server::HandshakeLimiter::new(args.hbone_max_handshakes, args.hbone_max_handshakes_per_ip),
+        max_streams: hbone::SERVER_MAX_STREAMS,
+        max_header_bytes: hbone::MAX_HEADER_BYTES,
+        idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
+        metrics: metrics.clone(),
+    });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     loop {
         tokio::select! {
@@ -270,8 +286,9 @@ async fn main() -> anyhow::Result<()> {
             _ = term.recv() => break,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
+                    let Some((stream, permit)) = server.admit(stream, peer) else { continue };
                     let span = tracing::info_span!("waypoint", peer = %peer);
-                    tokio::spawn(connection(wp.clone(), acceptor.clone(), stream, peer).instrument(span));
+                    tokio::spawn(connection(wp.clone(), server.clone(), acceptor.clone(), stream, permit, peer).instrument(span));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed; retrying");
@@ -294,44 +311,20 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connection(wp: Arc<Waypoint>, acceptor: tokio_rustls::TlsAcceptor, stream: tokio::net::TcpStream, peer: SocketAddr) {
+async fn connection(
+    wp: Arc<Waypoint>,
+    server: Arc<hbone::server::Server>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: tokio::net::TcpStream,
+    permit: hbone::server::HandshakePermit,
+    peer: SocketAddr,
+) {
     let _ = stream.set_nodelay(true);
-    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => return tracing::warn!(error = %e, "HBONE TLS handshake failed"),
-        Err(_) => return tracing::warn!("HBONE TLS handshake timed out"),
-    };
-    let src_identity = match ztunnel::tls::peer_identity(tls.get_ref().1) {
-        Ok(id) => id,
-        Err(e) => return tracing::warn!(error = %e, "HBONE peer has no usable identity"),
-    };
-    hbone::tune_tls(tls.get_mut().1);
-    let guarded = hbone::guard::FrameGuard::new(tls);
-    let mut conn = match tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(hbone::SERVER_MAX_STREAMS, hbone::MAX_HEADER_BYTES).handshake::<_, Bytes>(guarded)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed"),
-        Err(_) => return tracing::warn!("HBONE HTTP/2 handshake timed out"),
-    };
-    let mut goaway_sent = false;
-    loop {
-        let next = tokio::select! {
-            next = conn.accept() => next,
-            _ = wp.drain.signaled(), if !goaway_sent => {
-                conn.graceful_shutdown();
-                goaway_sent = true;
-                continue;
-            }
-        };
-        match next {
-            Some(Ok((req, respond))) => {
-                let span = tracing::info_span!("stream", src.identity = %src_identity);
-                tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone()).instrument(span));
-            }
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, "HBONE connection ended");
-                break;
-            }
-            None => break,
-        }
-    }
+    let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
+    server
+        .serve(conn, &wp.drain, &src_identity, |req, respond| {
+            let span = tracing::info_span!("stream", src.identity = %src_identity);
+            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone()).instrument(span));
+        })
+        .await;
 }

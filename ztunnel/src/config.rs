@@ -156,6 +156,13 @@ pub struct ProxyConfig {
     pub hbone_max_streams: u32,
     /// Largest header block an HBONE peer may send.
     pub hbone_max_header_bytes: u32,
+    /// TLS + HTTP/2 handshakes in flight on 15008, all pods together (0: no limit); a
+    /// connection over the limit is closed at once.
+    pub hbone_max_handshakes: usize,
+    /// The same from one source address (an IPv6 /64) (0: no limit).
+    pub hbone_max_handshakes_per_ip: usize,
+    /// An HBONE connection with no stream open this long gets GOAWAY and is closed; None: never.
+    pub hbone_idle_timeout: Option<Duration>,
 }
 
 impl Default for ProxyConfig {
@@ -169,6 +176,9 @@ impl Default for ProxyConfig {
             max_connections_per_pod: 0,
             hbone_max_streams: crate::hbone::SERVER_MAX_STREAMS,
             hbone_max_header_bytes: crate::hbone::MAX_HEADER_BYTES,
+            hbone_max_handshakes: crate::hbone::server::MAX_HANDSHAKES,
+            hbone_max_handshakes_per_ip: crate::hbone::server::MAX_HANDSHAKES_PER_IP,
+            hbone_idle_timeout: Some(crate::hbone::server::IDLE_TIMEOUT),
         }
     }
 }

@@ -10,6 +10,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 pub mod guard;
 pub mod pool;
+pub mod server;
 pub mod stream;
 
 pub use pool::{Pool, PoolKey, StreamGuard};

@@ -148,6 +148,17 @@ struct Args {
     /// Largest request header block an HBONE peer may send, in bytes.
     #[arg(long, env = "HBONE_MAX_HEADER_BYTES", default_value_t = ztunnel::hbone::MAX_HEADER_BYTES)]
     hbone_max_header_bytes: u32,
+    /// TLS + HTTP/2 handshakes in flight on 15008 at once, all pods together (0: no
+    /// limit); more are closed at once and counted.
+    #[arg(long, env = "HBONE_MAX_HANDSHAKES", default_value_t = ztunnel::hbone::server::MAX_HANDSHAKES)]
+    hbone_max_handshakes: usize,
+    /// The same from one source address (an IPv6 /64) (0: no limit).
+    #[arg(long, env = "HBONE_MAX_HANDSHAKES_PER_IP", default_value_t = ztunnel::hbone::server::MAX_HANDSHAKES_PER_IP)]
+    hbone_max_handshakes_per_ip: usize,
+    /// Close an HBONE connection that has had no stream open for this many seconds,
+    /// with GOAWAY (0: never).
+    #[arg(long, env = "HBONE_IDLE_TIMEOUT_SECONDS", default_value_t = ztunnel::hbone::server::IDLE_TIMEOUT.as_secs())]
+    hbone_idle_timeout_seconds: u64,
     /// Admin endpoint (/logging, /quitquitquit); must be a loopback address.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin_addr: std::net::SocketAddr,
@@ -433,6 +444,9 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         max_connections_per_pod: args.max_connections_per_pod,
         hbone_max_streams: args.hbone_max_streams,
         hbone_max_header_bytes: args.hbone_max_header_bytes,
+        hbone_max_handshakes: args.hbone_max_handshakes,
+        hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
+        hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let mut metrics = ztunnel::metrics::Metrics::default();
@@ -566,7 +580,15 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     // With istiod, the CNI agent (or --pod) may name a pod before istiod pushed it.
     let enroll_wait = if ia.xds_address.is_some() { ztunnel::proxy::ENROLL_WAIT } else { Duration::ZERO };
+    let hbone_server = Arc::new(ztunnel::hbone::server::Server {
+        handshakes: ztunnel::hbone::server::HandshakeLimiter::new(pcfg.hbone_max_handshakes, pcfg.hbone_max_handshakes_per_ip),
+        max_streams: pcfg.hbone_max_streams,
+        max_header_bytes: pcfg.hbone_max_header_bytes,
+        idle_timeout: pcfg.hbone_idle_timeout,
+        metrics: metrics.clone(),
+    });
     let inputs = Arc::new(ProxyInputs {
+        hbone_server,
         capture,
         state,
         certs,

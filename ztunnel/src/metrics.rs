@@ -178,7 +178,7 @@ impl Default for Metrics {
         let hbone_rejections = Family::<control::ReasonLabel, Counter>::default();
         registry.register(
             "ztunnel_hbone_rejections",
-            "HBONE connections or requests refused before reaching policy (tls_handshake, bad_request, h2_flood: rapid reset or CONTINUATION flood, empty_data_flood, h2_protocol)",
+            "HBONE connections or requests refused before reaching policy (handshake_limit: too many handshakes in flight, tls_handshake, bad_request, h2_flood: rapid reset or CONTINUATION flood, empty_data_flood, h2_protocol)",
             hbone_rejections.clone(),
         );
         let xds = control::XdsMetrics::register(&mut registry);

@@ -53,6 +53,8 @@ pub struct ProxyInputs {
     pub capture: capture::Backend,
     pub metrics: Arc<crate::metrics::Metrics>,
     pub drain: Arc<crate::drain::Drain>,
+    /// The HBONE server's limits (handshakes in flight are counted across all pods).
+    pub hbone_server: Arc<crate::hbone::server::Server>,
     /// The DNS proxy, when on: each pod gets its listeners.
     pub dns: Option<Arc<crate::dns::DnsProxy>>,
 }

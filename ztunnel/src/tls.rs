@@ -322,6 +322,11 @@ pub fn server_config(
         .with_client_cert_verifier(Arc::new(verifier))
         .with_cert_resolver(Arc::new(Resolver(cert)));
     cfg.alpn_protocols = vec![ALPN_H2.to_vec()];
+    // No resumption: a resumed session skips the client verifier, so a peer whose
+    // certificate has since expired, or whose root was rotated out, would still get in.
+    // No mesh client resumes anyway. (No ticketer either: the builder's default issues none.)
+    cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    cfg.send_tls13_tickets = 0;
     Ok(cfg)
 }
 
@@ -329,4 +334,75 @@ pub fn server_config(
 pub fn peer_identity(conn: &rustls::ServerConnection) -> Result<Identity, TlsError> {
     let certs = conn.peer_certificates().ok_or(TlsError::NoIdentity)?;
     identity_from_cert(certs.first().ok_or(TlsError::NoIdentity)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::identity::ca::Ca;
+    use std::time::Duration;
+
+    #[derive(Debug)]
+    struct Fixed(Arc<CertifiedKey>);
+
+    impl CurrentCert for Fixed {
+        fn current(&self) -> Option<Arc<CertifiedKey>> {
+            Some(self.0.clone())
+        }
+    }
+
+    fn certified(ca: &Ca, id: &Identity) -> CertifiedKey {
+        let c = ca.issue(id, Duration::from_secs(600)).unwrap();
+        let key = rustls::crypto::ring::sign::any_supported_type(&c.key).unwrap();
+        CertifiedKey::new(c.chain.clone(), key)
+    }
+
+    /// Handshakes in memory; returns the client's view of what kind it was.
+    fn handshake(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) -> rustls::HandshakeKind {
+        let name = ServerName::try_from("10.0.0.1").unwrap();
+        let mut c = rustls::ClientConnection::new(client.clone(), name).unwrap();
+        let mut s = rustls::ServerConnection::new(server.clone()).unwrap();
+        // Until both are done and the server's post-handshake messages (tickets) arrived.
+        for _ in 0..10 {
+            let mut buf = Vec::new();
+            while c.wants_write() {
+                c.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                s.read_tls(&mut rd).unwrap();
+            }
+            s.process_new_packets().unwrap();
+            let mut buf = Vec::new();
+            while s.wants_write() {
+                s.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                c.read_tls(&mut rd).unwrap();
+            }
+            c.process_new_packets().unwrap();
+        }
+        assert!(!c.is_handshaking() && !s.is_handshaking());
+        assert_eq!(c.handshake_kind(), s.handshake_kind());
+        c.handshake_kind().unwrap()
+    }
+
+    /// A client that keeps sessions (rustls' default cache) connecting twice gets two
+    /// full handshakes: the server neither keeps sessions nor issues tickets, so every
+    /// connection has its client certificate verified.
+    #[test]
+    fn the_server_never_resumes_a_session() {
+        let dir = std::env::temp_dir().join(format!("zt-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let ca = Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let (server_id, client_id) = (Identity::new("cluster.local", "default", "server"), Identity::new("cluster.local", "default", "client"));
+        let server = server_config(Fixed(Arc::new(certified(&ca, &server_id))), &[ca.root()], "cluster.local").unwrap();
+        assert!(!server.ticketer.enabled());
+        let server = Arc::new(server);
+        let client = Arc::new(client_config(&certified(&ca, &client_id), &[ca.root()], vec![server_id]).unwrap());
+        assert_eq!(handshake(&client, &server), rustls::HandshakeKind::Full);
+        assert_eq!(handshake(&client, &server), rustls::HandshakeKind::Full, "the second connection resumed");
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use h2::server::SendResponse;
@@ -18,13 +18,13 @@ use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::rbac::{self, Decision};
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "inbound").await {
+        // Before a task exists for it: a flood over the limit costs one reset each.
+        let Some((stream, permit)) = inputs.hbone_server.admit(stream, peer) else { continue };
         let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
-        tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, peer, acceptor.clone()).instrument(span));
+        tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, permit, peer, acceptor.clone()).instrument(span));
     }
 }
 
@@ -32,6 +32,7 @@ async fn handle_connection(
     inputs: Arc<ProxyInputs>,
     pod: LocalPod,
     stream: TcpStream,
+    permit: hbone::server::HandshakePermit,
     peer: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
 ) {
@@ -41,72 +42,17 @@ async fn handle_connection(
         Ok(l) => l,
         Err(_) => return,
     };
-    let mut tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-        Ok(Ok(t)) => t,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, response_flags = "TLS_FAILURE", "HBONE TLS handshake failed");
-            return inputs.metrics.hbone_rejected("tls_handshake");
-        }
-        Err(_) => {
-            tracing::warn!(response_flags = "TLS_FAILURE", "HBONE TLS handshake timed out");
-            return inputs.metrics.hbone_rejected("tls_handshake");
-        }
-    };
-    let src_identity = match crate::tls::peer_identity(tls.get_ref().1) {
-        Ok(id) => id,
-        Err(e) => {
-            tracing::warn!(error = %e, "HBONE peer has no usable identity");
-            return inputs.metrics.hbone_rejected("tls_handshake");
-        }
-    };
-    hbone::tune_tls(tls.get_mut().1);
-    let guarded = hbone::guard::FrameGuard::new(tls);
-    let h2 = tokio::time::timeout(HANDSHAKE_TIMEOUT, hbone::server_builder(inputs.cfg.hbone_max_streams, inputs.cfg.hbone_max_header_bytes).handshake::<_, Bytes>(guarded)).await;
-    let mut conn = match h2 {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "HBONE HTTP/2 handshake failed");
-            return inputs.metrics.hbone_rejected("h2_protocol");
-        }
-        Err(_) => {
-            tracing::warn!("HBONE HTTP/2 handshake timed out");
-            return inputs.metrics.hbone_rejected("h2_protocol");
-        }
-    };
-    let mut goaway_sent = false;
-    loop {
-        let next = tokio::select! {
-            next = conn.accept() => next,
-            _ = inputs.drain.signaled(), if !goaway_sent => {
-                // GOAWAY: the client opens no new streams here; open ones run to completion.
-                conn.graceful_shutdown();
-                goaway_sent = true;
-                continue;
-            }
-        };
-        let Some(next) = next else { break };
-        match next {
-            Ok((req, respond)) => {
-                let span = tracing::info_span!("stream", src.identity = %src_identity);
-                tokio::spawn(
-                    handle_stream(inputs.clone(), pod.clone(), req, respond, peer, local, src_identity.clone())
-                        .instrument(span),
-                );
-            }
-            Err(e) => {
-                match hbone::protocol_abuse(&e) {
-                    Some(reason) => {
-                        tracing::warn!(src.identity = %src_identity, error = %e, reason, "HBONE connection closed for abuse");
-                        inputs.metrics.hbone_rejected(reason);
-                    }
-                    None => tracing::debug!(error = %e, "HBONE connection ended"),
-                }
-                break;
-            }
-        }
-    }
+    let server = &inputs.hbone_server;
+    let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
+    server
+        .serve(conn, &inputs.drain, &src_identity, |req, respond| {
+            let span = tracing::info_span!("stream", src.identity = %src_identity);
+            tokio::spawn(
+                handle_stream(inputs.clone(), pod.clone(), req, respond, peer, local, src_identity.clone()).instrument(span),
+            );
+        })
+        .await;
 }
-
 
 async fn handle_stream(
     inputs: Arc<ProxyInputs>,
