@@ -221,7 +221,12 @@ async fn main() -> anyhow::Result<()> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json");
     let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi);
-    if json { fmt.json().init() } else { fmt.init() }
+    // Istio's line shapes, as ztunnel's (ztunnel::logging).
+    if json {
+        fmt.event_format(ztunnel::logging::IstioJson).fmt_fields(tracing_subscriber::fmt::format::JsonFields::new()).init()
+    } else {
+        fmt.event_format(ztunnel::logging::IstioText).init()
+    }
     let args = Args::parse();
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
