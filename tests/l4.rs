@@ -524,6 +524,11 @@ async fn metrics_count_connections_and_exact_bytes() -> Result<()> {
     assert_eq!(series(&node2, "istio_tcp_connections_failed_total", &deny), Some(1), "{node2}");
     let deny_src = ["reporter=\"source\"", "response_flags=\"DENY\"", "source_workload=\"n1p2\""];
     assert_eq!(series(&node1, "istio_tcp_connections_failed_total", &deny_src), Some(1), "{node1}");
+    // Istio's ztunnel dashboard panels: build info and the pod manager.
+    assert!(node1.contains("istio_build{component=\"ztunnel\",tag=\""), "{node1}");
+    assert!(node1.contains("\nworkload_manager_active_proxy_count 2\n"), "{node1}");
+    assert!(node1.contains("\nworkload_manager_proxies_started_total 2\n"), "{node1}");
+    assert!(node1.contains("\nworkload_manager_pending_proxy_count 0\n"), "{node1}");
     Ok(())
 }
 

@@ -231,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let mut metrics = Metrics::default();
+    metrics.build.set_component("waypoint");
     let http_metrics = HttpMetrics::register(&mut metrics.registry);
     let metrics = Arc::new(metrics);
     for addr in [args.metrics_addr, args.readiness_addr] {

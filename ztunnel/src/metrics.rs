@@ -17,6 +17,7 @@ use crate::state::{Service, Workload};
 pub mod control;
 pub mod dns;
 pub mod http;
+pub mod meta;
 pub mod process;
 pub mod server;
 
@@ -150,6 +151,8 @@ pub struct Metrics {
     pub xds: control::XdsMetrics,
     pub certs: control::CertMetrics,
     pub process: std::sync::Arc<process::ProcessCollector>,
+    pub build: meta::Build,
+    pub workload_manager: meta::WorkloadManager,
     /// What readiness still waits for ("startup", "xds", "zds", ...).
     pending: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
     draining: AtomicBool,
@@ -185,6 +188,8 @@ impl Default for Metrics {
         let certs = control::CertMetrics::register(&mut registry);
         let process = std::sync::Arc::new(process::ProcessCollector::default());
         registry.register_collector(Box::new(process.clone()));
+        let build = meta::Build::register(&mut registry);
+        let workload_manager = meta::WorkloadManager::register(&mut registry);
         Metrics {
             registry,
             opened,
@@ -198,6 +203,8 @@ impl Default for Metrics {
             xds,
             certs,
             process,
+            build,
+            workload_manager,
             pending: std::sync::Mutex::new(["startup"].into()),
             draining: AtomicBool::new(false),
         }

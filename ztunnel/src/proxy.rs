@@ -152,6 +152,8 @@ pub struct EnrolledPod {
     pub pod: LocalPod,
     tasks: JoinSet<()>,
     inputs: Arc<ProxyInputs>,
+    /// Counts this proxy in `workload_manager_*` while it lives.
+    _active: crate::metrics::meta::ActiveProxy,
 }
 
 impl EnrolledPod {
@@ -289,7 +291,8 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         tasks.spawn(crate::dns::server::serve(dns, pod.clone(), listeners, inputs.drain.clone()));
     }
     tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
-    Ok(EnrolledPod { pod, tasks, inputs })
+    let _active = inputs.metrics.workload_manager.started();
+    Ok(EnrolledPod { pod, tasks, inputs, _active })
 }
 
 /// Whether an original destination points back at this pod's proxy listeners.

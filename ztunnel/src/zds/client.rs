@@ -129,6 +129,7 @@ async fn add_pod(
         return Ok(());
     }
     let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
+    let _pending = inputs.metrics.workload_manager.pending();
     let wl = proxy::await_workload(inputs, &uid, named, proxy::ENROLL_WAIT).await.map_err(|e| e.to_string())?;
     // The agent's view of the pod must agree with the mesh's: its identity comes from the
     // mesh state, and a disagreement means one of them is wrong about who this pod is.
