@@ -589,3 +589,55 @@ async fn an_hbone_connection_without_streams_is_closed_when_idle() -> Result<()>
     assert!(busy.wait_closed(Duration::from_secs(5)).await, "the connection stayed open after its last stream ended");
     Ok(())
 }
+
+/// A peer that accepts HBONE connections and never says a word (no TLS ServerHello):
+/// every client connection to it ends within CONNECT_TIMEOUT_MS, the one that dials and
+/// the one queued behind that dial, and the access log says why. Without one deadline
+/// around TCP + TLS + HTTP/2 + CONNECT, both hung for as long as the peer held them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_hbone_peer_fails_every_waiting_client_within_the_connect_timeout() -> Result<()> {
+    const TIMEOUT: Duration = Duration::from_millis(1500);
+    let topo = Topology::build(&prefix("hz"), &[1, 1])?;
+    // n2p1 is in the mesh as an HBONE workload but not enrolled: what listens on its
+    // 15008 is the silent peer below.
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "silent", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[("CONNECT_TIMEOUT_MS", "1500")])?;
+    let silent = mesh.topo.pod("n2p1").netns.listen(15008)?;
+    let held = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = silent.accept().await {
+            held.push(s);
+        }
+    });
+    let client = mesh.topo.pod("n1p1");
+    let target = SocketAddr::new(mesh.topo.pod("n2p1").ip.into(), 8080);
+    let mut waits = Vec::new();
+    for _ in 0..2 {
+        let mut s = client.netns.connect(target).await?;
+        waits.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let _ = s.write_all(b"hello").await;
+            let mut buf = [0u8; 64];
+            // Until ztunnel gives up (a reset, or EOF); the deadline is only the test's.
+            let ended = tokio::time::timeout(Duration::from_secs(8), async {
+                loop {
+                    match s.read(&mut buf).await {
+                        Ok(n) if n > 0 => continue,
+                        r => return r.map(|_| ()),
+                    }
+                }
+            })
+            .await;
+            (ended.is_ok(), t.elapsed())
+        }));
+    }
+    for w in waits {
+        let (ended, took) = w.await?;
+        assert!(ended, "a client connection to a silent HBONE peer was still open after 8 s");
+        println!("client released after {took:?}");
+        assert!(took <= TIMEOUT + Duration::from_millis(1500), "released after {took:?}, long past the {TIMEOUT:?} connect timeout");
+    }
+    mesh.wait_logs(&["did not complete within the connect timeout"])?;
+    held.abort();
+    Ok(())
+}

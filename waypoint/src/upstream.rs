@@ -136,10 +136,19 @@ impl Upstreams {
         Some(list.swap_remove(i).sender)
     }
 
+    /// Fails with the HBONE connect timeout: whatever part of a dial stalls, the request
+    /// (and any waiting for the same connection) ends within it.
+    fn dial_timeout(&self, ep: &Endpoint) -> UpstreamError {
+        let after = self.pool.connect_timeout();
+        UpstreamError::Connect { endpoint: ep.addr, source: HboneError::Timeout { peer: ep.addr.to_string(), after } }
+    }
+
     async fn dial_h1(&self, ep: &Endpoint) -> Result<http1::SendRequest<Body>, UpstreamError> {
-        let io = TokioIo::new(self.tunnel(ep).await?);
-        let (sender, conn) =
-            http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;
+        let dial = async {
+            let io = TokioIo::new(self.tunnel(ep).await?);
+            http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })
+        };
+        let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial).await.map_err(|_| self.dial_timeout(ep))??;
         tokio::spawn(
             async move {
                 if let Err(e) = conn.await {
@@ -200,10 +209,10 @@ impl Upstreams {
     async fn send_h2(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
         let slot = self.h2_slot(&ConnKey::of(ep));
         *lock(&slot.last_used) = Some(Instant::now());
-        let mut sender = {
+        let checkout = async {
             let mut conn = slot.conn.lock().await;
             match conn.as_ref() {
-                Some(s) if !s.is_closed() => s.clone(),
+                Some(s) if !s.is_closed() => Ok(s.clone()),
                 _ => {
                     let io = TokioIo::new(self.tunnel(ep).await?);
                     let (sender, c) = http2::Builder::new(TokioExecutor::new())
@@ -221,10 +230,11 @@ impl Upstreams {
                         .in_current_span(),
                     );
                     *conn = Some(sender.clone());
-                    sender
+                    Ok::<_, UpstreamError>(sender)
                 }
             }
         };
+        let mut sender = tokio::time::timeout(self.pool.connect_timeout(), checkout).await.map_err(|_| self.dial_timeout(ep))??;
         sender.ready().await.map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })?;
         sender
             .send_request(req)

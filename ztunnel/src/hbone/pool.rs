@@ -115,7 +115,16 @@ impl Pool {
         Err(st.dial.clone())
     }
 
-    async fn checkout(&self, key: &PoolKey, netns: &InPodNetns) -> Result<StreamGuard, HboneError> {
+    /// The one deadline of a connect: TCP, TLS, the HTTP/2 handshake and the CONNECT answer.
+    pub fn connect_timeout(&self) -> Duration {
+        self.inner.connect_timeout
+    }
+
+    fn timed_out(&self, key: &PoolKey) -> HboneError {
+        HboneError::Timeout { peer: key.dst.to_string(), after: self.inner.connect_timeout }
+    }
+
+    async fn checkout(&self, key: &PoolKey, netns: &InPodNetns, deadline: tokio::time::Instant) -> Result<StreamGuard, HboneError> {
         let dial_lock = match self.try_checkout(key) {
             Ok(g) => return Ok(g),
             Err(l) => l,
@@ -130,7 +139,10 @@ impl Pool {
                 return Err(HboneError::DialFailed { peer: key.dst.to_string(), reason: err.clone() });
             }
         }
-        let conn = match self.dial(key, netns).await {
+        // The dial has its own deadline (the caller's) so that, when it expires, the failure
+        // is recorded for the requests queued behind this one and they leave at once.
+        let dialed = tokio::time::timeout_at(deadline, self.dial(key, netns)).await.unwrap_or_else(|_| Err(self.timed_out(key)));
+        let conn = match dialed {
             Ok(c) => {
                 *last_failure = None;
                 c
@@ -226,19 +238,36 @@ impl Pool {
     /// A stream refused because the peer is going away (GOAWAY, REFUSED_STREAM) never
     /// reached it, so it is retried once on a fresh connection; that keeps a proxy
     /// hand-off invisible to clients.
+    ///
+    /// All of it, queueing behind another request's dial included, has one deadline: the
+    /// connect timeout. A peer that accepts and never speaks fails the request (and every
+    /// request waiting for the same connection) instead of holding it forever.
     pub async fn connect(
         &self,
         key: &PoolKey,
         netns: &InPodNetns,
         request: http::Request<()>,
     ) -> Result<(SendStream<Bytes>, RecvStream, StreamGuard), HboneError> {
-        let guard = self.checkout(key, netns).await?;
+        let deadline = tokio::time::Instant::now() + self.inner.connect_timeout;
+        tokio::time::timeout_at(deadline, self.connect_by(key, netns, request, deadline))
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(key)))
+    }
+
+    async fn connect_by(
+        &self,
+        key: &PoolKey,
+        netns: &InPodNetns,
+        request: http::Request<()>,
+        deadline: tokio::time::Instant,
+    ) -> Result<(SendStream<Bytes>, RecvStream, StreamGuard), HboneError> {
+        let guard = self.checkout(key, netns, deadline).await?;
         match self.open_stream(key, &guard, copy_request(&request)).await {
             Err(StreamError::Unprocessed(e)) => {
                 tracing::debug!(error = %e, dst = %key.dst, "stream refused by a closing connection; retrying on a new one");
                 guard.conn.closed.store(true, Ordering::Release);
                 drop(guard);
-                let guard = self.checkout(key, netns).await?;
+                let guard = self.checkout(key, netns, deadline).await?;
                 match self.open_stream(key, &guard, request).await {
                     Ok((s, r)) => Ok((s, r, guard)),
                     Err(StreamError::Unprocessed(e) | StreamError::Failed(e)) => Err(e),
