@@ -10,8 +10,8 @@ use rcgen::{
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use super::manager::WorkloadCert;
-use super::Identity;
+use super::cert::WorkloadCert;
+use super::spiffe::Identity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {

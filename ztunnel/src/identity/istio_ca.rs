@@ -10,9 +10,10 @@ use rcgen::{CertificateParams, DistinguishedName, KeyPair, SanType};
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tonic::transport::Channel;
 
-use super::manager::{CaClient, CertError, SignFuture, WorkloadCert};
-use super::Identity;
-use crate::istiod::{IstiodConfig, IstiodError};
+use super::cert::WorkloadCert;
+use super::manager::{CaClient, CertError, SignFuture};
+use super::spiffe::Identity;
+use crate::istiod::channel::{IstiodConfig, IstiodError};
 use crate::xds::proto::istio::v1::auth::{
     istio_certificate_service_client::IstioCertificateServiceClient, IstioCertificateRequest,
 };
