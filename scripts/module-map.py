@@ -73,8 +73,20 @@ def resolve(mods, current, kind, rest):
     return path
 
 
+def test_only(mods):
+    """Modules declared `#[cfg(test)] mod name;` (test code, like inline test modules)."""
+    out = set()
+    for mod, file in mods.items():
+        text = open(file, encoding="utf-8").read()
+        for m in re.finditer(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;", text):
+            out.add(mod + (m.group(1),) if mod != ("<bin>",) else (m.group(1),))
+    return out
+
+
 def edges(src):
     mods = modules(src)
+    skip = test_only(mods)
+    mods = {m: f for m, f in mods.items() if not any(m[: len(t)] == t for t in skip)}
     out = {}
     for mod, file in mods.items():
         text = strip_tests(open(file, encoding="utf-8").read())

@@ -236,7 +236,7 @@ async fn main() -> anyhow::Result<()> {
     let metrics = Arc::new(metrics);
     for addr in [args.metrics_addr, args.readiness_addr] {
         let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
+        tokio::spawn(ztunnel::metrics_endpoint::serve(l, metrics.clone()));
     }
     let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
         Some(path) => local_setup(&args, path, ttl).await?,

@@ -12,6 +12,7 @@ pub mod fuzzing;
 pub mod hbone;
 pub mod http_endpoint;
 pub mod metrics;
+pub mod metrics_endpoint;
 pub mod identity;
 pub mod istiod;
 pub mod l7;

@@ -561,7 +561,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
     for addr in [args.metrics_addr, args.readiness_addr] {
         let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        tokio::spawn(ztunnel::metrics::server::serve(l, metrics.clone()));
+        tokio::spawn(ztunnel::metrics_endpoint::serve(l, metrics.clone()));
     }
     let capture = ztunnel::capture::Backend::start(
         args.capture,

@@ -247,9 +247,9 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
         warn("ENABLE_ORIG_SRC", "inbound deliveries always keep the client's source address");
     }
     for (name, ours) in [
-        ("HTTP2_STREAM_WINDOW_SIZE", crate::hbone::STREAM_WINDOW),
-        ("HTTP2_CONNECTION_WINDOW_SIZE", crate::hbone::CONNECTION_WINDOW),
-        ("HTTP2_FRAME_SIZE", crate::hbone::MAX_FRAME),
+        ("HTTP2_STREAM_WINDOW_SIZE", crate::hbone::tuning::STREAM_WINDOW),
+        ("HTTP2_CONNECTION_WINDOW_SIZE", crate::hbone::tuning::CONNECTION_WINDOW),
+        ("HTTP2_FRAME_SIZE", crate::hbone::tuning::MAX_FRAME),
     ] {
         if let Some(v) = env.number::<u32>(name)? {
             if v != ours {

@@ -14,7 +14,8 @@ use h2::{RecvStream, SendStream};
 use rustls_pki_types::ServerName;
 use tracing::Instrument;
 
-use super::{HboneError, CONNECTION_WINDOW, MAX_FRAME, PING_INTERVAL, PING_TIMEOUT, STREAM_WINDOW};
+use super::error::HboneError;
+use super::tuning::{tune_tls, CONNECTION_WINDOW, MAX_FRAME, PING_INTERVAL, PING_TIMEOUT, STREAM_WINDOW};
 use crate::identity::{CertManager, Identity};
 use crate::netns::InPodNetns;
 
@@ -169,7 +170,7 @@ impl Pool {
             .connect(ServerName::IpAddress(key.dst.ip().into()), tcp)
             .await
             .map_err(|source| HboneError::Tls { peer: peer.clone(), source })?;
-        super::tune_tls(tls.get_mut().1);
+        tune_tls(tls.get_mut().1);
         let (send, mut connection) = h2::client::Builder::new()
             .initial_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)

@@ -181,9 +181,9 @@ impl Server {
                 return None;
             }
         };
-        crate::hbone::tune_tls(tls.get_mut().1);
+        super::tuning::tune_tls(tls.get_mut().1);
         let guarded = FrameGuard::new(tls);
-        let h2 = crate::hbone::server_builder(self.max_streams, self.max_header_bytes).handshake::<_, Bytes>(guarded);
+        let h2 = super::tuning::server_builder(self.max_streams, self.max_header_bytes).handshake::<_, Bytes>(guarded);
         let conn = match tokio::time::timeout_at(deadline, h2).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
@@ -254,7 +254,7 @@ impl Server {
                     on_stream(req, respond);
                 }
                 Err(e) => {
-                    match crate::hbone::protocol_abuse(&e) {
+                    match super::request::protocol_abuse(&e) {
                         Some(reason) => {
                             tracing::warn!(src.identity = %src_identity, error = %e, reason, "HBONE connection closed for abuse");
                             self.metrics.hbone_rejected(reason);

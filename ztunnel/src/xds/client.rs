@@ -17,7 +17,7 @@ use super::proto::envoy::service::discovery::v3::{
 };
 use super::proto::google::rpc::Status;
 use super::store::{Incoming, Store};
-use super::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use crate::istiod::channel::{IstiodConfig, IstiodError};
 
 const TYPES: [&str; 2] = [ADDRESS_TYPE, AUTHORIZATION_TYPE];

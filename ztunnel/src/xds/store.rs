@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use super::convert::{self, Address};
-use super::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use crate::rbac::Authorization;
 use crate::state::{MeshState, Service, SharedState, Workload};
 

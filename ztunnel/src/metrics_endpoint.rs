@@ -7,7 +7,7 @@ use http::{Request, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::TcpListener;
 
-use super::Metrics;
+use crate::metrics::Metrics;
 use crate::http_endpoint::{self, respond, text, HttpResponse};
 
 

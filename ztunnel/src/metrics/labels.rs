@@ -1,0 +1,123 @@
+//! Istio's TCP metric labels, and the bound on label sets per metric family.
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+use crate::identity::Identity;
+use crate::state::{Service, Workload};
+
+/// Label sets kept per metric family (TCP and HTTP); more are folded into an overflow set.
+pub const MAX_SERIES: usize = 10_000;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub reporter: &'static str,
+    pub source_workload: String,
+    pub source_canonical_service: String,
+    pub source_canonical_revision: String,
+    pub source_workload_namespace: String,
+    pub source_principal: String,
+    pub destination_workload: String,
+    pub destination_canonical_service: String,
+    pub destination_canonical_revision: String,
+    pub destination_workload_namespace: String,
+    pub destination_principal: String,
+    pub destination_service: String,
+    pub destination_service_name: String,
+    pub destination_service_namespace: String,
+    pub request_protocol: &'static str,
+    pub response_flags: &'static str,
+    pub connection_security_policy: &'static str,
+}
+
+const UNKNOWN: &str = "unknown";
+
+fn or_unknown(s: &str) -> String {
+    if s.is_empty() { UNKNOWN.to_string() } else { s.to_string() }
+}
+
+/// One side of a connection as the labels describe it.
+#[derive(Default)]
+pub struct Peer<'a> {
+    pub workload: Option<&'a Workload>,
+    /// The mTLS identity, when there is one (it may exist for a peer not in config).
+    pub identity: Option<&'a Identity>,
+}
+
+impl TcpLabels {
+    pub fn new(
+        reporter: &'static str,
+        src: Peer<'_>,
+        dst: Peer<'_>,
+        service: Option<&Service>,
+        mtls: bool,
+    ) -> TcpLabels {
+        let wl = |p: &Peer<'_>, f: fn(&Workload) -> &str| p.workload.map(|w| or_unknown(f(w))).unwrap_or_else(|| UNKNOWN.into());
+        // Only a verified identity names a principal; a config entry alone does not.
+        let principal = |p: &Peer<'_>| p.identity.map(|i| i.to_string()).unwrap_or_else(|| UNKNOWN.into());
+        TcpLabels {
+            reporter,
+            source_workload: wl(&src, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            source_canonical_service: wl(&src, |w| &w.canonical_name),
+            source_canonical_revision: wl(&src, |w| &w.canonical_revision),
+            source_workload_namespace: wl(&src, |w| &w.namespace),
+            source_principal: principal(&src),
+            destination_workload: wl(&dst, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            destination_canonical_service: wl(&dst, |w| &w.canonical_name),
+            destination_canonical_revision: wl(&dst, |w| &w.canonical_revision),
+            destination_workload_namespace: wl(&dst, |w| &w.namespace),
+            destination_principal: principal(&dst),
+            destination_service: service.map(|s| s.hostname.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_name: service.map(|s| s.name.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_namespace: service.map(|s| s.namespace.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            request_protocol: "tcp",
+            response_flags: "-",
+            connection_security_policy: if mtls { "mutual_tls" } else { UNKNOWN },
+        }
+    }
+}
+
+/// The label sets in use by a group of families (by hash), to bound them at `MAX_SERIES`.
+#[derive(Default)]
+pub struct SeriesBound(std::sync::Mutex<std::collections::HashSet<u64>>);
+
+impl SeriesBound {
+    /// Whether `l` may have its own series: already in use, or there is room for one more.
+    pub fn admit<L: std::hash::Hash>(&self, l: &L) -> bool {
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        l.hash(&mut h);
+        let key = h.finish();
+        let mut series = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if series.contains(&key) {
+            return true;
+        }
+        if series.len() < MAX_SERIES {
+            series.insert(key);
+            return true;
+        }
+        false
+    }
+}
+
+impl TcpLabels {
+    /// The overflow set for `self`: every peer label `unknown`.
+    pub fn overflow(&self) -> TcpLabels {
+        let u = || UNKNOWN.to_string();
+        TcpLabels {
+            source_workload: u(),
+            source_canonical_service: u(),
+            source_canonical_revision: u(),
+            source_workload_namespace: u(),
+            source_principal: u(),
+            destination_workload: u(),
+            destination_canonical_service: u(),
+            destination_canonical_revision: u(),
+            destination_workload_namespace: u(),
+            destination_principal: u(),
+            destination_service: u(),
+            destination_service_name: u(),
+            destination_service_namespace: u(),
+            ..self.clone()
+        }
+    }
+}
