@@ -7,16 +7,21 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use super::{is_self_call, LocalPod, ProxyInputs};
+use super::inputs::ProxyInputs;
+use super::limits::track;
+use super::pod::{is_self_call, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
-use crate::hbone::{self, CopyError, PoolKey};
+use crate::hbone::{self, PoolKey};
 use crate::identity::Identity;
+use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
-use crate::netns::reset;
+use crate::netns::{captured_destination, reset};
+use crate::ports;
+use crate::relay::{copy_tcp, copy_tcp_h2, CopyError};
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
-    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "outbound").await {
+    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
         let _ = stream.set_nodelay(true);
         let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
         tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
@@ -43,7 +48,7 @@ fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&A
     Some(Route::Hbone {
         peer: wl.clone(),
         target: SocketAddr::new(ip, port),
-        hbone_addr: SocketAddr::new(ip, crate::ports::HBONE),
+        hbone_addr: SocketAddr::new(ip, ports::HBONE),
         expected: state.expected_identities(wl, service.map(|s| &**s)),
         service: service.cloned(),
     })
@@ -118,11 +123,11 @@ fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let Some(_active) = super::track(&inputs, &pod) else {
+    let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
     };
     let start = Instant::now();
-    let Some(dst) = super::captured_destination(&stream) else {
+    let Some(dst) = captured_destination(&stream) else {
         return reset(stream);
     };
     if is_self_call(&pod, dst) {
@@ -152,8 +157,11 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
-            let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
+            let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
+            let (t, error) = match r {
+                Ok(t) => (t, None),
+                Err((e, t)) => (t, Some(e.to_string())),
+            };
             ConnectionLog {
                 direction: "outbound",
                 protocol: "TCP",
@@ -163,10 +171,10 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                 dst_hbone_addr: None,
                 dst_service: state.service_by_vip(dst.ip()).map(|s| &**s),
                 dst: Side { workload: state.workload_by_ip(to.ip()).map(|w| &**w), identity: None },
-                bytes_sent: sent,
-                bytes_recv: recv,
+                bytes_sent: t.sent,
+                bytes_recv: t.received,
                 duration: start.elapsed(),
-                error: r.err().map(|e| e.to_string()),
+                error,
             }
             .write();
         }
@@ -201,7 +209,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
                     inputs.metrics.opened(&labels);
-                    let r = hbone::copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
+                    let r = copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
                     drop(guard);
                     let t = match &r {
                         Ok(t) | Err((_, t)) => *t,
