@@ -169,7 +169,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return tracing::debug!(error = %e, "upstream stream failed");
         }
     }
-    let r = hbone::copy_h2_h2(down_send, down_recv, up_send, up_recv).await;
+    let r = ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv).await;
     drop(guard);
     let (t, err) = match r {
         Ok(t) => (t, None),

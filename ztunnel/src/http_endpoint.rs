@@ -46,7 +46,7 @@ where
         let (stream, _) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                crate::proxy::accept_backoff(name, e).await;
+                crate::listen::accept_backoff(name, e).await;
                 continue;
             }
         };

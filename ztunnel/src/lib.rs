@@ -16,32 +16,19 @@ pub mod metrics_endpoint;
 pub mod identity;
 pub mod istiod;
 pub mod l7;
+pub mod listen;
 pub mod logging;
+pub mod marks;
 pub mod memory;
 pub mod netns;
+pub mod ports;
 pub mod proxy;
 pub mod proxy_protocol;
 pub mod rbac;
+pub mod relay;
 pub mod state;
 pub mod tls;
 pub mod xds;
 pub mod zds;
 
-/// SO_MARK on every socket the proxy opens, so capture rules exempt its own traffic.
-pub const PROXY_MARK: u32 = 1337;
-
-/// SO_MARK on the proxy's transparent deliveries to a pod's app (connections that carry
-/// the real client's address); replies to them are routed back over lo by this mark.
-pub const DELIVERY_MARK: u32 = 0x111;
-
-/// Ports the proxy listens on inside each pod; as an original destination they are self-calls.
-pub mod ports {
-    pub const OUTBOUND: u16 = 15001;
-    pub const INBOUND_PLAINTEXT: u16 = 15006;
-    pub const HBONE: u16 = 15008;
-    pub const SOCKS5: u16 = 15080;
-
-    pub fn is_proxy_port(p: u16) -> bool {
-        matches!(p, OUTBOUND | INBOUND_PLAINTEXT | HBONE | SOCKS5)
-    }
-}
+pub use marks::{DELIVERY_MARK, PROXY_MARK};

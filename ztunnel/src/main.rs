@@ -403,7 +403,7 @@ fn main() -> anyhow::Result<()> {
         tracing::info!("{i}");
     }
     raise_fd_limit();
-    ztunnel::proxy::reserve_spare_fd();
+    ztunnel::listen::reserve_spare_fd();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(istio.worker_threads).enable_all().build()?;
@@ -499,7 +499,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         "inboundAddr": format!("0.0.0.0:{}", ztunnel::ports::HBONE),
         "inboundPlaintextAddr": format!("0.0.0.0:{}", ztunnel::ports::INBOUND_PLAINTEXT),
         "outboundAddr": format!("127.0.0.1:{}", ztunnel::ports::OUTBOUND),
-        "dnsProxyAddr": { "Localhost": [false, 15053] },
+        "dnsProxyAddr": { "Localhost": [false, ztunnel::ports::DNS] },
         "illegalPorts": [ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
         "network": istio.network,
         "localNode": node_name,
@@ -599,7 +599,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         dns,
     });
 
-    let pods: ztunnel::zds::client::Pods = Default::default();
+    let pods = ztunnel::proxy::Pods::default();
     for spec in &args.pods {
         let (uid, path) = spec
             .split_once('=')
@@ -608,21 +608,19 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         let pod = proxy::enroll(inputs.clone(), &WorkloadUid(uid.to_string()), netns, enroll_wait)
             .await
             .with_context(|| format!("cannot enroll pod {uid}"))?;
-        pods.lock().await.insert(WorkloadUid(uid.to_string()), pod);
+        pods.insert(WorkloadUid(uid.to_string()), pod).await;
     }
     // With ZDS, readiness waits for the agent's first snapshot (which also drops capture
     // of pods removed while no ztunnel ran); without, the --pod list is the whole truth.
     if args.zds_socket.is_none() {
-        let pods = pods.lock().await;
-        let netns: Vec<&InPodNetns> = pods.values().map(|p| &p.pod.netns).collect();
-        inputs.capture.retain(&netns);
+        pods.retain_capture(&inputs.capture).await;
     }
     if let Some(sock) = args.zds_socket.clone() {
         metrics.wait_for("zds");
         tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()));
     }
     metrics.set_ready();
-    let enrolled = pods.lock().await.len();
+    let enrolled = pods.count().await;
     tracing::info!(node = %node_name, pods = enrolled, "ztunnel ready");
     tokio::spawn(ztunnel::memory::release_periodically());
 

@@ -14,7 +14,7 @@ use nix::sched::{setns, CloneFlags};
 use socket2::{Domain, Protocol, SockAddr, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::{DELIVERY_MARK, PROXY_MARK};
+use crate::marks::{DELIVERY_MARK, PROXY_MARK};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -44,10 +44,28 @@ fn proxy_netns() -> &'static io::Result<File> {
 /// INPOD_PORT_REUSE), fixed at start; unset: Istio's defaults.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SocketOptions {
-    pub keepalive: crate::config::istio_env::Keepalive,
+    pub keepalive: Keepalive,
     /// SO_REUSEPORT on the in-pod listeners, so a new proxy can bind beside the old one
     /// during an upgrade (Istio: INPOD_PORT_REUSE, default on).
     pub no_port_reuse: bool,
+}
+
+/// TCP keepalive of the proxy's connections (Istio's KEEPALIVE_*, USER_TIMEOUT_ENABLED).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keepalive {
+    pub enabled: bool,
+    pub time: Duration,
+    pub interval: Duration,
+    pub retries: u32,
+    /// TCP_USER_TIMEOUT of time + interval × retries, so unacknowledged data also ends
+    /// a dead connection.
+    pub user_timeout: bool,
+}
+
+impl Default for Keepalive {
+    fn default() -> Self {
+        Keepalive { enabled: true, time: Duration::from_secs(180), interval: Duration::from_secs(180), retries: 9, user_timeout: false }
+    }
 }
 
 static SOCKET_OPTIONS: OnceLock<SocketOptions> = OnceLock::new();
@@ -213,6 +231,24 @@ pub fn original_dst(stream: &TcpStream) -> io::Result<SocketAddr> {
         let sin6 = getsockopt(stream, sockopt::Ip6tOriginalDst).map_err(io::Error::from)?;
         let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
         Ok(SocketAddr::new(ip.into(), u16::from_be(sin6.sin6_port)))
+    }
+}
+
+/// The original destination of a captured connection; logs and yields None if unreadable.
+/// REDIRECT (nftables) and the eBPF outbound hook answer SO_ORIGINAL_DST; a connection
+/// steered by sk_lookup keeps its original local address, so there getsockname() is the
+/// destination. A local address on a proxy port means nothing redirected it.
+pub fn captured_destination(stream: &TcpStream) -> Option<SocketAddr> {
+    let e = match original_dst(stream) {
+        Ok(d) => return Some(d),
+        Err(e) => e,
+    };
+    match stream.local_addr() {
+        Ok(local) if !crate::ports::is_proxy_port(local.port()) => Some(local),
+        _ => {
+            tracing::warn!(error = %e, "cannot read the original destination; closing");
+            None
+        }
     }
 }
 

@@ -3,21 +3,21 @@
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use rand::RngExt;
-use serde::Deserialize;
 
-use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
+use crate::identity::Identity;
 use crate::rbac::{Authorization, PolicyScope};
 
+pub mod address;
 pub mod workload;
 #[cfg(test)]
 mod waypoint_tests;
 
-pub use workload::{
+pub use self::address::{HboneAddress, NetworkAddress};
+pub use self::workload::{
     ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
 };
 
@@ -340,47 +340,5 @@ impl SharedState {
 impl Default for SharedState {
     fn default() -> Self {
         SharedState::new(MeshState::default())
-    }
-}
-
-/// A destination address as HBONE names it (`ip:port`, IPv6 in brackets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct HboneAddress(pub SocketAddr);
-
-impl fmt::Display for HboneAddress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // SocketAddr's Display already brackets IPv6.
-        write!(f, "{}", self.0)
-    }
-}
-
-pub(crate) fn default_trust_domain() -> String {
-    DEFAULT_TRUST_DOMAIN.to_string()
-}
-
-/// `network/ip` as used in service VIP lists; a bare IP means the default network.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct NetworkAddress {
-    pub network: String,
-    pub address: IpAddr,
-}
-
-impl<'de> Deserialize<'de> for NetworkAddress {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let (network, ip) = match s.rsplit_once('/') {
-            Some((n, ip)) => (n.to_string(), ip),
-            None => (String::new(), s.as_str()),
-        };
-        let address = ip.parse().map_err(|_| {
-            serde::de::Error::custom(format!("invalid address {s:?}: expected \"<network>/<ip>\" or \"<ip>\""))
-        })?;
-        Ok(NetworkAddress { network, address })
-    }
-}
-
-impl fmt::Display for NetworkAddress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.network, self.address)
     }
 }

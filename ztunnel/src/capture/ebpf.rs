@@ -8,7 +8,8 @@
 use std::net::Ipv4Addr;
 use std::os::fd::AsFd;
 
-use super::{local_route, CaptureError};
+use super::error::CaptureError;
+use super::local_route;
 use crate::netns::InPodNetns;
 
 fn sysctl(netns: &InPodNetns, value: &str) -> Result<(), CaptureError> {

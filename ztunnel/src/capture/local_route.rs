@@ -5,9 +5,10 @@
 //! app's accepted socket takes the SYN's mark through tcp_fwmark_accept) are sent by an
 //! ip rule to a table whose only route is local.
 
-use super::{run_in, run_in_output, CaptureError};
+use super::command::{run_in, run_in_output};
+use super::error::CaptureError;
 use crate::netns::InPodNetns;
-use crate::DELIVERY_MARK;
+use crate::marks::DELIVERY_MARK;
 
 pub const ROUTE_TABLE: &str = "133";
 const RULE_PREF: &str = "32764";

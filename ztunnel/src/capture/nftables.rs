@@ -11,9 +11,15 @@
 //!   locally: the proxy's deliveries (mark 0x111) get ct mark 0x111, their reply packets
 //!   get fwmark 0x111, and the local-route rule (see `local_route`) sends them to lo.
 
-use super::{local_route, run_in, CaptureError, PROBE_SOURCE};
+use super::command::run_in;
+use super::error::CaptureError;
+use super::local_route;
 use crate::netns::InPodNetns;
-use crate::{ports, DELIVERY_MARK, PROXY_MARK};
+use crate::marks::{DELIVERY_MARK, PROXY_MARK};
+use crate::ports;
+
+/// kubelet health probes arrive from this address in Istio's ambient mode; never capture them.
+pub const PROBE_SOURCE: &str = "169.254.7.127";
 
 const TABLE: &str = "ztunnel-capture";
 
@@ -27,7 +33,7 @@ fn ruleset(exempt_inbound_ports: &[u16], capture_dns: bool) -> String {
     let dns = if capture_dns {
         format!(
             "meta nfproto ipv4 udp dport 53 redirect to :{port}\n    meta nfproto ipv4 tcp dport 53 tcp flags & (syn | ack) == syn redirect to :{port}",
-            port = crate::dns::PORT
+            port = ports::DNS
         )
     } else {
         String::new()

@@ -6,6 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// Parsed here from the environment; the socket options are the netns module's.
+pub use crate::netns::Keepalive;
+
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EnvError {
     #[error("invalid {name}={value:?}: {reason}")]
@@ -274,25 +277,8 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     Ok(warnings)
 }
 
-/// TCP keepalive of the proxy's connections (Istio's KEEPALIVE_*, USER_TIMEOUT_ENABLED).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Keepalive {
-    pub enabled: bool,
-    pub time: Duration,
-    pub interval: Duration,
-    pub retries: u32,
-    /// TCP_USER_TIMEOUT of time + interval × retries, so unacknowledged data also ends
-    /// a dead connection.
-    pub user_timeout: bool,
-}
-
-impl Default for Keepalive {
-    fn default() -> Self {
-        Keepalive { enabled: true, time: Duration::from_secs(180), interval: Duration::from_secs(180), retries: 9, user_timeout: false }
-    }
-}
-
 impl Keepalive {
+    /// Istio's KEEPALIVE_* and USER_TIMEOUT_ENABLED; unset: Istio's defaults.
     pub fn from_env(env: &Env) -> Result<Keepalive, EnvError> {
         let d = Keepalive::default();
         let k = Keepalive {

@@ -16,10 +16,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::DnsError;
+use super::error::DnsError;
+use super::message::EDNS_PAYLOAD;
 
-/// The EDNS UDP payload size we advertise (the DNS flag day 2020 value).
-pub const EDNS_PAYLOAD: u16 = 1232;
 /// Receive buffer for upstream UDP answers (larger than we advertise, for lenient servers).
 const UDP_BUFFER: usize = 4096;
 /// At most this many servers are tried per question (glibc's MAXNS).
@@ -131,7 +130,7 @@ pub fn accept(wire: &[u8], id: u16, q: &Query) -> Result<Message, &'static str> 
 /// inside a pod's), carrying the proxy mark.
 fn upstream_socket(server: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
     let s = Socket::new(Domain::for_address(server), ty.nonblocking().cloexec(), Some(proto))?;
-    s.set_mark(crate::PROXY_MARK)?;
+    s.set_mark(crate::marks::PROXY_MARK)?;
     Ok(s)
 }
 
@@ -216,7 +215,7 @@ mod tests {
     fn upstream_sockets_carry_the_proxy_mark() {
         // SO_MARK needs CAP_NET_ADMIN; the e2e tests (root) always get here.
         match upstream_socket("127.0.0.1:53".parse().unwrap(), Type::DGRAM, Protocol::UDP) {
-            Ok(s) => assert_eq!(s.mark().unwrap(), crate::PROXY_MARK),
+            Ok(s) => assert_eq!(s.mark().unwrap(), crate::marks::PROXY_MARK),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => eprintln!("not root: {e}"),
             Err(e) => panic!("{e}"),
         }

@@ -8,8 +8,10 @@ use hickory_proto::op::{Edns, Message, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, CNAME};
 use hickory_proto::rr::{Name, RData, Record};
 
-use super::forwarder::EDNS_PAYLOAD;
 use super::resolver::{MeshAnswer, MESH_TTL};
+
+/// The EDNS UDP payload size we advertise, to pods and upstream (the DNS flag day 2020 value).
+pub const EDNS_PAYLOAD: u16 = 1232;
 
 /// The fixed 12-byte header, read without trusting the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -15,9 +15,13 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{DnsError, DnsProxy, Transport, PORT};
+use super::answer::Transport;
+use super::error::DnsError;
+use super::proxy::DnsProxy;
+use crate::listen::accept_backoff;
 use crate::netns::InPodNetns;
-use crate::proxy::LocalPod;
+use crate::ports;
+use crate::proxy::pod::LocalPod;
 
 /// UDP questions of one pod being answered at once.
 const UDP_IN_FLIGHT: usize = 256;
@@ -35,7 +39,7 @@ pub struct Listeners {
 
 /// Binds the DNS listeners inside the pod.
 pub fn bind(netns: &InPodNetns) -> Result<Listeners, DnsError> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, PORT));
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ports::DNS));
     let err = |source| DnsError::Bind { pod: netns.name().to_string(), addr, source };
     let s = netns
         .run(|| Socket::new(Domain::IPV4, Type::DGRAM.nonblocking().cloexec(), Some(Protocol::UDP)))
@@ -69,7 +73,7 @@ async fn serve_udp(proxy: Arc<DnsProxy>, pod: LocalPod, sock: UdpSocket) {
         let (n, peer) = match sock.recv_from(&mut buf).await {
             Ok(r) => r,
             Err(e) => {
-                crate::proxy::accept_backoff("dns-udp", e).await;
+                accept_backoff("dns-udp", e).await;
                 continue;
             }
         };
@@ -98,7 +102,7 @@ async fn serve_tcp(proxy: Arc<DnsProxy>, pod: LocalPod, listener: TcpListener) {
         let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
-                crate::proxy::accept_backoff("dns-tcp", e).await;
+                accept_backoff("dns-tcp", e).await;
                 continue;
             }
         };

@@ -10,17 +10,22 @@ use http::{Request, Response, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use super::{LocalPod, ProxyInputs};
+use super::inputs::ProxyInputs;
+use super::limits::track;
+use super::pod::LocalPod;
 use crate::access_log::{ConnectionLog, Side};
-use crate::hbone::{self, respond_status as respond, CopyError};
+use crate::hbone::{self, respond_status as respond};
 use crate::identity::Identity;
+use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
+use crate::ports;
 use crate::rbac::{self, Decision};
+use crate::relay::{copy_tcp_h2, CopyError};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "inbound").await {
+    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound").await {
         // Before a task exists for it: a flood over the limit costs one reset each.
         let Some((stream, permit)) = inputs.hbone_server.admit(stream, peer) else { continue };
         let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
@@ -63,7 +68,7 @@ async fn handle_stream(
     local: SocketAddr,
     src_identity: Identity,
 ) {
-    let Some(_active) = super::track(&inputs, &pod) else {
+    let Some(_active) = track(&inputs, &pod) else {
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     };
     let start = Instant::now();
@@ -76,7 +81,7 @@ async fn handle_stream(
         }
     };
     // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy port.
-    if target.ip() != local.ip() || target.ip() != pod.ip || crate::ports::is_proxy_port(target.port()) {
+    if target.ip() != local.ip() || target.ip() != pod.ip || ports::is_proxy_port(target.port()) {
         tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target does not match this pod");
         inputs.metrics.hbone_rejected("bad_request");
         return respond(tx, StatusCode::BAD_REQUEST);
@@ -142,7 +147,7 @@ async fn handle_stream(
         }
     };
     inputs.metrics.opened(&labels);
-    let r = hbone::copy_tcp_h2(&mut upstream, send, recv, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
+    let r = copy_tcp_h2(&mut upstream, send, recv, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let t = match &r {
         Ok(t) | Err((_, t)) => *t,
     };

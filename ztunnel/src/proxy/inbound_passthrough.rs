@@ -8,25 +8,30 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use super::{is_self_call, LocalPod, ProxyInputs};
+use super::inbound::write_proxy_header;
+use super::inputs::ProxyInputs;
+use super::limits::track;
+use super::pod::{is_self_call, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
-use crate::netns::reset;
+use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
+use crate::netns::{captured_destination, reset};
 use crate::rbac::{self, Decision};
+use crate::relay::copy_tcp;
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
-    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "inbound plaintext").await {
+    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound plaintext").await {
         let span = tracing::info_span!("inbound_plaintext", src = %peer, pod = %pod.workload.name);
         tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
     }
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let Some(_active) = super::track(&inputs, &pod) else {
+    let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
     };
     let start = Instant::now();
-    let Some(dst) = super::captured_destination(&stream) else {
+    let Some(dst) = captured_destination(&stream) else {
         return reset(stream);
     };
     if is_self_call(&pod, dst) || dst.ip() != pod.ip {
@@ -65,15 +70,18 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     // identity: relayed raw, the client's own bytes would be taken as a header, and a
     // forged TLV 0xD0 as a verified SPIFFE id.
     if tunnel.is_some_and(|t| t.port_for(dst.port()) == dst.port()) {
-        if let Err(e) = super::inbound::write_proxy_header(&mut upstream, peer, dst, None).await {
+        if let Err(e) = write_proxy_header(&mut upstream, peer, dst, None).await {
             tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);
             return reset(stream);
         }
     }
-    let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
-    let (recv, sent) = r.as_ref().map(|t| *t).unwrap_or_default();
+    let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
+    let (t, error) = match r {
+        Ok(t) => (t, None),
+        Err((e, t)) => (t, Some(e.to_string())),
+    };
     let state = inputs.state.load();
     ConnectionLog {
         direction: "inbound",
@@ -84,10 +92,10 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         dst_hbone_addr: None,
         dst_service: None,
         dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
-        bytes_sent: recv,
-        bytes_recv: sent,
+        bytes_sent: t.sent,
+        bytes_recv: t.received,
         duration: start.elapsed(),
-        error: r.err().map(|e| e.to_string()),
+        error,
     }
     .write();
 }

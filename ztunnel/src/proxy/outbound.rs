@@ -7,16 +7,21 @@ use std::time::Instant;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::Instrument;
 
-use super::{is_self_call, LocalPod, ProxyInputs};
+use super::inputs::ProxyInputs;
+use super::limits::track;
+use super::pod::{is_self_call, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
-use crate::hbone::{self, CopyError, PoolKey};
+use crate::hbone::{self, PoolKey};
 use crate::identity::Identity;
+use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
-use crate::netns::reset;
+use crate::netns::{captured_destination, reset};
+use crate::ports;
+use crate::relay::{copy_tcp, copy_tcp_h2, CopyError};
 use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
-    while let Some((stream, peer)) = super::accept_until_drain(&inputs, &listener, "outbound").await {
+    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
         let _ = stream.set_nodelay(true);
         let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
         tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
@@ -43,7 +48,7 @@ fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&A
     Some(Route::Hbone {
         peer: wl.clone(),
         target: SocketAddr::new(ip, port),
-        hbone_addr: SocketAddr::new(ip, crate::ports::HBONE),
+        hbone_addr: SocketAddr::new(ip, ports::HBONE),
         expected: state.expected_identities(wl, service.map(|s| &**s)),
         service: service.cloned(),
     })
@@ -118,11 +123,11 @@ fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
-    let Some(_active) = super::track(&inputs, &pod) else {
+    let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
     };
     let start = Instant::now();
-    let Some(dst) = super::captured_destination(&stream) else {
+    let Some(dst) = captured_destination(&stream) else {
         return reset(stream);
     };
     if is_self_call(&pod, dst) {
@@ -152,8 +157,11 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            let r = super::copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
-            let (sent, recv) = r.as_ref().map(|t| *t).unwrap_or_default();
+            let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
+            let (t, error) = match r {
+                Ok(t) => (t, None),
+                Err((e, t)) => (t, Some(e.to_string())),
+            };
             ConnectionLog {
                 direction: "outbound",
                 protocol: "TCP",
@@ -163,10 +171,10 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                 dst_hbone_addr: None,
                 dst_service: state.service_by_vip(dst.ip()).map(|s| &**s),
                 dst: Side { workload: state.workload_by_ip(to.ip()).map(|w| &**w), identity: None },
-                bytes_sent: sent,
-                bytes_recv: recv,
+                bytes_sent: t.sent,
+                bytes_recv: t.received,
                 duration: start.elapsed(),
-                error: r.err().map(|e| e.to_string()),
+                error,
             }
             .write();
         }
@@ -201,7 +209,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
                     inputs.metrics.opened(&labels);
-                    let r = hbone::copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
+                    let r = copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
                     drop(guard);
                     let t = match &r {
                         Ok(t) | Err((_, t)) => *t,
@@ -318,5 +326,99 @@ mod tests {
         let twin = "- {uid: twin, name: twin, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.4], protocol: HBONE}";
         let st = state("[10.0.0.9]", twin);
         assert_eq!(peer(&route_from(&st, "twin", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+    }
+
+    /// A mesh for the route decision: `client` (the source), mesh workloads `echo` (a
+    /// service endpoint) and `db` (behind its own waypoint), a plaintext workload `legacy`,
+    /// the waypoint `wp`, and services over each.
+    fn mesh() -> MeshState {
+        let workloads: Vec<Workload> = serde_yaml::from_str(&format!(
+            "- {{uid: client, name: client, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.1], protocol: HBONE}}
+- {{uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2], protocol: HBONE,
+   services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}}}
+- {{uid: sick, name: sick, namespace: default, serviceAccount: sick, workloadIps: [10.0.0.3], protocol: HBONE, status: Unhealthy,
+   services: {{default/sick.default.svc.cluster.local: {{80: 8080}}}}}}
+- {{uid: db, name: db, namespace: default, serviceAccount: db, workloadIps: [10.0.0.4], protocol: HBONE, waypoint: {{destination: {WP}}}}}
+- {{uid: legacy, name: legacy, namespace: default, serviceAccount: legacy, workloadIps: [10.0.0.5],
+   services: {{default/legacy.default.svc.cluster.local: {{80: 9090}}}}}}
+- {{uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: HBONE,
+   services: {{{WP}: {{15008: 15008}}}}}}"
+        ))
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(&format!(
+            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {{80: 8080}},
+   subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo-canary]}}
+- {{name: sick, namespace: default, hostname: sick.default.svc.cluster.local, vips: [/10.96.0.11], ports: {{80: 8080}}}}
+- {{name: empty, namespace: default, hostname: empty.default.svc.cluster.local, vips: [/10.96.0.12], ports: {{80: 8080}}}}
+- {{name: legacy, namespace: default, hostname: legacy.default.svc.cluster.local, vips: [/10.96.0.13], ports: {{80: 9090}}}}
+- {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {{15008: 15008}}}}"
+        ))
+        .unwrap();
+        MeshState::build(workloads, services, Vec::new()).unwrap()
+    }
+
+    /// The whole tunnel a route asks for: peer, CONNECT target, where it dials, whom it expects.
+    fn tunnel(r: &Route) -> String {
+        match r {
+            Route::Hbone { peer, target, hbone_addr, expected, .. } => {
+                let ids: Vec<String> = expected.iter().map(|i| i.to_string()).collect();
+                format!("hbone {} {target} via {hbone_addr} expecting {}", peer.uid, ids.join(","))
+            }
+            other => peer(other),
+        }
+    }
+
+    #[test]
+    fn a_mesh_workload_is_reached_directly_over_hbone() {
+        let st = mesh();
+        assert_eq!(
+            tunnel(&route_from(&st, "client", "10.0.0.2:8080")),
+            "hbone echo 10.0.0.2:8080 via 10.0.0.2:15008 expecting spiffe://cluster.local/ns/default/sa/echo"
+        );
+    }
+
+    #[test]
+    fn a_service_vip_goes_to_a_healthy_endpoint_on_its_target_port() {
+        let st = mesh();
+        // The service's SANs are accepted as well as the endpoint's own identity.
+        assert_eq!(
+            tunnel(&route_from(&st, "client", "10.96.0.10:80")),
+            "hbone echo 10.0.0.2:8080 via 10.0.0.2:15008 expecting spiffe://cluster.local/ns/default/sa/echo,spiffe://cluster.local/ns/default/sa/echo-canary"
+        );
+        // A port the service does not have has no endpoint.
+        assert!(peer(&route_from(&st, "client", "10.96.0.10:81")).starts_with("refused:"));
+    }
+
+    #[test]
+    fn a_service_without_a_healthy_endpoint_is_refused() {
+        let st = mesh();
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.11:80")), "refused: default/sick.default.svc.cluster.local");
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.12:80")), "refused: default/empty.default.svc.cluster.local");
+    }
+
+    #[test]
+    fn destinations_outside_the_mesh_pass_through() {
+        let st = mesh();
+        // Unknown to the mesh, a plaintext workload, and a service of plaintext endpoints
+        // (to the endpoint picked, on its target port).
+        assert_eq!(peer(&route_from(&st, "client", "192.0.2.1:443")), "passthrough 192.0.2.1:443");
+        assert_eq!(peer(&route_from(&st, "client", "10.0.0.5:9090")), "passthrough 10.0.0.5:9090");
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.13:80")), "passthrough 10.0.0.5:9090");
+    }
+
+    #[test]
+    fn a_workload_behind_a_waypoint_is_reached_through_it() {
+        let st = mesh();
+        // CONNECT to the original destination on the waypoint's HBONE port, expecting only
+        // the waypoint's identity.
+        assert_eq!(
+            tunnel(&route_from(&st, "client", "10.0.0.4:5432")),
+            "hbone wp 10.0.0.4:5432 via 10.0.0.9:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint"
+        );
+        // The waypoint's own traffic goes on directly.
+        assert_eq!(
+            tunnel(&route_from(&st, "wp", "10.0.0.4:5432")),
+            "hbone db 10.0.0.4:5432 via 10.0.0.4:15008 expecting spiffe://cluster.local/ns/default/sa/db"
+        );
     }
 }

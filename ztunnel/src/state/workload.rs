@@ -6,8 +6,9 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use super::{default_trust_domain, NetworkAddress};
-use crate::identity::Identity;
+use super::address::NetworkAddress;
+use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
+use crate::ports;
 
 /// The workload uid (for Kubernetes pods: `cluster//Pod/namespace/name`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
@@ -90,7 +91,11 @@ impl fmt::Display for GatewayDestination {
 }
 
 fn default_hbone_port() -> u16 {
-    crate::ports::HBONE
+    ports::HBONE
+}
+
+fn default_trust_domain() -> String {
+    DEFAULT_TRUST_DOMAIN.to_string()
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -175,7 +180,7 @@ impl ApplicationTunnel {
     pub fn validate(&self) -> Result<(), String> {
         match self.port {
             Some(0) => Err("port: 0 is not a port; omit it to use the connection's target port".into()),
-            Some(p) if crate::ports::is_proxy_port(p) => {
+            Some(p) if ports::is_proxy_port(p) => {
                 Err(format!("port: {p} is one of the proxy's own ports (15001, 15006, 15008, 15080); use the app's port"))
             }
             _ => Ok(()),

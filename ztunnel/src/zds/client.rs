@@ -2,20 +2,21 @@
 //! ack each. Pods stay enrolled while the CNI agent is away; after a reconnect its
 //! snapshot says which to keep.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 
-use super::{Payload, SeqPacket, Version, WorkloadRequest, WorkloadResponse, ZdsError, ZdsHello};
+use super::error::ZdsError;
+use super::messages::{Payload, Version, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
+use super::seqpacket::SeqPacket;
 use crate::netns::InPodNetns;
-use crate::proxy::{self, EnrolledPod, ProxyInputs};
-use crate::state::WorkloadUid;
-
-pub type Pods = Arc<Mutex<HashMap<WorkloadUid, EnrolledPod>>>;
+use crate::proxy::inputs::ProxyInputs;
+use crate::proxy::lifecycle::{await_workload, enroll_workload, ENROLL_WAIT};
+use crate::proxy::pods::Pods;
+use crate::state::{Workload, WorkloadUid};
 
 /// Runs forever: reconnects with backoff (100 ms doubling to 5 s) when the agent goes away.
 pub async fn run(path: PathBuf, inputs: Arc<ProxyInputs>, pods: Pods) {
@@ -79,24 +80,19 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
             Some(Payload::Keep(keep)) => {
                 let uid = WorkloadUid(keep.uid);
                 in_snapshot.insert(uid.clone());
-                if pods.lock().await.contains_key(&uid) { Ok(()) } else { Err(format!("cannot keep {uid}: not enrolled")) }
+                if pods.contains(&uid).await { Ok(()) } else { Err(format!("cannot keep {uid}: not enrolled")) }
             }
             Some(Payload::Del(del)) => {
                 remove_pod(pods, &WorkloadUid(del.uid)).await;
                 Ok(())
             }
             Some(Payload::SnapshotSent(_)) => {
-                let stale: Vec<WorkloadUid> =
-                    pods.lock().await.keys().filter(|u| !in_snapshot.contains(*u)).cloned().collect();
+                let stale = pods.uids().await.into_iter().filter(|u| !in_snapshot.contains(u));
                 for uid in stale {
                     remove_pod(pods, &uid).await;
                 }
-                {
-                    let pods = pods.lock().await;
-                    let netns: Vec<&crate::netns::InPodNetns> = pods.values().map(|p| &p.pod.netns).collect();
-                    inputs.capture.retain(&netns);
-                }
-                let enrolled = pods.lock().await.len();
+                pods.retain_capture(&inputs.capture).await;
+                let enrolled = pods.count().await;
                 inputs.metrics.ready_part("zds");
                 tracing::info!(pods = enrolled, "ZDS snapshot applied");
                 Ok(())
@@ -122,32 +118,43 @@ async fn add_pod(
     inputs: &Arc<ProxyInputs>,
     pods: &Pods,
     uid: WorkloadUid,
-    info: Option<super::WorkloadInfo>,
+    info: Option<WorkloadInfo>,
     fd: std::os::fd::OwnedFd,
 ) -> Result<(), String> {
-    if pods.lock().await.contains_key(&uid) {
+    if pods.contains(&uid).await {
         return Ok(());
     }
     let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
     let _pending = inputs.metrics.workload_manager.pending();
-    let wl = proxy::await_workload(inputs, &uid, named, proxy::ENROLL_WAIT).await.map_err(|e| e.to_string())?;
+    let wl = await_workload(inputs, &uid, named, ENROLL_WAIT).await.map_err(|e| e.to_string())?;
     // The agent's view of the pod must agree with the mesh's: its identity comes from the
     // mesh state, and a disagreement means one of them is wrong about who this pod is.
     if let Some(info) = &info {
-        super::check_workload_info(&uid, info, &wl)?;
+        check_workload_info(&uid, info, &wl)?;
     }
     let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
-    let pod = proxy::enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;
-    pods.lock().await.insert(uid, pod);
+    let pod = enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;
+    pods.insert(uid, pod).await;
     Ok(())
 }
 
 pub async fn remove_pod(pods: &Pods, uid: &WorkloadUid) {
-    let pod = pods.lock().await.remove(uid);
-    if let Some(pod) = pod {
+    if let Some(pod) = pods.take(uid).await {
         match pod.remove().await {
             Ok(()) => tracing::info!(uid = %uid, "pod removed"),
             Err(e) => tracing::warn!(uid = %uid, error = %e, "pod removed, but capture cleanup failed"),
         }
     }
+}
+
+/// The CNI agent's view of a pod must agree with the mesh's: the pod's identity comes
+/// from the mesh state, and a disagreement means one of them is wrong about who it is.
+pub fn check_workload_info(uid: &WorkloadUid, info: &WorkloadInfo, wl: &Workload) -> Result<(), String> {
+    if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
+        return Err(format!(
+            "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
+            info.namespace, info.name, info.service_account, wl.namespace, wl.name, wl.service_account
+        ));
+    }
+    Ok(())
 }

@@ -11,10 +11,11 @@ use nix::sys::socket::{self, SockFlag, SockType, UnixAddr};
 use serde::{Deserialize, Serialize};
 use tokio::io::unix::AsyncFd;
 
-use super::{
-    AddWorkload, DelWorkload, Payload, SeqPacket, SnapshotSent, WorkloadInfo, WorkloadRequest, WorkloadResponse,
-    ZdsError, ZdsHello,
+use super::error::ZdsError;
+use super::messages::{
+    AddWorkload, DelWorkload, Payload, ResponsePayload, SnapshotSent, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello,
 };
+use super::seqpacket::{register, SeqPacket};
 
 /// One enrolled pod, as `ztunnel enroll` records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +76,7 @@ fn listen(path: &Path) -> Result<AsyncFd<std::os::fd::OwnedFd>, ZdsError> {
         .map_err(err)?;
     socket::bind(fd.as_raw_fd(), &UnixAddr::new(path).map_err(err)?).map_err(err)?;
     socket::listen(&fd, socket::Backlog::new(8).map_err(err)?).map_err(err)?;
-    Ok(super::register(fd)?)
+    Ok(register(fd)?)
 }
 
 /// Serves node proxies, forever.
@@ -121,7 +122,7 @@ async fn send(sock: &SeqPacket, payload: Payload, netns: Option<&Path>) -> Resul
 
 async fn ack(sock: &SeqPacket) -> Result<(), ZdsError> {
     let (resp, _): (WorkloadResponse, _) = sock.recv().await?;
-    if let Some(super::ResponsePayload::Ack(a)) = resp.payload {
+    if let Some(ResponsePayload::Ack(a)) = resp.payload {
         if !a.error.is_empty() {
             tracing::warn!(error = %a.error, "node proxy refused a request");
         }

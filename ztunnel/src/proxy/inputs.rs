@@ -1,0 +1,24 @@
+//! What every connection handler of the per-pod proxy needs, shared by all pods.
+
+use std::sync::Arc;
+
+use crate::capture;
+use crate::config::ProxyConfig;
+use crate::hbone::Pool;
+use crate::identity::CertManager;
+use crate::state::SharedState;
+
+/// What every connection handler needs.
+pub struct ProxyInputs {
+    pub state: Arc<SharedState>,
+    pub certs: Arc<CertManager>,
+    pub pool: Pool,
+    pub cfg: ProxyConfig,
+    pub capture: capture::Backend,
+    pub metrics: Arc<crate::metrics::Metrics>,
+    pub drain: Arc<crate::drain::Drain>,
+    /// The HBONE server's limits (handshakes in flight are counted across all pods).
+    pub hbone_server: Arc<crate::hbone::server::Server>,
+    /// The DNS proxy, when on: each pod gets its listeners.
+    pub dns: Option<Arc<crate::dns::DnsProxy>>,
+}

@@ -1,0 +1,102 @@
+//! One enrolled pod as its listeners see it (`LocalPod`), and its open inbound
+//! connections, re-checked against policy whenever the mesh state changes.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+
+use crate::identity::Identity;
+use crate::netns::InPodNetns;
+use crate::state::{MeshState, SharedState, Workload};
+
+/// The local workload a listener serves.
+#[derive(Clone)]
+pub struct LocalPod {
+    pub workload: Arc<Workload>,
+    pub identity: Identity,
+    pub ip: IpAddr,
+    pub ipv4: Ipv4Addr,
+    pub netns: InPodNetns,
+    /// This pod's in-flight connections, which its removal lets finish.
+    pub active: Arc<crate::drain::Drain>,
+    /// Its inbound connections, re-checked against policy whenever the state changes.
+    pub inbound: Arc<InboundConns>,
+}
+
+impl LocalPod {
+    /// The pod's workload as the current state has it (policies and labels may have
+    /// changed since enrollment); the enrolled one if the state no longer lists it.
+    pub fn workload_in<'a>(&'a self, state: &'a MeshState) -> &'a Arc<Workload> {
+        state.workload_by_uid(&self.workload.uid).unwrap_or(&self.workload)
+    }
+}
+
+/// Open inbound connections of one pod and what authorized them. When the mesh state
+/// changes (a policy pushed by istiod), each is authorized again and closed if the new
+/// policy denies it, as Istio's ztunnel does.
+#[derive(Default)]
+pub struct InboundConns {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::HashMap<u64, (crate::rbac::Connection, Arc<tokio::sync::Notify>)>>,
+}
+
+/// A registered connection; dropping it unregisters.
+pub struct InboundGuard {
+    conns: Arc<InboundConns>,
+    id: u64,
+    /// Notified when policy no longer allows the connection.
+    pub revoked: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for InboundGuard {
+    fn drop(&mut self) {
+        self.conns.lock().remove(&self.id);
+    }
+}
+
+impl InboundConns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, (crate::rbac::Connection, Arc<tokio::sync::Notify>)>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn register(self: &Arc<Self>, conn: crate::rbac::Connection) -> InboundGuard {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let revoked = Arc::new(tokio::sync::Notify::new());
+        self.lock().insert(id, (conn, revoked.clone()));
+        InboundGuard { conns: self.clone(), id, revoked }
+    }
+
+    /// Re-authorizes every open connection of `pod` under `state`; returns how many were revoked.
+    fn recheck(&self, state: &MeshState, pod: &LocalPod) -> usize {
+        let wl = pod.workload_in(state);
+        let mut revoked = 0;
+        for (conn, notify) in self.lock().values() {
+            if let crate::rbac::Decision::Deny(reason) = state.authorize(wl, conn) {
+                tracing::warn!(src.addr = %conn.src_ip, dst.addr = %conn.dst,
+                    src.identity = conn.src_identity.as_ref().map(|i| i.to_string()),
+                    error = %reason, "closing an open connection: policy now denies it");
+                // A stored permit: the connection sees it even if not waiting yet.
+                notify.notify_one();
+                revoked += 1;
+            }
+        }
+        revoked
+    }
+}
+
+/// Re-checks the pod's open inbound connections on every state change.
+pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
+    let mut changes = state.changes();
+    changes.mark_unchanged();
+    while changes.changed().await.is_ok() {
+        let state = state.load_full();
+        let n = pod.inbound.recheck(&state, &pod);
+        if n > 0 {
+            tracing::info!(pod = %pod.workload.name, revoked = n, "policy change closed open connections");
+        }
+    }
+}
+
+/// Whether an original destination points back at this pod's proxy listeners.
+pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
+    crate::ports::is_proxy_port(dst.port()) && (dst.ip() == pod.ip || dst.ip().is_loopback() || dst.ip().is_unspecified())
+}
