@@ -8,10 +8,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use ztunnel::config::{ConfigError, LocalConfig};
-use ztunnel::l7::authz::AuthorizationPolicy;
-use ztunnel::l7::route::HttpRoute;
+use serde::Deserialize;
+use ztunnel::config::LocalConfig;
 use ztunnel::state::MeshState;
+
+use crate::authz::AuthorizationPolicy;
+use crate::k8s::L7Config;
+use crate::route::HttpRoute;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file cannot be read, or its mesh part (ztunnel's) is invalid.
+    #[error(transparent)]
+    Mesh(#[from] ztunnel::config::ConfigError),
+    /// serde_yaml's message names the field path, line and column.
+    #[error("invalid config file {path}: {source}")]
+    Parse { path: PathBuf, source: serde_yaml::Error },
+    #[error("invalid config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
 
 pub struct Config {
     pub state: Arc<MeshState>,
@@ -19,12 +34,37 @@ pub struct Config {
     pub policies: Vec<AuthorizationPolicy>,
 }
 
+/// The waypoint's part of the local config file: its two L7 lists. The rest is
+/// ztunnel's `LocalConfig`, which checks it (and only accepts these two).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct L7Lists {
+    #[serde(default)]
+    http_routes: Vec<HttpRoute>,
+    #[serde(default)]
+    authorization_policies: Vec<AuthorizationPolicy>,
+}
+
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let mut cfg = LocalConfig::load(path)?;
-        let routes = std::mem::take(&mut cfg.http_routes);
-        let policies = std::mem::take(&mut cfg.authorization_policies);
-        Ok(Config { state: Arc::new(cfg.into_state(path)?), routes, policies })
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ztunnel::config::ConfigError::Read { path: path.to_path_buf(), source })?;
+        Config::parse(path, &text)
+    }
+
+    /// The mesh state and the L7 config of one version of the file (`path` names it in errors).
+    pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+        let mesh = LocalConfig::parse(path, text)?;
+        let l7: L7Lists =
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        for (i, r) in l7.http_routes.iter().enumerate() {
+            r.validate().map_err(|e| invalid(format!("httpRoutes[{i}].{e} (HTTPRoute {}/{})", r.namespace, r.name)))?;
+        }
+        for (i, p) in l7.authorization_policies.iter().enumerate() {
+            p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
+        }
+        Ok(Config { state: Arc::new(mesh.into_state(path)?), routes: l7.http_routes, policies: l7.authorization_policies })
     }
 }
 
@@ -49,7 +89,7 @@ pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Durat
 /// In a cluster: a new config whenever istiod's state or the Kubernetes objects change.
 pub async fn combine(
     state: Arc<ztunnel::state::SharedState>,
-    mut l7: tokio::sync::watch::Receiver<Option<Arc<crate::k8s::L7Config>>>,
+    mut l7: tokio::sync::watch::Receiver<Option<Arc<L7Config>>>,
     current: Arc<ArcSwap<Config>>,
 ) {
     let mut changes = state.changes();
@@ -60,5 +100,56 @@ pub async fn combine(
             r = changes.changed() => if r.is_err() { return },
             r = l7.changed() => if r.is_err() { return },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MESH: &str = "workloads:\n- {uid: w, name: w, namespace: default, workloadIps: [10.0.0.1]}\n";
+    const SVC: &str = "parentRefs: [{kind: Service, group: \"\", name: echo}]";
+
+    fn err(l7: &str) -> String {
+        match Config::parse(Path::new("/etc/mesh/l7.yaml"), &format!("{MESH}{l7}")) {
+            Ok(_) => panic!("accepted: {l7}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn loads_mesh_and_l7() {
+        let l7 = format!(
+            "httpRoutes:\n- {{name: echo, namespace: default, {SVC}}}\nauthorizationPolicies:\n- {{name: p, namespace: default, targetRefs: [{{kind: Service, name: echo}}], rules: [{{}}]}}\n"
+        );
+        let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{l7}")).unwrap();
+        assert_eq!((cfg.routes.len(), cfg.policies.len(), cfg.state.workloads().count()), (1, 1, 1));
+    }
+
+    /// ztunnel accepts the L7 lists without reading them; the waypoint refuses a bad one
+    /// with the file, the field path and (for what serde sees) the line.
+    #[test]
+    fn bad_l7_config_names_file_and_field() {
+        let e = err(&format!("httpRoutes:\n- {{name: a, namespace: default, {SVC}, rules: [{{backendRef: [{{name: v1, port: 80}}]}}]}}\n"));
+        assert!(e.starts_with("invalid config file /etc/mesh/l7.yaml: httpRoutes[0].rules[0]: unknown field `backendRef`"), "{e}");
+        assert!(e.contains("line 4"), "{e}");
+        let e = err(&format!("httpRoutes:\n- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1}}]}}]}}\n"));
+        assert!(e.starts_with("invalid config file /etc/mesh/l7.yaml: httpRoutes[0].rules[0].backendRefs[0].port: required"), "{e}");
+        assert!(e.ends_with("(HTTPRoute default/a)"), "{e}");
+        let e = err("authorizationPolicies:\n- name: p\n  namespace: default\n  targetRefs: [{kind: Service, name: echo}]\n  rules: [{from: [{source: {ipBlocks: [10.0.0.300]}}]}]\n");
+        assert!(e.contains("/etc/mesh/l7.yaml: authorizationPolicies[0].rules[0].from[0].source.ipBlocks: invalid IP or CIDR"), "{e}");
+        assert!(e.contains("line 7"), "{e}");
+        let e = err("authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], rules: [{to: [{operation: {paths: ['/a/../admin']}}]}]}\n");
+        assert!(e.contains("authorizationPolicies[0].rules[0].to[0].operation.paths[0]: \"/a/../admin\" is not in normalized form"), "{e}");
+        assert!(e.ends_with("(AuthorizationPolicy default/p)"), "{e}");
+    }
+
+    #[test]
+    fn mesh_errors_are_ztunnels() {
+        let Err(e) = Config::parse(Path::new("m.yaml"), "workloads:\n- {uid: w, name: w, namespace: default, workloadIPs: [10.0.0.1]}\n") else {
+            panic!("accepted")
+        };
+        let e = e.to_string();
+        assert!(e.contains("m.yaml") && e.contains("unknown field `workloadIPs`"), "{e}");
     }
 }

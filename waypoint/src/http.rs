@@ -21,17 +21,19 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use ztunnel::hbone::H2Stream;
 use ztunnel::identity::Identity;
-use ztunnel::l7::route::{self, Filter, RouteRequest, Selected};
-use ztunnel::l7::{authz, path, ObjectName, Target};
 use ztunnel::metrics::http::HttpLabels;
 use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{HealthStatus, Protocol as MeshProtocol, Service, Workload};
 
 use crate::config::Config;
+use crate::context::Waypoint;
 use crate::detect::Protocol;
 use crate::lb::Picked;
+use crate::object::{ObjectName, Target};
+use crate::route::{self, Filter, RouteRequest, Selected};
 use crate::upstream::{Body, BoxError, Endpoint, UpstreamError};
-use crate::Waypoint;
+use crate::authz;
+use crate::path;
 
 /// Request bodies up to this size are buffered when a retry or mirror needs a copy.
 const MAX_BUFFERED_BODY: u64 = 64 * 1024;
@@ -592,7 +594,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
             let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
                 return local_reply(log, grpc, StatusCode::INTERNAL_SERVER_ERROR, "NR", &format!("backend service {}/{} not found", name.namespace, name.name));
             };
-            backend_endpoints(&cfg, svc, b.port.unwrap_or(tunnel.target.port()))
+            backend_endpoints(&cfg, svc, b.backend.port.unwrap_or(tunnel.target.port()))
         }
         None => match &target_service {
             Some(svc) => backend_endpoints(&cfg, svc, tunnel.target.port()),
@@ -791,7 +793,7 @@ fn mirror(
     if !m.sampled(rand::random::<f64>()) {
         return;
     }
-    let name = m.backend_ref.service(route_ns.unwrap_or_default());
+    let name = m.service(route_ns.unwrap_or_default());
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };

@@ -14,10 +14,11 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use serde_json::{Map, Value};
 use tokio::sync::watch;
-use ztunnel::l7::authz::AuthorizationPolicy;
-use ztunnel::l7::route::HttpRoute;
-use ztunnel::l7::ParentRef;
 use ztunnel::metrics::control::XdsMetrics;
+
+use crate::authz::AuthorizationPolicy;
+use crate::object::ObjectRef;
+use crate::route::HttpRoute;
 
 /// What the Kubernetes API says, converted.
 #[derive(Default)]
@@ -79,7 +80,7 @@ pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String
         }
         spec.insert("targetRefs".into(), Value::Array(vec![one]));
     }
-    if !spec.get("targetRefs").is_some_and(|t| t.as_array().is_some_and(|a| !a.is_empty())) {
+    if spec.get("targetRefs").is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty())) {
         return Ok(None);
     }
     if spec.contains_key("selector") {
@@ -96,8 +97,8 @@ fn deny_all(obj: &DynamicObject, gateway: &str) -> AuthorizationPolicy {
     let spec = obj.data.get("spec");
     let many = spec.and_then(|s| s.get("targetRefs")).and_then(Value::as_array).cloned().unwrap_or_default();
     let one = spec.and_then(|s| s.get("targetRef")).cloned();
-    let unplaceable = ParentRef { group: None, kind: None, name: String::new(), namespace: None, port: None, section_name: None };
-    let refs: Vec<ParentRef> =
+    let unplaceable = ObjectRef::default();
+    let refs: Vec<ObjectRef> =
         many.into_iter().chain(one).map(|r| serde_json::from_value(r).unwrap_or_else(|_| unplaceable.clone())).collect();
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     AuthorizationPolicy::deny_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs, gateway)
@@ -218,7 +219,9 @@ pub async fn watch(client: kube::Client, namespace: String, gateway: String, out
 mod tests {
     use super::*;
     use ztunnel::identity::Identity;
-    use ztunnel::l7::{authz, ObjectName, Target};
+
+    use crate::authz;
+    use crate::object::{ObjectName, Target};
 
     fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
         serde_json::from_value(serde_json::json!({

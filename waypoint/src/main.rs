@@ -1,16 +1,6 @@
-//! waypoint: the per-namespace / per-service-account L7 proxy. It terminates HBONE
-//! (mTLS with its own SPIFFE identity, HTTP/2 CONNECT), tells HTTP/1.1, HTTP/2 and gRPC
-//! from other traffic inside each tunnel, applies AuthorizationPolicy and HTTPRoute
-//! rules to HTTP requests, and forwards over pooled HBONE to the chosen endpoint's
-//! node; anything else is relayed at L4.
-
-mod config;
-mod detect;
-mod http;
-mod k8s;
-mod lb;
-mod tunnel;
-mod upstream;
+//! The waypoint binary: settings, who this waypoint is and where its config comes from,
+//! then the HBONE listener until SIGTERM and Istio's drain (the proxy is the `waypoint`
+//! library).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -20,13 +10,14 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use clap::Parser;
-use tracing::Instrument;
+use waypoint::context::Waypoint;
+use waypoint::object::ObjectName;
+use waypoint::{config, http, k8s, lb, server, upstream};
 use ztunnel::drain::Drain;
 use ztunnel::hbone::{self, Pool};
 use ztunnel::identity::ca::Ca;
 use ztunnel::identity::manager::{IdentityCert, LocalCa};
 use ztunnel::identity::{CertManager, Identity};
-use ztunnel::l7::ObjectName;
 use ztunnel::metrics::http::HttpMetrics;
 use ztunnel::metrics::Metrics;
 use ztunnel::netns::InPodNetns;
@@ -197,24 +188,6 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 
-/// Everything a tunnel or request handler needs.
-pub struct Waypoint {
-    pub config: Arc<ArcSwap<config::Config>>,
-    pub me: Arc<Workload>,
-    pub identity: Identity,
-    pub gateway: ObjectName,
-    pub ip: IpAddr,
-    pub pool: Pool,
-    pub netns: InPodNetns,
-    pub upstreams: upstream::Upstreams,
-    pub balancer: Arc<lb::Balancer>,
-    pub http_metrics: HttpMetrics,
-    pub drain: Arc<Drain>,
-    pub detect_timeout: Duration,
-    /// Bounds mirrored requests in flight.
-    pub mirror_slots: Arc<tokio::sync::Semaphore>,
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
@@ -278,7 +251,7 @@ async fn main() -> anyhow::Result<()> {
     tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     // ztunnel's HBONE server limits, counted in the same metric.
-    let server = Arc::new(hbone::server::Server {
+    let hbone_server = Arc::new(hbone::server::Server {
         handshakes: hbone::server::HandshakeLimiter::new(args.hbone_max_handshakes, args.hbone_max_handshakes_per_ip),
         max_streams: hbone::SERVER_MAX_STREAMS,
         max_header_bytes: hbone::MAX_HEADER_BYTES,
@@ -286,26 +259,15 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    loop {
+    let stop = async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => break,
-            _ = term.recv() => break,
-            r = listener.accept() => match r {
-                Ok((stream, peer)) => {
-                    let Some((stream, permit)) = server.admit(stream, peer) else { continue };
-                    let span = tracing::info_span!("waypoint", peer = %peer);
-                    tokio::spawn(connection(wp.clone(), server.clone(), acceptor.clone(), stream, permit, peer).instrument(span));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
         }
-    }
-    // Istio's drain: no new connections, GOAWAY on open ones, in-flight tunnels run
-    // until they end or the deadline passes.
-    drop(listener);
+    };
+    server::serve(listener, wp.clone(), hbone_server, acceptor, stop).await;
+    // Istio's drain: no new connections (`serve` closed the listener), GOAWAY on open
+    // ones, in-flight tunnels run until they end or the deadline passes.
     metrics.set_not_ready();
     wp.drain.start();
     let deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
@@ -315,22 +277,4 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("waypoint stopped");
     Ok(())
-}
-
-async fn connection(
-    wp: Arc<Waypoint>,
-    server: Arc<hbone::server::Server>,
-    acceptor: tokio_rustls::TlsAcceptor,
-    stream: tokio::net::TcpStream,
-    permit: hbone::server::HandshakePermit,
-    peer: SocketAddr,
-) {
-    let _ = stream.set_nodelay(true);
-    let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
-    server
-        .serve(conn, &wp.drain, &src_identity, |req, respond| {
-            let span = tracing::info_span!("stream", src.identity = %src_identity);
-            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone()).instrument(span));
-        })
-        .await;
 }

@@ -11,12 +11,13 @@ use http::{Method, Request, Response, StatusCode};
 use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
-use ztunnel::l7::{authz, Target};
 use ztunnel::state::{HealthStatus, MeshState, Protocol as MeshProtocol, Service, Workload};
 
+use crate::authz;
+use crate::context::Waypoint;
 use crate::detect;
 use crate::http::Tunnel;
-use crate::Waypoint;
+use crate::object::{ObjectName, Target};
 
 /// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
 /// VIP (random, weighted by capacity), or the workload with that address.
@@ -118,7 +119,7 @@ fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy]) -> Resu
 async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendStream<Bytes>, down_recv: h2::RecvStream, first: Bytes, start: Instant) {
     let cfg = wp.config.load_full();
     let target = tunnel.target;
-    let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ztunnel::l7::ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
     let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), port: target.port() };
     // Routes on the target mean it speaks HTTP: bytes that don't look like HTTP must not
     // slip past the routes (and the trusted-header handling) as opaque TCP.

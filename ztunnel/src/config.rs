@@ -24,7 +24,8 @@ pub enum ConfigError {
     State { path: PathBuf, source: StateError },
 }
 
-/// Istio ztunnel's local config shape: three lists, camelCase keys.
+/// Istio ztunnel's local config shape: three lists, camelCase keys; plus the waypoint's
+/// two L7 lists, since one file configures the whole local mesh.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LocalConfig {
@@ -34,12 +35,15 @@ pub struct LocalConfig {
     pub services: Vec<Service>,
     #[serde(default)]
     pub policies: Vec<Authorization>,
-    /// L7 routing for waypoints (Gateway API HTTPRoute); ztunnel only validates them.
+    /// The waypoint's L7 routing (Gateway API HTTPRoute). Accepted so the shared file
+    /// loads, not interpreted: ztunnel is L4 only, and the waypoint parses and
+    /// validates these itself (a bad route fails the waypoint's load, not ztunnel's).
     #[serde(default)]
-    pub http_routes: Vec<crate::l7::route::HttpRoute>,
-    /// L7 authorization for waypoints (Istio AuthorizationPolicy with targetRefs).
+    pub http_routes: Vec<serde_yaml::Value>,
+    /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
+    /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]
-    pub authorization_policies: Vec<crate::l7::authz::AuthorizationPolicy>,
+    pub authorization_policies: Vec<serde_yaml::Value>,
 }
 
 impl LocalConfig {
@@ -89,12 +93,6 @@ impl LocalConfig {
                 san.parse::<crate::identity::Identity>()
                     .map_err(|e| invalid(format!("services[{i}].subjectAltNames: {e}")))?;
             }
-        }
-        for (i, r) in self.http_routes.iter().enumerate() {
-            r.validate().map_err(|e| invalid(format!("httpRoutes[{i}].{e} (HTTPRoute {}/{})", r.namespace, r.name)))?;
-        }
-        for (i, p) in self.authorization_policies.iter().enumerate() {
-            p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
         Ok(())
     }
@@ -289,6 +287,16 @@ policies:
             let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
             assert!(err.contains(want), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn l7_lists_are_accepted_not_interpreted() {
+        // The waypoint's business (it validates them); ztunnel loads the shared file
+        // whatever they say.
+        let l7 = format!("{GOOD}httpRoutes:\n- {{name: a, rules: [{{backendRef: []}}]}}\nauthorizationPolicies:\n- {{action: CUSTOM}}\n");
+        let cfg = LocalConfig::parse(Path::new("f.yaml"), &l7).unwrap();
+        assert_eq!((cfg.http_routes.len(), cfg.authorization_policies.len()), (1, 1));
+        cfg.into_state(Path::new("f.yaml")).unwrap();
     }
 
     #[test]

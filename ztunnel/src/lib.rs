@@ -1,9 +1,11 @@
 //! ztunnel: the ambient mesh node proxy. Shared mesh code (identity, TLS, HBONE,
-//! config, policy) lives here so the waypoint can reuse it.
+//! config, L4 policy) lives here so the waypoint can reuse it; L7 (HTTPRoute, L7
+//! AuthorizationPolicy) is the waypoint's own.
 
 pub mod access_log;
 pub mod admin;
 pub mod capture;
+pub mod cidr;
 pub mod config;
 pub mod dns;
 pub mod drain;
@@ -15,7 +17,6 @@ pub mod metrics;
 pub mod metrics_endpoint;
 pub mod identity;
 pub mod istiod;
-pub mod l7;
 pub mod listen;
 pub mod logging;
 pub mod marks;

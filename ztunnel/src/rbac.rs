@@ -10,10 +10,13 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use ipnet::IpNet;
 use serde::Deserialize;
 
+pub use crate::cidr::Cidr;
 use crate::identity::Identity;
+
+pub mod field;
+use field::{negative, positive};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 pub enum PolicyScope {
@@ -132,48 +135,6 @@ pub struct ServiceAccountMatch {
     pub service_account: String,
 }
 
-/// An IP or CIDR (`10.0.0.0/8`, `10.1.2.3`, `fd00::/8`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr(pub IpNet);
-
-impl Cidr {
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        // Compare IPv4-mapped IPv6 peers as IPv4 so a dual-stack socket cannot dodge a v4 rule.
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        match self.0 {
-            // An IPv4-mapped IPv6 rule (`::ffff:10.0.0.0/104`) names IPv4 peers, which are
-            // compared as IPv4 above: compare the rule as IPv4 too, or it would never match.
-            IpNet::V6(net) if net.prefix_len() >= 96 => match net.network().to_ipv4_mapped() {
-                Some(v4) => ipnet::Ipv4Net::new(v4, net.prefix_len() - 96).is_ok_and(|n| IpNet::V4(n).contains(&ip)),
-                None => self.0.contains(&ip),
-            },
-            _ => self.0.contains(&ip),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for Cidr {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        s.parse::<Cidr>().map_err(serde::de::Error::custom)
-    }
-}
-
-impl std::str::FromStr for Cidr {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if let Ok(net) = s.parse::<IpNet>() {
-            return Ok(Cidr(net));
-        }
-        s.parse::<IpAddr>()
-            .map(|ip| Cidr(IpNet::from(ip)))
-            .map_err(|_| format!("invalid IP or CIDR {s:?}: expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\""))
-    }
-}
-
 /// What L4 authorization knows about a connection.
 #[derive(Clone, Debug)]
 pub struct Connection {
@@ -191,36 +152,25 @@ impl Match {
         let principal = id.map(|i| i.principal());
         let principal = principal.as_deref();
 
-        positive(&self.namespaces, ns, |m, v| m.matches(v))
-            && negative(&self.not_namespaces, ns, |m, v| m.matches(v))
-            && positive(&self.principals, principal, |m, v| m.matches(v))
-            && negative(&self.not_principals, principal, |m, v| m.matches(v))
-            && positive(&self.service_accounts, id, sa_matches)
-            && negative(&self.not_service_accounts, id, sa_matches)
-            && positive(&self.source_ips, Some(conn.src_ip), |c, ip| c.contains(ip))
-            && negative(&self.not_source_ips, Some(conn.src_ip), |c, ip| c.contains(ip))
-            && positive(&self.destination_ips, Some(conn.dst.ip()), |c, ip| c.contains(ip))
-            && negative(&self.not_destination_ips, Some(conn.dst.ip()), |c, ip| c.contains(ip))
-            && positive(&self.destination_ports, Some(conn.dst.port()), |p, v| *p == v)
-            && negative(&self.not_destination_ports, Some(conn.dst.port()), |p, v| *p == v)
+        // A missing attribute (no identity) fails a positive field and passes a negative one.
+        let (pos, neg) = (false, true);
+        positive(&self.namespaces, ns, pos, |m, v| m.matches(v))
+            && negative(&self.not_namespaces, ns, neg, |m, v| m.matches(v))
+            && positive(&self.principals, principal, pos, |m, v| m.matches(v))
+            && negative(&self.not_principals, principal, neg, |m, v| m.matches(v))
+            && positive(&self.service_accounts, id, pos, sa_matches)
+            && negative(&self.not_service_accounts, id, neg, sa_matches)
+            && positive(&self.source_ips, Some(conn.src_ip), pos, |c, ip| c.contains(ip))
+            && negative(&self.not_source_ips, Some(conn.src_ip), neg, |c, ip| c.contains(ip))
+            && positive(&self.destination_ips, Some(conn.dst.ip()), pos, |c, ip| c.contains(ip))
+            && negative(&self.not_destination_ips, Some(conn.dst.ip()), neg, |c, ip| c.contains(ip))
+            && positive(&self.destination_ports, Some(conn.dst.port()), pos, |p, v| *p == v)
+            && negative(&self.not_destination_ports, Some(conn.dst.port()), neg, |p, v| *p == v)
     }
 }
 
 fn sa_matches(m: &ServiceAccountMatch, id: &Identity) -> bool {
     m.namespace == id.namespace && m.service_account == id.service_account
-}
-
-/// Empty list: no constraint. Otherwise the value must be present and match one entry.
-fn positive<M, V: Copy>(list: &[M], value: Option<V>, f: impl Fn(&M, V) -> bool) -> bool {
-    list.is_empty() || value.is_some_and(|v| list.iter().any(|m| f(m, v)))
-}
-
-/// Empty list: no constraint. Otherwise an absent value passes; a present one must match none.
-fn negative<M, V: Copy>(list: &[M], value: Option<V>, f: impl Fn(&M, V) -> bool) -> bool {
-    match value {
-        Some(v) => !list.iter().any(|m| f(m, v)),
-        None => true,
-    }
 }
 
 impl Authorization {

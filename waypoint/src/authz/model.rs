@@ -1,0 +1,251 @@
+//! The AuthorizationPolicy model, as the config file and the Kubernetes API write it,
+//! and the policies derived from one (its deny-all stand-in, its opaque-TCP form).
+
+use std::fmt;
+
+use serde::Deserialize;
+
+// One CIDR type for L4 and L7 policies, so both compare IPv4-mapped peers and rules alike.
+use ztunnel::cidr::Cidr;
+
+use crate::object::{ObjectRef, GATEWAY_GROUP};
+
+const SUPPORTED_KEYS: &str =
+    "request.headers[<name>], source.ip, remote.ip, source.namespace, source.principal, destination.port";
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AuthorizationPolicy {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default)]
+    pub target_refs: Vec<ObjectRef>,
+    #[serde(default)]
+    pub action: Action,
+    #[serde(default)]
+    pub rules: Vec<Rule>,
+}
+
+/// Written as in Istio's CRD: `ALLOW`, `DENY`, `AUDIT`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Action {
+    #[default]
+    Allow,
+    Deny,
+    Audit,
+}
+
+impl<'de> Deserialize<'de> for Action {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match s.as_str() {
+            "ALLOW" => Ok(Action::Allow),
+            "DENY" => Ok(Action::Deny),
+            "AUDIT" => Ok(Action::Audit),
+            "CUSTOM" => Err(serde::de::Error::custom(
+                "action CUSTOM delegates to an external authorizer (ext-authz), which this waypoint does not support",
+            )),
+            _ => Err(serde::de::Error::custom(format!(
+                "unknown action {s:?}: expected ALLOW, DENY or AUDIT (uppercase, as in Istio)"
+            ))),
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Allow => "ALLOW",
+            Action::Deny => "DENY",
+            Action::Audit => "AUDIT",
+        })
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct Rule {
+    pub from: Vec<From>,
+    pub to: Vec<To>,
+    pub when: Vec<Condition>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct From {
+    pub source: Source,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct To {
+    pub operation: Operation,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct Source {
+    /// Peer identities without `spiffe://`: `td/ns/<ns>/sa/<sa>`.
+    pub principals: Vec<String>,
+    pub not_principals: Vec<String>,
+    pub namespaces: Vec<String>,
+    pub not_namespaces: Vec<String>,
+    /// `<namespace>/<service account>`, exact.
+    pub service_accounts: Vec<String>,
+    pub not_service_accounts: Vec<String>,
+    pub ip_blocks: Vec<Cidr>,
+    pub not_ip_blocks: Vec<Cidr>,
+    /// Same as `ipBlocks` here: the waypoint's source address is the original client's.
+    pub remote_ip_blocks: Vec<Cidr>,
+    pub not_remote_ip_blocks: Vec<Cidr>,
+    /// Parsed only to be refused by `validate` with a clear message (needs JWT).
+    pub request_principals: Vec<String>,
+    pub not_request_principals: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct Operation {
+    /// Case-insensitive; the request's port and trailing dot are ignored.
+    pub hosts: Vec<String>,
+    pub not_hosts: Vec<String>,
+    /// Port numbers written as strings, as in Istio.
+    pub ports: Vec<String>,
+    pub not_ports: Vec<String>,
+    /// Exact and case-sensitive, as in Istio.
+    pub methods: Vec<String>,
+    pub not_methods: Vec<String>,
+    /// Matched against the normalized path (see `path`), without the query.
+    pub paths: Vec<String>,
+    pub not_paths: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Condition {
+    pub key: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+    #[serde(default)]
+    pub not_values: Vec<String>,
+}
+
+impl AuthorizationPolicy {
+    /// `namespace/name`, the policy's resource name.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// What stands in for a policy the waypoint cannot enforce exactly (CUSTOM, JWT
+    /// fields, a condition it does not know...): a DENY of every request to what it
+    /// targets, since dropping it would widen access. Each ref is taken wider (its port
+    /// and sectionName dropped); if one cannot be placed (a kind we don't serve, another
+    /// namespace, no name) the deny covers the whole waypoint, its Gateway `gateway`.
+    pub fn deny_all(namespace: &str, name: &str, refs: &[ObjectRef], gateway: &str) -> AuthorizationPolicy {
+        let placed: Option<Vec<ObjectRef>> = refs
+            .iter()
+            .map(|r| {
+                let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
+                ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
+            })
+            .collect();
+        let target_refs = match placed {
+            Some(refs) if !refs.is_empty() => refs,
+            _ => vec![ObjectRef {
+                group: Some(GATEWAY_GROUP.into()),
+                kind: Some("Gateway".into()),
+                name: gateway.into(),
+                namespace: None,
+                port: None,
+                section_name: None,
+            }],
+        };
+        AuthorizationPolicy {
+            name: name.into(),
+            namespace: namespace.into(),
+            target_refs,
+            action: Action::Deny,
+            // A rule with no from, to or when matches every request.
+            rules: vec![Rule::default()],
+        }
+    }
+
+
+    /// The policy as it applies to opaque TCP, which has no HTTP attributes (Istio's
+    /// rule): a DENY or AUDIT rule loses its HTTP-only fields, so it matches more
+    /// (a client cannot dodge an HTTP deny by not speaking HTTP); an ALLOW rule that
+    /// needs them is dropped, so it can never allow.
+    pub fn for_tcp(&self) -> AuthorizationPolicy {
+        let http_only_op = |o: &Operation| Operation { ports: o.ports.clone(), not_ports: o.not_ports.clone(), ..Default::default() };
+        let rules = self
+            .rules
+            .iter()
+            .filter_map(|r| {
+                let needs_http = r.to.iter().any(|t| http_only_op(&t.operation) != t.operation)
+                    || r.when.iter().any(|c| c.key.starts_with("request."));
+                match (self.action, needs_http) {
+                    (_, false) => Some(r.clone()),
+                    (Action::Allow, true) => None,
+                    (_, true) => Some(Rule {
+                        from: r.from.clone(),
+                        // An operation left with no field matches any connection.
+                        to: r.to.iter().map(|t| To { operation: http_only_op(&t.operation) }).collect(),
+                        when: r.when.iter().filter(|c| !c.key.starts_with("request.")).cloned().collect(),
+                    }),
+                }
+            })
+            .collect();
+        AuthorizationPolicy { rules, ..self.clone() }
+    }
+
+}
+
+pub(super) enum RefKind {
+    Service,
+    Gateway,
+}
+
+/// Service is in the core group ("" or absent), Gateway in Gateway API's (or absent).
+pub(super) fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
+    match (r.kind.as_deref(), r.group.as_deref()) {
+        (Some("Service"), None | Some("")) => Some(RefKind::Service),
+        (Some("Gateway"), None | Some(GATEWAY_GROUP)) => Some(RefKind::Gateway),
+        _ => None,
+    }
+}
+
+
+/// A supported `when` key.
+pub(super) enum Key<'a> {
+    /// The header name as written; `HeaderMap` lookups by `&str` ignore case.
+    Header(&'a str),
+    SourceIp,
+    DestinationPort,
+    SourceNamespace,
+    SourcePrincipal,
+}
+
+pub(super) fn parse_key(key: &str) -> Result<Key<'_>, String> {
+    if let Some(name) = key.strip_prefix("request.headers[").and_then(|k| k.strip_suffix(']')) {
+        return match http::HeaderName::from_bytes(name.as_bytes()) {
+            Ok(_) => Ok(Key::Header(name)),
+            Err(_) => Err(format!("{name:?} in {key:?} is not a valid header name")),
+        };
+    }
+    match key {
+        // The waypoint's peer address is the original client's, so both name it.
+        "source.ip" | "remote.ip" => Ok(Key::SourceIp),
+        "destination.port" => Ok(Key::DestinationPort),
+        "source.namespace" => Ok(Key::SourceNamespace),
+        "source.principal" => Ok(Key::SourcePrincipal),
+        _ => Err(format!("{key:?} is not supported; supported keys: {SUPPORTED_KEYS}")),
+    }
+}
+
+
+pub(super) fn parse_port(s: &str) -> Option<u16> {
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}

@@ -1,0 +1,36 @@
+//! What every tunnel and request handler of one waypoint shares.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use ztunnel::drain::Drain;
+use ztunnel::hbone::Pool;
+use ztunnel::identity::Identity;
+use ztunnel::metrics::http::HttpMetrics;
+use ztunnel::netns::InPodNetns;
+use ztunnel::state::Workload;
+
+use crate::config::Config;
+use crate::lb::Balancer;
+use crate::object::ObjectName;
+use crate::upstream::Upstreams;
+
+/// Everything a tunnel or request handler needs.
+pub struct Waypoint {
+    pub config: Arc<ArcSwap<Config>>,
+    pub me: Arc<Workload>,
+    pub identity: Identity,
+    pub gateway: ObjectName,
+    pub ip: IpAddr,
+    pub pool: Pool,
+    pub netns: InPodNetns,
+    pub upstreams: Upstreams,
+    pub balancer: Arc<Balancer>,
+    pub http_metrics: HttpMetrics,
+    pub drain: Arc<Drain>,
+    pub detect_timeout: Duration,
+    /// Bounds mirrored requests in flight.
+    pub mirror_slots: Arc<tokio::sync::Semaphore>,
+}

@@ -1,0 +1,22 @@
+//! waypoint: the per-namespace / per-service-account L7 proxy. It terminates HBONE
+//! (mTLS with its own SPIFFE identity, HTTP/2 CONNECT), tells HTTP/1.1, HTTP/2 and gRPC
+//! from other traffic inside each tunnel, applies AuthorizationPolicy and HTTPRoute
+//! rules to HTTP requests, and forwards over pooled HBONE to the chosen endpoint's
+//! node; anything else is relayed at L4. The mesh code it shares with the node proxy
+//! (identity, HBONE, mesh state, L4 policy) is ztunnel's library; L7 is here.
+
+pub mod authz;
+pub mod config;
+pub mod context;
+pub mod detect;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod http;
+pub mod k8s;
+pub mod lb;
+pub mod object;
+pub mod path;
+pub mod route;
+pub mod server;
+pub mod tunnel;
+pub mod upstream;

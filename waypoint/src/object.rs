@@ -1,0 +1,57 @@
+//! The Kubernetes objects L7 config names: namespaced names, the Gateway API references
+//! of routes and policies (`parentRefs`, `targetRefs`, `backendRefs`), and what a
+//! request is addressed to.
+
+use serde::Deserialize;
+
+/// Gateway API's group (of `Gateway`, the default of `parentRefs`).
+pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
+
+/// A namespaced Kubernetes object name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ObjectName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What a request is addressed to, as seen by one waypoint: the waypoint's own Gateway
+/// (routes and policies may attach to it) and, when the CONNECT target is a service
+/// VIP, that service and its port.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub gateway: &'a ObjectName,
+    pub service: Option<&'a ObjectName>,
+    /// The service port (CONNECT target port).
+    pub port: u16,
+}
+
+/// A Gateway API object reference: what a route or policy attaches to (`parentRefs` /
+/// `targetRefs`: a `Service`, group "", or the waypoint's `Gateway`) and what a route
+/// sends to (`backendRefs`, a mirror's `backendRef`: a Service and its port). Which
+/// fields each use allows is checked by the route's and the policy's validation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub group: Option<String>,
+    #[serde(default)]
+    pub kind: Option<String>,
+    pub name: String,
+    /// Defaults to the route's / policy's own namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Service parents: the service port the route applies to (all when absent).
+    /// Backends: the service port to send to.
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Parents only.
+    #[serde(default)]
+    pub section_name: Option<String>,
+}
+
+impl ObjectRef {
+    /// The object named, its namespace defaulting to `own_ns` (the route's or policy's).
+    pub fn object_name(&self, own_ns: &str) -> ObjectName {
+        ObjectName { namespace: self.namespace.as_deref().unwrap_or(own_ns).to_string(), name: self.name.clone() }
+    }
+}

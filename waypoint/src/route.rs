@@ -1,0 +1,29 @@
+//! Gateway API `HTTPRoute`, as a waypoint applies it (GAMMA: routes attach to a Service
+//! by `parentRefs`, or to the waypoint's own Gateway).
+//!
+//! Which rule serves a request follows the Gateway API's precedence over every match of
+//! every route attached to the request's target: an `Exact` path, then a regular
+//! expression, then the longest `PathPrefix`; then a method match; then the most header
+//! matches; then the most query parameter matches; ties go to the route listed first in
+//! the config, then the rule and match listed first. Routes attached to the Service win
+//! over routes attached to the Gateway. When routes are attached but none matches, the
+//! waypoint answers 404 (as Gateway API requires).
+//!
+//! Everything is parsed and compiled when the config loads (regexes, header names and
+//! values, durations), so a request never meets a config error.
+
+mod duration;
+mod filter;
+mod model;
+mod select;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use duration::GatewayDuration;
+pub use model::{
+    BackendRef, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
+    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,
+};
+pub use select::{select, RouteRequest, Selected, Selection};

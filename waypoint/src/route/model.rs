@@ -1,0 +1,512 @@
+//! The HTTPRoute model, as the config file and the Kubernetes API write it. Deserializing
+//! compiles what a request will need (regexes, header names and values, methods, paths
+//! checked against their normalized form), so a loaded route never meets a config error
+//! at request time; what serde cannot check is in `validate`.
+
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::Method;
+use regex::Regex;
+use serde::Deserialize;
+
+use super::duration::GatewayDuration;
+use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP};
+
+/// Compiled regex size cap: a config's regex must not be able to take the proxy's memory.
+const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HttpRoute {
+    pub name: String,
+    pub namespace: String,
+    #[serde(default)]
+    pub parent_refs: Vec<ObjectRef>,
+    /// Matched against Host for routes attached to the waypoint's Gateway; ignored for
+    /// Service parents, where the Service (its VIP) already names the destination.
+    #[serde(default)]
+    pub hostnames: Vec<String>,
+    /// Absent: one rule matching every request, sent to the parent Service.
+    #[serde(default = "default_rules")]
+    pub rules: Vec<RouteRule>,
+}
+
+fn default_rules() -> Vec<RouteRule> {
+    vec![RouteRule::default()]
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteRule {
+    pub name: Option<String>,
+    /// Empty: one match on the path prefix "/" (everything).
+    pub matches: Vec<RouteMatch>,
+    pub filters: Vec<Filter>,
+    /// Empty: the request goes to the Service it was addressed to (GAMMA).
+    pub backend_refs: Vec<BackendRef>,
+    pub timeouts: Option<Timeouts>,
+    pub retry: Option<Retry>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteMatch {
+    /// Absent: the path prefix "/".
+    pub path: Option<PathMatch>,
+    pub headers: Vec<HeaderMatch>,
+    pub query_params: Vec<QueryParamMatch>,
+    pub method: Option<MethodMatch>,
+}
+
+/// A path match, compiled.
+#[derive(Clone, Debug)]
+pub enum PathMatch {
+    Exact(String),
+    /// Element-wise: `/api` matches `/api`, `/api/` and `/api/x`, never `/apix`. Stored
+    /// without a trailing slash ("" for "/").
+    Prefix(String),
+    /// Must match the whole (normalized) path.
+    Regex(Regex),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawPathMatch {
+    #[serde(rename = "type", default = "path_prefix")]
+    kind: String,
+    #[serde(default = "slash")]
+    value: String,
+}
+
+fn path_prefix() -> String {
+    "PathPrefix".into()
+}
+
+fn slash() -> String {
+    "/".into()
+}
+
+impl<'de> Deserialize<'de> for PathMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawPathMatch::deserialize(d)?;
+        PathMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)
+    }
+}
+
+impl PathMatch {
+    fn new(kind: &str, value: &str) -> Result<PathMatch, String> {
+        match kind {
+            "Exact" | "PathPrefix" => {
+                if !value.starts_with('/') {
+                    return Err(format!("path value {value:?} must start with '/'"));
+                }
+                // Requests are matched after `path::normalize`; a value that isn't in
+                // that form could never match, which would silently disable the rule.
+                match crate::path::normalize(value) {
+                    Ok(n) if n == value || (kind == "PathPrefix" && n == value.trim_end_matches('/')) => {}
+                    Ok(n) => {
+                        return Err(format!(
+                            "path value {value:?} is not in normalized form; requests are matched after \
+                             normalization (merged slashes, dot segments, percent escapes), so write {n:?}"
+                        ))
+                    }
+                    Err(e) => return Err(format!("path value {value:?} could never match: {e}")),
+                }
+                if kind == "Exact" {
+                    Ok(PathMatch::Exact(value.to_string()))
+                } else {
+                    Ok(PathMatch::Prefix(value.trim_end_matches('/').to_string()))
+                }
+            }
+            "RegularExpression" => Ok(PathMatch::Regex(full_match_regex(value)?)),
+            _ => Err(format!("path type {kind:?} is not one of Exact, PathPrefix, RegularExpression")),
+        }
+    }
+}
+
+/// Anchors the pattern: Gateway API (like Envoy's safe_regex) matches the whole value.
+fn full_match_regex(pattern: &str) -> Result<Regex, String> {
+    regex::RegexBuilder::new(&format!("^(?:{pattern})$"))
+        .size_limit(REGEX_SIZE_LIMIT)
+        .build()
+        .map_err(|e| format!("regular expression {pattern:?} does not compile: {e}"))
+}
+
+/// A string value match: exact (case-sensitive) or a full-match regular expression.
+#[derive(Clone, Debug)]
+pub enum ValueMatch {
+    Exact(String),
+    Regex(Regex),
+}
+
+impl ValueMatch {
+    fn new(kind: &str, value: &str) -> Result<ValueMatch, String> {
+        match kind {
+            "Exact" => Ok(ValueMatch::Exact(value.to_string())),
+            "RegularExpression" => Ok(ValueMatch::Regex(full_match_regex(value)?)),
+            _ => Err(format!("match type {kind:?} is not one of Exact, RegularExpression")),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawNameValueMatch {
+    #[serde(rename = "type", default = "exact")]
+    kind: String,
+    name: String,
+    value: String,
+}
+
+fn exact() -> String {
+    "Exact".into()
+}
+
+/// A header match. A header sent several times matches when one of its values matches
+/// on its own; values are never joined.
+#[derive(Clone, Debug)]
+pub struct HeaderMatch {
+    pub name: HeaderName,
+    pub value: ValueMatch,
+}
+
+impl<'de> Deserialize<'de> for HeaderMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawNameValueMatch::deserialize(d)?;
+        let name = HeaderName::from_bytes(raw.name.as_bytes())
+            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name)))?;
+        Ok(HeaderMatch { name, value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)? })
+    }
+}
+
+/// A query parameter match: the name is case-sensitive, the value is compared after
+/// percent-decoding; a parameter given several times matches when one value does.
+#[derive(Clone, Debug)]
+pub struct QueryParamMatch {
+    pub name: String,
+    pub value: ValueMatch,
+}
+
+impl<'de> Deserialize<'de> for QueryParamMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawNameValueMatch::deserialize(d)?;
+        if raw.name.is_empty() {
+            return Err(serde::de::Error::custom("query parameter name must not be empty"));
+        }
+        Ok(QueryParamMatch { name: raw.name, value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)? })
+    }
+}
+
+/// An HTTP method, as written in Gateway API (uppercase, exact).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MethodMatch(pub Method);
+
+impl<'de> Deserialize<'de> for MethodMatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+        let s = String::deserialize(d)?;
+        if !METHODS.contains(&s.as_str()) {
+            return Err(serde::de::Error::custom(format!("method {s:?} is not one of {}", METHODS.join(", "))));
+        }
+        Method::from_bytes(s.as_bytes()).map(MethodMatch).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A route filter (Gateway API `HTTPRouteFilter`), written as
+/// `{type: <Kind>, <kindInCamelCase>: {...}}`.
+#[derive(Clone, Debug)]
+pub enum Filter {
+    RequestHeaderModifier(HeaderModifier),
+    ResponseHeaderModifier(HeaderModifier),
+    RequestRedirect(RequestRedirect),
+    UrlRewrite(UrlRewrite),
+    RequestMirror(RequestMirror),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawFilter {
+    #[serde(rename = "type")]
+    kind: String,
+    request_header_modifier: Option<HeaderModifier>,
+    response_header_modifier: Option<HeaderModifier>,
+    request_redirect: Option<RequestRedirect>,
+    #[serde(rename = "urlRewrite")]
+    url_rewrite: Option<UrlRewrite>,
+    request_mirror: Option<RequestMirror>,
+}
+
+impl<'de> Deserialize<'de> for Filter {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawFilter::deserialize(d)?;
+        let set = [
+            raw.request_header_modifier.is_some(),
+            raw.response_header_modifier.is_some(),
+            raw.request_redirect.is_some(),
+            raw.url_rewrite.is_some(),
+            raw.request_mirror.is_some(),
+        ]
+        .iter()
+        .filter(|b| **b)
+        .count();
+        let err = |field: &str| {
+            serde::de::Error::custom(format!(
+                "filter of type {} needs its `{field}` field, and only that one",
+                raw.kind
+            ))
+        };
+        let f = match raw.kind.as_str() {
+            "RequestHeaderModifier" => raw.request_header_modifier.map(Filter::RequestHeaderModifier).ok_or_else(|| err("requestHeaderModifier"))?,
+            "ResponseHeaderModifier" => raw.response_header_modifier.map(Filter::ResponseHeaderModifier).ok_or_else(|| err("responseHeaderModifier"))?,
+            "RequestRedirect" => raw.request_redirect.map(Filter::RequestRedirect).ok_or_else(|| err("requestRedirect"))?,
+            "URLRewrite" => raw.url_rewrite.map(Filter::UrlRewrite).ok_or_else(|| err("urlRewrite"))?,
+            "RequestMirror" => raw.request_mirror.map(Filter::RequestMirror).ok_or_else(|| err("requestMirror"))?,
+            "ExtensionRef" | "CORS" | "ExternalAuth" => {
+                return Err(serde::de::Error::custom(format!("filter type {} is not supported by this waypoint", raw.kind)))
+            }
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "filter type {other:?} is not one of RequestHeaderModifier, ResponseHeaderModifier, \
+                     RequestRedirect, URLRewrite, RequestMirror"
+                )))
+            }
+        };
+        if set != 1 {
+            return Err(err(match &f {
+                Filter::RequestHeaderModifier(_) => "requestHeaderModifier",
+                Filter::ResponseHeaderModifier(_) => "responseHeaderModifier",
+                Filter::RequestRedirect(_) => "requestRedirect",
+                Filter::UrlRewrite(_) => "urlRewrite",
+                Filter::RequestMirror(_) => "requestMirror",
+            }));
+        }
+        Ok(f)
+    }
+}
+
+/// One header to set or add, parsed when the config loads.
+#[derive(Clone, Debug)]
+pub struct HttpHeader {
+    pub name: HeaderName,
+    pub value: HeaderValue,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHttpHeader {
+    name: String,
+    value: String,
+}
+
+impl<'de> Deserialize<'de> for HttpHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawHttpHeader::deserialize(d)?;
+        let name = HeaderName::from_bytes(raw.name.as_bytes())
+            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name)))?;
+        let value = HeaderValue::from_str(&raw.value)
+            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header value", raw.value)))?;
+        Ok(HttpHeader { name, value })
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HeaderModifier {
+    /// Replaces every value of the header.
+    pub set: Vec<HttpHeader>,
+    /// Appends a value (the header keeps the ones it had).
+    pub add: Vec<HttpHeader>,
+    pub remove: Vec<String>,
+}
+
+/// How a redirect or rewrite changes the path.
+#[derive(Clone, Debug)]
+pub enum PathModifier {
+    ReplaceFullPath(String),
+    /// Replaces the matched `PathPrefix` (element-wise), keeping the rest of the path.
+    ReplacePrefixMatch(String),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawPathModifier {
+    #[serde(rename = "type")]
+    kind: String,
+    replace_full_path: Option<String>,
+    replace_prefix_match: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for PathModifier {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = RawPathModifier::deserialize(d)?;
+        let (m, value) = match (raw.kind.as_str(), raw.replace_full_path, raw.replace_prefix_match) {
+            ("ReplaceFullPath", Some(p), None) => (PathModifier::ReplaceFullPath(p.clone()), p),
+            ("ReplacePrefixMatch", None, Some(p)) => (PathModifier::ReplacePrefixMatch(p.clone()), p),
+            ("ReplaceFullPath", ..) => return Err(serde::de::Error::custom("type ReplaceFullPath needs replaceFullPath, and only that")),
+            ("ReplacePrefixMatch", ..) => {
+                return Err(serde::de::Error::custom("type ReplacePrefixMatch needs replacePrefixMatch, and only that"))
+            }
+            (other, ..) => {
+                return Err(serde::de::Error::custom(format!(
+                    "path modifier type {other:?} is not one of ReplaceFullPath, ReplacePrefixMatch"
+                )))
+            }
+        };
+        // The result goes upstream as is: it must already be a clean path.
+        match crate::path::normalize(&value) {
+            Ok(n) if n == value => Ok(m),
+            Ok(n) => Err(serde::de::Error::custom(format!("path {value:?} is not in normalized form; write {n:?}"))),
+            Err(e) => Err(serde::de::Error::custom(format!("path {value:?}: {e}"))),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestRedirect {
+    pub scheme: Option<String>,
+    pub hostname: Option<String>,
+    pub path: Option<PathModifier>,
+    pub port: Option<u16>,
+    /// 301 or 302 (default).
+    pub status_code: Option<u16>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UrlRewrite {
+    pub hostname: Option<String>,
+    pub path: Option<PathModifier>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RequestMirror {
+    pub backend_ref: ObjectRef,
+    /// Share of requests mirrored, 0-100 (all when neither this nor `fraction` is set).
+    #[serde(default)]
+    pub percent: Option<u32>,
+    #[serde(default)]
+    pub fraction: Option<Fraction>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Fraction {
+    pub numerator: u32,
+    #[serde(default = "hundred")]
+    pub denominator: u32,
+}
+
+fn hundred() -> u32 {
+    100
+}
+
+/// A weighted backend: a Service and its port.
+#[derive(Clone, Debug)]
+pub struct BackendRef {
+    pub backend: ObjectRef,
+    /// Share of the rule's requests, relative to the other backends (default 1; 0: none).
+    pub weight: u32,
+}
+
+/// Gateway API's `HTTPBackendRef` shape: an object reference without `sectionName`,
+/// plus `weight`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawBackendRef {
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    port: Option<u16>,
+    #[serde(default = "one")]
+    weight: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl BackendRef {
+    /// The backend's Service, its namespace defaulting to the route's.
+    pub fn service(&self, route_ns: &str) -> ObjectName {
+        self.backend.object_name(route_ns)
+    }
+}
+
+impl RequestMirror {
+    /// The mirror's Service, its namespace defaulting to the route's.
+    pub fn service(&self, route_ns: &str) -> ObjectName {
+        self.backend_ref.object_name(route_ns)
+    }
+}
+
+impl<'de> Deserialize<'de> for BackendRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let RawBackendRef { group, kind, name, namespace, port, weight } = RawBackendRef::deserialize(d)?;
+        Ok(BackendRef { backend: ObjectRef { group, kind, name, namespace, port, section_name: None }, weight })
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct Timeouts {
+    /// From the request's arrival to the end of the response headers, retries included.
+    pub request: Option<GatewayDuration>,
+    /// One attempt at one endpoint.
+    pub backend_request: Option<GatewayDuration>,
+}
+
+/// Gateway API `HTTPRouteRetry`: `attempts` retries (after the first try) on the listed
+/// status `codes` (default 503), with exponential `backoff` (default 25 ms). Only
+/// idempotent requests are retried; a failed connect is always retried.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retry {
+    #[serde(default = "default_retry_codes")]
+    pub codes: Vec<u16>,
+    #[serde(default)]
+    pub attempts: Option<u32>,
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub backoff: Option<Duration>,
+}
+
+fn default_retry_codes() -> Vec<u16> {
+    vec![503]
+}
+
+fn opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    Ok(Some(GatewayDuration::deserialize(d)?.0))
+}
+
+impl RouteRule {
+    pub fn request_timeout(&self) -> Option<Duration> {
+        self.timeouts.as_ref().and_then(|t| t.request).and_then(GatewayDuration::as_timeout)
+    }
+
+    pub fn backend_timeout(&self) -> Option<Duration> {
+        self.timeouts.as_ref().and_then(|t| t.backend_request).and_then(GatewayDuration::as_timeout)
+    }
+}
+
+/// How a route attaches to what a request is addressed to.
+pub(super) enum Attachment {
+    Service,
+    Gateway,
+}
+
+/// What a parent ref names, by Gateway API's defaults (group gateway.networking.k8s.io,
+/// kind Gateway); None for kinds a waypoint does not serve.
+pub(super) fn parent_kind(r: &ObjectRef) -> Option<Attachment> {
+    match (r.kind.as_deref().unwrap_or("Gateway"), r.group.as_deref()) {
+        ("Service", Some("")) => Some(Attachment::Service),
+        ("Gateway", None | Some(GATEWAY_GROUP)) => Some(Attachment::Gateway),
+        _ => None,
+    }
+}

@@ -1,0 +1,270 @@
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderValue};
+use http::Method;
+
+use super::*;
+use crate::object::{ObjectName, Target};
+
+fn routes(yaml: &str) -> Vec<HttpRoute> {
+    let routes: Vec<HttpRoute> = serde_yaml::from_str(yaml).expect("route yaml");
+    for r in &routes {
+        r.validate().expect("valid route");
+    }
+    routes
+}
+
+fn err(yaml: &str) -> String {
+    match serde_yaml::from_str::<Vec<HttpRoute>>(yaml) {
+        Err(e) => e.to_string(),
+        Ok(rs) => rs.iter().find_map(|r| r.validate().err()).expect("route must be refused"),
+    }
+}
+
+struct Req {
+    method: Method,
+    path: String,
+    query: Option<String>,
+    headers: HeaderMap,
+    host: String,
+}
+
+fn req(path: &str) -> Req {
+    let (path, query) = match path.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (path.to_string(), None),
+    };
+    Req { method: Method::GET, path, query, headers: HeaderMap::new(), host: "echo.default.svc.cluster.local".into() }
+}
+
+impl Req {
+    fn header(mut self, k: &'static str, v: &'static str) -> Req {
+        self.headers.append(k, HeaderValue::from_static(v));
+        self
+    }
+    fn method(mut self, m: Method) -> Req {
+        self.method = m;
+        self
+    }
+    fn host(mut self, h: &str) -> Req {
+        self.host = h.into();
+        self
+    }
+    /// `route#rule` chosen for the echo service on port 80.
+    fn pick(&self, routes: &[HttpRoute]) -> Option<String> {
+        let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
+        let svc = ObjectName { namespace: "default".into(), name: "echo".into() };
+        let target = Target { gateway: &gw, service: Some(&svc), port: 80 };
+        let refs: Vec<&HttpRoute> = routes.iter().collect();
+        let r = RouteRequest {
+            method: &self.method,
+            path: &self.path,
+            query: self.query.as_deref(),
+            headers: &self.headers,
+            host: &self.host,
+        };
+        match select(&refs, &target, &r) {
+            Selection::Matched(s) => Some(format!("{}#{}", s.route.name, s.rule_index)),
+            Selection::NoMatch => Some("404".into()),
+            Selection::NoRoutes => None,
+        }
+    }
+}
+
+const SVC: &str = "parentRefs: [{group: '', kind: Service, name: echo}]";
+
+#[test]
+fn precedence_follows_gateway_api() {
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /}}}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api}}}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api/v1/}}}}]\n\
+         \x20 - matches: [{{path: {{type: Exact, value: /api/v1/x}}}}]\n\
+         \x20 - matches: [{{path: {{type: RegularExpression, value: '/api/v[0-9]+/y.*'}}}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api}}, method: POST}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api}}, headers: [{{name: x-a, value: '1'}}]}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api}}, headers: [{{name: x-a, value: '1'}}, {{name: x-b, value: '1'}}]}}]\n\
+         \x20 - matches: [{{path: {{type: PathPrefix, value: /api}}, queryParams: [{{name: q, value: 'a b'}}]}}]\n"
+    ));
+    assert_eq!(req("/other").pick(&rs).as_deref(), Some("a#0"));
+    assert_eq!(req("/api").pick(&rs).as_deref(), Some("a#1"));
+    assert_eq!(req("/api/").pick(&rs).as_deref(), Some("a#1"));
+    assert_eq!(req("/apix").pick(&rs).as_deref(), Some("a#0"), "prefixes match whole segments");
+    assert_eq!(req("/api/v1").pick(&rs).as_deref(), Some("a#2"), "'/api/v1/' is the prefix /api/v1");
+    assert_eq!(req("/api/v1/x").pick(&rs).as_deref(), Some("a#3"), "exact beats everything");
+    assert_eq!(req("/api/v1/yes").pick(&rs).as_deref(), Some("a#4"), "regex beats a prefix");
+    assert_eq!(req("/api/v1/nope/y").pick(&rs).as_deref(), Some("a#2"), "regexes match the whole path");
+    assert_eq!(req("/api/z").method(Method::POST).pick(&rs).as_deref(), Some("a#5"), "method beats headers");
+    assert_eq!(req("/api/z").header("x-a", "1").pick(&rs).as_deref(), Some("a#6"));
+    assert_eq!(req("/api/z").header("x-a", "1").header("x-b", "1").pick(&rs).as_deref(), Some("a#7"));
+    assert_eq!(req("/api/z?q=a%20b").pick(&rs).as_deref(), Some("a#8"), "query values are decoded");
+    assert_eq!(req("/api/z?x=1&q=a%20b&q=c").pick(&rs).as_deref(), Some("a#8"));
+    assert_eq!(req("/api/z?Q=a%20b").pick(&rs).as_deref(), Some("a#1"), "names are case-sensitive");
+}
+
+#[test]
+fn header_values_match_one_by_one() {
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - matches: [{{headers: [{{name: X-Version, value: v2}}]}}]\n\
+         \x20 - matches: [{{headers: [{{type: RegularExpression, name: x-user, value: 'adm.n'}}]}}]\n"
+    ));
+    assert_eq!(req("/").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
+    assert_eq!(req("/").header("x-version", "v1").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
+    assert_eq!(req("/").header("x-version", "v1,v2").pick(&rs).as_deref(), Some("404"), "never split or joined");
+    assert_eq!(req("/").header("x-version", "V2").pick(&rs).as_deref(), Some("404"), "values are case-sensitive");
+    assert_eq!(req("/").header("x-user", "admin").pick(&rs).as_deref(), Some("a#1"));
+    assert_eq!(req("/").header("x-user", "xadmin").pick(&rs).as_deref(), Some("404"), "regexes are anchored");
+}
+
+#[test]
+fn ties_go_to_the_first_route_and_rule() {
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /x}}}}]}}, {{matches: [{{path: {{type: PathPrefix, value: /x}}}}]}}]\n\
+         - name: b\n  namespace: default\n  {SVC}\n  rules: [{{matches: [{{path: {{type: PathPrefix, value: /x/}}}}]}}]\n"
+    ));
+    assert_eq!(req("/x/1").pick(&rs).as_deref(), Some("a#0"));
+}
+
+#[test]
+fn attachment_by_service_port_and_gateway() {
+    let rs = routes(
+        "- name: svc81\n  namespace: default\n  parentRefs: [{group: '', kind: Service, name: echo, port: 81}]\n\
+         - name: gw\n  namespace: default\n  parentRefs: [{name: waypoint}]\n  hostnames: ['*.example.com']\n\
+         - name: other\n  namespace: default\n  parentRefs: [{group: '', kind: Service, name: other}]\n",
+    );
+    // Port 80: the Service route is for port 81, so the Gateway route applies, by host.
+    assert_eq!(req("/").host("a.example.com").pick(&rs).as_deref(), Some("gw#0"));
+    assert_eq!(req("/").host("example.com").pick(&rs), None, "a Gateway route for other hosts does not apply");
+    assert_eq!(req("/").pick(&rs), None);
+    // A Service route for the request's port takes precedence over Gateway routes.
+    let rs = routes(&format!(
+        "- name: gw\n  namespace: default\n  parentRefs: [{{name: waypoint}}]\n\
+         - name: svc\n  namespace: default\n  {SVC}\n  rules: [{{matches: [{{path: {{type: Exact, value: /only}}}}]}}]\n"
+    ));
+    assert_eq!(req("/only").pick(&rs).as_deref(), Some("svc#0"));
+    assert_eq!(req("/x").pick(&rs).as_deref(), Some("404"), "Gateway routes don't apply to a Service with routes");
+}
+
+#[test]
+fn weighted_backends() {
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - backendRefs: [{{name: v1, port: 80, weight: 90}}, {{name: v2, port: 80, weight: 10}}, {{name: v3, port: 80, weight: 0}}]\n\
+         \x20 - backendRefs: [{{name: v1, port: 80, weight: 0}}]\n"
+    ));
+    let rule = &rs[0].rules[0];
+    let mut counts = std::collections::HashMap::new();
+    for roll in 0..1000u64 {
+        *counts.entry(rule.pick_backend(roll).map(|b| b.backend.name.clone())).or_insert(0) += 1;
+    }
+    assert_eq!(counts[&Some("v1".to_string())], 900);
+    assert_eq!(counts[&Some("v2".to_string())], 100);
+    assert!(!counts.contains_key(&Some("v3".to_string())));
+    assert!(rs[0].rules[1].pick_backend(7).is_none(), "all weights 0: no backend");
+    assert_eq!(rule.backend_refs[0].service("default"), ObjectName { namespace: "default".into(), name: "v1".into() });
+}
+
+#[test]
+fn filters_rewrite_and_redirect() {
+    let rw = |kind: &str, value: &str, path: &str, prefix: Option<&str>| {
+        let m: PathModifier = serde_yaml::from_str(&format!(
+            "{{type: {kind}, {}: '{value}'}}",
+            if kind == "ReplaceFullPath" { "replaceFullPath" } else { "replacePrefixMatch" }
+        ))
+        .expect("modifier");
+        m.apply(path, prefix)
+    };
+    assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api/items", Some("/api")), "/v2/items");
+    assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api", Some("/api")), "/v2");
+    assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api/", Some("/api")), "/v2/");
+    assert_eq!(rw("ReplacePrefixMatch", "/", "/api/items", Some("/api")), "/items");
+    assert_eq!(rw("ReplacePrefixMatch", "/", "/api", Some("/api")), "/");
+    assert_eq!(rw("ReplacePrefixMatch", "/v2/", "/api/x", Some("/api")), "/v2/x");
+    assert_eq!(rw("ReplacePrefixMatch", "/pre", "/x", Some("")), "/pre/x", "prefix '/' keeps the whole path");
+    assert_eq!(rw("ReplaceFullPath", "/new", "/old/x", None), "/new");
+
+    let redirect: RequestRedirect = serde_yaml::from_str("{path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}").expect("redirect");
+    let (s, l) = redirect.location("http", "echo", Some(80), "/old", Some("q=1"), None);
+    assert_eq!((s.as_u16(), l.as_str()), (301, "http://echo/new?q=1"));
+    let (s, l) = redirect.location("http", "echo", Some(8080), "/old", None, None);
+    assert_eq!((s.as_u16(), l.as_str()), (301, "http://echo:8080/new"));
+    let https: RequestRedirect = serde_yaml::from_str("{scheme: https, hostname: secure.example.com}").expect("redirect");
+    let (s, l) = https.location("http", "echo", Some(8080), "/a", None, None);
+    assert_eq!((s.as_u16(), l.as_str()), (302, "https://secure.example.com/a"), "the scheme's own port");
+    let port: RequestRedirect = serde_yaml::from_str("{scheme: https, port: 8443}").expect("redirect");
+    assert_eq!(port.location("http", "h", None, "/", None, None).1, "https://h:8443/");
+
+    let mut h = HeaderMap::new();
+    h.insert("x-a", HeaderValue::from_static("old"));
+    h.append("x-b", HeaderValue::from_static("1"));
+    h.insert("x-gone", HeaderValue::from_static("1"));
+    let m: HeaderModifier =
+        serde_yaml::from_str("{set: [{name: X-A, value: new}], add: [{name: x-b, value: '2'}], remove: [X-Gone]}").expect("modifier");
+    m.apply(&mut h);
+    assert_eq!(h.get_all("x-a").iter().collect::<Vec<_>>(), ["new"]);
+    assert_eq!(h.get_all("x-b").iter().collect::<Vec<_>>(), ["1", "2"]);
+    assert!(!h.contains_key("x-gone"));
+
+    let mirror: RequestMirror = serde_yaml::from_str("{backendRef: {name: shadow, port: 80}, percent: 25}").expect("mirror");
+    assert!(mirror.sampled(0.2) && !mirror.sampled(0.3));
+    let all: RequestMirror = serde_yaml::from_str("{backendRef: {name: shadow, port: 80}}").expect("mirror");
+    assert!(all.sampled(0.999));
+    let frac: RequestMirror = serde_yaml::from_str("{backendRef: {name: s, port: 80}, fraction: {numerator: 1, denominator: 1000}}").expect("mirror");
+    assert!(frac.sampled(0.0005) && !frac.sampled(0.002));
+}
+
+#[test]
+fn durations() {
+    let d = |s: &str| s.parse::<GatewayDuration>().map(|d| d.0);
+    assert_eq!(d("10s"), Ok(Duration::from_secs(10)));
+    assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(d("1h30m"), Ok(Duration::from_secs(5400)));
+    assert_eq!(d("1m0s500ms"), Ok(Duration::from_millis(60_500)));
+    assert_eq!(d("0s"), Ok(Duration::ZERO));
+    for bad in ["", "10", "1.5s", "s", "10us", "-1s", "1h1m1s1ms1ms", "123456s", " 1s"] {
+        assert!(d(bad).is_err(), "{bad:?}");
+    }
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - timeouts: {{request: 3s, backendRequest: 300ms}}\n    retry: {{attempts: 2, backoff: 10ms}}\n\
+         \x20 - timeouts: {{request: 0s}}\n"
+    ));
+    assert_eq!(rs[0].rules[0].request_timeout(), Some(Duration::from_secs(3)));
+    assert_eq!(rs[0].rules[0].backend_timeout(), Some(Duration::from_millis(300)));
+    let retry = rs[0].rules[0].retry.as_ref().expect("retry");
+    assert_eq!((retry.attempts, retry.codes.as_slice(), retry.backoff), (Some(2), &[503][..], Some(Duration::from_millis(10))));
+    assert_eq!(rs[0].rules[1].request_timeout(), None, "0s disables the timeout");
+}
+
+#[test]
+fn bad_routes_are_refused_with_the_field_named() {
+    let cases: &[(&str, &str)] = &[
+        ("- {name: a, namespace: default}", "parentRefs: required"),
+        ("- {name: a, namespace: default, parentRefs: [{kind: Service, name: echo}]}", "parentRefs[0]: kind \"Service\""),
+        ("- {name: a, namespace: default, parentRefs: [{group: '', kind: Service, name: echo, namespace: other}]}", "parentRefs[0].namespace"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1}}]}}]}}"), "rules[0].backendRefs[0].port: required"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, namespace: x}}]}}]}}"), "ReferenceGrant"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: Exact, value: /a/../b}}}}]}}]}}"), "write \"/b\""),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: Regex, value: /a}}}}]}}]}}"), "path type \"Regex\""),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: RegularExpression, value: '(/a'}}}}]}}]}}"), "does not compile"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{method: get}}]}}]}}"), "method \"get\""),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{headers: [{{name: 'bad name', value: x}}]}}]}}]}}"), "not a valid header name"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{timeouts: {{request: 10}}}}]}}"), "is not a duration"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{timeouts: {{request: 1s, backendRequest: 2s}}}}]}}"), "longer than timeouts.request"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestRedirect}}]}}]}}"), "needs its `requestRedirect` field"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: Nope}}]}}]}}"), "filter type \"Nope\""),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: Exact, value: /a}}}}], filters: [{{type: URLRewrite, urlRewrite: {{path: {{type: ReplacePrefixMatch, replacePrefixMatch: /b}}}}}}]}}]}}"), "ReplacePrefixMatch needs"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{statusCode: 307}}}}]}}]}}"), "statusCode: 307"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{retry: {{codes: [200]}}}}]}}"), "retry.codes[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRef: [{{name: v1, port: 80}}]}}]}}"), "unknown field `backendRef`"),
+        ("- {name: a, namespace: default, parentRefs: [{name: waypoint}], hostnames: ['10.0.0.1']}", "hostnames[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: s, port: 80, sectionName: x}}}}}}]}}]}}"), "requestMirror.backendRef.sectionName"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, sectionName: x}}]}}]}}"), "unknown field `sectionName`"),
+    ];
+    for (yaml, want) in cases {
+        let e = err(yaml);
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}

@@ -1,0 +1,48 @@
+//! The waypoint's HBONE listener: accepted connections get ztunnel's HBONE server limits
+//! and handshake, and each CONNECT stream becomes a tunnel (see `tunnel`).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tracing::Instrument;
+use ztunnel::hbone::server::{HandshakePermit, Server};
+
+use crate::context::Waypoint;
+use crate::tunnel;
+
+/// Accepts connections until `stop` completes (then the listener closes), each served on
+/// its own task.
+pub async fn serve(listener: TcpListener, wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAcceptor, stop: impl Future<Output = ()>) {
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            r = listener.accept() => match r {
+                Ok((stream, peer)) => {
+                    let Some((stream, permit)) = server.admit(stream, peer) else { continue };
+                    let span = tracing::info_span!("waypoint", peer = %peer);
+                    tokio::spawn(connection(wp.clone(), server.clone(), acceptor.clone(), stream, permit, peer).instrument(span));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+        }
+    }
+}
+
+async fn connection(wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAcceptor, stream: TcpStream, permit: HandshakePermit, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
+    server
+        .serve(conn, &wp.drain, &src_identity, |req, respond| {
+            let span = tracing::info_span!("stream", src.identity = %src_identity);
+            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone()).instrument(span));
+        })
+        .await;
+}
