@@ -15,6 +15,9 @@ stage() {
 }
 # Includes the backpressure test (~30 s) and the soak (tests/soak.rs, SOAK_SECONDS, 120 s
 # by default; each is alone in its test binary, so nothing else runs beside it).
+# The module map: no module uses its ancestor's items and no import cycles (see
+# docs/design.md); prints what breaks the rule.
+stage "module map" python3 scripts/module-map.py ztunnel/src waypoint/src
 stage "build the tests" cargo test --workspace --no-run
 stage "unit and end-to-end tests (eBPF capture)" cargo test --workspace
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
