@@ -18,6 +18,8 @@ stage() {
 # The module map: no module uses its ancestor's items and no import cycles (see
 # docs/design.md); prints what breaks the rule.
 stage "module map" python3 scripts/module-map.py ztunnel/src waypoint/src
+# Docs: relative links resolve, nothing cites files outside the project.
+stage "docs links" python3 scripts/check-docs.py
 stage "build the tests" cargo test --workspace --no-run
 stage "unit and end-to-end tests (eBPF capture)" cargo test --workspace
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.

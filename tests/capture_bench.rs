@@ -8,7 +8,7 @@
 //!
 //! `cargo test -p ztunnel --test capture_bench` runs a small smoke pass (CI keeps it
 //! working); `ZTUNNEL_BENCH=1 cargo test --release -p ztunnel --test capture_bench`
-//! gives the numbers (README, design section).
+//! gives the numbers (ARCHITECTURE.md, capture).
 
 mod netsim;
 

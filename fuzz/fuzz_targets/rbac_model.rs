@@ -1,7 +1,7 @@
 //! L4 authorization against a reference model: arbitrary policies (from small pools of
 //! names, addresses and ports, so matches are likely) and a connection are evaluated by
 //! ztunnel (`MeshState::authorize`: scope selection + `rbac::evaluate`) and by the
-//! straightforward model below, written from the semantics in docs/istio-interop.md.
+//! straightforward model below, written from the semantics in docs/interfaces.md.
 //! Any disagreement is a crash.
 #![no_main]
 
