@@ -44,6 +44,7 @@ struct Args {
     /// --state-dir; not used with the Istio CA (CA_ADDRESS).
     #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
     state_dir: PathBuf,
+    /// Where HBONE is accepted.
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
     /// Prometheus metrics (`/stats/prometheus`, `/metrics`).
@@ -52,17 +53,22 @@ struct Args {
     /// Readiness (`/healthz/ready`).
     #[arg(long, env = "WAYPOINT_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     readiness_addr: SocketAddr,
+    /// Lifetime of the built-in CA's certificates, in seconds (rotated at half-life).
     #[arg(long, env = "WORKLOAD_CERT_TTL_SECONDS", default_value_t = 24 * 3600)]
     cert_ttl_seconds: u64,
+    /// Deadline for one upstream HBONE dial: TCP, TLS, HTTP/2 and the CONNECT answer.
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
     connect_timeout_ms: u64,
+    /// HBONE streams per pooled upstream connection (Istio: 100).
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams: usize,
+    /// An idle pooled upstream connection is closed after this many seconds.
     #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
     pool_idle_timeout_seconds: u64,
     /// How long a tunnel may stay silent before it is relayed at L4 (server-first protocols).
     #[arg(long, env = "PROTOCOL_DETECTION_TIMEOUT_MS", default_value_t = 1000)]
     protocol_detection_timeout_ms: u64,
+    /// How an endpoint is picked among a backend's healthy ones.
     #[arg(long, value_enum, env = "WAYPOINT_LB_POLICY", default_value = "least-request")]
     lb_policy: lb::LbPolicy,
     /// Consecutive 5xx / connect failures that eject an endpoint (0: never).
@@ -71,8 +77,10 @@ struct Args {
     /// First ejection length; each further ejection of the same endpoint lasts longer.
     #[arg(long, env = "OUTLIER_BASE_EJECTION_MS", default_value_t = 30_000)]
     outlier_base_ejection_ms: u64,
+    /// How often the mesh config file is checked for changes (hot reload).
     #[arg(long, env = "CONFIG_POLL_INTERVAL_MS", default_value_t = 1000)]
     config_poll_interval_ms: u64,
+    /// Drain deadline on SIGTERM: grace - 5 s when over 10 s, else grace - 1 s.
     #[arg(long, env = "TERMINATION_GRACE_PERIOD_SECONDS", default_value_t = 30)]
     termination_grace_period_seconds: u64,
     /// TLS + HTTP/2 handshakes in flight at once (0: no limit); more are closed at once
@@ -277,4 +285,16 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("waypoint stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn flag_reference_is_current() {
+        let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/flags.md");
+        ztunnel::app::flags::check_reference(&doc, "waypoint", &Args::command()).unwrap();
+    }
 }

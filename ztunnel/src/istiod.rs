@@ -56,17 +56,22 @@ pub struct IstiodArgs {
     /// exists, the token itself; overrides --token-path.
     #[arg(long, env = "AUTH_TOKEN", hide_env_values = true)]
     pub auth_token: Option<String>,
+    /// This cluster's id: sent to istiod and the CA (`clusterid`); Istio's CLUSTER_ID also sets it.
     #[arg(long, env = "ISTIO_META_CLUSTER_ID", default_value = DEFAULT_CLUSTER_ID)]
     pub cluster_id: String,
     /// This proxy's pod (istiod's node id and metadata; its own identity).
     #[arg(long, env = "POD_NAME", default_value = "ztunnel")]
     pub pod_name: String,
+    /// This proxy's namespace (its identity and istiod's node id).
     #[arg(long, env = "POD_NAMESPACE", default_value = "istio-system")]
     pub pod_namespace: String,
+    /// This proxy's pod IP (istiod's node id and INSTANCE_IPS metadata).
     #[arg(long, env = "INSTANCE_IP", default_value = "")]
     pub instance_ip: String,
+    /// This proxy's service account (its own identity).
     #[arg(long, env = "SERVICE_ACCOUNT", default_value = "ztunnel")]
     pub service_account: String,
+    /// The mesh's trust domain (SPIFFE identities spiffe://<this>/ns/../sa/..).
     #[arg(long, env = "TRUST_DOMAIN", default_value = crate::identity::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
     /// gRPC headers for xDS and the CA (Istio's XDS_HEADER_*, CA_HEADER_*), from

@@ -4,6 +4,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod app;
 pub mod capture;
 pub mod cidr;
 pub mod config;

@@ -90,8 +90,10 @@ struct Args {
     /// unless --ca-cert/--ca-key give a shared root.
     #[arg(long, env = "FAKE_CA", default_value_t = false, action = clap::ArgAction::Set)]
     fake_ca: bool,
+    /// The built-in CA's root certificate (PEM), with --ca-key: one root shared by every node.
     #[arg(long, requires = "ca_key")]
     ca_cert: Option<PathBuf>,
+    /// The built-in CA's private key (PEM), with --ca-cert.
     #[arg(long, requires = "ca_cert")]
     ca_key: Option<PathBuf>,
     /// Lifetime of issued workload certificates, in seconds (rotated at half-life);
@@ -118,6 +120,7 @@ struct Args {
     /// Inbound destination ports never captured, comma-separated (the app answers them itself).
     #[arg(long, env = "EXCLUDE_INBOUND_PORTS", value_delimiter = ',')]
     exclude_inbound_ports: Vec<u16>,
+    /// HBONE streams per pooled connection before another connection opens (Istio: 100).
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams: usize,
     /// Idle pooled HBONE connections close after this many seconds; Istio's
@@ -657,6 +660,12 @@ mod tests {
     }
 
     const BASE: &[&str] = &["ztunnel", "--node-name", "n1", "--local-xds-path", "/dev/null"];
+
+    #[test]
+    fn flag_reference_is_current() {
+        let doc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/flags.md");
+        ztunnel::app::flags::check_reference(&doc, "ztunnel", &Cli::command()).unwrap();
+    }
 
     #[test]
     fn istio_container_args() {
