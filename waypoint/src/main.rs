@@ -15,8 +15,8 @@ use waypoint::object::ObjectName;
 use waypoint::{config, http, k8s, lb, server, upstream};
 use ztunnel::drain::Drain;
 use ztunnel::hbone::{self, Pool};
-use ztunnel::identity::ca::Ca;
-use ztunnel::identity::manager::{IdentityCert, LocalCa};
+use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa};
+use ztunnel::identity::manager::IdentityCert;
 use ztunnel::identity::{CertManager, Identity};
 use ztunnel::metrics::http::HttpMetrics;
 use ztunnel::metrics::Metrics;
@@ -122,16 +122,7 @@ async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration) -> anyh
         namespace: me.namespace.clone(),
         name: args.gateway_name.clone().unwrap_or_else(|| if me.canonical_name.is_empty() { me.name.clone() } else { me.canonical_name.clone() }),
     };
-    let certs = match args.istiod.istio_ca(ttl)? {
-        Some(c) => c,
-        None => {
-            // The waypoint signs with the mesh CA it shares with the node proxies; it
-            // never creates one (that would split the mesh's trust).
-            let ca = Ca::from_files(&args.state_dir.join("ca-cert.pem"), &args.state_dir.join("ca-key.pem"))
-                .with_context(|| format!("cannot load the mesh CA from {}", args.state_dir.display()))?;
-            CertManager::new(Arc::new(LocalCa { ca, ttl }))
-        }
-    };
+    let certs = cert_manager(&args.istiod, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     let config = Arc::new(ArcSwap::from_pointee(cfg));
     tokio::spawn(config::watch(path.to_path_buf(), config.clone(), Duration::from_millis(args.config_poll_interval_ms), |_| {}));
     Ok(Setup { config, me, identity, ip, gateway, certs })
@@ -143,14 +134,7 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     let ia = &args.istiod;
     let ip: IpAddr = ia.instance_ip.parse().with_context(|| format!("INSTANCE_IP {:?} is not an IP address", ia.instance_ip))?;
     let identity = ia.own_identity();
-    let certs = match ia.istio_ca(ttl)? {
-        Some(c) => c,
-        None => {
-            let ca = Ca::from_files(&args.state_dir.join("ca-cert.pem"), &args.state_dir.join("ca-key.pem"))
-                .with_context(|| format!("no CA_ADDRESS and no mesh CA in {}", args.state_dir.display()))?;
-            CertManager::new(Arc::new(LocalCa { ca, ttl }))
-        }
-    };
+    let certs = cert_manager(ia, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
     let me = Arc::new(Workload {
         uid: WorkloadUid(format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name)),
@@ -198,16 +182,9 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let json = std::env::var("LOG_FORMAT").is_ok_and(|f| f == "json");
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter).with_ansi(ansi);
-    // Istio's line shapes, as ztunnel's (ztunnel::logging).
-    if json {
-        fmt.event_format(ztunnel::logging::IstioJson).fmt_fields(tracing_subscriber::fmt::format::JsonFields::new()).init()
-    } else {
-        fmt.event_format(ztunnel::logging::IstioText).init()
-    }
+    // As ztunnel's: Istio's line shapes on stderr (the run-time filter handle is unused:
+    // the waypoint has no admin endpoint).
+    let _log = init_logging(&std::env::var("LOG_FORMAT").unwrap_or_default());
     let args = Args::parse();
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
@@ -215,10 +192,7 @@ async fn main() -> anyhow::Result<()> {
     metrics.build.set_component("waypoint");
     let http_metrics = HttpMetrics::register(&mut metrics.registry);
     let metrics = Arc::new(metrics);
-    for addr in [args.metrics_addr, args.readiness_addr] {
-        let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        tokio::spawn(ztunnel::metrics_endpoint::serve(l, metrics.clone()));
-    }
+    serve_observability(&[args.metrics_addr, args.readiness_addr], &metrics).await?;
     let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
         Some(path) => local_setup(&args, path, ttl).await?,
         None => cluster_setup(&args, ttl, &metrics).await?,

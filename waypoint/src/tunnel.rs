@@ -11,7 +11,7 @@ use http::{Method, Request, Response, StatusCode};
 use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
-use ztunnel::state::{HealthStatus, MeshState, Protocol as MeshProtocol, Service, Workload};
+use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
 use crate::authz;
 use crate::context::Waypoint;
@@ -23,11 +23,7 @@ use crate::object::{ObjectName, Target};
 /// VIP (random, weighted by capacity), or the workload with that address.
 fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
     if let Some(svc) = state.service_by_vip(target.ip()) {
-        let eps: Vec<_> = state
-            .endpoints_for(svc, target.port())
-            .into_iter()
-            .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == MeshProtocol::HBONE)
-            .collect();
+        let eps = state.healthy_hbone_endpoints(svc, target.port());
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
     }
     let wl = state.workload_by_ip(target.ip())?;

@@ -163,24 +163,6 @@ pub struct ProxyConfig {
     pub hbone_idle_timeout: Option<Duration>,
 }
 
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            node_name: String::new(),
-            pool_max_streams: 100,
-            pool_idle_timeout: Duration::from_secs(300),
-            connect_timeout: Duration::from_secs(10),
-            idle_timeout: Some(Duration::from_secs(3600)),
-            max_connections_per_pod: 0,
-            hbone_max_streams: crate::hbone::SERVER_MAX_STREAMS,
-            hbone_max_header_bytes: crate::hbone::MAX_HEADER_BYTES,
-            hbone_max_handshakes: crate::hbone::server::MAX_HANDSHAKES,
-            hbone_max_handshakes_per_ip: crate::hbone::server::MAX_HANDSHAKES_PER_IP,
-            hbone_idle_timeout: Some(crate::hbone::server::IDLE_TIMEOUT),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,7 @@ use clap::{CommandFactory, FromArgMatches};
 use ztunnel::config::istio_env::Env;
 use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
 use ztunnel::hbone::Pool;
-use ztunnel::identity::ca::Ca;
-use ztunnel::identity::manager::LocalCa;
-use ztunnel::identity::CertManager;
+use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa, ReloadableLog};
 use ztunnel::state::SharedState;
 use ztunnel::netns::InPodNetns;
 use ztunnel::proxy::{self, ProxyInputs};
@@ -225,48 +223,6 @@ impl DnsArgs {
     }
 }
 
-/// The log filter, replaceable at run time through the admin endpoint.
-struct ReloadableLog {
-    handle: tracing_subscriber::reload::Handle<tracing_subscriber::EnvFilter, tracing_subscriber::Registry>,
-    current: std::sync::Mutex<String>,
-    initial: String,
-}
-
-impl ztunnel::admin::LogControl for ReloadableLog {
-    fn get(&self) -> String {
-        self.current.lock().map(|c| c.clone()).unwrap_or_default()
-    }
-
-    fn initial(&self) -> String {
-        self.initial.clone()
-    }
-
-    fn set(&self, filter: &str) -> Result<(), String> {
-        let parsed = tracing_subscriber::EnvFilter::try_new(filter).map_err(|e| e.to_string())?;
-        self.handle.reload(parsed).map_err(|e| e.to_string())?;
-        if let Ok(mut c) = self.current.lock() {
-            *c = filter.to_string();
-        }
-        Ok(())
-    }
-}
-
-fn init_logging(format: &str) -> ReloadableLog {
-    use tracing_subscriber::prelude::*;
-    let initial = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-    let filter = tracing_subscriber::EnvFilter::try_new(&initial).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (filter, handle) = tracing_subscriber::reload::Layer::new(filter);
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
-    if format == "json" {
-        let fmt = fmt.event_format(ztunnel::logging::IstioJson).fmt_fields(tracing_subscriber::fmt::format::JsonFields::new());
-        tracing_subscriber::registry().with(filter).with(fmt).init();
-    } else {
-        tracing_subscriber::registry().with(filter).with(fmt.event_format(ztunnel::logging::IstioText)).init();
-    }
-    ReloadableLog { handle, current: std::sync::Mutex::new(initial.clone()), initial }
-}
-
 /// Istio's container arguments: `proxy ztunnel` (its chart's) runs the proxy, as no
 /// arguments do; `version` prints the version.
 fn istio_args(mut argv: Vec<std::ffi::OsString>) -> Result<Vec<std::ffi::OsString>, String> {
@@ -427,17 +383,8 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let ia = &args.istiod;
-    let certs = match ia.istio_ca(ttl)? {
-        Some(certs) => {
-            tracing::info!(ca = ia.ca_address.as_deref().unwrap_or_default(), "workload certificates from the Istio CA");
-            certs
-        }
-        None => {
-            tracing::info!(state_dir = %args.state_dir.display(), shared_root = args.ca_cert.is_some(), "workload certificates from the built-in CA");
-            let ca = Ca::load_or_create(&args.state_dir, args.ca_cert.as_deref(), args.ca_key.as_deref())?;
-            CertManager::new(Arc::new(LocalCa { ca, ttl }))
-        }
-    };
+    let builtin = BuiltinCa::LoadOrCreate { state_dir: &args.state_dir, cert: args.ca_cert.as_deref(), key: args.ca_key.as_deref() };
+    let certs = cert_manager(ia, ttl, builtin)?;
     let pcfg = ProxyConfig {
         node_name: node_name.clone(),
         pool_max_streams: args.pool_max_streams,
@@ -562,10 +509,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         .await
         .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
     tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
-    for addr in [args.metrics_addr, args.readiness_addr] {
-        let l = ztunnel::http_endpoint::bind(addr).await.with_context(|| format!("cannot listen on {addr}"))?;
-        tokio::spawn(ztunnel::metrics_endpoint::serve(l, metrics.clone()));
-    }
+    serve_observability(&[args.metrics_addr, args.readiness_addr], &metrics).await?;
     let capture = ztunnel::capture::Backend::start(
         args.capture,
         &ztunnel::capture::CaptureOptions {

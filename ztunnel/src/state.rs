@@ -202,11 +202,7 @@ impl MeshState {
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let eps: Vec<_> = self
-            .endpoints_for(svc, gw.hbone_mtls_port)
-            .into_iter()
-            .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
-            .collect();
+        let eps = self.healthy_hbone_endpoints(svc, gw.hbone_mtls_port);
         // The waypoint Service may not list the HBONE port; any of its workloads will do.
         let eps = if eps.is_empty() {
             self.endpoints
@@ -253,6 +249,21 @@ impl MeshState {
                 Some((wl.clone(), if target == 0 { service_port } else { target }))
             })
             .collect()
+    }
+
+    /// The endpoints of `svc` a connection to `service_port` may go to: healthy ones,
+    /// with their target ports.
+    pub fn healthy_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+        let mut eps = self.endpoints_for(svc, service_port);
+        eps.retain(|(w, _)| w.status == HealthStatus::Healthy);
+        eps
+    }
+
+    /// The healthy endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
+    pub fn healthy_hbone_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+        let mut eps = self.healthy_endpoints(svc, service_port);
+        eps.retain(|(w, _)| w.protocol == Protocol::HBONE);
+        eps
     }
 
     /// L4 authorization of a connection to a local workload, under the policies in scope.

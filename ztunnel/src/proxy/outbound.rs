@@ -18,7 +18,7 @@ use crate::metrics::{Peer, TcpLabels};
 use crate::netns::{captured_destination, reset};
 use crate::ports;
 use crate::relay::{copy_tcp, copy_tcp_h2, CopyError};
-use crate::state::{HealthStatus, MeshState, Protocol, Service, Workload};
+use crate::state::{MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
     while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
@@ -96,11 +96,7 @@ fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
         if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, Some(svc))) {
             return r;
         }
-        let eps: Vec<_> = state
-            .endpoints_for(svc, dst.port())
-            .into_iter()
-            .filter(|(w, _)| w.status == HealthStatus::Healthy)
-            .collect();
+        let eps = state.healthy_endpoints(svc, dst.port());
         let Some((wl, port)) = crate::state::pick_weighted(&eps) else {
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
