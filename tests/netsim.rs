@@ -127,13 +127,16 @@ impl Child {
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
         let deadline = Instant::now() + timeout;
         let c = self.inner.as_mut()?;
-        while Instant::now() < deadline {
+        // Looks at least once: a zero timeout asks "has it exited?" (the bench's liveness check).
+        loop {
             if let Ok(Some(st)) = c.try_wait() {
                 return Some(st);
             }
+            if Instant::now() >= deadline {
+                return None;
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        None
     }
 
     pub fn stop(&mut self) {
@@ -638,4 +641,24 @@ pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::
         }
         (ok, failed)
     })
+}
+
+#[cfg(test)]
+mod child_tests {
+    use super::*;
+
+    #[test]
+    fn a_zero_timeout_still_sees_a_process_that_exited() {
+        let inner = Command::new("true").spawn().expect("spawn true");
+        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(Duration::from_secs(5)).is_some());
+        let inner = Command::new("true").spawn().expect("spawn true");
+        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(c.wait_exit(Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
+        let inner = Command::new("sleep").arg("5").spawn().expect("spawn sleep");
+        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(Duration::ZERO).is_none());
+        c.stop();
+    }
 }
