@@ -645,20 +645,18 @@ pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::
 
 #[cfg(test)]
 mod child_tests {
-    use super::*;
-
     #[test]
     fn a_zero_timeout_still_sees_a_process_that_exited() {
-        let inner = Command::new("true").spawn().expect("spawn true");
-        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
-        assert!(c.wait_exit(Duration::from_secs(5)).is_some());
-        let inner = Command::new("true").spawn().expect("spawn true");
-        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(c.wait_exit(Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
-        let inner = Command::new("sleep").arg("5").spawn().expect("spawn sleep");
-        let mut c = Child { inner: Some(inner), log: PathBuf::from("/dev/null") };
-        assert!(c.wait_exit(Duration::ZERO).is_none());
+        let inner = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(std::time::Duration::from_secs(5)).is_some());
+        let inner = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(c.wait_exit(std::time::Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
+        let inner = std::process::Command::new("sleep").arg("5").spawn().expect("spawn sleep");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(std::time::Duration::ZERO).is_none());
         c.stop();
     }
 }
