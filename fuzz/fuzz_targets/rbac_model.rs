@@ -306,25 +306,11 @@ fn model(input: &Input, r: &Req) -> Result<Option<Vec<String>>, ()> {
 
 fn workload(namespace: &str, selected: Vec<String>, ip: IpAddr) -> Workload {
     Workload {
-        uid: ztunnel::state::WorkloadUid("dst".into()),
-        name: "dst".into(),
-        namespace: namespace.into(),
         service_account: "server".into(),
-        trust_domain: "cluster.local".into(),
         workload_ips: vec![ip],
         protocol: ztunnel::state::Protocol::HBONE,
-        node: String::new(),
-        network: String::new(),
-        services: Default::default(),
-        canonical_name: String::new(),
-        canonical_revision: String::new(),
-        workload_name: String::new(),
-        cluster_id: String::new(),
-        capacity: 1,
-        status: Default::default(),
         authorization_policies: selected,
-        waypoint: None,
-        application_tunnel: None,
+        ..Workload::new("dst", "dst", namespace)
     }
 }
 

@@ -136,26 +136,14 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     let identity = ia.own_identity();
     let certs = cert_manager(ia, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
+    let uid = format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name);
     let me = Arc::new(Workload {
-        uid: WorkloadUid(format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name)),
-        name: ia.pod_name.clone(),
-        namespace: ia.pod_namespace.clone(),
         service_account: ia.service_account.clone(),
         trust_domain: ia.trust_domain.clone(),
         workload_ips: vec![ip],
         protocol: ztunnel::state::Protocol::HBONE,
-        node: String::new(),
-        network: String::new(),
-        services: Default::default(),
-        canonical_name: String::new(),
-        canonical_revision: String::new(),
-        workload_name: String::new(),
         cluster_id: ia.cluster_id.clone(),
-        capacity: 1,
-        status: Default::default(),
-        authorization_policies: Vec::new(),
-        waypoint: None,
-        application_tunnel: None,
+        ..Workload::new(uid, ia.pod_name.clone(), ia.pod_namespace.clone())
     });
     let gateway = ObjectName { namespace: ia.pod_namespace.clone(), name: args.gateway_name.clone().unwrap_or_else(|| "waypoint".into()) };
     let state = Arc::new(ztunnel::state::SharedState::default());

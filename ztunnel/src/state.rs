@@ -18,7 +18,7 @@ mod waypoint_tests;
 
 pub use self::address::{HboneAddress, NetworkAddress};
 pub use self::workload::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, Protocol, Service, Workload, WorkloadUid,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.
@@ -110,7 +110,9 @@ impl MeshState {
         }
         for wl in workloads {
             let wl = Arc::new(wl);
-            for ip in &wl.workload_ips {
+            // A host-network pod's IP is its node's: not an address of the workload.
+            let by_ip = if wl.network_mode == NetworkMode::HostNetwork { &[][..] } else { &wl.workload_ips[..] };
+            for ip in by_ip {
                 match st.workload_by_ip.entry(*ip) {
                     Entry::Occupied(prev) => conflict(StateError::DuplicateIp {
                         ip: *ip,

@@ -73,6 +73,13 @@ pub fn workload(w: &Workload) -> Value {
     }
     insert_unless_default(&mut m, "authorizationPolicies", json!(w.authorization_policies));
     m.insert("status".into(), json!(health(w.status)));
+    m.insert(
+        "networkMode".into(),
+        json!(match w.network_mode {
+            crate::state::NetworkMode::Standard => "Standard",
+            crate::state::NetworkMode::HostNetwork => "HostNetwork",
+        }),
+    );
     m.insert("clusterId".into(), json!(w.cluster_id));
     insert_unless_default(&mut m, "services", json!(services));
     m.insert("capacity".into(), json!(w.capacity));

@@ -417,4 +417,25 @@ mod tests {
             "hbone db 10.0.0.4:5432 via 10.0.0.4:15008 expecting spiffe://cluster.local/ns/default/sa/db"
         );
     }
+
+    #[test]
+    fn host_network_workloads_share_the_node_ip_without_owning_it() {
+        // Two host-network pods on one node: the same IP, no conflict (strict build).
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: pod1, name: pod1, namespace: default, workloadIps: [10.0.0.50], networkMode: HostNetwork,
+   services: {default/hn.default.svc.cluster.local: {80: 8080}}}
+- {uid: pod2, name: pod2, namespace: default, workloadIps: [10.0.0.50], networkMode: HostNetwork}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: hn, namespace: default, hostname: hn.default.svc.cluster.local, vips: [/10.96.0.50], ports: {80: 8080}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        assert!(st.workload_by_ip("10.0.0.50".parse().unwrap()).is_none(), "the node's IP is no workload's");
+        // The service still reaches its host-network endpoint; the node IP itself passes through.
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.50:80")), "passthrough 10.0.0.50:8080");
+        assert_eq!(peer(&route_from(&st, "client", "10.0.0.50:9000")), "passthrough 10.0.0.50:9000");
+    }
 }

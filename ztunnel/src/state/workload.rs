@@ -98,6 +98,15 @@ fn default_trust_domain() -> String {
     DEFAULT_TRUST_DOMAIN.to_string()
 }
 
+/// Istio's NetworkMode: a host-network pod shares its node's IP, so it is never found
+/// by address (traffic to that IP is the node's), only through its services.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum NetworkMode {
+    #[default]
+    Standard,
+    HostNetwork,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 pub enum HealthStatus {
     #[default]
@@ -138,6 +147,8 @@ pub struct Workload {
     pub capacity: u32,
     #[serde(default)]
     pub status: HealthStatus,
+    #[serde(default)]
+    pub network_mode: NetworkMode,
     /// `namespace/name` of WorkloadSelector-scoped policies that select this workload.
     #[serde(default)]
     pub authorization_policies: Vec<String>,
@@ -202,6 +213,34 @@ fn default_capacity() -> u32 {
 }
 
 impl Workload {
+    /// A workload with Istio's defaults for everything but its names (service account
+    /// `default`, trust domain `cluster.local`, capacity 1, healthy, plaintext, no
+    /// addresses); set the rest with struct update syntax.
+    pub fn new(uid: impl Into<String>, name: impl Into<String>, namespace: impl Into<String>) -> Workload {
+        Workload {
+            uid: WorkloadUid(uid.into()),
+            name: name.into(),
+            namespace: namespace.into(),
+            service_account: default_service_account(),
+            trust_domain: default_trust_domain(),
+            workload_ips: Vec::new(),
+            protocol: Protocol::default(),
+            node: String::new(),
+            network: String::new(),
+            services: HashMap::new(),
+            canonical_name: String::new(),
+            canonical_revision: String::new(),
+            workload_name: String::new(),
+            cluster_id: String::new(),
+            capacity: default_capacity(),
+            status: HealthStatus::default(),
+            network_mode: NetworkMode::default(),
+            authorization_policies: Vec::new(),
+            waypoint: None,
+            application_tunnel: None,
+        }
+    }
+
     /// Who keeps a contested IP (lower wins): Kubernetes pods (`cluster//Pod/ns/name`)
     /// before Istio's WorkloadEntry/ServiceEntry endpoints
     /// (`cluster/networking.istio.io/<Kind>/ns/name`).

@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, Protocol, Service, Workload,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
     WorkloadUid,
 };
 
@@ -173,6 +173,12 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
             ApplicationTunnel::effective(Some(t))
         }
     };
+    let network_mode = match pb::NetworkMode::try_from(w.network_mode) {
+        Ok(pb::NetworkMode::HostNetwork) => NetworkMode::HostNetwork,
+        Ok(pb::NetworkMode::Standard) => NetworkMode::Standard,
+        // Indexing an unknown kind of address by IP could steal another workload's.
+        Err(_) => return Err(at(&format!("network_mode: unknown value {}", w.network_mode))),
+    };
     Ok(Workload {
         application_tunnel,
         waypoint: gateway(w.waypoint, &at("waypoint"))?,
@@ -192,6 +198,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         cluster_id: w.cluster_id,
         capacity: w.capacity.unwrap_or(1),
         status,
+        network_mode,
         authorization_policies: w.authorization_policies,
     })
 }
@@ -330,6 +337,9 @@ mod tests {
         assert_eq!(w.protocol, Protocol::HBONE);
         assert_eq!(w.capacity, 1);
         assert_eq!(w.status, HealthStatus::Healthy);
+        assert_eq!(w.network_mode, NetworkMode::Standard);
+        let host = pb::Workload { network_mode: pb::NetworkMode::HostNetwork as i32, ..pb_workload("h", [10, 0, 0, 9]) };
+        assert_eq!(workload(host).unwrap().network_mode, NetworkMode::HostNetwork);
         let ports = &w.services[&NamespacedHostname("default/echo.default.svc.cluster.local".into())];
         assert_eq!(ports.get(&80), Some(&8080));
         // Round trip through the wire format as istiod sends it.
@@ -343,6 +353,7 @@ mod tests {
             (pb::Workload { uid: String::new(), ..pb_workload("x", [1, 1, 1, 1]) }, "uid is required"),
             (pb::Workload { addresses: vec![vec![1, 2, 3]], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
             (pb::Workload { service_account: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "service_account"),
+            (pb::Workload { network_mode: 7, ..pb_workload("x", [1, 1, 1, 1]) }, "network_mode: unknown value 7"),
             (pb::Workload { namespace: "bad\0ns".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "namespace"),
             (pb::Workload { tunnel_protocol: 2, ..pb_workload("x", [1, 1, 1, 1]) }, "LEGACY_ISTIO_MTLS"),
             (pb::Workload { tunnel_protocol: 9, ..pb_workload("x", [1, 1, 1, 1]) }, "tunnel_protocol: unknown"),
