@@ -18,7 +18,8 @@ use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
 use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
-use crate::{authz, path};
+use crate::authz;
+use crate::path;
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
 pub struct Inbound<'a> {
@@ -220,4 +221,84 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         },
         response_modifiers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use http::Request;
+
+    use super::*;
+
+    const MESH: &str = "workloads:\n\
+        - {uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2], protocol: HBONE, node: node1, services: {default/echo.default.svc.cluster.local: {80: 8080}}}\n\
+        services:\n\
+        - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {80: 8080}}\n";
+    const SVC: &str = "parentRefs: [{kind: Service, group: \"\", name: echo}]";
+
+    fn plan(l7: &str, req: Request<()>) -> (Result<(), LocalReply>, Notes, http::request::Parts) {
+        let cfg = Config::parse(Path::new("t.yaml"), &format!("{MESH}{l7}")).expect("test config");
+        let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
+        let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
+        let tunnel = Tunnel {
+            src_identity: "spiffe://cluster.local/ns/default/sa/client".parse().expect("identity"),
+            src_addr: "10.0.0.1:40000".parse().expect("addr"),
+            target: "10.96.0.10:80".parse().expect("addr"),
+        };
+        let inb = Inbound { gateway: &gateway, identity: &identity, tunnel: &tunnel, cfg: &cfg, proto: Protocol::Http1 };
+        let (mut parts, ()) = req.into_parts();
+        let mut notes = Notes::default();
+        let r = build(&inb, &mut parts, &mut notes).map(|p| {
+            assert_eq!(p.backend.endpoints.len(), 1);
+            assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
+        });
+        (r, notes, parts)
+    }
+
+    fn get(path: &str) -> Request<()> {
+        Request::get(path).header("host", "echo.default.svc.cluster.local").body(()).expect("request")
+    }
+
+    fn status(r: &Result<(), LocalReply>) -> Option<(u16, &'static str)> {
+        r.as_ref().err().map(|e| (e.status.as_u16(), e.flags))
+    }
+
+    #[test]
+    fn without_routes_the_addressed_service_gets_the_normalized_path() {
+        let (r, notes, parts) = plan("", get("/a/./b/../c?x=1"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(parts.uri, "/a/c?x=1");
+        assert_eq!(notes.path.as_deref(), Some("/a/c"));
+        assert_eq!(notes.backend_service.map(|s| s.name.clone()).as_deref(), Some("echo"));
+        assert!(parts.headers.contains_key("x-forwarded-client-cert"));
+    }
+
+    #[test]
+    fn a_deny_policy_gives_403() {
+        let l7 = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{}]}\n";
+        let (r, notes, _) = plan(l7, get("/"));
+        assert_eq!(status(&r), Some((403, "DENY")));
+        assert_eq!(notes.denied_by.as_deref(), Some("default/p"));
+    }
+
+    #[test]
+    fn no_matching_route_gives_404() {
+        let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: PathPrefix, value: /api}}}}]}}]}}\n");
+        let (r, notes, _) = plan(&l7, get("/other"));
+        assert_eq!(status(&r), Some((404, "NR")));
+        let (r, notes_api, _) = plan(&l7, get("/api/x"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!((notes.route, notes_api.route.as_deref()), (None, Some("default/echo#0")));
+    }
+
+    #[test]
+    fn unproxiable_requests_are_refused() {
+        let connect = Request::connect("echo:80").body(()).expect("request");
+        assert_eq!(status(&plan("", connect).0), Some((405, "-")));
+        let no_host = Request::get("/").body(()).expect("request");
+        assert_eq!(status(&plan("", no_host).0), Some((400, "-")));
+        let userinfo = Request::get("/").header("host", "u@echo").body(()).expect("request");
+        assert_eq!(status(&plan("", userinfo).0), Some((400, "-")));
+    }
 }
