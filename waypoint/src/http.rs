@@ -16,9 +16,8 @@ mod reply;
 mod tunnel;
 
 use std::convert::Infallible;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -69,36 +68,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     let cfg = wp.config.load_full();
     let (mut parts, body) = req.into_parts();
     let grpc = reply::is_grpc(&parts.headers);
-    let src_workload = cfg
-        .state
-        .workload_by_ip(tunnel.src_addr.ip())
-        .filter(|w| w.identity() == tunnel.src_identity)
-        .cloned();
-    let mut log = log::RequestLog {
-        wp: wp.clone(),
-        start: Instant::now(),
-        src_addr: tunnel.src_addr,
-        src_identity: tunnel.src_identity.clone(),
-        src_workload,
-        dst_service: cfg.state.service_by_vip(tunnel.target.ip()).cloned(),
-        dst_workload: None,
-        dst_addr: None,
-        method: parts.method.clone(),
-        path: parts.uri.path().to_string(),
-        host: headers::authority(&parts),
-        protocol: if grpc { "grpc" } else { "http" },
-        status: 0,
-        grpc_status: None,
-        response_flags: "-",
-        route: None,
-        attempts: 0,
-        request_bytes: Arc::new(AtomicU64::new(0)),
-        request_header_bytes: headers::header_bytes(&parts.headers),
-        audited_by: Vec::new(),
-        denied_by: None,
-        error: None,
-        finished: false,
-    };
+    let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
 
     let inbound = plan::Inbound { gateway: &wp.gateway, identity: &wp.identity, tunnel: &tunnel, cfg: &cfg, proto };
     let mut notes = log::Notes::default();

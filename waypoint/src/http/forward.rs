@@ -46,6 +46,36 @@ struct Attempts<'a> {
     per_try_timeout: Option<Duration>,
 }
 
+impl<'a> Attempts<'a> {
+    /// Retries only for a body that can be sent again, and only for idempotent methods.
+    fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody) -> Self {
+        let retry = plan.retry;
+        Attempts {
+            count: 1 + match retry {
+                Some(r) if matches!(body, RequestBody::Buffered(_)) && idempotent(method) => r.attempts.unwrap_or(1),
+                _ => 0,
+            },
+            codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
+            backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
+            per_try_timeout: plan.timeouts.backend,
+        }
+    }
+}
+
+/// The request body, counted into the log; buffered when a copy is wanted and it is
+/// small enough, else streamed (and then sent once).
+async fn request_body(body: Incoming, want_copy: bool, log: &RequestLog) -> Result<RequestBody, LocalReply> {
+    let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
+    let counted = Counted::new(body, log.request_bytes.clone());
+    if !(want_copy && small) {
+        return Ok(RequestBody::Streaming(Some(counted.boxed())));
+    }
+    match counted.collect().await {
+        Ok(c) => Ok(RequestBody::Buffered(c.to_bytes())),
+        Err(e) => Err(LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}"))),
+    }
+}
+
 type Outcome = Result<(Response<Incoming>, Picked), LocalReply>;
 
 fn idempotent(m: &Method) -> bool {
@@ -57,35 +87,15 @@ fn idempotent(m: &Method) -> bool {
 pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
     let Exchange { wp, cfg, mut log, grpc } = x;
     let (parts, body) = req.into_parts();
-    let retry = plan.retry;
-    let want_copy = (retry.is_some() && idempotent(&parts.method)) || !plan.mirrors.to.is_empty();
-    let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
-    let counted = Counted::new(body, log.request_bytes.clone());
-    let mut req_body = if want_copy && small {
-        match counted.collect().await {
-            Ok(c) => RequestBody::Buffered(c.to_bytes()),
-            Err(e) => {
-                return LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}")).send(log, grpc)
-            }
-        }
-    } else {
-        RequestBody::Streaming(Some(counted.boxed()))
+    let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || !plan.mirrors.to.is_empty();
+    let mut req_body = match request_body(body, want_copy, &log).await {
+        Ok(b) => b,
+        Err(reply) => return reply.send(log, grpc),
     };
-
     if let RequestBody::Buffered(b) = &req_body {
         mirror_all(wp, cfg, &plan.mirrors, &parts, b);
     }
-
-    let attempts = Attempts {
-        count: 1 + match retry {
-            Some(r) if matches!(req_body, RequestBody::Buffered(_)) && idempotent(&parts.method) => r.attempts.unwrap_or(1),
-            _ => 0,
-        },
-        codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
-        backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
-        per_try_timeout: plan.timeouts.backend,
-    };
-
+    let attempts = Attempts::new(&plan, &parts.method, &req_body);
     let exchange = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log);
     let outcome = match plan.timeouts.request {
         Some(t) => match tokio::time::timeout(t, exchange).await {

@@ -12,37 +12,76 @@ use ztunnel::metrics::http::HttpLabels;
 use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{Service, Workload};
 
+use super::headers::{authority, header_bytes};
+use super::tunnel::Tunnel;
+use crate::config::Config;
 use crate::context::Waypoint;
 
 /// What the access log and metrics say about one request; written when the response
 /// body ends (or is dropped).
 pub struct RequestLog {
-    pub wp: Arc<Waypoint>,
-    pub start: Instant,
-    pub src_addr: SocketAddr,
-    pub src_identity: Identity,
-    pub src_workload: Option<Arc<Workload>>,
-    pub dst_service: Option<Arc<Service>>,
+    wp: Arc<Waypoint>,
+    start: Instant,
+    src_addr: SocketAddr,
+    src_identity: Identity,
+    src_workload: Option<Arc<Workload>>,
+    dst_service: Option<Arc<Service>>,
     pub dst_workload: Option<Arc<Workload>>,
     pub dst_addr: Option<SocketAddr>,
-    pub method: Method,
-    pub path: String,
-    pub host: String,
-    pub protocol: &'static str,
+    method: Method,
+    path: String,
+    host: String,
+    protocol: &'static str,
     /// 0 until there is a response (Envoy's code for "no response sent").
     pub status: u16,
     /// As a label: 0-16 or `other` (the backend chooses it).
     pub grpc_status: Option<&'static str>,
     pub response_flags: &'static str,
-    pub route: Option<String>,
+    route: Option<String>,
     pub attempts: u32,
     pub request_bytes: Arc<AtomicU64>,
-    pub request_header_bytes: u64,
-    pub audited_by: Vec<String>,
-    pub denied_by: Option<String>,
+    request_header_bytes: u64,
+    audited_by: Vec<String>,
+    denied_by: Option<String>,
     pub error: Option<String>,
     /// Set once written; a log dropped unwritten is a request the client abandoned.
-    pub finished: bool,
+    finished: bool,
+}
+
+impl RequestLog {
+    /// The log of a request just received: who sent it, and where to.
+    pub fn start(wp: Arc<Waypoint>, tunnel: &Tunnel, cfg: &Config, parts: &http::request::Parts, grpc: bool) -> RequestLog {
+        let src_workload = cfg
+            .state
+            .workload_by_ip(tunnel.src_addr.ip())
+            .filter(|w| w.identity() == tunnel.src_identity)
+            .cloned();
+        RequestLog {
+            wp,
+            start: Instant::now(),
+            src_addr: tunnel.src_addr,
+            src_identity: tunnel.src_identity.clone(),
+            src_workload,
+            dst_service: cfg.state.service_by_vip(tunnel.target.ip()).cloned(),
+            dst_workload: None,
+            dst_addr: None,
+            method: parts.method.clone(),
+            path: parts.uri.path().to_string(),
+            host: authority(parts),
+            protocol: if grpc { "grpc" } else { "http" },
+            status: 0,
+            grpc_status: None,
+            response_flags: "-",
+            route: None,
+            attempts: 0,
+            request_bytes: Arc::new(AtomicU64::new(0)),
+            request_header_bytes: header_bytes(&parts.headers),
+            audited_by: Vec::new(),
+            denied_by: None,
+            error: None,
+            finished: false,
+        }
+    }
 }
 
 impl Drop for RequestLog {
