@@ -1,9 +1,9 @@
 //! L7: HTTP/1.1 and HTTP/2 (gRPC included) requests inside an HBONE tunnel, served with
-//! hyper. Each request goes through two steps: [`plan`] normalizes it, authorizes it
+//! hyper. Each request goes through two steps: `plan` normalizes it, authorizes it
 //! (AuthorizationPolicy) and routes it (HTTPRoute: matches, filters, weighted backends,
-//! timeouts, retries) or answers it locally ([`reply`]); [`forward`] balances it over
+//! timeouts, retries) or answers it locally (`reply`); `forward` balances it over
 //! the backend's endpoints and sends it over pooled HBONE, with retries and mirrors
-//! ([`mirror`]). One access log line and the Istio request metrics per request ([`log`]).
+//! (`mirror`). One access log line and the Istio request metrics per request (`log`).
 
 mod backend;
 mod body;
