@@ -1,0 +1,201 @@
+//! The forward step: sends a planned request upstream (body buffered when a retry or
+//! mirror needs a copy), with attempts, retries, backoff and timeouts, and turns the
+//! outcome into the downstream response.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use http_body::Body as _;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+
+use super::backend::Backend;
+use super::body::{Counted, Metered, RequestBody};
+use super::headers::{clone_parts, strip_hop_by_hop};
+use super::log::{grpc_status_label, RequestLog};
+use super::mirror::mirror_all;
+use super::plan::Plan;
+use super::reply::LocalReply;
+use crate::config::Config;
+use crate::context::Waypoint;
+use crate::lb::Picked;
+use crate::upstream::{Body, BoxError, Endpoint, UpstreamError};
+
+/// Request bodies up to this size are buffered when a retry or mirror needs a copy.
+const MAX_BUFFERED_BODY: u64 = 64 * 1024;
+const MAX_BACKOFF_FACTOR: u32 = 10;
+
+/// What one request is sent with, besides its plan.
+pub struct Exchange<'a> {
+    pub wp: &'a Arc<Waypoint>,
+    /// The snapshot the plan was made from (mirror backends are looked up in it).
+    pub cfg: &'a Config,
+    pub log: RequestLog,
+    /// Whether local replies are gRPC statuses.
+    pub grpc: bool,
+}
+
+/// How many times to try, which backend answers to retry on, and the timing.
+struct Attempts<'a> {
+    count: u32,
+    /// Backend status codes that are retried (504 and 503 also stand for a timeout and
+    /// a failed connection).
+    codes: &'a [u16],
+    backoff: Duration,
+    per_try_timeout: Option<Duration>,
+}
+
+impl<'a> Attempts<'a> {
+    /// Retries only for a body that can be sent again, and only for idempotent methods.
+    fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody) -> Self {
+        let retry = plan.retry;
+        Attempts {
+            count: 1 + match retry {
+                Some(r) if matches!(body, RequestBody::Buffered(_)) && idempotent(method) => r.attempts.unwrap_or(1),
+                _ => 0,
+            },
+            codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
+            backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
+            per_try_timeout: plan.timeouts.backend,
+        }
+    }
+}
+
+/// The request body, counted into the log; buffered when a copy is wanted and it is
+/// small enough, else streamed (and then sent once).
+async fn request_body(body: Incoming, want_copy: bool, log: &RequestLog) -> Result<RequestBody, LocalReply> {
+    let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
+    let counted = Counted::new(body, log.request_bytes.clone());
+    if !(want_copy && small) {
+        return Ok(RequestBody::Streaming(Some(counted.boxed())));
+    }
+    match counted.collect().await {
+        Ok(c) => Ok(RequestBody::Buffered(c.to_bytes())),
+        Err(e) => Err(LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}"))),
+    }
+}
+
+type Outcome = Result<(Response<Incoming>, Picked), LocalReply>;
+
+fn idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE)
+}
+
+/// Sends the request as planned; the response is the backend's, or a local reply when
+/// no attempt got one.
+pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
+    let Exchange { wp, cfg, mut log, grpc } = x;
+    let (parts, body) = req.into_parts();
+    let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || !plan.mirrors.to.is_empty();
+    let mut req_body = match request_body(body, want_copy, &log).await {
+        Ok(b) => b,
+        Err(reply) => return reply.send(log, grpc),
+    };
+    if let RequestBody::Buffered(b) = &req_body {
+        mirror_all(wp, cfg, &plan.mirrors, &parts, b);
+    }
+    let attempts = Attempts::new(&plan, &parts.method, &req_body);
+    let exchange = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log);
+    let outcome = match plan.timeouts.request {
+        Some(t) => match tokio::time::timeout(t, exchange).await {
+            Ok(o) => o,
+            Err(_) => Err(LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", "upstream request timeout")),
+        },
+        None => exchange.await,
+    };
+    match outcome {
+        Ok((resp, picked)) => {
+            let (mut rparts, rbody) = resp.into_parts();
+            strip_hop_by_hop(&mut rparts.headers);
+            for m in plan.response_modifiers {
+                m.apply(&mut rparts.headers);
+            }
+            log.status = rparts.status.as_u16();
+            if let Some(v) = rparts.headers.get("grpc-status") {
+                log.grpc_status = Some(grpc_status_label(v));
+            }
+            let body = Metered::new(rbody.map_err(BoxError::from).boxed(), log, Some(picked));
+            Response::from_parts(rparts, body.boxed())
+        }
+        Err(reply) => {
+            log.error = Some(reply.message.clone());
+            reply.send(log, grpc)
+        }
+    }
+}
+
+async fn attempt_loop(
+    wp: &Arc<Waypoint>,
+    backend: &Backend,
+    http2: bool,
+    parts: &http::request::Parts,
+    body: &mut RequestBody,
+    attempts: &Attempts<'_>,
+    log: &mut RequestLog,
+) -> Outcome {
+    let &Attempts { count: attempts, codes, backoff, per_try_timeout: backend_timeout } = attempts;
+    let mut tried = Vec::new();
+    let mut last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
+    for attempt in 0..attempts.max(1) {
+        if attempt > 0 {
+            // Exponential backoff with full jitter (Envoy's), capped.
+            let factor = 1u32 << (attempt - 1).min(4);
+            let max = backoff * factor.min(MAX_BACKOFF_FACTOR);
+            let jitter = rand::random_range(0..=max.as_millis().max(1) as u64);
+            tokio::time::sleep(Duration::from_millis(jitter)).await;
+        }
+        let Some(picked) = wp.balancer.pick(&backend.endpoints, &tried) else {
+            return Err(last);
+        };
+        tried.push(picked.addr);
+        log.attempts = attempt + 1;
+        log.dst_addr = Some(picked.addr);
+        log.dst_workload = Some(picked.workload.clone());
+        let Some(b) = body.take() else {
+            return Err(last);
+        };
+        let req = Request::from_parts(clone_parts(parts), b);
+        let ep = Endpoint { addr: picked.addr, identities: wp.config.load().state.expected_identities(&picked.workload, backend.service.as_deref()) };
+        let send = wp.upstreams.send(&ep, http2, req);
+        let r = match backend_timeout {
+            Some(t) => tokio::time::timeout(t, send).await.ok(),
+            None => Some(send.await),
+        };
+        let more = attempt + 1 < attempts;
+        match r {
+            None => {
+                picked.report(false);
+                last = LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", format!("upstream request timeout ({})", picked.addr));
+                if !(more && codes.contains(&504)) {
+                    return Err(last);
+                }
+            }
+            Some(Err(e)) => {
+                picked.report(false);
+                let flags = if e.is_connect() { "UF" } else { "UC" };
+                tracing::debug!(error = %e, attempt, "upstream attempt failed");
+                last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, flags, e.to_string());
+                // A request that never reached the app may always go elsewhere.
+                let retriable = matches!(e, UpstreamError::Connect { .. } | UpstreamError::Handshake { .. }) || codes.contains(&503);
+                if !(more && retriable) {
+                    return Err(last);
+                }
+            }
+            Some(Ok(resp)) => {
+                let status = resp.status();
+                picked.report(!status.is_server_error());
+                if more && codes.contains(&status.as_u16()) {
+                    last = LocalReply::new(status, "URX", format!("upstream answered {status}"));
+                    continue;
+                }
+                return Ok((resp, picked));
+            }
+        }
+    }
+    if attempts > 1 {
+        last.flags = "URX";
+    }
+    Err(last)
+}
+

@@ -1,0 +1,196 @@
+//! One access log line and the Istio request metrics per request.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::HeaderValue;
+use http::Method;
+use ztunnel::identity::Identity;
+use ztunnel::metrics::http::HttpLabels;
+use ztunnel::metrics::{Peer, TcpLabels};
+use ztunnel::state::{Service, Workload};
+
+use super::headers::{authority, header_bytes};
+use super::tunnel::Tunnel;
+use crate::config::Config;
+use crate::context::Waypoint;
+
+/// What the access log and metrics say about one request; written when the response
+/// body ends (or is dropped).
+pub struct RequestLog {
+    wp: Arc<Waypoint>,
+    start: Instant,
+    src_addr: SocketAddr,
+    src_identity: Identity,
+    src_workload: Option<Arc<Workload>>,
+    dst_service: Option<Arc<Service>>,
+    pub dst_workload: Option<Arc<Workload>>,
+    pub dst_addr: Option<SocketAddr>,
+    method: Method,
+    path: String,
+    host: String,
+    protocol: &'static str,
+    /// 0 until there is a response (Envoy's code for "no response sent").
+    pub status: u16,
+    /// As a label: 0-16 or `other` (the backend chooses it).
+    pub grpc_status: Option<&'static str>,
+    pub response_flags: &'static str,
+    route: Option<String>,
+    pub attempts: u32,
+    pub request_bytes: Arc<AtomicU64>,
+    request_header_bytes: u64,
+    audited_by: Vec<String>,
+    denied_by: Option<String>,
+    pub error: Option<String>,
+    /// Set once written; a log dropped unwritten is a request the client abandoned.
+    finished: bool,
+}
+
+impl RequestLog {
+    /// The log of a request just received: who sent it, and where to.
+    pub fn start(wp: Arc<Waypoint>, tunnel: &Tunnel, cfg: &Config, parts: &http::request::Parts, grpc: bool) -> RequestLog {
+        let src_workload = cfg
+            .state
+            .workload_by_ip(tunnel.src_addr.ip())
+            .filter(|w| w.identity() == tunnel.src_identity)
+            .cloned();
+        RequestLog {
+            wp,
+            start: Instant::now(),
+            src_addr: tunnel.src_addr,
+            src_identity: tunnel.src_identity.clone(),
+            src_workload,
+            dst_service: cfg.state.service_by_vip(tunnel.target.ip()).cloned(),
+            dst_workload: None,
+            dst_addr: None,
+            method: parts.method.clone(),
+            path: parts.uri.path().to_string(),
+            host: authority(parts),
+            protocol: if grpc { "grpc" } else { "http" },
+            status: 0,
+            grpc_status: None,
+            response_flags: "-",
+            route: None,
+            attempts: 0,
+            request_bytes: Arc::new(AtomicU64::new(0)),
+            request_header_bytes: header_bytes(&parts.headers),
+            audited_by: Vec::new(),
+            denied_by: None,
+            error: None,
+            finished: false,
+        }
+    }
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.response_flags = "DC";
+            self.error.get_or_insert_with(|| "client went away before the response".into());
+            self.status = 0;
+            self.write(0);
+        }
+    }
+}
+
+impl RequestLog {
+    pub fn finish(mut self, response_bytes: u64) {
+        self.write(response_bytes);
+    }
+
+    fn write(&mut self, response_bytes: u64) {
+        self.finished = true;
+        let wp = &self.wp;
+        let dst_identity = self.dst_workload.as_ref().map(|w| w.identity());
+        let mut peers = TcpLabels::new(
+            "waypoint",
+            Peer { workload: self.src_workload.as_deref(), identity: Some(&self.src_identity) },
+            Peer { workload: self.dst_workload.as_deref(), identity: dst_identity.as_ref() },
+            self.dst_service.as_deref(),
+            true,
+        );
+        peers.request_protocol = self.protocol;
+        peers.response_flags = self.response_flags;
+        let labels = HttpLabels {
+            peers,
+            response_code: self.status,
+            grpc_response_status: self.grpc_status.unwrap_or_default(),
+        };
+        let duration = self.start.elapsed();
+        let request_bytes = self.request_header_bytes + self.request_bytes.load(Ordering::Relaxed);
+        wp.http_metrics.record(&labels, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes);
+        tracing::info!(
+            src.addr = %self.src_addr,
+            src.identity = %self.src_identity,
+            src.workload = self.src_workload.as_ref().map(|w| w.name.as_str()),
+            dst.service = self.dst_service.as_ref().map(|s| s.hostname.as_str()),
+            dst.workload = self.dst_workload.as_ref().map(|w| w.name.as_str()),
+            dst.addr = self.dst_addr.map(|a| a.to_string()),
+            protocol = self.protocol,
+            method = %self.method,
+            host = %self.host,
+            path = %self.path,
+            status = self.status,
+            grpc_status = self.grpc_status,
+            response_flags = self.response_flags,
+            route = self.route.as_deref(),
+            attempts = self.attempts,
+            bytes_recv = request_bytes,
+            bytes_sent = response_bytes,
+            duration_ms = duration.as_millis() as u64,
+            authz.denied_by = self.denied_by.as_deref(),
+            authz.audited_by = (!self.audited_by.is_empty()).then(|| self.audited_by.join(",")),
+            error = self.error.as_deref(),
+            "request complete"
+        );
+    }
+}
+
+/// What the plan step learned about a request, for its log line.
+#[derive(Default)]
+pub struct Notes {
+    /// The normalized path, once normalization succeeded.
+    pub path: Option<String>,
+    /// `namespace/name#rule` of the matched route rule.
+    pub route: Option<String>,
+    pub audited_by: Vec<String>,
+    pub denied_by: Option<String>,
+    /// The backend service the route picked (else the log keeps the addressed one).
+    pub backend_service: Option<Arc<Service>>,
+}
+
+impl RequestLog {
+    pub fn note(&mut self, n: Notes) {
+        if let Some(p) = n.path {
+            self.path = p;
+        }
+        self.route = n.route;
+        self.audited_by = n.audited_by;
+        self.denied_by = n.denied_by;
+        if let Some(s) = n.backend_service {
+            self.dst_service = Some(s);
+        }
+    }
+}
+
+/// The backend's `grpc-status` as a metric label (bounded: 0-16 or `other`).
+pub fn grpc_status_label(v: &HeaderValue) -> &'static str {
+    v.to_str().map_or("other", ztunnel::metrics::http::grpc_status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_grpc_status_becomes_a_bounded_label() {
+        assert_eq!(grpc_status_label(&HeaderValue::from_static("14")), "14");
+        assert_eq!(grpc_status_label(&HeaderValue::from_static("0")), "0");
+        for v in ["17", "deadbeef", "1 ", "00"] {
+            assert_eq!(grpc_status_label(&HeaderValue::from_static(v)), "other", "{v}");
+        }
+        assert_eq!(grpc_status_label(&HeaderValue::from_bytes(b"\xff").unwrap()), "other");
+    }
+}

@@ -1,0 +1,84 @@
+//! Request mirroring: a copy of the request goes to each mirror backend and is
+//! forgotten (Envoy's shadowing).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::Request;
+use http_body_util::BodyExt;
+
+use super::backend::Backend;
+use super::body::full;
+use super::headers::clone_parts;
+use super::plan::Mirrors;
+use crate::config::Config;
+use crate::context::Waypoint;
+use crate::route;
+use crate::upstream::{Endpoint, UpstreamError};
+
+/// Mirrored requests in flight at once; more are skipped.
+pub const MAX_MIRRORS_IN_FLIGHT: usize = 256;
+const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
+/// A mirror's response is read (to reuse its connection) up to this size, then dropped.
+const MIRROR_MAX_RESPONSE: usize = 1 << 20;
+
+/// Sends the request (head as planned, `body` buffered) to every mirror of the plan.
+pub fn mirror_all(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, parts: &http::request::Parts, body: &Bytes) {
+    for m in &mirrors.to {
+        mirror(wp, cfg, mirrors, m, parts, body.clone());
+    }
+}
+
+/// Sends a copy of the request to the mirror backend and forgets it (Envoy's shadowing:
+/// the Host gets a `-shadow` suffix, the response is dropped).
+fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::RequestMirror, parts: &http::request::Parts, body: Bytes) {
+    let &Mirrors { ref host, port, route_ns, http2, .. } = mirrors;
+    if !m.sampled(rand::random::<f64>()) {
+        return;
+    }
+    let name = m.service(route_ns.unwrap_or_default());
+    let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
+        return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
+    };
+    let backend = Backend::service(cfg, svc, m.backend_ref.port.unwrap_or(port));
+    let mut parts = clone_parts(parts);
+    let shadow = format!("{host}-shadow");
+    if http2 {
+        if let Ok(u) = format!("http://{shadow}{}", parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")).parse() {
+            parts.uri = u;
+        }
+    } else if let Ok(v) = HeaderValue::from_str(&shadow) {
+        parts.headers.insert(header::HOST, v);
+    }
+    // Mirrors are best effort and must not pile up behind a slow mirror backend.
+    let Ok(slot) = wp.mirror_slots.clone().try_acquire_owned() else {
+        return tracing::debug!("mirror skipped: too many mirrored requests in flight");
+    };
+    let wp = wp.clone();
+    tokio::spawn(async move {
+        let _slot = slot;
+        let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
+        let ep = Endpoint { addr: picked.addr, identities: wp.config.load().state.expected_identities(&picked.workload, backend.service.as_deref()) };
+        let exchange = async {
+            let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
+            // Read (and drop) the response so the connection can be reused, up to a cap.
+            let mut body = resp.into_body();
+            let mut read = 0usize;
+            while let Some(Ok(frame)) = body.frame().await {
+                read += frame.data_ref().map_or(0, |d| d.len());
+                if read > MIRROR_MAX_RESPONSE {
+                    break;
+                }
+            }
+            Ok::<_, UpstreamError>(())
+        };
+        match tokio::time::timeout(MIRROR_TIMEOUT, exchange).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!(error = %e, "mirrored request failed"),
+            Err(_) => tracing::debug!("mirrored request timed out"),
+        }
+    });
+}
+

@@ -1,0 +1,304 @@
+//! The plan step: from the request head, the tunnel and one config snapshot, decide
+//! everything before a byte goes upstream (authorization, route, filters, backend,
+//! retries, timeouts, mirrors) or the local reply that ends the request here.
+
+use std::time::Duration;
+
+use http::header::{self, HeaderValue};
+use http::{Method, StatusCode, Uri};
+use ztunnel::identity::Identity;
+use ztunnel::state::{Protocol as MeshProtocol, Service};
+
+use super::backend::Backend;
+use super::headers::{authority, set_trusted_headers, strip_hop_by_hop, strip_port};
+use super::log::Notes;
+use super::reply::LocalReply;
+use super::tunnel::Tunnel;
+use crate::config::Config;
+use crate::detect::Protocol;
+use crate::object::{ObjectName, Target};
+use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
+use crate::authz;
+use crate::path;
+
+/// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
+pub struct Inbound<'a> {
+    /// The waypoint's Gateway (policies and routes attach to it).
+    pub gateway: &'a ObjectName,
+    /// The waypoint's own identity (`x-forwarded-client-cert: By=`).
+    pub identity: &'a Identity,
+    pub tunnel: &'a Tunnel,
+    pub cfg: &'a Config,
+    pub proto: Protocol,
+}
+
+/// How to send one request: the request head is already rewritten for the backend.
+pub struct Plan<'c> {
+    pub backend: Backend,
+    pub http2: bool,
+    pub retry: Option<&'c Retry>,
+    pub timeouts: Timeouts,
+    pub mirrors: Mirrors<'c>,
+    /// The route's response header modifiers, applied to the backend's response.
+    pub response_modifiers: Vec<&'c HeaderModifier>,
+}
+
+/// The route rule's timeouts (none without a route).
+#[derive(Default)]
+pub struct Timeouts {
+    /// The whole exchange, retries included.
+    pub request: Option<Duration>,
+    /// Each attempt.
+    pub backend: Option<Duration>,
+}
+
+/// The route's mirrors and what a mirrored request needs from the original.
+pub struct Mirrors<'c> {
+    pub to: Vec<&'c RequestMirror>,
+    /// The request's host, port stripped (the mirror's gets `-shadow`).
+    pub host: String,
+    /// The port the client addressed (a mirror backendRef without a port uses it).
+    pub port: u16,
+    /// The route's namespace (a mirror backendRef without one is in it).
+    pub route_ns: Option<&'c str>,
+    pub http2: bool,
+}
+
+fn object_name(s: &Service) -> ObjectName {
+    ObjectName { namespace: s.namespace.clone(), name: s.name.clone() }
+}
+
+/// Checks, normalizes and rewrites the request head (`parts`) and plans its sending,
+/// or says which local reply it gets. `notes` gets what the log line reports.
+pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Plan<'c>, LocalReply> {
+    let (cfg, tunnel) = (inb.cfg, inb.tunnel);
+    let target_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
+    let host_full = authority(parts);
+
+    // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
+    if parts.method == Method::CONNECT {
+        return Err(LocalReply::new(StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint"));
+    }
+    // Host policies and routes need a host: without Host or :authority (HTTP/1.0, or an
+    // HTTP/2 request without it) there is none to check, so the request is refused.
+    if host_full.is_empty() {
+        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "the request has no Host or :authority"));
+    }
+    // `user@host` would match host policies as one string and reach the backend as another.
+    if host_full.contains('@') {
+        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "userinfo in the request authority is not allowed"));
+    }
+    // One normalized path for policy, routing and the backend alike.
+    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let (norm_path, query) = match path::normalize_path_and_query(pq) {
+        Ok(x) => x,
+        Err(e) => return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", format!("bad request path: {e}"))),
+    };
+    notes.path = Some(norm_path.clone());
+    let host = strip_port(&host_full).to_ascii_lowercase();
+    // Headers as the backend will get them, before policy and routes look at them: a
+    // client's `Connection: x-foo` must not remove a header after it was authorized or
+    // set by a route, and identity headers are the waypoint's.
+    strip_hop_by_hop(&mut parts.headers);
+    set_trusted_headers(&mut parts.headers, inb.identity, &tunnel.src_identity, tunnel.src_addr.ip());
+
+    let target_name = target_service.as_deref().map(object_name);
+    let target = Target { gateway: inb.gateway, service: target_name.as_ref(), port: tunnel.target.port() };
+
+    let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
+    if !policies.is_empty() {
+        let verdict = authz::evaluate(
+            policies,
+            &authz::Request {
+                source_principal: Some(&tunnel.src_identity),
+                source_ip: tunnel.src_addr.ip(),
+                destination_port: tunnel.target.port(),
+                host: &host_full,
+                method: parts.method.as_str(),
+                path: &norm_path,
+                headers: &parts.headers,
+            },
+        );
+        notes.audited_by = verdict.audited_by;
+        if !verdict.allowed {
+            notes.denied_by = verdict.denied_by;
+            return Err(LocalReply::new(StatusCode::FORBIDDEN, "DENY", "RBAC: access denied"));
+        }
+    }
+
+    let routes: Vec<&route::HttpRoute> = cfg.routes.iter().collect();
+    let rreq = RouteRequest { method: &parts.method, path: &norm_path, query: query.as_deref(), headers: &parts.headers, host: &host };
+    let selected = match route::select(&routes, &target, &rreq) {
+        route::Selection::NoRoutes => None,
+        route::Selection::NoMatch => return Err(LocalReply::new(StatusCode::NOT_FOUND, "NR", "no route matched")),
+        route::Selection::Matched(s) => Some(s),
+    };
+    if let Some(s) = &selected {
+        notes.route = Some(format!("{}/{}#{}", s.route.namespace, s.route.name, s.rule_index));
+    }
+
+    let mut up_path = norm_path.clone();
+    let mut up_host = host_full.clone();
+    let mut response_modifiers = Vec::new();
+    let mut mirrors = Vec::new();
+    if let Some(Selected { rule, matched_prefix, .. }) = &selected {
+        for f in &rule.filters {
+            match f {
+                Filter::RequestHeaderModifier(m) => m.apply(&mut parts.headers),
+                Filter::ResponseHeaderModifier(m) => response_modifiers.push(m),
+                Filter::UrlRewrite(rw) => rw.apply(&mut up_host, &mut up_path, *matched_prefix),
+                Filter::RequestMirror(m) => mirrors.push(m),
+                Filter::RequestRedirect(r) => {
+                    // The request's port: from Host, else the service port it was sent to.
+                    let port = host_full.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).or(Some(tunnel.target.port()));
+                    let (status, location) = r.location("http", &host, port, &norm_path, query.as_deref(), *matched_prefix);
+                    return Err(LocalReply { redirect: Some(location), ..LocalReply::new(status, "-", "") });
+                }
+            }
+        }
+    }
+
+    // The backend: the route's weighted pick, else (no route, or a rule without
+    // backendRefs) the service or workload the client addressed.
+    let backend = match selected.as_ref().filter(|s| !s.rule.backend_refs.is_empty()) {
+        Some(s) => {
+            let Some(b) = s.rule.pick_backend(rand::random()) else {
+                return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "NR", "route has no backend with weight"));
+            };
+            let name = b.service(&s.route.namespace);
+            let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
+                return Err(LocalReply::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "NR",
+                    format!("backend service {}/{} not found", name.namespace, name.name),
+                ));
+            };
+            Backend::service(cfg, svc, b.backend.port.unwrap_or(tunnel.target.port()))
+        }
+        None => match &target_service {
+            Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
+            None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
+                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())] },
+                _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
+            },
+        },
+    };
+    notes.backend_service = backend.service.clone();
+    if backend.endpoints.is_empty() {
+        return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream"));
+    }
+
+    // Upstream request head: the normalized (maybe rewritten) path.
+    let pq = match &query {
+        Some(q) => format!("{up_path}?{q}"),
+        None => up_path,
+    };
+    let http2 = inb.proto == Protocol::Http2;
+    let uri = if http2 { format!("http://{up_host}{pq}") } else { pq };
+    let Ok(uri) = uri.parse::<Uri>() else {
+        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
+    };
+    if http2 {
+        parts.headers.remove(header::HOST);
+    } else if let Ok(v) = HeaderValue::from_str(&up_host) {
+        parts.headers.insert(header::HOST, v);
+    }
+    parts.uri = uri;
+    parts.version = if http2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
+
+    let rule = selected.as_ref().map(|s| s.rule);
+    Ok(Plan {
+        backend,
+        http2,
+        retry: rule.and_then(|r| r.retry.as_ref()),
+        timeouts: rule.map(|r| Timeouts { request: r.request_timeout(), backend: r.backend_timeout() }).unwrap_or_default(),
+        mirrors: Mirrors {
+            to: mirrors,
+            host,
+            port: tunnel.target.port(),
+            route_ns: selected.as_ref().map(|s| s.route.namespace.as_str()),
+            http2,
+        },
+        response_modifiers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use http::Request;
+
+    use super::*;
+
+    const MESH: &str = "workloads:\n\
+        - {uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2], protocol: HBONE, node: node1, services: {default/echo.default.svc.cluster.local: {80: 8080}}}\n\
+        services:\n\
+        - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {80: 8080}}\n";
+    const SVC: &str = "parentRefs: [{kind: Service, group: \"\", name: echo}]";
+
+    fn plan(l7: &str, req: Request<()>) -> (Result<(), LocalReply>, Notes, http::request::Parts) {
+        let cfg = Config::parse(Path::new("t.yaml"), &format!("{MESH}{l7}")).expect("test config");
+        let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
+        let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
+        let tunnel = Tunnel {
+            src_identity: "spiffe://cluster.local/ns/default/sa/client".parse().expect("identity"),
+            src_addr: "10.0.0.1:40000".parse().expect("addr"),
+            target: "10.96.0.10:80".parse().expect("addr"),
+        };
+        let inb = Inbound { gateway: &gateway, identity: &identity, tunnel: &tunnel, cfg: &cfg, proto: Protocol::Http1 };
+        let (mut parts, ()) = req.into_parts();
+        let mut notes = Notes::default();
+        let r = build(&inb, &mut parts, &mut notes).map(|p| {
+            assert_eq!(p.backend.endpoints.len(), 1);
+            assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
+        });
+        (r, notes, parts)
+    }
+
+    fn get(path: &str) -> Request<()> {
+        Request::get(path).header("host", "echo.default.svc.cluster.local").body(()).expect("request")
+    }
+
+    fn status(r: &Result<(), LocalReply>) -> Option<(u16, &'static str)> {
+        r.as_ref().err().map(|e| (e.status.as_u16(), e.flags))
+    }
+
+    #[test]
+    fn without_routes_the_addressed_service_gets_the_normalized_path() {
+        let (r, notes, parts) = plan("", get("/a/./b/../c?x=1"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(parts.uri, "/a/c?x=1");
+        assert_eq!(notes.path.as_deref(), Some("/a/c"));
+        assert_eq!(notes.backend_service.map(|s| s.name.clone()).as_deref(), Some("echo"));
+        assert!(parts.headers.contains_key("x-forwarded-client-cert"));
+    }
+
+    #[test]
+    fn a_deny_policy_gives_403() {
+        let l7 = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{}]}\n";
+        let (r, notes, _) = plan(l7, get("/"));
+        assert_eq!(status(&r), Some((403, "DENY")));
+        assert_eq!(notes.denied_by.as_deref(), Some("default/p"));
+    }
+
+    #[test]
+    fn no_matching_route_gives_404() {
+        let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: PathPrefix, value: /api}}}}]}}]}}\n");
+        let (r, notes, _) = plan(&l7, get("/other"));
+        assert_eq!(status(&r), Some((404, "NR")));
+        let (r, notes_api, _) = plan(&l7, get("/api/x"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!((notes.route, notes_api.route.as_deref()), (None, Some("default/echo#0")));
+    }
+
+    #[test]
+    fn unproxiable_requests_are_refused() {
+        let connect = Request::connect("echo:80").body(()).expect("request");
+        assert_eq!(status(&plan("", connect).0), Some((405, "-")));
+        let no_host = Request::get("/").body(()).expect("request");
+        assert_eq!(status(&plan("", no_host).0), Some((400, "-")));
+        let userinfo = Request::get("/").header("host", "u@echo").body(()).expect("request");
+        assert_eq!(status(&plan("", userinfo).0), Some((400, "-")));
+    }
+}

@@ -1,0 +1,104 @@
+//! Replies the waypoint makes itself (denied, no route, no upstream, timeout...), as
+//! plain text or, to gRPC clients, as a gRPC status.
+
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt;
+
+use super::body::{empty, full, Metered};
+use super::log::RequestLog;
+use crate::upstream::Body;
+
+/// A reply decided before anything was sent upstream (or after every attempt failed).
+#[derive(Debug)]
+pub struct LocalReply {
+    pub status: StatusCode,
+    /// Envoy's response flags for the log (`DENY`, `NR`, `UH`...).
+    pub flags: &'static str,
+    pub message: String,
+    /// A route's redirect: the reply is plain HTTP (even to gRPC clients) with this
+    /// `Location`.
+    pub redirect: Option<String>,
+}
+
+impl LocalReply {
+    pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
+        LocalReply { status, flags, message: message.into(), redirect: None }
+    }
+
+    /// The response, which writes `log` when it has been sent.
+    pub fn send(self, log: RequestLog, grpc: bool) -> Response<Body> {
+        let Some(location) = self.redirect else {
+            return local_reply(log, grpc, self.status, self.flags, &self.message);
+        };
+        let mut resp = local_reply(log, false, self.status, self.flags, &self.message);
+        if let Ok(v) = HeaderValue::from_str(&location) {
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+        resp
+    }
+}
+
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/grpc"))
+}
+
+/// HTTP status -> gRPC status for locally generated replies to gRPC clients (the
+/// mapping Envoy uses).
+fn grpc_status_for(status: StatusCode) -> u8 {
+    match status.as_u16() {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502..=504 => 14,
+        _ => 2,
+    }
+}
+
+/// A reply made by the waypoint itself (denied, no route, no upstream, timeout...).
+fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'static str, message: &str) -> Response<Body> {
+    log.status = status.as_u16();
+    log.response_flags = flags;
+    let mut resp = if grpc {
+        // gRPC clients read errors from grpc-status, in a trailers-only response (HTTP
+        // 200 on the wire, which is what Istio's metrics report too).
+        let code = grpc_status_for(status);
+        log.grpc_status = Some(ztunnel::metrics::http::grpc_status(&code.to_string()));
+        log.status = 200;
+        let mut r = Response::new(empty());
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        r.headers_mut().insert("grpc-status", HeaderValue::from(u16::from(code)));
+        if let Ok(v) = HeaderValue::from_str(message) {
+            r.headers_mut().insert("grpc-message", v);
+        }
+        r
+    } else {
+        let mut r = Response::new(full(format!("{message}\n")));
+        *r.status_mut() = status;
+        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        r
+    };
+    let bytes = if grpc { 0 } else { message.len() as u64 + 1 };
+    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(bytes));
+    if grpc {
+        resp.headers_mut().remove(header::CONTENT_LENGTH);
+    }
+    resp.map(|b| Metered::new(b, log, None).boxed())
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_local_replies_map_status() {
+        assert_eq!(grpc_status_for(StatusCode::FORBIDDEN), 7);
+        assert_eq!(grpc_status_for(StatusCode::SERVICE_UNAVAILABLE), 14);
+        assert_eq!(grpc_status_for(StatusCode::NOT_FOUND), 12);
+    }
+}

@@ -1,0 +1,15 @@
+//! The tunnel a request arrived in: what every step knows about its client.
+
+use std::net::SocketAddr;
+
+use ztunnel::identity::Identity;
+
+/// The tunnel a request arrived in.
+pub struct Tunnel {
+    /// Verified mTLS identity of the HBONE peer (the client's ztunnel speaks as the client).
+    pub src_identity: Identity,
+    /// The HBONE peer's address: in ambient, the client pod's own IP.
+    pub src_addr: SocketAddr,
+    /// The CONNECT target: a service VIP:port or a workload ip:port.
+    pub target: SocketAddr,
+}
