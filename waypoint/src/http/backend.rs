@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use ztunnel::state::{HealthStatus, Protocol as MeshProtocol, Service, Workload};
+use ztunnel::state::{Service, Workload};
 
 use crate::config::Config;
 
@@ -19,9 +19,8 @@ impl Backend {
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
         let endpoints = cfg
             .state
-            .endpoints_for(svc, port)
+            .healthy_hbone_endpoints(svc, port)
             .into_iter()
-            .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == MeshProtocol::HBONE)
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();
         Backend { service: Some(svc.clone()), endpoints }
