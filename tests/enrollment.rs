@@ -265,3 +265,72 @@ async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
     assert!(leftovers(&topo, server)?.is_empty() && leftovers(&topo, client)?.is_empty());
     Ok(())
 }
+
+/// istio-cni re-sends an Add for a known pod uid with a new netns when the pod's sandbox
+/// is recreated (no Del in between): the proxy moves to the new netns. The same Add again
+/// (same netns) changes nothing. The test plays the CNI agent itself, on ZDS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_added_again_with_a_new_netns_moves_its_proxy() -> Result<()> {
+    use ztunnel::zds::{AddWorkload, Payload, SnapshotSent, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
+
+    let topo = Topology::build(&prefix("ra"), &[1])?;
+    let pod = topo.pod("n1p1");
+    let cfg = topo.dir.join("mesh.yaml");
+    std::fs::write(&cfg, format!("workloads:\n{}", workload(&topo, "n1p1", "server", "")))?;
+    let socket = topo.dir.join("agent.sock");
+    let agent = ztunnel::zds::server::listen(&socket)?;
+    let log = topo.dir.join("ztunnel.log");
+    let mut args = vec![
+        "--local-xds-path".to_string(), cfg.display().to_string(),
+        "--node-name".into(), "node1".into(),
+        "--state-dir".into(), topo.dir.join("ca").display().to_string(),
+        "--zds-socket".into(), socket.display().to_string(),
+    ];
+    args.extend(topo.capture_args(1));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &log)?;
+    let sock = tokio::time::timeout(READY, agent.accept()).await??;
+    let _hello: (ZdsHello, _) = sock.recv().await?;
+
+    let add = |netns: &std::path::Path| -> Result<(WorkloadRequest, std::fs::File)> {
+        let info = WorkloadInfo { name: "n1p1".into(), namespace: "default".into(), service_account: "server".into() };
+        let req = WorkloadRequest { payload: Some(Payload::Add(AddWorkload { uid: "n1p1".into(), workload_info: Some(info) })) };
+        Ok((req, std::fs::File::open(netns)?))
+    };
+    let ack = |resp: WorkloadResponse| format!("{:?}", resp.payload);
+    let request = |req: WorkloadRequest, fd: Option<std::fs::File>| {
+        let sock = &sock;
+        async move {
+            sock.send(&req, fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd)).await?;
+            let (resp, _): (WorkloadResponse, _) = tokio::time::timeout(READY, sock.recv()).await??;
+            anyhow::Ok(resp)
+        }
+    };
+    let ok = "Some(Ack(Ack { error: \"\" }))";
+    let (req, fd) = add(&pod.netns.path())?;
+    assert_eq!(ack(request(req, Some(fd)).await?), ok);
+    assert_eq!(ack(request(WorkloadRequest { payload: Some(Payload::SnapshotSent(SnapshotSent {})) }, None).await?), ok);
+    z.wait_log("ZDS snapshot applied", READY)?;
+    let listens = |ns: &Netns| ns.exec("ss", &["-Hltn"]).map(|s| s.contains(":15008 ")).unwrap_or(false);
+    assert!(listens(&pod.netns), "enrolled in its first netns");
+
+    // The recreated sandbox: a fresh netns (removed with the topology's prefix).
+    let fresh = Netns { name: format!("{}-recreated", topo.prefix) };
+    sh("ip", &["netns", "add", &fresh.name])?;
+    sh("ip", &["-n", &fresh.name, "link", "set", "lo", "up"])?;
+    let (req, fd) = add(&fresh.path())?;
+    assert_eq!(ack(request(req, Some(fd)).await?), ok);
+    assert!(listens(&fresh), "the proxy listens in the new netns once the Add is answered");
+    wait_for("the old netns released", Duration::from_secs(10), || !listens(&pod.netns))?;
+    assert!(z.log_text().contains("sandbox recreated"), "{}", z.log_text());
+    let left = leftovers(&topo, pod)?;
+    let in_old_netns: Vec<&String> = left.iter().filter(|l| l.contains("listener") || l.contains("nft") || l.contains("sk_lookup")).collect();
+    assert!(in_old_netns.is_empty(), "the old netns keeps {in_old_netns:?}");
+
+    // The same Add again (the same netns, opened anew): nothing changes.
+    let (req, fd) = add(&fresh.path())?;
+    assert_eq!(ack(request(req, Some(fd)).await?), ok);
+    assert_eq!(count(&z.log_text(), "pod enrolled"), 2, "{}", z.log_text());
+    assert!(listens(&fresh));
+    Ok(())
+}

@@ -136,6 +136,14 @@ impl InPodNetns {
         NetnsError::Socket { name: self.name.to_string(), source }
     }
 
+    /// Whether both handles name the same network namespace (same nsfs inode), however
+    /// they were opened.
+    pub fn same_as(&self, other: &InPodNetns) -> bool {
+        let id = |n: &InPodNetns| nix::sys::stat::fstat(n.fd.as_fd()).ok().map(|st| (st.st_dev, st.st_ino));
+        // A handle we cannot stat is never taken for the other: replacing costs a re-enrollment, mixing them up a pod.
+        matches!((id(self), id(other)), (Some(a), Some(b)) if a == b)
+    }
+
     /// The kernel's unique id for this netns (SO_NETNS_COOKIE), as eBPF programs see it.
     pub fn cookie(&self) -> Result<u64, NetnsError> {
         let s = self

@@ -20,6 +20,11 @@ impl Pods {
         self.0.lock().await.contains_key(uid)
     }
 
+    /// For an enrolled pod, whether it was enrolled in `netns`; None if not enrolled.
+    pub async fn enrolled_in(&self, uid: &WorkloadUid, netns: &InPodNetns) -> Option<bool> {
+        self.0.lock().await.get(uid).map(|p| p.pod.netns.same_as(netns))
+    }
+
     pub async fn insert(&self, uid: WorkloadUid, pod: EnrolledPod) {
         self.0.lock().await.insert(uid, pod);
     }

@@ -121,8 +121,16 @@ async fn add_pod(
     info: Option<WorkloadInfo>,
     fd: std::os::fd::OwnedFd,
 ) -> Result<(), String> {
-    if pods.contains(&uid).await {
-        return Ok(());
+    let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
+    match pods.enrolled_in(&uid, &netns).await {
+        // The agent repeating itself (a reconnect, a retried Add): nothing to do.
+        Some(true) => return Ok(()),
+        // The pod's sandbox was recreated: its old netns is gone or going, so is its proxy.
+        Some(false) => {
+            tracing::info!(uid = %uid, "pod added again with a new network namespace (sandbox recreated); replacing its proxy");
+            remove_pod(pods, &uid).await;
+        }
+        None => {}
     }
     let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
     let _pending = inputs.metrics.workload_manager.pending();
@@ -132,7 +140,6 @@ async fn add_pod(
     if let Some(info) = &info {
         check_workload_info(&uid, info, &wl)?;
     }
-    let netns = InPodNetns::from_fd(fd, &format!("pod {uid}"));
     let pod = enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;
     pods.insert(uid, pod).await;
     Ok(())

@@ -66,7 +66,11 @@ fn read_pods(dir: &Path) -> BTreeMap<String, PodSpec> {
     out
 }
 
-fn listen(path: &Path) -> Result<AsyncFd<std::os::fd::OwnedFd>, ZdsError> {
+/// The agent's listening socket (what node proxies connect to).
+pub struct Listener(AsyncFd<std::os::fd::OwnedFd>);
+
+/// Listens on `path` as istio-cni's agent does (replacing a stale socket file).
+pub fn listen(path: &Path) -> Result<Listener, ZdsError> {
     let err = |source| ZdsError::Listen { path: path.display().to_string(), source };
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
@@ -76,7 +80,21 @@ fn listen(path: &Path) -> Result<AsyncFd<std::os::fd::OwnedFd>, ZdsError> {
         .map_err(err)?;
     socket::bind(fd.as_raw_fd(), &UnixAddr::new(path).map_err(err)?).map_err(err)?;
     socket::listen(&fd, socket::Backlog::new(8).map_err(err)?).map_err(err)?;
-    Ok(register(fd)?)
+    Ok(Listener(register(fd)?))
+}
+
+impl Listener {
+    /// The next node proxy's connection.
+    pub async fn accept(&self) -> Result<SeqPacket, ZdsError> {
+        loop {
+            let mut guard = self.0.readable().await?;
+            match guard.try_io(|fd| socket::accept4(fd, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK).map_err(std::io::Error::from)) {
+                Ok(Ok(owned)) => return SeqPacket::from_fd(owned),
+                Ok(Err(e)) => return Err(ZdsError::Io(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
 }
 
 /// Serves node proxies, forever.
@@ -84,19 +102,9 @@ pub async fn serve(socket_path: &Path, pods_dir: &Path) -> Result<(), ZdsError> 
     let listener = listen(socket_path)?;
     tracing::info!(socket = %socket_path.display(), pods = %pods_dir.display(), "CNI agent (ZDS server) listening");
     loop {
-        let conn = loop {
-            let mut guard = listener.readable().await?;
-            match guard.try_io(|fd| {
-                socket::accept4(fd, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK).map_err(std::io::Error::from)
-            }) {
-                Ok(Ok(owned)) => break owned,
-                Ok(Err(e)) => return Err(ZdsError::Io(e)),
-                Err(_) => continue,
-            }
-        };
         // Serve each connection on its own: an old session of a proxy that died quietly
         // must not keep its replacement waiting.
-        let sock = SeqPacket::from_fd(conn)?;
+        let sock = listener.accept().await?;
         let dir = pods_dir.to_path_buf();
         tokio::spawn(async move {
             match session(sock, &dir).await {
