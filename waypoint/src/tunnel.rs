@@ -23,7 +23,7 @@ use crate::object::{ObjectName, Target};
 /// VIP (random, weighted by capacity), or the workload with that address.
 fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
     if let Some(svc) = state.service_by_vip(target.ip()) {
-        let eps = state.healthy_hbone_endpoints(svc, target.port());
+        let eps = state.usable_hbone_endpoints(svc, target.port());
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
     }
     let wl = state.workload_by_ip(target.ip())?;

@@ -18,7 +18,7 @@ mod waypoint_tests;
 
 pub use self::address::{HboneAddress, NetworkAddress};
 pub use self::workload::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.
@@ -32,6 +32,8 @@ pub struct MeshState {
     workload_by_ip: HashMap<IpAddr, Arc<Workload>>,
     services: HashMap<NamespacedHostname, Arc<Service>>,
     service_by_vip: HashMap<IpAddr, Arc<Service>>,
+    /// CIDR VIPs, longest prefix first (looked up when no exact VIP matches).
+    service_by_cidr: Vec<(crate::cidr::Cidr, Arc<Service>)>,
     /// (namespace, name) -> service: what HTTPRoute backendRefs name.
     service_by_name: HashMap<(String, String), Arc<Service>>,
     /// endpoints of each service: workload uid -> port map (service port -> target port)
@@ -105,6 +107,7 @@ impl MeshState {
                     }
                 }
             }
+            st.service_by_cidr.extend(svc.cidr_vips.iter().map(|c| (*c, svc.clone())));
             st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
             st.services.insert(key, svc);
         }
@@ -134,6 +137,8 @@ impl MeshState {
         for p in policies {
             st.policies.insert(p.key(), Arc::new(p));
         }
+        // Stable: among equal prefixes, the earlier (stronger) service wins.
+        st.service_by_cidr.sort_by_key(|(c, _)| std::cmp::Reverse(c.0.prefix_len()));
         Ok(st)
     }
 
@@ -204,7 +209,7 @@ impl MeshState {
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let eps = self.healthy_hbone_endpoints(svc, gw.hbone_mtls_port);
+        let eps = self.usable_hbone_endpoints(svc, gw.hbone_mtls_port);
         // The waypoint Service may not list the HBONE port; any of its workloads will do.
         let eps = if eps.is_empty() {
             self.endpoints
@@ -232,7 +237,9 @@ impl MeshState {
     }
 
     pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
-        self.service_by_vip.get(&ip)
+        self.service_by_vip
+            .get(&ip)
+            .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.contains(ip)).map(|(_, s)| s))
     }
 
     /// Endpoints of a service that serve `service_port`, with the target port on each.
@@ -253,17 +260,20 @@ impl MeshState {
             .collect()
     }
 
-    /// The endpoints of `svc` a connection to `service_port` may go to: healthy ones,
-    /// with their target ports.
-    pub fn healthy_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+    /// The endpoints of `svc` a connection to `service_port` may go to, with their
+    /// target ports: healthy ones (all of them under health policy ALLOW_ALL).
+    pub fn usable_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
         let mut eps = self.endpoints_for(svc, service_port);
-        eps.retain(|(w, _)| w.status == HealthStatus::Healthy);
+        let allow_all = svc.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
+        if !allow_all {
+            eps.retain(|(w, _)| w.status == HealthStatus::Healthy);
+        }
         eps
     }
 
     /// The healthy endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
-    pub fn healthy_hbone_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
-        let mut eps = self.healthy_endpoints(svc, service_port);
+    pub fn usable_hbone_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+        let mut eps = self.usable_endpoints(svc, service_port);
         eps.retain(|(w, _)| w.protocol == Protocol::HBONE);
         eps
     }

@@ -19,7 +19,7 @@ impl Backend {
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
         let endpoints = cfg
             .state
-            .healthy_hbone_endpoints(svc, port)
+            .usable_hbone_endpoints(svc, port)
             .into_iter()
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();

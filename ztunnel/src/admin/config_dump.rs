@@ -112,6 +112,15 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     m.insert("subjectAltNames".into(), json!(s.subject_alt_names));
     insert_unless_default(&mut m, "waypoint", s.waypoint.as_ref().map_or(Value::Null, gateway));
     insert_unless_default(&mut m, "ipFamilies", ip_families);
+    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| format!("/{}", c.0)).collect::<Vec<_>>()));
+    if let Some(lb) = &s.load_balancer {
+        // Istio's serde shape: variant names as strings.
+        let scopes: Vec<String> = lb.routing_preferences.iter().map(|p| format!("{p:?}")).collect();
+        m.insert(
+            "loadBalancer".into(),
+            json!({ "routingPreferences": scopes, "mode": format!("{:?}", lb.mode), "healthPolicy": format!("{:?}", lb.health_policy) }),
+        );
+    }
     m.insert("canonical".into(), json!(false));
     m.insert("visibility".into(), json!("Public"));
     Value::Object(m)

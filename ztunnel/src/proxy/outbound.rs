@@ -18,7 +18,7 @@ use crate::metrics::{Peer, TcpLabels};
 use crate::netns::{captured_destination, reset};
 use crate::ports;
 use crate::relay::{copy_tcp, copy_tcp_h2, CopyError};
-use crate::state::{MeshState, Protocol, Service, Workload};
+use crate::state::{LoadBalancerMode, MeshState, Protocol, Service, Workload};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
     while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
@@ -96,7 +96,12 @@ fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
         if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, Some(svc))) {
             return r;
         }
-        let eps = state.healthy_endpoints(svc, dst.port());
+        // PASSTHROUGH: the service names the traffic (waypoint, policy, metrics), the
+        // original destination is where it goes.
+        if svc.lb_mode() == LoadBalancerMode::Passthrough {
+            return Route::Passthrough(dst);
+        }
+        let eps = state.usable_endpoints(svc, dst.port());
         let Some((wl, port)) = crate::state::pick_weighted(&eps) else {
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
@@ -437,5 +442,34 @@ mod tests {
         // The service still reaches its host-network endpoint; the node IP itself passes through.
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.50:80")), "passthrough 10.0.0.50:8080");
         assert_eq!(peer(&route_from(&st, "client", "10.0.0.50:9000")), "passthrough 10.0.0.50:9000");
+    }
+
+    #[test]
+    fn cidr_vips_passthrough_and_allow_all_services() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: sick, name: sick, namespace: default, workloadIps: [10.0.0.3], status: Unhealthy,
+   services: {default/any.default.svc.cluster.local: {80: 8080}, default/range.default.svc.cluster.local: {80: 8080}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: range, namespace: default, hostname: range.default.svc.cluster.local, cidrVips: [10.200.0.0/16], ports: {80: 8080}}
+- {name: narrow, namespace: default, hostname: narrow.default.svc.cluster.local, cidrVips: [10.200.7.0/24], ports: {80: 8080},
+   loadBalancer: {mode: Passthrough}}
+- {name: egress, namespace: default, hostname: egress.example.com, vips: [/10.96.0.70], loadBalancer: {mode: Passthrough}}
+- {name: any, namespace: default, hostname: any.default.svc.cluster.local, vips: [/10.96.0.71], ports: {80: 8080},
+   loadBalancer: {healthPolicy: AllowAll}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        // A CIDR VIP is the service's for every address in it; the longest range wins.
+        assert_eq!(st.service_by_vip("10.200.3.4".parse().unwrap()).map(|s| s.name.as_str()), Some("range"));
+        assert_eq!(st.service_by_vip("10.200.7.9".parse().unwrap()).map(|s| s.name.as_str()), Some("narrow"));
+        assert_eq!(peer(&route_from(&st, "client", "10.200.3.4:80")), "refused: default/range.default.svc.cluster.local");
+        // PASSTHROUGH goes to the original destination, in a range or at a VIP.
+        assert_eq!(peer(&route_from(&st, "client", "10.200.7.9:443")), "passthrough 10.200.7.9:443");
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.70:443")), "passthrough 10.96.0.70:443");
+        // ALLOW_ALL uses an unhealthy endpoint; the default (ONLY_HEALTHY) does not.
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.71:80")), "passthrough 10.0.0.3:8080");
     }
 }

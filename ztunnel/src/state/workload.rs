@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use serde::Deserialize;
 
 use super::address::NetworkAddress;
+use crate::cidr::Cidr;
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::ports;
 
@@ -269,9 +270,60 @@ pub struct Service {
     /// Traffic to this service's VIPs goes through this waypoint.
     #[serde(default)]
     pub waypoint: Option<GatewayAddress>,
+    /// VIP ranges (Istio's CIDR VIPs, `NetworkAddress.length`): every address in them
+    /// is this service's, unless an exact VIP or a longer range says otherwise.
+    #[serde(default)]
+    pub cidr_vips: Vec<Cidr>,
+    #[serde(default)]
+    pub load_balancer: Option<LoadBalancer>,
+}
+
+/// Istio's LoadBalancing of a service (local config: `loadBalancer`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LoadBalancer {
+    /// Locality scopes for STRICT / FAILOVER (kept; locality-aware picking is not built yet).
+    #[serde(default)]
+    pub routing_preferences: Vec<LoadBalancerScope>,
+    #[serde(default)]
+    pub mode: LoadBalancerMode,
+    #[serde(default)]
+    pub health_policy: LoadBalancerHealthPolicy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum LoadBalancerMode {
+    #[default]
+    Standard,
+    Strict,
+    Failover,
+    /// No endpoint is picked: the connection goes to the original destination.
+    Passthrough,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum LoadBalancerHealthPolicy {
+    #[default]
+    OnlyHealthy,
+    /// Unhealthy endpoints are used too.
+    AllowAll,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum LoadBalancerScope {
+    Region,
+    Zone,
+    Subzone,
+    Node,
+    Cluster,
+    Network,
 }
 
 impl Service {
+    pub fn lb_mode(&self) -> LoadBalancerMode {
+        self.load_balancer.as_ref().map(|lb| lb.mode).unwrap_or_default()
+    }
+
     pub fn namespaced_hostname(&self) -> NamespacedHostname {
         NamespacedHostname(format!("{}/{}", self.namespace, self.hostname))
     }

@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
     WorkloadUid,
 };
 
@@ -208,11 +208,25 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
     if s.hostname.is_empty() || s.namespace.is_empty() {
         return Err(at("namespace and hostname are required"));
     }
-    let vips = s
-        .addresses
-        .iter()
-        .map(|a| Ok(NetworkAddress { network: a.network.clone(), address: ip(&a.address, &at("addresses"))? }))
-        .collect::<Result<Vec<_>, String>>()?;
+    let (mut vips, mut cidr_vips) = (Vec::new(), Vec::new());
+    for a in &s.addresses {
+        let address = ip(&a.address, &at("addresses"))?;
+        let full = if address.is_ipv4() { 32 } else { 128 };
+        match a.length {
+            Some(len) if len != full => {
+                let net = u8::try_from(len)
+                    .ok()
+                    .and_then(|l| IpNet::new(address, l).ok())
+                    .ok_or_else(|| at(&format!("addresses: prefix length {len} does not fit {address}")))?;
+                cidr_vips.push(Cidr(net));
+            }
+            _ => vips.push(NetworkAddress { network: a.network.clone(), address }),
+        }
+    }
+    let load_balancer = match s.load_balancing {
+        None => None,
+        Some(lb) => Some(load_balancer(lb).map_err(|e| at(&format!("load_balancing.{e}")))?),
+    };
     for san in &s.subject_alt_names {
         san.parse::<Identity>().map_err(|e| at(&format!("subject_alt_names: {e}")))?;
     }
@@ -223,8 +237,42 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         namespace: s.namespace,
         hostname: s.hostname,
         vips,
+        cidr_vips,
+        load_balancer,
         subject_alt_names: s.subject_alt_names,
     })
+}
+
+/// Unknown enum values are refused: guessing a mode could send traffic where the
+/// service's owner did not mean it to go.
+fn load_balancer(lb: pb::LoadBalancing) -> Result<LoadBalancer, String> {
+    use pb::load_balancing::{HealthPolicy, Mode, Scope};
+    let mode = match Mode::try_from(lb.mode) {
+        Ok(Mode::UnspecifiedMode) => LoadBalancerMode::Standard,
+        Ok(Mode::Strict) => LoadBalancerMode::Strict,
+        Ok(Mode::Failover) => LoadBalancerMode::Failover,
+        Ok(Mode::Passthrough) => LoadBalancerMode::Passthrough,
+        Err(_) => return Err(format!("mode: unknown value {}", lb.mode)),
+    };
+    let health_policy = match HealthPolicy::try_from(lb.health_policy) {
+        Ok(HealthPolicy::OnlyHealthy) => LoadBalancerHealthPolicy::OnlyHealthy,
+        Ok(HealthPolicy::AllowAll) => LoadBalancerHealthPolicy::AllowAll,
+        Err(_) => return Err(format!("health_policy: unknown value {}", lb.health_policy)),
+    };
+    let routing_preferences = lb
+        .routing_preference
+        .iter()
+        .map(|&v| match Scope::try_from(v) {
+            Ok(Scope::Region) => Ok(LoadBalancerScope::Region),
+            Ok(Scope::Zone) => Ok(LoadBalancerScope::Zone),
+            Ok(Scope::Subzone) => Ok(LoadBalancerScope::Subzone),
+            Ok(Scope::Node) => Ok(LoadBalancerScope::Node),
+            Ok(Scope::Cluster) => Ok(LoadBalancerScope::Cluster),
+            Ok(Scope::Network) => Ok(LoadBalancerScope::Network),
+            _ => Err(format!("routing_preference: invalid value {v}")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(LoadBalancer { routing_preferences, mode, health_policy })
 }
 
 fn string_match(m: pb_sec::StringMatch, field: &str) -> Result<StringMatch, String> {
@@ -409,6 +457,32 @@ mod tests {
         assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
         let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
         assert!(bad.unwrap_err().contains("subject_alt_names"));
+    }
+
+    #[test]
+    fn cidr_vips_and_load_balancing() {
+        let addr = |a: Vec<u8>, length| pb::NetworkAddress { network: String::new(), address: a, length };
+        let base = pb::Service { name: "s".into(), namespace: "n".into(), hostname: "s.example.com".into(), ..Default::default() };
+        let s = service(pb::Service {
+            addresses: vec![addr(vec![10, 200, 0, 0], Some(16)), addr(vec![10, 96, 0, 1], Some(32)), addr(vec![10, 96, 0, 2], None)],
+            load_balancing: Some(pb::LoadBalancing {
+                routing_preference: vec![pb::load_balancing::Scope::Zone as i32],
+                mode: pb::load_balancing::Mode::Passthrough as i32,
+                health_policy: pb::load_balancing::HealthPolicy::AllowAll as i32,
+            }),
+            ..base.clone()
+        })
+        .unwrap();
+        assert_eq!(s.cidr_vips, vec!["10.200.0.0/16".parse::<Cidr>().unwrap()]);
+        assert_eq!(s.vips.len(), 2, "a full-length prefix is a plain VIP");
+        let lb = s.load_balancer.unwrap();
+        assert_eq!((lb.mode, lb.health_policy), (LoadBalancerMode::Passthrough, LoadBalancerHealthPolicy::AllowAll));
+        assert_eq!(lb.routing_preferences, vec![LoadBalancerScope::Zone]);
+        let err = service(pb::Service { addresses: vec![addr(vec![10, 0, 0, 0], Some(40))], ..base.clone() }).unwrap_err();
+        assert!(err.contains("prefix length 40"), "{err}");
+        let lb = pb::LoadBalancing { mode: 9, ..Default::default() };
+        let err = service(pb::Service { load_balancing: Some(lb), ..base }).unwrap_err();
+        assert!(err.contains("load_balancing.mode: unknown value 9"), "{err}");
     }
 
     #[test]
