@@ -365,6 +365,35 @@ async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
     Ok(())
 }
 
+/// Egress as Istio models it: a server outside the mesh (n2p1, not enrolled, in no
+/// workload) reached through a PASSTHROUGH service whose CIDR VIP covers its address, and
+/// through a CIDR VIP whose endpoint is a plaintext workload entry for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_servers_through_passthrough_and_cidr_vip_services() -> Result<()> {
+    let topo = Topology::build(&prefix("eg"), &[1, 1])?;
+    let ext = topo.pod("n2p1").ip;
+    let cfg = format!(
+        "workloads:\n{}- {{uid: ext, name: ext, namespace: default, workloadIps: [{ext}], protocol: TCP,
+   services: {{default/ext.example.com: {{80: 8080}}}}}}
+services:
+- {{name: egress, namespace: default, hostname: egress.example.com, cidrVips: [10.10.2.0/24], loadBalancer: {{mode: Passthrough}}}}
+- {{name: ext, namespace: default, hostname: ext.example.com, cidrVips: [10.200.0.0/16], ports: {{80: 8080}}}}
+",
+        workload(&topo, "n1p1", "client", "")
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    // PASSTHROUGH: to the original destination, named as the service's traffic.
+    assert_eq!(roundtrip(client, addr(server, 8080), b"egress").await?, b"egress");
+    mesh.wait_logs(&["dst.service=egress.example.com"])?;
+    // Any address of the CIDR VIP reaches the service's endpoint on its target port.
+    let vip: SocketAddr = "10.200.1.1:80".parse()?;
+    assert_eq!(roundtrip(client, vip, b"cidr vip").await?, b"cidr vip");
+    mesh.wait_logs(&["dst.service=ext.example.com"])?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn self_calls_and_client_resets() -> Result<()> {
     let mesh = client_server_mesh("k", &[])?;
