@@ -81,6 +81,10 @@ pub fn workload(w: &Workload) -> Value {
         }),
     );
     m.insert("clusterId".into(), json!(w.cluster_id));
+    if w.locality != crate::state::Locality::default() {
+        let l = &w.locality;
+        m.insert("locality".into(), json!({ "region": l.region, "zone": l.zone, "subzone": l.subzone }));
+    }
     insert_unless_default(&mut m, "services", json!(services));
     m.insert("capacity".into(), json!(w.capacity));
     Value::Object(m)

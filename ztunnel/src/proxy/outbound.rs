@@ -91,7 +91,9 @@ fn via_waypoint(
     })
 }
 
-fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
+/// `src_wl` as the current state has it (its locality picks endpoints); `src` the
+/// identity the pod was enrolled with (its certificate).
+fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) -> Route {
     if let Some(svc) = state.service_by_vip(dst.ip()) {
         if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, Some(svc))) {
             return r;
@@ -101,8 +103,7 @@ fn route(state: &MeshState, src: &Identity, dst: SocketAddr) -> Route {
         if svc.lb_mode() == LoadBalancerMode::Passthrough {
             return Route::Passthrough(dst);
         }
-        let eps = state.usable_endpoints(svc, dst.port());
-        let Some((wl, port)) = crate::state::pick_weighted(&eps) else {
+        let Some((wl, port)) = state.pick_endpoint(src_wl, svc, dst.port()) else {
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
         let none = || Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
@@ -136,7 +137,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let state = inputs.state.load_full();
-    match route(&state, &pod.identity, dst) {
+    match route(&state, pod.workload_in(&state), &pod.identity, dst) {
         Route::NoHealthyEndpoint(svc) => {
             tracing::warn!(dst = %dst, service = %svc, error = "no healthy endpoint", "connection failed");
             reset(stream)
@@ -286,7 +287,7 @@ mod tests {
 
     fn route_from(st: &MeshState, uid: &str, dst: &str) -> Route {
         let src = st.workload_by_uid(&crate::state::WorkloadUid(uid.into())).unwrap().clone();
-        route(st, &src.identity(), dst.parse().unwrap())
+        route(st, &src, &src.identity(), dst.parse().unwrap())
     }
 
     fn peer(r: &Route) -> String {
@@ -471,5 +472,38 @@ mod tests {
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.70:443")), "passthrough 10.96.0.70:443");
         // ALLOW_ALL uses an unhealthy endpoint; the default (ONLY_HEALTHY) does not.
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.71:80")), "passthrough 10.0.0.3:8080");
+    }
+
+    #[test]
+    fn strict_and_failover_pick_by_locality() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE, node: n1,
+   locality: {region: r1, zone: a}}
+- {uid: near, name: near, namespace: default, workloadIps: [10.0.0.2], node: n1, locality: {region: r1, zone: a},
+   services: {default/s.default.svc.cluster.local: {80: 8080}}}
+- {uid: far, name: far, namespace: default, workloadIps: [10.0.0.3], node: n2, locality: {region: r1, zone: b},
+   services: {default/s.default.svc.cluster.local: {80: 8080}}}",
+        )
+        .unwrap();
+        let svc = |mode: &str, prefs: &str| -> Vec<Service> {
+            serde_yaml::from_str(&format!(
+                "- {{name: s, namespace: default, hostname: s.default.svc.cluster.local, vips: [/10.96.0.80], ports: {{80: 8080}},
+   loadBalancer: {{mode: {mode}, routingPreferences: [{prefs}]}}}}"
+            ))
+            .unwrap()
+        };
+        let pick = |wls: &[Workload], mode: &str, prefs: &str| {
+            let st = MeshState::build(wls.to_vec(), svc(mode, prefs), Vec::new()).unwrap();
+            (0..20).map(|_| peer(&route_from(&st, "client", "10.96.0.80:80"))).collect::<std::collections::BTreeSet<_>>()
+        };
+        let one = |s: &str| std::collections::BTreeSet::from([s.to_string()]);
+        // Same zone first; both without preferences (STANDARD picks among all).
+        assert_eq!(pick(&workloads, "Failover", "Region, Zone"), one("passthrough 10.0.0.2:8080"));
+        assert_eq!(pick(&workloads, "Strict", "Node"), one("passthrough 10.0.0.2:8080"));
+        assert_eq!(pick(&workloads, "Standard", "Zone").len(), 2);
+        // The near endpoint gone: FAILOVER moves on, STRICT refuses.
+        let without_near: Vec<Workload> = workloads.iter().filter(|w| w.uid.0 != "near").cloned().collect();
+        assert_eq!(pick(&without_near, "Failover", "Region, Zone"), one("passthrough 10.0.0.3:8080"));
+        assert_eq!(pick(&without_near, "Strict", "Region, Zone"), one("refused: default/s.default.svc.cluster.local"));
     }
 }

@@ -99,6 +99,18 @@ fn default_trust_domain() -> String {
     DEFAULT_TRUST_DOMAIN.to_string()
 }
 
+/// Where a workload runs (Kubernetes topology labels), for locality-aware load balancing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Locality {
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub subzone: String,
+}
+
 /// Istio's NetworkMode: a host-network pod shares its node's IP, so it is never found
 /// by address (traffic to that IP is the node's), only through its services.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -150,6 +162,8 @@ pub struct Workload {
     pub status: HealthStatus,
     #[serde(default)]
     pub network_mode: NetworkMode,
+    #[serde(default)]
+    pub locality: Locality,
     /// `namespace/name` of WorkloadSelector-scoped policies that select this workload.
     #[serde(default)]
     pub authorization_policies: Vec<String>,
@@ -236,6 +250,7 @@ impl Workload {
             capacity: default_capacity(),
             status: HealthStatus::default(),
             network_mode: NetworkMode::default(),
+            locality: Locality::default(),
             authorization_policies: Vec::new(),
             waypoint: None,
             application_tunnel: None,

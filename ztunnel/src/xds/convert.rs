@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
+    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
     WorkloadUid,
 };
 
@@ -199,6 +199,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         capacity: w.capacity.unwrap_or(1),
         status,
         network_mode,
+        locality: w.locality.map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone }).unwrap_or_default(),
         authorization_policies: w.authorization_policies,
     })
 }
