@@ -97,6 +97,54 @@ async fn service_vip_balances_across_nodes() -> Result<()> {
     Ok(())
 }
 
+/// Locality-aware load balancing, end to end: a client in zone a, three server pods in
+/// two zones (one of them in zone a unhealthy). FAILOVER stays in the client's zone while
+/// it has a healthy endpoint and fails over when it has none; STRICT refuses instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locality_failover_and_strict() -> Result<()> {
+    let topo = Topology::build(&prefix("lo"), &[1, 3])?;
+    let zone = |z: &str, extra: &str| format!(", locality: {{region: r1, zone: {z}}}{extra}");
+    let svcs = |names: &[&str]| {
+        let list: Vec<String> = names.iter().map(|n| format!("default/{n}.default.svc.cluster.local: {{80: 8080}}")).collect();
+        format!(", services: {{{}}}", list.join(", "))
+    };
+    let service = |name: &str, vip: &str, mode: &str| {
+        format!("- {{name: {name}, namespace: default, hostname: {name}.default.svc.cluster.local, vips: [/{vip}], ports: {{80: 8080}},
+   loadBalancer: {{mode: {mode}, routingPreferences: [Region, Zone]}}}}\n")
+    };
+    let cfg = format!(
+        "workloads:\n{}{}{}{}services:\n{}{}{}",
+        workload(&topo, "n1p1", "client", &zone("a", "")),
+        workload(&topo, "n2p1", "echo", &zone("a", &svcs(&["near"]))),
+        workload(&topo, "n2p2", "echo", &zone("b", &svcs(&["near", "sick", "strict"]))),
+        workload(&topo, "n2p3", "echo", &zone("a", &format!(", status: Unhealthy{}", svcs(&["sick", "strict"])))),
+        service("near", "10.96.0.81", "Failover"),
+        service("sick", "10.96.0.82", "Failover"),
+        service("strict", "10.96.0.83", "Strict"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1", "n2p2", "n2p3"], &HashMap::new(), &[])?;
+    let _echo: Vec<EchoServer> = ["n2p1", "n2p2", "n2p3"]
+        .iter()
+        .map(|p| EchoServer::start(&mesh.topo.pod(p).netns, 8080, Some(p)))
+        .collect::<Result<_>>()?;
+    let client = mesh.topo.pod("n1p1");
+    let backends = |vip: &'static str| async move {
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..10 {
+            let mut s = client.netns.connect(vip.parse()?).await?;
+            seen.insert(read_line(&mut s).await?);
+        }
+        anyhow::Ok(seen)
+    };
+    let only = |p: &str| std::collections::BTreeSet::from([p.to_string()]);
+    assert_eq!(backends("10.96.0.81:80").await?, only("n2p1"), "FAILOVER stays in the client's zone");
+    assert_eq!(backends("10.96.0.82:80").await?, only("n2p2"), "FAILOVER leaves a zone without healthy endpoints");
+    // STRICT: no endpoint in the client's region and zone, so the connection is reset, not sent elsewhere.
+    let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, "10.96.0.83:80".parse()?, b"x")).await?;
+    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "STRICT must not leave the zone");
+    Ok(())
+}
+
 const ALLOW_ONLY_CLIENT: &str = "policies:
 - name: only-client
   namespace: default
