@@ -321,7 +321,7 @@ impl MeshState {
         pick_weighted(&options)
     }
 
-    /// The healthy endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
+    /// The usable endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
     pub fn usable_hbone_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
         let mut eps = self.usable_endpoints(svc, service_port);
         eps.retain(|(w, _)| w.protocol == Protocol::HBONE);
