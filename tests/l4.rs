@@ -609,6 +609,91 @@ async fn metrics_count_connections_and_exact_bytes() -> Result<()> {
     Ok(())
 }
 
+/// What Istio's dashboards, Kiali and `istioctl ztunnel-config connections` read about a
+/// connection to a service: the inbound side names the service the client meant (from
+/// the CONNECT's `forwarded: ...;host=`), both sides carry app/version/cluster labels and
+/// the open-socket gauge, the access log names the clusters, and the admin dump lists the
+/// open connection under each pod's `workloadState`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn telemetry_names_the_service_and_lists_open_connections() -> Result<()> {
+    let topo = Topology::build(&prefix("te"), &[1, 1])?;
+    let meta = |app: &str| format!(", canonicalName: {app}, canonicalRevision: v1, workloadName: {app}, workloadType: deployment, clusterId: c1");
+    let cfg = format!(
+        "workloads:\n{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n",
+        workload(&topo, "n1p1", "client", &meta("sleep")),
+        workload(&topo, "n2p1", "echo", &format!("{}, services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}", meta("echo"))),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    let mut open = client.netns.connect("10.96.0.10:80".parse()?).await?;
+    let mut buf = [0u8; 5];
+    tokio::io::AsyncWriteExt::write_all(&mut open, b"hello").await?;
+    open.read_exact(&mut buf).await?;
+
+    // While it is open: listed on both sides, and counted as an open socket.
+    let dump = |node: usize| {
+        let n = mesh.topo.node(node).clone();
+        async move {
+            let text = http_get(&n, 15000, "/config_dump").await?;
+            let body = text.split("\r\n\r\n").nth(1).context("no body")?;
+            anyhow::Ok(serde_json::from_str::<serde_json::Value>(body)?)
+        }
+    };
+    let d1 = dump(1).await?;
+    let st = &d1["workloadState"]["n1p1"];
+    assert_eq!(st["state"], "Up", "{d1:#}");
+    assert_eq!(st["info"]["serviceAccount"], "client");
+    let out = &st["connections"]["outbound"][0];
+    assert_eq!(out["src"].as_str().map(|s| s.starts_with(&format!("{}:", client.ip))), Some(true), "{st:#}");
+    assert_eq!(out["originalDst"], "10.96.0.10:80", "{st:#}");
+    assert_eq!(out["actualDst"], format!("{}:15008", server.ip), "{st:#}");
+    assert_eq!(out["protocol"], "HBONE");
+    let d2 = dump(2).await?;
+    let inb = &d2["workloadState"]["n2p1"]["connections"]["inbound"][0];
+    assert_eq!(inb["originalDst"], "echo.default.svc.cluster.local", "{d2:#}");
+    assert_eq!(inb["actualDst"], format!("{}:8080", server.ip));
+    assert_eq!(inb["src"].as_str().map(|s| s.starts_with(&format!("{}:", client.ip))), Some(true), "{inb}");
+    let node1 = http_get(mesh.topo.node(1), 15020, "/metrics").await?;
+    assert!(node1.contains("istio_tcp_sockets_open{reporter=\"source\"} 1"), "{node1}");
+    let node2 = http_get(mesh.topo.node(2), 15020, "/metrics").await?;
+    assert!(node2.contains("istio_tcp_sockets_open{reporter=\"destination\"} 1"), "{node2}");
+    drop(open);
+
+    let labels = [
+        "destination_service=\"echo.default.svc.cluster.local\"",
+        "destination_service_name=\"echo\"",
+        "source_app=\"sleep\"",
+        "source_version=\"v1\"",
+        "source_cluster=\"c1\"",
+        "destination_app=\"echo\"",
+        "destination_version=\"v1\"",
+        "destination_cluster=\"c1\"",
+    ];
+    let mut scrapes = (String::new(), String::new());
+    for _ in 0..100 {
+        scrapes = (http_get(mesh.topo.node(1), 15020, "/metrics").await?, http_get(mesh.topo.node(2), 15020, "/metrics").await?);
+        let closed = |s: &str, r: &str| series(s, "istio_tcp_connections_closed_total", &[&[r][..], &labels[..]].concat()) == Some(1);
+        if closed(&scrapes.0, "reporter=\"source\"") && closed(&scrapes.1, "reporter=\"destination\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (node1, node2) = scrapes;
+    assert_eq!(series(&node1, "istio_tcp_connections_closed_total", &labels), Some(1), "{node1}");
+    assert_eq!(series(&node2, "istio_tcp_connections_closed_total", &labels), Some(1), "the inbound side names the service:\n{node2}");
+    assert!(node1.contains("istio_tcp_sockets_open{reporter=\"source\"} 0"), "{node1}");
+    mesh.wait_logs(&["src.cluster=c1", "dst.cluster=c1", "dst.service=echo.default.svc.cluster.local"])?;
+    let logs = mesh.logs();
+    let line = |direction: &str| logs.lines().find(|l| l.contains(direction) && l.contains("connection complete")).unwrap_or_default();
+    assert!(line("direction=\"inbound\"").contains("dst.service=echo.default.svc.cluster.local"), "{logs}");
+    // The client as the mesh knows it (the pod's address), not the loopback hop capture used.
+    assert!(line("direction=\"outbound\"").contains(&format!("src.addr={}:", client.ip)), "{logs}");
+    let d1 = dump(1).await?;
+    assert_eq!(d1["workloadState"]["n1p1"]["connections"]["outbound"], serde_json::json!([]), "closed connections leave the list");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_then_exits_zero() -> Result<()> {
     // Grace period 4 s -> drain deadline 3 s.

@@ -146,7 +146,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let up_req = Request::builder()
         .method(Method::CONNECT)
         .uri(upstream_target.to_string())
-        .header("forwarded", format!("for=\"{}\"", tunnel.src_addr))
+        .header("forwarded", hbone::request::forwarded(tunnel.src_addr, service.as_deref().map(|s| s.hostname.as_str())))
         .header("traceparent", hbone::traceparent())
         .body(());
     let Ok(up_req) = up_req else {

@@ -1,6 +1,6 @@
 //! The access log: one line per completed connection, with Istio ztunnel's field names
-//! (`src.addr`, `src.workload`, `src.namespace`, `src.identity`, `dst.addr`,
-//! `dst.hbone_addr`, `dst.service`, `dst.workload`, `dst.namespace`, `dst.identity`,
+//! (`src.addr`, `src.workload`, `src.namespace`, `src.identity`, `src.cluster`, `dst.addr`,
+//! `dst.hbone_addr`, `dst.service`, `dst.workload`, `dst.namespace`, `dst.identity`, `dst.cluster`,
 //! `direction`, `bytes_sent`, `bytes_recv`, `duration`, `error`), as text or JSON
 //! (`LOG_FORMAT=json`). Fields that are not known are left out. `bytes_sent` counts the
 //! bytes that went towards the destination, `bytes_recv` those that came back, whichever
@@ -39,6 +39,10 @@ pub struct ConnectionLog<'a> {
     pub error: Option<String>,
 }
 
+/// The workload's cluster, when config names one.
+fn cluster(w: &Workload) -> Option<&str> {
+    Some(w.cluster_id.as_str()).filter(|c| !c.is_empty())
+}
 
 /// tracing wants a static level: the same event at `info` or `warn`. Values are written
 /// unquoted (Display), so a line can be grepped for `src.identity=spiffe://...`.
@@ -53,12 +57,14 @@ macro_rules! connection_event {
             src.workload = $l.src.workload.map(|w| display(&w.name)),
             src.namespace = $l.src.workload.map(|w| display(&w.namespace)),
             src.identity = $l.src.identity.map(display),
+            src.cluster = $l.src.workload.and_then(|w| cluster(w)).map(display),
             dst.addr = %$l.dst_addr,
             dst.hbone_addr = $l.dst_hbone_addr.map(display),
             dst.service = $l.dst_service.map(|s| display(&s.hostname)),
             dst.workload = $l.dst.workload.map(|w| display(&w.name)),
             dst.namespace = $l.dst.workload.map(|w| display(&w.namespace)),
             dst.identity = $l.dst.identity.map(display),
+            dst.cluster = $l.dst.workload.and_then(|w| cluster(w)).map(display),
             bytes_sent = $l.bytes_sent,
             bytes_recv = $l.bytes_recv,
             duration = %format_args!("{}ms", $l.duration.as_millis()),

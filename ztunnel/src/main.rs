@@ -500,9 +500,16 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     if let (Some(c), serde_json::Value::Object(rest)) = (config.as_object_mut(), rest) {
         c.extend(rest);
     }
+    let workload_states = Arc::new(ztunnel::proxy::WorkloadStates::default());
     let config_dump = {
-        let (state, certs) = (state.clone(), certs.clone());
-        Box::new(move || ztunnel::admin::config_dump::dump(&state.load(), &certs, config.clone()))
+        let (state, certs, states) = (state.clone(), certs.clone(), workload_states.clone());
+        Box::new(move || {
+            let mut dump = ztunnel::admin::config_dump::dump(&state.load(), &certs, config.clone());
+            if let Some(d) = dump.as_object_mut() {
+                d.insert("workloadState".into(), ztunnel::admin::config_dump::workload_state(&states.snapshot()));
+            }
+            dump
+        })
     };
     let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone(), config_dump });
     let admin_listener = ztunnel::http_endpoint::bind(args.admin_addr)
@@ -544,6 +551,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         metrics: metrics.clone(),
         drain: drain.clone(),
         dns,
+        workload_states,
     });
 
     let pods = ztunnel::proxy::Pods::default();

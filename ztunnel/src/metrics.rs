@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 pub mod control;
@@ -27,6 +28,7 @@ pub struct Metrics {
     received: Family<TcpLabels, Counter>,
     sent: Family<TcpLabels, Counter>,
     series: SeriesBound,
+    sockets_open: Family<control::ReporterLabel, Gauge>,
     connections_refused: Family<control::ReasonLabel, Counter>,
     hbone_rejections: Family<control::ReasonLabel, Counter>,
     pub xds: control::XdsMetrics,
@@ -53,6 +55,8 @@ impl Default for Metrics {
         registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
         registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
         registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
+        let sockets_open = Family::<control::ReporterLabel, Gauge>::default();
+        registry.register("istio_tcp_sockets_open", "The current number of open TCP sockets", sockets_open.clone());
         let connections_refused = Family::<control::ReasonLabel, Counter>::default();
         registry.register(
             "ztunnel_connections_refused",
@@ -79,6 +83,7 @@ impl Default for Metrics {
             received,
             sent,
             series: Default::default(),
+            sockets_open,
             connections_refused,
             hbone_rejections,
             xds,
@@ -100,6 +105,15 @@ impl Metrics {
         } else {
             std::borrow::Cow::Owned(l.overflow())
         }
+    }
+
+    /// An accepted socket, counted in `istio_tcp_sockets_open{reporter}` until the guard
+    /// drops (`source`: a pod's outbound connection; `destination`: inbound, HBONE or
+    /// plaintext).
+    pub fn socket_open(&self, reporter: &'static str) -> SocketGuard {
+        let gauge = self.sockets_open.get_or_create(&control::ReporterLabel { reporter }).clone();
+        gauge.inc();
+        SocketGuard(gauge)
     }
 
     /// A connection refused before it was proxied (`fd_exhaustion`, `pod_limit`, `accept_error`).
@@ -175,6 +189,15 @@ impl Metrics {
     }
 }
 
+/// Keeps one socket counted as open.
+pub struct SocketGuard(Gauge);
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +222,18 @@ mod tests {
         // Known label sets still count after the bound is reached.
         m.opened(&TcpLabels { source_workload: "peer-7".into(), ..base.clone() });
         assert!(m.encode().contains("source_workload=\"peer-7\""));
+    }
+
+    #[test]
+    fn open_sockets_are_counted_until_their_guard_drops() {
+        let m = Metrics::default();
+        let a = m.socket_open("source");
+        let _b = m.socket_open("source");
+        let _c = m.socket_open("destination");
+        drop(a);
+        let text = m.encode();
+        assert!(text.contains("istio_tcp_sockets_open{reporter=\"source\"} 1"), "{text}");
+        assert!(text.contains("istio_tcp_sockets_open{reporter=\"destination\"} 1"), "{text}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ use crate::rbac::{Authorization, PolicyScope};
 pub mod address;
 pub mod workload;
 #[cfg(test)]
+mod inbound_service_tests;
+#[cfg(test)]
 mod waypoint_tests;
 
 pub use self::address::{HboneAddress, NetworkAddress};
@@ -240,6 +242,26 @@ impl MeshState {
         self.service_by_vip
             .get(&ip)
             .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.contains(ip)).map(|(_, s)| s))
+    }
+
+    /// The service an inbound connection to `wl` on `target_port` was meant for, as
+    /// Istio's ztunnel guesses it: among the services `wl` is an endpoint of (so a client
+    /// cannot name just any), the one the client side named in `forwarded` (`host=`),
+    /// else the first (by name) whose port maps to `target_port`.
+    pub fn inbound_service(&self, wl: &Workload, forwarded_host: Option<&str>, target_port: u16) -> Option<&Arc<Service>> {
+        let mut mine: Vec<(&Arc<Service>, &BTreeMap<u16, u16>)> =
+            wl.services.iter().filter_map(|(key, ports)| Some((self.services.get(key)?, ports))).collect();
+        mine.sort_by(|a, b| a.0.namespaced_hostname().0.cmp(&b.0.namespaced_hostname().0));
+        if let Some(found) = forwarded_host.and_then(|h| mine.iter().find(|(s, _)| s.hostname == h)) {
+            return Some(found.0);
+        }
+        let serves = |svc: &Service, ports: &BTreeMap<u16, u16>| {
+            svc.ports.iter().any(|(&sport, &tport)| {
+                let tport = ports.get(&sport).copied().filter(|&p| p != 0).unwrap_or(if tport == 0 { sport } else { tport });
+                tport == target_port
+            }) || ports.values().any(|&p| p == target_port)
+        };
+        mine.into_iter().find(|(s, p)| serves(s, p)).map(|(s, _)| s)
     }
 
     /// Endpoints of a service that serve `service_port`, with the target port on each.

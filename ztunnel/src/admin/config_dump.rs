@@ -63,7 +63,7 @@ pub fn workload(w: &Workload) -> Value {
     insert_unless_default(&mut m, "serviceAccount", json!(w.service_account));
     insert_unless_default(&mut m, "network", json!(w.network));
     insert_unless_default(&mut m, "workloadName", json!(w.workload_name));
-    insert_unless_default(&mut m, "workloadType", json!("pod"));
+    insert_unless_default(&mut m, "workloadType", json!(w.workload_type));
     insert_unless_default(&mut m, "canonicalName", json!(w.canonical_name));
     insert_unless_default(&mut m, "canonicalRevision", json!(w.canonical_revision));
     insert_unless_default(&mut m, "node", json!(w.node));
@@ -270,6 +270,33 @@ pub fn dump(state: &MeshState, certs: &CertManager, config: Value) -> Value {
     })
 }
 
+/// Istio's `workloadState`: each pod proxy by uid, `Pending` (no connections yet) or
+/// `Up` with its open connections, and who it is for.
+pub fn workload_state(states: &[crate::proxy::states::ProxyStateView]) -> Value {
+    let mut m = Map::new();
+    for st in states {
+        let mut e = Map::new();
+        e.insert("state".into(), json!(if st.connections.is_some() { "Up" } else { "Pending" }));
+        if let Some((inbound, outbound)) = &st.connections {
+            let inbound: Vec<Value> = inbound
+                .iter()
+                .map(|c| json!({ "src": c.src.to_string(), "originalDst": c.service, "actualDst": c.dst.to_string(), "protocol": c.protocol }))
+                .collect();
+            let outbound: Vec<Value> = outbound
+                .iter()
+                .map(|c| {
+                    json!({ "src": c.src.to_string(), "originalDst": c.original_dst.to_string(), "actualDst": c.actual_dst.to_string(), "protocol": c.protocol })
+                })
+                .collect();
+            e.insert("connections".into(), json!({ "inbound": inbound, "outbound": outbound }));
+        }
+        let i = &st.info;
+        e.insert("info".into(), json!({ "name": i.name, "namespace": i.namespace, "serviceAccount": i.service_account }));
+        m.insert(st.uid.0.clone(), Value::Object(e));
+    }
+    Value::Object(m)
+}
+
 /// Upstream's BuildInfo fields.
 pub fn version() -> Value {
     json!({
@@ -339,7 +366,8 @@ mod tests {
         let (state, certs, _) = fixture(cfg, "schema");
         certs.allow(&crate::identity::Identity::new("cluster.local", "ns", "pending"));
         let schema: Value = serde_json::from_str(SCHEMA).unwrap();
-        let d = dump(&state, &certs, json!({}));
+        let mut d = dump(&state, &certs, json!({}));
+        d["workloadState"] = workload_state(&proxy_states());
         let bad: Vec<String> = json_schema::violations(&schema, &d).into_iter().filter(|v| !v.starts_with("$.config")).collect();
         assert!(bad.is_empty(), "{bad:#?}\n{d:#}");
         assert_eq!(d["workloads"][0]["waypoint"]["destination"], "ns/wp.ns.svc.cluster.local");
@@ -354,6 +382,39 @@ mod tests {
         for want in ["$.workloads[0].waypoint.destination", "$.workloads[0].services", "$.certificates[0]: missing required field \"rootCerts\""] {
             assert!(found.iter().any(|v| v.starts_with(want)), "{want}: {found:#?}");
         }
+    }
+
+    /// One pod proxy up with an inbound and an outbound connection, one pending.
+    fn proxy_states() -> Vec<crate::proxy::states::ProxyStateView> {
+        use crate::proxy::pod::{InboundView, OutboundView};
+        use crate::proxy::states::{ProxyInfo, ProxyStateView};
+        let info = |n: &str| ProxyInfo { name: n.into(), namespace: "ns".into(), service_account: "sa".into() };
+        let a = |s: &str| s.parse().unwrap();
+        vec![
+            ProxyStateView {
+                uid: crate::state::WorkloadUid("u1".into()),
+                info: info("a"),
+                connections: Some((
+                    vec![InboundView { src: a("10.0.0.2:40000"), service: Some("s.ns.svc".into()), dst: a("10.0.0.1:8080"), protocol: "HBONE" }],
+                    vec![OutboundView { src: a("10.0.0.1:41000"), original_dst: a("10.96.0.1:80"), actual_dst: a("10.0.0.3:15008"), protocol: "HBONE" }],
+                )),
+            },
+            ProxyStateView { uid: crate::state::WorkloadUid("u3".into()), info: info("c"), connections: None },
+        ]
+    }
+
+    #[test]
+    fn workload_state_as_upstream() {
+        let d = workload_state(&proxy_states());
+        assert_eq!(d["u1"]["state"], "Up");
+        assert_eq!(d["u1"]["info"], json!({"name": "a", "namespace": "ns", "serviceAccount": "sa"}));
+        assert_eq!(
+            d["u1"]["connections"]["inbound"][0],
+            json!({"src": "10.0.0.2:40000", "originalDst": "s.ns.svc", "actualDst": "10.0.0.1:8080", "protocol": "HBONE"})
+        );
+        assert_eq!(d["u1"]["connections"]["outbound"][0]["actualDst"], "10.0.0.3:15008");
+        assert_eq!(d["u3"]["state"], "Pending");
+        assert!(d["u3"].get("connections").is_none(), "a pending proxy has no connections, as upstream");
     }
 
     #[test]

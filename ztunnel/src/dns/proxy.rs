@@ -205,6 +205,7 @@ mod tests {
             netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net")).unwrap(),
             active: Default::default(),
             inbound: Default::default(),
+            outbound: Default::default(),
         }
     }
 

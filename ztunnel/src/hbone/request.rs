@@ -26,6 +26,26 @@ pub fn connect_target<B>(req: &http::Request<B>) -> Result<std::net::SocketAddr,
         .ok_or_else(|| BadConnect::BadAuthority(req.uri().to_string()))
 }
 
+/// The `forwarded` header a client side sends on CONNECT, as Istio's ztunnel: the
+/// original client, and the service it meant (`host=`), so the server side can label
+/// the connection with that service.
+pub fn forwarded(client: std::net::SocketAddr, service_hostname: Option<&str>) -> String {
+    match service_hostname {
+        Some(h) => format!("for=\"{client}\";host={h}"),
+        None => format!("for=\"{client}\""),
+    }
+}
+
+/// The `host=` a client put in `forwarded` (quotes removed), if any. A claim only: the
+/// server side uses it to pick among the services the target really belongs to.
+pub fn forwarded_host<B>(req: &http::Request<B>) -> Option<String> {
+    let v = req.headers().get(http::header::FORWARDED)?.to_str().ok()?;
+    v.split(';')
+        .filter_map(|part| part.trim().strip_prefix("host="))
+        .map(|h| h.trim_matches('"').to_string())
+        .find(|h| !h.is_empty())
+}
+
 /// Whether an HTTP/2 connection error means the peer misbehaved, and how (a bounded
 /// metric label): floods of empty DATA frames (our guard), floods h2 cuts off with GOAWAY
 /// ENHANCE_YOUR_CALM (rapid reset, CONTINUATION floods), and other protocol violations
@@ -61,5 +81,20 @@ mod tests {
         for bad in ["echo.default:80", "10.0.0.1", "10.0.0.1:99999", "user@10.0.0.1:80"] {
             assert!(matches!(connect_target(&req("CONNECT", bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn forwarded_names_the_client_and_the_service() {
+        let client = "10.0.0.1:4000".parse().unwrap();
+        assert_eq!(forwarded(client, None), r#"for="10.0.0.1:4000""#);
+        assert_eq!(forwarded("[fd00::1]:80".parse().unwrap(), None), r#"for="[fd00::1]:80""#);
+        let v = forwarded(client, Some("echo.default.svc.cluster.local"));
+        assert_eq!(v, r#"for="10.0.0.1:4000";host=echo.default.svc.cluster.local"#);
+        let req = |f: &str| http::Request::builder().header("forwarded", f).body(()).unwrap();
+        assert_eq!(forwarded_host(&req(&v)).as_deref(), Some("echo.default.svc.cluster.local"));
+        assert_eq!(forwarded_host(&req(r#"for="1.2.3.4:5"; host="a.b""#)).as_deref(), Some("a.b"));
+        assert_eq!(forwarded_host(&req(r#"for="1.2.3.4:5""#)), None);
+        assert_eq!(forwarded_host(&req("host=")), None);
+        assert_eq!(forwarded_host(&http::Request::new(())), None);
     }
 }

@@ -14,6 +14,12 @@ pub struct UrlLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReporterLabel {
+    /// `source` (outbound) or `destination` (inbound), as Istio's.
+    pub reporter: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     pub reason: &'static str,
 }

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::inputs::ProxyInputs;
 use super::limits::track;
-use super::pod::LocalPod;
+use super::pod::{InboundView, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
 use crate::hbone::{self, respond_status as respond};
 use crate::identity::Identity;
@@ -42,6 +42,7 @@ async fn handle_connection(
     acceptor: tokio_rustls::TlsAcceptor,
 ) {
     let _active = inputs.drain.track();
+    let _socket = inputs.metrics.socket_open("destination");
     let _ = stream.set_nodelay(true);
     let local = match stream.local_addr() {
         Ok(l) => l,
@@ -100,15 +101,17 @@ async fn handle_stream(
     let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity.
     let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
+    let service = state.inbound_service(workload, hbone::request::forwarded_host(&req).as_deref(), target.port()).cloned();
     let labels = TcpLabels::new(
         "destination",
         Peer { workload: src_wl.as_deref(), identity: Some(&src_identity) },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
-        None,
+        service.as_deref(),
         true,
     );
     // Registered before the decision, so a policy change in between is not missed.
-    let registration = pod.inbound.register(conn.clone());
+    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: "HBONE" };
+    let registration = pod.inbound.register(conn.clone(), view);
     let decision = state.authorize(workload, &conn);
     let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
@@ -173,7 +176,7 @@ async fn handle_stream(
         src: Side { workload: src_wl.as_deref(), identity: Some(&src_identity) },
         dst_addr: local,
         dst_hbone_addr: Some(target),
-        dst_service: None,
+        dst_service: service.as_deref(),
         dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
         bytes_sent: t.received,
         bytes_recv: t.sent,

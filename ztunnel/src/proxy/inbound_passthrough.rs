@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::inbound::write_proxy_header;
 use super::inputs::ProxyInputs;
 use super::limits::track;
-use super::pod::{is_self_call, LocalPod};
+use super::pod::{is_self_call, InboundView, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
 use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
@@ -27,6 +27,7 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    let _socket = inputs.metrics.socket_open("destination");
     let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
     };
@@ -41,14 +42,16 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     let conn = rbac::Connection { src_identity: None, src_ip: peer.ip(), dst };
     let state = inputs.state.load_full();
     let workload = pod.workload_in(&state);
+    let service = state.inbound_service(workload, None, dst.port()).cloned();
     let labels = TcpLabels::new(
         "destination",
         Peer { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
-        None,
+        service.as_deref(),
         false,
     );
-    let registration = pod.inbound.register(conn.clone());
+    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst, protocol: "TCP" };
+    let registration = pod.inbound.register(conn.clone(), view);
     let decision = state.authorize(workload, &conn);
     let tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
@@ -90,7 +93,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         src: Side { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
         dst_addr: dst,
         dst_hbone_addr: None,
-        dst_service: None,
+        dst_service: service.as_deref(),
         dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
         bytes_sent: t.sent,
         bytes_recv: t.received,

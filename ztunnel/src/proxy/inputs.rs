@@ -21,4 +21,6 @@ pub struct ProxyInputs {
     pub hbone_server: Arc<crate::hbone::server::Server>,
     /// The DNS proxy, when on: each pod gets its listeners.
     pub dns: Option<Arc<crate::dns::DnsProxy>>,
+    /// Each pod proxy's state, for the admin dump.
+    pub workload_states: Arc<super::states::WorkloadStates>,
 }

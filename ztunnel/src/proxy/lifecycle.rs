@@ -47,6 +47,8 @@ pub struct EnrolledPod {
     inputs: Arc<ProxyInputs>,
     /// Counts this proxy in `workload_manager_*` while it lives.
     _active: crate::metrics::meta::ActiveProxy,
+    /// Lists it in the admin dump's `workloadState` while it lives.
+    _listed: super::states::UpGuard,
 }
 
 impl EnrolledPod {
@@ -101,6 +103,7 @@ pub async fn enroll(
     netns: InPodNetns,
     wait: std::time::Duration,
 ) -> Result<EnrolledPod, ProxyError> {
+    let _pending = inputs.workload_states.pending(uid, Default::default());
     let wl = await_workload(&inputs, uid, None, wait).await?;
     enroll_workload(inputs, wl, netns).await
 }
@@ -130,6 +133,7 @@ pub async fn enroll_workload(inputs: Arc<ProxyInputs>, wl: Arc<Workload>, netns:
         netns: netns.clone(),
         active: Default::default(),
         inbound: Default::default(),
+        outbound: Default::default(),
     };
     let r = start(inputs.clone(), pod).await;
     if r.is_err() {
@@ -185,5 +189,6 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     }
     tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
     let _active = inputs.metrics.workload_manager.started();
-    Ok(EnrolledPod { pod, tasks, inputs, _active })
+    let _listed = inputs.workload_states.up(&pod);
+    Ok(EnrolledPod { pod, tasks, inputs, _active, _listed })
 }

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use super::inputs::ProxyInputs;
 use super::limits::track;
-use super::pod::{is_self_call, LocalPod};
+use super::pod::{is_self_call, LocalPod, OutboundView};
 use crate::access_log::{ConnectionLog, Side};
 use crate::hbone::{self, PoolKey};
 use crate::identity::Identity;
@@ -125,6 +125,10 @@ fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) 
 }
 
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+    // eBPF capture hands the app's connection over loopback; the client is still the pod
+    // (same port), and that is what logs, the dump and the peer's `forwarded` name.
+    let peer = if peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
+    let _socket = inputs.metrics.socket_open("source");
     let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
     };
@@ -143,6 +147,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             reset(stream)
         }
         Route::Passthrough(to) => {
+            let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: "TCP" });
             let labels = TcpLabels::new(
                 "source",
                 Peer { workload: Some(&pod.workload), identity: None },
@@ -181,6 +186,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             .write();
         }
         Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
+            let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: hbone_addr, protocol: "HBONE" });
             let labels = TcpLabels::new(
                 "source",
                 Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
@@ -193,13 +199,11 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             let mut req = http::Request::builder()
                 .method(http::Method::CONNECT)
                 .uri(target.to_string())
-                .header("forwarded", format!("for=\"{peer}\""))
+                .header("forwarded", hbone::request::forwarded(peer, service.as_deref().map(|s| s.hostname.as_str())))
                 .header("traceparent", hbone::traceparent());
-            if let Some(svc) = &service {
-                req = req.header(
-                    "baggage",
-                    format!("k8s.namespace.name={},service.name={}", pod.workload.namespace, svc.name),
-                );
+            let baggage = pod.workload.baggage();
+            if !baggage.is_empty() {
+                req = req.header("baggage", baggage);
             }
             let req = match req.body(()) {
                 Ok(r) => r,

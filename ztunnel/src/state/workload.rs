@@ -154,6 +154,10 @@ pub struct Workload {
     pub canonical_revision: String,
     #[serde(default)]
     pub workload_name: String,
+    /// Istio's workload kind in lower case (`deployment`, `cronjob`, `pod`, `job`); it names
+    /// the workload key in the HBONE baggage (`k8s.deployment.name`).
+    #[serde(default)]
+    pub workload_type: String,
     #[serde(default)]
     pub cluster_id: String,
     #[serde(default = "default_capacity")]
@@ -246,6 +250,7 @@ impl Workload {
             canonical_name: String::new(),
             canonical_revision: String::new(),
             workload_name: String::new(),
+            workload_type: String::new(),
             cluster_id: String::new(),
             capacity: default_capacity(),
             status: HealthStatus::default(),
@@ -266,6 +271,28 @@ impl Workload {
 
     pub fn identity(&self) -> Identity {
         Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
+    }
+
+    /// The W3C baggage Istio's ztunnel sends about a source on each CONNECT (known
+    /// fields only): cluster, namespace, `k8s.<type>.name`, canonical service and
+    /// revision, region and zone.
+    pub fn baggage(&self) -> String {
+        let kind = if self.workload_type.is_empty() { "deployment" } else { self.workload_type.as_str() };
+        let kind_key = format!("k8s.{kind}.name");
+        [
+            ("k8s.cluster.name", self.cluster_id.as_str()),
+            ("k8s.namespace.name", self.namespace.as_str()),
+            (kind_key.as_str(), self.workload_name.as_str()),
+            ("service.name", self.canonical_name.as_str()),
+            ("service.version", self.canonical_revision.as_str()),
+            ("cloud.region", self.locality.region.as_str()),
+            ("cloud.availability_zone", self.locality.zone.as_str()),
+        ]
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
     }
 }
 
@@ -367,5 +394,28 @@ impl Service {
         } else {
             1
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn baggage_as_istios_ztunnel_sends_it() {
+        let mut w = Workload::new("u", "echo-7d9f-abc", "default");
+        assert_eq!(w.baggage(), "k8s.namespace.name=default");
+        w.cluster_id = "Kubernetes".into();
+        w.workload_name = "echo".into();
+        w.workload_type = "deployment".into();
+        w.canonical_name = "echo".into();
+        w.canonical_revision = "v1".into();
+        w.locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: String::new() };
+        assert_eq!(
+            w.baggage(),
+            "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=echo,service.name=echo,service.version=v1,cloud.region=r1,cloud.availability_zone=z1"
+        );
+        w.workload_type = "cronjob".into();
+        assert!(w.baggage().contains("k8s.cronjob.name=echo"));
     }
 }

@@ -195,6 +195,8 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         canonical_name: w.canonical_name,
         canonical_revision: w.canonical_revision,
         workload_name: w.workload_name,
+        // Istio's form: the enum's name in lower case ("deployment", "cronjob", "pod", "job").
+        workload_type: pb::WorkloadType::try_from(w.workload_type).map(|t| t.as_str_name().to_ascii_lowercase()).unwrap_or_default(),
         cluster_id: w.cluster_id,
         capacity: w.capacity.unwrap_or(1),
         status,

@@ -134,6 +134,12 @@ async fn add_pod(
     }
     let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
     let _pending = inputs.metrics.workload_manager.pending();
+    let info_view = info.as_ref().map(|i| crate::proxy::states::ProxyInfo {
+        name: i.name.clone(),
+        namespace: i.namespace.clone(),
+        service_account: i.service_account.clone(),
+    });
+    let _listed = inputs.workload_states.pending(&uid, info_view.unwrap_or_default());
     let wl = await_workload(inputs, &uid, named, ENROLL_WAIT).await.map_err(|e| e.to_string())?;
     // The agent's view of the pod must agree with the mesh's: its identity comes from the
     // mesh state, and a disagreement means one of them is wrong about who this pod is.
