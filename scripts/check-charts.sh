@@ -142,6 +142,7 @@ ztunnel_sets=(
   "istio-defaults|-f tests/charts/ztunnel-istio-defaults.yaml"
   "istio-user|-f tests/charts/ztunnel-istio-user.yaml"
   "revision|--set revision=1-24"
+  "istio-dns-off|--set-string meshConfig.defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE=false"
   "openshift|--set platform=openshift --set resourceScope=all"
   "nftables-custom|--set captureMode=nftables --set image.tag=1.2.3 --set image.pullPolicy=Always --set terminationGracePeriodSeconds=60 --set env.EXCLUDE_INBOUND_PORTS=9901 --set nodeSelector.pool=mesh --set-json imagePullSecrets=[\"regcred\"] --set clusterId=cluster-a --set caAddress=https://istiod-canary.istio-system.svc:15012 --set dns.capture=false --set dns.clusterDomain=corp.example"
 )
@@ -243,7 +244,8 @@ if chart == "ztunnel":
     expect(rp.get("port") == 15021 and rp.get("path") == "/healthz/ready", f"readinessProbe {rp}")
     expect(field_ref(env, "NODE_NAME") == "spec.nodeName", "NODE_NAME from spec.nodeName")
     expect(env_value(env, "INPOD_UDS") == "/var/run/ztunnel/ztunnel.sock", "INPOD_UDS")
-    expect(env_value(env, "DNS_PROXY") == "true", "DNS_PROXY")
+    # Istio's ISTIO_META_DNS_CAPTURE decides the DNS proxy when a values file sets it.
+    expect(env_value(env, "DNS_PROXY") == ("false" if set_name == "istio-dns-off" else "true"), "DNS_PROXY")
     expect(env_value(env, "ZTUNNEL_DNS_CAPTURE") in ("true", "false"), "ZTUNNEL_DNS_CAPTURE")
     mounts = mounts_by_volume(pod, c)
     expect(mounts.get("/var/run/ztunnel", {}).get("hostPath", {}).get("path") == "/var/run/ztunnel", "hostPath /var/run/ztunnel")

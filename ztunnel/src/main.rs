@@ -277,9 +277,12 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
     }
     // Istio runs its DNS server unless the DNS_CAPTURE metadata says otherwise.
     if let Some(v) = env.get("ISTIO_META_DNS_CAPTURE") {
+        let istio = v.eq_ignore_ascii_case("true");
         match explicit("dns_proxy") {
+            // Both set and agreeing (our chart derives DNS_PROXY from it): nothing to say.
+            true if args.dns.dns_proxy == istio => {}
             true => shadowed("ISTIO_META_DNS_CAPTURE", "--dns-proxy (DNS_PROXY)"),
-            false => args.dns.dns_proxy = v.eq_ignore_ascii_case("true"),
+            false => args.dns.dns_proxy = istio,
         }
     }
     // INPOD_UDS in the environment is how Istio's chart says istio-cni is there; it
@@ -649,6 +652,13 @@ mod tests {
         assert_eq!(args.cert_ttl_seconds, 600);
         assert!(args.dns.dns_proxy);
         assert!(s.warnings.iter().any(|w| w.starts_with("SECRET_TTL ignored")), "{:?}", s.warnings);
+        assert!(s.warnings.iter().any(|w| w.starts_with("ISTIO_META_DNS_CAPTURE ignored")), "{:?}", s.warnings);
+        // Both given and agreeing (as our chart renders them): no warning.
+        let mut argv = BASE.to_vec();
+        argv.extend(["--dns-proxy", "false"]);
+        let (args, s) = parse(&argv, &[("ISTIO_META_DNS_CAPTURE", "false")]).unwrap();
+        assert!(!args.dns.dns_proxy);
+        assert!(s.warnings.is_empty(), "{:?}", s.warnings);
         assert!(parse(BASE, &[("SECRET_TTL", "a day")]).unwrap_err().to_string().contains("SECRET_TTL"));
         // Worker threads as a share of ZTUNNEL_CPU_LIMIT.
         let mut argv = BASE.to_vec();
