@@ -509,6 +509,9 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
         ("PACKET_MARK", "1337"),
         ("INPOD_PORT_REUSE", "true"),
         ("ENABLE_ORIG_SRC", "true"),
+        ("HTTP2_STREAM_WINDOW_SIZE", "1048576"),
+        ("HTTP2_CONNECTION_WINDOW_SIZE", "8388608"),
+        ("HTTP2_FRAME_SIZE", "65536"),
     ];
     let mut z = topo.node(1).spawn(ZTUNNEL, &["proxy", "ztunnel"], &env, &topo.dir.join("ztunnel.log"))?;
     z.wait_log("ztunnel ready", READY)?;
@@ -553,6 +556,7 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
     assert_eq!(c["xdsHeaders"], serde_json::json!([["x-tenant", "<redacted>"]]));
     assert_eq!(c["proxyMetadata"]["DNS_CAPTURE"], "true");
     assert_eq!(c["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    assert_eq!((c["windowSize"].as_u64(), c["connectionWindowSize"].as_u64(), c["frameSize"].as_u64()), (Some(1_048_576), Some(8_388_608), Some(65_536)));
     let own = dump["certificates"].as_array().context("certificates")?.iter().find(|c| c["identity"] == ZTUNNEL_ID).context("own certificate")?;
     assert_eq!(own["rootCerts"].as_array().map(Vec::len), Some(1), "{own}");
 
@@ -565,6 +569,8 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
         ("CA_ROOT_CA", "SYSTEM", "CA_ROOT_CA=SYSTEM"),
         ("PACKET_MARK", "42", "PACKET_MARK"),
         ("INPOD_PORT_REUSE", "maybe", "INPOD_PORT_REUSE"),
+        // h2 would panic on a frame size outside HTTP/2's range: refused at start instead.
+        ("HTTP2_FRAME_SIZE", "1024", "HTTP2_FRAME_SIZE"),
     ] {
         let mut env: Vec<(&str, &str)> = env.iter().copied().filter(|(k, _)| *k != name).collect();
         env.push((name, value));

@@ -216,8 +216,8 @@ impl Upstreams {
                 _ => {
                     let io = TokioIo::new(self.tunnel(ep).await?);
                     let (sender, c) = http2::Builder::new(TokioExecutor::new())
-                        .initial_stream_window_size(hbone::STREAM_WINDOW)
-                        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
+                        .initial_stream_window_size(hbone::h2_sizes().stream_window)
+                        .initial_connection_window_size(hbone::h2_sizes().connection_window)
                         .handshake(io)
                         .await
                         .map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;

@@ -13,7 +13,7 @@ pub use pool::{Pool, PoolKey, StreamGuard};
 pub use request::{connect_target, protocol_abuse, respond_status, BadConnect};
 pub use stream::H2Stream;
 pub use tuning::{
-    server_builder, tune_tls, CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_BYTES, PING_INTERVAL, PING_TIMEOUT, SERVER_MAX_STREAMS,
+    h2_sizes, server_builder, set_h2_sizes, tune_tls, H2Sizes, CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_BYTES, PING_INTERVAL, PING_TIMEOUT, SERVER_MAX_STREAMS,
     STREAM_WINDOW, TLS_SEND_BUFFER_LIMIT,
 };
 

@@ -298,6 +298,7 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         no_port_reuse: env.bool("INPOD_PORT_REUSE")? == Some(false),
     };
     ztunnel::netns::set_socket_options(socket);
+    ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(env)?);
     let local_config = args.local_xds_path.is_some() || args.local_xds.is_some();
     let builtin_ca = args.fake_ca || args.ca_cert.is_some();
     warnings.extend(args.istiod.apply_istio_env(env, local_config, builtin_ca)?);
@@ -440,9 +441,9 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     let mut config = serde_json::json!({
         "proxy": true,
         "dnsProxy": args.dns.dns_proxy,
-        "windowSize": ztunnel::hbone::STREAM_WINDOW,
-        "connectionWindowSize": ztunnel::hbone::CONNECTION_WINDOW,
-        "frameSize": ztunnel::hbone::MAX_FRAME,
+        "windowSize": ztunnel::hbone::h2_sizes().stream_window,
+        "connectionWindowSize": ztunnel::hbone::h2_sizes().connection_window,
+        "frameSize": ztunnel::hbone::h2_sizes().max_frame,
         "poolMaxStreamsPerConn": args.pool_max_streams,
         "poolUnusedReleaseTimeout": d(Duration::from_secs(args.pool_idle_timeout_seconds)),
         "socks5Addr": null,

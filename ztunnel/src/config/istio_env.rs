@@ -249,17 +249,6 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     if env.bool("ENABLE_ORIG_SRC")? == Some(false) {
         warn("ENABLE_ORIG_SRC", "inbound deliveries always keep the client's source address");
     }
-    for (name, ours) in [
-        ("HTTP2_STREAM_WINDOW_SIZE", crate::hbone::tuning::STREAM_WINDOW),
-        ("HTTP2_CONNECTION_WINDOW_SIZE", crate::hbone::tuning::CONNECTION_WINDOW),
-        ("HTTP2_FRAME_SIZE", crate::hbone::tuning::MAX_FRAME),
-    ] {
-        if let Some(v) = env.number::<u32>(name)? {
-            if v != ours {
-                warn(name, &format!("HBONE uses Istio's default of {ours} bytes"));
-            }
-        }
-    }
     if env.non_empty("NETWORK").is_some() {
         warn("NETWORK", "multi-network routing (east-west gateways) is not supported; the value is reported in /config_dump only");
     }
@@ -275,6 +264,33 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
         }
     }
     Ok(warnings)
+}
+
+/// HBONE's HTTP/2 sizes from Istio's `HTTP2_STREAM_WINDOW_SIZE`,
+/// `HTTP2_CONNECTION_WINDOW_SIZE` and `HTTP2_FRAME_SIZE` (bytes; unset: Istio's defaults).
+pub fn h2_sizes(env: &Env) -> Result<crate::hbone::H2Sizes, EnvError> {
+    use crate::hbone::tuning::{FRAME_RANGE, MAX_WINDOW};
+    let d = crate::hbone::H2Sizes::default();
+    let window = |name: &str, default: u32| -> Result<u32, EnvError> {
+        match env.number::<u32>(name)? {
+            None => Ok(default),
+            // Below the protocol's initial 65,535 a peer could not even send its first frame.
+            Some(v) if (65_535..=MAX_WINDOW).contains(&v) => Ok(v),
+            Some(_) => Err(env.invalid(name, &format!("must be between 65535 and {MAX_WINDOW} bytes"))),
+        }
+    };
+    let max_frame = match env.number::<u32>("HTTP2_FRAME_SIZE")? {
+        None => d.max_frame,
+        Some(v) if FRAME_RANGE.contains(&v) => v,
+        Some(_) => {
+            return Err(env.invalid("HTTP2_FRAME_SIZE", &format!("must be between {} and {} bytes (HTTP/2's range)", FRAME_RANGE.start(), FRAME_RANGE.end())))
+        }
+    };
+    Ok(crate::hbone::H2Sizes {
+        stream_window: window("HTTP2_STREAM_WINDOW_SIZE", d.stream_window)?,
+        connection_window: window("HTTP2_CONNECTION_WINDOW_SIZE", d.connection_window)?,
+        max_frame,
+    })
 }
 
 impl Keepalive {
@@ -384,6 +400,20 @@ mod tests {
     }
 
     #[test]
+    fn http2_sizes_are_istios_and_checked() {
+        assert_eq!(h2_sizes(&Env::default()), Ok(crate::hbone::H2Sizes::default()));
+        let env = Env::from_pairs([("HTTP2_STREAM_WINDOW_SIZE", "65535"), ("HTTP2_CONNECTION_WINDOW_SIZE", "1048576"), ("HTTP2_FRAME_SIZE", "16384")]);
+        assert_eq!(
+            h2_sizes(&env),
+            Ok(crate::hbone::H2Sizes { stream_window: 65_535, connection_window: 1_048_576, max_frame: 16_384 })
+        );
+        for (name, bad) in [("HTTP2_FRAME_SIZE", "1024"), ("HTTP2_FRAME_SIZE", "16777216"), ("HTTP2_STREAM_WINDOW_SIZE", "100"), ("HTTP2_CONNECTION_WINDOW_SIZE", "4294967295"), ("HTTP2_STREAM_WINDOW_SIZE", "big")] {
+            let e = h2_sizes(&Env::from_pairs([(name, bad)])).unwrap_err().to_string();
+            assert!(e.contains(name), "{name}={bad}: {e}");
+        }
+    }
+
+    #[test]
     fn unsupported_settings_warn_or_refuse() {
         assert_eq!(unsupported(&Env::default()), Ok(vec![]));
         // Istio's defaults and values we match exactly are accepted quietly.
@@ -398,9 +428,9 @@ mod tests {
             ("CRL_PATH", ""),
         ]);
         assert_eq!(unsupported(&same), Ok(vec![]));
-        let harmless = Env::from_pairs([("IPV6_ENABLED", "true"), ("HTTP2_STREAM_WINDOW_SIZE", "65535"), ("NETWORK", "net1"), ("XDS_ON_DEMAND", "true")]);
+        let harmless = Env::from_pairs([("IPV6_ENABLED", "true"), ("NETWORK", "net1"), ("XDS_ON_DEMAND", "true")]);
         let w = unsupported(&harmless).unwrap();
-        for name in ["IPV6_ENABLED", "HTTP2_STREAM_WINDOW_SIZE", "NETWORK", "XDS_ON_DEMAND"] {
+        for name in ["IPV6_ENABLED", "NETWORK", "XDS_ON_DEMAND"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
         for (name, value) in [("CRL_PATH", "/var/run/secrets/istio/crl/ca-crl.pem"), ("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {

@@ -15,7 +15,7 @@ use rustls_pki_types::ServerName;
 use tracing::Instrument;
 
 use super::error::HboneError;
-use super::tuning::{tune_tls, CONNECTION_WINDOW, MAX_FRAME, PING_INTERVAL, PING_TIMEOUT, STREAM_WINDOW};
+use super::tuning::{h2_sizes, tune_tls, PING_INTERVAL, PING_TIMEOUT};
 use crate::identity::{CertManager, Identity};
 use crate::netns::InPodNetns;
 
@@ -171,10 +171,11 @@ impl Pool {
             .await
             .map_err(|source| HboneError::Tls { peer: peer.clone(), source })?;
         tune_tls(tls.get_mut().1);
+        let sizes = h2_sizes();
         let (send, mut connection) = h2::client::Builder::new()
-            .initial_window_size(STREAM_WINDOW)
-            .initial_connection_window_size(CONNECTION_WINDOW)
-            .max_frame_size(MAX_FRAME)
+            .initial_window_size(sizes.stream_window)
+            .initial_connection_window_size(sizes.connection_window)
+            .max_frame_size(sizes.max_frame)
             .handshake::<_, Bytes>(tls)
             .await
             .map_err(|source| HboneError::H2 { peer: peer.clone(), source })?;
