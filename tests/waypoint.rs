@@ -652,3 +652,158 @@ async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connection
     assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
     Ok(())
 }
+
+// ---------------------------------------------------------------------------------------
+// The Grafana dashboards the charts ship (scripts/dashboards.py) query only metrics that
+// the binaries export.
+
+/// Metrics a dashboard queries that this test's traffic does not produce: each must be
+/// exported with a sample by the metrics library once its event happens (`library_scrape`)
+/// or by the other binary's scrape.
+const ZTUNNEL_EVENT_ONLY: &[&str] = &[
+    // Local config: no xDS stream to istiod.
+    "istio_xds_connection_terminations_total",
+    "istio_xds_message_total",
+    "istio_xds_message_bytes_total",
+    // pod_limit, fd_exhaustion, accept_error.
+    "ztunnel_connections_refused_total",
+];
+const WAYPOINT_EVENT_ONLY: &[&str] = &[
+    "istio_xds_message_total",
+    // The waypoint's L4 relay does not record Istio's TCP metrics yet (Istio's waypoints
+    // report them with reporter="waypoint"): the TCP row stays empty until it does. They
+    // are the families ztunnel exports.
+    "istio_tcp_connections_opened_total",
+    "istio_tcp_connections_closed_total",
+    "istio_tcp_sent_bytes_total",
+    "istio_tcp_received_bytes_total",
+    "istio_tcp_connections_failed_total",
+];
+
+/// The metrics registry of both binaries with one of each event the e2e traffic cannot
+/// cause recorded (the encoder leaves out families without samples).
+fn library_scrape() -> String {
+    let m = ztunnel::metrics::Metrics::default();
+    m.xds.terminated("closed");
+    m.xds.message("type.googleapis.com/istio.workload.Address", 100, 0);
+    m.connection_refused("pod_limit");
+    m.encode()
+}
+
+/// The metric names a dashboard's queries and variables select: each is written right
+/// before its `{` selector (scripts/dashboards.py checks that every query has one).
+fn dashboard_metrics(path: &std::path::Path) -> Result<std::collections::BTreeSet<String>> {
+    let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
+    let d: serde_json::Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
+    let mut exprs: Vec<&str> = Vec::new();
+    for p in d["panels"].as_array().context("no panels")? {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            exprs.extend(t["expr"].as_str());
+        }
+    }
+    for v in d["templating"]["list"].as_array().context("no templating")? {
+        exprs.extend(v["definition"].as_str());
+    }
+    let re = regex::Regex::new(r"(?:^|[^A-Za-z0-9_:$])([A-Za-z_:][A-Za-z0-9_:]*)\{")?;
+    let names: std::collections::BTreeSet<String> = exprs.iter().flat_map(|e| re.captures_iter(e).map(|c| c[1].to_string())).collect();
+    anyhow::ensure!(names.len() > 5, "{}: only {names:?}", path.display());
+    Ok(names)
+}
+
+/// Whether a scrape has a sample of `sample` (a name as a query writes it: `x_total`,
+/// `x_bucket`, a gauge's name) and declares its family with the type that name implies.
+/// The encoder writes no family without samples.
+fn exported(scrapes: &[&str], sample: &str) -> bool {
+    scrapes.iter().any(|s| {
+        let declared = |family: &str, types: &[&str]| {
+            s.lines().any(|l| {
+                let mut w = l.strip_prefix("# TYPE ").unwrap_or("").split_whitespace();
+                w.next() == Some(family) && w.next().is_some_and(|t| types.contains(&t))
+            })
+        };
+        let typed = declared(sample, &["gauge", "unknown"])
+            || sample.strip_suffix("_total").is_some_and(|f| declared(f, &["counter"]))
+            || ["_bucket", "_sum", "_count"].iter().any(|sfx| sample.strip_suffix(sfx).is_some_and(|f| declared(f, &["histogram"])));
+        typed && s.lines().any(|l| l.strip_prefix(sample).is_some_and(|r| r.starts_with('{') || r.starts_with(' ')))
+    })
+}
+
+/// A DNS query for `name` (type A) from `pod` to its in-pod DNS proxy; the answer count.
+fn dns_answers(pod: &Pod, name: &str) -> Result<u16> {
+    let mut q = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        q.push(u8::try_from(label.len())?);
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    pod.netns.run(move || -> Result<u16> {
+        let s = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.send_to(&q, "127.0.0.1:15053")?;
+        let mut buf = [0u8; 512];
+        let n = s.recv(&mut buf)?;
+        anyhow::ensure!(n >= 12 && buf[..2] == [0x12, 0x34] && buf[3] & 0x0f == 0, "bad DNS answer {:?}", &buf[..n]);
+        Ok(u16::from_be_bytes([buf[6], buf[7]]))
+    })?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboards_query_only_exported_metrics() -> Result<()> {
+    let m = L7Mesh::start("dash", L7_ROUTES, &[]).await?;
+    // HTTP through the waypoint (200 and a 403 from policy), L4 through it (port 9000),
+    // and a DNS query to node1's DNS proxy.
+    let mut c = m.h1().await?;
+    assert_eq!(c.get("/hello").await?.status, 200);
+    assert_eq!(c.get("/admin").await?.status, 403);
+    drop(c);
+    let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    assert!(!echo_roundtrip(&mut s, b"opaque").await?.is_empty());
+    let client = m.mesh.topo.pod("n1p1");
+    assert!(dns_answers(client, "echo.default.svc.cluster.local")? >= 1);
+    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("direction=\"waypoint\""))?;
+    // Failures: a name outside the mesh (forwarded upstream, whatever the answer), a port
+    // nothing listens on, and bytes that are not TLS on a pod's HBONE port.
+    let q = [0x43, 0x21, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 7, b'e', b'x', b'a', b'm', b'p', b'l', b'e', 3, b'c', b'o', b'm', 0, 0, 1, 0, 1];
+    client.netns.run(|| std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.send_to(&q, "127.0.0.1:15053")))??;
+    let server = m.mesh.topo.pod("n2p1").ip;
+    if let Ok(mut s) = client.netns.connect(SocketAddr::new(server.into(), 7777)).await {
+        let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"anyone?")).await;
+    }
+    let mut s = m.mesh.topo.node(1).connect(SocketAddr::new(server.into(), 15008)).await?;
+    let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"GET / HTTP/1.1\r\n\r\n")).await;
+
+    // Counters are updated as connections end: wait for the failures to be counted.
+    let mut ztunnels = Vec::new();
+    for _ in 0..100 {
+        ztunnels.clear();
+        for n in 1..=2 {
+            let mut mc = http_app::H1Client::connect(m.mesh.topo.node(n), "127.0.0.1:15020".parse()?, "localhost").await?;
+            ztunnels.push(mc.get("/stats/prometheus").await?.body);
+        }
+        let z: Vec<&str> = ztunnels.iter().map(String::as_str).collect();
+        let counted = |name| exported(&z, name);
+        if counted("istio_tcp_connections_failed_total") && counted("ztunnel_hbone_rejections_total") && counted("istio_dns_upstream_requests_total") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waypoint = m.metrics().await?;
+    let library = library_scrape();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut problems = Vec::new();
+    let z: Vec<&str> = ztunnels.iter().map(String::as_str).collect();
+    for (dashboard, scrapes, event_only) in [
+        ("charts/ztunnel/files/dashboards/ztunnel.json", z.clone(), ZTUNNEL_EVENT_ONLY),
+        ("charts/waypoint/files/dashboards/waypoint.json", vec![waypoint.as_str()], WAYPOINT_EVENT_ONLY),
+    ] {
+        let others: Vec<&str> = z.iter().copied().chain([waypoint.as_str(), library.as_str()]).collect();
+        for name in dashboard_metrics(&root.join(dashboard))? {
+            let ok = exported(&scrapes, &name) || (event_only.contains(&name.as_str()) && exported(&others, &name));
+            if !ok {
+                problems.push(format!("{dashboard}: {name} is not exported (no sample of a family of that type) after traffic"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}\n--- ztunnel node1:\n{}\n--- waypoint:\n{waypoint}", problems.join("\n"), ztunnels[0]);
+    Ok(())
+}
