@@ -21,4 +21,6 @@ pub struct ProxyInputs {
     pub hbone_server: Arc<crate::hbone::server::Server>,
     /// The DNS proxy, when on: each pod gets its listeners.
     pub dns: Option<Arc<crate::dns::DnsProxy>>,
+    /// Resolves the hostnames of workloads without an IP (always on, DNS proxy or not).
+    pub on_demand_dns: Arc<crate::dns::on_demand::OnDemandResolver>,
 }
