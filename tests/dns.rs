@@ -34,6 +34,7 @@ type Seen = (IpAddr, &'static str, String, RecordType);
 
 /// The fake upstream resolver: UDP and TCP on port 53 in a pod netns, on threads of its own.
 /// external.example has an address, big.example 100 of them (truncated over UDP),
+/// db.external.example (through a CNAME) and direct.external.example the fake's own,
 /// silent.example never gets an answer, anything else is NXDOMAIN.
 struct FakeUpstream {
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -111,6 +112,15 @@ fn fake_answer(wire: &[u8], transport: &'static str, from: IpAddr, seen: &Mutex<
         ("silent.example.", _) => return None,
         ("external.example.", RecordType::A) => {
             r.answers.push(Record::from_rdata(owner, 60, RData::A(EXTERNAL_IP.parse::<std::net::Ipv4Addr>().ok()?.into())));
+        }
+        // ServiceEntry hosts: this pod itself (outside the mesh), one through a CNAME.
+        ("db.external.example.", RecordType::A) => {
+            let target = Name::from_ascii("server.external.example.").ok()?;
+            r.answers.push(Record::from_rdata(owner, 60, RData::CNAME(hickory_proto::rr::rdata::CNAME(target.clone()))));
+            r.answers.push(Record::from_rdata(target, 60, RData::A(A::from(std::net::Ipv4Addr::from(UPSTREAM_IP)))));
+        }
+        ("direct.external.example.", RecordType::A) => {
+            r.answers.push(Record::from_rdata(owner, 60, RData::A(A::from(std::net::Ipv4Addr::from(UPSTREAM_IP)))));
         }
         ("big.example.", RecordType::A) => {
             for i in 0..100u8 {
@@ -255,9 +265,14 @@ impl Drop for PodResolvConf {
 /// The mesh: n1p1 enrolled in `default` (canonical service `sleep`), service echo with
 /// VIP 10.96.0.10; n2p1 is not in the mesh. `env` is added to both ztunnels'.
 fn dns_mesh(tag: &str, env: &[(&str, &str)]) -> Result<(Mesh, FakeUpstream)> {
+    dns_mesh_with(tag, env, "", "")
+}
+
+/// `dns_mesh` with more workloads and services (YAML list items).
+fn dns_mesh_with(tag: &str, env: &[(&str, &str)], workloads: &str, services: &str) -> Result<(Mesh, FakeUpstream)> {
     let topo = Topology::build(&prefix(tag), &[1, 1])?;
     let cfg = format!(
-        "workloads:\n{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], ports: {{80: 8080}}}}\n",
+        "workloads:\n{}{workloads}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], ports: {{80: 8080}}}}\n{services}",
         workload(&topo, "n1p1", "sleep", ", canonicalName: sleep, canonicalRevision: v1"),
     );
     let fake = FakeUpstream::start(&topo.pod("n2p1").netns)?;
@@ -407,5 +422,76 @@ fn dns_capture_off_leaves_port_53_alone() -> Result<()> {
     assert_eq!(addresses(&r), vec![VIP]);
     let r = ask_tcp(client, proxy, "echo.default.", RecordType::A)?;
     assert_eq!(addresses(&r), vec![VIP]);
+    Ok(())
+}
+
+/// DNS-resolved ServiceEntries: workloads known only by hostname. n2p1 (outside the mesh,
+/// also the upstream resolver) serves on 8080 and is `db.external.example` (through a
+/// CNAME) and `direct.external.example` upstream. The client reaches it by the
+/// ServiceEntry's VIP (the endpoint's name resolved on demand from node 1, cached), by
+/// name through the DNS proxy (the VIP, then the same), and by the name of a service
+/// without a VIP (forwarded upstream, then plain passthrough); a name that does not
+/// resolve fails the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_entry_hostname_endpoints_are_resolved_on_demand() -> Result<()> {
+    const SE_VIP: &str = "10.96.0.50";
+    const GONE_VIP: &str = "10.96.0.51";
+    let workloads = "- {uid: Kubernetes/networking.istio.io/ServiceEntry/default/db/db.external.example, name: db, namespace: default,
+   hostname: db.external.example, protocol: TCP,
+   services: {default/db.external.example: {80: 8080}, default/direct.external.example: {80: 8080}}}
+- {uid: Kubernetes/networking.istio.io/ServiceEntry/default/gone/gone.external.example, name: gone, namespace: default,
+   hostname: gone.external.example, services: {default/gone.external.example: {80: 8080}}}
+";
+    let services = format!(
+        "- {{name: db, namespace: default, hostname: db.external.example, vips: [\"/{SE_VIP}\"], ports: {{80: 8080}}}}
+- {{name: direct, namespace: default, hostname: direct.external.example, ports: {{80: 8080}}}}
+- {{name: gone, namespace: default, hostname: gone.external.example, vips: [\"/{GONE_VIP}\"], ports: {{80: 8080}}}}
+"
+    );
+    let (mesh, fake) = dns_mesh_with("h", &[], workloads, &services)?;
+    let (client, ext) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let echo = EchoServer::start(&ext.netns, 8080, None)?;
+    let roundtrip = |to: SocketAddr, data: &'static [u8]| async move {
+        let mut s = client.netns.connect(to).await?;
+        echo_roundtrip(&mut s, data).await
+    };
+    let se_vip = SocketAddr::new(SE_VIP.parse()?, 80);
+
+    // By the VIP: the endpoint's hostname resolved from node 1, then plaintext to it.
+    assert_eq!(roundtrip(se_vip, b"by vip").await.with_context(|| mesh.logs())?, b"by vip");
+    let asked = fake.asked("db.external.example.");
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].0, IpAddr::from([10, 0, 0, 1]), "resolved by node 1's ztunnel, not by the pod");
+    assert_eq!(roundtrip(se_vip, b"again").await?, b"again");
+    assert_eq!(fake.asked("db.external.example.").len(), 1, "the second connection used the cached answer");
+    mesh.wait_logs(&["dst.service=db.external.example"])?;
+    assert!(echo.peers().iter().all(|p| p.ip() == IpAddr::from([10, 10, 1, 11])), "the pod's own address: {:?}", echo.peers());
+
+    // By name through the DNS proxy: the ServiceEntry's VIP (a mesh answer), then the same.
+    let r = ask_udp(client, upstream(), "db.external.example.", RecordType::A, Sock::Unconnected)?;
+    assert_eq!(addresses(&r), vec![SE_VIP]);
+    assert!(r.metadata.authoritative, "answered from the mesh");
+    let to = SocketAddr::new(addresses(&r)[0].parse()?, 80);
+    assert_eq!(roundtrip(to, b"by name").await?, b"by name");
+    assert_eq!(fake.asked("db.external.example.").len(), 1, "neither the DNS proxy nor the connection asked again");
+
+    // A service without a VIP: its name is the upstream resolver's; the address it gives
+    // is outside the mesh and passed through.
+    let r = ask_udp(client, upstream(), "direct.external.example.", RecordType::A, Sock::Unconnected)?;
+    assert_eq!(addresses(&r), vec![ext.ip.to_string()]);
+    assert!(!r.metadata.authoritative, "forwarded");
+    let to = SocketAddr::new(addresses(&r)[0].parse()?, 8080);
+    assert_eq!(roundtrip(to, b"direct").await?, b"direct");
+
+    // An endpoint whose name does not resolve: the connection fails, saying why.
+    let r = tokio::time::timeout(Duration::from_secs(10), roundtrip(SocketAddr::new(GONE_VIP.parse()?, 80), b"gone?")).await?;
+    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "a connection to an unresolvable endpoint was served");
+    mesh.wait_logs(&["endpoint gone.external.example: no address for gone.external.example (upstream answered Non-Existent Domain"])?;
+
+    // Istio's metric: the three connections by the VIP, one to the unresolvable name.
+    let m = scrape_metrics(mesh.topo.node(1))?;
+    let src = ["source_workload=\"n1p1\"", "source_canonical_service=\"sleep\"", "source_principal=\"spiffe://cluster.local/ns/default/sa/sleep\""];
+    assert_eq!(metric(&m, "istio_on_demand_dns_total", &[&src[..], &["hostname=\"db.external.example\""]].concat()), Some(3.0), "{m}");
+    assert_eq!(metric(&m, "istio_on_demand_dns_total", &[&src[..], &["hostname=\"gone.external.example\""]].concat()), Some(1.0), "{m}");
     Ok(())
 }

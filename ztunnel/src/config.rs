@@ -76,6 +76,10 @@ impl LocalConfig {
                     )));
                 }
             }
+            if !w.hostname.is_empty() {
+                crate::state::workload::validate_hostname(&w.hostname)
+                    .map_err(|e| invalid(format!("workloads[{i}].hostname: {e}")))?;
+            }
             if let Some(t) = &w.application_tunnel {
                 t.validate().map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
             }
@@ -268,6 +272,21 @@ policies:
         ] {
             let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
             assert!(err.contains(want), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn workload_hostnames_parse_and_bad_ones_are_named() {
+        let wl = |h: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, hostname: {h:?}}}\n");
+        for good in ["api.example.com", "API.example.com.", "_svc.example", "192.0.2.5", "2001:db8::5"] {
+            let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl(good)).unwrap();
+            assert_eq!(cfg.workloads[0].hostname, good);
+        }
+        let long = format!("{}.example", "a".repeat(64));
+        for bad in ["*.example.com", "a..b", "a b.example", "", long.as_str()] {
+            let text = if bad.is_empty() { wl(".") } else { wl(bad) };
+            let err = LocalConfig::parse(Path::new("f.yaml"), &text).unwrap_err().to_string();
+            assert!(err.contains("workloads[0].hostname:"), "{bad}: {err}");
         }
     }
 

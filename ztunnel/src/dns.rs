@@ -4,7 +4,8 @@
 //! from the asking pod's namespace; see `name`) are answered from the mesh state with
 //! the services' VIPs; everything else is forwarded to the node's upstream resolvers
 //! (`forwarder`) through a bounded, node-wide cache (`cache`). Counted in Istio's DNS
-//! metrics (`metrics::dns`).
+//! metrics (`metrics::dns`). The same upstreams resolve workload hostnames for
+//! outbound connections (`on_demand`).
 
 pub mod answer;
 pub mod cache;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod forwarder;
 pub mod message;
 pub mod name;
+pub mod on_demand;
 pub mod proxy;
 pub mod resolver;
 pub mod server;

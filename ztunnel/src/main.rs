@@ -191,8 +191,9 @@ struct DnsArgs {
     /// else captures (istio-cni with dnsCapture redirects to 15053 itself) or to leave DNS alone.
     #[arg(long, env = "ZTUNNEL_DNS_CAPTURE", default_value_t = true, action = clap::ArgAction::Set)]
     dns_capture: bool,
-    /// Upstream resolvers for names outside the mesh, comma-separated IP or IP:PORT;
-    /// default: the nameservers of ztunnel's own /etc/resolv.conf.
+    /// Upstream resolvers for names outside the mesh and for the hostnames of workloads
+    /// without an IP, comma-separated IP or IP:PORT; default: the nameservers of
+    /// ztunnel's own /etc/resolv.conf.
     #[arg(long, env = "ZTUNNEL_DNS_UPSTREAM", value_delimiter = ',')]
     dns_upstream: Vec<String>,
     /// The cluster's DNS domain, for search-domain expansion.
@@ -204,22 +205,25 @@ struct DnsArgs {
 }
 
 impl DnsArgs {
-    fn config(&self) -> anyhow::Result<ztunnel::dns::DnsConfig> {
-        let upstreams = if self.dns_upstream.is_empty() {
+    fn upstreams(&self) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+        if self.dns_upstream.is_empty() {
             // Without upstreams the proxy still answers mesh names (and says why it cannot do more).
-            ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "DNS proxy: no upstream resolvers");
+            Ok(ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "DNS: no upstream resolvers");
                 Vec::new()
-            })
+            }))
         } else {
-            self.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?
-        };
-        Ok(ztunnel::dns::DnsConfig {
+            Ok(self.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?)
+        }
+    }
+
+    fn config(&self, upstreams: Vec<std::net::SocketAddr>) -> ztunnel::dns::DnsConfig {
+        ztunnel::dns::DnsConfig {
             cluster_domain: self.cluster_domain.clone(),
             upstreams,
             cache_entries: self.dns_cache_entries,
             ..Default::default()
-        })
+        }
     }
 }
 
@@ -404,12 +408,17 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let mut metrics = ztunnel::metrics::Metrics::default();
+    let upstreams = args.dns.upstreams()?;
     let dns = if args.dns.dns_proxy {
         let dns_metrics = ztunnel::metrics::dns::DnsMetrics::register(&mut metrics.registry);
-        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config()?, state.clone(), dns_metrics)))
+        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config(upstreams.clone()), state.clone(), dns_metrics)))
     } else {
         None
     };
+    let on_demand_dns = Arc::new(ztunnel::dns::on_demand::OnDemandResolver::new(
+        ztunnel::dns::on_demand::OnDemandConfig { upstreams, ..Default::default() },
+        ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry),
+    ));
     let metrics = Arc::new(metrics);
     certs.set_metrics(metrics.certs.clone());
     let _ = metrics.process.certs.set(certs.clone());
@@ -556,6 +565,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         drain: drain.clone(),
         dns,
         workload_states,
+        on_demand_dns,
     });
 
     let pods = ztunnel::proxy::Pods::default();

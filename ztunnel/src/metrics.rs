@@ -16,6 +16,7 @@ pub mod dns;
 pub mod http;
 pub mod labels;
 pub mod meta;
+pub mod on_demand_dns;
 pub mod process;
 
 pub use labels::{Peer, SeriesBound, TcpLabels, MAX_SERIES};

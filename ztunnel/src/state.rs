@@ -283,13 +283,12 @@ impl MeshState {
     }
 
     /// The endpoints of `svc` a connection to `service_port` may go to, with their
-    /// target ports: healthy ones (all of them under health policy ALLOW_ALL).
+    /// target ports: healthy ones (all of them under health policy ALLOW_ALL) that have
+    /// an IP or a hostname to resolve (one with neither could never be connected to).
     pub fn usable_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
         let mut eps = self.endpoints_for(svc, service_port);
         let allow_all = svc.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
-        if !allow_all {
-            eps.retain(|(w, _)| w.status == HealthStatus::Healthy);
-        }
+        eps.retain(|(w, _)| (allow_all || w.status == HealthStatus::Healthy) && w.has_address());
         eps
     }
 

@@ -66,6 +66,7 @@ pub fn workload(w: &Workload) -> Value {
     insert_unless_default(&mut m, "workloadType", json!(w.workload_type));
     insert_unless_default(&mut m, "canonicalName", json!(w.canonical_name));
     insert_unless_default(&mut m, "canonicalRevision", json!(w.canonical_revision));
+    insert_unless_default(&mut m, "hostname", json!(w.hostname));
     insert_unless_default(&mut m, "node", json!(w.node));
     // Istio's dump shape: {"protocol": "PROXY", "port": N} (port null when unset).
     if let Some(t) = crate::state::ApplicationTunnel::effective(w.application_tunnel) {
@@ -359,6 +360,7 @@ mod tests {
             std::path::Path::new("t.yaml"),
             "workloads:\n- {uid: u1, name: a, namespace: ns, serviceAccount: sa, workloadIps: [10.0.0.1], protocol: HBONE, node: n1, services: {ns/s.ns.svc: {80: 8080}}, waypoint: {destination: \"ns/wp.ns.svc.cluster.local\"}, applicationTunnel: {protocol: PROXY}}\n\
              - {uid: u2, name: b, namespace: ns, workloadIps: [10.0.0.2]}\n\
+             - {uid: u3, name: c, namespace: ns, hostname: api.example.com, services: {ns/api.example.com: {443: 443}}}\n\
              services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}}\n\
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
         )
@@ -373,6 +375,9 @@ mod tests {
         assert_eq!(d["workloads"][0]["waypoint"]["destination"], "ns/wp.ns.svc.cluster.local");
         assert_eq!(d["services"][0]["waypoint"]["destination"], "/10.0.0.9");
         assert_eq!(d["workloads"][0]["applicationTunnel"], json!({"protocol": "PROXY", "port": null}));
+        // A hostname workload: the name, no IPs; left out where it is empty (as upstream).
+        assert_eq!((&d["workloads"][2]["hostname"], &d["workloads"][2]["workloadIps"]), (&json!("api.example.com"), &json!([])));
+        assert!(d["workloads"][0].get("hostname").is_none());
         // The shapes this dump had before (istioctl could not decode them) are caught.
         let mut old = d.clone();
         old["workloads"][0]["waypoint"]["destination"] = json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});

@@ -212,4 +212,31 @@ services:
         assert_eq!(ask("echo.nowhere", "client", RecordType::A), None);
         assert_eq!(ask("wild.example", "client", RecordType::A), None, "*.wild.example does not cover wild.example");
     }
+
+    #[test]
+    fn service_entries_with_hostname_endpoints() {
+        // DNS-resolved ServiceEntries: their endpoints are workloads known by hostname.
+        let yaml = r#"
+workloads:
+- {uid: client, name: client, namespace: default, workloadIps: [10.10.1.11], protocol: HBONE}
+- {uid: se-1, name: se-1, namespace: default, hostname: db.external.example,
+   services: {default/db.external.example: {80: 80}, default/direct.external.example: {80: 80}, default/hl.default.svc.cluster.local: {80: 80}}}
+- {uid: pod, name: pod, namespace: default, workloadIps: [10.10.2.30], services: {default/hl.default.svc.cluster.local: {80: 80}}}
+services:
+- {name: db, namespace: default, hostname: db.external.example, vips: ["/240.240.0.5"], ports: {80: 80}}
+- {name: direct, namespace: default, hostname: direct.external.example, ports: {80: 80}}
+- {name: hl, namespace: default, hostname: hl.default.svc.cluster.local, ports: {80: 80}}
+"#;
+        let path = std::path::Path::new("t.yaml");
+        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
+        let idx = MeshIndex::build(&st, "cluster.local");
+        let client = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let ask = |n: &str| idx.lookup(n, &client, RecordType::A);
+        // With a VIP: the VIP, whose connections resolve the endpoint's name (on demand).
+        assert_eq!(ips(&ask("db.external.example")), vec!["240.240.0.5"]);
+        // Without one: not ours to answer, the upstream resolver has the name (as Istio).
+        assert_eq!(ask("direct.external.example"), None);
+        // Headless: the endpoints' IPs; one known only by hostname has none to give.
+        assert_eq!(ips(&ask("hl")), vec!["10.10.2.30"]);
+    }
 }

@@ -23,4 +23,6 @@ pub struct ProxyInputs {
     pub dns: Option<Arc<crate::dns::DnsProxy>>,
     /// Each pod proxy's state, for the admin dump.
     pub workload_states: Arc<super::states::WorkloadStates>,
+    /// Resolves the hostnames of workloads without an IP (always on, DNS proxy or not).
+    pub on_demand_dns: Arc<crate::dns::on_demand::OnDemandResolver>,
 }

@@ -1,6 +1,6 @@
 //! Outbound (15001): connections captured from the pod's own processes.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use super::inputs::ProxyInputs;
 use super::limits::track;
 use super::pod::{is_self_call, LocalPod, OutboundView};
 use crate::access_log::{ConnectionLog, Side};
+use crate::dns::on_demand::OnDemandResolver;
 use crate::hbone::{self, PoolKey};
 use crate::identity::Identity;
 use crate::listen::accept_until_drain;
@@ -41,17 +42,48 @@ enum Route {
     },
     Passthrough(SocketAddr),
     NoHealthyEndpoint(String),
+    /// `service`'s endpoint `peer` has a hostname and no IP: its name is resolved
+    /// (`resolve`), then the connection goes to the address found on `port`.
+    Resolve { peer: Arc<Workload>, port: u16, service: Arc<Service> },
 }
 
 fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&Arc<Service>>) -> Option<Route> {
     let ip = wl.workload_ips.iter().copied().find(|i| i.is_ipv4())?;
-    Some(Route::Hbone {
+    Some(hbone_at(state, wl, ip, port, service))
+}
+
+fn hbone_at(state: &MeshState, wl: &Arc<Workload>, ip: IpAddr, port: u16, service: Option<&Arc<Service>>) -> Route {
+    Route::Hbone {
         peer: wl.clone(),
         target: SocketAddr::new(ip, port),
         hbone_addr: SocketAddr::new(ip, ports::HBONE),
         expected: state.expected_identities(wl, service.map(|s| &**s)),
         service: service.cloned(),
-    })
+    }
+}
+
+/// A hostname endpoint, resolved on demand (Istio's semantics: an address of the original
+/// destination's family preferred): plaintext to it for a TCP workload, HBONE to it
+/// for an HBONE one. A name that does not resolve fails the connection.
+async fn resolve(
+    resolver: &OnDemandResolver,
+    state: &MeshState,
+    src_wl: &Workload,
+    dst: SocketAddr,
+    peer: Arc<Workload>,
+    port: u16,
+    service: Arc<Service>,
+) -> Route {
+    match resolver.resolve(src_wl, &peer.hostname, dst.ip()).await {
+        Ok(ip) => {
+            tracing::debug!(hostname = %peer.hostname, resolved = %ip, workload = %peer.uid, "hostname endpoint resolved");
+            match peer.protocol {
+                Protocol::HBONE => hbone_at(state, &peer, ip, port, Some(&service)),
+                Protocol::TCP => Route::Passthrough(SocketAddr::new(ip, port)),
+            }
+        }
+        Err(e) => Route::NoHealthyEndpoint(format!("{} (endpoint {}: {e})", service.namespaced_hostname(), peer.hostname)),
+    }
 }
 
 /// Through the destination's waypoint: CONNECT to the original destination (VIP:port
@@ -107,7 +139,12 @@ fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) 
             return Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
         };
         let none = || Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
-        return match (wl.protocol, wl.workload_ips.iter().find(|i| i.is_ipv4())) {
+        let ipv4 = wl.workload_ips.iter().find(|i| i.is_ipv4());
+        // Known by name only (a DNS-resolved ServiceEntry endpoint): resolved per connection.
+        if ipv4.is_none() && !wl.hostname.is_empty() {
+            return Route::Resolve { peer: wl, port, service: svc.clone() };
+        }
+        return match (wl.protocol, ipv4) {
             (Protocol::HBONE, _) => hbone_to(state, &wl, port, Some(svc)).unwrap_or_else(none),
             (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(*ip, port)),
             (Protocol::TCP, None) => none(),
@@ -141,11 +178,18 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         return reset(stream);
     }
     let state = inputs.state.load_full();
-    match route(&state, pod.workload_in(&state), &pod.identity, dst) {
+    let src_wl = pod.workload_in(&state);
+    let decided = match route(&state, src_wl, &pod.identity, dst) {
+        Route::Resolve { peer, port, service } => resolve(&inputs.on_demand_dns, &state, src_wl, dst, peer, port, service).await,
+        r => r,
+    };
+    match decided {
         Route::NoHealthyEndpoint(svc) => {
             tracing::warn!(dst = %dst, service = %svc, error = "no healthy endpoint", "connection failed");
             reset(stream)
         }
+        // resolve() always decides; never connect on an unresolved name.
+        Route::Resolve { .. } => reset(stream),
         Route::Passthrough(to) => {
             let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: "TCP" });
             let labels = TcpLabels::new(
@@ -299,6 +343,7 @@ mod tests {
             Route::Hbone { peer, target, .. } => format!("hbone {} {target}", peer.uid),
             Route::Passthrough(to) => format!("passthrough {to}"),
             Route::NoHealthyEndpoint(why) => format!("refused: {why}"),
+            Route::Resolve { peer, port, .. } => format!("resolve {}:{port} ({})", peer.hostname, peer.uid),
         }
     }
 
@@ -476,6 +521,93 @@ mod tests {
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.70:443")), "passthrough 10.96.0.70:443");
         // ALLOW_ALL uses an unhealthy endpoint; the default (ONLY_HEALTHY) does not.
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.71:80")), "passthrough 10.0.0.3:8080");
+    }
+
+    #[test]
+    fn hostname_endpoints_are_resolved_and_addressless_ones_skipped() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: se-ext, name: ext, namespace: default, hostname: db.external.example,
+   services: {default/db.external.example: {80: 8080}}}
+- {uid: se-sick, name: sick, namespace: default, hostname: sick.external.example, status: Unhealthy,
+   services: {default/db.external.example: {80: 8080}}}
+- {uid: nowhere, name: nowhere, namespace: default, services: {default/db.external.example: {80: 8080}}}
+- {uid: both, name: both, namespace: default, workloadIps: [10.0.0.7], hostname: both.example,
+   services: {default/both.example: {80: 8080}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: db, namespace: default, hostname: db.external.example, vips: [/240.240.0.5], ports: {80: 8080}}
+- {name: both, namespace: default, hostname: both.example, vips: [/240.240.0.6], ports: {80: 8080}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        // Only the healthy hostname endpoint: the unhealthy one and the one with neither IP
+        // nor hostname are never picked.
+        for _ in 0..20 {
+            assert_eq!(peer(&route_from(&st, "client", "240.240.0.5:80")), "resolve db.external.example:8080 (se-ext)");
+        }
+        // An IP wins over a hostname (no lookup).
+        assert_eq!(peer(&route_from(&st, "client", "240.240.0.6:80")), "passthrough 10.0.0.7:8080");
+    }
+
+    #[tokio::test]
+    async fn a_resolved_hostname_endpoint_is_reached_by_its_protocol() {
+        // An IP literal as hostname resolves without a lookup, so this needs no upstream.
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: plain, name: plain, namespace: default, hostname: 192.0.2.5, services: {default/plain.example: {80: 8080}}}
+- {uid: mesh, name: mesh, namespace: default, serviceAccount: remote, hostname: 192.0.2.6, protocol: HBONE,
+   services: {default/mesh.example: {80: 8080}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: plain, namespace: default, hostname: plain.example, vips: [/240.240.0.7], ports: {80: 8080}}
+- {name: mesh, namespace: default, hostname: mesh.example, vips: [/240.240.0.8], ports: {80: 8080},
+   subjectAltNames: [spiffe://cluster.local/ns/default/sa/other]}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut registry);
+        let resolver = OnDemandResolver::new(Default::default(), metrics);
+        let src = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let decide = |dst: &str| {
+            let dst: SocketAddr = dst.parse().unwrap();
+            match route(&st, &src, &src.identity(), dst) {
+                Route::Resolve { peer, port, service } => resolve(&resolver, &st, &src, dst, peer, port, service),
+                other => panic!("not a hostname endpoint: {}", tunnel(&other)),
+            }
+        };
+        assert_eq!(peer(&decide("240.240.0.7:80").await), "passthrough 192.0.2.5:8080");
+        assert_eq!(
+            tunnel(&decide("240.240.0.8:80").await),
+            "hbone mesh 192.0.2.6:8080 via 192.0.2.6:15008 expecting spiffe://cluster.local/ns/default/sa/remote,spiffe://cluster.local/ns/default/sa/other"
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(text.contains("hostname=\"192.0.2.5\"} 1"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_hostname_that_does_not_resolve_fails_the_connection() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: ext, name: ext, namespace: default, hostname: db.external.example, services: {default/db.external.example: {80: 8080}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: db, namespace: default, hostname: db.external.example, vips: [/240.240.0.5], ports: {80: 8080}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        // No upstream resolver at all.
+        let resolver = OnDemandResolver::new(Default::default(), Default::default());
+        let src = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let dst: SocketAddr = "240.240.0.5:80".parse().unwrap();
+        let Route::Resolve { peer: p, port, service } = route(&st, &src, &src.identity(), dst) else { panic!("not resolved") };
+        let r = peer(&resolve(&resolver, &st, &src, dst, p, port, service).await);
+        assert!(r.starts_with("refused: default/db.external.example (endpoint db.external.example: lookup failed: no upstream DNS server"), "{r}");
     }
 
     #[test]

@@ -139,6 +139,10 @@ pub struct Workload {
     pub trust_domain: String,
     #[serde(default)]
     pub workload_ips: Vec<IpAddr>,
+    /// A DNS name to reach the workload by when it has no IP (Istio's DNS-resolved
+    /// ServiceEntry endpoints): resolved through the node's resolvers per connection.
+    #[serde(default)]
+    pub hostname: String,
     #[serde(default)]
     pub protocol: Protocol,
     #[serde(default)]
@@ -243,6 +247,7 @@ impl Workload {
             service_account: default_service_account(),
             trust_domain: default_trust_domain(),
             workload_ips: Vec::new(),
+            hostname: String::new(),
             protocol: Protocol::default(),
             node: String::new(),
             network: String::new(),
@@ -294,6 +299,34 @@ impl Workload {
         .collect::<Vec<_>>()
         .join(",")
     }
+
+    /// Whether a connection can be sent to this workload at all: it has an IP, or a
+    /// hostname to resolve (Istio's ztunnel skips endpoints with neither).
+    pub fn has_address(&self) -> bool {
+        !self.workload_ips.is_empty() || !self.hostname.is_empty()
+    }
+}
+
+/// Checks a workload `hostname` (shared by the config file and xDS): a DNS name of
+/// letters, digits, `-` and `_` labels (an IP literal is taken as that address), at most
+/// 253 characters, no wildcard: it is looked up as it is, as an absolute name.
+pub fn validate_hostname(h: &str) -> Result<(), String> {
+    if h.parse::<IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let name = h.strip_suffix('.').unwrap_or(h);
+    if name.is_empty() || name.len() > 253 {
+        return Err(format!("{h:?} must be a DNS name of 1 to 253 characters"));
+    }
+    for label in name.split('.') {
+        let ok_chars = label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if label.is_empty() || label.len() > 63 || !ok_chars {
+            return Err(format!(
+                "{h:?} is not a DNS name (label {label:?}: 1 to 63 letters, digits, '-' or '_'; wildcards cannot be resolved)"
+            ));
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]

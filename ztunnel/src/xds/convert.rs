@@ -143,6 +143,9 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         .iter()
         .map(|a| ip(a, &at("addresses")))
         .collect::<Result<Vec<_>, _>>()?;
+    if !w.hostname.is_empty() {
+        crate::state::workload::validate_hostname(&w.hostname).map_err(|e| at(&format!("hostname: {e}")))?;
+    }
     let mut services = HashMap::new();
     for (key, list) in &w.services {
         if key.split_once('/').is_none_or(|(ns, host)| ns.is_empty() || host.is_empty()) {
@@ -188,6 +191,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         service_account,
         trust_domain,
         workload_ips,
+        hostname: w.hostname,
         protocol,
         node: w.node,
         network: w.network,
@@ -393,6 +397,10 @@ mod tests {
         assert_eq!(workload(host).unwrap().network_mode, NetworkMode::HostNetwork);
         let ports = &w.services[&NamespacedHostname("default/echo.default.svc.cluster.local".into())];
         assert_eq!(ports.get(&80), Some(&8080));
+        // A DNS-resolved ServiceEntry endpoint: a hostname, no address.
+        let se = pb::Workload { addresses: Vec::new(), hostname: "api.example.com".into(), ..pb_workload("se", [0, 0, 0, 0]) };
+        let se = workload(se).unwrap();
+        assert_eq!((se.hostname.as_str(), se.workload_ips.len()), ("api.example.com", 0));
         // Round trip through the wire format as istiod sends it.
         let bytes = pb::Address { r#type: Some(pb::address::Type::Workload(pb_workload("u", [10, 0, 0, 1]))) }.encode_to_vec();
         assert!(matches!(decode_address(&bytes), Ok(Address::Workload(w)) if w.uid.0 == "u"));
@@ -412,6 +420,8 @@ mod tests {
                 pb::Workload { waypoint: Some(pb::GatewayAddress { destination: None, hbone_mtls_port: 15008 }), ..pb_workload("x", [1, 1, 1, 1]) },
                 "waypoint: a waypoint needs",
             ),
+            (pb::Workload { hostname: "*.example.com".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "hostname: \"*.example.com\" is not a DNS name"),
+            (pb::Workload { hostname: "a..b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "hostname:"),
         ];
         for (w, want) in cases {
             let e = workload(w).unwrap_err();
