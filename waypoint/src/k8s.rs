@@ -286,22 +286,26 @@ impl Store {
         let scope = self.scope(settings);
         let mut scope_dump = scope.dump();
         scope_dump["rootNamespace"] = json!(settings.root_namespace);
+        let taken: Vec<(&Key, &DynamicObject)> = self
+            .objects
+            .iter()
+            .filter(|(k, obj)| matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy) && selected(k.0, obj, &scope, settings))
+            .collect();
+        // Unchanged selection, versions and scope: nothing to convert or publish.
+        let version = |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
         let mut fingerprint = vec![scope_dump.to_string()];
+        fingerprint.extend(taken.iter().map(|(k, obj)| format!("{:?} {}/{} {}", k.0, k.1, k.2, version(obj))));
+        if self.published.as_ref() == Some(&fingerprint) {
+            return None;
+        }
         let mut cfg = L7Config::default();
         let (mut routes, mut policies, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
-        let mut seen = BTreeSet::new();
-        for (k, obj) in &self.objects {
-            if !matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy) || !selected(k.0, obj, &scope, settings) {
-                continue;
+        for (k, obj) in &taken {
+            let rv = version(obj);
+            if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
+                self.converted.insert((*k).clone(), (rv, convert(k.0, obj)));
             }
-            let rv = obj.metadata.resource_version.clone().unwrap_or_default();
-            fingerprint.push(format!("{:?} {}/{} {rv}", k.0, k.1, k.2));
-            seen.insert(k.clone());
-            let fresh = !matches!(self.converted.get(k), Some((v, _)) if *v == rv);
-            if fresh {
-                self.converted.insert(k.clone(), (rv.clone(), convert(k.0, obj)));
-            }
-            let Some((_, converted)) = self.converted.get(k) else { continue };
+            let Some((_, converted)) = self.converted.get(*k) else { continue };
             let as_read = Value::Object(flattened(obj).unwrap_or_default());
             match converted {
                 Converted::Route(Ok(r)) => {
@@ -323,10 +327,8 @@ impl Store {
                 }
             }
         }
-        self.converted.retain(|k, _| seen.contains(k));
-        if self.published.as_ref() == Some(&fingerprint) {
-            return None;
-        }
+        let keep: BTreeSet<&Key> = taken.iter().map(|(k, _)| *k).collect();
+        self.converted.retain(|k, _| keep.contains(k));
         self.published = Some(fingerprint);
         let refused = scope.refused();
         if !refused.is_empty() && refused != self.refused {
