@@ -157,6 +157,7 @@ waypoint_sets=(
   "workload-json|--set waypointFor=workload --set logAsJson=true --set replicas=2 --set name=reviews-wp --set podDisruptionBudget.minAvailable=1"
   "istio-class|--set istioClassDefaults.enabled=true"
   "monitoring|--set podMonitor.enabled=true --set-json podMonitor.labels={\"release\":\"kube-prometheus-stack\"} --set dashboards.enabled=true --set dashboards.namespace=monitoring --set-json dashboards.annotations={\"grafana_folder\":\"Istio\"}"
+  "shared|--set-json gateway.allowedRoutes={\"namespaces\":{\"from\":\"All\"}}"
   "all-no-gateway|--set waypointFor=all --set gateway.create=false --set serviceAccount.name=wp-identity --set env.WAYPOINT_LB_POLICY=round-robin --set-json topologySpreadConstraints=[{\"maxSkew\":1,\"topologyKey\":\"kubernetes.io/hostname\",\"whenUnsatisfiable\":\"ScheduleAnyway\",\"labelSelector\":{\"matchLabels\":{\"gateway.networking.k8s.io/gateway-name\":\"waypoint\"}}}]"
 )
 mkdir -p "$WORK/rendered"
@@ -379,6 +380,16 @@ else:
     expect(rb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "RoleBinding subject")
     expect(rb.get("roleRef", {}).get("name") == role.get("metadata", {}).get("name"), "RoleBinding roleRef")
     monitoring(labels, c, ns)
+    # Other namespaces' routes and policies, the root namespace's, the use-waypoint labels.
+    crb = one("ClusterRoleBinding")
+    (crole,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == crb.get("roleRef", {}).get("name")] or [{}]
+    cgranted = {(g, r) for rule in crole.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
+                if set(rule["verbs"]) == {"get", "list", "watch"}}
+    cneed = {("gateway.networking.k8s.io", "httproutes"), ("security.istio.io", "authorizationpolicies"),
+             ("", "services"), ("", "namespaces")}
+    expect(cneed <= cgranted, f"ClusterRole must grant get/list/watch on {sorted(cneed - cgranted)}")
+    expect(all(v in ("get", "list", "watch") for rule in crole.get("rules", []) for v in rule["verbs"]), "ClusterRole is read-only")
+    expect(crb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "ClusterRoleBinding subject")
     cms = [d for d in docs if d["kind"] == "ConfigMap" and not d["metadata"]["name"].endswith("-grafana-dashboard")]
     if set_name == "istio-class":
         (cm,) = cms or [{}]
@@ -399,10 +410,13 @@ else:
         gw = one("Gateway")
         expect(gw["metadata"]["name"] == name, "Gateway name = Service name")
         expect(gw["spec"]["gatewayClassName"] == "istio-waypoint", "gatewayClassName istio-waypoint")
-        expect(gw["spec"]["listeners"] == [{"name": "mesh", "port": 15008, "protocol": "HBONE"}], "listener mesh/15008/HBONE")
+        listener = {"name": "mesh", "port": 15008, "protocol": "HBONE"}
+        if set_name == "shared":
+            listener["allowedRoutes"] = {"namespaces": {"from": "All"}}
+        expect(gw["spec"]["listeners"] == [listener], f"listener {gw['spec']['listeners']} != {listener}")
         expect(gw["spec"].get("addresses") == [{"type": "Hostname", "value": f"{name}.{ns}.svc.cluster.local"}],
                "Gateway address = our Service's hostname (manual deployment)")
-        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service", "monitoring": "service"}.get(set_name)
+        want_for = {"default": "service", "workload-json": "workload", "istio-class": "service", "monitoring": "service", "shared": "service"}.get(set_name)
         expect(gw["metadata"]["labels"].get("istio.io/waypoint-for") == want_for, f"istio.io/waypoint-for={want_for}")
 
 if errors:
@@ -433,6 +447,7 @@ check_fails "waypoint unknown dashboards key (typo)" "$HELM" template w charts/w
 
 section "Grafana dashboards (scripts/dashboards.py)"
 check "dashboards: as generated, valid JSON, unique panel ids, known variables" python3 scripts/dashboards.py --check
+check_fails "waypoint allowedRoutes from=Bogus" "$HELM" template w charts/waypoint --set gateway.allowedRoutes.namespaces.from=Bogus
 
 # ---------------------------------------------------------------------------------------
 section "offline schema validation (Kubernetes $K8S_VERSIONS; CRD kinds against their CRD schemas)"

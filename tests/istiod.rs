@@ -539,7 +539,8 @@ impl FakeIstiod {
     }
 }
 
-/// A workload as istiod describes a pod: uid `Kubernetes//Pod/default/<name>`.
+/// A workload as istiod describes a pod: uid `Kubernetes//Pod/default/<name>`; its
+/// services by hostname (namespace default) or `<namespace>/<hostname>`.
 pub fn pod_workload(name: &str, ip: std::net::Ipv4Addr, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
     pb::Workload {
         uid: pod_uid(name),
@@ -556,7 +557,8 @@ pub fn pod_workload(name: &str, ip: std::net::Ipv4Addr, node: usize, sa: &str, s
             .iter()
             .map(|(host, port, target)| {
                 (
-                    format!("default/{host}"),
+                    // `<namespace>/<hostname>`, or a hostname of namespace default.
+                    if host.contains('/') { host.to_string() } else { format!("default/{host}") },
                     pb::PortList { ports: vec![pb::Port { service_port: *port, target_port: *target, app_protocol: 0 }] },
                 )
             })

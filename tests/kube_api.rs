@@ -1,8 +1,11 @@
-//! A fake Kubernetes API server for end-to-end tests: plain HTTP, namespaced custom
-//! resources by `/apis/<group>/<version>/namespaces/<ns>/<plural>`, list and watch (a
-//! chunked stream of JSON events, replaying what happened after the requested
-//! resourceVersion), as kube's watcher uses them. Objects are JSON values the test applies
-//! and deletes.
+//! A fake Kubernetes API server for end-to-end tests: plain HTTP, resources by
+//! `/apis/<group>/<version>[/namespaces/<ns>]/<plural>` and core ones by
+//! `/api/v1[/namespaces/<ns>]/<plural>` (one namespace, or all of them; `namespaces`
+//! itself is cluster-scoped), list and watch (a chunked stream of JSON events, replaying
+//! what happened after the requested resourceVersion), with `labelSelector` (`k`, `!k`,
+//! `k=v`, `k!=v`: an object that stops matching is DELETED for that watch, as the API
+//! server does), as kube's watcher uses them. Objects are JSON values the test applies and
+//! deletes.
 #![allow(dead_code)]
 
 use std::convert::Infallible;
@@ -22,16 +25,55 @@ use crate::netsim::Netns;
 struct Event {
     rv: u64,
     plural: String,
+    namespace: String,
     kind: &'static str,
     object: Value,
+    /// The version it replaced (MODIFIED), for label selectors.
+    prev: Option<Value>,
 }
 
 #[derive(Default)]
 struct Store {
     rv: u64,
-    /// (plural, name) -> object
-    objects: std::collections::BTreeMap<(String, String), Value>,
+    /// (plural, namespace, name) -> object; namespace "" for cluster-scoped kinds
+    objects: std::collections::BTreeMap<(String, String, String), Value>,
     log: Vec<Event>,
+}
+
+/// `labelSelector` clauses: (key, None) exists, (key, Some(v)) equals; `negated` flips.
+struct Selector(Vec<(String, Option<String>, bool)>);
+
+impl Selector {
+    fn parse(s: &str) -> Selector {
+        let clauses = s.split(',').map(str::trim).filter(|c| !c.is_empty()).map(|c| {
+            if let Some((k, v)) = c.split_once("!=") {
+                (k.to_string(), Some(v.to_string()), true)
+            } else if let Some((k, v)) = c.split_once('=') {
+                (k.to_string(), Some(v.trim_start_matches('=').to_string()), false)
+            } else if let Some(k) = c.strip_prefix('!') {
+                (k.to_string(), None, true)
+            } else {
+                (c.to_string(), None, false)
+            }
+        });
+        Selector(clauses.collect())
+    }
+
+    fn matches(&self, object: &Value) -> bool {
+        let labels = &object["metadata"]["labels"];
+        self.0.iter().all(|(k, v, negated)| {
+            let found = match v {
+                None => labels.get(k).is_some(),
+                Some(v) => labels.get(k).and_then(Value::as_str) == Some(v.as_str()),
+            };
+            found != *negated
+        })
+    }
+}
+
+/// `namespaces` is the one cluster-scoped kind served here.
+fn cluster_scoped(plural: &str) -> bool {
+    plural == "namespaces"
 }
 
 pub struct FakeKube {
@@ -56,17 +98,45 @@ fn json_response(status: u16, v: &Value) -> http::Response<Body> {
     r
 }
 
-/// `/apis/<group>/<version>/namespaces/<ns>/<plural>` -> (apiVersion, plural).
-fn parse_path(path: &str) -> Option<(String, String)> {
+/// A list or watch path -> (apiVersion, plural, the namespace or None for all).
+fn parse_path(path: &str) -> Option<(String, String, Option<String>)> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    match parts.as_slice() {
-        ["apis", group, version, "namespaces", _ns, plural] => Some((format!("{group}/{version}"), plural.to_string())),
+    let (api, rest) = match parts.as_slice() {
+        ["apis", group, version, rest @ ..] => (format!("{group}/{version}"), rest),
+        ["api", version, rest @ ..] => (version.to_string(), rest),
+        _ => return None,
+    };
+    match rest {
+        ["namespaces", ns, plural] => Some((api, plural.to_string(), Some(ns.to_string()))),
+        [plural] => Some((api, plural.to_string(), None)),
         _ => None,
     }
 }
 
+/// `%XX` and `+` decoded.
+fn decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(v) => {
+                    out.push(v);
+                    i += 2;
+                }
+                None => out.push(b'%'),
+            },
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn query(q: &str, key: &str) -> Option<String> {
-    q.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')).map(str::to_string)
+    q.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')).map(decode)
 }
 
 impl FakeKube {
@@ -93,34 +163,44 @@ impl FakeKube {
         Ok(FakeKube { store, tick, addr, task })
     }
 
-    fn record(&self, plural: &str, kind: &'static str, object: Value) {
+    fn record(&self, plural: &str, namespace: &str, kind: &'static str, object: Value, prev: Option<Value>) {
         let mut s = self.store.lock().unwrap();
         s.rv += 1;
         let rv = s.rv;
-        s.log.push(Event { rv, plural: plural.to_string(), kind, object });
+        s.log.push(Event { rv, plural: plural.to_string(), namespace: namespace.to_string(), kind, object, prev });
         drop(s);
         self.tick.send_replace(rv);
     }
 
-    /// Creates or replaces an object (metadata.name, namespace default).
+    /// Creates or replaces an object (metadata.name; metadata.namespace, default
+    /// `default`, except for cluster-scoped kinds).
     pub fn apply(&self, plural: &str, mut object: Value) {
         let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let kind = {
+        let ns = if cluster_scoped(plural) { String::new() } else { object["metadata"]["namespace"].as_str().unwrap_or("default").to_string() };
+        let (kind, prev) = {
             let mut s = self.store.lock().unwrap();
             let rv = s.rv + 1;
-            object["metadata"]["namespace"] = json!("default");
+            if !ns.is_empty() {
+                object["metadata"]["namespace"] = json!(ns);
+            }
             object["metadata"]["resourceVersion"] = json!(rv.to_string());
-            object["metadata"]["uid"] = json!(format!("uid-{plural}-{name}"));
-            let existed = s.objects.insert((plural.to_string(), name), object.clone()).is_some();
-            if existed { "MODIFIED" } else { "ADDED" }
+            object["metadata"]["uid"] = json!(format!("uid-{plural}-{ns}-{name}"));
+            let prev = s.objects.insert((plural.to_string(), ns.clone(), name), object.clone());
+            (if prev.is_some() { "MODIFIED" } else { "ADDED" }, prev)
         };
-        self.record(plural, kind, object);
+        self.record(plural, &ns, kind, object, prev);
     }
 
+    /// Deletes an object of namespace `default`.
     pub fn delete(&self, plural: &str, name: &str) {
-        let gone = self.store.lock().unwrap().objects.remove(&(plural.to_string(), name.to_string()));
+        self.delete_in(plural, "default", name)
+    }
+
+    pub fn delete_in(&self, plural: &str, namespace: &str, name: &str) {
+        let ns = if cluster_scoped(plural) { "" } else { namespace };
+        let gone = self.store.lock().unwrap().objects.remove(&(plural.to_string(), ns.to_string(), name.to_string()));
         if let Some(o) = gone {
-            self.record(plural, "DELETED", o);
+            self.record(plural, ns, "DELETED", o, None);
         }
     }
 
@@ -138,14 +218,17 @@ impl FakeKube {
 }
 
 fn handle(store: &Arc<Mutex<Store>>, tick: &watch::Sender<u64>, req: http::Request<hyper::body::Incoming>) -> http::Response<Body> {
-    let Some((api_version, plural)) = parse_path(req.uri().path()) else {
+    let Some((api_version, plural, namespace)) = parse_path(req.uri().path()) else {
         return json_response(404, &json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}));
     };
     let q = req.uri().query().unwrap_or("");
+    let selector = Arc::new(Selector::parse(&query(q, "labelSelector").unwrap_or_default()));
+    let in_scope = move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
     let watching = matches!(query(q, "watch").as_deref(), Some("true") | Some("1"));
     if !watching {
         let s = store.lock().unwrap();
-        let items: Vec<Value> = s.objects.iter().filter(|((p, _), _)| *p == plural).map(|(_, o)| o.clone()).collect();
+        let items: Vec<Value> =
+            s.objects.iter().filter(|((p, ns, _), o)| in_scope(p, ns) && selector.matches(o)).map(|(_, o)| o.clone()).collect();
         return json_response(200, &json!({
             "apiVersion": api_version, "kind": "List",
             "metadata": {"resourceVersion": s.rv.to_string()},
@@ -158,12 +241,34 @@ fn handle(store: &Arc<Mutex<Store>>, tick: &watch::Sender<u64>, req: http::Reque
     let rx = tick.subscribe();
     let stream = futures_util::stream::unfold((since, rx), move |(mut last, mut rx)| {
         let store = store.clone();
-        let plural = plural.clone();
+        let (in_scope, selector) = (in_scope.clone(), selector.clone());
         async move {
             loop {
                 let next = {
                     let s = store.lock().unwrap();
-                    let next = s.log.iter().find(|e| e.rv > last && e.plural == plural).map(|e| (e.rv, json!({"type": e.kind, "object": e.object})));
+                    // As this watch sees each event: an object that starts or stops
+                    // matching the selector is ADDED or DELETED.
+                    let seen = |e: &Event| {
+                        let now = selector.matches(&e.object);
+                        let before = e.prev.as_ref().is_some_and(|p| selector.matches(p));
+                        let kind = match (e.kind, before, now) {
+                            ("DELETED", _, true) => "DELETED",
+                            ("MODIFIED", true, true) => "MODIFIED",
+                            ("MODIFIED", true, false) => "DELETED",
+                            (_, _, true) => "ADDED",
+                            _ => return None,
+                        };
+                        Some((e.rv, json!({"type": kind, "object": e.object})))
+                    };
+                    let from = last;
+                    let mut next = None;
+                    for e in s.log.iter().filter(|e| e.rv > from && in_scope(&e.plural, &e.namespace)) {
+                        last = e.rv;
+                        next = seen(e);
+                        if next.is_some() {
+                            break;
+                        }
+                    }
                     if next.is_none() {
                         // Everything up to now was looked at; wait for what comes next.
                         last = last.max(s.rv);

@@ -453,6 +453,69 @@ async fn l7_config_reloads_without_dropping_connections() -> Result<()> {
     Ok(())
 }
 
+/// The admin endpoint on 127.0.0.1:15000 in the waypoint's pod, as ztunnel's: the dump
+/// names what is loaded, /logging changes what is logged, /quitquitquit drains as SIGTERM
+/// does (open tunnels finish) and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() -> Result<()> {
+    let mut m = L7Mesh::start("adm", L7_ROUTES, &[("TERMINATION_GRACE_PERIOD_SECONDS", "10")]).await?;
+    let wp_ns = m.mesh.topo.pod("n1p2").netns.clone();
+    let admin: SocketAddr = "127.0.0.1:15000".parse()?;
+    let mut a = http_app::H1Client::connect(&wp_ns, admin, "localhost").await?;
+    let r = a.get("/config_dump").await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    let d: serde_json::Value = serde_json::from_str(&r.body)?;
+    assert_eq!(d["waypoint"]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
+    // Without --gateway-name: its workload name.
+    assert_eq!(d["waypoint"]["gateway"], "default/n1p2");
+    assert_eq!(d["waypoint"]["workloadUid"], "n1p2");
+    assert!(d["waypoint"]["configSource"].as_str().is_some_and(|s| s.ends_with("waypoint.yaml")), "{}", r.body);
+    assert_eq!(d["httpRoutes"][0]["name"], "echo");
+    assert_eq!(d["httpRoutes"][0]["parentRefs"][0]["name"], "echo");
+    let policies: Vec<&str> = d["authorizationPolicies"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+    assert_eq!(policies, ["deny-admin", "allow-client"]);
+    // ztunnel's shapes for what it knows and holds.
+    assert!(d["workloads"].as_array().is_some_and(|w| w.iter().any(|w| w["uid"] == "n1p1")), "{}", r.body);
+    assert!(d["services"].as_array().is_some_and(|s| s.iter().any(|s| s["hostname"] == "echo.default.svc.cluster.local")));
+    assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
+    assert_eq!(d["certificates"][0]["state"], "Available");
+    assert_eq!(d["config"]["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    assert_eq!(d["version"]["version"], env!("CARGO_PKG_VERSION"));
+
+    // Logging: at warn, requests log nothing; back at info they do.
+    assert_eq!(a.get("/logging").await?.body.trim(), "current log level is info");
+    let r = a.request("POST", "/logging?level=warn", &[]).await?;
+    assert_eq!((r.status.as_u16(), r.body.trim()), (200, "current log level is warn"), "{r:?}");
+    let mut c = m.h1().await?;
+    let logged = || m.log().matches("request complete").count();
+    let before = logged();
+    assert_eq!(c.get("/quiet").await?.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(logged(), before, "a request was logged at level warn");
+    let r = a.request("POST", "/logging?reset", &[]).await?;
+    assert_eq!(r.body.trim(), "current log level is info", "{r:?}");
+    assert_eq!(c.get("/loud").await?.status, 200);
+    wait_for("request log at info", Duration::from_secs(5), || m.log().contains("path=/loud"))?;
+    let r = a.request("POST", "/logging?level=loud", &[]).await?;
+    assert_eq!(r.status, 400, "{r:?}");
+
+    // Drain: an open tunnel keeps working, then the waypoint exits 0. (HTTP keep-alive
+    // tunnels also run until they end: close ours.)
+    drop(c);
+    let mut tunnel = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let greeting = read_line(&mut tunnel).await?;
+    let r = a.request("POST", "/quitquitquit", &[]).await?;
+    assert_eq!((r.status.as_u16(), r.body.trim()), (200, "draining"), "{r:?}");
+    m.waypoint.wait_log("drain requested through /quitquitquit", Duration::from_secs(5))?;
+    m.waypoint.wait_log("draining: listener closed", Duration::from_secs(5))?;
+    assert_eq!(echo_roundtrip(&mut tunnel, b"still here").await?, b"still here", "after {greeting:?}");
+    drop(tunnel);
+    let status = tokio::task::block_in_place(|| m.waypoint.wait_exit(Duration::from_secs(15))).context("the waypoint did not exit")?;
+    assert!(status.success(), "{status:?}\n{}", m.log());
+    assert!(!m.log().contains("drain deadline reached"), "the tunnel's end should have ended the drain:\n{}", m.log());
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // In a cluster: ztunnels and the waypoint configured by a fake istiod (xDS and the Istio
 // CA), the waypoint's routes and policies from a fake Kubernetes API. n1p1 (sleep) calls
@@ -470,23 +533,47 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
     let kube = kube_api::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
     let (echo, v1, v2, wp) = ("echo.default.svc.cluster.local", "echo-v1.default.svc.cluster.local", "echo-v2.default.svc.cluster.local", "waypoint.default.svc.cluster.local");
+    let cart = "cart.shop.svc.cluster.local";
     istiod.update(|r| {
         r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
         r.set_workload(pod_workload("n1p2", topo.pod("n1p2").ip, 1, "waypoint", &[(wp, 15008, 15008)]));
         r.set_workload(pod_workload("n1p3", topo.pod("n1p3").ip, 1, "echo", &[(echo, 80, 8080), (v2, 80, 8080)]));
-        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(echo, 80, 8080), (v1, 80, 8080)]));
-        let mut s = service("echo", [10, 96, 0, 10], 80, 8080);
-        s.waypoint = Some(pb::GatewayAddress {
+        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(echo, 80, 8080), (v1, 80, 8080), (&format!("shop/{cart}"), 80, 8080)]));
+        let via_waypoint = Some(pb::GatewayAddress {
             destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname { namespace: "default".into(), hostname: wp.into() })),
             hbone_mtls_port: 15008,
         });
+        let mut s = service("echo", [10, 96, 0, 10], 80, 8080);
+        s.waypoint = via_waypoint.clone();
+        r.set_service(s);
+        // Namespace shop's Service cart uses the waypoint of namespace default.
+        let mut s = service("cart", [10, 96, 0, 20], 80, 8080);
+        (s.namespace, s.hostname, s.waypoint) = ("shop".into(), cart.into(), via_waypoint);
         r.set_service(s);
         r.set_service(service("echo-v1", [10, 96, 0, 11], 80, 8080));
         r.set_service(service("echo-v2", [10, 96, 0, 12], 80, 8080));
         r.set_service(service("waypoint", [10, 96, 0, 99], 15008, 15008));
     });
+    // Services of other namespaces may use it (Gateway API's default is Same).
     kube.apply("gateways", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "waypoint"},
-        "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE"}]}}));
+        "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE", "allowedRoutes": {"namespaces": {"from": "All"}}}]}}));
+    for ns in ["default", "shop", "istio-system"] {
+        kube.apply("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    // Istio's labels for a Service that uses a waypoint of another namespace.
+    kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop",
+        "labels": {"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "default"}}, "spec": {"ports": [{"port": 80}]}}));
+    // Its own namespace's route for it: applied by our waypoint.
+    kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "cart", "namespace": "shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "cart"}],
+                 "rules": [{"filters": [{"type": "RequestHeaderModifier", "requestHeaderModifier": {"set": [{"name": "x-route", "value": "shop/cart"}]}}]}]}}));
+    // A namespace whose Services do not use it: its (broken) route is none of ours.
+    kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "blog", "namespace": "blog"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "blog"}], "rules": [{"backendRefs": [{"name": "blog"}]}]}}));
+    // Mesh-wide, from the root namespace: every waypoint denies /root-denied.
+    kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "mesh-deny", "namespace": "istio-system"},
+        "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}], "action": "DENY",
+                 "rules": [{"to": [{"operation": {"paths": ["/root-denied"]}}]}]}}));
     let route = |v2_rule: serde_json::Value| json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "echo"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 80}],
                  "rules": [v2_rule, {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v1", "port": 80, "weight": 1}]}]}});
@@ -533,6 +620,27 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
     assert_eq!(r.echoed("x-forwarded-client-cert"), [format!("By={wp_id};URI=spiffe://cluster.local/ns/default/sa/sleep")]);
 
+    // Namespace shop's route applies to its Service; the root namespace's DENY to both.
+    let mut shop = http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.20:80".parse()?, cart).await?;
+    let r = shop.get("/x").await?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", waypoint.log_text());
+    assert_eq!(r.echoed("x-route"), ["shop/cart"], "{r:?}");
+    assert_eq!(shop.get("/root-denied").await?.status, 403);
+    assert_eq!(c.get("/root-denied").await?.status, 403);
+    assert!(waypoint.log_text().contains("authz.denied_by=\"istio-system/mesh-deny\""), "{}", waypoint.log_text());
+    // The admin endpoint names what was taken from where, and why.
+    let (code, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    assert_eq!(code, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body)?;
+    let names = |k: &str| d[k].as_array().into_iter().flatten().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap_or("?"), o["name"].as_str().unwrap_or("?"))).collect::<Vec<_>>();
+    assert_eq!(names("httpRoutes"), ["default/echo", "shop/cart"], "{body}");
+    assert_eq!(names("authorizationPolicies"), ["istio-system/mesh-deny"], "{body}");
+    assert_eq!(d["waypoint"]["configSource"], "kubernetes");
+    assert_eq!(d["waypoint"]["scope"]["labelledServices"], json!(["shop/cart"]), "{body}");
+    assert_eq!(d["waypoint"]["scope"]["servicesFromIstiod"], json!(["default/echo", "shop/cart"]), "{body}");
+    assert_eq!(d["waypoint"]["rejected"], json!([]), "blog's route is not ours to reject: {body}");
+    assert!(d["services"].as_array().is_some_and(|s| s.iter().any(|s| s["hostname"] == cart)), "{body}");
+
     // An AuthorizationPolicy arrives from Kubernetes: denied by path.
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-admin"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}]}}));
@@ -569,6 +677,21 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert!(text.lines().any(|l| l == "ztunnel_unenforceable_policies{source=\"kubernetes\"} 1"), "{text}");
     kube.delete("authorizationpolicies", "jwt-only");
     wait_for_status(&mut c, "/x", 200).await?;
+
+    // shop/cart drops its labels: the label watch loses it (istiod still routes it here,
+    // so its route stays in force).
+    kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));
+    let mut scope = serde_json::Value::Null;
+    for _ in 0..50 {
+        let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        scope = serde_json::from_str::<serde_json::Value>(&body)?["waypoint"]["scope"].take();
+        if scope["labelledServices"] == json!([]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(scope["labelledServices"], json!([]), "{scope}");
+    assert_eq!(shop.get("/x").await?.echoed("x-route"), ["shop/cart"]);
     Ok(())
 }
 

@@ -32,6 +32,10 @@ pub struct Config {
     pub state: Arc<MeshState>,
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
+    /// The L7 part for the admin endpoint: the routes and policies as they were read
+    /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
+    /// also what was rejected and who uses the waypoint (see `k8s`).
+    pub dump: Arc<serde_json::Value>,
 }
 
 /// The waypoint's part of the local config file: its two L7 lists. The rest is
@@ -43,6 +47,16 @@ struct L7Lists {
     http_routes: Vec<HttpRoute>,
     #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
+}
+
+/// The same two lists as written, for the admin endpoint.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawL7Lists {
+    #[serde(default)]
+    http_routes: Vec<serde_json::Value>,
+    #[serde(default)]
+    authorization_policies: Vec<serde_json::Value>,
 }
 
 impl Config {
@@ -64,7 +78,20 @@ impl Config {
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
-        Ok(Config { state: Arc::new(mesh.into_state(path)?), routes: l7.http_routes, policies: l7.authorization_policies })
+        let raw: RawL7Lists =
+            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        let dump = serde_json::json!({
+            "source": format!("file {}", path.display()),
+            "httpRoutes": raw.http_routes,
+            "authorizationPolicies": raw.authorization_policies,
+        });
+        Ok(Config { state: Arc::new(mesh.into_state(path)?), routes: l7.http_routes, policies: l7.authorization_policies, dump: Arc::new(dump) })
+    }
+
+    /// In a cluster, before istiod and the Kubernetes API have said anything.
+    pub fn empty(state: Arc<MeshState>) -> Config {
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "authorizationPolicies": [] });
+        Config { state, routes: Vec::new(), policies: Vec::new(), dump: Arc::new(dump) }
     }
 }
 
@@ -95,7 +122,8 @@ pub async fn combine(
     let mut changes = state.changes();
     loop {
         let l = l7.borrow_and_update().clone().unwrap_or_default();
-        current.store(Arc::new(Config { state: state.load_full(), routes: l.routes.clone(), policies: l.policies.clone() }));
+        let dump = if l.dump.is_null() { Config::empty(state.load_full()).dump } else { l.dump.clone() };
+        current.store(Arc::new(Config { state: state.load_full(), routes: l.routes.clone(), policies: l.policies.clone(), dump }));
         tokio::select! {
             r = changes.changed() => if r.is_err() { return },
             r = l7.changed() => if r.is_err() { return },
@@ -124,6 +152,10 @@ mod tests {
         );
         let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{l7}")).unwrap();
         assert_eq!((cfg.routes.len(), cfg.policies.len(), cfg.state.workloads().count()), (1, 1, 1));
+        // The admin endpoint shows them as written.
+        assert_eq!(cfg.dump["httpRoutes"][0]["parentRefs"][0]["name"], "echo");
+        assert_eq!(cfg.dump["authorizationPolicies"][0]["name"], "p");
+        assert_eq!(cfg.dump["source"], "file f.yaml");
     }
 
     /// ztunnel accepts the L7 lists without reading them; the waypoint refuses a bad one

@@ -23,6 +23,8 @@ pub struct Waypoint {
     pub me: Arc<Workload>,
     pub identity: Identity,
     pub gateway: ObjectName,
+    /// The mesh's root namespace (`--root-namespace`).
+    pub root_namespace: String,
     pub ip: IpAddr,
     pub pool: Pool,
     pub netns: InPodNetns,

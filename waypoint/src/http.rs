@@ -70,7 +70,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
 
-    let inbound = plan::Inbound { gateway: &wp.gateway, identity: &wp.identity, tunnel: &tunnel, cfg: &cfg, proto };
+    let inbound = plan::Inbound { gateway: &wp.gateway, root_namespace: &wp.root_namespace, identity: &wp.identity, tunnel: &tunnel, cfg: &cfg, proto };
     let mut notes = log::Notes::default();
     let planned = plan::build(&inbound, &mut parts, &mut notes);
     log.note(notes);

@@ -1,24 +1,36 @@
-//! The waypoint's L7 config in a cluster: the HTTPRoutes and AuthorizationPolicies of its
-//! namespace, watched from the Kubernetes API (and its Gateway, checked). Each object
-//! becomes the same type the local config file uses and gets the same validation; an
-//! invalid route is logged and left out while the others apply, and an
+//! The waypoint's L7 config in a cluster, watched from the Kubernetes API: what an Istio
+//! waypoint takes. From its own namespace, every HTTPRoute and every AuthorizationPolicy
+//! with `targetRefs`; from a namespace with Services that use it (`scope`), the routes
+//! whose `parentRefs` name such a Service and the policies whose `targetRefs` do; from the
+//! root namespace, the policies that target the GatewayClass `istio-waypoint` (every
+//! waypoint). Objects of other namespaces are not even converted, so their errors are
+//! not ours to report.
+//!
+//! Each object becomes the same type the local config file uses and gets the same
+//! validation; an invalid route is logged and left out while the others apply, and an
 //! AuthorizationPolicy the waypoint cannot enforce exactly becomes a deny-all for what it
 //! targets (logged, and counted in `ztunnel_unenforceable_policies{source="kubernetes"}`).
 
-use std::collections::BTreeMap;
+mod scope;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use futures_util::StreamExt;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::watch;
+use ztunnel::identity::Identity;
 use ztunnel::metrics::control::XdsMetrics;
+use ztunnel::state::{MeshState, SharedState};
 
 use crate::authz::AuthorizationPolicy;
-use crate::object::ObjectRef;
+use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
 use crate::route::HttpRoute;
+
+pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
 
 /// What the Kubernetes API says, converted.
 #[derive(Default)]
@@ -27,25 +39,45 @@ pub struct L7Config {
     pub policies: Vec<AuthorizationPolicy>,
     /// How many of `policies` are deny-alls in place of ones that did not convert.
     pub unenforceable: usize,
+    /// For the admin endpoint: the objects as read, what was rejected, and who uses the
+    /// waypoint.
+    pub dump: Arc<Value>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Who this waypoint is, as the objects name it.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Its Gateway (namespace and name).
+    pub gateway: ObjectName,
+    /// The mesh's root namespace.
+    pub root_namespace: String,
+    /// Its identity, to find the services istiod routes through it.
+    pub identity: Identity,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Kind {
     Gateway,
     HttpRoute,
     AuthorizationPolicy,
+    Service,
+    Namespace,
 }
+
+const KINDS: [Kind; 5] = [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::Service, Kind::Namespace];
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version, k, plural) = match kind {
-        Kind::Gateway => ("gateway.networking.k8s.io", "v1", "Gateway", "gateways"),
-        Kind::HttpRoute => ("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes"),
+        Kind::Gateway => (GATEWAY_GROUP, "v1", "Gateway", "gateways"),
+        Kind::HttpRoute => (GATEWAY_GROUP, "v1", "HTTPRoute", "httproutes"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
+        Kind::Service => ("", "v1", "Service", "services"),
+        Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
     };
     ApiResource {
         group: group.into(),
         version: version.into(),
-        api_version: format!("{group}/{version}"),
+        api_version: if group.is_empty() { version.into() } else { format!("{group}/{version}") },
         kind: k.into(),
         plural: plural.into(),
     }
@@ -91,164 +123,367 @@ pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String
     Ok(Some(p))
 }
 
-/// The deny-all that replaces a policy `policy` refused, for the refs it names (see
-/// `AuthorizationPolicy::deny_all`; refs that don't parse make it cover the waypoint).
-fn deny_all(obj: &DynamicObject, gateway: &str) -> AuthorizationPolicy {
+/// `spec.<field>` and, for policies, the older single `spec.targetRef`.
+fn refs<'a>(obj: &'a DynamicObject, field: &str) -> Vec<&'a Value> {
     let spec = obj.data.get("spec");
-    let many = spec.and_then(|s| s.get("targetRefs")).and_then(Value::as_array).cloned().unwrap_or_default();
-    let one = spec.and_then(|s| s.get("targetRef")).cloned();
+    let many = spec.and_then(|s| s.get(field)).and_then(Value::as_array).into_iter().flatten();
+    let one = spec.and_then(|s| s.get("targetRef")).filter(|_| field == "targetRefs");
+    many.chain(one).collect()
+}
+
+/// The deny-all that replaces a policy `policy` refused, for the refs it names (see
+/// `AuthorizationPolicy::deny_all`).
+fn deny_all(obj: &DynamicObject) -> AuthorizationPolicy {
     let unplaceable = ObjectRef::default();
     let refs: Vec<ObjectRef> =
-        many.into_iter().chain(one).map(|r| serde_json::from_value(r).unwrap_or_else(|_| unplaceable.clone())).collect();
+        refs(obj, "targetRefs").into_iter().map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone())).collect();
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-    AuthorizationPolicy::deny_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs, gateway)
+    AuthorizationPolicy::deny_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
 }
 
+fn str_field<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+    v.get(k).and_then(Value::as_str)
+}
+
+/// A ref to a Service of `ns` (the object's own namespace: Istio's waypoints take a
+/// route or policy only from the Service's namespace or their own) that uses the waypoint.
+fn names_used_service(r: &Value, ns: &str, scope: &Scope) -> bool {
+    let core = matches!(str_field(r, "group"), None | Some(""));
+    let same_ns = str_field(r, "namespace").is_none_or(|n| n == ns);
+    let name = str_field(r, "name").unwrap_or_default();
+    str_field(r, "kind") == Some("Service") && core && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
+}
+
+/// Whether this waypoint takes the route or policy (module docs).
+fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings) -> bool {
+    let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+    if ns == settings.gateway.namespace {
+        return true;
+    }
+    match kind {
+        Kind::HttpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
+        Kind::AuthorizationPolicy => refs(obj, "targetRefs").into_iter().any(|r| {
+            let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
+                && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
+                && str_field(r, "name") == Some(WAYPOINT_CLASS);
+            names_used_service(r, ns, scope) || (ns == settings.root_namespace && every_waypoint)
+        }),
+        _ => false,
+    }
+}
+
+/// One object converted, at the resourceVersion it was converted for.
+enum Converted {
+    Route(Result<HttpRoute, String>),
+    Policy(Result<Option<AuthorizationPolicy>, String>),
+}
+
+fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
+    let (ns, name) = (obj.metadata.namespace.as_deref().unwrap_or_default(), obj.metadata.name.as_deref().unwrap_or_default());
+    match kind {
+        Kind::HttpRoute => {
+            let r = route(obj);
+            if let Err(e) = &r {
+                tracing::warn!(kind = "HTTPRoute", namespace = ns, name, error = %e, "object rejected; it does not apply");
+            }
+            Converted::Route(r)
+        }
+        _ => {
+            let p = policy(obj);
+            if let Err(e) = &p {
+                // Never just left out: a lost DENY, or the only ALLOW for a target,
+                // would let through what the policy meant to stop.
+                let d = deny_all(obj);
+                let targets: Vec<String> = d.target_refs.iter().map(|r| format!("{}/{}", r.kind.as_deref().unwrap_or_default(), r.name)).collect();
+                let targets = if d.unplaced { format!("everything namespace {ns} may target") } else { targets.join(",") };
+                tracing::error!(kind = "AuthorizationPolicy", namespace = ns, name, error = %e, targets = %targets,
+                    "policy cannot be enforced exactly; denying every request to its targets instead");
+            }
+            Converted::Policy(p)
+        }
+    }
+}
+
+type Key = (Kind, String, String);
+
+fn key(kind: Kind, obj: &DynamicObject) -> Key {
+    (kind, obj.metadata.namespace.clone().unwrap_or_default(), obj.metadata.name.clone().unwrap_or_default())
+}
+
+/// What the watches have seen, and what was last published.
 #[derive(Default)]
-struct Objects {
-    synced: bool,
-    buffer: Vec<DynamicObject>,
-    routes: BTreeMap<String, HttpRoute>,
-    policies: BTreeMap<String, AuthorizationPolicy>,
-    /// Names of the policies in `policies` that are deny-alls standing in for others.
-    unenforceable: std::collections::BTreeSet<String>,
+struct Store {
+    synced: BTreeSet<Kind>,
+    buffers: BTreeMap<Kind, Vec<DynamicObject>>,
+    objects: BTreeMap<Key, DynamicObject>,
+    converted: HashMap<Key, (String, Converted)>,
+    /// The Services istiod's state routes through this waypoint.
+    from_istiod: BTreeSet<ObjectName>,
+    /// The selected objects' versions and the scope, last published.
+    published: Option<Vec<String>>,
+    refused: Vec<String>,
 }
 
-impl Objects {
-    fn apply(&mut self, kind: Kind, gateway: &str, obj: &DynamicObject) {
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        match kind {
-            Kind::Gateway => {
-                if name == gateway {
-                    let class = obj.data.pointer("/spec/gatewayClassName").and_then(Value::as_str).unwrap_or("");
-                    if class == "istio-waypoint" {
-                        tracing::info!(gateway = %name, "serving Gateway");
-                    } else {
-                        tracing::warn!(gateway = %name, class, "our Gateway's class is not istio-waypoint");
-                    }
-                }
-            }
-            Kind::HttpRoute => match route(obj) {
-                Ok(r) => {
-                    self.routes.insert(name, r);
-                }
-                Err(e) => {
-                    tracing::warn!(kind = "HTTPRoute", name = %name, error = %e, "object rejected; it does not apply");
-                    self.routes.remove(&name);
-                }
-            },
-            Kind::AuthorizationPolicy => {
-                self.unenforceable.remove(&name);
-                match policy(obj) {
-                    Ok(Some(p)) => {
-                        self.policies.insert(name, p);
-                    }
-                    Ok(None) => {
-                        self.policies.remove(&name);
-                    }
-                    Err(e) => {
-                        // Never just left out: a lost DENY, or the only ALLOW for a
-                        // target, would let through what the policy meant to stop.
-                        let p = deny_all(obj, gateway);
-                        let targets: Vec<String> = p.target_refs.iter().map(|r| format!("{}/{}", r.kind.as_deref().unwrap_or_default(), r.name)).collect();
-                        tracing::error!(kind = "AuthorizationPolicy", name = %name, error = %e, targets = %targets.join(","),
-                            "policy cannot be enforced exactly; denying every request to its targets instead");
-                        self.unenforceable.insert(name.clone());
-                        self.policies.insert(name, p);
-                    }
-                }
-            }
-        }
-    }
-
-    fn delete(&mut self, obj: &DynamicObject) {
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        self.routes.remove(&name);
-        self.policies.remove(&name);
-        self.unenforceable.remove(&name);
-    }
-}
-
-/// Watches the namespace and publishes the converted config each time it changes, once
-/// every kind has been listed. Runs until the process ends (the watchers retry with
-/// backoff on their own).
-pub async fn watch(client: kube::Client, namespace: String, gateway: String, out: watch::Sender<Option<Arc<L7Config>>>, metrics: XdsMetrics) {
-    let streams = [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy].map(|kind| {
-        let api = kube::Api::<DynamicObject>::namespaced_with(client.clone(), &namespace, &resource(kind));
-        watcher::watcher(api, watcher::Config::default()).default_backoff().map(move |e| (kind, e)).boxed()
-    });
-    let mut events = futures_util::stream::select_all(streams);
-    let mut by_kind: BTreeMap<u8, Objects> = BTreeMap::new();
-    while let Some((kind, event)) = events.next().await {
-        let objects = by_kind.entry(kind as u8).or_default();
+impl Store {
+    fn event(&mut self, kind: Kind, event: Event<DynamicObject>, settings: &Settings) {
         match event {
-            Err(e) => {
-                tracing::warn!(kind = ?kind, error = %e, "Kubernetes watch failed; retrying");
-                continue;
+            Event::Init => {
+                self.buffers.remove(&kind);
             }
-            Ok(Event::Init) => objects.buffer.clear(),
-            Ok(Event::InitApply(o)) => objects.buffer.push(o),
-            Ok(Event::InitDone) => {
+            Event::InitApply(o) => self.buffers.entry(kind).or_default().push(o),
+            Event::InitDone => {
                 // A (re)list replaces what we had of this kind.
-                let buffer = std::mem::take(&mut objects.buffer);
-                objects.routes.clear();
-                objects.policies.clear();
-                objects.unenforceable.clear();
-                for o in &buffer {
-                    objects.apply(kind, &gateway, o);
+                self.objects.retain(|k, _| k.0 != kind);
+                for o in self.buffers.remove(&kind).unwrap_or_default() {
+                    self.apply(kind, o, settings);
                 }
-                objects.synced = true;
+                self.synced.insert(kind);
             }
-            Ok(Event::Apply(o)) => objects.apply(kind, &gateway, &o),
-            Ok(Event::Delete(o)) => objects.delete(&o),
+            Event::Apply(o) => self.apply(kind, o, settings),
+            Event::Delete(o) => {
+                self.objects.remove(&key(kind, &o));
+            }
         }
-        if by_kind.len() == 3 && by_kind.values().all(|o| o.synced) {
-            let cfg = L7Config {
-                routes: by_kind.values().flat_map(|o| o.routes.values().cloned()).collect(),
-                policies: by_kind.values().flat_map(|o| o.policies.values().cloned()).collect(),
-                unenforceable: by_kind.values().map(|o| o.unenforceable.len()).sum(),
-            };
+    }
+
+    fn apply(&mut self, kind: Kind, obj: DynamicObject, settings: &Settings) {
+        let k = key(kind, &obj);
+        if kind == Kind::Gateway && k.1 == settings.gateway.namespace && k.2 == settings.gateway.name {
+            let class = obj.data.pointer("/spec/gatewayClassName").and_then(Value::as_str).unwrap_or("");
+            if class == WAYPOINT_CLASS {
+                tracing::info!(gateway = %k.2, "serving Gateway");
+            } else {
+                tracing::warn!(gateway = %k.2, class, "our Gateway's class is not istio-waypoint");
+            }
+        }
+        self.objects.insert(k, obj);
+    }
+
+    fn scope(&self, settings: &Settings) -> Scope {
+        let of_kind = |kind: Kind| self.objects.iter().filter(move |(k, _)| k.0 == kind);
+        let labels = |o: &DynamicObject| o.metadata.labels.clone().unwrap_or_default();
+        let gw = &settings.gateway;
+        Scope {
+            gateway: gw.clone(),
+            allowed: self
+                .objects
+                .get(&(Kind::Gateway, gw.namespace.clone(), gw.name.clone()))
+                .map(|o| AllowedNamespaces::from_gateway(&o.data))
+                .unwrap_or_default(),
+            // Namespaces are cluster-scoped: their name is the key's.
+            namespaces: of_kind(Kind::Namespace).map(|(k, o)| (k.2.clone(), labels(o))).collect(),
+            services: of_kind(Kind::Service).map(|(k, o)| (ObjectName { namespace: k.1.clone(), name: k.2.clone() }, labels(o))).collect(),
+            from_istiod: self.from_istiod.clone(),
+        }
+    }
+
+    /// The converted config, once every kind is listed and when it differs from what
+    /// was published last.
+    fn publish(&mut self, settings: &Settings) -> Option<L7Config> {
+        if !KINDS.iter().all(|k| self.synced.contains(k)) {
+            return None;
+        }
+        let scope = self.scope(settings);
+        let mut scope_dump = scope.dump();
+        scope_dump["rootNamespace"] = json!(settings.root_namespace);
+        let taken: Vec<(&Key, &DynamicObject)> = self
+            .objects
+            .iter()
+            .filter(|(k, obj)| matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy) && selected(k.0, obj, &scope, settings))
+            .collect();
+        // Unchanged selection, versions and scope: nothing to convert or publish.
+        let version = |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
+        let mut fingerprint = vec![scope_dump.to_string()];
+        fingerprint.extend(taken.iter().map(|(k, obj)| format!("{:?} {}/{} {}", k.0, k.1, k.2, version(obj))));
+        if self.published.as_ref() == Some(&fingerprint) {
+            return None;
+        }
+        let mut cfg = L7Config::default();
+        let (mut routes, mut policies, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+        for (k, obj) in &taken {
+            let rv = version(obj);
+            if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
+                self.converted.insert((*k).clone(), (rv, convert(k.0, obj)));
+            }
+            let Some((_, converted)) = self.converted.get(*k) else { continue };
+            let as_read = Value::Object(flattened(obj).unwrap_or_default());
+            match converted {
+                Converted::Route(Ok(r)) => {
+                    cfg.routes.push(r.clone());
+                    routes.push(as_read);
+                }
+                Converted::Route(Err(e)) => rejected.push(json!({"kind": "HTTPRoute", "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Policy(Ok(Some(p))) => {
+                    cfg.policies.push(p.clone());
+                    policies.push(as_read);
+                }
+                Converted::Policy(Ok(None)) => {}
+                Converted::Policy(Err(e)) => {
+                    cfg.policies.push(deny_all(obj));
+                    cfg.unenforceable += 1;
+                    let mut v = as_read;
+                    v["unenforceable"] = json!(e);
+                    policies.push(v);
+                }
+            }
+        }
+        let keep: BTreeSet<&Key> = taken.iter().map(|(k, _)| *k).collect();
+        self.converted.retain(|k, _| keep.contains(k));
+        self.published = Some(fingerprint);
+        let refused = scope.refused();
+        if !refused.is_empty() && refused != self.refused {
+            tracing::warn!(gateway = %format!("{}/{}", scope.gateway.namespace, scope.gateway.name), allowed = ?scope.allowed, refused = %refused.join(","),
+                "labels ask for this waypoint from namespaces its Gateway does not admit (allowedRoutes.namespaces of the HBONE listener); istiod does not attach them either");
+        }
+        self.refused = refused;
+        cfg.dump = Arc::new(json!({
+            "source": "kubernetes",
+            "httpRoutes": routes,
+            "authorizationPolicies": policies,
+            "rejected": rejected,
+            "scope": scope_dump,
+        }));
+        Some(cfg)
+    }
+}
+
+/// The Services whose waypoint, in istiod's state, is this one (by identity, as the
+/// tunnel checks it).
+pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<ObjectName> {
+    state
+        .services()
+        .filter(|s| s.waypoint.as_ref().is_some_and(|gw| state.is_waypoint(gw, me)))
+        .map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() })
+        .collect()
+}
+
+fn stream(client: &kube::Client, kind: Kind, settings: &Settings) -> futures_util::stream::BoxStream<'static, (Kind, Result<Event<DynamicObject>, watcher::Error>)> {
+    let ar = resource(kind);
+    let (api, config) = match kind {
+        // Only our own Gateway matters: its namespace's.
+        Kind::Gateway => (kube::Api::<DynamicObject>::namespaced_with(client.clone(), &settings.gateway.namespace, &ar), watcher::Config::default()),
+        // Only Services with the label can differ from their namespace.
+        Kind::Service => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default().labels(USE_WAYPOINT)),
+        _ => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default()),
+    };
+    watcher::watcher(api, config).default_backoff().map(move |e| (kind, e)).boxed()
+}
+
+/// Watches the Kubernetes API (and istiod's state, for which Services use the waypoint)
+/// and publishes the converted config each time it changes, once every kind has been
+/// listed. Runs until the process ends (the watchers retry with backoff on their own).
+pub async fn watch(client: kube::Client, settings: Settings, state: Arc<SharedState>, out: watch::Sender<Option<Arc<L7Config>>>, metrics: XdsMetrics) {
+    let mut events = futures_util::stream::select_all(KINDS.map(|k| stream(&client, k, &settings)));
+    let mut changes = state.changes();
+    let mut store = Store { from_istiod: services_from_istiod(&state.load_full(), &settings.identity), ..Store::default() };
+    loop {
+        tokio::select! {
+            e = events.next() => match e {
+                None => return,
+                Some((kind, Err(e))) => {
+                    let e = e.to_string();
+                    let hint = (e.contains("403") || e.to_lowercase().contains("forbidden"))
+                        .then_some("the waypoint's service account needs get/list/watch on it across namespaces (the ClusterRole of charts/waypoint)");
+                    tracing::warn!(kind = ?kind, error = %e, hint, "Kubernetes watch failed; retrying");
+                    continue;
+                }
+                Some((kind, Ok(event))) => store.event(kind, event, &settings),
+            },
+            r = changes.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                let now = services_from_istiod(&state.load_full(), &settings.identity);
+                if now == store.from_istiod {
+                    continue;
+                }
+                store.from_istiod = now;
+            }
+        }
+        if let Some(cfg) = store.publish(&settings) {
             metrics.set_unenforceable("kubernetes", cfg.unenforceable);
-            tracing::info!(routes = cfg.routes.len(), policies = cfg.policies.len(), unenforceable = cfg.unenforceable, namespace = %namespace, "L7 config from Kubernetes");
+            tracing::info!(routes = cfg.routes.len(), policies = cfg.policies.len(), unenforceable = cfg.unenforceable,
+                namespaces = %namespaces(&cfg).join(","), "L7 config from Kubernetes");
             out.send_replace(Some(Arc::new(cfg)));
         }
     }
 }
 
+/// The namespaces the config's objects come from, for the log.
+fn namespaces(cfg: &L7Config) -> Vec<String> {
+    let ns = cfg.routes.iter().map(|r| r.namespace.clone()).chain(cfg.policies.iter().map(|p| p.namespace.clone()));
+    ns.collect::<BTreeSet<_>>().into_iter().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ztunnel::identity::Identity;
 
     use crate::authz;
-    use crate::object::{ObjectName, Target};
+    use crate::object::Target;
 
-    fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
-        serde_json::from_value(serde_json::json!({
+    fn object_in(ns: &str, kind: &str, name: &str, spec: Value) -> DynamicObject {
+        serde_json::from_value(json!({
             "apiVersion": "x/v1", "kind": kind,
-            "metadata": {"name": name, "namespace": "default", "resourceVersion": "1"},
+            "metadata": {"name": name, "namespace": ns, "resourceVersion": "1"},
             "spec": spec,
         }))
         .unwrap()
     }
 
+    fn object(kind: &str, name: &str, spec: Value) -> DynamicObject {
+        object_in("default", kind, name, spec)
+    }
+
+    /// A Namespace or Service with labels.
+    fn labelled(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> DynamicObject {
+        let labels: Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        let mut meta = json!({"name": name, "resourceVersion": "1", "labels": labels});
+        if let Some(ns) = ns {
+            meta["namespace"] = json!(ns);
+        }
+        serde_json::from_value(json!({"apiVersion": "v1", "kind": "X", "metadata": meta})).unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
+            root_namespace: "istio-system".into(),
+            identity: Identity::new("cluster.local", "default", "waypoint"),
+        }
+    }
+
+    /// A store with every kind listed and `objects` in it.
+    fn store(objects: Vec<(Kind, DynamicObject)>) -> Store {
+        let mut s = Store::default();
+        let settings = settings();
+        for kind in KINDS {
+            s.event(kind, Event::Init, &settings);
+            for (_, o) in objects.iter().filter(|(k, _)| *k == kind) {
+                s.event(kind, Event::InitApply(o.clone()), &settings);
+            }
+            s.event(kind, Event::InitDone, &settings);
+        }
+        s
+    }
+
     #[test]
     fn routes_convert_from_kubernetes_objects() {
         // As the API server stores it, with Gateway API's defaults filled in.
-        let r = route(&object("HTTPRoute", "echo", serde_json::json!({
+        let r = route(&object("HTTPRoute", "echo", json!({
             "parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 80}],
             "rules": [{"matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
                        "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v1", "port": 80, "weight": 1}]}]
         })))
         .unwrap();
         assert_eq!((r.name.as_str(), r.namespace.as_str()), ("echo", "default"));
-        let bad = route(&object("HTTPRoute", "bad", serde_json::json!({"parentRefs": [{"kind": "Service", "group": "", "name": "e"}], "rules": [{"backendRefs": [{"name": "x"}]}]})));
+        let bad = route(&object("HTTPRoute", "bad", json!({"parentRefs": [{"kind": "Service", "group": "", "name": "e"}], "rules": [{"backendRefs": [{"name": "x"}]}]})));
         assert!(bad.unwrap_err().contains("port"));
     }
 
     #[test]
     fn policies_for_the_waypoint_only() {
-        let p = policy(&object("AuthorizationPolicy", "deny", serde_json::json!({
+        let p = policy(&object("AuthorizationPolicy", "deny", json!({
             "targetRef": {"group": "", "kind": "Service", "name": "echo"},
             "action": "DENY",
             "rules": [{"to": [{"operation": {"methods": ["DELETE"]}}]}]
@@ -256,16 +491,16 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!(p.target_refs.len(), 1);
-        let sidecar = policy(&object("AuthorizationPolicy", "s", serde_json::json!({"selector": {"matchLabels": {"app": "x"}}, "action": "DENY", "rules": [{}]})));
+        let sidecar = policy(&object("AuthorizationPolicy", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "action": "DENY", "rules": [{}]})));
         assert!(sidecar.unwrap().is_none(), "selector policies are not the waypoint's");
-        let custom = policy(&object("AuthorizationPolicy", "c", serde_json::json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM", "provider": {"name": "x"}})));
+        let custom = policy(&object("AuthorizationPolicy", "c", json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM", "provider": {"name": "x"}})));
         assert!(custom.is_err());
     }
 
-    fn verdict(objects: &Objects, service: Option<&str>) -> authz::Verdict {
+    fn verdict(cfg: &L7Config, service: Option<(&str, &str)>) -> authz::Verdict {
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-        let svc = service.map(|name| ObjectName { namespace: "default".into(), name: name.into() });
-        let target = Target { gateway: &gateway, service: svc.as_ref(), port: 80 };
+        let svc = service.map(|(ns, name)| ObjectName { namespace: ns.into(), name: name.into() });
+        let target = Target { gateway: &gateway, service: svc.as_ref(), root_namespace: "istio-system", port: 80 };
         let id = Identity::new("cluster.local", "default", "sleep");
         let headers = http::HeaderMap::new();
         let req = authz::Request {
@@ -277,34 +512,89 @@ mod tests {
             path: "/",
             headers: &headers,
         };
-        authz::evaluate(objects.policies.values().filter(|p| p.applies_to(&target)), &req)
+        authz::evaluate(cfg.policies.iter().filter(|p| p.applies_to(&target)), &req)
     }
 
     #[test]
     fn unenforceable_policies_deny_all_in_their_scope() {
         let cases = [
             // An ALLOW that needs JWT: dropping it would allow everyone.
-            serde_json::json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW",
-                               "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}),
+            json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW",
+                   "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}),
             // ext-authz, which we don't have.
-            serde_json::json!({"targetRef": {"group": "", "kind": "Service", "name": "echo"}, "action": "CUSTOM", "provider": {"name": "x"}, "rules": [{}]}),
+            json!({"targetRef": {"group": "", "kind": "Service", "name": "echo"}, "action": "CUSTOM", "provider": {"name": "x"}, "rules": [{}]}),
             // A condition we cannot evaluate.
-            serde_json::json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY",
-                               "rules": [{"when": [{"key": "request.auth.claims[group]", "values": ["admin"]}]}]}),
+            json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY",
+                   "rules": [{"when": [{"key": "request.auth.claims[group]", "values": ["admin"]}]}]}),
         ];
         for spec in cases {
-            let mut objects = Objects::default();
-            objects.apply(Kind::AuthorizationPolicy, "waypoint", &object("AuthorizationPolicy", "p", spec.clone()));
-            let v = verdict(&objects, Some("echo"));
+            let cfg = store(vec![(Kind::AuthorizationPolicy, object("AuthorizationPolicy", "p", spec.clone()))]).publish(&settings()).unwrap();
+            let v = verdict(&cfg, Some(("default", "echo")));
             assert!(!v.allowed, "{spec}: the unenforceable policy was dropped");
             assert_eq!(v.denied_by.as_deref(), Some("default/p"), "{spec}");
-            assert!(verdict(&objects, Some("other")).allowed, "{spec}: only its targets are denied");
+            assert!(verdict(&cfg, Some(("default", "other"))).allowed, "{spec}: only its targets are denied");
+            assert_eq!(cfg.unenforceable, 1);
+            assert!(cfg.dump["authorizationPolicies"][0]["unenforceable"].is_string(), "{}", cfg.dump);
         }
         // A targetRef we cannot place: the whole waypoint is denied.
-        let mut objects = Objects::default();
-        objects.apply(Kind::AuthorizationPolicy, "waypoint", &object("AuthorizationPolicy", "se", serde_json::json!({
-            "targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}], "action": "DENY", "rules": [{}]})));
-        assert!(!verdict(&objects, Some("other")).allowed);
-        assert!(!verdict(&objects, None).allowed);
+        let se = object("AuthorizationPolicy", "se", json!({
+            "targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}], "action": "DENY", "rules": [{}]}));
+        let cfg = store(vec![(Kind::AuthorizationPolicy, se)]).publish(&settings()).unwrap();
+        assert!(!verdict(&cfg, Some(("default", "other"))).allowed);
+        assert!(!verdict(&cfg, None).allowed);
+    }
+
+    /// What an Istio waypoint in `default` takes from other namespaces: `shop` uses it
+    /// by its Namespace label, `blog` does not (only its Service `api` would, by its own
+    /// labels, but the Gateway admits only `shop`); the root namespace's policies on
+    /// the GatewayClass apply to every waypoint.
+    #[test]
+    fn other_namespaces_and_the_root_namespace() {
+        let route_for = |ns: &str, svc: &str, broken: bool| {
+            let rule = if broken { json!({"backendRefs": [{"name": svc}]}) } else { json!({"backendRefs": [{"name": svc, "port": 80}]}) };
+            object_in(ns, "HTTPRoute", &format!("{svc}-route"), json!({"parentRefs": [{"group": "", "kind": "Service", "name": svc}], "rules": [rule]}))
+        };
+        let deny = |ns: &str, name: &str, refs: Value| {
+            object_in(ns, "AuthorizationPolicy", name, json!({"targetRefs": refs, "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/x"]}}]}]}))
+        };
+        let gateway = object("Gateway", "waypoint", json!({"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
+            "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"mesh": "shared"}}}}}]}));
+        let class = json!([{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}]);
+        let objects = vec![
+            (Kind::Gateway, gateway),
+            (Kind::Namespace, labelled(None, "default", &[("mesh", "shared")])),
+            (Kind::Namespace, labelled(None, "shop", &[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "default"), ("mesh", "shared")])),
+            (Kind::Namespace, labelled(None, "blog", &[])),
+            (Kind::Service, labelled(Some("shop"), "legacy", &[(USE_WAYPOINT, "none")])),
+            (Kind::Service, labelled(Some("blog"), "api", &[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "default")])),
+            (Kind::HttpRoute, route_for("shop", "cart", false)),
+            (Kind::HttpRoute, route_for("shop", "legacy", true)),
+            (Kind::HttpRoute, route_for("blog", "api", true)),
+            (Kind::AuthorizationPolicy, deny("shop", "cart-deny", json!([{"group": "", "kind": "Service", "name": "cart"}]))),
+            (Kind::AuthorizationPolicy, deny("shop", "ingress", json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]))),
+            (Kind::AuthorizationPolicy, deny("istio-system", "mesh-deny", class.clone())),
+            (Kind::AuthorizationPolicy, deny("istio-system", "ingress-jwt", json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]))),
+            (Kind::AuthorizationPolicy, deny("blog", "class", class)),
+        ];
+        let mut s = store(objects);
+        let cfg = s.publish(&settings()).unwrap();
+        let names = |v: &Value| v.as_array().unwrap().iter().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap(), o["name"].as_str().unwrap())).collect::<Vec<_>>();
+        assert_eq!(names(&cfg.dump["httpRoutes"]), ["shop/cart-route"]);
+        assert_eq!(names(&cfg.dump["authorizationPolicies"]), ["istio-system/mesh-deny", "shop/cart-deny"]);
+        // The broken routes of Services that do not use us were never looked at.
+        assert_eq!(cfg.dump["rejected"], json!([]), "{}", cfg.dump);
+        assert_eq!(cfg.dump["scope"]["labelledNamespaces"], json!(["shop"]));
+        assert_eq!(cfg.dump["scope"]["refusedByGateway"], json!(["blog/api"]));
+        // The root namespace's policy covers every target of the waypoint.
+        assert_eq!(verdict(&cfg, None).denied_by.as_deref(), None, "rules need /x");
+        // Nothing changed: nothing to publish.
+        assert!(s.publish(&settings()).is_none());
+
+        // istiod routes blog/api through us after all: its namespace's route is taken
+        // (and found broken), and a policy on a GatewayClass outside the root still isn't.
+        s.from_istiod.insert(ObjectName { namespace: "blog".into(), name: "api".into() });
+        let cfg = s.publish(&settings()).unwrap();
+        assert_eq!(cfg.dump["rejected"][0]["name"], "api-route", "{}", cfg.dump);
+        assert_eq!(names(&cfg.dump["authorizationPolicies"]), ["istio-system/mesh-deny", "shop/cart-deny"]);
     }
 }

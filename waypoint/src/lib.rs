@@ -9,6 +9,7 @@ pub mod authz;
 pub mod config;
 pub mod context;
 pub mod detect;
+pub mod dump;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -24,7 +24,12 @@ use ztunnel::netns::InPodNetns;
 use ztunnel::state::{Workload, WorkloadUid};
 
 #[derive(Parser, Debug)]
-#[command(name = "waypoint", about = "Waypoint proxy: HBONE in, L7 policy and routing, HBONE out")]
+#[command(
+    name = "waypoint",
+    version,
+    about = "Waypoint proxy: HBONE in, L7 policy and routing, HBONE out",
+    after_help = "`waypoint version` prints the version, as `ztunnel version` does. Admin endpoint (--admin-addr): GET /config_dump, GET/POST /logging, POST /quitquitquit."
+)]
 struct Args {
     /// Mesh config (the same local config YAML as ztunnel's, with httpRoutes and
     /// authorizationPolicies); reloaded when it changes. Without it (in a cluster), the
@@ -44,9 +49,18 @@ struct Args {
     /// --state-dir; not used with the Istio CA (CA_ADDRESS).
     #[arg(long, env = "ZTUNNEL_STATE_DIR", default_value = "/var/lib/ztunnel")]
     state_dir: PathBuf,
+    /// The mesh's root namespace (Istio's meshConfig.rootNamespace): its
+    /// AuthorizationPolicies that target the GatewayClass istio-waypoint apply to every
+    /// request through this waypoint.
+    #[arg(long, env = "ROOT_NAMESPACE", default_value = waypoint::object::DEFAULT_ROOT_NAMESPACE)]
+    root_namespace: String,
     /// Where HBONE is accepted.
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
+    /// Admin endpoint (/config_dump, /logging, /quitquitquit), as ztunnel's and Istio's
+    /// waypoints' (15000); must be a loopback address.
+    #[arg(long, env = "WAYPOINT_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
+    admin_addr: SocketAddr,
     /// Prometheus metrics (`/stats/prometheus`, `/metrics`).
     #[arg(long, env = "WAYPOINT_METRICS_ADDR", default_value = "0.0.0.0:15020")]
     metrics_addr: SocketAddr,
@@ -154,7 +168,8 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     metrics.wait_for("kubernetes");
     let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
     let (tx, mut rx) = tokio::sync::watch::channel(None);
-    tokio::spawn(k8s::watch(client, ia.pod_namespace.clone(), gateway.name.clone(), tx, metrics.xds.clone()));
+    let settings = k8s::Settings { gateway: gateway.clone(), root_namespace: args.root_namespace.clone(), identity: identity.clone() };
+    tokio::spawn(k8s::watch(client, settings, state.clone(), tx, metrics.xds.clone()));
     let m = metrics.clone();
     let mut ready_rx = rx.clone();
     tokio::spawn(async move {
@@ -163,28 +178,92 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
         }
     });
     rx.mark_changed();
-    let config = Arc::new(ArcSwap::from_pointee(config::Config { state: state.load_full(), routes: Vec::new(), policies: Vec::new() }));
+    let config = Arc::new(ArcSwap::from_pointee(config::Config::empty(state.load_full())));
     tokio::spawn(config::combine(state, rx, config.clone()));
     Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 
+/// `waypoint version`, as `ztunnel version`: the version.
+fn istio_args(mut argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if argv.len() == 2 && argv[1] == "version" {
+        argv[1] = "--version".into();
+    }
+    argv
+}
+
+/// The settings in the dump's `config`, under ztunnel's (upstream's) names and shapes
+/// where it has the setting, then the waypoint's own.
+fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
+    use ztunnel::admin::config_dump::{address, duration};
+    let ia = &args.istiod;
+    serde_json::json!({
+        "adminAddr": address(args.admin_addr),
+        "statsAddr": address(args.metrics_addr),
+        "readinessAddr": address(args.readiness_addr),
+        "inboundAddr": args.listen.to_string(),
+        "clusterId": ia.cluster_id,
+        "xdsAddress": ia.xds_address,
+        "caAddress": ia.ca_address,
+        "secretTtl": duration(Duration::from_secs(args.cert_ttl_seconds)),
+        "poolMaxStreamsPerConn": args.pool_max_streams,
+        "poolUnusedReleaseTimeout": duration(Duration::from_secs(args.pool_idle_timeout_seconds)),
+        "selfTerminationDeadline": duration(drain_deadline),
+        "proxyArgs": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        // The waypoint's own.
+        "localXdsPath": args.local_xds_path,
+        "gatewayName": args.gateway_name,
+        "rootNamespace": args.root_namespace,
+        "connectTimeout": duration(Duration::from_millis(args.connect_timeout_ms)),
+        "lbPolicy": format!("{:?}", args.lb_policy),
+        "outlierConsecutive5xx": args.outlier_consecutive_5xx,
+        "outlierBaseEjection": duration(Duration::from_millis(args.outlier_base_ejection_ms)),
+        "protocolDetectionTimeout": duration(Duration::from_millis(args.protocol_detection_timeout_ms)),
+        "hboneMaxHandshakes": args.hbone_max_handshakes,
+        "hboneMaxHandshakesPerIp": args.hbone_max_handshakes_per_ip,
+        "hboneIdleTimeout": duration(Duration::from_secs(args.hbone_idle_timeout_seconds)),
+    })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    // As ztunnel's: Istio's line shapes on stderr (the run-time filter handle is unused:
-    // the waypoint has no admin endpoint).
-    let _log = init_logging(&std::env::var("LOG_FORMAT").unwrap_or_default());
-    let args = Args::parse();
+    let args = Args::parse_from(istio_args(std::env::args_os().collect()));
+    // As ztunnel's: Istio's line shapes on stderr, the filter changeable at /logging.
+    let log = init_logging(&std::env::var("LOG_FORMAT").unwrap_or_default());
+    anyhow::ensure!(
+        args.admin_addr.ip().is_loopback(),
+        "--admin-addr {} is not a loopback address; the admin endpoint must stay on localhost",
+        args.admin_addr
+    );
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let mut metrics = Metrics::default();
     metrics.build.set_component("waypoint");
     let http_metrics = HttpMetrics::register(&mut metrics.registry);
     let metrics = Arc::new(metrics);
+    // Bound first, as the other ports: a conflict fails the start.
+    let admin_listener =
+        ztunnel::http_endpoint::bind(args.admin_addr).await.with_context(|| format!("cannot listen on {}", args.admin_addr))?;
     serve_observability(&[args.metrics_addr, args.readiness_addr], &metrics).await?;
     let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
         Some(path) => local_setup(&args, path, ttl).await?,
         None => cluster_setup(&args, ttl, &metrics).await?,
     };
+    // The admin endpoint serves from here on, also while the certificate is on its way.
+    let drain_deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
+    let quit = Arc::new(tokio::sync::Notify::new());
+    let config_dump = {
+        let who = waypoint::dump::Me {
+            identity: identity.clone(),
+            gateway: gateway.clone(),
+            workload_uid: me.uid.0.clone(),
+            ip,
+            root_namespace: args.root_namespace.clone(),
+        };
+        let (config, certs, settings) = (config.clone(), certs.clone(), settings_dump(&args, drain_deadline));
+        Box::new(move || waypoint::dump::config_dump(&who, &config.load(), &certs, settings.clone()))
+    };
+    let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone(), config_dump });
+    tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
     certs.allow(&identity);
     certs.set_metrics(metrics.certs.clone());
     let _ = metrics.process.certs.set(certs.clone());
@@ -202,6 +281,7 @@ async fn main() -> anyhow::Result<()> {
         me,
         identity: identity.clone(),
         gateway,
+        root_namespace: args.root_namespace.clone(),
         ip,
         upstreams: upstream::Upstreams::new(pool.clone(), netns.clone(), identity.clone(), ip),
         pool,
@@ -233,6 +313,7 @@ async fn main() -> anyhow::Result<()> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            _ = quit.notified() => tracing::info!("drain requested through /quitquitquit"),
         }
     };
     server::serve(listener, wp.clone(), hbone_server, acceptor, stop).await;
@@ -240,7 +321,7 @@ async fn main() -> anyhow::Result<()> {
     // ones, in-flight tunnels run until they end or the deadline passes.
     metrics.set_not_ready();
     wp.drain.start();
-    let deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
+    let deadline = drain_deadline;
     tracing::info!(deadline = ?deadline, active = wp.drain.active(), "draining: listener closed, GOAWAY sent");
     if !wp.drain.wait_idle(deadline).await {
         tracing::warn!(active = wp.drain.active(), "drain deadline reached; closing remaining tunnels");
@@ -253,6 +334,22 @@ async fn main() -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn version_and_help() {
+        let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(istio_args(os(&["waypoint", "version"])), os(&["waypoint", "--version"]));
+        assert_eq!(istio_args(os(&["waypoint", "--listen", "version"])), os(&["waypoint", "--listen", "version"]));
+        let e = Args::try_parse_from(["waypoint", "--version"]).unwrap_err();
+        assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
+        assert_eq!(e.to_string().trim(), format!("waypoint {}", env!("CARGO_PKG_VERSION")));
+        // Every flag says what it is for.
+        let cmd = Args::command();
+        let bare: Vec<_> = cmd.get_arguments().filter(|a| a.get_help().is_none() && !a.is_hide_set()).map(|a| a.get_id().to_string()).collect();
+        assert!(bare.is_empty(), "flags without help: {bare:?}");
+        let a = Args::try_parse_from(["waypoint", "--local-xds-path", "m.yaml", "--workload-uid", "w"]).unwrap();
+        assert_eq!((a.admin_addr, a.root_namespace.as_str()), ("127.0.0.1:15000".parse().unwrap(), "istio-system"));
+    }
 
     #[test]
     fn flag_reference_is_current() {

@@ -7,8 +7,15 @@ use serde::Deserialize;
 /// Gateway API's group (of `Gateway`, the default of `parentRefs`).
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 
+/// The GatewayClass of every waypoint, as Istio names it: a policy in the root namespace
+/// that targets it applies to all waypoints.
+pub const WAYPOINT_CLASS: &str = "istio-waypoint";
+
+/// Istio's default root namespace (meshConfig.rootNamespace).
+pub const DEFAULT_ROOT_NAMESPACE: &str = "istio-system";
+
 /// A namespaced Kubernetes object name.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectName {
     pub namespace: String,
     pub name: String,
@@ -20,13 +27,17 @@ pub struct ObjectName {
 #[derive(Clone, Copy, Debug)]
 pub struct Target<'a> {
     pub gateway: &'a ObjectName,
+    /// The mesh's root namespace: its policies targeting the GatewayClass
+    /// `istio-waypoint` apply to every request through the waypoint.
+    pub root_namespace: &'a str,
     pub service: Option<&'a ObjectName>,
     /// The service port (CONNECT target port).
     pub port: u16,
 }
 
 /// A Gateway API object reference: what a route or policy attaches to (`parentRefs` /
-/// `targetRefs`: a `Service`, group "", or the waypoint's `Gateway`) and what a route
+/// `targetRefs`: a `Service`, group "", the waypoint's `Gateway`, or for policies the
+/// `GatewayClass` of all waypoints) and what a route
 /// sends to (`backendRefs`, a mirror's `backendRef`: a Service and its port). Which
 /// fields each use allows is checked by the route's and the policy's validation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -116,7 +116,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let cfg = wp.config.load_full();
     let target = tunnel.target;
     let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-    let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), port: target.port() };
+    let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), root_namespace: &wp.root_namespace, port: target.port() };
     // Routes on the target mean it speaks HTTP: bytes that don't look like HTTP must not
     // slip past the routes (and the trusted-header handling) as opaque TCP.
     if cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {

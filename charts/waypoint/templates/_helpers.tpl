@@ -7,6 +7,11 @@
 {{- end -}}
 
 {{/* The Gateway's address: our Service's cluster-local hostname. */}}
+{{/* The cluster-wide read access of this release's waypoint: unique per namespace. */}}
+{{- define "waypoint.clusterRbacName" -}}
+{{- printf "ztunnel-rs-waypoint-%s-%s" .Release.Namespace (include "waypoint.name" .) | trunc 253 -}}
+{{- end -}}
+
 {{- define "waypoint.hostname" -}}
 {{- printf "%s.%s.svc.%s" (include "waypoint.name" .) .Release.Namespace .Values.gateway.clusterDomain -}}
 {{- end -}}

@@ -7,7 +7,7 @@ use ztunnel::cidr::Cidr;
 use ztunnel::identity::Identity;
 use ztunnel::rbac::field::{negative, positive};
 
-use crate::object::Target;
+use crate::object::{Target, WAYPOINT_CLASS};
 
 /// What a policy is checked against, for one request.
 #[derive(Clone, Copy, Debug)]
@@ -63,8 +63,17 @@ pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>,
 }
 
 impl AuthorizationPolicy {
-    /// Whether the policy targets the request's service or the waypoint's Gateway.
+    /// Whether the policy targets the request's service (a Service of the policy's own
+    /// namespace), the waypoint's Gateway (from the Gateway's namespace), or, from the
+    /// root namespace, the GatewayClass `istio-waypoint` (every waypoint), as Istio
+    /// attaches policies to waypoints. A deny-all stand-in whose targets could not be
+    /// placed covers what its namespace could target (`deny_all`).
     pub fn applies_to(&self, target: &Target) -> bool {
+        if self.unplaced {
+            return self.namespace == target.gateway.namespace
+                || self.namespace == target.root_namespace
+                || target.service.is_some_and(|s| s.namespace == self.namespace);
+        }
         self.target_refs.iter().any(|r| {
             // `validate` rejects other namespaces; never let one widen the scope anyway.
             if r.namespace.as_deref().is_some_and(|ns| ns != self.namespace) {
@@ -75,6 +84,7 @@ impl AuthorizationPolicy {
                     target.service.is_some_and(|s| s.name == r.name && s.namespace == self.namespace)
                 }
                 Some(RefKind::Gateway) => target.gateway.name == r.name && target.gateway.namespace == self.namespace,
+                Some(RefKind::GatewayClass) => r.name == WAYPOINT_CLASS && self.namespace == target.root_namespace,
                 None => false,
             }
         })

@@ -24,6 +24,9 @@ pub struct AuthorizationPolicy {
     pub action: Action,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// Set on a deny-all stand-in (`deny_all`) whose targets could not all be placed.
+    #[serde(skip)]
+    pub unplaced: bool,
 }
 
 /// Written as in Istio's CRD: `ALLOW`, `DENY`, `AUDIT`.
@@ -140,8 +143,10 @@ impl AuthorizationPolicy {
     /// fields, a condition it does not know...): a DENY of every request to what it
     /// targets, since dropping it would widen access. Each ref is taken wider (its port
     /// and sectionName dropped); if one cannot be placed (a kind we don't serve, another
-    /// namespace, no name) the deny covers the whole waypoint, its Gateway `gateway`.
-    pub fn deny_all(namespace: &str, name: &str, refs: &[ObjectRef], gateway: &str) -> AuthorizationPolicy {
+    /// namespace, no name) the deny covers all its namespace could target: the whole
+    /// waypoint from the waypoint's own or the root namespace, else every Service of
+    /// its namespace (so one namespace's policy never denies another's traffic).
+    pub fn deny_all(namespace: &str, name: &str, refs: &[ObjectRef]) -> AuthorizationPolicy {
         let placed: Option<Vec<ObjectRef>> = refs
             .iter()
             .map(|r| {
@@ -149,16 +154,9 @@ impl AuthorizationPolicy {
                 ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
             })
             .collect();
-        let target_refs = match placed {
-            Some(refs) if !refs.is_empty() => refs,
-            _ => vec![ObjectRef {
-                group: Some(GATEWAY_GROUP.into()),
-                kind: Some("Gateway".into()),
-                name: gateway.into(),
-                namespace: None,
-                port: None,
-                section_name: None,
-            }],
+        let (target_refs, unplaced) = match placed {
+            Some(refs) if !refs.is_empty() => (refs, false),
+            _ => (Vec::new(), true),
         };
         AuthorizationPolicy {
             name: name.into(),
@@ -167,9 +165,9 @@ impl AuthorizationPolicy {
             action: Action::Deny,
             // A rule with no from, to or when matches every request.
             rules: vec![Rule::default()],
+            unplaced,
         }
     }
-
 
     /// The policy as it applies to opaque TCP, which has no HTTP attributes (Istio's
     /// rule): a DENY or AUDIT rule loses its HTTP-only fields, so it matches more
@@ -203,13 +201,16 @@ impl AuthorizationPolicy {
 pub(super) enum RefKind {
     Service,
     Gateway,
+    GatewayClass,
 }
 
-/// Service is in the core group ("" or absent), Gateway in Gateway API's (or absent).
+/// Service is in the core group ("" or absent), Gateway and GatewayClass in Gateway
+/// API's (or absent).
 pub(super) fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
     match (r.kind.as_deref(), r.group.as_deref()) {
         (Some("Service"), None | Some("")) => Some(RefKind::Service),
         (Some("Gateway"), None | Some(GATEWAY_GROUP)) => Some(RefKind::Gateway),
+        (Some("GatewayClass"), None | Some(GATEWAY_GROUP)) => Some(RefKind::GatewayClass),
         _ => None,
     }
 }

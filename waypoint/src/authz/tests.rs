@@ -4,7 +4,7 @@ use serde::Deserialize;
 use ztunnel::identity::Identity;
 
 use super::*;
-use crate::object::{ObjectName, Target};
+use crate::object::{ObjectName, ObjectRef, Target};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -274,7 +274,7 @@ fn applies_to() {
     let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
     let other_ns = ObjectName { namespace: "prod".into(), name: "echo".into() };
     let other_gw = ObjectName { namespace: "prod".into(), name: "waypoint".into() };
-    let t = |gateway, service| Target { gateway, service, port: 80 };
+    let t = |gateway, service| Target { gateway, service, root_namespace: "istio-system", port: 80 };
     assert!(ps[0].applies_to(&t(&gw, Some(&echo))));
     assert!(!ps[0].applies_to(&t(&gw, Some(&other_ns))));
     assert!(!ps[0].applies_to(&t(&gw, None)));
@@ -287,7 +287,7 @@ fn applies_to() {
 fn applies_to_refs() {
     let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
     let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
-    let t = Target { gateway: &gw, service: Some(&echo), port: 80 };
+    let t = Target { gateway: &gw, service: Some(&echo), root_namespace: "istio-system", port: 80 };
     let p = |refs: &str| -> AuthorizationPolicy {
         serde_yaml::from_str(&format!("name: p\nnamespace: default\ntargetRefs: {refs}")).unwrap()
     };
@@ -299,6 +299,52 @@ fn applies_to_refs() {
     assert!(!p("[{kind: Service, name: waypoint}]").applies_to(&t));
     assert!(!p("[{kind: ServiceEntry, group: networking.istio.io, name: echo}]").applies_to(&t));
     assert!(!p("[{name: echo}]").applies_to(&t));
+}
+
+/// Istio's attachment to waypoints: a root-namespace policy on the GatewayClass
+/// `istio-waypoint` covers every waypoint; from elsewhere it covers nothing.
+#[test]
+fn root_namespace_policies_target_every_waypoint() {
+    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
+    let cart = ObjectName { namespace: "shop".into(), name: "cart".into() };
+    let p = |ns: &str, refs: &str| -> AuthorizationPolicy {
+        let p: AuthorizationPolicy = serde_yaml::from_str(&format!("name: p\nnamespace: {ns}\ntargetRefs: {refs}")).unwrap();
+        p.validate().unwrap();
+        p
+    };
+    let class = "[{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]";
+    for service in [None, Some(&cart)] {
+        let t = Target { gateway: &gw, service, root_namespace: "istio-system", port: 80 };
+        assert!(p("istio-system", class).applies_to(&t));
+        assert!(!p("default", class).applies_to(&t), "only from the root namespace");
+        assert!(!p("istio-system", "[{kind: GatewayClass, name: istio}]").applies_to(&t), "another class");
+    }
+    let t = Target { gateway: &gw, service: None, root_namespace: "mesh-root", port: 80 };
+    assert!(!p("istio-system", class).applies_to(&t), "the root namespace is configurable");
+    assert!(p("mesh-root", class).applies_to(&t));
+    // A policy of another namespace reaches only its own Services.
+    let t = Target { gateway: &gw, service: Some(&cart), root_namespace: "istio-system", port: 80 };
+    assert!(p("shop", "[{kind: Service, name: cart}]").applies_to(&t));
+    assert!(!p("shop", "[{kind: Gateway, name: waypoint}]").applies_to(&t), "the Gateway is default's");
+}
+
+/// A deny-all stand-in that cannot be placed covers what its namespace could target.
+#[test]
+fn unplaced_deny_all_stays_in_its_namespace() {
+    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
+    let cart = ObjectName { namespace: "shop".into(), name: "cart".into() };
+    let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
+    let se = [ObjectRef { group: Some("networking.istio.io".into()), kind: Some("ServiceEntry".into()), name: "x".into(), ..ObjectRef::default() }];
+    let t = |service| Target { gateway: &gw, service, root_namespace: "istio-system", port: 80 };
+    let own = AuthorizationPolicy::deny_all("default", "p", &se);
+    assert!(own.applies_to(&t(None)) && own.applies_to(&t(Some(&cart))), "the waypoint's namespace: everything");
+    let root = AuthorizationPolicy::deny_all("istio-system", "p", &se);
+    assert!(root.applies_to(&t(None)) && root.applies_to(&t(Some(&cart))), "the root namespace: everything");
+    let shop = AuthorizationPolicy::deny_all("shop", "p", &se);
+    assert!(shop.applies_to(&t(Some(&cart))));
+    assert!(!shop.applies_to(&t(Some(&echo))) && !shop.applies_to(&t(None)), "shop's policy never denies default's traffic");
+    let placed = AuthorizationPolicy::deny_all("shop", "p", &[ObjectRef { kind: Some("Service".into()), name: "cart".into(), ..ObjectRef::default() }]);
+    assert!(!placed.unplaced && placed.applies_to(&t(Some(&cart))));
 }
 
 /// The policies of the waypoint end-to-end test (tests/waypoint.rs).
@@ -635,6 +681,7 @@ fn unvalidated_values_fail_closed() {
             }],
             ..Rule::default()
         }],
+        unplaced: false,
     };
     assert!(!req().allowed(&[&bad_allow]));
     let bad_deny = AuthorizationPolicy { action: Action::Deny, ..bad_allow.clone() };

@@ -19,8 +19,9 @@ impl AuthorizationPolicy {
             return Err("namespace: must not be empty".into());
         }
         if self.target_refs.is_empty() {
-            return Err("targetRefs: required: the waypoint enforces only policies that target its Gateway or a \
-                        Service; policies without targetRefs belong in ztunnel's `policies` list"
+            return Err("targetRefs: required: the waypoint enforces only policies that target its Gateway, a \
+                        Service or (from the root namespace) the GatewayClass istio-waypoint; policies without \
+                        targetRefs belong in ztunnel's `policies` list"
                 .into());
         }
         for (i, r) in self.target_refs.iter().enumerate() {
@@ -34,17 +35,18 @@ impl AuthorizationPolicy {
 }
 
 fn validate_target_ref(r: &ObjectRef, namespace: &str) -> Result<(), String> {
-    let kind = r.kind.as_deref().ok_or("kind: required (Service or Gateway)")?;
+    let kind = r.kind.as_deref().ok_or("kind: required (Service, Gateway or GatewayClass)")?;
     match kind {
-        "Service" | "Gateway" if ref_kind(r).is_none() => {
+        "Service" | "Gateway" | "GatewayClass" if ref_kind(r).is_none() => {
             let want = if kind == "Service" { "\"\"" } else { "\"gateway.networking.k8s.io\"" };
             let group = r.group.as_deref().unwrap_or_default();
             return Err(format!("group: {group:?} is wrong for kind {kind}, whose group is {want}"));
         }
-        "Service" | "Gateway" => {}
+        "Service" | "Gateway" | "GatewayClass" => {}
         _ => {
             return Err(format!(
-                "kind: {kind:?} is not supported: the waypoint enforces policies that target a Service or its Gateway"
+                "kind: {kind:?} is not supported: the waypoint enforces policies that target a Service, its Gateway \
+                 or the GatewayClass istio-waypoint"
             ))
         }
     }

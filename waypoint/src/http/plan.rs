@@ -25,6 +25,8 @@ use crate::path;
 pub struct Inbound<'a> {
     /// The waypoint's Gateway (policies and routes attach to it).
     pub gateway: &'a ObjectName,
+    /// The mesh's root namespace (policies there may target every waypoint).
+    pub root_namespace: &'a str,
     /// The waypoint's own identity (`x-forwarded-client-cert: By=`).
     pub identity: &'a Identity,
     pub tunnel: &'a Tunnel,
@@ -103,7 +105,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     set_trusted_headers(&mut parts.headers, inb.identity, &tunnel.src_identity, tunnel.src_addr.ip());
 
     let target_name = target_service.as_deref().map(object_name);
-    let target = Target { gateway: inb.gateway, service: target_name.as_ref(), port: tunnel.target.port() };
+    let target = Target { gateway: inb.gateway, service: target_name.as_ref(), root_namespace: inb.root_namespace, port: tunnel.target.port() };
 
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
@@ -246,7 +248,7 @@ mod tests {
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
         };
-        let inb = Inbound { gateway: &gateway, identity: &identity, tunnel: &tunnel, cfg: &cfg, proto: Protocol::Http1 };
+        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto: Protocol::Http1 };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
         let r = build(&inb, &mut parts, &mut notes).map(|p| {
