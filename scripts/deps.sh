@@ -10,6 +10,10 @@ command -v cc >/dev/null || need+=(gcc)
 # eBPF capture: clang -target bpf, libbpf's headers (bpf/bpf_helpers.h).
 command -v clang >/dev/null || need+=(clang llvm)
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+# Real peers for the waypoint's end-to-end tests.
+command -v curl >/dev/null || need+=(curl)
+command -v nginx >/dev/null || need+=(nginx)
+command -v h2load >/dev/null || need+=(nghttp2-client)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"

@@ -930,3 +930,86 @@ async fn dashboards_query_only_exported_metrics() -> Result<()> {
     assert!(problems.is_empty(), "{}\n--- ztunnel node1:\n{}\n--- waypoint:\n{waypoint}", problems.join("\n"), ztunnels[0]);
     Ok(())
 }
+
+/// nginx in `pod` (one process, so nothing outlives the test): HTTP/1.1 on 8080 and h2c
+/// (HTTP/2 prior knowledge only) on 8081, each answering with the protocol it was asked in.
+fn start_nginx(pod: &Pod, dir: &std::path::Path) -> Result<netsim::Child> {
+    let d = dir.join("nginx");
+    std::fs::create_dir_all(&d)?;
+    let p = d.display();
+    let conf = format!(
+        "master_process off; daemon off; pid {p}/nginx.pid; error_log {p}/error.log;
+events {{}}
+http {{
+  access_log off;
+  client_body_temp_path {p}/body; proxy_temp_path {p}/proxy; fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;
+  server {{ listen 8080; location / {{ return 200 \"proto=$server_protocol\\n\"; }} }}
+  server {{ listen 8081 http2; location / {{ return 200 \"proto=$server_protocol\\n\"; }} }}
+}}
+"
+    );
+    std::fs::write(d.join("nginx.conf"), conf)?;
+    let conf_path = d.join("nginx.conf").display().to_string();
+    let child = pod.netns.spawn("nginx", &["-p", &p.to_string(), "-c", &conf_path], &[], &d.join("stdout.log"))?;
+    for port in [8080, 8081] {
+        wait_for(&format!("nginx on {port}"), Duration::from_secs(5), || {
+            pod.netns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
+        })?;
+    }
+    Ok(child)
+}
+
+/// Issue 21 item 0, with real clients: the waypoint speaks to the backend in the protocol
+/// its service port declares (Istio's appProtocol / port name), not the client's: curl
+/// with HTTP/2 prior knowledge and h2load reach nginx's HTTP/1.1 port, curl's HTTP/1.1
+/// (and its h2c upgrade offer) reach nginx's h2c-only port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Result<()> {
+    for tool in ["nginx", "curl", "h2load"] {
+        anyhow::ensure!(sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(), "{tool} is needed (scripts/deps.sh installs it)");
+    }
+    let topo = Topology::build(&prefix("wproto"), &[2, 1])?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: web, namespace: default, hostname: web.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{80: 8080}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+         - {{name: web-h2, namespace: default, hostname: web-h2.default.svc.cluster.local, vips: [\"/10.96.0.31\"], ports: {{80: 8081}}, appProtocols: {{80: HTTP2}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "web", ", services: {default/web.default.svc.cluster.local: {80: 8080}, default/web-h2.default.svc.cluster.local: {80: 8081}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("waypoint.yaml");
+    std::fs::write(&cfg_path, &cfg)?;
+    let state = t.dir.join("ca").display().to_string();
+    let waypoint = t.pod("n1p2").netns.spawn(
+        WAYPOINT,
+        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state],
+        &[("RUST_LOG", "info")],
+        &t.dir.join("waypoint.log"),
+    )?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    let _nginx = start_nginx(t.pod("n2p1"), &t.dir)?;
+    let client = &t.pod("n1p1").netns;
+    let curl = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["-sS", "--max-time", "10", "-w", " %{http_version} %{http_code}"];
+        all.extend_from_slice(args);
+        client.exec("curl", &all).with_context(|| waypoint.log_text())
+    };
+    // The client's protocol is what the client sees; the backend's is what the port says.
+    assert_eq!(curl(&["--http2-prior-knowledge", "http://10.96.0.30/"])?, "proto=HTTP/1.1\n 2 200");
+    assert_eq!(curl(&["--http1.1", "http://10.96.0.30/"])?, "proto=HTTP/1.1\n 1.1 200");
+    assert_eq!(curl(&["--http1.1", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 1.1 200");
+    assert_eq!(curl(&["--http2-prior-knowledge", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 2 200");
+    // curl --http2 offers an h2c upgrade; the waypoint answers in HTTP/1.1 (as Envoy does
+    // without upgrade config) and the backend still gets HTTP/2.
+    assert_eq!(curl(&["--http2", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 1.1 200");
+    // h2load: many multiplexed HTTP/2 requests, every one answered by the HTTP/1.1 backend.
+    let out = client.exec("h2load", &["-n", "400", "-c", "4", "-m", "10", "http://10.96.0.30/"])?;
+    let line = out.lines().find(|l| l.starts_with("requests:")).context("no h2load summary")?.to_string();
+    assert!(line.contains("400 succeeded, 0 failed"), "{line}\n{out}");
+    let codes = out.lines().find(|l| l.starts_with("status codes:")).unwrap_or_default().to_string();
+    assert!(codes.starts_with("status codes: 400 2xx"), "{codes}");
+    Ok(())
+}

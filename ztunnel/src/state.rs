@@ -20,7 +20,7 @@ mod waypoint_tests;
 
 pub use self::address::{HboneAddress, NetworkAddress};
 pub use self::workload::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use ztunnel::state::{Service, Workload};
+use ztunnel::state::{AppProtocol, Service, Workload};
 
 use crate::config::Config;
 
@@ -12,6 +12,20 @@ use crate::config::Config;
 pub struct Backend {
     pub service: Option<Arc<Service>>,
     pub endpoints: Vec<(SocketAddr, Arc<Workload>)>,
+    /// The HTTP version the backend speaks, when its service port says (Some(true):
+    /// HTTP/2 with prior knowledge); None: the client's, as Istio's waypoint does for
+    /// ports of unknown protocol.
+    pub http2: Option<bool>,
+}
+
+/// What a service port's protocol says about the upstream HTTP version: `http` ports
+/// get HTTP/1.1, `http2`/`grpc` (and h2c appProtocol) ports HTTP/2, others nothing.
+pub fn port_speaks_http2(svc: &Service, port: u16) -> Option<bool> {
+    match svc.app_protocol(port) {
+        AppProtocol::Http11 => Some(false),
+        AppProtocol::Http2 | AppProtocol::Grpc => Some(true),
+        AppProtocol::Unknown | AppProtocol::Tcp | AppProtocol::Tls => None,
+    }
 }
 
 impl Backend {
@@ -23,6 +37,6 @@ impl Backend {
             .into_iter()
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();
-        Backend { service: Some(svc.clone()), endpoints }
+        Backend { service: Some(svc.clone()), endpoints, http2: port_speaks_http2(svc, port) }
     }
 }

@@ -5,14 +5,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
 use http::Request;
 use http_body_util::BodyExt;
 
 use super::backend::Backend;
 use super::body::full;
 use super::headers::clone_parts;
-use super::plan::Mirrors;
+use super::plan::{set_head_for, Mirrors};
 use crate::config::Config;
 use crate::context::Waypoint;
 use crate::route;
@@ -34,7 +33,7 @@ pub fn mirror_all(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, parts
 /// Sends a copy of the request to the mirror backend and forgets it (Envoy's shadowing:
 /// the Host gets a `-shadow` suffix, the response is dropped).
 fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::RequestMirror, parts: &http::request::Parts, body: Bytes) {
-    let &Mirrors { ref host, port, route_ns, http2, .. } = mirrors;
+    let &Mirrors { ref host, port, route_ns, client_http2, .. } = mirrors;
     if !m.sampled(rand::random::<f64>()) {
         return;
     }
@@ -43,14 +42,12 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };
     let backend = Backend::service(cfg, svc, m.backend_ref.port.unwrap_or(port));
+    let http2 = backend.http2.unwrap_or(client_http2);
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");
-    if http2 {
-        if let Ok(u) = format!("http://{shadow}{}", parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/")).parse() {
-            parts.uri = u;
-        }
-    } else if let Ok(v) = HeaderValue::from_str(&shadow) {
-        parts.headers.insert(header::HOST, v);
+    let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    if set_head_for(&mut parts, &shadow, &pq, http2).is_err() {
+        return tracing::debug!(host = %shadow, "mirror skipped: the shadow host makes no URI");
     }
     // Mirrors are best effort and must not pile up behind a slow mirror backend.
     let Ok(slot) = wp.mirror_slots.clone().try_acquire_owned() else {

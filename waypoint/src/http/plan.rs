@@ -63,7 +63,23 @@ pub struct Mirrors<'c> {
     pub port: u16,
     /// The route's namespace (a mirror backendRef without one is in it).
     pub route_ns: Option<&'c str>,
-    pub http2: bool,
+    /// Whether the client spoke HTTP/2 (a mirror backend of unknown protocol gets that).
+    pub client_http2: bool,
+}
+
+/// Rewrites the request head for an upstream of that HTTP version: HTTP/2 takes the
+/// authority in the URI and no Host; HTTP/1.1 an origin-form URI and Host. h2 and hyper
+/// translate the rest (connection-specific headers are already gone, trailers pass).
+pub fn set_head_for(parts: &mut http::request::Parts, host: &str, path_and_query: &str, http2: bool) -> Result<(), http::uri::InvalidUri> {
+    let uri = if http2 { format!("http://{host}{path_and_query}") } else { path_and_query.to_string() };
+    parts.uri = uri.parse::<Uri>()?;
+    if http2 {
+        parts.headers.remove(header::HOST);
+    } else if let Ok(v) = HeaderValue::from_str(host) {
+        parts.headers.insert(header::HOST, v);
+    }
+    parts.version = if http2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
+    Ok(())
 }
 
 fn object_name(s: &Service) -> ObjectName {
@@ -180,7 +196,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         None => match &target_service {
             Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
             None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
-                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())] },
+                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())], http2: None },
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
             },
         },
@@ -195,18 +211,12 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         Some(q) => format!("{up_path}?{q}"),
         None => up_path,
     };
-    let http2 = inb.proto == Protocol::Http2;
-    let uri = if http2 { format!("http://{up_host}{pq}") } else { pq };
-    let Ok(uri) = uri.parse::<Uri>() else {
+    // The backend's HTTP version: its service port's protocol, else the client's.
+    let client_http2 = inb.proto == Protocol::Http2;
+    let http2 = backend.http2.unwrap_or(client_http2);
+    if set_head_for(parts, &up_host, &pq, http2).is_err() {
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
-    };
-    if http2 {
-        parts.headers.remove(header::HOST);
-    } else if let Ok(v) = HeaderValue::from_str(&up_host) {
-        parts.headers.insert(header::HOST, v);
     }
-    parts.uri = uri;
-    parts.version = if http2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
 
     let rule = selected.as_ref().map(|s| s.rule);
     Ok(Plan {
@@ -219,7 +229,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
             host,
             port: tunnel.target.port(),
             route_ns: selected.as_ref().map(|s| s.route.namespace.as_str()),
-            http2,
+            client_http2,
         },
         response_modifiers,
     })
@@ -240,7 +250,13 @@ mod tests {
     const SVC: &str = "parentRefs: [{kind: Service, group: \"\", name: echo}]";
 
     fn plan(l7: &str, req: Request<()>) -> (Result<(), LocalReply>, Notes, http::request::Parts) {
-        let cfg = Config::parse(Path::new("t.yaml"), &format!("{MESH}{l7}")).expect("test config");
+        let (r, notes, parts) = plan_as(MESH, Protocol::Http1, l7, req);
+        (r.map(|_| ()), notes, parts)
+    }
+
+    /// The plan for `req` from a client speaking `proto`: whether it goes upstream as HTTP/2.
+    fn plan_as(mesh: &str, proto: Protocol, l7: &str, req: Request<()>) -> (Result<bool, LocalReply>, Notes, http::request::Parts) {
+        let cfg = Config::parse(Path::new("t.yaml"), &format!("{mesh}{l7}")).expect("test config");
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
         let tunnel = Tunnel {
@@ -248,14 +264,36 @@ mod tests {
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
         };
-        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto: Protocol::Http1 };
+        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
         let r = build(&inb, &mut parts, &mut notes).map(|p| {
             assert_eq!(p.backend.endpoints.len(), 1);
             assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
+            p.http2
         });
         (r, notes, parts)
+    }
+
+    #[test]
+    fn the_service_port_protocol_picks_the_upstream_http_version() {
+        let with = |proto: &str| MESH.replace("ports: {80: 8080}}\n", &format!("ports: {{80: 8080}}, appProtocols: {{80: {proto}}}}}\n"));
+        // A port named http: HTTP/1.1 upstream even for an HTTP/2 client (nginx on a plain port).
+        let (r, _, parts) = plan_as(&with("HTTP11"), Protocol::Http2, "", get("/x"));
+        assert_eq!(r.ok(), Some(false));
+        assert_eq!((parts.version, parts.uri.to_string()), (http::Version::HTTP_11, "/x".to_string()));
+        assert_eq!(parts.headers.get("host").map(|v| v.as_bytes()), Some(&b"echo.default.svc.cluster.local"[..]));
+        // http2 / grpc / h2c ports: HTTP/2 with prior knowledge even for an HTTP/1.1 client.
+        for proto in ["HTTP2", "GRPC"] {
+            let (r, _, parts) = plan_as(&with(proto), Protocol::Http1, "", get("/x"));
+            assert_eq!(r.ok(), Some(true), "{proto}");
+            assert_eq!(parts.uri.to_string(), "http://echo.default.svc.cluster.local/x");
+            assert!(parts.headers.get("host").is_none(), "{proto}: HTTP/2 carries :authority, not Host");
+        }
+        // Unknown (an unnamed port), TCP, TLS: the client's version, as Istio's waypoint.
+        for (mesh, client, want) in [(MESH.to_string(), Protocol::Http2, true), (MESH.to_string(), Protocol::Http1, false), (with("TCP"), Protocol::Http2, true)] {
+            assert_eq!(plan_as(&mesh, client, "", get("/x")).0.ok(), Some(want));
+        }
     }
 
     fn get(path: &str) -> Request<()> {

@@ -351,6 +351,36 @@ pub struct Service {
     pub cidr_vips: Vec<Cidr>,
     #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
+    /// service port -> the protocol istiod derived from the Kubernetes port's name or
+    /// `appProtocol` (Istio's `Port.app_protocol`); ports not listed are unknown. Only the
+    /// waypoint uses it, to pick the upstream HTTP version.
+    #[serde(default)]
+    pub app_protocols: BTreeMap<u16, AppProtocol>,
+}
+
+/// Istio's AppProtocol of a service port.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum AppProtocol {
+    #[default]
+    #[serde(rename = "UNKNOWN")]
+    Unknown,
+    #[serde(rename = "HTTP11")]
+    Http11,
+    #[serde(rename = "HTTP2")]
+    Http2,
+    #[serde(rename = "GRPC")]
+    Grpc,
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "TLS")]
+    Tls,
+}
+
+impl Service {
+    /// The protocol of `service_port` (unknown when istiod did not say).
+    pub fn app_protocol(&self, service_port: u16) -> AppProtocol {
+        self.app_protocols.get(&service_port).copied().unwrap_or_default()
+    }
 }
 
 /// Istio's LoadBalancing of a service (local config: `loadBalancer`).

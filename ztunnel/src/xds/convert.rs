@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
     WorkloadUid,
 };
 
@@ -237,7 +237,21 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
     for san in &s.subject_alt_names {
         san.parse::<Identity>().map_err(|e| at(&format!("subject_alt_names: {e}")))?;
     }
+    let mut app_protocols = BTreeMap::new();
+    for p in &s.ports {
+        let proto = match pb::AppProtocol::try_from(p.app_protocol) {
+            Ok(pb::AppProtocol::Http11) => AppProtocol::Http11,
+            Ok(pb::AppProtocol::Http2) => AppProtocol::Http2,
+            Ok(pb::AppProtocol::Grpc) => AppProtocol::Grpc,
+            Ok(pb::AppProtocol::Tcp) => AppProtocol::Tcp,
+            Ok(pb::AppProtocol::Tls) => AppProtocol::Tls,
+            // A newer istiod's protocol we do not know: unknown, as for an unnamed port.
+            Ok(pb::AppProtocol::Unknown) | Err(_) => continue,
+        };
+        app_protocols.insert(port(p.service_port, &at("ports"))?, proto);
+    }
     Ok(Service {
+        app_protocols,
         ports: port_map(&s.ports, &at("ports"))?,
         waypoint: gateway(s.waypoint, &at("waypoint"))?,
         name: s.name,
@@ -452,7 +466,11 @@ mod tests {
             namespace: "default".into(),
             hostname: "echo.default.svc.cluster.local".into(),
             addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10], length: None }],
-            ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
+            ports: vec![
+                pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 },
+                pb::Port { service_port: 9090, target_port: 9090, app_protocol: pb::AppProtocol::Grpc as i32 },
+                pb::Port { service_port: 81, target_port: 81, app_protocol: 99 },
+            ],
             subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
             waypoint: Some(pb::GatewayAddress {
                 destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
@@ -465,6 +483,8 @@ mod tests {
         })
         .unwrap();
         assert_eq!(s.vips[0].address, "10.96.0.10".parse::<IpAddr>().unwrap());
+        // istiod's port protocols (for the waypoint); unknown and future values are unknown.
+        assert_eq!((s.app_protocol(9090), s.app_protocol(80), s.app_protocol(81)), (AppProtocol::Grpc, AppProtocol::Unknown, AppProtocol::Unknown));
         let wp = s.waypoint.unwrap();
         assert_eq!(wp.hbone_mtls_port, 15008);
         assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
