@@ -793,13 +793,7 @@ const ZTUNNEL_EVENT_ONLY: &[&str] = &[
 ];
 const WAYPOINT_EVENT_ONLY: &[&str] = &[
     "istio_xds_message_total",
-    // The waypoint's L4 relay does not record Istio's TCP metrics yet (Istio's waypoints
-    // report them with reporter="waypoint"): the TCP row stays empty until it does. They
-    // are the families ztunnel exports.
-    "istio_tcp_connections_opened_total",
-    "istio_tcp_connections_closed_total",
-    "istio_tcp_sent_bytes_total",
-    "istio_tcp_received_bytes_total",
+    // An upstream dial that fails (the L4 relay's CONNECT flag).
     "istio_tcp_connections_failed_total",
 ];
 
@@ -810,6 +804,8 @@ fn library_scrape() -> String {
     m.xds.terminated("closed");
     m.xds.message("type.googleapis.com/istio.workload.Address", 100, 0);
     m.connection_refused("pod_limit");
+    let peers = ztunnel::metrics::TcpLabels::new("waypoint", Default::default(), Default::default(), None, true);
+    m.failed(&peers, "CONNECT");
     m.encode()
 }
 

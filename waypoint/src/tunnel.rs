@@ -11,6 +11,7 @@ use http::{Method, Request, Response, StatusCode};
 use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
+use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
 use crate::authz;
@@ -152,14 +153,25 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let Ok(up_req) = up_req else {
         return down_send.send_reset(h2::Reason::INTERNAL_ERROR);
     };
+    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
+    let dst_identity = endpoint.identity();
+    let labels = TcpLabels::new(
+        "waypoint",
+        Peer { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
+        Peer { workload: Some(&endpoint), identity: Some(&dst_identity) },
+        service.as_deref(),
+        true,
+    );
     let (mut up_send, up_recv, guard) = match wp.pool.connect(&key, &wp.netns, up_req).await {
         Ok(u) => u,
         Err(e) => {
+            wp.metrics.failed(&labels, "CONNECT");
             tracing::warn!(dst.addr = %upstream_target, error = %e, response_flags = "UF", "upstream HBONE failed");
             // The tunnel is already open: a reset is how the client learns of the failure.
             return down_send.send_reset(h2::Reason::REFUSED_STREAM);
         }
     };
+    wp.metrics.opened(&labels);
     let sniffed = first.len() as u64;
     if !first.is_empty() {
         if let Err(e) = up_send.send_data(first, false) {
@@ -172,13 +184,13 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),
     };
-    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity);
-    let dst_identity = endpoint.identity();
+    // What the client sent (sniffed bytes included) went to the backend; the rest came back.
+    wp.metrics.closed(&labels, t.sent + sniffed, t.received);
     ConnectionLog {
         direction: "waypoint",
         protocol: "TCP",
         src_addr: tunnel.src_addr,
-        src: Side { workload: src_wl.map(|w| &**w), identity: Some(&tunnel.src_identity) },
+        src: Side { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
         dst_addr: key.dst,
         dst_hbone_addr: Some(upstream_target),
         dst_service: service.as_deref(),
