@@ -171,7 +171,8 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return down_send.send_reset(h2::Reason::REFUSED_STREAM);
         }
     };
-    wp.metrics.opened(&labels);
+    let conn = wp.metrics.opened(&labels);
+    drop(labels);
     let sniffed = first.len() as u64;
     if !first.is_empty() {
         if let Err(e) = up_send.send_data(first, false) {
@@ -185,7 +186,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         Err((e, t)) => (t, Some(e.to_string())),
     };
     // What the client sent (sniffed bytes included) went to the backend; the rest came back.
-    wp.metrics.closed(&labels, t.sent + sniffed, t.received);
+    conn.closed(t.sent + sniffed, t.received);
     ConnectionLog {
         direction: "waypoint",
         protocol: "TCP",

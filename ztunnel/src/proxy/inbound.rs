@@ -149,13 +149,14 @@ async fn handle_stream(
             return;
         }
     };
-    inputs.metrics.opened(&labels);
+    let conn = inputs.metrics.opened(&labels);
+    drop(labels);
     let r = copy_tcp_h2(&mut upstream, send, recv, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let t = match &r {
         Ok(t) | Err((_, t)) => *t,
     };
     // From the app's side: t.received went to the app (the client sent it), t.sent came back.
-    inputs.metrics.closed(&labels, t.received, t.sent);
+    conn.closed(t.received, t.sent);
     let (t, err) = match r {
         Ok(t) => (t, None),
         Err((CopyError::Stream(e), t)) => {

@@ -208,7 +208,9 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
+            let conn = inputs.metrics.opened(&labels);
+            drop(labels);
+            let r = copy_tcp(conn, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
             let (t, error) = match r {
                 Ok(t) => (t, None),
                 Err((e, t)) => (t, Some(e.to_string())),
@@ -258,13 +260,14 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             };
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
-                    inputs.metrics.opened(&labels);
+                    let conn = inputs.metrics.opened(&labels);
+                    drop(labels);
                     let r = copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
                     drop(guard);
                     let t = match &r {
                         Ok(t) | Err((_, t)) => *t,
                     };
-                    inputs.metrics.closed(&labels, t.sent, t.received);
+                    conn.closed(t.sent, t.received);
                     match r {
                         Ok(t) => (None, t),
                         Err((CopyError::Stream(e), t)) => {
