@@ -10,6 +10,7 @@ use crate::state::{MeshState, Service, StateError, Workload};
 
 // Istio ztunnel's environment variables (issue 18).
 pub mod istio_env;
+pub mod settings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -139,13 +140,18 @@ pub enum CaptureMode {
     None,
 }
 
-/// Proxy settings that are not mesh state.
-#[derive(Clone, Debug)]
+/// Proxy settings that are not mesh state (in `/config_dump` under Istio's names where
+/// it has them, see [`settings::Settings`]).
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ProxyConfig {
+    #[serde(rename = "localNode")]
     pub node_name: String,
     /// Streams per pooled HBONE connection before another connection opens (Istio: 100).
+    #[serde(rename = "poolMaxStreamsPerConn")]
     pub pool_max_streams: usize,
     /// Idle pooled HBONE connections close after this (Istio: 5 min).
+    #[serde(rename = "poolUnusedReleaseTimeout")]
     pub pool_idle_timeout: Duration,
     pub connect_timeout: Duration,
     /// A proxied connection with no bytes either way for this long is closed (Envoy's
