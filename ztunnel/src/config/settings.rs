@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::ProxyConfig;
-
 /// Istio's `Address`: loopback as (dual stack, port), anything else as it is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub enum ListenAddress {
@@ -126,6 +124,39 @@ pub struct Settings {
     pub local_xds_path: Option<PathBuf>,
     pub capture_mode: String,
     pub dns_capture: bool,
+}
+
+/// Proxy settings that are not mesh state (in `/config_dump` under Istio's names where
+/// it has them, see [`Settings`]).
+#[derive(Clone, Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyConfig {
+    #[serde(rename = "localNode")]
+    pub node_name: String,
+    /// Streams per pooled HBONE connection before another connection opens (Istio: 100).
+    #[serde(rename = "poolMaxStreamsPerConn")]
+    pub pool_max_streams: usize,
+    /// Idle pooled HBONE connections close after this (Istio: 5 min).
+    #[serde(rename = "poolUnusedReleaseTimeout")]
+    pub pool_idle_timeout: Duration,
+    pub connect_timeout: Duration,
+    /// A proxied connection with no bytes either way for this long is closed (Envoy's
+    /// TCP proxy default: 1 h); None: never.
+    pub idle_timeout: Option<Duration>,
+    /// Connections a pod may have open through its proxy at once (0: no limit); more are
+    /// refused (reset) and counted.
+    pub max_connections_per_pod: usize,
+    /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
+    pub hbone_max_streams: u32,
+    /// Largest header block an HBONE peer may send.
+    pub hbone_max_header_bytes: u32,
+    /// TLS + HTTP/2 handshakes in flight on 15008, all pods together (0: no limit); a
+    /// connection over the limit is closed at once.
+    pub hbone_max_handshakes: usize,
+    /// The same from one source address (an IPv6 /64) (0: no limit).
+    pub hbone_max_handshakes_per_ip: usize,
+    /// An HBONE connection with no stream open this long gets GOAWAY and is closed; None: never.
+    pub hbone_idle_timeout: Option<Duration>,
 }
 
 #[cfg(test)]
