@@ -239,7 +239,7 @@ async fn large_transfers_are_byte_exact() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smallest_http2_windows_and_frames_still_copy_every_byte() -> Result<()> {
     let env = [("HTTP2_STREAM_WINDOW_SIZE", "65535"), ("HTTP2_CONNECTION_WINDOW_SIZE", "65535"), ("HTTP2_FRAME_SIZE", "16384")];
-    let mesh = client_server_mesh("w", &env)?;
+    let mesh = client_server_mesh("h2w", &env)?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     let data = pattern(8 << 20, 4);
