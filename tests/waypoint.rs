@@ -722,7 +722,7 @@ async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connections() -> Result<()> {
     const FLOOD: usize = 20;
-    let m = L7Mesh::start("l7h", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
+    let m = L7Mesh::start("l7hl", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
     let t = &m.mesh.topo;
     let hbone = SocketAddr::new(t.pod("n1p2").ip.into(), 15008);
     // From the node's netns: a source outside the mesh that stalls in the handshake.
