@@ -38,14 +38,15 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
     if me.workload_ips.contains(&target.ip()) {
         return false;
     }
-    let gw = match state.service_by_vip(target.ip()) {
-        Some(svc) => svc.waypoint.as_ref(),
+    // A service's waypoints: the primary and any of a weighted set (a canary serves too).
+    match state.service_by_vip(target.ip()) {
+        Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
             .workload_by_ip(target.ip())
             .filter(|w| w.protocol == MeshProtocol::HBONE)
-            .and_then(|w| w.waypoint.as_ref()),
-    };
-    gw.is_some_and(|gw| state.is_waypoint(gw, &me.identity()))
+            .and_then(|w| w.waypoint.as_ref())
+            .is_some_and(|gw| state.is_waypoint(gw, &me.identity())),
+    }
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
