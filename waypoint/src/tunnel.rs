@@ -39,14 +39,15 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
     if me.workload_ips.contains(&target.ip()) {
         return false;
     }
-    let gw = match state.service_by_vip(target.ip()) {
-        Some(svc) => svc.waypoint.as_ref(),
+    // A service's waypoints: the primary and any of a weighted set (a canary serves too).
+    match state.service_by_vip(target.ip()) {
+        Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
             .workload_by_ip(target.ip())
             .filter(|w| w.protocol == MeshProtocol::HBONE)
-            .and_then(|w| w.waypoint.as_ref()),
-    };
-    gw.is_some_and(|gw| state.is_waypoint(gw, &me.identity()))
+            .and_then(|w| w.waypoint.as_ref())
+            .is_some_and(|gw| state.is_waypoint(gw, &me.identity())),
+    }
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
@@ -204,3 +205,36 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     .write();
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serves_what_names_it_as_primary_or_weighted_waypoint_and_nothing_else() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: HBONE}
+- {uid: canary, name: canary, namespace: default, serviceAccount: canary, workloadIps: [10.0.0.8], protocol: HBONE}
+- {uid: db, name: db, namespace: default, workloadIps: [10.0.0.4], protocol: HBONE, waypoint: {destination: /10.0.0.9}}
+- {uid: plain, name: plain, namespace: default, workloadIps: [10.0.0.5], protocol: HBONE}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: split, namespace: default, hostname: split.default.svc.cluster.local, vips: [/10.96.0.12], waypoint: {destination: /10.0.0.9},
+   weightedWaypoints: [{destination: {destination: /10.0.0.9}, weight: 9}, {destination: {destination: /10.0.0.8}, weight: 1}]}
+- {name: other, namespace: default, hostname: other.default.svc.cluster.local, vips: [/10.96.0.13]}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        let me = |uid: &str| st.workload_by_uid(&ztunnel::state::WorkloadUid(uid.into())).unwrap().clone();
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // Both of a weighted set serve the service, the canary named only in the set.
+        assert!(serves(&st, &me("wp"), at("10.96.0.12:80")) && serves(&st, &me("canary"), at("10.96.0.12:80")));
+        // A workload serves as waypoint only what names it; nobody serves itself.
+        assert!(serves(&st, &me("wp"), at("10.0.0.4:5432")));
+        assert!(!serves(&st, &me("canary"), at("10.0.0.4:5432")));
+        assert!(!serves(&st, &me("wp"), at("10.0.0.5:80")));
+        assert!(!serves(&st, &me("wp"), at("10.96.0.13:80")));
+        assert!(!serves(&st, &me("wp"), at("10.0.0.9:80")));
+    }
+}

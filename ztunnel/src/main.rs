@@ -256,6 +256,8 @@ struct IstioSettings {
     worker_threads: usize,
     termination_deadline: Option<Duration>,
     network: String,
+    /// LOCALHOST_APP_TUNNEL (Istio's default: true).
+    localhost_app_tunnel: bool,
     /// Messages for the log, gathered before logging exists.
     warnings: Vec<String>,
     infos: Vec<String>,
@@ -315,6 +317,7 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         worker_threads,
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
         network: env.get("NETWORK").unwrap_or_default().to_string(),
+        localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         warnings,
         infos,
     })
@@ -406,6 +409,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         hbone_max_handshakes: args.hbone_max_handshakes,
         hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
         hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
+        localhost_app_tunnel: istio.localhost_app_tunnel,
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let mut metrics = ztunnel::metrics::Metrics::default();
@@ -487,7 +491,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         },
         xds_headers: redacted(&ia.xds_headers),
         ca_headers: redacted(&ia.ca_headers),
-        localhost_app_tunnel: false,
+        localhost_app_tunnel: istio.localhost_app_tunnel,
         ztunnel_identity: ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
         ipv6_enabled: false,
         crl_path: None,
@@ -661,6 +665,10 @@ mod tests {
         argv.extend(["--worker-threads", "25%"]);
         assert_eq!(parse(&argv, &[("ZTUNNEL_CPU_LIMIT", "8")]).unwrap().1.worker_threads, 2);
         assert_eq!(parse(BASE, &[]).unwrap().1.worker_threads, 2);
+        // LOCALHOST_APP_TUNNEL: on unless set false (Istio's default); not a bool is refused.
+        assert!(parse(BASE, &[]).unwrap().1.localhost_app_tunnel);
+        assert!(!parse(BASE, &[("LOCALHOST_APP_TUNNEL", "false")]).unwrap().1.localhost_app_tunnel);
+        assert!(parse(BASE, &[("LOCALHOST_APP_TUNNEL", "yes")]).unwrap_err().to_string().contains("LOCALHOST_APP_TUNNEL"));
     }
 
     #[test]

@@ -157,6 +157,12 @@ pub struct ProxyConfig {
     pub hbone_max_handshakes_per_ip: usize,
     /// An HBONE connection with no stream open this long gets GOAWAY and is closed; None: never.
     pub hbone_idle_timeout: Option<Duration>,
+    /// Istio's LOCALHOST_APP_TUNNEL (default true): inbound connections to a workload with
+    /// a PROXY application tunnel go to 127.0.0.1:<tunnel port> from loopback instead of
+    /// to the pod's IP from the client's (the client is in the PROXY header). Dumped as
+    /// Istio's `localhostAppTunnel` by [`Settings`].
+    #[serde(skip)]
+    pub localhost_app_tunnel: bool,
 }
 
 #[cfg(test)]
