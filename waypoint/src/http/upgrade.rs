@@ -7,10 +7,7 @@
 //! has closed. Other upgrade tokens (`h2c`...) are dropped as hop-by-hop headers.
 
 use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::Ordering;
 
 use base64::Engine as _;
 use http::header::{self, HeaderMap, HeaderValue};
@@ -19,7 +16,7 @@ use hyper::body::Incoming;
 use hyper::ext::Protocol;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::body::empty;
 use super::log::RequestLog;
@@ -30,6 +27,8 @@ use crate::upstream::Body;
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 const SEC_KEY: &str = "sec-websocket-key";
 const SEC_ACCEPT: &str = "sec-websocket-accept";
+/// Each direction's relay buffer.
+const RELAY_BUFFER: usize = 64 * 1024;
 
 /// A planned WebSocket: what the response translation needs from the request.
 #[derive(Debug, Clone)]
@@ -159,8 +158,8 @@ pub fn relay(
     tokio::spawn(async move {
         let _picked = picked;
         let (c, b) = tokio::join!(client, backend);
-        let (mut c, mut b) = match (c, b) {
-            (Ok(c), Ok(b)) => (Tally::new(TokioIo::new(c)), Tally::new(TokioIo::new(b))),
+        let (c, b) = match (c, b) {
+            (Ok(c), Ok(b)) => (TokioIo::new(c), TokioIo::new(b)),
             (c, b) => {
                 let e = c.err().or(b.err()).map(|e| e.to_string()).unwrap_or_default();
                 tracing::debug!(error = %e, "upgrade did not complete");
@@ -169,51 +168,39 @@ pub fn relay(
                 return log.finish(0);
             }
         };
-        if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut b).await {
+        let ((mut c_read, mut c_write), (mut b_read, mut b_write)) = (tokio::io::split(c), tokio::io::split(b));
+        let (up, down) = tokio::join!(pipe(&mut c_read, &mut b_write), pipe(&mut b_read, &mut c_write));
+        if let Some(e) = up.1.or(down.1) {
             tracing::debug!(error = %e, "upgraded connection ended with an error");
             log.error = Some(format!("upgraded connection: {e}"));
         }
-        log.request_bytes.fetch_add(c.read.load(Ordering::Relaxed), Ordering::Relaxed);
-        log.finish(b.read.load(Ordering::Relaxed));
+        log.request_bytes.fetch_add(up.0, Ordering::Relaxed);
+        log.finish(down.0);
     });
     Response::from_parts(rparts, empty())
 }
 
-/// Counts the bytes read from an upgraded side (what it sent), even when the relay ends
-/// in an error.
-struct Tally<T> {
-    inner: T,
-    read: Arc<AtomicU64>,
-}
-
-impl<T> Tally<T> {
-    fn new(inner: T) -> Self {
-        Tally { inner, read: Arc::default() }
-    }
-}
-
-impl<T: AsyncRead + Unpin> AsyncRead for Tally<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        self.read.fetch_add(n as u64, Ordering::Relaxed);
-        r
-    }
-}
-
-impl<T: AsyncWrite + Unpin> AsyncWrite for Tally<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
+/// One direction of the relay, until its reader ends; then the writer is shut down (a
+/// half-close), also after a read error, so what was relayed is delivered rather than
+/// reset. Returns the bytes relayed and the error that ended it, if any.
+async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(r: &mut R, w: &mut W) -> (u64, Option<io::Error>) {
+    let mut buf = vec![0u8; RELAY_BUFFER];
+    let mut n = 0u64;
+    let err = loop {
+        match r.read(&mut buf).await {
+            Ok(0) => break None,
+            Ok(k) => {
+                if let Err(e) = w.write_all(&buf[..k]).await {
+                    // The other side is gone: nothing more can be delivered to it.
+                    return (n, Some(e));
+                }
+                n += k as u64;
+            }
+            Err(e) => break Some(e),
+        }
+    };
+    let _ = w.shutdown().await;
+    (n, err)
 }
 
 #[cfg(test)]
