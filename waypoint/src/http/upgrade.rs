@@ -161,10 +161,11 @@ pub fn relay(
         let (c, b) = match (c, b) {
             (Ok(c), Ok(b)) => (TokioIo::new(c), TokioIo::new(b)),
             (c, b) => {
+                // Envoy's flags: the client went away (DC), else the backend's side (UC).
+                log.response_flags = if c.is_err() { "DC" } else { "UC" };
                 let e = c.err().or(b.err()).map(|e| e.to_string()).unwrap_or_default();
                 tracing::debug!(error = %e, "upgrade did not complete");
                 log.error = Some(format!("upgrade failed: {e}"));
-                log.response_flags = "UC";
                 return log.finish(0);
             }
         };
@@ -210,6 +211,36 @@ mod tests {
 
     fn parts(r: Request<()>) -> http::request::Parts {
         r.into_parts().0
+    }
+
+    #[tokio::test]
+    async fn each_relay_direction_counts_and_passes_its_half_close() {
+        let (mut client, mut relay_side) = tokio::io::duplex(1024);
+        let (mut backend_side, mut backend) = tokio::io::duplex(1024);
+        let data = vec![7u8; 300_000];
+        let d = data.clone();
+        let writer = tokio::spawn(async move {
+            client.write_all(&d).await?;
+            // The client's half-close; it still reads what the backend sends after.
+            client.shutdown().await?;
+            let mut back = Vec::new();
+            client.read_to_end(&mut back).await?;
+            Ok::<_, io::Error>(back)
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            backend.read_to_end(&mut got).await?;
+            backend.write_all(b"bye").await?;
+            backend.shutdown().await?;
+            Ok::<_, io::Error>(got)
+        });
+        let (mut rr, mut rw) = tokio::io::split(&mut relay_side);
+        let (mut br, mut bw) = tokio::io::split(&mut backend_side);
+        let (up, down) = tokio::join!(pipe(&mut rr, &mut bw), pipe(&mut br, &mut rw));
+        assert_eq!((up.0, up.1.is_none()), (300_000, true));
+        assert_eq!((down.0, down.1.is_none()), (3, true));
+        assert_eq!(reader.await.expect("join").expect("backend"), data);
+        assert_eq!(writer.await.expect("join").expect("client"), b"bye");
     }
 
     #[test]
