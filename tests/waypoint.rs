@@ -1117,5 +1117,16 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(sent > 2_000_000.0, "{metrics}");
+
+    // The cost of a relayed WebSocket (docs/benchmarks.md): ZTUNNEL_BENCH=1 prints the
+    // waypoint's CPU per MiB relayed (both ways) for 200 MiB echoed each way.
+    if std::env::var_os("ZTUNNEL_BENCH").is_some() {
+        for url in ["ws://10.96.0.40/bulk", "ws://10.96.0.41/bulk"] {
+            let before = waypoint.cpu_time().context("waypoint CPU time")?;
+            let out = run(&["bulk", url, "200"])?;
+            let cpu = waypoint.cpu_time().context("waypoint CPU time")? - before;
+            println!("{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed", cpu.as_secs_f64(), cpu.as_secs_f64() * 1000.0 / 400.0);
+        }
+    }
     Ok(())
 }

@@ -4,6 +4,7 @@
   serve-h2 PORT            hypercorn (h2c with RFC 8441 extended CONNECT), echo
   client URL               the `websockets` client: text, binary and 1 MB echoes
   status URL               the `websockets` client: the HTTP status refusing the upgrade
+  bulk URL N               the `websockets` client: N 1 MiB echoes, uncompressed, timed
   client-h2 HOST PORT PATH RFC 8441 by hand with the `h2` library (prior knowledge),
                            then the same echoes in hand-made frames
 
@@ -85,6 +86,23 @@ async def client(url):
             if got != m:
                 sys.exit(f"{kind} echo differs: sent {len(m)}, got {len(got)}")
     print(f"ok {len(MESSAGES)} echoes", flush=True)
+
+
+async def bulk(url, count):
+    """`count` 1 MiB binary messages echoed one after the other; prints MiB/s each way."""
+    import time
+
+    from websockets.asyncio.client import connect
+
+    m = os.urandom(1 << 20)
+    async with connect(url, max_size=None, open_timeout=10, compression=None) as ws:
+        start = time.monotonic()
+        for _ in range(count):
+            await ws.send(m)
+            if len(await asyncio.wait_for(ws.recv(), 10)) != len(m):
+                sys.exit("short echo")
+        took = time.monotonic() - start
+    print(f"ok {count} MiB each way in {took:.2f} s: {count / took:.0f} MiB/s", flush=True)
 
 
 async def status(url):
@@ -228,6 +246,8 @@ def main():
         asyncio.run(serve_h2(int(args[0])))
     elif cmd == "client":
         asyncio.run(client(args[0]))
+    elif cmd == "bulk":
+        asyncio.run(bulk(args[0], int(args[1])))
     elif cmd == "status":
         asyncio.run(status(args[0]))
     elif cmd == "client-h2":
