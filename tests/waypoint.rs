@@ -1019,7 +1019,8 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
 /// upgrade), hypercorn as an h2c backend with RFC 8441 extended CONNECT, and an HTTP/2
 /// client driving extended CONNECT with the `h2` library (tests/ws_peers.py): every
 /// client/backend version pair echoes text, binary and 1 MB messages; a DENY policy on
-/// the path refuses the upgrade with 403; the log has the relayed bytes.
+/// the path refuses the upgrade with 403, an HTTPRoute sends one path to the other
+/// backend; the log and the metrics have the relayed bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     anyhow::ensure!(
@@ -1041,7 +1042,10 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     let t = &mesh.topo;
     let cfg_path = t.dir.join("waypoint.yaml");
     let deny = "authorizationPolicies:\n- {name: no-private, namespace: default, targetRefs: [{kind: Service, name: ws}], action: DENY, rules: [{to: [{operation: {paths: [/private]}}]}]}\n";
-    std::fs::write(&cfg_path, format!("{cfg}{deny}"))?;
+    // An HTTPRoute on ws sends /to-h2 to ws-h2 (everything else stays on ws).
+    let route = "httpRoutes:\n- {name: ws, namespace: default, parentRefs: [{group: \"\", kind: Service, name: ws, port: 80}], rules: [\
+        {matches: [{path: {type: PathPrefix, value: /to-h2}}], backendRefs: [{name: ws-h2, port: 80}]}, {matches: [{path: {type: PathPrefix, value: /}}]}]}\n";
+    std::fs::write(&cfg_path, format!("{cfg}{deny}{route}"))?;
     let state = t.dir.join("ca").display().to_string();
     let waypoint = t.pod("n1p2").netns.spawn(
         WAYPOINT,
@@ -1079,6 +1083,10 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     // HTTP/2 to HTTP/2: extended CONNECT both ways.
     assert_eq!(run(&["client-h2", "10.96.0.41", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
     assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 2, "{}", h2.log_text());
+    // Routes apply to the upgrade: ws's /to-h2 is served by hypercorn, over HTTP/2.
+    assert_eq!(run(&["client", "ws://10.96.0.40/to-h2"])?, "ok 3 echoes");
+    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 3, "{}", h2.log_text());
+    assert!(waypoint.log_text().contains("route=\"default/ws#0\""), "{}", waypoint.log_text());
 
     // One log line per WebSocket once both sides closed, with the relayed bytes (each
     // way over 1 MB: the 1 MB message and its echo).
@@ -1100,7 +1108,7 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     assert_eq!(lines.iter().filter(|l| l.contains("status=101") && l.contains("method=GET")).count(), 2, "{wl}");
     assert_eq!(lines.iter().filter(|l| l.contains("status=200") && l.contains("method=CONNECT")).count(), 2, "{wl}");
     assert!(wl.contains("status=403") && wl.contains("authz.denied_by=\"default/no-private\""), "{wl}");
-    // The request metrics count them with the relayed bytes.
+    // The request metrics count them (the routed one too) with the relayed bytes.
     let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
     let metrics = mc.get("/stats/prometheus").await?.body;
     let count = |code: &str| -> u64 {
@@ -1110,7 +1118,7 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    assert_eq!((count("101"), count("200"), count("403")), (2, 2, 1), "{metrics}");
+    assert_eq!((count("101"), count("200"), count("403")), (3, 2, 1), "{metrics}");
     let sent: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("istio_response_bytes_sum{") && l.contains("response_code=\"101\""))
