@@ -1254,3 +1254,128 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
     assert!(codes.starts_with("status codes: 400 2xx"), "{codes}");
     Ok(())
 }
+
+/// Issue 21 item 4, with real peers: WebSockets through the waypoint as Istio's Envoy
+/// waypoint passes them. The `websockets` package's client and server (HTTP/1.1
+/// upgrade), hypercorn as an h2c backend with RFC 8441 extended CONNECT, and an HTTP/2
+/// client driving extended CONNECT with the `h2` library (tests/ws_peers.py): every
+/// client/backend version pair echoes text, binary and 1 MB messages; a DENY policy on
+/// the path refuses the upgrade with 403, an HTTPRoute sends one path to the other
+/// backend; the log and the metrics have the relayed bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
+    anyhow::ensure!(
+        sh("python3", &["-c", "import websockets, h2, hypercorn"]).is_ok(),
+        "python3 with the websockets, h2 and hypercorn packages is needed (scripts/deps.sh installs them)"
+    );
+    let peers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ws_peers.py").display().to_string();
+    let topo = Topology::build(&prefix("wws"), &[2, 1])?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: ws, namespace: default, hostname: ws.default.svc.cluster.local, vips: [\"/10.96.0.40\"], ports: {{80: 8080}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+         - {{name: ws-h2, namespace: default, hostname: ws-h2.default.svc.cluster.local, vips: [\"/10.96.0.41\"], ports: {{80: 8081}}, appProtocols: {{80: HTTP2}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "ws", ", services: {default/ws.default.svc.cluster.local: {80: 8080}, default/ws-h2.default.svc.cluster.local: {80: 8081}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("waypoint.yaml");
+    let deny = "authorizationPolicies:\n- {name: no-private, namespace: default, targetRefs: [{kind: Service, name: ws}], action: DENY, rules: [{to: [{operation: {paths: [/private]}}]}]}\n";
+    // An HTTPRoute on ws sends /to-h2 to ws-h2 (everything else stays on ws).
+    let route = "httpRoutes:\n- {name: ws, namespace: default, parentRefs: [{group: \"\", kind: Service, name: ws, port: 80}], rules: [\
+        {matches: [{path: {type: PathPrefix, value: /to-h2}}], backendRefs: [{name: ws-h2, port: 80}]}, {matches: [{path: {type: PathPrefix, value: /}}]}]}\n";
+    std::fs::write(&cfg_path, format!("{cfg}{deny}{route}"))?;
+    let state = t.dir.join("ca").display().to_string();
+    let waypoint = t.pod("n1p2").netns.spawn(
+        WAYPOINT,
+        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state],
+        &[("RUST_LOG", "info")],
+        &t.dir.join("waypoint.log"),
+    )?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    let server = t.pod("n2p1");
+    let h1 = server.netns.spawn("python3", &[&peers, "serve-h1", "8080"], &[], &t.dir.join("ws-h1.log"))?;
+    let h2 = server.netns.spawn("python3", &[&peers, "serve-h2", "8081"], &[], &t.dir.join("ws-h2.log"))?;
+    for (port, child) in [(8080, &h1), (8081, &h2)] {
+        wait_for(&format!("websocket server on {port}"), Duration::from_secs(15), || {
+            server.netns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
+        })
+        .with_context(|| child.log_text())?;
+    }
+    let client = &t.pod("n1p1").netns;
+    let run = |args: &[&str]| -> Result<String> {
+        let mut all = vec![peers.as_str()];
+        all.extend_from_slice(args);
+        let out = client.exec("timeout", &[&["60", "python3"][..], &all].concat());
+        out.map(|s| s.trim().to_string())
+            .with_context(|| format!("{}\n--- h1 server:\n{}\n--- h2 server:\n{}", waypoint.log_text(), h1.log_text(), h2.log_text()))
+    };
+    // HTTP/1.1 client -> HTTP/1.1 backend: the upgrade passes as is.
+    assert_eq!(run(&["client", "ws://10.96.0.40/chat"])?, "ok 3 echoes");
+    // The upgrade request is authorized like any other.
+    assert_eq!(run(&["status", "ws://10.96.0.40/private"])?, "status 403");
+    // HTTP/2 extended CONNECT -> HTTP/1.1 backend: 200 <-> 101.
+    assert_eq!(run(&["client-h2", "10.96.0.40", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
+    // HTTP/1.1 client -> HTTP/2 backend (port says HTTP2): extended CONNECT upstream,
+    // the waypoint answers the client's key.
+    assert_eq!(run(&["client", "ws://10.96.0.41/chat"])?, "ok 3 echoes");
+    // HTTP/2 to HTTP/2: extended CONNECT both ways.
+    assert_eq!(run(&["client-h2", "10.96.0.41", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
+    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 2, "{}", h2.log_text());
+    // Routes apply to the upgrade: ws's /to-h2 is served by hypercorn, over HTTP/2.
+    assert_eq!(run(&["client", "ws://10.96.0.40/to-h2"])?, "ok 3 echoes");
+    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 3, "{}", h2.log_text());
+    assert!(waypoint.log_text().contains("route=\"default/ws#0\""), "{}", waypoint.log_text());
+
+    // One log line per WebSocket once both sides closed, with the relayed bytes (each
+    // way over 1 MB: the 1 MB message and its echo).
+    wait_for("websocket log lines", Duration::from_secs(10), || {
+        waypoint.log_text().lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).count() >= 4
+    })
+    .with_context(|| waypoint.log_text())?;
+    let wl = waypoint.log_text();
+    let lines: Vec<&str> = wl.lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).collect();
+    let field = |l: &str, k: &str| -> u64 {
+        l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    for l in &lines {
+        assert!(field(l, "bytes_recv=") > 1_000_000 && field(l, "bytes_sent=") > 1_000_000, "{l}");
+        // hypercorn ends its streams only by closing its connection (tests/ws_peers.py).
+        assert!(!l.contains("error=") || l.contains("dst.service=\"ws-h2."), "{l}");
+    }
+    // The status and method the client saw: 101 to a GET, 200 to an extended CONNECT.
+    assert_eq!(lines.iter().filter(|l| l.contains("status=101") && l.contains("method=GET")).count(), 2, "{wl}");
+    assert_eq!(lines.iter().filter(|l| l.contains("status=200") && l.contains("method=CONNECT")).count(), 2, "{wl}");
+    assert!(wl.contains("status=403") && wl.contains("authz.denied_by=\"default/no-private\""), "{wl}");
+    // The request metrics count them (the routed one too) with the relayed bytes.
+    let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
+    let metrics = mc.get("/stats/prometheus").await?.body;
+    let count = |code: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("istio_requests_total{") && l.contains(&format!("response_code=\"{code}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert_eq!((count("101"), count("200"), count("403")), (3, 2, 1), "{metrics}");
+    let sent: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("istio_response_bytes_sum{") && l.contains("response_code=\"101\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(sent > 2_000_000.0, "{metrics}");
+
+    // The cost of a relayed WebSocket (docs/benchmarks.md): ZTUNNEL_BENCH=1 prints the
+    // waypoint's CPU per MiB relayed (both ways) for 200 MiB echoed each way.
+    if std::env::var_os("ZTUNNEL_BENCH").is_some() {
+        for url in ["ws://10.96.0.40/bulk", "ws://10.96.0.41/bulk"] {
+            let before = waypoint.cpu_time().context("waypoint CPU time")?;
+            let out = run(&["bulk", url, "200"])?;
+            let cpu = waypoint.cpu_time().context("waypoint CPU time")? - before;
+            println!("{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed", cpu.as_secs_f64(), cpu.as_secs_f64() * 1000.0 / 400.0);
+        }
+    }
+    Ok(())
+}
