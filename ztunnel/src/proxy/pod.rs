@@ -44,7 +44,44 @@ pub struct InboundView {
     pub protocol: &'static str,
 }
 
-struct OpenInbound {
+/// Open connections of one kind, by registration order; each stays listed while its
+/// guard lives.
+pub struct Registry<T> {
+    next: std::sync::atomic::AtomicU64,
+    open: std::sync::Mutex<std::collections::BTreeMap<u64, T>>,
+}
+
+impl<T> Default for Registry<T> {
+    fn default() -> Self {
+        Registry { next: Default::default(), open: Default::default() }
+    }
+}
+
+/// Keeps one connection listed; dropping it unlists it.
+pub struct Listed<T> {
+    registry: Arc<Registry<T>>,
+    id: u64,
+}
+
+impl<T> Drop for Listed<T> {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
+
+impl<T> Registry<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, T>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn insert(self: &Arc<Self>, entry: T) -> Listed<T> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().insert(id, entry);
+        Listed { registry: self.clone(), id }
+    }
+}
+
+pub struct OpenInbound {
     conn: crate::rbac::Connection,
     view: InboundView,
     revoked: Arc<tokio::sync::Notify>,
@@ -53,44 +90,25 @@ struct OpenInbound {
 /// Open inbound connections of one pod and what authorized them. When the mesh state
 /// changes (a policy pushed by istiod), each is authorized again and closed if the new
 /// policy denies it, as Istio's ztunnel does.
-#[derive(Default)]
-pub struct InboundConns {
-    next: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<std::collections::HashMap<u64, OpenInbound>>,
-}
+pub type InboundConns = Registry<OpenInbound>;
 
-/// A registered connection; dropping it unregisters.
+/// A registered inbound connection; dropping it unregisters.
 pub struct InboundGuard {
-    conns: Arc<InboundConns>,
-    id: u64,
+    _listed: Listed<OpenInbound>,
     /// Notified when policy no longer allows the connection.
     pub revoked: Arc<tokio::sync::Notify>,
 }
 
-impl Drop for InboundGuard {
-    fn drop(&mut self) {
-        self.conns.lock().remove(&self.id);
-    }
-}
-
-impl InboundConns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, OpenInbound>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
+impl Registry<OpenInbound> {
     pub fn register(self: &Arc<Self>, conn: crate::rbac::Connection, view: InboundView) -> InboundGuard {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let revoked = Arc::new(tokio::sync::Notify::new());
-        self.lock().insert(id, OpenInbound { conn, view, revoked: revoked.clone() });
-        InboundGuard { conns: self.clone(), id, revoked }
+        let _listed = self.insert(OpenInbound { conn, view, revoked: revoked.clone() });
+        InboundGuard { _listed, revoked }
     }
 
     /// The open connections, oldest first.
     pub fn snapshot(&self) -> Vec<InboundView> {
-        let open = self.lock();
-        let mut ids: Vec<&u64> = open.keys().collect();
-        ids.sort_unstable();
-        ids.into_iter().map(|id| open[id].view.clone()).collect()
+        self.lock().values().map(|o| o.view.clone()).collect()
     }
 
     /// Re-authorizes every open connection of `pod` under `state`; returns how many were revoked.
@@ -125,33 +143,11 @@ pub struct OutboundView {
 }
 
 /// Open outbound connections of one pod (for the admin dump only).
-#[derive(Default)]
-pub struct OutboundConns {
-    next: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<std::collections::BTreeMap<u64, OutboundView>>,
-}
+pub type OutboundConns = Registry<OutboundView>;
 
-/// Keeps one outbound connection listed; dropping it unlists.
-pub struct OutboundGuard {
-    conns: Arc<OutboundConns>,
-    id: u64,
-}
-
-impl Drop for OutboundGuard {
-    fn drop(&mut self) {
-        self.conns.lock().remove(&self.id);
-    }
-}
-
-impl OutboundConns {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, OutboundView>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn register(self: &Arc<Self>, view: OutboundView) -> OutboundGuard {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.lock().insert(id, view);
-        OutboundGuard { conns: self.clone(), id }
+impl Registry<OutboundView> {
+    pub fn register(self: &Arc<Self>, view: OutboundView) -> Listed<OutboundView> {
+        self.insert(view)
     }
 
     /// The open connections, oldest first.
