@@ -38,6 +38,11 @@ use crate::netsim::Netns;
 
 pub const ISTIOD_SAN: &str = "istiod.istio-system.svc";
 pub const TOKEN: &str = "token-for-ztunnel";
+/// Where [`start_base_mesh`] runs the fake istiod (node 1).
+pub const ISTIOD: &str = "10.0.0.1:15012";
+/// The echo service of the base mesh ([`start_base_mesh`]).
+pub const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
+pub const ECHO: &str = "echo.default.svc.cluster.local";
 pub const CLUSTER_ID: &str = "Kubernetes";
 
 /// What a proxy sent on its xDS stream.
@@ -621,4 +626,35 @@ pub async fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Result<(u16, 
     let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Ok((code, body))
+}
+
+/// The fake istiod on node 1 with the mesh the xDS suite and the soak start from: n1p1
+/// (sa sleep) on node 1, n2p1 (sa echo) on node 2 serving the echo service (80 -> 8080),
+/// then `setup`'s changes; and the service-account token file ztunnel presents.
+pub fn start_base_mesh(topo: &crate::netsim::Topology, setup: impl FnOnce(&mut Resources)) -> Result<(FakeIstiod, PathBuf)> {
+    let token = topo.dir.join("istio-token");
+    std::fs::write(&token, TOKEN)?;
+    let istiod = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
+    istiod.update(|r| {
+        r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
+        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(ECHO, 80, 8080)]));
+        r.set_service(service("echo", ECHO_VIP, 80, 8080));
+        setup(r);
+    });
+    Ok((istiod, token))
+}
+
+/// A CNI agent stand-in (`ztunnel cni-server`) on node `n`, listening; returns it, its
+/// pods directory (what `ztunnel enroll` writes to) and its ZDS socket.
+pub fn start_cni_agent(topo: &crate::netsim::Topology, n: usize) -> Result<(crate::netsim::Child, PathBuf, PathBuf)> {
+    let pods_dir = topo.dir.join(format!("pods-node{n}"));
+    let socket = topo.dir.join(format!("zds-node{n}.sock"));
+    let cni = topo.node(n).spawn(
+        crate::netsim::ZTUNNEL,
+        &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
+        &[("RUST_LOG", "info")],
+        &topo.dir.join(format!("cni-node{n}.log")),
+    )?;
+    cni.wait_log("listening", crate::netsim::READY)?;
+    Ok((cni, pods_dir, socket))
 }

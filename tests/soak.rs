@@ -26,9 +26,6 @@ use istiod::*;
 use netsim::*;
 use ztunnel::xds::proto::istio::security as pb_sec;
 
-const ISTIOD: &str = "10.0.0.1:15012";
-const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
-const ECHO: &str = "echo.default.svc.cluster.local";
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -379,28 +376,12 @@ fn push_config(s: &Soak, k: u64) {
 async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
     let duration = soak_duration();
     let topo = Topology::build(&prefix("sk"), &[2, 2])?;
-    let token = topo.dir.join("istio-token");
-    std::fs::write(&token, TOKEN)?;
-    let istiod = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
-    istiod.update(|r| {
-        r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
-        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(ECHO, 80, 8080)]));
-        r.set_service(service("echo", ECHO_VIP, 80, 8080));
-        r.set_policy(allow_policy(0));
-    });
+    let (istiod, token) = start_base_mesh(&topo, |r| r.set_policy(allow_policy(0)))?;
     let mut cni = Vec::new();
     let mut pods_dirs = Vec::new();
     let mut node_args = Vec::new();
     for n in 1..=2 {
-        let pods_dir = topo.dir.join(format!("pods-node{n}"));
-        let socket = topo.dir.join(format!("zds-node{n}.sock"));
-        let c = topo.node(n).spawn(
-            ZTUNNEL,
-            &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
-            &[("RUST_LOG", "info")],
-            &topo.dir.join(format!("cni-node{n}.log")),
-        )?;
-        c.wait_log("listening", READY)?;
+        let (c, pods_dir, socket) = start_cni_agent(&topo, n)?;
         cni.push(c);
         pods_dirs.push(pods_dir);
         node_args.push(vec!["--zds-socket".to_string(), socket.display().to_string()]);

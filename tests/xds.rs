@@ -20,9 +20,6 @@ use ztunnel::xds::proto::istio::security as pb_sec;
 use ztunnel::xds::proto::istio::workload as pb;
 use ztunnel::xds::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 
-const ISTIOD: &str = "10.0.0.1:15012";
-const ECHO_VIP: [u8; 4] = [10, 96, 0, 10];
-const ECHO: &str = "echo.default.svc.cluster.local";
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 const ZTUNNEL_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ztunnel";
 
@@ -45,24 +42,8 @@ struct XdsMesh {
 impl XdsMesh {
     async fn start(tag: &str, extra_env: &[(&str, &str)], setup: impl FnOnce(&mut Resources)) -> Result<XdsMesh> {
         let topo = Topology::build(&prefix(tag), &[2, 2])?;
-        let token = topo.dir.join("istio-token");
-        std::fs::write(&token, TOKEN)?;
-        let istiod = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
-        istiod.update(|r| {
-            r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
-            r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(ECHO, 80, 8080)]));
-            r.set_service(service("echo", ECHO_VIP, 80, 8080));
-            setup(r);
-        });
-        let pods_dir = topo.dir.join("pods-node2");
-        let socket = topo.dir.join("zds-node2.sock");
-        let cni = topo.node(2).spawn(
-            ZTUNNEL,
-            &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
-            &[("RUST_LOG", "info")],
-            &topo.dir.join("cni-node2.log"),
-        )?;
-        cni.wait_log("listening", READY)?;
+        let (istiod, token) = start_base_mesh(&topo, setup)?;
+        let (cni, pods_dir, socket) = start_cni_agent(&topo, 2)?;
         let mut env = istiod.env(&token);
         env.extend(extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         // node1: n1p1 at start; node2: pods from the CNI agent.
