@@ -666,10 +666,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.delete("authorizationpolicies", "deny-admin");
     wait_for_status(&mut c, "/admin", 200).await?;
 
-    // An ALLOW the waypoint cannot enforce (JWT) denies every request to its target
-    // instead of vanishing (which would allow everyone).
+    // An ALLOW the waypoint cannot enforce (a condition it does not know) denies every
+    // request to its target instead of vanishing (which would allow everyone).
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "jwt-only"},
-        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}}));
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"when": [{"key": "connection.sni", "values": ["x"]}]}]}}));
     wait_for_status(&mut c, "/x", 403).await.with_context(|| waypoint.log_text())?;
     assert!(waypoint.log_text().contains("denying every request to its targets"), "{}", waypoint.log_text());
     let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;

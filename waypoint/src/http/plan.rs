@@ -1,5 +1,5 @@
 //! The plan step: from the request head, the tunnel and one config snapshot, decide
-//! everything before a byte goes upstream (authorization, route, filters, backend,
+//! everything before a byte goes upstream (authentication, authorization, route, filters, backend,
 //! retries, timeouts, mirrors) or the local reply that ends the request here.
 
 use std::time::Duration;
@@ -18,6 +18,7 @@ use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
 use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
+use crate::authn;
 use crate::authz;
 use crate::path;
 
@@ -32,6 +33,8 @@ pub struct Inbound<'a> {
     pub tunnel: &'a Tunnel,
     pub cfg: &'a Config,
     pub proto: Protocol,
+    /// The key sets of the config's jwksUris (RequestAuthentication).
+    pub jwks: &'a authn::JwksStore,
 }
 
 /// How to send one request: the request head is already rewritten for the backend.
@@ -123,6 +126,19 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     let target_name = target_service.as_deref().map(object_name);
     let target = Target { gateway: inb.gateway, service: target_name.as_ref(), root_namespace: inb.root_namespace, port: tunnel.target.port() };
 
+    // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
+    // the policies say; a good one gives them the request principal and claims.
+    let authns: Vec<&authn::RequestAuthentication> = cfg.authentications.iter().filter(|a| a.applies_to(&target)).collect();
+    let auth = if authns.is_empty() {
+        None
+    } else {
+        match authn::authenticate(&authns, inb.jwks, &mut parts.headers, query.as_deref()) {
+            Ok(a) => a,
+            Err(f) => return Err(LocalReply::new(f.status(), "-", f.to_string())),
+        }
+    };
+    notes.request_principal = auth.as_ref().map(|a| a.principal.clone());
+
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
         let verdict = authz::evaluate(
@@ -135,6 +151,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
                 method: parts.method.as_str(),
                 path: &norm_path,
                 headers: &parts.headers,
+                auth: auth.as_ref(),
             },
         );
         notes.audited_by = verdict.audited_by;
@@ -264,7 +281,8 @@ mod tests {
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
         };
-        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto };
+        let jwks = authn::JwksStore::new(authn::JwksSettings::default());
+        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
         let r = build(&inb, &mut parts, &mut notes).map(|p| {
