@@ -557,6 +557,26 @@ mod tests {
         assert!(custom.is_err());
     }
 
+    #[test]
+    fn request_authentications_convert_and_a_broken_one_refuses_tokens() {
+        let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        let good = object("RequestAuthentication", "jwt", json!({
+            "targetRef": {"group": "", "kind": "Service", "name": "echo"},
+            "jwtRules": [{"issuer": "iss", "jwks": jwks, "fromHeaders": [{"name": "x-jwt"}]}]}));
+        let a = authentication(&good).unwrap().unwrap();
+        assert_eq!((a.target_refs.len(), a.jwt_rules[0].from_headers[0].name.as_str()), (1, "x-jwt"));
+        let sidecar = object("RequestAuthentication", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "jwtRules": [{"issuer": "i", "jwks": jwks}]}));
+        assert!(authentication(&sidecar).unwrap().is_none());
+        let broken = object("RequestAuthentication", "broken", json!({
+            "targetRefs": [{"group": "", "kind": "Service", "name": "other"}], "jwtRules": [{"issuer": "i", "jwksUri": "ftp://x"}]}));
+        let cfg = store(vec![(Kind::RequestAuthentication, good), (Kind::RequestAuthentication, broken)]).publish(&settings()).unwrap();
+        assert_eq!((cfg.authentications.len(), cfg.unenforceable), (2, 1));
+        let stand_in = cfg.authentications.iter().find(|a| a.name == "broken").unwrap();
+        assert!(stand_in.reject_tokens && stand_in.jwt_rules.is_empty());
+        assert_eq!(stand_in.target_refs[0].name, "other");
+        assert!(cfg.dump["requestAuthentications"][0]["unenforceable"].is_string(), "{}", cfg.dump);
+    }
+
     fn verdict(cfg: &L7Config, service: Option<(&str, &str)>) -> authz::Verdict {
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let svc = service.map(|(ns, name)| ObjectName { namespace: ns.into(), name: name.into() });

@@ -340,6 +340,25 @@ mod tests {
         assert_eq!(notes.denied_by.as_deref(), Some("default/p"));
     }
 
+    /// Authentication runs before authorization: a bad token is 401 even where a
+    /// policy would allow, no token reaches the policy (here 403).
+    #[test]
+    fn a_bad_token_gives_401_before_policy() {
+        let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"a","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        let l7 = format!(
+            "requestAuthentications:\n- {{name: jwt, namespace: default, targetRefs: [{{kind: Service, name: echo}}], jwtRules: [{{issuer: iss, jwks: '{jwks}'}}]}}\n\
+             authorizationPolicies:\n- {{name: p, namespace: default, targetRefs: [{{kind: Service, name: echo}}], rules: [{{from: [{{source: {{requestPrincipals: ['*']}}}}]}}]}}\n"
+        );
+        let (r, _, _) = plan(&l7, get("/"));
+        assert_eq!(status(&r), Some((403, "DENY")));
+        // iss "iss", signed by no key of the set.
+        let bad = "eyJhbGciOiJFUzI1NiIsImtpZCI6ImEifQ.eyJpc3MiOiJpc3MiLCJzdWIiOiJ4In0.AAAA";
+        let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("authorization", format!("Bearer {bad}")).body(()).expect("request");
+        let (r, _, _) = plan(&l7, req);
+        assert_eq!(status(&r), Some((401, "-")));
+        assert_eq!(r.err().map(|e| e.message).as_deref(), Some("Jwt verification fails"));
+    }
+
     #[test]
     fn no_matching_route_gives_404() {
         let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: PathPrefix, value: /api}}}}]}}]}}\n");
