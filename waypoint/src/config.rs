@@ -208,6 +208,16 @@ mod tests {
     }
 
     #[test]
+    fn request_authentications_load_and_name_their_jwks_uris() {
+        let ra = "requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i, jwksUri: 'http://idp/jwks', timeout: 2s}]}\n";
+        let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{ra}")).unwrap();
+        assert_eq!(cfg.jwks_uris(), [("http://idp/jwks", Duration::from_secs(2))]);
+        assert_eq!(cfg.dump["requestAuthentications"][0]["name"], "jwt");
+        let e = err("requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i}]}\n");
+        assert!(e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required") && e.ends_with("(RequestAuthentication default/jwt)"), "{e}");
+    }
+
+    #[test]
     fn mesh_errors_are_ztunnels() {
         let Err(e) = Config::parse(Path::new("m.yaml"), "workloads:\n- {uid: w, name: w, namespace: default, workloadIPs: [10.0.0.1]}\n") else {
             panic!("accepted")
