@@ -1,5 +1,8 @@
 //! The RequestAuthentication model, as the config file and the Kubernetes API write it.
 
+use std::sync::Arc;
+
+use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
 
 use crate::object::{attaches, ref_kind, ObjectRef, Target};
@@ -31,9 +34,9 @@ pub struct JwtRule {
     /// Fetched by the waypoint (`JwksStore`); ignored when `jwks` is set, as in Istio.
     #[serde(default)]
     pub jwks_uri: String,
-    /// An inline JSON Web Key Set.
+    /// An inline JSON Web Key Set, parsed once when the config is read.
     #[serde(default)]
-    pub jwks: String,
+    pub jwks: InlineJwks,
     #[serde(default)]
     pub from_headers: Vec<JwtHeader>,
     #[serde(default)]
@@ -53,6 +56,27 @@ pub struct JwtRule {
     /// The jwksUri fetch timeout (Istio's duration form, e.g. `5s`); default 5 s.
     #[serde(default)]
     pub timeout: Option<String>,
+}
+
+/// `jwks`: written as a JSON string, as in Istio's CRD.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct InlineJwks(pub Option<Arc<JwkSet>>);
+
+impl InlineJwks {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl<'de> Deserialize<'de> for InlineJwks {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        if s.is_empty() {
+            return Ok(InlineJwks(None));
+        }
+        let set: JwkSet = serde_json::from_str(&s).map_err(|e| serde::de::Error::custom(format!("not a JSON Web Key Set: {e}")))?;
+        Ok(InlineJwks(Some(Arc::new(set))))
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]

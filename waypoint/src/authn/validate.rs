@@ -58,9 +58,7 @@ impl JwtRule {
                 return Err(format!("audiences[{i}]: must not be empty"));
             }
         }
-        if !self.jwks.is_empty() {
-            let set: jsonwebtoken::jwk::JwkSet =
-                serde_json::from_str(&self.jwks).map_err(|e| format!("jwks: not a JSON Web Key Set: {e}"))?;
+        if let Some(set) = &self.jwks.0 {
             if set.keys.is_empty() {
                 return Err("jwks: has no keys".into());
             }

@@ -259,11 +259,9 @@ fn verify_token<'r>(rules: &[&'r JwtRule], loc: &Location, token: &str, store: &
 
 fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, Failure> {
     let header = jsonwebtoken::decode_header(token).map_err(|_| Failure::BadFormat)?;
-    let set: std::sync::Arc<JwkSet> = if rule.jwks.is_empty() {
-        store.keys(&rule.jwks_uri).ok_or(Failure::JwksNotFetched)?
-    } else {
-        // Validated when the config was loaded.
-        std::sync::Arc::new(serde_json::from_str(&rule.jwks).map_err(|_| Failure::NoMatchingKey)?)
+    let set: std::sync::Arc<JwkSet> = match &rule.jwks.0 {
+        Some(set) => set.clone(),
+        None => store.keys(&rule.jwks_uri).ok_or(Failure::JwksNotFetched)?,
     };
     let keys: Vec<&Jwk> = set
         .keys
