@@ -678,6 +678,31 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.delete("authorizationpolicies", "jwt-only");
     wait_for_status(&mut c, "/x", 200).await?;
 
+    // A RequestAuthentication arrives from Kubernetes: a token of another issuer is 401.
+    let jwk = json!({"keys": [{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]});
+    kube.apply("requestauthentications", json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication", "metadata": {"name": "jwt"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "jwtRules": [{"issuer": "https://idp.example", "jwks": jwk.to_string()}]}}));
+    let other = format!("Bearer {}.{}.AAAA", b64url(br#"{"alg":"ES256"}"#), b64url(br#"{"iss":"https://other.example","sub":"x"}"#));
+    let mut got = 0;
+    for _ in 0..50 {
+        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        if got == 401 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, 401, "{}", waypoint.log_text());
+    assert_eq!(c.get("/x").await?.status, 200, "no token: passes on");
+    kube.delete("requestauthentications", "jwt");
+    for _ in 0..50 {
+        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        if got == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, 200, "the RequestAuthentication is gone");
+
     // shop/cart drops its labels: the label watch loses it (istiod still routes it here,
     // so its route stays in force).
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));
