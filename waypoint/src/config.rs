@@ -105,9 +105,10 @@ impl Config {
     }
 
     /// Every jwksUri the config's RequestAuthentications need fetched, with its timeout.
-    pub fn jwks_uris(&self) -> Vec<(&str, Duration)> {
+    /// (`openid:<issuer>` for one found by OpenID discovery).
+    pub fn jwks_uris(&self) -> Vec<(String, Duration)> {
         let rules = self.authentications.iter().flat_map(|a| a.jwt_rules.iter());
-        rules.filter(|r| r.jwks.is_empty() && !r.jwks_uri.is_empty()).map(|r| (r.jwks_uri.as_str(), r.fetch_timeout())).collect()
+        rules.filter_map(|r| r.jwks_source().map(|s| (s, r.fetch_timeout()))).collect()
     }
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
@@ -211,10 +212,10 @@ mod tests {
     fn request_authentications_load_and_name_their_jwks_uris() {
         let ra = "requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i, jwksUri: 'http://idp/jwks', timeout: 2s}]}\n";
         let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{ra}")).unwrap();
-        assert_eq!(cfg.jwks_uris(), [("http://idp/jwks", Duration::from_secs(2))]);
+        assert_eq!(cfg.jwks_uris(), [("http://idp/jwks".to_string(), Duration::from_secs(2))]);
         assert_eq!(cfg.dump["requestAuthentications"][0]["name"], "jwt");
         let e = err("requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i}]}\n");
-        assert!(e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required") && e.ends_with("(RequestAuthentication default/jwt)"), "{e}");
+        assert!(e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required unless") && e.ends_with("(RequestAuthentication default/jwt)"), "{e}");
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! JWKS from `jwksUri`: fetched by the waypoint itself (Istio's istiod fetches them and
+//! JWKS from `jwksUri` (or found by OpenID discovery from the issuer): fetched by the waypoint itself (Istio's istiod fetches them and
 //! inlines them into Envoy's config), with a timeout, refreshed every
 //! `JwksSettings::refresh`, retried sooner after a failure. A failed refresh keeps the
 //! last good keys; until the first fetch succeeds the store has none for that URI, so
@@ -15,6 +15,8 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::rt::TokioIo;
 use jsonwebtoken::jwk::JwkSet;
 use tokio::io::{AsyncRead, AsyncWrite};
+
+use super::model::DISCOVERY_PREFIX;
 
 /// A key set larger than this is refused (real ones are a few kB).
 const MAX_JWKS_BYTES: usize = 1 << 20;
@@ -79,23 +81,23 @@ impl JwksStore {
 
     /// Makes the store fetch exactly these URIs (with their fetch timeouts): new ones
     /// start fetching now, ones no longer wanted stop. Needs a Tokio runtime.
-    pub fn sync<'a>(self: &Arc<Self>, wanted: impl IntoIterator<Item = (&'a str, Duration)>) {
-        let wanted: HashMap<&str, Duration> = wanted.into_iter().collect();
+    pub fn sync(self: &Arc<Self>, wanted: impl IntoIterator<Item = (String, Duration)>) {
+        let wanted: HashMap<String, Duration> = wanted.into_iter().collect();
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries.retain(|uri, e| {
-            let keep = wanted.get(uri.as_str()) == Some(&e.timeout);
+            let keep = wanted.get(uri) == Some(&e.timeout);
             if !keep {
                 e.task.abort();
             }
             keep
         });
         for (uri, timeout) in wanted {
-            if entries.contains_key(uri) {
+            if entries.contains_key(&uri) {
                 continue;
             }
             let keys = Arc::new(ArcSwapOption::empty());
-            let task = tokio::spawn(refresh(uri.to_string(), timeout, self.settings, keys.clone())).abort_handle();
-            entries.insert(uri.to_string(), Entry { keys, timeout, task });
+            let task = tokio::spawn(refresh(uri.clone(), timeout, self.settings, keys.clone())).abort_handle();
+            entries.insert(uri, Entry { keys, timeout, task });
         }
     }
 }
@@ -111,7 +113,11 @@ impl Drop for JwksStore {
 async fn refresh(uri: String, timeout: Duration, settings: JwksSettings, keys: Arc<ArcSwapOption<JwkSet>>) {
     let mut retry = settings.retry;
     loop {
-        match fetch(&uri, timeout).await {
+        let fetched = match uri.strip_prefix(DISCOVERY_PREFIX) {
+            Some(issuer) => discover(issuer, timeout).await,
+            None => fetch(&uri, timeout).await,
+        };
+        match fetched {
             Ok(set) => {
                 tracing::info!(jwks_uri = %uri, keys = set.keys.len(), "JWKS fetched");
                 keys.store(Some(Arc::new(set)));
@@ -128,8 +134,24 @@ async fn refresh(uri: String, timeout: Duration, settings: JwksSettings, keys: A
     }
 }
 
+/// OpenID discovery, as Istio's: `<issuer>/.well-known/openid-configuration` names the
+/// `jwks_uri`, then that is fetched (each GET within `timeout`).
+pub async fn discover(issuer: &str, timeout: Duration) -> Result<JwkSet, JwksError> {
+    #[derive(serde::Deserialize)]
+    struct OpenIdConfiguration {
+        jwks_uri: String,
+    }
+    let url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
+    let cfg: OpenIdConfiguration = serde_json::from_slice(&get_url(&url, timeout).await?)?;
+    fetch(&cfg.jwks_uri, timeout).await
+}
+
 /// One GET of a key set, over plain HTTP or HTTPS (the system's roots), within `timeout`.
 pub async fn fetch(uri: &str, timeout: Duration) -> Result<JwkSet, JwksError> {
+    Ok(serde_json::from_slice(&get_url(uri, timeout).await?)?)
+}
+
+async fn get_url(uri: &str, timeout: Duration) -> Result<Bytes, JwksError> {
     let bad = || JwksError::Uri(uri.to_string());
     let parsed: http::Uri = uri.parse().map_err(|_| bad())?;
     let https = match parsed.scheme_str() {
@@ -153,7 +175,7 @@ pub async fn fetch(uri: &str, timeout: Duration) -> Result<JwkSet, JwksError> {
     })
     .await
     .map_err(|_| JwksError::Timeout(timeout))??;
-    Ok(serde_json::from_slice(&body)?)
+    Ok(body)
 }
 
 async fn get<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: IO, authority: &str, path: &str) -> Result<Bytes, JwksError> {
@@ -237,7 +259,7 @@ mod tests {
         let uri = format!("http://{addr}/jwks.json");
         let store = JwksStore::new(JwksSettings { refresh: Duration::from_millis(50), retry: Duration::from_millis(20) });
         assert!(store.keys(&uri).is_none());
-        store.sync([(uri.as_str(), Duration::from_secs(2))]);
+        store.sync([(uri.clone(), Duration::from_secs(2))]);
         for _ in 0..100 {
             if hits.load(std::sync::atomic::Ordering::SeqCst) >= 3 {
                 break;
@@ -250,6 +272,34 @@ mod tests {
         // No longer in the config: forgotten.
         store.sync([]);
         assert!(store.keys(&uri).is_none());
+    }
+
+    /// OpenID discovery: the issuer's configuration names the key set's URL.
+    #[tokio::test]
+    async fn discovers_the_jwks_uri_from_the_issuer() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                let mut buf = [0u8; 4096];
+                let n = s.read(&mut buf).await.unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let body = if head.starts_with("GET /idp/.well-known/openid-configuration ") {
+                    format!(r#"{{"issuer":"http://{addr}/idp","jwks_uri":"http://{addr}/keys"}}"#)
+                } else if head.starts_with("GET /keys ") {
+                    JWKS.to_string()
+                } else {
+                    String::new()
+                };
+                let status = if body.is_empty() { "404 Not Found" } else { "200 OK" };
+                let resp = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let _ = s.write_all(resp.as_bytes()).await;
+            }
+        });
+        let set = discover(&format!("http://{addr}/idp/"), Duration::from_secs(2)).await.unwrap();
+        assert_eq!(set.keys.len(), 1);
+        assert!(matches!(discover(&format!("http://{addr}/other"), Duration::from_secs(2)).await, Err(JwksError::Status(404))));
     }
 
     #[tokio::test]

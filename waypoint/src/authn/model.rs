@@ -96,6 +96,24 @@ pub struct ClaimToHeader {
     pub claim: String,
 }
 
+/// How a rule without `jwks` or `jwksUri` names its key source in `JwksStore`: OpenID
+/// discovery from the issuer (`<issuer>/.well-known/openid-configuration`'s `jwks_uri`).
+pub const DISCOVERY_PREFIX: &str = "openid:";
+
+impl JwtRule {
+    /// What `JwksStore` fetches for this rule (None with inline `jwks`): its `jwksUri`,
+    /// else discovery from its issuer.
+    pub fn jwks_source(&self) -> Option<String> {
+        if !self.jwks.is_empty() {
+            None
+        } else if !self.jwks_uri.is_empty() {
+            Some(self.jwks_uri.clone())
+        } else {
+            Some(format!("{DISCOVERY_PREFIX}{}", self.issuer))
+        }
+    }
+}
+
 /// Where a token may be: Istio's default when a rule names no location.
 pub(super) const DEFAULT_HEADER: &str = "authorization";
 pub(super) const DEFAULT_PREFIX: &str = "Bearer ";

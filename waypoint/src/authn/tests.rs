@@ -202,7 +202,12 @@ fn validation_names_the_field() {
         a.validate().unwrap_err()
     };
     assert!(err(json!([{"issuer": ""}])).starts_with("jwtRules[0].issuer:"));
-    assert!(err(json!([{"issuer": "i"}])).starts_with("jwtRules[0].jwksUri: required"));
+    assert!(err(json!([{"issuer": "i"}])).starts_with("jwtRules[0].jwksUri: required unless jwks is set or the issuer is a URL"));
+    // A URL issuer without keys: OpenID discovery.
+    let d: RequestAuthentication = serde_json::from_value(json!({"name": "j", "namespace": "d", "targetRefs": [{"kind": "Service", "name": "e"}],
+        "jwtRules": [{"issuer": "https://idp.example"}]})).unwrap();
+    d.validate().unwrap();
+    assert_eq!(d.jwt_rules[0].jwks_source().as_deref(), Some("openid:https://idp.example"));
     assert!(err(json!([{"issuer": "i", "jwksUri": "ftp://x/k"}])).starts_with("jwtRules[0].jwksUri:"));
     assert!(err(json!([{"issuer": "i", "jwks": "{\"keys\": []}"}])).starts_with("jwtRules[0].jwks: has no keys"));
     let bad: Result<RequestAuthentication, _> = serde_json::from_value(json!({"name": "j", "namespace": "d", "jwtRules": [{"issuer": "i", "jwks": "{}"}]}));

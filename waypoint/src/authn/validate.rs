@@ -63,7 +63,8 @@ impl JwtRule {
                 return Err("jwks: has no keys".into());
             }
         } else if self.jwks_uri.is_empty() {
-            return Err("jwksUri: required unless jwks is set (OpenID discovery from the issuer is not supported)".into());
+            // OpenID discovery: the issuer must be a URL to find its configuration at.
+            check_uri(&self.issuer).map_err(|e| format!("jwksUri: required unless jwks is set or the issuer is a URL for OpenID discovery: issuer {e}"))?;
         } else {
             check_uri(&self.jwks_uri).map_err(|e| format!("jwksUri: {e}"))?;
         }

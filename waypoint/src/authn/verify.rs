@@ -261,7 +261,7 @@ fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, 
     let header = jsonwebtoken::decode_header(token).map_err(|_| Failure::BadFormat)?;
     let set: std::sync::Arc<JwkSet> = match &rule.jwks.0 {
         Some(set) => set.clone(),
-        None => store.keys(&rule.jwks_uri).ok_or(Failure::JwksNotFetched)?,
+        None => rule.jwks_source().and_then(|src| store.keys(&src)).ok_or(Failure::JwksNotFetched)?,
     };
     let keys: Vec<&Jwk> = set
         .keys
