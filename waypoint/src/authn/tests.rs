@@ -111,6 +111,12 @@ fn rs256_and_es256_tokens_verify_and_invalid_ones_fail() {
     let f = bad(&mut bearer(&token(&ec, "e1", claims("https://evil.example"))));
     assert_eq!((f, f.status().as_u16(), f.to_string().as_str()), (Failure::UnknownIssuer, 401, "Jwt issuer is not configured"));
     assert_eq!(bad(&mut bearer(&token(&ec, "nope", claims("https://idp.example")))), Failure::NoMatchingKey);
+    // Algorithm confusion: HS256 "signed" with the RSA key's public modulus.
+    let mut h = Header::new(Algorithm::HS256);
+    h.kid = Some("r1".into());
+    let n = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(rsa.jwk["n"].as_str().unwrap()).unwrap();
+    let hs = jsonwebtoken::encode(&h, &claims("https://idp.example"), &EncodingKey::from_secret(&n)).unwrap();
+    assert!(matches!(bad(&mut bearer(&hs)), Failure::NoMatchingKey | Failure::Signature));
     assert_eq!(bad(&mut bearer("not.a-token")), Failure::BadFormat);
     assert_eq!(bad(&mut bearer("abc")), Failure::BadFormat);
     // A payload edited after signing.
