@@ -1137,6 +1137,7 @@ async fn l7_request_authentication_with_jwt() -> Result<()> {
     for (t, body) in [(&forged, "Jwt verification fails"), (&expired, "Jwt is expired"), (&unknown, "Jwt issuer is not configured")] {
         let r = c.request("GET", "/x", &[("authorization", &bearer(t))]).await?;
         assert_eq!((r.status.as_u16(), r.body.trim()), (401, body), "{r:?}");
+        assert_eq!(r.headers.get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer realm=\"http://echo.default.svc.cluster.local/x\", error=\"invalid_token\""));
     }
     // The claim-based DENY.
     let silver = sign(&rsa, claims("https://rsa.example", "silver"))?;

@@ -134,7 +134,10 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     } else {
         match authn::authenticate(&authns, inb.jwks, &mut parts.headers, query.as_deref()) {
             Ok(a) => a,
-            Err(f) => return Err(LocalReply::new(f.status(), "-", f.to_string())),
+            Err(f) => {
+                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| format!("Bearer realm=\"http://{host_full}{norm_path}\", error=\"invalid_token\""));
+                return Err(LocalReply { www_authenticate: challenge, ..LocalReply::new(f.status(), "-", f.to_string()) });
+            }
         }
     };
     notes.request_principal = auth.as_ref().map(|a| a.principal.clone());
@@ -356,7 +359,9 @@ mod tests {
         let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("authorization", format!("Bearer {bad}")).body(()).expect("request");
         let (r, _, _) = plan(&l7, req);
         assert_eq!(status(&r), Some((401, "-")));
-        assert_eq!(r.err().map(|e| e.message).as_deref(), Some("Jwt verification fails"));
+        let e = r.err().expect("refused");
+        assert_eq!(e.message, "Jwt verification fails");
+        assert_eq!(e.www_authenticate.as_deref(), Some("Bearer realm=\"http://echo.default.svc.cluster.local/\", error=\"invalid_token\""));
     }
 
     #[test]
