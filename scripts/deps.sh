@@ -14,9 +14,16 @@ command -v clang >/dev/null || need+=(clang llvm)
 command -v curl >/dev/null || need+=(curl)
 command -v nginx >/dev/null || need+=(nginx)
 command -v h2load >/dev/null || need+=(nghttp2-client)
+command -v python3 >/dev/null || need+=(python3)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
+fi
+# Python WebSocket peers (tests/ws_peers.py); Debian's own python3 is externally managed.
+py_pkgs=(websockets==17.4 h2==4.4.1 hypercorn==0.18.0)
+if ! python3 -c "import websockets, h2, hypercorn" 2>/dev/null; then
+  python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "run as root: the demo and tests create network namespaces" >&2; exit 1; }

@@ -47,6 +47,27 @@ pub async fn status(send: &h2::client::SendRequest<Bytes>, req: http::Request<()
     Ok(resp.status())
 }
 
+/// Opens a CONNECT stream to `authority`, sends `data`, ends the stream and reads until
+/// the peer ends it: the status and what came back (nothing unless 200).
+pub async fn roundtrip(send: &h2::client::SendRequest<Bytes>, authority: &str, data: &[u8]) -> Result<(http::StatusCode, Vec<u8>)> {
+    let mut send = send.clone().ready().await?;
+    let (resp, mut stream) = send.send_request(connect_req(authority), false)?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp).await.context("no HBONE response")??;
+    let status = resp.status();
+    if status != http::StatusCode::OK {
+        return Ok((status, Vec::new()));
+    }
+    stream.send_data(Bytes::copy_from_slice(data), true)?;
+    let mut body = resp.into_body();
+    let mut back = Vec::new();
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.data()).await.context("tunnel stalled")? {
+        let chunk = chunk?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        back.extend_from_slice(&chunk);
+    }
+    Ok((status, back))
+}
+
 pub fn connect_req(authority: &str) -> http::Request<()> {
     http::Request::builder().method(http::Method::CONNECT).uri(authority).body(()).unwrap_or_default()
 }

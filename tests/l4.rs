@@ -239,7 +239,7 @@ async fn large_transfers_are_byte_exact() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smallest_http2_windows_and_frames_still_copy_every_byte() -> Result<()> {
     let env = [("HTTP2_STREAM_WINDOW_SIZE", "65535"), ("HTTP2_CONNECTION_WINDOW_SIZE", "65535"), ("HTTP2_FRAME_SIZE", "16384")];
-    let mesh = client_server_mesh("w", &env)?;
+    let mesh = client_server_mesh("h2w", &env)?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
     let data = pattern(8 << 20, 4);
@@ -1008,34 +1008,44 @@ async fn echo_once(s: &mut tokio::net::TcpStream, data: &[u8]) -> Result<()> {
 /// Istio's "sandwich" mode: the server workload has `applicationTunnel: {protocol: PROXY,
 /// port: 15088}`, so an inbound HBONE connection to it arrives on 15088 (nothing listens
 /// on the target port 8080) and starts with a PROXY v2 header naming the client pod and
-/// its SPIFFE id; the tunnelled bytes follow intact.
+/// its SPIFFE id; the tunnelled bytes follow intact. With LOCALHOST_APP_TUNNEL (Istio's
+/// default) it arrives on 127.0.0.1 from loopback; with LOCALHOST_APP_TUNNEL=false on the
+/// pod's address from the client's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn application_tunnel_gets_a_proxy_protocol_header() -> Result<()> {
     use ztunnel::proxy_protocol::{self, Addresses, Command};
-    let topo = Topology::build(&prefix("z"), &[1, 1])?;
-    let tunnel = ", applicationTunnel: {protocol: PROXY, port: 15088}";
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", tunnel));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
-    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
-    // The app behind the tunnel: reads exactly the header, then echoes the rest.
-    let listener = server.netns.listen(15088)?;
-    let app = tokio::spawn(async move {
-        let (mut s, peer) = listener.accept().await?;
-        let header = proxy_protocol::read_header(&mut s).await?;
-        let (mut r, mut w) = s.split();
-        tokio::io::copy(&mut r, &mut w).await?;
-        tokio::io::AsyncWriteExt::shutdown(&mut w).await?;
-        Ok::<_, anyhow::Error>((peer, header))
-    });
-    let data = pattern(256 * 1024, 11);
-    let back = roundtrip(client, addr(server, 8080), &data).await?;
-    assert!(back == data, "payload through the tunnel differs ({} bytes back of {})", back.len(), data.len());
-    let (peer, header) = tokio::time::timeout(Duration::from_secs(10), app).await.context("app never got a connection")???;
-    assert_eq!(peer.ip(), std::net::IpAddr::from(client.ip), "the app's TCP peer is the client pod");
-    assert_eq!(header.command, Command::Proxy);
-    let Addresses::Ip { src, dst } = header.addresses else { panic!("no IP addresses in {header:?}") };
-    assert_eq!(src.ip(), std::net::IpAddr::from(client.ip), "{header:?}");
-    assert_eq!(dst, addr(server, 8080), "the original target, not the tunnel port");
-    assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
+    for (tag, env, localhost) in [("z", &[][..], true), ("zf", &[("LOCALHOST_APP_TUNNEL", "false")][..], false)] {
+        let topo = Topology::build(&prefix(tag), &[1, 1])?;
+        let tunnel = ", applicationTunnel: {protocol: PROXY, port: 15088}";
+        let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", tunnel));
+        let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), env)?;
+        let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+        // The app behind the tunnel: reads exactly the header, then echoes the rest.
+        let listener = server.netns.listen(15088)?;
+        let app = tokio::spawn(async move {
+            let (mut s, peer) = listener.accept().await?;
+            let local = s.local_addr()?;
+            let header = proxy_protocol::read_header(&mut s).await?;
+            let (mut r, mut w) = s.split();
+            tokio::io::copy(&mut r, &mut w).await?;
+            tokio::io::AsyncWriteExt::shutdown(&mut w).await?;
+            Ok::<_, anyhow::Error>((peer, local, header))
+        });
+        let data = pattern(256 * 1024, 11);
+        let back = roundtrip(client, addr(server, 8080), &data).await?;
+        assert!(back == data, "payload through the tunnel differs ({} bytes back of {})", back.len(), data.len());
+        let (peer, local, header) = tokio::time::timeout(Duration::from_secs(10), app).await.context("app never got a connection")???;
+        if localhost {
+            assert!(peer.ip().is_loopback() && local.ip().is_loopback(), "delivered {peer} -> {local}, not over loopback");
+        } else {
+            assert_eq!(peer.ip(), std::net::IpAddr::from(client.ip), "the app's TCP peer is the client pod");
+            assert_eq!(local, addr(server, 15088));
+        }
+        assert_eq!(header.command, Command::Proxy);
+        let Addresses::Ip { src, dst } = header.addresses else { panic!("no IP addresses in {header:?}") };
+        assert_eq!(src.ip(), std::net::IpAddr::from(client.ip), "{header:?}");
+        assert_eq!(dst, addr(server, 8080), "the original target, not the tunnel port");
+        assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
+    }
     Ok(())
 }

@@ -92,6 +92,251 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     Ok(())
 }
 
+/// Starts our waypoint binary in `pod`'s netns on the mesh file `cfg`; waits until ready.
+fn start_waypoint(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str) -> Result<netsim::Child> {
+    let state = t.dir.join("ca");
+    let w = t.pod(pod).netns.spawn(
+        WAYPOINT,
+        &["--local-xds-path", &cfg.display().to_string(), "--workload-uid", pod, "--state-dir", &state.display().to_string()],
+        &[("RUST_LOG", "info")],
+        &t.dir.join(log),
+    )?;
+    w.wait_log("waypoint ready", READY)?;
+    Ok(w)
+}
+
+fn spiffe(sa: &str) -> ztunnel::identity::Identity {
+    ztunnel::identity::Identity::new("cluster.local", "default", sa)
+}
+
+/// Istio's workload waypoints: a pod whose `waypoint` is set is reached through it when
+/// addressed directly (TCP and HTTP), and directly when reached through a service (Istio
+/// follows only the service's waypoint for service traffic). The pod's ztunnel takes
+/// the waypoint's tunnel like any other and, as Istio's, does not itself insist on the
+/// waypoint: a peer that skips it is accepted, unless an ALLOW policy naming the
+/// waypoint's identity says otherwise (that pod then refuses the direct peer, 401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
+    let topo = Topology::build(&prefix("ww"), &[2, 2])?;
+    let (client_ip, wp_ip, server_ip, locked_ip) = (topo.pod("n1p1").ip, topo.pod("n1p2").ip, topo.pod("n2p1").ip, topo.pod("n2p2").ip);
+    let behind = format!(", waypoint: {{destination: \"/{wp_ip}\"}}");
+    let cfg = format!(
+        "workloads:\n{}{}{}{}services:\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n\
+         policies:\n- {{name: only-waypoint, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{{principals: [{{Exact: cluster.local/ns/default/sa/waypoint}}]}}]]]}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "echo", &format!("{behind}, services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}")),
+        workload(&topo, "n2p2", "locked", &format!("{behind}, authorizationPolicies: [default/only-waypoint]")),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let waypoint = start_waypoint(t, "n1p2", &t.dir.join("mesh-node1.yaml"), "waypoint.log")?;
+    let client = &t.pod("n1p1").netns;
+    let echo = EchoServer::start(&t.pod("n2p1").netns, 8080, None)?;
+    let locked = EchoServer::start(&t.pod("n2p2").netns, 8080, None)?;
+    let _http = http_app::HttpApp::start(&t.pod("n2p1").netns, 9080, "n2p1", false)?;
+    let relayed = || waypoint.log_text().matches("connection complete").count();
+
+    // Addressed to the pod: client -> waypoint -> pod, bytes intact, each hop its identity.
+    let data = pattern(64 * 1024, 3);
+    let mut s = client.connect(SocketAddr::new(server_ip.into(), 8080)).await?;
+    assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
+    wait_for("the waypoint's log line", Duration::from_secs(5), || relayed() == 1)?;
+    let wl = waypoint.log_text();
+    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)), "the pod's peer is the waypoint");
+    mesh.wait_logs(&[&format!("dst.addr={wp_ip}:15008"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+
+    // HTTP to the pod: served by the waypoint (its client-certificate header names the client).
+    let mut h = http_app::H1Client::connect(client, SocketAddr::new(server_ip.into(), 9080), "n2p1").await?;
+    let r = h.get("/hello").await?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{}", r.body);
+    let xfcc = r.echoed("x-forwarded-client-cert");
+    assert!(xfcc.iter().any(|v| v.contains("URI=spiffe://cluster.local/ns/default/sa/client")), "{xfcc:?}");
+    wait_for("the waypoint's request log", Duration::from_secs(5), || waypoint.log_text().contains("request complete"))?;
+
+    // Through the service (which has no waypoint): straight to the pod, not via the waypoint.
+    let mut s = client.connect("10.96.0.10:80".parse()?).await?;
+    assert_eq!(echo_roundtrip(&mut s, b"by service").await?, b"by service");
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(client_ip)));
+    assert_eq!(relayed(), 1, "service traffic went through the workload's waypoint");
+
+    // A pod whose policy admits only the waypoint: reached through it.
+    let mut s = client.connect(SocketAddr::new(locked_ip.into(), 8080)).await?;
+    assert_eq!(echo_roundtrip(&mut s, b"via the waypoint").await?, b"via the waypoint");
+    assert_eq!(locked.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+
+    // A peer that skips the waypoint (HBONE straight to the pods, as the client):
+    // accepted where no policy asks for the waypoint (Istio's ztunnel does the same),
+    // denied by the policy that admits only the waypoint.
+    let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
+    let to = |ip: std::net::Ipv4Addr| SocketAddr::new(ip.into(), 15008);
+    let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("echo"), to(server_ip)).await?;
+    let (status, back) = hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
+    assert_eq!((status.as_u16(), back.as_slice()), (200, &b"around"[..]));
+    let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("locked"), to(locked_ip)).await?;
+    assert_eq!(hbone_peer::status(&direct, hbone_peer::connect_req(&format!("{locked_ip}:8080"))).await?, 401);
+    Ok(())
+}
+
+/// Weighted waypoints (Istio's Service.weighted_waypoints, for a canary between two
+/// waypoints): connections to the service are shared between both by weight, each
+/// serves the service (the canary is named only in the set), and /config_dump shows the
+/// set in upstream's shape. Then an ingress gateway stand-in that acts on
+/// `ingress_use_waypoint` (read by our config parser) as istiod programs a gateway to:
+/// for the service that sets it, CONNECT to the VIP through the waypoint; for the one that
+/// does not, straight to the endpoint. Both routes are accepted: the destination's
+/// ztunnel does not insist on the waypoint, as Istio's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_waypoint() -> Result<()> {
+    let topo = Topology::build(&prefix("wv"), &[3, 1])?;
+    let (wp_ip, canary_ip, server_ip) = (topo.pod("n1p2").ip, topo.pod("n1p3").ip, topo.pod("n2p1").ip);
+    let cfg = format!(
+        "workloads:\n{}{}{}{}services:\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}},\n   \
+            waypoint: {{destination: \"/{wp_ip}\"}}, ingressUseWaypoint: true,\n   \
+            weightedWaypoints: [{{destination: {{destination: \"/{wp_ip}\"}}, weight: 1}}, {{destination: {{destination: \"/{canary_ip}\"}}, weight: 1}}]}}\n\
+         - {{name: direct, namespace: default, hostname: direct.default.svc.cluster.local, vips: [\"/10.96.0.11\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n1p3", "waypoint-canary", ""),
+        workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/direct.default.svc.cluster.local: {80: 8080}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("mesh-node1.yaml");
+    let primary = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
+    let canary = start_waypoint(t, "n1p3", &cfg_path, "canary.log")?;
+    let echo = EchoServer::start(&t.pod("n2p1").netns, 8080, None)?;
+    let relayed = |w: &netsim::Child| w.log_text().matches("connection complete").count();
+
+    const N: usize = 30;
+    for i in 0..N {
+        let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
+        let msg = format!("connection {i}");
+        assert_eq!(echo_roundtrip(&mut s, msg.as_bytes()).await?, msg.as_bytes());
+    }
+    wait_for("both waypoints' log lines", Duration::from_secs(10), || relayed(&primary) + relayed(&canary) == N)?;
+    let (p, c) = (relayed(&primary), relayed(&canary));
+    // 1:1 weights; both get a share (all 30 on one side: p = 2^-29).
+    assert!(p > 0 && c > 0, "primary {p}, canary {c}");
+    assert!(canary.log_text().contains("src.identity=spiffe://cluster.local/ns/default/sa/client"));
+    mesh.wait_logs(&["dst.identity=spiffe://cluster.local/ns/default/sa/waypoint-canary"])?;
+
+    let mut admin = http_app::H1Client::connect(t.node(1), "127.0.0.1:15000".parse()?, "localhost").await?;
+    let dump: serde_json::Value = serde_json::from_str(&admin.get("/config_dump").await?.body)?;
+    let svc = dump["services"].as_array().context("services")?.iter().find(|s| s["name"] == "echo").context("echo in the dump")?;
+    assert_eq!(
+        svc["weightedWaypoints"],
+        serde_json::json!([
+            {"destination": {"destination": format!("/{wp_ip}"), "hboneMtlsPort": 15008}, "weight": 1},
+            {"destination": {"destination": format!("/{canary_ip}"), "hboneMtlsPort": 15008}, "weight": 1},
+        ])
+    );
+
+    // The ingress stand-in (identity sa/ingress, outside the mesh's capture).
+    let parsed = ztunnel::config::LocalConfig::parse(&cfg_path, &cfg)?;
+    let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
+    let before = relayed(&primary);
+    for svc in &parsed.services {
+        let vip = svc.vips[0].address;
+        let (status, back) = if svc.ingress_use_waypoint {
+            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("waypoint"), SocketAddr::new(wp_ip.into(), 15008)).await?;
+            hbone_peer::roundtrip(&gw, &format!("{vip}:80"), svc.name.as_bytes()).await?
+        } else {
+            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("echo"), SocketAddr::new(server_ip.into(), 15008)).await?;
+            hbone_peer::roundtrip(&gw, &format!("{server_ip}:8080"), svc.name.as_bytes()).await?
+        };
+        assert_eq!((status.as_u16(), back.as_slice()), (200, svc.name.as_bytes()), "{}", svc.name);
+    }
+    wait_for("the ingress connection at the waypoint", Duration::from_secs(5), || relayed(&primary) == before + 1)?;
+    assert!(primary.log_text().contains("src.identity=spiffe://cluster.local/ns/default/sa/ingress"));
+    assert_eq!(echo.peers().len(), N + 2);
+    mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/ingress"])?;
+    Ok(())
+}
+
+/// The sandwich (Istio's): a waypoint that is itself an enrolled pod behind ztunnel, with
+/// `applicationTunnel: PROXY`. Its ztunnel accepts a CONNECT whose target is a service
+/// or workload it is the waypoint of, and (LOCALHOST_APP_TUNNEL, Istio's default) hands
+/// it to the app on 127.0.0.1:15088 with a PROXY header naming the client, its identity
+/// and the original target; the app's own connection to that target is captured by the
+/// same ztunnel and goes direct (the waypoint is not sent to itself). A target this pod
+/// is not the waypoint of is refused (400), as are proxy ports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
+    use ztunnel::proxy_protocol::{self, Addresses};
+    let topo = Topology::build(&prefix("ws"), &[2, 2])?;
+    let (client_ip, wp_ip, server_ip, db_ip) = (topo.pod("n1p1").ip, topo.pod("n1p2").ip, topo.pod("n2p1").ip, topo.pod("n2p2").ip);
+    let cfg = format!(
+        "workloads:\n{}{}{}{}services:\n\
+         - {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [\"/10.96.0.99\"], ports: {{15008: 15008}}}}\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}, waypoint: {{destination: default/waypoint.default.svc.cluster.local}}}}\n\
+         - {{name: other, namespace: default, hostname: other.default.svc.cluster.local, vips: [\"/10.96.0.11\"], ports: {{80: 8080}}, waypoint: {{destination: \"/10.10.9.9\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ", applicationTunnel: {protocol: PROXY, port: 15088}, services: {default/waypoint.default.svc.cluster.local: {15008: 15008}}"),
+        workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/other.default.svc.cluster.local: {80: 8080}}"),
+        workload(&topo, "n2p2", "db", &format!(", waypoint: {{destination: \"/{wp_ip}\"}}")),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let echo = EchoServer::start(&t.pod("n2p1").netns, 8080, None)?;
+    let db = EchoServer::start(&t.pod("n2p2").netns, 5432, None)?;
+
+    // The sandwiched waypoint's app: loopback only (nothing reaches it around ztunnel);
+    // reads the header, dials the target it names from its pod, relays.
+    let wp_ns = t.pod("n1p2").netns.clone();
+    let listener = wp_ns.run(|| std::net::TcpListener::bind(("127.0.0.1", 15088)))??;
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = tokio::spawn(async move {
+        while let Ok((mut down, peer)) = listener.accept().await {
+            let (record, ns) = (record.clone(), wp_ns.clone());
+            tokio::spawn(async move {
+                let Ok(header) = proxy_protocol::read_header(&mut down).await else { return };
+                let Addresses::Ip { dst, .. } = header.addresses else { return };
+                record.lock().unwrap().push((peer, header));
+                if let Ok(mut up) = ns.connect(dst).await {
+                    let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+                }
+            });
+        }
+    });
+
+    // To the service through the sandwiched waypoint, and to the workload behind it.
+    let data = pattern(64 * 1024, 9);
+    let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
+    assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
+    let mut s = t.pod("n1p1").netns.connect(SocketAddr::new(db_ip.into(), 5432)).await?;
+    assert_eq!(echo_roundtrip(&mut s, b"to the db").await?, b"to the db");
+    let got = seen.lock().unwrap().clone();
+    assert_eq!(got.len(), 2, "{got:?}");
+    for ((peer, header), target) in got.iter().zip([SocketAddr::from(([10, 96, 0, 10], 80)), SocketAddr::new(db_ip.into(), 5432)]) {
+        assert!(peer.ip().is_loopback(), "LOCALHOST_APP_TUNNEL: delivered from {peer}");
+        let Addresses::Ip { src, dst } = header.addresses else { panic!("{header:?}") };
+        assert_eq!((src.ip(), dst), (std::net::IpAddr::from(client_ip), target), "{header:?}");
+        assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
+    }
+    // The waypoint's own connections left from its pod to the endpoints, not back to it.
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+    assert_eq!(db.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+    mesh.wait_logs(&[&format!("dst.hbone_addr={server_ip}:8080"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+
+    // Targets this pod is not the waypoint of (a pod without one, a service with another
+    // waypoint) and proxy ports are refused; its own service's VIP is taken.
+    let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
+    let h = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("waypoint"), SocketAddr::new(wp_ip.into(), 15008)).await?;
+    for (target, want) in [(format!("{server_ip}:8080"), 400), ("10.96.0.11:80".into(), 400), ("10.96.0.10:15008".into(), 400), ("10.96.0.10:80".into(), 200)] {
+        assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&target)).await?.as_u16(), want, "{target}");
+    }
+    mesh.wait_logs(&["CONNECT target is neither this pod nor a destination it is the waypoint of"])?;
+    app.abort();
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // L7: client (n1p1) -> ztunnel -> waypoint (n1p2) -> ztunnel -> echo pods on both nodes:
 // n1p3 = echo-v2, n2p1 = echo-v1, n2p2 = echo-v1 that answers 503 on /flaky.
@@ -747,7 +992,7 @@ async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connections() -> Result<()> {
     const FLOOD: usize = 20;
-    let m = L7Mesh::start("l7h", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
+    let m = L7Mesh::start("l7hl", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
     let t = &m.mesh.topo;
     let hbone = SocketAddr::new(t.pod("n1p2").ip.into(), 15008);
     // From the node's netns: a source outside the mesh that stalls in the handshake.
@@ -818,13 +1063,7 @@ const ZTUNNEL_EVENT_ONLY: &[&str] = &[
 ];
 const WAYPOINT_EVENT_ONLY: &[&str] = &[
     "istio_xds_message_total",
-    // The waypoint's L4 relay does not record Istio's TCP metrics yet (Istio's waypoints
-    // report them with reporter="waypoint"): the TCP row stays empty until it does. They
-    // are the families ztunnel exports.
-    "istio_tcp_connections_opened_total",
-    "istio_tcp_connections_closed_total",
-    "istio_tcp_sent_bytes_total",
-    "istio_tcp_received_bytes_total",
+    // An upstream dial that fails (the L4 relay's CONNECT flag).
     "istio_tcp_connections_failed_total",
 ];
 
@@ -835,6 +1074,8 @@ fn library_scrape() -> String {
     m.xds.terminated("closed");
     m.xds.message("type.googleapis.com/istio.workload.Address", 100, 0);
     m.connection_refused("pod_limit");
+    let peers = ztunnel::metrics::TcpLabels::new("waypoint", Default::default(), Default::default(), None, true);
+    m.failed(&peers, "CONNECT");
     m.encode()
 }
 
@@ -1182,5 +1423,130 @@ async fn l7_request_authentication_with_jwt() -> Result<()> {
     let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_good))]).await?;
     assert_eq!(r.status, 200, "{r:?}");
     assert!(m.log().contains("authn.principal=https://ec.example/alice") || m.log().contains("authn.principal=\"https://ec.example/alice\""), "{}", m.log());
+    Ok(())
+}
+
+/// Issue 21 item 4, with real peers: WebSockets through the waypoint as Istio's Envoy
+/// waypoint passes them. The `websockets` package's client and server (HTTP/1.1
+/// upgrade), hypercorn as an h2c backend with RFC 8441 extended CONNECT, and an HTTP/2
+/// client driving extended CONNECT with the `h2` library (tests/ws_peers.py): every
+/// client/backend version pair echoes text, binary and 1 MB messages; a DENY policy on
+/// the path refuses the upgrade with 403, an HTTPRoute sends one path to the other
+/// backend; the log and the metrics have the relayed bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
+    anyhow::ensure!(
+        sh("python3", &["-c", "import websockets, h2, hypercorn"]).is_ok(),
+        "python3 with the websockets, h2 and hypercorn packages is needed (scripts/deps.sh installs them)"
+    );
+    let peers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ws_peers.py").display().to_string();
+    let topo = Topology::build(&prefix("wws"), &[2, 1])?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: ws, namespace: default, hostname: ws.default.svc.cluster.local, vips: [\"/10.96.0.40\"], ports: {{80: 8080}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+         - {{name: ws-h2, namespace: default, hostname: ws-h2.default.svc.cluster.local, vips: [\"/10.96.0.41\"], ports: {{80: 8081}}, appProtocols: {{80: HTTP2}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "ws", ", services: {default/ws.default.svc.cluster.local: {80: 8080}, default/ws-h2.default.svc.cluster.local: {80: 8081}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("waypoint.yaml");
+    let deny = "authorizationPolicies:\n- {name: no-private, namespace: default, targetRefs: [{kind: Service, name: ws}], action: DENY, rules: [{to: [{operation: {paths: [/private]}}]}]}\n";
+    // An HTTPRoute on ws sends /to-h2 to ws-h2 (everything else stays on ws).
+    let route = "httpRoutes:\n- {name: ws, namespace: default, parentRefs: [{group: \"\", kind: Service, name: ws, port: 80}], rules: [\
+        {matches: [{path: {type: PathPrefix, value: /to-h2}}], backendRefs: [{name: ws-h2, port: 80}]}, {matches: [{path: {type: PathPrefix, value: /}}]}]}\n";
+    std::fs::write(&cfg_path, format!("{cfg}{deny}{route}"))?;
+    let state = t.dir.join("ca").display().to_string();
+    let waypoint = t.pod("n1p2").netns.spawn(
+        WAYPOINT,
+        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state],
+        &[("RUST_LOG", "info")],
+        &t.dir.join("waypoint.log"),
+    )?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    let server = t.pod("n2p1");
+    let h1 = server.netns.spawn("python3", &[&peers, "serve-h1", "8080"], &[], &t.dir.join("ws-h1.log"))?;
+    let h2 = server.netns.spawn("python3", &[&peers, "serve-h2", "8081"], &[], &t.dir.join("ws-h2.log"))?;
+    for (port, child) in [(8080, &h1), (8081, &h2)] {
+        wait_for(&format!("websocket server on {port}"), Duration::from_secs(15), || {
+            server.netns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
+        })
+        .with_context(|| child.log_text())?;
+    }
+    let client = &t.pod("n1p1").netns;
+    let run = |args: &[&str]| -> Result<String> {
+        let mut all = vec![peers.as_str()];
+        all.extend_from_slice(args);
+        let out = client.exec("timeout", &[&["60", "python3"][..], &all].concat());
+        out.map(|s| s.trim().to_string())
+            .with_context(|| format!("{}\n--- h1 server:\n{}\n--- h2 server:\n{}", waypoint.log_text(), h1.log_text(), h2.log_text()))
+    };
+    // HTTP/1.1 client -> HTTP/1.1 backend: the upgrade passes as is.
+    assert_eq!(run(&["client", "ws://10.96.0.40/chat"])?, "ok 3 echoes");
+    // The upgrade request is authorized like any other.
+    assert_eq!(run(&["status", "ws://10.96.0.40/private"])?, "status 403");
+    // HTTP/2 extended CONNECT -> HTTP/1.1 backend: 200 <-> 101.
+    assert_eq!(run(&["client-h2", "10.96.0.40", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
+    // HTTP/1.1 client -> HTTP/2 backend (port says HTTP2): extended CONNECT upstream,
+    // the waypoint answers the client's key.
+    assert_eq!(run(&["client", "ws://10.96.0.41/chat"])?, "ok 3 echoes");
+    // HTTP/2 to HTTP/2: extended CONNECT both ways.
+    assert_eq!(run(&["client-h2", "10.96.0.41", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
+    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 2, "{}", h2.log_text());
+    // Routes apply to the upgrade: ws's /to-h2 is served by hypercorn, over HTTP/2.
+    assert_eq!(run(&["client", "ws://10.96.0.40/to-h2"])?, "ok 3 echoes");
+    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 3, "{}", h2.log_text());
+    assert!(waypoint.log_text().contains("route=\"default/ws#0\""), "{}", waypoint.log_text());
+
+    // One log line per WebSocket once both sides closed, with the relayed bytes (each
+    // way over 1 MB: the 1 MB message and its echo).
+    wait_for("websocket log lines", Duration::from_secs(10), || {
+        waypoint.log_text().lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).count() >= 4
+    })
+    .with_context(|| waypoint.log_text())?;
+    let wl = waypoint.log_text();
+    let lines: Vec<&str> = wl.lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).collect();
+    let field = |l: &str, k: &str| -> u64 {
+        l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    for l in &lines {
+        assert!(field(l, "bytes_recv=") > 1_000_000 && field(l, "bytes_sent=") > 1_000_000, "{l}");
+        // hypercorn ends its streams only by closing its connection (tests/ws_peers.py).
+        assert!(!l.contains("error=") || l.contains("dst.service=\"ws-h2."), "{l}");
+    }
+    // The status and method the client saw: 101 to a GET, 200 to an extended CONNECT.
+    assert_eq!(lines.iter().filter(|l| l.contains("status=101") && l.contains("method=GET")).count(), 2, "{wl}");
+    assert_eq!(lines.iter().filter(|l| l.contains("status=200") && l.contains("method=CONNECT")).count(), 2, "{wl}");
+    assert!(wl.contains("status=403") && wl.contains("authz.denied_by=\"default/no-private\""), "{wl}");
+    // The request metrics count them (the routed one too) with the relayed bytes.
+    let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
+    let metrics = mc.get("/stats/prometheus").await?.body;
+    let count = |code: &str| -> u64 {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("istio_requests_total{") && l.contains(&format!("response_code=\"{code}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    assert_eq!((count("101"), count("200"), count("403")), (3, 2, 1), "{metrics}");
+    let sent: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("istio_response_bytes_sum{") && l.contains("response_code=\"101\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(sent > 2_000_000.0, "{metrics}");
+
+    // The cost of a relayed WebSocket (docs/benchmarks.md): ZTUNNEL_BENCH=1 prints the
+    // waypoint's CPU per MiB relayed (both ways) for 200 MiB echoed each way.
+    if std::env::var_os("ZTUNNEL_BENCH").is_some() {
+        for url in ["ws://10.96.0.40/bulk", "ws://10.96.0.41/bulk"] {
+            let before = waypoint.cpu_time().context("waypoint CPU time")?;
+            let out = run(&["bulk", url, "200"])?;
+            let cpu = waypoint.cpu_time().context("waypoint CPU time")? - before;
+            println!("{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed", cpu.as_secs_f64(), cpu.as_secs_f64() * 1000.0 / 400.0);
+        }
+    }
     Ok(())
 }

@@ -32,6 +32,8 @@ pub struct Waypoint {
     pub upstreams: Upstreams,
     pub balancer: Arc<Balancer>,
     pub http_metrics: HttpMetrics,
+    /// Istio's TCP metrics (`reporter="waypoint"`) for tunnels relayed at L4.
+    pub metrics: Arc<ztunnel::metrics::Metrics>,
     pub drain: Arc<Drain>,
     pub detect_timeout: Duration,
     /// The key sets of the config's jwksUris, kept fresh in the background.

@@ -14,6 +14,7 @@ mod mirror;
 mod plan;
 mod reply;
 mod tunnel;
+mod upgrade;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -45,6 +46,8 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
                 .max_concurrent_streams(100)
                 .max_header_list_size(64 * 1024)
                 .max_pending_accept_reset_streams(50)
+                // RFC 8441 extended CONNECT, for WebSockets over HTTP/2.
+                .enable_connect_protocol()
                 .serve_connection(io, svc)
                 .await
         }
@@ -54,6 +57,7 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
                 .header_read_timeout(Duration::from_secs(30))
                 .max_headers(100)
                 .serve_connection(io, svc)
+                .with_upgrades()
                 .await
         }
     };

@@ -407,12 +407,12 @@ impl Store {
     }
 }
 
-/// The Services whose waypoint, in istiod's state, is this one (by identity, as the
-/// tunnel checks it).
+/// The Services whose waypoint (or one of whose weighted waypoints), in istiod's state,
+/// is this one (by identity, as the tunnel checks it).
 pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<ObjectName> {
     state
         .services()
-        .filter(|s| s.waypoint.as_ref().is_some_and(|gw| state.is_waypoint(gw, me)))
+        .filter(|s| s.waypoints().any(|gw| state.is_waypoint(gw, me)))
         .map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() })
         .collect()
 }

@@ -242,6 +242,8 @@ async fn main() -> anyhow::Result<()> {
         args.admin_addr
     );
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
+    // Istio's HTTP2_* sizes, as ztunnel reads them, for the HBONE sides and the h2 upstreams.
+    ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(&ztunnel::config::istio_env::Env::from_process())?);
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let mut metrics = Metrics::default();
     metrics.build.set_component("waypoint");
@@ -303,6 +305,7 @@ async fn main() -> anyhow::Result<()> {
             lb::OutlierConfig { consecutive_5xx: args.outlier_consecutive_5xx, base_ejection: Duration::from_millis(args.outlier_base_ejection_ms) },
         ),
         http_metrics,
+        metrics: metrics.clone(),
         drain: Arc::new(Drain::default()),
         detect_timeout: Duration::from_millis(args.protocol_detection_timeout_ms),
         jwks,

@@ -11,6 +11,7 @@ use http::{Method, Request, Response, StatusCode};
 use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
+use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
 use crate::authz;
@@ -38,14 +39,15 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
     if me.workload_ips.contains(&target.ip()) {
         return false;
     }
-    let gw = match state.service_by_vip(target.ip()) {
-        Some(svc) => svc.waypoint.as_ref(),
+    // A service's waypoints: the primary and any of a weighted set (a canary serves too).
+    match state.service_by_vip(target.ip()) {
+        Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
             .workload_by_ip(target.ip())
             .filter(|w| w.protocol == MeshProtocol::HBONE)
-            .and_then(|w| w.waypoint.as_ref()),
-    };
-    gw.is_some_and(|gw| state.is_waypoint(gw, &me.identity()))
+            .and_then(|w| w.waypoint.as_ref())
+            .is_some_and(|gw| state.is_waypoint(gw, &me.identity())),
+    }
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
@@ -153,14 +155,26 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let Ok(up_req) = up_req else {
         return down_send.send_reset(h2::Reason::INTERNAL_ERROR);
     };
+    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
+    let dst_identity = endpoint.identity();
+    let labels = TcpLabels::new(
+        "waypoint",
+        Peer { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
+        Peer { workload: Some(&endpoint), identity: Some(&dst_identity) },
+        service.as_deref(),
+        true,
+    );
     let (mut up_send, up_recv, guard) = match wp.pool.connect(&key, &wp.netns, up_req).await {
         Ok(u) => u,
         Err(e) => {
+            wp.metrics.failed(&labels, "CONNECT");
             tracing::warn!(dst.addr = %upstream_target, error = %e, response_flags = "UF", "upstream HBONE failed");
             // The tunnel is already open: a reset is how the client learns of the failure.
             return down_send.send_reset(h2::Reason::REFUSED_STREAM);
         }
     };
+    let conn = wp.metrics.opened(&labels);
+    drop(labels);
     let sniffed = first.len() as u64;
     if !first.is_empty() {
         if let Err(e) = up_send.send_data(first, false) {
@@ -173,13 +187,13 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),
     };
-    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity);
-    let dst_identity = endpoint.identity();
+    // What the client sent (sniffed bytes included) went to the backend; the rest came back.
+    conn.closed(t.sent + sniffed, t.received);
     ConnectionLog {
         direction: "waypoint",
         protocol: "TCP",
         src_addr: tunnel.src_addr,
-        src: Side { workload: src_wl.map(|w| &**w), identity: Some(&tunnel.src_identity) },
+        src: Side { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
         dst_addr: key.dst,
         dst_hbone_addr: Some(upstream_target),
         dst_service: service.as_deref(),
@@ -192,3 +206,36 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     .write();
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serves_what_names_it_as_primary_or_weighted_waypoint_and_nothing_else() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: HBONE}
+- {uid: canary, name: canary, namespace: default, serviceAccount: canary, workloadIps: [10.0.0.8], protocol: HBONE}
+- {uid: db, name: db, namespace: default, workloadIps: [10.0.0.4], protocol: HBONE, waypoint: {destination: /10.0.0.9}}
+- {uid: plain, name: plain, namespace: default, workloadIps: [10.0.0.5], protocol: HBONE}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: split, namespace: default, hostname: split.default.svc.cluster.local, vips: [/10.96.0.12], waypoint: {destination: /10.0.0.9},
+   weightedWaypoints: [{destination: {destination: /10.0.0.9}, weight: 9}, {destination: {destination: /10.0.0.8}, weight: 1}]}
+- {name: other, namespace: default, hostname: other.default.svc.cluster.local, vips: [/10.96.0.13]}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        let me = |uid: &str| st.workload_by_uid(&ztunnel::state::WorkloadUid(uid.into())).unwrap().clone();
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // Both of a weighted set serve the service, the canary named only in the set.
+        assert!(serves(&st, &me("wp"), at("10.96.0.12:80")) && serves(&st, &me("canary"), at("10.96.0.12:80")));
+        // A workload serves as waypoint only what names it; nobody serves itself.
+        assert!(serves(&st, &me("wp"), at("10.0.0.4:5432")));
+        assert!(!serves(&st, &me("canary"), at("10.0.0.4:5432")));
+        assert!(!serves(&st, &me("wp"), at("10.0.0.5:80")));
+        assert!(!serves(&st, &me("wp"), at("10.96.0.13:80")));
+        assert!(!serves(&st, &me("wp"), at("10.0.0.9:80")));
+    }
+}

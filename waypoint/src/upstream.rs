@@ -119,7 +119,18 @@ impl Upstreams {
     }
 
     pub async fn send(&self, ep: &Endpoint, http2: bool, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
-        if http2 { self.send_h2(ep, req).await } else { self.send_h1(ep, req).await }
+        match (http2, req.headers().contains_key(http::header::UPGRADE)) {
+            (true, _) => self.send_h2(ep, req).await,
+            // Only WebSocket upgrades keep the header (the plan strips the rest).
+            (false, true) => self.send_h1_upgrade(ep, req).await,
+            (false, false) => self.send_h1(ep, req).await,
+        }
+    }
+
+    /// An HTTP/1.1 upgrade takes its connection for good: a new one, never pooled.
+    async fn send_h1_upgrade(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+        let mut sender = self.dial_h1(ep, true).await?;
+        sender.send_request(req).await.map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })
     }
 
     fn idle_h1(&self, key: &ConnKey) -> Option<http1::SendRequest<Body>> {
@@ -143,7 +154,9 @@ impl Upstreams {
         UpstreamError::Connect { endpoint: ep.addr, source: HboneError::Timeout { peer: ep.addr.to_string(), after } }
     }
 
-    async fn dial_h1(&self, ep: &Endpoint) -> Result<http1::SendRequest<Body>, UpstreamError> {
+    /// `upgrades`: the connection may switch protocols (hands its IO to the response's
+    /// `OnUpgrade` on a 101).
+    async fn dial_h1(&self, ep: &Endpoint, upgrades: bool) -> Result<http1::SendRequest<Body>, UpstreamError> {
         let dial = async {
             let io = TokioIo::new(self.tunnel(ep).await?);
             http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })
@@ -151,7 +164,8 @@ impl Upstreams {
         let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial).await.map_err(|_| self.dial_timeout(ep))??;
         tokio::spawn(
             async move {
-                if let Err(e) = conn.await {
+                let r = if upgrades { conn.with_upgrades().await } else { conn.await };
+                if let Err(e) = r {
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
             }
@@ -166,7 +180,7 @@ impl Upstreams {
         loop {
             let (mut sender, reused) = match self.idle_h1(&key) {
                 Some(s) if stale < H1_STALE_RETRIES => (s, true),
-                _ => (self.dial_h1(ep).await?, false),
+                _ => (self.dial_h1(ep, false).await?, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {

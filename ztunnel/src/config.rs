@@ -10,6 +10,9 @@ use crate::state::{MeshState, Service, StateError, Workload};
 
 // Istio ztunnel's environment variables (issue 18).
 pub mod istio_env;
+pub mod settings;
+
+pub use settings::ProxyConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -141,34 +144,6 @@ pub enum CaptureMode {
     Nftables,
     /// Capture is set up by someone else (e.g. istio-cni); ztunnel only binds its listeners.
     None,
-}
-
-/// Proxy settings that are not mesh state.
-#[derive(Clone, Debug)]
-pub struct ProxyConfig {
-    pub node_name: String,
-    /// Streams per pooled HBONE connection before another connection opens (Istio: 100).
-    pub pool_max_streams: usize,
-    /// Idle pooled HBONE connections close after this (Istio: 5 min).
-    pub pool_idle_timeout: Duration,
-    pub connect_timeout: Duration,
-    /// A proxied connection with no bytes either way for this long is closed (Envoy's
-    /// TCP proxy default: 1 h); None: never.
-    pub idle_timeout: Option<Duration>,
-    /// Connections a pod may have open through its proxy at once (0: no limit); more are
-    /// refused (reset) and counted.
-    pub max_connections_per_pod: usize,
-    /// Concurrent streams an HBONE peer may open on one connection (Istio: 200).
-    pub hbone_max_streams: u32,
-    /// Largest header block an HBONE peer may send.
-    pub hbone_max_header_bytes: u32,
-    /// TLS + HTTP/2 handshakes in flight on 15008, all pods together (0: no limit); a
-    /// connection over the limit is closed at once.
-    pub hbone_max_handshakes: usize,
-    /// The same from one source address (an IPv6 /64) (0: no limit).
-    pub hbone_max_handshakes_per_ip: usize,
-    /// An HBONE connection with no stream open this long gets GOAWAY and is closed; None: never.
-    pub hbone_idle_timeout: Option<Duration>,
 }
 
 #[cfg(test)]

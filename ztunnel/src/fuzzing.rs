@@ -86,8 +86,14 @@ fn exercise_state(state: &MeshState) {
                 assert_ne!(target, 0, "endpoint target port 0 for {}", s.hostname);
             }
         }
-        if let Some(gw) = &s.waypoint {
+        for gw in s.waypoints() {
             let _ = state.waypoint_workload(gw);
+        }
+        let _ = crate::state::pick_waypoint(s);
+        for vip in &s.vips {
+            for w in state.workloads() {
+                let _ = state.is_waypoint_of(vip.address, w);
+            }
         }
     }
     let _ = crate::dns::resolver::MeshIndex::build(state, "cluster.local");

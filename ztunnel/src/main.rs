@@ -9,6 +9,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
 use ztunnel::config::istio_env::Env;
+use ztunnel::config::settings::{ListenAddress, RedactedHeader, RootCertSource, Settings, SocketConfig};
 use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
 use ztunnel::hbone::Pool;
 use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa, ReloadableLog};
@@ -255,6 +256,8 @@ struct IstioSettings {
     worker_threads: usize,
     termination_deadline: Option<Duration>,
     network: String,
+    /// LOCALHOST_APP_TUNNEL (Istio's default: true).
+    localhost_app_tunnel: bool,
     /// Messages for the log, gathered before logging exists.
     warnings: Vec<String>,
     infos: Vec<String>,
@@ -314,6 +317,7 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         worker_threads,
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
         network: env.get("NETWORK").unwrap_or_default().to_string(),
+        localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         warnings,
         infos,
     })
@@ -405,6 +409,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         hbone_max_handshakes: args.hbone_max_handshakes,
         hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
         hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
+        localhost_app_tunnel: istio.localhost_app_tunnel,
     };
     let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let mut metrics = ztunnel::metrics::Metrics::default();
@@ -429,95 +434,79 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         args.admin_addr
     );
     let quit = Arc::new(tokio::sync::Notify::new());
-    // Upstream's Config field names and serde shapes (durations {secs, nanos}, addresses
-    // {"Localhost": [v6, port]} / {"SocketAddr": ...}), then our own settings.
-    let (d, addr) = (ztunnel::admin::config_dump::duration, ztunnel::admin::config_dump::address);
-    let root = |r: &str| match ztunnel::istiod::RootCert::from_setting(r) {
-        ztunnel::istiod::RootCert::File(p) => serde_json::json!({ "File": p }),
-        ztunnel::istiod::RootCert::Pem(_) => serde_json::json!("Static"),
-        ztunnel::istiod::RootCert::System => serde_json::json!("Default"),
-    };
-    // Header values may be credentials: names only.
-    let headers = |h: &[(tonic::metadata::AsciiMetadataKey, tonic::metadata::AsciiMetadataValue)]| {
-        h.iter().map(|(k, _)| serde_json::json!([k.as_str(), "<redacted>"])).collect::<Vec<_>>()
-    };
-    let proxy_metadata: serde_json::Map<String, serde_json::Value> =
-        ia.node_metadata.iter().filter(|(_, v)| v.is_string()).map(|(k, v)| (k.clone(), v.clone())).collect();
-    let keepalive = ztunnel::netns::socket_options();
+    let sockets = ztunnel::netns::socket_options();
     let drain_deadline = istio
         .termination_deadline
         .unwrap_or_else(|| ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds)));
-    let mut config = serde_json::json!({
-        "proxy": true,
-        "dnsProxy": args.dns.dns_proxy,
-        "windowSize": ztunnel::hbone::h2_sizes().stream_window,
-        "connectionWindowSize": ztunnel::hbone::h2_sizes().connection_window,
-        "frameSize": ztunnel::hbone::h2_sizes().max_frame,
-        "poolMaxStreamsPerConn": args.pool_max_streams,
-        "poolUnusedReleaseTimeout": d(Duration::from_secs(args.pool_idle_timeout_seconds)),
-        "socks5Addr": null,
-        "adminAddr": addr(args.admin_addr),
-        "statsAddr": addr(args.metrics_addr),
-        "readinessAddr": addr(args.readiness_addr),
-        "inboundAddr": format!("0.0.0.0:{}", ztunnel::ports::HBONE),
-        "inboundPlaintextAddr": format!("0.0.0.0:{}", ztunnel::ports::INBOUND_PLAINTEXT),
-        "outboundAddr": format!("127.0.0.1:{}", ztunnel::ports::OUTBOUND),
-        "dnsProxyAddr": { "Localhost": [false, ztunnel::ports::DNS] },
-        "illegalPorts": [ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
-        "network": istio.network,
-        "localNode": node_name,
-        "proxyMode": "Shared",
-        "proxyWorkloadInformation": null,
-    });
-    let rest = serde_json::json!({
-        "clusterId": ia.cluster_id,
-        "clusterDomain": args.dns.cluster_domain,
-        "caAddress": ia.ca_address,
-        "caRootCert": root(&ia.ca_root_ca),
-        "altCaHostname": ia.alt_ca_hostname,
-        "xdsAddress": ia.xds_address,
-        "xdsRootCert": root(&ia.xds_root_ca),
-        "altXdsHostname": ia.alt_xds_hostname,
-        "preferedServiceNamespace": null,
-        "secretTtl": d(Duration::from_secs(args.cert_ttl_seconds)),
-        "xdsOnDemand": false,
-        "fakeCa": ia.ca_address.is_none(),
-        "fakeSelfInbound": false,
-        "selfTerminationDeadline": d(drain_deadline),
-        "proxyMetadata": proxy_metadata,
-        "numWorkerThreads": istio.worker_threads,
-        "requireOriginalSource": true,
-        "proxyArgs": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
-        "inpodUds": args.zds_socket,
-        "inpodPortReuse": !keepalive.no_port_reuse,
-        "packetMark": ztunnel::PROXY_MARK,
-        "socketConfig": {
-            "keepaliveTime": d(keepalive.keepalive.time),
-            "keepaliveInterval": d(keepalive.keepalive.interval),
-            "keepaliveRetries": keepalive.keepalive.retries,
-            "keepaliveEnabled": keepalive.keepalive.enabled,
-            "userTimeoutEnabled": keepalive.keepalive.user_timeout,
+    let redacted = |h: &[(tonic::metadata::AsciiMetadataKey, tonic::metadata::AsciiMetadataValue)]| {
+        h.iter().map(|(k, _)| RedactedHeader(k.as_str().to_string())).collect::<Vec<_>>()
+    };
+    let h2 = ztunnel::hbone::h2_sizes();
+    let ports = |ip: &str, port: u16| format!("{ip}:{port}");
+    let settings = Arc::new(Settings {
+        proxy: true,
+        dns_proxy: args.dns.dns_proxy,
+        window_size: h2.stream_window,
+        connection_window_size: h2.connection_window,
+        frame_size: h2.max_frame,
+        socks5_addr: None,
+        admin_addr: args.admin_addr.into(),
+        stats_addr: args.metrics_addr.into(),
+        readiness_addr: args.readiness_addr.into(),
+        inbound_addr: ports("0.0.0.0", ztunnel::ports::HBONE),
+        inbound_plaintext_addr: ports("0.0.0.0", ztunnel::ports::INBOUND_PLAINTEXT),
+        outbound_addr: ports("127.0.0.1", ztunnel::ports::OUTBOUND),
+        dns_proxy_addr: ListenAddress::Localhost(false, ztunnel::ports::DNS),
+        illegal_ports: vec![ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
+        network: istio.network.clone(),
+        proxy_mode: "Shared",
+        proxy_workload_information: None,
+        cluster_id: ia.cluster_id.clone(),
+        cluster_domain: args.dns.cluster_domain.clone(),
+        ca_address: ia.ca_address.clone(),
+        ca_root_cert: RootCertSource::of(&ia.ca_root_ca),
+        alt_ca_hostname: ia.alt_ca_hostname.clone(),
+        xds_address: ia.xds_address.clone(),
+        xds_root_cert: RootCertSource::of(&ia.xds_root_ca),
+        alt_xds_hostname: ia.alt_xds_hostname.clone(),
+        prefered_service_namespace: None,
+        secret_ttl: ttl,
+        xds_on_demand: false,
+        fake_ca: ia.ca_address.is_none(),
+        fake_self_inbound: false,
+        self_termination_deadline: drain_deadline,
+        proxy_metadata: ia.node_metadata.iter().filter(|(_, v)| v.is_string()).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        num_worker_threads: istio.worker_threads,
+        require_original_source: true,
+        proxy_args: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        inpod_uds: args.zds_socket.clone(),
+        inpod_port_reuse: !sockets.no_port_reuse,
+        packet_mark: ztunnel::PROXY_MARK,
+        socket_config: SocketConfig {
+            keepalive_time: sockets.keepalive.time,
+            keepalive_interval: sockets.keepalive.interval,
+            keepalive_retries: sockets.keepalive.retries,
+            keepalive_enabled: sockets.keepalive.enabled,
+            user_timeout_enabled: sockets.keepalive.user_timeout,
         },
-        "xdsHeaders": headers(&ia.xds_headers),
-        "caHeaders": headers(&ia.ca_headers),
-        "localhostAppTunnel": false,
-        "ztunnelIdentity": ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
-        "ipv6Enabled": false,
-        "crlPath": null,
-        // Ours.
-        "localXdsPath": args.local_xds_path,
-        "captureMode": format!("{:?}", args.capture).to_lowercase(),
-        "connectTimeout": d(Duration::from_millis(args.connect_timeout_ms)),
-        "dnsCapture": args.dns.dns_proxy && args.dns.dns_capture,
+        xds_headers: redacted(&ia.xds_headers),
+        ca_headers: redacted(&ia.ca_headers),
+        localhost_app_tunnel: istio.localhost_app_tunnel,
+        ztunnel_identity: ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
+        ipv6_enabled: false,
+        crl_path: None,
+        proxy_config: pcfg,
+        local_xds_path: args.local_xds_path.clone(),
+        capture_mode: format!("{:?}", args.capture).to_lowercase(),
+        dns_capture: args.dns.dns_proxy && args.dns.dns_capture,
     });
-    if let (Some(c), serde_json::Value::Object(rest)) = (config.as_object_mut(), rest) {
-        c.extend(rest);
-    }
+    let pcfg = &settings.proxy_config;
     let workload_states = Arc::new(ztunnel::proxy::WorkloadStates::default());
     let config_dump = {
-        let (state, certs, states) = (state.clone(), certs.clone(), workload_states.clone());
+        let (state, certs, states, settings) = (state.clone(), certs.clone(), workload_states.clone(), settings.clone());
         Box::new(move || {
-            let mut dump = ztunnel::admin::config_dump::dump(&state.load(), &certs, config.clone());
+            let config = serde_json::to_value(&*settings).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+            let mut dump = ztunnel::admin::config_dump::dump(&state.load(), &certs, config);
             if let Some(d) = dump.as_object_mut() {
                 d.insert("workloadState".into(), ztunnel::admin::config_dump::workload_state(&states.snapshot()));
             }
@@ -560,7 +549,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         state,
         certs,
         pool,
-        cfg: pcfg,
+        cfg: pcfg.clone(),
         metrics: metrics.clone(),
         drain: drain.clone(),
         dns,
@@ -676,6 +665,10 @@ mod tests {
         argv.extend(["--worker-threads", "25%"]);
         assert_eq!(parse(&argv, &[("ZTUNNEL_CPU_LIMIT", "8")]).unwrap().1.worker_threads, 2);
         assert_eq!(parse(BASE, &[]).unwrap().1.worker_threads, 2);
+        // LOCALHOST_APP_TUNNEL: on unless set false (Istio's default); not a bool is refused.
+        assert!(parse(BASE, &[]).unwrap().1.localhost_app_tunnel);
+        assert!(!parse(BASE, &[("LOCALHOST_APP_TUNNEL", "false")]).unwrap().1.localhost_app_tunnel);
+        assert!(parse(BASE, &[("LOCALHOST_APP_TUNNEL", "yes")]).unwrap_err().to_string().contains("LOCALHOST_APP_TUNNEL"));
     }
 
     #[test]

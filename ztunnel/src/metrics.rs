@@ -127,16 +127,16 @@ impl Metrics {
         self.hbone_rejections.get_or_create(&control::ReasonLabel { reason }).inc();
     }
 
-    pub fn opened(&self, l: &TcpLabels) {
-        self.opened.get_or_create(&self.bounded(l)).inc();
-    }
-
-    /// A connection that ended; `received` is what its client sent, `sent` what it got back.
-    pub fn closed(&self, l: &TcpLabels, received: u64, sent: u64) {
+    /// A connection that opened. Its counters are looked up now, so the connection keeps
+    /// three counter handles instead of its label set (about 1 KB of strings) until it ends.
+    pub fn opened(&self, l: &TcpLabels) -> OpenConnection {
         let l = self.bounded(l);
-        self.closed.get_or_create(&l).inc();
-        self.received.get_or_create(&l).inc_by(received);
-        self.sent.get_or_create(&l).inc_by(sent);
+        self.opened.get_or_create(&l).inc();
+        OpenConnection {
+            closed: self.closed.get_or_create(&l).clone(),
+            received: self.received.get_or_create(&l).clone(),
+            sent: self.sent.get_or_create(&l).clone(),
+        }
     }
 
     /// A connection that could not be set up (denied, no upstream, TLS failure...).
@@ -190,6 +190,22 @@ impl Metrics {
     }
 }
 
+/// The counters of an open connection, from [`Metrics::opened`].
+pub struct OpenConnection {
+    closed: Counter,
+    received: Counter,
+    sent: Counter,
+}
+
+impl OpenConnection {
+    /// The connection ended; `received` is what its client sent, `sent` what it got back.
+    pub fn closed(self, received: u64, sent: u64) {
+        self.closed.inc();
+        self.received.inc_by(received);
+        self.sent.inc_by(sent);
+    }
+}
+
 /// Keeps one socket counted as open.
 pub struct SocketGuard(Gauge);
 
@@ -209,8 +225,7 @@ mod tests {
         let base = TcpLabels::new("destination", Peer::default(), Peer::default(), None, true);
         for i in 0..(MAX_SERIES + 5_000) {
             let l = TcpLabels { source_workload: format!("peer-{i}"), ..base.clone() };
-            m.opened(&l);
-            m.closed(&l, 1, 1);
+            m.opened(&l).closed(1, 1);
         }
         let text = m.encode();
         let series = text.lines().filter(|l| l.starts_with("istio_tcp_connections_opened_total{")).count();
@@ -221,7 +236,7 @@ mod tests {
             .unwrap();
         assert!(overflow.ends_with(" 5000"), "{overflow}");
         // Known label sets still count after the bound is reached.
-        m.opened(&TcpLabels { source_workload: "peer-7".into(), ..base.clone() });
+        let _open = m.opened(&TcpLabels { source_workload: "peer-7".into(), ..base.clone() });
         assert!(m.encode().contains("source_workload=\"peer-7\""));
     }
 

@@ -11,10 +11,14 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use h2::{RecvStream, SendStream};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::ReadHalf;
 use tokio::net::TcpStream;
 
+/// Read buffer of a TCP to HBONE copy while data flows.
 const COPY_BUF: usize = 64 * 1024;
+/// Read buffer of a TCP to TCP copy while data flows.
+const TCP_COPY_BUF: usize = 32 * 1024;
 
 /// How many bytes a relay moved each way, until it ended (also when it failed).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -58,19 +62,17 @@ async fn idle_watchdog(counters: [&AtomicU64; 2], timeout: Option<Duration>) {
 }
 
 /// Relays between a client connection `a` and its upstream `b`, counting the connection
-/// in `metrics`; returns the bytes moved (`sent`: from the client), with the error if it
+/// in `conn` (opened by the caller); returns the bytes moved (`sent`: from the client), with the error if it
 /// failed. It ends early, with both sides reset, when `revoked` completes (a policy
 /// change that denies the connection) or when no byte moved either way for `idle`. An
 /// error resets both sides.
 pub(crate) async fn copy_tcp(
-    metrics: &crate::metrics::Metrics,
-    labels: &crate::metrics::TcpLabels,
+    conn: crate::metrics::OpenConnection,
     a: &mut TcpStream,
     b: &mut TcpStream,
     revoked: impl std::future::Future<Output = ()>,
     idle: Option<Duration>,
 ) -> Result<Transferred, (io::Error, Transferred)> {
-    metrics.opened(labels);
     let (from_client, to_client) = (AtomicU64::new(0), AtomicU64::new(0));
     let r = {
         let (mut ar, mut aw) = a.split();
@@ -84,7 +86,7 @@ pub(crate) async fn copy_tcp(
         }
     };
     let t = Transferred { sent: from_client.into_inner(), received: to_client.into_inner() };
-    metrics.closed(labels, t.sent, t.received);
+    conn.closed(t.sent, t.received);
     match r {
         Ok(()) => Ok(t),
         Err(e) => {
@@ -96,18 +98,26 @@ pub(crate) async fn copy_tcp(
 }
 
 /// One direction of a TCP relay: copies until EOF, then half-closes the other side.
-async fn copy_half(
-    from: &mut (impl AsyncRead + Unpin),
-    to: &mut (impl AsyncWrite + Unpin),
-    count: &AtomicU64,
-) -> io::Result<()> {
-    let mut buf = vec![0u8; 32 * 1024];
+async fn copy_half(from: &mut ReadHalf<'_>, to: &mut (impl AsyncWrite + Unpin), count: &AtomicU64) -> io::Result<()> {
+    let mut buf: Vec<u8> = Vec::new();
     loop {
-        let n = from.read(&mut buf).await?;
-        if n == 0 {
-            return to.shutdown().await;
+        if buf.capacity() == 0 {
+            // No buffer while quiet (an idle connection holds none): wait, then take one.
+            from.readable().await?;
+            buf.reserve(TCP_COPY_BUF);
         }
+        // Into the spare capacity: nothing to zero first.
+        let n = match from.try_read_buf(&mut buf) {
+            Ok(0) => return to.shutdown().await,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf = Vec::new();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         to.write_all(&buf[..n]).await?;
+        buf.clear();
         count.fetch_add(n as u64, Ordering::Relaxed);
     }
 }
@@ -150,15 +160,27 @@ pub async fn copy_tcp_h2(
     }
 }
 
-async fn tcp_to_h2<R: AsyncRead + Unpin>(
-    rd: &mut R,
-    send: &mut SendStream<Bytes>,
-    count: &AtomicU64,
-) -> Result<(), CopyError> {
-    let mut buf = BytesMut::with_capacity(COPY_BUF);
+async fn tcp_to_h2(rd: &mut ReadHalf<'_>, send: &mut SendStream<Bytes>, count: &AtomicU64) -> Result<(), CopyError> {
+    let mut buf = BytesMut::new();
     loop {
-        buf.reserve(COPY_BUF);
-        let n = rd.read_buf(&mut buf).await.map_err(CopyError::Tcp)?;
+        // Read what is there with the buffer in hand; when nothing is, give the buffer
+        // back before waiting, so an idle tunnel holds no read buffer (10,000 idle
+        // tunnels would otherwise keep a touched page or two of 64 KiB each).
+        if buf.capacity() == 0 {
+            rd.readable().await.map_err(CopyError::Tcp)?;
+            buf.reserve(COPY_BUF);
+        } else if buf.capacity() < COPY_BUF / 4 {
+            // What is left of the last allocation after the chunks went to h2: read large.
+            buf.reserve(COPY_BUF);
+        }
+        let n = match rd.try_read_buf(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                buf = BytesMut::new();
+                continue;
+            }
+            Err(e) => return Err(CopyError::Tcp(e)),
+        };
         if n == 0 {
             send.send_data(Bytes::new(), true).map_err(CopyError::Stream)?;
             return Ok(());

@@ -20,7 +20,7 @@ mod waypoint_tests;
 
 pub use self::address::{HboneAddress, NetworkAddress};
 pub use self::workload::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.
@@ -197,6 +197,27 @@ impl MeshState {
     /// decided by identity, not by membership of the waypoint Service.
     pub fn is_waypoint(&self, gw: &GatewayAddress, id: &Identity) -> bool {
         self.waypoint_identity(gw).is_some_and(|w| w == *id)
+    }
+
+    /// Whether `me` is a waypoint of the destination at `target` (the service with that
+    /// VIP, any of its waypoints; else the workload with that IP): what lets a CONNECT
+    /// whose target is not `me` itself in (Istio's sandwich, a waypoint behind ztunnel).
+    /// The waypoint must name `me` (its IP, or a Service `me` is an endpoint of) and `me`
+    /// must have the identity the waypoint is known by (`waypoint_identity`), so a pod
+    /// that joined the waypoint Service's selector is never taken for it.
+    pub fn is_waypoint_of(&self, target: IpAddr, me: &Workload) -> bool {
+        let names_me = |gw: &GatewayAddress| match &gw.destination {
+            GatewayDestination::Address(a) => {
+                me.workload_ips.contains(&a.address)
+                    || self.service_by_vip.get(&a.address).is_some_and(|s| me.services.contains_key(&s.namespaced_hostname()))
+            }
+            GatewayDestination::Hostname(h) => self.services.contains_key(h) && me.services.contains_key(h),
+        };
+        let verified = |gw: &GatewayAddress| names_me(gw) && self.is_waypoint(gw, &me.identity());
+        match self.service_by_vip(target) {
+            Some(svc) => svc.waypoints().any(verified),
+            None => self.workload_by_ip.get(&target).and_then(|w| w.waypoint.as_ref()).is_some_and(verified),
+        }
     }
 
     /// The waypoint workload behind a GatewayAddress: the workload at that IP, or an
@@ -398,6 +419,27 @@ pub fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16
         n -= c;
     }
     None
+}
+
+/// The waypoint a connection to `svc` goes through, as Istio's ztunnel picks it: one of
+/// `weighted_waypoints` at random, in proportion to the weights; with no weighted set,
+/// or one whose weights are all 0, the single `waypoint` (None: no waypoint).
+pub fn pick_waypoint(svc: &Service) -> Option<&GatewayAddress> {
+    let total: u64 = svc.weighted_waypoints.iter().map(|w| u64::from(w.weight)).sum();
+    let point = if total == 0 { 0 } else { rand::rng().random_range(0..total) };
+    pick_waypoint_at(svc, point)
+}
+
+/// `pick_waypoint` for a given point in `0..sum of weights`.
+fn pick_waypoint_at(svc: &Service, mut point: u64) -> Option<&GatewayAddress> {
+    for w in &svc.weighted_waypoints {
+        let weight = u64::from(w.weight);
+        if point < weight {
+            return Some(&w.destination);
+        }
+        point -= weight;
+    }
+    svc.waypoint.as_ref()
 }
 
 /// The current mesh state, replaced as a whole on every change; `changes` lets

@@ -9,6 +9,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper::upgrade::OnUpgrade;
 
 use super::backend::Backend;
 use super::body::{Counted, Metered, RequestBody};
@@ -17,6 +18,7 @@ use super::log::{grpc_status_label, RequestLog};
 use super::mirror::mirror_all;
 use super::plan::Plan;
 use super::reply::LocalReply;
+use super::upgrade;
 use crate::config::Config;
 use crate::context::Waypoint;
 use crate::lb::Picked;
@@ -86,13 +88,15 @@ fn idempotent(m: &Method) -> bool {
 /// no attempt got one.
 pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
     let Exchange { wp, cfg, mut log, grpc } = x;
-    let (parts, body) = req.into_parts();
-    let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || !plan.mirrors.to.is_empty();
+    let (mut parts, body) = req.into_parts();
+    // A WebSocket is not mirrored: a shadow upgrade would hold a connection for nothing.
+    let mirrors = plan.websocket.is_none() && !plan.mirrors.to.is_empty();
+    let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || mirrors;
     let mut req_body = match request_body(body, want_copy, &log).await {
         Ok(b) => b,
         Err(reply) => return reply.send(log, grpc),
     };
-    if let RequestBody::Buffered(b) = &req_body {
+    if let (RequestBody::Buffered(b), true) = (&req_body, mirrors) {
         mirror_all(wp, cfg, &plan.mirrors, &parts, b);
     }
     let attempts = Attempts::new(&plan, &parts.method, &req_body);
@@ -106,10 +110,15 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
     };
     match outcome {
         Ok((resp, picked)) => {
+            let ws = plan.websocket.as_ref().filter(|ws| ws.accepted(&resp));
             let (mut rparts, rbody) = resp.into_parts();
             strip_hop_by_hop(&mut rparts.headers);
             for m in plan.response_modifiers {
                 m.apply(&mut rparts.headers);
+            }
+            let ups = ws.and_then(|ws| Some((ws, parts.extensions.remove::<OnUpgrade>()?, rparts.extensions.remove::<OnUpgrade>()?)));
+            if let Some((ws, client, backend)) = ups {
+                return upgrade::relay(client, backend, rparts, ws, log, picked);
             }
             log.status = rparts.status.as_u16();
             if let Some(v) = rparts.headers.get("grpc-status") {

@@ -93,9 +93,13 @@ pub fn strip_port(host: &str) -> &str {
     host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map(|(h, _)| h).unwrap_or(host)
 }
 
-/// A copy of a request head, without its extensions.
+/// A copy of a request head, without its extensions but an extended CONNECT's
+/// `:protocol`.
 pub fn clone_parts(p: &http::request::Parts) -> http::request::Parts {
     let mut r = Request::new(());
+    if let Some(proto) = p.extensions.get::<hyper::ext::Protocol>() {
+        r.extensions_mut().insert(proto.clone());
+    }
     *r.method_mut() = p.method.clone();
     *r.uri_mut() = p.uri.clone();
     *r.version_mut() = p.version;

@@ -14,6 +14,7 @@ use super::headers::{authority, set_trusted_headers, strip_hop_by_hop, strip_por
 use super::log::Notes;
 use super::reply::LocalReply;
 use super::tunnel::Tunnel;
+use super::upgrade::{self, WebSocket};
 use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
@@ -46,6 +47,8 @@ pub struct Plan<'c> {
     pub mirrors: Mirrors<'c>,
     /// The route's response header modifiers, applied to the backend's response.
     pub response_modifiers: Vec<&'c HeaderModifier>,
+    /// A WebSocket upgrade (HTTP/1.1 or extended CONNECT): relayed once accepted.
+    pub websocket: Option<WebSocket>,
 }
 
 /// The route rule's timeouts (none without a route).
@@ -96,6 +99,8 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     let target_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
     let host_full = authority(parts);
 
+    // A WebSocket is planned as a GET with `upgrade: websocket`, whatever the version.
+    let websocket = upgrade::detect(parts);
     // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
     if parts.method == Method::CONNECT {
         return Err(LocalReply::new(StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint"));
@@ -122,6 +127,9 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     // set by a route, and identity headers are the waypoint's.
     strip_hop_by_hop(&mut parts.headers);
     set_trusted_headers(&mut parts.headers, inb.identity, &tunnel.src_identity, tunnel.src_addr.ip());
+    if websocket {
+        upgrade::mark(&mut parts.headers);
+    }
 
     let target_name = target_service.as_deref().map(object_name);
     let target = Target { gateway: inb.gateway, service: target_name.as_ref(), root_namespace: inb.root_namespace, port: tunnel.target.port() };
@@ -237,6 +245,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     if set_head_for(parts, &up_host, &pq, http2).is_err() {
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
     }
+    let websocket = websocket.then(|| upgrade::set_upstream_head(parts, client_http2, http2));
 
     let rule = selected.as_ref().map(|s| s.rule);
     Ok(Plan {
@@ -252,6 +261,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
             client_http2,
         },
         response_modifiers,
+        websocket,
     })
 }
 
@@ -372,6 +382,58 @@ mod tests {
         let (r, notes_api, _) = plan(&l7, get("/api/x"));
         assert!(r.is_ok(), "{r:?}");
         assert_eq!((notes.route, notes_api.route.as_deref()), (None, Some("default/echo#0")));
+    }
+
+    fn ws_get(path: &str) -> Request<()> {
+        Request::get(path)
+            .header("host", "echo.default.svc.cluster.local")
+            .header("connection", "Upgrade")
+            .header("upgrade", "websocket")
+            .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+            .body(())
+            .expect("request")
+    }
+
+    #[test]
+    fn websocket_upgrades_are_authorized_routed_and_kept() {
+        let l7 = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {paths: [/private]}}]}]}\n";
+        let (r, _, parts) = plan(l7, ws_get("/chat"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(parts.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+        assert_eq!(parts.headers.get("connection").map(|v| v.as_bytes()), Some(&b"upgrade"[..]));
+        assert!(parts.headers.contains_key("sec-websocket-key"));
+        assert_eq!(status(&plan(l7, ws_get("/private")).0), Some((403, "DENY")));
+        // Any other upgrade is dropped, as Envoy without upgrade config (h2c included).
+        let h2c = Request::get("/").header("host", "echo").header("connection", "upgrade, http2-settings").header("upgrade", "h2c").body(()).expect("request");
+        let (r, _, parts) = plan("", h2c);
+        assert!(r.is_ok());
+        assert!(parts.headers.get("upgrade").is_none() && parts.headers.get("connection").is_none());
+    }
+
+    #[test]
+    fn an_extended_connect_goes_to_each_backend_in_its_version() {
+        let connect = || {
+            let mut r = Request::connect("http://echo.default.svc.cluster.local/chat").version(http::Version::HTTP_2).body(()).expect("request");
+            r.extensions_mut().insert(hyper::ext::Protocol::from_static("websocket"));
+            r
+        };
+        // HTTP/1.1 backend (port of unknown protocol: an HTTP/2 client would get h2, so
+        // name it http): an upgrade GET.
+        let h1 = MESH.replace("ports: {80: 8080}}\n", "ports: {80: 8080}, appProtocols: {80: HTTP11}}\n");
+        let (r, _, parts) = plan_as(&h1, Protocol::Http2, "", connect());
+        assert_eq!(r.ok(), Some(false));
+        assert_eq!((parts.method.as_str(), parts.uri.to_string()), ("GET", "/chat".to_string()));
+        assert_eq!(parts.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+        // HTTP/2 backend: extended CONNECT again.
+        let h2 = MESH.replace("ports: {80: 8080}}\n", "ports: {80: 8080}, appProtocols: {80: HTTP2}}\n");
+        let (r, _, parts) = plan_as(&h2, Protocol::Http2, "", connect());
+        assert_eq!(r.ok(), Some(true));
+        assert_eq!(parts.method, Method::CONNECT);
+        assert_eq!(parts.extensions.get::<hyper::ext::Protocol>().map(|p| p.as_str()), Some("websocket"));
+        assert!(parts.headers.get("upgrade").is_none());
+        // Policies see the GET whatever the client's version.
+        let deny_get = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {methods: [GET]}}]}]}\n";
+        assert_eq!(plan_as(&h2, Protocol::Http2, deny_get, connect()).0.err().map(|e| e.status.as_u16()), Some(403));
     }
 
     #[test]

@@ -116,6 +116,8 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     m.insert("endpoints".into(), Value::Object(endpoints));
     m.insert("subjectAltNames".into(), json!(s.subject_alt_names));
     insert_unless_default(&mut m, "waypoint", s.waypoint.as_ref().map_or(Value::Null, gateway));
+    let weighted: Vec<Value> = s.weighted_waypoints.iter().map(|w| json!({ "destination": gateway(&w.destination), "weight": w.weight })).collect();
+    insert_unless_default(&mut m, "weightedWaypoints", Value::Array(weighted));
     insert_unless_default(&mut m, "ipFamilies", ip_families);
     insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| format!("/{}", c.0)).collect::<Vec<_>>()));
     if let Some(lb) = &s.load_balancer {
@@ -361,7 +363,8 @@ mod tests {
             "workloads:\n- {uid: u1, name: a, namespace: ns, serviceAccount: sa, workloadIps: [10.0.0.1], protocol: HBONE, node: n1, services: {ns/s.ns.svc: {80: 8080}}, waypoint: {destination: \"ns/wp.ns.svc.cluster.local\"}, applicationTunnel: {protocol: PROXY}}\n\
              - {uid: u2, name: b, namespace: ns, workloadIps: [10.0.0.2]}\n\
              - {uid: u3, name: c, namespace: ns, hostname: api.example.com, services: {ns/api.example.com: {443: 443}}}\n\
-             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}}\n\
+             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}, ingressUseWaypoint: true,\n\
+               weightedWaypoints: [{destination: {destination: \"/10.0.0.9\"}, weight: 9}, {destination: {destination: \"ns/canary.ns.svc.cluster.local\", hboneMtlsPort: 15009}, weight: 1}]}\n\
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
         )
         .unwrap();
@@ -374,6 +377,14 @@ mod tests {
         assert!(bad.is_empty(), "{bad:#?}\n{d:#}");
         assert_eq!(d["workloads"][0]["waypoint"]["destination"], "ns/wp.ns.svc.cluster.local");
         assert_eq!(d["services"][0]["waypoint"]["destination"], "/10.0.0.9");
+        // The weighted set in upstream's shape; ingress_use_waypoint is not in upstream's
+        // dump (its ztunnel does not keep it), so not in ours either.
+        assert_eq!(
+            d["services"][0]["weightedWaypoints"],
+            json!([{"destination": {"destination": "/10.0.0.9", "hboneMtlsPort": 15008}, "weight": 9},
+                   {"destination": {"destination": "ns/canary.ns.svc.cluster.local", "hboneMtlsPort": 15009}, "weight": 1}])
+        );
+        assert!(d["services"][0].get("ingressUseWaypoint").is_none());
         assert_eq!(d["workloads"][0]["applicationTunnel"], json!({"protocol": "PROXY", "port": null}));
         // A hostname workload: the name, no IPs; left out where it is empty (as upstream).
         assert_eq!((&d["workloads"][2]["hostname"], &d["workloads"][2]["workloadIps"]), (&json!("api.example.com"), &json!([])));
@@ -459,6 +470,7 @@ mod tests {
         assert_eq!(d["services"][0]["endpoints"]["u1"]["port"]["80"], 8080);
         assert_eq!(d["services"][0]["ipFamilies"], "IPv4");
         assert!(d["services"][0].get("waypoint").is_none(), "no waypoint: left out as upstream");
+        assert!(d["services"][0].get("weightedWaypoints").is_none(), "an empty set: left out as upstream");
         assert_eq!(d["certificates"][0]["certChain"].as_array().unwrap().len(), 1, "the leaf; the root is in rootCerts");
         assert_eq!(d["certificates"][0]["rootCerts"].as_array().unwrap().len(), 1);
         assert_eq!(d["policies"][0]["action"], "Deny");

@@ -258,7 +258,7 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     if env.bool("UNSTABLE_ENABLE_SOCKS5")? == Some(true) {
         warn("UNSTABLE_ENABLE_SOCKS5", "there is no SOCKS5 listener");
     }
-    for name in ["PREFERED_SERVICE_NAMESPACE", "PROXY_CONFIG", "ENABLE_RESPONSE_BAGGAGE", "LOCALHOST_APP_TUNNEL", "AUTHZ_POLICY_INFO_LOGGING"] {
+    for name in ["PREFERED_SERVICE_NAMESPACE", "PROXY_CONFIG", "ENABLE_RESPONSE_BAGGAGE", "AUTHZ_POLICY_INFO_LOGGING"] {
         if env.non_empty(name).is_some() {
             warn(name, "not implemented");
         }

@@ -81,14 +81,19 @@ async fn handle_stream(
             return respond(tx, StatusCode::BAD_REQUEST);
         }
     };
-    // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy port.
-    if target.ip() != local.ip() || target.ip() != pod.ip || ports::is_proxy_port(target.port()) {
-        tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target does not match this pod");
+    let state = inputs.state.load_full();
+    // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy
+    // port. Its target is this pod, or (Istio's sandwich: a waypoint behind ztunnel) a
+    // destination whose waypoint this pod is, verified as outbound verifies waypoints;
+    // either way the bytes go to this pod's app, on the target's port.
+    let to_waypoint = target.ip() != pod.ip;
+    if local.ip() != pod.ip || ports::is_proxy_port(target.port()) || (to_waypoint && !state.is_waypoint_of(target.ip(), pod.workload_in(&state))) {
+        tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target is neither this pod nor a destination it is the waypoint of");
         inputs.metrics.hbone_rejected("bad_request");
         return respond(tx, StatusCode::BAD_REQUEST);
     }
-    let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: target };
-    let state = inputs.state.load_full();
+    let app_addr = SocketAddr::new(pod.ip, target.port());
+    let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: app_addr };
     // The app sees the peer's address as the source (and ipBlocks policies match on it):
     // an address the mesh knows as another workload's must come with that workload's
     // identity, else one identity could act as another workload's IP.
@@ -123,9 +128,15 @@ async fn handle_stream(
         return respond(tx, StatusCode::UNAUTHORIZED);
     }
     // Sandwich mode: the app (typically a waypoint or a proxy in front of it) listens on
-    // its tunnel port and learns the client from a PROXY header instead of from TLS.
-    let deliver_to = app_tunnel.map_or(target, |t| SocketAddr::new(target.ip(), t.port_for(target.port())));
-    let mut upstream = match pod.netns.connect(deliver_to, Some(peer), inputs.cfg.connect_timeout).await {
+    // its tunnel port and learns the client and the target from a PROXY header instead of
+    // from TLS; with LOCALHOST_APP_TUNNEL (Istio's default) on loopback.
+    let (deliver_to, from) = delivery(app_addr, app_tunnel, inputs.cfg.localhost_app_tunnel, peer);
+    if deliver_to.ip().is_loopback() && deliver_to.port() == ports::DNS {
+        tracing::warn!(dst.addr = %deliver_to, "the application tunnel port is the DNS proxy's; refused");
+        inputs.metrics.failed(&labels, "CONNECT");
+        return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let mut upstream = match pod.netns.connect(deliver_to, from, inputs.cfg.connect_timeout).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot reach the application");
@@ -149,13 +160,14 @@ async fn handle_stream(
             return;
         }
     };
-    inputs.metrics.opened(&labels);
+    let conn = inputs.metrics.opened(&labels);
+    drop(labels);
     let r = copy_tcp_h2(&mut upstream, send, recv, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let t = match &r {
         Ok(t) | Err((_, t)) => *t,
     };
     // From the app's side: t.received went to the app (the client sent it), t.sent came back.
-    inputs.metrics.closed(&labels, t.received, t.sent);
+    conn.closed(t.received, t.sent);
     let (t, err) = match r {
         Ok(t) => (t, None),
         Err((CopyError::Stream(e), t)) => {
@@ -186,6 +198,23 @@ async fn handle_stream(
     .write();
 }
 
+/// Where an inbound connection for the app at `app` is delivered, and from which source
+/// (None: the proxy's own address). Without an application tunnel: `app`, from the
+/// client's address. With a PROXY tunnel: its port, from the client's address, or with
+/// `localhost` (Istio's LOCALHOST_APP_TUNNEL) on loopback from loopback, so the app's
+/// tunnel port can listen on loopback only and nothing reaches it around ztunnel; the
+/// client is in the PROXY header either way.
+fn delivery(app: SocketAddr, tunnel: Option<crate::state::ApplicationTunnel>, localhost: bool, client: SocketAddr) -> (SocketAddr, Option<SocketAddr>) {
+    match tunnel {
+        None => (app, Some(client)),
+        Some(t) if localhost => {
+            let lo: std::net::IpAddr = if app.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() };
+            (SocketAddr::new(lo, t.port_for(app.port())), None)
+        }
+        Some(t) => (SocketAddr::new(app.ip(), t.port_for(app.port())), Some(client)),
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub(super) enum AppTunnelError {
     #[error(transparent)]
@@ -205,4 +234,24 @@ pub(super) async fn write_proxy_header(upstream: &mut TcpStream, src: SocketAddr
     let header = crate::proxy_protocol::encode(src, dst, &tlvs)?;
     upstream.write_all(&header).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{ApplicationTunnel, ApplicationTunnelProtocol};
+
+    #[test]
+    fn deliveries_with_and_without_an_application_tunnel() {
+        let (app, client): (SocketAddr, SocketAddr) = ("10.0.0.2:8080".parse().unwrap(), "10.0.0.1:40000".parse().unwrap());
+        let proxy = |port| Some(ApplicationTunnel { protocol: ApplicationTunnelProtocol::PROXY, port });
+        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
+        // No tunnel: the target port, from the client (LOCALHOST_APP_TUNNEL is for tunnels only).
+        assert_eq!(delivery(app, None, true, client), (app, Some(client)));
+        // PROXY: the tunnel port (or the target's), on loopback from loopback by default ...
+        assert_eq!(delivery(app, proxy(Some(15088)), true, client), (at("127.0.0.1:15088"), None));
+        assert_eq!(delivery(app, proxy(None), true, client), (at("127.0.0.1:8080"), None));
+        // ... or on the pod's address from the client's with LOCALHOST_APP_TUNNEL=false.
+        assert_eq!(delivery(app, proxy(Some(15088)), false, client), (at("10.0.0.2:15088"), Some(client)));
+    }
 }

@@ -80,7 +80,9 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             return reset(stream);
         }
     }
-    let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
+    let conn = inputs.metrics.opened(&labels);
+    drop(labels);
+    let r = copy_tcp(conn, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
     let (t, error) = match r {
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),

@@ -123,11 +123,28 @@ fn via_waypoint(
     })
 }
 
+/// Through one of `svc`'s waypoints, picked by weight when it names a weighted set
+/// (`pick_waypoint`); None: no waypoint, or the source is one of them (its own traffic
+/// goes on direct, and a canary's is never sent to the primary). A weighted set with
+/// nothing to pick (all weights 0, no primary) refuses rather than skip the waypoints.
+fn service_waypoint(state: &MeshState, src: &Identity, svc: &Arc<Service>, dst: SocketAddr) -> Option<Route> {
+    if svc.waypoints().any(|gw| state.waypoint_identity(gw).as_ref() == Some(src)) {
+        return None;
+    }
+    match crate::state::pick_waypoint(svc) {
+        Some(gw) => via_waypoint(state, src, gw, dst, Some(svc)),
+        None if !svc.weighted_waypoints.is_empty() => {
+            Some(Route::NoHealthyEndpoint(format!("{} (its weighted waypoints all weigh 0)", svc.namespaced_hostname())))
+        }
+        None => None,
+    }
+}
+
 /// `src_wl` as the current state has it (its locality picks endpoints); `src` the
 /// identity the pod was enrolled with (its certificate).
 fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) -> Route {
     if let Some(svc) = state.service_by_vip(dst.ip()) {
-        if let Some(r) = svc.waypoint.as_ref().and_then(|gw| via_waypoint(state, src, gw, dst, Some(svc))) {
+        if let Some(r) = service_waypoint(state, src, svc, dst) {
             return r;
         }
         // PASSTHROUGH: the service names the traffic (waypoint, policy, metrics), the
@@ -208,7 +225,9 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
                     return reset(stream);
                 }
             };
-            let r = copy_tcp(&inputs.metrics, &labels, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
+            let conn = inputs.metrics.opened(&labels);
+            drop(labels);
+            let r = copy_tcp(conn, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
             let (t, error) = match r {
                 Ok(t) => (t, None),
                 Err((e, t)) => (t, Some(e.to_string())),
@@ -258,13 +277,14 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             };
             let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
                 Ok((send, recv, guard)) => {
-                    inputs.metrics.opened(&labels);
+                    let conn = inputs.metrics.opened(&labels);
+                    drop(labels);
                     let r = copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
                     drop(guard);
                     let t = match &r {
                         Ok(t) | Err((_, t)) => *t,
                     };
-                    inputs.metrics.closed(&labels, t.sent, t.received);
+                    conn.closed(t.sent, t.received);
                     match r {
                         Ok(t) => (None, t),
                         Err((CopyError::Stream(e), t)) => {
@@ -471,6 +491,42 @@ mod tests {
             tunnel(&route_from(&st, "wp", "10.0.0.4:5432")),
             "hbone db 10.0.0.4:5432 via 10.0.0.4:15008 expecting spiffe://cluster.local/ns/default/sa/db"
         );
+    }
+
+    #[test]
+    fn a_weighted_set_of_waypoints_shares_the_traffic_and_their_own_goes_direct() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(&format!(
+            "- {{uid: client, name: client, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.1], protocol: HBONE}}
+- {{uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2], protocol: HBONE,
+   services: {{default/echo.default.svc.cluster.local: {{80: 8080}}, default/off.default.svc.cluster.local: {{80: 8080}}}}}}
+- {{uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: HBONE,
+   services: {{{WP}: {{15008: 15008}}}}}}
+- {{uid: wp2, name: wp2, namespace: default, serviceAccount: waypoint-canary, workloadIps: [10.0.0.8], protocol: HBONE}}"
+        ))
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(&format!(
+            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {{80: 8080}},
+   waypoint: {{destination: {WP}}}, weightedWaypoints: [{{destination: {{destination: {WP}}}, weight: 3}}, {{destination: {{destination: /10.0.0.8}}, weight: 1}}]}}
+- {{name: off, namespace: default, hostname: off.default.svc.cluster.local, vips: [/10.96.0.11], ports: {{80: 8080}},
+   weightedWaypoints: [{{destination: {{destination: /10.0.0.8}}, weight: 0}}]}}
+- {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {{15008: 15008}}}}"
+        ))
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        let mut seen = std::collections::BTreeMap::new();
+        for _ in 0..400 {
+            *seen.entry(tunnel(&route_from(&st, "client", "10.96.0.10:80"))).or_insert(0) += 1;
+        }
+        let primary = "hbone wp 10.96.0.10:80 via 10.0.0.9:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint";
+        let canary = "hbone wp2 10.96.0.10:80 via 10.0.0.8:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint-canary";
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!((50..=150).contains(&seen[canary]) && seen[primary] + seen[canary] == 400, "about 1 in 4 to the canary: {seen:?}");
+        // Either waypoint's own traffic goes to the endpoint, never to the other waypoint.
+        assert_eq!(peer(&route_from(&st, "wp", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+        assert_eq!(peer(&route_from(&st, "wp2", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+        // A set of waypoints none of which may take traffic, and no primary: refused.
+        let r = peer(&route_from(&st, "client", "10.96.0.11:80"));
+        assert!(r.starts_with("refused: default/off.default.svc.cluster.local (its weighted waypoints all weigh 0)"), "{r}");
     }
 
     #[test]

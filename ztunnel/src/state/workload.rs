@@ -345,6 +345,17 @@ pub struct Service {
     /// Traffic to this service's VIPs goes through this waypoint.
     #[serde(default)]
     pub waypoint: Option<GatewayAddress>,
+    /// Istio's weighted set of waypoints (a canary between two): when not empty, each
+    /// connection goes through one picked by weight (`state::pick_waypoint`); `waypoint`
+    /// stays the primary, for proxies that do not know the set.
+    #[serde(default)]
+    pub weighted_waypoints: Vec<WeightedWaypoint>,
+    /// Istio's `ingress_use_waypoint`: ingress (and east-west) gateways send this
+    /// service's traffic through its waypoint rather than straight to its endpoints.
+    /// Gateways act on it (istiod programs them by it); a node proxy's routing does not
+    /// change by it, as in Istio's ztunnel.
+    #[serde(default)]
+    pub ingress_use_waypoint: bool,
     /// VIP ranges (Istio's CIDR VIPs, `NetworkAddress.length`): every address in them
     /// is this service's, unless an exact VIP or a longer range says otherwise.
     #[serde(default)]
@@ -381,6 +392,16 @@ impl Service {
     pub fn app_protocol(&self, service_port: u16) -> AppProtocol {
         self.app_protocols.get(&service_port).copied().unwrap_or_default()
     }
+}
+
+/// One waypoint of a weighted set (Istio's WeightedWaypoint): picked for a share
+/// `weight / sum of weights` of the connections; weight 0 is listed but never picked.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightedWaypoint {
+    pub destination: GatewayAddress,
+    #[serde(default)]
+    pub weight: u32,
 }
 
 /// Istio's LoadBalancing of a service (local config: `loadBalancer`).
@@ -425,6 +446,12 @@ pub enum LoadBalancerScope {
 }
 
 impl Service {
+    /// Every waypoint the service names: the primary, then the weighted set. A proxy
+    /// that is any of them serves the service (and its own traffic to it goes direct).
+    pub fn waypoints(&self) -> impl Iterator<Item = &GatewayAddress> {
+        self.waypoint.iter().chain(self.weighted_waypoints.iter().map(|w| &w.destination))
+    }
+
     pub fn lb_mode(&self) -> LoadBalancerMode {
         self.load_balancer.as_ref().map(|lb| lb.mode).unwrap_or_default()
     }

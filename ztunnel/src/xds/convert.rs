@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
     WorkloadUid,
 };
 
@@ -250,10 +250,19 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         };
         app_protocols.insert(port(p.service_port, &at("ports"))?, proto);
     }
+    let mut weighted_waypoints = Vec::with_capacity(s.weighted_waypoints.len());
+    for (i, w) in s.weighted_waypoints.into_iter().enumerate() {
+        let field = at(&format!("weighted_waypoints[{i}].destination"));
+        // As for `waypoint`: an entry we cannot place is refused, never skipped.
+        let destination = gateway(w.destination, &field)?.ok_or_else(|| format!("{field}: a weighted waypoint needs a destination"))?;
+        weighted_waypoints.push(WeightedWaypoint { destination, weight: w.weight });
+    }
     Ok(Service {
         app_protocols,
         ports: port_map(&s.ports, &at("ports"))?,
         waypoint: gateway(s.waypoint, &at("waypoint"))?,
+        weighted_waypoints,
+        ingress_use_waypoint: s.ingress_use_waypoint,
         name: s.name,
         namespace: s.namespace,
         hostname: s.hostname,
@@ -460,6 +469,48 @@ mod tests {
     }
 
     #[test]
+    fn weighted_waypoints_and_ingress_use_waypoint() {
+        let at_ip = |ip: [u8; 4]| pb::GatewayAddress {
+            destination: Some(pb::gateway_address::Destination::Address(pb::NetworkAddress { network: String::new(), address: ip.to_vec(), length: None })),
+            hbone_mtls_port: 0,
+        };
+        let base = pb::Service {
+            name: "echo".into(),
+            namespace: "default".into(),
+            hostname: "echo.default.svc.cluster.local".into(),
+            waypoint: Some(at_ip([10, 0, 0, 9])),
+            ingress_use_waypoint: true,
+            ..Default::default()
+        };
+        let s = service(pb::Service {
+            weighted_waypoints: vec![
+                pb::WeightedWaypoint { destination: Some(at_ip([10, 0, 0, 9])), weight: 90 },
+                pb::WeightedWaypoint { destination: Some(pb::GatewayAddress { hbone_mtls_port: 15009, ..at_ip([10, 0, 0, 8]) }), weight: 10 },
+            ],
+            ..base.clone()
+        })
+        .unwrap();
+        assert!(s.ingress_use_waypoint);
+        // Istio's field numbers: ingress_use_waypoint 12 (varint), weighted_waypoints 13
+        // (a message: destination 1, weight 2).
+        let only = pb::Service {
+            ingress_use_waypoint: true,
+            weighted_waypoints: vec![pb::WeightedWaypoint { destination: None, weight: 7 }],
+            ..Default::default()
+        };
+        assert_eq!(prost::Message::encode_to_vec(&only), [12 << 3, 1, 13 << 3 | 2, 2, 2 << 3, 7]);
+        let got: Vec<(String, u16, u32)> =
+            s.weighted_waypoints.iter().map(|w| (w.destination.destination.to_string(), w.destination.hbone_mtls_port, w.weight)).collect();
+        assert_eq!(got, [("/10.0.0.9".to_string(), 15008, 90), ("/10.0.0.8".to_string(), 15009, 10)]);
+        // An entry without a place to go is refused (NACKed), never dropped from the set.
+        let err = service(pb::Service { weighted_waypoints: vec![pb::WeightedWaypoint { destination: None, weight: 1 }], ..base.clone() }).unwrap_err();
+        assert!(err.contains("weighted_waypoints[0].destination: a weighted waypoint needs a destination"), "{err}");
+        let empty = pb::GatewayAddress { destination: None, hbone_mtls_port: 0 };
+        let err = service(pb::Service { weighted_waypoints: vec![pb::WeightedWaypoint { destination: Some(empty), weight: 1 }], ..base }).unwrap_err();
+        assert!(err.contains("weighted_waypoints[0].destination: a waypoint needs an address or a hostname"), "{err}");
+    }
+
+    #[test]
     fn services_and_waypoints() {
         let s = service(pb::Service {
             name: "echo".into(),
@@ -488,6 +539,7 @@ mod tests {
         let wp = s.waypoint.unwrap();
         assert_eq!(wp.hbone_mtls_port, 15008);
         assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
+        assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
         let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
         assert!(bad.unwrap_err().contains("subject_alt_names"));
     }
