@@ -369,7 +369,7 @@ mod tests {
         let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("authorization", format!("Bearer {bad}")).body(()).expect("request");
         let (r, _, _) = plan(&l7, req);
         assert_eq!(status(&r), Some((401, "-")));
-        let e = r.err().expect("refused");
+        let e = r.expect_err("refused");
         assert_eq!(e.message, "Jwt verification fails");
         assert_eq!(e.www_authenticate.as_deref(), Some("Bearer realm=\"http://echo.default.svc.cluster.local/\", error=\"invalid_token\""));
     }
