@@ -911,10 +911,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.delete("authorizationpolicies", "deny-admin");
     wait_for_status(&mut c, "/admin", 200).await?;
 
-    // An ALLOW the waypoint cannot enforce (JWT) denies every request to its target
-    // instead of vanishing (which would allow everyone).
+    // An ALLOW the waypoint cannot enforce (a condition it does not know) denies every
+    // request to its target instead of vanishing (which would allow everyone).
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "jwt-only"},
-        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}}));
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"when": [{"key": "connection.sni", "values": ["x"]}]}]}}));
     wait_for_status(&mut c, "/x", 403).await.with_context(|| waypoint.log_text())?;
     assert!(waypoint.log_text().contains("denying every request to its targets"), "{}", waypoint.log_text());
     let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
@@ -922,6 +922,31 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert!(text.lines().any(|l| l == "ztunnel_unenforceable_policies{source=\"kubernetes\"} 1"), "{text}");
     kube.delete("authorizationpolicies", "jwt-only");
     wait_for_status(&mut c, "/x", 200).await?;
+
+    // A RequestAuthentication arrives from Kubernetes: a token of another issuer is 401.
+    let jwk = json!({"keys": [{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]});
+    kube.apply("requestauthentications", json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication", "metadata": {"name": "jwt"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "jwtRules": [{"issuer": "https://idp.example", "jwks": jwk.to_string()}]}}));
+    let other = format!("Bearer {}.{}.AAAA", b64url(br#"{"alg":"ES256"}"#), b64url(br#"{"iss":"https://other.example","sub":"x"}"#));
+    let mut got = 0;
+    for _ in 0..50 {
+        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        if got == 401 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, 401, "{}", waypoint.log_text());
+    assert_eq!(c.get("/x").await?.status, 200, "no token: passes on");
+    kube.delete("requestauthentications", "jwt");
+    for _ in 0..50 {
+        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        if got == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(got, 200, "the RequestAuthentication is gone");
 
     // shop/cart drops its labels: the label watch loses it (istiod still routes it here,
     // so its route stays in force).
@@ -1252,6 +1277,152 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
     assert!(line.contains("400 succeeded, 0 failed"), "{line}\n{out}");
     let codes = out.lines().find(|l| l.starts_with("status codes:")).unwrap_or_default().to_string();
     assert!(codes.starts_with("status codes: 400 2xx"), "{codes}");
+    Ok(())
+}
+
+/// A signing key the test makes and its public JWK.
+struct TestKey {
+    enc: jsonwebtoken::EncodingKey,
+    alg: jsonwebtoken::Algorithm,
+    jwk: serde_json::Value,
+}
+
+fn b64url(b: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+/// ES256 with rcgen (P-256, PKCS#8).
+fn es256_key(kid: &str) -> Result<TestKey> {
+    let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
+    let raw = kp.public_key_raw();
+    let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "x": b64url(&raw[1..33]), "y": b64url(&raw[33..65])});
+    Ok(TestKey { enc: jsonwebtoken::EncodingKey::from_ec_der(&kp.serialize_der()), alg: jsonwebtoken::Algorithm::ES256, jwk })
+}
+
+/// RS256 with the openssl CLI (2048 bits, PKCS#1).
+fn rs256_key(dir: &std::path::Path, kid: &str) -> Result<TestKey> {
+    let pem = dir.join(format!("{kid}.pem"));
+    let der = dir.join(format!("{kid}.der"));
+    let run = |args: &[&str]| -> Result<String> {
+        let out = std::process::Command::new("openssl").args(args).output().context("openssl")?;
+        anyhow::ensure!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (pem_s, der_s) = (pem.display().to_string(), der.display().to_string());
+    run(&["genrsa", "-out", &pem_s, "2048"])?;
+    run(&["rsa", "-in", &pem_s, "-traditional", "-outform", "DER", "-out", &der_s])?;
+    let modulus = run(&["rsa", "-in", &pem_s, "-noout", "-modulus"])?;
+    let hex = modulus.trim().trim_start_matches("Modulus=");
+    let n = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16)).collect::<Result<Vec<u8>, _>>()?;
+    let jwk = serde_json::json!({"kty": "RSA", "kid": kid, "alg": "RS256", "n": b64url(&n), "e": "AQAB"});
+    Ok(TestKey { enc: jsonwebtoken::EncodingKey::from_rsa_der(&std::fs::read(&der)?), alg: jsonwebtoken::Algorithm::RS256, jwk })
+}
+
+fn sign(k: &TestKey, claims: serde_json::Value) -> Result<String> {
+    let mut h = jsonwebtoken::Header::new(k.alg);
+    h.kid = k.jwk["kid"].as_str().map(str::to_string);
+    Ok(jsonwebtoken::encode(&h, &claims, &k.enc)?)
+}
+
+/// RequestAuthentication in the waypoint: RS256 tokens against an inline JWKS, ES256
+/// ones against a jwksUri served by a small HTTP server in the waypoint's pod (fetched,
+/// then kept when the server goes away), an ALLOW on requestPrincipals and a DENY on a
+/// claim, the token removed before the backend and a claim copied to a header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_request_authentication_with_jwt() -> Result<()> {
+    use serde_json::json;
+    let keydir = std::env::temp_dir().join(format!("wp-jwt-{}", std::process::id()));
+    std::fs::create_dir_all(&keydir)?;
+    let rsa = rs256_key(&keydir, "rsa-1");
+    let _ = std::fs::remove_dir_all(&keydir);
+    let (rsa, ec, stranger) = (rsa?, es256_key("ec-1")?, es256_key("ec-1")?);
+    let inline = json!({"keys": [rsa.jwk.clone()]}).to_string();
+    let policies = |ec_rule: &str| {
+        format!(
+            "requestAuthentications:\n\
+             - name: jwt\n  namespace: default\n  targetRefs: [{{kind: Service, group: \"\", name: echo}}]\n  jwtRules:\n\
+             \x20 - {{issuer: https://rsa.example, jwks: '{inline}', outputClaimToHeaders: [{{header: x-jwt-sub, claim: sub}}]}}\n{ec_rule}\
+             authorizationPolicies:\n\
+             - name: need-jwt\n  namespace: default\n  targetRefs: [{{kind: Service, group: \"\", name: echo}}]\n  action: ALLOW\n\
+             \x20 rules: [{{from: [{{source: {{requestPrincipals: ['https://rsa.example/*', 'https://ec.example/*']}}}}]}}]\n\
+             - name: gold-only\n  namespace: default\n  targetRefs: [{{kind: Service, group: \"\", name: echo}}]\n  action: DENY\n\
+             \x20 rules: [{{to: [{{operation: {{paths: [/premium]}}}}], when: [{{key: 'request.auth.claims[plan][tier]', notValues: [gold]}}]}}]\n"
+        )
+    };
+    let m = L7Mesh::start("l7j", &policies(""), &[("JWKS_REFRESH_INTERVAL_SECONDS", "1")]).await?;
+    let mut c = m.h1().await?;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let claims = |iss: &str, tier: &str| json!({"iss": iss, "sub": "alice", "exp": now + 3600, "plan": {"tier": tier}});
+    let bearer = |t: &str| format!("Bearer {t}");
+
+    let good = sign(&rsa, claims("https://rsa.example", "gold"))?;
+    let r = c.request("GET", "/x", &[("authorization", &bearer(&good))]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert!(r.echoed("authorization").is_empty(), "the token reached the backend: {r:?}");
+    assert_eq!(r.echoed("x-jwt-sub"), ["alice"]);
+    // No token: not authenticated, so the ALLOW on requestPrincipals denies.
+    let r = c.get("/x").await?;
+    assert_eq!((r.status.as_u16(), r.body.trim()), (403, "RBAC: access denied"));
+    // A bad signature, an expired token, an unknown issuer: 401 whatever the policies.
+    // The good token with its payload swapped for another subject's.
+    let mut parts: Vec<String> = good.split('.').map(str::to_string).collect();
+    let mut admin = claims("https://rsa.example", "gold");
+    admin["sub"] = json!("admin");
+    parts[1] = b64url(admin.to_string().as_bytes());
+    let forged = parts.join(".");
+    let mut old = claims("https://rsa.example", "gold");
+    old["exp"] = json!(now - 3600);
+    let expired = sign(&rsa, old)?;
+    let unknown = sign(&rsa, claims("https://other.example", "gold"))?;
+    for (t, body) in [(&forged, "Jwt verification fails"), (&expired, "Jwt is expired"), (&unknown, "Jwt issuer is not configured")] {
+        let r = c.request("GET", "/x", &[("authorization", &bearer(t))]).await?;
+        assert_eq!((r.status.as_u16(), r.body.trim()), (401, body), "{r:?}");
+        assert_eq!(r.headers.get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer realm=\"http://echo.default.svc.cluster.local/x\", error=\"invalid_token\""));
+    }
+    // The claim-based DENY.
+    let silver = sign(&rsa, claims("https://rsa.example", "silver"))?;
+    let r = c.request("GET", "/premium", &[("authorization", &bearer(&silver))]).await?;
+    assert_eq!(r.status, 403, "{r:?}");
+    let r = c.request("GET", "/premium", &[("authorization", &bearer(&good))]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+
+    // ES256 keys from a jwksUri: a small HTTP server in the waypoint's pod.
+    let pod = &m.mesh.topo.pod("n1p2");
+    let www = m.mesh.topo.dir.join("jwks");
+    std::fs::create_dir_all(&www)?;
+    std::fs::write(www.join("jwks.json"), json!({"keys": [ec.jwk.clone()]}).to_string())?;
+    let www_s = www.display().to_string();
+    let mut server = pod.netns.spawn("python3", &["-m", "http.server", "18080", "--bind", "127.0.0.1", "--directory", &www_s], &[], &m.mesh.topo.dir.join("jwks-server.log"))?;
+    let mut up = false;
+    for _ in 0..100 {
+        if let Ok(mut h) = http_app::H1Client::connect(&pod.netns, "127.0.0.1:18080".parse()?, "localhost").await {
+            if h.get("/jwks.json").await.is_ok_and(|r| r.status == 200) {
+                up = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::ensure!(up, "the JWKS server did not start");
+    let ec_rule = "  - {issuer: https://ec.example, jwksUri: 'http://127.0.0.1:18080/jwks.json', timeout: 2s}\n";
+    let tmp = m.cfg_path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{}{}", m.base, policies(ec_rule)))?;
+    std::fs::rename(&tmp, &m.cfg_path)?;
+    m.waypoint.wait_log("JWKS fetched", Duration::from_secs(10))?;
+    let ec_good = sign(&ec, claims("https://ec.example", "gold"))?;
+    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_good))]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    let ec_forged = sign(&stranger, claims("https://ec.example", "gold"))?;
+    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_forged))]).await?;
+    assert_eq!(r.status, 401, "{r:?}");
+    // The server goes away: refreshes fail, the last good keys stay in force.
+    server.stop();
+    m.waypoint.wait_log("JWKS fetch failed", Duration::from_secs(10))?;
+    assert!(m.log().contains("kept_last_good_keys=true"), "{}", m.log());
+    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_good))]).await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(m.log().contains("authn.principal=https://ec.example/alice") || m.log().contains("authn.principal=\"https://ec.example/alice\""), "{}", m.log());
     Ok(())
 }
 

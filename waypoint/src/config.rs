@@ -12,6 +12,7 @@ use serde::Deserialize;
 use ztunnel::config::LocalConfig;
 use ztunnel::state::MeshState;
 
+use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::k8s::L7Config;
 use crate::route::HttpRoute;
@@ -32,13 +33,14 @@ pub struct Config {
     pub state: Arc<MeshState>,
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
+    pub authentications: Vec<RequestAuthentication>,
     /// The L7 part for the admin endpoint: the routes and policies as they were read
     /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
     /// also what was rejected and who uses the waypoint (see `k8s`).
     pub dump: Arc<serde_json::Value>,
 }
 
-/// The waypoint's part of the local config file: its two L7 lists. The rest is
+/// The waypoint's part of the local config file: its L7 lists. The rest is
 /// ztunnel's `LocalConfig`, which checks it (and only accepts these two).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -47,9 +49,11 @@ struct L7Lists {
     http_routes: Vec<HttpRoute>,
     #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
+    #[serde(default)]
+    request_authentications: Vec<RequestAuthentication>,
 }
 
-/// The same two lists as written, for the admin endpoint.
+/// The same lists as written, for the admin endpoint.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawL7Lists {
@@ -57,6 +61,8 @@ struct RawL7Lists {
     http_routes: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
+    #[serde(default)]
+    request_authentications: Vec<serde_json::Value>,
 }
 
 impl Config {
@@ -78,20 +84,37 @@ impl Config {
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
+        for (i, a) in l7.request_authentications.iter().enumerate() {
+            a.validate().map_err(|e| invalid(format!("requestAuthentications[{i}].{e} (RequestAuthentication {}/{})", a.namespace, a.name)))?;
+        }
         let raw: RawL7Lists =
             serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let dump = serde_json::json!({
             "source": format!("file {}", path.display()),
             "httpRoutes": raw.http_routes,
             "authorizationPolicies": raw.authorization_policies,
+            "requestAuthentications": raw.request_authentications,
         });
-        Ok(Config { state: Arc::new(mesh.into_state(path)?), routes: l7.http_routes, policies: l7.authorization_policies, dump: Arc::new(dump) })
+        Ok(Config {
+            state: Arc::new(mesh.into_state(path)?),
+            routes: l7.http_routes,
+            policies: l7.authorization_policies,
+            authentications: l7.request_authentications,
+            dump: Arc::new(dump),
+        })
+    }
+
+    /// Every jwksUri the config's RequestAuthentications need fetched, with its timeout.
+    /// (`openid:<issuer>` for one found by OpenID discovery).
+    pub fn jwks_uris(&self) -> Vec<(String, Duration)> {
+        let rules = self.authentications.iter().flat_map(|a| a.jwt_rules.iter());
+        rules.filter_map(|r| r.jwks_source().map(|s| (s, r.fetch_timeout()))).collect()
     }
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "authorizationPolicies": [] });
-        Config { state, routes: Vec::new(), policies: Vec::new(), dump: Arc::new(dump) }
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        Config { state, routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), dump: Arc::new(dump) }
     }
 }
 
@@ -118,12 +141,21 @@ pub async fn combine(
     state: Arc<ztunnel::state::SharedState>,
     mut l7: tokio::sync::watch::Receiver<Option<Arc<L7Config>>>,
     current: Arc<ArcSwap<Config>>,
+    on_change: impl Fn(&Config) + Send + 'static,
 ) {
     let mut changes = state.changes();
     loop {
         let l = l7.borrow_and_update().clone().unwrap_or_default();
         let dump = if l.dump.is_null() { Config::empty(state.load_full()).dump } else { l.dump.clone() };
-        current.store(Arc::new(Config { state: state.load_full(), routes: l.routes.clone(), policies: l.policies.clone(), dump }));
+        let cfg = Config {
+            state: state.load_full(),
+            routes: l.routes.clone(),
+            policies: l.policies.clone(),
+            authentications: l.authentications.clone(),
+            dump,
+        };
+        on_change(&cfg);
+        current.store(Arc::new(cfg));
         tokio::select! {
             r = changes.changed() => if r.is_err() { return },
             r = l7.changed() => if r.is_err() { return },
@@ -174,6 +206,16 @@ mod tests {
         let e = err("authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], rules: [{to: [{operation: {paths: ['/a/../admin']}}]}]}\n");
         assert!(e.contains("authorizationPolicies[0].rules[0].to[0].operation.paths[0]: \"/a/../admin\" is not in normalized form"), "{e}");
         assert!(e.ends_with("(AuthorizationPolicy default/p)"), "{e}");
+    }
+
+    #[test]
+    fn request_authentications_load_and_name_their_jwks_uris() {
+        let ra = "requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i, jwksUri: 'http://idp/jwks', timeout: 2s}]}\n";
+        let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{ra}")).unwrap();
+        assert_eq!(cfg.jwks_uris(), [("http://idp/jwks".to_string(), Duration::from_secs(2))]);
+        assert_eq!(cfg.dump["requestAuthentications"][0]["name"], "jwt");
+        let e = err("requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i}]}\n");
+        assert!(e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required unless") && e.ends_with("(RequestAuthentication default/jwt)"), "{e}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use ztunnel::metrics::http::HttpMetrics;
 use ztunnel::netns::InPodNetns;
 use ztunnel::state::Workload;
 
+use crate::authn::JwksStore;
 use crate::config::Config;
 use crate::lb::Balancer;
 use crate::object::ObjectName;
@@ -35,6 +36,8 @@ pub struct Waypoint {
     pub metrics: Arc<ztunnel::metrics::Metrics>,
     pub drain: Arc<Drain>,
     pub detect_timeout: Duration,
+    /// The key sets of the config's jwksUris, kept fresh in the background.
+    pub jwks: Arc<JwksStore>,
     /// Bounds mirrored requests in flight.
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }

@@ -1,7 +1,8 @@
 //! The waypoint's `/config_dump`: ztunnel's document (the workloads, services and L4
 //! policies it knows, its certificates, its settings and version, in Istio ztunnel's
 //! shapes) plus what only a waypoint has: who it is (`waypoint`) and the HTTPRoutes and
-//! AuthorizationPolicies in force (`httpRoutes`, `authorizationPolicies`, as read).
+//! AuthorizationPolicies in force (`httpRoutes`, `authorizationPolicies`,
+//! `requestAuthentications`, as read).
 
 use std::net::IpAddr;
 
@@ -42,6 +43,7 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["waypoint"] = who;
     d["httpRoutes"] = l7.get("httpRoutes").cloned().unwrap_or_else(|| json!([]));
     d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
+    d["requestAuthentications"] = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
     d
 }
 
@@ -75,6 +77,7 @@ mod tests {
         assert_eq!(d["waypoint"]["configSource"], "file wp.yaml");
         assert_eq!(d["httpRoutes"][0]["name"], "echo");
         assert_eq!(d["authorizationPolicies"][0]["targetRefs"][0]["kind"], "GatewayClass");
+        assert_eq!(d["requestAuthentications"], json!([]));
         assert_eq!(d["workloads"][0]["uid"], "wp");
         assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
         assert_eq!(d["config"]["adminAddr"], "x");

@@ -40,6 +40,7 @@ pub fn config_yaml(data: &[u8]) {
                 method: "GET",
                 path,
                 headers: &headers,
+                auth: None,
             };
             let _ = authz::evaluate(policies.clone(), &areq);
             // As the waypoint does for opaque TCP.

@@ -1,6 +1,6 @@
 //! L7: HTTP/1.1 and HTTP/2 (gRPC included) requests inside an HBONE tunnel, served with
-//! hyper. Each request goes through two steps: `plan` normalizes it, authorizes it
-//! (AuthorizationPolicy) and routes it (HTTPRoute: matches, filters, weighted backends,
+//! hyper. Each request goes through two steps: `plan` normalizes it, authenticates it
+//! (RequestAuthentication), authorizes it (AuthorizationPolicy) and routes it (HTTPRoute: matches, filters, weighted backends,
 //! timeouts, retries) or answers it locally (`reply`); `forward` balances it over
 //! the backend's endpoints and sends it over pooled HBONE, with retries and mirrors
 //! (`mirror`). One access log line and the Istio request metrics per request (`log`).
@@ -74,7 +74,15 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
 
-    let inbound = plan::Inbound { gateway: &wp.gateway, root_namespace: &wp.root_namespace, identity: &wp.identity, tunnel: &tunnel, cfg: &cfg, proto };
+    let inbound = plan::Inbound {
+        gateway: &wp.gateway,
+        root_namespace: &wp.root_namespace,
+        identity: &wp.identity,
+        tunnel: &tunnel,
+        cfg: &cfg,
+        proto,
+        jwks: &wp.jwks,
+    };
     let mut notes = log::Notes::default();
     let planned = plan::build(&inbound, &mut parts, &mut notes);
     log.note(notes);

@@ -1,15 +1,16 @@
 //! The waypoint's L7 config in a cluster, watched from the Kubernetes API: what an Istio
 //! waypoint takes. From its own namespace, every HTTPRoute and every AuthorizationPolicy
-//! with `targetRefs`; from a namespace with Services that use it (`scope`), the routes
-//! whose `parentRefs` name such a Service and the policies whose `targetRefs` do; from the
-//! root namespace, the policies that target the GatewayClass `istio-waypoint` (every
-//! waypoint). Objects of other namespaces are not even converted, so their errors are
+//! and RequestAuthentication with `targetRefs`; from a namespace with Services that use
+//! it (`scope`), the routes whose `parentRefs` name such a Service and the policies whose
+//! `targetRefs` do; from the root namespace, the policies that target the GatewayClass
+//! `istio-waypoint` (every waypoint). Objects of other namespaces are not even converted, so their errors are
 //! not ours to report.
 //!
 //! Each object becomes the same type the local config file uses and gets the same
 //! validation; an invalid route is logged and left out while the others apply, and an
 //! AuthorizationPolicy the waypoint cannot enforce exactly becomes a deny-all for what it
-//! targets (logged, and counted in `ztunnel_unenforceable_policies{source="kubernetes"}`).
+//! targets (logged, and counted in `ztunnel_unenforceable_policies{source="kubernetes"}`);
+//! a RequestAuthentication it cannot read, likewise, refuses every token for its targets.
 
 mod scope;
 
@@ -26,6 +27,7 @@ use ztunnel::identity::Identity;
 use ztunnel::metrics::control::XdsMetrics;
 use ztunnel::state::{MeshState, SharedState};
 
+use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
 use crate::route::HttpRoute;
@@ -37,7 +39,8 @@ pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPO
 pub struct L7Config {
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
-    /// How many of `policies` are deny-alls in place of ones that did not convert.
+    pub authentications: Vec<RequestAuthentication>,
+    /// How many of `policies` (and `authentications`) are stand-ins in place of ones that did not convert.
     pub unenforceable: usize,
     /// For the admin endpoint: the objects as read, what was rejected, and who uses the
     /// waypoint.
@@ -60,17 +63,19 @@ enum Kind {
     Gateway,
     HttpRoute,
     AuthorizationPolicy,
+    RequestAuthentication,
     Service,
     Namespace,
 }
 
-const KINDS: [Kind; 5] = [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::Service, Kind::Namespace];
+const KINDS: [Kind; 6] = [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::RequestAuthentication, Kind::Service, Kind::Namespace];
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version, k, plural) = match kind {
         Kind::Gateway => (GATEWAY_GROUP, "v1", "Gateway", "gateways"),
         Kind::HttpRoute => (GATEWAY_GROUP, "v1", "HTTPRoute", "httproutes"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
+        Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
         Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
     };
@@ -123,6 +128,27 @@ pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String
     Ok(Some(p))
 }
 
+/// The RequestAuthentication, or None when it is not the waypoint's (a `selector` one
+/// is for the workloads' own proxies).
+pub fn authentication(obj: &DynamicObject) -> Result<Option<RequestAuthentication>, String> {
+    let Ok(mut spec) = flattened(obj) else { return Ok(None) };
+    if let Some(one) = spec.remove("targetRef") {
+        if spec.contains_key("targetRefs") {
+            return Err("sets both targetRef and targetRefs".into());
+        }
+        spec.insert("targetRefs".into(), Value::Array(vec![one]));
+    }
+    if spec.get("targetRefs").is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty())) {
+        return Ok(None);
+    }
+    if spec.contains_key("selector") {
+        return Err("sets both selector and targetRefs".into());
+    }
+    let a: RequestAuthentication = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+    a.validate()?;
+    Ok(Some(a))
+}
+
 /// `spec.<field>` and, for policies, the older single `spec.targetRef`.
 fn refs<'a>(obj: &'a DynamicObject, field: &str) -> Vec<&'a Value> {
     let spec = obj.data.get("spec");
@@ -139,6 +165,16 @@ fn deny_all(obj: &DynamicObject) -> AuthorizationPolicy {
         refs(obj, "targetRefs").into_iter().map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone())).collect();
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
     AuthorizationPolicy::deny_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
+}
+
+/// The stand-in for a RequestAuthentication `authentication` refused (see
+/// `RequestAuthentication::reject_all`).
+fn reject_all(obj: &DynamicObject) -> RequestAuthentication {
+    let unplaceable = ObjectRef::default();
+    let refs: Vec<ObjectRef> =
+        refs(obj, "targetRefs").into_iter().map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone())).collect();
+    let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
+    RequestAuthentication::reject_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
 }
 
 fn str_field<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
@@ -162,7 +198,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
     }
     match kind {
         Kind::HttpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
-        Kind::AuthorizationPolicy => refs(obj, "targetRefs").into_iter().any(|r| {
+        Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
                 && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
                 && str_field(r, "name") == Some(WAYPOINT_CLASS);
@@ -176,6 +212,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
 enum Converted {
     Route(Result<HttpRoute, String>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
+    Authentication(Result<Option<RequestAuthentication>, String>),
 }
 
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
@@ -187,6 +224,14 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 tracing::warn!(kind = "HTTPRoute", namespace = ns, name, error = %e, "object rejected; it does not apply");
             }
             Converted::Route(r)
+        }
+        Kind::RequestAuthentication => {
+            let a = authentication(obj);
+            if let Err(e) = &a {
+                tracing::error!(kind = "RequestAuthentication", namespace = ns, name, error = %e,
+                    "RequestAuthentication cannot be applied; refusing every token to its targets instead");
+            }
+            Converted::Authentication(a)
         }
         _ => {
             let p = policy(obj);
@@ -289,7 +334,9 @@ impl Store {
         let taken: Vec<(&Key, &DynamicObject)> = self
             .objects
             .iter()
-            .filter(|(k, obj)| matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy) && selected(k.0, obj, &scope, settings))
+            .filter(|(k, obj)| {
+                matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication) && selected(k.0, obj, &scope, settings)
+            })
             .collect();
         // Unchanged selection, versions and scope: nothing to convert or publish.
         let version = |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
@@ -299,7 +346,7 @@ impl Store {
             return None;
         }
         let mut cfg = L7Config::default();
-        let (mut routes, mut policies, mut rejected) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -317,7 +364,19 @@ impl Store {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
                 }
-                Converted::Policy(Ok(None)) => {}
+                Converted::Policy(Ok(None)) | Converted::Authentication(Ok(None)) => {}
+                Converted::Authentication(Ok(Some(a))) => {
+                    cfg.authentications.push(a.clone());
+                    authns.push(as_read);
+                }
+                Converted::Authentication(Err(e)) => {
+                    let a = reject_all(obj);
+                    cfg.authentications.push(a);
+                    cfg.unenforceable += 1;
+                    let mut v = as_read;
+                    v["unenforceable"] = json!(e);
+                    authns.push(v);
+                }
                 Converted::Policy(Err(e)) => {
                     cfg.policies.push(deny_all(obj));
                     cfg.unenforceable += 1;
@@ -340,6 +399,7 @@ impl Store {
             "source": "kubernetes",
             "httpRoutes": routes,
             "authorizationPolicies": policies,
+            "requestAuthentications": authns,
             "rejected": rejected,
             "scope": scope_dump,
         }));
@@ -497,6 +557,26 @@ mod tests {
         assert!(custom.is_err());
     }
 
+    #[test]
+    fn request_authentications_convert_and_a_broken_one_refuses_tokens() {
+        let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        let good = object("RequestAuthentication", "jwt", json!({
+            "targetRef": {"group": "", "kind": "Service", "name": "echo"},
+            "jwtRules": [{"issuer": "iss", "jwks": jwks, "fromHeaders": [{"name": "x-jwt"}]}]}));
+        let a = authentication(&good).unwrap().unwrap();
+        assert_eq!((a.target_refs.len(), a.jwt_rules[0].from_headers[0].name.as_str()), (1, "x-jwt"));
+        let sidecar = object("RequestAuthentication", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "jwtRules": [{"issuer": "i", "jwks": jwks}]}));
+        assert!(authentication(&sidecar).unwrap().is_none());
+        let broken = object("RequestAuthentication", "broken", json!({
+            "targetRefs": [{"group": "", "kind": "Service", "name": "other"}], "jwtRules": [{"issuer": "i", "jwksUri": "ftp://x"}]}));
+        let cfg = store(vec![(Kind::RequestAuthentication, good), (Kind::RequestAuthentication, broken)]).publish(&settings()).unwrap();
+        assert_eq!((cfg.authentications.len(), cfg.unenforceable), (2, 1));
+        let stand_in = cfg.authentications.iter().find(|a| a.name == "broken").unwrap();
+        assert!(stand_in.reject_tokens && stand_in.jwt_rules.is_empty());
+        assert_eq!(stand_in.target_refs[0].name, "other");
+        assert!(cfg.dump["requestAuthentications"][0]["unenforceable"].is_string(), "{}", cfg.dump);
+    }
+
     fn verdict(cfg: &L7Config, service: Option<(&str, &str)>) -> authz::Verdict {
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let svc = service.map(|(ns, name)| ObjectName { namespace: ns.into(), name: name.into() });
@@ -511,6 +591,7 @@ mod tests {
             method: "GET",
             path: "/",
             headers: &headers,
+            auth: None,
         };
         authz::evaluate(cfg.policies.iter().filter(|p| p.applies_to(&target)), &req)
     }
@@ -518,14 +599,14 @@ mod tests {
     #[test]
     fn unenforceable_policies_deny_all_in_their_scope() {
         let cases = [
-            // An ALLOW that needs JWT: dropping it would allow everyone.
+            // An ALLOW with a condition we do not know: dropping it would allow everyone.
             json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW",
-                   "rules": [{"from": [{"source": {"requestPrincipals": ["*"]}}]}]}),
+                   "rules": [{"when": [{"key": "connection.sni", "values": ["x"]}]}]}),
             // ext-authz, which we don't have.
             json!({"targetRef": {"group": "", "kind": "Service", "name": "echo"}, "action": "CUSTOM", "provider": {"name": "x"}, "rules": [{}]}),
             // A condition we cannot evaluate.
             json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY",
-                   "rules": [{"when": [{"key": "request.auth.claims[group]", "values": ["admin"]}]}]}),
+                   "rules": [{"when": [{"key": "request.auth.claims[]", "values": ["admin"]}]}]}),
         ];
         for spec in cases {
             let cfg = store(vec![(Kind::AuthorizationPolicy, object("AuthorizationPolicy", "p", spec.clone()))]).publish(&settings()).unwrap();

@@ -5,6 +5,7 @@
 //! node; anything else is relayed at L4. The mesh code it shares with the node proxy
 //! (identity, HBONE, mesh state, L4 policy) is ztunnel's library; L7 is here.
 
+pub mod authn;
 pub mod authz;
 pub mod config;
 pub mod context;

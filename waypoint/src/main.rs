@@ -12,7 +12,7 @@ use arc_swap::ArcSwap;
 use clap::Parser;
 use waypoint::context::Waypoint;
 use waypoint::object::ObjectName;
-use waypoint::{config, http, k8s, lb, server, upstream};
+use waypoint::{authn, config, http, k8s, lb, server, upstream};
 use ztunnel::drain::Drain;
 use ztunnel::hbone::{self, Pool};
 use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa};
@@ -91,6 +91,9 @@ struct Args {
     /// First ejection length; each further ejection of the same endpoint lasts longer.
     #[arg(long, env = "OUTLIER_BASE_EJECTION_MS", default_value_t = 30_000)]
     outlier_base_ejection_ms: u64,
+    /// How often a RequestAuthentication's jwksUri is fetched again (Istio: 20 minutes).
+    #[arg(long, env = "JWKS_REFRESH_INTERVAL_SECONDS", default_value_t = 1200)]
+    jwks_refresh_interval_seconds: u64,
     /// How often the mesh config file is checked for changes (hot reload).
     #[arg(long, env = "CONFIG_POLL_INTERVAL_MS", default_value_t = 1000)]
     config_poll_interval_ms: u64,
@@ -122,8 +125,9 @@ struct Setup {
 
 /// Standalone: everything from the local config file; certificates from the mesh CA files
 /// (or the Istio CA).
-async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration) -> anyhow::Result<Setup> {
+async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration, jwks: &Arc<authn::JwksStore>) -> anyhow::Result<Setup> {
     let cfg = config::Config::load(path)?;
+    jwks.sync(cfg.jwks_uris());
     let uid = args.workload_uid.clone().context("--workload-uid is required with --local-xds-path")?;
     let me = cfg
         .state
@@ -138,13 +142,14 @@ async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration) -> anyh
     };
     let certs = cert_manager(&args.istiod, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     let config = Arc::new(ArcSwap::from_pointee(cfg));
-    tokio::spawn(config::watch(path.to_path_buf(), config.clone(), Duration::from_millis(args.config_poll_interval_ms), |_| {}));
+    let jwks = jwks.clone();
+    tokio::spawn(config::watch(path.to_path_buf(), config.clone(), Duration::from_millis(args.config_poll_interval_ms), move |c| jwks.sync(c.jwks_uris())));
     Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 
 /// In a cluster: mesh state from istiod, L7 config from the Kubernetes API, certificates
 /// from the Istio CA; readiness waits for the first full state of both.
-async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> anyhow::Result<Setup> {
+async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks: &Arc<authn::JwksStore>) -> anyhow::Result<Setup> {
     let ia = &args.istiod;
     let ip: IpAddr = ia.instance_ip.parse().with_context(|| format!("INSTANCE_IP {:?} is not an IP address", ia.instance_ip))?;
     let identity = ia.own_identity();
@@ -179,7 +184,8 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>) -> an
     });
     rx.mark_changed();
     let config = Arc::new(ArcSwap::from_pointee(config::Config::empty(state.load_full())));
-    tokio::spawn(config::combine(state, rx, config.clone()));
+    let jwks = jwks.clone();
+    tokio::spawn(config::combine(state, rx, config.clone(), move |c| jwks.sync(c.jwks_uris())));
     Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 
@@ -216,6 +222,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "connectTimeout": duration(Duration::from_millis(args.connect_timeout_ms)),
         "lbPolicy": format!("{:?}", args.lb_policy),
         "outlierConsecutive5xx": args.outlier_consecutive_5xx,
+        "jwksRefreshInterval": duration(Duration::from_secs(args.jwks_refresh_interval_seconds)),
         "outlierBaseEjection": duration(Duration::from_millis(args.outlier_base_ejection_ms)),
         "protocolDetectionTimeout": duration(Duration::from_millis(args.protocol_detection_timeout_ms)),
         "hboneMaxHandshakes": args.hbone_max_handshakes,
@@ -246,9 +253,14 @@ async fn main() -> anyhow::Result<()> {
     let admin_listener =
         ztunnel::http_endpoint::bind(args.admin_addr).await.with_context(|| format!("cannot listen on {}", args.admin_addr))?;
     serve_observability(&[args.metrics_addr, args.readiness_addr], &metrics).await?;
+    // jwksUri key sets: Istio's refresh interval; a failed fetch is retried after 1 s, then less often.
+    let jwks = authn::JwksStore::new(authn::JwksSettings {
+        refresh: Duration::from_secs(args.jwks_refresh_interval_seconds.max(1)),
+        retry: Duration::from_secs(1),
+    });
     let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
-        Some(path) => local_setup(&args, path, ttl).await?,
-        None => cluster_setup(&args, ttl, &metrics).await?,
+        Some(path) => local_setup(&args, path, ttl, &jwks).await?,
+        None => cluster_setup(&args, ttl, &metrics, &jwks).await?,
     };
     // The admin endpoint serves from here on, also while the certificate is on its way.
     let drain_deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
@@ -296,6 +308,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         drain: Arc::new(Drain::default()),
         detect_timeout: Duration::from_millis(args.protocol_detection_timeout_ms),
+        jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
     });
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -66,3 +66,40 @@ impl ObjectRef {
         ObjectName { namespace: self.namespace.as_deref().unwrap_or(own_ns).to_string(), name: self.name.clone() }
     }
 }
+
+/// What a policy's `targetRefs` may name.
+pub enum RefKind {
+    Service,
+    Gateway,
+    GatewayClass,
+}
+
+/// Service is in the core group ("" or absent), Gateway and GatewayClass in Gateway
+/// API's (or absent).
+pub fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
+    match (r.kind.as_deref(), r.group.as_deref()) {
+        (Some("Service"), None | Some("")) => Some(RefKind::Service),
+        (Some("Gateway"), None | Some(GATEWAY_GROUP)) => Some(RefKind::Gateway),
+        (Some("GatewayClass"), None | Some(GATEWAY_GROUP)) => Some(RefKind::GatewayClass),
+        _ => None,
+    }
+}
+
+/// Whether a policy of `namespace` (AuthorizationPolicy, RequestAuthentication) with
+/// these `targetRefs` attaches to the request's target, as Istio attaches policies to
+/// waypoints: a Service of the policy's own namespace, the waypoint's Gateway (from the
+/// Gateway's namespace), or, from the root namespace, the GatewayClass `istio-waypoint`.
+pub fn attaches(namespace: &str, refs: &[ObjectRef], target: &Target) -> bool {
+    refs.iter().any(|r| {
+        // Validation rejects other namespaces; never let one widen the scope anyway.
+        if r.namespace.as_deref().is_some_and(|ns| ns != namespace) {
+            return false;
+        }
+        match ref_kind(r) {
+            Some(RefKind::Service) => target.service.is_some_and(|s| s.name == r.name && s.namespace == namespace),
+            Some(RefKind::Gateway) => target.gateway.name == r.name && target.gateway.namespace == namespace,
+            Some(RefKind::GatewayClass) => r.name == WAYPOINT_CLASS && namespace == target.root_namespace,
+            None => false,
+        }
+    })
+}

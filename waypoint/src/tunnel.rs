@@ -106,6 +106,7 @@ fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy]) -> Resu
             method: "",
             path: "",
             headers: &headers,
+            auth: None,
         },
     );
     if verdict.allowed {

@@ -28,7 +28,7 @@ pub enum ConfigError {
 }
 
 /// Istio ztunnel's local config shape: three lists, camelCase keys; plus the waypoint's
-/// two L7 lists, since one file configures the whole local mesh.
+/// L7 lists, since one file configures the whole local mesh.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct LocalConfig {
@@ -47,6 +47,10 @@ pub struct LocalConfig {
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]
     pub authorization_policies: Vec<serde_yaml::Value>,
+    /// The waypoint's JWT authentication (Istio RequestAuthentication with targetRefs);
+    /// accepted and not interpreted, as `http_routes`.
+    #[serde(default)]
+    pub request_authentications: Vec<serde_yaml::Value>,
 }
 
 impl LocalConfig {

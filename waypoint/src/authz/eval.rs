@@ -2,12 +2,13 @@
 
 use std::net::IpAddr;
 
-use super::model::{parse_key, parse_port, ref_kind, Action, AuthorizationPolicy, Condition, Key, Operation, RefKind, Rule, Source};
+use super::model::{parse_key, parse_port, Action, AuthorizationPolicy, Condition, Key, Operation, Rule, Source};
 use ztunnel::cidr::Cidr;
 use ztunnel::identity::Identity;
 use ztunnel::rbac::field::{negative, positive};
 
-use crate::object::{Target, WAYPOINT_CLASS};
+use crate::authn::{Claim, RequestAuth};
+use crate::object::{attaches, Target};
 
 /// What a policy is checked against, for one request.
 #[derive(Clone, Copy, Debug)]
@@ -22,6 +23,8 @@ pub struct Request<'a> {
     /// Normalized (`path`), without the query.
     pub path: &'a str,
     pub headers: &'a http::HeaderMap,
+    /// The request's verified JWT (RequestAuthentication), None without one.
+    pub auth: Option<&'a RequestAuth>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -74,20 +77,7 @@ impl AuthorizationPolicy {
                 || self.namespace == target.root_namespace
                 || target.service.is_some_and(|s| s.namespace == self.namespace);
         }
-        self.target_refs.iter().any(|r| {
-            // `validate` rejects other namespaces; never let one widen the scope anyway.
-            if r.namespace.as_deref().is_some_and(|ns| ns != self.namespace) {
-                return false;
-            }
-            match ref_kind(r) {
-                Some(RefKind::Service) => {
-                    target.service.is_some_and(|s| s.name == r.name && s.namespace == self.namespace)
-                }
-                Some(RefKind::Gateway) => target.gateway.name == r.name && target.gateway.namespace == self.namespace,
-                Some(RefKind::GatewayClass) => r.name == WAYPOINT_CLASS && self.namespace == target.root_namespace,
-                None => false,
-            }
-        })
+        attaches(&self.namespace, &self.target_refs, target)
     }
 
     fn matches(&self, a: &Attrs) -> bool {
@@ -116,6 +106,7 @@ impl Source {
         let ip = a.req.source_ip;
         let in_block = |b: &Cidr, ip: IpAddr| b.contains(ip);
         let sa = |p: &String, id: &Identity| service_account_match(p, id);
+        let request_principal = a.req.auth.map(|r| r.principal.as_bytes());
         let missing = pol.if_missing();
         positive(&self.principals, principal, missing, string)
             && negative(&self.not_principals, principal, missing, string)
@@ -127,10 +118,11 @@ impl Source {
             && negative(&self.not_ip_blocks, Some(ip), missing, in_block)
             && positive(&self.remote_ip_blocks, Some(ip), missing, in_block)
             && negative(&self.not_remote_ip_blocks, Some(ip), missing, in_block)
-            // Without JWT support the request principal is always missing; `validate`
-            // refuses these fields, and unvalidated ones fail closed.
-            && positive(&self.request_principals, None, missing, string)
-            && negative(&self.not_request_principals, None, missing, string)
+            // Without a token the request principal is known to be absent (authn
+            // refused every bad one), not in doubt: Istio's `requestPrincipals` match
+            // nothing and `notRequestPrincipals` everything, whatever the action.
+            && positive(&self.request_principals, request_principal, false, string)
+            && negative(&self.not_request_principals, request_principal, true, string)
     }
 }
 
@@ -188,8 +180,28 @@ impl Condition {
                 let principal = a.principal.as_deref().map(str::as_bytes);
                 positive(&self.values, principal, missing, string) && negative(&self.not_values, principal, missing, string)
             }
+            Key::AuthPrincipal => {
+                let principal = a.req.auth.map(|r| r.principal.as_bytes());
+                positive(&self.values, principal, false, string) && negative(&self.not_values, principal, true, string)
+            }
+            Key::AuthAudiences => claim_holds(self, a.req.auth.map(|r| r.claim(&["aud"])), pol),
+            Key::AuthPresenter => claim_holds(self, a.req.auth.map(|r| r.claim(&["azp"])), pol),
+            Key::AuthClaim(path) => claim_holds(self, a.req.auth.map(|r| r.claim(&path)), pol),
         }
     }
+}
+
+/// A claim condition (Istio: `values` holds if one of the claim's strings matches one
+/// pattern, `notValues` if none does). No token or no such claim: no strings. A claim
+/// that is neither a string nor a list of strings is doubt, decided by the polarity.
+fn claim_holds(c: &Condition, claim: Option<Claim>, pol: Polarity) -> bool {
+    let values = match claim {
+        None | Some(Claim::Missing) => Vec::new(),
+        Some(Claim::Values(v)) => v,
+        Some(Claim::Unsupported) => return pol == Polarity::Deny,
+    };
+    let any = |patterns: &[String]| values.iter().any(|v| patterns.iter().any(|p| wildcard_match(p, v.as_bytes(), false)));
+    (c.values.is_empty() || any(&c.values)) && (c.not_values.is_empty() || !any(&c.not_values))
 }
 
 /// Which way doubt counts, so matching fails closed for the policy's action.

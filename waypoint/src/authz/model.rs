@@ -8,10 +8,11 @@ use serde::Deserialize;
 // One CIDR type for L4 and L7 policies, so both compare IPv4-mapped peers and rules alike.
 use ztunnel::cidr::Cidr;
 
-use crate::object::{ObjectRef, GATEWAY_GROUP};
+pub(super) use crate::object::ref_kind;
+use crate::object::ObjectRef;
 
-const SUPPORTED_KEYS: &str =
-    "request.headers[<name>], source.ip, remote.ip, source.namespace, source.principal, destination.port";
+const SUPPORTED_KEYS: &str = "request.headers[<name>], source.ip, remote.ip, source.namespace, source.principal, \
+     destination.port, request.auth.principal, request.auth.audiences, request.auth.presenter, request.auth.claims[<name>]...";
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -101,7 +102,7 @@ pub struct Source {
     /// Same as `ipBlocks` here: the waypoint's source address is the original client's.
     pub remote_ip_blocks: Vec<Cidr>,
     pub not_remote_ip_blocks: Vec<Cidr>,
-    /// Parsed only to be refused by `validate` with a clear message (needs JWT).
+    /// `<iss>/<sub>` of the request's verified JWT (see `authn`).
     pub request_principals: Vec<String>,
     pub not_request_principals: Vec<String>,
 }
@@ -179,13 +180,17 @@ impl AuthorizationPolicy {
             .rules
             .iter()
             .filter_map(|r| {
+                // A request principal (JWT) is HTTP-only as well.
+                let http_only_src = |s: &Source| Source { request_principals: Vec::new(), not_request_principals: Vec::new(), ..s.clone() };
                 let needs_http = r.to.iter().any(|t| http_only_op(&t.operation) != t.operation)
+                    || r.from.iter().any(|f| http_only_src(&f.source) != f.source)
                     || r.when.iter().any(|c| c.key.starts_with("request."));
                 match (self.action, needs_http) {
                     (_, false) => Some(r.clone()),
                     (Action::Allow, true) => None,
                     (_, true) => Some(Rule {
-                        from: r.from.clone(),
+                        // A source left with no field matches any peer.
+                        from: r.from.iter().map(|f| From { source: http_only_src(&f.source) }).collect(),
                         // An operation left with no field matches any connection.
                         to: r.to.iter().map(|t| To { operation: http_only_op(&t.operation) }).collect(),
                         when: r.when.iter().filter(|c| !c.key.starts_with("request.")).cloned().collect(),
@@ -198,24 +203,6 @@ impl AuthorizationPolicy {
 
 }
 
-pub(super) enum RefKind {
-    Service,
-    Gateway,
-    GatewayClass,
-}
-
-/// Service is in the core group ("" or absent), Gateway and GatewayClass in Gateway
-/// API's (or absent).
-pub(super) fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
-    match (r.kind.as_deref(), r.group.as_deref()) {
-        (Some("Service"), None | Some("")) => Some(RefKind::Service),
-        (Some("Gateway"), None | Some(GATEWAY_GROUP)) => Some(RefKind::Gateway),
-        (Some("GatewayClass"), None | Some(GATEWAY_GROUP)) => Some(RefKind::GatewayClass),
-        _ => None,
-    }
-}
-
-
 /// A supported `when` key.
 pub(super) enum Key<'a> {
     /// The header name as written; `HeaderMap` lookups by `&str` ignore case.
@@ -224,6 +211,12 @@ pub(super) enum Key<'a> {
     DestinationPort,
     SourceNamespace,
     SourcePrincipal,
+    /// `request.auth.principal`, `request.auth.audiences`, `request.auth.presenter`.
+    AuthPrincipal,
+    AuthAudiences,
+    AuthPresenter,
+    /// `request.auth.claims[a][b]`: the path of names.
+    AuthClaim(Vec<&'a str>),
 }
 
 pub(super) fn parse_key(key: &str) -> Result<Key<'_>, String> {
@@ -233,7 +226,15 @@ pub(super) fn parse_key(key: &str) -> Result<Key<'_>, String> {
             Err(_) => Err(format!("{name:?} in {key:?} is not a valid header name")),
         };
     }
+    if let Some(rest) = key.strip_prefix("request.auth.claims") {
+        return parse_claim_path(rest).map(Key::AuthClaim).ok_or_else(|| {
+            format!("{key:?}: claims are written request.auth.claims[<name>], nested as request.auth.claims[<a>][<b>]")
+        });
+    }
     match key {
+        "request.auth.principal" => Ok(Key::AuthPrincipal),
+        "request.auth.audiences" => Ok(Key::AuthAudiences),
+        "request.auth.presenter" => Ok(Key::AuthPresenter),
         // The waypoint's peer address is the original client's, so both name it.
         "source.ip" | "remote.ip" => Ok(Key::SourceIp),
         "destination.port" => Ok(Key::DestinationPort),
@@ -249,4 +250,20 @@ pub(super) fn parse_port(s: &str) -> Option<u16> {
         return None;
     }
     s.parse().ok()
+}
+
+/// `[a][b]` -> `["a", "b"]`; None unless it is one or more non-empty `[...]`.
+fn parse_claim_path(mut rest: &str) -> Option<Vec<&str>> {
+    let mut path = Vec::new();
+    while !rest.is_empty() {
+        let inner = rest.strip_prefix('[')?;
+        let end = inner.find(']')?;
+        let name = &inner[..end];
+        if name.is_empty() || name.contains('[') {
+            return None;
+        }
+        path.push(name);
+        rest = &inner[end + 1..];
+    }
+    (!path.is_empty()).then_some(path)
 }

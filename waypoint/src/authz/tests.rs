@@ -31,6 +31,7 @@ struct Req {
     method: String,
     path: String,
     headers: http::HeaderMap,
+    auth: Option<crate::authn::RequestAuth>,
 }
 
 fn req() -> Req {
@@ -42,6 +43,7 @@ fn req() -> Req {
         method: "GET".into(),
         path: "/".into(),
         headers: http::HeaderMap::new(),
+        auth: None,
     }
 }
 
@@ -74,6 +76,11 @@ impl Req {
         self.headers.append(name, http::HeaderValue::from_bytes(value).unwrap());
         self
     }
+    /// A verified JWT with these claims.
+    fn jwt(mut self, claims: serde_json::Value) -> Self {
+        self.auth = Some(crate::authn::RequestAuth::new(claims, vec!["scope".into()]));
+        self
+    }
     fn verdict(&self, policies: &[&AuthorizationPolicy]) -> Verdict {
         let r = Request {
             source_principal: self.id.as_ref(),
@@ -83,6 +90,7 @@ impl Req {
             method: &self.method,
             path: &self.path,
             headers: &self.headers,
+            auth: self.auth.as_ref(),
         };
         evaluate(policies.iter().copied(), &r)
     }
@@ -207,8 +215,8 @@ fn validation_errors() {
         assert!(err.starts_with(want), "{yaml}: {err}");
     }
     let rule_cases: &[(&str, &str)] = &[
-        ("from: [{source: {requestPrincipals: ['*']}}]", "rules[0].from[0].source.requestPrincipals: requestPrincipals needs JWT authentication (RequestAuthentication), which this waypoint does not support"),
-        ("from: [{source: {notRequestPrincipals: ['*']}}]", "rules[0].from[0].source.notRequestPrincipals: notRequestPrincipals needs JWT"),
+        ("from: [{source: {requestPrincipals: ['a*b']}}]", "rules[0].from[0].source.requestPrincipals[0]: \"a*b\": a '*' may only"),
+        ("from: [{source: {notRequestPrincipals: ['']}}]", "rules[0].from[0].source.notRequestPrincipals[0]: must not be empty"),
         ("from: [{source: {}}]", "rules[0].from[0].source: must set at least one field"),
         ("from: [{source: {principals: ['']}}]", "rules[0].from[0].source.principals[0]: must not be empty"),
         ("from: [{source: {principals: [a, 'cluster.local/ns/*/sa/admin']}}]", "rules[0].from[0].source.principals[1]: \"cluster.local/ns/*/sa/admin\": a '*' may only"),
@@ -232,7 +240,9 @@ fn validation_errors() {
         ("to: [{operation: {notPaths: ['/a/../b*']}}]", "rules[0].to[0].operation.notPaths[0]:"),
         ("to: [{operation: {paths: ['*/./info']}}]", "rules[0].to[0].operation.paths[0]:"),
         ("to: [{operation: {paths: ['/a%2Fb']}}]", "rules[0].to[0].operation.paths[0]: \"/a%2Fb\" can never match"),
-        ("when: [{key: 'request.auth.claims[iss]', values: [x]}]", "rules[0].when[0].key: \"request.auth.claims[iss]\" is not supported; supported keys: request.headers[<name>], source.ip"),
+        ("when: [{key: 'request.auth.claims[]', values: [x]}]", "rules[0].when[0].key: \"request.auth.claims[]\": claims are written"),
+        ("when: [{key: 'request.auth.claims[a]b', values: [x]}]", "rules[0].when[0].key:"),
+        ("when: [{key: request.auth.issuer, values: [x]}]", "rules[0].when[0].key: \"request.auth.issuer\" is not supported; supported keys: request.headers[<name>], source.ip"),
         ("when: [{key: connection.sni, values: [x]}]", "rules[0].when[0].key: \"connection.sni\" is not supported"),
         ("when: [{key: 'request.headers[a b]', values: [x]}]", "rules[0].when[0].key: \"a b\""),
         ("when: [{key: '', values: [x]}]", "rules[0].when[0].key: must not be empty"),
@@ -675,7 +685,7 @@ fn unvalidated_values_fail_closed() {
         action: Action::Allow,
         rules: vec![Rule {
             when: vec![Condition {
-                key: "request.auth.claims[iss]".into(),
+                key: "connection.sni".into(),
                 values: vec!["x".into()],
                 not_values: vec![],
             }],
@@ -692,4 +702,52 @@ fn unvalidated_values_fail_closed() {
         ..Rule::default()
     };
     assert!(!req().allowed(&[&ports]));
+}
+
+/// Istio's request principal and `request.auth.*`: no token means no principal and no
+/// claims (known, not doubt), so `requestPrincipals` match nothing and
+/// `notRequestPrincipals` / `notValues` hold, for ALLOW and DENY alike.
+#[test]
+fn request_principals_and_jwt_claims() {
+    use serde_json::json;
+    let alice = || req().jwt(json!({"iss": "https://idp", "sub": "alice", "aud": ["web", "api"], "azp": "cli",
+        "groups": ["dev", "ops"], "org": {"team": "core"}, "scope": "read write", "level": 3}));
+    let allow = policy("rules: [{from: [{source: {requestPrincipals: ['https://idp/*']}}]}]");
+    assert!(alice().allowed(&[&allow]));
+    assert!(!req().allowed(&[&allow]), "no token, no principal");
+    assert!(!req().jwt(json!({"iss": "other", "sub": "alice"})).allowed(&[&allow]));
+    // Require a token: DENY notRequestPrincipals ['*'].
+    let require = policy("action: DENY\nrules: [{from: [{source: {notRequestPrincipals: ['*']}}]}]");
+    assert!(!req().allowed(&[&require]));
+    assert!(alice().allowed(&[&require]));
+    // A DENY on a principal does not catch requests without a token.
+    let deny_alice = policy("action: DENY\nrules: [{from: [{source: {requestPrincipals: ['https://idp/alice']}}]}]");
+    assert!(!alice().allowed(&[&deny_alice]));
+    assert!(req().allowed(&[&deny_alice]));
+    let when = |cond: &str| policy(&format!("rules: [{{when: [{cond}]}}]"));
+    let cases = [
+        ("{key: request.auth.principal, values: ['https://idp/alice']}", true, false),
+        ("{key: request.auth.audiences, values: [api]}", true, false),
+        ("{key: request.auth.presenter, values: ['cl*']}", true, false),
+        ("{key: 'request.auth.claims[groups]', values: [ops]}", true, false),
+        ("{key: 'request.auth.claims[groups]', notValues: [ops]}", false, true),
+        ("{key: 'request.auth.claims[org][team]', values: [core]}", true, false),
+        ("{key: 'request.auth.claims[org][team]', values: [other]}", false, false),
+        ("{key: 'request.auth.claims[scope]', values: [write]}", true, false),
+        ("{key: 'request.auth.claims[missing]', notValues: [x]}", true, true),
+    ];
+    for (cond, with_alice, without) in cases {
+        let p = when(cond);
+        assert_eq!(alice().allowed(&[&p]), with_alice, "{cond}");
+        assert_eq!(req().allowed(&[&p]), without, "{cond} without a token");
+    }
+    // A claim that is no string (a number): doubt, against an ALLOW and for a DENY.
+    assert!(!alice().allowed(&[&when("{key: 'request.auth.claims[level]', values: ['3']}")]));
+    let deny = policy("action: DENY\nrules: [{when: [{key: 'request.auth.claims[level]', notValues: ['3']}]}]");
+    assert!(!alice().allowed(&[&deny]));
+    // On opaque TCP there is no JWT: an ALLOW needing one never allows, a DENY loses the field.
+    let tcp = allow.for_tcp();
+    assert!(tcp.rules.is_empty());
+    let deny_tcp = deny_alice.for_tcp();
+    assert_eq!(deny_tcp.rules[0].from[0].source, Source::default());
 }

@@ -86,13 +86,6 @@ impl Rule {
 
 impl Source {
     fn validate(&self, at: &str) -> Result<(), String> {
-        const JWT: &str = "needs JWT authentication (RequestAuthentication), which this waypoint does not support";
-        if !self.request_principals.is_empty() {
-            return Err(format!("{at}.requestPrincipals: requestPrincipals {JWT}"));
-        }
-        if !self.not_request_principals.is_empty() {
-            return Err(format!("{at}.notRequestPrincipals: notRequestPrincipals {JWT}"));
-        }
         if *self == Source::default() {
             return Err(format!("{at}: must set at least one field; to match any source, leave `from` out"));
         }
@@ -104,6 +97,11 @@ impl Source {
         }
         for (field, list) in [("principals", &self.principals), ("notPrincipals", &self.not_principals)] {
             check_list(at, field, list, check_principal)?;
+        }
+        for (field, list) in
+            [("requestPrincipals", &self.request_principals), ("notRequestPrincipals", &self.not_request_principals)]
+        {
+            check_list(at, field, list, check_wildcard)?;
         }
         for (field, list) in [("namespaces", &self.namespaces), ("notNamespaces", &self.not_namespaces)] {
             check_list(at, field, list, check_wildcard)?;
@@ -151,6 +149,7 @@ impl Condition {
         }
         let check: fn(&str) -> Result<(), String> = match key {
             Key::Header(_) | Key::SourceNamespace => check_wildcard,
+            Key::AuthPrincipal | Key::AuthAudiences | Key::AuthPresenter | Key::AuthClaim(_) => check_wildcard,
             Key::SourcePrincipal => check_principal,
             Key::SourceIp => |v| v.parse::<Cidr>().map(|_| ()),
             Key::DestinationPort => check_port,

@@ -43,6 +43,7 @@ pub struct RequestLog {
     request_header_bytes: u64,
     audited_by: Vec<String>,
     denied_by: Option<String>,
+    request_principal: Option<String>,
     pub error: Option<String>,
     /// Set once written; a log dropped unwritten is a request the client abandoned.
     finished: bool,
@@ -78,6 +79,7 @@ impl RequestLog {
             request_header_bytes: header_bytes(&parts.headers),
             audited_by: Vec::new(),
             denied_by: None,
+            request_principal: None,
             error: None,
             finished: false,
         }
@@ -140,6 +142,7 @@ impl RequestLog {
             bytes_recv = request_bytes,
             bytes_sent = response_bytes,
             duration_ms = duration.as_millis() as u64,
+            authn.principal = self.request_principal.as_deref(),
             authz.denied_by = self.denied_by.as_deref(),
             authz.audited_by = (!self.audited_by.is_empty()).then(|| self.audited_by.join(",")),
             error = self.error.as_deref(),
@@ -157,6 +160,8 @@ pub struct Notes {
     pub route: Option<String>,
     pub audited_by: Vec<String>,
     pub denied_by: Option<String>,
+    /// `<iss>/<sub>` of the request's verified JWT.
+    pub request_principal: Option<String>,
     /// The backend service the route picked (else the log keeps the addressed one).
     pub backend_service: Option<Arc<Service>>,
 }
@@ -169,6 +174,7 @@ impl RequestLog {
         self.route = n.route;
         self.audited_by = n.audited_by;
         self.denied_by = n.denied_by;
+        self.request_principal = n.request_principal;
         if let Some(s) = n.backend_service {
             self.dst_service = Some(s);
         }

@@ -1,5 +1,5 @@
 //! The plan step: from the request head, the tunnel and one config snapshot, decide
-//! everything before a byte goes upstream (authorization, route, filters, backend,
+//! everything before a byte goes upstream (authentication, authorization, route, filters, backend,
 //! retries, timeouts, mirrors) or the local reply that ends the request here.
 
 use std::time::Duration;
@@ -19,6 +19,7 @@ use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
 use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
+use crate::authn;
 use crate::authz;
 use crate::path;
 
@@ -33,6 +34,8 @@ pub struct Inbound<'a> {
     pub tunnel: &'a Tunnel,
     pub cfg: &'a Config,
     pub proto: Protocol,
+    /// The key sets of the config's jwksUris (RequestAuthentication).
+    pub jwks: &'a authn::JwksStore,
 }
 
 /// How to send one request: the request head is already rewritten for the backend.
@@ -131,6 +134,22 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     let target_name = target_service.as_deref().map(object_name);
     let target = Target { gateway: inb.gateway, service: target_name.as_ref(), root_namespace: inb.root_namespace, port: tunnel.target.port() };
 
+    // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
+    // the policies say; a good one gives them the request principal and claims.
+    let authns: Vec<&authn::RequestAuthentication> = cfg.authentications.iter().filter(|a| a.applies_to(&target)).collect();
+    let auth = if authns.is_empty() {
+        None
+    } else {
+        match authn::authenticate(&authns, inb.jwks, &mut parts.headers, query.as_deref()) {
+            Ok(a) => a,
+            Err(f) => {
+                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| format!("Bearer realm=\"http://{host_full}{norm_path}\", error=\"invalid_token\""));
+                return Err(LocalReply { www_authenticate: challenge, ..LocalReply::new(f.status(), "-", f.to_string()) });
+            }
+        }
+    };
+    notes.request_principal = auth.as_ref().map(|a| a.principal.clone());
+
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
         let verdict = authz::evaluate(
@@ -143,6 +162,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
                 method: parts.method.as_str(),
                 path: &norm_path,
                 headers: &parts.headers,
+                auth: auth.as_ref(),
             },
         );
         notes.audited_by = verdict.audited_by;
@@ -274,7 +294,8 @@ mod tests {
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
         };
-        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto };
+        let jwks = authn::JwksStore::new(authn::JwksSettings::default());
+        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
         let r = build(&inb, &mut parts, &mut notes).map(|p| {
@@ -330,6 +351,27 @@ mod tests {
         let (r, notes, _) = plan(l7, get("/"));
         assert_eq!(status(&r), Some((403, "DENY")));
         assert_eq!(notes.denied_by.as_deref(), Some("default/p"));
+    }
+
+    /// Authentication runs before authorization: a bad token is 401 even where a
+    /// policy would allow, no token reaches the policy (here 403).
+    #[test]
+    fn a_bad_token_gives_401_before_policy() {
+        let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","kid":"a","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
+        let l7 = format!(
+            "requestAuthentications:\n- {{name: jwt, namespace: default, targetRefs: [{{kind: Service, name: echo}}], jwtRules: [{{issuer: iss, jwks: '{jwks}'}}]}}\n\
+             authorizationPolicies:\n- {{name: p, namespace: default, targetRefs: [{{kind: Service, name: echo}}], rules: [{{from: [{{source: {{requestPrincipals: ['*']}}}}]}}]}}\n"
+        );
+        let (r, _, _) = plan(&l7, get("/"));
+        assert_eq!(status(&r), Some((403, "DENY")));
+        // iss "iss", signed by no key of the set.
+        let bad = "eyJhbGciOiJFUzI1NiIsImtpZCI6ImEifQ.eyJpc3MiOiJpc3MiLCJzdWIiOiJ4In0.AAAA";
+        let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("authorization", format!("Bearer {bad}")).body(()).expect("request");
+        let (r, _, _) = plan(&l7, req);
+        assert_eq!(status(&r), Some((401, "-")));
+        let e = r.expect_err("refused");
+        assert_eq!(e.message, "Jwt verification fails");
+        assert_eq!(e.www_authenticate.as_deref(), Some("Bearer realm=\"http://echo.default.svc.cluster.local/\", error=\"invalid_token\""));
     }
 
     #[test]

@@ -19,17 +19,23 @@ pub struct LocalReply {
     /// A route's redirect: the reply is plain HTTP (even to gRPC clients) with this
     /// `Location`.
     pub redirect: Option<String>,
+    /// A refused JWT: the RFC 6750 challenge (`Bearer realm=..., error="invalid_token"`).
+    pub www_authenticate: Option<String>,
 }
 
 impl LocalReply {
     pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
-        LocalReply { status, flags, message: message.into(), redirect: None }
+        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None }
     }
 
     /// The response, which writes `log` when it has been sent.
     pub fn send(self, log: RequestLog, grpc: bool) -> Response<Body> {
         let Some(location) = self.redirect else {
-            return local_reply(log, grpc, self.status, self.flags, &self.message);
+            let mut resp = local_reply(log, grpc, self.status, self.flags, &self.message);
+            if let Some(v) = self.www_authenticate.and_then(|c| HeaderValue::from_str(&c).ok()) {
+                resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
+            }
+            return resp;
         };
         let mut resp = local_reply(log, false, self.status, self.flags, &self.message);
         if let Ok(v) = HeaderValue::from_str(&location) {
