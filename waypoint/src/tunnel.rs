@@ -178,6 +178,8 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let sniffed = first.len() as u64;
     if !first.is_empty() {
         if let Err(e) = up_send.send_data(first, false) {
+            // Opened, so counted closed too (nothing reached the backend).
+            conn.closed(0, 0);
             return tracing::debug!(error = %e, "upstream stream failed");
         }
     }
