@@ -33,16 +33,8 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
     let t = &mesh.topo;
     let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
-    let wp_log = t.dir.join("waypoint.log");
     let cfg_path = t.dir.join("mesh-node1.yaml");
-    let state = t.dir.join("ca");
-    let waypoint = t.pod("n1p2").netns.spawn(
-        WAYPOINT,
-        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
-        &[("RUST_LOG", "info")],
-        &wp_log,
-    )?;
-    waypoint.wait_log("waypoint ready", READY)?;
+    let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
     let echo = EchoServer::start(&server.netns, 8080, None)?;
 
     // Through the service VIP: client -> waypoint -> server, bytes intact.
@@ -80,7 +72,7 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
 
     // The waypoint relays only for destinations that use it: not to itself (a loop) and
     // not to a pod without a waypoint (that would swap the client's identity for its own).
-    let ca = hbone_peer::load_ca(&state)?;
+    let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
     let me = ztunnel::identity::Identity::new("cluster.local", "default", "client");
     let wp_id = ztunnel::identity::Identity::new("cluster.local", "default", "waypoint");
     let h = hbone_peer::connect(t.node(1), &ca, &me, wp_id, SocketAddr::new(wp_ip.into(), 15008)).await?;
@@ -1248,14 +1240,7 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
     let t = &mesh.topo;
     let cfg_path = t.dir.join("waypoint.yaml");
     std::fs::write(&cfg_path, &cfg)?;
-    let state = t.dir.join("ca").display().to_string();
-    let waypoint = t.pod("n1p2").netns.spawn(
-        WAYPOINT,
-        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state],
-        &[("RUST_LOG", "info")],
-        &t.dir.join("waypoint.log"),
-    )?;
-    waypoint.wait_log("waypoint ready", READY)?;
+    let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
     let _nginx = start_nginx(t.pod("n2p1"), &t.dir)?;
     let client = &t.pod("n1p1").netns;
     let curl = |args: &[&str]| -> Result<String> {
@@ -1458,14 +1443,7 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     let route = "httpRoutes:\n- {name: ws, namespace: default, parentRefs: [{group: \"\", kind: Service, name: ws, port: 80}], rules: [\
         {matches: [{path: {type: PathPrefix, value: /to-h2}}], backendRefs: [{name: ws-h2, port: 80}]}, {matches: [{path: {type: PathPrefix, value: /}}]}]}\n";
     std::fs::write(&cfg_path, format!("{cfg}{deny}{route}"))?;
-    let state = t.dir.join("ca").display().to_string();
-    let waypoint = t.pod("n1p2").netns.spawn(
-        WAYPOINT,
-        &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state],
-        &[("RUST_LOG", "info")],
-        &t.dir.join("waypoint.log"),
-    )?;
-    waypoint.wait_log("waypoint ready", READY)?;
+    let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
     let server = t.pod("n2p1");
     let h1 = server.netns.spawn("python3", &[&peers, "serve-h1", "8080"], &[], &t.dir.join("ws-h1.log"))?;
     let h2 = server.netns.spawn("python3", &[&peers, "serve-h2", "8081"], &[], &t.dir.join("ws-h2.log"))?;

@@ -85,6 +85,25 @@ pub fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
     }
 }
 
+/// Where a stand-in for an object the waypoint cannot enforce goes (a deny-all policy, a
+/// refuse-all RequestAuthentication): each of its `refs` taken wider (port and
+/// sectionName dropped); `(refs, true)` when one cannot be placed (a kind the waypoint
+/// does not serve, another namespace, no name) or there are none, and the caller covers
+/// all its namespace could target.
+pub fn place_widely(namespace: &str, refs: &[ObjectRef]) -> (Vec<ObjectRef>, bool) {
+    let placed: Option<Vec<ObjectRef>> = refs
+        .iter()
+        .map(|r| {
+            let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
+            ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
+        })
+        .collect();
+    match placed {
+        Some(refs) if !refs.is_empty() => (refs, false),
+        _ => (Vec::new(), true),
+    }
+}
+
 /// Whether a policy of `namespace` (AuthorizationPolicy, RequestAuthentication) with
 /// these `targetRefs` attaches to the request's target, as Istio attaches policies to
 /// waypoints: a Service of the policy's own namespace, the waypoint's Gateway (from the

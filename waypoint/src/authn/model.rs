@@ -5,7 +5,7 @@ use std::sync::Arc;
 use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
 
-use crate::object::{attaches, ref_kind, ObjectRef, Target};
+use crate::object::{attaches, place_widely, ObjectRef, Target};
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -143,17 +143,7 @@ impl RequestAuthentication {
     /// instead would let any token through unverified to a DENY on `requestPrincipals`.
     /// Targets are placed as for an unenforceable AuthorizationPolicy.
     pub fn reject_all(namespace: &str, name: &str, refs: &[ObjectRef]) -> RequestAuthentication {
-        let placed: Option<Vec<ObjectRef>> = refs
-            .iter()
-            .map(|r| {
-                let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
-                ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
-            })
-            .collect();
-        let (target_refs, unplaced) = match placed {
-            Some(refs) if !refs.is_empty() => (refs, false),
-            _ => (Vec::new(), true),
-        };
+        let (target_refs, unplaced) = place_widely(namespace, refs);
         RequestAuthentication { name: name.into(), namespace: namespace.into(), target_refs, jwt_rules: Vec::new(), reject_tokens: true, unplaced }
     }
 

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use ztunnel::cidr::Cidr;
 
 pub(super) use crate::object::ref_kind;
-use crate::object::ObjectRef;
+use crate::object::{place_widely, ObjectRef};
 
 const SUPPORTED_KEYS: &str = "request.headers[<name>], source.ip, remote.ip, source.namespace, source.principal, \
      destination.port, request.auth.principal, request.auth.audiences, request.auth.presenter, request.auth.claims[<name>]...";
@@ -148,17 +148,7 @@ impl AuthorizationPolicy {
     /// waypoint from the waypoint's own or the root namespace, else every Service of
     /// its namespace (so one namespace's policy never denies another's traffic).
     pub fn deny_all(namespace: &str, name: &str, refs: &[ObjectRef]) -> AuthorizationPolicy {
-        let placed: Option<Vec<ObjectRef>> = refs
-            .iter()
-            .map(|r| {
-                let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
-                ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
-            })
-            .collect();
-        let (target_refs, unplaced) = match placed {
-            Some(refs) if !refs.is_empty() => (refs, false),
-            _ => (Vec::new(), true),
-        };
+        let (target_refs, unplaced) = place_widely(namespace, refs);
         AuthorizationPolicy {
             name: name.into(),
             namespace: namespace.into(),
