@@ -157,13 +157,15 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     };
     let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
     let dst_identity = endpoint.identity();
-    let labels = TcpLabels::new(
+    // Boxed: the label set (~1 KB) is needed only until the connection's counters
+    // are fetched; inline it would stay in the connection's future for its life.
+    let labels = Box::new(TcpLabels::new(
         "waypoint",
         Peer { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
         Peer { workload: Some(&endpoint), identity: Some(&dst_identity) },
         service.as_deref(),
         true,
-    );
+    ));
     let (mut up_send, up_recv, guard) = match wp.pool.connect(&key, &wp.netns, up_req).await {
         Ok(u) => u,
         Err(e) => {

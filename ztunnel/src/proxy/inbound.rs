@@ -107,13 +107,15 @@ async fn handle_stream(
     // Describe the source from config only if config agrees with its verified identity.
     let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
     let service = state.inbound_service(workload, hbone::request::forwarded_host(&req).as_deref(), target.port()).cloned();
-    let labels = TcpLabels::new(
+    // Boxed: the label set (~1 KB) is needed only until the connection's counters
+    // are fetched; inline it would stay in the connection's future for its life.
+    let labels = Box::new(TcpLabels::new(
         "destination",
         Peer { workload: src_wl.as_deref(), identity: Some(&src_identity) },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
         service.as_deref(),
         true,
-    );
+    ));
     // Registered before the decision, so a policy change in between is not missed.
     let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: "HBONE" };
     let registration = pod.inbound.register(conn.clone(), view);
@@ -136,7 +138,8 @@ async fn handle_stream(
         inputs.metrics.failed(&labels, "CONNECT");
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     }
-    let mut upstream = match pod.netns.connect(deliver_to, from, inputs.cfg.connect_timeout).await {
+    // Boxed: only the connect needs its space, not the whole relay (see outbound.rs).
+    let mut upstream = match Box::pin(pod.netns.connect(deliver_to, from, inputs.cfg.connect_timeout)).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot reach the application");

@@ -43,13 +43,15 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     let state = inputs.state.load_full();
     let workload = pod.workload_in(&state);
     let service = state.inbound_service(workload, None, dst.port()).cloned();
-    let labels = TcpLabels::new(
+    // Boxed: the label set (~1 KB) is needed only until the connection's counters
+    // are fetched; inline it would stay in the connection's future for its life.
+    let labels = Box::new(TcpLabels::new(
         "destination",
         Peer { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
         service.as_deref(),
         false,
-    );
+    ));
     let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst, protocol: "TCP" };
     let registration = pod.inbound.register(conn.clone(), view);
     let decision = state.authorize(workload, &conn);
@@ -61,7 +63,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         inputs.metrics.failed(&labels, "DENY");
         return reset(stream);
     }
-    let mut upstream = match pod.netns.connect(dst, Some(peer), inputs.cfg.connect_timeout).await {
+    let mut upstream = match Box::pin(pod.netns.connect(dst, Some(peer), inputs.cfg.connect_timeout)).await {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot reach the application");

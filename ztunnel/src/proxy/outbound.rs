@@ -178,6 +178,22 @@ fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) 
     }
 }
 
+/// Istio's HBONE CONNECT for `target` on behalf of the pod's client `peer`: the
+/// original client and service in `forwarded`, a fresh `traceparent`, the source's
+/// `baggage`.
+fn connect_request(target: SocketAddr, peer: SocketAddr, service: Option<&Service>, src: &Workload) -> Result<http::Request<()>, http::Error> {
+    let mut req = http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(target.to_string())
+        .header("forwarded", hbone::request::forwarded(peer, service.map(|s| s.hostname.as_str())))
+        .header("traceparent", hbone::traceparent());
+    let baggage = src.baggage();
+    if !baggage.is_empty() {
+        req = req.header("baggage", baggage);
+    }
+    req.body(())
+}
+
 async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
     // eBPF capture hands the app's connection over loopback; the client is still the pod
     // (same port), and that is what logs, the dump and the peer's `forwarded` name.
@@ -197,7 +213,10 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
     let state = inputs.state.load_full();
     let src_wl = pod.workload_in(&state);
     let decided = match route(&state, src_wl, &pod.identity, dst) {
-        Route::Resolve { peer, port, service } => resolve(&inputs.on_demand_dns, &state, src_wl, dst, peer, port, service).await,
+        // Boxed, as the connects below: a future's size is that of its largest state, and
+        // these set-up steps (DNS, TLS and HTTP/2 handshakes) would otherwise make every
+        // connection's task carry their space for its whole life (measured: 7.8 KB).
+        Route::Resolve { peer, port, service } => Box::pin(resolve(&inputs.on_demand_dns, &state, src_wl, dst, peer, port, service)).await,
         r => r,
     };
     match decided {
@@ -209,14 +228,16 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         Route::Resolve { .. } => reset(stream),
         Route::Passthrough(to) => {
             let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: "TCP" });
-            let labels = TcpLabels::new(
+            // Boxed: the label set (~1 KB) is needed only until the connection's counters
+            // are fetched; inline it would stay in the connection's future for its life.
+            let labels = Box::new(TcpLabels::new(
                 "source",
                 Peer { workload: Some(&pod.workload), identity: None },
                 Peer { workload: state.workload_by_ip(to.ip()).map(|w| &**w), identity: None },
                 state.service_by_vip(dst.ip()).map(|s| &**s),
                 false,
-            );
-            let upstream = pod.netns.connect(to, None, inputs.cfg.connect_timeout).await;
+            ));
+            let upstream = Box::pin(pod.netns.connect(to, None, inputs.cfg.connect_timeout)).await;
             let mut upstream = match upstream {
                 Ok(u) => u,
                 Err(e) => {
@@ -250,32 +271,30 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
         }
         Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
             let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: hbone_addr, protocol: "HBONE" });
-            let labels = TcpLabels::new(
+            // Boxed: the label set (~1 KB) is needed only until the connection's counters
+            // are fetched; inline it would stay in the connection's future for its life.
+            let labels = Box::new(TcpLabels::new(
                 "source",
                 Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
                 Peer { workload: Some(&workload), identity: expected.first() },
                 service.as_deref(),
                 true,
-            );
+            ));
             let dst_identity = expected.first().cloned();
-            let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip);
-            let mut req = http::Request::builder()
-                .method(http::Method::CONNECT)
-                .uri(target.to_string())
-                .header("forwarded", hbone::request::forwarded(peer, service.as_deref().map(|s| s.hostname.as_str())))
-                .header("traceparent", hbone::traceparent());
-            let baggage = pod.workload.baggage();
-            if !baggage.is_empty() {
-                req = req.header("baggage", baggage);
-            }
-            let req = match req.body(()) {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot build CONNECT request");
-                    return reset(stream);
-                }
+            // The request and pool key only until connected (a block, so they take no
+            // room in the relay's state).
+            let connected = {
+                let req = match connect_request(target, peer, service.as_deref(), &pod.workload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot build CONNECT request");
+                        return reset(stream);
+                    }
+                };
+                let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip);
+                Box::pin(inputs.pool.connect(&key, &pod.netns, req)).await
             };
-            let (result, t) = match inputs.pool.connect(&key, &pod.netns, req).await {
+            let (result, t) = match connected {
                 Ok((send, recv, guard)) => {
                     let conn = inputs.metrics.opened(&labels);
                     drop(labels);
