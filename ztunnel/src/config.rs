@@ -90,16 +90,23 @@ impl LocalConfig {
             if let Some(t) = &w.application_tunnel {
                 t.validate().map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
             }
-            for svc in w.services.keys() {
+            for (svc, ports) in &w.services {
                 if svc.0.split_once('/').is_none() {
                     return Err(invalid(format!(
                         "workloads[{i}].services: key {:?} must be \"<namespace>/<hostname>\"",
                         svc.0
                     )));
                 }
+                if ports.contains_key(&0) {
+                    return Err(invalid(format!("workloads[{i}].services[{}]: service port 0 is not a port", svc.0)));
+                }
             }
         }
         for (i, s) in self.services.iter().enumerate() {
+            // Target port 0 means "the service port"; service port 0 means nothing.
+            if s.ports.contains_key(&0) {
+                return Err(invalid(format!("services[{i}].ports: service port 0 is not a port")));
+            }
             for san in &s.subject_alt_names {
                 san.parse::<crate::identity::Identity>()
                     .map_err(|e| invalid(format!("services[{i}].subjectAltNames: {e}")))?;
@@ -230,6 +237,16 @@ policies:
         let bad = svc.replace("/10.0.0.9", "/not-an-ip");
         let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
         assert!(err.contains("services[0].waypoint") && err.contains("not-an-ip"), "{err}");
+    }
+
+    #[test]
+    fn service_port_zero_is_refused_with_the_field_named() {
+        let svc = "services:\n- {name: s, namespace: n, hostname: s.n.svc, ports: {0: 80}}\n";
+        let e = LocalConfig::parse(Path::new("f.yaml"), svc).unwrap_err().to_string();
+        assert!(e.contains("f.yaml") && e.contains("services[0].ports: service port 0"), "{e}");
+        let wl = "workloads:\n- {uid: u, name: a, namespace: n, workloadIps: [10.0.0.1], services: {n/s.n.svc: {0: 0}}}\n";
+        let e = LocalConfig::parse(Path::new("f.yaml"), wl).unwrap_err().to_string();
+        assert!(e.contains("workloads[0].services[n/s.n.svc]: service port 0"), "{e}");
     }
 
     #[test]

@@ -115,7 +115,14 @@ fn gateway(g: Option<pb::GatewayAddress>, field: &str) -> Result<Option<GatewayA
 fn port_map(ports: &[pb::Port], field: &str) -> Result<BTreeMap<u16, u16>, String> {
     ports
         .iter()
-        .map(|p| Ok((port(p.service_port, field)?, port(p.target_port, field)?)))
+        .map(|p| {
+            // Target port 0 means "the service port"; a service port of 0 has no meaning
+            // (no connection goes to port 0) and would make target 0.
+            if p.service_port == 0 {
+                return Err(format!("{field}: service port 0 is not a port"));
+            }
+            Ok((port(p.service_port, field)?, port(p.target_port, field)?))
+        })
         .collect()
 }
 
@@ -542,6 +549,11 @@ mod tests {
         assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
         let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
         assert!(bad.unwrap_err().contains("subject_alt_names"));
+        // Found by the xds_resources fuzzer (fuzz/regressions/xds_resources/service-port-0):
+        // service port 0 with target 0 made an endpoint target port 0.
+        let zero = vec![pb::Port { service_port: 0, target_port: 0, app_protocol: 0 }];
+        let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), ports: zero, ..Default::default() });
+        assert!(bad.unwrap_err().contains("service port 0 is not a port"));
     }
 
     #[test]
