@@ -105,12 +105,12 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     Ok(r)
 }
 
-/// The policy, or None when it is not the waypoint's to enforce (a `selector` policy is
-/// for the workloads' own proxies).
-pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String> {
-    // Without a spec there are no targetRefs: not the waypoint's.
+/// The spec of a security.istio.io object (AuthorizationPolicy, RequestAuthentication)
+/// if it is the waypoint's: it has `targetRefs` (the deprecated single `targetRef` means
+/// a one-element list). None without a spec or targets (a `selector` object is for the
+/// workloads' own proxies); both a selector and targets is refused.
+fn waypoint_spec(obj: &DynamicObject) -> Result<Option<serde_json::Map<String, Value>>, String> {
     let Ok(mut spec) = flattened(obj) else { return Ok(None) };
-    // The deprecated single targetRef means the same as a one-element targetRefs.
     if let Some(one) = spec.remove("targetRef") {
         if spec.contains_key("targetRefs") {
             return Err("sets both targetRef and targetRefs".into());
@@ -123,27 +123,20 @@ pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String
     if spec.contains_key("selector") {
         return Err("sets both selector and targetRefs".into());
     }
+    Ok(Some(spec))
+}
+
+/// The policy, or None when it is not the waypoint's to enforce.
+pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String> {
+    let Some(spec) = waypoint_spec(obj)? else { return Ok(None) };
     let p: AuthorizationPolicy = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
     p.validate()?;
     Ok(Some(p))
 }
 
-/// The RequestAuthentication, or None when it is not the waypoint's (a `selector` one
-/// is for the workloads' own proxies).
+/// The RequestAuthentication, or None when it is not the waypoint's.
 pub fn authentication(obj: &DynamicObject) -> Result<Option<RequestAuthentication>, String> {
-    let Ok(mut spec) = flattened(obj) else { return Ok(None) };
-    if let Some(one) = spec.remove("targetRef") {
-        if spec.contains_key("targetRefs") {
-            return Err("sets both targetRef and targetRefs".into());
-        }
-        spec.insert("targetRefs".into(), Value::Array(vec![one]));
-    }
-    if spec.get("targetRefs").is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty())) {
-        return Ok(None);
-    }
-    if spec.contains_key("selector") {
-        return Err("sets both selector and targetRefs".into());
-    }
+    let Some(spec) = waypoint_spec(obj)? else { return Ok(None) };
     let a: RequestAuthentication = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
     a.validate()?;
     Ok(Some(a))

@@ -104,6 +104,19 @@ pub fn place_widely(namespace: &str, refs: &[ObjectRef]) -> (Vec<ObjectRef>, boo
     }
 }
 
+/// Whether an object of `namespace` with these `refs` applies to the request's target:
+/// as [`attaches`], or, for a stand-in whose targets could not be placed
+/// ([`place_widely`]), whatever its namespace could target (the waypoint from its own or
+/// the root namespace, else the namespace's Services).
+pub fn applies(namespace: &str, refs: &[ObjectRef], unplaced: bool, target: &Target) -> bool {
+    if unplaced {
+        return namespace == target.gateway.namespace
+            || namespace == target.root_namespace
+            || target.service.is_some_and(|s| s.namespace == namespace);
+    }
+    attaches(namespace, refs, target)
+}
+
 /// Whether a policy of `namespace` (AuthorizationPolicy, RequestAuthentication) with
 /// these `targetRefs` attaches to the request's target, as Istio attaches policies to
 /// waypoints: a Service of the policy's own namespace, the waypoint's Gateway (from the

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use jsonwebtoken::jwk::JwkSet;
 use serde::Deserialize;
 
-use crate::object::{attaches, place_widely, ObjectRef, Target};
+use crate::object::{applies, place_widely, ObjectRef, Target};
 
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -129,12 +129,7 @@ impl RequestAuthentication {
     /// (`object::attaches`); a stand-in whose targets could not be placed covers all
     /// its namespace could target.
     pub fn applies_to(&self, target: &Target) -> bool {
-        if self.unplaced {
-            return self.namespace == target.gateway.namespace
-                || self.namespace == target.root_namespace
-                || target.service.is_some_and(|s| s.namespace == self.namespace);
-        }
-        attaches(&self.namespace, &self.target_refs, target)
+        applies(&self.namespace, &self.target_refs, self.unplaced, target)
     }
 
     /// What stands in for a RequestAuthentication the waypoint cannot read: since it can

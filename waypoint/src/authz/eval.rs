@@ -8,7 +8,7 @@ use ztunnel::identity::Identity;
 use ztunnel::rbac::field::{negative, positive};
 
 use crate::authn::{Claim, RequestAuth};
-use crate::object::{attaches, Target};
+use crate::object::{applies, Target};
 
 /// What a policy is checked against, for one request.
 #[derive(Clone, Copy, Debug)]
@@ -72,12 +72,7 @@ impl AuthorizationPolicy {
     /// attaches policies to waypoints. A deny-all stand-in whose targets could not be
     /// placed covers what its namespace could target (`deny_all`).
     pub fn applies_to(&self, target: &Target) -> bool {
-        if self.unplaced {
-            return self.namespace == target.gateway.namespace
-                || self.namespace == target.root_namespace
-                || target.service.is_some_and(|s| s.namespace == self.namespace);
-        }
-        attaches(&self.namespace, &self.target_refs, target)
+        applies(&self.namespace, &self.target_refs, self.unplaced, target)
     }
 
     fn matches(&self, a: &Attrs) -> bool {
