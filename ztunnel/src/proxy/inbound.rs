@@ -53,17 +53,28 @@ async fn handle_connection(
     server
         .serve(conn, &inputs.drain, &src_identity, |req, respond| {
             let span = tracing::info_span!("stream", src.identity = %src_identity);
-            tokio::spawn(
-                handle_stream(inputs.clone(), pod.clone(), req, respond, peer, local, src_identity.clone()).instrument(span),
-            );
+            // What the stream needs of the request head is read here, so the head (a few
+            // hundred bytes) is not kept in the stream's task for its life.
+            let (head, body) = req.into_parts();
+            let head = Request::from_parts(head, ());
+            let connect = Connect { target: hbone::connect_target(&head), claimed_service: hbone::request::forwarded_host(&head), body };
+            tokio::spawn(handle_stream(inputs.clone(), pod.clone(), connect, respond, peer, local, src_identity.clone()).instrument(span));
         })
         .await;
+}
+
+/// One CONNECT stream as the stream's task sees it.
+struct Connect {
+    target: Result<SocketAddr, hbone::BadConnect>,
+    /// The service the client side named (`forwarded: ...;host=`).
+    claimed_service: Option<String>,
+    body: h2::RecvStream,
 }
 
 async fn handle_stream(
     inputs: Arc<ProxyInputs>,
     pod: LocalPod,
-    req: Request<h2::RecvStream>,
+    connect: Connect,
     tx: SendResponse<Bytes>,
     peer: SocketAddr,
     local: SocketAddr,
@@ -73,7 +84,8 @@ async fn handle_stream(
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     };
     let start = Instant::now();
-    let target = match hbone::connect_target(&req) {
+    let Connect { target, claimed_service, body: recv } = connect;
+    let target = match target {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "bad HBONE request");
@@ -106,7 +118,7 @@ async fn handle_stream(
     let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity.
     let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == src_identity).cloned();
-    let service = state.inbound_service(workload, hbone::request::forwarded_host(&req).as_deref(), target.port()).cloned();
+    let service = state.inbound_service(workload, claimed_service.as_deref(), target.port()).cloned();
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
@@ -155,7 +167,7 @@ async fn handle_stream(
             return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
         }
     }
-    let (recv, mut tx) = (req.into_body(), tx);
+    let mut tx = tx;
     let send = match tx.send_response(Response::new(()), false) {
         Ok(s) => s,
         Err(e) => {
