@@ -399,15 +399,19 @@ impl L7Mesh {
         let wp_ip = topo.pod("n1p2").ip;
         let both = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080}}";
         let v2 = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v2.default.svc.cluster.local: {80: 8080}}";
+        // n2p1 also serves the ext_authz test's authorizers (HTTP 8000, gRPC 9100).
+        let both_authz = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080}, \
+                          default/authz.default.svc.cluster.local: {8000: 8000, 8001: 8001, 9100: 9100}}";
         format!(
             "workloads:\n{}{}{}{}{}services:\n\
              - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080, 9000: 9000}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
              - {{name: echo-v1, namespace: default, hostname: echo-v1.default.svc.cluster.local, vips: [\"/10.96.0.21\"], ports: {{80: 8080}}}}\n\
-             - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080}}}}\n",
+             - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080}}}}\n\
+             - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{8000: 8000, 8001: 8001, 9100: 9100}}}}\n",
             workload(topo, "n1p1", "client", ""),
             workload(topo, "n1p2", "waypoint", ""),
             workload(topo, "n1p3", "echo", v2),
-            workload(topo, "n2p1", "echo", both),
+            workload(topo, "n2p1", "echo", both_authz),
             workload(topo, "n2p2", "echo", both),
         )
     }
@@ -1526,5 +1530,255 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
             println!("{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed", cpu.as_secs_f64(), cpu.as_secs_f64() * 1000.0 / 400.0);
         }
     }
+    Ok(())
+}
+
+/// What an ext_authz test server saw: each check's path, method and headers.
+#[derive(Clone, Debug)]
+struct SeenCheck {
+    path: String,
+    method: String,
+    headers: HashMap<String, String>,
+    /// The gRPC CheckRequest's peers (gRPC only).
+    source_principal: String,
+    destination_principal: String,
+}
+
+type Checks = std::sync::Arc<std::sync::Mutex<Vec<SeenCheck>>>;
+
+/// An HTTP ext_authz server as Istio's sample: `x-ext-authz: allow` allows (and names
+/// the user for the backend), anything else is denied with its own status, body and
+/// headers.
+fn start_http_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
+    let l = pod.netns.listen(port)?;
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = l.accept().await {
+            let checks = checks.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let checks = checks.clone();
+                    async move {
+                        let headers = req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string())).collect::<HashMap<_, _>>();
+                        let allow = headers.get("x-ext-authz").map(String::as_str) == Some("allow");
+                        checks.lock().unwrap().push(SeenCheck {
+                            path: req.uri().to_string(),
+                            method: req.method().to_string(),
+                            headers,
+                            source_principal: String::new(),
+                            destination_principal: String::new(),
+                        });
+                        let resp = if allow {
+                            http::Response::builder().status(200).header("x-user", "alice").header("x-authz-said", "ok").header("x-unlisted", "1").body(String::new())
+                        } else {
+                            http::Response::builder().status(403).header("x-reason", "nope").header("x-secret", "s").body("denied by the authorizer".to_string())
+                        };
+                        Ok::<_, std::convert::Infallible>(resp.expect("response"))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
+            });
+        }
+    }))
+}
+
+/// A gRPC ext_authz server (Envoy's Authorization service, tonic): `x-ext-authz: allow`
+/// allows with headers for the backend and the client, `unauth` answers
+/// UNAUTHENTICATED, anything else is denied with 429 and a body.
+#[derive(Clone)]
+struct GrpcAuthorizer(Checks);
+
+#[tonic::async_trait]
+impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::Authorization for GrpcAuthorizer {
+    async fn check(
+        &self,
+        req: tonic::Request<waypoint::extauthz::proto::envoy::service::auth::v3::CheckRequest>,
+    ) -> Result<tonic::Response<waypoint::extauthz::proto::envoy::service::auth::v3::CheckResponse>, tonic::Status> {
+        use waypoint::extauthz::proto::envoy::config::core::v3 as core;
+        use waypoint::extauthz::proto::envoy::service::auth::v3 as auth;
+        let attrs = req.into_inner().attributes.unwrap_or_default();
+        let http = attrs.request.and_then(|r| r.http).unwrap_or_default();
+        let verdict = http.headers.get("x-ext-authz").cloned().unwrap_or_default();
+        self.0.lock().unwrap().push(SeenCheck {
+            path: http.path.clone(),
+            method: http.method.clone(),
+            headers: http.headers.into_iter().collect(),
+            source_principal: attrs.source.map(|p| p.principal).unwrap_or_default(),
+            destination_principal: attrs.destination.map(|p| p.principal).unwrap_or_default(),
+        });
+        let header = |k: &str, v: &str| core::HeaderValueOption {
+            header: Some(core::HeaderValue { key: k.into(), value: v.into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let status = |code| Some(ztunnel::xds::proto::google::rpc::Status { code, ..Default::default() });
+        let resp = match verdict.as_str() {
+            "allow" => auth::CheckResponse {
+                status: status(0),
+                http_response: Some(auth::check_response::HttpResponse::OkResponse(auth::OkHttpResponse {
+                    headers: vec![header("x-user", "grpc-alice")],
+                    headers_to_remove: vec!["x-ext-authz".into()],
+                    response_headers_to_add: vec![header("x-grpc-said", "ok")],
+                    ..Default::default()
+                })),
+                ..Default::default()
+            },
+            "unauth" => auth::CheckResponse { status: status(16), ..Default::default() },
+            _ => auth::CheckResponse {
+                status: status(7),
+                http_response: Some(auth::check_response::HttpResponse::DeniedResponse(auth::DeniedHttpResponse {
+                    status: Some(waypoint::extauthz::proto::envoy::r#type::v3::HttpStatus { code: 429 }),
+                    headers: vec![header("x-reason", "grpc-nope")],
+                    body: "the gRPC authorizer says no".into(),
+                })),
+                ..Default::default()
+            },
+        };
+        Ok(tonic::Response::new(resp))
+    }
+}
+
+fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
+    let l = pod.netns.listen(port)?;
+    let svc = waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::AuthorizationServer::new(GrpcAuthorizer(checks));
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = l.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let mut svc = svc.clone();
+                    async move {
+                        use tower::Service;
+                        Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .http2_only()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }))
+}
+
+const EXT_AUTHZ_PROVIDERS: &str = r#"
+meshConfig:
+  extensionProviders:
+  - name: http-authz
+    envoyExtAuthzHttp:
+      service: default/authz.default.svc.cluster.local
+      port: 8000
+      pathPrefix: /check
+      includeRequestHeadersInCheck: [x-ext-authz]
+      headersToUpstreamOnAllow: [x-user]
+      headersToDownstreamOnDeny: [x-reason]
+      headersToDownstreamOnAllow: [x-authz-*]
+  - name: grpc-authz
+    envoyExtAuthzGrpc:
+      service: authz.default.svc.cluster.local
+      port: 9100
+      timeout: 2s
+  - name: down
+    envoyExtAuthzHttp: {service: authz.default.svc.cluster.local, port: 8001, timeout: 2s, statusOnError: "503"}
+  - name: down-open
+    envoyExtAuthzGrpc: {service: authz.default.svc.cluster.local, port: 8001, timeout: 2s, failOpen: true}
+  - name: zipkin
+    zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}
+"#;
+
+/// A CUSTOM policy on the echo service for `/private*`, checked by `provider`.
+fn custom_policy(provider: &str) -> String {
+    format!(
+        "authorizationPolicies:\n- {{name: ext, namespace: default, targetRefs: [{{kind: Service, group: \"\", name: echo}}], action: CUSTOM, \
+         provider: {{name: {provider}}}, rules: [{{to: [{{operation: {{paths: [\"/private*\"]}}}}]}}]}}\n"
+    )
+}
+
+/// AuthorizationPolicy CUSTOM through the waypoint, with real ext_authz servers in a
+/// mesh pod: an HTTP authorizer (Istio's envoyExtAuthzHttp) and a gRPC one (Envoy's
+/// `envoy.service.auth.v3.Authorization/Check`, served by tonic), only for what the
+/// policy's rules match; failures answer statusOnError or fail open; a provider that is
+/// missing or not an authorizer denies what its policy matches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
+    let l7 = format!("{EXT_AUTHZ_PROVIDERS}{}", custom_policy("http-authz"));
+    let m = L7Mesh::start("l7x", &l7, &[]).await?;
+    let authz_pod = m.mesh.topo.pod("n2p1");
+    let (http_checks, grpc_checks) = (Checks::default(), Checks::default());
+    let _h = start_http_authorizer(authz_pod, 8000, http_checks.clone())?;
+    let _g = start_grpc_authorizer(authz_pod, 9100, grpc_checks.clone())?;
+    let mut c = m.h1().await?;
+
+    // HTTP provider. Paths the rules don't match are never checked.
+    let r = c.request("GET", "/public", &[("x-ext-authz", "deny")]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert!(http_checks.lock().unwrap().is_empty());
+    let r = c.request("GET", "/private/a?q=1", &[("x-ext-authz", "allow"), ("x-other", "o")]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert_eq!(r.echoed("x-user"), ["alice"], "headersToUpstreamOnAllow reach the backend");
+    assert_eq!(r.headers.get("x-authz-said").map(|v| v.as_bytes()), Some(&b"ok"[..]), "headersToDownstreamOnAllow reach the client");
+    assert!(r.echoed("x-unlisted").is_empty() && r.headers.get("x-unlisted").is_none());
+    {
+        let seen = http_checks.lock().unwrap();
+        let check = seen.last().context("checked")?;
+        // Envoy's check request: the method, pathPrefix + path, Host, no body, and only the listed headers.
+        assert_eq!((check.method.as_str(), check.path.as_str()), ("GET", "/check/private/a?q=1"));
+        assert_eq!(check.headers.get("host").map(String::as_str), Some("echo.default.svc.cluster.local"));
+        assert_eq!(check.headers.get("content-length").map(String::as_str), Some("0"));
+        assert!(check.headers.contains_key("x-ext-authz") && !check.headers.contains_key("x-other"), "{check:?}");
+    }
+    let r = c.request("GET", "/private", &[("x-ext-authz", "deny")]).await?;
+    assert_eq!((r.status.as_u16(), r.body.as_str()), (403, "denied by the authorizer"), "{r:?}");
+    assert_eq!(r.headers.get("x-reason").map(|v| v.as_bytes()), Some(&b"nope"[..]));
+    assert!(r.headers.get("x-secret").is_none(), "only headersToDownstreamOnDeny reach the client");
+    wait_for("deny log", Duration::from_secs(5), || m.log().contains("response_flags=\"UAEX\""))?;
+
+    let reloads = |n: usize| wait_for("config reloaded", Duration::from_secs(5), || m.log().matches("config reloaded").count() >= n);
+    let reload = |provider: &str, n: usize| -> Result<()> {
+        let tmp = m.cfg_path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{}{EXT_AUTHZ_PROVIDERS}{}", m.base, custom_policy(provider)))?;
+        std::fs::rename(&tmp, &m.cfg_path)?;
+        reloads(n)
+    };
+
+    // gRPC provider: the CheckRequest names both peers; answers set and remove headers.
+    reload("grpc-authz", 1)?;
+    let r = c.request("POST", "/private/g", &[("x-ext-authz", "allow")]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert_eq!(r.echoed("x-user"), ["grpc-alice"]);
+    assert!(r.echoed("x-ext-authz").is_empty(), "headers_to_remove is applied");
+    assert_eq!(r.headers.get("x-grpc-said").map(|v| v.as_bytes()), Some(&b"ok"[..]));
+    {
+        let seen = grpc_checks.lock().unwrap();
+        let check = seen.last().context("checked")?;
+        assert_eq!((check.method.as_str(), check.path.as_str()), ("POST", "/private/g"));
+        assert_eq!(check.source_principal, "spiffe://cluster.local/ns/default/sa/client");
+        assert_eq!(check.destination_principal, "spiffe://cluster.local/ns/default/sa/waypoint");
+        assert_eq!(check.headers.get(":authority").map(String::as_str), Some("echo.default.svc.cluster.local"));
+    }
+    let r = c.request("GET", "/private", &[("x-ext-authz", "deny")]).await?;
+    assert_eq!((r.status.as_u16(), r.body.as_str()), (429, "the gRPC authorizer says no"), "{r:?}");
+    assert_eq!(r.headers.get("x-reason").map(|v| v.as_bytes()), Some(&b"grpc-nope"[..]));
+    assert_eq!(c.request("GET", "/private", &[("x-ext-authz", "unauth")]).await?.status, 401);
+    assert_eq!(c.request("GET", "/public", &[]).await?.status, 200);
+
+    // Nobody listens on 8001: statusOnError, or an allow when the provider fails open.
+    reload("down", 2)?;
+    let r = c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?;
+    assert_eq!(r.status, 503, "{r:?}\n{}", m.log());
+    reload("down-open", 3)?;
+    let r = c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+
+    // Not an authorizer, or not there: what the policy matches is denied, the rest passes.
+    for (provider, n) in [("zipkin", 4), ("missing", 5)] {
+        reload(provider, n)?;
+        assert_eq!(c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?.status, 403, "{provider}");
+        assert_eq!(c.request("GET", "/public", &[]).await?.status, 200, "{provider}");
+    }
+    // A bad provider in the file is refused with the field named; the last config stays.
+    let tmp = m.cfg_path.with_extension("tmp");
+    std::fs::write(&tmp, format!("{}{}{}", m.base, EXT_AUTHZ_PROVIDERS.replace("port: 9100", "port: 0"), custom_policy("http-authz")))?;
+    std::fs::rename(&tmp, &m.cfg_path)?;
+    m.waypoint.wait_log("config change rejected", Duration::from_secs(5))?;
+    assert!(m.log().contains("meshConfig.extensionProviders[1].envoyExtAuthzGrpc.port"), "{}", m.log());
     Ok(())
 }

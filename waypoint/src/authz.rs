@@ -23,5 +23,5 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
-pub use eval::{evaluate, Request, Verdict};
-pub use model::{Action, AuthorizationPolicy, Condition, From, Operation, Rule, Source, To};
+pub use eval::{custom_matches, evaluate, Request, Verdict};
+pub use model::{Action, AuthorizationPolicy, Condition, From, Operation, ProviderRef, Rule, Source, To};

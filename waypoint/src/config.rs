@@ -14,6 +14,7 @@ use ztunnel::state::MeshState;
 
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
+use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
 use crate::route::HttpRoute;
 
@@ -34,6 +35,8 @@ pub struct Config {
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
+    /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
+    pub providers: Providers,
     /// The L7 part for the admin endpoint: the routes and policies as they were read
     /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
     /// also what was rejected and who uses the waypoint (see `k8s`).
@@ -51,6 +54,8 @@ struct L7Lists {
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
+    #[serde(default)]
+    mesh_config: Option<serde_json::Value>,
 }
 
 /// The same lists as written, for the admin endpoint.
@@ -63,6 +68,8 @@ struct RawL7Lists {
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
     request_authentications: Vec<serde_json::Value>,
+    #[serde(default)]
+    mesh_config: Option<serde_json::Value>,
 }
 
 impl Config {
@@ -87,6 +94,16 @@ impl Config {
         for (i, a) in l7.request_authentications.iter().enumerate() {
             a.validate().map_err(|e| invalid(format!("requestAuthentications[{i}].{e} (RequestAuthentication {}/{})", a.namespace, a.name)))?;
         }
+        let mesh_config: MeshConfig = match &l7.mesh_config {
+            None => MeshConfig::default(),
+            Some(v) => serde_json::from_value(v.clone()).map_err(|e| invalid(format!("meshConfig: {e}")))?,
+        };
+        // In the file every provider must be valid: a typo is the author's to fix now,
+        // not a deny at the first request.
+        let providers = extauthz::provider::parse_all(&mesh_config.extension_providers).map_err(|e| invalid(format!("meshConfig.{e}")))?;
+        if let Some((name, Err(e))) = providers.iter().find(|(_, p)| p.is_err()) {
+            return Err(invalid(format!("meshConfig.{e} (extensionProvider {name})")));
+        }
         let raw: RawL7Lists =
             serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let dump = serde_json::json!({
@@ -94,12 +111,14 @@ impl Config {
             "httpRoutes": raw.http_routes,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
+            "meshConfig": raw.mesh_config,
         });
         Ok(Config {
             state: Arc::new(mesh.into_state(path)?),
             routes: l7.http_routes,
             policies: l7.authorization_policies,
             authentications: l7.request_authentications,
+            providers: Arc::new(providers),
             dump: Arc::new(dump),
         })
     }
@@ -114,7 +133,7 @@ impl Config {
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
         let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), dump: Arc::new(dump) }
+        Config { state, routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }
 
@@ -152,6 +171,7 @@ pub async fn combine(
             routes: l.routes.clone(),
             policies: l.policies.clone(),
             authentications: l.authentications.clone(),
+            providers: l.providers.clone(),
             dump,
         };
         on_change(&cfg);

@@ -7,6 +7,7 @@
 
 mod backend;
 mod body;
+mod ext_authz;
 mod forward;
 mod headers;
 mod log;
@@ -84,7 +85,13 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
         jwks: &wp.jwks,
     };
     let mut notes = log::Notes::default();
-    let planned = plan::build(&inbound, &mut parts, &mut notes);
+    let planned = match plan::admit(&inbound, &mut parts, &mut notes) {
+        Ok(mut admitted) => match ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut notes).await {
+            Ok(()) => plan::build(&inbound, admitted, &mut parts, &mut notes),
+            Err(reply) => Err(reply),
+        },
+        Err(reply) => Err(reply),
+    };
     log.note(notes);
     match planned {
         Ok(plan) => {

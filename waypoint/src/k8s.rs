@@ -40,6 +40,8 @@ pub struct L7Config {
     pub routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
+    /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
+    pub providers: crate::extauthz::Providers,
     /// How many of `policies` (and `authentications`) are stand-ins in place of ones that did not convert.
     pub unenforceable: usize,
     /// For the admin endpoint: the objects as read, what was rejected, and who uses the
@@ -547,7 +549,9 @@ mod tests {
         let sidecar = policy(&object("AuthorizationPolicy", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "action": "DENY", "rules": [{}]})));
         assert!(sidecar.unwrap().is_none(), "selector policies are not the waypoint's");
         let custom = policy(&object("AuthorizationPolicy", "c", json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM", "provider": {"name": "x"}})));
-        assert!(custom.is_err());
+        assert_eq!(custom.unwrap().unwrap().provider.map(|p| p.name).as_deref(), Some("x"));
+        let no_provider = policy(&object("AuthorizationPolicy", "c", json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM"})));
+        assert!(no_provider.is_err());
     }
 
     #[test]
@@ -595,8 +599,8 @@ mod tests {
             // An ALLOW with a condition we do not know: dropping it would allow everyone.
             json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW",
                    "rules": [{"when": [{"key": "connection.sni", "values": ["x"]}]}]}),
-            // ext-authz, which we don't have.
-            json!({"targetRef": {"group": "", "kind": "Service", "name": "echo"}, "action": "CUSTOM", "provider": {"name": "x"}, "rules": [{}]}),
+            // CUSTOM without its provider.
+            json!({"targetRef": {"group": "", "kind": "Service", "name": "echo"}, "action": "CUSTOM", "rules": [{}]}),
             // A condition we cannot evaluate.
             json!({"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY",
                    "rules": [{"when": [{"key": "request.auth.claims[]", "values": ["admin"]}]}]}),

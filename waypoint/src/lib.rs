@@ -11,6 +11,7 @@ pub mod config;
 pub mod context;
 pub mod detect;
 pub mod dump;
+pub mod extauthz;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

@@ -15,6 +15,7 @@ use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
 use crate::authz;
+use crate::extauthz;
 use crate::context::Waypoint;
 use crate::detect;
 use crate::http::Tunnel;
@@ -93,22 +94,24 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
 /// their TCP form (`AuthorizationPolicy::for_tcp`): otherwise a client could dodge an
 /// HTTP deny by making its request look like something else (a bare `\n` line end, a
 /// pause before the request line).
-fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy]) -> Result<(), String> {
+fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy], providers: &extauthz::Providers) -> Result<(), String> {
     let tcp: Vec<authz::AuthorizationPolicy> = policies.iter().map(|p| p.for_tcp()).collect();
     let headers = http::HeaderMap::new();
-    let verdict = authz::evaluate(
-        &tcp,
-        &authz::Request {
-            source_principal: Some(&tunnel.src_identity),
-            source_ip: tunnel.src_addr.ip(),
-            destination_port: tunnel.target.port(),
-            host: "",
-            method: "",
-            path: "",
-            headers: &headers,
-            auth: None,
-        },
-    );
+    let req = authz::Request {
+        source_principal: Some(&tunnel.src_identity),
+        source_ip: tunnel.src_addr.ip(),
+        destination_port: tunnel.target.port(),
+        host: "",
+        method: "",
+        path: "",
+        headers: &headers,
+        auth: None,
+    };
+    // CUSTOM first, as for HTTP: a connection it would check is denied (see `extauthz`).
+    if let extauthz::Custom::Deny { policy, reason } = extauthz::decide_tcp(providers, &tcp, &req) {
+        return Err(format!("denied by {policy}: {reason}"));
+    }
+    let verdict = authz::evaluate(&tcp, &req);
     if verdict.allowed {
         return Ok(());
     }
@@ -130,7 +133,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     }
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&l7_target)).collect();
     if !policies.is_empty() {
-        if let Err(reason) = l4_allowed(&tunnel, &policies) {
+        if let Err(reason) = l4_allowed(&tunnel, &policies, &cfg.providers) {
             tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "DENY", reason, "opaque connection denied");
             down_send.send_reset(h2::Reason::REFUSED_STREAM);
             return;

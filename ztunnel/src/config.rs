@@ -51,6 +51,10 @@ pub struct LocalConfig {
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]
     pub request_authentications: Vec<serde_yaml::Value>,
+    /// Istio's MeshConfig (as the `mesh` key of the `istio` ConfigMap); the waypoint
+    /// reads its `extensionProviders` (CUSTOM policies' authorizers). Not interpreted here.
+    #[serde(default)]
+    pub mesh_config: Option<serde_yaml::Value>,
 }
 
 impl LocalConfig {

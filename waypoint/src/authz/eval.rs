@@ -59,10 +59,19 @@ pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>,
                     audited_by.push(p.key());
                 }
             }
+            // Decided by the external authorizer (`custom_matches`, then `extauthz`).
+            Action::Custom => {}
         }
     }
     let allowed = denied_by.is_none() && (!have_allow || allow_matched);
     Verdict { allowed, denied_by, audited_by }
+}
+
+/// The CUSTOM policies among `policies` and, for each, whether it matches the request
+/// (its rules read as a DENY's: doubt counts for the match, so for a check).
+pub fn custom_matches<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>, req: &Request) -> Vec<(&'p AuthorizationPolicy, bool)> {
+    let attrs = Attrs::new(req);
+    policies.into_iter().filter(|p| p.action == Action::Custom).map(|p| (p, p.matches(&attrs))).collect()
 }
 
 impl AuthorizationPolicy {
@@ -78,7 +87,7 @@ impl AuthorizationPolicy {
     fn matches(&self, a: &Attrs) -> bool {
         let pol = match self.action {
             Action::Allow => Polarity::Allow,
-            Action::Deny | Action::Audit => Polarity::Deny,
+            Action::Deny | Action::Audit | Action::Custom => Polarity::Deny,
         };
         self.rules.iter().any(|r| r.matches(a, pol))
     }

@@ -25,18 +25,30 @@ pub struct AuthorizationPolicy {
     pub action: Action,
     #[serde(default)]
     pub rules: Vec<Rule>,
+    /// The authorizer of a CUSTOM policy (a meshConfig extensionProvider).
+    #[serde(default)]
+    pub provider: Option<ProviderRef>,
     /// Set on a deny-all stand-in (`deny_all`) whose targets could not all be placed.
     #[serde(skip)]
     pub unplaced: bool,
 }
 
-/// Written as in Istio's CRD: `ALLOW`, `DENY`, `AUDIT`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProviderRef {
+    pub name: String,
+}
+
+/// Written as in Istio's CRD: `ALLOW`, `DENY`, `AUDIT`, `CUSTOM`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Action {
     #[default]
     Allow,
     Deny,
     Audit,
+    /// Delegated to an external authorizer (ext_authz, see `extauthz`) for the requests
+    /// its rules match.
+    Custom,
 }
 
 impl<'de> Deserialize<'de> for Action {
@@ -46,11 +58,9 @@ impl<'de> Deserialize<'de> for Action {
             "ALLOW" => Ok(Action::Allow),
             "DENY" => Ok(Action::Deny),
             "AUDIT" => Ok(Action::Audit),
-            "CUSTOM" => Err(serde::de::Error::custom(
-                "action CUSTOM delegates to an external authorizer (ext-authz), which this waypoint does not support",
-            )),
+            "CUSTOM" => Ok(Action::Custom),
             _ => Err(serde::de::Error::custom(format!(
-                "unknown action {s:?}: expected ALLOW, DENY or AUDIT (uppercase, as in Istio)"
+                "unknown action {s:?}: expected ALLOW, DENY, AUDIT or CUSTOM (uppercase, as in Istio)"
             ))),
         }
     }
@@ -62,6 +72,7 @@ impl fmt::Display for Action {
             Action::Allow => "ALLOW",
             Action::Deny => "DENY",
             Action::Audit => "AUDIT",
+            Action::Custom => "CUSTOM",
         })
     }
 }
@@ -156,6 +167,7 @@ impl AuthorizationPolicy {
             action: Action::Deny,
             // A rule with no from, to or when matches every request.
             rules: vec![Rule::default()],
+            provider: None,
             unplaced,
         }
     }

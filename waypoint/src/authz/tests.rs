@@ -177,7 +177,6 @@ fn rejected_when_loading() {
             // serde_yaml names the list, not the element; line and column point at it.
             "authorizationPolicies[0].rules[0].from[0].source.ipBlocks: invalid IP or CIDR \"10.0.0.300\": expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\" at line 8 column 19",
         ),
-        ("  action: CUSTOM\n", "authorizationPolicies[0]: action CUSTOM delegates to an external authorizer"),
         ("  action: Deny\n", "authorizationPolicies[0]: unknown action \"Deny\""),
         ("  selector: {matchLabels: {app: echo}}\n", "authorizationPolicies[0]: unknown field `selector`"),
         ("  rules:\n  - to: [{operation: {path: [\"/a\"]}}]\n", "authorizationPolicies[0].rules[0].to[0].operation: unknown field `path`"),
@@ -683,6 +682,7 @@ fn unvalidated_values_fail_closed() {
         namespace: "default".into(),
         target_refs: vec![],
         action: Action::Allow,
+        provider: None,
         rules: vec![Rule {
             when: vec![Condition {
                 key: "connection.sni".into(),

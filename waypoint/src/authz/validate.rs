@@ -3,7 +3,7 @@
 //! Errors start with the field path relative to the policy, e.g.
 //! `rules[0].to[1].operation.ports[0]: ...`.
 
-use super::model::{parse_key, parse_port, ref_kind, AuthorizationPolicy, Condition, Key, Operation, Rule, Source};
+use super::model::{parse_key, parse_port, ref_kind, Action, AuthorizationPolicy, Condition, Key, Operation, Rule, Source};
 use ztunnel::cidr::Cidr;
 
 use crate::object::ObjectRef;
@@ -30,7 +30,13 @@ impl AuthorizationPolicy {
         for (i, rule) in self.rules.iter().enumerate() {
             rule.validate(&format!("rules[{i}]"))?;
         }
-        Ok(())
+        match (self.action, &self.provider) {
+            (Action::Custom, None) => Err("provider: required with action CUSTOM (the name of a meshConfig extensionProvider)".into()),
+            (Action::Custom, Some(p)) if p.name.is_empty() => Err("provider.name: must not be empty".into()),
+            (Action::Custom, Some(_)) => Ok(()),
+            (_, Some(_)) => Err(format!("provider: only with action CUSTOM, not {}", self.action)),
+            (_, None) => Ok(()),
+        }
     }
 }
 

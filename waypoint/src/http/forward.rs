@@ -116,6 +116,9 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
             for m in plan.response_modifiers {
                 m.apply(&mut rparts.headers);
             }
+            for (name, value) in plan.response_headers {
+                rparts.headers.append(name, value);
+            }
             let ups = ws.and_then(|ws| Some((ws, parts.extensions.remove::<OnUpgrade>()?, rparts.extensions.remove::<OnUpgrade>()?)));
             if let Some((ws, client, backend)) = ups {
                 return upgrade::relay(client, backend, rparts, ws, log, picked);

@@ -2,6 +2,7 @@
 //! everything before a byte goes upstream (authentication, authorization, route, filters, backend,
 //! retries, timeouts, mirrors) or the local reply that ends the request here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -21,6 +22,7 @@ use crate::object::{ObjectName, Target};
 use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
 use crate::authn;
 use crate::authz;
+use crate::extauthz;
 use crate::path;
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
@@ -47,6 +49,8 @@ pub struct Plan<'c> {
     pub mirrors: Mirrors<'c>,
     /// The route's response header modifiers, applied to the backend's response.
     pub response_modifiers: Vec<&'c HeaderModifier>,
+    /// Headers an ext_authz answer adds to the backend's response.
+    pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// A WebSocket upgrade (HTTP/1.1 or extended CONNECT): relayed once accepted.
     pub websocket: Option<WebSocket>,
 }
@@ -92,13 +96,33 @@ fn object_name(s: &Service) -> ObjectName {
     ObjectName { namespace: s.namespace.clone(), name: s.name.clone() }
 }
 
-/// Checks, normalizes and rewrites the request head (`parts`) and plans its sending,
-/// or says which local reply it gets. `notes` gets what the log line reports.
-pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Plan<'c>, LocalReply> {
+/// A request admitted by the first half of the plan step: its head checked, normalized
+/// and authenticated. The CUSTOM step (`ext_authz`) runs on it before `build`.
+pub struct Admitted<'c> {
+    target_service: Option<Arc<Service>>,
+    target_name: Option<ObjectName>,
+    /// Host / :authority as received.
+    pub host_full: String,
+    /// Lowercase, without the port.
+    host: String,
+    /// Normalized, without the query.
+    pub norm_path: String,
+    pub query: Option<String>,
+    websocket: bool,
+    auth: Option<authn::RequestAuth>,
+    /// What the CUSTOM policies of the target make of the request.
+    pub custom: extauthz::Custom<'c>,
+    /// Headers an ext_authz answer adds to the response.
+    pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
+}
+
+/// Checks, normalizes and authenticates the request head (`parts`), and decides whether
+/// a CUSTOM policy sends it to an external authorizer; or says which local reply it
+/// gets. `notes` gets what the log line reports.
+pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Admitted<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
     let target_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
     let host_full = authority(parts);
-
     // A WebSocket is planned as a GET with `upgrade: websocket`, whatever the version.
     let websocket = upgrade::detect(parts);
     // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
@@ -132,7 +156,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     }
 
     let target_name = target_service.as_deref().map(object_name);
-    let target = Target { gateway: inb.gateway, service: target_name.as_ref(), root_namespace: inb.root_namespace, port: tunnel.target.port() };
+    let target = inb.target(target_name.as_ref());
 
     // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
     // the policies say; a good one gives them the request principal and claims.
@@ -150,21 +174,45 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     };
     notes.request_principal = auth.as_ref().map(|a| a.principal.clone());
 
+    let custom = {
+        let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target) && p.action == authz::Action::Custom).collect();
+        if policies.is_empty() {
+            extauthz::Custom::Skip
+        } else {
+            extauthz::decide(&cfg.providers, &policies, &inb.authz_request(parts, &host_full, &norm_path, auth.as_ref()))
+        }
+    };
+    Ok(Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, custom, response_headers: Vec::new() })
+}
+
+impl Inbound<'_> {
+    fn target<'t>(&'t self, service: Option<&'t ObjectName>) -> Target<'t> {
+        Target { gateway: self.gateway, service, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
+    }
+
+    fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, host_full: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
+        authz::Request {
+            source_principal: Some(&self.tunnel.src_identity),
+            source_ip: self.tunnel.src_addr.ip(),
+            destination_port: self.tunnel.target.port(),
+            host: host_full,
+            method: parts.method.as_str(),
+            path: norm_path,
+            headers: &parts.headers,
+            auth,
+        }
+    }
+}
+
+/// Authorizes, routes and rewrites an admitted request head (`parts`) for its backend
+/// and plans its sending, or says which local reply it gets.
+pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Plan<'c>, LocalReply> {
+    let (cfg, tunnel) = (inb.cfg, inb.tunnel);
+    let Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
+    let target = inb.target(target_name.as_ref());
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
-        let verdict = authz::evaluate(
-            policies,
-            &authz::Request {
-                source_principal: Some(&tunnel.src_identity),
-                source_ip: tunnel.src_addr.ip(),
-                destination_port: tunnel.target.port(),
-                host: &host_full,
-                method: parts.method.as_str(),
-                path: &norm_path,
-                headers: &parts.headers,
-                auth: auth.as_ref(),
-            },
-        );
+        let verdict = authz::evaluate(policies, &inb.authz_request(parts, &host_full, &norm_path, auth.as_ref()));
         notes.audited_by = verdict.audited_by;
         if !verdict.allowed {
             notes.denied_by = verdict.denied_by;
@@ -261,6 +309,7 @@ pub fn build<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
             client_http2,
         },
         response_modifiers,
+        response_headers,
         websocket,
     })
 }
@@ -298,7 +347,7 @@ mod tests {
         let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
-        let r = build(&inb, &mut parts, &mut notes).map(|p| {
+        let r = admit(&inb, &mut parts, &mut notes).and_then(|a| build(&inb, a, &mut parts, &mut notes)).map(|p| {
             assert_eq!(p.backend.endpoints.len(), 1);
             assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
             p.http2

@@ -3,6 +3,7 @@
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
+use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::body::{empty, full, Metered};
@@ -21,15 +22,36 @@ pub struct LocalReply {
     pub redirect: Option<String>,
     /// A refused JWT: the RFC 6750 challenge (`Bearer realm=..., error="invalid_token"`).
     pub www_authenticate: Option<String>,
+    /// An external authorizer's denial: its body (sent as is, not `message`) and headers.
+    pub external: Option<Box<(HeaderMap, Bytes)>>,
 }
 
 impl LocalReply {
     pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
-        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None }
+        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None, external: None }
     }
 
     /// The response, which writes `log` when it has been sent.
-    pub fn send(self, log: RequestLog, grpc: bool) -> Response<Body> {
+    pub fn send(self, mut log: RequestLog, grpc: bool) -> Response<Body> {
+        if let Some(ext) = self.external {
+            let (headers, body) = *ext;
+            let mut resp = if grpc {
+                local_reply(log, true, self.status, self.flags, &self.message)
+            } else {
+                log.status = self.status.as_u16();
+                log.response_flags = self.flags;
+                let mut r = Response::new(full(body.clone()));
+                *r.status_mut() = self.status;
+                r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                r.map(|b| Metered::new(b, log, None).boxed())
+            };
+            for (name, value) in &headers {
+                if name != header::CONTENT_LENGTH {
+                    resp.headers_mut().append(name.clone(), value.clone());
+                }
+            }
+            return resp;
+        }
         let Some(location) = self.redirect else {
             let mut resp = local_reply(log, grpc, self.status, self.flags, &self.message);
             if let Some(v) = self.www_authenticate.and_then(|c| HeaderValue::from_str(&c).ok()) {
