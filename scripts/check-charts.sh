@@ -370,7 +370,19 @@ else:
     sa_name = pod["serviceAccountName"]
     sas = [d for d in docs if d["kind"] == "ServiceAccount"]
     expect([s["metadata"]["name"] for s in sas] == [sa_name], f"ServiceAccount {sa_name} created")
-    role, rb = one("Role"), one("RoleBinding")
+    roles = [d for d in docs if d["kind"] == "Role" and not d["metadata"]["name"].endswith("-mesh-config")]
+    rbs = [d for d in docs if d["kind"] == "RoleBinding" and not d["metadata"]["name"].endswith("-mesh-config")]
+    expect(len(roles) == 1 and len(rbs) == 1, f"one Role and RoleBinding in the release namespace, found {len(roles)}, {len(rbs)}")
+    role, rb = (roles or [{}])[0], (rbs or [{}])[0]
+    # The mesh config's ConfigMap (CUSTOM policies' extensionProviders), that one only.
+    (mrole,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"].endswith("-mesh-config")] or [{}]
+    (mrb,) = [d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"].endswith("-mesh-config")] or [{}]
+    root_ns = env_value(env, "ROOT_NAMESPACE")
+    expect(mrole.get("metadata", {}).get("namespace") == root_ns and mrb.get("metadata", {}).get("namespace") == root_ns,
+           f"mesh-config Role and RoleBinding in the root namespace {root_ns}")
+    expect(mrole.get("rules") == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [env_value(env, "MESH_CONFIG_MAP")],
+                                   "verbs": ["get", "list", "watch"]}], f"mesh-config Role grants read on one ConfigMap: {mrole.get('rules')}")
+    expect(mrb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "mesh-config RoleBinding subject")
     granted = {(g, r) for rule in role.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
                if set(rule["verbs"]) == {"get", "list", "watch"}}
     need = {("gateway.networking.k8s.io", "gateways"), ("gateway.networking.k8s.io", "httproutes"),

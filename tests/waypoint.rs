@@ -944,6 +944,21 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     }
     assert_eq!(got, 200, "the RequestAuthentication is gone");
 
+    // CUSTOM: its provider comes from the `istio` ConfigMap of the root namespace.
+    // Before there is one the policy denies what it matches; once its provider is there
+    // (failing open: its service is nowhere) the request passes.
+    kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "ext"},
+        "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "CUSTOM", "provider": {"name": "open"},
+                 "rules": [{"to": [{"operation": {"paths": ["/ext*"]}}]}]}}));
+    wait_for_status(&mut c, "/ext", 403).await.with_context(|| waypoint.log_text())?;
+    assert_eq!(c.get("/x").await?.status, 200);
+    kube.apply("configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
+        "data": {"mesh": "extensionProviders:\n- {name: open, envoyExtAuthzHttp: {service: nowhere.default.svc.cluster.local, port: 80, failOpen: true}}\n"}}));
+    wait_for_status(&mut c, "/ext", 200).await.with_context(|| waypoint.log_text())?;
+    let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    assert!(body.contains("envoyExtAuthzHttp"), "the dump names the provider: {body}");
+    kube.delete("authorizationpolicies", "ext");
+
     // shop/cart drops its labels: the label watch loses it (istiod still routes it here,
     // so its route stays in force).
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));

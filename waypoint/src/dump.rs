@@ -2,7 +2,7 @@
 //! policies it knows, its certificates, its settings and version, in Istio ztunnel's
 //! shapes) plus what only a waypoint has: who it is (`waypoint`) and the HTTPRoutes and
 //! AuthorizationPolicies in force (`httpRoutes`, `authorizationPolicies`,
-//! `requestAuthentications`, as read).
+//! `requestAuthentications`, as read) and the CUSTOM policies' `extensionProviders`.
 
 use std::net::IpAddr;
 
@@ -40,10 +40,24 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
             who[k] = v.clone();
         }
     }
-    d["waypoint"] = who;
     d["httpRoutes"] = l7.get("httpRoutes").cloned().unwrap_or_else(|| json!([]));
     d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
     d["requestAuthentications"] = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
+    // CUSTOM policies' authorizers, checked: their kind, or why they cannot be used.
+    let providers: serde_json::Map<String, Value> = cfg
+        .providers
+        .iter()
+        .map(|(name, p)| (name.clone(), match p {
+            Ok(p) => json!({"kind": p.kind()}),
+            Err(e) => json!({"error": e}),
+        }))
+        .collect();
+    d["extensionProviders"] = Value::Object(providers);
+    // In a cluster: where they were read, or why there are none.
+    if let Some(src) = l7.get("extensionProviders") {
+        who["extensionProviders"] = src.clone();
+    }
+    d["waypoint"] = who;
     d
 }
 

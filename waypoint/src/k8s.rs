@@ -58,6 +58,9 @@ pub struct Settings {
     pub root_namespace: String,
     /// Its identity, to find the services istiod routes through it.
     pub identity: Identity,
+    /// The ConfigMap of the root namespace with Istio's MeshConfig (key `mesh`), for
+    /// its extensionProviders: `istio`, or `istio-<revision>`.
+    pub mesh_config_map: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -68,9 +71,13 @@ enum Kind {
     RequestAuthentication,
     Service,
     Namespace,
+    /// The mesh config's ConfigMap. Not waited for: without it (not there, or not
+    /// readable) CUSTOM policies deny what they match and everything else applies.
+    MeshConfig,
 }
 
-const KINDS: [Kind; 6] = [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::RequestAuthentication, Kind::Service, Kind::Namespace];
+const KINDS: [Kind; 7] =
+    [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::RequestAuthentication, Kind::Service, Kind::Namespace, Kind::MeshConfig];
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version, k, plural) = match kind {
@@ -80,6 +87,7 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
         Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
+        Kind::MeshConfig => ("", "v1", "ConfigMap", "configmaps"),
     };
     ApiResource {
         group: group.into(),
@@ -320,7 +328,7 @@ impl Store {
     /// The converted config, once every kind is listed and when it differs from what
     /// was published last.
     fn publish(&mut self, settings: &Settings) -> Option<L7Config> {
-        if !KINDS.iter().all(|k| self.synced.contains(k)) {
+        if !KINDS.iter().all(|k| *k == Kind::MeshConfig || self.synced.contains(k)) {
             return None;
         }
         let scope = self.scope(settings);
@@ -335,12 +343,15 @@ impl Store {
             .collect();
         // Unchanged selection, versions and scope: nothing to convert or publish.
         let version = |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
-        let mut fingerprint = vec![scope_dump.to_string()];
+        let mesh = self.objects.get(&(Kind::MeshConfig, settings.root_namespace.clone(), settings.mesh_config_map.clone()));
+        let mut fingerprint = vec![scope_dump.to_string(), mesh.map(version).unwrap_or_default()];
         fingerprint.extend(taken.iter().map(|(k, obj)| format!("{:?} {}/{} {}", k.0, k.1, k.2, version(obj))));
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
         }
         let mut cfg = L7Config::default();
+        let (providers, providers_dump) = mesh_providers(mesh, settings);
+        cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
@@ -397,8 +408,42 @@ impl Store {
             "requestAuthentications": authns,
             "rejected": rejected,
             "scope": scope_dump,
+            "extensionProviders": providers_dump,
         }));
         Some(cfg)
+    }
+}
+
+/// The extensionProviders of the mesh config's ConfigMap (key `mesh`, Istio's MeshConfig
+/// YAML), each checked, and what the admin endpoint shows of them. A ConfigMap that
+/// does not parse gives none, so every CUSTOM policy denies what it matches.
+fn mesh_providers(obj: Option<&DynamicObject>, settings: &Settings) -> (crate::extauthz::Providers, Value) {
+    let source = format!("ConfigMap {}/{} key mesh", settings.root_namespace, settings.mesh_config_map);
+    let Some(obj) = obj else {
+        return (Default::default(), json!({"source": source, "error": "not found (or not readable): CUSTOM policies deny what they match"}));
+    };
+    let text = obj.data.pointer("/data/mesh").and_then(Value::as_str).unwrap_or_default();
+    let parsed = serde_yaml::from_str::<Option<crate::extauthz::MeshConfig>>(text)
+        .map_err(|e| e.to_string())
+        .and_then(|m| crate::extauthz::provider::parse_all(&m.unwrap_or_default().extension_providers));
+    match parsed {
+        Ok(providers) => {
+            let dump: Map<String, Value> = providers
+                .iter()
+                .map(|(name, p)| (name.clone(), match p {
+                    Ok(p) => json!({"kind": p.kind()}),
+                    Err(e) => json!({"error": e}),
+                }))
+                .collect();
+            for (name, e) in providers.iter().filter_map(|(n, p)| Some((n, p.as_ref().err()?))) {
+                tracing::error!(provider = %name, error = %e, source = %source, "extensionProvider is invalid; CUSTOM policies naming it deny what they match");
+            }
+            (Arc::new(providers), json!({"source": source, "providers": dump}))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, source = %source, "mesh config does not parse; CUSTOM policies deny what they match");
+            (Default::default(), json!({"source": source, "error": e}))
+        }
     }
 }
 
@@ -419,6 +464,11 @@ fn stream(client: &kube::Client, kind: Kind, settings: &Settings) -> futures_uti
         Kind::Gateway => (kube::Api::<DynamicObject>::namespaced_with(client.clone(), &settings.gateway.namespace, &ar), watcher::Config::default()),
         // Only Services with the label can differ from their namespace.
         Kind::Service => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default().labels(USE_WAYPOINT)),
+        // One ConfigMap, by name (RBAC grants that one only).
+        Kind::MeshConfig => (
+            kube::Api::<DynamicObject>::namespaced_with(client.clone(), &settings.root_namespace, &ar),
+            watcher::Config::default().fields(&format!("metadata.name={}", settings.mesh_config_map)),
+        ),
         _ => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default()),
     };
     watcher::watcher(api, config).default_backoff().map(move |e| (kind, e)).boxed()
@@ -505,6 +555,7 @@ mod tests {
             gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
             root_namespace: "istio-system".into(),
             identity: Identity::new("cluster.local", "default", "waypoint"),
+            mesh_config_map: "istio".into(),
         }
     }
 
@@ -520,6 +571,31 @@ mod tests {
             s.event(kind, Event::InitDone, &settings);
         }
         s
+    }
+
+    /// Istio's `istio` ConfigMap in the root namespace gives the extensionProviders;
+    /// without it the config still publishes and CUSTOM has no provider (denies).
+    #[test]
+    fn extension_providers_come_from_the_mesh_config_map() {
+        let mesh = "defaultConfig: {discoveryAddress: istiod.istio-system.svc:15012}\nextensionProviders:\n\
+                    - {name: authz, envoyExtAuthzGrpc: {service: authz.default.svc.cluster.local, port: 9000}}\n\
+                    - {name: broken, envoyExtAuthzHttp: {service: x, port: 0}}\n";
+        let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "istio", "namespace": "istio-system", "resourceVersion": "7"}, "data": {"mesh": mesh}})).unwrap();
+        let cfg = store(vec![(Kind::MeshConfig, cm)]).publish(&settings()).unwrap();
+        assert!(matches!(cfg.providers.get("authz"), Some(Ok(crate::extauthz::Provider::Grpc(_)))), "{:?}", cfg.providers);
+        assert!(cfg.providers["broken"].is_err());
+        assert_eq!(cfg.dump["extensionProviders"]["providers"]["authz"]["kind"], "envoyExtAuthzGrpc");
+        assert!(cfg.dump["extensionProviders"]["providers"]["broken"]["error"].is_string(), "{}", cfg.dump);
+        // The ConfigMap is not waited for.
+        let mut s = Store::default();
+        for kind in KINDS.into_iter().filter(|k| *k != Kind::MeshConfig) {
+            s.event(kind, Event::Init, &settings());
+            s.event(kind, Event::InitDone, &settings());
+        }
+        let cfg = s.publish(&settings()).expect("published without the mesh config");
+        assert!(cfg.providers.is_empty());
+        assert!(cfg.dump["extensionProviders"]["error"].as_str().unwrap_or_default().contains("not found"));
     }
 
     #[test]

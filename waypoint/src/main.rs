@@ -54,6 +54,11 @@ struct Args {
     /// request through this waypoint.
     #[arg(long, env = "ROOT_NAMESPACE", default_value = waypoint::object::DEFAULT_ROOT_NAMESPACE)]
     root_namespace: String,
+    /// In a cluster: the root namespace's ConfigMap holding Istio's MeshConfig (key
+    /// `mesh`), whose extensionProviders CUSTOM AuthorizationPolicies name (Istio's
+    /// `istio`, or `istio-<revision>`).
+    #[arg(long, env = "MESH_CONFIG_MAP", default_value = "istio")]
+    mesh_config_map: String,
     /// Where HBONE is accepted.
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
@@ -173,7 +178,12 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
     metrics.wait_for("kubernetes");
     let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
     let (tx, mut rx) = tokio::sync::watch::channel(None);
-    let settings = k8s::Settings { gateway: gateway.clone(), root_namespace: args.root_namespace.clone(), identity: identity.clone() };
+    let settings = k8s::Settings {
+        gateway: gateway.clone(),
+        root_namespace: args.root_namespace.clone(),
+        identity: identity.clone(),
+        mesh_config_map: args.mesh_config_map.clone(),
+    };
     tokio::spawn(k8s::watch(client, settings, state.clone(), tx, metrics.xds.clone()));
     let m = metrics.clone();
     let mut ready_rx = rx.clone();

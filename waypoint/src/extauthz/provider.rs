@@ -71,6 +71,15 @@ pub struct GrpcProvider {
 }
 
 impl Provider {
+    /// As MeshConfig names the kind.
+    pub fn kind(&self) -> &str {
+        match self {
+            Provider::Http(_) => "envoyExtAuthzHttp",
+            Provider::Grpc(_) => "envoyExtAuthzGrpc",
+            Provider::NotAuthz(k) => k,
+        }
+    }
+
     pub fn common(&self) -> Option<&Common> {
         match self {
             Provider::Http(h) => Some(&h.common),
