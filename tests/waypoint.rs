@@ -6,6 +6,7 @@ mod http_app;
 mod hbone_peer;
 mod istiod;
 mod kube_api;
+mod ext_authz;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -1548,132 +1549,6 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     Ok(())
 }
 
-/// What an ext_authz test server saw: each check's path, method and headers.
-#[derive(Clone, Debug)]
-struct SeenCheck {
-    path: String,
-    method: String,
-    headers: HashMap<String, String>,
-    /// The gRPC CheckRequest's peers (gRPC only).
-    source_principal: String,
-    destination_principal: String,
-}
-
-type Checks = std::sync::Arc<std::sync::Mutex<Vec<SeenCheck>>>;
-
-/// An HTTP ext_authz server as Istio's sample: `x-ext-authz: allow` allows (and names
-/// the user for the backend), anything else is denied with its own status, body and
-/// headers.
-fn start_http_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
-    let l = pod.netns.listen(port)?;
-    Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = l.accept().await {
-            let checks = checks.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let checks = checks.clone();
-                    async move {
-                        let headers = req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string())).collect::<HashMap<_, _>>();
-                        let allow = headers.get("x-ext-authz").map(String::as_str) == Some("allow");
-                        checks.lock().unwrap().push(SeenCheck {
-                            path: req.uri().to_string(),
-                            method: req.method().to_string(),
-                            headers,
-                            source_principal: String::new(),
-                            destination_principal: String::new(),
-                        });
-                        let resp = if allow {
-                            http::Response::builder().status(200).header("x-user", "alice").header("x-authz-said", "ok").header("x-unlisted", "1").body(String::new())
-                        } else {
-                            http::Response::builder().status(403).header("x-reason", "nope").header("x-secret", "s").body("denied by the authorizer".to_string())
-                        };
-                        Ok::<_, std::convert::Infallible>(resp.expect("response"))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
-            });
-        }
-    }))
-}
-
-/// A gRPC ext_authz server (Envoy's Authorization service, tonic): `x-ext-authz: allow`
-/// allows with headers for the backend and the client, `unauth` answers
-/// UNAUTHENTICATED, anything else is denied with 429 and a body.
-#[derive(Clone)]
-struct GrpcAuthorizer(Checks);
-
-#[tonic::async_trait]
-impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::Authorization for GrpcAuthorizer {
-    async fn check(
-        &self,
-        req: tonic::Request<waypoint::extauthz::proto::envoy::service::auth::v3::CheckRequest>,
-    ) -> Result<tonic::Response<waypoint::extauthz::proto::envoy::service::auth::v3::CheckResponse>, tonic::Status> {
-        use waypoint::extauthz::proto::envoy::config::core::v3 as core;
-        use waypoint::extauthz::proto::envoy::service::auth::v3 as auth;
-        let attrs = req.into_inner().attributes.unwrap_or_default();
-        let http = attrs.request.and_then(|r| r.http).unwrap_or_default();
-        let verdict = http.headers.get("x-ext-authz").cloned().unwrap_or_default();
-        self.0.lock().unwrap().push(SeenCheck {
-            path: http.path.clone(),
-            method: http.method.clone(),
-            headers: http.headers.into_iter().collect(),
-            source_principal: attrs.source.map(|p| p.principal).unwrap_or_default(),
-            destination_principal: attrs.destination.map(|p| p.principal).unwrap_or_default(),
-        });
-        let header = |k: &str, v: &str| core::HeaderValueOption {
-            header: Some(core::HeaderValue { key: k.into(), value: v.into(), ..Default::default() }),
-            ..Default::default()
-        };
-        let status = |code| Some(ztunnel::xds::proto::google::rpc::Status { code, ..Default::default() });
-        let resp = match verdict.as_str() {
-            "allow" => auth::CheckResponse {
-                status: status(0),
-                http_response: Some(auth::check_response::HttpResponse::OkResponse(auth::OkHttpResponse {
-                    headers: vec![header("x-user", "grpc-alice")],
-                    headers_to_remove: vec!["x-ext-authz".into()],
-                    response_headers_to_add: vec![header("x-grpc-said", "ok")],
-                    ..Default::default()
-                })),
-                ..Default::default()
-            },
-            "unauth" => auth::CheckResponse { status: status(16), ..Default::default() },
-            _ => auth::CheckResponse {
-                status: status(7),
-                http_response: Some(auth::check_response::HttpResponse::DeniedResponse(auth::DeniedHttpResponse {
-                    status: Some(waypoint::extauthz::proto::envoy::r#type::v3::HttpStatus { code: 429 }),
-                    headers: vec![header("x-reason", "grpc-nope")],
-                    body: "the gRPC authorizer says no".into(),
-                })),
-                ..Default::default()
-            },
-        };
-        Ok(tonic::Response::new(resp))
-    }
-}
-
-fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
-    let l = pod.netns.listen(port)?;
-    let svc = waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::AuthorizationServer::new(GrpcAuthorizer(checks));
-    Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = l.accept().await {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let mut svc = svc.clone();
-                    async move {
-                        use tower::Service;
-                        Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .http2_only()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    }))
-}
-
 const EXT_AUTHZ_PROVIDERS: &str = r#"
 meshConfig:
   extensionProviders:
@@ -1714,6 +1589,7 @@ fn custom_policy(provider: &str) -> String {
 /// missing or not an authorizer denies what its policy matches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
+    use ext_authz::{start_grpc_authorizer, start_http_authorizer, Checks};
     let l7 = format!("{EXT_AUTHZ_PROVIDERS}{}", custom_policy("http-authz"));
     let m = L7Mesh::start("l7x", &l7, &[]).await?;
     let authz_pod = m.mesh.topo.pod("n2p1");

@@ -4,7 +4,10 @@
 //! - `direct`: no mesh (neither pod enrolled);
 //! - `l4`: both pods enrolled, ztunnel to ztunnel over HBONE;
 //! - `waypoint`: the same plus the waypoint hop (service with a waypoint, L7 routing and
-//!   an AuthorizationPolicy evaluated per request).
+//!   an AuthorizationPolicy evaluated per request);
+//! - `ext_authz`: the same plus a CUSTOM policy: every request checked by a gRPC ext_authz
+//!   server (tonic, in the server's pod: one more HBONE round trip per request; its own
+//!   CPU is not counted).
 //! CPU is the user+system time of the ztunnels and the waypoint over the measured
 //! requests (from /proc), divided by the request count.
 //!
@@ -12,6 +15,7 @@
 //! working); `ZTUNNEL_BENCH=1 cargo test --release -p waypoint --test waypoint_bench`
 //! gives the numbers (README).
 
+mod ext_authz;
 mod http_app;
 mod netsim;
 
@@ -47,7 +51,7 @@ fn run_requests(pod: &Pod, to: SocketAddr, n: usize) -> Result<Vec<f64>> {
         let mut line = String::new();
         for _ in 0..n {
             let t = Instant::now();
-            w.write_all(b"GET /bench HTTP/1.1\r\nhost: echo.default.svc.cluster.local\r\nuser-agent: bench\r\n\r\n")?;
+            w.write_all(b"GET /bench HTTP/1.1\r\nhost: echo.default.svc.cluster.local\r\nuser-agent: bench\r\nx-ext-authz: allow\r\n\r\n")?;
             let mut len = 0usize;
             line.clear();
             r.read_line(&mut line)?;
@@ -95,6 +99,19 @@ authorizationPolicies:
     to: [{operation: {methods: [GET], paths: ["/bench*"]}}]
 "#;
 
+/// The `ext_authz` mode's provider and CUSTOM policy (the L7 config above besides).
+const EXT_AUTHZ: &str = r#"- name: check-all
+  namespace: default
+  targetRefs: [{kind: Service, group: "", name: echo}]
+  action: CUSTOM
+  provider: {name: authz}
+  rules: [{to: [{operation: {paths: ["/bench*"]}}]}]
+meshConfig:
+  extensionProviders:
+  - name: authz
+    envoyExtAuthzGrpc: {service: authz.default.svc.cluster.local, port: 9100}
+"#;
+
 fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let _guard = rt.enter();
@@ -104,18 +121,21 @@ fn main() -> Result<()> {
     if let Some(n) = std::env::var("ZTUNNEL_BENCH_REQUESTS").ok().and_then(|n| n.parse().ok()) {
         requests = n;
     }
-    let modes = ["direct", "l4", "waypoint"];
+    let modes = ["direct", "l4", "waypoint", "ext_authz"];
     let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
     for round in 0..rounds {
         for mode in modes {
             let topo = Topology::build(&prefix(&format!("wb{round}{}", &mode[..1])), &[2, 1])?;
             let wp_ip = topo.pod("n1p2").ip;
-            let waypoint_ref = if mode == "waypoint" { format!(", waypoint: {{destination: \"/{wp_ip}\"}}") } else { String::new() };
+            let via_waypoint = mode == "waypoint" || mode == "ext_authz";
+            let waypoint_ref = if via_waypoint { format!(", waypoint: {{destination: \"/{wp_ip}\"}}") } else { String::new() };
+            let ext = if mode == "ext_authz" { EXT_AUTHZ } else { "" };
             let cfg = format!(
-                "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{waypoint_ref}}}\n{L7}",
+                "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{waypoint_ref}}}\n\
+                 - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{9100: 9100}}}}\n{L7}{ext}",
                 workload(&topo, "n1p1", "client", ""),
                 workload(&topo, "n1p2", "waypoint", ""),
-                workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
+                workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/authz.default.svc.cluster.local: {9100: 9100}}"),
             );
             let enrolled: &[&str] = if mode == "direct" { &[] } else { &["n1p1", "n2p1"] };
             let mesh = if mode == "direct" {
@@ -124,7 +144,7 @@ fn main() -> Result<()> {
                 Mesh::start(topo, &cfg, enrolled, &HashMap::new(), &[])?
             };
             let t = &mesh.topo;
-            let waypoint = if mode == "waypoint" {
+            let waypoint = if via_waypoint {
                 let cfg_path = t.dir.join("waypoint.yaml");
                 std::fs::write(&cfg_path, &cfg)?;
                 let state = t.dir.join("ca");
@@ -142,6 +162,8 @@ fn main() -> Result<()> {
                 None
             };
             let _app = rt.block_on(async { http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false) })?;
+            let checks = ext_authz::Checks::default();
+            let _authz = rt.block_on(async { ext_authz::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone()) })?;
             let to: SocketAddr = if mode == "direct" { SocketAddr::new(t.pod("n2p1").ip.into(), 8080) } else { "10.96.0.10:80".parse()? };
             run_requests(t.pod("n1p1"), to, 50).context("warm-up")?;
             let cpu = || -> Duration { mesh.ztunnels.iter().chain(waypoint.iter()).filter_map(|c| c.cpu_time()).sum() };
@@ -162,6 +184,12 @@ fn main() -> Result<()> {
                 "round {round} {mode:<8} {:>8.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  proxy CPU {:>6.1} us/req",
                 s.req_per_s, s.p50_us, s.p99_us, s.cpu_us_per_req
             );
+            if mode == "ext_authz" {
+                let n = checks.lock().map(|c| c.len()).unwrap_or(0);
+                if n < requests {
+                    bail!("ext_authz: {n} checks for {requests} requests");
+                }
+            }
             results.entry(mode).or_default().push(s);
         }
     }
@@ -179,7 +207,7 @@ fn main() -> Result<()> {
     }
     let ratio = |a: &str, b: &str, f: fn(&Sample) -> f64| med(a, f) / med(b, f);
     println!("\nratios (same run):");
-    for (a, b) in [("waypoint", "l4"), ("l4", "direct"), ("waypoint", "direct")] {
+    for (a, b) in [("waypoint", "l4"), ("l4", "direct"), ("waypoint", "direct"), ("ext_authz", "waypoint")] {
         println!(
             "  {a}/{b}: req/s x{:.2}, p50 x{:.2}, p99 x{:.2}",
             ratio(a, b, |s| s.req_per_s),
@@ -191,6 +219,11 @@ fn main() -> Result<()> {
         "  proxy CPU per request: waypoint/l4 x{:.2} ({:.1} us added by the L7 hop)",
         ratio("waypoint", "l4", |s| s.cpu_us_per_req),
         med("waypoint", |s| s.cpu_us_per_req) - med("l4", |s| s.cpu_us_per_req)
+    );
+    println!(
+        "  proxy CPU per request: ext_authz/waypoint x{:.2} ({:.1} us added by the gRPC check)",
+        ratio("ext_authz", "waypoint", |s| s.cpu_us_per_req),
+        med("ext_authz", |s| s.cpu_us_per_req) - med("waypoint", |s| s.cpu_us_per_req)
     );
     Ok(())
 }
