@@ -385,7 +385,7 @@ else:
     expect(mrb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "mesh-config RoleBinding subject")
     granted = {(g, r) for rule in role.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
                if set(rule["verbs"]) == {"get", "list", "watch"}}
-    need = {("gateway.networking.k8s.io", "gateways"), ("gateway.networking.k8s.io", "httproutes"),
+    need = {("gateway.networking.k8s.io", "gateways"), ("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes"),
             ("security.istio.io", "authorizationpolicies")}
     expect(need <= granted, f"Role must grant get/list/watch on {sorted(need - granted)}")
     expect(all(v in ("get", "list", "watch") for rule in role.get("rules", []) for v in rule["verbs"]), "Role is read-only")
@@ -397,7 +397,7 @@ else:
     (crole,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == crb.get("roleRef", {}).get("name")] or [{}]
     cgranted = {(g, r) for rule in crole.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
                 if set(rule["verbs"]) == {"get", "list", "watch"}}
-    cneed = {("gateway.networking.k8s.io", "httproutes"), ("security.istio.io", "authorizationpolicies"),
+    cneed = {("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes"), ("security.istio.io", "authorizationpolicies"),
              ("", "services"), ("", "namespaces")}
     expect(cneed <= cgranted, f"ClusterRole must grant get/list/watch on {sorted(cneed - cgranted)}")
     expect(all(v in ("get", "list", "watch") for rule in crole.get("rules", []) for v in rule["verbs"]), "ClusterRole is read-only")

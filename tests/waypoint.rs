@@ -364,6 +364,14 @@ httpRoutes:
     - {type: RequestMirror, requestMirror: {backendRef: {name: echo-v2, port: 80}}}
     backendRefs: [{name: echo-v1, port: 80}]
   - backendRefs: [{name: echo-v1, port: 80}]
+grpcRoutes:
+- name: echo-grpc
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{method: {service: echo.Health, method: Check}}, {method: {type: RegularExpression, method: "Canary.*"}, headers: [{name: x-canary, value: "yes"}]}]
+    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-route, value: grpc}]}}]
+    backendRefs: [{name: echo-v2, port: 80}]
 authorizationPolicies:
 - name: deny-admin
   namespace: default
@@ -624,6 +632,26 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     assert_eq!(&msg[..], b"\x0a\x05hello");
     assert_eq!(r.trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes()), Some(&b"0"[..]), "{r:?}");
     wait_for("grpc log", Duration::from_secs(5), || m.log().contains("protocol=\"grpc\"") || m.log().contains("protocol=grpc"))?;
+    // GRPCRoute: by service and method, or a method pattern with a header, to echo-v2
+    // with its filter; other methods fall to the HTTPRoute's catch-all (echo-v1).
+    let grpc = |path: &'static str, canary: bool| {
+        let h2 = h2.clone();
+        async move {
+            let mut hdrs = vec![("content-type", "application/grpc"), ("te", "trailers")];
+            if canary {
+                hdrs.push(("x-canary", "yes"));
+            }
+            h2.request("POST", path, &hdrs, bytes::Bytes::from_static(b"\0\0\0\0\0")).await
+        }
+    };
+    let r = grpc("/echo.Health/Check", false).await?;
+    assert_eq!(r.pod(), "n1p3", "{r:?}");
+    let seen = m.apps["n1p3"].seen();
+    let check = seen.iter().rev().find(|s| s.path.ends_with("/echo.Health/Check")).context("echo-v2 got the call")?;
+    assert_eq!(check.headers.get("x-route").map(|v| v.as_bytes()), Some(&b"grpc"[..]), "the GRPCRoute's filter applies");
+    assert_eq!(grpc("/any.Svc/CanaryRelease", true).await?.pod(), "n1p3");
+    assert_ne!(grpc("/any.Svc/CanaryRelease", false).await?.pod(), "n1p3");
+    assert_ne!(grpc("/echo.Health/Watch", false).await?.pod(), "n1p3");
 
     // Filters over HTTP/1.1: redirect, rewrite, header modifiers, mirror.
     let mut c = m.h1().await?;
@@ -882,6 +910,22 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(d["waypoint"]["scope"]["servicesFromIstiod"], json!(["default/echo", "shop/cart"]), "{body}");
     assert_eq!(d["waypoint"]["rejected"], json!([]), "blog's route is not ours to reject: {body}");
     assert!(d["services"].as_array().is_some_and(|s| s.iter().any(|s| s["hostname"] == cart)), "{body}");
+
+    // A GRPCRoute arrives from Kubernetes: one method to v2.
+    kube.apply("grpcroutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute", "metadata": {"name": "echo-grpc"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                 "rules": [{"matches": [{"method": {"type": "Exact", "service": "echo.Health", "method": "Check"}}],
+                            "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v2", "port": 80, "weight": 1}]}]}}));
+    let mut to_v2 = false;
+    for _ in 0..50 {
+        if c.request("POST", "/echo.Health/Check", &[]).await?.pod() == "n1p3" {
+            to_v2 = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(to_v2, "{}", waypoint.log_text());
+    assert_eq!(c.request("POST", "/echo.Health/Watch", &[]).await?.pod(), "n2p1");
 
     // An AuthorizationPolicy arrives from Kubernetes: denied by path.
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-admin"},

@@ -16,7 +16,7 @@ use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
-use crate::route::HttpRoute;
+use crate::route::{GrpcRoute, HttpRoute};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -51,6 +51,8 @@ struct L7Lists {
     #[serde(default)]
     http_routes: Vec<HttpRoute>,
     #[serde(default)]
+    grpc_routes: Vec<GrpcRoute>,
+    #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
@@ -64,6 +66,8 @@ struct L7Lists {
 struct RawL7Lists {
     #[serde(default)]
     http_routes: Vec<serde_json::Value>,
+    #[serde(default)]
+    grpc_routes: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
@@ -82,11 +86,16 @@ impl Config {
     /// The mesh state and the L7 config of one version of the file (`path` names it in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let mesh = LocalConfig::parse(path, text)?;
-        let l7: L7Lists =
+        let mut l7: L7Lists =
             serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
         for (i, r) in l7.http_routes.iter().enumerate() {
             r.validate().map_err(|e| invalid(format!("httpRoutes[{i}].{e} (HTTPRoute {}/{})", r.namespace, r.name)))?;
+        }
+        // A GRPCRoute is applied as the HTTPRoute it amounts to, after the HTTPRoutes.
+        for (i, g) in l7.grpc_routes.iter().enumerate() {
+            let r = g.to_http().map_err(|e| invalid(format!("grpcRoutes[{i}].{e} (GRPCRoute {}/{})", g.namespace, g.name)))?;
+            l7.http_routes.push(r);
         }
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
@@ -109,6 +118,7 @@ impl Config {
         let dump = serde_json::json!({
             "source": format!("file {}", path.display()),
             "httpRoutes": raw.http_routes,
+            "grpcRoutes": raw.grpc_routes,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
             "meshConfig": raw.mesh_config,
@@ -132,7 +142,7 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
         Config { state, routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }

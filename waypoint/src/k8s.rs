@@ -1,5 +1,5 @@
 //! The waypoint's L7 config in a cluster, watched from the Kubernetes API: what an Istio
-//! waypoint takes. From its own namespace, every HTTPRoute and every AuthorizationPolicy
+//! waypoint takes. From its own namespace, every HTTPRoute (and GRPCRoute) and every AuthorizationPolicy
 //! and RequestAuthentication with `targetRefs`; from a namespace with Services that use
 //! it (`scope`), the routes whose `parentRefs` name such a Service and the policies whose
 //! `targetRefs` do; from the root namespace, the policies that target the GatewayClass
@@ -30,7 +30,7 @@ use ztunnel::state::{MeshState, SharedState};
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
-use crate::route::HttpRoute;
+use crate::route::{GrpcRoute, HttpRoute};
 
 pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
 
@@ -67,6 +67,7 @@ pub struct Settings {
 enum Kind {
     Gateway,
     HttpRoute,
+    GrpcRoute,
     AuthorizationPolicy,
     RequestAuthentication,
     Service,
@@ -76,13 +77,22 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 7] =
-    [Kind::Gateway, Kind::HttpRoute, Kind::AuthorizationPolicy, Kind::RequestAuthentication, Kind::Service, Kind::Namespace, Kind::MeshConfig];
+const KINDS: [Kind; 8] = [
+    Kind::Gateway,
+    Kind::HttpRoute,
+    Kind::GrpcRoute,
+    Kind::AuthorizationPolicy,
+    Kind::RequestAuthentication,
+    Kind::Service,
+    Kind::Namespace,
+    Kind::MeshConfig,
+];
 
 fn resource(kind: Kind) -> ApiResource {
     let (group, version, k, plural) = match kind {
         Kind::Gateway => (GATEWAY_GROUP, "v1", "Gateway", "gateways"),
         Kind::HttpRoute => (GATEWAY_GROUP, "v1", "HTTPRoute", "httproutes"),
+        Kind::GrpcRoute => (GATEWAY_GROUP, "v1", "GRPCRoute", "grpcroutes"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
@@ -113,6 +123,12 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     let r: HttpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.validate()?;
     Ok(r)
+}
+
+/// A GRPCRoute, as the HTTPRoute it amounts to (`route::GrpcRoute`).
+pub fn grpc_route(obj: &DynamicObject) -> Result<HttpRoute, String> {
+    let r: GrpcRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    r.to_http()
 }
 
 /// The spec of a security.istio.io object (AuthorizationPolicy, RequestAuthentication)
@@ -200,7 +216,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
         return true;
     }
     match kind {
-        Kind::HttpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
+        Kind::HttpRoute | Kind::GrpcRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
                 && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
@@ -221,10 +237,11 @@ enum Converted {
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
     let (ns, name) = (obj.metadata.namespace.as_deref().unwrap_or_default(), obj.metadata.name.as_deref().unwrap_or_default());
     match kind {
-        Kind::HttpRoute => {
-            let r = route(obj);
+        Kind::HttpRoute | Kind::GrpcRoute => {
+            let r = if kind == Kind::HttpRoute { route(obj) } else { grpc_route(obj) };
             if let Err(e) = &r {
-                tracing::warn!(kind = "HTTPRoute", namespace = ns, name, error = %e, "object rejected; it does not apply");
+                let k = if kind == Kind::HttpRoute { "HTTPRoute" } else { "GRPCRoute" };
+                tracing::warn!(kind = k, namespace = ns, name, error = %e, "object rejected; it does not apply");
             }
             Converted::Route(r)
         }
@@ -338,7 +355,8 @@ impl Store {
             .objects
             .iter()
             .filter(|(k, obj)| {
-                matches!(k.0, Kind::HttpRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication) && selected(k.0, obj, &scope, settings)
+                matches!(k.0, Kind::HttpRoute | Kind::GrpcRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication)
+                    && selected(k.0, obj, &scope, settings)
             })
             .collect();
         // Unchanged selection, versions and scope: nothing to convert or publish.
@@ -353,6 +371,7 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut grpc_routes = Vec::new();
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -363,9 +382,12 @@ impl Store {
             match converted {
                 Converted::Route(Ok(r)) => {
                     cfg.routes.push(r.clone());
-                    routes.push(as_read);
+                    if k.0 == Kind::GrpcRoute { grpc_routes.push(as_read) } else { routes.push(as_read) }
                 }
-                Converted::Route(Err(e)) => rejected.push(json!({"kind": "HTTPRoute", "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Route(Err(e)) => {
+                    let kind = if k.0 == Kind::GrpcRoute { "GRPCRoute" } else { "HTTPRoute" };
+                    rejected.push(json!({"kind": kind, "namespace": k.1, "name": k.2, "error": e}))
+                }
                 Converted::Policy(Ok(Some(p))) => {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
@@ -404,6 +426,7 @@ impl Store {
         cfg.dump = Arc::new(json!({
             "source": "kubernetes",
             "httpRoutes": routes,
+            "grpcRoutes": grpc_routes,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
             "rejected": rejected,

@@ -1,4 +1,4 @@
-//! Gateway API `HTTPRoute`, as a waypoint applies it (GAMMA: routes attach to a Service
+//! Gateway API `HTTPRoute` (and `GRPCRoute`, as the HTTPRoute it amounts to: `grpc`), as a waypoint applies it (GAMMA: routes attach to a Service
 //! by `parentRefs`, or to the waypoint's own Gateway).
 //!
 //! Which rule serves a request follows the Gateway API's precedence over every match of
@@ -14,6 +14,7 @@
 
 mod duration;
 mod filter;
+mod grpc;
 mod model;
 mod select;
 mod validate;
@@ -22,6 +23,7 @@ mod validate;
 mod tests;
 
 pub use duration::GatewayDuration;
+pub use grpc::GrpcRoute;
 pub use model::{
     BackendRef, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
     QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,

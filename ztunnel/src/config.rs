@@ -43,6 +43,10 @@ pub struct LocalConfig {
     /// validates these itself (a bad route fails the waypoint's load, not ztunnel's).
     #[serde(default)]
     pub http_routes: Vec<serde_yaml::Value>,
+    /// The waypoint's gRPC routing (Gateway API GRPCRoute); accepted and not
+    /// interpreted, as `http_routes`.
+    #[serde(default)]
+    pub grpc_routes: Vec<serde_yaml::Value>,
     /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]

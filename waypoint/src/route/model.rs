@@ -95,7 +95,7 @@ impl<'de> Deserialize<'de> for PathMatch {
 }
 
 impl PathMatch {
-    fn new(kind: &str, value: &str) -> Result<PathMatch, String> {
+    pub(super) fn new(kind: &str, value: &str) -> Result<PathMatch, String> {
         match kind {
             "Exact" | "PathPrefix" => {
                 if !value.starts_with('/') {

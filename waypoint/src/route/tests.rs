@@ -268,3 +268,42 @@ fn bad_routes_are_refused_with_the_field_named() {
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
 }
+
+fn grpc_routes(yaml: &str) -> Result<Vec<HttpRoute>, String> {
+    let rs: Vec<GrpcRoute> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+    rs.iter().map(|r| r.to_http()).collect()
+}
+
+/// GRPCRoute matches become path matches as Istio converts them: service and method
+/// exactly, a service's methods, a method of any service, regular expressions.
+#[test]
+fn grpc_routes_match_services_and_methods() {
+    let rs = grpc_routes(&format!(
+        "- name: g\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - matches: [{{method: {{service: echo.Echo, method: Say}}}}]\n\
+         \x20 - matches: [{{method: {{service: echo.Echo}}}}]\n\
+         \x20 - matches: [{{method: {{method: Health}}}}]\n\
+         \x20 - matches: [{{method: {{type: RegularExpression, service: 'admin\\..*', method: 'Get.*'}}}}]\n\
+         \x20 - matches: [{{headers: [{{name: x-canary, value: 'yes'}}]}}]\n"
+    ))
+    .expect("converts");
+    let post = |p: &str| req(p).method(Method::POST);
+    assert_eq!(post("/echo.Echo/Say").pick(&rs).as_deref(), Some("g#0"));
+    assert_eq!(post("/echo.Echo/Other").pick(&rs).as_deref(), Some("g#1"));
+    assert_eq!(post("/grpc.health.v1.Health/Health").pick(&rs).as_deref(), Some("g#2"));
+    assert_eq!(post("/admin.Users/GetUser").pick(&rs).as_deref(), Some("g#3"));
+    assert_eq!(post("/admin.Users/DeleteUser").pick(&rs).as_deref(), Some("404"));
+    assert_eq!(post("/other.Svc/Call").header("x-canary", "yes").pick(&rs).as_deref(), Some("g#4"));
+    // "echo.Echo" is not a prefix of "echo.EchoV2".
+    assert_eq!(post("/echo.EchoV2/Say").pick(&rs).as_deref(), Some("404"));
+    for (yaml, want) in [
+        ("rules: [{matches: [{method: {}}]}]", "rules[0].matches[0].method: needs a service or a method"),
+        ("rules: [{matches: [{method: {service: 'a/b'}}]}]", "is not a gRPC name"),
+        ("rules: [{matches: [{method: {type: Prefix, service: a}}]}]", "type \"Prefix\""),
+        ("rules: [{filters: [{type: URLRewrite, urlRewrite: {hostname: x}}]}]", "rules[0].filters[0]: GRPCRoute filters are"),
+        ("rules: [{matches: [{path: {value: /a}}]}]", "unknown field `path`"),
+    ] {
+        let e = grpc_routes(&format!("- name: g\n  namespace: default\n  {SVC}\n  {yaml}\n")).expect_err(yaml);
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}
