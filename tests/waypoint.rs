@@ -406,16 +406,16 @@ struct L7Mesh {
 impl L7Mesh {
     fn mesh_config(topo: &Topology) -> String {
         let wp_ip = topo.pod("n1p2").ip;
-        let both = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080}}";
-        let v2 = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v2.default.svc.cluster.local: {80: 8080}}";
+        let both = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080, 9000: 9000}}";
+        let v2 = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v2.default.svc.cluster.local: {80: 8080, 9000: 9000}}";
         // n2p1 also serves the ext_authz test's authorizers (HTTP 8000, gRPC 9100).
-        let both_authz = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080}, \
+        let both_authz = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080, 9000: 9000}, \
                           default/authz.default.svc.cluster.local: {8000: 8000, 8001: 8001, 9100: 9100}}";
         format!(
             "workloads:\n{}{}{}{}{}services:\n\
              - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080, 9000: 9000}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
-             - {{name: echo-v1, namespace: default, hostname: echo-v1.default.svc.cluster.local, vips: [\"/10.96.0.21\"], ports: {{80: 8080}}}}\n\
-             - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080}}}}\n\
+             - {{name: echo-v1, namespace: default, hostname: echo-v1.default.svc.cluster.local, vips: [\"/10.96.0.21\"], ports: {{80: 8080, 9000: 9000}}}}\n\
+             - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080, 9000: 9000}}}}\n\
              - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{8000: 8000, 8001: 8001, 9100: 9100}}}}\n",
             workload(topo, "n1p1", "client", ""),
             workload(topo, "n1p2", "waypoint", ""),
@@ -1715,5 +1715,32 @@ async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
     std::fs::rename(&tmp, &m.cfg_path)?;
     m.waypoint.wait_log("config change rejected", Duration::from_secs(5))?;
     assert!(m.log().contains("meshConfig.extensionProviders[1].envoyExtAuthzGrpc.port"), "{}", m.log());
+    Ok(())
+}
+
+/// TCPRoute: connections to the echo service's port 9000 are relayed at L4 without
+/// looking for HTTP, each to a backend picked by weight (echo-v1 or echo-v2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_tcp_routes_split_connections_by_weight() -> Result<()> {
+    let l7 = "tcpRoutes:\n- {name: echo-tcp, namespace: default, parentRefs: [{group: \"\", kind: Service, name: echo, port: 9000}], \
+              rules: [{backendRefs: [{name: echo-v1, port: 9000, weight: 1}, {name: echo-v2, port: 9000, weight: 1}]}]}\n";
+    let m = L7Mesh::start("l7p", l7, &[]).await?;
+    let (mut v1, mut v2) = (0, 0);
+    for i in 0..40 {
+        let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+        // HTTP bytes are not served as HTTP: they come back as the echo server sent them.
+        let req = format!("GET /{i} HTTP/1.1\r\nhost: echo\r\n\r\n");
+        let out = String::from_utf8(echo_roundtrip(&mut s, req.as_bytes()).await?)?;
+        let (pod, rest) = out.split_once('\n').with_context(|| format!("{out:?}\n{}", m.log()))?;
+        assert_eq!(rest, req, "connection {i}");
+        match pod {
+            "n1p3" => v2 += 1,
+            "n2p1" | "n2p2" => v1 += 1,
+            other => anyhow::bail!("connection {i} reached {other}"),
+        }
+    }
+    assert!(v1 > 0 && v2 > 0, "1:1 weights over 40 connections gave v1 {v1}, v2 {v2}");
+    // Port 80 is untouched: HTTP as before.
+    assert_eq!(m.h1().await?.get("/x").await?.status, 200);
     Ok(())
 }

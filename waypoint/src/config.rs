@@ -16,7 +16,7 @@ use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
-use crate::route::{GrpcRoute, HttpRoute};
+use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -33,6 +33,8 @@ pub enum ConfigError {
 pub struct Config {
     pub state: Arc<MeshState>,
     pub routes: Vec<HttpRoute>,
+    /// TCPRoutes, each as an HTTPRoute with its one rule (`route::TcpRoute`).
+    pub tcp_routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
@@ -53,6 +55,8 @@ struct L7Lists {
     #[serde(default)]
     grpc_routes: Vec<GrpcRoute>,
     #[serde(default)]
+    tcp_routes: Vec<TcpRoute>,
+    #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
@@ -68,6 +72,8 @@ struct RawL7Lists {
     http_routes: Vec<serde_json::Value>,
     #[serde(default)]
     grpc_routes: Vec<serde_json::Value>,
+    #[serde(default)]
+    tcp_routes: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
@@ -97,6 +103,10 @@ impl Config {
             let r = g.to_http().map_err(|e| invalid(format!("grpcRoutes[{i}].{e} (GRPCRoute {}/{})", g.namespace, g.name)))?;
             l7.http_routes.push(r);
         }
+        let mut tcp_routes = Vec::with_capacity(l7.tcp_routes.len());
+        for (i, t) in l7.tcp_routes.iter().enumerate() {
+            tcp_routes.push(t.to_http().map_err(|e| invalid(format!("tcpRoutes[{i}].{e} (TCPRoute {}/{})", t.namespace, t.name)))?);
+        }
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
@@ -119,6 +129,7 @@ impl Config {
             "source": format!("file {}", path.display()),
             "httpRoutes": raw.http_routes,
             "grpcRoutes": raw.grpc_routes,
+            "tcpRoutes": raw.tcp_routes,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
             "meshConfig": raw.mesh_config,
@@ -126,6 +137,7 @@ impl Config {
         Ok(Config {
             state: Arc::new(mesh.into_state(path)?),
             routes: l7.http_routes,
+            tcp_routes,
             policies: l7.authorization_policies,
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
@@ -142,8 +154,8 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }
 
@@ -179,6 +191,7 @@ pub async fn combine(
         let cfg = Config {
             state: state.load_full(),
             routes: l.routes.clone(),
+            tcp_routes: l.tcp_routes.clone(),
             policies: l.policies.clone(),
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),

@@ -30,7 +30,7 @@ use ztunnel::state::{MeshState, SharedState};
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
-use crate::route::{GrpcRoute, HttpRoute};
+use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
 
 pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
 
@@ -38,6 +38,8 @@ pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPO
 #[derive(Default)]
 pub struct L7Config {
     pub routes: Vec<HttpRoute>,
+    /// TCPRoutes, as HTTPRoutes with their one rule.
+    pub tcp_routes: Vec<HttpRoute>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
@@ -68,6 +70,7 @@ enum Kind {
     Gateway,
     HttpRoute,
     GrpcRoute,
+    TcpRoute,
     AuthorizationPolicy,
     RequestAuthentication,
     Service,
@@ -77,10 +80,11 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 8] = [
+const KINDS: [Kind; 9] = [
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
+    Kind::TcpRoute,
     Kind::AuthorizationPolicy,
     Kind::RequestAuthentication,
     Kind::Service,
@@ -93,6 +97,8 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::Gateway => (GATEWAY_GROUP, "v1", "Gateway", "gateways"),
         Kind::HttpRoute => (GATEWAY_GROUP, "v1", "HTTPRoute", "httproutes"),
         Kind::GrpcRoute => (GATEWAY_GROUP, "v1", "GRPCRoute", "grpcroutes"),
+        // Still experimental in Gateway API: v1alpha2.
+        Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
@@ -123,6 +129,12 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     let r: HttpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.validate()?;
     Ok(r)
+}
+
+/// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
+pub fn tcp_route(obj: &DynamicObject) -> Result<HttpRoute, String> {
+    let r: TcpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    r.to_http()
 }
 
 /// A GRPCRoute, as the HTTPRoute it amounts to (`route::GrpcRoute`).
@@ -196,6 +208,14 @@ fn reject_all(obj: &DynamicObject) -> RequestAuthentication {
     RequestAuthentication::reject_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
 }
 
+fn route_kind_name(kind: Kind) -> &'static str {
+    match kind {
+        Kind::GrpcRoute => "GRPCRoute",
+        Kind::TcpRoute => "TCPRoute",
+        _ => "HTTPRoute",
+    }
+}
+
 fn str_field<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
     v.get(k).and_then(Value::as_str)
 }
@@ -216,7 +236,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
         return true;
     }
     match kind {
-        Kind::HttpRoute | Kind::GrpcRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
                 && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
@@ -237,10 +257,14 @@ enum Converted {
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
     let (ns, name) = (obj.metadata.namespace.as_deref().unwrap_or_default(), obj.metadata.name.as_deref().unwrap_or_default());
     match kind {
-        Kind::HttpRoute | Kind::GrpcRoute => {
-            let r = if kind == Kind::HttpRoute { route(obj) } else { grpc_route(obj) };
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => {
+            let r = match kind {
+                Kind::HttpRoute => route(obj),
+                Kind::GrpcRoute => grpc_route(obj),
+                _ => tcp_route(obj),
+            };
             if let Err(e) = &r {
-                let k = if kind == Kind::HttpRoute { "HTTPRoute" } else { "GRPCRoute" };
+                let k = route_kind_name(kind);
                 tracing::warn!(kind = k, namespace = ns, name, error = %e, "object rejected; it does not apply");
             }
             Converted::Route(r)
@@ -355,7 +379,7 @@ impl Store {
             .objects
             .iter()
             .filter(|(k, obj)| {
-                matches!(k.0, Kind::HttpRoute | Kind::GrpcRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication)
+                matches!(k.0, Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication)
                     && selected(k.0, obj, &scope, settings)
             })
             .collect();
@@ -371,7 +395,7 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut grpc_routes = Vec::new();
+        let (mut grpc_routes, mut tcp_routes) = (Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -380,14 +404,21 @@ impl Store {
             let Some((_, converted)) = self.converted.get(*k) else { continue };
             let as_read = Value::Object(flattened(obj).unwrap_or_default());
             match converted {
-                Converted::Route(Ok(r)) => {
-                    cfg.routes.push(r.clone());
-                    if k.0 == Kind::GrpcRoute { grpc_routes.push(as_read) } else { routes.push(as_read) }
-                }
-                Converted::Route(Err(e)) => {
-                    let kind = if k.0 == Kind::GrpcRoute { "GRPCRoute" } else { "HTTPRoute" };
-                    rejected.push(json!({"kind": kind, "namespace": k.1, "name": k.2, "error": e}))
-                }
+                Converted::Route(Ok(r)) => match k.0 {
+                    Kind::TcpRoute => {
+                        cfg.tcp_routes.push(r.clone());
+                        tcp_routes.push(as_read);
+                    }
+                    Kind::GrpcRoute => {
+                        cfg.routes.push(r.clone());
+                        grpc_routes.push(as_read);
+                    }
+                    _ => {
+                        cfg.routes.push(r.clone());
+                        routes.push(as_read);
+                    }
+                },
+                Converted::Route(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Policy(Ok(Some(p))) => {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
@@ -427,6 +458,7 @@ impl Store {
             "source": "kubernetes",
             "httpRoutes": routes,
             "grpcRoutes": grpc_routes,
+            "tcpRoutes": tcp_routes,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
             "rejected": rejected,

@@ -17,6 +17,7 @@ mod filter;
 mod grpc;
 mod model;
 mod select;
+mod tcp;
 mod validate;
 
 #[cfg(test)]
@@ -24,6 +25,7 @@ mod tests;
 
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
+pub use tcp::TcpRoute;
 pub use model::{
     BackendRef, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
     QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,

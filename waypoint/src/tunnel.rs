@@ -20,10 +20,19 @@ use crate::context::Waypoint;
 use crate::detect;
 use crate::http::Tunnel;
 use crate::object::{ObjectName, Target};
+use crate::route::HttpRoute;
 
 /// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
-/// VIP (random, weighted by capacity), or the workload with that address.
-fn pick_endpoint(state: &MeshState, target: SocketAddr) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
+/// VIP (random, weighted by capacity), or the workload with that address; with a
+/// TCPRoute, an endpoint of the backend Service it picks (by weight) on its port.
+fn pick_endpoint(state: &MeshState, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
+    if let Some(route) = tcp_route {
+        let b = route.rules.first()?.pick_backend(rand::random())?;
+        let name = b.service(&route.namespace);
+        let svc = state.service_by_name(&name.namespace, &name.name)?;
+        let eps = state.usable_hbone_endpoints(svc, b.backend.port.unwrap_or(target.port()));
+        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
+    }
     if let Some(svc) = state.service_by_vip(target.ip()) {
         let eps = state.usable_hbone_endpoints(svc, target.port());
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
@@ -51,6 +60,25 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
     }
 }
 
+/// The target as routes and policies name it: the waypoint's Gateway and the service
+/// with the target's VIP.
+struct NamedTarget<'w> {
+    wp: &'w Waypoint,
+    service: Option<ObjectName>,
+    port: u16,
+}
+
+impl NamedTarget<'_> {
+    fn as_target(&self) -> Target<'_> {
+        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), root_namespace: &self.wp.root_namespace, port: self.port }
+    }
+}
+
+fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> NamedTarget<'w> {
+    let service = state.service_by_vip(target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    NamedTarget { wp, service, port: target.port() }
+}
+
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
     let _active = wp.drain.track();
     let start = Instant::now();
@@ -69,6 +97,8 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
             "CONNECT target is not a service or workload that uses this waypoint; refused");
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     }
+    // A TCPRoute says the port is TCP: no HTTP is looked for.
+    let tcp_routed = cfg.tcp_routes.iter().any(|r| r.attaches_to(&l7_target(&wp, &cfg.state, target).as_target()));
     drop(cfg);
     // The tunnel must be open before its first bytes can tell HTTP from anything else.
     let ok = Response::builder().status(StatusCode::OK).body(()).unwrap_or_default();
@@ -77,11 +107,14 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
         Err(e) => return tracing::debug!(error = %e, "client went away"),
     };
     let mut down_recv = req.into_body();
+    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target });
+    if tcp_routed {
+        return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await;
+    }
     let (proto, first) = match detect::sniff(&mut down_recv, wp.detect_timeout).await {
         Ok(x) => x,
         Err(e) => return tracing::debug!(error = %e, "tunnel ended before its protocol was known"),
     };
-    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target });
     if proto.is_http() {
         let mut io = H2Stream::new(down_send, down_recv, None);
         io.unread(first);
@@ -121,11 +154,12 @@ fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy], provide
 async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendStream<Bytes>, down_recv: h2::RecvStream, first: Bytes, start: Instant) {
     let cfg = wp.config.load_full();
     let target = tunnel.target;
-    let svc_name = cfg.state.service_by_vip(target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-    let l7_target = Target { gateway: &wp.gateway, service: svc_name.as_ref(), root_namespace: &wp.root_namespace, port: target.port() };
+    let named = l7_target(&wp, &cfg.state, target);
+    let l7_target = named.as_target();
+    let tcp_route = cfg.tcp_routes.iter().find(|r| r.attaches_to(&l7_target));
     // Routes on the target mean it speaks HTTP: bytes that don't look like HTTP must not
     // slip past the routes (and the trusted-header handling) as opaque TCP.
-    if cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {
+    if tcp_route.is_none() && cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {
         tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "NR",
             "non-HTTP traffic to a target with HTTPRoutes; refused");
         down_send.send_reset(h2::Reason::REFUSED_STREAM);
@@ -139,7 +173,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target) else {
+    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target, tcp_route) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };

@@ -47,6 +47,9 @@ pub struct LocalConfig {
     /// interpreted, as `http_routes`.
     #[serde(default)]
     pub grpc_routes: Vec<serde_yaml::Value>,
+    /// The waypoint's L4 routing (Gateway API TCPRoute); accepted and not interpreted.
+    #[serde(default)]
+    pub tcp_routes: Vec<serde_yaml::Value>,
     /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]

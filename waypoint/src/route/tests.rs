@@ -307,3 +307,17 @@ fn grpc_routes_match_services_and_methods() {
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
 }
+
+#[test]
+fn tcp_routes_have_one_rule_with_backends() {
+    let one = |yaml: &str| -> Result<HttpRoute, String> {
+        let r: TcpRoute = serde_yaml::from_str(&format!("name: t\nnamespace: default\n{SVC}\n{yaml}")).map_err(|e| e.to_string())?;
+        r.to_http()
+    };
+    let r = one("rules: [{backendRefs: [{name: a, port: 9000, weight: 3}, {name: b, port: 9000}]}]").expect("valid");
+    assert_eq!(r.rules[0].backend_refs.len(), 2);
+    assert!(one("rules: [{backendRefs: [{name: a, port: 1}]}, {backendRefs: [{name: b, port: 1}]}]").expect_err("two rules").contains("exactly one"));
+    assert!(one("rules: [{backendRefs: []}]").expect_err("no backends").contains("rules[0].backendRefs: required"));
+    assert!(one("rules: [{backendRefs: [{name: a}]}]").expect_err("no port").contains("port: required"));
+    assert!(one("rules: [{matches: []}]").expect_err("no matches in TCPRoute").contains("unknown field `matches`"));
+}
