@@ -258,8 +258,16 @@ impl Server {
         let mut close_by: Option<Instant> = None;
         loop {
             let next = tokio::select! {
-                // Streams first: one that arrived with the idle check is not cut off.
+                // A revoked peer first: a busy connection must not delay its closing.
+                // Then streams: one that arrived with the idle check is not cut off.
                 biased;
+                _ = &mut revoked => {
+                    tracing::warn!(src.identity = %src_identity, "closing an HBONE connection: the peer's certificate is revoked");
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    // A moment to write the GOAWAY; dropping the connection then resets its streams.
+                    let _ = tokio::time::timeout(REVOKED_FLUSH, futures_util::future::poll_fn(|cx| conn.poll_closed(cx))).await;
+                    break;
+                }
                 next = conn.accept() => next,
                 _ = drain.signaled(), if !goaway_sent => {
                     // GOAWAY: the client opens no new streams here; open ones run to completion.
@@ -286,13 +294,6 @@ impl Server {
                 }
                 // A peer that does not read must not keep the connection past GOAWAY.
                 _ = sleep_until(close_by) => break,
-                _ = &mut revoked => {
-                    tracing::warn!(src.identity = %src_identity, "closing an HBONE connection: the peer's certificate is revoked");
-                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
-                    // A moment to write the GOAWAY; dropping the connection then resets its streams.
-                    let _ = tokio::time::timeout(REVOKED_FLUSH, futures_util::future::poll_fn(|cx| conn.poll_closed(cx))).await;
-                    break;
-                }
             };
             let Some(next) = next else { break };
             match next {
