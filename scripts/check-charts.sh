@@ -147,6 +147,7 @@ ztunnel_sets=(
   "istio-defaults|-f tests/charts/ztunnel-istio-defaults.yaml"
   "istio-user|-f tests/charts/ztunnel-istio-user.yaml"
   "revision|--set revision=1-24"
+  "crl|--set peerCaCrl.enabled=true"
   "istio-dns-off|--set-string meshConfig.defaultConfig.proxyMetadata.ISTIO_META_DNS_CAPTURE=false"
   "monitoring|--set podMonitor.enabled=true --set-json podMonitor.labels={\"release\":\"kube-prometheus-stack\"} --set dashboards.enabled=true --set dashboards.namespace=monitoring --set-json dashboards.annotations={\"grafana_folder\":\"Istio\"}"
   "openshift|--set platform=openshift --set resourceScope=all"
@@ -314,6 +315,13 @@ if chart == "ztunnel":
     if want_addr:
         expect(env_value(env, "XDS_ADDRESS") == want_addr and env_value(env, "CA_ADDRESS") == want_addr,
                f"XDS/CA address {env_value(env, 'XDS_ADDRESS')}/{env_value(env, 'CA_ADDRESS')} != {want_addr}")
+    # peerCaCrl.enabled: Istio's CRL_PATH and optional istio-ca-crl ConfigMap mount.
+    crl_vol = mounts.get("/var/run/secrets/istio/crl", {}).get("configMap", {})
+    if set_name == "crl":
+        expect(env_value(env, "CRL_PATH") == "/var/run/secrets/istio/crl/ca-crl.pem", "peerCaCrl: CRL_PATH")
+        expect(crl_vol.get("name") == "istio-ca-crl" and crl_vol.get("optional") is True, f"peerCaCrl: optional istio-ca-crl mount, got {crl_vol}")
+    else:
+        expect(env_value(env, "CRL_PATH") is None and not crl_vol, "CRL_PATH / CRL mount only with peerCaCrl.enabled")
     if set_name in ("revision", "istio-user"):
         expect(ds["metadata"]["labels"].get("istio.io/rev") == "1-24", "istio.io/rev label on the DaemonSet")
         expect(ds["spec"]["template"]["metadata"]["annotations"].get("istio.io/rev") == "1-24", "istio.io/rev pod annotation")
@@ -447,7 +455,6 @@ chart_checks waypoint demo "${waypoint_sets[@]}"
 section "values the charts must refuse"
 check_fails "ztunnel captureMode=bogus" "$HELM" template z charts/ztunnel --set captureMode=bogus
 check_fails "ztunnel dns.cacheEntries=-1" "$HELM" template z charts/ztunnel --set dns.cacheEntries=-1
-check_fails "ztunnel peerCaCrl.enabled (CRLs not checked)" "$HELM" template z charts/ztunnel --set peerCaCrl.enabled=true
 check_fails "ztunnel platform=bogus" "$HELM" template z charts/ztunnel --set platform=bogus
 check_fails "ztunnel unknown value (typo)" "$HELM" template z charts/ztunnel --set capturemode=ebpf
 check_fails "waypoint waypointFor=bogus" "$HELM" template w charts/waypoint --set waypointFor=bogus

@@ -1049,3 +1049,106 @@ async fn application_tunnel_gets_a_proxy_protocol_header() -> Result<()> {
     }
     Ok(())
 }
+
+/// The decimal serial `/config_dump` shows for `identity`'s certificate on `node`, as hex
+/// (what a CRL lists).
+async fn cert_serial(node: &Netns, identity: &str) -> Result<String> {
+    let text = http_get(node, 15000, "/config_dump").await?;
+    let dump: serde_json::Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
+    let cert = dump["certificates"].as_array().context("certificates")?.iter().find(|c| c["identity"] == identity).with_context(|| format!("no {identity} in {dump:#}"))?;
+    let serial: u128 = cert["certChain"][0]["serialNumber"].as_str().context("serialNumber")?.parse()?;
+    Ok(format!("{serial:032x}"))
+}
+
+/// Replaces the CRL file as a ConfigMap volume update does: a new file swapped in by rename.
+fn write_crl(path: &std::path::Path, pem: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, pem)?;
+    Ok(std::fs::rename(&tmp, path)?)
+}
+
+/// Whether a connection is cut (EOF or reset) within 5 s; a hang is not.
+async fn is_cut(s: &mut tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 16];
+    matches!(tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await, Ok(Ok(0)) | Ok(Err(_)))
+}
+
+/// CRL_PATH (Istio's, for plugged-in CAs): a CRL that does not list a peer lets traffic
+/// through; a reload that revokes the server's certificate closes the open tunnel and
+/// refuses new ones (A's ztunnel checks B's certificate); one that revokes the client's
+/// is refused by B's ztunnel. The file appears only after the start (Istio's chart mounts
+/// it as optional).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crl_refuses_revoked_peers_and_reload_closes_open_connections() -> Result<()> {
+    let topo = Topology::build(&prefix("crl"), &[1, 1])?;
+    let crl = topo.dir.join("ca-crl.pem");
+    let crl_env = crl.display().to_string();
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[("CRL_PATH", &crl_env)])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, None)?;
+    assert_eq!(roundtrip(client, addr(server, 8080), b"no CRL yet").await?, b"no CRL yet");
+    // The mesh's root, which node 1's ztunnel created; CRLs are signed with its key.
+    let ca_dir = mesh.topo.dir.join("ca");
+    let ca = ztunnel::identity::ca::Ca::from_files(&ca_dir.join("ca-cert.pem"), &ca_dir.join("ca-key.pem"))?;
+    let server_serial = cert_serial(mesh.topo.node(2), "spiffe://cluster.local/ns/default/sa/server").await?;
+    let client_serial = cert_serial(mesh.topo.node(1), "spiffe://cluster.local/ns/default/sa/client").await?;
+    let reloads = || mesh.logs().matches("reloaded certificate revocation lists").count();
+    let ttl = Duration::from_secs(3600);
+
+    // A CRL revoking someone else: traffic flows, and a tunnel stays open across the reload.
+    write_crl(&crl, &ca.revocation_list(&["0badc0de"], 1, ttl)?)?;
+    wait_for("both ztunnels to load the first CRL", Duration::from_secs(10), || reloads() >= 2)?;
+    let mut open = client.netns.connect(addr(server, 8080)).await?;
+    assert_eq!(echo_roundtrip_open(&mut open, b"before").await?, b"before");
+    write_crl(&crl, &ca.revocation_list(&["0badc0de", "0badc0df"], 2, ttl)?)?;
+    wait_for("the second CRL", Duration::from_secs(10), || reloads() >= 4)?;
+    assert_eq!(echo_roundtrip_open(&mut open, b"after").await?, b"after", "a reload that revokes no peer cut the tunnel");
+    assert_eq!(roundtrip(client, addr(server, 8080), b"other revoked").await?, b"other revoked");
+
+    // The server's certificate revoked: node 1 closes the open tunnel and refuses a new one.
+    write_crl(&crl, &ca.revocation_list(&["0badc0de", &server_serial], 3, ttl)?)?;
+    wait_for("the CRL revoking the server", Duration::from_secs(10), || reloads() >= 6)?;
+    assert!(is_cut(&mut open).await, "the tunnel to a revoked server stayed open");
+    let refused = |what: &'static str| async move {
+        let r = roundtrip(client, addr(server, 8080), what.as_bytes()).await;
+        assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{what}: got through: {r:?}");
+    };
+    refused("to a revoked server").await;
+    mesh.wait_logs(&["closing a pooled HBONE connection: the server's certificate is revoked"])?;
+    let scrape = http_get(mesh.topo.node(1), 15020, "/metrics").await?;
+    assert!(series(&scrape, "istio_crl_policy_rejections_total", &["reporter=\"source\""]).unwrap_or(0) >= 2, "{scrape}");
+
+    // Un-revoked, a tunnel opens again; revoking the client then makes node 2 close it
+    // and refuse the client's next handshake.
+    write_crl(&crl, &ca.revocation_list(&["0badc0de"], 4, ttl)?)?;
+    wait_for("the CRL un-revoking the server", Duration::from_secs(10), || reloads() >= 8)?;
+    let mut open = client.netns.connect(addr(server, 8080)).await?;
+    assert_eq!(echo_roundtrip_open(&mut open, b"again").await?, b"again");
+    write_crl(&crl, &ca.revocation_list(&[&client_serial], 5, ttl)?)?;
+    wait_for("the CRL revoking the client", Duration::from_secs(10), || reloads() >= 10)?;
+    assert!(is_cut(&mut open).await, "the tunnel from a revoked client stayed open");
+    refused("from a revoked client").await;
+    mesh.wait_logs(&["closing an HBONE connection: the peer's certificate is revoked"])?;
+    let scrape = http_get(mesh.topo.node(2), 15020, "/metrics").await?;
+    assert!(series(&scrape, "istio_crl_policy_rejections_total", &["reporter=\"destination\""]).unwrap_or(0) >= 2, "{scrape}");
+
+    // A broken file keeps the CRLs in force (the client stays refused); /config_dump says why.
+    write_crl(&crl, "-----BEGIN X509 CRL-----\ntruncated")?;
+    wait_for("both ztunnels to see the broken CRL", Duration::from_secs(10), || mesh.logs().matches("CRL file changed but cannot be used").count() >= 2)?;
+    refused("after a broken CRL").await;
+    let text = http_get(mesh.topo.node(2), 15000, "/config_dump").await?;
+    let dump: serde_json::Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
+    assert_eq!(dump["config"]["crlPath"], crl_env.as_str(), "{:#}", dump["config"]);
+    assert_eq!(dump["crl"]["crls"][0]["revoked"], 1, "{:#}", dump["crl"]);
+    assert!(dump["crl"]["error"].as_str().is_some_and(|e| e.contains("not valid")), "{:#}", dump["crl"]);
+    Ok(())
+}
+
+/// One echo exchange on a connection that stays open.
+async fn echo_roundtrip_open(s: &mut tokio::net::TcpStream, data: &[u8]) -> Result<Vec<u8>> {
+    tokio::io::AsyncWriteExt::write_all(s, data).await?;
+    let mut back = vec![0u8; data.len()];
+    tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await.context("echo timed out")??;
+    Ok(back)
+}

@@ -546,7 +546,8 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
 
     // What we cannot honour without weakening security refuses the start, naming the variable.
     for (name, value, want) in [
-        ("CRL_PATH", "/var/run/secrets/istio/crl/ca-crl.pem", "CRL_PATH"),
+        // A CRL file that cannot be read (here a directory) refuses the start, naming it.
+        ("CRL_PATH", "/", "CRL_PATH"),
         ("CA_ROOT_CA", "SYSTEM", "CA_ROOT_CA=SYSTEM"),
         ("PACKET_MARK", "42", "PACKET_MARK"),
         ("INPOD_PORT_REUSE", "maybe", "INPOD_PORT_REUSE"),

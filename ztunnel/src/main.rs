@@ -258,6 +258,8 @@ struct IstioSettings {
     network: String,
     /// LOCALHOST_APP_TUNNEL (Istio's default: true).
     localhost_app_tunnel: bool,
+    /// CRL_PATH: the certificate revocation lists peers are checked against.
+    crl_path: Option<std::path::PathBuf>,
     /// Messages for the log, gathered before logging exists.
     warnings: Vec<String>,
     infos: Vec<String>,
@@ -318,6 +320,7 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
         network: env.get("NETWORK").unwrap_or_default().to_string(),
         localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
+        crl_path: env.non_empty("CRL_PATH").map(std::path::PathBuf::from),
         warnings,
         infos,
     })
@@ -385,6 +388,15 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     let Some(node_name) = args.node_name.clone() else {
         anyhow::bail!("--node-name (NODE_NAME) is required");
     };
+    // A CRL file that is there but unusable refuses the start (running without it would
+    // accept the peers it revokes); later changes are polled for.
+    let crls = match &istio.crl_path {
+        Some(path) => Some(ztunnel::tls::Crls::load(path)?),
+        None => None,
+    };
+    if let Some(c) = &crls {
+        tokio::spawn(c.clone().watch(ztunnel::tls::crl::POLL_INTERVAL));
+    }
     let state = Arc::new(SharedState::default());
     if let Some(path) = &args.local_xds_path {
         state.store(LocalConfig::load(path)?.into_state(path)?);
@@ -411,7 +423,6 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
         localhost_app_tunnel: istio.localhost_app_tunnel,
     };
-    let pool = Pool::new(certs.clone(), pcfg.pool_max_streams, pcfg.pool_idle_timeout, pcfg.connect_timeout);
     let mut metrics = ztunnel::metrics::Metrics::default();
     let upstreams = args.dns.upstreams()?;
     let dns = if args.dns.dns_proxy {
@@ -425,6 +436,13 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry),
     ));
     let metrics = Arc::new(metrics);
+    let pool = Pool::with_crls(
+        certs.clone(),
+        pcfg.pool_max_streams,
+        pcfg.pool_idle_timeout,
+        pcfg.connect_timeout,
+        crls.clone().map(|c| (c, metrics.clone())),
+    );
     certs.set_metrics(metrics.certs.clone());
     let _ = metrics.process.certs.set(certs.clone());
     let drain = Arc::new(ztunnel::drain::Drain::default());
@@ -494,7 +512,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         localhost_app_tunnel: istio.localhost_app_tunnel,
         ztunnel_identity: ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
         ipv6_enabled: false,
-        crl_path: None,
+        crl_path: istio.crl_path.clone(),
         proxy_config: pcfg,
         local_xds_path: args.local_xds_path.clone(),
         capture_mode: format!("{:?}", args.capture).to_lowercase(),
@@ -503,12 +521,16 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     let pcfg = &settings.proxy_config;
     let workload_states = Arc::new(ztunnel::proxy::WorkloadStates::default());
     let config_dump = {
-        let (state, certs, states, settings) = (state.clone(), certs.clone(), workload_states.clone(), settings.clone());
+        let (state, certs, states, settings, crls) = (state.clone(), certs.clone(), workload_states.clone(), settings.clone(), crls.clone());
         Box::new(move || {
             let config = serde_json::to_value(&*settings).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
             let mut dump = ztunnel::admin::config_dump::dump(&state.load(), &certs, config);
             if let Some(d) = dump.as_object_mut() {
                 d.insert("workloadState".into(), ztunnel::admin::config_dump::workload_state(&states.snapshot()));
+                // Ours (Istio's dump has only config.crlPath): the CRLs in force.
+                if let Some(c) = &crls {
+                    d.insert("crl".into(), c.dump());
+                }
             }
             dump
         })
@@ -555,6 +577,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         dns,
         workload_states,
         on_demand_dns,
+        crls,
     });
 
     let pods = ztunnel::proxy::Pods::default();

@@ -32,6 +32,7 @@ pub struct Metrics {
     sockets_open: Family<control::ReporterLabel, Gauge>,
     connections_refused: Family<control::ReasonLabel, Counter>,
     hbone_rejections: Family<control::ReasonLabel, Counter>,
+    crl_rejections: Family<control::ReporterLabel, Counter>,
     pub xds: control::XdsMetrics,
     pub certs: control::CertMetrics,
     pub process: std::sync::Arc<process::ProcessCollector>,
@@ -70,6 +71,12 @@ impl Default for Metrics {
             "HBONE connections or requests refused before reaching policy (handshake_limit: too many handshakes in flight, tls_handshake, bad_request, h2_flood: rapid reset or CONTINUATION flood, empty_data_flood, h2_protocol)",
             hbone_rejections.clone(),
         );
+        let crl_rejections = Family::<control::ReporterLabel, Counter>::default();
+        registry.register(
+            "istio_crl_policy_rejections",
+            "Connections refused or closed because a CRL (CRL_PATH) revokes the peer's certificate (reporter destination: a client at our HBONE server; source: a server we connected to)",
+            crl_rejections.clone(),
+        );
         let xds = control::XdsMetrics::register(&mut registry);
         let certs = control::CertMetrics::register(&mut registry);
         let process = std::sync::Arc::new(process::ProcessCollector::default());
@@ -87,6 +94,7 @@ impl Default for Metrics {
             sockets_open,
             connections_refused,
             hbone_rejections,
+            crl_rejections,
             xds,
             certs,
             process,
@@ -125,6 +133,12 @@ impl Metrics {
     /// An inbound HBONE connection or request refused for `reason` (a fixed set).
     pub fn hbone_rejected(&self, reason: &'static str) {
         self.hbone_rejections.get_or_create(&control::ReasonLabel { reason }).inc();
+    }
+
+    /// A peer refused (at its handshake) or cut off (after a CRL reload) because a CRL
+    /// revokes its certificate; `reporter` is `destination` inbound, `source` outbound.
+    pub fn crl_rejected(&self, reporter: &'static str) {
+        self.crl_rejections.get_or_create(&control::ReporterLabel { reporter }).inc();
     }
 
     /// A connection that opened. Its counters are looked up now, so the connection keeps

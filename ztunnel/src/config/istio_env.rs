@@ -218,9 +218,6 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     let mut warnings = Vec::new();
     let mut warn = |name: &str, what: &str| warnings.push(format!("{name}={:?} ignored: {what}", env.get(name).unwrap_or_default()));
 
-    if env.non_empty("CRL_PATH").is_some() {
-        return Err(env.refused("CRL_PATH", "peer certificate revocation lists are not checked here, and running without the CRL would accept revoked peers"));
-    }
     if let Some(mode) = env.get("PROXY_MODE") {
         if !mode.eq_ignore_ascii_case("shared") {
             return Err(env.refused("PROXY_MODE", "only the shared node proxy mode exists (PROXY_MODE=shared)"));
@@ -433,7 +430,7 @@ mod tests {
         for name in ["IPV6_ENABLED", "NETWORK", "XDS_ON_DEMAND"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
-        for (name, value) in [("CRL_PATH", "/var/run/secrets/istio/crl/ca-crl.pem"), ("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {
+        for (name, value) in [("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {
             let err = unsupported(&Env::from_pairs([(name, value)])).unwrap_err();
             assert!(matches!(err, EnvError::Refused { .. }), "{name}: {err}");
             assert!(err.to_string().contains(name), "{err}");

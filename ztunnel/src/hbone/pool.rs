@@ -60,6 +60,9 @@ struct Inner {
     idle_timeout: Duration,
     connect_timeout: Duration,
     next_id: AtomicU64,
+    /// CRL_PATH's CRLs: a server they revoke is refused, and its connections are closed
+    /// when a reload revokes it (counted in `metrics`).
+    crls: Option<(crate::tls::Crls, Arc<crate::metrics::Metrics>)>,
 }
 
 type DialLock = Arc<tokio::sync::Mutex<Option<(Instant, String)>>>;
@@ -88,6 +91,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl Pool {
     pub fn new(certs: Arc<CertManager>, max_streams: usize, idle_timeout: Duration, connect_timeout: Duration) -> Pool {
+        Pool::with_crls(certs, max_streams, idle_timeout, connect_timeout, None)
+    }
+
+    /// [`Pool::new`], checking servers against `crls` (rejections counted in the metrics).
+    pub fn with_crls(
+        certs: Arc<CertManager>,
+        max_streams: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+        crls: Option<(crate::tls::Crls, Arc<crate::metrics::Metrics>)>,
+    ) -> Pool {
         Pool {
             inner: Arc::new(Inner {
                 keys: Mutex::new(HashMap::new()),
@@ -96,6 +110,7 @@ impl Pool {
                 idle_timeout,
                 connect_timeout,
                 next_id: AtomicU64::new(1),
+                crls,
             }),
         }
     }
@@ -165,11 +180,23 @@ impl Pool {
             .connect(key.dst, None, self.inner.connect_timeout)
             .await
             .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
-        let cfg = crate::tls::client_config(&cert.certified_key, &cert.cert.roots, key.dst_identities.clone())?;
-        let mut tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(ServerName::IpAddress(key.dst.ip().into()), tcp)
-            .await
-            .map_err(|source| HboneError::Tls { peer: peer.clone(), source })?;
+        let crls = self.inner.crls.as_ref();
+        let cfg = crate::tls::client_config_with_crls(&cert.certified_key, &cert.cert.roots, key.dst_identities.clone(), crls.map(|(c, _)| c))?;
+        // Taken before the handshake: a CRL reload during it is checked against this server too.
+        let changes = crls.map(|(c, _)| c.changes());
+        let mut tls = match tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(ServerName::IpAddress(key.dst.ip().into()), tcp).await {
+            Ok(t) => t,
+            Err(source) => {
+                if let Some((_, metrics)) = crls.filter(|_| crate::tls::is_revoked(&source)) {
+                    metrics.crl_rejected("source");
+                }
+                return Err(HboneError::Tls { peer: peer.clone(), source });
+            }
+        };
+        let revoked = crls.zip(changes).map(|((c, metrics), changes)| {
+            let chain = tls.get_ref().1.peer_certificates().unwrap_or_default();
+            (crate::tls::PeerChain::new(c, changes, &cert.cert.roots, chain, crate::tls::PeerRole::Server), metrics.clone())
+        });
         tune_tls(tls.get_mut().1);
         let sizes = h2_sizes();
         let (send, mut connection) = h2::client::Builder::new()
@@ -198,6 +225,11 @@ impl Pool {
                     r = connection => if let Err(e) = r { tracing::debug!(error = %e, "HBONE connection ended") },
                     _ = keepalive(ping) => tracing::debug!("HBONE connection failed its keepalive ping"),
                     _ = pool.reap_when_idle(&key, weak.clone()) => {}
+                    // Dropping the connection resets the streams on it.
+                    m = revoked_server(revoked) => {
+                        m.crl_rejected("source");
+                        tracing::warn!(dst = %key.dst, "closing a pooled HBONE connection: the server's certificate is revoked");
+                    }
                 }
                 if let Some(c) = weak.upgrade() {
                     c.closed.store(true, Ordering::Release);
@@ -314,6 +346,17 @@ fn copy_request(r: &http::Request<()>) -> http::Request<()> {
     *c.uri_mut() = r.uri().clone();
     *c.headers_mut() = r.headers().clone();
     c
+}
+
+/// Resolves once a CRL reload revokes the server's chain (never without CRLs).
+async fn revoked_server(watch: Option<(crate::tls::PeerChain, Arc<crate::metrics::Metrics>)>) -> Arc<crate::metrics::Metrics> {
+    match watch {
+        Some((chain, metrics)) => {
+            chain.revoked().await;
+            metrics
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn keepalive(mut ping: Option<h2::PingPong>) {

@@ -11,6 +11,7 @@ use bytes::Bytes;
 use h2::server::SendResponse;
 use h2::RecvStream;
 use http::Request;
+use rustls_pki_types::CertificateDer;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -32,6 +33,8 @@ pub const MAX_HANDSHAKES_PER_IP: usize = 64;
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 /// After the idle GOAWAY, how long the peer has to let the connection close.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// After the GOAWAY for a revoked peer, how long it may take to go out before the socket closes.
+const REVOKED_FLUSH: Duration = Duration::from_millis(100);
 
 /// The connection a peer gets once both handshakes are done.
 pub type Connection = h2::server::Connection<FrameGuard<tokio_rustls::server::TlsStream<TcpStream>>, Bytes>;
@@ -159,12 +162,28 @@ impl Server {
         stream: TcpStream,
         permit: HandshakePermit,
     ) -> Option<(Connection, Identity)> {
+        self.handshake_with(acceptor, stream, permit, false).await.map(|(c, id, _)| (c, id))
+    }
+
+    /// [`Server::handshake`], also returning the peer's certificate chain (leaf first)
+    /// when `keep_chain` (for a CRL re-check later; empty otherwise). A peer refused
+    /// because a CRL revokes it is also counted in `istio_crl_policy_rejections`.
+    pub async fn handshake_with(
+        &self,
+        acceptor: &tokio_rustls::TlsAcceptor,
+        stream: TcpStream,
+        permit: HandshakePermit,
+        keep_chain: bool,
+    ) -> Option<(Connection, Identity, Vec<CertificateDer<'static>>)> {
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
         let mut tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, response_flags = "TLS_FAILURE", "HBONE TLS handshake failed");
                 self.metrics.hbone_rejected("tls_handshake");
+                if crate::tls::is_revoked(&e) {
+                    self.metrics.crl_rejected("destination");
+                }
                 return None;
             }
             Err(_) => {
@@ -180,6 +199,10 @@ impl Server {
                 self.metrics.hbone_rejected("tls_handshake");
                 return None;
             }
+        };
+        let chain = match keep_chain {
+            true => tls.get_ref().1.peer_certificates().unwrap_or_default().iter().map(|c| c.clone().into_owned()).collect(),
+            false => Vec::new(),
         };
         super::tuning::tune_tls(tls.get_mut().1);
         let guarded = FrameGuard::new(tls);
@@ -198,16 +221,33 @@ impl Server {
             }
         };
         drop(permit);
-        Some((conn, src_identity))
+        Some((conn, src_identity, chain))
     }
 
     /// Accepts streams and hands each to `on_stream` until the connection ends. On
     /// `drain` it sends GOAWAY and lets open streams finish; with no stream open for the
     /// idle timeout it sends GOAWAY and closes. Protocol abuse is logged and counted.
-    pub async fn serve<F>(&self, mut conn: Connection, drain: &crate::drain::Drain, src_identity: &Identity, mut on_stream: F)
+    pub async fn serve<F>(&self, conn: Connection, drain: &crate::drain::Drain, src_identity: &Identity, on_stream: F)
     where
         F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
     {
+        self.serve_with(conn, drain, src_identity, std::future::pending(), on_stream).await
+    }
+
+    /// [`Server::serve`], and when `revoked` resolves (a CRL reload revoked the peer's
+    /// certificate) the connection is closed at once: GOAWAY, then the socket, so its
+    /// streams are reset rather than left to finish.
+    pub async fn serve_with<F>(
+        &self,
+        mut conn: Connection,
+        drain: &crate::drain::Drain,
+        src_identity: &Identity,
+        revoked: impl std::future::Future<Output = ()>,
+        mut on_stream: F,
+    ) where
+        F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
+    {
+        let mut revoked = std::pin::pin!(revoked);
         let idle = self.idle_timeout.filter(|t| !t.is_zero());
         // Checked a few times per timeout, so a connection closes within 1.25 of it.
         let tick = idle.map(|t| (t / 4).max(Duration::from_millis(50)));
@@ -218,8 +258,16 @@ impl Server {
         let mut close_by: Option<Instant> = None;
         loop {
             let next = tokio::select! {
-                // Streams first: one that arrived with the idle check is not cut off.
+                // A revoked peer first: a busy connection must not delay its closing.
+                // Then streams: one that arrived with the idle check is not cut off.
                 biased;
+                _ = &mut revoked => {
+                    tracing::warn!(src.identity = %src_identity, "closing an HBONE connection: the peer's certificate is revoked");
+                    conn.abrupt_shutdown(h2::Reason::NO_ERROR);
+                    // A moment to write the GOAWAY; dropping the connection then resets its streams.
+                    let _ = tokio::time::timeout(REVOKED_FLUSH, futures_util::future::poll_fn(|cx| conn.poll_closed(cx))).await;
+                    break;
+                }
                 next = conn.accept() => next,
                 _ = drain.signaled(), if !goaway_sent => {
                     // GOAWAY: the client opens no new streams here; open ones run to completion.

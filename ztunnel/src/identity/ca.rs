@@ -21,6 +21,8 @@ pub enum CaError {
     Write { path: PathBuf, source: std::io::Error },
     #[error("CA file {path} is not a valid PEM certificate or key: {source}")]
     Parse { path: PathBuf, source: rcgen::Error },
+    #[error("certificate serial {0:?} is not hexadecimal")]
+    BadSerial(String),
     #[error("cannot sign a certificate for {identity}: {source}")]
     Sign { identity: String, source: rcgen::Error },
     #[error("--ca-cert and --ca-key must be given together")]
@@ -146,6 +148,40 @@ impl Ca {
             not_after,
             serial: serial.iter().map(|b| format!("{b:02x}")).collect(),
         })
+    }
+
+    /// A CRL (PEM) signed by this root revoking the certificates with these serials (hex,
+    /// as [`WorkloadCert::serial`]); `number` is its CRL number. For operators feeding
+    /// `CRL_PATH`, and for tests.
+    pub fn revocation_list(&self, serials: &[&str], number: u64, next_update: Duration) -> Result<String, CaError> {
+        let sign_err = |source| CaError::Sign { identity: "a CRL".into(), source };
+        let now = time::OffsetDateTime::now_utc();
+        let revoked_certs = serials
+            .iter()
+            .map(|hex| {
+                let bytes = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                    .collect::<Option<Vec<u8>>>()
+                    .filter(|b| !b.is_empty() && hex.len() % 2 == 0)
+                    .ok_or_else(|| CaError::BadSerial(hex.to_string()))?;
+                Ok(rcgen::RevokedCertParams {
+                    serial_number: SerialNumber::from_slice(&bytes),
+                    revocation_time: now,
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+            })
+            .collect::<Result<Vec<_>, CaError>>()?;
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: now - time::Duration::minutes(1),
+            next_update: now + next_update,
+            crl_number: SerialNumber::from(number),
+            issuing_distribution_point: None,
+            revoked_certs,
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        params.signed_by(&self.issuer).map_err(sign_err)?.pem().map_err(sign_err)
     }
 }
 

@@ -49,9 +49,12 @@ async fn handle_connection(
         Err(_) => return,
     };
     let server = &inputs.hbone_server;
-    let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
+    // Taken before the handshake: a CRL reload during it is checked against this peer too.
+    let changes = inputs.crls.as_ref().map(|c| c.changes());
+    let Some((conn, src_identity, chain)) = server.handshake_with(&acceptor, stream, permit, changes.is_some()).await else { return };
+    let revoked = revoked_peer(&inputs, &pod, changes, &chain);
     server
-        .serve(conn, &inputs.drain, &src_identity, |req, respond| {
+        .serve_with(conn, &inputs.drain, &src_identity, revoked, |req, respond| {
             let span = tracing::info_span!("stream", src.identity = %src_identity);
             // What the stream needs of the request head is read here, so the head (a few
             // hundred bytes) is not kept in the stream's task for its life.
@@ -61,6 +64,30 @@ async fn handle_connection(
             tokio::spawn(handle_stream(inputs.clone(), pod.clone(), connect, respond, peer, local, src_identity.clone()).instrument(span));
         })
         .await;
+}
+
+/// Resolves once a CRL reload revokes the client's chain (never without CRL_PATH).
+fn revoked_peer(
+    inputs: &Arc<ProxyInputs>,
+    pod: &LocalPod,
+    changes: Option<tokio::sync::watch::Receiver<u64>>,
+    chain: &[rustls_pki_types::CertificateDer<'static>],
+) -> impl std::future::Future<Output = ()> {
+    let watch = inputs.crls.clone().zip(changes).map(|(crls, changes)| {
+        // The roots in force now (they rotate with the mesh root).
+        let roots = inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
+        crate::tls::PeerChain::new(&crls, changes, &roots, chain, crate::tls::PeerRole::Client)
+    });
+    let metrics = inputs.metrics.clone();
+    async move {
+        match watch {
+            Some(w) => {
+                w.revoked().await;
+                metrics.crl_rejected("destination");
+            }
+            None => std::future::pending().await,
+        }
+    }
 }
 
 /// One CONNECT stream as the stream's task sees it.

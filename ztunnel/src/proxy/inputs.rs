@@ -25,4 +25,7 @@ pub struct ProxyInputs {
     pub workload_states: Arc<super::states::WorkloadStates>,
     /// Resolves the hostnames of workloads without an IP (always on, DNS proxy or not).
     pub on_demand_dns: Arc<crate::dns::on_demand::OnDemandResolver>,
+    /// The CRLs of CRL_PATH, when set: peers they revoke are refused, and cut off when a
+    /// reload revokes them (the pool holds the same set for outbound).
+    pub crls: Option<crate::tls::Crls>,
 }

@@ -161,10 +161,11 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         Some(d) => Some((d.clone(), crate::dns::server::bind(&pod.netns)?)),
         None => None,
     };
-    let tls = Arc::new(crate::tls::server_config(
+    let tls = Arc::new(crate::tls::server_config_with_crls(
         IdentityCert { certs: inputs.certs.clone(), identity: pod.identity.clone() },
         &inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default(),
         &pod.identity.trust_domain,
+        inputs.crls.as_ref(),
     )?);
     // When a listener of a SO_REUSEPORT group closes (an old proxy handing over), move
     // its queued connections to the remaining listener instead of resetting them.
