@@ -927,6 +927,18 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert!(to_v2, "{}", waypoint.log_text());
     assert_eq!(c.request("POST", "/echo.Health/Watch", &[]).await?.pod(), "n2p1");
 
+    // A backend in another namespace: 500 until a ReferenceGrant there allows it.
+    kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "to-shop"},
+        "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
+                 "rules": [{"matches": [{"headers": [{"type": "Exact", "name": "x-shop", "value": "yes"}]}],
+                            "backendRefs": [{"group": "", "kind": "Service", "name": "cart", "namespace": "shop", "port": 80, "weight": 1}]}]}}));
+    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 500).await.with_context(|| waypoint.log_text())?;
+    kube.apply("referencegrants", json!({"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "routes-from-default", "namespace": "shop"},
+        "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service", "name": "cart"}]}}));
+    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 200).await.with_context(|| waypoint.log_text())?;
+    assert_eq!(c.request("GET", "/cart", &[("x-shop", "yes")]).await?.pod(), "n2p1");
+    kube.delete("httproutes", "to-shop");
+
     // An AuthorizationPolicy arrives from Kubernetes: denied by path.
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-admin"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}]}}));
@@ -1032,8 +1044,12 @@ async fn wait_for_ready(ns: &netsim::Netns, addr: SocketAddr) -> Result<()> {
 }
 
 async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) -> Result<()> {
+    wait_for_status_with(c, path, &[], status).await
+}
+
+async fn wait_for_status_with(c: &mut http_app::H1Client, path: &str, headers: &[(&str, &str)], status: u16) -> Result<()> {
     for _ in 0..100 {
-        if c.get(path).await?.status.as_u16() == status {
+        if c.request("GET", path, headers).await?.status.as_u16() == status {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

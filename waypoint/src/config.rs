@@ -14,6 +14,7 @@ use ztunnel::state::MeshState;
 
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
+use crate::grant::ReferenceGrant;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
 use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
@@ -35,6 +36,8 @@ pub struct Config {
     pub routes: Vec<HttpRoute>,
     /// TCPRoutes, each as an HTTPRoute with its one rule (`route::TcpRoute`).
     pub tcp_routes: Vec<HttpRoute>,
+    /// ReferenceGrants: which Services of other namespaces routes may send to.
+    pub grants: Vec<ReferenceGrant>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
@@ -57,6 +60,8 @@ struct L7Lists {
     #[serde(default)]
     tcp_routes: Vec<TcpRoute>,
     #[serde(default)]
+    reference_grants: Vec<ReferenceGrant>,
+    #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
@@ -74,6 +79,8 @@ struct RawL7Lists {
     grpc_routes: Vec<serde_json::Value>,
     #[serde(default)]
     tcp_routes: Vec<serde_json::Value>,
+    #[serde(default)]
+    reference_grants: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
@@ -107,6 +114,9 @@ impl Config {
         for (i, t) in l7.tcp_routes.iter().enumerate() {
             tcp_routes.push(t.to_http().map_err(|e| invalid(format!("tcpRoutes[{i}].{e} (TCPRoute {}/{})", t.namespace, t.name)))?);
         }
+        for (i, g) in l7.reference_grants.iter().enumerate() {
+            g.validate().map_err(|e| invalid(format!("referenceGrants[{i}].{e} (ReferenceGrant {}/{})", g.namespace, g.name)))?;
+        }
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
@@ -130,6 +140,7 @@ impl Config {
             "httpRoutes": raw.http_routes,
             "grpcRoutes": raw.grpc_routes,
             "tcpRoutes": raw.tcp_routes,
+            "referenceGrants": raw.reference_grants,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
             "meshConfig": raw.mesh_config,
@@ -138,6 +149,7 @@ impl Config {
             state: Arc::new(mesh.into_state(path)?),
             routes: l7.http_routes,
             tcp_routes,
+            grants: l7.reference_grants,
             policies: l7.authorization_policies,
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
@@ -154,8 +166,8 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }
 
@@ -192,6 +204,7 @@ pub async fn combine(
             state: state.load_full(),
             routes: l.routes.clone(),
             tcp_routes: l.tcp_routes.clone(),
+            grants: l.grants.clone(),
             policies: l.policies.clone(),
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),

@@ -40,6 +40,7 @@ pub struct L7Config {
     pub routes: Vec<HttpRoute>,
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
+    pub grants: Vec<crate::grant::ReferenceGrant>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
@@ -71,6 +72,7 @@ enum Kind {
     HttpRoute,
     GrpcRoute,
     TcpRoute,
+    ReferenceGrant,
     AuthorizationPolicy,
     RequestAuthentication,
     Service,
@@ -80,11 +82,12 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 9] = [
+const KINDS: [Kind; 10] = [
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
     Kind::TcpRoute,
+    Kind::ReferenceGrant,
     Kind::AuthorizationPolicy,
     Kind::RequestAuthentication,
     Kind::Service,
@@ -99,6 +102,7 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::GrpcRoute => (GATEWAY_GROUP, "v1", "GRPCRoute", "grpcroutes"),
         // Still experimental in Gateway API: v1alpha2.
         Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
+        Kind::ReferenceGrant => (GATEWAY_GROUP, "v1beta1", "ReferenceGrant", "referencegrants"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
@@ -236,6 +240,8 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
         return true;
     }
     match kind {
+        // Small, and any namespace may grant our routes its Services.
+        Kind::ReferenceGrant => true,
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
@@ -250,6 +256,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
     Route(Result<HttpRoute, String>),
+    Grant(Result<crate::grant::ReferenceGrant, String>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
 }
@@ -268,6 +275,17 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 tracing::warn!(kind = k, namespace = ns, name, error = %e, "object rejected; it does not apply");
             }
             Converted::Route(r)
+        }
+        Kind::ReferenceGrant => {
+            let g = flattened(obj).and_then(|spec| {
+                let g: crate::grant::ReferenceGrant = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+                g.validate().map(|()| g)
+            });
+            if let Err(e) = &g {
+                // Left out: its backends stay unresolved (500), which is fail closed.
+                tracing::warn!(kind = "ReferenceGrant", namespace = ns, name, error = %e, "object rejected; it does not apply");
+            }
+            Converted::Grant(g)
         }
         Kind::RequestAuthentication => {
             let a = authentication(obj);
@@ -379,7 +397,10 @@ impl Store {
             .objects
             .iter()
             .filter(|(k, obj)| {
-                matches!(k.0, Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::AuthorizationPolicy | Kind::RequestAuthentication)
+                matches!(
+                    k.0,
+                    Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::ReferenceGrant | Kind::AuthorizationPolicy | Kind::RequestAuthentication
+                )
                     && selected(k.0, obj, &scope, settings)
             })
             .collect();
@@ -395,7 +416,7 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut grpc_routes, mut tcp_routes) = (Vec::new(), Vec::new());
+        let (mut grpc_routes, mut tcp_routes, mut grants) = (Vec::new(), Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -419,6 +440,11 @@ impl Store {
                     }
                 },
                 Converted::Route(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Grant(Ok(g)) => {
+                    cfg.grants.push(g.clone());
+                    grants.push(as_read);
+                }
+                Converted::Grant(Err(e)) => rejected.push(json!({"kind": "ReferenceGrant", "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Policy(Ok(Some(p))) => {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
@@ -459,6 +485,7 @@ impl Store {
             "httpRoutes": routes,
             "grpcRoutes": grpc_routes,
             "tcpRoutes": tcp_routes,
+            "referenceGrants": grants,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
             "rejected": rejected,

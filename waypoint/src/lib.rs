@@ -14,6 +14,7 @@ pub mod dump;
 pub mod extauthz;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod grant;
 pub mod http;
 pub mod k8s;
 pub mod lb;

@@ -28,6 +28,6 @@ pub use grpc::GrpcRoute;
 pub use tcp::TcpRoute;
 pub use model::{
     BackendRef, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
-    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,
+    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,
 };
 pub use select::{select, RouteRequest, Selected, Selection};

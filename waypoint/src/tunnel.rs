@@ -25,10 +25,19 @@ use crate::route::HttpRoute;
 /// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
 /// VIP (random, weighted by capacity), or the workload with that address; with a
 /// TCPRoute, an endpoint of the backend Service it picks (by weight) on its port.
-fn pick_endpoint(state: &MeshState, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
+fn pick_endpoint(
+    state: &MeshState,
+    target: SocketAddr,
+    tcp_route: Option<&HttpRoute>,
+    grants: &[crate::grant::ReferenceGrant],
+) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
+        if !crate::grant::permitted(grants, route.kind.name(), &route.namespace, &name) {
+            tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), "TCPRoute backend in another namespace without a ReferenceGrant");
+            return None;
+        }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
         let eps = state.usable_hbone_endpoints(svc, b.backend.port.unwrap_or(target.port()));
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
@@ -173,7 +182,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target, tcp_route) else {
+    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target, tcp_route, &cfg.grants) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };

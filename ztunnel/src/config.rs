@@ -50,6 +50,10 @@ pub struct LocalConfig {
     /// The waypoint's L4 routing (Gateway API TCPRoute); accepted and not interpreted.
     #[serde(default)]
     pub tcp_routes: Vec<serde_yaml::Value>,
+    /// Gateway API ReferenceGrants (the waypoint's cross-namespace backends); accepted
+    /// and not interpreted.
+    #[serde(default)]
+    pub reference_grants: Vec<serde_yaml::Value>,
     /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]

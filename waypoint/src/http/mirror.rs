@@ -33,11 +33,14 @@ pub fn mirror_all(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, parts
 /// Sends a copy of the request to the mirror backend and forgets it (Envoy's shadowing:
 /// the Host gets a `-shadow` suffix, the response is dropped).
 fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::RequestMirror, parts: &http::request::Parts, body: Bytes) {
-    let &Mirrors { ref host, port, route_ns, client_http2, .. } = mirrors;
+    let &Mirrors { ref host, port, route_ns, route_kind, client_http2, .. } = mirrors;
     if !m.sampled(rand::random::<f64>()) {
         return;
     }
     let name = m.service(route_ns.unwrap_or_default());
+    if !crate::grant::permitted(&cfg.grants, route_kind, route_ns.unwrap_or_default(), &name) {
+        return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend in another namespace without a ReferenceGrant");
+    }
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };

@@ -23,6 +23,7 @@ use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequ
 use crate::authn;
 use crate::authz;
 use crate::extauthz;
+use crate::grant;
 use crate::path;
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
@@ -73,6 +74,8 @@ pub struct Mirrors<'c> {
     pub port: u16,
     /// The route's namespace (a mirror backendRef without one is in it).
     pub route_ns: Option<&'c str>,
+    /// The route's kind, for ReferenceGrants.
+    pub route_kind: &'static str,
     /// Whether the client spoke HTTP/2 (a mirror backend of unknown protocol gets that).
     pub client_http2: bool,
 }
@@ -260,6 +263,13 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
                 return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "NR", "route has no backend with weight"));
             };
             let name = b.service(&s.route.namespace);
+            if !grant::permitted(&cfg.grants, s.route.kind.name(), &s.route.namespace, &name) {
+                return Err(LocalReply::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "NR",
+                    format!("backend {}/{} is in another namespace and no ReferenceGrant there allows it", name.namespace, name.name),
+                ));
+            }
             let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
                 return Err(LocalReply::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -306,6 +316,7 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
             host,
             port: tunnel.target.port(),
             route_ns: selected.as_ref().map(|s| s.route.namespace.as_str()),
+            route_kind: selected.as_ref().map_or("HTTPRoute", |s| s.route.kind.name()),
             client_http2,
         },
         response_modifiers,
@@ -483,6 +494,27 @@ mod tests {
         // Policies see the GET whatever the client's version.
         let deny_get = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {methods: [GET]}}]}]}\n";
         assert_eq!(plan_as(&h2, Protocol::Http2, deny_get, connect()).0.err().map(|e| e.status.as_u16()), Some(403));
+    }
+
+    /// A backend in another namespace is resolved only with a ReferenceGrant there for
+    /// routes of this kind from this namespace: otherwise 500, as Gateway API requires.
+    #[test]
+    fn cross_namespace_backends_need_a_reference_grant() {
+        let mesh = MESH
+            .replace("services: {default/echo.default.svc.cluster.local: {80: 8080}}", "services: {default/echo.default.svc.cluster.local: {80: 8080}, shop/api.shop.svc.cluster.local: {80: 8080}}")
+            + "- {name: api, namespace: shop, hostname: api.shop.svc.cluster.local, vips: [\"/10.96.0.20\"], ports: {80: 8080}}\n";
+        let route = format!("httpRoutes:\n- {{name: r, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: api, namespace: shop, port: 80}}]}}]}}\n");
+        let (r, _, _) = plan_as(&mesh, Protocol::Http1, &route, get("/"));
+        let e = r.expect_err("no grant");
+        assert_eq!((e.status.as_u16(), e.flags), (500, "NR"));
+        assert!(e.message.contains("ReferenceGrant"), "{}", e.message);
+        let grant = |kind: &str, name: &str| {
+            format!("referenceGrants:\n- {{name: g, namespace: shop, from: [{{group: gateway.networking.k8s.io, kind: {kind}, namespace: default}}], to: [{{group: '', kind: Service{name}}}]}}\n")
+        };
+        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", ", name: api")), get("/")).0.is_ok());
+        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", "")), get("/")).0.is_ok(), "every Service");
+        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("GRPCRoute", "")), get("/")).0.is_err(), "another route kind");
+        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", ", name: db")), get("/")).0.is_err(), "another Service");
     }
 
     #[test]

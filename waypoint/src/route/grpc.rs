@@ -6,7 +6,7 @@
 
 use serde::Deserialize;
 
-use super::model::{BackendRef, Filter, HeaderMatch, HttpRoute, PathMatch, RouteMatch, RouteRule};
+use super::model::{RouteKind, BackendRef, Filter, HeaderMatch, HttpRoute, PathMatch, RouteMatch, RouteRule};
 use crate::object::ObjectRef;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -117,6 +117,7 @@ impl GrpcRoute {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
             parent_refs: self.parent_refs.clone(),
+            kind: RouteKind::Grpc,
             hostnames: self.hostnames.clone(),
             rules,
         };

@@ -30,6 +30,29 @@ pub struct HttpRoute {
     /// Absent: one rule matching every request, sent to the parent Service.
     #[serde(default = "default_rules")]
     pub rules: Vec<RouteRule>,
+    /// What it was written as: GRPCRoutes and TCPRoutes are held as HTTPRoutes
+    /// (ReferenceGrants name the kind).
+    #[serde(skip)]
+    pub kind: RouteKind,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RouteKind {
+    #[default]
+    Http,
+    Grpc,
+    Tcp,
+}
+
+impl RouteKind {
+    /// The Gateway API kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            RouteKind::Http => "HTTPRoute",
+            RouteKind::Grpc => "GRPCRoute",
+            RouteKind::Tcp => "TCPRoute",
+        }
+    }
 }
 
 fn default_rules() -> Vec<RouteRule> {

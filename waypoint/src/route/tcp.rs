@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::model::{BackendRef, HttpRoute, RouteRule};
+use super::model::{RouteKind, BackendRef, HttpRoute, RouteRule};
 use crate::object::ObjectRef;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -42,6 +42,7 @@ impl TcpRoute {
             name: self.name.clone(),
             namespace: self.namespace.clone(),
             parent_refs: self.parent_refs.clone(),
+            kind: RouteKind::Tcp,
             hostnames: Vec::new(),
             rules: vec![RouteRule { name: rule.name.clone(), backend_refs: rule.backend_refs.clone(), ..RouteRule::default() }],
         };

@@ -245,7 +245,7 @@ fn bad_routes_are_refused_with_the_field_named() {
         ("- {name: a, namespace: default, parentRefs: [{kind: Service, name: echo}]}", "parentRefs[0]: kind \"Service\""),
         ("- {name: a, namespace: default, parentRefs: [{group: '', kind: Service, name: echo, namespace: other}]}", "parentRefs[0].namespace"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1}}]}}]}}"), "rules[0].backendRefs[0].port: required"),
-        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, namespace: x}}]}}]}}"), "ReferenceGrant"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, namespace: ''}}]}}]}}"), "backendRefs[0].namespace: must not be empty"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: Exact, value: /a/../b}}}}]}}]}}"), "write \"/b\""),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: Regex, value: /a}}}}]}}]}}"), "path type \"Regex\""),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{matches: [{{path: {{type: RegularExpression, value: '(/a'}}}}]}}]}}"), "does not compile"),

@@ -227,7 +227,8 @@ impl RequestMirror {
     }
 }
 
-/// A backend (weighted or a mirror's): a Service in the route's namespace, and its port.
+/// A backend (weighted or a mirror's): a Service, and its port. One in another namespace
+/// is resolved only with a ReferenceGrant there (checked per request, `grant`).
 fn validate_backend(at: &str, r: &ObjectRef, route_ns: &str) -> Result<(), String> {
     if !matches!(r.group.as_deref(), None | Some("")) || !matches!(r.kind.as_deref(), None | Some("Service")) {
         return Err(format!("{at}: only Services (group \"\", kind Service) can be backends"));
@@ -238,11 +239,8 @@ fn validate_backend(at: &str, r: &ObjectRef, route_ns: &str) -> Result<(), Strin
     if r.name.is_empty() {
         return Err(format!("{at}.name: must not be empty"));
     }
-    if let Some(ns) = r.namespace.as_deref().filter(|ns| *ns != route_ns) {
-        return Err(format!(
-            "{at}.namespace: {ns:?} differs from the route's namespace {route_ns:?}; a backend in another \
-             namespace needs a ReferenceGrant, which this waypoint does not support"
-        ));
+    if r.namespace.as_deref().is_some_and(str::is_empty) {
+        return Err(format!("{at}.namespace: must not be empty (leave it out for the route's namespace {route_ns:?})"));
     }
     match r.port {
         None => Err(format!("{at}.port: required for a Service backend (the service port to send to)")),
