@@ -1760,3 +1760,41 @@ async fn l7_tcp_routes_split_connections_by_weight() -> Result<()> {
     assert_eq!(m.h1().await?.get("/x").await?.status, 200);
     Ok(())
 }
+
+/// DestinationRule on the echo service: a consistent hash on a header keeps each user
+/// on one endpoint; http2MaxRequests 1 answers a second concurrent request 503 (UO).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_destination_rules_hash_and_break_circuits() -> Result<()> {
+    let l7 = "destinationRules:\n- {name: echo, namespace: default, host: echo, trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x-user}}, \
+              connectionPool: {http: {http2MaxRequests: 1}}}}\n";
+    let m = L7Mesh::start("l7d", l7, &[]).await?;
+    let mut c = m.h1().await?;
+    let mut by_user = HashMap::new();
+    for i in 0..60 {
+        let user = format!("user-{}", i % 6);
+        let r = c.request("GET", "/hash", &[("x-user", user.as_str())]).await?;
+        assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+        let pod = by_user.entry(user.clone()).or_insert_with(|| r.pod());
+        assert_eq!(*pod, r.pod(), "{user} moved");
+    }
+    let pods: std::collections::HashSet<_> = by_user.values().collect();
+    assert!(pods.len() >= 2, "six users all on {pods:?}");
+    // One slow request in flight: the next one overflows, and passes once it is done.
+    let mut slow = m.h1().await?;
+    let in_flight = tokio::spawn(async move { slow.get("/delay/1500").await });
+    let mut overflowed = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let r = c.get("/x").await?;
+        if r.status == 503 {
+            assert!(r.body.contains("overflow"), "{r:?}");
+            overflowed = true;
+            break;
+        }
+    }
+    assert!(overflowed, "no request overflowed while one was in flight\n{}", m.log());
+    assert_eq!(in_flight.await??.status, 200);
+    assert_eq!(c.get("/x").await?.status, 200);
+    wait_for("UO log", Duration::from_secs(5), || m.log().contains("response_flags=\"UO\""))?;
+    Ok(())
+}

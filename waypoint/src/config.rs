@@ -14,6 +14,7 @@ use ztunnel::state::MeshState;
 
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
+use crate::destination::{DestinationRule, Policy};
 use crate::grant::ReferenceGrant;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
@@ -38,6 +39,8 @@ pub struct Config {
     pub tcp_routes: Vec<HttpRoute>,
     /// ReferenceGrants: which Services of other namespaces routes may send to.
     pub grants: Vec<ReferenceGrant>,
+    /// DestinationRules with the policy each asks for (`destination`).
+    pub destination_rules: Vec<(DestinationRule, Policy)>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
@@ -62,6 +65,8 @@ struct L7Lists {
     #[serde(default)]
     reference_grants: Vec<ReferenceGrant>,
     #[serde(default)]
+    destination_rules: Vec<DestinationRule>,
+    #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
@@ -81,6 +86,8 @@ struct RawL7Lists {
     tcp_routes: Vec<serde_json::Value>,
     #[serde(default)]
     reference_grants: Vec<serde_json::Value>,
+    #[serde(default)]
+    destination_rules: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
@@ -117,6 +124,11 @@ impl Config {
         for (i, g) in l7.reference_grants.iter().enumerate() {
             g.validate().map_err(|e| invalid(format!("referenceGrants[{i}].{e} (ReferenceGrant {}/{})", g.namespace, g.name)))?;
         }
+        let mut destination_rules = Vec::with_capacity(l7.destination_rules.len());
+        for (i, d) in l7.destination_rules.iter().enumerate() {
+            let p = d.policy().map_err(|e| invalid(format!("destinationRules[{i}].{e} (DestinationRule {}/{})", d.namespace, d.name)))?;
+            destination_rules.push((d.clone(), p));
+        }
         for (i, p) in l7.authorization_policies.iter().enumerate() {
             p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
         }
@@ -141,6 +153,7 @@ impl Config {
             "grpcRoutes": raw.grpc_routes,
             "tcpRoutes": raw.tcp_routes,
             "referenceGrants": raw.reference_grants,
+            "destinationRules": raw.destination_rules,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
             "meshConfig": raw.mesh_config,
@@ -150,6 +163,7 @@ impl Config {
             routes: l7.http_routes,
             tcp_routes,
             grants: l7.reference_grants,
+            destination_rules,
             policies: l7.authorization_policies,
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
@@ -166,8 +180,8 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), destination_rules: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }
 
@@ -205,6 +219,7 @@ pub async fn combine(
             routes: l.routes.clone(),
             tcp_routes: l.tcp_routes.clone(),
             grants: l.grants.clone(),
+            destination_rules: l.destination_rules.clone(),
             policies: l.policies.clone(),
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),

@@ -14,7 +14,7 @@ use ztunnel::state::Workload;
 
 use crate::authn::JwksStore;
 use crate::config::Config;
-use crate::lb::Balancer;
+use crate::lb::{Balancer, Circuits};
 use crate::object::ObjectName;
 use crate::upstream::Upstreams;
 
@@ -31,6 +31,8 @@ pub struct Waypoint {
     pub netns: InPodNetns,
     pub upstreams: Upstreams,
     pub balancer: Arc<Balancer>,
+    /// DestinationRule connection pool limits: what is in flight per Service.
+    pub circuits: Circuits,
     pub http_metrics: HttpMetrics,
     /// Istio's TCP metrics (`reporter="waypoint"`) for tunnels relayed at L4.
     pub metrics: Arc<ztunnel::metrics::Metrics>,

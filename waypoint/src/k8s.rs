@@ -41,6 +41,7 @@ pub struct L7Config {
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
     pub grants: Vec<crate::grant::ReferenceGrant>,
+    pub destination_rules: Vec<(crate::destination::DestinationRule, crate::destination::Policy)>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
@@ -73,6 +74,7 @@ enum Kind {
     GrpcRoute,
     TcpRoute,
     ReferenceGrant,
+    DestinationRule,
     AuthorizationPolicy,
     RequestAuthentication,
     Service,
@@ -82,7 +84,8 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 10] = [
+const KINDS: [Kind; 11] = [
+    Kind::DestinationRule,
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
@@ -103,6 +106,7 @@ fn resource(kind: Kind) -> ApiResource {
         // Still experimental in Gateway API: v1alpha2.
         Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
         Kind::ReferenceGrant => (GATEWAY_GROUP, "v1beta1", "ReferenceGrant", "referencegrants"),
+        Kind::DestinationRule => ("networking.istio.io", "v1", "DestinationRule", "destinationrules"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
@@ -242,6 +246,9 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
     match kind {
         // Small, and any namespace may grant our routes its Services.
         Kind::ReferenceGrant => true,
+        // Applied to the Services the waypoint sends to, whichever namespace has them;
+        // a `workloadSelector` one is a workload proxy's.
+        Kind::DestinationRule => obj.data.pointer("/spec/workloadSelector").is_none(),
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
@@ -257,6 +264,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
 enum Converted {
     Route(Result<HttpRoute, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
+    Destination(Result<(crate::destination::DestinationRule, crate::destination::Policy), String>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
 }
@@ -286,6 +294,17 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 tracing::warn!(kind = "ReferenceGrant", namespace = ns, name, error = %e, "object rejected; it does not apply");
             }
             Converted::Grant(g)
+        }
+        Kind::DestinationRule => {
+            let d = flattened(obj).and_then(|spec| {
+                let d: crate::destination::DestinationRule = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+                let p = d.policy()?;
+                Ok((d, p))
+            });
+            if let Err(e) = &d {
+                tracing::warn!(kind = "DestinationRule", namespace = ns, name, error = %e, "object rejected; it does not apply");
+            }
+            Converted::Destination(d)
         }
         Kind::RequestAuthentication => {
             let a = authentication(obj);
@@ -399,7 +418,13 @@ impl Store {
             .filter(|(k, obj)| {
                 matches!(
                     k.0,
-                    Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::ReferenceGrant | Kind::AuthorizationPolicy | Kind::RequestAuthentication
+                    Kind::HttpRoute
+                        | Kind::GrpcRoute
+                        | Kind::TcpRoute
+                        | Kind::ReferenceGrant
+                        | Kind::DestinationRule
+                        | Kind::AuthorizationPolicy
+                        | Kind::RequestAuthentication
                 )
                     && selected(k.0, obj, &scope, settings)
             })
@@ -416,7 +441,7 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut grpc_routes, mut tcp_routes, mut grants) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -445,6 +470,11 @@ impl Store {
                     grants.push(as_read);
                 }
                 Converted::Grant(Err(e)) => rejected.push(json!({"kind": "ReferenceGrant", "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Destination(Ok(d)) => {
+                    cfg.destination_rules.push(d.clone());
+                    destination_rules.push(as_read);
+                }
+                Converted::Destination(Err(e)) => rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Policy(Ok(Some(p))) => {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
@@ -486,6 +516,7 @@ impl Store {
             "grpcRoutes": grpc_routes,
             "tcpRoutes": tcp_routes,
             "referenceGrants": grants,
+            "destinationRules": destination_rules,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
             "rejected": rejected,
@@ -678,6 +709,27 @@ mod tests {
         let cfg = s.publish(&settings()).expect("published without the mesh config");
         assert!(cfg.providers.is_empty());
         assert!(cfg.dump["extensionProviders"]["error"].as_str().unwrap_or_default().contains("not found"));
+    }
+
+    /// DestinationRules, GRPCRoutes, TCPRoutes and ReferenceGrants from the API, each as
+    /// the file writes it; a broken DestinationRule is rejected and named.
+    #[test]
+    fn traffic_objects_convert_from_kubernetes() {
+        let svc = json!([{"group": "", "kind": "Service", "name": "echo"}]);
+        let objs = vec![
+            (Kind::DestinationRule, object("DestinationRule", "dr", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}))),
+            (Kind::DestinationRule, object("DestinationRule", "bad", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}))),
+            (Kind::DestinationRule, object("DestinationRule", "sidecar", json!({"host": "echo", "workloadSelector": {"matchLabels": {"app": "x"}}}))),
+            (Kind::GrpcRoute, object("GRPCRoute", "g", json!({"parentRefs": svc, "rules": [{"matches": [{"method": {"service": "a.B"}}]}]}))),
+            (Kind::TcpRoute, object("TCPRoute", "t", json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]}))),
+            (Kind::ReferenceGrant, object_in("shop", "ReferenceGrant", "rg", json!({"from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service"}]}))),
+        ];
+        let cfg = store(objs).publish(&settings()).unwrap();
+        assert_eq!(cfg.destination_rules.iter().map(|(d, _)| d.name.as_str()).collect::<Vec<_>>(), ["dr"]);
+        assert_eq!(cfg.destination_rules[0].1.pick, Some(crate::destination::Pick::Random));
+        assert!(cfg.dump["rejected"].as_array().unwrap().iter().any(|r| r["kind"] == "DestinationRule" && r["name"] == "bad"), "{}", cfg.dump);
+        assert_eq!((cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()), (1, 1, 1));
+        assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! Per-endpoint load balancing (round robin or least request) with outlier ejection:
-//! an endpoint that fails `consecutive_5xx` times in a row is left out for a while,
-//! longer each time, unless that would leave no endpoint at all.
+//! Per-endpoint load balancing (round robin, least request, random, or a consistent
+//! hash) with outlier ejection: an endpoint that fails `consecutive_5xx` times in a row
+//! is left out for a while, longer each time, unless that would leave no endpoint at
+//! all. A Service's DestinationRule may choose its own (`destination`); and `Circuits`
+//! counts what its connection pool limits (circuit breaking).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -9,6 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ztunnel::state::Workload;
+
+use crate::destination::Pick;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LbPolicy {
@@ -44,6 +48,10 @@ pub struct Picked {
     pub workload: Arc<Workload>,
     pub addr: SocketAddr,
     balancer: Arc<Balancer>,
+    /// The outlier settings in force for this endpoint's Service.
+    outlier: OutlierConfig,
+    /// Circuit-breaker slots the request holds until its response is done.
+    slots: Vec<Slot>,
 }
 
 impl Drop for Picked {
@@ -55,9 +63,14 @@ impl Drop for Picked {
 }
 
 impl Picked {
+    /// Keeps `slot` taken for as long as this pick (the response) lives.
+    pub fn hold(&mut self, slot: Slot) {
+        self.slots.push(slot);
+    }
+
     /// Feeds the attempt's outcome to outlier detection (a 5xx or connect failure is a failure).
     pub fn report(&self, success: bool) {
-        let cfg = self.balancer.outlier;
+        let cfg = self.outlier;
         let mut stats = self.balancer.lock();
         let s = stats.entry(self.addr).or_default();
         if success {
@@ -96,6 +109,11 @@ impl Balancer {
     /// Picks one of `endpoints` (address, workload), preferring ones not in `tried` (a
     /// retry goes elsewhere when it can) and not ejected.
     pub fn pick(self: &Arc<Self>, endpoints: &[(SocketAddr, Arc<Workload>)], tried: &[SocketAddr]) -> Option<Picked> {
+        self.pick_with(endpoints, tried, &Choice::default())
+    }
+
+    /// As `pick`, as a Service's DestinationRule asks (`choice`).
+    pub fn pick_with(self: &Arc<Self>, endpoints: &[(SocketAddr, Arc<Workload>)], tried: &[SocketAddr], choice: &Choice) -> Option<Picked> {
         if endpoints.is_empty() {
             return None;
         }
@@ -111,18 +129,94 @@ impl Balancer {
         .into_iter()
         .find(|c| !c.is_empty())
         .unwrap_or_else(|| (0..endpoints.len()).collect());
-        let i = match self.policy {
-            LbPolicy::RoundRobin => candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()],
-            LbPolicy::LeastRequest => {
+        let how = match (&choice.pick, choice.hash) {
+            // A hash policy without its key in this request: random, as Envoy's ring.
+            (Some(Pick::HashHeader(_) | Pick::HashCookie(_) | Pick::HashQuery(_) | Pick::HashSourceIp), None) => Pick::Random,
+            (Some(p), _) => p.clone(),
+            (None, _) => match self.policy {
+                LbPolicy::RoundRobin => Pick::RoundRobin,
+                LbPolicy::LeastRequest => Pick::LeastRequest,
+            },
+        };
+        let i = match how {
+            Pick::RoundRobin => candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()],
+            Pick::LeastRequest => {
                 let a = candidates[rand::random_range(0..candidates.len())];
                 let b = candidates[rand::random_range(0..candidates.len())];
                 let load = |i: usize| stats.get(&endpoints[i].0).map_or(0, |s| s.active);
                 if load(b) < load(a) { b } else { a }
             }
+            Pick::Random => candidates[rand::random_range(0..candidates.len())],
+            // Rendezvous hashing: the endpoint with the highest hash of (key, address)
+            // keeps its keys while others come and go.
+            Pick::HashHeader(_) | Pick::HashCookie(_) | Pick::HashQuery(_) | Pick::HashSourceIp => {
+                let key = choice.hash.unwrap_or_default();
+                let score = |i: &usize| {
+                    use std::hash::{Hash, Hasher};
+                    let mut h = std::collections::hash_map::DefaultHasher::new();
+                    (key, endpoints[*i].0).hash(&mut h);
+                    h.finish()
+                };
+                candidates.iter().copied().max_by_key(score).unwrap_or(candidates[0])
+            }
         };
         let (addr, workload) = endpoints[i].clone();
         stats.entry(addr).or_default().active += 1;
         drop(stats);
-        Some(Picked { workload, addr, balancer: self.clone() })
+        Some(Picked { workload, addr, balancer: self.clone(), outlier: choice.outlier.unwrap_or(self.outlier), slots: Vec::new() })
+    }
+}
+
+/// What a Service's DestinationRule changes in one pick: the way (None: the
+/// waypoint's policy), the request's hash key for a consistent hash, the outlier settings.
+#[derive(Clone, Debug, Default)]
+pub struct Choice {
+    pub pick: Option<Pick>,
+    pub hash: Option<u64>,
+    pub outlier: Option<OutlierConfig>,
+}
+
+/// In-flight counts per Service for DestinationRule connection pool limits. One entry
+/// per Service that has such a limit (the config bounds them).
+#[derive(Default)]
+pub struct Circuits {
+    counts: Mutex<HashMap<(String, Limit), Arc<AtomicUsize>>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Limit {
+    Requests,
+    Retries,
+    Connections,
+}
+
+/// A slot taken under a limit, given back on drop.
+pub struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Circuits {
+    /// A slot for one more of `limit` to `service`, or None when `max` are in flight
+    /// (the circuit is open: Envoy's overflow).
+    pub fn take(&self, service: &str, limit: Limit, max: u32) -> Option<Slot> {
+        let c = {
+            let mut m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry((service.to_string(), limit)).or_default().clone()
+        };
+        let max = max as usize;
+        let mut cur = c.load(Ordering::Acquire);
+        loop {
+            if cur >= max {
+                return None;
+            }
+            match c.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(Slot(c)),
+                Err(now) => cur = now,
+            }
+        }
     }
 }

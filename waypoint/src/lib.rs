@@ -9,6 +9,7 @@ pub mod authn;
 pub mod authz;
 pub mod config;
 pub mod context;
+pub mod destination;
 pub mod detect;
 pub mod dump;
 pub mod extauthz;

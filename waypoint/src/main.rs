@@ -314,6 +314,7 @@ async fn main() -> anyhow::Result<()> {
             args.lb_policy,
             lb::OutlierConfig { consecutive_5xx: args.outlier_consecutive_5xx, base_ejection: Duration::from_millis(args.outlier_base_ejection_ms) },
         ),
+        circuits: lb::Circuits::default(),
         http_metrics,
         metrics: metrics.clone(),
         drain: Arc::new(Drain::default()),

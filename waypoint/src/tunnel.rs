@@ -189,6 +189,18 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let Some(ep_ip) = endpoint.workload_ips.iter().copied().find(IpAddr::is_ipv4) else {
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
+    // DestinationRule tcp.maxConnections: connections in flight to the Service.
+    let traffic = service.as_deref().and_then(|svc| crate::destination::for_service(&cfg.destination_rules, svc));
+    let _connection_slot = match (traffic.and_then(|t| t.max_connections), service.as_deref()) {
+        (Some(max), Some(svc)) => match wp.circuits.take(&svc.namespaced_hostname().to_string(), crate::lb::Limit::Connections, max) {
+            Some(slot) => Some(slot),
+            None => {
+                tracing::warn!(dst.addr = %target, response_flags = "UO", "circuit open: too many connections to the service");
+                return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+            }
+        },
+        _ => None,
+    };
     let upstream_target = SocketAddr::new(ep_ip, port);
     let expected = cfg.state.expected_identities(&endpoint, service.as_deref());
     let key = PoolKey::new(wp.identity.clone(), expected, SocketAddr::new(ep_ip, ztunnel::ports::HBONE), wp.ip);

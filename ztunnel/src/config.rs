@@ -54,6 +54,10 @@ pub struct LocalConfig {
     /// and not interpreted.
     #[serde(default)]
     pub reference_grants: Vec<serde_yaml::Value>,
+    /// Istio DestinationRules (the waypoint's per-Service traffic policies); accepted and
+    /// not interpreted.
+    #[serde(default)]
+    pub destination_rules: Vec<serde_yaml::Value>,
     /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]

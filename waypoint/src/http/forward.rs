@@ -21,7 +21,7 @@ use super::reply::LocalReply;
 use super::upgrade;
 use crate::config::Config;
 use crate::context::Waypoint;
-use crate::lb::Picked;
+use crate::lb::{Choice, Limit, OutlierConfig, Picked};
 use crate::upstream::{Body, BoxError, Endpoint, UpstreamError};
 
 /// Request bodies up to this size are buffered when a retry or mirror needs a copy.
@@ -46,12 +46,18 @@ struct Attempts<'a> {
     codes: &'a [u16],
     backoff: Duration,
     per_try_timeout: Option<Duration>,
+    /// How endpoints are picked (the backend Service's DestinationRule).
+    choice: Choice,
+    /// The backend Service (`namespace/hostname`) and its DestinationRule's maxRetries.
+    service: String,
+    max_retries: Option<u32>,
 }
 
 impl<'a> Attempts<'a> {
     /// Retries only for a body that can be sent again, and only for idempotent methods.
-    fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody) -> Self {
+    fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody, service: String) -> Self {
         let retry = plan.retry;
+        let traffic = plan.traffic;
         Attempts {
             count: 1 + match retry {
                 Some(r) if matches!(body, RequestBody::Buffered(_)) && idempotent(method) => r.attempts.unwrap_or(1),
@@ -60,6 +66,13 @@ impl<'a> Attempts<'a> {
             codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
             backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
             per_try_timeout: plan.timeouts.backend,
+            choice: Choice {
+                pick: traffic.and_then(|t| t.pick.clone()),
+                hash: plan.hash,
+                outlier: traffic.and_then(|t| t.outlier).map(|(consecutive_5xx, base_ejection)| OutlierConfig { consecutive_5xx, base_ejection }),
+            },
+            service,
+            max_retries: traffic.and_then(|t| t.max_retries),
         }
     }
 }
@@ -88,6 +101,15 @@ fn idempotent(m: &Method) -> bool {
 /// no attempt got one.
 pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
     let Exchange { wp, cfg, mut log, grpc } = x;
+    // DestinationRule http2MaxRequests: over the limit, Envoy's overflow (503 UO).
+    let service_key = plan.backend.service.as_deref().map(|s| s.namespaced_hostname().to_string()).unwrap_or_default();
+    let request_slot = match plan.traffic.and_then(|t| t.max_requests) {
+        Some(max) => match wp.circuits.take(&service_key, Limit::Requests, max) {
+            Some(slot) => Some(slot),
+            None => return overflow(log, grpc, plan.traffic),
+        },
+        None => None,
+    };
     let (mut parts, body) = req.into_parts();
     // A WebSocket is not mirrored: a shadow upgrade would hold a connection for nothing.
     let mirrors = plan.websocket.is_none() && !plan.mirrors.to.is_empty();
@@ -99,7 +121,7 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
     if let (RequestBody::Buffered(b), true) = (&req_body, mirrors) {
         mirror_all(wp, cfg, &plan.mirrors, &parts, b);
     }
-    let attempts = Attempts::new(&plan, &parts.method, &req_body);
+    let attempts = Attempts::new(&plan, &parts.method, &req_body, service_key);
     let exchange = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log);
     let outcome = match plan.timeouts.request {
         Some(t) => match tokio::time::timeout(t, exchange).await {
@@ -109,7 +131,11 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
         None => exchange.await,
     };
     match outcome {
-        Ok((resp, picked)) => {
+        Ok((resp, mut picked)) => {
+            // The request counts against the limit until its response is done.
+            if let Some(slot) = request_slot {
+                picked.hold(slot);
+            }
             let ws = plan.websocket.as_ref().filter(|ws| ws.accepted(&resp));
             let (mut rparts, rbody) = resp.into_parts();
             strip_hop_by_hop(&mut rparts.headers);
@@ -137,6 +163,13 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
     }
 }
 
+/// Envoy's reply when a DestinationRule's connection pool limit is reached.
+fn overflow(log: RequestLog, grpc: bool, traffic: Option<&crate::destination::Policy>) -> Response<Body> {
+    let rule = traffic.map(|t| t.rule.as_str()).unwrap_or("-");
+    tracing::debug!(destination_rule = rule, "circuit open: too many requests in flight to the backend");
+    LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UO", "upstream connect error or disconnect/reset before headers. reset reason: overflow").send(log, grpc)
+}
+
 async fn attempt_loop(
     wp: &Arc<Waypoint>,
     backend: &Backend,
@@ -146,10 +179,21 @@ async fn attempt_loop(
     attempts: &Attempts<'_>,
     log: &mut RequestLog,
 ) -> Outcome {
-    let &Attempts { count: attempts, codes, backoff, per_try_timeout: backend_timeout } = attempts;
+    let Attempts { count: attempts, codes, backoff, per_try_timeout: backend_timeout, ref choice, ref service, max_retries } = *attempts;
     let mut tried = Vec::new();
     let mut last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
     for attempt in 0..attempts.max(1) {
+        // DestinationRule maxRetries: retries in flight to the Service; over it, no retry.
+        let _retry_slot = match (attempt > 0, max_retries) {
+            (true, Some(max)) => match wp.circuits.take(service, Limit::Retries, max) {
+                Some(slot) => Some(slot),
+                None => {
+                    last.flags = "UO";
+                    return Err(last);
+                }
+            },
+            _ => None,
+        };
         if attempt > 0 {
             // Exponential backoff with full jitter (Envoy's), capped.
             let factor = 1u32 << (attempt - 1).min(4);
@@ -157,7 +201,7 @@ async fn attempt_loop(
             let jitter = rand::random_range(0..=max.as_millis().max(1) as u64);
             tokio::time::sleep(Duration::from_millis(jitter)).await;
         }
-        let Some(picked) = wp.balancer.pick(&backend.endpoints, &tried) else {
+        let Some(picked) = wp.balancer.pick_with(&backend.endpoints, &tried, choice) else {
             return Err(last);
         };
         tried.push(picked.addr);

@@ -22,6 +22,7 @@ use crate::object::{ObjectName, Target};
 use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
 use crate::authn;
 use crate::authz;
+use crate::destination::{self, Pick, Policy};
 use crate::extauthz;
 use crate::grant;
 use crate::path;
@@ -54,6 +55,44 @@ pub struct Plan<'c> {
     pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
     /// A WebSocket upgrade (HTTP/1.1 or extended CONNECT): relayed once accepted.
     pub websocket: Option<WebSocket>,
+    /// The backend Service's DestinationRule policy, if one applies.
+    pub traffic: Option<&'c Policy>,
+    /// The request's key for a consistent-hash policy (None: it has none).
+    pub hash: Option<u64>,
+}
+
+/// The request's key for a consistent hash: the header's value (all of them), the
+/// cookie's, the query parameter's, or the client's address.
+fn hash_key(pick: Option<&Pick>, parts: &http::request::Parts, query: Option<&str>, src: std::net::IpAddr) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    match pick? {
+        Pick::HashHeader(name) => {
+            let mut any = false;
+            for v in parts.headers.get_all(name) {
+                v.as_bytes().hash(&mut h);
+                any = true;
+            }
+            any.then_some(())?
+        }
+        Pick::HashCookie(name) => {
+            let value = parts.headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
+                let (k, v) = c.trim().split_once('=')?;
+                (k == name).then_some(v)
+            })?;
+            value.hash(&mut h)
+        }
+        Pick::HashQuery(name) => {
+            let value = query?.split('&').find_map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (k == name).then_some(v)
+            })?;
+            value.hash(&mut h)
+        }
+        Pick::HashSourceIp => src.hash(&mut h),
+        Pick::RoundRobin | Pick::LeastRequest | Pick::Random => return None,
+    }
+    Some(h.finish())
 }
 
 /// The route rule's timeouts (none without a route).
@@ -304,6 +343,8 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
     }
     let websocket = websocket.then(|| upgrade::set_upstream_head(parts, client_http2, http2));
+    let traffic = backend.service.as_deref().and_then(|svc| destination::for_service(&cfg.destination_rules, svc));
+    let hash = hash_key(traffic.and_then(|t| t.pick.as_ref()), parts, query.as_deref(), tunnel.src_addr.ip());
 
     let rule = selected.as_ref().map(|s| s.rule);
     Ok(Plan {
@@ -322,6 +363,8 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         response_modifiers,
         response_headers,
         websocket,
+        traffic,
+        hash,
     })
 }
 

@@ -1,0 +1,141 @@
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ztunnel::state::{Service, Workload};
+
+use super::*;
+use crate::lb::{Balancer, Choice, Circuits, LbPolicy, Limit, OutlierConfig};
+
+fn rules(yaml: &str) -> Result<Vec<(DestinationRule, Policy)>, String> {
+    let rs: Vec<DestinationRule> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+    rs.into_iter().map(|r| r.policy().map(|p| (r, p))).collect()
+}
+
+fn service(ns: &str, host: &str) -> Service {
+    serde_yaml::from_str(&format!("{{name: x, namespace: {ns}, hostname: {host}}}")).expect("service")
+}
+
+#[test]
+fn traffic_policies_parse_as_istio_writes_them() {
+    let rs = rules(
+        "- name: reviews\n  namespace: default\n  host: reviews\n  trafficPolicy:\n    loadBalancer: {consistentHash: {httpHeaderName: x-user}}\n\
+         \x20   connectionPool: {tcp: {maxConnections: 10, connectTimeout: 1s}, http: {http2MaxRequests: 5, maxRetries: 1, http1MaxPendingRequests: 1}}\n\
+         \x20   outlierDetection: {consecutive5xxErrors: 2, baseEjectionTime: 10s, interval: 1s, maxEjectionPercent: 50}\n\
+         \x20   tls: {mode: ISTIO_MUTUAL}\n  subsets: [{name: v1, labels: {version: v1}}]\n",
+    )
+    .expect("valid");
+    let p = &rs[0].1;
+    assert_eq!(p.pick, Some(Pick::HashHeader(http::HeaderName::from_static("x-user"))));
+    assert_eq!((p.max_connections, p.max_requests, p.max_retries), (Some(10), Some(5), Some(1)));
+    assert_eq!(p.outlier, Some((2, Duration::from_secs(10))));
+    for (simple, want) in [("ROUND_ROBIN", Pick::RoundRobin), ("LEAST_REQUEST", Pick::LeastRequest), ("RANDOM", Pick::Random)] {
+        let r = rules(&format!("- {{name: a, namespace: default, host: a, trafficPolicy: {{loadBalancer: {{simple: {simple}}}}}}}\n")).expect(simple);
+        assert_eq!(r[0].1.pick, Some(want));
+    }
+    // Istio's outlier defaults: 5 consecutive errors, 30 s.
+    let r = rules("- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: {}}}\n").expect("defaults");
+    assert_eq!(r[0].1.outlier, Some((5, Duration::from_secs(30))));
+}
+
+#[test]
+fn what_cannot_be_applied_is_refused_with_the_field_named() {
+    for (yaml, want) in [
+        ("trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}", "trafficPolicy.loadBalancer.simple: \"PASSTHROUGH\" is not supported"),
+        ("trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: s, ttl: 10s}}}}", "trafficPolicy.loadBalancer.consistentHash.httpCookie.ttl"),
+        ("trafficPolicy: {loadBalancer: {consistentHash: {}}}", "set exactly one of"),
+        ("trafficPolicy: {loadBalancer: {localityLbSetting: {}}}", "unknown field `localityLbSetting`"),
+        ("trafficPolicy: {tls: {mode: SIMPLE}}", "trafficPolicy.tls.mode: \"SIMPLE\" is not supported"),
+        ("trafficPolicy: {outlierDetection: {baseEjectionTime: soon}}", "trafficPolicy.outlierDetection.baseEjectionTime"),
+        ("trafficPolicy: {portLevelSettings: []}", "unknown field `portLevelSettings`"),
+    ] {
+        let e = rules(&format!("- name: a\n  namespace: default\n  host: a\n  {yaml}\n")).expect_err(yaml);
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}
+
+#[test]
+fn the_best_matching_rule_applies() {
+    let rs = rules(
+        "- {name: wild, namespace: other, host: '*.svc.cluster.local', trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n\
+         - {name: ns-wild, namespace: default, host: '*.default.svc.cluster.local', trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}\n\
+         - {name: short, namespace: default, host: reviews, trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}}\n\
+         - {name: fqdn-elsewhere, namespace: other, host: ratings.default.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n\
+         - {name: fqdn-own, namespace: default, host: ratings.default.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}\n",
+    )
+    .expect("valid");
+    let rule = |ns: &str, host: &str| for_service(&rs, &service(ns, host)).map(|p| p.rule.clone());
+    assert_eq!(rule("default", "reviews.default.svc.cluster.local").as_deref(), Some("default/short"), "exact beats wildcard");
+    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("default/fqdn-own"), "the Service's namespace wins");
+    assert_eq!(rule("default", "details.default.svc.cluster.local").as_deref(), Some("default/ns-wild"), "the longer wildcard");
+    assert_eq!(rule("shop", "cart.shop.svc.cluster.local").as_deref(), Some("other/wild"));
+    // A short name means the rule's own namespace.
+    assert_eq!(rule("shop", "reviews.shop.svc.cluster.local").as_deref(), Some("other/wild"));
+    assert_eq!(rule("x", "api.example.com"), None);
+}
+
+fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {
+    (1..=n)
+        .map(|i| {
+            let w: Workload = serde_yaml::from_str(&format!("{{uid: w{i}, name: w{i}, namespace: default, workloadIps: [10.0.0.{i}]}}")).expect("workload");
+            (format!("10.0.0.{i}:80").parse().expect("addr"), Arc::new(w))
+        })
+        .collect()
+}
+
+#[test]
+fn a_consistent_hash_keeps_a_key_on_its_endpoint() {
+    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let eps = endpoints(5);
+    let hashed = |key: u64| Choice { pick: Some(Pick::HashSourceIp), hash: Some(key), outlier: None };
+    let first = b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr;
+    for _ in 0..20 {
+        assert_eq!(b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr, first);
+    }
+    // Keys spread over the endpoints.
+    let mut seen = std::collections::HashSet::new();
+    for k in 0..200 {
+        seen.insert(b.pick_with(&eps, &[], &hashed(k)).expect("pick").addr);
+    }
+    assert!(seen.len() >= 4, "{seen:?}");
+    // Another endpoint leaving moves only its own keys.
+    let other = eps.iter().position(|(a, _)| *a != first).expect("another");
+    let mut fewer = eps.clone();
+    fewer.remove(other);
+    assert_eq!(b.pick_with(&fewer, &[], &hashed(7)).expect("pick").addr, first);
+}
+
+#[test]
+fn circuits_limit_what_is_in_flight() {
+    let c = Circuits::default();
+    let a = c.take("default/reviews", Limit::Requests, 2).expect("first");
+    let _b = c.take("default/reviews", Limit::Requests, 2).expect("second");
+    assert!(c.take("default/reviews", Limit::Requests, 2).is_none(), "the third overflows");
+    assert!(c.take("default/reviews", Limit::Retries, 2).is_some(), "limits are counted apart");
+    assert!(c.take("default/ratings", Limit::Requests, 2).is_some(), "and per Service");
+    drop(a);
+    assert!(c.take("default/reviews", Limit::Requests, 2).is_some(), "a finished request frees its slot");
+    assert!(c.take("default/x", Limit::Retries, 0).is_none(), "maxRetries 0: no retry");
+}
+
+#[test]
+fn a_rules_outlier_detection_replaces_the_waypoints() {
+    // The waypoint's own flags: never eject. The rule's: eject after one failure.
+    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let eps = endpoints(2);
+    let rule = Choice { outlier: Some(OutlierConfig { consecutive_5xx: 1, base_ejection: Duration::from_secs(60) }), ..Choice::default() };
+    let bad = b.pick_with(&eps, &[], &rule).expect("pick");
+    let bad_addr = bad.addr;
+    bad.report(false);
+    drop(bad);
+    for _ in 0..10 {
+        assert_ne!(b.pick_with(&eps, &[], &rule).expect("pick").addr, bad_addr, "ejected by the rule's settings");
+    }
+    // Without the rule the same failures never eject.
+    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let p = b.pick(&eps, &[]).expect("pick");
+    let addr = p.addr;
+    p.report(false);
+    drop(p);
+    assert!((0..10).any(|_| b.pick(&eps, &[]).map(|p| p.addr) == Some(addr)));
+}
