@@ -1798,3 +1798,41 @@ async fn l7_destination_rules_hash_and_break_circuits() -> Result<()> {
     wait_for("UO log", Duration::from_secs(5), || m.log().contains("response_flags=\"UO\""))?;
     Ok(())
 }
+
+/// An Istio VirtualService on the echo service: a header route to v2, fault injection
+/// (an abort and a delay, both for every matching request), the rest weighted to v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_virtual_services_route_and_inject_faults() -> Result<()> {
+    let l7 = r#"virtualServices:
+- name: echo
+  namespace: default
+  hosts: [echo.default.svc.cluster.local]
+  http:
+  - match: [{headers: {x-version: {exact: v2}}}]
+    route: [{destination: {host: echo-v2, port: {number: 80}}}]
+  - match: [{uri: {prefix: /abort}}]
+    fault: {abort: {httpStatus: 429, percentage: {value: 100}}}
+    route: [{destination: {host: echo-v1}}]
+  - match: [{uri: {prefix: /slow}}]
+    fault: {delay: {fixedDelay: 200ms, percentage: {value: 100}}}
+    route: [{destination: {host: echo-v1}}]
+  - route: [{destination: {host: echo-v1}, weight: 100}]
+    headers: {request: {set: {x-vs: applied}}}
+"#;
+    let m = L7Mesh::start("l7v", l7, &[]).await?;
+    let mut c = m.h1().await?;
+    let r = c.get("/x").await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    assert!(["n2p1", "n2p2"].contains(&r.pod().as_str()), "{r:?}");
+    assert_eq!(r.echoed("x-vs"), ["applied"]);
+    assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
+    let r = c.get("/abort/now").await?;
+    assert_eq!((r.status.as_u16(), r.body.trim()), (429, "fault filter abort"), "{r:?}");
+    let r = c.get("/slow").await?;
+    assert_eq!(r.status, 200, "{r:?}");
+    wait_for("fault logs", Duration::from_secs(5), || {
+        let log = m.log();
+        log.contains("response_flags=\"FI\"") && log.contains("response_flags=\"DI\"")
+    })?;
+    Ok(())
+}

@@ -18,7 +18,7 @@ use crate::destination::{DestinationRule, Policy};
 use crate::grant::ReferenceGrant;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
-use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
+use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -67,6 +67,8 @@ struct L7Lists {
     #[serde(default)]
     destination_rules: Vec<DestinationRule>,
     #[serde(default)]
+    virtual_services: Vec<VirtualService>,
+    #[serde(default)]
     authorization_policies: Vec<AuthorizationPolicy>,
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
@@ -88,6 +90,8 @@ struct RawL7Lists {
     reference_grants: Vec<serde_json::Value>,
     #[serde(default)]
     destination_rules: Vec<serde_json::Value>,
+    #[serde(default)]
+    virtual_services: Vec<serde_json::Value>,
     #[serde(default)]
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
@@ -115,6 +119,11 @@ impl Config {
         // A GRPCRoute is applied as the HTTPRoute it amounts to, after the HTTPRoutes.
         for (i, g) in l7.grpc_routes.iter().enumerate() {
             let r = g.to_http().map_err(|e| invalid(format!("grpcRoutes[{i}].{e} (GRPCRoute {}/{})", g.namespace, g.name)))?;
+            l7.http_routes.push(r);
+        }
+        // A VirtualService is applied as the HTTPRoute it amounts to, after the routes.
+        for (i, v) in l7.virtual_services.iter().enumerate() {
+            let r = v.to_http().map_err(|e| invalid(format!("virtualServices[{i}].{e} (VirtualService {}/{})", v.namespace, v.name)))?;
             l7.http_routes.push(r);
         }
         let mut tcp_routes = Vec::with_capacity(l7.tcp_routes.len());
@@ -154,6 +163,7 @@ impl Config {
             "tcpRoutes": raw.tcp_routes,
             "referenceGrants": raw.reference_grants,
             "destinationRules": raw.destination_rules,
+            "virtualServices": raw.virtual_services,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
             "meshConfig": raw.mesh_config,
@@ -180,7 +190,7 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [] });
         Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), destination_rules: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
     }
 }

@@ -45,6 +45,7 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["tcpRoutes"] = l7.get("tcpRoutes").cloned().unwrap_or_else(|| json!([]));
     d["referenceGrants"] = l7.get("referenceGrants").cloned().unwrap_or_else(|| json!([]));
     d["destinationRules"] = l7.get("destinationRules").cloned().unwrap_or_else(|| json!([]));
+    d["virtualServices"] = l7.get("virtualServices").cloned().unwrap_or_else(|| json!([]));
     d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
     d["requestAuthentications"] = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
     // CUSTOM policies' authorizers, checked: their kind, or why they cannot be used.

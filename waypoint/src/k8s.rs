@@ -75,6 +75,7 @@ enum Kind {
     TcpRoute,
     ReferenceGrant,
     DestinationRule,
+    VirtualService,
     AuthorizationPolicy,
     RequestAuthentication,
     Service,
@@ -84,8 +85,9 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 11] = [
+const KINDS: [Kind; 12] = [
     Kind::DestinationRule,
+    Kind::VirtualService,
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
@@ -107,6 +109,7 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
         Kind::ReferenceGrant => (GATEWAY_GROUP, "v1beta1", "ReferenceGrant", "referencegrants"),
         Kind::DestinationRule => ("networking.istio.io", "v1", "DestinationRule", "destinationrules"),
+        Kind::VirtualService => ("networking.istio.io", "v1", "VirtualService", "virtualservices"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
         Kind::Service => ("", "v1", "Service", "services"),
@@ -137,6 +140,12 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     let r: HttpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.validate()?;
     Ok(r)
+}
+
+/// A VirtualService, as the HTTPRoute it amounts to (`route::VirtualService`).
+pub fn virtual_service(obj: &DynamicObject) -> Result<HttpRoute, String> {
+    let v: crate::route::VirtualService = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    v.to_http()
 }
 
 /// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
@@ -218,6 +227,7 @@ fn reject_all(obj: &DynamicObject) -> RequestAuthentication {
 
 fn route_kind_name(kind: Kind) -> &'static str {
     match kind {
+        Kind::VirtualService => "VirtualService",
         Kind::GrpcRoute => "GRPCRoute",
         Kind::TcpRoute => "TCPRoute",
         _ => "HTTPRoute",
@@ -249,6 +259,10 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
         // Applied to the Services the waypoint sends to, whichever namespace has them;
         // a `workloadSelector` one is a workload proxy's.
         Kind::DestinationRule => obj.data.pointer("/spec/workloadSelector").is_none(),
+        // One whose hosts name a Service that uses the waypoint.
+        Kind::VirtualService => obj.data.pointer("/spec/hosts").and_then(Value::as_array).is_some_and(|hosts| {
+            hosts.iter().filter_map(Value::as_str).filter_map(|h| crate::route::host_service(h, ns)).any(|s| s.namespace == ns && scope.uses(&s))
+        }),
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
@@ -264,7 +278,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
 enum Converted {
     Route(Result<HttpRoute, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
-    Destination(Result<(crate::destination::DestinationRule, crate::destination::Policy), String>),
+    Destination(Result<Box<(crate::destination::DestinationRule, crate::destination::Policy)>, String>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
 }
@@ -272,10 +286,11 @@ enum Converted {
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
     let (ns, name) = (obj.metadata.namespace.as_deref().unwrap_or_default(), obj.metadata.name.as_deref().unwrap_or_default());
     match kind {
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => {
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::VirtualService => {
             let r = match kind {
                 Kind::HttpRoute => route(obj),
                 Kind::GrpcRoute => grpc_route(obj),
+                Kind::VirtualService => virtual_service(obj),
                 _ => tcp_route(obj),
             };
             if let Err(e) = &r {
@@ -299,7 +314,7 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
             let d = flattened(obj).and_then(|spec| {
                 let d: crate::destination::DestinationRule = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
                 let p = d.policy()?;
-                Ok((d, p))
+                Ok(Box::new((d, p)))
             });
             if let Err(e) = &d {
                 tracing::warn!(kind = "DestinationRule", namespace = ns, name, error = %e, "object rejected; it does not apply");
@@ -423,6 +438,7 @@ impl Store {
                         | Kind::TcpRoute
                         | Kind::ReferenceGrant
                         | Kind::DestinationRule
+                        | Kind::VirtualService
                         | Kind::AuthorizationPolicy
                         | Kind::RequestAuthentication
                 )
@@ -442,6 +458,7 @@ impl Store {
         cfg.providers = providers;
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut virtual_services = Vec::new();
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -459,6 +476,10 @@ impl Store {
                         cfg.routes.push(r.clone());
                         grpc_routes.push(as_read);
                     }
+                    Kind::VirtualService => {
+                        cfg.routes.push(r.clone());
+                        virtual_services.push(as_read);
+                    }
                     _ => {
                         cfg.routes.push(r.clone());
                         routes.push(as_read);
@@ -471,7 +492,7 @@ impl Store {
                 }
                 Converted::Grant(Err(e)) => rejected.push(json!({"kind": "ReferenceGrant", "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Destination(Ok(d)) => {
-                    cfg.destination_rules.push(d.clone());
+                    cfg.destination_rules.push((**d).clone());
                     destination_rules.push(as_read);
                 }
                 Converted::Destination(Err(e)) => rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e})),
@@ -517,6 +538,7 @@ impl Store {
             "tcpRoutes": tcp_routes,
             "referenceGrants": grants,
             "destinationRules": destination_rules,
+            "virtualServices": virtual_services,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
             "rejected": rejected,

@@ -18,6 +18,7 @@ mod grpc;
 mod model;
 mod select;
 mod tcp;
+mod virtual_service;
 mod validate;
 
 #[cfg(test)]
@@ -26,8 +27,9 @@ mod tests;
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
 pub use tcp::TcpRoute;
+pub use virtual_service::{host_service, VirtualService};
 pub use model::{
-    BackendRef, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
+    BackendRef, Fault, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
     QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,
 };
 pub use select::{select, RouteRequest, Selected, Selection};

@@ -58,6 +58,10 @@ pub struct LocalConfig {
     /// not interpreted.
     #[serde(default)]
     pub destination_rules: Vec<serde_yaml::Value>,
+    /// Istio VirtualServices (the waypoint's routing and fault injection); accepted and
+    /// not interpreted.
+    #[serde(default)]
+    pub virtual_services: Vec<serde_yaml::Value>,
     /// The waypoint's L7 authorization (Istio AuthorizationPolicy with targetRefs);
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]

@@ -110,6 +110,10 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
         },
         None => None,
     };
+    if let Some(d) = plan.fault_delay {
+        log.response_flags = "DI";
+        tokio::time::sleep(d).await;
+    }
     let (mut parts, body) = req.into_parts();
     // A WebSocket is not mirrored: a shadow upgrade would hold a connection for nothing.
     let mirrors = plan.websocket.is_none() && !plan.mirrors.to.is_empty();

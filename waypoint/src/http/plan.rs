@@ -59,6 +59,8 @@ pub struct Plan<'c> {
     pub traffic: Option<&'c Policy>,
     /// The request's key for a consistent-hash policy (None: it has none).
     pub hash: Option<u64>,
+    /// A VirtualService fault delay for this request.
+    pub fault_delay: Option<Duration>,
 }
 
 /// The request's key for a consistent hash: the header's value (all of them), the
@@ -294,6 +296,15 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         }
     }
 
+    // A VirtualService's fault injection: an abort ends the request here (Envoy's
+    // "fault filter abort", flag FI); a delay holds it before it is sent (DI).
+    let fault = selected.as_ref().and_then(|s| s.rule.fault);
+    if let Some(status) = fault.and_then(|f| f.abort_for(rand::random())) {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        return Err(LocalReply::new(status, "FI", "fault filter abort"));
+    }
+    let fault_delay = fault.and_then(|f| f.delay_for(rand::random()));
+
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
     let backend = match selected.as_ref().filter(|s| !s.rule.backend_refs.is_empty()) {
@@ -365,6 +376,7 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         websocket,
         traffic,
         hash,
+        fault_delay,
     })
 }
 

@@ -42,6 +42,7 @@ pub enum RouteKind {
     Http,
     Grpc,
     Tcp,
+    Virtual,
 }
 
 impl RouteKind {
@@ -51,6 +52,7 @@ impl RouteKind {
             RouteKind::Http => "HTTPRoute",
             RouteKind::Grpc => "GRPCRoute",
             RouteKind::Tcp => "TCPRoute",
+            RouteKind::Virtual => "VirtualService",
         }
     }
 }
@@ -70,6 +72,17 @@ pub struct RouteRule {
     pub backend_refs: Vec<BackendRef>,
     pub timeouts: Option<Timeouts>,
     pub retry: Option<Retry>,
+    /// A VirtualService's fault injection (HTTPRoute has none).
+    #[serde(skip)]
+    pub fault: Option<Fault>,
+}
+
+/// Istio's HTTPFaultInjection: a fixed delay and/or an abort with a status, each for a
+/// percentage of requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Fault {
+    pub delay: Option<(Duration, f64)>,
+    pub abort: Option<(u16, f64)>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -164,7 +177,7 @@ pub enum ValueMatch {
 }
 
 impl ValueMatch {
-    fn new(kind: &str, value: &str) -> Result<ValueMatch, String> {
+    pub(super) fn new(kind: &str, value: &str) -> Result<ValueMatch, String> {
         match kind {
             "Exact" => Ok(ValueMatch::Exact(value.to_string())),
             "RegularExpression" => Ok(ValueMatch::Regex(full_match_regex(value)?)),

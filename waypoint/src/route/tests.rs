@@ -321,3 +321,52 @@ fn tcp_routes_have_one_rule_with_backends() {
     assert!(one("rules: [{backendRefs: [{name: a}]}]").expect_err("no port").contains("port: required"));
     assert!(one("rules: [{matches: []}]").expect_err("no matches in TCPRoute").contains("unknown field `matches`"));
 }
+
+fn vs(yaml: &str) -> Result<HttpRoute, String> {
+    let v: VirtualService = serde_yaml::from_str(&format!("name: v\nnamespace: default\nhosts: [echo]\n{yaml}")).map_err(|e| e.to_string())?;
+    v.to_http()
+}
+
+/// A VirtualService as the HTTPRoute it amounts to: Istio's string prefix (not by path
+/// element), headers, weights, timeouts, retries and its fault injection.
+#[test]
+fn virtual_services_route_and_inject_faults() {
+    let r = vs("http:\n\
+        - match: [{uri: {prefix: /api}, headers: {x-user: {exact: jason}}}]\n\
+        \x20 route: [{destination: {host: echo-v2, port: {number: 80}}}]\n\
+        \x20 timeout: 2s\n\
+        \x20 retries: {attempts: 3, perTryTimeout: 500ms, retryOn: 'gateway-error,connect-failure'}\n\
+        - match: [{uri: {exact: /abort}}]\n\
+        \x20 fault: {abort: {httpStatus: 418, percentage: {value: 100}}}\n\
+        \x20 route: [{destination: {host: echo}}]\n\
+        - route: [{destination: {host: echo-v1}, weight: 80}, {destination: {host: echo-v2}, weight: 20}]\n\
+        \x20 headers: {request: {set: {x-vs: 'yes'}}}\n")
+    .expect("converts");
+    assert_eq!(r.kind, RouteKind::Virtual);
+    let rs = vec![r];
+    assert_eq!(req("/apix").header("x-user", "jason").pick(&rs).as_deref(), Some("v#0"), "a string prefix");
+    assert_eq!(req("/api").pick(&rs).as_deref(), Some("v#2"), "the header must match");
+    assert_eq!(req("/abort").pick(&rs).as_deref(), Some("v#1"));
+    let rule0 = &rs[0].rules[0];
+    assert_eq!((rule0.request_timeout(), rule0.backend_timeout()), (Some(Duration::from_secs(2)), Some(Duration::from_millis(500))));
+    let retry = rule0.retry.as_ref().expect("retry");
+    assert_eq!((retry.attempts, retry.codes.clone()), (Some(3), vec![502, 503, 504]));
+    let fault = rs[0].rules[1].fault.expect("fault");
+    assert_eq!((fault.abort_for(0.99), fault.delay_for(0.0)), (Some(418), None));
+    let half = vs("http: [{fault: {delay: {fixedDelay: 1s, percentage: {value: 50}}}, route: [{destination: {host: echo}}]}]").expect("delay");
+    let f = half.rules[0].fault.expect("fault");
+    assert_eq!((f.delay_for(0.2), f.delay_for(0.7)), (Some(Duration::from_secs(1)), None));
+    assert_eq!(rs[0].rules[2].backend_refs.iter().map(|b| b.weight).collect::<Vec<_>>(), [80, 20]);
+    for (yaml, want) in [
+        ("http: [{route: [{destination: {host: echo, subset: v1}}]}]", "http[0].route[0].destination.subset"),
+        ("http: [{rewrite: {uri: /x}, route: [{destination: {host: echo}}]}]", "http[0].rewrite.uri"),
+        ("http: [{redirect: {uri: /x}}]", "unknown field `redirect`"),
+        ("http: [{route: [{destination: {host: api.example.com}}]}]", "is not a Kubernetes Service"),
+        ("http: [{fault: {abort: {percentage: {value: 10}}}, route: [{destination: {host: echo}}]}]", "fault.abort.httpStatus"),
+        ("gateways: [istio-system/ingress]\nhttp: [{route: [{destination: {host: echo}}]}]", "gateways"),
+        ("http: [{match: [{uri: {exact: /a, prefix: /b}}], route: [{destination: {host: echo}}]}]", "set exactly one of"),
+    ] {
+        let e = vs(yaml).expect_err(yaml);
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}
