@@ -404,7 +404,7 @@ struct L7Mesh {
 }
 
 impl L7Mesh {
-    fn mesh_config(topo: &Topology) -> String {
+    fn mesh_config(topo: &Topology, extra_workloads: &str, extra_services: &str) -> String {
         let wp_ip = topo.pod("n1p2").ip;
         let both = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080, 9000: 9000}}";
         let v2 = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v2.default.svc.cluster.local: {80: 8080, 9000: 9000}}";
@@ -412,7 +412,7 @@ impl L7Mesh {
         let both_authz = ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/echo-v1.default.svc.cluster.local: {80: 8080, 9000: 9000}, \
                           default/authz.default.svc.cluster.local: {8000: 8000, 8001: 8001, 9100: 9100}}";
         format!(
-            "workloads:\n{}{}{}{}{}services:\n\
+            "workloads:\n{}{}{}{}{}{extra_workloads}services:\n{extra_services}\
              - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080, 9000: 9000}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
              - {{name: echo-v1, namespace: default, hostname: echo-v1.default.svc.cluster.local, vips: [\"/10.96.0.21\"], ports: {{80: 8080, 9000: 9000}}}}\n\
              - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080, 9000: 9000}}}}\n\
@@ -426,8 +426,13 @@ impl L7Mesh {
     }
 
     async fn start(tag: &str, l7: &str, waypoint_env: &[(&str, &str)]) -> Result<L7Mesh> {
+        L7Mesh::start_with(tag, l7, waypoint_env, "", "").await
+    }
+
+    /// As `start`, with more workloads and services in the mesh config (YAML list items).
+    async fn start_with(tag: &str, l7: &str, waypoint_env: &[(&str, &str)], extra_workloads: &str, extra_services: &str) -> Result<L7Mesh> {
         let topo = Topology::build(&prefix(tag), &[3, 2])?;
-        let base = L7Mesh::mesh_config(&topo);
+        let base = L7Mesh::mesh_config(&topo, extra_workloads, extra_services);
         let cfg = format!("{base}{l7}");
         let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p3", "n2p1", "n2p2"], &HashMap::new(), &[])?;
         let t = &mesh.topo;
@@ -1834,5 +1839,36 @@ async fn l7_virtual_services_route_and_inject_faults() -> Result<()> {
         let log = m.log();
         log.contains("response_flags=\"FI\"") && log.contains("response_flags=\"DI\"")
     })?;
+    Ok(())
+}
+
+/// A Service whose endpoint is outside the mesh (protocol TCP: a server on node 2, as a
+/// ServiceEntry's endpoint would be) behind the waypoint: the waypoint sends to it in
+/// plain HTTP and, for non-HTTP bytes, plain TCP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_endpoints_outside_the_mesh_are_reached_in_plaintext() -> Result<()> {
+    let wp_ip = "10.10.1.12";
+    let workloads = "- {uid: ext, name: ext, namespace: default, workloadIps: [10.0.0.2], protocol: TCP, \
+                     services: {default/external.default.svc.cluster.local: {80: 8090, 9000: 9090}}}\n";
+    let services = format!(
+        "- {{name: external, namespace: default, hostname: external.default.svc.cluster.local, vips: [\"/10.96.0.40\"], \
+         ports: {{80: 8090, 9000: 9090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
+    );
+    let m = L7Mesh::start_with("l7e", "", &[], workloads, &services).await?;
+    assert_eq!(m.mesh.topo.pod("n1p2").ip.to_string(), wp_ip, "the test names the waypoint's address");
+    let node2 = m.mesh.topo.node(2);
+    let app = http_app::HttpApp::start(node2, 8090, "ext", false)?;
+    let _tcp = EchoServer::start(node2, 9090, Some("ext"))?;
+    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.40:80".parse()?, "external.default.svc.cluster.local").await?;
+    let r = c.get("/plain").await?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "ext"), "{r:?}\n{}", m.log());
+    // Plain HTTP from the waypoint: no HBONE, and the waypoint's own headers on it.
+    let seen = app.seen();
+    let last = seen.last().context("the server got the request")?;
+    assert!(last.headers.contains_key("x-forwarded-client-cert"), "{last:?}");
+    // Non-HTTP bytes: a plain TCP relay.
+    let mut s = m.client().connect("10.96.0.40:9000".parse()?).await?;
+    let out = echo_roundtrip(&mut s, b"not http").await?;
+    assert_eq!(out, b"ext\nnot http", "{}", m.log());
     Ok(())
 }

@@ -39,11 +39,11 @@ fn pick_endpoint(
             return None;
         }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
-        let eps = state.usable_hbone_endpoints(svc, b.backend.port.unwrap_or(target.port()));
+        let eps = state.usable_endpoints(svc, b.backend.port.unwrap_or(target.port()));
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
     }
     if let Some(svc) = state.service_by_vip(target.ip()) {
-        let eps = state.usable_hbone_endpoints(svc, target.port());
+        let eps = state.usable_endpoints(svc, target.port());
         return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
     }
     let wl = state.workload_by_ip(target.ip())?;
@@ -202,6 +202,10 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         _ => None,
     };
     let upstream_target = SocketAddr::new(ep_ip, port);
+    if endpoint.protocol != MeshProtocol::HBONE {
+        // Outside the mesh: plain TCP from the waypoint's pod (Istio's waypoint does the same).
+        return relay_plaintext(&wp, &tunnel, down_send, down_recv, first, upstream_target, start).await;
+    }
     let expected = cfg.state.expected_identities(&endpoint, service.as_deref());
     let key = PoolKey::new(wp.identity.clone(), expected, SocketAddr::new(ep_ip, ztunnel::ports::HBONE), wp.ip);
     let up_req = Request::builder()
@@ -268,6 +272,39 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     .write();
 }
 
+/// The L4 relay to an endpoint outside the mesh: a TCP connection from the waypoint's
+/// pod; the client's sniffed bytes go first.
+async fn relay_plaintext(
+    wp: &Waypoint,
+    tunnel: &Tunnel,
+    mut down_send: h2::SendStream<Bytes>,
+    down_recv: h2::RecvStream,
+    first: Bytes,
+    to: SocketAddr,
+    start: Instant,
+) {
+    let mut tcp = match wp.netns.connect(to, None, wp.pool.connect_timeout()).await {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(dst.addr = %to, error = %e, response_flags = "UF", "TCP connection to an endpoint outside the mesh failed");
+            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+        }
+    };
+    if !first.is_empty() {
+        use tokio::io::AsyncWriteExt;
+        if let Err(e) = tcp.write_all(&first).await {
+            tracing::debug!(error = %e, "endpoint closed before the first bytes");
+            return down_send.send_reset(h2::Reason::CONNECT_ERROR);
+        }
+    }
+    let r = ztunnel::relay::copy_tcp_h2(&mut tcp, down_send, down_recv, std::future::pending::<()>(), None).await;
+    let (sent, received, err) = match r {
+        Ok(t) => (t.sent, t.received, None),
+        Err((e, t)) => (t.sent, t.received, Some(e.to_string())),
+    };
+    tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %to, bytes_sent = sent + first.len() as u64, bytes_recv = received,
+        duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete (plaintext endpoint)");
+}
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
 //! HTTP client connections to endpoints, each carried by one HBONE stream to the
-//! endpoint's node. HTTP/1.1 connections are kept for reuse (one request at a time
-//! each); one HTTP/2 connection per endpoint carries all of its requests.
+//! endpoint's node, or, for an endpoint outside the mesh (protocol TCP: a ServiceEntry's
+//! or a pod not enrolled), a plain TCP connection from the waypoint's pod, as Istio's
+//! waypoint sends to such endpoints. HTTP/1.1 connections are kept for reuse (one request
+//! at a time each); one HTTP/2 connection per endpoint carries all of its requests.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -17,6 +19,7 @@ use tracing::Instrument;
 use ztunnel::hbone::{self, H2Stream, HboneError, Pool, PoolKey};
 use ztunnel::identity::Identity;
 use ztunnel::netns::InPodNetns;
+use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
@@ -35,6 +38,8 @@ const H1_STALE_RETRIES: usize = 3;
 pub enum UpstreamError {
     #[error("HBONE to {endpoint} failed: {source}")]
     Connect { endpoint: SocketAddr, source: HboneError },
+    #[error("TCP connection to {endpoint} (outside the mesh) failed: {source}")]
+    Tcp { endpoint: SocketAddr, source: ztunnel::netns::NetnsError },
     #[error("HTTP handshake with {endpoint} failed: {source}")]
     Handshake { endpoint: SocketAddr, source: hyper::Error },
     #[error("request to {endpoint} failed: {source}")]
@@ -44,14 +49,27 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// The request never reached the endpoint's application (safe to retry anything).
     pub fn is_connect(&self) -> bool {
-        matches!(self, UpstreamError::Connect { .. } | UpstreamError::Handshake { .. })
+        matches!(self, UpstreamError::Connect { .. } | UpstreamError::Tcp { .. } | UpstreamError::Handshake { .. })
     }
 }
 
-/// Where one attempt goes: the endpoint's address and the identities it may present.
+/// Where one attempt goes: the endpoint's address and the identities it may present
+/// (over HBONE), or plain TCP for an endpoint outside the mesh.
 pub struct Endpoint {
     pub addr: SocketAddr,
     pub identities: Vec<Identity>,
+    pub plaintext: bool,
+}
+
+impl Endpoint {
+    /// The endpoint `addr` of workload `wl`, reached as `svc`'s (its SANs count too).
+    pub fn of(state: &MeshState, addr: SocketAddr, wl: &Workload, svc: Option<&Service>) -> Endpoint {
+        if wl.protocol == MeshProtocol::HBONE {
+            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false }
+        } else {
+            Endpoint { addr, identities: Vec::new(), plaintext: true }
+        }
+    }
 }
 
 /// Connections are shared only between requests that expect the same peer identities.
@@ -59,15 +77,20 @@ pub struct Endpoint {
 struct ConnKey {
     addr: SocketAddr,
     identities: Vec<Identity>,
+    plaintext: bool,
 }
 
 impl ConnKey {
     fn of(ep: &Endpoint) -> ConnKey {
         let mut identities = ep.identities.clone();
         identities.sort();
-        ConnKey { addr: ep.addr, identities }
+        ConnKey { addr: ep.addr, identities, plaintext: ep.plaintext }
     }
 }
+
+/// The byte stream under one upstream HTTP connection.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 struct H1Conn {
     /// When it was last seen busy or handed out.
@@ -118,6 +141,19 @@ impl Upstreams {
         Ok(H2Stream::new(send, recv, Some(guard)))
     }
 
+    /// HBONE to the endpoint's node, or TCP straight to an endpoint outside the mesh.
+    async fn connect_io(&self, ep: &Endpoint) -> Result<Box<dyn Io>, UpstreamError> {
+        if ep.plaintext {
+            let tcp = self
+                .netns
+                .connect(ep.addr, None, self.pool.connect_timeout())
+                .await
+                .map_err(|source| UpstreamError::Tcp { endpoint: ep.addr, source })?;
+            return Ok(Box::new(tcp));
+        }
+        Ok(Box::new(self.tunnel(ep).await?))
+    }
+
     pub async fn send(&self, ep: &Endpoint, http2: bool, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
         match (http2, req.headers().contains_key(http::header::UPGRADE)) {
             (true, _) => self.send_h2(ep, req).await,
@@ -158,7 +194,7 @@ impl Upstreams {
     /// `OnUpgrade` on a 101).
     async fn dial_h1(&self, ep: &Endpoint, upgrades: bool) -> Result<http1::SendRequest<Body>, UpstreamError> {
         let dial = async {
-            let io = TokioIo::new(self.tunnel(ep).await?);
+            let io = TokioIo::new(self.connect_io(ep).await?);
             http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })
         };
         let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial).await.map_err(|_| self.dial_timeout(ep))??;
@@ -228,7 +264,7 @@ impl Upstreams {
             match conn.as_ref() {
                 Some(s) if !s.is_closed() => Ok(s.clone()),
                 _ => {
-                    let io = TokioIo::new(self.tunnel(ep).await?);
+                    let io = TokioIo::new(self.connect_io(ep).await?);
                     let (sender, c) = http2::Builder::new(TokioExecutor::new())
                         .initial_stream_window_size(hbone::h2_sizes().stream_window)
                         .initial_connection_window_size(hbone::h2_sizes().connection_window)

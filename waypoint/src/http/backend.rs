@@ -29,11 +29,12 @@ pub fn port_speaks_http2(svc: &Service, port: u16) -> Option<bool> {
 }
 
 impl Backend {
-    /// The service's healthy HBONE endpoints for `port`.
+    /// The service's healthy endpoints for `port`: in the mesh (HBONE) or not (plain
+    /// TCP from the waypoint, as Istio's waypoint sends to a ServiceEntry's endpoints).
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
         let endpoints = cfg
             .state
-            .usable_hbone_endpoints(svc, port)
+            .usable_endpoints(svc, port)
             .into_iter()
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();

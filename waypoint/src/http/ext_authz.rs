@@ -84,8 +84,7 @@ fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpoint, O
     let svc = find_service(cfg, &common.service).ok_or_else(|| CheckError::NoService(common.service.clone()))?;
     let backend = Backend::service(cfg, svc, common.port);
     let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CheckError::NoEndpoint(common.service.clone()))?;
-    let identities = cfg.state.expected_identities(&picked.workload, Some(svc));
-    Ok((Endpoint { addr: picked.addr, identities }, backend.http2))
+    Ok((Endpoint::of(&cfg.state, picked.addr, &picked.workload, Some(svc)), backend.http2))
 }
 
 pub fn find_service<'c>(cfg: &'c Config, name: &str) -> Option<&'c std::sync::Arc<Service>> {

@@ -216,7 +216,7 @@ async fn attempt_loop(
             return Err(last);
         };
         let req = Request::from_parts(clone_parts(parts), b);
-        let ep = Endpoint { addr: picked.addr, identities: wp.config.load().state.expected_identities(&picked.workload, backend.service.as_deref()) };
+        let ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
         let send = wp.upstreams.send(&ep, http2, req);
         let r = match backend_timeout {
             Some(t) => tokio::time::timeout(t, send).await.ok(),

@@ -60,7 +60,7 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     tokio::spawn(async move {
         let _slot = slot;
         let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
-        let ep = Endpoint { addr: picked.addr, identities: wp.config.load().state.expected_identities(&picked.workload, backend.service.as_deref()) };
+        let ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
         let exchange = async {
             let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
             // Read (and drop) the response so the connection can be reused, up to a cap.
