@@ -1872,3 +1872,51 @@ async fn l7_endpoints_outside_the_mesh_are_reached_in_plaintext() -> Result<()> 
     assert_eq!(out, b"ext\nnot http", "{}", m.log());
     Ok(())
 }
+
+/// HTTPRoute sessionPersistence: the first request of a session gets a cookie (or
+/// header) naming its endpoint; the next ones with it stay on that endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_session_persistence_keeps_a_session_on_its_endpoint() -> Result<()> {
+    let l7 = r#"httpRoutes:
+- name: sticky
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /cookie}}]
+    backendRefs: [{name: echo-v1, port: 80}]
+    sessionPersistence: {sessionName: session, type: Cookie}
+  - matches: [{path: {type: PathPrefix, value: /header}}]
+    backendRefs: [{name: echo-v1, port: 80}]
+    sessionPersistence: {sessionName: x-session, type: Header}
+"#;
+    let m = L7Mesh::start("l7s", l7, &[("WAYPOINT_LB_POLICY", "round-robin")]).await?;
+    let mut c = m.h1().await?;
+    let r = c.get("/cookie").await?;
+    let set = r.headers.get("set-cookie").and_then(|v| v.to_str().ok()).with_context(|| format!("{r:?}\n{}", m.log()))?.to_string();
+    let cookie = set.split(';').next().context("cookie")?.to_string();
+    assert!(cookie.starts_with("session=") && set.contains("HttpOnly"), "{set}");
+    let first = r.pod();
+    for _ in 0..10 {
+        let r = c.request("GET", "/cookie", &[("cookie", cookie.as_str())]).await?;
+        assert_eq!(r.pod(), first, "a session stays on its endpoint");
+        assert!(r.headers.get("set-cookie").is_none(), "the session is kept: no new cookie");
+    }
+    // Without the cookie round robin spreads the requests.
+    let mut spread = std::collections::HashSet::new();
+    for _ in 0..6 {
+        spread.insert(c.get("/cookie").await?.pod());
+    }
+    assert_eq!(spread.len(), 2, "{spread:?}");
+    // Header sessions: the response names the endpoint in the header, echoed back.
+    let r = c.get("/header").await?;
+    let id = r.headers.get("x-session").and_then(|v| v.to_str().ok()).context("x-session header")?.to_string();
+    let first = r.pod();
+    for _ in 0..6 {
+        assert_eq!(c.request("GET", "/header", &[("x-session", id.as_str())]).await?.pod(), first);
+    }
+    // A session naming an endpoint that is not the backend's is not followed.
+    let bogus = c.request("GET", "/header", &[("x-session", "MTAuOTkuOTkuOTk6ODA")]).await?;
+    assert_eq!(bogus.status, 200);
+    assert!(bogus.headers.get("x-session").is_some(), "a new session replaces a bogus one");
+    Ok(())
+}

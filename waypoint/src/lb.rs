@@ -129,6 +129,7 @@ impl Balancer {
         .into_iter()
         .find(|c| !c.is_empty())
         .unwrap_or_else(|| (0..endpoints.len()).collect());
+        let preferred = choice.prefer.and_then(|a| candidates.iter().copied().find(|&i| endpoints[i].0 == a));
         let how = match (&choice.pick, choice.hash) {
             // A hash policy without its key in this request: random, as Envoy's ring.
             (Some(Pick::HashHeader(_) | Pick::HashCookie(_) | Pick::HashQuery(_) | Pick::HashSourceIp), None) => Pick::Random,
@@ -139,6 +140,7 @@ impl Balancer {
             },
         };
         let i = match how {
+            _ if preferred.is_some() => candidates.iter().copied().find(|i| Some(*i) == preferred).unwrap_or(candidates[0]),
             Pick::RoundRobin => candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()],
             Pick::LeastRequest => {
                 let a = candidates[rand::random_range(0..candidates.len())];
@@ -171,6 +173,8 @@ impl Balancer {
 /// waypoint's policy), the request's hash key for a consistent hash, the outlier settings.
 #[derive(Clone, Debug, Default)]
 pub struct Choice {
+    /// A session's endpoint: taken when it is a healthy candidate.
+    pub prefer: Option<SocketAddr>,
     pub pick: Option<Pick>,
     pub hash: Option<u64>,
     pub outlier: Option<OutlierConfig>,

@@ -30,6 +30,6 @@ pub use tcp::TcpRoute;
 pub use virtual_service::{host_service, VirtualService};
 pub use model::{
     BackendRef, Fault, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
-    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, ValueMatch,
+    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteKind, RouteMatch, RouteRule, SessionKind, SessionPersistence, Timeouts, UrlRewrite, ValueMatch,
 };
 pub use select::{select, RouteRequest, Selected, Selection};

@@ -87,7 +87,7 @@ fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {
 fn a_consistent_hash_keeps_a_key_on_its_endpoint() {
     let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
     let eps = endpoints(5);
-    let hashed = |key: u64| Choice { pick: Some(Pick::HashSourceIp), hash: Some(key), outlier: None };
+    let hashed = |key: u64| Choice { pick: Some(Pick::HashSourceIp), hash: Some(key), ..Choice::default() };
     let first = b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr;
     for _ in 0..20 {
         assert_eq!(b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr, first);

@@ -67,6 +67,7 @@ impl<'a> Attempts<'a> {
             backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
             per_try_timeout: plan.timeouts.backend,
             choice: Choice {
+                prefer: plan.session.and_then(|(_, addr)| addr),
                 pick: traffic.and_then(|t| t.pick.clone()),
                 hash: plan.hash,
                 outlier: traffic.and_then(|t| t.outlier).map(|(consecutive_5xx, base_ejection)| OutlierConfig { consecutive_5xx, base_ejection }),
@@ -149,6 +150,10 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
             for (name, value) in plan.response_headers {
                 rparts.headers.append(name, value);
             }
+            // A new session, or one whose endpoint is gone: name the endpoint it has now.
+            if let Some((sp, _)) = plan.session.filter(|(_, had)| *had != Some(picked.addr)) {
+                set_session(&mut rparts.headers, sp, picked.addr);
+            }
             let ups = ws.and_then(|ws| Some((ws, parts.extensions.remove::<OnUpgrade>()?, rparts.extensions.remove::<OnUpgrade>()?)));
             if let Some((ws, client, backend)) = ups {
                 return upgrade::relay(client, backend, rparts, ws, log, picked);
@@ -164,6 +169,29 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
             log.error = Some(reply.message.clone());
             reply.send(log, grpc)
         }
+    }
+}
+
+/// Names the session's endpoint in the response: a cookie (Max-Age from absoluteTimeout
+/// for a Permanent one) or the header.
+fn set_session(headers: &mut http::HeaderMap, sp: &crate::route::SessionPersistence, addr: std::net::SocketAddr) {
+    let value = super::plan::session_value(addr);
+    let v = match sp.kind {
+        crate::route::SessionKind::Header => value,
+        crate::route::SessionKind::Cookie => {
+            let permanent = sp.cookie_config.as_ref().and_then(|c| c.lifetime_type.as_deref()) == Some("Permanent");
+            match sp.absolute_timeout.filter(|_| permanent) {
+                Some(t) => format!("{}={value}; Path=/; HttpOnly; Max-Age={}", sp.name(), t.0.as_secs()),
+                None => format!("{}={value}; Path=/; HttpOnly", sp.name()),
+            }
+        }
+    };
+    let name = match sp.kind {
+        crate::route::SessionKind::Header => http::HeaderName::from_bytes(sp.name().as_bytes()).ok(),
+        crate::route::SessionKind::Cookie => Some(http::header::SET_COOKIE),
+    };
+    if let (Some(name), Ok(v)) = (name, http::HeaderValue::from_str(&v)) {
+        headers.append(name, v);
     }
 }
 

@@ -19,7 +19,7 @@ use super::upgrade::{self, WebSocket};
 use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
-use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected};
+use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
 use crate::destination::{self, Pick, Policy};
@@ -61,6 +61,30 @@ pub struct Plan<'c> {
     pub hash: Option<u64>,
     /// A VirtualService fault delay for this request.
     pub fault_delay: Option<Duration>,
+    /// The rule's session persistence, and the endpoint the request's session names.
+    pub session: Option<(&'c SessionPersistence, Option<std::net::SocketAddr>)>,
+}
+
+/// The endpoint a session cookie or header names (the base64url of `ip:port` the
+/// waypoint set), if the request has a valid one.
+fn session_endpoint(sp: &SessionPersistence, headers: &http::HeaderMap) -> Option<std::net::SocketAddr> {
+    use base64::Engine;
+    let name = sp.name();
+    let value = match sp.kind {
+        SessionKind::Header => headers.get(name)?.to_str().ok()?.trim().to_string(),
+        SessionKind::Cookie => headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == name).then(|| v.to_string())
+        })?,
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(value.as_bytes()).ok()?;
+    std::str::from_utf8(&raw).ok()?.parse().ok()
+}
+
+/// The value that names `addr` as a session's endpoint.
+pub fn session_value(addr: std::net::SocketAddr) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(addr.to_string())
 }
 
 /// The request's key for a consistent hash: the header's value (all of them), the
@@ -304,6 +328,7 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         return Err(LocalReply::new(status, "FI", "fault filter abort"));
     }
     let fault_delay = fault.and_then(|f| f.delay_for(rand::random()));
+    let session = selected.as_ref().and_then(|s| s.rule.session_persistence.as_ref()).map(|sp| (sp, session_endpoint(sp, &parts.headers)));
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
@@ -377,6 +402,7 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         traffic,
         hash,
         fault_delay,
+        session,
     })
 }
 

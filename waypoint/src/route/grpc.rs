@@ -111,6 +111,7 @@ impl GrpcRoute {
                 backend_refs: r.backend_refs.clone(),
                 timeouts: None,
                 retry: None,
+                session_persistence: None,
                 fault: None,
             });
         }

@@ -72,9 +72,48 @@ pub struct RouteRule {
     pub backend_refs: Vec<BackendRef>,
     pub timeouts: Option<Timeouts>,
     pub retry: Option<Retry>,
+    pub session_persistence: Option<SessionPersistence>,
     /// A VirtualService's fault injection (HTTPRoute has none).
     #[serde(skip)]
     pub fault: Option<Fault>,
+}
+
+/// Gateway API `SessionPersistence`: requests of one session go to the endpoint the
+/// first was sent to, named in a cookie (default) or header the waypoint sets.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SessionPersistence {
+    #[serde(default)]
+    pub session_name: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: SessionKind,
+    #[serde(default)]
+    pub absolute_timeout: Option<GatewayDuration>,
+    #[serde(default)]
+    pub idle_timeout: Option<GatewayDuration>,
+    #[serde(default)]
+    pub cookie_config: Option<CookieConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum SessionKind {
+    #[default]
+    Cookie,
+    Header,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CookieConfig {
+    #[serde(default)]
+    pub lifetime_type: Option<String>,
+}
+
+impl SessionPersistence {
+    /// The cookie or header name (Gateway API leaves the default to the implementation).
+    pub fn name(&self) -> &str {
+        self.session_name.as_deref().unwrap_or("x-waypoint-session")
+    }
 }
 
 /// Istio's HTTPFaultInjection: a fixed delay and/or an abort with a status, each for a

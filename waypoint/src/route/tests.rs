@@ -370,3 +370,19 @@ fn virtual_services_route_and_inject_faults() {
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
 }
+
+#[test]
+fn session_persistence_is_checked_when_it_loads() {
+    let ok = routes(&format!("- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {{sessionName: s, absoluteTimeout: 1h, cookieConfig: {{lifetimeType: Permanent}}}}}}]}}"));
+    let sp = ok[0].rules[0].session_persistence.as_ref().expect("session");
+    assert_eq!((sp.name(), sp.kind), ("s", SessionKind::Cookie));
+    for (yaml, want) in [
+        ("{sessionName: 'a b'}", "sessionName"),
+        ("{idleTimeout: 1m}", "idleTimeout: not supported"),
+        ("{cookieConfig: {lifetimeType: Permanent}}", "absoluteTimeout: required"),
+        ("{type: Query}", "unknown variant"),
+    ] {
+        let e = err(&format!("- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {yaml}}}]}}"));
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}

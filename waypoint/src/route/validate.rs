@@ -147,6 +147,23 @@ impl RouteRule {
                 return Err(format!("{bat}.weight: must be 0-{MAX_WEIGHT}"));
             }
         }
+        if let Some(sp) = &self.session_persistence {
+            let at = format!("{at}.sessionPersistence");
+            if http::HeaderName::from_bytes(sp.name().as_bytes()).is_err() || sp.name().contains(['=', ';', ',']) {
+                return Err(format!("{at}.sessionName: {:?} is not a cookie or header name", sp.name()));
+            }
+            if sp.idle_timeout.is_some() {
+                return Err(format!("{at}.idleTimeout: not supported (sessions end with absoluteTimeout or the browser session)"));
+            }
+            let permanent = match sp.cookie_config.as_ref().and_then(|c| c.lifetime_type.as_deref()) {
+                None | Some("Session") => false,
+                Some("Permanent") => true,
+                Some(other) => return Err(format!("{at}.cookieConfig.lifetimeType: {other:?} is not Session or Permanent")),
+            };
+            if permanent && sp.absolute_timeout.is_none() {
+                return Err(format!("{at}.absoluteTimeout: required for a Permanent cookie (its Max-Age)"));
+            }
+        }
         if let (Some(req), Some(backend)) = (self.request_timeout(), self.backend_timeout()) {
             if backend > req {
                 return Err(format!("{at}.timeouts.backendRequest: {backend:?} is longer than timeouts.request {req:?}"));

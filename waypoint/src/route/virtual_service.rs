@@ -376,7 +376,7 @@ impl VsHttpRoute {
                 Some(Fault { delay, abort })
             }
         };
-        Ok(RouteRule { name: self.name.clone(), matches, filters, backend_refs, timeouts, retry, fault })
+        Ok(RouteRule { name: self.name.clone(), matches, filters, backend_refs, timeouts, retry, session_persistence: None, fault })
     }
 }
 
