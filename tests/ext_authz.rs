@@ -1,5 +1,5 @@
-//! ext_authz servers for end-to-end tests and the waypoint bench, run in a pod's netns:
-//! an HTTP authorizer as Istio's sample (`x-ext-authz: allow` allows) and a gRPC one
+//! Test servers for the waypoint's end-to-end tests and bench, run in a pod's netns:
+//! an OTLP trace collector, and ext_authz servers: an HTTP authorizer as Istio's sample (`x-ext-authz: allow` allows) and a gRPC one
 //! serving Envoy's `envoy.service.auth.v3.Authorization` with tonic. Each records the
 //! checks it saw.
 #![allow(dead_code)]
@@ -136,3 +136,51 @@ pub fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tok
     }))
 }
 
+
+/// Spans an OTLP collector received: (trace id, span id, parent span id, name).
+pub type Spans = std::sync::Arc<std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>, Vec<u8>, String)>>>;
+
+#[derive(Clone)]
+struct Collector(Spans);
+
+#[tonic::async_trait]
+impl waypoint::trace::proto::collector::trace_service_server::TraceService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<waypoint::trace::proto::collector::ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<waypoint::trace::proto::collector::ExportTraceServiceResponse>, tonic::Status> {
+        let mut seen = self.0.lock().unwrap();
+        for rs in req.into_inner().resource_spans {
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    seen.push((s.trace_id, s.span_id, s.parent_span_id, s.name));
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// An OpenTelemetry collector (OTLP/gRPC trace export, tonic) in the pod.
+pub fn start_otlp_collector(pod: &Pod, port: u16, spans: Spans) -> Result<tokio::task::JoinHandle<()>> {
+    let l = pod.netns.listen(port)?;
+    let svc = waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(Collector(spans));
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = l.accept().await {
+            let svc = svc.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let mut svc = svc.clone();
+                    async move {
+                        use tower::Service;
+                        Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .http2_only()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    }))
+}

@@ -1920,3 +1920,37 @@ async fn l7_session_persistence_keeps_a_session_on_its_endpoint() -> Result<()> 
     assert!(bogus.headers.get("x-session").is_some(), "a new session replaces a bogus one");
     Ok(())
 }
+
+/// Tracing: the waypoint exports a span per request (OTLP/gRPC to the mesh config's
+/// opentelemetry provider, a tonic collector here), joins the client's W3C trace, and
+/// passes it on to the backend as the span's child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_requests_are_traced_to_an_otlp_collector() -> Result<()> {
+    let l7 = r#"meshConfig:
+  defaultProviders: {tracing: [otel]}
+  defaultConfig: {tracing: {sampling: 100}}
+  extensionProviders:
+  - name: otel
+    opentelemetry: {service: authz.default.svc.cluster.local, port: 9100}
+"#;
+    let m = L7Mesh::start("l7q", l7, &[]).await?;
+    let spans = ext_authz::Spans::default();
+    let _collector = ext_authz::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let mut c = m.h1().await?;
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let r = c.request("GET", "/traced", &[("traceparent", parent)]).await?;
+    assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+    let upstream = r.echoed("traceparent");
+    let [tp] = upstream.as_slice() else { anyhow::bail!("the backend got no traceparent: {r:?}") };
+    assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && !tp.contains("b7ad6b7169203331"), "{tp}");
+    let waypoint_span = tp.split('-').nth(2).context("span id")?.to_string();
+    let _ = c.get("/untraced-client").await?;
+    wait_for("spans exported", Duration::from_secs(10), || spans.lock().unwrap().len() >= 2)?;
+    let seen = spans.lock().unwrap().clone();
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let joined = seen.iter().find(|s| hex(&s.0) == "0af7651916cd43dd8448eb211c80319c").with_context(|| format!("{seen:?}"))?;
+    assert_eq!((hex(&joined.1), hex(&joined.2)), (waypoint_span, "b7ad6b7169203331".to_string()), "the span is the client's child and the backend's parent");
+    assert_eq!(joined.3, "echo.default.svc.cluster.local:80/*");
+    assert!(seen.iter().any(|s| hex(&s.0) != "0af7651916cd43dd8448eb211c80319c" && s.2.is_empty()), "a request without a trace starts one: {seen:?}");
+    Ok(())
+}

@@ -1,10 +1,14 @@
-//! Generates Envoy's ext_authz types and gRPC service (proto/: our own .proto files,
-//! written from Envoy's names and field numbers) for CUSTOM AuthorizationPolicies.
+//! Generates Envoy's ext_authz types and gRPC service (CUSTOM AuthorizationPolicies)
+//! and OpenTelemetry's OTLP trace export (request spans) from proto/: our own .proto
+//! files, written from their names and field numbers.
 //! google.rpc.Status is ztunnel's. protox parses in Rust, so no protoc is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(["proto/envoy/service/auth/v3/external_auth.proto"], ["proto", "../ztunnel/proto"])?;
+    let fds = protox::compile(
+        ["proto/envoy/service/auth/v3/external_auth.proto", "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto"],
+        ["proto", "../ztunnel/proto"],
+    )?;
     tonic_prost_build::configure()
         .build_client(false)
         // The server side serves the end-to-end tests' ext_authz servers.

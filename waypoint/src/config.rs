@@ -16,6 +16,7 @@ use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::destination::{DestinationRule, Policy};
 use crate::grant::ReferenceGrant;
+use crate::trace::TraceSettings;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
 use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
@@ -45,6 +46,8 @@ pub struct Config {
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
     pub providers: Providers,
+    /// Request tracing (meshConfig defaultProviders.tracing), None when off.
+    pub tracing: Option<Arc<TraceSettings>>,
     /// The L7 part for the admin endpoint: the routes and policies as they were read
     /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
     /// also what was rejected and who uses the waypoint (see `k8s`).
@@ -151,6 +154,10 @@ impl Config {
         // In the file every provider must be valid: a typo is the author's to fix now,
         // not a deny at the first request.
         let providers = extauthz::provider::parse_all(&mesh_config.extension_providers).map_err(|e| invalid(format!("meshConfig.{e}")))?;
+        let tracing = match &l7.mesh_config {
+            Some(v) => crate::trace::settings(v).map_err(|e| invalid(format!("meshConfig.{e}")))?.map(Arc::new),
+            None => None,
+        };
         if let Some((name, Err(e))) = providers.iter().find(|(_, p)| p.is_err()) {
             return Err(invalid(format!("meshConfig.{e} (extensionProvider {name})")));
         }
@@ -177,6 +184,7 @@ impl Config {
             policies: l7.authorization_policies,
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
+            tracing,
             dump: Arc::new(dump),
         })
     }
@@ -191,7 +199,7 @@ impl Config {
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
         let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), destination_rules: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), dump: Arc::new(dump) }
+        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), destination_rules: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), tracing: None, dump: Arc::new(dump) }
     }
 }
 
@@ -233,6 +241,7 @@ pub async fn combine(
             policies: l.policies.clone(),
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),
+            tracing: l.tracing.clone(),
             dump,
         };
         on_change(&cfg);

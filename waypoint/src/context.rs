@@ -40,6 +40,8 @@ pub struct Waypoint {
     pub detect_timeout: Duration,
     /// The key sets of the config's jwksUris, kept fresh in the background.
     pub jwks: Arc<JwksStore>,
+    /// Finished request spans on their way to the tracing provider.
+    pub spans: crate::trace::SpanQueue,
     /// Bounds mirrored requests in flight.
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
 }

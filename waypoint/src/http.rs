@@ -14,6 +14,7 @@ mod log;
 mod mirror;
 mod plan;
 mod reply;
+pub mod trace_export;
 mod tunnel;
 mod upgrade;
 
@@ -74,6 +75,10 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     let (mut parts, body) = req.into_parts();
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
+    // A traced request goes on as a child of the waypoint's span.
+    if let Some(span) = log.span() {
+        span.propagate(&mut parts.headers);
+    }
 
     let inbound = plan::Inbound {
         gateway: &wp.gateway,

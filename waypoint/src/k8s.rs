@@ -46,6 +46,8 @@ pub struct L7Config {
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
     pub providers: crate::extauthz::Providers,
+    /// Request tracing from the same mesh config.
+    pub tracing: Option<Arc<crate::trace::TraceSettings>>,
     /// How many of `policies` (and `authentications`) are stand-ins in place of ones that did not convert.
     pub unenforceable: usize,
     /// For the admin endpoint: the objects as read, what was rejected, and who uses the
@@ -456,6 +458,7 @@ impl Store {
         let mut cfg = L7Config::default();
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
+        cfg.tracing = mesh_tracing(mesh);
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut virtual_services = Vec::new();
@@ -552,6 +555,19 @@ impl Store {
 /// The extensionProviders of the mesh config's ConfigMap (key `mesh`, Istio's MeshConfig
 /// YAML), each checked, and what the admin endpoint shows of them. A ConfigMap that
 /// does not parse gives none, so every CUSTOM policy denies what it matches.
+/// The mesh config's tracing (off when there is none, or it is invalid: logged).
+fn mesh_tracing(obj: Option<&DynamicObject>) -> Option<Arc<crate::trace::TraceSettings>> {
+    let text = obj?.data.pointer("/data/mesh").and_then(Value::as_str)?;
+    let mesh: Value = serde_yaml::from_str(text).ok()?;
+    match crate::trace::settings(&mesh) {
+        Ok(t) => t.map(Arc::new),
+        Err(e) => {
+            tracing::error!(error = %e, "mesh config tracing is invalid; requests are not traced");
+            None
+        }
+    }
+}
+
 fn mesh_providers(obj: Option<&DynamicObject>, settings: &Settings) -> (crate::extauthz::Providers, Value) {
     let source = format!("ConfigMap {}/{} key mesh", settings.root_namespace, settings.mesh_config_map);
     let Some(obj) = obj else {

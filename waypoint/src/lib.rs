@@ -23,5 +23,6 @@ pub mod object;
 pub mod path;
 pub mod route;
 pub mod server;
+pub mod trace;
 pub mod tunnel;
 pub mod upstream;

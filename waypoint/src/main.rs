@@ -300,6 +300,7 @@ async fn main() -> anyhow::Result<()> {
     let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
     let pool = Pool::new(certs.clone(), args.pool_max_streams, Duration::from_secs(args.pool_idle_timeout_seconds), connect_timeout);
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
+    let (spans, span_rx) = waypoint::trace::SpanQueue::new();
     let wp = Arc::new(Waypoint {
         config: config.clone(),
         me,
@@ -321,7 +322,9 @@ async fn main() -> anyhow::Result<()> {
         detect_timeout: Duration::from_millis(args.protocol_detection_timeout_ms),
         jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
+        spans,
     });
+    tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
     metrics.set_ready();
     tokio::spawn(ztunnel::memory::release_periodically());

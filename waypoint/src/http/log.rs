@@ -16,6 +16,7 @@ use super::headers::{authority, header_bytes};
 use super::tunnel::Tunnel;
 use crate::config::Config;
 use crate::context::Waypoint;
+use crate::trace::{FinishedSpan, SpanContext};
 
 /// What the access log and metrics say about one request; written when the response
 /// body ends (or is dropped).
@@ -47,6 +48,9 @@ pub struct RequestLog {
     pub error: Option<String>,
     /// Set once written; a log dropped unwritten is a request the client abandoned.
     finished: bool,
+    /// The request's span, when it is traced.
+    span: Option<SpanContext>,
+    port: u16,
 }
 
 impl RequestLog {
@@ -82,7 +86,13 @@ impl RequestLog {
             request_principal: None,
             error: None,
             finished: false,
+            span: cfg.tracing.as_ref().and_then(|t| crate::trace::start(&parts.headers, t.sampling, rand::random())),
+            port: tunnel.target.port(),
         }
+    }
+
+    pub fn span(&self) -> Option<&SpanContext> {
+        self.span.as_ref()
     }
 }
 
@@ -146,8 +156,33 @@ impl RequestLog {
             authz.denied_by = self.denied_by.as_deref(),
             authz.audited_by = (!self.audited_by.is_empty()).then(|| self.audited_by.join(",")),
             error = self.error.as_deref(),
+            trace_id = self.span.as_ref().map(|s| s.trace_id_hex()),
             "request complete"
         );
+        if let Some(ctx) = self.span.take() {
+            let host = self.dst_service.as_ref().map_or(self.host.as_str(), |s| s.hostname.as_str());
+            let mut attributes = vec![
+                ("component", "proxy".to_string()),
+                ("node_id", format!("waypoint~{}", wp.gateway.name)),
+                ("http.method", self.method.to_string()),
+                ("http.url", format!("http://{}{}", self.host, self.path)),
+                ("http.protocol", self.protocol.to_string()),
+                ("http.status_code", self.status.to_string()),
+                ("response_flags", self.response_flags.to_string()),
+                ("downstream_address", self.src_addr.to_string()),
+                ("istio.source_principal", self.src_identity.to_string()),
+            ];
+            if let Some(a) = self.dst_addr {
+                attributes.push(("upstream_address", a.to_string()));
+            }
+            wp.spans.push(FinishedSpan {
+                ctx,
+                name: format!("{host}:{}/*", self.port),
+                end: std::time::SystemTime::now(),
+                attributes,
+                error: self.status == 0 || self.status >= 500,
+            });
+        }
     }
 }
 
