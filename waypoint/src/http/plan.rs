@@ -685,6 +685,11 @@ mod tests {
         assert_eq!(e.status.as_u16(), 200);
         assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), None);
 
+        // A bad origin is refused when the file loads, the field named.
+        let bad = Config::parse(Path::new("t.yaml"), &format!("{MESH}{}", cors_route("{allowOrigins: [app.example.com]}"))).err().expect("refused");
+        let want = "httpRoutes[0].rules[0].filters[0].cors.allowOrigins[0]: \"app.example.com\" is not an origin (no scheme); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com (HTTPRoute default/echo)";
+        assert!(bad.to_string().contains(want), "{bad}");
+
         // OPTIONS without Access-Control-Request-Method is no preflight: it goes on.
         let h = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", None)).expect("forwarded").expect("allowed origin");
         assert_eq!(hv(&h, "access-control-allow-origin"), Some("https://app.example.com"));
@@ -736,6 +741,11 @@ mod tests {
         assert_eq!((e.status.as_u16(), e.redirect.as_deref()), (200, None));
         let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("redirect");
         assert_eq!(e.status.as_u16(), 302);
+        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
+        // So does a local reply after routing (here: a backend that does not exist).
+        let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: gone, port: 80}}], filters: [{{type: CORS, cors: {{allowOrigins: ['*']}}}}]}}]}}\n");
+        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("no backend");
+        assert_eq!(e.status.as_u16(), 500);
         assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
     }
 }

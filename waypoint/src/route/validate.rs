@@ -298,7 +298,7 @@ fn check_origin(o: &str) -> Result<(), String> {
     if o == "*" {
         return Ok(());
     }
-    let bad = |why: &str| Err(format!("{o:?} is not an origin ({why}); write `*` or scheme://host[:port], e.g. https://app.example.com, https://*.example.com"));
+    let bad = |why: &str| Err(format!("{o:?} is not an origin ({why}); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com"));
     let Some((scheme, authority)) = o.split_once("://") else { return bad("no scheme") };
     if scheme != "http" && scheme != "https" {
         return bad("the scheme is http or https");
