@@ -1954,3 +1954,101 @@ async fn l7_requests_are_traced_to_an_otlp_collector() -> Result<()> {
     assert!(seen.iter().any(|s| hex(&s.0) != "0af7651916cd43dd8448eb211c80319c" && s.2.is_empty()), "a request without a trace starts one: {seen:?}");
     Ok(())
 }
+
+/// A response as curl printed it with `-i`: status, headers (names lowercase), body.
+struct CurlReply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl CurlReply {
+    fn parse(out: &str) -> Result<CurlReply> {
+        let (head, body) = out.split_once("\r\n\r\n").with_context(|| format!("no header end in {out:?}"))?;
+        let mut lines = head.lines();
+        let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).with_context(|| format!("no status in {out:?}"))?;
+        let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
+        Ok(CurlReply { status, headers, body: body.to_string() })
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// The HTTPRoute CORS filter with curl as the browser: a preflight from an allowed
+/// origin is answered by the waypoint (over HTTP/1.1 and HTTP/2, never reaching a
+/// backend), one from another origin gets no Access-Control-Allow-Origin, and actual
+/// requests from allowed origins get the allow and expose headers on the backend's
+/// response; a rule without the filter is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_cors_preflights_and_actual_requests_with_curl() -> Result<()> {
+    anyhow::ensure!(sh("sh", &["-c", "command -v curl"]).is_ok(), "curl is needed (scripts/deps.sh installs it)");
+    let l7 = r#"
+httpRoutes:
+- name: echo
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api}}]
+    filters:
+    - type: CORS
+      cors:
+        allowOrigins: ["https://app.example.com", "https://*.example.org"]
+        allowCredentials: true
+        allowMethods: [GET, PUT]
+        allowHeaders: [x-token, content-type]
+        exposeHeaders: [x-pod]
+        maxAge: 600
+    backendRefs: [{name: echo-v1, port: 80}]
+  - backendRefs: [{name: echo-v1, port: 80}]
+"#;
+    let m = L7Mesh::start("l7o", l7, &[]).await?;
+    let curl = |args: &[&str]| -> Result<CurlReply> {
+        let mut all = vec!["-sS", "-i", "--max-time", "10"];
+        all.extend_from_slice(args);
+        let out = m.client().exec("curl", &all).with_context(|| m.log())?;
+        CurlReply::parse(&out)
+    };
+    let url = format!("http://{ECHO_VIP}/api/items");
+    let preflight = |origin: &str, version: &'static str| {
+        let origin = format!("Origin: {origin}");
+        curl(&[version, "-X", "OPTIONS", "-H", &origin, "-H", "Access-Control-Request-Method: PUT", "-H", "Access-Control-Request-Headers: x-token", &url])
+    };
+
+    for version in ["--http1.1", "--http2-prior-knowledge"] {
+        let r = preflight("https://app.example.com", version)?;
+        assert_eq!(r.status, 200, "{version}: {:?}", r.headers);
+        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example.com"), "{version}");
+        assert_eq!(r.header("access-control-allow-methods"), Some("GET,PUT"));
+        assert_eq!(r.header("access-control-allow-headers"), Some("x-token,content-type"));
+        assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
+        assert_eq!(r.header("access-control-max-age"), Some("600"));
+        assert_eq!((r.header("x-pod"), r.body.as_str()), (None, ""), "{version}: answered by the waypoint");
+    }
+    let r = preflight("https://shop.eu.example.org", "--http1.1")?;
+    assert_eq!(r.header("access-control-allow-origin"), Some("https://shop.eu.example.org"), "wildcard origin");
+    // Another origin's preflight: 200 from the waypoint, no allow-origin (the browser fails it).
+    let r = preflight("https://evil.example.com", "--http1.1")?;
+    assert_eq!((r.status, r.header("access-control-allow-origin"), r.header("x-pod")), (200, None, None), "{:?}", r.headers);
+    let apps = || m.apps.values().flat_map(|a| a.seen()).collect::<Vec<_>>();
+    assert!(apps().iter().all(|s| s.method != "OPTIONS"), "a preflight reached a backend");
+
+    // Actual requests: the backend answers, the waypoint adds the CORS headers.
+    let r = curl(&["-X", "PUT", "-H", "Origin: https://app.example.com", "-H", "x-token: t", &url])?;
+    assert_eq!((r.status, r.header("x-pod").is_some()), (200, true), "{}", r.body);
+    assert!(r.body.contains("method=PUT") && r.body.contains("origin: https://app.example.com"), "{}", r.body);
+    assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example.com"));
+    assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
+    assert_eq!(r.header("access-control-expose-headers"), Some("x-pod"));
+    assert_eq!(r.header("access-control-allow-methods"), None, "preflight headers only on preflights");
+    let r = curl(&["-H", "Origin: https://evil.example.com", &url])?;
+    assert_eq!((r.status, r.header("access-control-allow-origin"), r.header("access-control-allow-credentials")), (200, None, None));
+    // A rule without the filter: an OPTIONS preflight goes to the backend, no CORS headers.
+    let other = format!("http://{ECHO_VIP}/other");
+    let r = curl(&["-X", "OPTIONS", "-H", "Origin: https://app.example.com", "-H", "Access-Control-Request-Method: PUT", &other])?;
+    assert_eq!((r.status, r.header("access-control-allow-origin")), (200, None));
+    assert!(r.body.contains("method=OPTIONS"), "{}", r.body);
+    assert_eq!(apps().iter().filter(|s| s.method == "OPTIONS").count(), 1);
+    Ok(())
+}

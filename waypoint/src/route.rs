@@ -12,6 +12,7 @@
 //! Everything is parsed and compiled when the config loads (regexes, header names and
 //! values, durations), so a request never meets a config error.
 
+mod cors;
 mod duration;
 mod filter;
 mod grpc;
@@ -24,6 +25,7 @@ mod validate;
 #[cfg(test)]
 mod tests;
 
+pub use cors::{Cors, CorsOutcome};
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
 pub use tcp::TcpRoute;

@@ -121,7 +121,7 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
     let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || mirrors;
     let mut req_body = match request_body(body, want_copy, &log).await {
         Ok(b) => b,
-        Err(reply) => return reply.send(log, grpc),
+        Err(reply) => return reply.with_headers(plan.cors.as_ref()).send(log, grpc),
     };
     if let (RequestBody::Buffered(b), true) = (&req_body, mirrors) {
         mirror_all(wp, cfg, &plan.mirrors, &parts, b);
@@ -147,6 +147,10 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
             for m in plan.response_modifiers {
                 m.apply(&mut rparts.headers);
             }
+            // Envoy's CORS filter sets its headers over the backend's.
+            for (name, value) in plan.cors.iter().flat_map(|h| h.iter()) {
+                rparts.headers.insert(name.clone(), value.clone());
+            }
             for (name, value) in plan.response_headers {
                 rparts.headers.append(name, value);
             }
@@ -167,7 +171,7 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
         }
         Err(reply) => {
             log.error = Some(reply.message.clone());
-            reply.send(log, grpc)
+            reply.with_headers(plan.cors.as_ref()).send(log, grpc)
         }
     }
 }

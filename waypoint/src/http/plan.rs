@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::header::{self, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 use ztunnel::identity::Identity;
 use ztunnel::state::{Protocol as MeshProtocol, Service};
@@ -19,7 +19,7 @@ use super::upgrade::{self, WebSocket};
 use crate::config::Config;
 use crate::detect::Protocol;
 use crate::object::{ObjectName, Target};
-use crate::route::{self, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
+use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
 use crate::destination::{self, Pick, Policy};
@@ -53,6 +53,9 @@ pub struct Plan<'c> {
     pub response_modifiers: Vec<&'c HeaderModifier>,
     /// Headers an ext_authz answer adds to the backend's response.
     pub response_headers: Vec<(http::HeaderName, HeaderValue)>,
+    /// The rule's CORS headers for an allowed origin (set on the response after the
+    /// route's modifiers, before ext_authz's, in Envoy's filter order).
+    pub cors: Option<HeaderMap>,
     /// A WebSocket upgrade (HTTP/1.1 or extended CONNECT): relayed once accepted.
     pub websocket: Option<WebSocket>,
     /// The backend Service's DestinationRule policy, if one applies.
@@ -275,6 +278,22 @@ impl Inbound<'_> {
 /// Authorizes, routes and rewrites an admitted request head (`parts`) for its backend
 /// and plans its sending, or says which local reply it gets.
 pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Plan<'c>, LocalReply> {
+    // An allowed origin's CORS headers go on whatever answers the request once the rule's
+    // CORS filter has seen it: the backend's response or a later local reply.
+    let mut cors = None;
+    match plan_request(inb, admitted, parts, notes, &mut cors) {
+        Ok(plan) => Ok(Plan { cors, ..plan }),
+        Err(reply) => Err(reply.with_headers(cors.as_ref())),
+    }
+}
+
+fn plan_request<'c>(
+    inb: &Inbound<'c>,
+    admitted: Admitted<'c>,
+    parts: &mut http::request::Parts,
+    notes: &mut Notes,
+    cors: &mut Option<HeaderMap>,
+) -> Result<Plan<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
     let Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
     let target = inb.target(target_name.as_ref());
@@ -299,6 +318,16 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         notes.route = Some(format!("{}/{}#{}", s.route.namespace, s.route.name, s.rule_index));
     }
 
+    // Envoy's CORS filter runs after authorization, on the matched route, before the
+    // router: a preflight is answered here (never redirected, mirrored or sent on).
+    if let Some(c) = selected.as_ref().and_then(|s| s.rule.cors()) {
+        match c.on_request(&parts.method, &parts.headers) {
+            CorsOutcome::Preflight(h) => return Err(LocalReply::preflight(h)),
+            CorsOutcome::Response(h) => *cors = Some(h),
+            CorsOutcome::NotCors => {}
+        }
+    }
+
     let mut up_path = norm_path.clone();
     let mut up_host = host_full.clone();
     let mut response_modifiers = Vec::new();
@@ -310,6 +339,8 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
                 Filter::ResponseHeaderModifier(m) => response_modifiers.push(m),
                 Filter::UrlRewrite(rw) => rw.apply(&mut up_host, &mut up_path, *matched_prefix),
                 Filter::RequestMirror(m) => mirrors.push(m),
+                // Applied above, before the other filters.
+                Filter::Cors(_) => {}
                 Filter::RequestRedirect(r) => {
                     // The request's port: from Host, else the service port it was sent to.
                     let port = host_full.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).or(Some(tunnel.target.port()));
@@ -398,6 +429,7 @@ pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::re
         },
         response_modifiers,
         response_headers,
+        cors: None,
         websocket,
         traffic,
         hash,
@@ -427,6 +459,11 @@ mod tests {
 
     /// The plan for `req` from a client speaking `proto`: whether it goes upstream as HTTP/2.
     fn plan_as(mesh: &str, proto: Protocol, l7: &str, req: Request<()>) -> (Result<bool, LocalReply>, Notes, http::request::Parts) {
+        plan_with(mesh, proto, l7, req, |p| p.http2)
+    }
+
+    /// The plan for `req`, `f` reading what a test wants of it.
+    fn plan_with<T>(mesh: &str, proto: Protocol, l7: &str, req: Request<()>, f: impl FnOnce(Plan) -> T) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
         let cfg = Config::parse(Path::new("t.yaml"), &format!("{mesh}{l7}")).expect("test config");
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
@@ -442,7 +479,7 @@ mod tests {
         let r = admit(&inb, &mut parts, &mut notes).and_then(|a| build(&inb, a, &mut parts, &mut notes)).map(|p| {
             assert_eq!(p.backend.endpoints.len(), 1);
             assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
-            p.http2
+            f(p)
         });
         (r, notes, parts)
     }
@@ -606,5 +643,109 @@ mod tests {
         assert_eq!(status(&plan("", no_host).0), Some((400, "-")));
         let userinfo = Request::get("/").header("host", "u@echo").body(()).expect("request");
         assert_eq!(status(&plan("", userinfo).0), Some((400, "-")));
+    }
+
+    fn cors_route(cors: &str) -> String {
+        format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {cors}}}]}}]}}\n")
+    }
+
+    fn cors_req(method: Method, origin: &str, request_method: Option<&str>) -> Request<()> {
+        let mut b = Request::builder().method(method).uri("/api").header("host", "echo.default.svc.cluster.local").header("origin", origin);
+        if let Some(m) = request_method {
+            b = b.header("access-control-request-method", m).header("access-control-request-headers", "x-token,content-type");
+        }
+        b.body(()).expect("request")
+    }
+
+    /// The CORS headers of the plan (an actual request) or of the preflight's reply.
+    fn cors_of(l7: &str, req: Request<()>) -> Result<Option<HeaderMap>, LocalReply> {
+        plan_with(MESH, Protocol::Http1, l7, req, |p| p.cors).0
+    }
+
+    fn hv<'h>(h: &'h HeaderMap, name: &str) -> Option<&'h str> {
+        h.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn a_cors_preflight_is_answered_by_the_waypoint() {
+        let l7 = cors_route("{allowOrigins: ['https://app.example.com'], allowMethods: [GET, PUT], allowHeaders: [x-token], exposeHeaders: [x-trace, x-id], maxAge: 600}");
+        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("PUT"))).expect_err("answered here");
+        assert_eq!((e.status.as_u16(), e.plain), (200, true));
+        let h = e.headers.as_deref().expect("cors headers");
+        assert_eq!(hv(h, "access-control-allow-origin"), Some("https://app.example.com"));
+        assert_eq!(hv(h, "access-control-allow-methods"), Some("GET,PUT"));
+        assert_eq!(hv(h, "access-control-allow-headers"), Some("x-token"));
+        assert_eq!(hv(h, "access-control-max-age"), Some("600"));
+        assert_eq!(hv(h, "access-control-allow-credentials"), None);
+        assert_eq!(hv(h, "access-control-expose-headers"), None, "exposed on actual responses only");
+
+        // Another origin's preflight is answered too (istiod: unmatchedPreflights IGNORE),
+        // without Access-Control-Allow-Origin, so the browser fails it.
+        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://evil.example.org", Some("PUT"))).expect_err("answered here");
+        assert_eq!(e.status.as_u16(), 200);
+        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), None);
+
+        // A bad origin is refused when the file loads, the field named.
+        let bad = Config::parse(Path::new("t.yaml"), &format!("{MESH}{}", cors_route("{allowOrigins: [app.example.com]}"))).err().expect("refused");
+        let want = "httpRoutes[0].rules[0].filters[0].cors.allowOrigins[0]: \"app.example.com\" is not an origin (no scheme); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com (HTTPRoute default/echo)";
+        assert!(bad.to_string().contains(want), "{bad}");
+
+        // OPTIONS without Access-Control-Request-Method is no preflight: it goes on.
+        let h = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", None)).expect("forwarded").expect("allowed origin");
+        assert_eq!(hv(&h, "access-control-allow-origin"), Some("https://app.example.com"));
+    }
+
+    #[test]
+    fn an_allowed_origin_gets_cors_headers_on_the_response() {
+        let l7 = cors_route("{allowOrigins: ['https://*.example.com'], allowCredentials: true, exposeHeaders: [x-trace, x-id]}");
+        let h = cors_of(&l7, cors_req(Method::POST, "https://a.b.example.com", None)).expect("forwarded").expect("allowed origin");
+        assert_eq!(hv(&h, "access-control-allow-origin"), Some("https://a.b.example.com"));
+        assert_eq!(hv(&h, "access-control-allow-credentials"), Some("true"));
+        assert_eq!(hv(&h, "access-control-expose-headers"), Some("x-trace,x-id"));
+        assert_eq!(h.len(), 3);
+        // Not allowed, or no Origin: the response is left alone.
+        assert!(cors_of(&l7, cors_req(Method::POST, "https://example.org", None)).expect("forwarded").is_none());
+        assert!(cors_of(&l7, cors_req(Method::POST, "http://a.example.com", None)).expect("forwarded").is_none());
+        assert!(cors_of(&l7, get("/api")).expect("forwarded").is_none());
+        // A rule without the filter: nothing either.
+        assert!(cors_of("", cors_req(Method::POST, "https://a.example.com", None)).expect("forwarded").is_none());
+    }
+
+    #[test]
+    fn wildcards_echo_what_the_browser_asks() {
+        let l7 = cors_route("{allowOrigins: ['*'], allowCredentials: true, allowMethods: ['*'], allowHeaders: ['*']}");
+        let e = cors_of(&l7, cors_req(Method::OPTIONS, "http://localhost:3000", Some("DELETE"))).expect_err("answered here");
+        let h = e.headers.as_deref().expect("headers");
+        // With credentials Gateway API forbids `*`; Envoy echoes in every case.
+        assert_eq!(hv(h, "access-control-allow-origin"), Some("http://localhost:3000"));
+        assert_eq!(hv(h, "access-control-allow-methods"), Some("DELETE"));
+        assert_eq!(hv(h, "access-control-allow-headers"), Some("x-token,content-type"));
+        assert_eq!(hv(h, "access-control-allow-credentials"), Some("true"));
+        assert_eq!(hv(h, "access-control-max-age"), Some("5"), "Gateway API's default");
+        // `*` takes any serialized origin, not `null` or a URL with a path.
+        for bad in ["null", "https://a.example.com/x", "file://"] {
+            let e = cors_of(&l7, cors_req(Method::OPTIONS, bad, Some("GET"))).expect_err("answered here");
+            assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn cors_runs_after_authorization_and_before_redirects() {
+        // Denied by policy: 403, no preflight answer (RBAC runs first in Envoy too).
+        let deny = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {methods: [OPTIONS]}}]}]}\n";
+        let l7 = format!("{deny}{}", cors_route("{allowOrigins: ['https://app.example.com']}"));
+        assert_eq!(status(&plan(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("GET"))).0), Some((403, "DENY")));
+        // A redirect rule: its preflight is still answered; its redirect carries the headers.
+        let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{hostname: other.example.com}}}}, {{type: CORS, cors: {{allowOrigins: ['https://app.example.com']}}}}]}}]}}\n");
+        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("GET"))).expect_err("preflight");
+        assert_eq!((e.status.as_u16(), e.redirect.as_deref()), (200, None));
+        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("redirect");
+        assert_eq!(e.status.as_u16(), 302);
+        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
+        // So does a local reply after routing (here: a backend that does not exist).
+        let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: gone, port: 80}}], filters: [{{type: CORS, cors: {{allowOrigins: ['*']}}}}]}}]}}\n");
+        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("no backend");
+        assert_eq!(e.status.as_u16(), 500);
+        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
     }
 }

@@ -24,15 +24,52 @@ pub struct LocalReply {
     pub www_authenticate: Option<String>,
     /// An external authorizer's denial: its body (sent as is, not `message`) and headers.
     pub external: Option<Box<(HeaderMap, Bytes)>>,
+    /// Set on the reply whatever it is: a rule's CORS headers (an allowed origin's, or a
+    /// preflight's answer).
+    pub headers: Option<Box<HeaderMap>>,
+    /// Plain HTTP even to gRPC clients: a preflight's answer is no error.
+    pub plain: bool,
 }
 
 impl LocalReply {
     pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
-        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None, external: None }
+        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None, external: None, headers: None, plain: false }
+    }
+
+    /// A CORS preflight's answer: 200, no body, `headers` (plain HTTP even to a gRPC
+    /// client: it is no error).
+    pub fn preflight(headers: HeaderMap) -> Self {
+        LocalReply {
+            external: Some(Box::new((HeaderMap::new(), Bytes::new()))),
+            headers: Some(Box::new(headers)),
+            plain: true,
+            ..LocalReply::new(StatusCode::OK, "-", "CORS preflight")
+        }
+    }
+
+    /// The same reply with `headers` set on it too (a rule's CORS headers).
+    pub fn with_headers(mut self, headers: Option<&HeaderMap>) -> Self {
+        if let Some(h) = headers {
+            let mine = self.headers.get_or_insert_with(Default::default);
+            for (name, value) in h {
+                mine.insert(name.clone(), value.clone());
+            }
+        }
+        self
     }
 
     /// The response, which writes `log` when it has been sent.
-    pub fn send(self, mut log: RequestLog, grpc: bool) -> Response<Body> {
+    pub fn send(mut self, log: RequestLog, grpc: bool) -> Response<Body> {
+        let headers = self.headers.take();
+        let mut resp = self.response(log, grpc);
+        for (name, value) in headers.iter().flat_map(|h| h.iter()) {
+            resp.headers_mut().insert(name.clone(), value.clone());
+        }
+        resp
+    }
+
+    fn response(self, mut log: RequestLog, grpc: bool) -> Response<Body> {
+        let grpc = grpc && !self.plain;
         if let Some(ext) = self.external {
             let (headers, body) = *ext;
             let mut resp = if grpc {

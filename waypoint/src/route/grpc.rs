@@ -90,7 +90,7 @@ impl GrpcRoute {
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
             for (j, f) in r.filters.iter().enumerate() {
-                if matches!(f, Filter::RequestRedirect(_) | Filter::UrlRewrite(_)) {
+                if matches!(f, Filter::RequestRedirect(_) | Filter::UrlRewrite(_) | Filter::Cors(_)) {
                     return Err(format!(
                         "rules[{i}].filters[{j}]: GRPCRoute filters are RequestHeaderModifier, ResponseHeaderModifier and RequestMirror"
                     ));

@@ -10,6 +10,7 @@ use http::Method;
 use regex::Regex;
 use serde::Deserialize;
 
+use super::cors::Cors;
 use super::duration::GatewayDuration;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP};
 
@@ -297,6 +298,7 @@ pub enum Filter {
     RequestRedirect(RequestRedirect),
     UrlRewrite(UrlRewrite),
     RequestMirror(RequestMirror),
+    Cors(Cors),
 }
 
 #[derive(Deserialize)]
@@ -310,6 +312,7 @@ struct RawFilter {
     #[serde(rename = "urlRewrite")]
     url_rewrite: Option<UrlRewrite>,
     request_mirror: Option<RequestMirror>,
+    cors: Option<Cors>,
 }
 
 impl<'de> Deserialize<'de> for Filter {
@@ -321,6 +324,7 @@ impl<'de> Deserialize<'de> for Filter {
             raw.request_redirect.is_some(),
             raw.url_rewrite.is_some(),
             raw.request_mirror.is_some(),
+            raw.cors.is_some(),
         ]
         .iter()
         .filter(|b| **b)
@@ -337,13 +341,14 @@ impl<'de> Deserialize<'de> for Filter {
             "RequestRedirect" => raw.request_redirect.map(Filter::RequestRedirect).ok_or_else(|| err("requestRedirect"))?,
             "URLRewrite" => raw.url_rewrite.map(Filter::UrlRewrite).ok_or_else(|| err("urlRewrite"))?,
             "RequestMirror" => raw.request_mirror.map(Filter::RequestMirror).ok_or_else(|| err("requestMirror"))?,
-            "ExtensionRef" | "CORS" | "ExternalAuth" => {
+            "CORS" => raw.cors.map(Filter::Cors).ok_or_else(|| err("cors"))?,
+            "ExtensionRef" | "ExternalAuth" => {
                 return Err(serde::de::Error::custom(format!("filter type {} is not supported by this waypoint", raw.kind)))
             }
             other => {
                 return Err(serde::de::Error::custom(format!(
                     "filter type {other:?} is not one of RequestHeaderModifier, ResponseHeaderModifier, \
-                     RequestRedirect, URLRewrite, RequestMirror"
+                     RequestRedirect, URLRewrite, RequestMirror, CORS"
                 )))
             }
         };
@@ -354,6 +359,7 @@ impl<'de> Deserialize<'de> for Filter {
                 Filter::RequestRedirect(_) => "requestRedirect",
                 Filter::UrlRewrite(_) => "urlRewrite",
                 Filter::RequestMirror(_) => "requestMirror",
+                Filter::Cors(_) => "cors",
             }));
         }
         Ok(f)
@@ -567,6 +573,14 @@ impl RouteRule {
 
     pub fn backend_timeout(&self) -> Option<Duration> {
         self.timeouts.as_ref().and_then(|t| t.backend_request).and_then(GatewayDuration::as_timeout)
+    }
+
+    /// The rule's CORS policy (validation allows one).
+    pub fn cors(&self) -> Option<&Cors> {
+        self.filters.iter().find_map(|f| match f {
+            Filter::Cors(c) => Some(c),
+            _ => None,
+        })
     }
 }
 

@@ -262,6 +262,22 @@ fn bad_routes_are_refused_with_the_field_named() {
         ("- {name: a, namespace: default, parentRefs: [{name: waypoint}], hostnames: ['10.0.0.1']}", "hostnames[0]"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: s, port: 80, sectionName: x}}}}}}]}}]}}"), "requestMirror.backendRef.sectionName"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, sectionName: x}}]}}]}}"), "unknown field `sectionName`"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS}}]}}]}}"), "needs its `cors` field"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: [app.example.com]}}}}]}}]}}"), "cors.allowOrigins[0]: \"app.example.com\" is not an origin"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['ftp://a.example.com']}}}}]}}]}}"), "http or https"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['https://a.example.com/path']}}}}]}}]}}"), "allowOrigins[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['https://a.example.com:0']}}}}]}}]}}"), "port is 1-65535"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['https://a.*.example.com']}}}}]}}]}}"), "allowOrigins[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['*', 'https://a.example.com']}}}}]}}]}}"), "cors.allowOrigins: `*` allows everything"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigins: ['https://a.example.com', 'https://a.example.com']}}}}]}}]}}"), "allowOrigins[1]: \"https://a.example.com\" is listed twice"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowMethods: [get]}}}}]}}]}}"), "cors.allowMethods[0]: \"get\" is not one of"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowMethods: ['*', GET]}}}}]}}]}}"), "cors.allowMethods: `*`"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowHeaders: ['x token']}}}}]}}]}}"), "cors.allowHeaders[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{exposeHeaders: [X-A, x-a]}}}}]}}]}}"), "cors.exposeHeaders[1]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{maxAge: -1}}}}]}}]}}"), "cors.maxAge: -1 is not 1-"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{maxAge: 0}}}}]}}]}}"), "cors.maxAge: 0"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigin: ['*']}}}}]}}]}}"), "unknown field `allowOrigin`"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{}}}}, {{type: CORS, cors: {{}}}}]}}]}}"), "CORS may each appear once"),
     ];
     for (yaml, want) in cases {
         let e = err(yaml);
@@ -385,4 +401,30 @@ fn session_persistence_is_checked_when_it_loads() {
         let e = err(&format!("- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {yaml}}}]}}"));
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
+}
+
+#[test]
+fn cors_filters_load_with_gateway_api_defaults() {
+    let rs = routes(&format!(
+        "- name: a\n  namespace: default\n  {SVC}\n  rules:\n\
+         \x20 - filters:\n\
+         \x20   - type: CORS\n\
+         \x20     cors: {{allowOrigins: ['https://app.example.com', 'https://*.example.com', 'http://*:8080', 'http://10.0.0.1:3000'], allowMethods: [GET, PUT]}}\n"
+    ));
+    let cors = rs[0].rules[0].cors().expect("cors filter");
+    assert_eq!((cors.max_age, cors.allow_credentials), (5, false));
+    let origin = |o: &'static str| {
+        let h = Req::header(req("/"), "origin", o).headers;
+        matches!(cors.on_request(&Method::GET, &h), CorsOutcome::Response(_))
+    };
+    assert!(origin("https://app.example.com"));
+    assert!(!origin("https://APP.EXAMPLE.COM"), "exact origins are case-sensitive (Envoy's exact match)");
+    assert!(origin("https://x.y.example.com"), "`*` spans labels");
+    assert!(!origin("https://example.com"), "`*.` needs a label");
+    assert!(origin("http://anything:8080") && !origin("http://anything:8081"));
+    assert!(origin("http://10.0.0.1:3000"));
+    assert!(!origin("https://app.example.com.evil.org"));
+    // GRPCRoute has no CORS filter.
+    let e = grpc_routes(&format!("- {{name: g, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{}}}}]}}]}}")).expect_err("refused");
+    assert!(e.contains("GRPCRoute filters are"), "{e}");
 }

@@ -4,6 +4,7 @@
 
 use http::header::HeaderName;
 
+use super::cors::Cors;
 use super::model::{
     parent_kind, Attachment, Filter, HeaderModifier, HttpRoute, PathMatch, PathModifier, RequestMirror, RequestRedirect,
     RouteRule,
@@ -94,10 +95,11 @@ impl RouteRule {
         let rewrites = has(|f| matches!(f, Filter::UrlRewrite(_)));
         let req_mods = has(|f| matches!(f, Filter::RequestHeaderModifier(_)));
         let resp_mods = has(|f| matches!(f, Filter::ResponseHeaderModifier(_)));
-        if redirects > 1 || rewrites > 1 || req_mods > 1 || resp_mods > 1 {
+        let cors = has(|f| matches!(f, Filter::Cors(_)));
+        if redirects > 1 || rewrites > 1 || req_mods > 1 || resp_mods > 1 || cors > 1 {
             return Err(format!(
-                "{at}.filters: RequestRedirect, URLRewrite, RequestHeaderModifier and ResponseHeaderModifier may each \
-                 appear once"
+                "{at}.filters: RequestRedirect, URLRewrite, RequestHeaderModifier, ResponseHeaderModifier and CORS may \
+                 each appear once"
             ));
         }
         if redirects > 0 && rewrites > 0 {
@@ -131,6 +133,10 @@ impl RouteRule {
                 }
                 Filter::RequestMirror(m) => {
                     m.validate(&format!("{fat}.requestMirror"), route_ns)?;
+                    None
+                }
+                Filter::Cors(c) => {
+                    c.validate(&format!("{fat}.cors"))?;
                     None
                 }
             };
@@ -242,6 +248,95 @@ impl RequestMirror {
         }
         Ok(())
     }
+}
+
+/// Gateway API's list limits for `HTTPCORSFilter`.
+const CORS_MAX_ORIGINS: usize = 64;
+const CORS_MAX_HEADERS: usize = 64;
+const CORS_METHODS: [&str; 10] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*"];
+
+impl Cors {
+    /// Gateway API's CRD rules: origins `*` or `http(s)://host[:port]` (the host may
+    /// start with `*.` or be `*`), methods from its list, header names as tokens, `*`
+    /// alone in a list, no repeats, `maxAge` at least 1.
+    fn validate(&self, at: &str) -> Result<(), String> {
+        if self.allow_origins.len() > CORS_MAX_ORIGINS {
+            return Err(format!("{at}.allowOrigins: at most {CORS_MAX_ORIGINS} origins"));
+        }
+        for (i, o) in self.allow_origins.iter().enumerate() {
+            check_origin(o).map_err(|e| format!("{at}.allowOrigins[{i}]: {e}"))?;
+        }
+        set_of(&format!("{at}.allowOrigins"), &self.allow_origins, false, true)?;
+        for (i, m) in self.allow_methods.iter().enumerate() {
+            if !CORS_METHODS.contains(&m.as_str()) {
+                return Err(format!("{at}.allowMethods[{i}]: {m:?} is not one of {}", CORS_METHODS.join(", ")));
+            }
+        }
+        set_of(&format!("{at}.allowMethods"), &self.allow_methods, false, true)?;
+        // `*` in exposeHeaders may come with other names (Gateway API sets no rule there).
+        for (field, list, lone_star) in [("allowHeaders", &self.allow_headers, true), ("exposeHeaders", &self.expose_headers, false)] {
+            if list.len() > CORS_MAX_HEADERS {
+                return Err(format!("{at}.{field}: at most {CORS_MAX_HEADERS} headers"));
+            }
+            for (i, h) in list.iter().enumerate() {
+                if h.len() > 256 || HeaderName::from_bytes(h.as_bytes()).is_err() {
+                    return Err(format!("{at}.{field}[{i}]: {h:?} is not a header name"));
+                }
+            }
+            set_of(&format!("{at}.{field}"), list, true, lone_star)?;
+        }
+        if self.max_age < 1 || self.max_age > i64::from(i32::MAX) {
+            return Err(format!("{at}.maxAge: {} is not 1-{} seconds", self.max_age, i32::MAX));
+        }
+        Ok(())
+    }
+}
+
+/// `*`, or `http(s)://host[:port]` with a host of DNS labels (letters, digits, `-`),
+/// maybe `*.` in front, or `*` alone; port 1-65535.
+fn check_origin(o: &str) -> Result<(), String> {
+    if o == "*" {
+        return Ok(());
+    }
+    let bad = |why: &str| Err(format!("{o:?} is not an origin ({why}); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com"));
+    let Some((scheme, authority)) = o.split_once("://") else { return bad("no scheme") };
+    if scheme != "http" && scheme != "https" {
+        return bad("the scheme is http or https");
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (authority, None),
+    };
+    if let Some(p) = port {
+        if !p.bytes().all(|b| b.is_ascii_digit()) || !p.parse::<u16>().is_ok_and(|p| p > 0) {
+            return bad("the port is 1-65535");
+        }
+    }
+    let name = if host == "*" { "" } else { host.strip_prefix("*.").unwrap_or(host) };
+    let label_ok = |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    if host != "*" && (name.is_empty() || !name.split('.').all(label_ok)) {
+        return bad("the host is DNS labels, maybe after `*.`, or `*`; no path");
+    }
+    if o.len() > 253 {
+        return bad("longer than 253 characters");
+    }
+    Ok(())
+}
+
+/// A Gateway API set: no value twice (header names compared case-insensitively), and
+/// `*` only on its own where `lone_star`.
+fn set_of(at: &str, list: &[String], case_insensitive: bool, lone_star: bool) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for (i, v) in list.iter().enumerate() {
+        let key = if case_insensitive { v.to_ascii_lowercase() } else { v.clone() };
+        if !seen.insert(key) {
+            return Err(format!("{at}[{i}]: {v:?} is listed twice"));
+        }
+    }
+    if lone_star && list.len() > 1 && list.iter().any(|v| v == "*") {
+        return Err(format!("{at}: `*` allows everything; it cannot be listed with other values"));
+    }
+    Ok(())
 }
 
 /// A backend (weighted or a mirror's): a Service, and its port. One in another namespace
