@@ -114,8 +114,20 @@ impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::
 }
 
 pub fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
-    let l = pod.netns.listen(port)?;
     let svc = waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::AuthorizationServer::new(GrpcAuthorizer(checks));
+    serve_grpc(pod, port, svc)
+}
+
+/// Serves a tonic service on `port` in the pod (HTTP/2 only, as gRPC), until aborted.
+fn serve_grpc<S>(pod: &Pod, port: u16, svc: S) -> Result<tokio::task::JoinHandle<()>>
+where
+    S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<tonic::body::Body>, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let l = pod.netns.listen(port)?;
     Ok(tokio::spawn(async move {
         while let Ok((stream, _)) = l.accept().await {
             let svc = svc.clone();
@@ -123,7 +135,6 @@ pub fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tok
                 let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let mut svc = svc.clone();
                     async move {
-                        use tower::Service;
                         Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
                     }
                 });
@@ -163,24 +174,5 @@ impl waypoint::trace::proto::collector::trace_service_server::TraceService for C
 
 /// An OpenTelemetry collector (OTLP/gRPC trace export, tonic) in the pod.
 pub fn start_otlp_collector(pod: &Pod, port: u16, spans: Spans) -> Result<tokio::task::JoinHandle<()>> {
-    let l = pod.netns.listen(port)?;
-    let svc = waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(Collector(spans));
-    Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = l.accept().await {
-            let svc = svc.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let mut svc = svc.clone();
-                    async move {
-                        use tower::Service;
-                        Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .http2_only()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
-            });
-        }
-    }))
+    serve_grpc(pod, port, waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(Collector(spans)))
 }
