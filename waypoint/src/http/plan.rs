@@ -74,14 +74,19 @@ fn session_endpoint(sp: &SessionPersistence, headers: &http::HeaderMap) -> Optio
     use base64::Engine;
     let name = sp.name();
     let value = match sp.kind {
-        SessionKind::Header => headers.get(name)?.to_str().ok()?.trim().to_string(),
-        SessionKind::Cookie => headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
-            let (k, v) = c.trim().split_once('=')?;
-            (k == name).then(|| v.to_string())
-        })?,
+        SessionKind::Header => headers.get(name)?.to_str().ok()?.trim(),
+        SessionKind::Cookie => cookie(headers, name)?,
     };
     let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(value.as_bytes()).ok()?;
     std::str::from_utf8(&raw).ok()?.parse().ok()
+}
+
+/// The value of the request's cookie `name` (the first, in any `Cookie` header).
+fn cookie<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
+        let (k, v) = c.trim().split_once('=')?;
+        (k == name).then_some(v)
+    })
 }
 
 /// The value that names `addr` as a session's endpoint.
@@ -105,11 +110,7 @@ fn hash_key(pick: Option<&Pick>, parts: &http::request::Parts, query: Option<&st
             any.then_some(())?
         }
         Pick::HashCookie(name) => {
-            let value = parts.headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
-                let (k, v) = c.trim().split_once('=')?;
-                (k == name).then_some(v)
-            })?;
-            value.hash(&mut h)
+            cookie(&parts.headers, name)?.hash(&mut h)
         }
         Pick::HashQuery(name) => {
             let value = query?.split('&').find_map(|kv| {
