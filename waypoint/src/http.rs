@@ -9,6 +9,7 @@ mod backend;
 mod body;
 mod ext_authz;
 mod forward;
+mod grpc;
 mod headers;
 mod log;
 mod mirror;

@@ -4,47 +4,34 @@
 //! to an `envoyExtAuthzGrpc` one. Both go over HBONE to a mesh endpoint of the
 //! provider's Service, like any backend request (see `extauthz` for the semantics).
 
-
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
-use ztunnel::state::{NamespacedHostname, Service};
 
-use super::backend::Backend;
-use super::body::{empty, full};
+use super::body::empty;
+use super::grpc::{service_endpoint, unary, CallError, MAX_RESPONSE_BYTES};
 use super::plan::set_head_for;
 use crate::config::Config;
 use crate::context::Waypoint;
-use crate::extauthz::check::{check_message, decision, grpc_frame, grpc_unframe, Allowed, CheckRequest, Decision, Denied, HeaderMode};
+use crate::extauthz::check::{check_message, decision, Allowed, CheckRequest, Decision, Denied, HeaderMode};
 use crate::extauthz::proto::envoy::service::auth::v3 as auth;
 use crate::extauthz::provider::{any_match, Common, GrpcProvider, HttpProvider, Provider};
 use crate::upstream::Endpoint;
 
-/// The most of a check response that is read (Envoy buffers denied bodies likewise).
-const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 /// The gRPC method, exactly Envoy's.
 pub const CHECK_PATH: &str = "/envoy.service.auth.v3.Authorization/Check";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
-    #[error("the authorizer's service {0} is not in the mesh state (meshConfig extensionProviders names it)")]
-    NoService(String),
-    #[error("the authorizer's service {0} has no healthy mesh endpoint")]
-    NoEndpoint(String),
     #[error("check timed out after {0:?}")]
     Timeout(std::time::Duration),
-    #[error("check request failed: {0}")]
-    Upstream(Box<crate::upstream::UpstreamError>),
-    #[error("check response unreadable: {0}")]
-    Body(String),
+    /// Finding the authorizer, sending the check or reading its answer.
+    #[error("check {0}")]
+    Call(#[from] CallError),
     #[error("check response is not a CheckResponse: {0}")]
     Decode(#[from] prost::DecodeError),
-    #[error("check call ended with gRPC status {0}{1}")]
-    Grpc(i32, String),
-    #[error("check request could not be built: {0}")]
-    Build(String),
 }
 
 /// Checks one request with `provider` (an authorizer: the caller never passes
@@ -58,7 +45,7 @@ pub async fn check(wp: &Waypoint, cfg: &Config, provider: &Provider, req: &Check
         match provider {
             Provider::Http(h) => check_http(wp, cfg, h, req).await,
             Provider::Grpc(g) => check_grpc(wp, cfg, g, req).await,
-            Provider::NotAuthz(_) => Err(CheckError::Build("not an ext_authz provider".into())),
+            Provider::NotAuthz(_) => Err(CallError::Build("not an ext_authz provider".into()).into()),
         }
     })
     .await
@@ -79,26 +66,9 @@ fn error_reply(status: u16, error: String) -> Decision {
     })
 }
 
-/// `[<namespace>/]<hostname>`: the service, and the endpoint a check goes to.
+/// The endpoint a check goes to, and the HTTP version its port declares.
 fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpoint, Option<bool>), CheckError> {
-    let svc = find_service(cfg, &common.service).ok_or_else(|| CheckError::NoService(common.service.clone()))?;
-    let backend = Backend::service(cfg, svc, common.port);
-    let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CheckError::NoEndpoint(common.service.clone()))?;
-    Ok((Endpoint::of(&cfg.state, picked.addr, &picked.workload, Some(svc)), backend.http2))
-}
-
-pub fn find_service<'c>(cfg: &'c Config, name: &str) -> Option<&'c std::sync::Arc<Service>> {
-    match name.split_once('/') {
-        Some(_) => cfg.state.service_by_hostname(&NamespacedHostname(name.to_string())),
-        // Without a namespace, Istio takes the hostname from any namespace.
-        None => cfg.state.services().find(|s| s.hostname == name),
-    }
-}
-
-async fn read_body(body: hyper::body::Incoming) -> Result<(Bytes, Option<HeaderMap>), CheckError> {
-    let collected = Limited::new(body, MAX_RESPONSE_BYTES).collect().await.map_err(|e| CheckError::Body(e.to_string()))?;
-    let trailers = collected.trailers().cloned();
-    Ok((collected.to_bytes(), trailers))
+    Ok(service_endpoint(wp, cfg, &common.service, common.port)?)
 }
 
 async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
@@ -122,10 +92,10 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
     headers.remove(header::HOST);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
     let path = format!("{}{}", p.path_prefix, req.path);
-    set_head_for(&mut parts, req.host, &path, http2).map_err(|e| CheckError::Build(e.to_string()))?;
-    let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, empty())).await.map_err(|e| CheckError::Upstream(Box::new(e)))?;
+    set_head_for(&mut parts, req.host, &path, http2).map_err(|e| CallError::Build(e.to_string()))?;
+    let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, empty())).await.map_err(|e| CallError::Upstream(Box::new(e)))?;
     let (rparts, body) = resp.into_parts();
-    let (body, _) = read_body(body).await?;
+    let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await.map_err(|e| CallError::Body(e.to_string()))?.to_bytes();
     if rparts.status == StatusCode::OK {
         let mut allowed = Allowed::default();
         for (name, value) in &rparts.headers {
@@ -160,30 +130,9 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
 
 async fn check_grpc(wp: &Waypoint, cfg: &Config, p: &GrpcProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
     let (ep, _) = endpoint(wp, cfg, &p.common)?;
-    let authority = p.common.service.rsplit('/').next().unwrap_or(&p.common.service);
-    let mut parts = Request::new(()).into_parts().0;
-    parts.method = Method::POST;
-    set_head_for(&mut parts, authority, CHECK_PATH, true).map_err(|e| CheckError::Build(e.to_string()))?;
-    parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    if let Ok(v) = HeaderValue::from_str(&format!("{}m", p.common.timeout.as_millis().min(99_999_999))) {
-        parts.headers.insert("grpc-timeout", v);
-    }
-    let frame = grpc_frame(&check_message(req));
-    let resp = wp.upstreams.send(&ep, true, Request::from_parts(parts, full(frame))).await.map_err(|e| CheckError::Upstream(Box::new(e)))?;
-    let (rparts, body) = resp.into_parts();
-    let (body, trailers) = read_body(body).await?;
-    // grpc-status is in the trailers, or in the head of a trailers-only response.
-    let status_of = |h: &HeaderMap| h.get("grpc-status").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<i32>().ok());
-    let status = trailers.as_ref().and_then(status_of).or_else(|| status_of(&rparts.headers));
-    if status != Some(0) {
-        let msg = trailers.as_ref().or(Some(&rparts.headers)).and_then(|h| h.get("grpc-message")).and_then(|v| v.to_str().ok());
-        return Err(CheckError::Grpc(status.unwrap_or(-1), msg.map(|m| format!(": {m}")).unwrap_or_default()));
-    }
-    let answer = auth::CheckResponse::decode(grpc_unframe(body).map_err(CheckError::Body)?)?;
-    Ok(decision(answer))
+    let answer = unary(wp, &ep, &p.common.service, CHECK_PATH, &check_message(req), Some(p.common.timeout)).await?;
+    Ok(decision(auth::CheckResponse::decode(answer)?))
 }
-
 
 /// The CUSTOM step: checks the admitted request when a CUSTOM policy matches it, and
 /// applies an allowing answer to the request (`parts`) and its future response, or
