@@ -1277,26 +1277,31 @@ async fn dashboards_query_only_exported_metrics() -> Result<()> {
 /// nginx in `pod` (one process, so nothing outlives the test): HTTP/1.1 on 8080 and h2c
 /// (HTTP/2 prior knowledge only) on 8081, each answering with the protocol it was asked in.
 fn start_nginx(pod: &Pod, dir: &std::path::Path) -> Result<netsim::Child> {
-    let d = dir.join("nginx");
-    std::fs::create_dir_all(&d)?;
-    let p = d.display();
+    let servers = "server { listen 8080; location / { return 200 \"proto=$server_protocol\\n\"; } }
+  server { listen 8081 http2; location / { return 200 \"proto=$server_protocol\\n\"; } }";
+    start_nginx_in(&pod.netns, &dir.join("nginx"), servers, &[8080, 8081])
+}
+
+/// nginx in `ns` with these `server` blocks, its files in `dir`; waits for `ports`.
+fn start_nginx_in(ns: &netsim::Netns, dir: &std::path::Path, servers: &str, ports: &[u16]) -> Result<netsim::Child> {
+    std::fs::create_dir_all(dir)?;
+    let p = dir.display();
     let conf = format!(
         "master_process off; daemon off; pid {p}/nginx.pid; error_log {p}/error.log;
 events {{}}
 http {{
   access_log off;
   client_body_temp_path {p}/body; proxy_temp_path {p}/proxy; fastcgi_temp_path {p}/fcgi; uwsgi_temp_path {p}/uwsgi; scgi_temp_path {p}/scgi;
-  server {{ listen 8080; location / {{ return 200 \"proto=$server_protocol\\n\"; }} }}
-  server {{ listen 8081 http2; location / {{ return 200 \"proto=$server_protocol\\n\"; }} }}
+  {servers}
 }}
 "
     );
-    std::fs::write(d.join("nginx.conf"), conf)?;
-    let conf_path = d.join("nginx.conf").display().to_string();
-    let child = pod.netns.spawn("nginx", &["-p", &p.to_string(), "-c", &conf_path], &[], &d.join("stdout.log"))?;
-    for port in [8080, 8081] {
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    let conf_path = dir.join("nginx.conf").display().to_string();
+    let child = ns.spawn("nginx", &["-p", &p.to_string(), "-c", &conf_path], &[], &dir.join("stdout.log"))?;
+    for &port in ports {
         wait_for(&format!("nginx on {port}"), Duration::from_secs(5), || {
-            pod.netns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
+            ns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
         })?;
     }
     Ok(child)
@@ -2050,5 +2055,138 @@ httpRoutes:
     assert_eq!((r.status, r.header("access-control-allow-origin")), (200, None));
     assert!(r.body.contains("method=OPTIONS"), "{}", r.body);
     assert_eq!(apps().iter().filter(|s| s.method == "OPTIONS").count(), 1);
+    Ok(())
+}
+
+/// A test PKI in a directory of its own (removed on drop): `ca.pem`, a server
+/// certificate `server.pem` / `server-key.pem` for `names`, and a client certificate
+/// `client.pem` / `client-key.pem` (CN `waypoint-egress`), all from that CA.
+struct TestPki {
+    dir: std::path::PathBuf,
+}
+
+impl TestPki {
+    fn new(tag: &str, names: &[&str]) -> Result<TestPki> {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+        let dir = std::env::temp_dir().join(format!("wp-pki-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let pki = TestPki { dir };
+        let ca_key = KeyPair::generate()?;
+        let mut ca = CertificateParams::new(Vec::<String>::new())?;
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, "egress test CA");
+        let ca_cert = ca.self_signed(&ca_key)?;
+        std::fs::write(pki.dir.join("ca.pem"), ca_cert.pem())?;
+        let issuer = Issuer::from_ca_cert_pem(&ca_cert.pem(), ca_key)?;
+        for (file, cn, sans) in [("server", "server", names.iter().map(|n| n.to_string()).collect::<Vec<_>>()), ("client", "waypoint-egress", vec![])] {
+            let key = KeyPair::generate()?;
+            let mut p = CertificateParams::new(sans)?;
+            p.distinguished_name.push(DnType::CommonName, cn);
+            let cert = p.signed_by(&key, &issuer)?;
+            std::fs::write(pki.dir.join(format!("{file}.pem")), cert.pem())?;
+            std::fs::write(pki.dir.join(format!("{file}-key.pem")), key.serialize_pem())?;
+        }
+        Ok(pki)
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).display().to_string()
+    }
+}
+
+impl Drop for TestPki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 21 items 5 and 8: an egress waypoint originating TLS to hosts outside the mesh
+/// (ServiceEntry-like Services with static addresses on node 2, which is not in the
+/// mesh), as DestinationRule `tls` asks: SIMPLE (the request's host as SNI and as the
+/// name checked, HTTP/1.1 and, on an HTTP/2 port, h2 by ALPN), MUTUAL (nginx requiring
+/// the client certificate), a certificate that does not name the host (503, nothing
+/// sent), SIMPLE to the MUTUAL server (nginx refuses it), and opaque TCP with `sni`
+/// (`openssl s_server -rev`). The client is curl; every hop from the waypoint is TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
+    for tool in ["nginx", "curl", "openssl"] {
+        anyhow::ensure!(sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(), "{tool} is needed (scripts/deps.sh installs it)");
+    }
+    let pki = TestPki::new("egress", &["api.example.com", "h2.example.com", "mtls.example.com", "tcp.example.com"])?;
+    let wp_ip = "10.10.1.12";
+    let workloads = "- {uid: ext, name: ext, namespace: default, workloadIps: [10.0.0.2], protocol: TCP, services: {\
+                     default/api.example.com: {80: 8443}, default/h2.example.com: {80: 8445}, default/mtls.example.com: {80: 8444}, \
+                     default/simple-to-mtls.example.com: {80: 8444}, default/wrong.example.com: {80: 8443}, default/tcp.example.com: {9000: 9443}}}\n";
+    let svc = |name: &str, vip: &str, ports: &str, extra: &str| {
+        format!("- {{name: {name}, namespace: default, hostname: {name}, vips: [\"/{vip}\"], ports: {{{ports}}}{extra}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n")
+    };
+    let services = [
+        svc("api.example.com", "10.96.0.50", "80: 8443", ""),
+        svc("h2.example.com", "10.96.0.51", "80: 8445", ", appProtocols: {80: HTTP2}"),
+        svc("mtls.example.com", "10.96.0.52", "80: 8444", ""),
+        svc("simple-to-mtls.example.com", "10.96.0.53", "80: 8444", ""),
+        svc("wrong.example.com", "10.96.0.54", "80: 8443", ""),
+        svc("tcp.example.com", "10.96.0.55", "9000: 9443", ""),
+    ]
+    .concat();
+    let ca = pki.path("ca.pem");
+    let simple = format!("{{mode: SIMPLE, caCertificates: {ca}}}");
+    let mutual = format!("{{mode: MUTUAL, caCertificates: {ca}, clientCertificate: {}, privateKey: {}}}", pki.path("client.pem"), pki.path("client-key.pem"));
+    let l7 = format!(
+        "destinationRules:\n\
+         - {{name: api, namespace: default, host: api.example.com, trafficPolicy: {{portLevelSettings: [{{port: {{number: 80}}, tls: {simple}}}]}}}}\n\
+         - {{name: h2, namespace: default, host: h2.example.com, trafficPolicy: {{tls: {simple}}}}}\n\
+         - {{name: mtls, namespace: default, host: mtls.example.com, trafficPolicy: {{tls: {mutual}}}}}\n\
+         - {{name: simple-to-mtls, namespace: default, host: simple-to-mtls.example.com, trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: {ca}, sni: mtls.example.com}}}}}}\n\
+         - {{name: wrong, namespace: default, host: wrong.example.com, trafficPolicy: {{tls: {simple}}}}}\n\
+         - {{name: tcp, namespace: default, host: tcp.example.com, trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: {ca}, sni: tcp.example.com, subjectAltNames: [tcp.example.com]}}}}}}\n"
+    );
+    let m = L7Mesh::start_with("l7x", &l7, &[], workloads, &services).await?;
+    let node2 = m.mesh.topo.node(2);
+    let (cert, key) = (pki.path("server.pem"), pki.path("server-key.pem"));
+    let answer = "return 200 \"proto=$server_protocol tls=$ssl_protocol sni=$ssl_server_name alpn=$ssl_alpn_protocol client=$ssl_client_s_dn\\n\";";
+    let servers = format!(
+        "ssl_certificate {cert}; ssl_certificate_key {key};
+  server {{ listen 8443 ssl; ssl_protocols TLSv1.2; location / {{ {answer} }} }}
+  server {{ listen 8445 ssl http2; ssl_protocols TLSv1.3; location / {{ {answer} }} }}
+  server {{ listen 8444 ssl; ssl_protocols TLSv1.3; ssl_client_certificate {ca}; ssl_verify_client on; location / {{ {answer} }} }}"
+    );
+    let _nginx = start_nginx_in(node2, &m.mesh.topo.dir.join("nginx-egress"), &servers, &[8443, 8444, 8445])?;
+    let _s_server = node2.spawn("openssl", &["s_server", "-accept", "9443", "-cert", &cert, "-key", &key, "-rev", "-quiet"], &[], &m.mesh.topo.dir.join("s_server.log"))?;
+    wait_for("s_server on 9443", Duration::from_secs(5), || node2.run(|| std::net::TcpStream::connect(("127.0.0.1", 9443)).is_ok()).unwrap_or(false))?;
+
+    let curl = |host: &str, vip: &str| -> Result<CurlReply> {
+        let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", &format!("host: {host}"), &format!("http://{vip}/egress")]).with_context(|| m.log())?;
+        CurlReply::parse(&out)
+    };
+    // SIMPLE: plain HTTP from the client, TLS from the waypoint with the host as SNI
+    // (this server speaks TLS 1.2 only, the others 1.3 only: both are Envoy's defaults).
+    let r = curl("api.example.com", "10.96.0.50")?;
+    assert_eq!(r.status, 200, "{}\n{}", r.body, m.log());
+    assert_eq!(r.body.trim(), "proto=HTTP/1.1 tls=TLSv1.2 sni=api.example.com alpn= client=", "{}", m.log());
+    // An HTTP/2 port: h2 negotiated by ALPN inside the TLS.
+    let r = curl("h2.example.com", "10.96.0.51")?;
+    assert_eq!(r.body.trim(), "proto=HTTP/2.0 tls=TLSv1.3 sni=h2.example.com alpn=h2 client=", "{}", m.log());
+    // MUTUAL: the server required and got the waypoint's client certificate.
+    let r = curl("mtls.example.com", "10.96.0.52")?;
+    assert_eq!((r.status, r.body.trim()), (200, "proto=HTTP/1.1 tls=TLSv1.3 sni=mtls.example.com alpn= client=CN=waypoint-egress"), "{}", m.log());
+    // SIMPLE to that server: no client certificate, nginx says so.
+    let r = curl("simple-to-mtls.example.com", "10.96.0.53")?;
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("No required SSL certificate was sent"), "{}", r.body);
+    // A certificate that does not name the host: nothing is sent, 503.
+    let r = curl("wrong.example.com", "10.96.0.54")?;
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert!(r.body.contains("TLS to 10.0.0.2:8443") && r.body.contains("NotValidForName"), "{}", r.body);
+    wait_for("UF log", Duration::from_secs(5), || m.log().contains("response_flags=\"UF\""))?;
+    // Opaque TCP: the client's bytes inside the waypoint's TLS, with the rule's sni.
+    let mut s = m.client().connect("10.96.0.55:9000".parse()?).await?;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"hello egress\n").await?;
+    let mut buf = vec![0u8; 13];
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut buf)).await.context("no answer")??;
+    assert_eq!(buf, b"sserge olleh\n", "{}", m.log());
+    drop(s);
+    wait_for("L4 TLS log", Duration::from_secs(5), || m.log().contains("tls=\"originated\""))?;
     Ok(())
 }

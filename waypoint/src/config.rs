@@ -14,7 +14,7 @@ use ztunnel::state::MeshState;
 
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
-use crate::destination::{DestinationRule, Policy};
+use crate::destination::{DestinationRule, Resolved};
 use crate::grant::ReferenceGrant;
 use crate::trace::TraceSettings;
 use crate::extauthz::{self, MeshConfig, Providers};
@@ -41,7 +41,7 @@ pub struct Config {
     /// ReferenceGrants: which Services of other namespaces routes may send to.
     pub grants: Vec<ReferenceGrant>,
     /// DestinationRules with the policy each asks for (`destination`).
-    pub destination_rules: Vec<(DestinationRule, Policy)>,
+    pub destination_rules: Vec<(DestinationRule, Resolved)>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (CUSTOM policies' authorizers), by name.
@@ -138,7 +138,7 @@ impl Config {
         }
         let mut destination_rules = Vec::with_capacity(l7.destination_rules.len());
         for (i, d) in l7.destination_rules.iter().enumerate() {
-            let p = d.policy().map_err(|e| invalid(format!("destinationRules[{i}].{e} (DestinationRule {}/{})", d.namespace, d.name)))?;
+            let p = d.resolve().map_err(|e| invalid(format!("destinationRules[{i}].{e} (DestinationRule {}/{})", d.namespace, d.name)))?;
             destination_rules.push((d.clone(), p));
         }
         for (i, p) in l7.authorization_policies.iter().enumerate() {

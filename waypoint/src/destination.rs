@@ -1,27 +1,34 @@
 //! Istio `DestinationRule` traffic policies for the Services the waypoint sends to:
 //! `loadBalancer` (simple ROUND_ROBIN / LEAST_REQUEST / RANDOM, or `consistentHash` on a
 //! header, cookie, query parameter or the source IP), `outlierDetection` (per Service,
-//! in place of the waypoint's flags) and `connectionPool` circuit breaking
+//! in place of the waypoint's flags), `connectionPool` circuit breaking
 //! (`http.http2MaxRequests` concurrent requests, `http.maxRetries` concurrent retries,
 //! `tcp.maxConnections` concurrent L4 connections: over the limit a request gets 503
-//! with Envoy's flag `UO`, a connection a reset).
+//! with Envoy's flag `UO`, a connection a reset) and `tls` origination (`tls`), per port
+//! (`portLevelSettings`, replacing the rule's policy whole for that port) and per subset
+//! (`subsets`, merged over the rule's field by field, as Istio merges them).
 //!
 //! Which rule applies to a Service: one whose `host` is the Service's hostname (or its
 //! short name, in the rule's namespace), else the longest matching `*.` wildcard; a rule
 //! in the Service's own namespace wins over others, then the one listed first. Fields the
-//! waypoint cannot apply are refused when the rule loads (the rule then does not apply,
-//! in a cluster; the file is refused, with the field named), except `subsets` and their
-//! policies, which only VirtualServices use (not supported here) and are kept out.
+//! waypoint cannot apply are refused when the rule loads (in a cluster the rule then does
+//! not apply, or, when it asked for TLS origination, its host's traffic fails rather than
+//! go out in plaintext; the file is refused), with the field named.
 
 #[cfg(test)]
 mod tests;
 
+pub mod tls;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use ztunnel::state::Service;
 
 use crate::extauthz::provider::parse_duration;
+pub use tls::{ClientTls, Origination, TlsTarget};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -31,9 +38,9 @@ pub struct DestinationRule {
     pub host: String,
     #[serde(default)]
     pub traffic_policy: Option<TrafficPolicy>,
-    /// For VirtualServices, which the waypoint does not serve: read and left out.
+    /// Named endpoint sets (by labels) that VirtualService destinations pick.
     #[serde(default)]
-    pub subsets: Vec<serde_json::Value>,
+    pub subsets: Vec<Subset>,
     /// Visibility; the waypoint applies the rule to what it sends wherever it is.
     #[serde(default)]
     pub export_to: Vec<String>,
@@ -48,9 +55,43 @@ pub struct TrafficPolicy {
     pub connection_pool: Option<ConnectionPool>,
     #[serde(default)]
     pub outlier_detection: Option<OutlierDetection>,
-    /// Only `ISTIO_MUTUAL` (what the mesh does anyway) is accepted.
     #[serde(default)]
     pub tls: Option<ClientTls>,
+    /// Per service port: replaces the policy above whole for that port (Istio: fields
+    /// left out get their defaults, not the rule's).
+    #[serde(default)]
+    pub port_level_settings: Vec<PortTrafficPolicy>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PortTrafficPolicy {
+    pub port: PortSelector,
+    #[serde(default)]
+    pub load_balancer: Option<LoadBalancer>,
+    #[serde(default)]
+    pub connection_pool: Option<ConnectionPool>,
+    #[serde(default)]
+    pub outlier_detection: Option<OutlierDetection>,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSelector {
+    pub number: u16,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Subset {
+    pub name: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Over the rule's policy, field by field (a port-level one replaces it whole).
+    #[serde(default)]
+    pub traffic_policy: Option<TrafficPolicy>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -141,12 +182,6 @@ pub struct OutlierDetection {
     pub max_ejection_percent: Option<u32>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ClientTls {
-    pub mode: String,
-}
-
 /// How endpoints are picked for one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Pick {
@@ -160,7 +195,8 @@ pub enum Pick {
     HashSourceIp,
 }
 
-/// What a rule asks of the traffic to one Service, checked and resolved.
+/// What a rule asks of the traffic to one Service (one port, one subset), checked and
+/// resolved.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Policy {
     /// None: the waypoint's `--lb-policy`.
@@ -170,8 +206,78 @@ pub struct Policy {
     pub max_requests: Option<u32>,
     pub max_retries: Option<u32>,
     pub max_connections: Option<u32>,
+    /// TLS from the waypoint to the endpoint (SIMPLE or MUTUAL).
+    pub tls: Option<Arc<Origination>>,
     /// The rule, `namespace/name`, for logs.
     pub rule: String,
+    /// Why the rule cannot be applied, when it asked for what must not be dropped (TLS
+    /// origination): traffic it covers fails rather than go out in plaintext.
+    pub refused: Option<String>,
+}
+
+/// Everything one rule asks for, per port and subset, resolved when it loads.
+#[derive(Clone, Debug, Default)]
+pub struct Resolved {
+    /// (subset, port, policy): None for the Service itself or for any other port.
+    policies: Vec<(Option<String>, Option<u16>, Arc<Policy>)>,
+    /// The subsets' names and labels, in the rule's order.
+    pub subsets: Vec<(String, BTreeMap<String, String>)>,
+}
+
+impl Resolved {
+    /// The policy for `port` of the Service (`subset` None) or of one of its subsets;
+    /// None for a subset the rule does not define.
+    pub fn policy(&self, subset: Option<&str>, port: u16) -> Option<&Arc<Policy>> {
+        let of_subset = |p: &&(Option<String>, Option<u16>, Arc<Policy>)| p.0.as_deref() == subset;
+        let on_port = self.policies.iter().filter(of_subset).find(|p| p.1 == Some(port));
+        on_port.or_else(|| self.policies.iter().filter(of_subset).find(|p| p.1.is_none())).map(|p| &p.2)
+    }
+
+    /// The labels that make up `subset`.
+    pub fn subset(&self, name: &str) -> Option<&BTreeMap<String, String>> {
+        self.subsets.iter().find(|(n, _)| n == name).map(|(_, l)| l)
+    }
+
+    /// A rule that cannot be applied and must not be left out: its host's traffic fails.
+    pub fn refusing(rule: String, reason: String) -> Resolved {
+        Resolved { policies: vec![(None, None, Arc::new(Policy { rule, refused: Some(reason), ..Policy::default() }))], subsets: Vec::new() }
+    }
+
+    /// Whether the rule asks for anything on this Service at all.
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
+        self.policies.iter().map(|(_, _, p)| p)
+    }
+}
+
+/// One traffic policy's four parts, as they merge (Istio's MergeTrafficPolicy).
+#[derive(Clone, Copy, Default)]
+struct Parts<'r> {
+    load_balancer: Option<&'r LoadBalancer>,
+    connection_pool: Option<&'r ConnectionPool>,
+    outlier_detection: Option<&'r OutlierDetection>,
+    tls: Option<&'r ClientTls>,
+}
+
+impl<'r> Parts<'r> {
+    /// The parts in force on `port`: a port-level entry replaces the policy whole.
+    fn on_port(tp: &'r TrafficPolicy, port: Option<u16>) -> (Parts<'r>, bool) {
+        if let Some(pl) = port.and_then(|n| tp.port_level_settings.iter().find(|p| p.port.number == n)) {
+            let parts = Parts { load_balancer: pl.load_balancer.as_ref(), connection_pool: pl.connection_pool.as_ref(), outlier_detection: pl.outlier_detection.as_ref(), tls: pl.tls.as_ref() };
+            return (parts, true);
+        }
+        let parts = Parts { load_balancer: tp.load_balancer.as_ref(), connection_pool: tp.connection_pool.as_ref(), outlier_detection: tp.outlier_detection.as_ref(), tls: tp.tls.as_ref() };
+        (parts, false)
+    }
+
+    /// `self` with what `over` sets (all of it when `over` is port-level).
+    fn merged(self, over: Parts<'r>, whole: bool) -> Parts<'r> {
+        Parts {
+            load_balancer: if whole || over.load_balancer.is_some() { over.load_balancer } else { self.load_balancer },
+            connection_pool: if whole || over.connection_pool.is_some() { over.connection_pool } else { self.connection_pool },
+            outlier_detection: if whole || over.outlier_detection.is_some() { over.outlier_detection } else { self.outlier_detection },
+            tls: if whole || over.tls.is_some() { over.tls } else { self.tls },
+        }
+    }
 }
 
 impl DestinationRule {
@@ -179,46 +285,57 @@ impl DestinationRule {
         format!("{}/{}", self.namespace, self.name)
     }
 
-    /// The policy it asks for, or what cannot be applied (the field path first).
-    pub fn policy(&self) -> Result<Policy, String> {
+    /// What the rule asks for on each port and subset, or what cannot be applied (the
+    /// field path first).
+    pub fn resolve(&self) -> Result<Resolved, String> {
         if self.name.is_empty() || self.namespace.is_empty() {
             return Err("name and namespace: required".into());
         }
         if self.host.is_empty() {
             return Err("host: required (the Service's hostname or short name)".into());
         }
-        let mut p = Policy { rule: self.key(), ..Policy::default() };
-        let Some(tp) = &self.traffic_policy else { return Ok(p) };
-        if let Some(lb) = &tp.load_balancer {
-            p.pick = Some(lb.pick().map_err(|e| format!("trafficPolicy.loadBalancer.{e}"))?);
-        }
-        if let Some(od) = &tp.outlier_detection {
-            p.outlier = Some(od.settings().map_err(|e| format!("trafficPolicy.outlierDetection.{e}"))?);
-        }
-        if let Some(cp) = &tp.connection_pool {
-            if let Some(tcp) = &cp.tcp {
-                p.max_connections = tcp.max_connections.filter(|n| *n > 0);
-                if let Some(t) = &tcp.connect_timeout {
-                    parse_duration(t).map_err(|e| format!("trafficPolicy.connectionPool.tcp.connectTimeout: {e}"))?;
+        let none = TrafficPolicy::default();
+        let tp = self.traffic_policy.as_ref().unwrap_or(&none);
+        let mut origins: Vec<(*const ClientTls, Option<Arc<Origination>>)> = Vec::new();
+        let build = |prefix: &str, parts: Parts<'_>, origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>| -> Result<Policy, String> {
+            policy(self.key(), parts, origins).map_err(|e| format!("{prefix}{e}"))
+        };
+        let ports = |tp: &TrafficPolicy, prefix: &str| -> Result<Vec<u16>, String> {
+            let mut seen = Vec::new();
+            for (i, p) in tp.port_level_settings.iter().enumerate() {
+                if p.port.number == 0 || seen.contains(&p.port.number) {
+                    return Err(format!("{prefix}portLevelSettings[{i}].port.number: {} is 0 or listed twice", p.port.number));
                 }
+                seen.push(p.port.number);
             }
-            if let Some(http) = &cp.http {
-                p.max_requests = http.http2_max_requests.filter(|n| *n > 0);
-                p.max_retries = http.max_retries;
-                if let Some(t) = &http.idle_timeout {
-                    parse_duration(t).map_err(|e| format!("trafficPolicy.connectionPool.http.idleTimeout: {e}"))?;
-                }
-            }
+            Ok(seen)
+        };
+        let rule_ports = ports(tp, "trafficPolicy.")?;
+        let mut out = Resolved::default();
+        // The rule's own policy: any port, then each port-level entry.
+        let whole = |port: Option<u16>| Parts::on_port(tp, port).0;
+        out.policies.push((None, None, Arc::new(build("trafficPolicy.", whole(None), &mut origins)?)));
+        for (i, &port) in rule_ports.iter().enumerate() {
+            out.policies.push((None, Some(port), Arc::new(build(&format!("trafficPolicy.portLevelSettings[{i}]."), whole(Some(port)), &mut origins)?)));
         }
-        if let Some(tls) = &tp.tls {
-            if tls.mode != "ISTIO_MUTUAL" {
-                return Err(format!(
-                    "trafficPolicy.tls.mode: {:?} is not supported; mesh traffic is always Istio mTLS (ISTIO_MUTUAL)",
-                    tls.mode
-                ));
+        for (j, ss) in self.subsets.iter().enumerate() {
+            let prefix = format!("subsets[{j}].");
+            if ss.name.is_empty() || out.subsets.iter().any(|(n, _)| *n == ss.name) {
+                return Err(format!("{prefix}name: {:?} is empty or used twice", ss.name));
             }
+            let sp = ss.traffic_policy.as_ref().unwrap_or(&none);
+            let mut sub_ports = ports(sp, &format!("{prefix}trafficPolicy."))?;
+            // Every port either list names gets its own merged policy, as Istio merges per port.
+            sub_ports.extend(rule_ports.iter().copied().filter(|p| !sp.port_level_settings.iter().any(|s| s.port.number == *p)));
+            for port in std::iter::once(None).chain(sub_ports.into_iter().map(Some)) {
+                let (over, port_level) = Parts::on_port(sp, port);
+                let merged = whole(port).merged(over, port_level);
+                let p = build(&format!("{prefix}trafficPolicy."), merged, &mut origins)?;
+                out.policies.push((Some(ss.name.clone()), port, Arc::new(p)));
+            }
+            out.subsets.push((ss.name.clone(), ss.labels.clone()));
         }
-        Ok(p)
+        Ok(out)
     }
 
     /// How well `host` names the Service: 2 for its hostname (or short name in the
@@ -236,6 +353,45 @@ impl DestinationRule {
         let suffix = host.strip_prefix('*')?;
         svc.hostname.to_ascii_lowercase().ends_with(suffix).then_some((1, suffix.len()))
     }
+}
+
+/// One resolved policy from its parts; `origins` shares one TLS origination between the
+/// port and subset policies made from the same `tls` (its files are read once).
+fn policy(rule: String, parts: Parts<'_>, origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>) -> Result<Policy, String> {
+    let mut p = Policy { rule, ..Policy::default() };
+    if let Some(lb) = parts.load_balancer {
+        p.pick = Some(lb.pick().map_err(|e| format!("loadBalancer.{e}"))?);
+    }
+    if let Some(od) = parts.outlier_detection {
+        p.outlier = Some(od.settings().map_err(|e| format!("outlierDetection.{e}"))?);
+    }
+    if let Some(cp) = parts.connection_pool {
+        if let Some(tcp) = &cp.tcp {
+            p.max_connections = tcp.max_connections.filter(|n| *n > 0);
+            if let Some(t) = &tcp.connect_timeout {
+                parse_duration(t).map_err(|e| format!("connectionPool.tcp.connectTimeout: {e}"))?;
+            }
+        }
+        if let Some(http) = &cp.http {
+            p.max_requests = http.http2_max_requests.filter(|n| *n > 0);
+            p.max_retries = http.max_retries;
+            if let Some(t) = &http.idle_timeout {
+                parse_duration(t).map_err(|e| format!("connectionPool.http.idleTimeout: {e}"))?;
+            }
+        }
+    }
+    if let Some(tls) = parts.tls {
+        let key = tls as *const ClientTls;
+        p.tls = match origins.iter().find(|(k, _)| *k == key) {
+            Some((_, o)) => o.clone(),
+            None => {
+                let o = tls.origination().map_err(|e| format!("tls.{e}"))?;
+                origins.push((key, o.clone()));
+                o
+            }
+        };
+    }
+    Ok(p)
 }
 
 impl LoadBalancer {
@@ -298,9 +454,9 @@ impl OutlierDetection {
     }
 }
 
-/// The policy for traffic to `svc`: the best-matching rule's (module docs), if any.
-pub fn for_service<'r>(rules: &'r [(DestinationRule, Policy)], svc: &Service) -> Option<&'r Policy> {
-    let mut best: Option<((u8, bool, usize), &Policy)> = None;
+/// The rule for traffic to `svc`: the best-matching one (module docs), if any.
+pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], svc: &Service) -> Option<&'r Resolved> {
+    let mut best: Option<((u8, bool, usize), &Resolved)> = None;
     for (r, p) in rules {
         let Some((exact, len)) = r.matches(svc) else { continue };
         let rank = (exact, r.namespace == svc.namespace, len);
@@ -309,4 +465,9 @@ pub fn for_service<'r>(rules: &'r [(DestinationRule, Policy)], svc: &Service) ->
         }
     }
     best.map(|(_, p)| p)
+}
+
+/// The policy for traffic to `port` of `svc` (or of its `subset`), if a rule has one.
+pub fn for_service<'r>(rules: &'r [(DestinationRule, Resolved)], svc: &Service, port: u16, subset: Option<&str>) -> Option<&'r Arc<Policy>> {
+    rule_for(rules, svc)?.policy(subset, port)
 }

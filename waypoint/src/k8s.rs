@@ -41,7 +41,7 @@ pub struct L7Config {
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
     pub grants: Vec<crate::grant::ReferenceGrant>,
-    pub destination_rules: Vec<(crate::destination::DestinationRule, crate::destination::Policy)>,
+    pub destination_rules: Vec<(crate::destination::DestinationRule, crate::destination::Resolved)>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
@@ -136,6 +136,37 @@ fn flattened(obj: &DynamicObject) -> Result<Map<String, Value>, String> {
     spec.insert("name".into(), Value::String(obj.metadata.name.clone().unwrap_or_default()));
     spec.insert("namespace".into(), Value::String(obj.metadata.namespace.clone().unwrap_or_default()));
     Ok(spec)
+}
+
+/// For a DestinationRule that cannot be applied but asks for TLS origination (a `tls`
+/// with mode SIMPLE or MUTUAL anywhere in it): a rule for the same host whose traffic
+/// fails, since leaving it out would send in plaintext what was meant to be encrypted.
+fn refusing_destination_rule(obj: &DynamicObject, error: &str) -> Option<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>> {
+    fn asks_tls(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => {
+                let origination = m.get("tls").and_then(|t| t.get("mode")).and_then(Value::as_str).is_some_and(|m| m == "SIMPLE" || m == "MUTUAL");
+                origination || m.values().any(asks_tls)
+            }
+            Value::Array(a) => a.iter().any(asks_tls),
+            _ => false,
+        }
+    }
+    let spec = obj.data.get("spec")?;
+    let host = spec.get("host").and_then(Value::as_str).filter(|h| !h.is_empty())?;
+    if !asks_tls(spec) {
+        return None;
+    }
+    let d = crate::destination::DestinationRule {
+        name: obj.metadata.name.clone().unwrap_or_default(),
+        namespace: obj.metadata.namespace.clone().unwrap_or_default(),
+        host: host.to_string(),
+        traffic_policy: None,
+        subsets: Vec::new(),
+        export_to: Vec::new(),
+    };
+    let resolved = crate::destination::Resolved::refusing(d.key(), error.to_string());
+    Some(Box::new((d, resolved)))
 }
 
 pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
@@ -280,7 +311,9 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
 enum Converted {
     Route(Result<HttpRoute, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
-    Destination(Result<Box<(crate::destination::DestinationRule, crate::destination::Policy)>, String>),
+    /// A rule that cannot be applied has the error and, when it asked for TLS origination,
+    /// a stand-in that fails its host's traffic.
+    Destination(Result<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>, (String, Option<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>>)>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
 }
@@ -315,13 +348,18 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
         Kind::DestinationRule => {
             let d = flattened(obj).and_then(|spec| {
                 let d: crate::destination::DestinationRule = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
-                let p = d.policy()?;
+                let p = d.resolve()?;
                 Ok(Box::new((d, p)))
             });
-            if let Err(e) = &d {
-                tracing::warn!(kind = "DestinationRule", namespace = ns, name, error = %e, "object rejected; it does not apply");
-            }
-            Converted::Destination(d)
+            Converted::Destination(d.map_err(|e| {
+                let stand_in = refusing_destination_rule(obj, &e);
+                match &stand_in {
+                    Some(_) => tracing::error!(kind = "DestinationRule", namespace = ns, name, error = %e,
+                        "DestinationRule asks for TLS origination and cannot be applied; traffic to its host fails instead"),
+                    None => tracing::warn!(kind = "DestinationRule", namespace = ns, name, error = %e, "object rejected; it does not apply"),
+                }
+                (e, stand_in)
+            }))
         }
         Kind::RequestAuthentication => {
             let a = authentication(obj);
@@ -498,7 +536,14 @@ impl Store {
                     cfg.destination_rules.push((**d).clone());
                     destination_rules.push(as_read);
                 }
-                Converted::Destination(Err(e)) => rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Destination(Err((e, stand_in))) => {
+                    if let Some(d) = stand_in {
+                        cfg.destination_rules.push((**d).clone());
+                        cfg.unenforceable += 1;
+                    }
+                    let effect = if stand_in.is_some() { "traffic to its host fails (it asked for TLS origination)" } else { "does not apply" };
+                    rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e, "effect": effect}));
+                }
                 Converted::Policy(Ok(Some(p))) => {
                     cfg.policies.push(p.clone());
                     policies.push(as_read);
@@ -758,14 +803,23 @@ mod tests {
             (Kind::DestinationRule, object("DestinationRule", "dr", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}))),
             (Kind::DestinationRule, object("DestinationRule", "bad", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}))),
             (Kind::DestinationRule, object("DestinationRule", "sidecar", json!({"host": "echo", "workloadSelector": {"matchLabels": {"app": "x"}}}))),
+            // Asks for TLS origination and cannot have it: its host's traffic fails instead.
+            (Kind::DestinationRule, object("DestinationRule", "tls", json!({"host": "api.example.com", "trafficPolicy": {"portLevelSettings": [
+                {"port": {"number": 443}, "tls": {"mode": "SIMPLE", "credentialName": "egress-ca"}}]}}))),
             (Kind::GrpcRoute, object("GRPCRoute", "g", json!({"parentRefs": svc, "rules": [{"matches": [{"method": {"service": "a.B"}}]}]}))),
             (Kind::TcpRoute, object("TCPRoute", "t", json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]}))),
             (Kind::ReferenceGrant, object_in("shop", "ReferenceGrant", "rg", json!({"from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service"}]}))),
         ];
         let cfg = store(objs).publish(&settings()).unwrap();
-        assert_eq!(cfg.destination_rules.iter().map(|(d, _)| d.name.as_str()).collect::<Vec<_>>(), ["dr"]);
-        assert_eq!(cfg.destination_rules[0].1.pick, Some(crate::destination::Pick::Random));
-        assert!(cfg.dump["rejected"].as_array().unwrap().iter().any(|r| r["kind"] == "DestinationRule" && r["name"] == "bad"), "{}", cfg.dump);
+        assert_eq!(cfg.destination_rules.iter().map(|(d, _)| d.name.as_str()).collect::<Vec<_>>(), ["dr", "tls"]);
+        assert_eq!(cfg.destination_rules[0].1.policies().next().and_then(|p| p.pick.clone()), Some(crate::destination::Pick::Random));
+        let refused = cfg.destination_rules[1].1.policy(None, 443).and_then(|p| p.refused.clone()).unwrap_or_default();
+        assert!(refused.contains("credentialName"), "{refused}");
+        assert_eq!(cfg.destination_rules[1].0.host, "api.example.com");
+        assert_eq!(cfg.unenforceable, 1);
+        let rejected = cfg.dump["rejected"].as_array().unwrap();
+        assert!(rejected.iter().any(|r| r["kind"] == "DestinationRule" && r["name"] == "bad" && r["effect"] == "does not apply"), "{}", cfg.dump);
+        assert!(rejected.iter().any(|r| r["name"] == "tls" && r["effect"].as_str().unwrap_or_default().contains("fails")), "{}", cfg.dump);
         assert_eq!((cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()), (1, 1, 1));
         assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
     }

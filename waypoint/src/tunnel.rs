@@ -24,13 +24,14 @@ use crate::route::HttpRoute;
 
 /// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
 /// VIP (random, weighted by capacity), or the workload with that address; with a
-/// TCPRoute, an endpoint of the backend Service it picks (by weight) on its port.
+/// TCPRoute, an endpoint of the backend Service it picks (by weight) on its port. With
+/// the endpoint: its target port, and the Service with the service port addressed.
 fn pick_endpoint(
     state: &MeshState,
     target: SocketAddr,
     tcp_route: Option<&HttpRoute>,
     grants: &[crate::grant::ReferenceGrant],
-) -> Option<(Arc<Workload>, u16, Option<Arc<Service>>)> {
+) -> Option<(Arc<Workload>, u16, Option<(Arc<Service>, u16)>)> {
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
@@ -39,12 +40,13 @@ fn pick_endpoint(
             return None;
         }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
-        let eps = state.usable_endpoints(svc, b.backend.port.unwrap_or(target.port()));
-        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
+        let port = b.backend.port.unwrap_or(target.port());
+        let eps = state.usable_endpoints(svc, port);
+        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some((svc.clone(), port))));
     }
     if let Some(svc) = state.service_by_vip(target.ip()) {
         let eps = state.usable_endpoints(svc, target.port());
-        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some(svc.clone())));
+        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some((svc.clone(), target.port()))));
     }
     let wl = state.workload_by_ip(target.ip())?;
     (wl.protocol == MeshProtocol::HBONE).then(|| (wl.clone(), target.port(), None))
@@ -182,15 +184,21 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some((endpoint, port, service)) = pick_endpoint(&cfg.state, target, tcp_route, &cfg.grants) else {
+    let Some((endpoint, port, backend)) = pick_endpoint(&cfg.state, target, tcp_route, &cfg.grants) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
     let Some(ep_ip) = endpoint.workload_ips.iter().copied().find(IpAddr::is_ipv4) else {
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
+    let traffic = backend.as_ref().and_then(|(svc, port)| crate::destination::for_service(&cfg.destination_rules, svc, *port, None));
+    let service = backend.map(|(svc, _)| svc);
+    if let Some(t) = traffic.filter(|t| t.refused.is_some()) {
+        tracing::warn!(dst.addr = %target, destination_rule = %t.rule, reason = t.refused.as_deref().unwrap_or_default(), response_flags = "UF",
+            "DestinationRule asks for TLS origination and cannot be applied; connection refused");
+        return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+    }
     // DestinationRule tcp.maxConnections: connections in flight to the Service.
-    let traffic = service.as_deref().and_then(|svc| crate::destination::for_service(&cfg.destination_rules, svc));
     let _connection_slot = match (traffic.and_then(|t| t.max_connections), service.as_deref()) {
         (Some(max), Some(svc)) => match wp.circuits.take(&svc.namespaced_hostname().to_string(), crate::lb::Limit::Connections, max) {
             Some(slot) => Some(slot),
@@ -202,6 +210,11 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         _ => None,
     };
     let upstream_target = SocketAddr::new(ep_ip, port);
+    if let Some(origination) = traffic.and_then(|t| t.tls.as_ref()) {
+        let mut ep = crate::upstream::Endpoint::of(&cfg.state, upstream_target, &endpoint, service.as_deref());
+        ep.tls = Some(origination.target(None, ep_ip, false));
+        return relay_tls(&wp, &tunnel, down_send, down_recv, first, ep, start).await;
+    }
     if endpoint.protocol != MeshProtocol::HBONE {
         // Outside the mesh: plain TCP from the waypoint's pod (Istio's waypoint does the same).
         return relay_plaintext(&wp, &tunnel, down_send, down_recv, first, upstream_target, start).await;
@@ -304,6 +317,43 @@ async fn relay_plaintext(
     };
     tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %to, bytes_sent = sent + first.len() as u64, bytes_recv = received,
         duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete (plaintext endpoint)");
+}
+
+/// The L4 relay with TLS the waypoint originates (DestinationRule `tls`): the TLS runs
+/// inside the HBONE tunnel (or over TCP outside the mesh); the client's sniffed bytes
+/// go first, inside it.
+async fn relay_tls(
+    wp: &Waypoint,
+    tunnel: &Tunnel,
+    down_send: h2::SendStream<Bytes>,
+    down_recv: h2::RecvStream,
+    first: Bytes,
+    ep: crate::upstream::Endpoint,
+    start: Instant,
+) {
+    use tokio::io::AsyncWriteExt;
+    let mut down_send = down_send;
+    let mut up = match wp.upstreams.connect_io(&ep).await {
+        Ok(io) => io,
+        Err(e) => {
+            tracing::warn!(dst.addr = %ep.addr, error = %e, response_flags = "UF", "upstream connection failed");
+            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+        }
+    };
+    if !first.is_empty() {
+        if let Err(e) = up.write_all(&first).await {
+            tracing::debug!(error = %e, "endpoint closed before the first bytes");
+            return down_send.send_reset(h2::Reason::CONNECT_ERROR);
+        }
+    }
+    let mut down = H2Stream::new(down_send, down_recv, None);
+    let r = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+    let (sent, received, err) = match r {
+        Ok((s, r)) => (s, r, None),
+        Err(e) => (0, 0, Some(e.to_string())),
+    };
+    tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %ep.addr, tls = "originated", bytes_sent = sent + first.len() as u64,
+        bytes_recv = received, duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete");
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ use ztunnel::identity::Identity;
 use ztunnel::netns::InPodNetns;
 use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
 
+use crate::destination::TlsTarget;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = BoxBody<Bytes, BoxError>;
 
@@ -40,6 +42,8 @@ pub enum UpstreamError {
     Connect { endpoint: SocketAddr, source: HboneError },
     #[error("TCP connection to {endpoint} (outside the mesh) failed: {source}")]
     Tcp { endpoint: SocketAddr, source: ztunnel::netns::NetnsError },
+    #[error("TLS to {endpoint} (DestinationRule tls origination) failed: {reason}")]
+    Tls { endpoint: SocketAddr, reason: String },
     #[error("HTTP handshake with {endpoint} failed: {source}")]
     Handshake { endpoint: SocketAddr, source: hyper::Error },
     #[error("request to {endpoint} failed: {source}")]
@@ -49,47 +53,51 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// The request never reached the endpoint's application (safe to retry anything).
     pub fn is_connect(&self) -> bool {
-        matches!(self, UpstreamError::Connect { .. } | UpstreamError::Tcp { .. } | UpstreamError::Handshake { .. })
+        matches!(self, UpstreamError::Connect { .. } | UpstreamError::Tcp { .. } | UpstreamError::Tls { .. } | UpstreamError::Handshake { .. })
     }
 }
 
 /// Where one attempt goes: the endpoint's address and the identities it may present
-/// (over HBONE), or plain TCP for an endpoint outside the mesh.
+/// (over HBONE), or plain TCP for an endpoint outside the mesh; and the TLS the waypoint
+/// originates inside that, when a DestinationRule asks for it.
 pub struct Endpoint {
     pub addr: SocketAddr,
     pub identities: Vec<Identity>,
     pub plaintext: bool,
+    pub tls: Option<TlsTarget>,
 }
 
 impl Endpoint {
     /// The endpoint `addr` of workload `wl`, reached as `svc`'s (its SANs count too).
     pub fn of(state: &MeshState, addr: SocketAddr, wl: &Workload, svc: Option<&Service>) -> Endpoint {
         if wl.protocol == MeshProtocol::HBONE {
-            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false }
+            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false, tls: None }
         } else {
-            Endpoint { addr, identities: Vec::new(), plaintext: true }
+            Endpoint { addr, identities: Vec::new(), plaintext: true, tls: None }
         }
     }
 }
 
-/// Connections are shared only between requests that expect the same peer identities.
+/// Connections are shared only between requests that expect the same peer identities
+/// and the same TLS inside.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct ConnKey {
     addr: SocketAddr,
     identities: Vec<Identity>,
     plaintext: bool,
+    tls: Option<TlsTarget>,
 }
 
 impl ConnKey {
     fn of(ep: &Endpoint) -> ConnKey {
         let mut identities = ep.identities.clone();
         identities.sort();
-        ConnKey { addr: ep.addr, identities, plaintext: ep.plaintext }
+        ConnKey { addr: ep.addr, identities, plaintext: ep.plaintext, tls: ep.tls.clone() }
     }
 }
 
-/// The byte stream under one upstream HTTP connection.
-trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+/// The byte stream under one upstream connection.
+pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 
 struct H1Conn {
@@ -141,17 +149,24 @@ impl Upstreams {
         Ok(H2Stream::new(send, recv, Some(guard)))
     }
 
-    /// HBONE to the endpoint's node, or TCP straight to an endpoint outside the mesh.
-    async fn connect_io(&self, ep: &Endpoint) -> Result<Box<dyn Io>, UpstreamError> {
-        if ep.plaintext {
+    /// HBONE to the endpoint's node, or TCP straight to an endpoint outside the mesh;
+    /// with the DestinationRule's TLS inside when it originates TLS.
+    pub async fn connect_io(&self, ep: &Endpoint) -> Result<Box<dyn Io>, UpstreamError> {
+        let io: Box<dyn Io> = if ep.plaintext {
             let tcp = self
                 .netns
                 .connect(ep.addr, None, self.pool.connect_timeout())
                 .await
                 .map_err(|source| UpstreamError::Tcp { endpoint: ep.addr, source })?;
-            return Ok(Box::new(tcp));
-        }
-        Ok(Box::new(self.tunnel(ep).await?))
+            Box::new(tcp)
+        } else {
+            Box::new(self.tunnel(ep).await?)
+        };
+        let Some(t) = &ep.tls else { return Ok(io) };
+        let tls_err = |reason: String| UpstreamError::Tls { endpoint: ep.addr, reason };
+        let cfg = t.origination.client_config(t).map_err(tls_err)?;
+        let stream = tokio_rustls::TlsConnector::from(cfg).connect(t.server_name.clone(), io).await.map_err(|e| tls_err(e.to_string()))?;
+        Ok(Box::new(stream))
     }
 
     pub async fn send(&self, ep: &Endpoint, http2: bool, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {

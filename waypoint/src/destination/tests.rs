@@ -7,9 +7,14 @@ use ztunnel::state::{Service, Workload};
 use super::*;
 use crate::lb::{Balancer, Choice, Circuits, LbPolicy, Limit, OutlierConfig};
 
-fn rules(yaml: &str) -> Result<Vec<(DestinationRule, Policy)>, String> {
+fn rules(yaml: &str) -> Result<Vec<(DestinationRule, Resolved)>, String> {
     let rs: Vec<DestinationRule> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
-    rs.into_iter().map(|r| r.policy().map(|p| (r, p))).collect()
+    rs.into_iter().map(|r| r.resolve().map(|p| (r, p))).collect()
+}
+
+/// The rule's policy for any port of the Service itself.
+fn base(r: &Resolved) -> &Policy {
+    r.policy(None, 1).expect("a policy")
 }
 
 fn service(ns: &str, host: &str) -> Service {
@@ -25,17 +30,17 @@ fn traffic_policies_parse_as_istio_writes_them() {
          \x20   tls: {mode: ISTIO_MUTUAL}\n  subsets: [{name: v1, labels: {version: v1}}]\n",
     )
     .expect("valid");
-    let p = &rs[0].1;
+    let p = base(&rs[0].1);
     assert_eq!(p.pick, Some(Pick::HashHeader(http::HeaderName::from_static("x-user"))));
     assert_eq!((p.max_connections, p.max_requests, p.max_retries), (Some(10), Some(5), Some(1)));
     assert_eq!(p.outlier, Some((2, Duration::from_secs(10))));
     for (simple, want) in [("ROUND_ROBIN", Pick::RoundRobin), ("LEAST_REQUEST", Pick::LeastRequest), ("RANDOM", Pick::Random)] {
         let r = rules(&format!("- {{name: a, namespace: default, host: a, trafficPolicy: {{loadBalancer: {{simple: {simple}}}}}}}\n")).expect(simple);
-        assert_eq!(r[0].1.pick, Some(want));
+        assert_eq!(base(&r[0].1).pick, Some(want));
     }
     // Istio's outlier defaults: 5 consecutive errors, 30 s.
     let r = rules("- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: {}}}\n").expect("defaults");
-    assert_eq!(r[0].1.outlier, Some((5, Duration::from_secs(30))));
+    assert_eq!(base(&r[0].1).outlier, Some((5, Duration::from_secs(30))));
 }
 
 #[test]
@@ -45,9 +50,16 @@ fn what_cannot_be_applied_is_refused_with_the_field_named() {
         ("trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: s, ttl: 10s}}}}", "trafficPolicy.loadBalancer.consistentHash.httpCookie.ttl"),
         ("trafficPolicy: {loadBalancer: {consistentHash: {}}}", "set exactly one of"),
         ("trafficPolicy: {loadBalancer: {localityLbSetting: {}}}", "unknown field `localityLbSetting`"),
-        ("trafficPolicy: {tls: {mode: SIMPLE}}", "trafficPolicy.tls.mode: \"SIMPLE\" is not supported"),
+        ("trafficPolicy: {tls: {mode: STRICT}}", "trafficPolicy.tls.mode: \"STRICT\" is not one of"),
+        ("trafficPolicy: {tls: {mode: SIMPLE, credentialName: egress-secret}}", "trafficPolicy.tls.credentialName: the waypoint has no SDS"),
+        ("trafficPolicy: {tls: {mode: MUTUAL, caCertificates: /etc/ca.pem}}", "trafficPolicy.tls.clientCertificate: required for MUTUAL"),
+        ("trafficPolicy: {tls: {mode: SIMPLE, caCertificates: certs/ca.pem}}", "trafficPolicy.tls.caCertificates: \"certs/ca.pem\" is not an absolute file path"),
+        ("trafficPolicy: {tls: {mode: SIMPLE, caCertificates: /nonexistent/ca.pem}}", "trafficPolicy.tls.caCertificates: cannot read /nonexistent/ca.pem"),
+        ("trafficPolicy: {portLevelSettings: [{port: {number: 443}, tls: {mode: SIMPLE, sni: 'bad name'}}]}", "trafficPolicy.portLevelSettings[0].tls.sni"),
+        ("trafficPolicy: {portLevelSettings: [{port: {number: 443}}, {port: {number: 443}}]}", "trafficPolicy.portLevelSettings[1].port.number: 443 is 0 or listed twice"),
+        ("subsets: [{name: v1, trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}}]", "subsets[0].trafficPolicy.loadBalancer.simple"),
+        ("subsets: [{name: v1}, {name: v1}]", "subsets[1].name: \"v1\" is empty or used twice"),
         ("trafficPolicy: {outlierDetection: {baseEjectionTime: soon}}", "trafficPolicy.outlierDetection.baseEjectionTime"),
-        ("trafficPolicy: {portLevelSettings: []}", "unknown field `portLevelSettings`"),
     ] {
         let e = rules(&format!("- name: a\n  namespace: default\n  host: a\n  {yaml}\n")).expect_err(yaml);
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
@@ -64,7 +76,7 @@ fn the_best_matching_rule_applies() {
          - {name: fqdn-own, namespace: default, host: ratings.default.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}\n",
     )
     .expect("valid");
-    let rule = |ns: &str, host: &str| for_service(&rs, &service(ns, host)).map(|p| p.rule.clone());
+    let rule = |ns: &str, host: &str| for_service(&rs, &service(ns, host), 80, None).map(|p| p.rule.clone());
     assert_eq!(rule("default", "reviews.default.svc.cluster.local").as_deref(), Some("default/short"), "exact beats wildcard");
     assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("default/fqdn-own"), "the Service's namespace wins");
     assert_eq!(rule("default", "details.default.svc.cluster.local").as_deref(), Some("default/ns-wild"), "the longer wildcard");
@@ -138,4 +150,39 @@ fn a_rules_outlier_detection_replaces_the_waypoints() {
     p.report(false);
     drop(p);
     assert!((0..10).any(|_| b.pick(&eps, &[]).map(|p| p.addr) == Some(addr)));
+}
+
+/// Istio's merging: a port-level entry replaces the rule's policy whole for its port
+/// (what it leaves out gets the defaults); a subset's policy overrides the rule's field
+/// by field, and a subset's port-level entry replaces the merged policy whole.
+#[test]
+fn port_level_settings_and_subsets_merge_as_istio_merges_them() {
+    let rs = rules(
+        "- name: r\n  namespace: default\n  host: r\n  trafficPolicy:\n\
+         \x20   loadBalancer: {simple: RANDOM}\n\
+         \x20   connectionPool: {http: {http2MaxRequests: 7}}\n\
+         \x20   portLevelSettings: [{port: {number: 9000}, loadBalancer: {simple: ROUND_ROBIN}}]\n\
+         \x20 subsets:\n\
+         \x20 - {name: v1, labels: {version: v1}, trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}}\n\
+         \x20 - {name: v2, labels: {version: v2}, trafficPolicy: {portLevelSettings: [{port: {number: 80}, outlierDetection: {}}]}}\n",
+    )
+    .expect("valid");
+    let r = &rs[0].1;
+    let at = |subset: Option<&str>, port: u16| r.policy(subset, port).expect("policy");
+    assert_eq!((at(None, 80).pick.clone(), at(None, 80).max_requests), (Some(Pick::Random), Some(7)));
+    // Port 9000: its own entry, whole; the rule's connection pool is not inherited.
+    assert_eq!((at(None, 9000).pick.clone(), at(None, 9000).max_requests), (Some(Pick::RoundRobin), None));
+    // v1 overrides the load balancer only.
+    assert_eq!((at(Some("v1"), 80).pick.clone(), at(Some("v1"), 80).max_requests), (Some(Pick::LeastRequest), Some(7)));
+    // ... and on 9000 the rule's port entry is what it merges over.
+    assert_eq!((at(Some("v1"), 9000).pick.clone(), at(Some("v1"), 9000).max_requests), (Some(Pick::LeastRequest), None));
+    // v2's port 80 entry replaces everything there; other ports keep the rule's policy.
+    let v2 = at(Some("v2"), 80);
+    assert_eq!((v2.pick.clone(), v2.max_requests, v2.outlier), (None, None, Some((5, Duration::from_secs(30)))));
+    assert_eq!(at(Some("v2"), 81).pick, Some(Pick::Random));
+    assert!(r.policy(Some("v3"), 80).is_none(), "a subset the rule does not define");
+    assert_eq!(r.subset("v2").and_then(|l| l.get("version")).map(String::as_str), Some("v2"));
+    // ISTIO_MUTUAL and DISABLE ask for nothing (HBONE is the mesh's mTLS).
+    let rs = rules("- {name: a, namespace: default, host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL, sni: x.example.com}}}\n").expect("valid");
+    assert!(base(&rs[0].1).tls.is_none());
 }

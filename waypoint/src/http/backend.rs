@@ -7,6 +7,7 @@ use std::sync::Arc;
 use ztunnel::state::{AppProtocol, Service, Workload};
 
 use crate::config::Config;
+use crate::destination::{self, Policy, TlsTarget};
 
 /// Where the router sends a request: a backend service, or the CONNECT target workload.
 pub struct Backend {
@@ -16,6 +17,8 @@ pub struct Backend {
     /// HTTP/2 with prior knowledge); None: the client's, as Istio's waypoint does for
     /// ports of unknown protocol.
     pub http2: Option<bool>,
+    /// The DestinationRule policy for the Service's port, if one applies.
+    pub policy: Option<Arc<Policy>>,
 }
 
 /// What a service port's protocol says about the upstream HTTP version: `http` ports
@@ -29,6 +32,13 @@ pub fn port_speaks_http2(svc: &Service, port: u16) -> Option<bool> {
 }
 
 impl Backend {
+    /// How a connection to `endpoint` for a request to `host` (None: opaque TCP) makes its
+    /// TLS, when the DestinationRule originates it.
+    pub fn tls_target(&self, host: Option<&str>, endpoint: IpAddr, http2: bool) -> Option<TlsTarget> {
+        let origination = self.policy.as_ref()?.tls.as_ref()?;
+        Some(origination.target(host, endpoint, http2))
+    }
+
     /// The service's healthy endpoints for `port`: in the mesh (HBONE) or not (plain
     /// TCP from the waypoint, as Istio's waypoint sends to a ServiceEntry's endpoints).
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
@@ -38,6 +48,7 @@ impl Backend {
             .into_iter()
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();
-        Backend { service: Some(svc.clone()), endpoints, http2: port_speaks_http2(svc, port) }
+        let policy = destination::for_service(&cfg.destination_rules, svc, port, None).cloned();
+        Backend { service: Some(svc.clone()), endpoints, http2: port_speaks_http2(svc, port), policy }
     }
 }

@@ -13,7 +13,7 @@ use hyper::upgrade::OnUpgrade;
 
 use super::backend::Backend;
 use super::body::{Counted, Metered, RequestBody};
-use super::headers::{clone_parts, strip_hop_by_hop};
+use super::headers::{authority, clone_parts, strip_hop_by_hop};
 use super::log::{grpc_status_label, RequestLog};
 use super::mirror::mirror_all;
 use super::plan::Plan;
@@ -57,7 +57,7 @@ impl<'a> Attempts<'a> {
     /// Retries only for a body that can be sent again, and only for idempotent methods.
     fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody, service: String) -> Self {
         let retry = plan.retry;
-        let traffic = plan.traffic;
+        let traffic = plan.backend.policy.as_deref();
         Attempts {
             count: 1 + match retry {
                 Some(r) if matches!(body, RequestBody::Buffered(_)) && idempotent(method) => r.attempts.unwrap_or(1),
@@ -104,10 +104,11 @@ pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) ->
     let Exchange { wp, cfg, mut log, grpc } = x;
     // DestinationRule http2MaxRequests: over the limit, Envoy's overflow (503 UO).
     let service_key = plan.backend.service.as_deref().map(|s| s.namespaced_hostname().to_string()).unwrap_or_default();
-    let request_slot = match plan.traffic.and_then(|t| t.max_requests) {
+    let policy = plan.backend.policy.as_deref();
+    let request_slot = match policy.and_then(|t| t.max_requests) {
         Some(max) => match wp.circuits.take(&service_key, Limit::Requests, max) {
             Some(slot) => Some(slot),
-            None => return overflow(log, grpc, plan.traffic),
+            None => return overflow(log, grpc, policy),
         },
         None => None,
     };
@@ -248,7 +249,8 @@ async fn attempt_loop(
             return Err(last);
         };
         let req = Request::from_parts(clone_parts(parts), b);
-        let ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        ep.tls = backend.tls_target(Some(&authority(parts)), picked.addr.ip(), http2);
         let send = wp.upstreams.send(&ep, http2, req);
         let r = match backend_timeout {
             Some(t) => tokio::time::timeout(t, send).await.ok(),

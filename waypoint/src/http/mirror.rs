@@ -49,6 +49,9 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");
     let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    if backend.policy.as_ref().is_some_and(|p| p.refused.is_some()) {
+        return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror skipped: its DestinationRule cannot be applied");
+    }
     if set_head_for(&mut parts, &shadow, &pq, http2).is_err() {
         return tracing::debug!(host = %shadow, "mirror skipped: the shadow host makes no URI");
     }
@@ -60,7 +63,8 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     tokio::spawn(async move {
         let _slot = slot;
         let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
-        let ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        ep.tls = backend.tls_target(Some(&shadow), picked.addr.ip(), http2);
         let exchange = async {
             let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
             // Read (and drop) the response so the connection can be reused, up to a cap.

@@ -22,7 +22,7 @@ use crate::object::{ObjectName, Target};
 use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
-use crate::destination::{self, Pick, Policy};
+use crate::destination::Pick;
 use crate::extauthz;
 use crate::grant;
 use crate::path;
@@ -58,8 +58,6 @@ pub struct Plan<'c> {
     pub cors: Option<HeaderMap>,
     /// A WebSocket upgrade (HTTP/1.1 or extended CONNECT): relayed once accepted.
     pub websocket: Option<WebSocket>,
-    /// The backend Service's DestinationRule policy, if one applies.
-    pub traffic: Option<&'c Policy>,
     /// The request's key for a consistent-hash policy (None: it has none).
     pub hash: Option<u64>,
     /// A VirtualService fault delay for this request.
@@ -389,12 +387,17 @@ fn plan_request<'c>(
         None => match &target_service {
             Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
             None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
-                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())], http2: None },
+                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())], http2: None, policy: None },
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
             },
         },
     };
     notes.backend_service = backend.service.clone();
+    // A DestinationRule that asked for TLS origination and cannot be applied: failing
+    // beats sending in plaintext what was meant to be encrypted.
+    if let Some(why) = backend.policy.as_ref().and_then(|p| p.refused.as_ref().map(|r| (p.rule.as_str(), r))) {
+        return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UF", format!("DestinationRule {} cannot be applied: {}", why.0, why.1)));
+    }
     if backend.endpoints.is_empty() {
         return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream"));
     }
@@ -411,8 +414,7 @@ fn plan_request<'c>(
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
     }
     let websocket = websocket.then(|| upgrade::set_upstream_head(parts, client_http2, http2));
-    let traffic = backend.service.as_deref().and_then(|svc| destination::for_service(&cfg.destination_rules, svc));
-    let hash = hash_key(traffic.and_then(|t| t.pick.as_ref()), parts, query.as_deref(), tunnel.src_addr.ip());
+    let hash = hash_key(backend.policy.as_ref().and_then(|t| t.pick.as_ref()), parts, query.as_deref(), tunnel.src_addr.ip());
 
     let rule = selected.as_ref().map(|s| s.rule);
     Ok(Plan {
@@ -432,7 +434,6 @@ fn plan_request<'c>(
         response_headers,
         cors: None,
         websocket,
-        traffic,
         hash,
         fault_delay,
         session,
