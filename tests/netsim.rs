@@ -366,6 +366,85 @@ impl Drop for EchoServer {
     }
 }
 
+/// A small authoritative DNS server in a netns (UDP port 53): A questions for the names
+/// it was given get their addresses (TTL 60), other names NXDOMAIN, other types an empty
+/// answer. It counts the questions per name, so a test can see what a cache saved.
+pub struct DnsResponder {
+    asked: Arc<Mutex<HashMap<String, usize>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DnsResponder {
+    /// `records`: (name without the trailing dot, its IPv4 addresses).
+    pub fn start(ns: &Netns, records: &[(&str, &[Ipv4Addr])]) -> Result<DnsResponder> {
+        let sock = ns.run(|| std::net::UdpSocket::bind("0.0.0.0:53"))??;
+        sock.set_nonblocking(true)?;
+        let sock = tokio::net::UdpSocket::from_std(sock)?;
+        let records: HashMap<String, Vec<Ipv4Addr>> = records.iter().map(|(n, a)| (n.to_ascii_lowercase(), a.to_vec())).collect();
+        let asked = Arc::new(Mutex::new(HashMap::new()));
+        let seen = asked.clone();
+        let task = tokio::spawn(async move {
+            let mut buf = [0u8; 1500];
+            while let Ok((n, peer)) = sock.recv_from(&mut buf).await {
+                if let Some((name, answer)) = dns_answer(&buf[..n], &records) {
+                    *seen.lock().unwrap().entry(name).or_insert(0) += 1;
+                    let _ = sock.send_to(&answer, peer).await;
+                }
+            }
+        });
+        Ok(DnsResponder { asked, task })
+    }
+
+    /// How many questions (any type) named `name` (without the trailing dot).
+    pub fn asked(&self, name: &str) -> usize {
+        self.asked.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for DnsResponder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The answer to one DNS query (RFC 1035 wire format), and the name asked.
+fn dns_answer(q: &[u8], records: &HashMap<String, Vec<Ipv4Addr>>) -> Option<(String, Vec<u8>)> {
+    let mut labels = Vec::new();
+    let mut i = 12;
+    loop {
+        let len = usize::from(*q.get(i)?);
+        i += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_ascii_lowercase());
+        i += len;
+    }
+    let question = q.get(12..i + 4)?;
+    let qtype = u16::from_be_bytes([q[i], q[i + 1]]);
+    let name = labels.join(".");
+    let addrs = records.get(&name);
+    let answers: &[Ipv4Addr] = match (addrs, qtype) {
+        (Some(a), 1) => a,
+        _ => &[],
+    };
+    let rcode = if addrs.is_some() { 0 } else { 3 };
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&q[0..2]);
+    // QR, RD copied, RA; AA.
+    out.extend_from_slice(&[0x84 | (q[2] & 0x01), 0x80 | rcode]);
+    out.extend_from_slice(&[0, 1]);
+    out.extend_from_slice(&(answers.len() as u16).to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0]);
+    out.extend_from_slice(question);
+    for a in answers {
+        // The question's name (pointer to offset 12), A, IN, TTL 60, 4 bytes.
+        out.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        out.extend_from_slice(&a.octets());
+    }
+    Some((name, out))
+}
+
 /// Writes `data` while reading, half-closes, and returns everything read until EOF.
 pub async fn echo_roundtrip(s: &mut TcpStream, data: &[u8]) -> Result<Vec<u8>> {
     let (mut r, mut w) = s.split();

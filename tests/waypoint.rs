@@ -2190,3 +2190,47 @@ async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
     wait_for("L4 TLS log", Duration::from_secs(5), || m.log().contains("tls=\"originated\""))?;
     Ok(())
 }
+
+/// Issue 21 item 3: a ServiceEntry's endpoints known only by hostname, behind the
+/// waypoint. The waypoint resolves them with the node proxy's on-demand resolver
+/// through its own resolvers (here a DNS server on node 2, outside the mesh), every
+/// address an endpoint, cached for the TTL; HTTP and opaque TCP reach the host; a name
+/// that does not resolve gets 503 saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_hostname_endpoints_are_resolved_by_the_waypoint() -> Result<()> {
+    let wp_ip = "10.10.1.12";
+    let workloads = "- {uid: Kubernetes/networking.istio.io/ServiceEntry/default/api/api.external.test, name: api, namespace: default, \
+                     hostname: api.external.test, protocol: TCP, services: {default/api.external.test: {80: 8090, 9000: 9090}}}\n\
+                     - {uid: Kubernetes/networking.istio.io/ServiceEntry/default/gone/gone.external.test, name: gone, namespace: default, \
+                     hostname: gone.external.test, protocol: TCP, services: {default/gone.external.test: {80: 8090}}}\n";
+    let services = format!(
+        "- {{name: api, namespace: default, hostname: api.external.test, vips: [\"/10.96.0.60\"], ports: {{80: 8090, 9000: 9090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+         - {{name: gone, namespace: default, hostname: gone.external.test, vips: [\"/10.96.0.61\"], ports: {{80: 8090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
+    );
+    let m = L7Mesh::start_with("l7h", "", &[("WAYPOINT_DNS_UPSTREAM", "10.0.0.2")], workloads, &services).await?;
+    let node2 = m.mesh.topo.node(2);
+    let dns = DnsResponder::start(node2, &[("api.external.test", &["10.0.0.2".parse()?])])?;
+    let _app = http_app::HttpApp::start(node2, 8090, "external", false)?;
+    let _tcp = EchoServer::start(node2, 9090, Some("external"))?;
+
+    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.60:80".parse()?, "api.external.test").await?;
+    for i in 0..3 {
+        let r = c.get("/resolved").await?;
+        assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "external"), "request {i}: {r:?}\n{}", m.log());
+    }
+    assert_eq!(dns.asked("api.external.test"), 1, "resolved once, then from the cache");
+    wait_for("log", Duration::from_secs(5), || m.log().contains("dst.addr=\"10.0.0.2:8090\""))?;
+    // Opaque TCP to the same host.
+    let mut s = m.client().connect("10.96.0.60:9000".parse()?).await?;
+    assert_eq!(echo_roundtrip(&mut s, b"not http").await?, b"external\nnot http", "{}", m.log());
+    // A name that does not resolve: 503, and why.
+    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.61:80".parse()?, "gone.external.test").await?;
+    let r = c.get("/").await?;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.body.contains("endpoint gone.external.test: no address for gone.external.test (upstream answered Non-Existent Domain"), "{}", r.body);
+    // Istio's on-demand DNS metric, with the waypoint as the source.
+    let text = m.metrics().await?;
+    let line = text.lines().find(|l| l.starts_with("istio_on_demand_dns_total{") && l.contains("hostname=\"api.external.test\"")).with_context(|| text.clone())?;
+    assert!(line.contains("source_workload=\"n1p2\"") && line.ends_with(" 4"), "{line}");
+    Ok(())
+}

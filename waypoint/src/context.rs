@@ -44,4 +44,7 @@ pub struct Waypoint {
     pub spans: crate::trace::SpanQueue,
     /// Bounds mirrored requests in flight.
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
+    /// Resolves backends' endpoints known by hostname only (DNS ServiceEntries), as the
+    /// node proxy's on-demand DNS does (its cache and bounds).
+    pub resolver: Arc<ztunnel::dns::on_demand::OnDemandResolver>,
 }

@@ -32,6 +32,7 @@ use crate::context::Waypoint;
 use crate::detect::Protocol;
 use crate::upstream::Body;
 
+pub use backend::Backend;
 pub use mirror::MAX_MIRRORS_IN_FLIGHT;
 pub use tunnel::Tunnel;
 

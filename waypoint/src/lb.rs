@@ -169,6 +169,14 @@ impl Balancer {
     }
 }
 
+/// A consistent-hash key from a request's value (a header's, a cookie's, the client's IP).
+pub fn hash_of(v: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.hash(&mut h);
+    h.finish()
+}
+
 /// What a Service's DestinationRule changes in one pick: the way (None: the
 /// waypoint's policy), the request's hash key for a consistent hash, the outlier settings.
 #[derive(Clone, Debug, Default)]

@@ -99,6 +99,11 @@ struct Args {
     /// How often a RequestAuthentication's jwksUri is fetched again (Istio: 20 minutes).
     #[arg(long, env = "JWKS_REFRESH_INTERVAL_SECONDS", default_value_t = 1200)]
     jwks_refresh_interval_seconds: u64,
+    /// Resolvers for the hostnames of backends' endpoints that have no IP (DNS
+    /// ServiceEntries), comma-separated IP or IP:PORT; default: the nameservers of the
+    /// waypoint's /etc/resolv.conf (its pod's DNS, as Envoy's).
+    #[arg(long, env = "WAYPOINT_DNS_UPSTREAM", value_delimiter = ',')]
+    dns_upstream: Vec<String>,
     /// How often the mesh config file is checked for changes (hot reload).
     #[arg(long, env = "CONFIG_POLL_INTERVAL_MS", default_value_t = 1000)]
     config_poll_interval_ms: u64,
@@ -233,6 +238,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "lbPolicy": format!("{:?}", args.lb_policy),
         "outlierConsecutive5xx": args.outlier_consecutive_5xx,
         "jwksRefreshInterval": duration(Duration::from_secs(args.jwks_refresh_interval_seconds)),
+        "dnsUpstream": args.dns_upstream,
         "outlierBaseEjection": duration(Duration::from_millis(args.outlier_base_ejection_ms)),
         "protocolDetectionTimeout": duration(Duration::from_millis(args.protocol_detection_timeout_ms)),
         "hboneMaxHandshakes": args.hbone_max_handshakes,
@@ -258,6 +264,7 @@ async fn main() -> anyhow::Result<()> {
     let mut metrics = Metrics::default();
     metrics.build.set_component("waypoint");
     let http_metrics = HttpMetrics::register(&mut metrics.registry);
+    let dns_metrics = ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry);
     let metrics = Arc::new(metrics);
     // Bound first, as the other ports: a conflict fails the start.
     let admin_listener =
@@ -301,6 +308,18 @@ async fn main() -> anyhow::Result<()> {
     let pool = Pool::new(certs.clone(), args.pool_max_streams, Duration::from_secs(args.pool_idle_timeout_seconds), connect_timeout);
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
     let (spans, span_rx) = waypoint::trace::SpanQueue::new();
+    let dns_upstreams = if args.dns_upstream.is_empty() {
+        ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "no DNS resolvers: backends' hostname endpoints cannot be resolved (set --dns-upstream)");
+            Vec::new()
+        })
+    } else {
+        args.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?
+    };
+    let resolver = Arc::new(ztunnel::dns::on_demand::OnDemandResolver::new(
+        ztunnel::dns::on_demand::OnDemandConfig { upstreams: dns_upstreams, ..Default::default() },
+        dns_metrics,
+    ));
     let wp = Arc::new(Waypoint {
         config: config.clone(),
         me,
@@ -323,6 +342,7 @@ async fn main() -> anyhow::Result<()> {
         jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
         spans,
+        resolver,
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -1,7 +1,7 @@
 //! One HBONE CONNECT stream into the waypoint: answered, sniffed, then served as HTTP
 //! (see `http`) or relayed at L4 to an endpoint of the target over pooled HBONE.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,44 +12,37 @@ use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
 use ztunnel::metrics::{Peer, TcpLabels};
-use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
+use ztunnel::state::{MeshState, Protocol as MeshProtocol, Workload};
 
 use crate::authz;
 use crate::extauthz;
 use crate::context::Waypoint;
 use crate::detect;
-use crate::http::Tunnel;
+use crate::config::Config;
+use crate::http::{Backend, Tunnel};
 use crate::object::{ObjectName, Target};
 use crate::route::HttpRoute;
 
-/// The endpoint behind a CONNECT target: a healthy endpoint of the service with that
-/// VIP (random, weighted by capacity), or the workload with that address; with a
-/// TCPRoute, an endpoint of the backend Service it picks (by weight) on its port. With
-/// the endpoint: its target port, and the Service with the service port addressed.
-fn pick_endpoint(
-    state: &MeshState,
-    target: SocketAddr,
-    tcp_route: Option<&HttpRoute>,
-    grants: &[crate::grant::ReferenceGrant],
-) -> Option<(Arc<Workload>, u16, Option<(Arc<Service>, u16)>)> {
+/// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
+/// or the workload with that address; with a TCPRoute, those of the backend Service it
+/// picks (by weight) on its port.
+fn l4_backend(cfg: &Config, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
+    let state = &cfg.state;
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
-        if !crate::grant::permitted(grants, route.kind.name(), &route.namespace, &name) {
+        if !crate::grant::permitted(&cfg.grants, route.kind.name(), &route.namespace, &name) {
             tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), "TCPRoute backend in another namespace without a ReferenceGrant");
             return None;
         }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
-        let port = b.backend.port.unwrap_or(target.port());
-        let eps = state.usable_endpoints(svc, port);
-        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some((svc.clone(), port))));
+        return Some(Backend::service(cfg, svc, b.backend.port.unwrap_or(target.port())));
     }
     if let Some(svc) = state.service_by_vip(target.ip()) {
-        let eps = state.usable_endpoints(svc, target.port());
-        return ztunnel::state::pick_weighted(&eps).map(|(w, p)| (w, p, Some((svc.clone(), target.port()))));
+        return Some(Backend::service(cfg, svc, target.port()));
     }
     let wl = state.workload_by_ip(target.ip())?;
-    (wl.protocol == MeshProtocol::HBONE).then(|| (wl.clone(), target.port(), None))
+    (wl.protocol == MeshProtocol::HBONE).then(|| Backend::workload(target, wl.clone()))
 }
 
 /// Whether this waypoint serves `target`: a service (by VIP) or workload whose
@@ -184,22 +177,33 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some((endpoint, port, backend)) = pick_endpoint(&cfg.state, target, tcp_route, &cfg.grants) else {
+    let Some(mut backend) = l4_backend(&cfg, target, tcp_route) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
-    let Some(ep_ip) = endpoint.workload_ips.iter().copied().find(IpAddr::is_ipv4) else {
+    if let Err(why) = backend.resolve(&wp.resolver, &wp.me).await {
+        tracing::warn!(dst.addr = %target, response_flags = "UH", error = %why, "no endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
-    };
-    let traffic = backend.as_ref().and_then(|(svc, port)| crate::destination::for_service(&cfg.destination_rules, svc, *port, None));
-    let service = backend.map(|(svc, _)| svc);
-    if let Some(t) = traffic.filter(|t| t.refused.is_some()) {
+    }
+    let traffic = backend.policy.clone();
+    if let Some(t) = traffic.as_deref().filter(|t| t.refused.is_some()) {
         tracing::warn!(dst.addr = %target, destination_rule = %t.rule, reason = t.refused.as_deref().unwrap_or_default(), response_flags = "UF",
             "DestinationRule asks for TLS origination and cannot be applied; connection refused");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     }
+    // The DestinationRule's load balancing; of the consistent hashes only the source IP's
+    // has a key on TCP (the others pick at random, as Envoy's ring without a key).
+    let pick = traffic.as_ref().and_then(|t| t.pick.clone());
+    let hash = (pick == Some(crate::destination::Pick::HashSourceIp)).then(|| crate::lb::hash_of(tunnel.src_addr.ip()));
+    let choice = crate::lb::Choice { pick, hash, ..crate::lb::Choice::default() };
+    let Some(picked) = wp.balancer.pick_with(&backend.endpoints, &[], &choice) else {
+        tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
+        return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+    };
+    let (upstream_target, endpoint, service) = (picked.addr, picked.workload.clone(), backend.service.clone());
+    let ep_ip = upstream_target.ip();
     // DestinationRule tcp.maxConnections: connections in flight to the Service.
-    let _connection_slot = match (traffic.and_then(|t| t.max_connections), service.as_deref()) {
+    let _connection_slot = match (traffic.as_ref().and_then(|t| t.max_connections), service.as_deref()) {
         (Some(max), Some(svc)) => match wp.circuits.take(&svc.namespaced_hostname().to_string(), crate::lb::Limit::Connections, max) {
             Some(slot) => Some(slot),
             None => {
@@ -209,10 +213,9 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         },
         _ => None,
     };
-    let upstream_target = SocketAddr::new(ep_ip, port);
-    if let Some(origination) = traffic.and_then(|t| t.tls.as_ref()) {
+    if traffic.as_ref().is_some_and(|t| t.tls.is_some()) {
         let mut ep = crate::upstream::Endpoint::of(&cfg.state, upstream_target, &endpoint, service.as_deref());
-        ep.tls = Some(origination.target(None, ep_ip, false));
+        ep.tls = backend.tls_target(None, ep_ip, false);
         return relay_tls(&wp, &tunnel, down_send, down_recv, first, ep, start).await;
     }
     if endpoint.protocol != MeshProtocol::HBONE {

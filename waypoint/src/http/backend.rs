@@ -1,9 +1,12 @@
 //! Where a request (or its mirror) goes: a service's healthy mesh endpoints, or the one
-//! workload the client addressed.
+//! workload the client addressed. Endpoints known only by hostname (a DNS ServiceEntry's)
+//! are resolved before the request is sent, with the node proxy's on-demand resolver:
+//! every address becomes an endpoint, as in Envoy's STRICT_DNS clusters.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use ztunnel::dns::on_demand::OnDemandResolver;
 use ztunnel::state::{AppProtocol, Service, Workload};
 
 use crate::config::Config;
@@ -13,6 +16,9 @@ use crate::destination::{self, Policy, TlsTarget};
 pub struct Backend {
     pub service: Option<Arc<Service>>,
     pub endpoints: Vec<(SocketAddr, Arc<Workload>)>,
+    /// Endpoints known by hostname only, with their target port: `resolve` turns them
+    /// into `endpoints`.
+    pub unresolved: Vec<(Arc<Workload>, u16)>,
     /// The HTTP version the backend speaks, when its service port says (Some(true):
     /// HTTP/2 with prior knowledge); None: the client's, as Istio's waypoint does for
     /// ports of unknown protocol.
@@ -42,13 +48,56 @@ impl Backend {
     /// The service's healthy endpoints for `port`: in the mesh (HBONE) or not (plain
     /// TCP from the waypoint, as Istio's waypoint sends to a ServiceEntry's endpoints).
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
-        let endpoints = cfg
-            .state
-            .usable_endpoints(svc, port)
-            .into_iter()
-            .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
-            .collect();
+        let (mut endpoints, mut unresolved) = (Vec::new(), Vec::new());
+        for (w, p) in cfg.state.usable_endpoints(svc, port) {
+            match w.workload_ips.iter().copied().find(IpAddr::is_ipv4) {
+                Some(ip) => endpoints.push((SocketAddr::new(ip, p), w)),
+                None if !w.hostname.is_empty() => unresolved.push((w, p)),
+                None => {}
+            }
+        }
         let policy = destination::for_service(&cfg.destination_rules, svc, port, None).cloned();
-        Backend { service: Some(svc.clone()), endpoints, http2: port_speaks_http2(svc, port), policy }
+        Backend { service: Some(svc.clone()), endpoints, unresolved, http2: port_speaks_http2(svc, port), policy }
+    }
+
+    /// The one workload a client addressed directly (a workload waypoint's target).
+    pub fn workload(target: SocketAddr, wl: Arc<Workload>) -> Backend {
+        Backend { service: None, endpoints: vec![(target, wl)], unresolved: Vec::new(), http2: None, policy: None }
+    }
+
+    /// Whether there is nothing to send to, resolved or not.
+    pub fn is_empty(&self) -> bool {
+        self.endpoints.is_empty() && self.unresolved.is_empty()
+    }
+
+    /// Resolves the hostname endpoints (for `me`, counted in `istio_on_demand_dns_total`),
+    /// each IPv4 address an endpoint. Fails, saying why, only when nothing is left to
+    /// send to; a name that does not resolve while others do is logged.
+    pub async fn resolve(&mut self, resolver: &OnDemandResolver, me: &Workload) -> Result<(), String> {
+        if self.unresolved.is_empty() {
+            return Ok(());
+        }
+        let names = std::mem::take(&mut self.unresolved);
+        let lookups = futures_util::future::join_all(names.iter().map(|(w, _)| resolver.resolve_all(me, &w.hostname))).await;
+        let mut failed = None;
+        for ((w, port), found) in names.into_iter().zip(lookups) {
+            match found {
+                Ok(ips) => {
+                    let before = self.endpoints.len();
+                    self.endpoints.extend(ips.into_iter().filter(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, port), w.clone())));
+                    if self.endpoints.len() == before {
+                        failed.get_or_insert(format!("endpoint {}: no IPv4 address", w.hostname));
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(hostname = %w.hostname, error = %e, "hostname endpoint not resolved");
+                    failed.get_or_insert(format!("endpoint {}: {e}", w.hostname));
+                }
+            }
+        }
+        match failed {
+            Some(why) if self.endpoints.is_empty() => Err(why),
+            _ => Ok(()),
+        }
     }
 }

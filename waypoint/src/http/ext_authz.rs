@@ -67,12 +67,12 @@ fn error_reply(status: u16, error: String) -> Decision {
 }
 
 /// The endpoint a check goes to, and the HTTP version its port declares.
-fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpoint, Option<bool>), CheckError> {
-    Ok(service_endpoint(wp, cfg, &common.service, common.port)?)
+async fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpoint, Option<bool>), CheckError> {
+    Ok(service_endpoint(wp, cfg, &common.service, common.port).await?)
 }
 
 async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
-    let (ep, http2) = endpoint(wp, cfg, &p.common)?;
+    let (ep, http2) = endpoint(wp, cfg, &p.common).await?;
     // Envoy's HTTP check: the request's method and path (after the prefix), its Host,
     // no body, Authorization and the listed headers, plus the provider's own.
     let http2 = http2.unwrap_or(false);
@@ -129,7 +129,7 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
 }
 
 async fn check_grpc(wp: &Waypoint, cfg: &Config, p: &GrpcProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
-    let (ep, _) = endpoint(wp, cfg, &p.common)?;
+    let (ep, _) = endpoint(wp, cfg, &p.common).await?;
     let answer = unary(wp, &ep, &p.common.service, CHECK_PATH, &check_message(req), Some(p.common.timeout)).await?;
     Ok(decision(auth::CheckResponse::decode(answer)?))
 }

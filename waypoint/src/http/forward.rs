@@ -100,8 +100,15 @@ fn idempotent(m: &Method) -> bool {
 
 /// Sends the request as planned; the response is the backend's, or a local reply when
 /// no attempt got one.
-pub async fn forward(x: Exchange<'_>, plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
+pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
     let Exchange { wp, cfg, mut log, grpc } = x;
+    // Endpoints known by hostname (DNS ServiceEntries): their addresses, from the cache
+    // or asked now.
+    if let Err(why) = plan.backend.resolve(&wp.resolver, &wp.me).await {
+        let reply = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", format!("no healthy upstream ({why})"));
+        log.error = Some(reply.message.clone());
+        return reply.with_headers(plan.cors.as_ref()).send(log, grpc);
+    }
     // DestinationRule http2MaxRequests: over the limit, Envoy's overflow (503 UO).
     let service_key = plan.backend.service.as_deref().map(|s| s.namespaced_hostname().to_string()).unwrap_or_default();
     let policy = plan.backend.policy.as_deref();

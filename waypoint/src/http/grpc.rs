@@ -50,9 +50,10 @@ pub fn find_service<'c>(cfg: &'c Config, name: &str) -> Option<&'c Arc<Service>>
 
 /// An endpoint of the Service `name` for `port`, picked by the waypoint's balancer, and
 /// the HTTP version its port declares.
-pub fn service_endpoint(wp: &Waypoint, cfg: &Config, name: &str, port: u16) -> Result<(Endpoint, Option<bool>), CallError> {
+pub async fn service_endpoint(wp: &Waypoint, cfg: &Config, name: &str, port: u16) -> Result<(Endpoint, Option<bool>), CallError> {
     let svc = find_service(cfg, name).ok_or_else(|| CallError::NoService(name.to_string()))?;
-    let backend = Backend::service(cfg, svc, port);
+    let mut backend = Backend::service(cfg, svc, port);
+    backend.resolve(&wp.resolver, &wp.me).await.map_err(|e| CallError::NoEndpoint(format!("{name} ({e})")))?;
     let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CallError::NoEndpoint(name.to_string()))?;
     Ok((Endpoint::of(&cfg.state, picked.addr, &picked.workload, Some(svc)), backend.http2))
 }

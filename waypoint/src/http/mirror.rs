@@ -44,7 +44,7 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };
-    let backend = Backend::service(cfg, svc, m.backend_ref.port.unwrap_or(port));
+    let mut backend = Backend::service(cfg, svc, m.backend_ref.port.unwrap_or(port));
     let http2 = backend.http2.unwrap_or(client_http2);
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");
@@ -62,6 +62,9 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let wp = wp.clone();
     tokio::spawn(async move {
         let _slot = slot;
+        if let Err(e) = backend.resolve(&wp.resolver, &wp.me).await {
+            return tracing::debug!(error = %e, "mirror skipped: no endpoint");
+        }
         let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
         let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
         ep.tls = backend.tls_target(Some(&shadow), picked.addr.ip(), http2);

@@ -387,7 +387,7 @@ fn plan_request<'c>(
         None => match &target_service {
             Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
             None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
-                Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())], http2: None, policy: None },
+                Some(w) if w.protocol == MeshProtocol::HBONE => Backend::workload(tunnel.target, w.clone()),
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
             },
         },
@@ -398,7 +398,7 @@ fn plan_request<'c>(
     if let Some(why) = backend.policy.as_ref().and_then(|p| p.refused.as_ref().map(|r| (p.rule.as_str(), r))) {
         return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UF", format!("DestinationRule {} cannot be applied: {}", why.0, why.1)));
     }
-    if backend.endpoints.is_empty() {
+    if backend.is_empty() {
         return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream"));
     }
 

@@ -104,6 +104,17 @@ impl OnDemandResolver {
         pick(&addrs, original.is_ipv6()).ok_or_else(|| OnDemandError::NoAddress { name: hostname.into(), rcode: ResponseCode::NoError })
     }
 
+    /// Every address of `hostname`, for a proxy that balances over all of them (the
+    /// waypoint, as Envoy's STRICT_DNS clusters do); counted as `resolve` is.
+    pub async fn resolve_all(&self, src: &Workload, hostname: &str) -> Result<Vec<IpAddr>, OnDemandError> {
+        self.metrics.request(src, hostname);
+        let addrs = self.addresses(hostname).await?;
+        if addrs.is_empty() {
+            return Err(OnDemandError::NoAddress { name: hostname.into(), rcode: ResponseCode::NoError });
+        }
+        Ok(addrs)
+    }
+
     /// Every address of `hostname` (an IP literal is its own address).
     pub async fn addresses(&self, hostname: &str) -> Result<Vec<IpAddr>, OnDemandError> {
         if let Ok(ip) = hostname.parse::<IpAddr>() {
