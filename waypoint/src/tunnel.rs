@@ -372,7 +372,7 @@ mod tests {
 - {uid: plain, name: plain, namespace: default, workloadIps: [10.0.0.5], protocol: HBONE}",
         )
         .unwrap();
-        let services: Vec<Service> = serde_yaml::from_str(
+        let services: Vec<ztunnel::state::Service> = serde_yaml::from_str(
             "- {name: split, namespace: default, hostname: split.default.svc.cluster.local, vips: [/10.96.0.12], waypoint: {destination: /10.0.0.9},
    weightedWaypoints: [{destination: {destination: /10.0.0.9}, weight: 9}, {destination: {destination: /10.0.0.8}, weight: 1}]}
 - {name: other, namespace: default, hostname: other.default.svc.cluster.local, vips: [/10.96.0.13]}",
