@@ -2234,3 +2234,51 @@ async fn l7_hostname_endpoints_are_resolved_by_the_waypoint() -> Result<()> {
     assert!(line.contains("source_workload=\"n1p2\"") && line.ends_with(" 4"), "{line}");
     Ok(())
 }
+
+/// Issue 21 item 3: BackendRef filters (Gateway API `backendRefs[].filters`, the header
+/// modifiers Istio supports there): each backend's request and response headers are its
+/// own, the rule's apply to both; curl as the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_backend_ref_filters_modify_headers_per_backend() -> Result<()> {
+    anyhow::ensure!(sh("sh", &["-c", "command -v curl"]).is_ok(), "curl is needed (scripts/deps.sh installs it)");
+    let l7 = r#"
+httpRoutes:
+- name: echo
+  namespace: default
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-rule, value: applied}]}}]
+    backendRefs:
+    - name: echo-v1
+      port: 80
+      filters:
+      - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-backend, value: v1}], remove: [x-secret]}}
+      - {type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x-served-by, value: v1}]}}
+    - name: echo-v2
+      port: 80
+      filters:
+      - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-backend, value: v2}]}}
+"#;
+    let m = L7Mesh::start("l7b", l7, &[]).await?;
+    let (mut v1, mut v2) = (0, 0);
+    for i in 0..30 {
+        let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", "x-secret: s", &format!("http://{ECHO_VIP}/b{i}")]).with_context(|| m.log())?;
+        let r = CurlReply::parse(&out)?;
+        assert_eq!(r.status, 200, "{}", r.body);
+        let echoed = |name: &str| r.body.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).map(str::to_string);
+        assert_eq!(echoed("x-rule").as_deref(), Some("applied"), "{}", r.body);
+        match r.header("x-pod") {
+            Some("n1p3") => {
+                v2 += 1;
+                assert_eq!((echoed("x-backend").as_deref(), echoed("x-secret").as_deref(), r.header("x-served-by")), (Some("v2"), Some("s"), None), "{}", r.body);
+            }
+            Some("n2p1" | "n2p2") => {
+                v1 += 1;
+                assert_eq!((echoed("x-backend").as_deref(), echoed("x-secret"), r.header("x-served-by")), (Some("v1"), None, Some("v1")), "{}", r.body);
+            }
+            other => anyhow::bail!("request {i} answered by {other:?}"),
+        }
+    }
+    assert!(v1 > 0 && v2 > 0, "1:1 weights over 30 requests gave v1 {v1}, v2 {v2}");
+    Ok(())
+}

@@ -327,10 +327,25 @@ fn plan_request<'c>(
         }
     }
 
+    // The rule's weighted backend, picked first: its own header modifiers apply before the
+    // rule's (Envoy's weighted-cluster headers come before the route's).
+    let picked_ref = match selected.as_ref().filter(|s| !s.rule.backend_refs.is_empty()) {
+        Some(s) => match s.rule.pick_backend(rand::random()) {
+            Some(b) => Some(b),
+            None => return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "NR", "route has no backend with weight")),
+        },
+        None => None,
+    };
     let mut up_path = norm_path.clone();
     let mut up_host = host_full.clone();
     let mut response_modifiers = Vec::new();
     let mut mirrors = Vec::new();
+    if let Some(b) = picked_ref {
+        if let Some(m) = b.request_modifier() {
+            m.apply(&mut parts.headers);
+        }
+        response_modifiers.extend(b.response_modifier());
+    }
     if let Some(Selected { rule, matched_prefix, .. }) = &selected {
         for f in &rule.filters {
             match f {
@@ -362,11 +377,8 @@ fn plan_request<'c>(
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
-    let backend = match selected.as_ref().filter(|s| !s.rule.backend_refs.is_empty()) {
-        Some(s) => {
-            let Some(b) = s.rule.pick_backend(rand::random()) else {
-                return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "NR", "route has no backend with weight"));
-            };
+    let backend = match selected.as_ref().zip(picked_ref) {
+        Some((s, b)) => {
             let name = b.service(&s.route.namespace);
             if !grant::permitted(&cfg.grants, s.route.kind.name(), &s.route.namespace, &name) {
                 return Err(LocalReply::new(
@@ -635,6 +647,32 @@ mod tests {
         assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", "")), get("/")).0.is_ok(), "every Service");
         assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("GRPCRoute", "")), get("/")).0.is_err(), "another route kind");
         assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", ", name: db")), get("/")).0.is_err(), "another Service");
+    }
+
+    /// A backendRef's header modifiers apply to requests sent to it, before the rule's
+    /// (so the rule's `set` wins on the same header, as Envoy's route headers over its
+    /// weighted cluster's); its response modifier comes before the rule's too.
+    #[test]
+    fn a_backends_header_modifiers_apply_to_its_requests() {
+        let l7 = format!(
+            "httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{\
+             filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-both, value: rule}}]}}}}, \
+                       {{type: ResponseHeaderModifier, responseHeaderModifier: {{add: [{{name: x-resp, value: rule}}]}}}}], \
+             backendRefs: [{{name: echo, port: 80, filters: [\
+               {{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-both, value: backend}}, {{name: x-backend, value: echo}}], remove: [x-drop]}}}}, \
+               {{type: ResponseHeaderModifier, responseHeaderModifier: {{add: [{{name: x-resp, value: backend}}]}}}}]}}]}}]}}\n"
+        );
+        let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("x-drop", "1").body(()).expect("request");
+        let (r, _, parts) = plan_with(MESH, Protocol::Http1, &l7, req, |p| {
+            let mut h = HeaderMap::new();
+            for m in &p.response_modifiers {
+                m.apply(&mut h);
+            }
+            h.get_all("x-resp").iter().map(|v| v.to_str().unwrap_or_default().to_string()).collect::<Vec<_>>()
+        });
+        assert_eq!(r.expect("planned"), ["backend", "rule"]);
+        let h = |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+        assert_eq!((h("x-both").as_deref(), h("x-backend").as_deref(), h("x-drop")), (Some("rule"), Some("echo"), None));
     }
 
     #[test]

@@ -485,15 +485,20 @@ fn hundred() -> u32 {
 }
 
 /// A weighted backend: a Service and its port.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct BackendRef {
     pub backend: ObjectRef,
     /// Share of the rule's requests, relative to the other backends (default 1; 0: none).
     pub weight: u32,
+    /// Applied only to requests sent to this backend: header modifiers, as Istio
+    /// supports them there (validation refuses the rest).
+    pub filters: Vec<Filter>,
+    /// A DestinationRule subset of the Service (VirtualService destinations only).
+    pub subset: Option<String>,
 }
 
 /// Gateway API's `HTTPBackendRef` shape: an object reference without `sectionName`,
-/// plus `weight`.
+/// plus `weight` and `filters`.
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RawBackendRef {
@@ -508,6 +513,8 @@ struct RawBackendRef {
     port: Option<u16>,
     #[serde(default = "one")]
     weight: u32,
+    #[serde(default)]
+    filters: Vec<Filter>,
 }
 
 fn one() -> u32 {
@@ -518,6 +525,22 @@ impl BackendRef {
     /// The backend's Service, its namespace defaulting to the route's.
     pub fn service(&self, route_ns: &str) -> ObjectName {
         self.backend.object_name(route_ns)
+    }
+
+    /// Its RequestHeaderModifier (validation allows one).
+    pub fn request_modifier(&self) -> Option<&HeaderModifier> {
+        self.filters.iter().find_map(|f| match f {
+            Filter::RequestHeaderModifier(m) => Some(m),
+            _ => None,
+        })
+    }
+
+    /// Its ResponseHeaderModifier (validation allows one).
+    pub fn response_modifier(&self) -> Option<&HeaderModifier> {
+        self.filters.iter().find_map(|f| match f {
+            Filter::ResponseHeaderModifier(m) => Some(m),
+            _ => None,
+        })
     }
 }
 
@@ -530,8 +553,8 @@ impl RequestMirror {
 
 impl<'de> Deserialize<'de> for BackendRef {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let RawBackendRef { group, kind, name, namespace, port, weight } = RawBackendRef::deserialize(d)?;
-        Ok(BackendRef { backend: ObjectRef { group, kind, name, namespace, port, section_name: None }, weight })
+        let RawBackendRef { group, kind, name, namespace, port, weight, filters } = RawBackendRef::deserialize(d)?;
+        Ok(BackendRef { backend: ObjectRef { group, kind, name, namespace, port, section_name: None }, weight, filters, subset: None })
     }
 }
 

@@ -38,6 +38,9 @@ impl TcpRoute {
         if rule.backend_refs.is_empty() {
             return Err("rules[0].backendRefs: required (where the connections go)".into());
         }
+        if let Some(i) = rule.backend_refs.iter().position(|b| !b.filters.is_empty()) {
+            return Err(format!("rules[0].backendRefs[{i}].filters: a TCPRoute's backends have no filters"));
+        }
         let route = HttpRoute {
             name: self.name.clone(),
             namespace: self.namespace.clone(),

@@ -278,6 +278,13 @@ fn bad_routes_are_refused_with_the_field_named() {
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{maxAge: 0}}}}]}}]}}"), "cors.maxAge: 0"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{allowOrigin: ['*']}}}}]}}]}}"), "unknown field `allowOrigin`"),
         (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{filters: [{{type: CORS, cors: {{}}}}, {{type: CORS, cors: {{}}}}]}}]}}"), "CORS may each appear once"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: RequestMirror, requestMirror: {{backendRef: {{name: v2, port: 80}}}}}}]}}]}}]}}"),
+         "rules[0].backendRefs[0].filters[0]: a backendRef's filters may only be RequestHeaderModifier and ResponseHeaderModifier"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: URLRewrite, urlRewrite: {{hostname: x}}}}]}}]}}]}}"), "backendRefs[0].filters[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{remove: ['bad name']}}}}]}}]}}]}}"),
+         "backendRefs[0].filters[0].requestHeaderModifier.remove[0]"),
+        (&format!("- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: ResponseHeaderModifier, responseHeaderModifier: {{remove: [a]}}}}, {{type: ResponseHeaderModifier, responseHeaderModifier: {{remove: [b]}}}}]}}]}}]}}"),
+         "backendRefs[0].filters: RequestHeaderModifier and ResponseHeaderModifier may each appear once"),
     ];
     for (yaml, want) in cases {
         let e = err(yaml);
@@ -322,6 +329,26 @@ fn grpc_routes_match_services_and_methods() {
         let e = grpc_routes(&format!("- name: g\n  namespace: default\n  {SVC}\n  {yaml}\n")).expect_err(yaml);
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
+}
+
+#[test]
+fn backend_ref_filters_are_header_modifiers() {
+    let rs = routes(&format!(
+        "- {{name: a, namespace: default, {SVC}, rules: [{{backendRefs: [\
+         {{name: v1, port: 80, filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-backend, value: v1}}]}}}}, \
+                                         {{type: ResponseHeaderModifier, responseHeaderModifier: {{add: [{{name: x-served, value: v1}}]}}}}]}}, \
+         {{name: v2, port: 80}}]}}]}}"
+    ));
+    let b = &rs[0].rules[0].backend_refs;
+    assert_eq!(b[0].request_modifier().map(|m| m.set[0].name.as_str()), Some("x-backend"));
+    assert_eq!(b[0].response_modifier().map(|m| m.add[0].value.as_bytes()), Some(&b"v1"[..]));
+    assert!(b[1].filters.is_empty());
+    // A TCPRoute's backends have none.
+    let tcp: Vec<TcpRoute> = serde_yaml::from_str(&format!(
+        "- {{name: t, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{remove: [a]}}}}]}}]}}]}}"
+    ))
+    .expect("yaml");
+    assert!(tcp[0].to_http().expect_err("filters").contains("rules[0].backendRefs[0].filters"));
 }
 
 #[test]
@@ -373,6 +400,12 @@ fn virtual_services_route_and_inject_faults() {
     let f = half.rules[0].fault.expect("fault");
     assert_eq!((f.delay_for(0.2), f.delay_for(0.7)), (Some(Duration::from_secs(1)), None));
     assert_eq!(rs[0].rules[2].backend_refs.iter().map(|b| b.weight).collect::<Vec<_>>(), [80, 20]);
+    // Per-destination headers are that backend's header modifiers.
+    let d = vs("http: [{route: [{destination: {host: echo-v1}, headers: {request: {set: {x-v: '1'}}, response: {add: {x-from: v1}}}}, {destination: {host: echo-v2}}]}]").expect("headers");
+    let b = &d.rules[0].backend_refs;
+    assert_eq!(b[0].request_modifier().map(|m| m.set[0].value.as_bytes()), Some(&b"1"[..]));
+    assert_eq!(b[0].response_modifier().map(|m| m.add[0].name.as_str()), Some("x-from"));
+    assert!(b[1].request_modifier().is_none() && b[1].response_modifier().is_none());
     for (yaml, want) in [
         ("http: [{route: [{destination: {host: echo, subset: v1}}]}]", "http[0].route[0].destination.subset"),
         ("http: [{rewrite: {uri: /x}, route: [{destination: {host: echo}}]}]", "http[0].rewrite.uri"),

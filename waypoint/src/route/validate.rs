@@ -152,6 +152,30 @@ impl RouteRule {
             if b.weight > MAX_WEIGHT {
                 return Err(format!("{bat}.weight: must be 0-{MAX_WEIGHT}"));
             }
+            // Istio applies only header modifiers per backend (and refuses the route else).
+            let (mut req, mut resp) = (0, 0);
+            for (j, f) in b.filters.iter().enumerate() {
+                let fat = format!("{bat}.filters[{j}]");
+                match f {
+                    Filter::RequestHeaderModifier(m) => {
+                        req += 1;
+                        m.validate(&format!("{fat}.requestHeaderModifier"))?;
+                    }
+                    Filter::ResponseHeaderModifier(m) => {
+                        resp += 1;
+                        m.validate(&format!("{fat}.responseHeaderModifier"))?;
+                    }
+                    _ => {
+                        return Err(format!(
+                            "{fat}: a backendRef's filters may only be RequestHeaderModifier and ResponseHeaderModifier \
+                             (Istio refuses other filter types there); put it on the rule"
+                        ))
+                    }
+                }
+            }
+            if req > 1 || resp > 1 {
+                return Err(format!("{bat}.filters: RequestHeaderModifier and ResponseHeaderModifier may each appear once"));
+            }
         }
         if let Some(sp) = &self.session_persistence {
             let at = format!("{at}.sessionPersistence");

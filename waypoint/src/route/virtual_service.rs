@@ -307,8 +307,16 @@ impl VsHttpRoute {
                      route to a Service per version instead (as Gateway API backendRefs do)"
                 ));
             }
-            if d.headers.is_some() {
-                return Err(format!("{at}.headers: per-destination headers are not supported; set them on the route"));
+            // Per-destination headers: the backend's own header modifiers (Istio's
+            // weighted-cluster headers).
+            let mut filters = Vec::new();
+            if let Some(h) = &d.headers {
+                if let Some(req) = &h.request {
+                    filters.push(Filter::RequestHeaderModifier(ops(req, &format!("{at}.headers.request"))?));
+                }
+                if let Some(resp) = &h.response {
+                    filters.push(Filter::ResponseHeaderModifier(ops(resp, &format!("{at}.headers.response"))?));
+                }
             }
             let (name, namespace) = service_ref(&d.destination.host, ns)
                 .ok_or_else(|| format!("{at}.destination.host: {:?} is not a Kubernetes Service", d.destination.host))?;
@@ -324,6 +332,8 @@ impl VsHttpRoute {
                     ..ObjectRef::default()
                 },
                 weight,
+                filters,
+                subset: None,
             });
         }
         let mut filters = Vec::new();
