@@ -419,9 +419,9 @@ impl L7Mesh {
              - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{8000: 8000, 8001: 8001, 9100: 9100}}}}\n",
             workload(topo, "n1p1", "client", ""),
             workload(topo, "n1p2", "waypoint", ""),
-            workload(topo, "n1p3", "echo", v2),
-            workload(topo, "n2p1", "echo", both_authz),
-            workload(topo, "n2p2", "echo", both),
+            workload(topo, "n1p3", "echo", &format!("{v2}, labels: {{app: echo, version: v2}}")),
+            workload(topo, "n2p1", "echo", &format!("{both_authz}, labels: {{app: echo, version: v1}}")),
+            workload(topo, "n2p2", "echo", &format!("{both}, labels: {{app: echo, version: v1}}")),
         )
     }
 
@@ -931,6 +931,22 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     }
     assert!(to_v2, "{}", waypoint.log_text());
     assert_eq!(c.request("POST", "/echo.Health/Watch", &[]).await?.pod(), "n2p1");
+
+    // DestinationRule subsets in a cluster: endpoints by their Pods' labels (read from
+    // the API). Until n1p3's labels are known no endpoint is in subset v2 (503); then it is.
+    kube.apply("destinationrules", json!({"apiVersion": "networking.istio.io/v1", "kind": "DestinationRule", "metadata": {"name": "echo"},
+        "spec": {"host": echo, "subsets": [{"name": "v2", "labels": {"version": "v2"}}]}}));
+    kube.apply("virtualservices", json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "echo"},
+        "spec": {"hosts": [echo], "http": [{"match": [{"headers": {"x-subset": {"exact": "v2"}}}], "route": [{"destination": {"host": "echo", "subset": "v2"}}]}]}}));
+    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 503).await.with_context(|| waypoint.log_text())?;
+    kube.apply("pods", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "n1p3", "namespace": "default", "labels": {"app": "echo", "version": "v2"}}}));
+    kube.apply("pods", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "n2p1", "namespace": "default", "labels": {"app": "echo", "version": "v1"}}}));
+    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 200).await.with_context(|| waypoint.log_text())?;
+    for _ in 0..5 {
+        assert_eq!(c.request("GET", "/subset", &[("x-subset", "v2")]).await?.pod(), "n1p3");
+    }
+    kube.delete("virtualservices", "echo");
+    kube.delete("destinationrules", "echo");
 
     // A backend in another namespace: 500 until a ReferenceGrant there allows it.
     kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "to-shop"},
@@ -2280,5 +2296,101 @@ httpRoutes:
         }
     }
     assert!(v1 > 0 && v2 > 0, "1:1 weights over 30 requests gave v1 {v1}, v2 {v2}");
+    Ok(())
+}
+
+/// Issue 21 item 5: DestinationRule subsets, picked by VirtualService destinations: the
+/// echo pods' labels (version v1 on node 2, v2 on node 1) make the subsets; a subset's own
+/// policy applies to it; a subset no rule defines is 503 NC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_virtual_service_subsets_select_pods_by_labels() -> Result<()> {
+    let l7 = r#"destinationRules:
+- name: echo
+  namespace: default
+  host: echo.default.svc.cluster.local
+  subsets:
+  - {name: v1, labels: {version: v1}, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}
+  - {name: v2, labels: {version: v2}}
+virtualServices:
+- name: echo
+  namespace: default
+  hosts: [echo.default.svc.cluster.local]
+  http:
+  - match: [{headers: {x-version: {exact: v2}}}]
+    route: [{destination: {host: echo, subset: v2}}]
+  - match: [{uri: {prefix: /missing}}]
+    route: [{destination: {host: echo, subset: v3}}]
+  - route: [{destination: {host: echo, subset: v1}}]
+"#;
+    let m = L7Mesh::start("l7u", l7, &[]).await?;
+    let mut c = m.h1().await?;
+    let mut v1_pods = std::collections::HashSet::new();
+    for i in 0..10 {
+        let r = c.get("/x").await?;
+        assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
+        assert!(["n2p1", "n2p2"].contains(&r.pod().as_str()), "request {i} went to {}", r.pod());
+        v1_pods.insert(r.pod());
+        assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
+    }
+    assert_eq!(v1_pods.len(), 2, "the v1 subset's round robin uses both v1 pods");
+    let r = c.get("/missing").await?;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert!(r.body.contains("no DestinationRule defines subset \"v3\""), "{}", r.body);
+    wait_for("NC log", Duration::from_secs(5), || m.log().contains("response_flags=\"NC\""))?;
+    Ok(())
+}
+
+/// Issue 21 item 5: `tcp.maxConnections: 1` with `http1MaxPendingRequests: 1` on echo-v1
+/// (HTTP/1.1 upstream): with h2load sending 6 slow requests at once over HTTP/1.1, one is
+/// in flight, one waits for the connection and is served after it, the rest overflow
+/// with 503 `UO` at once; nothing hangs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_pending_requests_wait_in_a_bounded_queue() -> Result<()> {
+    anyhow::ensure!(sh("sh", &["-c", "command -v h2load"]).is_ok(), "h2load is needed (scripts/deps.sh installs it)");
+    let l7 = "destinationRules:\n- {name: v1, namespace: default, host: echo-v1, trafficPolicy: {connectionPool: {tcp: {maxConnections: 1}, http: {http1MaxPendingRequests: 1}}}}\n\
+              httpRoutes:\n- {name: echo, namespace: default, parentRefs: [{group: '', kind: Service, name: echo, port: 80}], rules: [{backendRefs: [{name: echo-v1, port: 80}]}]}\n";
+    let m = L7Mesh::start("l7w", l7, &[]).await?;
+    let out = m.client().exec("h2load", &["--h1", "-n", "6", "-c", "6", &format!("http://{ECHO_VIP}/delay/1000")]).with_context(|| m.log())?;
+    let codes = out.lines().find(|l| l.starts_with("status codes:")).with_context(|| out.clone())?.to_string();
+    // "status codes: A 2xx, 0 3xx, 0 4xx, B 5xx"
+    let count = |class: &str| codes.split(',').find(|c| c.trim().ends_with(class)).and_then(|c| c.split_whitespace().rev().nth(1)).and_then(|n| n.parse::<u32>().ok());
+    let (ok, overflowed) = (count("2xx").unwrap_or(0), count("5xx").unwrap_or(0));
+    assert_eq!(ok + overflowed, 6, "every request answered: {codes}\n{out}");
+    assert!(ok >= 2, "the one in flight and the one waiting are served: {codes}");
+    assert!(overflowed >= 1, "a full queue overflows: {codes}");
+    wait_for("UO log", Duration::from_secs(5), || m.log().contains("response_flags=\"UO\""))?;
+    Ok(())
+}
+
+/// Issue 21 item 5: the waypoint picks endpoints as ztunnel does for the Service's
+/// load-balancing mode: FAILOVER by node sends everything to the echo endpoint on the
+/// waypoint's own node (n1p3), the others only when it is gone; a PASSTHROUGH Service
+/// goes to its original destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_service_load_balancing_modes_pick_the_endpoints() -> Result<()> {
+    let wp_ip = "10.10.1.12";
+    let services = format!(
+        "- {{name: near, namespace: default, hostname: near.default.svc.cluster.local, vips: [\"/10.96.0.70\"], ports: {{80: 8080}}, \
+         loadBalancer: {{mode: Failover, routingPreferences: [Node]}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
+         - {{name: direct, namespace: default, hostname: direct.default.svc.cluster.local, vips: [\"/10.10.2.11\"], ports: {{8080: 8080}}, \
+         loadBalancer: {{mode: Passthrough}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
+    );
+    // Every echo pod is an endpoint of `near`; n1p3 is on the waypoint's node.
+    let l7 = "";
+    let m = L7Mesh::start_with("l7m", l7, &[], "", &services).await?;
+    let cfg = std::fs::read_to_string(&m.cfg_path)?;
+    let cfg = cfg.replace("default/echo.default.svc.cluster.local: {80: 8080}", "default/echo.default.svc.cluster.local: {80: 8080}, default/near.default.svc.cluster.local: {80: 8080}");
+    std::fs::write(&m.cfg_path, &cfg)?;
+    wait_for("reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 1)?;
+    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.70:80".parse()?, "near.default.svc.cluster.local").await?;
+    for i in 0..10 {
+        let r = c.get("/near").await?;
+        assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n1p3"), "request {i}: {r:?}\n{}", m.log());
+    }
+    // PASSTHROUGH: the original destination (the address the client dialed), n2p1 here.
+    let mut c = http_app::H1Client::connect(m.client(), "10.10.2.11:8080".parse()?, "direct.default.svc.cluster.local").await?;
+    let r = c.get("/direct").await?;
+    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", m.log());
+    wait_for("log", Duration::from_secs(5), || m.log().contains("dst.service=\"direct.default.svc.cluster.local\""))?;
     Ok(())
 }

@@ -19,6 +19,7 @@ use crate::grant::ReferenceGrant;
 use crate::trace::TraceSettings;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
+use crate::labels::Labels;
 use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +49,8 @@ pub struct Config {
     pub providers: Providers,
     /// Request tracing (meshConfig defaultProviders.tracing), None when off.
     pub tracing: Option<Arc<TraceSettings>>,
+    /// Workload labels (DestinationRule subsets): the file's, or the Pods' in a cluster.
+    pub labels: Arc<Labels>,
     /// The L7 part for the admin endpoint: the routes and policies as they were read
     /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
     /// also what was rejected and who uses the waypoint (see `k8s`).
@@ -185,6 +188,7 @@ impl Config {
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
             tracing,
+            labels: Arc::new(Labels::from_file(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?),
             dump: Arc::new(dump),
         })
     }
@@ -199,7 +203,19 @@ impl Config {
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
         let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [] });
-        Config { state, routes: Vec::new(), tcp_routes: Vec::new(), grants: Vec::new(), destination_rules: Vec::new(), policies: Vec::new(), authentications: Vec::new(), providers: Providers::default(), tracing: None, dump: Arc::new(dump) }
+        Config {
+            state,
+            routes: Vec::new(),
+            tcp_routes: Vec::new(),
+            grants: Vec::new(),
+            destination_rules: Vec::new(),
+            policies: Vec::new(),
+            authentications: Vec::new(),
+            providers: Providers::default(),
+            tracing: None,
+            labels: Arc::default(),
+            dump: Arc::new(dump),
+        }
     }
 }
 
@@ -222,8 +238,10 @@ pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Durat
 }
 
 /// In a cluster: a new config whenever istiod's state or the Kubernetes objects change.
+/// `labels` are the Pods', kept current by their own watch.
 pub async fn combine(
     state: Arc<ztunnel::state::SharedState>,
+    labels: Arc<Labels>,
     mut l7: tokio::sync::watch::Receiver<Option<Arc<L7Config>>>,
     current: Arc<ArcSwap<Config>>,
     on_change: impl Fn(&Config) + Send + 'static,
@@ -242,6 +260,7 @@ pub async fn combine(
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),
             tracing: l.tracing.clone(),
+            labels: labels.clone(),
             dump,
         };
         on_change(&cfg);

@@ -48,3 +48,11 @@ pub struct Waypoint {
     /// node proxy's on-demand DNS does (its cache and bounds).
     pub resolver: Arc<ztunnel::dns::on_demand::OnDemandResolver>,
 }
+
+impl Waypoint {
+    /// The waypoint's own workload as `cfg`'s mesh state has it now (its locality may
+    /// have changed since it started), else as it started.
+    pub fn me_in<'c>(&'c self, cfg: &'c Config) -> &'c Workload {
+        cfg.state.workload_by_uid(&self.me.uid).map(|w| &**w).unwrap_or(&self.me)
+    }
+}

@@ -153,8 +153,8 @@ pub struct TcpSettings {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HttpSettings {
-    /// Requests waiting for a connection: the waypoint does not queue (each request gets
-    /// a pooled or new connection), so this only bounds nothing and is accepted.
+    /// Requests waiting for one of the Service's HTTP/1.1 connections when
+    /// `tcp.maxConnections` are all in use; over it, 503 `UO`.
     #[serde(default)]
     pub http1_max_pending_requests: Option<u32>,
     #[serde(default)]
@@ -206,6 +206,8 @@ pub struct Policy {
     pub max_requests: Option<u32>,
     pub max_retries: Option<u32>,
     pub max_connections: Option<u32>,
+    /// Requests that may wait for one of `max_connections` HTTP/1.1 connections.
+    pub max_pending: Option<u32>,
     /// TLS from the waypoint to the endpoint (SIMPLE or MUTUAL).
     pub tls: Option<Arc<Origination>>,
     /// The rule, `namespace/name`, for logs.
@@ -375,6 +377,7 @@ fn policy(rule: String, parts: Parts<'_>, origins: &mut Vec<(*const ClientTls, O
         if let Some(http) = &cp.http {
             p.max_requests = http.http2_max_requests.filter(|n| *n > 0);
             p.max_retries = http.max_retries;
+            p.max_pending = http.http1_max_pending_requests;
             if let Some(t) = &http.idle_timeout {
                 parse_duration(t).map_err(|e| format!("connectionPool.http.idleTimeout: {e}"))?;
             }

@@ -32,7 +32,7 @@ use crate::context::Waypoint;
 use crate::detect::Protocol;
 use crate::upstream::Body;
 
-pub use backend::Backend;
+pub use backend::{Backend, Origin};
 pub use mirror::MAX_MIRRORS_IN_FLIGHT;
 pub use tunnel::Tunnel;
 
@@ -83,6 +83,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     }
 
     let inbound = plan::Inbound {
+        me: wp.me_in(&cfg),
         gateway: &wp.gateway,
         root_namespace: &wp.root_namespace,
         identity: &wp.identity,

@@ -710,6 +710,36 @@ pub async fn watch(client: kube::Client, settings: Settings, state: Arc<SharedSt
     }
 }
 
+/// Keeps `labels` equal to the Pods' labels (by workload uid, `<cluster>//Pod/<ns>/<name>`,
+/// as istiod names pod workloads), for DestinationRule subsets. Metadata only, and only
+/// the labels are kept. Runs until the process ends (retrying with backoff).
+pub async fn watch_pod_labels(client: kube::Client, cluster_id: String, labels: Arc<crate::labels::Labels>) {
+    use k8s_openapi::api::core::v1::Pod;
+    // Metadata-only requests: a Pod's spec and status never reach the waypoint.
+    let api = kube::Api::<kube::core::PartialObjectMeta<Pod>>::all(client);
+    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let uid = |m: &kube::api::ObjectMeta| {
+        ztunnel::state::WorkloadUid(format!("{cluster_id}//Pod/{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default()))
+    };
+    let mut relist = HashMap::new();
+    while let Some(e) = events.next().await {
+        match e {
+            Err(e) => tracing::warn!(kind = "Pod", error = %e, hint = "DestinationRule subsets need list/watch on pods (the ClusterRole of charts/waypoint)",
+                "Kubernetes watch failed; retrying"),
+            Ok(Event::Init) => relist.clear(),
+            Ok(Event::InitApply(p)) => {
+                relist.insert(uid(&p.metadata), Arc::new(p.metadata.labels.unwrap_or_default()));
+            }
+            Ok(Event::InitDone) => {
+                labels.replace(std::mem::take(&mut relist));
+                tracing::debug!(pods = labels.len(), "pod labels listed");
+            }
+            Ok(Event::Apply(p)) => labels.set(uid(&p.metadata), p.metadata.labels.unwrap_or_default()),
+            Ok(Event::Delete(p)) => labels.remove(&uid(&p.metadata)),
+        }
+    }
+}
+
 /// The namespaces the config's objects come from, for the log.
 fn namespaces(cfg: &L7Config) -> Vec<String> {
     let ns = cfg.routes.iter().map(|r| r.namespace.clone()).chain(cfg.policies.iter().map(|p| p.namespace.clone()));

@@ -188,11 +188,20 @@ pub struct Choice {
     pub outlier: Option<OutlierConfig>,
 }
 
-/// In-flight counts per Service for DestinationRule connection pool limits. One entry
-/// per Service that has such a limit (the config bounds them).
+/// In-flight counts per Service for DestinationRule connection pool limits, and the
+/// queues of requests waiting for one of a Service's HTTP/1.1 connections. One entry per
+/// Service (and limit) that has such a limit (the config bounds them).
 #[derive(Default)]
 pub struct Circuits {
     counts: Mutex<HashMap<(String, Limit), Arc<AtomicUsize>>>,
+    gates: Mutex<HashMap<(String, u32), Arc<Gate>>>,
+}
+
+/// A Service's HTTP/1.1 connections in use (each carries one request at a time), and
+/// the requests waiting for one.
+struct Gate {
+    connections: Arc<tokio::sync::Semaphore>,
+    waiting: AtomicUsize,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -203,9 +212,29 @@ pub enum Limit {
 }
 
 /// A slot taken under a limit, given back on drop.
-pub struct Slot(Arc<AtomicUsize>);
+pub struct Slot(Taken);
+
+enum Taken {
+    Count(Arc<AtomicUsize>),
+    Connection(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit),
+}
 
 impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Taken::Count(c) = &self.0 {
+            c.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Too many requests in flight or waiting: Envoy's overflow.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Overflow;
+
+/// Takes one back from the waiting count when the wait ends, however it ends.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
@@ -226,9 +255,34 @@ impl Circuits {
                 return None;
             }
             match c.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Some(Slot(c)),
+                Ok(_) => return Some(Slot(Taken::Count(c))),
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// One of `service`'s HTTP/1.1 connections (DestinationRule `tcp.maxConnections`):
+    /// at once when fewer than `max` are in use, else after waiting in a queue of at
+    /// most `max_pending` requests (`http.http1MaxPendingRequests`; None: Istio's
+    /// default, no bound but what the waypoint's own limits give); a full queue is an
+    /// overflow.
+    pub async fn connection(&self, service: &str, max: u32, max_pending: Option<u32>) -> Result<Slot, Overflow> {
+        let gate = {
+            let mut m = self.gates.lock().unwrap_or_else(|p| p.into_inner());
+            m.entry((service.to_string(), max))
+                .or_insert_with(|| Arc::new(Gate { connections: Arc::new(tokio::sync::Semaphore::new(max as usize)), waiting: AtomicUsize::new(0) }))
+                .clone()
+        };
+        if let Ok(p) = gate.connections.clone().try_acquire_owned() {
+            return Ok(Slot(Taken::Connection(p)));
+        }
+        let bound = max_pending.map_or(usize::MAX, |n| n as usize);
+        if gate.waiting.fetch_add(1, Ordering::AcqRel) >= bound {
+            gate.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(Overflow);
+        }
+        let _waiting = Waiting(&gate.waiting);
+        // The semaphore is never closed.
+        gate.connections.clone().acquire_owned().await.map(|p| Slot(Taken::Connection(p))).map_err(|_| Overflow)
     }
 }

@@ -18,6 +18,7 @@ pub mod fuzzing;
 pub mod grant;
 pub mod http;
 pub mod k8s;
+pub mod labels;
 pub mod lb;
 pub mod object;
 pub mod path;

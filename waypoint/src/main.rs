@@ -189,6 +189,8 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
         identity: identity.clone(),
         mesh_config_map: args.mesh_config_map.clone(),
     };
+    let labels = Arc::new(waypoint::labels::Labels::default());
+    tokio::spawn(k8s::watch_pod_labels(client.clone(), ia.cluster_id.clone(), labels.clone()));
     tokio::spawn(k8s::watch(client, settings, state.clone(), tx, metrics.xds.clone()));
     let m = metrics.clone();
     let mut ready_rx = rx.clone();
@@ -200,7 +202,7 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
     rx.mark_changed();
     let config = Arc::new(ArcSwap::from_pointee(config::Config::empty(state.load_full())));
     let jwks = jwks.clone();
-    tokio::spawn(config::combine(state, rx, config.clone(), move |c| jwks.sync(c.jwks_uris())));
+    tokio::spawn(config::combine(state, labels, rx, config.clone(), move |c| jwks.sync(c.jwks_uris())));
     Ok(Setup { config, me, identity, ip, gateway, certs })
 }
 

@@ -19,15 +19,16 @@ use crate::extauthz;
 use crate::context::Waypoint;
 use crate::detect;
 use crate::config::Config;
-use crate::http::{Backend, Tunnel};
+use crate::http::{Backend, Origin, Tunnel};
 use crate::object::{ObjectName, Target};
 use crate::route::HttpRoute;
 
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
 /// or the workload with that address; with a TCPRoute, those of the backend Service it
 /// picks (by weight) on its port.
-fn l4_backend(cfg: &Config, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
+fn l4_backend(cfg: &Config, me: &Workload, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
     let state = &cfg.state;
+    let from = Origin { me, target: Some(target) };
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
@@ -36,10 +37,10 @@ fn l4_backend(cfg: &Config, target: SocketAddr, tcp_route: Option<&HttpRoute>) -
             return None;
         }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
-        return Some(Backend::service(cfg, svc, b.backend.port.unwrap_or(target.port())));
+        return Some(Backend::service(cfg, &from, svc, b.backend.port.unwrap_or(target.port()), None));
     }
     if let Some(svc) = state.service_by_vip(target.ip()) {
-        return Some(Backend::service(cfg, svc, target.port()));
+        return Some(Backend::service(cfg, &from, svc, target.port(), None));
     }
     let wl = state.workload_by_ip(target.ip())?;
     (wl.protocol == MeshProtocol::HBONE).then(|| Backend::workload(target, wl.clone()))
@@ -177,7 +178,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some(mut backend) = l4_backend(&cfg, target, tcp_route) else {
+    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), target, tcp_route) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };

@@ -314,53 +314,18 @@ impl MeshState {
     }
 
     /// The endpoint of `svc` a connection from `src` to `service_port` goes to, as
-    /// Istio's ztunnel picks it: among the usable endpoints, for STRICT and FAILOVER only
-    /// those matching the most of the service's routing preferences in order (STRICT: all
-    /// of them, else none), then at random weighted by capacity.
+    /// Istio's ztunnel picks it: one of `preferred_endpoints` at random, weighted by
+    /// capacity.
     pub fn pick_endpoint(&self, src: &Workload, svc: &Service, service_port: u16) -> Option<(Arc<Workload>, u16)> {
-        let eps = self.usable_endpoints(svc, service_port);
-        let Some(lb) = svc.load_balancer.as_ref().filter(|lb| matches!(lb.mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover))
-        else {
-            return pick_weighted(&eps);
-        };
-        let prefs = &lb.routing_preferences;
-        // A NETWORK scope first is "prefer my network, then the rest in order".
-        let network_first = prefs.first() == Some(&LoadBalancerScope::Network);
-        let rank = |wl: &Workload| {
-            let (mut rank, mut adjust) = (0, 0);
-            for scope in prefs {
-                let matches = match scope {
-                    LoadBalancerScope::Region => src.locality.region == wl.locality.region,
-                    LoadBalancerScope::Zone => src.locality.zone == wl.locality.zone,
-                    LoadBalancerScope::Subzone => src.locality.subzone == wl.locality.subzone,
-                    LoadBalancerScope::Node => src.node == wl.node,
-                    LoadBalancerScope::Cluster => src.cluster_id == wl.cluster_id,
-                    LoadBalancerScope::Network if network_first => {
-                        if src.network == wl.network {
-                            adjust = prefs.len() - 1;
-                        }
-                        continue;
-                    }
-                    LoadBalancerScope::Network => src.network == wl.network,
-                };
-                if !matches {
-                    break;
-                }
-                rank += 1;
-            }
-            (rank, rank + adjust)
-        };
-        let ranked: Vec<(usize, (Arc<Workload>, u16))> = eps
-            .into_iter()
-            .filter_map(|ep| {
-                let (matched, adjusted) = rank(&ep.0);
-                // STRICT: an endpoint short of any preference is never used.
-                (lb.mode != LoadBalancerMode::Strict || matched == prefs.len()).then_some((adjusted, ep))
-            })
-            .collect();
-        let best = ranked.iter().map(|(r, _)| *r).max()?;
-        let options: Vec<_> = ranked.into_iter().filter(|(r, _)| *r == best).map(|(_, ep)| ep).collect();
-        pick_weighted(&options)
+        pick_weighted(&self.preferred_endpoints(src, svc, service_port))
+    }
+
+    /// The usable endpoints a connection from `src` may go to: for STRICT and FAILOVER
+    /// only those matching the most of the service's routing preferences in order
+    /// (STRICT: all of them, else none); for the other modes all of them. (A waypoint
+    /// balances over these as ztunnel picks among them.)
+    pub fn preferred_endpoints(&self, src: &Workload, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+        locality_preferred(src, svc, self.usable_endpoints(svc, service_port))
     }
 
     /// The usable endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
@@ -402,6 +367,53 @@ impl MeshState {
         }
         ids
     }
+}
+
+/// Of `eps` (endpoints of `svc`), those a connection from `src` may go to: for STRICT
+/// and FAILOVER only those matching the most of the service's routing preferences in
+/// order (STRICT: all of them, else none); for the other modes all of them.
+pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>, u16)>) -> Vec<(Arc<Workload>, u16)> {
+    let Some(lb) = svc.load_balancer.as_ref().filter(|lb| matches!(lb.mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover))
+    else {
+        return eps;
+    };
+    let prefs = &lb.routing_preferences;
+    // A NETWORK scope first is "prefer my network, then the rest in order".
+    let network_first = prefs.first() == Some(&LoadBalancerScope::Network);
+    let rank = |wl: &Workload| {
+        let (mut rank, mut adjust) = (0, 0);
+        for scope in prefs {
+            let matches = match scope {
+                LoadBalancerScope::Region => src.locality.region == wl.locality.region,
+                LoadBalancerScope::Zone => src.locality.zone == wl.locality.zone,
+                LoadBalancerScope::Subzone => src.locality.subzone == wl.locality.subzone,
+                LoadBalancerScope::Node => src.node == wl.node,
+                LoadBalancerScope::Cluster => src.cluster_id == wl.cluster_id,
+                LoadBalancerScope::Network if network_first => {
+                    if src.network == wl.network {
+                        adjust = prefs.len() - 1;
+                    }
+                    continue;
+                }
+                LoadBalancerScope::Network => src.network == wl.network,
+            };
+            if !matches {
+                break;
+            }
+            rank += 1;
+        }
+        (rank, rank + adjust)
+    };
+    let ranked: Vec<(usize, (Arc<Workload>, u16))> = eps
+        .into_iter()
+        .filter_map(|ep| {
+            let (matched, adjusted) = rank(&ep.0);
+            // STRICT: an endpoint short of any preference is never used.
+            (lb.mode != LoadBalancerMode::Strict || matched == prefs.len()).then_some((adjusted, ep))
+        })
+        .collect();
+    let Some(best) = ranked.iter().map(|(r, _)| *r).max() else { return Vec::new() };
+    ranked.into_iter().filter(|(r, _)| *r == best).map(|(_, ep)| ep).collect()
 }
 
 /// Random endpoint, weighted by capacity (Istio's default capacity is 1).

@@ -186,3 +186,30 @@ fn port_level_settings_and_subsets_merge_as_istio_merges_them() {
     let rs = rules("- {name: a, namespace: default, host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL, sni: x.example.com}}}\n").expect("valid");
     assert!(base(&rs[0].1).tls.is_none());
 }
+
+/// tcp.maxConnections with http1MaxPendingRequests: requests beyond the connections wait,
+/// at most that many; one more overflows; a finished request lets the first waiter on.
+#[tokio::test]
+async fn requests_wait_for_a_connection_in_a_bounded_queue() {
+    let c = Arc::new(Circuits::default());
+    let first = c.connection("default/r", 1, Some(1)).await.expect("a connection");
+    let c2 = c.clone();
+    let waiter = tokio::spawn(async move { c2.connection("default/r", 1, Some(1)).await.map(|_| ()) });
+    // Let the waiter queue up, then the queue is full.
+    let mut full = false;
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+        if c.connection("default/r", 1, Some(1)).await.is_err() {
+            full = true;
+            break;
+        }
+    }
+    assert!(full, "a second waiter overflowed");
+    assert!(!waiter.is_finished(), "the waiter waits while the connection is in use");
+    drop(first);
+    assert_eq!(waiter.await.expect("task"), Ok(()));
+    // No queue allowed: overflow at once; another Service is counted apart.
+    let _busy = c.connection("default/r", 1, Some(0)).await.expect("free again");
+    assert!(c.connection("default/r", 1, Some(0)).await.is_err());
+    assert!(c.connection("default/other", 1, Some(0)).await.is_ok());
+}

@@ -1,16 +1,32 @@
-//! Where a request (or its mirror) goes: a service's healthy mesh endpoints, or the one
-//! workload the client addressed. Endpoints known only by hostname (a DNS ServiceEntry's)
-//! are resolved before the request is sent, with the node proxy's on-demand resolver:
-//! every address becomes an endpoint, as in Envoy's STRICT_DNS clusters.
+//! Where a request (or its mirror) goes: a service's healthy endpoints, or the one
+//! workload the client addressed. A Service's endpoints are the ones ztunnel would pick
+//! among for the waypoint (its load-balancing mode: STRICT / FAILOVER locality, health
+//! policy), of the DestinationRule subset when a route names one; a PASSTHROUGH Service's
+//! traffic goes to its original destination. Endpoints known only by hostname (a DNS
+//! ServiceEntry's) are resolved before the request is sent, with the node proxy's
+//! on-demand resolver: every address becomes an endpoint, as in Envoy's STRICT_DNS
+//! clusters.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use ztunnel::dns::on_demand::OnDemandResolver;
-use ztunnel::state::{AppProtocol, Service, Workload};
+use ztunnel::state::{locality_preferred, AppProtocol, LoadBalancerMode, Protocol as MeshProtocol, Service, Workload};
 
 use crate::config::Config;
 use crate::destination::{self, Policy, TlsTarget};
+
+/// Who asks for a backend: the waypoint's own workload (its locality picks endpoints) and
+/// the original destination (where a PASSTHROUGH Service's traffic goes), if any.
+pub struct Origin<'a> {
+    pub me: &'a Workload,
+    pub target: Option<SocketAddr>,
+}
+
+/// A destination outside the mesh known only by its address (a PASSTHROUGH Service's).
+fn outside(dst: SocketAddr) -> Workload {
+    Workload { workload_ips: vec![dst.ip()], protocol: MeshProtocol::TCP, ..Workload::new(format!("passthrough/{dst}"), dst.ip().to_string(), "") }
+}
 
 /// Where the router sends a request: a backend service, or the CONNECT target workload.
 pub struct Backend {
@@ -45,19 +61,41 @@ impl Backend {
         Some(origination.target(host, endpoint, http2))
     }
 
-    /// The service's healthy endpoints for `port`: in the mesh (HBONE) or not (plain
-    /// TCP from the waypoint, as Istio's waypoint sends to a ServiceEntry's endpoints).
-    pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
-        let (mut endpoints, mut unresolved) = (Vec::new(), Vec::new());
-        for (w, p) in cfg.state.usable_endpoints(svc, port) {
+    /// The service's endpoints for `port` (of `subset`, a DestinationRule's, when set):
+    /// in the mesh (HBONE) or not (plain TCP from the waypoint, as Istio's waypoint sends
+    /// to a ServiceEntry's endpoints). A subset no rule defines has none.
+    pub fn service(cfg: &Config, from: &Origin<'_>, svc: &Arc<Service>, port: u16, subset: Option<&str>) -> Backend {
+        let rule = destination::rule_for(&cfg.destination_rules, svc);
+        let policy = rule.and_then(|r| r.policy(subset, port)).cloned();
+        let mut b = Backend { service: Some(svc.clone()), endpoints: Vec::new(), unresolved: Vec::new(), http2: port_speaks_http2(svc, port), policy };
+        // PASSTHROUGH: no endpoint is picked; the original destination is where it goes
+        // (Envoy's ORIGINAL_DST cluster, ztunnel's passthrough).
+        if svc.lb_mode() == LoadBalancerMode::Passthrough {
+            if let Some(dst) = from.target {
+                let wl = cfg.state.workload_by_ip(dst.ip()).cloned().unwrap_or_else(|| Arc::new(outside(dst)));
+                b.endpoints.push((dst, wl));
+            }
+            return b;
+        }
+        let selector = match subset {
+            None => None,
+            Some(name) => match rule.and_then(|r| r.subset(name)) {
+                Some(labels) => Some(labels),
+                None => return b,
+            },
+        };
+        let mut eps = cfg.state.usable_endpoints(svc, port);
+        if let Some(sel) = selector {
+            eps.retain(|(w, _)| cfg.labels.selects(&w.uid, sel));
+        }
+        for (w, p) in locality_preferred(from.me, svc, eps) {
             match w.workload_ips.iter().copied().find(IpAddr::is_ipv4) {
-                Some(ip) => endpoints.push((SocketAddr::new(ip, p), w)),
-                None if !w.hostname.is_empty() => unresolved.push((w, p)),
+                Some(ip) => b.endpoints.push((SocketAddr::new(ip, p), w)),
+                None if !w.hostname.is_empty() => b.unresolved.push((w, p)),
                 None => {}
             }
         }
-        let policy = destination::for_service(&cfg.destination_rules, svc, port, None).cloned();
-        Backend { service: Some(svc.clone()), endpoints, unresolved, http2: port_speaks_http2(svc, port), policy }
+        b
     }
 
     /// The one workload a client addressed directly (a workload waypoint's target).

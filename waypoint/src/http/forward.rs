@@ -134,8 +134,24 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Incoming>
     if let (RequestBody::Buffered(b), true) = (&req_body, mirrors) {
         mirror_all(wp, cfg, &plan.mirrors, &parts, b);
     }
-    let attempts = Attempts::new(&plan, &parts.method, &req_body, service_key);
-    let exchange = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log);
+    let attempts = Attempts::new(&plan, &parts.method, &req_body, service_key.clone());
+    let exchange = async {
+        // DestinationRule tcp.maxConnections: an HTTP/1.1 request takes one of the
+        // Service's connections, or waits in the http1MaxPendingRequests queue (within the
+        // request timeout); a full queue overflows.
+        let connection = match (plan.http2, policy.and_then(|t| t.max_connections)) {
+            (false, Some(max)) => match wp.circuits.connection(&service_key, max, policy.and_then(|t| t.max_pending)).await {
+                Ok(slot) => Some(slot),
+                Err(_) => return Err(overflow_reply(policy)),
+            },
+            _ => None,
+        };
+        let (resp, mut picked) = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log).await?;
+        if let Some(slot) = connection {
+            picked.hold(slot);
+        }
+        Ok((resp, picked))
+    };
     let outcome = match plan.timeouts.request {
         Some(t) => match tokio::time::timeout(t, exchange).await {
             Ok(o) => o,
@@ -209,9 +225,13 @@ fn set_session(headers: &mut http::HeaderMap, sp: &crate::route::SessionPersiste
 
 /// Envoy's reply when a DestinationRule's connection pool limit is reached.
 fn overflow(log: RequestLog, grpc: bool, traffic: Option<&crate::destination::Policy>) -> Response<Body> {
+    overflow_reply(traffic).send(log, grpc)
+}
+
+fn overflow_reply(traffic: Option<&crate::destination::Policy>) -> LocalReply {
     let rule = traffic.map(|t| t.rule.as_str()).unwrap_or("-");
-    tracing::debug!(destination_rule = rule, "circuit open: too many requests in flight to the backend");
-    LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UO", "upstream connect error or disconnect/reset before headers. reset reason: overflow").send(log, grpc)
+    tracing::debug!(destination_rule = rule, "circuit open: too many requests in flight or waiting for the backend");
+    LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UO", "upstream connect error or disconnect/reset before headers. reset reason: overflow")
 }
 
 async fn attempt_loop(

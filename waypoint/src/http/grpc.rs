@@ -12,7 +12,7 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Limited};
 use ztunnel::state::{NamespacedHostname, Service};
 
-use super::backend::Backend;
+use super::backend::{Backend, Origin};
 use super::body::full;
 use super::plan::set_head_for;
 use crate::config::Config;
@@ -52,7 +52,8 @@ pub fn find_service<'c>(cfg: &'c Config, name: &str) -> Option<&'c Arc<Service>>
 /// the HTTP version its port declares.
 pub async fn service_endpoint(wp: &Waypoint, cfg: &Config, name: &str, port: u16) -> Result<(Endpoint, Option<bool>), CallError> {
     let svc = find_service(cfg, name).ok_or_else(|| CallError::NoService(name.to_string()))?;
-    let mut backend = Backend::service(cfg, svc, port);
+    let from = Origin { me: wp.me_in(cfg), target: None };
+    let mut backend = Backend::service(cfg, &from, svc, port, None);
     backend.resolve(&wp.resolver, &wp.me).await.map_err(|e| CallError::NoEndpoint(format!("{name} ({e})")))?;
     let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CallError::NoEndpoint(name.to_string()))?;
     Ok((Endpoint::of(&cfg.state, picked.addr, &picked.workload, Some(svc)), backend.http2))

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::BodyExt;
 
-use super::backend::Backend;
+use super::backend::{Backend, Origin};
 use super::body::full;
 use super::headers::clone_parts;
 use super::plan::{set_head_for, Mirrors};
@@ -44,7 +44,8 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };
-    let mut backend = Backend::service(cfg, svc, m.backend_ref.port.unwrap_or(port));
+    let from = Origin { me: wp.me_in(cfg), target: Some(mirrors.target) };
+    let mut backend = Backend::service(cfg, &from, svc, m.backend_ref.port.unwrap_or(port), None);
     let http2 = backend.http2.unwrap_or(client_http2);
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");

@@ -10,7 +10,7 @@ use http::{Method, StatusCode, Uri};
 use ztunnel::identity::Identity;
 use ztunnel::state::{Protocol as MeshProtocol, Service};
 
-use super::backend::Backend;
+use super::backend::{Backend, Origin};
 use super::headers::{authority, set_trusted_headers, strip_hop_by_hop, strip_port};
 use super::log::Notes;
 use super::reply::LocalReply;
@@ -22,13 +22,15 @@ use crate::object::{ObjectName, Target};
 use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
-use crate::destination::Pick;
+use crate::destination::{self, Pick};
 use crate::extauthz;
 use crate::grant;
 use crate::path;
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
 pub struct Inbound<'a> {
+    /// The waypoint's own workload (its locality picks endpoints).
+    pub me: &'a ztunnel::state::Workload,
     /// The waypoint's Gateway (policies and routes attach to it).
     pub gateway: &'a ObjectName,
     /// The mesh's root namespace (policies there may target every waypoint).
@@ -139,6 +141,8 @@ pub struct Mirrors<'c> {
     pub host: String,
     /// The port the client addressed (a mirror backendRef without a port uses it).
     pub port: u16,
+    /// The original destination (a PASSTHROUGH mirror backend's).
+    pub target: std::net::SocketAddr,
     /// The route's namespace (a mirror backendRef without one is in it).
     pub route_ns: Option<&'c str>,
     /// The route's kind, for ReferenceGrants.
@@ -377,6 +381,7 @@ fn plan_request<'c>(
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
+    let from = Origin { me: inb.me, target: Some(tunnel.target) };
     let backend = match selected.as_ref().zip(picked_ref) {
         Some((s, b)) => {
             let name = b.service(&s.route.namespace);
@@ -394,10 +399,17 @@ fn plan_request<'c>(
                     format!("backend service {}/{} not found", name.namespace, name.name),
                 ));
             };
-            Backend::service(cfg, svc, b.backend.port.unwrap_or(tunnel.target.port()))
+            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, svc).and_then(|r| r.subset(ss)).is_none()) {
+                return Err(LocalReply::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "NC",
+                    format!("no DestinationRule defines subset {ss:?} of {}", svc.hostname),
+                ));
+            }
+            Backend::service(cfg, &from, svc, b.backend.port.unwrap_or(tunnel.target.port()), b.subset.as_deref())
         }
         None => match &target_service {
-            Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
+            Some(svc) => Backend::service(cfg, &from, svc, tunnel.target.port(), None),
             None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
                 Some(w) if w.protocol == MeshProtocol::HBONE => Backend::workload(tunnel.target, w.clone()),
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
@@ -438,6 +450,7 @@ fn plan_request<'c>(
             to: mirrors,
             host,
             port: tunnel.target.port(),
+            target: tunnel.target,
             route_ns: selected.as_ref().map(|s| s.route.namespace.as_str()),
             route_kind: selected.as_ref().map_or("HTTPRoute", |s| s.route.kind.name()),
             client_http2,
@@ -478,6 +491,16 @@ mod tests {
 
     /// The plan for `req`, `f` reading what a test wants of it.
     fn plan_with<T>(mesh: &str, proto: Protocol, l7: &str, req: Request<()>, f: impl FnOnce(Plan) -> T) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
+        plan_any(mesh, proto, l7, req, |p| {
+            assert_eq!(p.backend.endpoints.len(), 1);
+            assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
+            f(p)
+        })
+    }
+
+    /// The plan as made for `me` (the waypoint's own workload, default: one with no
+    /// locality), whatever its backend.
+    fn plan_any<T>(mesh: &str, proto: Protocol, l7: &str, req: Request<()>, f: impl FnOnce(Plan) -> T) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
         let cfg = Config::parse(Path::new("t.yaml"), &format!("{mesh}{l7}")).expect("test config");
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
@@ -487,14 +510,11 @@ mod tests {
             target: "10.96.0.10:80".parse().expect("addr"),
         };
         let jwks = authn::JwksStore::new(authn::JwksSettings::default());
-        let inb = Inbound { gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
+        let me = cfg.state.workload_by_uid(&ztunnel::state::WorkloadUid("waypoint".into())).map(|w| (**w).clone()).unwrap_or_else(|| ztunnel::state::Workload::new("waypoint", "waypoint", "default"));
+        let inb = Inbound { me: &me, gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
-        let r = admit(&inb, &mut parts, &mut notes).and_then(|a| build(&inb, a, &mut parts, &mut notes)).map(|p| {
-            assert_eq!(p.backend.endpoints.len(), 1);
-            assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
-            f(p)
-        });
+        let r = admit(&inb, &mut parts, &mut notes).and_then(|a| build(&inb, a, &mut parts, &mut notes)).map(f);
         (r, notes, parts)
     }
 
@@ -673,6 +693,59 @@ mod tests {
         assert_eq!(r.expect("planned"), ["backend", "rule"]);
         let h = |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
         assert_eq!((h("x-both").as_deref(), h("x-backend").as_deref(), h("x-drop")), (Some("rule"), Some("echo"), None));
+    }
+
+    /// Endpoints as the plan has them, for a request to the echo VIP.
+    fn endpoints(mesh: &str, l7: &str, path: &str) -> Result<Vec<String>, LocalReply> {
+        let req = Request::get(path).header("host", "echo.default.svc.cluster.local").body(()).expect("request");
+        let (r, _, _) = plan_any(mesh, Protocol::Http1, l7, req, |p| {
+            let mut v: Vec<String> = p.backend.endpoints.iter().map(|(a, _)| a.to_string()).collect();
+            v.sort();
+            v
+        });
+        r
+    }
+
+    const SPREAD: &str = "workloads:\n\
+        - {uid: waypoint, name: waypoint, namespace: default, workloadIps: [10.0.0.9], protocol: HBONE, locality: {region: r1, zone: z1}}\n\
+        - {uid: a, name: a, namespace: default, workloadIps: [10.0.0.2], protocol: HBONE, locality: {region: r1, zone: z1}, labels: {version: v1}, services: {default/echo.default.svc.cluster.local: {80: 8080}}}\n\
+        - {uid: b, name: b, namespace: default, workloadIps: [10.0.0.3], protocol: HBONE, locality: {region: r1, zone: z2}, labels: {version: v2}, services: {default/echo.default.svc.cluster.local: {80: 8080}}}\n\
+        - {uid: c, name: c, namespace: default, workloadIps: [10.0.0.4], protocol: HBONE, locality: {region: r2, zone: z9}, services: {default/echo.default.svc.cluster.local: {80: 8080}}}\n\
+        services:\n";
+
+    /// A VirtualService destination's subset: the DestinationRule's labels pick the
+    /// endpoints (a workload whose labels are not known is in no subset); a subset no
+    /// rule defines gets 503 NC.
+    #[test]
+    fn subsets_select_endpoints_by_labels() {
+        let mesh = format!("{SPREAD}- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n");
+        let l7 = "destinationRules:\n- {name: echo, namespace: default, host: echo, subsets: [{name: v1, labels: {version: v1}}, {name: v2, labels: {version: v2}}, {name: all}]}\n\
+                  virtualServices:\n- {name: echo, namespace: default, hosts: [echo], http: [\
+                  {match: [{uri: {prefix: /v1}}], route: [{destination: {host: echo, subset: v1}}]}, \
+                  {match: [{uri: {prefix: /v2}}], route: [{destination: {host: echo, subset: v2}}]}, \
+                  {match: [{uri: {prefix: /all}}], route: [{destination: {host: echo, subset: all}}]}, \
+                  {match: [{uri: {prefix: /v3}}], route: [{destination: {host: echo, subset: v3}}]}]}\n";
+        assert_eq!(endpoints(&mesh, l7, "/v1").expect("v1"), ["10.0.0.2:8080"]);
+        assert_eq!(endpoints(&mesh, l7, "/v2").expect("v2"), ["10.0.0.3:8080"]);
+        assert_eq!(endpoints(&mesh, l7, "/all").expect("all").len(), 3, "an empty selector takes every endpoint");
+        let e = endpoints(&mesh, l7, "/v3").expect_err("no such subset");
+        assert_eq!((e.status.as_u16(), e.flags), (503, "NC"));
+        assert!(e.message.contains("subset \"v3\""), "{}", e.message);
+    }
+
+    /// The Service's load-balancing mode, as ztunnel's: FAILOVER prefers the endpoints
+    /// closest to the waypoint, STRICT uses only those matching every scope;
+    /// PASSTHROUGH goes to the original destination.
+    #[test]
+    fn the_services_load_balancing_mode_picks_the_endpoints() {
+        let svc = |lb: &str| format!("{SPREAD}- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{lb}}}\n");
+        assert_eq!(endpoints(&svc(""), "", "/").expect("all").len(), 3);
+        let failover = svc(", loadBalancer: {mode: Failover, routingPreferences: [Region, Zone]}");
+        assert_eq!(endpoints(&failover, "", "/").expect("failover"), ["10.0.0.2:8080"]);
+        let strict = svc(", loadBalancer: {mode: Strict, routingPreferences: [Region]}");
+        assert_eq!(endpoints(&strict, "", "/").expect("strict"), ["10.0.0.2:8080", "10.0.0.3:8080"]);
+        let passthrough = svc(", loadBalancer: {mode: Passthrough}");
+        assert_eq!(endpoints(&passthrough, "", "/").expect("passthrough"), ["10.96.0.10:80"]);
     }
 
     #[test]

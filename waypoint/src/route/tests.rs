@@ -400,6 +400,8 @@ fn virtual_services_route_and_inject_faults() {
     let f = half.rules[0].fault.expect("fault");
     assert_eq!((f.delay_for(0.2), f.delay_for(0.7)), (Some(Duration::from_secs(1)), None));
     assert_eq!(rs[0].rules[2].backend_refs.iter().map(|b| b.weight).collect::<Vec<_>>(), [80, 20]);
+    let sub = vs("http: [{route: [{destination: {host: echo, subset: v1}, weight: 90}, {destination: {host: echo, subset: v2}, weight: 10}]}]").expect("subsets");
+    assert_eq!(sub.rules[0].backend_refs.iter().map(|b| b.subset.as_deref()).collect::<Vec<_>>(), [Some("v1"), Some("v2")]);
     // Per-destination headers are that backend's header modifiers.
     let d = vs("http: [{route: [{destination: {host: echo-v1}, headers: {request: {set: {x-v: '1'}}, response: {add: {x-from: v1}}}}, {destination: {host: echo-v2}}]}]").expect("headers");
     let b = &d.rules[0].backend_refs;
@@ -407,7 +409,7 @@ fn virtual_services_route_and_inject_faults() {
     assert_eq!(b[0].response_modifier().map(|m| m.add[0].name.as_str()), Some("x-from"));
     assert!(b[1].request_modifier().is_none() && b[1].response_modifier().is_none());
     for (yaml, want) in [
-        ("http: [{route: [{destination: {host: echo, subset: v1}}]}]", "http[0].route[0].destination.subset"),
+        ("http: [{route: [{destination: {host: echo, subset: ''}}]}]", "http[0].route[0].destination.subset: must not be empty"),
         ("http: [{rewrite: {uri: /x}, route: [{destination: {host: echo}}]}]", "http[0].rewrite.uri"),
         ("http: [{redirect: {uri: /x}}]", "unknown field `redirect`"),
         ("http: [{route: [{destination: {host: api.example.com}}]}]", "is not a Kubernetes Service"),

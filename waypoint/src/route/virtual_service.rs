@@ -1,12 +1,11 @@
 //! Istio `VirtualService` on a waypoint (what Istio's ambient waypoints apply to the
 //! Services in `hosts`), held as the HTTPRoute it amounts to, with its fault injection:
 //! `match` (uri exact / prefix / regex, headers, method, queryParams), `route`
-//! destinations with weights and ports, rule `headers`, `rewrite.authority`, `timeout`,
-//! `retries` and `fault` (delay and abort, by percentage). What it cannot express
-//! exactly is refused with the field named (the VirtualService then does not apply):
-//! subsets (DestinationRule subsets select pods by labels, which the waypoint does not
-//! have), redirects, mirrors, `rewrite.uri`, CORS, `sourceLabels`, `gateways` other
-//! than `mesh`, hosts that are not Kubernetes Services.
+//! destinations with weights, ports, DestinationRule subsets and their own `headers`,
+//! rule `headers`, `rewrite.authority`, `timeout`, `retries` and `fault` (delay and
+//! abort, by percentage). What it cannot express exactly is refused with the field named
+//! (the VirtualService then does not apply): redirects, mirrors, `rewrite.uri`, CORS,
+//! `sourceLabels`, `gateways` other than `mesh`, hosts that are not Kubernetes Services.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -301,11 +300,8 @@ impl VsHttpRoute {
         let one = self.route.len() == 1;
         for (k, d) in self.route.iter().enumerate() {
             let at = format!("route[{k}]");
-            if d.destination.subset.is_some() {
-                return Err(format!(
-                    "{at}.destination.subset: DestinationRule subsets select pods by labels, which this waypoint does not see; \
-                     route to a Service per version instead (as Gateway API backendRefs do)"
-                ));
+            if d.destination.subset.as_deref() == Some("") {
+                return Err(format!("{at}.destination.subset: must not be empty"));
             }
             // Per-destination headers: the backend's own header modifiers (Istio's
             // weighted-cluster headers).
@@ -333,7 +329,7 @@ impl VsHttpRoute {
                 },
                 weight,
                 filters,
-                subset: None,
+                subset: d.destination.subset.clone(),
             });
         }
         let mut filters = Vec::new();

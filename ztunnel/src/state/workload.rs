@@ -182,6 +182,11 @@ pub struct Workload {
     /// a PROXY protocol header first); None: the tunnelled bytes alone.
     #[serde(default)]
     pub application_tunnel: Option<ApplicationTunnel>,
+    /// The workload's labels, in the local config file: accepted for the waypoint (its
+    /// DestinationRule subsets select endpoints by them; it reads them from the file
+    /// itself) and not kept here (xDS has none).
+    #[serde(default, rename = "labels")]
+    pub _labels: serde::de::IgnoredAny,
 }
 
 /// Istio's ApplicationTunnel, as `applicationTunnel: {protocol: PROXY, port: 15088}`.
@@ -264,6 +269,7 @@ impl Workload {
             authorization_policies: Vec::new(),
             waypoint: None,
             application_tunnel: None,
+            _labels: serde::de::IgnoredAny,
         }
     }
 

@@ -214,6 +214,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         network_mode,
         locality: w.locality.map(|l| Locality { region: l.region, zone: l.zone, subzone: l.subzone }).unwrap_or_default(),
         authorization_policies: w.authorization_policies,
+        _labels: serde::de::IgnoredAny,
     })
 }
 
