@@ -406,7 +406,7 @@ else:
     cgranted = {(g, r) for rule in crole.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
                 if set(rule["verbs"]) == {"get", "list", "watch"}}
     cneed = {("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes"), ("gateway.networking.k8s.io", "referencegrants"), ("networking.istio.io", "destinationrules"), ("networking.istio.io", "virtualservices"), ("security.istio.io", "authorizationpolicies"),
-             ("", "services"), ("", "namespaces"), ("", "pods")}
+             ("telemetry.istio.io", "telemetries"), ("", "services"), ("", "namespaces"), ("", "pods")}
     expect(cneed <= cgranted, f"ClusterRole must grant get/list/watch on {sorted(cneed - cgranted)}")
     expect(all(v in ("get", "list", "watch") for rule in crole.get("rules", []) for v in rule["verbs"]), "ClusterRole is read-only")
     expect(crb.get("subjects") == [{"kind": "ServiceAccount", "name": sa_name, "namespace": ns}], "ClusterRoleBinding subject")

@@ -948,6 +948,26 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.delete("virtualservices", "echo");
     kube.delete("destinationrules", "echo");
 
+    // A mesh-wide Telemetry (root namespace) from the API: the access log only for requests
+    // with a debug header.
+    kube.apply("telemetries", json!({"apiVersion": "telemetry.istio.io/v1", "kind": "Telemetry", "metadata": {"name": "mesh-default", "namespace": "istio-system"},
+        "spec": {"accessLogging": [{"providers": [{"name": "envoy"}], "filter": {"expression": "request.headers['x-debug'] == 'on'"}}]}}));
+    let mut listed = false;
+    for _ in 0..50 {
+        let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        if body.contains("mesh-default") {
+            listed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(listed, "{}", waypoint.log_text());
+    assert_eq!(c.get("/k8s-quiet").await?.status, 200);
+    assert_eq!(c.request("GET", "/k8s-logged", &[("x-debug", "on")]).await?.status, 200);
+    wait_for("the debug line", Duration::from_secs(5), || waypoint.log_text().contains("path=/k8s-logged"))?;
+    assert!(!waypoint.log_text().contains("path=/k8s-quiet"), "{}", waypoint.log_text());
+    kube.delete_in("telemetries", "istio-system", "mesh-default");
+
     // A backend in another namespace: 500 until a ReferenceGrant there allows it.
     kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "to-shop"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
@@ -2392,5 +2412,72 @@ async fn l7_service_load_balancing_modes_pick_the_endpoints() -> Result<()> {
     let r = c.get("/direct").await?;
     assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", m.log());
     wait_for("log", Duration::from_secs(5), || m.log().contains("dst.service=\"direct.default.svc.cluster.local\""))?;
+    Ok(())
+}
+
+/// Issue 21 item 9: the Telemetry API in the waypoint. Mesh-wide (root namespace): the
+/// access log only for errors (`response.code >= 400`) or a debug header, REQUEST_COUNT
+/// without `source_principal`, REQUEST_DURATION dropped, every request traced (a mesh
+/// sampling of 0 overridden). Then a Telemetry on the echo Service turns its access log
+/// off (a reload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_telemetry_filters_access_logs_and_overrides_metrics() -> Result<()> {
+    let l7 = r#"meshConfig:
+  defaultProviders: {tracing: [otel]}
+  defaultConfig: {tracing: {sampling: 0}}
+  extensionProviders:
+  - name: otel
+    opentelemetry: {service: authz.default.svc.cluster.local, port: 9100}
+telemetries:
+- name: mesh-default
+  namespace: istio-system
+  accessLogging:
+  - providers: [{name: envoy}]
+    filter: {expression: "response.code >= 400 || request.headers['x-debug'] == 'on'"}
+  metrics:
+  - providers: [{name: prometheus}]
+    overrides:
+    - match: {metric: REQUEST_COUNT, mode: CLIENT_AND_SERVER}
+      tagOverrides: {source_principal: {operation: REMOVE}}
+    - match: {metric: REQUEST_DURATION}
+      disabled: true
+  tracing:
+  - randomSamplingPercentage: 100
+"#;
+    let m = L7Mesh::start("l7y", l7, &[]).await?;
+    let spans = ext_authz::Spans::default();
+    let _collector = ext_authz::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let mut c = m.h1().await?;
+    assert_eq!(c.get("/quiet").await?.status, 200);
+    assert_eq!(c.get("/status/404").await?.status, 404);
+    assert_eq!(c.request("GET", "/debugged", &[("x-debug", "on")]).await?.status, 200);
+    wait_for("filtered log lines", Duration::from_secs(5), || m.log().contains("path=/debugged"))?;
+    let log = m.log();
+    assert!(log.contains("path=/status/404") && !log.contains("path=/quiet"), "{log}");
+    // Metrics: the count without source_principal (exported empty), no duration series.
+    let text = m.metrics().await?;
+    let count = text.lines().find(|l| l.starts_with("istio_requests_total{") && l.contains("response_code=\"404\"")).with_context(|| text.clone())?;
+    assert!(count.contains("source_principal=\"\"") && count.contains("source_workload=\"n1p1\""), "{count}");
+    assert!(!text.contains("istio_request_duration_milliseconds_bucket{"), "REQUEST_DURATION is dropped");
+    let bytes = text.lines().find(|l| l.starts_with("istio_request_bytes_count{")).with_context(|| text.clone())?;
+    assert!(bytes.contains("source_principal=\"spiffe://cluster.local/ns/default/sa/client\""), "other metrics keep it: {bytes}");
+    // Traced although the mesh samples 0%: the Telemetry's 100% wins.
+    wait_for("spans", Duration::from_secs(10), || spans.lock().unwrap().len() >= 3)?;
+
+    // A Telemetry on the Service: its access log off, whatever the mesh says.
+    let cfg = std::fs::read_to_string(&m.cfg_path)?;
+    let off = "- name: echo-quiet\n  namespace: default\n  targetRefs: [{kind: Service, group: \"\", name: echo}]\n  accessLogging: [{providers: [{name: envoy}], disabled: true}]\n";
+    std::fs::write(&m.cfg_path, format!("{cfg}{off}"))?;
+    wait_for("reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 1)?;
+    assert_eq!(c.get("/status/500").await?.status, 500);
+    assert_eq!(c.request("GET", "/debugged-again", &[("x-debug", "on")]).await?.status, 200);
+    // A line for a request after these would show up; none for them does.
+    let mut later = m.h1().await?;
+    std::fs::write(&m.cfg_path, &cfg)?;
+    wait_for("second reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 2)?;
+    assert_eq!(later.get("/status/503").await?.status, 503);
+    wait_for("the later line", Duration::from_secs(5), || m.log().contains("path=/status/503"))?;
+    let log = m.log();
+    assert!(!log.contains("path=/status/500") && !log.contains("path=/debugged-again"), "{log}");
     Ok(())
 }

@@ -20,6 +20,7 @@ use crate::trace::TraceSettings;
 use crate::extauthz::{self, MeshConfig, Providers};
 use crate::k8s::L7Config;
 use crate::labels::Labels;
+use crate::telemetry::{MeshProviders, Telemetries, Telemetry};
 use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +52,8 @@ pub struct Config {
     pub tracing: Option<Arc<TraceSettings>>,
     /// Workload labels (DestinationRule subsets): the file's, or the Pods' in a cluster.
     pub labels: Arc<Labels>,
+    /// Telemetry API objects (access logging, metric and tracing overrides), compiled.
+    pub telemetry: Arc<Telemetries>,
     /// The L7 part for the admin endpoint: the routes and policies as they were read
     /// (`httpRoutes`, `authorizationPolicies`) and where from (`source`); in a cluster
     /// also what was rejected and who uses the waypoint (see `k8s`).
@@ -79,6 +82,8 @@ struct L7Lists {
     #[serde(default)]
     request_authentications: Vec<RequestAuthentication>,
     #[serde(default)]
+    telemetries: Vec<Telemetry>,
+    #[serde(default)]
     mesh_config: Option<serde_json::Value>,
 }
 
@@ -102,6 +107,8 @@ struct RawL7Lists {
     authorization_policies: Vec<serde_json::Value>,
     #[serde(default)]
     request_authentications: Vec<serde_json::Value>,
+    #[serde(default)]
+    telemetries: Vec<serde_json::Value>,
     #[serde(default)]
     mesh_config: Option<serde_json::Value>,
 }
@@ -164,6 +171,15 @@ impl Config {
         if let Some((name, Err(e))) = providers.iter().find(|(_, p)| p.is_err()) {
             return Err(invalid(format!("meshConfig.{e} (extensionProvider {name})")));
         }
+        let mesh_providers = MeshProviders::from_mesh(l7.mesh_config.as_ref(), tracing.as_ref().map(|t| t.provider.as_str()));
+        let mut telemetries = Vec::new();
+        for (i, t) in l7.telemetries.iter().enumerate() {
+            // A `selector` Telemetry is a workload proxy's, not the waypoint's.
+            if t.is_workload_scoped() {
+                continue;
+            }
+            telemetries.push(t.compile(&mesh_providers).map_err(|e| invalid(format!("telemetries[{i}].{e} (Telemetry {}/{})", t.namespace, t.name)))?);
+        }
         let raw: RawL7Lists =
             serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
         let dump = serde_json::json!({
@@ -176,6 +192,7 @@ impl Config {
             "virtualServices": raw.virtual_services,
             "authorizationPolicies": raw.authorization_policies,
             "requestAuthentications": raw.request_authentications,
+            "telemetries": raw.telemetries,
             "meshConfig": raw.mesh_config,
         });
         Ok(Config {
@@ -189,6 +206,7 @@ impl Config {
             providers: Arc::new(providers),
             tracing,
             labels: Arc::new(Labels::from_file(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?),
+            telemetry: Arc::new(Telemetries::new(telemetries, mesh_providers)),
             dump: Arc::new(dump),
         })
     }
@@ -202,7 +220,7 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [] });
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [], "telemetries": [] });
         Config {
             state,
             routes: Vec::new(),
@@ -214,6 +232,7 @@ impl Config {
             providers: Providers::default(),
             tracing: None,
             labels: Arc::default(),
+            telemetry: Arc::default(),
             dump: Arc::new(dump),
         }
     }
@@ -261,6 +280,7 @@ pub async fn combine(
             providers: l.providers.clone(),
             tracing: l.tracing.clone(),
             labels: labels.clone(),
+            telemetry: l.telemetry.clone(),
             dump,
         };
         on_change(&cfg);

@@ -48,6 +48,7 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["virtualServices"] = l7.get("virtualServices").cloned().unwrap_or_else(|| json!([]));
     d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
     d["requestAuthentications"] = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
+    d["telemetries"] = l7.get("telemetries").cloned().unwrap_or_else(|| json!([]));
     // CUSTOM policies' authorizers, checked: their kind, or why they cannot be used.
     let providers: serde_json::Map<String, Value> = cfg
         .providers

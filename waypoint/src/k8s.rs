@@ -48,6 +48,8 @@ pub struct L7Config {
     pub providers: crate::extauthz::Providers,
     /// Request tracing from the same mesh config.
     pub tracing: Option<Arc<crate::trace::TraceSettings>>,
+    /// Telemetry API objects, compiled against the same mesh config.
+    pub telemetry: Arc<crate::telemetry::Telemetries>,
     /// How many of `policies` (and `authentications`) are stand-ins in place of ones that did not convert.
     pub unenforceable: usize,
     /// For the admin endpoint: the objects as read, what was rejected, and who uses the
@@ -80,6 +82,7 @@ enum Kind {
     VirtualService,
     AuthorizationPolicy,
     RequestAuthentication,
+    Telemetry,
     Service,
     Namespace,
     /// The mesh config's ConfigMap. Not waited for: without it (not there, or not
@@ -87,7 +90,7 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 12] = [
+const KINDS: [Kind; 13] = [
     Kind::DestinationRule,
     Kind::VirtualService,
     Kind::Gateway,
@@ -97,6 +100,7 @@ const KINDS: [Kind; 12] = [
     Kind::ReferenceGrant,
     Kind::AuthorizationPolicy,
     Kind::RequestAuthentication,
+    Kind::Telemetry,
     Kind::Service,
     Kind::Namespace,
     Kind::MeshConfig,
@@ -114,6 +118,7 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::VirtualService => ("networking.istio.io", "v1", "VirtualService", "virtualservices"),
         Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
         Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
+        Kind::Telemetry => ("telemetry.istio.io", "v1", "Telemetry", "telemetries"),
         Kind::Service => ("", "v1", "Service", "services"),
         Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
         Kind::MeshConfig => ("", "v1", "ConfigMap", "configmaps"),
@@ -297,6 +302,13 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
             hosts.iter().filter_map(Value::as_str).filter_map(|h| crate::route::host_service(h, ns)).any(|s| s.namespace == ns && scope.uses(&s))
         }),
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
+        // The root namespace's (mesh-wide), and those of namespaces with Services that
+        // use the waypoint (which of them apply is decided per request); `selector` ones
+        // are the workloads' proxies'.
+        Kind::Telemetry => {
+            obj.data.pointer("/spec/selector").is_none()
+                && (ns == settings.root_namespace || scope.services.keys().chain(scope.from_istiod.iter()).any(|s| s.namespace == ns && scope.uses(s)))
+        }
         Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
                 && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
@@ -316,6 +328,8 @@ enum Converted {
     Destination(Result<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>, (String, Option<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>>)>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
+    /// Compiled when published (what it may name depends on the mesh config).
+    Telemetry(Result<crate::telemetry::Telemetry, String>),
 }
 
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
@@ -361,6 +375,7 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 (e, stand_in)
             }))
         }
+        Kind::Telemetry => Converted::Telemetry(flattened(obj).and_then(|spec| serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string()))),
         Kind::RequestAuthentication => {
             let a = authentication(obj);
             if let Err(e) = &a {
@@ -481,6 +496,7 @@ impl Store {
                         | Kind::VirtualService
                         | Kind::AuthorizationPolicy
                         | Kind::RequestAuthentication
+                        | Kind::Telemetry
                 )
                     && selected(k.0, obj, &scope, settings)
             })
@@ -497,6 +513,9 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         cfg.tracing = mesh_tracing(mesh);
+        let mesh_value = mesh.and_then(|m| m.data.pointer("/data/mesh")).and_then(Value::as_str).and_then(|t| serde_yaml::from_str::<Value>(t).ok());
+        let mesh_providers = crate::telemetry::MeshProviders::from_mesh(mesh_value.as_ref(), cfg.tracing.as_ref().map(|t| t.provider.as_str()));
+        let (mut telemetries, mut telemetries_read) = (Vec::new(), Vec::new());
         let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut virtual_services = Vec::new();
@@ -561,6 +580,17 @@ impl Store {
                     v["unenforceable"] = json!(e);
                     authns.push(v);
                 }
+                Converted::Telemetry(t) => match t.as_ref().map_err(Clone::clone).and_then(|t| t.compile(&mesh_providers)) {
+                    Ok(c) => {
+                        telemetries.push(c);
+                        telemetries_read.push(as_read);
+                    }
+                    Err(e) => {
+                        // Not a security policy: left out, as a route that does not convert.
+                        tracing::warn!(kind = "Telemetry", namespace = %k.1, name = %k.2, error = %e, "object rejected; it does not apply");
+                        rejected.push(json!({"kind": "Telemetry", "namespace": k.1, "name": k.2, "error": e}));
+                    }
+                },
                 Converted::Policy(Err(e)) => {
                     cfg.policies.push(deny_all(obj));
                     cfg.unenforceable += 1;
@@ -579,6 +609,7 @@ impl Store {
                 "labels ask for this waypoint from namespaces its Gateway does not admit (allowedRoutes.namespaces of the HBONE listener); istiod does not attach them either");
         }
         self.refused = refused;
+        cfg.telemetry = Arc::new(crate::telemetry::Telemetries::new(telemetries, mesh_providers));
         cfg.dump = Arc::new(json!({
             "source": "kubernetes",
             "httpRoutes": routes,
@@ -589,6 +620,7 @@ impl Store {
             "virtualServices": virtual_services,
             "authorizationPolicies": policies,
             "requestAuthentications": authns,
+            "telemetries": telemetries_read,
             "rejected": rejected,
             "scope": scope_dump,
             "extensionProviders": providers_dump,

@@ -24,6 +24,7 @@ pub mod object;
 pub mod path;
 pub mod route;
 pub mod server;
+pub mod telemetry;
 pub mod trace;
 pub mod tunnel;
 pub mod upstream;

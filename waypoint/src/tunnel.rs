@@ -254,7 +254,11 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return down_send.send_reset(h2::Reason::REFUSED_STREAM);
         }
     };
-    let conn = wp.metrics.opened(&labels);
+    // Telemetry metric overrides of the TCP metrics, when any are in force.
+    let conn = match cfg.telemetry.for_target(&l7_target).tcp.as_ref() {
+        None => wp.metrics.opened(&labels),
+        Some(o) => wp.metrics.opened_overridden(&labels, o),
+    };
     drop(labels);
     let sniffed = first.len() as u64;
     if !first.is_empty() {

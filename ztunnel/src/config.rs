@@ -70,6 +70,10 @@ pub struct LocalConfig {
     /// accepted and not interpreted, as `http_routes`.
     #[serde(default)]
     pub request_authentications: Vec<serde_yaml::Value>,
+    /// Istio Telemetries (the waypoint's access logging, metric and tracing overrides);
+    /// accepted and not interpreted.
+    #[serde(default)]
+    pub telemetries: Vec<serde_yaml::Value>,
     /// Istio's MeshConfig (as the `mesh` key of the `istio` ConfigMap); the waypoint
     /// reads its `extensionProviders` (CUSTOM policies' authorizers). Not interpreted here.
     #[serde(default)]

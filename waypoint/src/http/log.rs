@@ -16,6 +16,9 @@ use super::headers::{authority, header_bytes};
 use super::tunnel::Tunnel;
 use crate::config::Config;
 use crate::context::Waypoint;
+use crate::object::{ObjectName, Target};
+use crate::telemetry::expr::Attributes;
+use crate::telemetry::{Applied, LogPolicy};
 use crate::trace::{FinishedSpan, SpanContext};
 
 /// What the access log and metrics say about one request; written when the response
@@ -51,6 +54,14 @@ pub struct RequestLog {
     /// The request's span, when it is traced.
     span: Option<SpanContext>,
     port: u16,
+    /// What the Telemetries in force do to this request's log line and metrics.
+    telemetry: Arc<Applied>,
+    /// For an access-log filter: the query, the HTTP version, the CONNECT target and
+    /// the request headers the filter reads.
+    query: Option<String>,
+    version: http::Version,
+    target: SocketAddr,
+    filter_headers: Vec<(http::HeaderName, String)>,
 }
 
 impl RequestLog {
@@ -61,13 +72,30 @@ impl RequestLog {
             .workload_by_ip(tunnel.src_addr.ip())
             .filter(|w| w.identity() == tunnel.src_identity)
             .cloned();
+        let dst_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
+        let telemetry = if cfg.telemetry.is_empty() {
+            Arc::default()
+        } else {
+            let svc = dst_service.as_deref().map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+            cfg.telemetry.for_target(&Target { gateway: &wp.gateway, root_namespace: &wp.root_namespace, service: svc.as_ref(), port: tunnel.target.port() })
+        };
+        let filter_headers = telemetry
+            .filter_headers()
+            .filter_map(|name| Some((name.clone(), parts.headers.get(name)?.to_str().ok()?.to_string())))
+            .collect();
+        // Only an access-log filter reads it.
+        let query = matches!(&telemetry.log, LogPolicy::Filtered(f) if !f.is_empty()).then(|| parts.uri.query().map(str::to_string)).flatten();
+        let span = match cfg.tracing.as_ref().filter(|_| !telemetry.spans_off) {
+            Some(t) => crate::trace::start(&parts.headers, telemetry.sampling.unwrap_or(t.sampling), rand::random()),
+            None => None,
+        };
         RequestLog {
             wp,
             start: Instant::now(),
             src_addr: tunnel.src_addr,
             src_identity: tunnel.src_identity.clone(),
             src_workload,
-            dst_service: cfg.state.service_by_vip(tunnel.target.ip()).cloned(),
+            dst_service,
             dst_workload: None,
             dst_addr: None,
             method: parts.method.clone(),
@@ -86,8 +114,13 @@ impl RequestLog {
             request_principal: None,
             error: None,
             finished: false,
-            span: cfg.tracing.as_ref().and_then(|t| crate::trace::start(&parts.headers, t.sampling, rand::random())),
+            span,
             port: tunnel.target.port(),
+            telemetry,
+            query,
+            version: parts.version,
+            target: tunnel.target,
+            filter_headers,
         }
     }
 
@@ -127,12 +160,48 @@ impl RequestLog {
         peers.response_flags = self.response_flags;
         let labels = HttpLabels {
             peers,
-            response_code: self.status,
+            response_code: Some(self.status),
             grpc_response_status: self.grpc_status.unwrap_or_default(),
         };
         let duration = self.start.elapsed();
         let request_bytes = self.request_header_bytes + self.request_bytes.load(Ordering::Relaxed);
-        wp.http_metrics.record(&labels, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes);
+        match &self.telemetry.http {
+            None => wp.http_metrics.record(&labels, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes),
+            Some(o) => wp.http_metrics.record_overridden(&labels, o, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes),
+        }
+        if self.logged() {
+            self.log_line(request_bytes, response_bytes, duration);
+        }
+        self.export_span();
+    }
+
+    /// Whether the Telemetries in force want this request's line.
+    fn logged(&self) -> bool {
+        let filters = match &self.telemetry.log {
+            LogPolicy::Always => return true,
+            LogPolicy::Off => return false,
+            LogPolicy::Filtered(f) if f.is_empty() => return true,
+            LogPolicy::Filtered(f) => f,
+        };
+        let san = self.src_identity.to_string();
+        let a = Attributes {
+            code: self.status,
+            grpc_status: self.grpc_status,
+            method: self.method.as_str(),
+            path: &self.path,
+            query: self.query.as_deref(),
+            host: &self.host,
+            protocol: if self.version == http::Version::HTTP_2 { "HTTP/2" } else { "HTTP/1.1" },
+            headers: &self.filter_headers,
+            source: self.src_addr,
+            destination: self.target,
+            upstream: self.dst_addr,
+            peer_san: &san,
+        };
+        filters.iter().any(|f| f.matches(&a))
+    }
+
+    fn log_line(&self, request_bytes: u64, response_bytes: u64, duration: std::time::Duration) {
         tracing::info!(
             src.addr = %self.src_addr,
             src.identity = %self.src_identity,
@@ -159,6 +228,10 @@ impl RequestLog {
             trace_id = self.span.as_ref().map(|s| s.trace_id_hex()),
             "request complete"
         );
+    }
+
+    fn export_span(&mut self) {
+        let wp = &self.wp;
         if let Some(ctx) = self.span.take() {
             let host = self.dst_service.as_ref().map_or(self.host.as_str(), |s| s.hostname.as_str());
             let mut attributes = vec![

@@ -14,9 +14,50 @@ use super::labels::{SeriesBound, TcpLabels};
 pub struct HttpLabels {
     #[prometheus(flatten)]
     pub peers: TcpLabels,
-    pub response_code: u16,
+    /// None only when a Telemetry removes the label (exported empty).
+    pub response_code: Option<u16>,
     /// `grpc_status` of what the backend sent, or empty for non-gRPC requests.
     pub grpc_response_status: &'static str,
+}
+
+impl HttpLabels {
+    /// Empties the label `name` (see `TcpLabels::blank`); false for a name it has not.
+    pub fn blank(&mut self, name: &str) -> bool {
+        match name {
+            "response_code" => self.response_code = None,
+            "grpc_response_status" => self.grpc_response_status = "",
+            other => return self.peers.blank(other),
+        }
+        true
+    }
+}
+
+/// Whether Istio's HTTP metrics have a label `name`.
+pub fn is_label(name: &str) -> bool {
+    matches!(name, "response_code" | "grpc_response_status") || super::labels::TCP_LABEL_NAMES.contains(&name)
+}
+
+/// What a Telemetry's overrides do to one metric: drop it, or empty some of its labels.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MetricOverride {
+    pub disabled: bool,
+    pub remove: Vec<String>,
+}
+
+impl MetricOverride {
+    pub fn is_none(&self) -> bool {
+        !self.disabled && self.remove.is_empty()
+    }
+}
+
+/// The overrides of the four HTTP metrics (Istio's REQUEST_COUNT, REQUEST_DURATION,
+/// REQUEST_SIZE, RESPONSE_SIZE).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HttpOverrides {
+    pub requests: MetricOverride,
+    pub duration: MetricOverride,
+    pub request_bytes: MetricOverride,
+    pub response_bytes: MetricOverride,
 }
 
 const GRPC_CODES: [&str; 17] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"];
@@ -82,6 +123,29 @@ impl HttpMetrics {
         self.request_bytes.get_or_create(labels).observe(request_bytes as f64);
         self.response_bytes.get_or_create(labels).observe(response_bytes as f64);
     }
+
+    /// As `record`, each metric as `o` says: dropped, or with some labels emptied.
+    pub fn record_overridden(&self, labels: &HttpLabels, o: &HttpOverrides, duration_ms: f64, request_bytes: u64, response_bytes: u64) {
+        let trimmed = |m: &MetricOverride| {
+            let mut l = labels.clone();
+            for name in &m.remove {
+                l.blank(name);
+            }
+            if self.series.admit(&l) { l } else { HttpLabels { peers: l.peers.overflow(), ..l } }
+        };
+        if !o.requests.disabled {
+            self.requests.get_or_create(&trimmed(&o.requests)).inc();
+        }
+        if !o.duration.disabled {
+            self.duration.get_or_create(&trimmed(&o.duration)).observe(duration_ms);
+        }
+        if !o.request_bytes.disabled {
+            self.request_bytes.get_or_create(&trimmed(&o.request_bytes)).observe(request_bytes as f64);
+        }
+        if !o.response_bytes.disabled {
+            self.response_bytes.get_or_create(&trimmed(&o.response_bytes)).observe(response_bytes as f64);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -99,7 +163,7 @@ mod tests {
         let m = HttpMetrics::register(&mut registry);
         let base = HttpLabels {
             peers: TcpLabels::new("waypoint", Peer::default(), Peer::default(), None, true),
-            response_code: 200,
+            response_code: Some(200),
             grpc_response_status: "",
         };
         for i in 0..(MAX_SERIES + 5_000) {
@@ -115,6 +179,31 @@ mod tests {
             .find(|l| l.starts_with("istio_requests_total{") && l.contains("source_workload=\"unknown\""))
             .unwrap();
         assert!(overflow.ends_with(" 5000"), "{overflow}");
+    }
+
+    /// A Telemetry's overrides: a dropped metric is not recorded, a removed label is
+    /// exported empty (Prometheus's "absent"), so series differing only there merge.
+    #[test]
+    fn overrides_drop_metrics_and_empty_labels() {
+        let mut registry = Registry::default();
+        let m = HttpMetrics::register(&mut registry);
+        let base = HttpLabels { peers: TcpLabels::new("waypoint", Peer::default(), Peer::default(), None, true), response_code: Some(200), grpc_response_status: "" };
+        let remove = MetricOverride { disabled: false, remove: vec!["source_workload".into(), "response_code".into()] };
+        let o = HttpOverrides { requests: remove, duration: MetricOverride { disabled: true, remove: vec![] }, ..Default::default() };
+        for (i, code) in [(1, 200), (2, 503)] {
+            let l = HttpLabels { peers: TcpLabels { source_workload: format!("w{i}"), ..base.peers.clone() }, response_code: Some(code), ..base.clone() };
+            m.record_overridden(&l, &o, 1.0, 10, 10);
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let requests: Vec<&str> = text.lines().filter(|l| l.starts_with("istio_requests_total{")).collect();
+        assert_eq!(requests.len(), 1, "{text}");
+        assert!(requests[0].contains("source_workload=\"\"") && requests[0].contains("response_code=\"\"") && requests[0].ends_with(" 2"), "{}", requests[0]);
+        assert_eq!(series(&text, "istio_request_duration_milliseconds_count{"), 0, "dropped");
+        assert_eq!(series(&text, "istio_request_bytes_count{"), 2, "untouched");
+        assert!(is_label("response_code") && is_label("destination_zone") && !is_label("nope"));
+        let mut l = base.clone();
+        assert!(!l.blank("nope"));
     }
 
     #[test]

@@ -97,6 +97,76 @@ impl TcpLabels {
     }
 }
 
+/// The labels of Istio's TCP metrics, by name.
+pub const TCP_LABEL_NAMES: [&str; 27] = [
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "destination_service",
+    "destination_service_name",
+    "destination_service_namespace",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+    "source_region",
+    "source_zone",
+    "destination_region",
+    "destination_zone",
+];
+
+impl TcpLabels {
+    /// Empties the label `name` (false: it has none by that name). An empty label is the
+    /// same series as one without it to Prometheus: this is how a Telemetry's tag
+    /// removal (`tagOverrides: {x: {operation: REMOVE}}`) is exported.
+    pub fn blank(&mut self, name: &str) -> bool {
+        match name {
+            "reporter" => self.reporter = "",
+            "source_workload" => self.source_workload.clear(),
+            "source_canonical_service" => self.source_canonical_service.clear(),
+            "source_canonical_revision" => self.source_canonical_revision.clear(),
+            "source_workload_namespace" => self.source_workload_namespace.clear(),
+            "source_principal" => self.source_principal.clear(),
+            "source_app" => self.source_app.clear(),
+            "source_version" => self.source_version.clear(),
+            "source_cluster" => self.source_cluster.clear(),
+            "destination_workload" => self.destination_workload.clear(),
+            "destination_canonical_service" => self.destination_canonical_service.clear(),
+            "destination_canonical_revision" => self.destination_canonical_revision.clear(),
+            "destination_workload_namespace" => self.destination_workload_namespace.clear(),
+            "destination_principal" => self.destination_principal.clear(),
+            "destination_app" => self.destination_app.clear(),
+            "destination_version" => self.destination_version.clear(),
+            "destination_cluster" => self.destination_cluster.clear(),
+            "destination_service" => self.destination_service.clear(),
+            "destination_service_name" => self.destination_service_name.clear(),
+            "destination_service_namespace" => self.destination_service_namespace.clear(),
+            "request_protocol" => self.request_protocol = "",
+            "response_flags" => self.response_flags = "",
+            "connection_security_policy" => self.connection_security_policy = "",
+            "source_region" => self.source_region.clear(),
+            "source_zone" => self.source_zone.clear(),
+            "destination_region" => self.destination_region.clear(),
+            "destination_zone" => self.destination_zone.clear(),
+            _ => return false,
+        }
+        true
+    }
+}
+
 /// The label sets in use by a group of families (by hash), to bound them at `MAX_SERIES`.
 #[derive(Default)]
 pub struct SeriesBound(std::sync::Mutex<std::collections::HashSet<u64>>);

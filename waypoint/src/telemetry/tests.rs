@@ -1,0 +1,130 @@
+use super::*;
+
+fn mesh(yaml: &str) -> MeshProviders {
+    let v: Value = serde_yaml::from_str(yaml).expect("mesh yaml");
+    MeshProviders::from_mesh(Some(&v), Some("otel"))
+}
+
+fn telemetries(yaml: &str, mesh: &MeshProviders) -> Result<Telemetries, String> {
+    let list: Vec<Telemetry> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
+    let compiled = list.iter().map(|t| t.compile(mesh)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Telemetries::new(compiled, mesh.clone()))
+}
+
+fn gateway() -> ObjectName {
+    ObjectName { namespace: "waypoints".into(), name: "waypoint".into() }
+}
+
+fn applied(t: &Telemetries, svc: Option<(&str, &str)>) -> Arc<Applied> {
+    let gw = gateway();
+    let svc = svc.map(|(ns, n)| ObjectName { namespace: ns.into(), name: n.into() });
+    t.for_target(&Target { gateway: &gw, root_namespace: "istio-system", service: svc.as_ref(), port: 80 })
+}
+
+fn log_of(a: &Applied) -> String {
+    match &a.log {
+        LogPolicy::Always => "always".into(),
+        LogPolicy::Off => "off".into(),
+        LogPolicy::Filtered(f) => format!("on{:?}", f.iter().map(|e| e.source().to_string()).collect::<Vec<_>>()),
+    }
+}
+
+#[test]
+fn access_logging_follows_the_telemetries_in_force() {
+    let m = mesh("{}");
+    // Nothing configured: every request, as before.
+    assert_eq!(log_of(&applied(&telemetries("[]", &m).unwrap(), Some(("shop", "cart")))), "always");
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, accessLogging: [{providers: [{name: envoy}], filter: {expression: 'response.code >= 400'}}]}\n\
+         - {name: off, namespace: shop, accessLogging: [{providers: [{name: envoy}], disabled: true}]}\n\
+         - {name: cart, namespace: books, targetRefs: [{kind: Service, group: '', name: reviews}], accessLogging: [{providers: [{name: envoy}]}]}\n\
+         - {name: sidecars, namespace: books, selector: {matchLabels: {app: x}}, accessLogging: [{providers: [{name: envoy}], disabled: true}]}\n",
+        &m,
+    )
+    .unwrap();
+    // Mesh-wide: only errors.
+    assert_eq!(log_of(&applied(&t, Some(("books", "details")))), "on[\"response.code >= 400\"]");
+    // The Service's namespace turns it off.
+    assert_eq!(log_of(&applied(&t, Some(("shop", "cart")))), "off");
+    // A Telemetry on the Service: every request.
+    assert_eq!(log_of(&applied(&t, Some(("books", "reviews")))), "on[]");
+    // A CLIENT-only entry does not apply to a waypoint (SERVER), and as in istiod's merge,
+    // no entry for it leaves it no access log.
+    let t = telemetries("- {name: mesh, namespace: istio-system, accessLogging: [{providers: [{name: envoy}], match: {mode: CLIENT}}]}\n", &m).unwrap();
+    assert_eq!(log_of(&applied(&t, None)), "off");
+    // A default provider alone turns the log on; an entry without providers inherits it.
+    let d = mesh("{defaultProviders: {accessLogging: [envoy]}}");
+    assert_eq!(log_of(&applied(&telemetries("[]", &d).unwrap(), None)), "on[]");
+    let t = telemetries("- {name: mesh, namespace: istio-system, accessLogging: [{disabled: true}]}\n", &d).unwrap();
+    assert_eq!(log_of(&applied(&t, None)), "off");
+    // A stdout envoyFileAccessLog provider is the same log.
+    let f = mesh("{extensionProviders: [{name: stdout, envoyFileAccessLog: {path: /dev/stdout}}]}");
+    let t = telemetries("- {name: mesh, namespace: istio-system, accessLogging: [{providers: [{name: stdout}], filter: {expression: 'response.code == 503'}}]}\n", &f).unwrap();
+    assert_eq!(log_of(&applied(&t, None)), "on[\"response.code == 503\"]");
+}
+
+#[test]
+fn metric_overrides_remove_tags_and_drop_metrics() {
+    let m = mesh("{}");
+    let t = telemetries(
+        "- name: mesh\n  namespace: istio-system\n  metrics:\n  - providers: [{name: prometheus}]\n    overrides:\n\
+         \x20   - {match: {metric: ALL_METRICS}, tagOverrides: {source_principal: {operation: REMOVE}}}\n\
+         \x20   - {match: {metric: REQUEST_DURATION, mode: SERVER}, disabled: true}\n\
+         \x20   - {match: {metric: REQUEST_COUNT, mode: CLIENT}, tagOverrides: {response_code: {operation: REMOVE}}}\n\
+         - name: ns\n  namespace: shop\n  metrics: [{overrides: [{match: {metric: REQUEST_COUNT}, tagOverrides: {destination_workload: {operation: REMOVE}}}]}]\n",
+        &m,
+    )
+    .unwrap();
+    let a = applied(&t, Some(("books", "details")));
+    let http = a.http.as_ref().expect("overrides");
+    assert_eq!(http.requests.remove, ["source_principal"], "a CLIENT override does not apply to a waypoint");
+    assert!(http.duration.disabled && !http.requests.disabled);
+    assert_eq!(a.tcp.as_ref().expect("tcp")[0].remove, ["source_principal"]);
+    let a = applied(&t, Some(("shop", "cart")));
+    assert_eq!(a.http.as_ref().expect("overrides").requests.remove, ["source_principal", "destination_workload"]);
+    // ALL_METRICS disabled: nothing is recorded.
+    let t = telemetries("- {name: mesh, namespace: istio-system, metrics: [{overrides: [{disabled: true}]}]}\n", &m).unwrap();
+    let a = applied(&t, None);
+    assert!(a.http.as_ref().is_some_and(|h| h.requests.disabled && h.response_bytes.disabled) && a.tcp.as_ref().is_some_and(|t| t.iter().all(|o| o.disabled)));
+    // No overrides: the fast path.
+    assert!(applied(&telemetries("[]", &m).unwrap(), None).http.is_none());
+}
+
+#[test]
+fn tracing_overrides_sampling_and_span_reporting() {
+    let m = mesh("{}");
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, tracing: [{randomSamplingPercentage: 100}]}\n\
+         - {name: ns, namespace: shop, tracing: [{providers: [{name: otel}], disableSpanReporting: true}]}\n",
+        &m,
+    )
+    .unwrap();
+    let a = applied(&t, Some(("books", "x")));
+    assert_eq!((a.sampling, a.spans_off), (Some(100.0), false));
+    let a = applied(&t, Some(("shop", "cart")));
+    assert_eq!((a.sampling, a.spans_off), (Some(100.0), true));
+}
+
+#[test]
+fn what_the_waypoint_cannot_do_is_refused_with_the_field_named() {
+    let m = mesh("{extensionProviders: [{name: file, envoyFileAccessLog: {path: /var/log/access.log}}, {name: otel-logs, envoyOtelAls: {service: c, port: 4317}}]}");
+    for (yaml, want) in [
+        ("accessLogging: [{providers: [{name: otel-logs}]}]", "accessLogging[0].providers[0].name: \"otel-logs\" is not an access log this waypoint writes"),
+        ("accessLogging: [{providers: [{name: file}]}]", "accessLogging[0].providers[0].name: \"file\""),
+        ("accessLogging: [{filter: {expression: 'xds.cluster_name == \"x\"'}}]", "accessLogging[0].filter.expression: the attribute xds.cluster_name is not supported"),
+        ("accessLogging: [{match: {mode: BOTH}}]", "accessLogging[0].match.mode: \"BOTH\""),
+        ("metrics: [{providers: [{name: stackdriver}]}]", "metrics[0].providers[0].name: \"stackdriver\" is not a metrics provider"),
+        ("metrics: [{reportingInterval: 10s}]", "metrics[0].reportingInterval"),
+        ("metrics: [{overrides: [{match: {customMetric: my_metric}}]}]", "metrics[0].overrides[0].match.customMetric"),
+        ("metrics: [{overrides: [{match: {metric: REQUEST_BYTES}}]}]", "metrics[0].overrides[0].match.metric: \"REQUEST_BYTES\""),
+        ("metrics: [{overrides: [{tagOverrides: {request_host: {value: request.host}}}]}]", "metrics[0].overrides[0].tagOverrides.request_host.operation: UPSERT"),
+        ("metrics: [{overrides: [{tagOverrides: {nope: {operation: REMOVE}}}]}]", "metrics[0].overrides[0].tagOverrides.nope: not a label"),
+        ("tracing: [{providers: [{name: zipkin}]}]", "tracing[0].providers[0].name: \"zipkin\""),
+        ("tracing: [{customTags: {a: {literal: {value: b}}}}]", "tracing[0].customTags"),
+        ("tracing: [{randomSamplingPercentage: 101}]", "tracing[0].randomSamplingPercentage"),
+        ("targetRefs: [{kind: Pod, name: x}]", "targetRefs[0]: kind \"Pod\""),
+    ] {
+        let e = telemetries(&format!("- {{name: t, namespace: default, {yaml}}}\n"), &m).err().unwrap_or_else(|| panic!("accepted: {yaml}"));
+        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
+    }
+}
