@@ -103,7 +103,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     log.note(notes);
     match planned {
         Ok(plan) => {
-            let x = forward::Exchange { wp: &wp, cfg: &cfg, log, grpc };
+            let x = forward::Exchange { wp: &wp, cfg: &cfg, log, grpc, trace: tunnel.trace };
             forward::forward(x, plan, Request::from_parts(parts, body)).await
         }
         Err(reply) => reply.send(log, grpc),

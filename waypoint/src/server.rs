@@ -41,8 +41,11 @@ async fn connection(wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAccepto
     let Some((conn, src_identity)) = server.handshake(&acceptor, stream, permit).await else { return };
     server
         .serve(conn, &wp.drain, &src_identity, |req, respond| {
-            let span = tracing::info_span!("stream", src.identity = %src_identity);
-            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone()).instrument(span));
+            // The CONNECT's trace, as ztunnel's inbound side joins it (Istio's): its id
+            // names the tunnel's lines.
+            let trace = ztunnel::hbone::TraceParent::of_request(&req);
+            let span = tracing::info_span!("stream", id = %trace.trace_id(), src.identity = %src_identity);
+            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone(), trace).instrument(span));
         })
         .await;
 }

@@ -84,7 +84,7 @@ fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> Nam
     NamedTarget { wp, service, port: target.port() }
 }
 
-pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity) {
+pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity, trace: hbone::TraceParent) {
     let _active = wp.drain.track();
     let start = Instant::now();
     let target = match hbone::connect_target(&req) {
@@ -112,7 +112,7 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
         Err(e) => return tracing::debug!(error = %e, "client went away"),
     };
     let mut down_recv = req.into_body();
-    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target });
+    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target, trace });
     if tcp_routed {
         return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await;
     }
@@ -217,6 +217,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     if traffic.as_ref().is_some_and(|t| t.tls.is_some()) {
         let mut ep = crate::upstream::Endpoint::of(&cfg.state, upstream_target, &endpoint, service.as_deref());
         ep.tls = backend.tls_target(None, ep_ip, false);
+        ep.trace = tunnel.trace.child();
         return relay_tls(&wp, &tunnel, down_send, down_recv, first, ep, start).await;
     }
     if endpoint.protocol != MeshProtocol::HBONE {
@@ -229,7 +230,8 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         .method(Method::CONNECT)
         .uri(upstream_target.to_string())
         .header("forwarded", hbone::request::forwarded(tunnel.src_addr, service.as_deref().map(|s| s.hostname.as_str())))
-        .header("traceparent", hbone::traceparent())
+        // The tunnel's trace goes on, with this hop as the parent.
+        .header("traceparent", tunnel.trace.child().header())
         .body(());
     let Ok(up_req) = up_req else {
         return down_send.send_reset(h2::Reason::INTERNAL_ERROR);

@@ -65,15 +65,18 @@ pub struct Endpoint {
     pub identities: Vec<Identity>,
     pub plaintext: bool,
     pub tls: Option<TlsTarget>,
+    /// The `traceparent` of a CONNECT this attempt opens (the request's trace when it has
+    /// one, else its tunnel's), so the endpoint's ztunnel joins it.
+    pub trace: hbone::TraceParent,
 }
 
 impl Endpoint {
     /// The endpoint `addr` of workload `wl`, reached as `svc`'s (its SANs count too).
     pub fn of(state: &MeshState, addr: SocketAddr, wl: &Workload, svc: Option<&Service>) -> Endpoint {
         if wl.protocol == MeshProtocol::HBONE {
-            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false, tls: None }
+            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false, tls: None, trace: hbone::TraceParent::new() }
         } else {
-            Endpoint { addr, identities: Vec::new(), plaintext: true, tls: None }
+            Endpoint { addr, identities: Vec::new(), plaintext: true, tls: None, trace: hbone::TraceParent::new() }
         }
     }
 }
@@ -138,7 +141,7 @@ impl Upstreams {
         let req = Request::builder()
             .method(Method::CONNECT)
             .uri(ep.addr.to_string())
-            .header("traceparent", hbone::traceparent())
+            .header("traceparent", ep.trace.header())
             .body(())
             .map_err(|e| UpstreamError::Connect { endpoint: ep.addr, source: HboneError::Request(e) })?;
         let (send, recv, guard) = self

@@ -36,6 +36,8 @@ pub struct Exchange<'a> {
     pub log: RequestLog,
     /// Whether local replies are gRPC statuses.
     pub grpc: bool,
+    /// The tunnel's trace (new upstream CONNECTs join the request's, else this one).
+    pub trace: ztunnel::hbone::TraceParent,
 }
 
 /// How many times to try, which backend answers to retry on, and the timing.
@@ -101,7 +103,7 @@ fn idempotent(m: &Method) -> bool {
 /// Sends the request as planned; the response is the backend's, or a local reply when
 /// no attempt got one.
 pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
-    let Exchange { wp, cfg, mut log, grpc } = x;
+    let Exchange { wp, cfg, mut log, grpc, trace } = x;
     // Endpoints known by hostname (DNS ServiceEntries): their addresses, from the cache
     // or asked now.
     if let Err(why) = plan.backend.resolve(&wp.resolver, &wp.me).await {
@@ -146,7 +148,7 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Incoming>
             },
             _ => None,
         };
-        let (resp, mut picked) = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log).await?;
+        let (resp, mut picked) = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log, trace).await?;
         if let Some(slot) = connection {
             picked.hold(slot);
         }
@@ -242,10 +244,14 @@ async fn attempt_loop(
     body: &mut RequestBody,
     attempts: &Attempts<'_>,
     log: &mut RequestLog,
+    tunnel_trace: ztunnel::hbone::TraceParent,
 ) -> Outcome {
     let Attempts { count: attempts, codes, backoff, per_try_timeout: backend_timeout, ref choice, ref service, max_retries } = *attempts;
     let mut tried = Vec::new();
     let mut last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
+    // A new upstream CONNECT joins the request's trace (the waypoint's span, or the
+    // client's), else its tunnel's.
+    let trace = parts.headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(ztunnel::hbone::TraceParent::parse).unwrap_or(tunnel_trace).child();
     for attempt in 0..attempts.max(1) {
         // DestinationRule maxRetries: retries in flight to the Service; over it, no retry.
         let _retry_slot = match (attempt > 0, max_retries) {
@@ -278,6 +284,7 @@ async fn attempt_loop(
         let req = Request::from_parts(clone_parts(parts), b);
         let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
         ep.tls = backend.tls_target(Some(&authority(parts)), picked.addr.ip(), http2);
+        ep.trace = trace;
         let send = wp.upstreams.send(&ep, http2, req);
         let r = match backend_timeout {
             Some(t) => tokio::time::timeout(t, send).await.ok(),

@@ -508,6 +508,7 @@ mod tests {
             src_identity: "spiffe://cluster.local/ns/default/sa/client".parse().expect("identity"),
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
+            trace: ztunnel::hbone::TraceParent::new(),
         };
         let jwks = authn::JwksStore::new(authn::JwksSettings::default());
         let me = cfg.state.workload_by_uid(&ztunnel::state::WorkloadUid("waypoint".into())).map(|w| (**w).clone()).unwrap_or_else(|| ztunnel::state::Workload::new("waypoint", "waypoint", "default"));

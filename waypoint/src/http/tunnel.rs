@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 
+use ztunnel::hbone::TraceParent;
 use ztunnel::identity::Identity;
 
 /// The tunnel a request arrived in.
@@ -12,4 +13,7 @@ pub struct Tunnel {
     pub src_addr: SocketAddr,
     /// The CONNECT target: a service VIP:port or a workload ip:port.
     pub target: SocketAddr,
+    /// The CONNECT's trace (Istio ztunnel's per-connection traceparent): the tunnel's log
+    /// lines carry its id, and the waypoint's own CONNECTs for it pass it on.
+    pub trace: TraceParent,
 }

@@ -55,7 +55,10 @@ async fn handle_connection(
     let revoked = revoked_peer(&inputs, &pod, changes, &chain);
     server
         .serve_with(conn, &inputs.drain, &src_identity, revoked, |req, respond| {
-            let span = tracing::info_span!("stream", src.identity = %src_identity);
+            // The CONNECT's trace (a new one without): its id names this stream's lines, as
+            // the client side's name the connection (Istio's).
+            let trace = hbone::TraceParent::of_request(&req);
+            let span = tracing::info_span!("stream", id = %trace.trace_id(), src.identity = %src_identity);
             // What the stream needs of the request head is read here, so the head (a few
             // hundred bytes) is not kept in the stream's task for its life.
             let (head, body) = req.into_parts();

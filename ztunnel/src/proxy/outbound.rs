@@ -24,8 +24,11 @@ use crate::state::{LoadBalancerMode, MeshState, Protocol, Service, Workload};
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
     while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
         let _ = stream.set_nodelay(true);
-        let span = tracing::info_span!("outbound", src = %peer, pod = %pod.workload.name);
-        tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
+        // One trace per connection, as Istio's: its id names the connection's log lines
+        // here and, through the CONNECT, at the other end.
+        let trace = hbone::TraceParent::new();
+        let span = tracing::info_span!("outbound", id = %trace.trace_id(), src = %peer, pod = %pod.workload.name);
+        tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer, trace).instrument(span));
     }
 }
 
@@ -179,14 +182,14 @@ fn route(state: &MeshState, src_wl: &Workload, src: &Identity, dst: SocketAddr) 
 }
 
 /// Istio's HBONE CONNECT for `target` on behalf of the pod's client `peer`: the
-/// original client and service in `forwarded`, a fresh `traceparent`, the source's
-/// `baggage`.
-fn connect_request(target: SocketAddr, peer: SocketAddr, service: Option<&Service>, src: &Workload) -> Result<http::Request<()>, http::Error> {
+/// original client and service in `forwarded`, the connection's `traceparent`, the
+/// source's `baggage`.
+fn connect_request(target: SocketAddr, peer: SocketAddr, service: Option<&Service>, src: &Workload, trace: &hbone::TraceParent) -> Result<http::Request<()>, http::Error> {
     let mut req = http::Request::builder()
         .method(http::Method::CONNECT)
         .uri(target.to_string())
         .header("forwarded", hbone::request::forwarded(peer, service.map(|s| s.hostname.as_str())))
-        .header("traceparent", hbone::traceparent());
+        .header("traceparent", trace.header());
     let baggage = src.baggage();
     if !baggage.is_empty() {
         req = req.header("baggage", baggage);
@@ -194,7 +197,7 @@ fn connect_request(target: SocketAddr, peer: SocketAddr, service: Option<&Servic
     req.body(())
 }
 
-async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr) {
+async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, peer: SocketAddr, trace: hbone::TraceParent) {
     // eBPF capture hands the app's connection over loopback; the client is still the pod
     // (same port), and that is what logs, the dump and the peer's `forwarded` name.
     let peer = if peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
@@ -284,7 +287,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: LocalPod, mut stream: TcpStream, 
             // The request and pool key only until connected (a block, so they take no
             // room in the relay's state).
             let connected = {
-                let req = match connect_request(target, peer, service.as_deref(), &pod.workload) {
+                let req = match connect_request(target, peer, service.as_deref(), &pod.workload, &trace) {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot build CONNECT request");
