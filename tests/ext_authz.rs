@@ -19,6 +19,8 @@ pub struct SeenCheck {
     /// The gRPC CheckRequest's peers (gRPC only).
     pub source_principal: String,
     pub destination_principal: String,
+    /// The request body the check carried (HTTP: its body; gRPC: `body`, else `raw_body`).
+    pub body: Vec<u8>,
 }
 
 pub type Checks = std::sync::Arc<std::sync::Mutex<Vec<SeenCheck>>>;
@@ -35,14 +37,18 @@ pub fn start_http_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tok
                 let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                     let checks = checks.clone();
                     async move {
+                        use http_body_util::BodyExt;
                         let headers = req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string())).collect::<HashMap<_, _>>();
                         let allow = headers.get("x-ext-authz").map(String::as_str) == Some("allow");
+                        let (path, method) = (req.uri().to_string(), req.method().to_string());
+                        let body = req.into_body().collect().await.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
                         checks.lock().unwrap().push(SeenCheck {
-                            path: req.uri().to_string(),
-                            method: req.method().to_string(),
+                            path,
+                            method,
                             headers,
                             source_principal: String::new(),
                             destination_principal: String::new(),
+                            body,
                         });
                         let resp = if allow {
                             http::Response::builder().status(200).header("x-user", "alice").header("x-authz-said", "ok").header("x-unlisted", "1").body(String::new())
@@ -81,6 +87,7 @@ impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::
             headers: http.headers.into_iter().collect(),
             source_principal: attrs.source.map(|p| p.principal).unwrap_or_default(),
             destination_principal: attrs.destination.map(|p| p.principal).unwrap_or_default(),
+            body: if http.body.is_empty() { http.raw_body } else { http.body.into_bytes() },
         });
         let header = |k: &str, v: &str| core::HeaderValueOption {
             header: Some(core::HeaderValue { key: k.into(), value: v.into(), ..Default::default() }),

@@ -75,6 +75,7 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
 async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Request<Incoming>) -> Response<Body> {
     let cfg = wp.config.load_full();
     let (mut parts, body) = req.into_parts();
+    let mut body = body::Downstream::new(body);
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
     // A traced request goes on as a child of the waypoint's span.
@@ -94,7 +95,7 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     };
     let mut notes = log::Notes::default();
     let planned = match plan::admit(&inbound, &mut parts, &mut notes) {
-        Ok(mut admitted) => match ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut notes).await {
+        Ok(mut admitted) => match ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut body, &mut notes).await {
             Ok(()) => plan::build(&inbound, admitted, &mut parts, &mut notes),
             Err(reply) => Err(reply),
         },

@@ -29,7 +29,23 @@ pub struct CheckRequest<'a> {
     /// The address the client sent to (service VIP and port) and who answers for it.
     pub destination: SocketAddr,
     pub destination_principal: &'a Identity,
+    /// The request body, when the provider includes it (`includeRequestBodyInCheck`).
+    pub body: Option<CheckBody>,
 }
+
+/// The body a check carries.
+#[derive(Clone, Debug)]
+pub struct CheckBody {
+    /// At most the provider's `maxRequestBytes` of it.
+    pub data: Bytes,
+    /// Less than the whole body (Envoy's `x-envoy-auth-partial-body: true`).
+    pub partial: bool,
+    /// gRPC: in `raw_body` (`packAsBytes`), else in `body` as text.
+    pub as_bytes: bool,
+}
+
+/// The header Envoy adds to a check that carries the body.
+pub const PARTIAL_BODY_HEADER: &str = "x-envoy-auth-partial-body";
 
 /// The authorizer's answer.
 #[derive(Debug)]
@@ -123,6 +139,9 @@ pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
             e.push_str(&v);
         }).or_insert(v);
     }
+    if let Some(b) = &req.body {
+        headers.insert(PARTIAL_BODY_HEADER.into(), b.partial.to_string());
+    }
     headers.insert(":authority".into(), req.host.to_string());
     headers.insert(":method".into(), req.parts.method.to_string());
     headers.insert(":path".into(), req.path.to_string());
@@ -157,6 +176,11 @@ pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
                     scheme: "http".into(),
                     size,
                     protocol: if req.client_http2 { "HTTP/2" } else { "HTTP/1.1" }.into(),
+                    // Envoy puts the body in `body` as text (bytes that are not UTF-8
+                    // replaced here: a protobuf string must be UTF-8) or, packed as
+                    // bytes, in `raw_body`.
+                    body: req.body.as_ref().filter(|b| !b.as_bytes).map(|b| String::from_utf8_lossy(&b.data).into_owned()).unwrap_or_default(),
+                    raw_body: req.body.as_ref().filter(|b| b.as_bytes).map(|b| b.data.to_vec()).unwrap_or_default(),
                     ..Default::default()
                 }),
             }),

@@ -46,6 +46,8 @@ pub struct Common {
     pub fail_open: bool,
     /// The status of the reply when the check cannot be made (default 403).
     pub status_on_error: u16,
+    /// Whether (and how much of) the request body goes with the check.
+    pub body: Option<BodySettings>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -185,12 +187,31 @@ enum RawPort {
     Text(String),
 }
 
-/// What Envoy's `includeRequestBodyInCheck` asks: the waypoint does not buffer bodies
-/// for checks, so a provider with it is refused (its policies deny) rather than
-/// checked without the body the authorizer expects.
+/// Istio's `includeRequestBodyInCheck` (Envoy's `with_request_body`).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RawBody {}
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RawBody {
+    #[serde(default)]
+    max_request_bytes: u32,
+    #[serde(default)]
+    allow_partial_message: bool,
+    #[serde(default)]
+    pack_as_bytes: bool,
+}
+
+/// The most of a request body a check may carry: it is held in memory per request.
+pub const MAX_CHECK_BODY: u32 = 8 << 20;
+
+/// The request body in a check (Envoy's BufferSettings).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodySettings {
+    /// Bytes of the body the check carries, at most.
+    pub max: usize,
+    /// A longer body is checked by its first `max` bytes; else it is refused with 413.
+    pub allow_partial: bool,
+    /// gRPC: the body as `raw_body` (bytes) rather than `body` (a string).
+    pub as_bytes: bool,
+}
 
 /// The fields both kinds share (each kind's struct lists them, since serde cannot
 /// flatten into a struct that denies unknown fields).
@@ -276,12 +297,17 @@ impl RawCommon {
                 }
             }
         };
-        if self.include_request_body_in_check.is_some() {
-            return Err("includeRequestBodyInCheck: not supported by this waypoint (the body is not buffered for checks); \
-                        policies that use this provider deny what they match"
-                .into());
-        }
-        Ok(Common { service: self.service, port, timeout, fail_open: self.fail_open, status_on_error })
+        let body = match self.include_request_body_in_check {
+            None => None,
+            Some(b) => {
+                // Envoy requires a limit above 0; the waypoint bounds what a request may hold.
+                if b.max_request_bytes == 0 || b.max_request_bytes > MAX_CHECK_BODY {
+                    return Err(format!("includeRequestBodyInCheck.maxRequestBytes: must be 1 to {MAX_CHECK_BODY} (the bytes of the body the check carries)"));
+                }
+                Some(BodySettings { max: b.max_request_bytes as usize, allow_partial: b.allow_partial_message, as_bytes: b.pack_as_bytes })
+            }
+        };
+        Ok(Common { service: self.service, port, timeout, fail_open: self.fail_open, status_on_error, body })
     }
 }
 

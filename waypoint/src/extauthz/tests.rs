@@ -63,7 +63,9 @@ fn bad_providers_name_the_field() {
     assert!(one(svc(json!({"timeout": "soon"}))).starts_with("envoyExtAuthzHttp.timeout:"));
     assert!(one(svc(json!({"pathPrefix": "check"}))).starts_with("envoyExtAuthzHttp.pathPrefix: must be a path beginning with `/`"));
     assert!(one(svc(json!({"headersToUpstreamOnAllow": ["*"]}))).contains("headersToUpstreamOnAllow: a single wildcard"));
-    assert!(one(svc(json!({"includeRequestBodyInCheck": {"maxRequestBytes": 10}}))).contains("includeRequestBodyInCheck: not supported"));
+    assert!(one(svc(json!({"includeRequestBodyInCheck": {}}))).contains("includeRequestBodyInCheck.maxRequestBytes: must be 1 to"));
+    assert!(one(svc(json!({"includeRequestBodyInCheck": {"maxRequestBytes": 100_000_000}}))).contains("includeRequestBodyInCheck.maxRequestBytes"));
+    assert!(one(svc(json!({"includeRequestBodyInCheck": {"maxRequestBytes": 10, "packAsBytes": true, "nope": 1}}))).contains("unknown field `nope`"));
     assert!(one(svc(json!({"headersToUpstream": ["x"]}))).contains("unknown field `headersToUpstream`"));
     let list_err = |v: serde_json::Value| parse_all(v.as_array().expect("list")).expect_err("invalid list");
     assert!(list_err(json!([{"name": "Bad_Name", "zipkin": {}}])).starts_with("extensionProviders[0].name \"Bad_Name\""));
@@ -211,6 +213,7 @@ fn check_requests_carry_envoys_attributes() {
         source_principal: &src,
         destination: "10.96.0.10:80".parse().expect("addr"),
         destination_principal: &dst,
+        body: None,
     });
     let attrs = msg.attributes.as_ref().expect("attributes");
     assert_eq!(attrs.source.as_ref().map(|p| p.principal.as_str()), Some("spiffe://cluster.local/ns/default/sa/sleep"));
@@ -222,4 +225,33 @@ fn check_requests_carry_envoys_attributes() {
     let back = auth::CheckRequest::decode(grpc_unframe(grpc_frame(&msg)).expect("frame")).expect("decode");
     assert_eq!(back, msg);
     assert!(grpc_unframe(bytes::Bytes::from_static(&[1, 0, 0, 0, 0])).is_err(), "compressed messages are refused");
+}
+
+/// With includeRequestBodyInCheck: the body as text (`body`) or, packed as bytes, in
+/// `raw_body`; whether it is partial in `x-envoy-auth-partial-body`.
+#[test]
+fn a_check_carries_the_body_when_asked() {
+    use super::check::CheckBody;
+    let (parts, ()) = http::Request::post("/upload").header("host", "echo").body(()).expect("request").into_parts();
+    let id = Identity::new("cluster.local", "default", "sleep");
+    let req = |body: Option<CheckBody>| CheckRequest {
+        parts: &parts,
+        host: "echo",
+        path: "/upload",
+        client_http2: false,
+        source: "10.0.0.1:4000".parse().expect("addr"),
+        source_principal: &id,
+        destination: "10.96.0.10:80".parse().expect("addr"),
+        destination_principal: &id,
+        body,
+    };
+    let http = |m: auth::CheckRequest| m.attributes.and_then(|a| a.request).and_then(|r| r.http).expect("http");
+    let h = http(check_message(&req(Some(CheckBody { data: bytes::Bytes::from_static(b"hello"), partial: true, as_bytes: false }))));
+    assert_eq!((h.body.as_str(), h.raw_body.len()), ("hello", 0));
+    assert_eq!(h.headers.get("x-envoy-auth-partial-body").map(String::as_str), Some("true"));
+    let h = http(check_message(&req(Some(CheckBody { data: bytes::Bytes::from_static(b"\xff\x00"), partial: false, as_bytes: true }))));
+    assert_eq!((h.body.as_str(), h.raw_body.as_slice()), ("", &b"\xff\x00"[..]));
+    assert_eq!(h.headers.get("x-envoy-auth-partial-body").map(String::as_str), Some("false"));
+    let h = http(check_message(&req(None)));
+    assert!(h.body.is_empty() && !h.headers.contains_key("x-envoy-auth-partial-body"));
 }

@@ -89,14 +89,88 @@ impl Drop for Metered {
     }
 }
 
+/// The request body as the client sends it: what was read ahead (an ext_authz check
+/// with the body) comes first, then the rest as it arrives.
+pub struct Downstream {
+    ahead: std::collections::VecDeque<Frame<Bytes>>,
+    /// None once the client's body has ended.
+    rest: Option<Incoming>,
+}
+
+impl Downstream {
+    pub fn new(body: Incoming) -> Downstream {
+        Downstream { ahead: std::collections::VecDeque::new(), rest: Some(body) }
+    }
+
+    /// Reads ahead until at least `until` bytes are buffered or the body ends; returns
+    /// the body's data read so far (it is still sent on, all of it) and whether the body
+    /// ended within it.
+    pub async fn read_ahead(&mut self, until: usize) -> Result<(Bytes, bool), hyper::Error> {
+        use http_body_util::BodyExt;
+        let mut buffered: usize = self.ahead.iter().filter_map(|f| f.data_ref()).map(Bytes::len).sum();
+        while buffered < until {
+            let Some(rest) = self.rest.as_mut() else { break };
+            match rest.frame().await {
+                Some(Ok(f)) => {
+                    buffered += f.data_ref().map_or(0, Bytes::len);
+                    self.ahead.push_back(f);
+                }
+                Some(Err(e)) => return Err(e),
+                None => self.rest = None,
+            }
+        }
+        let ended = self.rest.as_ref().is_none_or(|r| r.is_end_stream());
+        let mut data = bytes::BytesMut::with_capacity(buffered);
+        for d in self.ahead.iter().filter_map(|f| f.data_ref()) {
+            data.extend_from_slice(d);
+        }
+        Ok((data.freeze(), ended))
+    }
+}
+
+impl http_body::Body for Downstream {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(f) = self.ahead.pop_front() {
+            return Poll::Ready(Some(Ok(f)));
+        }
+        match self.rest.as_mut() {
+            Some(r) => Pin::new(r).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ahead.is_empty() && self.rest.as_ref().is_none_or(|r| r.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let ahead: u64 = self.ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
+        with_ahead(self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), |r| r.size_hint()), ahead)
+    }
+}
+
+/// The size of a body `ahead` bytes longer than `rest` says.
+fn with_ahead(rest: SizeHint, ahead: u64) -> SizeHint {
+    // Upper first: SizeHint panics on a lower bound above its upper one.
+    let mut h = SizeHint::new();
+    if let Some(u) = rest.upper() {
+        h.set_upper(u.saturating_add(ahead));
+    }
+    h.set_lower(rest.lower().saturating_add(ahead).min(h.upper().unwrap_or(u64::MAX)));
+    h
+}
+
 /// A request body that counts what passed through it.
 pub struct Counted {
-    inner: Incoming,
+    inner: Downstream,
     count: Arc<AtomicU64>,
 }
 
 impl Counted {
-    pub fn new(inner: Incoming, count: Arc<AtomicU64>) -> Self {
+    pub fn new(inner: Downstream, count: Arc<AtomicU64>) -> Self {
         Counted { inner, count }
     }
 }
@@ -151,3 +225,18 @@ impl RequestBody {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_read_ahead_keeps_its_size() {
+        let h = with_ahead(SizeHint::with_exact(5), 11);
+        assert_eq!((h.lower(), h.upper()), (16, Some(16)));
+        let h = with_ahead(SizeHint::new(), 11);
+        assert_eq!((h.lower(), h.upper()), (11, None));
+        let h = with_ahead(SizeHint::with_exact(u64::MAX), 1);
+        assert_eq!((h.lower(), h.upper()), (u64::MAX, Some(u64::MAX)));
+    }
+}

@@ -10,14 +10,14 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
 
-use super::body::empty;
+use super::body::{empty, full, Downstream};
 use super::grpc::{service_endpoint, unary, CallError, MAX_RESPONSE_BYTES};
 use super::plan::set_head_for;
 use crate::config::Config;
 use crate::context::Waypoint;
-use crate::extauthz::check::{check_message, decision, Allowed, CheckRequest, Decision, Denied, HeaderMode};
+use crate::extauthz::check::{check_message, decision, Allowed, CheckBody, CheckRequest, Decision, Denied, HeaderMode, PARTIAL_BODY_HEADER};
 use crate::extauthz::proto::envoy::service::auth::v3 as auth;
-use crate::extauthz::provider::{any_match, Common, GrpcProvider, HttpProvider, Provider};
+use crate::extauthz::provider::{any_match, BodySettings, Common, GrpcProvider, HttpProvider, Provider};
 use crate::upstream::Endpoint;
 
 /// The gRPC method, exactly Envoy's.
@@ -74,7 +74,8 @@ async fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpo
 async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
     let (ep, http2) = endpoint(wp, cfg, &p.common).await?;
     // Envoy's HTTP check: the request's method and path (after the prefix), its Host,
-    // no body, Authorization and the listed headers, plus the provider's own.
+    // the body when the provider includes it (else none), Authorization and the listed
+    // headers, plus the provider's own.
     let http2 = http2.unwrap_or(false);
     let mut parts = Request::new(()).into_parts().0;
     parts.method = req.parts.method.clone();
@@ -90,10 +91,20 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
         }
     }
     headers.remove(header::HOST);
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+    let body = match &req.body {
+        Some(b) => {
+            headers.insert(PARTIAL_BODY_HEADER, HeaderValue::from_static(if b.partial { "true" } else { "false" }));
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.data.len()));
+            full(b.data.clone())
+        }
+        None => {
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("0"));
+            empty()
+        }
+    };
     let path = format!("{}{}", p.path_prefix, req.path);
     set_head_for(&mut parts, req.host, &path, http2).map_err(|e| CallError::Build(e.to_string()))?;
-    let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, empty())).await.map_err(|e| CallError::Upstream(Box::new(e)))?;
+    let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, body)).await.map_err(|e| CallError::Upstream(Box::new(e)))?;
     let (rparts, body) = resp.into_parts();
     let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await.map_err(|e| CallError::Body(e.to_string()))?.to_bytes();
     if rparts.status == StatusCode::OK {
@@ -144,6 +155,7 @@ pub async fn run(
     client_http2: bool,
     admitted: &mut super::plan::Admitted<'_>,
     parts: &mut http::request::Parts,
+    downstream: &mut Downstream,
     notes: &mut super::log::Notes,
 ) -> Result<(), super::reply::LocalReply> {
     use super::reply::LocalReply;
@@ -161,6 +173,26 @@ pub async fn run(
         Some(q) => format!("{}?{q}", admitted.norm_path),
         None => admitted.norm_path.clone(),
     };
+    let body = match provider.common() {
+        Some(common @ Common { body: Some(settings), .. }) => match check_body(downstream, common, *settings).await {
+            Ok(b) => Some(b),
+            Err(BodyFailure::TooLarge) => {
+                notes.denied_by = Some(policy.clone());
+                return Err(LocalReply::new(StatusCode::PAYLOAD_TOO_LARGE, "-", "Payload Too Large"));
+            }
+            Err(BodyFailure::Unread(e)) => {
+                if common.fail_open {
+                    tracing::warn!(policy = %policy, error = %e, "ext_authz check failed; the provider fails open");
+                    return Ok(());
+                }
+                tracing::warn!(policy = %policy, error = %e, "ext_authz check failed");
+                notes.denied_by = Some(policy.clone());
+                let status = StatusCode::from_u16(common.status_on_error).unwrap_or(StatusCode::FORBIDDEN);
+                return Err(LocalReply::new(status, "UAEX", format!("ext_authz error: {e}")));
+            }
+        },
+        _ => None,
+    };
     let req = CheckRequest {
         parts,
         host: &admitted.host_full,
@@ -170,6 +202,7 @@ pub async fn run(
         source_principal: &tunnel.src_identity,
         destination: tunnel.target,
         destination_principal: &wp.identity,
+        body,
     };
     match check(wp, cfg, provider, &req).await {
         Decision::Allow(allowed) => {
@@ -191,6 +224,34 @@ pub async fn run(
             Err(LocalReply { external: Some(Box::new((headers, body))), ..LocalReply::new(status, "UAEX", message) })
         }
     }
+}
+
+/// Why a check could not carry the request body.
+enum BodyFailure {
+    /// Longer than the provider's `maxRequestBytes` without `allowPartialMessage`: 413,
+    /// as Envoy answers when the body overflows the buffer the check needs.
+    TooLarge,
+    /// Not read within the provider's timeout, or the client's body failed: the check
+    /// cannot be made.
+    Unread(String),
+}
+
+/// Reads the request body ahead for the check, as Envoy buffers it (`with_request_body`):
+/// all of it up to `maxRequestBytes`; a longer one is refused, or with
+/// `allowPartialMessage` checked by its first `maxRequestBytes`. All of it is still sent
+/// on to the backend. Bounded by the provider's timeout.
+async fn check_body(downstream: &mut Downstream, common: &Common, s: BodySettings) -> Result<CheckBody, BodyFailure> {
+    let until = if s.allow_partial { s.max } else { s.max + 1 };
+    let (data, ended) = match tokio::time::timeout(common.timeout, downstream.read_ahead(until)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Err(BodyFailure::Unread(format!("reading the request body failed: {e}"))),
+        Err(_) => return Err(BodyFailure::Unread(format!("the request body did not arrive within {:?}", common.timeout))),
+    };
+    if data.len() > s.max && !s.allow_partial {
+        return Err(BodyFailure::TooLarge);
+    }
+    let partial = !ended || data.len() > s.max;
+    Ok(CheckBody { data: data.slice(..data.len().min(s.max)), partial, as_bytes: s.as_bytes })
 }
 
 fn apply(allowed: Allowed, parts: &mut http::request::Parts, admitted: &mut super::plan::Admitted<'_>) {

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 
 use super::backend::Backend;
-use super::body::{Counted, Metered, RequestBody};
+use super::body::{Counted, Downstream, Metered, RequestBody};
 use super::headers::{authority, clone_parts, strip_hop_by_hop};
 use super::log::{grpc_status_label, RequestLog};
 use super::mirror::mirror_all;
@@ -82,7 +82,7 @@ impl<'a> Attempts<'a> {
 
 /// The request body, counted into the log; buffered when a copy is wanted and it is
 /// small enough, else streamed (and then sent once).
-async fn request_body(body: Incoming, want_copy: bool, log: &RequestLog) -> Result<RequestBody, LocalReply> {
+async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog) -> Result<RequestBody, LocalReply> {
     let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
     let counted = Counted::new(body, log.request_bytes.clone());
     if !(want_copy && small) {
@@ -102,7 +102,7 @@ fn idempotent(m: &Method) -> bool {
 
 /// Sends the request as planned; the response is the backend's, or a local reply when
 /// no attempt got one.
-pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Incoming>) -> Response<Body> {
+pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstream>) -> Response<Body> {
     let Exchange { wp, cfg, mut log, grpc, trace } = x;
     // Endpoints known by hostname (DNS ServiceEntries): their addresses, from the cache
     // or asked now.
