@@ -23,7 +23,26 @@ stage "docs links" python3 scripts/check-docs.py
 stage "build the tests" cargo test --workspace --no-run
 # The soak is left out here and runs beside the nftables suites below.
 soak=soak_mixed_traffic_under_control_plane_churn
-stage "unit and end-to-end tests (eBPF capture)" cargo test --workspace -- --skip "$soak"
+# The fuzz targets' instrumented build is CPU work while the end-to-end suites mostly
+# wait on the network and on timers: it runs beside them (minutes less CI), its output is
+# printed after them.
+tests_and_fuzz_build() {
+  local log rc=0 build_rc=0
+  log=$(mktemp)
+  bash scripts/fuzz.sh build >"$log" 2>&1 &
+  local pid=$!
+  cargo test --workspace -- --skip "$soak" || rc=$?
+  wait "$pid" || build_rc=$?
+  if [ "$build_rc" -eq 0 ]; then
+    tail -1 "$log"
+  else
+    cat "$log"
+    echo "== the fuzz build FAILED (exit $build_rc)"
+  fi
+  rm -f "$log"
+  [ "$rc" -eq 0 ] && [ "$build_rc" -eq 0 ]
+}
+stage "unit and end-to-end tests (eBPF capture) beside the fuzz build" tests_and_fuzz_build
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
 stage "charts, Dockerfiles, shell scripts" bash scripts/check-charts.sh
 # eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
@@ -36,7 +55,7 @@ soak_and_nftables() {
   log=$(mktemp)
   cargo test --workspace --test soak -- --exact "$soak" >"$log" 2>&1 &
   local pid=$!
-  ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns || rc=$?
+  ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test e2e -- l4:: enrollment:: dns:: || rc=$?
   wait "$pid" || soak_rc=$?
   echo "== soak output"
   cat "$log"
@@ -46,7 +65,7 @@ soak_and_nftables() {
 }
 stage "end-to-end tests (nftables capture) beside the soak" soak_and_nftables
 # Fuzzing: every cargo-fuzz target for 10 s from its committed corpus, regressions replayed
-# (`bash scripts/fuzz.sh 600` is the thorough run).
+# (`bash scripts/fuzz.sh 600` is the thorough run); the build above is reused.
 stage "fuzz smoke" bash scripts/fuzz.sh 10
 echo "== all tests passed in $((SECONDS - start))s:"
 printf '%s\n' "${timings[@]}"
