@@ -82,10 +82,32 @@ fn in_dir(dir: &Path) -> Result<Binaries> {
     Ok(b)
 }
 
+/// What cargo sets for a test process besides `CARGO_PKG_*` and `CARGO_BIN_*` (and
+/// `CARGO`, which is kept: it is the cargo to run).
+const CARGO_TEST_ENV: &[&str] = &[
+    "CARGO_MANIFEST_DIR",
+    "CARGO_MANIFEST_PATH",
+    "CARGO_MANIFEST_LINKS",
+    "CARGO_CRATE_NAME",
+    "CARGO_PRIMARY_PACKAGE",
+    "CARGO_TARGET_TMPDIR",
+    "CARGO_RUSTC_CURRENT_DIR",
+    "OUT_DIR",
+];
+
 /// Builds both binaries with the profile of `profile_dir` and returns what cargo reports.
 fn build(cargo: &Path, profile_dir: &Path) -> Result<Binaries> {
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut cmd = Command::new(cargo);
+    // Cargo sets these for the test process; build scripts watch some of them (ring's
+    // reruns on CARGO_PKG_NAME, CARGO_MANIFEST_DIR, ...), so passing them on would make
+    // this build and the outer one rebuild each other's dependencies every time.
+    for (key, _) in std::env::vars_os() {
+        let k = key.to_string_lossy();
+        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_BIN_") || CARGO_TEST_ENV.contains(&k.as_ref()) {
+            cmd.env_remove(&key);
+        }
+    }
     cmd.current_dir(&workspace).args(["test", "--workspace", "--no-run", "--test", "cli", "--message-format=json-render-diagnostics"]);
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
