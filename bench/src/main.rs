@@ -38,6 +38,13 @@ struct Args {
     /// and answer 200 on :15021/healthz/ready in the node netns).
     #[arg(long)]
     reference: Option<PathBuf>,
+    /// Another node-proxy binary run as istio-cni runs Istio's ztunnel: configured by
+    /// environment variables (LOCAL_XDS_PATH, NODE_NAME, INPOD_UDS, FAKE_CA=true,
+    /// XDS_ADDRESS empty), pods over ZDS from `ztunnel cni-server`, captured by
+    /// istio-cni's in-pod nftables rules. Istio's ztunnel needs `--features testing`
+    /// for FAKE_CA.
+    #[arg(long)]
+    reference_zds: Option<PathBuf>,
     /// ztunnel binary (default: next to this binary).
     #[arg(long)]
     ztunnel: Option<PathBuf>,
@@ -56,7 +63,7 @@ struct Args {
     /// Idle tunnels to hold open (default 10000, quick 500).
     #[arg(long)]
     idle: Option<usize>,
-    /// Only these modes: direct, l4, waypoint, reference (default: all available).
+    /// Only these modes: direct, l4, waypoint, reference, reference-zds (default: all available).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<String>>,
     /// Only these scenarios: rate, max, bulk, conn, idle (default: all).
@@ -272,7 +279,7 @@ fn main() -> Result<()> {
         ztunnel: args.ztunnel.clone().unwrap_or_else(|| here.join("ztunnel")),
         waypoint: args.waypoint.clone().unwrap_or_else(|| here.join("waypoint")),
     };
-    for b in [&bins.ztunnel, &bins.waypoint].into_iter().chain(args.reference.as_ref()) {
+    for b in [&bins.ztunnel, &bins.waypoint].into_iter().chain(args.reference.as_ref()).chain(args.reference_zds.as_ref()) {
         if !b.exists() {
             bail!("{} not found (build it: cargo build --release -p ztunnel -p waypoint -p bench, or pass --ztunnel/--waypoint)", b.display());
         }
@@ -288,11 +295,15 @@ fn main() -> Result<()> {
     if let Some(r) = &args.reference {
         all.push(Mode::Reference(std::fs::canonicalize(r)?));
     }
+    if let Some(r) = &args.reference_zds {
+        all.push(Mode::ReferenceZds(std::fs::canonicalize(r)?));
+    }
     let key = |m: &Mode| match m {
         Mode::Direct => "direct",
         Mode::L4 => "l4",
         Mode::Waypoint => "waypoint",
         Mode::Reference(_) => "reference",
+        Mode::ReferenceZds(_) => "reference-zds",
     };
     let modes: Vec<Mode> = all.into_iter().filter(|m| args.modes.as_ref().is_none_or(|w| w.iter().any(|x| x == key(m)))).collect();
     let wants = |s: &str| args.scenarios.as_ref().is_none_or(|w| w.iter().any(|x| x == s));

@@ -652,3 +652,51 @@ mod child_tests {
         c.stop();
     }
 }
+
+/// istio-cni's in-pod nftables rules (`istio-ambient-nat`, `istio-ambient-mangle`) with
+/// its defaults, DNS capture left out (with it, a proxy without a DNS server on 15053
+/// would break the pod's lookups): outbound TCP from the
+/// pod to 15001, inbound TCP (not HBONE) to 15006, the proxy's own sockets (mark 0x539)
+/// exempt, and replies to its transparent deliveries (connection mark 0x111) marked so
+/// that the mark's route table sends them back over lo.
+const ISTIO_CNI_RULES: &str = r#"table inet istio-ambient-nat {
+  chain prerouting { type nat hook prerouting priority -100; policy accept; jump istio-prerouting; }
+  chain output { type nat hook output priority -100; policy accept; jump istio-output; }
+  chain istio-prerouting {
+    meta l4proto tcp ip saddr 169.254.7.127 accept
+    ip daddr != 127.0.0.1/32 tcp dport != 15008 meta mark & 0xfff != 0x539 redirect to :15006
+  }
+  chain istio-output {
+    meta l4proto tcp ip daddr 169.254.7.127 accept
+    meta l4proto tcp meta mark & 0xfff == 0x111 accept
+    oifname "lo" ip daddr != 127.0.0.1/32 accept
+    meta l4proto tcp ip daddr != 127.0.0.1/32 meta mark & 0xfff != 0x539 redirect to :15001
+  }
+}
+table inet istio-ambient-mangle {
+  chain prerouting { type filter hook prerouting priority -150; policy accept; jump istio-prerouting; }
+  chain output { type route hook output priority -150; policy accept; jump istio-output; }
+  chain istio-prerouting {
+    meta mark & 0xfff == 0x539 ct mark set ct mark & 0xfffff000 | 0x111
+  }
+  chain istio-output {
+    ct mark & 0xfff == 0x111 meta mark set ct mark
+  }
+}
+"#;
+
+/// istio-cni's route table for marked replies (`RouteTableInbound`).
+const ISTIO_CNI_ROUTE_TABLE: &str = "100";
+
+/// Installs istio-cni's in-pod capture in `pod`'s netns, as its agent does when a pod
+/// joins ambient (rules, mark rule and route all go with the netns).
+pub fn istio_cni_capture(pod: &Pod) -> Result<()> {
+    let rules = std::env::temp_dir().join(format!("istio-cni-{}.nft", pod.netns.name));
+    std::fs::write(&rules, ISTIO_CNI_RULES)?;
+    let loaded = pod.netns.exec("nft", &["-f", &rules.display().to_string()]);
+    let _ = std::fs::remove_file(&rules);
+    loaded.with_context(|| format!("istio-cni rules in {}", pod.name))?;
+    pod.netns.exec("ip", &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", ISTIO_CNI_ROUTE_TABLE])?;
+    pod.netns.exec("ip", &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", ISTIO_CNI_ROUTE_TABLE])?;
+    Ok(())
+}

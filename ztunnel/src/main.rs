@@ -305,6 +305,12 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
     let socket = ztunnel::netns::SocketOptions {
         keepalive: ztunnel::config::istio_env::Keepalive::from_env(env)?,
         no_port_reuse: env.bool("INPOD_PORT_REUSE")? == Some(false),
+        // Without a capture of ours, istio-cni's rules (or whoever captures in its place)
+        // route the deliveries' replies, keyed on Istio's mark.
+        delivery: match args.capture {
+            CaptureMode::None => ztunnel::netns::DeliveryReplies::IstioCni,
+            _ => ztunnel::netns::DeliveryReplies::OwnCapture,
+        },
     };
     ztunnel::netns::set_socket_options(socket);
     ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(env)?);

@@ -48,6 +48,31 @@ pub struct SocketOptions {
     /// SO_REUSEPORT on the in-pod listeners, so a new proxy can bind beside the old one
     /// during an upgrade (Istio: INPOD_PORT_REUSE, default on).
     pub no_port_reuse: bool,
+    pub delivery: DeliveryReplies,
+}
+
+/// What brings the replies to the proxy's transparent deliveries (connections to a pod's
+/// app from the real client's address) back to the proxy instead of out of the pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeliveryReplies {
+    /// Our capture: deliveries carry [`DELIVERY_MARK`], which our rules (or eBPF's
+    /// `tcp_fwmark_accept`) put on the replies; the local route takes them to lo.
+    #[default]
+    OwnCapture,
+    /// istio-cni's in-pod rules: they mark the connection for its replies when its SYN
+    /// carries the proxy's mark (1337), as Istio's ztunnel sends every socket's. A
+    /// delivery marked otherwise would have its replies routed out of the pod.
+    IstioCni,
+}
+
+impl DeliveryReplies {
+    /// SO_MARK of a socket the proxy connects from inside a pod.
+    pub fn mark(self, transparent: bool) -> u32 {
+        match (self, transparent) {
+            (DeliveryReplies::OwnCapture, true) => DELIVERY_MARK,
+            _ => PROXY_MARK,
+        }
+    }
 }
 
 /// TCP keepalive of the proxy's connections (Istio's KEEPALIVE_*, USER_TIMEOUT_ENABLED).
@@ -194,7 +219,7 @@ impl InPodNetns {
     ) -> Result<TcpStream, NetnsError> {
         let s = self.socket(&dst)?;
         let setup = (|| {
-            s.set_mark(if transparent_src.is_some() { DELIVERY_MARK } else { PROXY_MARK })?;
+            s.set_mark(socket_options().delivery.mark(transparent_src.is_some()))?;
             s.set_tcp_nodelay(true)?;
             set_keepalive(&s)?;
             if let Some(src) = transparent_src {
@@ -271,5 +296,21 @@ pub fn reset(stream: TcpStream) {
         let s = Socket::from(std);
         let _ = s.set_linger(Some(Duration::ZERO));
         drop(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_carry_the_mark_the_capture_routes_replies_by() {
+        // Ours: the delivery mark; istio-cni's rules: Istio's proxy mark, which they turn
+        // into the connection mark of the replies.
+        assert_eq!(DeliveryReplies::OwnCapture.mark(true), DELIVERY_MARK);
+        assert_eq!(DeliveryReplies::IstioCni.mark(true), PROXY_MARK);
+        // Anything else the proxy connects is exempt from capture by the proxy mark.
+        assert_eq!(DeliveryReplies::OwnCapture.mark(false), PROXY_MARK);
+        assert_eq!(DeliveryReplies::IstioCni.mark(false), PROXY_MARK);
     }
 }
