@@ -100,7 +100,8 @@ impl MeshIndex {
     fn addresses(&self, svc: &Service, client: &Workload, qtype: RecordType) -> Vec<IpAddr> {
         let family = |ip: &IpAddr| matches!((ip, qtype), (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA));
         let mut addrs: Vec<IpAddr> = match self.headless.get(&svc.namespaced_hostname()) {
-            Some(eps) => eps.iter().filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
+            // Only endpoints in the client's network: another's addresses are not its own.
+            Some(eps) => eps.iter().filter(|w| w.network == client.network).filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
             // Only VIPs reachable from the client's network.
             None => svc.vips.iter().filter(|v| v.network == client.network && family(&v.address)).map(|v| v.address).collect(),
         };
