@@ -1225,6 +1225,13 @@ services:\n{}{}{}{}{ALLOW_ONLY_CLIENT}",
         *answered.entry(who).or_default() += 1;
     }
     let packets = capture.stop()?;
+    // Nested flow control (a stream inside a stream) still copies every byte.
+    let big = pattern(8 << 20, 11);
+    let mut s = client.netns.connect("10.96.0.50:80".parse()?).await?;
+    let who = read_line(&mut s).await?;
+    let started = std::time::Instant::now();
+    assert!(echo_roundtrip(&mut s, &big).await? == big, "8 MiB through the gateway came back altered ({who})");
+    println!("8 MiB echoed through the east-west gateway in {:?}", started.elapsed());
     assert_eq!(answered.keys().map(String::as_str).filter(|w| w.starts_with("n2p")).count(), 2, "both net1 pods serve: {answered:?}");
     assert!(!answered.contains_key("n1p2"), "the echo service has no net0 endpoint: {answered:?}");
     let data: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
