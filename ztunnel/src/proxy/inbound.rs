@@ -219,7 +219,22 @@ async fn handle_stream(
         }
     };
     if app_tunnel.is_some() {
-        if let Err(e) = write_proxy_header(&mut upstream, peer, target, Some(&src_identity)).await {
+        // The destination as the client named it: for a service hostname (PROXY has no
+        // room for a name) its VIP in our network, IPv4 first, as Istio's ztunnel does.
+        let named = match &hbone_target {
+            HboneAddress::Host(_, port) => service.as_ref().and_then(|s| {
+                let ours = s.vips.iter().filter(|v| v.network == network);
+                ours.max_by_key(|v| v.address.is_ipv4()).map(|v| SocketAddr::new(v.address, *port))
+            }),
+            HboneAddress::Addr(a) => Some(*a),
+        };
+        let Some(named) = named else {
+            tracing::warn!(target = %hbone_target, response_flags = "CONNECT", "the service has no VIP in this network to name in the PROXY header");
+            inputs.metrics.failed(&labels, "CONNECT");
+            reset(upstream);
+            return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+        };
+        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(&src_identity)).await {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);
