@@ -113,7 +113,10 @@ where
                 tokio::time::sleep(CLOSE_GRACE).await;
             };
             tokio::select! {
-                r = connection => if let Err(e) = r { tracing::debug!(error = %e, "inner HBONE connection ended") },
+                r = connection => match r {
+                    Ok(()) => tracing::debug!("inner HBONE connection closed"),
+                    Err(e) => tracing::debug!(error = %e, "inner HBONE connection ended"),
+                },
                 _ = closing => tracing::debug!("inner HBONE connection did not close within its grace period"),
                 m = revoked_server(revoked) => {
                     m.crl_rejected("source");
