@@ -132,6 +132,8 @@ impl EastWestGateway {
         let task = tokio::spawn(async move {
             let drain = Arc::new(ztunnel::drain::Drain::default());
             while let Ok((tcp, peer)) = listener.accept().await {
+                // As Envoy's: no Nagle delay on either leg.
+                let _ = tcp.set_nodelay(true);
                 let (server, acceptor, ctx, drain) = (server.clone(), acceptor.clone(), ctx.clone(), drain.clone());
                 tokio::spawn(async move {
                     let Some((tcp, permit)) = server.admit(tcp, peer) else { return };
@@ -197,7 +199,10 @@ async fn forward(ctx: Arc<GatewayCtx>, client: Identity, req: http::Request<h2::
         }
     };
     let mut upstream = match ctx.ns.connect(endpoint).await {
-        Ok(s) => s,
+        Ok(s) => {
+            let _ = s.set_nodelay(true);
+            s
+        }
         Err(_) => {
             record(Some(endpoint), 503);
             return ztunnel::hbone::respond_status(respond, http::StatusCode::SERVICE_UNAVAILABLE);
