@@ -123,6 +123,8 @@ workloads:
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 - {uid: db-1, name: db-1, namespace: default, workloadIps: [10.10.2.22], protocol: HBONE, node: n2, status: Unhealthy,
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
+- {uid: db-2, name: db-2, namespace: default, workloadIps: [10.10.2.23], protocol: HBONE, network: remote,
+   services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 services:
 - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/10.96.0.10"]}
 - {name: echo, namespace: other, hostname: echo.other.svc.cluster.local, vips: ["/10.96.1.10"]}
@@ -205,7 +207,7 @@ services:
         assert_eq!(ips(&Some(a)), vec!["240.240.0.3"]);
         // Found through a search domain but as a wildcard: no CNAME (as Istio).
         assert_eq!(ask("x.wild.example.svc.cluster.local", "client", RecordType::A).unwrap().canonical, None);
-        // Headless: the healthy endpoints.
+        // Headless: the healthy endpoints of the client's network.
         assert_eq!(ips(&ask("db", "client", RecordType::A)), vec!["10.10.2.21"]);
         // Not ours: forwarded.
         assert_eq!(ask("novip.example.com", "client", RecordType::A), None);
