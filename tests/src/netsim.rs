@@ -8,6 +8,9 @@
 //!
 //! Nodes route their pods' /32s to the pod veths and other nodes' 10.10.k.0/24 via
 //! 10.0.0.k. Everything is removed on drop, also when a test panics.
+//!
+//! `Topology::build_networks` splits the nodes into networks joined only through a
+//! gateway netns `{p}-gw` (see there).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -187,6 +190,10 @@ pub struct Topology {
     /// A bpf filesystem of this topology's own, for ztunnels' eBPF pins (`ip netns exec`
     /// hides the host's /sys/fs/bpf). Unmounted on drop, which drops every pin in it.
     pub bpffs: PathBuf,
+    /// With `build_networks`: each node's network (`net0`, `net1`, ...) and the gateway
+    /// netns between them; empty and None for one network.
+    pub networks: Vec<String>,
+    pub gateway: Option<Netns>,
 }
 
 /// Fails if a ztunnel asked for eBPF capture fell back to nftables: the tests must
@@ -243,7 +250,8 @@ impl Topology {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let bpffs = dir.join("bpf");
-        let mut topo = Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs };
+        let mut topo =
+            Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs, networks: vec![], gateway: None };
         // From here on, Drop cleans up whatever was created.
         std::fs::create_dir_all(&topo.bpffs)?;
         sh("mount", &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()])?;
@@ -294,6 +302,59 @@ impl Topology {
             }
         }
         Ok(topo)
+    }
+
+    /// Nodes in separate networks, joined only through a gateway netns: `networks[n]` is
+    /// the pods per node of network `net{n}` (nodes and pods numbered on across the
+    /// networks, as `build` numbers them). Network n's nodes share bridge `br{n}` (the
+    /// first network keeps br0) and route only to their own network's pods; a node of
+    /// network n > 0 also has 10.0.n.i on its link. The gateway netns `{p}-gw` has a leg
+    /// on each bridge (`eth{n}`, 10.0.n.254/24) with routes to every network's pods, and
+    /// does not forward: one network reaches another's pods only through a process
+    /// listening in the gateway netns (`gateway_ip`).
+    pub fn build_networks(prefix: &str, networks: &[&[usize]]) -> Result<Topology> {
+        let per_node: Vec<usize> = networks.iter().flat_map(|n| n.iter().copied()).collect();
+        let mut topo = Topology::build(prefix, &per_node)?;
+        topo.networks = networks.iter().enumerate().flat_map(|(n, nodes)| std::iter::repeat_n(format!("net{n}"), nodes.len())).collect();
+        let gw = Netns { name: format!("{prefix}-gw") };
+        sh("ip", &["netns", "add", &gw.name])?;
+        topo.gateway = Some(gw.clone());
+        gw.exec("ip", &["link", "set", "lo", "up"])?;
+        for k in ["all", "default"] {
+            gw.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+        }
+        gw.exec("sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
+        for n in 0..networks.len() {
+            let bridge = format!("br{n}");
+            if n > 0 {
+                topo.wire.exec("ip", &["link", "add", &bridge, "type", "bridge"])?;
+                topo.wire.exec("ip", &["link", "set", &bridge, "up"])?;
+            }
+            let leg = format!("eth{n}");
+            sh("ip", &["-n", &gw.name, "link", "add", &leg, "type", "veth", "peer", "name", &format!("g{n}"), "netns", &topo.wire.name])?;
+            topo.wire.exec("ip", &["link", "set", &format!("g{n}"), "master", &bridge, "up"])?;
+            gw.exec("ip", &["addr", "add", &format!("{}/24", Topology::gateway_ip(n)), "dev", &leg])?;
+            gw.exec("ip", &["link", "set", &leg, "up"])?;
+        }
+        let net_of = |i: usize| topo.networks[i - 1].trim_start_matches("net").parse::<usize>().unwrap_or(0);
+        for i in 1..=topo.nodes.len() {
+            let n = net_of(i);
+            let node = topo.node(i);
+            if n > 0 {
+                topo.wire.exec("ip", &["link", "set", &format!("p{i}"), "master", &format!("br{n}")])?;
+                node.exec("ip", &["addr", "add", &format!("10.0.{n}.{i}/24"), "dev", "eth0"])?;
+            }
+            gw.exec("ip", &["route", "add", &format!("10.10.{i}.0/24"), "via", &format!("10.0.{n}.{i}"), "dev", &format!("eth{n}")])?;
+            for k in (1..=topo.nodes.len()).filter(|&k| k != i && net_of(k) != n) {
+                node.exec("ip", &["route", "del", &format!("10.10.{k}.0/24")])?;
+            }
+        }
+        Ok(topo)
+    }
+
+    /// The gateway netns's address in network n (`build_networks`).
+    pub fn gateway_ip(n: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, n as u8, 254)
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
@@ -491,11 +552,12 @@ pub fn prefix(tag: &str) -> String {
     format!("z{}{tag}", std::process::id() % 1000)
 }
 
-/// Workload YAML for a pod; uid = pod name.
+/// Workload YAML for a pod; uid = pod name; its node's network, if the topology has several.
 pub fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
     let p = topo.pod(pod);
+    let network = topo.networks.get(p.node - 1).map(|n| format!(", network: {n}")).unwrap_or_default();
     format!(
-        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: [{}], protocol: HBONE, node: node{}{extra}}}\n",
+        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: [{}], protocol: HBONE, node: node{}{network}{extra}}}\n",
         p.ip, p.node
     )
 }
@@ -533,6 +595,8 @@ impl Mesh {
                 args.push(format!("{}={}", pod.name, pod.netns.path().display()));
             }
             let mut full_env = vec![("RUST_LOG".to_string(), "info".to_string()), ("RUST_BACKTRACE".into(), "0".into())];
+            // Each node's ztunnel in its own network (Istio's NETWORK).
+            full_env.extend(topo.networks.get(n - 1).map(|net| ("NETWORK".to_string(), net.clone())));
             full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             commands.push((args, full_env));
         }

@@ -19,6 +19,7 @@ pub mod grant;
 pub mod http;
 pub mod k8s;
 pub mod lb;
+pub mod network;
 pub mod object;
 pub mod path;
 pub mod route;

@@ -139,6 +139,7 @@ async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration, jwks: &
         .workload_by_uid(&WorkloadUid(uid.clone()))
         .cloned()
         .with_context(|| format!("--workload-uid {uid}: no such workload in {}", path.display()))?;
+    waypoint::network::set(&me.network);
     let ip = me.workload_ips.iter().copied().find(IpAddr::is_ipv4).with_context(|| format!("workload {} has no IPv4 address", me.uid))?;
     let identity = me.identity();
     let gateway = ObjectName {
@@ -161,7 +162,12 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
     let certs = cert_manager(ia, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
     let uid = format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name);
+    // Istio's gateway pods carry their network as ISTIO_META_NETWORK; NETWORK as ztunnel's.
+    let network = ["NETWORK", "ISTIO_META_NETWORK"].iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())).unwrap_or_default();
+    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e}"))?;
+    waypoint::network::set(&network);
     let me = Arc::new(Workload {
+        network,
         service_account: ia.service_account.clone(),
         trust_domain: ia.trust_domain.clone(),
         workload_ips: vec![ip],

@@ -321,10 +321,12 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         local_config || args.istiod.xds_address.is_some(),
         "no mesh config: set XDS_ADDRESS (istiod, the default in Kubernetes) or LOCAL_XDS_PATH / --local-xds-path"
     );
+    let network = env.get("NETWORK").unwrap_or_default().to_string();
+    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e} (a network name, as the workloads' `network` says)"))?;
     Ok(IstioSettings {
         worker_threads,
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
-        network: env.get("NETWORK").unwrap_or_default().to_string(),
+        network,
         localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         crl_path: env.non_empty("CRL_PATH").map(std::path::PathBuf::from),
         warnings,
@@ -428,6 +430,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
         hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
         localhost_app_tunnel: istio.localhost_app_tunnel,
+        network: istio.network.clone(),
     };
     let mut metrics = ztunnel::metrics::Metrics::default();
     let upstreams = args.dns.upstreams()?;

@@ -24,3 +24,4 @@ arity!(A, B, C, D);
 arity!(A, B, C, D, E);
 arity!(A, B, C, D, E, G);
 arity!(A, B, C, D, E, G, H);
+arity!(A, B, C, D, E, G, H, I);

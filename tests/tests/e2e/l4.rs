@@ -1187,3 +1187,153 @@ async fn echo_roundtrip_open(s: &mut tokio::net::TcpStream, data: &[u8]) -> Resu
     tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut back)).await.context("echo timed out")??;
     Ok(back)
 }
+
+/// Multi-network (east-west), as Istio's ambient multi-network: network net0 (node 1:
+/// client n1p1, intruder n1p3, a local echo n1p2) and net1 (node 2: echo pods n2p1,
+/// n2p2) joined only through the gateway netns, where a stand-in east-west gateway
+/// (`hbone_peer::EastWestGateway`) forwards double HBONE. net1's workloads name it as their
+/// `networkGateway`; each ztunnel runs with its NETWORK. The client reaches a service
+/// whose pods are all in net1 through the gateway only (no route from net0 to net1's
+/// pods; on the gateway's net1 leg only TLS to :15008 from the gateway, never the
+/// plaintext); net1's ztunnel sees the client's identity (its ALLOW policy lets the
+/// client in and keeps the intruder out, 401 inside the gateway's stream); a FAILOVER
+/// service with a NETWORK preference stays in net0 while a STANDARD one spreads over both
+/// networks; a net1 endpoint without a gateway is refused, never dialed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_network_is_reached_through_its_east_west_gateway() -> Result<()> {
+    use ztunnel::identity::Identity;
+    let topo = Topology::build_networks(&prefix("mn"), &[&[3], &[2]])?;
+    let gw_net0 = Topology::gateway_ip(0);
+    let gw_net1 = Topology::gateway_ip(1);
+    let via_gw = format!(", networkGateway: {{destination: net1/{gw_net0}}}");
+    let svcs = |names: &[&str]| {
+        let list: Vec<String> = names.iter().map(|n| format!("default/{n}.default.svc.cluster.local: {{80: 8080}}")).collect();
+        format!(", services: {{{}}}", list.join(", "))
+    };
+    let service = |name: &str, vip: u8, extra: &str| {
+        format!(
+            "- {{name: {name}, namespace: default, hostname: {name}.default.svc.cluster.local, vips: [net0/10.96.0.{vip}, net1/10.96.1.{vip}], ports: {{80: 8080}},
+   subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo]{extra}}}\n"
+        )
+    };
+    let cfg = format!(
+        "workloads:\n{}{}{}{}{}\
+- {{uid: eastwest, name: eastwest, namespace: istio-system, serviceAccount: eastwest, workloadIps: [{gw_net0}, {gw_net1}], network: net1}}
+- {{uid: lonely, name: lonely, namespace: default, serviceAccount: echo, workloadIps: [10.10.2.99], protocol: HBONE, network: net1{}}}
+services:\n{}{}{}{}{ALLOW_ONLY_CLIENT}",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "echo", &svcs(&["near", "spread"])),
+        workload(&topo, "n1p3", "intruder", ""),
+        workload(&topo, "n2p1", "echo", &format!("{via_gw}{}", svcs(&["echo", "near", "spread"]))),
+        workload(&topo, "n2p2", "echo", &format!("{via_gw}{}", svcs(&["echo"]))),
+        svcs(&["lonely"]),
+        service("echo", 50, ""),
+        service("near", 51, ", loadBalancer: {mode: Failover, routingPreferences: [Network]}"),
+        service("spread", 52, ""),
+        service("lonely", 53, ""),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n1p3", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let topo = &mesh.topo;
+    let ca = hbone_peer::load_ca(&topo.dir.join("ca"))?;
+    let state = ztunnel::config::LocalConfig::parse(std::path::Path::new("mesh.yaml"), &cfg)?.into_state(std::path::Path::new("mesh.yaml"))?;
+    let gw_ns = topo.gateway.clone().context("no gateway netns")?;
+    let gateway = hbone_peer::EastWestGateway::start(&gw_ns, &ca, &Identity::new("cluster.local", "istio-system", "eastwest"), state, "net1").await?;
+    let mut echoes = Vec::new();
+    for pod in ["n1p2", "n2p1", "n2p2"] {
+        echoes.push(EchoServer::start(&topo.pod(pod).netns, 8080, Some(pod))?);
+    }
+    let (client, intruder) = (topo.pod("n1p1"), topo.pod("n1p3"));
+
+    // By routes: net0 has no path to net1's pods (no route: refused at once, not a timeout).
+    let direct = topo.node(1).connect(addr(topo.pod("n2p1"), 8080)).await;
+    assert!(direct.is_err(), "net0 reached a net1 pod directly");
+
+    // The service whose pods are all in net1, through the gateway; the plaintext never
+    // crosses the gateway's net1 leg (TLS to the pods' 15008 only, from the gateway).
+    let capture = Capture::start(&gw_ns, "eth1", &topo.dir)?;
+    let marker = b"plaintext-marker-that-must-not-cross-networks".repeat(20);
+    let mut answered: HashMap<String, usize> = HashMap::new();
+    for _ in 0..20 {
+        let mut s = client.netns.connect("10.96.0.50:80".parse()?).await?;
+        let who = read_line(&mut s).await?;
+        assert_eq!(echo_roundtrip(&mut s, &marker).await?, marker, "{who}");
+        *answered.entry(who).or_default() += 1;
+    }
+    let packets = capture.stop()?;
+    // Nested flow control (a stream inside a stream) still copies every byte.
+    let big = pattern(8 << 20, 11);
+    let mut s = client.netns.connect("10.96.0.50:80".parse()?).await?;
+    let who = read_line(&mut s).await?;
+    let started = std::time::Instant::now();
+    assert!(echo_roundtrip(&mut s, &big).await? == big, "8 MiB through the gateway came back altered ({who})");
+    println!("8 MiB echoed through the east-west gateway in {:?}", started.elapsed());
+    assert_eq!(answered.keys().map(String::as_str).filter(|w| w.starts_with("n2p")).count(), 2, "both net1 pods serve: {answered:?}");
+    assert!(!answered.contains_key("n1p2"), "the echo service has no net0 endpoint: {answered:?}");
+    let data: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
+    assert!(!data.is_empty(), "nothing crossed the gateway's net1 leg ({} packets)", packets.len());
+    for p in &data {
+        let (gw, pod) = if p.src.ip() == std::net::IpAddr::from(gw_net1) { (p.src, p.dst) } else { (p.dst, p.src) };
+        assert_eq!(gw.ip(), std::net::IpAddr::from(gw_net1), "a packet on net1 not from or to the gateway: {} -> {}", p.src, p.dst);
+        assert_eq!(pod.port(), 15008, "net1 reached on another port than HBONE's: {} -> {}", p.src, p.dst);
+    }
+    let first = data.iter().find(|p| p.dst.port() == 15008).context("no packet to 15008")?;
+    assert_eq!(&first.payload[..2], &[0x16, 0x03], "the inner tunnel does not start with a TLS handshake");
+    let all: Vec<u8> = data.iter().flat_map(|p| p.payload.clone()).collect();
+    assert!(!all.windows(16).any(|w| w == &marker[..16]), "plaintext crossed the gateway");
+    // The app sees the gateway as its peer (as with Istio's gateway).
+    assert!(echoes[1].peers().iter().chain(echoes[2].peers().iter()).all(|p| p.ip() == std::net::IpAddr::from(gw_net1)));
+    // The gateway saw the client's identity and a CONNECT naming the service, and no
+    // network header (that is for the inner CONNECT, which it cannot read).
+    let seen = gateway.seen();
+    assert!(seen.len() >= 20, "{seen:?}");
+    for f in seen.iter().filter(|f| f.status == 200) {
+        assert_eq!(f.client, Identity::new("cluster.local", "default", "client"));
+        assert_eq!(f.authority, "echo.default.svc.cluster.local:80");
+        assert_eq!(f.forwarded_network, None);
+    }
+    // End to end: net1's ztunnel verified the client's identity inside the gateway's
+    // stream, and the client's verified net1's (the service's SAN).
+    let line_with = |node: usize, needles: &[String]| {
+        let z = &mesh.ztunnels[node - 1];
+        wait_for(&format!("a node{node} log line with {needles:?}"), Duration::from_secs(5), || {
+            z.log_text().lines().any(|l| needles.iter().all(|n| l.contains(n.as_str())))
+        })
+        .with_context(|| z.log_text())
+    };
+    let client_id = "src.identity=spiffe://cluster.local/ns/default/sa/client".to_string();
+    let hbone_addr = "dst.hbone_addr=echo.default.svc.cluster.local:80".to_string();
+    line_with(2, &["direction=\"inbound\"".into(), client_id.clone(), hbone_addr.clone(), format!("src.addr={gw_net1}:")])?;
+    line_with(1, &["direction=\"outbound\"".into(), client_id, hbone_addr, format!("dst.addr={gw_net0}:15008"), "dst.workload=eastwest".into()])?;
+
+    // Policy on net1 applies to the client's identity: the intruder is denied there.
+    let r = roundtrip(intruder, "10.96.0.50:80".parse()?, b"let me in").await;
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "the intruder got data: {r:?}");
+    mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/intruder", "no ALLOW policy matched", "answered 401"])?;
+
+    // A NETWORK preference keeps the client in net0; without one both networks serve.
+    let mut near = HashMap::new();
+    let mut spread = HashMap::new();
+    for _ in 0..16 {
+        let mut s = client.netns.connect("10.96.0.51:80".parse()?).await?;
+        *near.entry(read_line(&mut s).await?).or_insert(0) += 1;
+        let mut s = client.netns.connect("10.96.0.52:80".parse()?).await?;
+        *spread.entry(read_line(&mut s).await?).or_insert(0) += 1;
+    }
+    assert_eq!(near.keys().collect::<Vec<_>>(), ["n1p2"], "FAILOVER with a NETWORK preference left net0: {near:?}");
+    assert!(spread.contains_key("n1p2") && spread.contains_key("n2p1"), "STANDARD picks in both networks: {spread:?}");
+
+    // /config_dump in Istio's shape: the node's network, workloads' networks and gateways.
+    let text = http_get(topo.node(1), 15000, "/config_dump").await?;
+    let d: serde_json::Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
+    assert_eq!(d["config"]["network"], "net0");
+    let n2p1 = d["workloads"].as_array().and_then(|w| w.iter().find(|w| w["uid"] == "n2p1")).context("n2p1 not in the dump")?;
+    assert_eq!((&n2p1["network"], &n2p1["networkGateway"]), (&serde_json::json!("net1"), &serde_json::json!({"destination": format!("net1/{gw_net0}"), "hboneMtlsPort": 15008})));
+
+    // A net1 endpoint with no gateway: refused by the client's ztunnel, never dialed.
+    let before = gateway.seen().len();
+    let r = roundtrip(client, "10.96.0.53:80".parse()?, b"anyone?").await;
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
+    mesh.wait_logs(&["endpoint lonely is in network \"net1\" and names no gateway to it"])?;
+    assert_eq!(gateway.seen().len(), before, "the gateway was asked for an endpoint it does not serve");
+    Ok(())
+}

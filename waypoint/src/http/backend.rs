@@ -32,9 +32,7 @@ impl Backend {
     /// The service's healthy endpoints for `port`: in the mesh (HBONE) or not (plain
     /// TCP from the waypoint, as Istio's waypoint sends to a ServiceEntry's endpoints).
     pub fn service(cfg: &Config, svc: &Arc<Service>, port: u16) -> Backend {
-        let endpoints = cfg
-            .state
-            .usable_endpoints(svc, port)
+        let endpoints = crate::network::same_network(cfg.state.usable_endpoints(svc, port, crate::network::get()))
             .into_iter()
             .filter_map(|(w, p)| w.workload_ips.iter().copied().find(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, p), w)))
             .collect();

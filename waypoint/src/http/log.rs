@@ -58,7 +58,7 @@ impl RequestLog {
     pub fn start(wp: Arc<Waypoint>, tunnel: &Tunnel, cfg: &Config, parts: &http::request::Parts, grpc: bool) -> RequestLog {
         let src_workload = cfg
             .state
-            .workload_by_ip(tunnel.src_addr.ip())
+            .workload_by_ip(crate::network::get(), tunnel.src_addr.ip())
             .filter(|w| w.identity() == tunnel.src_identity)
             .cloned();
         RequestLog {
@@ -67,7 +67,7 @@ impl RequestLog {
             src_addr: tunnel.src_addr,
             src_identity: tunnel.src_identity.clone(),
             src_workload,
-            dst_service: cfg.state.service_by_vip(tunnel.target.ip()).cloned(),
+            dst_service: cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned(),
             dst_workload: None,
             dst_addr: None,
             method: parts.method.clone(),

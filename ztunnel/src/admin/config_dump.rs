@@ -54,6 +54,7 @@ pub fn workload(w: &Workload) -> Value {
     let mut m = Map::new();
     m.insert("workloadIps".into(), json!(w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>()));
     insert_unless_default(&mut m, "waypoint", w.waypoint.as_ref().map_or(Value::Null, gateway));
+    insert_unless_default(&mut m, "networkGateway", w.network_gateway.as_ref().map_or(Value::Null, gateway));
     m.insert("protocol".into(), json!(match w.protocol { Protocol::HBONE => "HBONE", Protocol::TCP => "TCP" }));
     m.insert("networkMode".into(), json!("Standard"));
     insert_unless_default(&mut m, "uid", json!(w.uid.0));
@@ -119,7 +120,7 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     let weighted: Vec<Value> = s.weighted_waypoints.iter().map(|w| json!({ "destination": gateway(&w.destination), "weight": w.weight })).collect();
     insert_unless_default(&mut m, "weightedWaypoints", Value::Array(weighted));
     insert_unless_default(&mut m, "ipFamilies", ip_families);
-    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| format!("/{}", c.0)).collect::<Vec<_>>()));
+    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| c.to_string()).collect::<Vec<_>>()));
     if let Some(lb) = &s.load_balancer {
         // Istio's serde shape: variant names as strings.
         let scopes: Vec<String> = lb.routing_preferences.iter().map(|p| format!("{p:?}")).collect();
@@ -363,7 +364,8 @@ mod tests {
             "workloads:\n- {uid: u1, name: a, namespace: ns, serviceAccount: sa, workloadIps: [10.0.0.1], protocol: HBONE, node: n1, services: {ns/s.ns.svc: {80: 8080}}, waypoint: {destination: \"ns/wp.ns.svc.cluster.local\"}, applicationTunnel: {protocol: PROXY}}\n\
              - {uid: u2, name: b, namespace: ns, workloadIps: [10.0.0.2]}\n\
              - {uid: u3, name: c, namespace: ns, hostname: api.example.com, services: {ns/api.example.com: {443: 443}}}\n\
-             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}, ingressUseWaypoint: true,\n\
+             - {uid: u4, name: d, namespace: ns, network: net-b, networkGateway: {destination: \"net-b/172.18.0.9\"}, services: {ns/s.ns.svc: {80: 8080}}}\n\
+             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\", \"net-b/10.96.9.1\"], cidrVips: [\"net-b/10.200.0.0/16\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}, ingressUseWaypoint: true,\n\
                weightedWaypoints: [{destination: {destination: \"/10.0.0.9\"}, weight: 9}, {destination: {destination: \"ns/canary.ns.svc.cluster.local\", hboneMtlsPort: 15009}, weight: 1}]}\n\
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
         )
@@ -389,6 +391,11 @@ mod tests {
         // A hostname workload: the name, no IPs; left out where it is empty (as upstream).
         assert_eq!((&d["workloads"][2]["hostname"], &d["workloads"][2]["workloadIps"]), (&json!("api.example.com"), &json!([])));
         assert!(d["workloads"][0].get("hostname").is_none());
+        // A remote network's endpoint: its network and the gateway to it, as upstream
+        // names them; VIPs and ranges with their network.
+        assert_eq!((&d["workloads"][3]["network"], &d["workloads"][3]["networkGateway"]), (&json!("net-b"), &json!({"destination": "net-b/172.18.0.9", "hboneMtlsPort": 15008})));
+        assert!(d["workloads"][0].get("networkGateway").is_none() && d["workloads"][0].get("network").is_none());
+        assert_eq!((&d["services"][0]["vips"], &d["services"][0]["cidrVips"]), (&json!(["/10.96.0.1", "net-b/10.96.9.1"]), &json!(["net-b/10.200.0.0/16"])));
         // The shapes this dump had before (istioctl could not decode them) are caught.
         let mut old = d.clone();
         old["workloads"][0]["waypoint"]["destination"] = json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});

@@ -246,9 +246,6 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     if env.bool("ENABLE_ORIG_SRC")? == Some(false) {
         warn("ENABLE_ORIG_SRC", "inbound deliveries always keep the client's source address");
     }
-    if env.non_empty("NETWORK").is_some() {
-        warn("NETWORK", "multi-network routing (east-west gateways) is not supported; the value is reported in /config_dump only");
-    }
     if env.bool("XDS_ON_DEMAND")? == Some(true) {
         warn("XDS_ON_DEMAND", "the xDS client always subscribes to every resource");
     }
@@ -423,11 +420,12 @@ mod tests {
             ("HTTP2_FRAME_SIZE", "1048576"),
             ("ISTIO_META_DNS_PROXY_ADDR", "localhost:15053"),
             ("CRL_PATH", ""),
+            ("NETWORK", "net1"),
         ]);
         assert_eq!(unsupported(&same), Ok(vec![]));
-        let harmless = Env::from_pairs([("IPV6_ENABLED", "true"), ("NETWORK", "net1"), ("XDS_ON_DEMAND", "true")]);
+        let harmless = Env::from_pairs([("IPV6_ENABLED", "true"), ("XDS_ON_DEMAND", "true")]);
         let w = unsupported(&harmless).unwrap();
-        for name in ["IPV6_ENABLED", "NETWORK", "XDS_ON_DEMAND"] {
+        for name in ["IPV6_ENABLED", "XDS_ON_DEMAND"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
         for (name, value) in [("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {

@@ -163,6 +163,11 @@ pub struct ProxyConfig {
     /// Istio's `localhostAppTunnel` by [`Settings`].
     #[serde(skip)]
     pub localhost_app_tunnel: bool,
+    /// Istio's NETWORK: the network this node's pods are in. Addresses are looked up in
+    /// it, and a destination of another network is reached through its gateway. Dumped
+    /// as Istio's `network` by [`Settings`].
+    #[serde(skip)]
+    pub network: String,
 }
 
 #[cfg(test)]

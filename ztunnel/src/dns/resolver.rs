@@ -100,7 +100,8 @@ impl MeshIndex {
     fn addresses(&self, svc: &Service, client: &Workload, qtype: RecordType) -> Vec<IpAddr> {
         let family = |ip: &IpAddr| matches!((ip, qtype), (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA));
         let mut addrs: Vec<IpAddr> = match self.headless.get(&svc.namespaced_hostname()) {
-            Some(eps) => eps.iter().filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
+            // Only endpoints in the client's network: another's addresses are not its own.
+            Some(eps) => eps.iter().filter(|w| w.network == client.network).filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
             // Only VIPs reachable from the client's network.
             None => svc.vips.iter().filter(|v| v.network == client.network && family(&v.address)).map(|v| v.address).collect(),
         };
@@ -121,6 +122,8 @@ workloads:
 - {uid: db-0, name: db-0, namespace: default, workloadIps: [10.10.2.21], protocol: HBONE, node: n2,
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 - {uid: db-1, name: db-1, namespace: default, workloadIps: [10.10.2.22], protocol: HBONE, node: n2, status: Unhealthy,
+   services: {default/db.default.svc.cluster.local: {5432: 5432}}}
+- {uid: db-2, name: db-2, namespace: default, workloadIps: [10.10.2.23], protocol: HBONE, network: remote,
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 services:
 - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/10.96.0.10"]}
@@ -204,7 +207,7 @@ services:
         assert_eq!(ips(&Some(a)), vec!["240.240.0.3"]);
         // Found through a search domain but as a wildcard: no CNAME (as Istio).
         assert_eq!(ask("x.wild.example.svc.cluster.local", "client", RecordType::A).unwrap().canonical, None);
-        // Headless: the healthy endpoints.
+        // Headless: the healthy endpoints of the client's network.
         assert_eq!(ips(&ask("db", "client", RecordType::A)), vec!["10.10.2.21"]);
         // Not ours: forwarded.
         assert_eq!(ask("novip.example.com", "client", RecordType::A), None);

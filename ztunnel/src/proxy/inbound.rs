@@ -14,7 +14,7 @@ use super::inputs::ProxyInputs;
 use super::limits::track;
 use super::pod::{InboundView, LocalPod};
 use crate::access_log::{ConnectionLog, Side};
-use crate::hbone::{self, respond_status as respond};
+use crate::hbone::{self, respond_status as respond, HboneAddress};
 use crate::identity::Identity;
 use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
@@ -64,7 +64,12 @@ async fn handle_connection(
             // hundred bytes) is not kept in the stream's task for its life.
             let (head, body) = req.into_parts();
             let head = Request::from_parts(head, ());
-            let connect = Connect { target: hbone::connect_target(&head), claimed_service: hbone::request::forwarded_host(&head), body };
+            let connect = Connect {
+                target: hbone::connect_authority(&head),
+                claimed_service: hbone::request::forwarded_host(&head),
+                origin_network: hbone::request::forwarded_network(&head),
+                body,
+            };
             tokio::spawn(handle_stream(inputs.clone(), pod.clone(), connect, respond, peer, local, src_identity.clone()).instrument(span));
         })
         .await;
@@ -96,9 +101,11 @@ fn revoked_peer(
 
 /// One CONNECT stream as the stream's task sees it.
 struct Connect {
-    target: Result<SocketAddr, hbone::BadConnect>,
+    target: Result<HboneAddress, hbone::BadConnect>,
     /// The service the client side named (`forwarded: ...;host=`).
     claimed_service: Option<String>,
+    /// The client's network, when it says (`x-forwarded-network`, double HBONE).
+    origin_network: Option<String>,
     body: h2::RecvStream,
 }
 
@@ -163,7 +170,7 @@ struct Tunnel {
     recv: h2::RecvStream,
     registration: crate::proxy::InboundGuard,
     conn: crate::metrics::OpenConnection,
-    target: SocketAddr,
+    target: HboneAddress,
     src_wl: Option<Arc<crate::state::Workload>>,
     service: Option<Arc<crate::state::Service>>,
 }
@@ -179,8 +186,8 @@ async fn open_tunnel(
     local: SocketAddr,
     src_identity: &Identity,
 ) -> Option<Tunnel> {
-    let Connect { target, claimed_service, body: recv } = connect;
-    let target = match target {
+    let Connect { target, claimed_service, origin_network, body: recv } = connect;
+    let hbone_target = match target {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "bad HBONE request");
@@ -190,23 +197,48 @@ async fn open_tunnel(
         }
     };
     let state = inputs.state.load_full();
+    let network = inputs.cfg.network.as_str();
+    // A CONNECT naming a service (double HBONE: the gateway chose this pod among the
+    // service's endpoints) reaches this pod on the port the service maps it to; only a
+    // service this pod is an endpoint of.
+    let (target, named_service) = match &hbone_target {
+        HboneAddress::Addr(a) => (*a, None),
+        HboneAddress::Host(host, port) => match state.hostname_target(pod.workload_in(&state), host, *port) {
+            Some((svc, target_port)) => (SocketAddr::new(pod.ip, target_port), Some(svc.clone())),
+            None => {
+                tracing::warn!(target = %hbone_target, "CONNECT names no service of this pod on that port");
+                inputs.metrics.hbone_rejected("bad_request");
+                respond(tx, StatusCode::BAD_REQUEST);
+                return None;
+            }
+        },
+    };
     // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy
     // port. Its target is this pod, or (Istio's sandwich: a waypoint behind ztunnel) a
     // destination whose waypoint this pod is, verified as outbound verifies waypoints;
     // either way the bytes go to this pod's app, on the target's port.
     let to_waypoint = target.ip() != pod.ip;
-    if local.ip() != pod.ip || ports::is_proxy_port(target.port()) || (to_waypoint && !state.is_waypoint_of(target.ip(), pod.workload_in(&state))) {
-        tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target is neither this pod nor a destination it is the waypoint of");
+    if local.ip() != pod.ip
+        || ports::is_proxy_port(target.port())
+        || (to_waypoint && !state.is_waypoint_of(network, target.ip(), pod.workload_in(&state)))
+    {
+        tracing::warn!(target = %hbone_target, l3_dst = %local.ip(), "CONNECT target is neither this pod nor a destination it is the waypoint of");
         inputs.metrics.hbone_rejected("bad_request");
         respond(tx, StatusCode::BAD_REQUEST);
         return None;
     }
+    // From another network (its client's network named, not ours): through that
+    // network's east-west gateway, so the source address is the gateway's, and the
+    // client is known by its identity (the inner TLS, end to end) alone.
+    let from_gateway = origin_network.as_deref().is_some_and(|n| !n.eq_ignore_ascii_case(network));
     let app_addr = SocketAddr::new(pod.ip, target.port());
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: app_addr };
     // The app sees the peer's address as the source (and ipBlocks policies match on it):
     // an address the mesh knows as another workload's must come with that workload's
     // identity, else one identity could act as another workload's IP.
-    if let Some(owner) = state.workload_by_ip(peer.ip()).filter(|w| w.identity() != *src_identity) {
+    // A gateway forwards for others: its address comes with their identities.
+    let forwarder = |w: &crate::state::Workload| from_gateway && state.is_network_gateway(w);
+    if let Some(owner) = state.workload_by_ip(network, peer.ip()).filter(|w| w.identity() != *src_identity && !forwarder(w)) {
         tracing::warn!(src.addr = %peer, src.identity = %src_identity, ip_owner = %owner.identity(),
             "HBONE peer's source address belongs to another workload's identity");
         inputs.metrics.hbone_rejected("source_mismatch");
@@ -214,9 +246,10 @@ async fn open_tunnel(
         return None;
     }
     let workload = pod.workload_in(&state);
-    // Describe the source from config only if config agrees with its verified identity.
-    let src_wl = state.workload_by_ip(peer.ip()).filter(|w| w.identity() == *src_identity).cloned();
-    let service = state.inbound_service(workload, claimed_service.as_deref(), target.port()).cloned();
+    // Describe the source from config only if config agrees with its verified identity
+    // (through a gateway the address is the gateway's: the source is not looked up).
+    let src_wl = state.workload_by_ip(network, peer.ip()).filter(|w| !from_gateway && w.identity() == *src_identity).cloned();
+    let service = named_service.or_else(|| state.inbound_service(workload, claimed_service.as_deref(), target.port()).cloned());
     let labels = TcpLabels::new(
         "destination",
         Peer { workload: src_wl.as_deref(), identity: Some(src_identity) },
@@ -258,7 +291,23 @@ async fn open_tunnel(
         }
     };
     if app_tunnel.is_some() {
-        if let Err(e) = write_proxy_header(&mut upstream, peer, target, Some(src_identity)).await {
+        // The destination as the client named it: for a service hostname (PROXY has no
+        // room for a name) its VIP in our network, IPv4 first, as Istio's ztunnel does.
+        let named = match &hbone_target {
+            HboneAddress::Host(_, port) => service.as_ref().and_then(|s| {
+                let ours = s.vips.iter().filter(|v| v.network == network);
+                ours.max_by_key(|v| v.address.is_ipv4()).map(|v| SocketAddr::new(v.address, *port))
+            }),
+            HboneAddress::Addr(a) => Some(*a),
+        };
+        let Some(named) = named else {
+            tracing::warn!(target = %hbone_target, response_flags = "CONNECT", "the service has no VIP in this network to name in the PROXY header");
+            inputs.metrics.failed(&labels, "CONNECT");
+            reset(upstream);
+            respond(tx, StatusCode::SERVICE_UNAVAILABLE);
+            return None;
+        };
+        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(src_identity)).await {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);
@@ -275,7 +324,7 @@ async fn open_tunnel(
         }
     };
     let conn = inputs.metrics.opened(&labels);
-    Some(Tunnel { upstream, send, recv, registration, conn, target, src_wl, service })
+    Some(Tunnel { upstream, send, recv, registration, conn, target: hbone_target, src_wl, service })
 }
 
 /// Where an inbound connection for the app at `app` is delivered, and from which source

@@ -49,7 +49,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
         "destination",
-        Peer { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
+        Peer { workload: state.workload_by_ip(&inputs.cfg.network, peer.ip()).map(|w| &**w), identity: None },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
         service.as_deref(),
         false,
@@ -98,7 +98,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         direction: "inbound",
         protocol: "TCP",
         src_addr: peer,
-        src: Side { workload: state.workload_by_ip(peer.ip()).map(|w| &**w), identity: None },
+        src: Side { workload: state.workload_by_ip(&inputs.cfg.network, peer.ip()).map(|w| &**w), identity: None },
         dst_addr: dst,
         dst_hbone_addr: None,
         dst_service: service.as_deref(),

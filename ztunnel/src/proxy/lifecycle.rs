@@ -189,6 +189,10 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
         tasks.spawn(crate::dns::server::serve(dns, pod.clone(), listeners, inputs.drain.clone()));
     }
     tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
+    if pod.workload.network != inputs.cfg.network {
+        tracing::warn!(uid = %pod.workload.uid, workload.network = %pod.workload.network, node.network = %inputs.cfg.network,
+            "the pod's workload is in another network than this node (NETWORK): addresses are looked up in the node's; set NETWORK to the network of the node's pods");
+    }
     let _active = inputs.metrics.workload_manager.started();
     let _listed = inputs.workload_states.up(&pod);
     Ok(EnrolledPod { pod, tasks, inputs, _active, _listed })

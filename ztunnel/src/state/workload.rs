@@ -6,8 +6,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use super::address::NetworkAddress;
-use crate::cidr::Cidr;
+use super::address::{NetworkAddress, NetworkCidr};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::ports;
 
@@ -43,10 +42,10 @@ pub enum Protocol {
     HBONE,
 }
 
-/// Where a destination's waypoint is (Istio's GatewayAddress). `destination` is
-/// `"<network>/<ip>"` (the waypoint workload's IP or its Service's VIP) or
-/// `"<namespace>/<hostname>"` (its Service); HBONE goes to a waypoint workload on
-/// `hboneMtlsPort`.
+/// Where a destination's waypoint or network gateway is (Istio's GatewayAddress).
+/// `destination` is `"<network>/<ip>"` (the workload's IP or its Service's VIP, in that
+/// network) or `"<namespace>/<hostname>"` (its Service); HBONE goes to one of its
+/// workloads on `hboneMtlsPort`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddress {
@@ -55,7 +54,7 @@ pub struct GatewayAddress {
     pub hbone_mtls_port: u16,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum GatewayDestination {
     Address(NetworkAddress),
     Hostname(NamespacedHostname),
@@ -69,7 +68,7 @@ impl<'de> Deserialize<'de> for GatewayDestination {
             Some((_, last)) if last.parse::<IpAddr>().is_err() => {
                 if s.split('/').count() != 2 || s.starts_with('/') || last.is_empty() {
                     return Err(serde::de::Error::custom(format!(
-                        "invalid waypoint {s:?}: expected \"<network>/<ip>\" or \"<namespace>/<hostname>\""
+                        "invalid gateway address {s:?}: expected \"<network>/<ip>\" or \"<namespace>/<hostname>\""
                     )));
                 }
                 Ok(GatewayDestination::Hostname(NamespacedHostname(s)))
@@ -147,8 +146,15 @@ pub struct Workload {
     pub protocol: Protocol,
     #[serde(default)]
     pub node: String,
+    /// The network the workload is in (Istio's `topology.istio.io/network`): its
+    /// addresses are unique only within it, and a proxy of another network reaches it
+    /// through its `network_gateway`.
     #[serde(default)]
     pub network: String,
+    /// Istio's `network_gateway`: the east-west gateway a proxy of another network
+    /// reaches this workload through (double HBONE); None: not reachable from there.
+    #[serde(default)]
+    pub network_gateway: Option<GatewayAddress>,
     /// `ns/hostname` -> { service port: target port }
     #[serde(default)]
     pub services: HashMap<NamespacedHostname, BTreeMap<u16, u16>>,
@@ -251,6 +257,7 @@ impl Workload {
             protocol: Protocol::default(),
             node: String::new(),
             network: String::new(),
+            network_gateway: None,
             services: HashMap::new(),
             canonical_name: String::new(),
             canonical_revision: String::new(),
@@ -307,6 +314,15 @@ impl Workload {
     }
 }
 
+/// Checks a network name (shared by the config file and xDS): Istio's networks are label
+/// values; a '/' would make `"<network>/<ip>"` ambiguous.
+pub fn validate_network(n: &str) -> Result<(), String> {
+    if n.contains('/') || n.chars().any(char::is_control) {
+        return Err(format!("{n:?} must be without '/' or control characters"));
+    }
+    Ok(())
+}
+
 /// Checks a workload `hostname` (shared by the config file and xDS): a DNS name of
 /// letters, digits, `-` and `_` labels (an IP literal is taken as that address), at most
 /// 253 characters, no wildcard: it is looked up as it is, as an absolute name.
@@ -357,9 +373,10 @@ pub struct Service {
     #[serde(default)]
     pub ingress_use_waypoint: bool,
     /// VIP ranges (Istio's CIDR VIPs, `NetworkAddress.length`): every address in them
-    /// is this service's, unless an exact VIP or a longer range says otherwise.
+    /// (in their network) is this service's, unless an exact VIP or a longer range says
+    /// otherwise.
     #[serde(default)]
-    pub cidr_vips: Vec<Cidr>,
+    pub cidr_vips: Vec<NetworkCidr>,
     #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
     /// service port -> the protocol istiod derived from the Kubernetes port's name or
