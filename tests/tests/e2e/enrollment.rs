@@ -73,8 +73,17 @@ fn unenroll(node: &Node, pod: &Pod) -> Result<()> {
     Ok(())
 }
 
-fn count(log: &str, needle: &str) -> usize {
-    log.matches(needle).count()
+/// Log lines whose message is `event` (or `event, ...`), not a longer warning that starts
+/// with the same words, such as "pod removed with connections still open".
+fn count(log: &str, event: &str) -> usize {
+    let comma = format!("{event},");
+    log.lines().filter(|l| l.split('\t').any(|field| field == event || field.starts_with(&comma))).count()
+}
+
+/// The end of a log, for a timeout's error.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 /// What ztunnel leaves in a pod netns (and, with eBPF, in the node's pinned maps and
@@ -146,11 +155,13 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     let before = ztunnel_ebpf::inspect(&pins).ok();
     for round in 0..100 {
         unenroll(&node2, server)?;
-        wait_for(&format!("pod removed (round {round})"), ENROLL, || count(&read(&z2_log), "pod removed") == round + 1)?;
+        wait_for(&format!("pod removed (round {round})"), ENROLL, || count(&read(&z2_log), "pod removed") == round + 1)
+            .map_err(|e| e.context(tail(&read(&z2_log))))?;
         let left = leftovers(&topo, server)?;
         assert!(left.is_empty(), "round {round}: left in the pod netns: {left:?}");
         enroll(&node2, server, "server")?;
-        wait_for(&format!("pod enrolled again (round {round})"), ENROLL, || count(&read(&z2_log), "pod enrolled") == round + 2)?;
+        wait_for(&format!("pod enrolled again (round {round})"), ENROLL, || count(&read(&z2_log), "pod enrolled") == round + 2)
+            .map_err(|e| e.context(tail(&read(&z2_log))))?;
     }
     assert_eq!(echo_once(client, to).await?, b"zds");
     if capture_mode() == "ebpf" {
