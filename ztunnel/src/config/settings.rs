@@ -163,6 +163,12 @@ pub struct ProxyConfig {
     /// Istio's `localhostAppTunnel` by [`Settings`].
     #[serde(skip)]
     pub localhost_app_tunnel: bool,
+    /// Istio's IPV6_ENABLED (default true): a pod's IPv6 address gets listeners and
+    /// capture, and on-demand DNS asks AAAA too. Off, IPv6 from and to pods is refused
+    /// (fail closed) and the DNS proxy answers AAAA questions for mesh names with no
+    /// records. Dumped as Istio's `ipv6Enabled` by [`Settings`].
+    #[serde(skip)]
+    pub ipv6_enabled: bool,
 }
 
 #[cfg(test)]

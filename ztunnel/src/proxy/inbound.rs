@@ -125,13 +125,15 @@ async fn handle_stream(
     // port. Its target is this pod, or (Istio's sandwich: a waypoint behind ztunnel) a
     // destination whose waypoint this pod is, verified as outbound verifies waypoints;
     // either way the bytes go to this pod's app, on the target's port.
-    let to_waypoint = target.ip() != pod.ip;
-    if local.ip() != pod.ip || ports::is_proxy_port(target.port()) || (to_waypoint && !state.is_waypoint_of(target.ip(), pod.workload_in(&state))) {
+    let to_waypoint = target.ip() != local.ip();
+    if !pod.ips.contains(local.ip()) || ports::is_proxy_port(target.port()) || (to_waypoint && !state.is_waypoint_of(target.ip(), pod.workload_in(&state))) {
         tracing::warn!(target = %target, l3_dst = %local.ip(), "CONNECT target is neither this pod nor a destination it is the waypoint of");
         inputs.metrics.hbone_rejected("bad_request");
         return respond(tx, StatusCode::BAD_REQUEST);
     }
-    let app_addr = SocketAddr::new(pod.ip, target.port());
+    // Delivered to the address the tunnel arrived at (as Istio), so the client's address
+    // is always of the app address's family.
+    let app_addr = SocketAddr::new(local.ip(), target.port());
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: app_addr };
     // The app sees the peer's address as the source (and ipBlocks policies match on it):
     // an address the mesh knows as another workload's must come with that workload's
