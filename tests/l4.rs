@@ -44,7 +44,10 @@ async fn cross_node_traffic_is_hbone_and_keeps_client_ip() -> Result<()> {
     let capture = Capture::start(mesh.topo.node(1), "eth0", &mesh.topo.dir)?;
 
     let marker = b"plaintext-marker-that-must-not-cross-the-node-link".repeat(20);
-    let back = roundtrip(client, addr(server, 8080), &marker).await?;
+    let mut s = client.netns.connect(addr(server, 8080)).await?;
+    // eBPF rewrote the connect to the proxy's loopback listener; getpeername4/6 hide it.
+    assert_eq!(s.peer_addr()?, addr(server, 8080), "the app sees the address it dialed");
+    let back = echo_roundtrip(&mut s, &marker).await?;
     assert_eq!(back, marker);
     let packets = capture.stop()?;
 

@@ -535,6 +535,24 @@ int zt_recvmsg6(struct bpf_sock_addr *ctx)
 	return show_original6(ctx);
 }
 
+// A connection's (local, remote) addresses from context fields the caller loaded (the
+// loads must stay in the program, on its own context type); 0 for another family.
+static __always_inline int conn_addrs(__u32 family, __u32 local4, __u32 remote4, struct addr6 local6, struct addr6 remote6,
+				      struct addr6 *local, struct addr6 *remote)
+{
+	if (family == AF_INET) {
+		*local = mapped(local4);
+		*remote = mapped(remote4);
+		return 1;
+	}
+	if (family == AF_INET6) {
+		*local = local6;
+		*remote = remote6;
+		return 1;
+	}
+	return 0;
+}
+
 SEC("sockops")
 int zt_sockops(struct bpf_sock_ops *skops)
 {
@@ -552,22 +570,14 @@ int zt_sockops(struct bpf_sock_ops *skops)
 	// pointer-offset loads clang makes when a load is shared between branches.
 	__u32 family = skops->family;
 	__u32 local4 = skops->local_ip4, remote4 = skops->remote_ip4;
-	__u32 l0 = skops->local_ip6[0], l1 = skops->local_ip6[1], l2 = skops->local_ip6[2], l3 = skops->local_ip6[3];
-	__u32 r0 = skops->remote_ip6[0], r1 = skops->remote_ip6[1], r2 = skops->remote_ip6[2], r3 = skops->remote_ip6[3];
+	struct addr6 l6 = { { skops->local_ip6[0], skops->local_ip6[1], skops->local_ip6[2], skops->local_ip6[3] } };
+	struct addr6 r6 = { { skops->remote_ip6[0], skops->remote_ip6[1], skops->remote_ip6[2], skops->remote_ip6[3] } };
 	__u32 local_port = skops->local_port, remote_port = skops->remote_port;
 	__u32 cb_flags = skops->bpf_sock_ops_cb_flags;
 	asm volatile("" ::: "memory");
 	struct addr6 local_ip, remote_ip;
-	if (family == AF_INET) {
-		local_ip = mapped(local4);
-		remote_ip = mapped(remote4);
-	} else if (family == AF_INET6) {
-		struct addr6 l = { { l0, l1, l2, l3 } }, r = { { r0, r1, r2, r3 } };
-		local_ip = l;
-		remote_ip = r;
-	} else {
+	if (!conn_addrs(family, local4, remote4, l6, r6, &local_ip, &remote_ip))
 		return 1;
-	}
 	__u64 cookie = bpf_get_socket_cookie(skops);
 	// A delivery reserved at connect(): the source port is bound by now and the SYN not
 	// yet sent, so the entry is in place before sk_lookup sees the connection.
@@ -718,21 +728,13 @@ int zt_sk_lookup(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 	__u32 family = ctx->family;
 	__u32 local4 = ctx->local_ip4, remote4 = ctx->remote_ip4;
-	__u32 l0 = ctx->local_ip6[0], l1 = ctx->local_ip6[1], l2 = ctx->local_ip6[2], l3 = ctx->local_ip6[3];
-	__u32 r0 = ctx->remote_ip6[0], r1 = ctx->remote_ip6[1], r2 = ctx->remote_ip6[2], r3 = ctx->remote_ip6[3];
+	struct addr6 l6 = { { ctx->local_ip6[0], ctx->local_ip6[1], ctx->local_ip6[2], ctx->local_ip6[3] } };
+	struct addr6 r6 = { { ctx->remote_ip6[0], ctx->remote_ip6[1], ctx->remote_ip6[2], ctx->remote_ip6[3] } };
 	__u32 local_port = ctx->local_port, remote_port = ctx->remote_port;
 	asm volatile("" ::: "memory");
 	struct addr6 ip, remote;
-	if (family == AF_INET) {
-		ip = mapped(local4);
-		remote = mapped(remote4);
-	} else if (family == AF_INET6) {
-		struct addr6 l = { { l0, l1, l2, l3 } }, r = { { r0, r1, r2, r3 } };
-		ip = l;
-		remote = r;
-	} else {
+	if (!conn_addrs(family, local4, remote4, l6, r6, &ip, &remote))
 		return SK_PASS;
-	}
 	__u64 *netns = bpf_map_lookup_elem(&zt_pods_ip, &ip);
 	// This program only runs in enrolled pods' netns. IPv6 to anything but an enrolled
 	// pod address (a link-local one, or any IPv6 of a pod without IPv6 capture) fails

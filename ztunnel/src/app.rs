@@ -61,6 +61,19 @@ pub fn cert_manager(istiod: &IstiodArgs, ttl: Duration, builtin: BuiltinCa<'_>) 
 
 /// Serves Prometheus metrics and readiness (`/healthz/ready`) on each of `addrs`, bound
 /// before this returns so a port conflict fails the start.
+/// Istio's wildcard with IPv6 on (IPV6_ENABLED): `0.0.0.0:port` is taken as `[::]:port`,
+/// one socket for both families ([`crate::http_endpoint::bind`] makes it dual-stack), so
+/// an IPv6 pod's probes and scrapes reach it. Unchanged when `ipv6` is off, or IPv6 is
+/// off in this network namespace (binding `[::]` would fail).
+pub fn both_families(addr: SocketAddr, ipv6: bool) -> SocketAddr {
+    let v6_on = || std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
+    if ipv6 && addr.ip() == std::net::Ipv4Addr::UNSPECIFIED && v6_on() {
+        SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), addr.port())
+    } else {
+        addr
+    }
+}
+
 pub async fn serve_observability(addrs: &[SocketAddr], metrics: &Arc<Metrics>) -> Result<(), AppError> {
     for &addr in addrs {
         let l = crate::http_endpoint::bind(addr).await.map_err(|source| AppError::Listen { addr, source })?;

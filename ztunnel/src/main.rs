@@ -164,10 +164,12 @@ struct Args {
     /// Admin endpoint (/logging, /quitquitquit); must be a loopback address.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin_addr: std::net::SocketAddr,
-    /// Prometheus metrics (/metrics, /stats/prometheus).
+    /// Prometheus metrics (/metrics, /stats/prometheus); `0.0.0.0` means both families
+    /// (`[::]`) with IPV6_ENABLED.
     #[arg(long, default_value = "0.0.0.0:15020")]
     metrics_addr: std::net::SocketAddr,
-    /// Readiness (/healthz/ready).
+    /// Readiness (/healthz/ready); `0.0.0.0` means both families (`[::]`) with
+    /// IPV6_ENABLED.
     #[arg(long, default_value = "0.0.0.0:15021")]
     readiness_addr: std::net::SocketAddr,
     /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s
@@ -304,6 +306,9 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         args.capture = CaptureMode::None;
         infos.push("INPOD_UDS is set: istio-cni captures the pods' traffic, so ztunnel's own capture is off (set ZTUNNEL_CAPTURE to change)".into());
     }
+    let ipv6_enabled = env.bool("IPV6_ENABLED")?.unwrap_or(true);
+    args.metrics_addr = ztunnel::app::both_families(args.metrics_addr, ipv6_enabled);
+    args.readiness_addr = ztunnel::app::both_families(args.readiness_addr, ipv6_enabled);
     let worker_threads = ztunnel::config::istio_env::worker_threads(env, args.worker_threads.as_deref(), 2)?;
     let socket = ztunnel::netns::SocketOptions {
         keepalive: ztunnel::config::istio_env::Keepalive::from_env(env)?,
@@ -324,7 +329,7 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         network: env.get("NETWORK").unwrap_or_default().to_string(),
         localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         crl_path: env.non_empty("CRL_PATH").map(std::path::PathBuf::from),
-        ipv6_enabled: env.bool("IPV6_ENABLED")?.unwrap_or(true),
+        ipv6_enabled,
         warnings,
         infos,
     })
