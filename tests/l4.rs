@@ -967,6 +967,22 @@ async fn ipv6_disabled_fails_closed_for_ipv6_only() -> Result<()> {
     Ok(())
 }
 
+/// A pod whose workload lists an IPv6 address but whose netns has IPv6 off (as Istio
+/// checks its loopback): it enrolls on IPv4, saying why its IPv6 is not served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_with_ipv6_off_enrolls_on_ipv4() -> Result<()> {
+    let topo = Topology::build_family(&prefix("lo6"), &[1, 1], IpFamily::Dual)?;
+    topo.pod("n2p1").netns.exec("sysctl", &["-qw", "net.ipv6.conf.all.disable_ipv6=1"])?;
+    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let _echo = EchoServer::serve(server.netns.listen_on("0.0.0.0:8080".parse()?)?, None)?;
+    let v4: std::net::IpAddr = "10.10.2.11".parse()?;
+    assert_eq!(roundtrip(client, SocketAddr::new(v4, 8080), b"v4").await?, b"v4");
+    mesh.wait_logs(&["IPv6 is off on the pod's loopback", &format!("dst.addr={}", SocketAddr::new(v4, 15008))])?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn proxy_marks_from_another_pod_exempt_nothing() -> Result<()> {
     // n1p2 is a same-node pod outside the mesh that sets the proxy's marks on its own

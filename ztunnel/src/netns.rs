@@ -227,8 +227,9 @@ fn set_transparent(s: &Socket, addr: &SocketAddr) -> io::Result<()> {
     }
 }
 
-/// Whether IPv6 is on for this netns's loopback (Istio checks the same before binding its
-/// `[::1]` listeners: a pod may have IPv6 disabled).
+/// Whether IPv6 is on for the calling thread's netns's loopback (Istio checks the same
+/// before binding its `[::1]` listeners: a pod may have IPv6 disabled). Run it inside a
+/// pod with [`InPodNetns::run`].
 pub fn ipv6_on_loopback() -> bool {
     std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6").is_ok_and(|v| v.trim() == "0")
 }

@@ -114,7 +114,16 @@ pub async fn enroll_workload(inputs: Arc<ProxyInputs>, wl: Arc<Workload>, netns:
     if wl.node != inputs.cfg.node_name {
         return Err(ProxyError::WrongNode { uid: uid.clone(), node: wl.node.clone(), ours: inputs.cfg.node_name.clone() });
     }
-    let ips = PodIps::of(&wl.workload_ips, inputs.cfg.ipv6_enabled).ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
+    // As Istio: IPv6 may be on in general but off in the pod (its loopback has none,
+    // so no [::1] listener); then its IPv6 is not served, which fails closed.
+    let ipv6 = inputs.cfg.ipv6_enabled && {
+        let on = netns.run(crate::netns::ipv6_on_loopback).unwrap_or(false);
+        if !on && wl.workload_ips.iter().any(|ip| ip.is_ipv6()) {
+            tracing::warn!(uid = %uid, netns = netns.name(), "IPv6 is off on the pod's loopback: its IPv6 address is not served (its IPv6 traffic is refused)");
+        }
+        on
+    };
+    let ips = PodIps::of(&wl.workload_ips, ipv6).ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
     let identity = wl.identity();
     inputs.certs.allow(&identity);
     let pod = LocalPod {
