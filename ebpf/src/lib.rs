@@ -485,3 +485,20 @@ fn replace_pin(link: OwnedFd, path: &Path) -> Result<(), EbpfError> {
     std::fs::rename(&fresh, path).map_err(pin_err)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_addresses_are_16_bytes_ipv4_v4_mapped() {
+        let v4: IpAddr = "10.10.1.11".parse().unwrap();
+        assert_eq!(addr6(v4), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 10, 1, 11]);
+        assert_eq!(from_addr6(addr6(v4)), v4);
+        let v6: IpAddr = "fd00:10:1::11".parse().unwrap();
+        assert_eq!(addr6(v6), [0xfd, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11]);
+        assert_eq!(from_addr6(addr6(v6)), v6);
+        // Mirrors `struct pod_config`: ip4, flags, ip6.
+        assert_eq!(std::mem::size_of::<PodConfig>(), 24);
+    }
+}

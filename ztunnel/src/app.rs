@@ -81,3 +81,19 @@ pub async fn serve_observability(addrs: &[SocketAddr], metrics: &Arc<Metrics>) -
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wildcard_takes_both_families_with_ipv6_on() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(both_families(a("0.0.0.0:15020"), false), a("0.0.0.0:15020"));
+        assert_eq!(both_families(a("10.0.0.1:15020"), true), a("10.0.0.1:15020"), "a given address stays");
+        assert_eq!(both_families(a("[::1]:15020"), true), a("[::1]:15020"));
+        let v6_on = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
+        let want = if v6_on { a("[::]:15020") } else { a("0.0.0.0:15020") };
+        assert_eq!(both_families(a("0.0.0.0:15020"), true), want);
+    }
+}
