@@ -2,10 +2,9 @@
 //! optionally a reference node proxy in ztunnel's place, on a network-namespace topology
 //! in one run. See docs/benchmarks.md for the method and `bench --help` for the flags.
 
-#[path = "../../tests/netsim.rs"]
-mod netsim;
-
+mod capture;
 mod cleanup;
+mod l7;
 mod load;
 mod modes;
 mod plot;
@@ -25,11 +24,14 @@ use modes::{Env, Mode};
 #[derive(Parser, Debug)]
 #[command(about = "Mesh benchmark on a netns topology: direct vs ztunnel L4 vs ztunnel + waypoint (vs --reference)")]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Where results.md, results.json and the plots go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Smoke run: short steps, two rates, small bulk and idle counts (well under 2 minutes).
-    #[arg(long)]
+    /// Smoke run: short steps, two rates, small bulk and idle counts (well under 2 minutes);
+    /// with a subcommand, one round of a few connections and requests.
+    #[arg(long, global = true)]
     quick: bool,
     /// Another node-proxy binary run in ztunnel's place (it must accept ztunnel's command
     /// line: --local-xds-path, --node-name, --state-dir, --capture, --bpf-pin-dir, --pod,
@@ -63,6 +65,21 @@ struct Args {
     /// Internal: run the server app in this netns (the bench starts itself this way).
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
+}
+
+/// Focused comparisons beside the main suite, printed as tables (no files written).
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Capture alone: connection rate and 1 KiB round trips with eBPF, nftables and no
+    /// capture, for a fully meshed pair and for inbound capture only (ARCHITECTURE.md).
+    Capture,
+    /// The L7 hop: keep-alive HTTP/1.1 latency and proxy CPU per request, direct vs L4 vs
+    /// waypoint vs waypoint with an ext_authz check (docs/benchmarks.md).
+    L7 {
+        /// Requests per round (default 5000; quick 50).
+        #[arg(long)]
+        requests: Option<usize>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -259,6 +276,13 @@ fn main() -> Result<()> {
         if !b.exists() {
             bail!("{} not found (build it: cargo build --release -p ztunnel -p waypoint -p bench, or pass --ztunnel/--waypoint)", b.display());
         }
+    }
+    // The harness starts proxies by itself in the subcommands: these binaries, not a build.
+    mesh_tests::bins::use_binaries(bins.ztunnel.clone(), bins.waypoint.clone())?;
+    match args.command {
+        Some(Command::Capture) => return capture::main(args.quick),
+        Some(Command::L7 { requests }) => return l7::main(args.quick, requests),
+        None => {}
     }
     let mut all = vec![Mode::Direct, Mode::L4, Mode::Waypoint];
     if let Some(r) = &args.reference {

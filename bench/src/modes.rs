@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::netsim::{self, Child, Topology};
+use mesh_tests::netsim::{self, Child, Topology};
 use crate::server::{self, Server};
 
 #[derive(Clone, Debug)]
@@ -44,8 +44,9 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// L7 config for the waypoint: one route to the echo service's HTTP port and an ALLOW
 /// policy per request (method + path), plus the TCP ports of the echo and sink for the
 /// client. The route names port 80: a Service with routes on a port refuses non-HTTP
-/// bytes there, and the echo and sink ports carry raw TCP (relayed at L4).
-const L7: &str = r#"httpRoutes:
+/// bytes there, and the echo and sink ports carry raw TCP (relayed at L4). `bench l7`
+/// uses it too.
+pub const L7: &str = r#"httpRoutes:
 - name: echo
   namespace: default
   parentRefs: [{group: "", kind: Service, name: echo, port: 80}]

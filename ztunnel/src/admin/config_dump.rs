@@ -334,9 +334,9 @@ pub fn address(a: std::net::SocketAddr) -> Value {
 mod tests {
     use super::*;
 
-    // Shared with the end-to-end tests (tests/json_schema.rs).
+    // Shared with the end-to-end tests (tests/src/json_schema.rs; ztunnel cannot depend on them).
     mod json_schema {
-        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/json_schema.rs"));
+        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/src/json_schema.rs"));
     }
 
     const SCHEMA: &str = include_str!("../../tests/data/config_dump.schema.json");

@@ -1,6 +1,5 @@
 //! Talks HBONE to a ztunnel directly, as a (possibly hostile) peer would, using the
 //! mesh CA from a test's state directory.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -4,7 +4,6 @@
 //! the bearer token and cluster id as istiod does. Tests change its resources and watch
 //! what the proxies ACK, NACK and ask for. It runs inside a network namespace of the
 //! test topology and can be killed and restarted (same address, same CA).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -654,7 +653,7 @@ pub fn start_cni_agent(topo: &crate::netsim::Topology, n: usize) -> Result<(crat
     let pods_dir = topo.dir.join(format!("pods-node{n}"));
     let socket = topo.dir.join(format!("zds-node{n}.sock"));
     let cni = topo.node(n).spawn(
-        crate::netsim::ZTUNNEL,
+        crate::bins::ztunnel(),
         &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
         &[("RUST_LOG", "info")],
         &topo.dir.join(format!("cni-node{n}.log")),

@@ -7,10 +7,6 @@
 //! mesh certificate for `sa/attacker`) and n1p2 (the victim client, `sa/victim`); node2
 //! has n2p1 (server, `sa/server`) and n2p2 (`sa/guarded`, which only `sa/victim` may call).
 
-mod hbone_peer;
-mod h2_raw;
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use h2_raw::*;
-use netsim::*;
+use mesh_tests::h2_raw::*;
+use mesh_tests::{hbone_peer, netsim};
+use mesh_tests::netsim::*;
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use ztunnel::identity::Identity;

@@ -1,21 +1,13 @@
 //! Waypoint end to end: client pod -> ztunnel (node1) -> waypoint pod -> ztunnel (node2)
 //! -> server pod, all over HBONE with each hop's own identity.
 
-mod netsim;
-mod http_app;
-mod hbone_peer;
-mod istiod;
-mod kube_api;
-mod ext_authz;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use netsim::*;
-
-const WAYPOINT: &str = env!("CARGO_BIN_EXE_waypoint");
+use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
+use mesh_tests::netsim::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
@@ -96,7 +88,7 @@ fn start_waypoint_with(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str
     let (cfg, state) = (cfg.display().to_string(), state.display().to_string());
     let mut args = vec!["--local-xds-path", &cfg, "--workload-uid", pod, "--state-dir", &state];
     args.extend_from_slice(extra);
-    let w = t.pod(pod).netns.spawn(WAYPOINT, &args, &[("RUST_LOG", "info")], &t.dir.join(log))?;
+    let w = t.pod(pod).netns.spawn(bins::waypoint(), &args, &[("RUST_LOG", "info")], &t.dir.join(log))?;
     w.wait_log("waypoint ready", READY)?;
     Ok(w)
 }
@@ -475,7 +467,7 @@ impl L7Mesh {
         let mut env = vec![("RUST_LOG", "info"), ("CONFIG_POLL_INTERVAL_MS", "100")];
         env.extend_from_slice(waypoint_env);
         let waypoint = t.pod("n1p2").netns.spawn(
-            WAYPOINT,
+            bins::waypoint(),
             &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
             &env,
             &t.dir.join("waypoint.log"),
@@ -788,6 +780,7 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
     assert_eq!(d["certificates"][0]["state"], "Available");
     assert_eq!(d["config"]["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    // One version for the whole workspace (Cargo.toml), the waypoint's included.
     assert_eq!(d["version"]["version"], env!("CARGO_PKG_VERSION"));
 
     // Logging: at warn, requests log nothing; back at info they do.
@@ -832,14 +825,14 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
-    use istiod::*;
+    use fake_istiod::*;
     use serde_json::json;
     use ztunnel::xds::proto::istio::workload as pb;
     let topo = Topology::build(&prefix("k"), &[3, 1])?;
     let token = topo.dir.join("istio-token");
     std::fs::write(&token, TOKEN)?;
     let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
-    let kube = kube_api::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
+    let kube = fake_kube::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
     let (echo, v1, v2, wp) = ("echo.default.svc.cluster.local", "echo-v1.default.svc.cluster.local", "echo-v2.default.svc.cluster.local", "waypoint.default.svc.cluster.local");
     let cart = "cart.shop.svc.cluster.local";
     istiod.update(|r| {
@@ -908,7 +901,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         ("KUBECONFIG".into(), kubeconfig.display().to_string()),
     ]);
     let wenv: Vec<(&str, &str)> = wenv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let waypoint = t.pod("n1p2").netns.spawn(WAYPOINT, &[], &wenv, &t.dir.join("waypoint.log"))?;
+    let waypoint = t.pod("n1p2").netns.spawn(bins::waypoint(), &[], &wenv, &t.dir.join("waypoint.log"))?;
     waypoint.wait_log("waypoint ready", READY)?;
     let _apps = [http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?, http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?];
     // Ready once istiod's state and the Kubernetes objects are in.
@@ -937,7 +930,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(c.get("/root-denied").await?.status, 403);
     assert!(waypoint.log_text().contains("authz.denied_by=\"istio-system/mesh-deny\""), "{}", waypoint.log_text());
     // The admin endpoint names what was taken from where, and why.
-    let (code, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let (code, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
     assert_eq!(code, 200, "{body}");
     let d: serde_json::Value = serde_json::from_str(&body)?;
     let names = |k: &str| d[k].as_array().into_iter().flatten().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap_or("?"), o["name"].as_str().unwrap_or("?"))).collect::<Vec<_>>();
@@ -1050,7 +1043,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
         "data": {"mesh": "extensionProviders:\n- {name: open, envoyExtAuthzHttp: {service: nowhere.default.svc.cluster.local, port: 80, failOpen: true}}\n"}}));
     wait_for_status(&mut c, "/ext", 200).await.with_context(|| waypoint.log_text())?;
-    let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
     assert!(body.contains("envoyExtAuthzHttp"), "the dump names the provider: {body}");
     kube.delete("authorizationpolicies", "ext");
 
@@ -1059,7 +1052,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));
     let mut scope = serde_json::Value::Null;
     for _ in 0..50 {
-        let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
         scope = serde_json::from_str::<serde_json::Value>(&body)?["waypoint"]["scope"].take();
         if scope["labelledServices"] == json!([]) {
             break;
@@ -1073,12 +1066,12 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
 
 async fn wait_for_ready(ns: &netsim::Netns, addr: SocketAddr) -> Result<()> {
     for _ in 0..100 {
-        if istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
+        if fake_istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("not ready: {:?}", istiod::readiness(ns, addr).await)
+    anyhow::bail!("not ready: {:?}", fake_istiod::readiness(ns, addr).await)
 }
 
 async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) -> Result<()> {
@@ -1687,7 +1680,7 @@ fn custom_policy(provider: &str) -> String {
 /// missing or not an authorizer denies what its policy matches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
-    use ext_authz::{start_grpc_authorizer, start_http_authorizer, Checks};
+    use test_servers::{start_grpc_authorizer, start_http_authorizer, Checks};
     let l7 = format!("{EXT_AUTHZ_PROVIDERS}{}", custom_policy("http-authz"));
     let m = L7Mesh::start("l7x", &l7, &[]).await?;
     let authz_pod = m.mesh.topo.pod("n2p1");
@@ -1967,8 +1960,8 @@ async fn l7_requests_are_traced_to_an_otlp_collector() -> Result<()> {
     opentelemetry: {service: authz.default.svc.cluster.local, port: 9100}
 "#;
     let m = L7Mesh::start("l7q", l7, &[]).await?;
-    let spans = ext_authz::Spans::default();
-    let _collector = ext_authz::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let spans = test_servers::Spans::default();
+    let _collector = test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
     let mut c = m.h1().await?;
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let r = c.request("GET", "/traced", &[("traceparent", parent)]).await?;

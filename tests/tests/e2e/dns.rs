@@ -5,8 +5,6 @@
 //! to the DNS proxy in the pod, which answers mesh names itself and forwards the rest
 //! from node 1 (so the fake server sees node 1's address, never the pod's, for them).
 
-mod netsim;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -18,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use netsim::*;
+use mesh_tests::netsim::*;
 
 const UPSTREAM_IP: [u8; 4] = [10, 10, 2, 11];
 /// n2p1's IPv6 address in a dual-stack topology.

@@ -11,7 +11,6 @@
 //! dual) picks which of the two each pod and node gets ([`ip_family`]); suites that honour
 //! it (l4) take addresses from the topology (`Pod::ip`, [`vip`], [`vips_yaml`]) rather
 //! than writing them. Everything is removed on drop, also when a test panics.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -625,13 +624,6 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
     Ok(out)
 }
 
-/// The ztunnel binary: cargo names it for the ztunnel package's tests; other packages'
-/// tests (the waypoint's) find it in the debug target dir, which `cargo test
-/// --workspace` fills.
-pub const ZTUNNEL: &str = match option_env!("CARGO_BIN_EXE_ztunnel") {
-    Some(p) => p,
-    None => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/ztunnel"),
-};
 pub const READY: Duration = Duration::from_secs(20);
 
 pub fn prefix(tag: &str) -> String {
@@ -729,7 +721,7 @@ impl Mesh {
         let (args, env) = &self.commands[n - 1];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let z = self.topo.node(n).spawn(ZTUNNEL, &args, &env, &self.topo.dir.join(log_name))?;
+        let z = self.topo.node(n).spawn(crate::bins::ztunnel(), &args, &env, &self.topo.dir.join(log_name))?;
         z.wait_log("ztunnel ready", READY)?;
         check_capture_mode(&z)?;
         Ok(z)

@@ -4,14 +4,13 @@
 //! see netsim.rs): tests take every address from the topology; the few that are about
 //! IPv4 itself say so and skip where it does not exist.
 
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use netsim::*;
+use mesh_tests::{bins, hbone_peer};
+use mesh_tests::netsim::*;
 use tokio::io::AsyncReadExt;
 
 /// Node 1 runs pod n1p1 (identity sa/client), node 2 pod n2p1 (sa/server), both enrolled.
@@ -360,7 +359,7 @@ fn malformed_config_is_rejected_with_file_and_field() -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("bad.yaml");
     std::fs::write(&path, "workloads:\n- uid: a\n  name: a\n  namespace: default\n  workloadIPs: [10.0.0.1]\n")?;
-    let out = std::process::Command::new(ZTUNNEL)
+    let out = std::process::Command::new(bins::ztunnel())
         .args(["--local-xds-path", path.to_str().unwrap_or_default(), "--node-name", "n", "--state-dir"])
         .arg(dir.join("st"))
         .env("RUST_BACKTRACE", "0")
@@ -371,8 +370,6 @@ fn malformed_config_is_rejected_with_file_and_field() -> Result<()> {
     assert!(err.contains("bad.yaml") && err.contains("unknown field `workloadIPs`") && err.contains("line 5"), "{err}");
     Ok(())
 }
-
-mod hbone_peer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hbone_server_answers_400_401_503_as_istio() -> Result<()> {
@@ -880,7 +877,7 @@ async fn unusable_ebpf_falls_back_to_nftables_with_a_warning() -> Result<()> {
     ]
     .map(String::from);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &topo.dir.join("ztunnel.log"))?;
+    let z = topo.node(1).spawn(bins::ztunnel(), &args, &[("RUST_LOG", "info")], &topo.dir.join("ztunnel.log"))?;
     z.wait_log("ztunnel ready", READY)?;
     let log = z.log_text();
     assert!(log.contains("\twarn\t") && log.contains("falling back to nftables capture") && log.contains("not a bpf filesystem"), "{log}");

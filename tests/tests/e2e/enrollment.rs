@@ -1,14 +1,13 @@
 //! Pod enrollment over ZDS, end to end: a stand-in CNI agent (`ztunnel cni-server`) per
 //! node, `ztunnel enroll`/`unenroll` as the CNI plugin, and ztunnel as the ZDS client.
 
-mod netsim;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use netsim::*;
+use mesh_tests::bins;
+use mesh_tests::netsim::*;
 
 struct Node {
     cni: Child,
@@ -31,7 +30,7 @@ fn start_ztunnel(topo: &Topology, n: &Node, log_name: &str) -> Result<Child> {
     ];
     let capture = topo.capture_args(n.index);
     args.extend(capture.iter().map(String::as_str));
-    let z = topo.node(n.index).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
+    let z = topo.node(n.index).spawn(bins::ztunnel(), &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
     z.wait_log("ZDS snapshot applied", READY)
         .map_err(|e| e.context(n.cni.log_text()))?;
     check_capture_mode(&z)?;
@@ -45,7 +44,7 @@ fn start_node(topo: &Topology, index: usize, config: &str) -> Result<Node> {
     std::fs::write(&cfg, config)?;
     let cni_log = topo.dir.join(format!("cni-node{index}.log"));
     let cni = topo.node(index).spawn(
-        ZTUNNEL,
+        bins::ztunnel(),
         &["cni-server", "--socket", socket.to_str().unwrap_or_default(), "--pods-dir", pods_dir.to_str().unwrap_or_default()],
         &[("RUST_LOG", "info")],
         &cni_log,
@@ -57,7 +56,7 @@ fn start_node(topo: &Topology, index: usize, config: &str) -> Result<Node> {
 }
 
 fn enroll(node: &Node, pod: &Pod, sa: &str) -> Result<()> {
-    sh(ZTUNNEL, &[
+    sh(bins::ztunnel(), &[
         "enroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name, "--name", &pod.name,
         "--namespace", "default", "--service-account", sa, "--netns", pod.netns.path().to_str().unwrap_or_default(),
     ])?;
@@ -65,7 +64,7 @@ fn enroll(node: &Node, pod: &Pod, sa: &str) -> Result<()> {
 }
 
 fn unenroll(node: &Node, pod: &Pod) -> Result<()> {
-    sh(ZTUNNEL, &["unenroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name])?;
+    sh(bins::ztunnel(), &["unenroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name])?;
     Ok(())
 }
 
@@ -288,7 +287,7 @@ async fn a_pod_added_again_with_a_new_netns_moves_its_proxy() -> Result<()> {
     ];
     args.extend(topo.capture_args(1));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &log)?;
+    let z = topo.node(1).spawn(bins::ztunnel(), &args, &[("RUST_LOG", "info")], &log)?;
     let sock = tokio::time::timeout(READY, agent.accept()).await??;
     let _hello: (ZdsHello, _) = sock.recv().await?;
 
