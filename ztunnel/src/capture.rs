@@ -124,11 +124,12 @@ impl Backend {
 
     /// Removal, second half, once the pod's connections are done: removes the rest of
     /// what `install` put in the netns (the reply routing they needed).
-    pub async fn finish_removal(&self, netns: &InPodNetns) -> Result<(), CaptureError> {
+    pub async fn finish_removal(&self, netns: &InPodNetns, ips: PodIps) -> Result<(), CaptureError> {
+        let ipv6 = ips.v6.is_some();
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { .. } => nftables::finish_removal(netns).await,
-            Backend::Ebpf(_) => ebpf::finish_removal(netns).await,
+            Backend::Nftables { .. } => nftables::finish_removal(netns, ipv6).await,
+            Backend::Ebpf(_) => ebpf::finish_removal(netns, ipv6).await,
         }
     }
 }

@@ -58,9 +58,8 @@ pub async fn stop_steering(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, 
         .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
 }
 
-pub async fn finish_removal(netns: &InPodNetns) -> Result<(), CaptureError> {
-    local_route::remove(netns).await;
-    // An IPv4-only pod may have IPv6 off altogether: its IPv6 switch was never set.
-    let _ = sysctl(netns, "0", true);
-    sysctl(netns, "0", false)
+/// `ipv6`: the pod had IPv6 capture (what `install` set up for IPv6 goes too).
+pub async fn finish_removal(netns: &InPodNetns, ipv6: bool) -> Result<(), CaptureError> {
+    local_route::remove(netns, ipv6).await;
+    sysctl(netns, "0", ipv6)
 }

@@ -35,9 +35,9 @@ async fn install_family(netns: &InPodNetns, family: &str, all: &str) -> Result<(
     run_in(netns, "ip", &[family, "route", "replace", "local", all, "dev", "lo", "table", ROUTE_TABLE], None).await
 }
 
-/// Removes both families' (an IPv4-only pod has no IPv6 rule: nothing to remove).
-pub async fn remove(netns: &InPodNetns) {
-    for family in ["-4", "-6"] {
+/// Removes what `install` added, IPv6 too when `ipv6`.
+pub async fn remove(netns: &InPodNetns, ipv6: bool) {
+    for family in ["-4", "-6"].into_iter().take(if ipv6 { 2 } else { 1 }) {
         let _ = run_in(netns, "ip", &[family, "rule", "del", "pref", RULE_PREF], None).await;
         let _ = run_in(netns, "ip", &[family, "route", "flush", "table", ROUTE_TABLE], None).await;
     }

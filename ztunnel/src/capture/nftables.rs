@@ -95,9 +95,10 @@ pub async fn stop_steering(netns: &InPodNetns) -> Result<(), CaptureError> {
     run_in(netns, "nft", &["-f", "-"], Some(&script)).await
 }
 
-pub async fn finish_removal(netns: &InPodNetns) -> Result<(), CaptureError> {
+/// `ipv6`: the pod had IPv6 capture (its IPv6 reply route goes too).
+pub async fn finish_removal(netns: &InPodNetns, ipv6: bool) -> Result<(), CaptureError> {
     let nft = run_in(netns, "nft", &["delete", "table", "inet", TABLE], None).await;
-    local_route::remove(netns).await;
+    local_route::remove(netns, ipv6).await;
     nft
 }
 

@@ -64,7 +64,7 @@ impl EnrolledPod {
         if !self.pod.active.wait_idle(REMOVAL_DRAIN).await {
             tracing::warn!(uid = %self.pod.workload.uid, active = self.pod.active.active(), "pod removed with connections still open; they will break");
         }
-        let finished = self.inputs.capture.finish_removal(&self.pod.netns).await;
+        let finished = self.inputs.capture.finish_removal(&self.pod.netns, self.pod.ips).await;
         self.inputs.certs.release(&self.pod.identity);
         stopped?;
         Ok(finished?)
