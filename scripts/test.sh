@@ -57,13 +57,16 @@ stage "unit and end-to-end tests (eBPF capture), fuzz build" together \
   "fuzz build" "bash scripts/fuzz.sh build"
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
 stage "charts, Dockerfiles, shell scripts" bash scripts/check-charts.sh
-# The end-to-end suites that depend on capture again with the nftables fallback, beside
-# the soak (SOAK_SECONDS, 120 s by default, mostly waiting on timers and the network, in
-# its own namespaces) and the fuzz smoke: every cargo-fuzz target for 10 s from its
-# committed corpus, regressions replayed (`bash scripts/fuzz.sh 600` is the thorough
-# run). --workspace keeps the feature set of the build above: nothing is built again.
-stage "end-to-end tests (nftables capture), soak, fuzz smoke" together \
-  "end-to-end tests (nftables capture)" "ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test e2e -- l4:: enrollment:: dns::" \
+# The end-to-end suites that depend on capture again with the nftables fallback, then the
+# L4 suite a third time on an IPv6-only topology and a fourth on a dual-stack one (eBPF
+# capture: nftables' IPv6 rules are the same inet table, and the l4 and dns tests built
+# on dual-stack topologies run with nftables here too), beside the soak (SOAK_SECONDS, 120
+# s by default, mostly waiting on timers and the network, in its own namespaces) and the
+# fuzz smoke: every cargo-fuzz target for 10 s from its committed corpus, regressions
+# replayed (`bash scripts/fuzz.sh 600` is the thorough run). --workspace keeps the
+# feature set of the build above: nothing is built again.
+stage "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack), soak, fuzz smoke" together \
+  "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack)" "ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test e2e -- l4:: enrollment:: dns:: && ZTUNNEL_TEST_IP_FAMILY=v6 cargo test --workspace --test e2e -- l4:: && ZTUNNEL_TEST_IP_FAMILY=dual cargo test --workspace --test e2e -- l4::" \
   "soak" "cargo test --workspace --test soak -- --exact $soak" \
   "fuzz smoke" "bash scripts/fuzz.sh 10"
 echo "== all tests passed in $((SECONDS - start))s:"

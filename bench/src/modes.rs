@@ -193,7 +193,7 @@ impl Env {
             proxies.push(("waypoint".into(), w));
         }
         let server = Server::start(&srv.netns.path())?;
-        let dst = if matches!(mode, Mode::Waypoint) { VIP } else { srv.ip };
+        let dst = if matches!(mode, Mode::Waypoint) { std::net::IpAddr::V4(VIP) } else { srv.ip };
         let http_port = if matches!(mode, Mode::Waypoint) { 80 } else { server::HTTP_PORT };
         Ok(Env {
             client_ns: client.netns.path(),

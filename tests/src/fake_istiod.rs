@@ -545,12 +545,16 @@ impl FakeIstiod {
 
 /// A workload as istiod describes a pod: uid `Kubernetes//Pod/default/<name>`; its
 /// services by hostname (namespace default) or `<namespace>/<hostname>`.
-pub fn pod_workload(name: &str, ip: std::net::Ipv4Addr, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
+pub fn pod_workload(name: &str, ip: impl Into<std::net::IpAddr>, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
+    let address = match ip.into() {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    };
     pb::Workload {
         uid: pod_uid(name),
         name: name.into(),
         namespace: "default".into(),
-        addresses: vec![ip.octets().to_vec()],
+        addresses: vec![address],
         tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
         service_account: sa.into(),
         node: format!("node{node}"),

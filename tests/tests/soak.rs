@@ -59,7 +59,7 @@ async fn stop_traffic(stop: &AtomicBool, running: Running) -> Result<()> {
 }
 
 fn own(p: &Pod) -> Pod {
-    Pod { name: p.name.clone(), node: p.node, ip: p.ip, netns: p.netns.clone() }
+    Pod { name: p.name.clone(), node: p.node, ip: p.ip, ips: p.ips.clone(), netns: p.netns.clone() }
 }
 
 /// Enters the pod's netns on the current (dedicated) thread.

@@ -1,7 +1,7 @@
 //! One HBONE CONNECT stream into the waypoint: answered, sniffed, then served as HTTP
 //! (see `http`) or relayed at L4 to an endpoint of the target over pooled HBONE.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -187,7 +187,9 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
-    let Some(ep_ip) = endpoint.workload_ips.iter().copied().find(IpAddr::is_ipv4) else {
+    // The endpoint's address in the client's family (that of the target), as ztunnel picks it.
+    let Some(ep_ip) = endpoint.address_for(target.ip(), service.as_deref().and_then(|s| s.ip_families)) else {
+        tracing::warn!(dst.addr = %target, endpoint = %endpoint.uid, response_flags = "UH", "the endpoint has no address of the service's IP families");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
     // DestinationRule tcp.maxConnections: connections in flight to the Service.

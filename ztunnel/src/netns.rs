@@ -193,13 +193,18 @@ impl InPodNetns {
     }
 
     /// A listener bound inside the pod. SO_REUSEPORT lets a new proxy bind beside the old one.
+    /// An IPv6 listener takes IPv6 only: IPv4 has its own listener, so no address the
+    /// proxy sees is ever v4-mapped.
     pub fn listen(&self, addr: SocketAddr, transparent: bool) -> Result<TcpListener, NetnsError> {
         let s = self.socket(&addr)?;
         let r = (|| {
             s.set_reuse_address(true)?;
             s.set_reuse_port(!socket_options().no_port_reuse)?;
+            if addr.is_ipv6() {
+                s.set_only_v6(true)?;
+            }
             if transparent {
-                s.set_ip_transparent_v4(true)?;
+                set_transparent(&s, &addr)?;
             }
             s.bind(&SockAddr::from(addr))?;
             s.listen(1024)?;
@@ -223,7 +228,7 @@ impl InPodNetns {
             s.set_tcp_nodelay(true)?;
             set_keepalive(&s)?;
             if let Some(src) = transparent_src {
-                s.set_ip_transparent_v4(true)?;
+                set_transparent(&s, &dst)?;
                 s.bind(&SockAddr::from(SocketAddr::new(src.ip(), 0)))?;
             }
             Ok::<_, io::Error>(())
@@ -236,6 +241,22 @@ impl InPodNetns {
             Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
         }
     }
+}
+
+/// IP_TRANSPARENT or IPV6_TRANSPARENT, by the family of the socket (made for `addr`).
+fn set_transparent(s: &Socket, addr: &SocketAddr) -> io::Result<()> {
+    if addr.is_ipv4() {
+        s.set_ip_transparent_v4(true)
+    } else {
+        s.set_ip_transparent_v6(true)
+    }
+}
+
+/// Whether IPv6 is on for the calling thread's netns's loopback (Istio checks the same
+/// before binding its `[::1]` listeners: a pod may have IPv6 disabled). Run it inside a
+/// pod with [`InPodNetns::run`].
+pub fn ipv6_on_loopback() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6").is_ok_and(|v| v.trim() == "0")
 }
 
 /// TCP keepalive as configured (Istio's default: 180 s idle, 180 s interval, 9 probes).

@@ -20,9 +20,9 @@ mod network_tests;
 #[cfg(test)]
 mod waypoint_tests;
 
-pub use self::address::{NetworkAddress, NetworkCidr};
+pub use self::address::{NetworkAddress, NetworkCidr, PodIps};
 pub use self::workload::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.

@@ -15,7 +15,7 @@ use socket2::{Domain, Socket, Type};
 /// One socket re-`connect()`ing to its own pod's address, port after port: every attempt
 /// is refused (nothing listens), and each one ran through connect4 and sockops.
 fn self_connect_loop(attacker: &Pod, attempts: u32) -> Result<u32> {
-    let ip = attacker.ip;
+    let std::net::IpAddr::V4(ip) = attacker.ip else { anyhow::bail!("this test runs on an IPv4 topology") };
     attacker.netns.run(move || -> Result<u32> {
         let mut s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
         let mut refused = 0;

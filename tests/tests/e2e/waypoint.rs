@@ -79,15 +79,48 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
 
 /// Starts our waypoint binary in `pod`'s netns on the mesh file `cfg`; waits until ready.
 fn start_waypoint(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str) -> Result<netsim::Child> {
+    start_waypoint_with(t, pod, cfg, log, &[])
+}
+
+/// `start_waypoint` with more arguments.
+fn start_waypoint_with(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str, extra: &[&str]) -> Result<netsim::Child> {
     let state = t.dir.join("ca");
-    let w = t.pod(pod).netns.spawn(
-        bins::waypoint(),
-        &["--local-xds-path", &cfg.display().to_string(), "--workload-uid", pod, "--state-dir", &state.display().to_string()],
-        &[("RUST_LOG", "info")],
-        &t.dir.join(log),
-    )?;
+    let (cfg, state) = (cfg.display().to_string(), state.display().to_string());
+    let mut args = vec!["--local-xds-path", &cfg, "--workload-uid", pod, "--state-dir", &state];
+    args.extend_from_slice(extra);
+    let w = t.pod(pod).netns.spawn(bins::waypoint(), &args, &[("RUST_LOG", "info")], &t.dir.join(log))?;
     w.wait_log("waypoint ready", READY)?;
     Ok(w)
+}
+
+/// An IPv6-only cluster: a service's traffic goes through its waypoint, which has no IPv4
+/// address (listening on `[::]:15008`): ztunnel reaches it over IPv6 (neither skipping
+/// it nor failing), and it reaches the endpoint over IPv6 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_only_waypoint_carries_service_traffic() -> Result<()> {
+    let topo = Topology::build_family(&prefix("w6"), &[2, 1], IpFamily::V6)?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/fd00:96::10\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let waypoint = start_waypoint_with(t, "n1p2", &t.dir.join("mesh-node1.yaml"), "waypoint.log", &["--listen", "[::]:15008"])?;
+    let echo = EchoServer::serve(server.netns.listen_on("[::]:8080".parse()?)?, None)?;
+    let data = pattern(64 * 1024, 6);
+    let mut s = client.netns.connect("[fd00:96::10]:80".parse()?).await?;
+    assert_eq!(echo_roundtrip(&mut s, &data).await.with_context(|| mesh.logs())?, data);
+    wait_for("waypoint log", Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
+    mesh.wait_logs(&[&format!("dst.addr={}", SocketAddr::new(wp_ip, 15008)), "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip), "the waypoint reached the endpoint over IPv6");
+    let wl = waypoint.log_text();
+    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
+    Ok(())
 }
 
 fn spiffe(sa: &str) -> ztunnel::identity::Identity {
@@ -156,7 +189,7 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     // accepted where no policy asks for the waypoint (Istio's ztunnel does the same),
     // denied by the policy that admits only the waypoint.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
-    let to = |ip: std::net::Ipv4Addr| SocketAddr::new(ip.into(), 15008);
+    let to = |ip: std::net::IpAddr| SocketAddr::new(ip.into(), 15008);
     let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("echo"), to(server_ip)).await?;
     let (status, back) = hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
     assert_eq!((status.as_u16(), back.as_slice()), (200, &b"around"[..]));

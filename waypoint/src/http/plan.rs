@@ -384,10 +384,10 @@ fn plan_request<'c>(
                     format!("backend service {}/{} not found", name.namespace, name.name),
                 ));
             };
-            Backend::service(cfg, svc, b.backend.port.unwrap_or(tunnel.target.port()))
+            Backend::service_from(cfg, svc, b.backend.port.unwrap_or(tunnel.target.port()), tunnel.target.ip())
         }
         None => match &target_service {
-            Some(svc) => Backend::service(cfg, svc, tunnel.target.port()),
+            Some(svc) => Backend::service_from(cfg, svc, tunnel.target.port(), tunnel.target.ip()),
             None => match cfg.state.workload_by_ip(crate::network::get(), tunnel.target.ip()) {
                 Some(w) if w.protocol == MeshProtocol::HBONE => Backend { service: None, endpoints: vec![(tunnel.target, w.clone())], http2: None },
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),

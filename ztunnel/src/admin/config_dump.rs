@@ -101,12 +101,14 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
             endpoints.insert(w.uid.0.clone(), json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }));
         }
     }
+    // istiod's value; without one (a local config), what the VIPs say.
     let (v4, v6) = (s.vips.iter().any(|v| v.address.is_ipv4()), s.vips.iter().any(|v| v.address.is_ipv6()));
-    let ip_families = match (v4, v6) {
-        (true, true) => json!("Dual"),
-        (true, false) => json!("IPv4"),
-        (false, true) => json!("IPv6"),
-        (false, false) => Value::Null,
+    let ip_families = match (s.ip_families, v4, v6) {
+        (Some(f), _, _) => json!(f.name()),
+        (None, true, true) => json!("Dual"),
+        (None, true, false) => json!("IPv4"),
+        (None, false, true) => json!("IPv6"),
+        (None, false, false) => Value::Null,
     };
     let mut m = Map::new();
     m.insert("name".into(), json!(s.name));
@@ -448,6 +450,20 @@ mod tests {
         assert_eq!(base64_lines(b"foo"), "Zm9v");
         assert_eq!(base64_lines(b"foobar"), "Zm9vYmFy");
         assert_eq!(base64_lines(&[0u8; 60]).split('\n').map(str::len).collect::<Vec<_>>(), [64, 16]);
+    }
+
+    #[test]
+    fn ip_families_from_istiod_or_the_vips() {
+        let st = MeshState::default();
+        let svc = |yaml: &str| serde_yaml::from_str::<Service>(yaml).unwrap();
+        let dual = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
+        assert_eq!(service(&st, &svc(dual))["ipFamilies"], "Dual");
+        let v6 = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/fd00::1\"]}";
+        assert_eq!(service(&st, &svc(v6))["ipFamilies"], "IPv6");
+        // istiod's value (a headless single-stack service has no VIP to tell).
+        let set = "{name: s, namespace: ns, hostname: s.ns.svc, ipFamilies: IPv4}";
+        assert_eq!(service(&st, &svc(set))["ipFamilies"], "IPv4");
+        assert!(service(&st, &svc("{name: s, namespace: ns, hostname: s.ns.svc}")).get("ipFamilies").is_none());
     }
 
     #[test]

@@ -168,6 +168,12 @@ pub struct ProxyConfig {
     /// as Istio's `network` by [`Settings`].
     #[serde(skip)]
     pub network: String,
+    /// Istio's IPV6_ENABLED (default true): a pod's IPv6 address gets listeners and
+    /// capture, and on-demand DNS asks AAAA too. Off, IPv6 from and to pods is refused
+    /// (fail closed) and the DNS proxy answers AAAA questions for mesh names with no
+    /// records. Dumped as Istio's `ipv6Enabled` by [`Settings`].
+    #[serde(skip)]
+    pub ipv6_enabled: bool,
 }
 
 #[cfg(test)]

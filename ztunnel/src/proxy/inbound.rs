@@ -204,7 +204,7 @@ async fn open_tunnel(
     let (target, named_service) = match &hbone_target {
         HboneAddress::Addr(a) => (*a, None),
         HboneAddress::Host(host, port) => match state.hostname_target(pod.workload_in(&state), host, *port) {
-            Some((svc, target_port)) => (SocketAddr::new(pod.ip, target_port), Some(svc.clone())),
+            Some((svc, target_port)) => (SocketAddr::new(local.ip(), target_port), Some(svc.clone())),
             None => {
                 tracing::warn!(target = %hbone_target, "CONNECT names no service of this pod on that port");
                 inputs.metrics.hbone_rejected("bad_request");
@@ -217,8 +217,8 @@ async fn open_tunnel(
     // port. Its target is this pod, or (Istio's sandwich: a waypoint behind ztunnel) a
     // destination whose waypoint this pod is, verified as outbound verifies waypoints;
     // either way the bytes go to this pod's app, on the target's port.
-    let to_waypoint = target.ip() != pod.ip;
-    if local.ip() != pod.ip
+    let to_waypoint = target.ip() != local.ip();
+    if !pod.ips.contains(local.ip())
         || ports::is_proxy_port(target.port())
         || (to_waypoint && !state.is_waypoint_of(network, target.ip(), pod.workload_in(&state)))
     {
@@ -231,7 +231,9 @@ async fn open_tunnel(
     // network's east-west gateway, so the source address is the gateway's, and the
     // client is known by its identity (the inner TLS, end to end) alone.
     let from_gateway = origin_network.as_deref().is_some_and(|n| !n.eq_ignore_ascii_case(network));
-    let app_addr = SocketAddr::new(pod.ip, target.port());
+    // Delivered to the address the tunnel arrived at (as Istio), so the client's address
+    // is always of the app address's family.
+    let app_addr = SocketAddr::new(local.ip(), target.port());
     let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: app_addr };
     // The app sees the peer's address as the source (and ipBlocks policies match on it):
     // an address the mesh knows as another workload's must come with that workload's

@@ -37,7 +37,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
     let Some(dst) = captured_destination(&stream) else {
         return reset(stream);
     };
-    if is_self_call(&pod, dst) || dst.ip() != pod.ip {
+    if is_self_call(&pod, dst) || !pod.ips.contains(dst.ip()) {
         tracing::warn!(dst = %dst, "refusing plaintext connection not addressed to this pod's application");
         return reset(stream);
     }

@@ -64,10 +64,6 @@ enum Route {
     },
 }
 
-fn hbone_to(state: &MeshState, wl: &Arc<Workload>, port: u16, service: Option<&Arc<Service>>) -> Option<Route> {
-    let ip = wl.workload_ips.iter().copied().find(|i| i.is_ipv4())?;
-    Some(hbone_at(state, wl, ip, port, service))
-}
 
 fn hbone_at(state: &MeshState, wl: &Arc<Workload>, ip: IpAddr, port: u16, service: Option<&Arc<Service>>) -> Route {
     Route::Hbone {
@@ -170,8 +166,14 @@ fn via_waypoint(
             None => Route::NoHealthyEndpoint(format!("waypoint {} (in network {:?}; only service traffic crosses networks)", gw.destination, wp.network)),
         });
     }
-    let Some(ip) = wp.workload_ips.iter().copied().find(|i| i.is_ipv4()) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (workload {} has no IPv4 address)", gw.destination, wp.uid)));
+    // As Istio: a waypoint named by address is reached at (the family of) that address,
+    // one named by hostname in the family the client used.
+    let preferred = match &gw.destination {
+        crate::state::GatewayDestination::Address(a) => a.address,
+        crate::state::GatewayDestination::Hostname(_) => dst.ip(),
+    };
+    let Some(ip) = wp.address_for(preferred, None) else {
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (workload {} has no IP address)", gw.destination, wp.uid)));
     };
     Some(Route::Hbone {
         expected: vec![identity],
@@ -219,16 +221,17 @@ fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, ds
         if wl.network != src_wl.network {
             return via_gateway(state, src_wl, &wl, svc, dst, service_sans(svc));
         }
-        let none = || Route::NoHealthyEndpoint(svc.namespaced_hostname().to_string());
-        let ipv4 = wl.workload_ips.iter().find(|i| i.is_ipv4());
+        // The endpoint's address in the client's family when it has one (and the
+        // service's families allow it).
+        let ip = wl.address_for(dst.ip(), svc.ip_families);
         // Known by name only (a DNS-resolved ServiceEntry endpoint): resolved per connection.
-        if ipv4.is_none() && !wl.hostname.is_empty() {
+        if ip.is_none() && !wl.hostname.is_empty() {
             return Route::Resolve { peer: wl, port, service: svc.clone() };
         }
-        return match (wl.protocol, ipv4) {
-            (Protocol::HBONE, _) => hbone_to(state, &wl, port, Some(svc)).unwrap_or_else(none),
-            (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(*ip, port)),
-            (Protocol::TCP, None) => none(),
+        return match (wl.protocol, ip) {
+            (Protocol::HBONE, Some(ip)) => hbone_at(state, &wl, ip, port, Some(svc)),
+            (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(ip, port)),
+            (_, None) => Route::NoHealthyEndpoint(format!("{} (endpoint {} has no address of the service's IP families)", svc.namespaced_hostname(), wl.uid)),
         };
     }
     match state.workload_by_ip(network, dst.ip()) {
@@ -236,7 +239,8 @@ fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, ds
             if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, src_wl, src, gw, dst, None)) {
                 return r;
             }
-            hbone_to(state, wl, dst.port(), None).unwrap_or(Route::Passthrough(dst))
+            // Dialed by address: that address.
+            hbone_at(state, wl, dst.ip(), dst.port(), None)
         }
         _ => Route::Passthrough(dst),
     }
@@ -272,7 +276,10 @@ fn connect_request(
 async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, peer: SocketAddr) {
     // eBPF capture hands the app's connection over loopback; the client is still the pod
     // (same port), and that is what logs, the dump and the peer's `forwarded` name.
-    let peer = if peer.ip().is_loopback() { SocketAddr::new(pod.ip, peer.port()) } else { peer };
+    let peer = match pod.ips.of_family(peer.ip()) {
+        Some(ip) if peer.ip().is_loopback() => SocketAddr::new(ip, peer.port()),
+        _ => peer,
+    };
     let _socket = inputs.metrics.socket_open("source");
     let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
@@ -376,9 +383,15 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         service.as_deref(),
         true,
     ));
+    // The tunnel leaves from the pod's address of the peer's family.
+    let Some(src_ip) = pod.ips.of_family(hbone_addr.ip()) else {
+        tracing::warn!(dst = %hbone_addr, pod.ips = %pod.ips, "the pod has no address of the destination's family; closing");
+        inputs.metrics.failed(&labels, "CONNECT");
+        return reset(stream);
+    };
     // Boxed: the requests, the pool key and the connects need room only until the tunnel
     // is open, not in the relay's state.
-    let Some(connected) = Box::pin(open(&inputs, &pod, PoolKey::new(pod.identity.clone(), expected, hbone_addr, pod.ip), &target, peer, service.as_deref(), inner)).await else {
+    let Some(connected) = Box::pin(open(&inputs, &pod, PoolKey::new(pod.identity.clone(), expected, hbone_addr, src_ip), &target, peer, service.as_deref(), inner)).await else {
         return reset(stream);
     };
     let (result, t) = match connected {
@@ -510,7 +523,7 @@ mod tests {
         ))
         .unwrap();
         let services: Vec<Service> = serde_yaml::from_str(&format!(
-            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {{80: 8080}},
+            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10, \"/fd00:96::10\"], ports: {{80: 8080}},
    waypoint: {{destination: {WP}}}}}
 - {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {{15008: 15008}}}}"
         ))
@@ -542,10 +555,54 @@ mod tests {
     }
 
     #[test]
-    fn a_waypoint_without_an_ipv4_address_fails_closed() {
+    fn an_ipv6_only_waypoint_is_reached_over_ipv6_and_one_without_addresses_fails_closed() {
+        // As Istio: the waypoint's only address, whatever the client's family (a client
+        // without IPv6 then fails to connect: closed, never around the waypoint).
         let st = state("[\"fd00::9\"]", "");
+        assert_eq!(tunnel(&route_from(&st, "client", "10.96.0.10:80")), "hbone wp 10.96.0.10:80 via [fd00::9]:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint");
+        let st = state("[]", "");
         let r = peer(&route_from(&st, "client", "10.96.0.10:80"));
         assert!(r.starts_with("refused:"), "traffic went around the waypoint: {r}");
+    }
+
+    #[test]
+    fn a_dual_stack_waypoint_is_reached_in_the_clients_family() {
+        let st = state("[10.0.0.9, \"fd00::9\"]", "");
+        assert_eq!(tunnel(&route_from(&st, "client", "10.96.0.10:80")), "hbone wp 10.96.0.10:80 via 10.0.0.9:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint");
+        assert_eq!(tunnel(&route_from(&st, "client", "[fd00:96::10]:80")), "hbone wp [fd00:96::10]:80 via [fd00::9]:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint");
+    }
+
+    /// Dual-stack pods: a service's endpoint in the family of the VIP the client dialed,
+    /// within the service's IP families; a pod dialed by address at that address.
+    #[test]
+    fn dual_stack_endpoints_keep_the_clients_family() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1, \"fd00::1\"], protocol: HBONE}
+- {uid: echo, name: echo, namespace: default, serviceAccount: echo, workloadIps: [10.0.0.2, \"fd00::2\"], protocol: HBONE,
+   services: {default/dual.default.svc.cluster.local: {80: 8080}, default/v4.default.svc.cluster.local: {80: 8080},
+              default/v6.default.svc.cluster.local: {80: 8080}}}
+- {uid: v6only, name: v6only, namespace: default, workloadIps: [\"fd00::3\"], protocol: TCP,
+   services: {default/single.default.svc.cluster.local: {80: 9090}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: dual, namespace: default, hostname: dual.default.svc.cluster.local, vips: [/10.96.0.10, \"/fd00:96::10\"], ports: {80: 8080}}
+- {name: v4, namespace: default, hostname: v4.default.svc.cluster.local, vips: [/10.96.0.11, \"/fd00:96::11\"], ports: {80: 8080}, ipFamilies: IPv4}
+- {name: v6, namespace: default, hostname: v6.default.svc.cluster.local, vips: [/10.96.0.12], ports: {80: 8080}, ipFamilies: IPv6}
+- {name: single, namespace: default, hostname: single.default.svc.cluster.local, vips: [/10.96.0.13], ports: {80: 9090}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        let to = |dst: &str| peer(&route_from(&st, "client", dst));
+        assert_eq!(to("10.96.0.10:80"), "hbone echo 10.0.0.2:8080");
+        assert_eq!(to("[fd00:96::10]:80"), "hbone echo [fd00::2]:8080");
+        assert_eq!(to("10.0.0.2:8080"), "hbone echo 10.0.0.2:8080");
+        assert_eq!(to("[fd00::2]:8080"), "hbone echo [fd00::2]:8080");
+        // A single-family service uses only its family, whichever VIP was dialed.
+        assert_eq!(to("[fd00:96::11]:80"), "hbone echo 10.0.0.2:8080");
+        assert_eq!(to("10.96.0.12:80"), "hbone echo [fd00::2]:8080");
+        // A single-stack endpoint gets its only address, whatever the client's family.
+        assert_eq!(to("10.96.0.13:80"), "passthrough [fd00::3]:9090");
     }
 
     #[test]

@@ -2,20 +2,20 @@
 //! inbound ones are re-checked against policy whenever the mesh state changes; both
 //! are listed in the admin dump.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::identity::Identity;
 use crate::netns::InPodNetns;
-use crate::state::{MeshState, SharedState, Workload};
+use crate::state::{MeshState, PodIps, SharedState, Workload};
 
 /// The local workload a listener serves.
 #[derive(Clone)]
 pub struct LocalPod {
     pub workload: Arc<Workload>,
     pub identity: Identity,
-    pub ip: IpAddr,
-    pub ipv4: Ipv4Addr,
+    /// The addresses this proxy serves (and capture steers) for the pod.
+    pub ips: PodIps,
     pub netns: InPodNetns,
     /// This pod's in-flight connections, which its removal lets finish.
     pub active: Arc<crate::drain::Drain>,
@@ -172,5 +172,5 @@ pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
 
 /// Whether an original destination points back at this pod's proxy listeners.
 pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
-    crate::ports::is_proxy_port(dst.port()) && (dst.ip() == pod.ip || dst.ip().is_loopback() || dst.ip().is_unspecified())
+    crate::ports::is_proxy_port(dst.port()) && (pod.ips.contains(dst.ip()) || dst.ip().is_loopback() || dst.ip().is_unspecified())
 }

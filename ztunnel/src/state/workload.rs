@@ -312,6 +312,50 @@ impl Workload {
     pub fn has_address(&self) -> bool {
         !self.workload_ips.is_empty() || !self.hostname.is_empty()
     }
+
+    /// The address a connection whose original destination was `original` goes to, as
+    /// Istio's ztunnel picks it among the addresses `family` allows (a service's IP
+    /// families; None: all): `original` itself when it is one of them (the pod dialed by
+    /// address), else the first of `original`'s family (a dual-stack pod keeps the
+    /// client's family), else the first (a single-stack pod, whatever the client used).
+    pub fn address_for(&self, original: IpAddr, family: Option<IpFamily>) -> Option<IpAddr> {
+        let allowed = |ip: &&IpAddr| family.is_none_or(|f| f.accepts(**ip));
+        let mut ips = self.workload_ips.iter().filter(allowed);
+        if self.workload_ips.contains(&original) && allowed(&&original) {
+            return Some(original);
+        }
+        let first = ips.clone().next().copied();
+        ips.find(|ip| ip.is_ipv6() == original.is_ipv6()).copied().or(first)
+    }
+}
+
+/// Istio's IP families of a service (the Kubernetes Service's `ipFamilies`): which of an
+/// endpoint's addresses may carry the service's traffic. A single-stack service of a
+/// dual-stack pod must not be reached on the pod's other address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum IpFamily {
+    IPv4,
+    IPv6,
+    Dual,
+}
+
+impl IpFamily {
+    pub fn accepts(self, ip: IpAddr) -> bool {
+        match self {
+            IpFamily::IPv4 => ip.is_ipv4(),
+            IpFamily::IPv6 => ip.is_ipv6(),
+            IpFamily::Dual => true,
+        }
+    }
+
+    /// Istio's name in `/config_dump`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+            IpFamily::Dual => "Dual",
+        }
+    }
 }
 
 /// Checks a network name (shared by the config file and xDS): Istio's networks are label
@@ -384,6 +428,10 @@ pub struct Service {
     /// waypoint uses it, to pick the upstream HTTP version.
     #[serde(default)]
     pub app_protocols: BTreeMap<u16, AppProtocol>,
+    /// Istio's `ip_families` (istiod's AUTOMATIC is None): which endpoint addresses may
+    /// carry this service's traffic (`Workload::address_for`).
+    #[serde(default)]
+    pub ip_families: Option<IpFamily>,
 }
 
 /// Istio's AppProtocol of a service port.
@@ -524,5 +572,26 @@ mod tests {
         );
         w.workload_type = "cronjob".into();
         assert!(w.baggage().contains("k8s.cronjob.name=echo"));
+    }
+
+    #[test]
+    fn address_for_prefers_the_dialed_address_then_its_family() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut w = Workload::new("u", "n", "ns");
+        w.workload_ips = vec![ip("10.0.0.1"), ip("10.0.0.2"), ip("fd00::1"), ip("fd00::2")];
+        assert_eq!(w.address_for(ip("10.0.0.2"), None), Some(ip("10.0.0.2")));
+        assert_eq!(w.address_for(ip("fd00::2"), None), Some(ip("fd00::2")));
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("10.0.0.1")));
+        assert_eq!(w.address_for(ip("fd00:96::1"), None), Some(ip("fd00::1")));
+        // The families a service allows come first, even over the dialed address.
+        assert_eq!(w.address_for(ip("fd00::2"), Some(IpFamily::IPv4)), Some(ip("10.0.0.1")));
+        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::IPv6)), Some(ip("fd00::1")));
+        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::Dual)), Some(ip("10.0.0.2")));
+        // Single stack: its address, whatever the family asked for; nothing allowed: none.
+        w.workload_ips = vec![ip("fd00::1")];
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("fd00::1")));
+        assert_eq!(w.address_for(ip("10.96.0.1"), Some(IpFamily::IPv4)), None);
+        w.workload_ips.clear();
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), None);
     }
 }

@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
     WorkloadUid,
 };
 
@@ -269,7 +269,16 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         let destination = gateway(w.destination, &field)?.ok_or_else(|| format!("{field}: a weighted waypoint needs a destination"))?;
         weighted_waypoints.push(WeightedWaypoint { destination, weight: w.weight });
     }
+    let ip_families = match pb::IpFamilies::try_from(s.ip_families) {
+        Ok(pb::IpFamilies::Automatic) => None,
+        Ok(pb::IpFamilies::Ipv4Only) => Some(IpFamily::IPv4),
+        Ok(pb::IpFamilies::Ipv6Only) => Some(IpFamily::IPv6),
+        Ok(pb::IpFamilies::Dual) => Some(IpFamily::Dual),
+        // Guessing could send the traffic over a family the service does not have.
+        Err(_) => return Err(at(&format!("ip_families: unknown value {}", s.ip_families))),
+    };
     Ok(Service {
+        ip_families,
         app_protocols,
         ports: port_map(&s.ports, &at("ports"))?,
         waypoint: gateway(s.waypoint, &at("waypoint"))?,
@@ -605,6 +614,14 @@ mod tests {
         assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
         let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
         assert!(bad.unwrap_err().contains("subject_alt_names"));
+        // Istio's IP families (field 9): AUTOMATIC is none; a value we do not know is refused.
+        assert_eq!(s.ip_families, None);
+        let fam = |v: i32| service(pb::Service { hostname: "h".into(), namespace: "n".into(), ip_families: v, ..Default::default() });
+        assert_eq!(fam(pb::IpFamilies::Ipv4Only as i32).unwrap().ip_families, Some(IpFamily::IPv4));
+        assert_eq!(fam(pb::IpFamilies::Ipv6Only as i32).unwrap().ip_families, Some(IpFamily::IPv6));
+        assert_eq!(fam(pb::IpFamilies::Dual as i32).unwrap().ip_families, Some(IpFamily::Dual));
+        assert!(fam(9).unwrap_err().contains("ip_families: unknown value 9"));
+        assert_eq!(prost::Message::encode_to_vec(&pb::Service { ip_families: 3, ..Default::default() }), [9 << 3, 3]);
         // Found by the xds_resources fuzzer (fuzz/regressions/xds_resources/service-port-0):
         // service port 0 with target 0 made an endpoint target port 0.
         let zero = vec![pb::Port { service_port: 0, target_port: 0, app_protocol: 0 }];
