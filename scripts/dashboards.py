@@ -19,7 +19,7 @@ config adds; the `pod` variable lists the pods whose istio_build has component z
                                          ids and uids, layout, variables, queries)
   python3 scripts/dashboards.py --metrics  print the metric names the dashboards query
 
-tests/waypoint.rs (dashboards_query_only_exported_metrics) scrapes both binaries after
+tests/tests/e2e/waypoint.rs (dashboards_query_only_exported_metrics) scrapes both binaries after
 traffic and checks that every metric a dashboard queries is exported.
 """
 import json

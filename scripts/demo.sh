@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
-cargo build -p waypoint
-exec cargo test -p ztunnel --test demo
+# --workspace: the same build the tests use (the demo builds the binaries it runs).
+exec cargo test --workspace --test demo

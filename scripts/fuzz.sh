@@ -7,6 +7,8 @@
 #   bash scripts/fuzz.sh          # CI: 10 s per target
 #   bash scripts/fuzz.sh 600      # a thorough run: 10 min per target
 #   FUZZ_TARGETS="dns_message proxy_protocol" bash scripts/fuzz.sh 60
+#   bash scripts/fuzz.sh build    # only build the targets (scripts/test.sh does this
+#                                 # beside the end-to-end tests, then runs them)
 #
 # A crash input lands in fuzz/artifacts/<target>/ (git-ignored): fix the bug, then keep
 # the input in fuzz/regressions/<target>/ and as a unit test next to the code.
@@ -37,6 +39,10 @@ cd fuzz
 echo "fuzz: building the targets (instrumented, release)"
 # --target keeps the instrumentation off build scripts and proc macros.
 RUSTFLAGS="${sancov[*]}" cargo build --release --bins --target "$triple"
+if [ "$secs" = build ]; then
+  echo "fuzz: built in $((SECONDS - start))s"
+  exit 0
+fi
 bindir=target/$triple/release
 targets="${FUZZ_TARGETS:-$(sed -n 's/^name = "\(.*\)"$/\1/p' Cargo.toml | grep -v '^ztunnel-fuzz$')}"
 

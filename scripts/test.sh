@@ -13,40 +13,61 @@ stage() {
   "$@"
   timings+=("$(printf '%5ds  %s' $((SECONDS - t)) "$name")")
 }
-# Includes the backpressure test (~30 s, alone in its test binary, so nothing else runs
-# beside it).
+# Runs `name command` pairs (each command one string, run by bash) at the same time: the
+# first in the foreground, its output live, the others each into a log printed when all
+# are done; fails if any failed. For work that mostly waits (end-to-end suites: network
+# and timers) beside work that needs the CPU (builds, fuzzers): on 2 cores that saves
+# minutes.
+together() {
+  local first=$1 first_cmd=$2 names=() pids=() logs=() failed=() i
+  shift 2
+  while [ $# -gt 0 ]; do
+    names+=("$1")
+    logs+=("$(mktemp)")
+    bash -c "$2" >"${logs[-1]}" 2>&1 &
+    pids+=($!)
+    shift 2
+  done
+  bash -c "$first_cmd" || failed+=("$first")
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || failed+=("${names[$i]}")
+  done
+  for i in "${!names[@]}"; do
+    echo "== ${names[$i]}: output"
+    cat "${logs[$i]}"
+    rm -f "${logs[$i]}"
+  done
+  if [ ${#failed[@]} -gt 0 ]; then
+    echo "== FAILED: ${failed[*]}"
+    return 1
+  fi
+}
 # The module map: no module uses its ancestor's items and no import cycles (see
-# docs/design.md); prints what breaks the rule.
+# ARCHITECTURE.md); prints what breaks the rule.
 stage "module map" python3 scripts/module-map.py ztunnel/src waypoint/src
 # Docs: relative links resolve, nothing cites files outside the project.
 stage "docs links" python3 scripts/check-docs.py
 stage "build the tests" cargo test --workspace --no-run
-# The soak is left out here and runs beside the nftables suites below.
+# Everything but the soak (run below), with the eBPF capture (the default). The
+# backpressure test is alone in its test binary, so nothing else runs beside it. The fuzz
+# targets' instrumented build (fuzz/target) runs meanwhile.
 soak=soak_mixed_traffic_under_control_plane_churn
-stage "unit and end-to-end tests (eBPF capture)" cargo test --workspace -- --skip "$soak"
+stage "unit and end-to-end tests (eBPF capture), fuzz build" together \
+  "unit and end-to-end tests (eBPF capture)" "cargo test --workspace -- --skip $soak" \
+  "fuzz build" "bash scripts/fuzz.sh build"
 # Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
 stage "charts, Dockerfiles, shell scripts" bash scripts/check-charts.sh
-# eBPF is the default capture; the end-to-end suites run again with the nftables fallback.
-# --workspace (not -p ztunnel) keeps the same feature set as above: no second build.
-# The soak (SOAK_SECONDS, 120 s by default, mostly waiting on timers and the network)
-# runs at the same time in its own namespaces, which saves a minute of CI; its output is
-# printed when both are done.
-soak_and_nftables() {
-  local log rc=0 soak_rc=0
-  log=$(mktemp)
-  cargo test --workspace --test soak -- --exact "$soak" >"$log" 2>&1 &
-  local pid=$!
-  ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test l4 --test enrollment --test dns || rc=$?
-  wait "$pid" || soak_rc=$?
-  echo "== soak output"
-  cat "$log"
-  rm -f "$log"
-  [ "$soak_rc" -eq 0 ] || echo "== the soak FAILED (exit $soak_rc)"
-  [ "$rc" -eq 0 ] && [ "$soak_rc" -eq 0 ]
-}
-stage "end-to-end tests (nftables capture) beside the soak" soak_and_nftables
-# Fuzzing: every cargo-fuzz target for 10 s from its committed corpus, regressions replayed
-# (`bash scripts/fuzz.sh 600` is the thorough run).
-stage "fuzz smoke" bash scripts/fuzz.sh 10
+# The end-to-end suites that depend on capture again with the nftables fallback, then the
+# L4 suite a third time on an IPv6-only topology and a fourth on a dual-stack one (eBPF
+# capture: nftables' IPv6 rules are the same inet table, and the l4 and dns tests built
+# on dual-stack topologies run with nftables here too), beside the soak (SOAK_SECONDS, 120
+# s by default, mostly waiting on timers and the network, in its own namespaces) and the
+# fuzz smoke: every cargo-fuzz target for 10 s from its committed corpus, regressions
+# replayed (`bash scripts/fuzz.sh 600` is the thorough run). --workspace keeps the
+# feature set of the build above: nothing is built again.
+stage "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack), soak, fuzz smoke" together \
+  "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack)" "ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test e2e -- l4:: enrollment:: dns:: && ZTUNNEL_TEST_IP_FAMILY=v6 cargo test --workspace --test e2e -- l4:: && ZTUNNEL_TEST_IP_FAMILY=dual cargo test --workspace --test e2e -- l4::" \
+  "soak" "cargo test --workspace --test soak -- --exact $soak" \
+  "fuzz smoke" "bash scripts/fuzz.sh 10"
 echo "== all tests passed in $((SECONDS - start))s:"
 printf '%s\n' "${timings[@]}"

@@ -1,4 +1,4 @@
-"""Real WebSocket peers for tests/waypoint.rs (issue 21 item 4), one process each.
+"""Real WebSocket peers for tests/tests/e2e/waypoint.rs (issue 21 item 4), one process each.
 
   serve-h1 PORT            the `websockets` package's server (HTTP/1.1 upgrade), echo
   serve-h2 PORT            hypercorn (h2c with RFC 8441 extended CONNECT), echo

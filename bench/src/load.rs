@@ -131,7 +131,7 @@ fn request_bytes() -> std::sync::Arc<Vec<u8>> {
         "POST /bench HTTP/1.1\r\nhost: echo.default.svc.cluster.local\r\nuser-agent: bench\r\ncontent-type: application/octet-stream\r\ncontent-length: {PAYLOAD}\r\n\r\n"
     )
     .into_bytes();
-    r.extend(crate::netsim::pattern(PAYLOAD, 7));
+    r.extend(mesh_tests::netsim::pattern(PAYLOAD, 7));
     std::sync::Arc::new(r)
 }
 
@@ -237,7 +237,7 @@ pub struct BulkResult {
 /// One stream: `bytes` to the sink, which answers the count it read once we half-close.
 pub fn bulk(ns: &Path, to: SocketAddr, bytes: u64) -> Result<BulkResult> {
     let r = in_netns(ns, 1, move |_| -> Result<BulkResult> {
-        let chunk = crate::netsim::pattern(256 * 1024, 11);
+        let chunk = mesh_tests::netsim::pattern(256 * 1024, 11);
         let start = Instant::now();
         let mut s = connect(to)?;
         let mut left = bytes;
@@ -275,7 +275,7 @@ pub fn conn_rate(ns: &Path, to: SocketAddr, workers: usize, duration: Duration) 
     let start = Instant::now();
     let end = start + duration;
     let per = in_netns(ns, workers, move |_| -> Result<(Histogram<u64>, u64, u64)> {
-        let msg = crate::netsim::pattern(PAYLOAD, 5);
+        let msg = mesh_tests::netsim::pattern(PAYLOAD, 5);
         let mut back = vec![0u8; PAYLOAD];
         let mut h = new_hist();
         let (mut ok, mut errors) = (0, 0);

@@ -2,10 +2,9 @@
 //! optionally a reference node proxy in ztunnel's place, on a network-namespace topology
 //! in one run. See docs/benchmarks.md for the method and `bench --help` for the flags.
 
-#[path = "../../tests/netsim.rs"]
-mod netsim;
-
+mod capture;
 mod cleanup;
+mod l7;
 mod load;
 mod modes;
 mod plot;
@@ -25,17 +24,27 @@ use modes::{Env, Mode};
 #[derive(Parser, Debug)]
 #[command(about = "Mesh benchmark on a netns topology: direct vs ztunnel L4 vs ztunnel + waypoint (vs --reference)")]
 struct Args {
+    #[command(subcommand)]
+    command: Option<Command>,
     /// Where results.md, results.json and the plots go.
     #[arg(long, default_value = "target/bench")]
     out: PathBuf,
-    /// Smoke run: short steps, two rates, small bulk and idle counts (well under 2 minutes).
-    #[arg(long)]
+    /// Smoke run: short steps, two rates, small bulk and idle counts (well under 2 minutes);
+    /// with a subcommand, one round of a few connections and requests.
+    #[arg(long, global = true)]
     quick: bool,
     /// Another node-proxy binary run in ztunnel's place (it must accept ztunnel's command
     /// line: --local-xds-path, --node-name, --state-dir, --capture, --bpf-pin-dir, --pod,
     /// and answer 200 on :15021/healthz/ready in the node netns).
     #[arg(long)]
     reference: Option<PathBuf>,
+    /// Another node-proxy binary run as istio-cni runs Istio's ztunnel: configured by
+    /// environment variables (LOCAL_XDS_PATH, NODE_NAME, INPOD_UDS, FAKE_CA=true,
+    /// XDS_ADDRESS empty), pods over ZDS from `ztunnel cni-server`, captured by
+    /// istio-cni's in-pod nftables rules. Istio's ztunnel needs `--features testing`
+    /// for FAKE_CA.
+    #[arg(long)]
+    reference_zds: Option<PathBuf>,
     /// ztunnel binary (default: next to this binary).
     #[arg(long)]
     ztunnel: Option<PathBuf>,
@@ -54,7 +63,7 @@ struct Args {
     /// Idle tunnels to hold open (default 10000, quick 500).
     #[arg(long)]
     idle: Option<usize>,
-    /// Only these modes: direct, l4, waypoint, reference (default: all available).
+    /// Only these modes: direct, l4, waypoint, reference, reference-zds (default: all available).
     #[arg(long, value_delimiter = ',')]
     modes: Option<Vec<String>>,
     /// Only these scenarios: rate, max, bulk, conn, idle (default: all).
@@ -63,6 +72,21 @@ struct Args {
     /// Internal: run the server app in this netns (the bench starts itself this way).
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
+}
+
+/// Focused comparisons beside the main suite, printed as tables (no files written).
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Capture alone: connection rate and 1 KiB round trips with eBPF, nftables and no
+    /// capture, for a fully meshed pair and for inbound capture only (ARCHITECTURE.md).
+    Capture,
+    /// The L7 hop: keep-alive HTTP/1.1 latency and proxy CPU per request, direct vs L4 vs
+    /// waypoint vs waypoint with an ext_authz check (docs/benchmarks.md).
+    L7 {
+        /// Requests per round (default 5000; quick 50).
+        #[arg(long)]
+        requests: Option<usize>,
+    },
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -255,20 +279,31 @@ fn main() -> Result<()> {
         ztunnel: args.ztunnel.clone().unwrap_or_else(|| here.join("ztunnel")),
         waypoint: args.waypoint.clone().unwrap_or_else(|| here.join("waypoint")),
     };
-    for b in [&bins.ztunnel, &bins.waypoint].into_iter().chain(args.reference.as_ref()) {
+    for b in [&bins.ztunnel, &bins.waypoint].into_iter().chain(args.reference.as_ref()).chain(args.reference_zds.as_ref()) {
         if !b.exists() {
             bail!("{} not found (build it: cargo build --release -p ztunnel -p waypoint -p bench, or pass --ztunnel/--waypoint)", b.display());
         }
     }
+    // The harness starts proxies by itself in the subcommands: these binaries, not a build.
+    mesh_tests::bins::use_binaries(bins.ztunnel.clone(), bins.waypoint.clone())?;
+    match args.command {
+        Some(Command::Capture) => return capture::main(args.quick),
+        Some(Command::L7 { requests }) => return l7::main(args.quick, requests),
+        None => {}
+    }
     let mut all = vec![Mode::Direct, Mode::L4, Mode::Waypoint];
     if let Some(r) = &args.reference {
         all.push(Mode::Reference(std::fs::canonicalize(r)?));
+    }
+    if let Some(r) = &args.reference_zds {
+        all.push(Mode::ReferenceZds(std::fs::canonicalize(r)?));
     }
     let key = |m: &Mode| match m {
         Mode::Direct => "direct",
         Mode::L4 => "l4",
         Mode::Waypoint => "waypoint",
         Mode::Reference(_) => "reference",
+        Mode::ReferenceZds(_) => "reference-zds",
     };
     let modes: Vec<Mode> = all.into_iter().filter(|m| args.modes.as_ref().is_none_or(|w| w.iter().any(|x| x == key(m)))).collect();
     let wants = |s: &str| args.scenarios.as_ref().is_none_or(|w| w.iter().any(|x| x == s));

@@ -8,8 +8,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use crate::netsim::{self, Child, Topology};
+use mesh_tests::netsim::{self, Child, Topology};
 use crate::server::{self, Server};
+
+mod zds;
 
 #[derive(Clone, Debug)]
 pub enum Mode {
@@ -21,6 +23,10 @@ pub enum Mode {
     Waypoint,
     /// Another node proxy binary started exactly where ztunnel is.
     Reference(PathBuf),
+    /// Another node proxy driven as istio-cni drives Istio's ztunnel: configured by
+    /// environment variables (`LOCAL_XDS_PATH`, `INPOD_UDS`, `FAKE_CA`, ...), pods sent
+    /// over ZDS by `ztunnel cni-server`, traffic captured by istio-cni's in-pod rules.
+    ReferenceZds(PathBuf),
 }
 
 impl Mode {
@@ -30,6 +36,7 @@ impl Mode {
             Mode::L4 => "ztunnel-l4",
             Mode::Waypoint => "ztunnel+waypoint",
             Mode::Reference(_) => "reference-l4",
+            Mode::ReferenceZds(_) => "reference-zds-l4",
         }
     }
 }
@@ -44,8 +51,9 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// L7 config for the waypoint: one route to the echo service's HTTP port and an ALLOW
 /// policy per request (method + path), plus the TCP ports of the echo and sink for the
 /// client. The route names port 80: a Service with routes on a port refuses non-HTTP
-/// bytes there, and the echo and sink ports carry raw TCP (relayed at L4).
-const L7: &str = r#"httpRoutes:
+/// bytes there, and the echo and sink ports carry raw TCP (relayed at L4). `bench l7`
+/// uses it too.
+pub const L7: &str = r#"httpRoutes:
 - name: echo
   namespace: default
   parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
@@ -73,6 +81,8 @@ pub struct Env {
     pub sink: SocketAddr,
     _server: Server,
     pub proxies: Vec<(String, Child)>,
+    /// Processes the mode needs that are not proxies (the ZDS agents): not metered.
+    _helpers: Vec<Child>,
     _topo: Topology,
 }
 
@@ -132,10 +142,25 @@ impl Env {
         let cfg_path = topo.dir.join("mesh.yaml");
         std::fs::write(&cfg_path, &cfg)?;
         let mut proxies = Vec::new();
+        let mut helpers = Vec::new();
         let node_proxy = match &mode {
             Mode::Direct => None,
             Mode::L4 | Mode::Waypoint => Some(bins.ztunnel.clone()),
             Mode::Reference(p) => Some(p.clone()),
+            Mode::ReferenceZds(p) => {
+                // Istio's local config has only these three lists and refuses unknown
+                // fields: the waypoint's part of ours is left out (this mode has none).
+                let l4 = topo.dir.join("mesh-l4.yaml");
+                std::fs::write(&l4, cfg.split("httpRoutes:").next().unwrap_or(&cfg))?;
+                for n in 1..=2 {
+                    let name = format!("reference-zds-node{n}");
+                    let pods: Vec<_> = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| p.node == n).collect();
+                    let (agent, c) = zds::start(&topo, &bins.ztunnel, p, &l4, n, &pods, &name)?;
+                    helpers.push(agent);
+                    proxies.push((name, c));
+                }
+                None
+            }
         };
         if let Some(bin) = node_proxy {
             for n in 1..=2 {
@@ -168,7 +193,7 @@ impl Env {
             proxies.push(("waypoint".into(), w));
         }
         let server = Server::start(&srv.netns.path())?;
-        let dst = if matches!(mode, Mode::Waypoint) { VIP } else { srv.ip };
+        let dst = if matches!(mode, Mode::Waypoint) { std::net::IpAddr::V4(VIP) } else { srv.ip };
         let http_port = if matches!(mode, Mode::Waypoint) { 80 } else { server::HTTP_PORT };
         Ok(Env {
             client_ns: client.netns.path(),
@@ -177,6 +202,7 @@ impl Env {
             sink: SocketAddr::new(dst.into(), server::SINK_PORT),
             _server: server,
             proxies,
+            _helpers: helpers,
             _topo: topo,
             mode,
         })
@@ -211,6 +237,12 @@ fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &st
     if let Some(pid) = c.pid() {
         crate::cleanup::register_pid(pid);
     }
+    wait_ready(topo, n, name, c)
+}
+
+/// Waits for `200` on 127.0.0.1:15021/healthz/ready in node `n`'s netns.
+fn wait_ready(topo: &Topology, n: usize, name: &str, c: Child) -> Result<Child> {
+    let node = topo.node(n);
     let ready = || {
         node.run(|| -> bool {
             use std::io::{Read, Write};

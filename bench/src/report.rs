@@ -218,7 +218,7 @@ fn targets(res: &Results) -> String {
     let mut s = String::from("## Targets\n\n| mode | target | measured | met |\n|---|---|---|---|\n");
     let yes = |b: bool| if b { "yes" } else { "**no**" };
     let at = |mode: &str, rate: f64| res.constant_rate.iter().find(|r| r.mode == mode && r.result.target_rps == rate);
-    for mode in ["ztunnel-l4", "reference-l4"] {
+    for mode in ["ztunnel-l4", "reference-l4", "reference-zds-l4"] {
         if let Some(r) = at(mode, 1000.0) {
             let vcpu = ztunnel_max(&r.usage, |p| p.vcpu);
             let rss_mb = ztunnel_max(&r.usage, |p| p.rss_mib) * 1.048576;

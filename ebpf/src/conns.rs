@@ -6,28 +6,38 @@ use std::collections::{HashMap as StdHashMap, HashSet};
 
 use aya::maps::{HashMap, MapData, MapError};
 
+/// Mirrors `struct addr6`: an address in network order, IPv4 v4-mapped.
+pub(crate) type Addr6 = [u8; 16];
+
 /// Mirrors `struct conn_key`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ConnKey {
     pub netns: u64,
-    pub src_ip: u32,
-    pub dst_ip: u32,
+    pub src_ip: Addr6,
+    pub dst_ip: Addr6,
     pub src_port: u16,
     pub dst_port: u16,
     pub pad: u32,
+}
+
+/// Mirrors `struct orig_dst`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OrigDst {
+    pub ip: Addr6,
+    pub port: u16,
+    pub pad: u16,
 }
 
 /// Mirrors `struct cookie_entry`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CookieEntry {
-    pub dst_ip: u32,
-    pub dst_port: u16,
-    pub pad: u16,
-    pub netns: u64,
-    pub client_ip: u32,
+    pub dst: OrigDst,
     pub client_port: u32,
+    pub netns: u64,
+    pub client_ip: Addr6,
 }
 
 /// Mirrors `struct tuple_key`.
@@ -35,17 +45,17 @@ pub(crate) struct CookieEntry {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TupleKey {
     pub netns: u64,
-    pub ip: u32,
+    pub ip: Addr6,
     pub port: u32,
+    pub pad: u32,
 }
 
 /// Mirrors `struct tuple_value`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct TupleValue {
-    pub dst_ip: u32,
-    pub dst_port: u16,
-    pub pad: u16,
+    pub dst: OrigDst,
+    pub pad: u32,
     pub cookie: u64,
 }
 
@@ -60,6 +70,7 @@ pub(crate) struct NetnsUsage {
 // SAFETY: each is repr(C) with only integer fields, laid out without implicit padding
 // (explicit `pad` fields), as the kernel copies them byte for byte.
 unsafe impl aya::Pod for ConnKey {}
+unsafe impl aya::Pod for OrigDst {}
 unsafe impl aya::Pod for CookieEntry {}
 unsafe impl aya::Pod for TupleKey {}
 unsafe impl aya::Pod for TupleValue {}
@@ -155,10 +166,11 @@ mod tests {
     fn layouts_match_the_c_structs() {
         // Sizes the kernel checks against the maps' key/value sizes at load; a mismatch
         // would be refused there, this catches it at `cargo test`.
-        assert_eq!(std::mem::size_of::<ConnKey>(), 24);
-        assert_eq!(std::mem::size_of::<CookieEntry>(), 24);
-        assert_eq!(std::mem::size_of::<TupleKey>(), 16);
-        assert_eq!(std::mem::size_of::<TupleValue>(), 16);
+        assert_eq!(std::mem::size_of::<ConnKey>(), 48);
+        assert_eq!(std::mem::size_of::<OrigDst>(), 20);
+        assert_eq!(std::mem::size_of::<CookieEntry>(), 48);
+        assert_eq!(std::mem::size_of::<TupleKey>(), 32);
+        assert_eq!(std::mem::size_of::<TupleValue>(), 32);
         assert_eq!(std::mem::size_of::<NetnsUsage>(), 8);
     }
 }

@@ -1,7 +1,7 @@
 //! eBPF traffic capture for ztunnel's enrolled pods: the programs in `bpf/capture.bpf.c`
 //! (compiled by build.rs with clang -target bpf), loaded and attached with aya.
 //!
-//! Process-wide programs (connect4/6, sendmsg4, recvmsg4, sockops, getsockopt,
+//! Process-wide programs (connect4/6, sendmsg4/6, recvmsg4/6, sockops, getsockopt,
 //! getpeername4/6, sock_release) sit
 //! on the cgroup v2 root and act only on sockets of enrolled pods' netns; each pod adds an
 //! sk_lookup program on its own netns. Maps and links are pinned under one directory on
@@ -10,7 +10,7 @@
 //! takes the same maps over.
 
 use std::fs::File;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -32,7 +32,7 @@ pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/ztunnel";
 /// Maps are pinned under `maps-<LAYOUT>`: a ztunnel whose map layout differs (key or
 /// value sizes) must not open the old pins, whose smaller keys would still verify and
 /// then silently match the wrong entries. Bump on any change to a map definition.
-const MAP_LAYOUT: &str = "v2";
+const MAP_LAYOUT: &str = "v3";
 
 fn maps_dir(pin_dir: &Path) -> PathBuf {
     pin_dir.join(format!("maps-{MAP_LAYOUT}"))
@@ -89,8 +89,23 @@ impl std::fmt::Display for NetnsCookie {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 struct PodConfig {
-    ip: u32,
+    /// Network order; 0: none.
+    ip4: u32,
     flags: u32,
+    /// All zero: no IPv6 capture (the pod's native IPv6 is refused).
+    ip6: conns::Addr6,
+}
+
+/// An address as the maps key it (`struct addr6`): IPv6 as it is, IPv4 v4-mapped.
+fn addr6(ip: IpAddr) -> conns::Addr6 {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+fn from_addr6(a: conns::Addr6) -> IpAddr {
+    std::net::Ipv6Addr::from(a).to_canonical()
 }
 
 /// `pod_config.flags`: the pod's DNS goes to the DNS proxy (POD_DNS).
@@ -104,9 +119,10 @@ pub struct PodCapture<'a> {
     /// The pod's netns (the sk_lookup program attaches to it).
     pub netns: BorrowedFd<'a>,
     pub cookie: NetnsCookie,
-    pub ip: Ipv4Addr,
-    /// The pod's inbound plaintext (15006) listener, steered to by sk_lookup.
-    pub inbound_listener: BorrowedFd<'a>,
+    /// The pod's addresses (one per family at most; the first of each counts), each with
+    /// the inbound plaintext (15006) listener of its family, steered to by sk_lookup. No
+    /// IPv6 address: the pod's native IPv6 is refused (fail closed).
+    pub addresses: Vec<(IpAddr, BorrowedFd<'a>)>,
 }
 
 /// Options for [`Capture::load`].
@@ -117,7 +133,8 @@ pub struct Options {
     pub cgroup: Option<PathBuf>,
     /// Inbound destination ports never captured.
     pub exempt_inbound_ports: Vec<u16>,
-    /// Send enrolled pods' DNS (UDP and TCP port 53) to the DNS proxy (127.0.0.1:15053).
+    /// Send enrolled pods' DNS (UDP and TCP port 53) to the DNS proxy (127.0.0.1:15053,
+    /// `[::1]:15053` for IPv6).
     pub capture_dns: bool,
 }
 
@@ -129,9 +146,9 @@ impl Default for Options {
 
 struct Maps {
     pods_netns: HashMap<MapData, u64, PodConfig>,
-    /// pod IP -> owning pod's netns cookie
-    pods_ip: HashMap<MapData, u32, u64>,
-    inbound: SockHash<MapData, u32>,
+    /// pod IP (`addr6`) -> owning pod's netns cookie
+    pods_ip: HashMap<MapData, conns::Addr6, u64>,
+    inbound: SockHash<MapData, conns::Addr6>,
     /// netns cookie -> its share of the per-connection maps
     usage: HashMap<MapData, u64, conns::NetnsUsage>,
 }
@@ -159,11 +176,13 @@ const MAPS: [&str; 9] = [
 ];
 
 /// Program name in the object, and its pinned link's file name.
-const GLOBAL_PROGRAMS: [&str; 9] = [
+const GLOBAL_PROGRAMS: [&str; 11] = [
     "zt_connect4",
     "zt_connect6",
     "zt_sendmsg4",
+    "zt_sendmsg6",
     "zt_recvmsg4",
+    "zt_recvmsg6",
     "zt_sockops",
     "zt_getsockopt",
     "zt_getpeername4",
@@ -258,15 +277,23 @@ impl Capture {
     /// On failure, what was already in place stays (fail closed): the pod may have been
     /// captured before (a restart), and a retry or a removal settles it.
     pub fn enroll(&self, pod: &PodCapture<'_>) -> Result<(), EbpfError> {
-        let ip = u32::from_ne_bytes(pod.ip.octets());
-        self.lock_maps()
-            .pods_netns
-            .insert(pod.cookie.0, PodConfig { ip, flags: self.pod_flags }, 0)
-            .map_err(map_err("zt_pods_netns"))?;
+        let v4 = pod.addresses.iter().find_map(|(ip, _)| match ip {
+            IpAddr::V4(a) => Some(u32::from_ne_bytes(a.octets())),
+            IpAddr::V6(_) => None,
+        });
+        let v6 = pod.addresses.iter().find_map(|(ip, _)| match ip {
+            IpAddr::V6(a) => Some(a.octets()),
+            IpAddr::V4(_) => None,
+        });
+        let config = PodConfig { ip4: v4.unwrap_or(0), flags: self.pod_flags, ip6: v6.unwrap_or_default() };
+        self.lock_maps().pods_netns.insert(pod.cookie.0, config, 0).map_err(map_err("zt_pods_netns"))?;
         {
             let mut maps = self.lock_maps();
-            maps.inbound.insert(ip, pod.inbound_listener.as_raw_fd(), 0).map_err(map_err("zt_inbound"))?;
-            maps.pods_ip.insert(ip, pod.cookie.0, 0).map_err(map_err("zt_pods_ip"))?;
+            for (ip, listener) in &pod.addresses {
+                let key = addr6(*ip);
+                maps.inbound.insert(key, listener.as_raw_fd(), 0).map_err(map_err("zt_inbound"))?;
+                maps.pods_ip.insert(key, pod.cookie.0, 0).map_err(map_err("zt_pods_ip"))?;
+            }
         }
         let link = {
             let mut bpf = self.bpf.lock().unwrap_or_else(|e| e.into_inner());
@@ -278,10 +305,9 @@ impl Capture {
         replace_pin(link, &self.pod_link_path(pod.cookie))
     }
 
-    /// Stops capturing a pod and removes every trace of it: map entries and its
-    /// sk_lookup link, in the reverse order of `enroll`.
-    pub fn remove(&self, cookie: NetnsCookie, ip: Ipv4Addr) -> Result<(), EbpfError> {
-        let key = u32::from_ne_bytes(ip.octets());
+    /// Stops capturing a pod and removes every trace of it: map entries (of each of its
+    /// addresses `ips`) and its sk_lookup link, in the reverse order of `enroll`.
+    pub fn remove(&self, cookie: NetnsCookie, ips: &[IpAddr]) -> Result<(), EbpfError> {
         let mut maps = self.lock_maps();
         let path = self.pod_link_path(cookie);
         match std::fs::remove_file(&path) {
@@ -289,11 +315,14 @@ impl Capture {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => return Err(EbpfError::Pin { path, source }),
         }
-        // The IP may belong to a newer pod by now (IPs are reused): leave its entries.
-        let owner = maps.pods_ip.get(&key, 0).ok();
-        if owner.is_none_or(|o| o == cookie.0) {
-            ignore_missing(maps.pods_ip.remove(&key)).map_err(map_err("zt_pods_ip"))?;
-            ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
+        for ip in ips {
+            let key = addr6(*ip);
+            // The IP may belong to a newer pod by now (IPs are reused): leave its entries.
+            let owner = maps.pods_ip.get(&key, 0).ok();
+            if owner.is_none_or(|o| o == cookie.0) {
+                ignore_missing(maps.pods_ip.remove(&key)).map_err(map_err("zt_pods_ip"))?;
+                ignore_missing(maps.inbound.remove(&key)).map_err(map_err("zt_inbound"))?;
+            }
         }
         ignore_missing(maps.pods_netns.remove(&cookie.0)).map_err(map_err("zt_pods_netns"))?;
         // Last: the pod's sockets can no longer take a share; those still open find no
@@ -321,14 +350,11 @@ impl Capture {
             }
         }
         for c in &stale {
-            let ips: Vec<u32> = {
+            let ips: Vec<IpAddr> = {
                 let maps = self.lock_maps();
-                maps.pods_ip.iter().filter_map(Result::ok).filter(|(_, o)| o == c).map(|(ip, _)| ip).collect()
+                maps.pods_ip.iter().filter_map(Result::ok).filter(|(_, o)| o == c).map(|(ip, _)| from_addr6(ip)).collect()
             };
-            for ip in ips {
-                self.remove(NetnsCookie(*c), Ipv4Addr::from(ip.to_ne_bytes()))?;
-            }
-            self.remove(NetnsCookie(*c), Ipv4Addr::UNSPECIFIED)?;
+            self.remove(NetnsCookie(*c), &ips)?;
         }
         Ok(stale.len())
     }
@@ -436,7 +462,9 @@ fn attach_global(bpf: &mut Ebpf, name: &'static str, cgroup: BorrowedFd<'_>) -> 
         "zt_getpeername6" => load!(CgroupSockAddr, A::CgroupGetpeername6),
         "zt_connect6" => load!(CgroupSockAddr, A::CgroupConnect6),
         "zt_sendmsg4" => load!(CgroupSockAddr, A::CgroupUdp4Sendmsg),
+        "zt_sendmsg6" => load!(CgroupSockAddr, A::CgroupUdp6Sendmsg),
         "zt_recvmsg4" => load!(CgroupSockAddr, A::CgroupUdp4Recvmsg),
+        "zt_recvmsg6" => load!(CgroupSockAddr, A::CgroupUdp6Recvmsg),
         _ => load!(CgroupSockAddr, A::CgroupConnect4),
     }
 }
@@ -456,4 +484,21 @@ fn replace_pin(link: OwnedFd, path: &Path) -> Result<(), EbpfError> {
     // rename(2) over the old pin drops the kernel's reference to the old link.
     std::fs::rename(&fresh, path).map_err(pin_err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_addresses_are_16_bytes_ipv4_v4_mapped() {
+        let v4: IpAddr = "10.10.1.11".parse().unwrap();
+        assert_eq!(addr6(v4), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 10, 1, 11]);
+        assert_eq!(from_addr6(addr6(v4)), v4);
+        let v6: IpAddr = "fd00:10:1::11".parse().unwrap();
+        assert_eq!(addr6(v6), [0xfd, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11]);
+        assert_eq!(from_addr6(addr6(v6)), v6);
+        // Mirrors `struct pod_config`: ip4, flags, ip6.
+        assert_eq!(std::mem::size_of::<PodConfig>(), 24);
+    }
 }

@@ -59,17 +59,19 @@ struct Args {
     /// `istio`, or `istio-<revision>`).
     #[arg(long, env = "MESH_CONFIG_MAP", default_value = "istio")]
     mesh_config_map: String,
-    /// Where HBONE is accepted.
+    /// Where HBONE is accepted; `0.0.0.0` means both families (`[::]`) with Istio's
+    /// IPV6_ENABLED (default true).
     #[arg(long, default_value = "0.0.0.0:15008")]
     listen: SocketAddr,
     /// Admin endpoint (/config_dump, /logging, /quitquitquit), as ztunnel's and Istio's
     /// waypoints' (15000); must be a loopback address.
     #[arg(long, env = "WAYPOINT_ADMIN_ADDR", default_value = "127.0.0.1:15000")]
     admin_addr: SocketAddr,
-    /// Prometheus metrics (`/stats/prometheus`, `/metrics`).
+    /// Prometheus metrics (`/stats/prometheus`, `/metrics`); `0.0.0.0` means both
+    /// families with IPV6_ENABLED.
     #[arg(long, env = "WAYPOINT_METRICS_ADDR", default_value = "0.0.0.0:15020")]
     metrics_addr: SocketAddr,
-    /// Readiness (`/healthz/ready`).
+    /// Readiness (`/healthz/ready`); `0.0.0.0` means both families with IPV6_ENABLED.
     #[arg(long, env = "WAYPOINT_READINESS_ADDR", default_value = "0.0.0.0:15021")]
     readiness_addr: SocketAddr,
     /// Lifetime of the built-in CA's certificates, in seconds (rotated at half-life).
@@ -144,7 +146,9 @@ async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration, jwks: &
         .workload_by_uid(&WorkloadUid(uid.clone()))
         .cloned()
         .with_context(|| format!("--workload-uid {uid}: no such workload in {}", path.display()))?;
-    let ip = me.workload_ips.iter().copied().find(IpAddr::is_ipv4).with_context(|| format!("workload {} has no IPv4 address", me.uid))?;
+    waypoint::network::set(&me.network);
+    // Its IPv4 address if it has one (what it is named by in logs and the dump).
+    let ip = me.address_for(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), None).with_context(|| format!("workload {} has no IP address", me.uid))?;
     let identity = me.identity();
     let gateway = ObjectName {
         namespace: me.namespace.clone(),
@@ -166,7 +170,12 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
     let certs = cert_manager(ia, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
     // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
     let uid = format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name);
+    // Istio's gateway pods carry their network as ISTIO_META_NETWORK; NETWORK as ztunnel's.
+    let network = ["NETWORK", "ISTIO_META_NETWORK"].iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())).unwrap_or_default();
+    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e}"))?;
+    waypoint::network::set(&network);
     let me = Arc::new(Workload {
+        network,
         service_account: ia.service_account.clone(),
         trust_domain: ia.trust_domain.clone(),
         workload_ips: vec![ip],
@@ -251,7 +260,12 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse_from(istio_args(std::env::args_os().collect()));
+    let mut args = Args::parse_from(istio_args(std::env::args_os().collect()));
+    // As ztunnel: with Istio's IPV6_ENABLED (default true) the wildcard takes both families.
+    let ipv6 = ztunnel::config::istio_env::Env::from_process().bool("IPV6_ENABLED")?.unwrap_or(true);
+    for addr in [&mut args.listen, &mut args.metrics_addr, &mut args.readiness_addr] {
+        *addr = ztunnel::app::both_families(*addr, ipv6);
+    }
     // As ztunnel's: Istio's line shapes on stderr, the filter changeable at /logging.
     let log = init_logging(&std::env::var("LOG_FORMAT").unwrap_or_default());
     anyhow::ensure!(

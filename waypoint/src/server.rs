@@ -23,6 +23,9 @@ pub async fn serve(listener: TcpListener, wp: Arc<Waypoint>, server: Arc<Server>
             _ = &mut stop => return,
             r = listener.accept() => match r {
                 Ok((stream, peer)) => {
+                    // A `[::]` listener (an IPv6 or dual-stack pod) sees IPv4 clients
+                    // v4-mapped: they are IPv4 to policies, logs and the mesh state.
+                    let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
                     let Some((stream, permit)) = server.admit(stream, peer) else { continue };
                     let span = tracing::info_span!("waypoint", peer = %peer);
                     tokio::spawn(connection(wp.clone(), server.clone(), acceptor.clone(), stream, permit, peer).instrument(span));

@@ -20,6 +20,7 @@ use crate::context::Waypoint;
 use crate::detect;
 use crate::config::Config;
 use crate::http::{Backend, Origin, Tunnel};
+use crate::network;
 use crate::object::{ObjectName, Target};
 use crate::route::HttpRoute;
 
@@ -39,10 +40,10 @@ fn l4_backend(cfg: &Config, me: &Workload, target: SocketAddr, tcp_route: Option
         let svc = state.service_by_name(&name.namespace, &name.name)?;
         return Some(Backend::service(cfg, &from, svc, b.backend.port.unwrap_or(target.port()), None));
     }
-    if let Some(svc) = state.service_by_vip(target.ip()) {
+    if let Some(svc) = state.service_by_vip(network::get(), target.ip()) {
         return Some(Backend::service(cfg, &from, svc, target.port(), None));
     }
-    let wl = state.workload_by_ip(target.ip())?;
+    let wl = state.workload_by_ip(network::get(), target.ip())?;
     (wl.protocol == MeshProtocol::HBONE).then(|| Backend::workload(target, wl.clone()))
 }
 
@@ -55,10 +56,10 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
         return false;
     }
     // A service's waypoints: the primary and any of a weighted set (a canary serves too).
-    match state.service_by_vip(target.ip()) {
+    match state.service_by_vip(network::get(), target.ip()) {
         Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
-            .workload_by_ip(target.ip())
+            .workload_by_ip(network::get(), target.ip())
             .filter(|w| w.protocol == MeshProtocol::HBONE)
             .and_then(|w| w.waypoint.as_ref())
             .is_some_and(|gw| state.is_waypoint(gw, &me.identity())),
@@ -80,7 +81,7 @@ impl NamedTarget<'_> {
 }
 
 fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> NamedTarget<'w> {
-    let service = state.service_by_vip(target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    let service = state.service_by_vip(network::get(), target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
     NamedTarget { wp, service, port: target.port() }
 }
 
@@ -236,7 +237,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     let Ok(up_req) = up_req else {
         return down_send.send_reset(h2::Reason::INTERNAL_ERROR);
     };
-    let src_wl = cfg.state.workload_by_ip(tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
+    let src_wl = cfg.state.workload_by_ip(network::get(), tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
     let dst_identity = endpoint.identity();
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
@@ -284,7 +285,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         src_addr: tunnel.src_addr,
         src: Side { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
         dst_addr: key.dst,
-        dst_hbone_addr: Some(upstream_target),
+        dst_hbone_addr: Some(upstream_target.into()),
         dst_service: service.as_deref(),
         dst: Side { workload: Some(&endpoint), identity: Some(&dst_identity) },
         bytes_sent: t.sent + sniffed,

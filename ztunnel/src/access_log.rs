@@ -29,8 +29,9 @@ pub struct ConnectionLog<'a> {
     pub src: Side<'a>,
     /// The address connected to: for HBONE the peer's 15008, as Istio logs it.
     pub dst_addr: SocketAddr,
-    /// HBONE only: the CONNECT target (the workload's address and port).
-    pub dst_hbone_addr: Option<SocketAddr>,
+    /// HBONE only: the CONNECT target (the workload's address and port, or through an
+    /// east-west gateway the service's hostname and port).
+    pub dst_hbone_addr: Option<crate::hbone::HboneAddress>,
     pub dst_service: Option<&'a Service>,
     pub dst: Side<'a>,
     pub bytes_sent: u64,
@@ -59,7 +60,7 @@ macro_rules! connection_event {
             src.identity = $l.src.identity.map(display),
             src.cluster = $l.src.workload.and_then(|w| cluster(w)).map(display),
             dst.addr = %$l.dst_addr,
-            dst.hbone_addr = $l.dst_hbone_addr.map(display),
+            dst.hbone_addr = $l.dst_hbone_addr.as_ref().map(display),
             dst.service = $l.dst_service.map(|s| display(&s.hostname)),
             dst.workload = $l.dst.workload.map(|w| display(&w.name)),
             dst.namespace = $l.dst.workload.map(|w| display(&w.namespace)),

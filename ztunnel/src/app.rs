@@ -61,10 +61,39 @@ pub fn cert_manager(istiod: &IstiodArgs, ttl: Duration, builtin: BuiltinCa<'_>) 
 
 /// Serves Prometheus metrics and readiness (`/healthz/ready`) on each of `addrs`, bound
 /// before this returns so a port conflict fails the start.
+/// Istio's wildcard with IPv6 on (IPV6_ENABLED): `0.0.0.0:port` is taken as `[::]:port`,
+/// one socket for both families ([`crate::http_endpoint::bind`] makes it dual-stack), so
+/// an IPv6 pod's probes and scrapes reach it. Unchanged when `ipv6` is off, or IPv6 is
+/// off in this network namespace (binding `[::]` would fail).
+pub fn both_families(addr: SocketAddr, ipv6: bool) -> SocketAddr {
+    let v6_on = || std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
+    if ipv6 && addr.ip() == std::net::Ipv4Addr::UNSPECIFIED && v6_on() {
+        SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), addr.port())
+    } else {
+        addr
+    }
+}
+
 pub async fn serve_observability(addrs: &[SocketAddr], metrics: &Arc<Metrics>) -> Result<(), AppError> {
     for &addr in addrs {
         let l = crate::http_endpoint::bind(addr).await.map_err(|source| AppError::Listen { addr, source })?;
         tokio::spawn(crate::metrics_endpoint::serve(l, metrics.clone()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wildcard_takes_both_families_with_ipv6_on() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        assert_eq!(both_families(a("0.0.0.0:15020"), false), a("0.0.0.0:15020"));
+        assert_eq!(both_families(a("10.0.0.1:15020"), true), a("10.0.0.1:15020"), "a given address stays");
+        assert_eq!(both_families(a("[::1]:15020"), true), a("[::1]:15020"));
+        let v6_on = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
+        let want = if v6_on { a("[::]:15020") } else { a("0.0.0.0:15020") };
+        assert_eq!(both_families(a("0.0.0.0:15020"), true), want);
+    }
 }

@@ -3,11 +3,12 @@
 //! capturing modes share `local_route`, which brings replies to the proxy's
 //! transparent deliveries back to it.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::config::CaptureMode;
 use crate::netns::InPodNetns;
+use crate::state::PodIps;
 
 mod command;
 pub mod ebpf;
@@ -16,7 +17,7 @@ pub mod local_route;
 pub mod nftables;
 
 pub use self::error::CaptureError;
-pub use self::nftables::PROBE_SOURCE;
+pub use self::nftables::{PROBE_SOURCE, PROBE_SOURCE_V6};
 
 /// Capture settings common to the modes.
 #[derive(Clone, Debug, Default)]
@@ -25,7 +26,8 @@ pub struct CaptureOptions {
     pub cgroup: Option<std::path::PathBuf>,
     /// Inbound destination ports never captured (the app answers them directly).
     pub exempt_inbound_ports: Vec<u16>,
-    /// Send the pods' DNS (UDP and TCP port 53) to the DNS proxy on 127.0.0.1:15053.
+    /// Send the pods' DNS (UDP and TCP port 53) to the DNS proxy on 127.0.0.1:15053
+    /// (`[::1]:15053` for IPv6).
     pub capture_dns: bool,
 }
 
@@ -81,12 +83,14 @@ impl Backend {
         }
     }
 
-    /// Starts capturing a pod whose listeners are already accepting.
-    pub async fn install(&self, netns: &InPodNetns, ip: Ipv4Addr, inbound_listener: &tokio::net::TcpListener) -> Result<(), CaptureError> {
+    /// Starts capturing a pod whose listeners are already accepting: each of its
+    /// addresses with its inbound plaintext (15006) listener, of the same family.
+    pub async fn install(&self, netns: &InPodNetns, inbound: &[(IpAddr, &tokio::net::TcpListener)]) -> Result<(), CaptureError> {
+        let ipv6 = inbound.iter().any(|(ip, _)| ip.is_ipv6());
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { exempt_inbound_ports, capture_dns } => nftables::install(netns, exempt_inbound_ports, *capture_dns).await,
-            Backend::Ebpf(c) => ebpf::install(c, netns, ip, inbound_listener).await,
+            Backend::Nftables { exempt_inbound_ports, capture_dns } => nftables::install(netns, exempt_inbound_ports, *capture_dns, ipv6).await,
+            Backend::Ebpf(c) => ebpf::install(c, netns, inbound).await,
         }
     }
 
@@ -110,21 +114,22 @@ impl Backend {
     }
 
     /// Removal, first half: stops steering new connections to the proxy.
-    pub async fn stop_steering(&self, netns: &InPodNetns, ip: Ipv4Addr) -> Result<(), CaptureError> {
+    pub async fn stop_steering(&self, netns: &InPodNetns, ips: PodIps) -> Result<(), CaptureError> {
         match self {
             Backend::None => Ok(()),
             Backend::Nftables { .. } => nftables::stop_steering(netns).await,
-            Backend::Ebpf(c) => ebpf::stop_steering(c, netns, ip).await,
+            Backend::Ebpf(c) => ebpf::stop_steering(c, netns, ips).await,
         }
     }
 
     /// Removal, second half, once the pod's connections are done: removes the rest of
     /// what `install` put in the netns (the reply routing they needed).
-    pub async fn finish_removal(&self, netns: &InPodNetns) -> Result<(), CaptureError> {
+    pub async fn finish_removal(&self, netns: &InPodNetns, ips: PodIps) -> Result<(), CaptureError> {
+        let ipv6 = ips.v6.is_some();
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { .. } => nftables::finish_removal(netns).await,
-            Backend::Ebpf(_) => ebpf::finish_removal(netns).await,
+            Backend::Nftables { .. } => nftables::finish_removal(netns, ipv6).await,
+            Backend::Ebpf(_) => ebpf::finish_removal(netns, ipv6).await,
         }
     }
 }

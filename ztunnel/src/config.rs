@@ -114,6 +114,16 @@ impl LocalConfig {
                 crate::state::workload::validate_hostname(&w.hostname)
                     .map_err(|e| invalid(format!("workloads[{i}].hostname: {e}")))?;
             }
+            crate::state::workload::validate_network(&w.network).map_err(|e| invalid(format!("workloads[{i}].network: {e}")))?;
+            if let Some(g) = &w.network_gateway {
+                if g.hbone_mtls_port == 0 {
+                    return Err(invalid(format!("workloads[{i}].networkGateway.hboneMtlsPort: 0 is not a port; omit it for 15008")));
+                }
+                if let crate::state::GatewayDestination::Address(a) = &g.destination {
+                    crate::state::workload::validate_network(&a.network)
+                        .map_err(|e| invalid(format!("workloads[{i}].networkGateway.destination: network {e}")))?;
+                }
+            }
             if let Some(t) = &w.application_tunnel {
                 t.validate().map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
             }
@@ -216,7 +226,7 @@ policies:
         assert_eq!(cfg.workloads[0].trust_domain, "cluster.local");
         assert_eq!(cfg.workloads[0].capacity, 1);
         let st = cfg.into_state(Path::new("x.yaml")).unwrap();
-        let svc = st.service_by_vip("10.96.0.10".parse().unwrap()).unwrap().clone();
+        let svc = st.service_by_vip("", "10.96.0.10".parse().unwrap()).unwrap().clone();
         let eps = st.endpoints_for(&svc, 80);
         assert_eq!(eps.len(), 1);
         assert_eq!(eps[0].1, 8080);
@@ -264,6 +274,32 @@ policies:
         let bad = svc.replace("/10.0.0.9", "/not-an-ip");
         let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
         assert!(err.contains("services[0].waypoint") && err.contains("not-an-ip"), "{err}");
+    }
+
+    #[test]
+    fn network_and_network_gateway_parse_and_bad_ones_are_named() {
+        let wl = |extra: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, network: net-b, serviceAccount: s{extra}}}\n");
+        let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl(", networkGateway: {destination: \"net-b/172.18.0.9\"}")).unwrap();
+        let w = &cfg.workloads[0];
+        let g = w.network_gateway.clone().unwrap();
+        assert_eq!((w.network.as_str(), g.hbone_mtls_port, g.destination.to_string().as_str()), ("net-b", 15008, "net-b/172.18.0.9"));
+        let by_name = wl(", networkGateway: {destination: istio-system/eastwest.istio-system.svc.cluster.local, hboneMtlsPort: 15009}");
+        let g = LocalConfig::parse(Path::new("f.yaml"), &by_name).unwrap().workloads[0].network_gateway.clone().unwrap();
+        assert_eq!(
+            (g.destination, g.hbone_mtls_port),
+            (crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname("istio-system/eastwest.istio-system.svc.cluster.local".into())), 15009)
+        );
+        for (bad, want) in [
+            (", networkGateway: {destination: \"net-b/172.18.0.9\", hboneMtlsPort: 0}", "workloads[0].networkGateway.hboneMtlsPort: 0 is not a port"),
+            (", networkGateway: {destination: \"a/b/172.18.0.9\"}", "workloads[0].networkGateway.destination: network \"a/b\""),
+            (", networkGateway: {destination: \"net-b/not-an-ip/x\"}", "workloads[0].networkGateway"),
+            (", networkGateway: {address: \"net-b/172.18.0.9\"}", "unknown field `address`"),
+        ] {
+            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
+            assert!(err.contains("f.yaml") && err.contains(want), "{bad}: {err}");
+        }
+        let err = LocalConfig::parse(Path::new("f.yaml"), &wl("").replace("net-b", "\"a/b\"")).unwrap_err().to_string();
+        assert!(err.contains("workloads[0].network: \"a/b\" must be without '/'"), "{err}");
     }
 
     #[test]

@@ -68,12 +68,22 @@ fn exercise_state(state: &MeshState) {
         let _ = w.identity().to_string();
         let _ = state.expected_identities(w, None);
         for ip in &w.workload_ips {
-            assert!(state.workload_by_ip(*ip).is_some());
+            assert!(state.workload_by_ip(&w.network, *ip).is_some());
             let conn = crate::rbac::Connection { src_identity: Some(w.identity()), src_ip: *ip, dst: SocketAddr::new(*ip, 80) };
             let _ = state.authorize(w, &conn);
         }
         if let Some(gw) = &w.waypoint {
-            let _ = state.waypoint_workload(gw);
+            let _ = state.waypoint_workload(gw, &w.network);
+        }
+        if let Some(gw) = &w.network_gateway {
+            let _ = state.network_gateway(gw, w, SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 80));
+        }
+        let _ = state.is_network_gateway(w);
+        for (svc, ports) in &w.services {
+            let host = svc.0.split_once('/').map_or("", |(_, h)| h);
+            for port in ports.keys() {
+                let _ = state.hostname_target(w, host, *port);
+            }
         }
         if let Some(t) = crate::state::ApplicationTunnel::effective(w.application_tunnel) {
             assert!(t.validate().is_ok(), "an invalid application tunnel got into the state: {t:?}");
@@ -87,12 +97,12 @@ fn exercise_state(state: &MeshState) {
             }
         }
         for gw in s.waypoints() {
-            let _ = state.waypoint_workload(gw);
+            let _ = state.waypoint_workload(gw, "");
         }
         let _ = crate::state::pick_waypoint(s);
         for vip in &s.vips {
             for w in state.workloads() {
-                let _ = state.is_waypoint_of(vip.address, w);
+                let _ = state.is_waypoint_of(&vip.network, vip.address, w);
             }
         }
     }

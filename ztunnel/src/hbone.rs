@@ -1,5 +1,6 @@
 //! HBONE: TCP tunnelled as HTTP/2 CONNECT streams inside mTLS, port 15008.
 
+pub mod client;
 pub mod error;
 pub mod guard;
 pub mod pool;
@@ -10,7 +11,7 @@ pub mod tuning;
 
 pub use error::HboneError;
 pub use pool::{Pool, PoolKey, StreamGuard};
-pub use request::{connect_target, protocol_abuse, respond_status, BadConnect};
+pub use request::{connect_authority, connect_target, protocol_abuse, respond_status, BadConnect, HboneAddress};
 pub use stream::H2Stream;
 pub use tuning::{
     h2_sizes, server_builder, set_h2_sizes, tune_tls, H2Sizes, CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_BYTES, PING_INTERVAL, PING_TIMEOUT, SERVER_MAX_STREAMS,

@@ -25,9 +25,13 @@ pub fn text(status: StatusCode, body: String) -> HttpResponse {
     respond(status, "text/plain; charset=utf-8", body)
 }
 
-/// SO_REUSEPORT, so a new ztunnel can bind beside the old one during a hand-off.
+/// SO_REUSEPORT, so a new ztunnel can bind beside the old one during a hand-off. `[::]`
+/// takes both families (whatever the host's `bindv6only`).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    if addr.is_ipv6() && addr.ip().is_unspecified() {
+        s.set_only_v6(false)?;
+    }
     s.set_reuse_address(true)?;
     s.set_reuse_port(true)?;
     s.set_nonblocking(true)?;

@@ -29,6 +29,8 @@ pub mod proxy_protocol;
 pub mod rbac;
 pub mod relay;
 pub mod state;
+#[cfg(test)]
+mod task_size;
 pub mod tls;
 pub mod xds;
 pub mod zds;

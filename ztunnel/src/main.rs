@@ -164,10 +164,12 @@ struct Args {
     /// Admin endpoint (/logging, /quitquitquit); must be a loopback address.
     #[arg(long, default_value = "127.0.0.1:15000")]
     admin_addr: std::net::SocketAddr,
-    /// Prometheus metrics (/metrics, /stats/prometheus).
+    /// Prometheus metrics (/metrics, /stats/prometheus); `0.0.0.0` means both families
+    /// (`[::]`) with IPV6_ENABLED.
     #[arg(long, default_value = "0.0.0.0:15020")]
     metrics_addr: std::net::SocketAddr,
-    /// Readiness (/healthz/ready).
+    /// Readiness (/healthz/ready); `0.0.0.0` means both families (`[::]`) with
+    /// IPV6_ENABLED.
     #[arg(long, default_value = "0.0.0.0:15021")]
     readiness_addr: std::net::SocketAddr,
     /// The pod's termination grace period; draining ends 5 s before it (1 s if it is 10 s
@@ -218,11 +220,12 @@ impl DnsArgs {
         }
     }
 
-    fn config(&self, upstreams: Vec<std::net::SocketAddr>) -> ztunnel::dns::DnsConfig {
+    fn config(&self, upstreams: Vec<std::net::SocketAddr>, ipv6: bool) -> ztunnel::dns::DnsConfig {
         ztunnel::dns::DnsConfig {
             cluster_domain: self.cluster_domain.clone(),
             upstreams,
             cache_entries: self.dns_cache_entries,
+            ipv6,
             ..Default::default()
         }
     }
@@ -260,6 +263,8 @@ struct IstioSettings {
     localhost_app_tunnel: bool,
     /// CRL_PATH: the certificate revocation lists peers are checked against.
     crl_path: Option<std::path::PathBuf>,
+    /// IPV6_ENABLED (Istio's default: true).
+    ipv6_enabled: bool,
     /// Messages for the log, gathered before logging exists.
     warnings: Vec<String>,
     infos: Vec<String>,
@@ -301,10 +306,19 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         args.capture = CaptureMode::None;
         infos.push("INPOD_UDS is set: istio-cni captures the pods' traffic, so ztunnel's own capture is off (set ZTUNNEL_CAPTURE to change)".into());
     }
+    let ipv6_enabled = env.bool("IPV6_ENABLED")?.unwrap_or(true);
+    args.metrics_addr = ztunnel::app::both_families(args.metrics_addr, ipv6_enabled);
+    args.readiness_addr = ztunnel::app::both_families(args.readiness_addr, ipv6_enabled);
     let worker_threads = ztunnel::config::istio_env::worker_threads(env, args.worker_threads.as_deref(), 2)?;
     let socket = ztunnel::netns::SocketOptions {
         keepalive: ztunnel::config::istio_env::Keepalive::from_env(env)?,
         no_port_reuse: env.bool("INPOD_PORT_REUSE")? == Some(false),
+        // Without a capture of ours, istio-cni's rules (or whoever captures in its place)
+        // route the deliveries' replies, keyed on Istio's mark.
+        delivery: match args.capture {
+            CaptureMode::None => ztunnel::netns::DeliveryReplies::IstioCni,
+            _ => ztunnel::netns::DeliveryReplies::OwnCapture,
+        },
     };
     ztunnel::netns::set_socket_options(socket);
     ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(env)?);
@@ -315,12 +329,15 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         local_config || args.istiod.xds_address.is_some(),
         "no mesh config: set XDS_ADDRESS (istiod, the default in Kubernetes) or LOCAL_XDS_PATH / --local-xds-path"
     );
+    let network = env.get("NETWORK").unwrap_or_default().to_string();
+    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e} (a network name, as the workloads' `network` says)"))?;
     Ok(IstioSettings {
         worker_threads,
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
-        network: env.get("NETWORK").unwrap_or_default().to_string(),
+        network,
         localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         crl_path: env.non_empty("CRL_PATH").map(std::path::PathBuf::from),
+        ipv6_enabled,
         warnings,
         infos,
     })
@@ -422,17 +439,19 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
         hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
         localhost_app_tunnel: istio.localhost_app_tunnel,
+        network: istio.network.clone(),
+        ipv6_enabled: istio.ipv6_enabled,
     };
     let mut metrics = ztunnel::metrics::Metrics::default();
     let upstreams = args.dns.upstreams()?;
     let dns = if args.dns.dns_proxy {
         let dns_metrics = ztunnel::metrics::dns::DnsMetrics::register(&mut metrics.registry);
-        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config(upstreams.clone()), state.clone(), dns_metrics)))
+        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config(upstreams.clone(), istio.ipv6_enabled), state.clone(), dns_metrics)))
     } else {
         None
     };
     let on_demand_dns = Arc::new(ztunnel::dns::on_demand::OnDemandResolver::new(
-        ztunnel::dns::on_demand::OnDemandConfig { upstreams, ..Default::default() },
+        ztunnel::dns::on_demand::OnDemandConfig { upstreams, ipv6: istio.ipv6_enabled, ..Default::default() },
         ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry),
     ));
     let metrics = Arc::new(metrics);
@@ -461,6 +480,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     };
     let h2 = ztunnel::hbone::h2_sizes();
     let ports = |ip: &str, port: u16| format!("{ip}:{port}");
+    let wildcard = if istio.ipv6_enabled { "[::]" } else { "0.0.0.0" };
     let settings = Arc::new(Settings {
         proxy: true,
         dns_proxy: args.dns.dns_proxy,
@@ -471,10 +491,12 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         admin_addr: args.admin_addr.into(),
         stats_addr: args.metrics_addr.into(),
         readiness_addr: args.readiness_addr.into(),
-        inbound_addr: ports("0.0.0.0", ztunnel::ports::HBONE),
-        inbound_plaintext_addr: ports("0.0.0.0", ztunnel::ports::INBOUND_PLAINTEXT),
-        outbound_addr: ports("127.0.0.1", ztunnel::ports::OUTBOUND),
-        dns_proxy_addr: ListenAddress::Localhost(false, ztunnel::ports::DNS),
+        // Istio's values: its wildcard is `[::]` with IPv6 on (ours: one listener per
+        // family, and the outbound one on loopback only).
+        inbound_addr: ports(wildcard, ztunnel::ports::HBONE),
+        inbound_plaintext_addr: ports(wildcard, ztunnel::ports::INBOUND_PLAINTEXT),
+        outbound_addr: ports(wildcard, ztunnel::ports::OUTBOUND),
+        dns_proxy_addr: ListenAddress::Localhost(istio.ipv6_enabled, ztunnel::ports::DNS),
         illegal_ports: vec![ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
         network: istio.network.clone(),
         proxy_mode: "Shared",
@@ -511,7 +533,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         ca_headers: redacted(&ia.ca_headers),
         localhost_app_tunnel: istio.localhost_app_tunnel,
         ztunnel_identity: ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
-        ipv6_enabled: false,
+        ipv6_enabled: istio.ipv6_enabled,
         crl_path: istio.crl_path.clone(),
         proxy_config: pcfg,
         local_xds_path: args.local_xds_path.clone(),

@@ -48,6 +48,31 @@ pub struct SocketOptions {
     /// SO_REUSEPORT on the in-pod listeners, so a new proxy can bind beside the old one
     /// during an upgrade (Istio: INPOD_PORT_REUSE, default on).
     pub no_port_reuse: bool,
+    pub delivery: DeliveryReplies,
+}
+
+/// What brings the replies to the proxy's transparent deliveries (connections to a pod's
+/// app from the real client's address) back to the proxy instead of out of the pod.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeliveryReplies {
+    /// Our capture: deliveries carry [`DELIVERY_MARK`], which our rules (or eBPF's
+    /// `tcp_fwmark_accept`) put on the replies; the local route takes them to lo.
+    #[default]
+    OwnCapture,
+    /// istio-cni's in-pod rules: they mark the connection for its replies when its SYN
+    /// carries the proxy's mark (1337), as Istio's ztunnel sends every socket's. A
+    /// delivery marked otherwise would have its replies routed out of the pod.
+    IstioCni,
+}
+
+impl DeliveryReplies {
+    /// SO_MARK of a socket the proxy connects from inside a pod.
+    pub fn mark(self, transparent: bool) -> u32 {
+        match (self, transparent) {
+            (DeliveryReplies::OwnCapture, true) => DELIVERY_MARK,
+            _ => PROXY_MARK,
+        }
+    }
 }
 
 /// TCP keepalive of the proxy's connections (Istio's KEEPALIVE_*, USER_TIMEOUT_ENABLED).
@@ -168,13 +193,18 @@ impl InPodNetns {
     }
 
     /// A listener bound inside the pod. SO_REUSEPORT lets a new proxy bind beside the old one.
+    /// An IPv6 listener takes IPv6 only: IPv4 has its own listener, so no address the
+    /// proxy sees is ever v4-mapped.
     pub fn listen(&self, addr: SocketAddr, transparent: bool) -> Result<TcpListener, NetnsError> {
         let s = self.socket(&addr)?;
         let r = (|| {
             s.set_reuse_address(true)?;
             s.set_reuse_port(!socket_options().no_port_reuse)?;
+            if addr.is_ipv6() {
+                s.set_only_v6(true)?;
+            }
             if transparent {
-                s.set_ip_transparent_v4(true)?;
+                set_transparent(&s, &addr)?;
             }
             s.bind(&SockAddr::from(addr))?;
             s.listen(1024)?;
@@ -194,11 +224,11 @@ impl InPodNetns {
     ) -> Result<TcpStream, NetnsError> {
         let s = self.socket(&dst)?;
         let setup = (|| {
-            s.set_mark(if transparent_src.is_some() { DELIVERY_MARK } else { PROXY_MARK })?;
+            s.set_mark(socket_options().delivery.mark(transparent_src.is_some()))?;
             s.set_tcp_nodelay(true)?;
             set_keepalive(&s)?;
             if let Some(src) = transparent_src {
-                s.set_ip_transparent_v4(true)?;
+                set_transparent(&s, &dst)?;
                 s.bind(&SockAddr::from(SocketAddr::new(src.ip(), 0)))?;
             }
             Ok::<_, io::Error>(())
@@ -211,6 +241,22 @@ impl InPodNetns {
             Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
         }
     }
+}
+
+/// IP_TRANSPARENT or IPV6_TRANSPARENT, by the family of the socket (made for `addr`).
+fn set_transparent(s: &Socket, addr: &SocketAddr) -> io::Result<()> {
+    if addr.is_ipv4() {
+        s.set_ip_transparent_v4(true)
+    } else {
+        s.set_ip_transparent_v6(true)
+    }
+}
+
+/// Whether IPv6 is on for the calling thread's netns's loopback (Istio checks the same
+/// before binding its `[::1]` listeners: a pod may have IPv6 disabled). Run it inside a
+/// pod with [`InPodNetns::run`].
+pub fn ipv6_on_loopback() -> bool {
+    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6").is_ok_and(|v| v.trim() == "0")
 }
 
 /// TCP keepalive as configured (Istio's default: 180 s idle, 180 s interval, 9 probes).
@@ -271,5 +317,21 @@ pub fn reset(stream: TcpStream) {
         let s = Socket::from(std);
         let _ = s.set_linger(Some(Duration::ZERO));
         drop(s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deliveries_carry_the_mark_the_capture_routes_replies_by() {
+        // Ours: the delivery mark; istio-cni's rules: Istio's proxy mark, which they turn
+        // into the connection mark of the replies.
+        assert_eq!(DeliveryReplies::OwnCapture.mark(true), DELIVERY_MARK);
+        assert_eq!(DeliveryReplies::IstioCni.mark(true), PROXY_MARK);
+        // Anything else the proxy connects is exempt from capture by the proxy mark.
+        assert_eq!(DeliveryReplies::OwnCapture.mark(false), PROXY_MARK);
+        assert_eq!(DeliveryReplies::IstioCni.mark(false), PROXY_MARK);
     }
 }

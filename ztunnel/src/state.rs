@@ -2,8 +2,8 @@
 //! indexed for the lookups the data plane makes on every connection.
 
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use rand::RngExt;
@@ -16,41 +16,67 @@ pub mod workload;
 #[cfg(test)]
 mod inbound_service_tests;
 #[cfg(test)]
+mod network_tests;
+#[cfg(test)]
 mod waypoint_tests;
 
-pub use self::address::{HboneAddress, NetworkAddress};
+pub use self::address::{NetworkAddress, NetworkCidr, PodIps};
 pub use self::workload::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
 };
 
 /// A workload serving a service, with its service port -> target port map.
 type Endpoint = (Arc<Workload>, BTreeMap<u16, u16>);
+
+/// Values by address within a network: as in Istio, an address is unique only in its
+/// network (two networks may reuse a pod CIDR), so every lookup names the network.
+#[derive(Debug)]
+struct ByAddress<T>(HashMap<String, HashMap<IpAddr, T>>);
+
+impl<T> Default for ByAddress<T> {
+    fn default() -> Self {
+        ByAddress(HashMap::new())
+    }
+}
+
+impl<T> ByAddress<T> {
+    fn get(&self, network: &str, ip: IpAddr) -> Option<&T> {
+        self.0.get(network)?.get(&ip)
+    }
+
+    fn entry(&mut self, network: &str, ip: IpAddr) -> Entry<'_, IpAddr, T> {
+        self.0.entry(network.to_string()).or_default().entry(ip)
+    }
+}
 
 /// An immutable snapshot of mesh state. Updates build a new snapshot and swap it in,
 /// so a connection always sees one consistent view.
 #[derive(Debug, Default)]
 pub struct MeshState {
     workloads: HashMap<WorkloadUid, Arc<Workload>>,
-    workload_by_ip: HashMap<IpAddr, Arc<Workload>>,
+    workload_by_ip: ByAddress<Arc<Workload>>,
     services: HashMap<NamespacedHostname, Arc<Service>>,
-    service_by_vip: HashMap<IpAddr, Arc<Service>>,
+    service_by_vip: ByAddress<Arc<Service>>,
     /// CIDR VIPs, longest prefix first (looked up when no exact VIP matches).
-    service_by_cidr: Vec<(crate::cidr::Cidr, Arc<Service>)>,
+    service_by_cidr: Vec<(NetworkCidr, Arc<Service>)>,
     /// (namespace, name) -> service: what HTTPRoute backendRefs name.
     service_by_name: HashMap<(String, String), Arc<Service>>,
     /// endpoints of each service: workload uid -> port map (service port -> target port)
     endpoints: HashMap<NamespacedHostname, Vec<Endpoint>>,
     policies: BTreeMap<String, Arc<Authorization>>,
+    /// Workloads some workload names as its network gateway (directly or through a
+    /// service): what may forward another network's connections.
+    gateways: HashSet<WorkloadUid>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
     #[error("workload uid {0:?} appears twice; every workload needs a unique uid")]
     DuplicateWorkload(String),
-    #[error("workload IP {ip} is claimed by both {first} and {second}; an IP must map to one identity")]
-    DuplicateIp { ip: IpAddr, first: String, second: String },
-    #[error("service VIP {ip} is claimed by both {first} and {second}")]
-    DuplicateVip { ip: IpAddr, first: String, second: String },
+    #[error("workload IP {addr} (network/ip) is claimed by both {first} and {second}; an IP must map to one identity in its network")]
+    DuplicateIp { addr: NetworkAddress, first: String, second: String },
+    #[error("service VIP {addr} (network/ip) is claimed by both {first} and {second}")]
+    DuplicateVip { addr: NetworkAddress, first: String, second: String },
     #[error("service {0} appears twice")]
     DuplicateService(String),
 }
@@ -98,9 +124,9 @@ impl MeshState {
                 continue;
             }
             for vip in &svc.vips {
-                match st.service_by_vip.entry(vip.address) {
+                match st.service_by_vip.entry(&vip.network, vip.address) {
                     Entry::Occupied(prev) => conflict(StateError::DuplicateVip {
-                        ip: vip.address,
+                        addr: vip.clone(),
                         first: prev.get().namespaced_hostname().to_string(),
                         second: key.to_string(),
                     })?,
@@ -109,7 +135,7 @@ impl MeshState {
                     }
                 }
             }
-            st.service_by_cidr.extend(svc.cidr_vips.iter().map(|c| (*c, svc.clone())));
+            st.service_by_cidr.extend(svc.cidr_vips.iter().map(|c| (c.clone(), svc.clone())));
             st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
             st.services.insert(key, svc);
         }
@@ -118,9 +144,9 @@ impl MeshState {
             // A host-network pod's IP is its node's: not an address of the workload.
             let by_ip = if wl.network_mode == NetworkMode::HostNetwork { &[][..] } else { &wl.workload_ips[..] };
             for ip in by_ip {
-                match st.workload_by_ip.entry(*ip) {
+                match st.workload_by_ip.entry(&wl.network, *ip) {
                     Entry::Occupied(prev) => conflict(StateError::DuplicateIp {
-                        ip: *ip,
+                        addr: NetworkAddress { network: wl.network.clone(), address: *ip },
                         first: prev.get().uid.to_string(),
                         second: wl.uid.to_string(),
                     })?,
@@ -140,8 +166,37 @@ impl MeshState {
             st.policies.insert(p.key(), Arc::new(p));
         }
         // Stable: among equal prefixes, the earlier (stronger) service wins.
-        st.service_by_cidr.sort_by_key(|(c, _)| std::cmp::Reverse(c.0.prefix_len()));
+        st.service_by_cidr.sort_by_key(|(c, _)| std::cmp::Reverse(c.cidr.0.prefix_len()));
+        st.gateways = st.gateway_workloads();
         Ok(st)
+    }
+
+    /// The uids of the workloads behind every `network_gateway` named (each named once
+    /// per network's worth of workloads, so looked up once).
+    fn gateway_workloads(&self) -> HashSet<WorkloadUid> {
+        let named: HashSet<&GatewayDestination> = self.workloads.values().filter_map(|w| w.network_gateway.as_ref()).map(|g| &g.destination).collect();
+        let mut uids = HashSet::new();
+        for dest in named {
+            let svc = match dest {
+                GatewayDestination::Address(a) => match self.workload_by_ip.get(&a.network, a.address) {
+                    Some(w) => {
+                        uids.insert(w.uid.clone());
+                        continue;
+                    }
+                    None => self.service_by_vip(&a.network, a.address),
+                },
+                GatewayDestination::Hostname(h) => self.services.get(h),
+            };
+            let eps = svc.and_then(|s| self.endpoints.get(&s.namespaced_hostname()));
+            uids.extend(eps.into_iter().flatten().map(|(w, _)| w.uid.clone()));
+        }
+        uids
+    }
+
+    /// Whether `wl` is an east-west gateway (some workload's `network_gateway` names it):
+    /// its connections carry other networks' clients, whose identities are not its own.
+    pub fn is_network_gateway(&self, wl: &Workload) -> bool {
+        self.gateways.contains(&wl.uid)
     }
 
     pub fn workload_by_uid(&self, uid: &WorkloadUid) -> Option<&Arc<Workload>> {
@@ -181,10 +236,10 @@ impl MeshState {
     pub fn waypoint_identity(&self, gw: &GatewayAddress) -> Option<Identity> {
         let svc = match &gw.destination {
             GatewayDestination::Address(a) => {
-                if let Some(w) = self.workload_by_ip.get(&a.address) {
+                if let Some(w) = self.workload_by_ip.get(&a.network, a.address) {
                     return Some(w.identity());
                 }
-                self.service_by_vip.get(&a.address)?
+                self.service_by_vip.get(&a.network, a.address)?
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
@@ -199,40 +254,41 @@ impl MeshState {
         self.waypoint_identity(gw).is_some_and(|w| w == *id)
     }
 
-    /// Whether `me` is a waypoint of the destination at `target` (the service with that
-    /// VIP, any of its waypoints; else the workload with that IP): what lets a CONNECT
+    /// Whether `me` is a waypoint of the destination at `target` in `network` (the
+    /// service with that VIP, any of its waypoints; else the workload with that IP): what lets a CONNECT
     /// whose target is not `me` itself in (Istio's sandwich, a waypoint behind ztunnel).
     /// The waypoint must name `me` (its IP, or a Service `me` is an endpoint of) and `me`
     /// must have the identity the waypoint is known by (`waypoint_identity`), so a pod
     /// that joined the waypoint Service's selector is never taken for it.
-    pub fn is_waypoint_of(&self, target: IpAddr, me: &Workload) -> bool {
+    pub fn is_waypoint_of(&self, network: &str, target: IpAddr, me: &Workload) -> bool {
         let names_me = |gw: &GatewayAddress| match &gw.destination {
             GatewayDestination::Address(a) => {
-                me.workload_ips.contains(&a.address)
-                    || self.service_by_vip.get(&a.address).is_some_and(|s| me.services.contains_key(&s.namespaced_hostname()))
+                (a.network == me.network && me.workload_ips.contains(&a.address))
+                    || self.service_by_vip.get(&a.network, a.address).is_some_and(|s| me.services.contains_key(&s.namespaced_hostname()))
             }
             GatewayDestination::Hostname(h) => self.services.contains_key(h) && me.services.contains_key(h),
         };
         let verified = |gw: &GatewayAddress| names_me(gw) && self.is_waypoint(gw, &me.identity());
-        match self.service_by_vip(target) {
+        match self.service_by_vip(network, target) {
             Some(svc) => svc.waypoints().any(verified),
-            None => self.workload_by_ip.get(&target).and_then(|w| w.waypoint.as_ref()).is_some_and(verified),
+            None => self.workload_by_ip.get(network, target).and_then(|w| w.waypoint.as_ref()).is_some_and(verified),
         }
     }
 
-    /// The waypoint workload behind a GatewayAddress: the workload at that IP, or an
-    /// endpoint of the service with that VIP or hostname (picked by capacity).
-    pub fn waypoint_workload(&self, gw: &GatewayAddress) -> Option<Arc<Workload>> {
+    /// The waypoint workload behind a GatewayAddress, for a client in `src_network`: the
+    /// workload at that IP, or an endpoint of the service with that VIP or hostname
+    /// (picked by capacity among those reachable from there).
+    pub fn waypoint_workload(&self, gw: &GatewayAddress, src_network: &str) -> Option<Arc<Workload>> {
         let svc = match &gw.destination {
             GatewayDestination::Address(a) => {
-                if let Some(w) = self.workload_by_ip.get(&a.address) {
+                if let Some(w) = self.workload_by_ip.get(&a.network, a.address) {
                     return Some(w.clone());
                 }
-                self.service_by_vip.get(&a.address)?
+                self.service_by_vip.get(&a.network, a.address)?
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let eps = self.usable_hbone_endpoints(svc, gw.hbone_mtls_port);
+        let eps = self.usable_hbone_endpoints(svc, gw.hbone_mtls_port, src_network);
         // The waypoint Service may not list the HBONE port; any of its workloads will do.
         let eps = if eps.is_empty() {
             self.endpoints
@@ -250,8 +306,38 @@ impl MeshState {
         pick_weighted(&eps).map(|(w, _)| w)
     }
 
-    pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Arc<Workload>> {
-        self.workload_by_ip.get(&ip)
+    /// The east-west gateway `gw` names (a remote endpoint's `network_gateway`), as Istio's
+    /// ztunnel finds it for a client `src` connecting to `dst`: the workload at that
+    /// address in its network (dialed there, on `hbone_mtls_port`), or an endpoint of the
+    /// service with that VIP or hostname (on the port `hbone_mtls_port` maps to, picked as
+    /// any service endpoint is). None when it is neither: then nothing says what identity
+    /// the gateway must prove, and the caller refuses.
+    pub fn network_gateway(&self, gw: &GatewayAddress, src: &Workload, dst: SocketAddr) -> Option<GatewayUpstream> {
+        let (wl, port, ip, svc) = match &gw.destination {
+            GatewayDestination::Address(a) => match self.workload_by_ip.get(&a.network, a.address) {
+                Some(w) => (w.clone(), gw.hbone_mtls_port, Some(a.address), None),
+                None => {
+                    let svc = self.service_by_vip(&a.network, a.address)?;
+                    let (w, port) = self.pick_endpoint(src, svc, gw.hbone_mtls_port)?;
+                    (w, port, None, Some(svc))
+                }
+            },
+            GatewayDestination::Hostname(h) => {
+                let svc = self.services.get(h)?;
+                let (w, port) = self.pick_endpoint(src, svc, gw.hbone_mtls_port)?;
+                (w, port, None, Some(svc))
+            }
+        };
+        // The address the gateway was named by, else one of the client's family.
+        let ip = ip.or_else(|| wl.workload_ips.iter().find(|i| i.is_ipv4() == dst.is_ipv4()).or(wl.workload_ips.first()).copied())?;
+        let mut identities = vec![wl.identity()];
+        identities.extend(svc.into_iter().flat_map(|s| s.subject_alt_names.iter().filter_map(|san| san.parse::<Identity>().ok())));
+        Some(GatewayUpstream { workload: wl, addr: SocketAddr::new(ip, port), identities })
+    }
+
+    /// The workload with address `ip` in `network`.
+    pub fn workload_by_ip(&self, network: &str, ip: IpAddr) -> Option<&Arc<Workload>> {
+        self.workload_by_ip.get(network, ip)
     }
 
     /// A service by its Kubernetes name (what HTTPRoute backendRefs name).
@@ -259,10 +345,11 @@ impl MeshState {
         self.service_by_name.get(&(namespace.to_string(), name.to_string()))
     }
 
-    pub fn service_by_vip(&self, ip: IpAddr) -> Option<&Arc<Service>> {
+    /// The service with VIP `ip` in `network` (exact, else the longest range holding it).
+    pub fn service_by_vip(&self, network: &str, ip: IpAddr) -> Option<&Arc<Service>> {
         self.service_by_vip
-            .get(&ip)
-            .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.contains(ip)).map(|(_, s)| s))
+            .get(network, ip)
+            .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.network == network && c.cidr.contains(ip)).map(|(_, s)| s))
     }
 
     /// The service an inbound connection to `wl` on `target_port` was meant for, as
@@ -290,26 +377,36 @@ impl MeshState {
         let Some(eps) = self.endpoints.get(&svc.namespaced_hostname()) else {
             return Vec::new();
         };
-        eps.iter()
-            .filter_map(|(wl, ports)| {
-                // A workload-level port map wins; else the service's own map; else the same port.
-                let target = ports
-                    .get(&service_port)
-                    .copied()
-                    .or_else(|| svc.ports.get(&service_port).copied())
-                    .or(if ports.is_empty() && svc.ports.is_empty() { Some(service_port) } else { None })?;
-                Some((wl.clone(), if target == 0 { service_port } else { target }))
-            })
-            .collect()
+        eps.iter().filter_map(|(wl, ports)| Some((wl.clone(), target_port(svc, ports, service_port)?))).collect()
     }
 
-    /// The endpoints of `svc` a connection to `service_port` may go to, with their
-    /// target ports: healthy ones (all of them under health policy ALLOW_ALL) that have
-    /// an IP or a hostname to resolve (one with neither could never be connected to).
-    pub fn usable_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
+    /// What a CONNECT naming a service by `hostname` and `service_port` (double HBONE,
+    /// through an east-west gateway) reaches on `wl`: the service of that hostname `wl` is
+    /// an endpoint of (one in `wl`'s namespace first, as Istio prefers), and the target
+    /// port the service port maps to there. None: no such service of `wl`, or a port it
+    /// does not serve; a CONNECT can never name a service the pod is not in.
+    pub fn hostname_target(&self, wl: &Workload, hostname: &str, service_port: u16) -> Option<(&Arc<Service>, u16)> {
+        let mut mine: Vec<(&Arc<Service>, &BTreeMap<u16, u16>)> = wl
+            .services
+            .iter()
+            .filter_map(|(key, ports)| Some((self.services.get(key)?, ports)))
+            .filter(|(s, _)| s.hostname.trim_end_matches('.').eq_ignore_ascii_case(hostname.trim_end_matches('.')))
+            .collect();
+        mine.sort_by_key(|(s, _)| (s.namespace != wl.namespace, s.namespaced_hostname()));
+        let (svc, ports) = mine.into_iter().next()?;
+        Some((svc, target_port(svc, ports, service_port)?))
+    }
+
+    /// The endpoints of `svc` a connection from `src_network` to `service_port` may go
+    /// to, with their target ports: healthy ones (all of them under health policy
+    /// ALLOW_ALL) that have an IP or a hostname to resolve, or, in another network, a
+    /// gateway to go through (Istio's remote endpoints have no address). One with none
+    /// could never be connected to; a gateway is never used within its own network.
+    pub fn usable_endpoints(&self, svc: &Service, service_port: u16, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
         let mut eps = self.endpoints_for(svc, service_port);
         let allow_all = svc.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
-        eps.retain(|(w, _)| (allow_all || w.status == HealthStatus::Healthy) && w.has_address());
+        let reachable = |w: &Workload| w.has_address() || (w.network != src_network && w.network_gateway.is_some());
+        eps.retain(|(w, _)| (allow_all || w.status == HealthStatus::Healthy) && reachable(w));
         eps
     }
 
@@ -325,12 +422,12 @@ impl MeshState {
     /// (STRICT: all of them, else none); for the other modes all of them. (A waypoint
     /// balances over these as ztunnel picks among them.)
     pub fn preferred_endpoints(&self, src: &Workload, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
-        locality_preferred(src, svc, self.usable_endpoints(svc, service_port))
+        locality_preferred(src, svc, self.usable_endpoints(svc, service_port, &src.network))
     }
 
     /// The usable endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
-    pub fn usable_hbone_endpoints(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
-        let mut eps = self.usable_endpoints(svc, service_port);
+    pub fn usable_hbone_endpoints(&self, svc: &Service, service_port: u16, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
+        let mut eps = self.usable_endpoints(svc, service_port, src_network);
         eps.retain(|(w, _)| w.protocol == Protocol::HBONE);
         eps
     }
@@ -378,7 +475,8 @@ pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>
         return eps;
     };
     let prefs = &lb.routing_preferences;
-    // A NETWORK scope first is "prefer my network, then the rest in order".
+    // A NETWORK scope first is "prefer my network, then the rest in order": a match
+    // counts, and lifts the endpoint above every one of another network.
     let network_first = prefs.first() == Some(&LoadBalancerScope::Network);
     let rank = |wl: &Workload| {
         let (mut rank, mut adjust) = (0, 0);
@@ -414,6 +512,29 @@ pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>
         .collect();
     let Some(best) = ranked.iter().map(|(r, _)| *r).max() else { return Vec::new() };
     ranked.into_iter().filter(|(r, _)| *r == best).map(|(_, ep)| ep).collect()
+}
+
+/// The port `service_port` of `svc` maps to on an endpoint with port map `ports`: the
+/// endpoint's map wins, else the service's, else (neither lists ports) the same port;
+/// a target port 0 is the service port.
+fn target_port(svc: &Service, ports: &BTreeMap<u16, u16>, service_port: u16) -> Option<u16> {
+    let target = ports
+        .get(&service_port)
+        .copied()
+        .or_else(|| svc.ports.get(&service_port).copied())
+        .or(if ports.is_empty() && svc.ports.is_empty() { Some(service_port) } else { None })?;
+    Some(if target == 0 { service_port } else { target })
+}
+
+/// Where a connection through an east-west gateway goes first (`MeshState::network_gateway`).
+#[derive(Clone, Debug)]
+pub struct GatewayUpstream {
+    pub workload: Arc<Workload>,
+    /// The gateway's HBONE address.
+    pub addr: SocketAddr,
+    /// What the gateway's certificate must name: its own identity, or one of its
+    /// service's SANs.
+    pub identities: Vec<Identity>,
 }
 
 /// Random endpoint, weighted by capacity (Istio's default capacity is 1).

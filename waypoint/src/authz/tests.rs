@@ -356,7 +356,7 @@ fn unplaced_deny_all_stays_in_its_namespace() {
     assert!(!placed.unplaced && placed.applies_to(&t(Some(&cart))));
 }
 
-/// The policies of the waypoint end-to-end test (tests/waypoint.rs).
+/// The policies of the waypoint end-to-end test (tests/tests/e2e/waypoint.rs).
 #[test]
 fn e2e_policies() {
     let ps = parse(

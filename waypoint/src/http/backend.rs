@@ -63,7 +63,10 @@ impl Backend {
 
     /// The service's endpoints for `port` (of `subset`, a DestinationRule's, when set):
     /// in the mesh (HBONE) or not (plain TCP from the waypoint, as Istio's waypoint sends
-    /// to a ServiceEntry's endpoints). A subset no rule defines has none.
+    /// to a ServiceEntry's endpoints), in the waypoint's network. A subset no rule defines
+    /// has none. Each endpoint at its address of the client's family (the CONNECT
+    /// target's; IPv4 for the waypoint's own calls) if it has one, within the service's IP
+    /// families, as ztunnel picks endpoints: a dual-stack client keeps its family.
     pub fn service(cfg: &Config, from: &Origin<'_>, svc: &Arc<Service>, port: u16, subset: Option<&str>) -> Backend {
         let rule = destination::rule_for(&cfg.destination_rules, svc);
         let policy = rule.and_then(|r| r.policy(subset, port)).cloned();
@@ -72,7 +75,7 @@ impl Backend {
         // (Envoy's ORIGINAL_DST cluster, ztunnel's passthrough).
         if svc.lb_mode() == LoadBalancerMode::Passthrough {
             if let Some(dst) = from.target {
-                let wl = cfg.state.workload_by_ip(dst.ip()).cloned().unwrap_or_else(|| Arc::new(outside(dst)));
+                let wl = cfg.state.workload_by_ip(crate::network::get(), dst.ip()).cloned().unwrap_or_else(|| Arc::new(outside(dst)));
                 b.endpoints.push((dst, wl));
             }
             return b;
@@ -84,12 +87,13 @@ impl Backend {
                 None => return b,
             },
         };
-        let mut eps = cfg.state.usable_endpoints(svc, port);
+        let mut eps = crate::network::same_network(cfg.state.usable_endpoints(svc, port, crate::network::get()));
         if let Some(sel) = selector {
             eps.retain(|(w, _)| cfg.labels.selects(&w.uid, sel));
         }
+        let family = from.target.map_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |t| t.ip());
         for (w, p) in locality_preferred(from.me, svc, eps) {
-            match w.workload_ips.iter().copied().find(IpAddr::is_ipv4) {
+            match w.address_for(family, svc.ip_families) {
                 Some(ip) => b.endpoints.push((SocketAddr::new(ip, p), w)),
                 None if !w.hostname.is_empty() => b.unresolved.push((w, p)),
                 None => {}
@@ -109,7 +113,7 @@ impl Backend {
     }
 
     /// Resolves the hostname endpoints (for `me`, counted in `istio_on_demand_dns_total`),
-    /// each IPv4 address an endpoint. Fails, saying why, only when nothing is left to
+    /// each IPv4 address an endpoint (the IPv6 ones when a name has no IPv4 address). Fails, saying why, only when nothing is left to
     /// send to; a name that does not resolve while others do is logged.
     pub async fn resolve(&mut self, resolver: &OnDemandResolver, me: &Workload) -> Result<(), String> {
         if self.unresolved.is_empty() {
@@ -122,9 +126,10 @@ impl Backend {
             match found {
                 Ok(ips) => {
                     let before = self.endpoints.len();
-                    self.endpoints.extend(ips.into_iter().filter(IpAddr::is_ipv4).map(|ip| (SocketAddr::new(ip, port), w.clone())));
+                    let v4 = ips.iter().any(IpAddr::is_ipv4);
+                    self.endpoints.extend(ips.into_iter().filter(|ip| ip.is_ipv4() == v4).map(|ip| (SocketAddr::new(ip, port), w.clone())));
                     if self.endpoints.len() == before {
-                        failed.get_or_insert(format!("endpoint {}: no IPv4 address", w.hostname));
+                        failed.get_or_insert(format!("endpoint {}: no address", w.hostname));
                     }
                 }
                 Err(e) => {
@@ -137,5 +142,39 @@ impl Backend {
             Some(why) if self.endpoints.is_empty() => Err(why),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_in_the_clients_family_within_the_services() {
+        let yaml = r#"
+workloads:
+- {uid: a, name: a, namespace: default, workloadIps: [10.0.0.1, "fd00::1"], protocol: HBONE, services: {default/dual.default.svc.cluster.local: {80: 8080}, default/v4.default.svc.cluster.local: {80: 8080}}}
+- {uid: b, name: b, namespace: default, workloadIps: ["fd00::2"], protocol: HBONE, services: {default/dual.default.svc.cluster.local: {80: 8080}}}
+services:
+- {name: dual, namespace: default, hostname: dual.default.svc.cluster.local, vips: [/10.96.0.1, "/fd00:96::1"], ports: {80: 8080}}
+- {name: v4, namespace: default, hostname: v4.default.svc.cluster.local, vips: [/10.96.0.2], ports: {80: 8080}, ipFamilies: IPv4}
+"#;
+        let cfg = Config::parse(std::path::Path::new("t.yaml"), yaml).expect("test config");
+        let svc = |name: &str| cfg.state.service_by_name("default", name).expect("service").clone();
+        let addrs = |b: Backend| {
+            let mut v: Vec<String> = b.endpoints.iter().map(|(a, _)| a.to_string()).collect();
+            v.sort();
+            v
+        };
+        let me = Workload::new("wp", "wp", "default");
+        let to = |target: Option<&str>| Origin { me: &me, target: target.map(|t| SocketAddr::new(t.parse().unwrap(), 80)) };
+        let service = |name: &str, target| addrs(Backend::service(&cfg, &to(target), &svc(name), 80, None));
+        assert_eq!(service("dual", Some("fd00:96::1")), ["[fd00::1]:8080", "[fd00::2]:8080"]);
+        // An IPv6-only endpoint stays an endpoint of an IPv4 client's request (its only address).
+        assert_eq!(service("dual", Some("10.96.0.1")), ["10.0.0.1:8080", "[fd00::2]:8080"]);
+        // The waypoint's own calls (no client): IPv4 where there is one.
+        assert_eq!(service("dual", None), ["10.0.0.1:8080", "[fd00::2]:8080"]);
+        // An IPv4 service: IPv4 addresses only, whatever the client's family.
+        assert_eq!(service("v4", Some("fd00:96::1")), ["10.0.0.1:8080"]);
     }
 }

@@ -69,10 +69,10 @@ impl RequestLog {
     pub fn start(wp: Arc<Waypoint>, tunnel: &Tunnel, cfg: &Config, parts: &http::request::Parts, grpc: bool) -> RequestLog {
         let src_workload = cfg
             .state
-            .workload_by_ip(tunnel.src_addr.ip())
+            .workload_by_ip(crate::network::get(), tunnel.src_addr.ip())
             .filter(|w| w.identity() == tunnel.src_identity)
             .cloned();
-        let dst_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
+        let dst_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
         let telemetry = if cfg.telemetry.is_empty() {
             Arc::default()
         } else {

@@ -195,7 +195,7 @@ pub struct Admitted<'c> {
 /// gets. `notes` gets what the log line reports.
 pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Admitted<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
-    let target_service = cfg.state.service_by_vip(tunnel.target.ip()).cloned();
+    let target_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
     let host_full = authority(parts);
     // A WebSocket is planned as a GET with `upgrade: websocket`, whatever the version.
     let websocket = upgrade::detect(parts);
@@ -410,7 +410,7 @@ fn plan_request<'c>(
         }
         None => match &target_service {
             Some(svc) => Backend::service(cfg, &from, svc, tunnel.target.port(), None),
-            None => match cfg.state.workload_by_ip(tunnel.target.ip()) {
+            None => match cfg.state.workload_by_ip(crate::network::get(), tunnel.target.ip()) {
                 Some(w) if w.protocol == MeshProtocol::HBONE => Backend::workload(tunnel.target, w.clone()),
                 _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
             },

@@ -54,6 +54,7 @@ pub fn workload(w: &Workload) -> Value {
     let mut m = Map::new();
     m.insert("workloadIps".into(), json!(w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>()));
     insert_unless_default(&mut m, "waypoint", w.waypoint.as_ref().map_or(Value::Null, gateway));
+    insert_unless_default(&mut m, "networkGateway", w.network_gateway.as_ref().map_or(Value::Null, gateway));
     m.insert("protocol".into(), json!(match w.protocol { Protocol::HBONE => "HBONE", Protocol::TCP => "TCP" }));
     m.insert("networkMode".into(), json!("Standard"));
     insert_unless_default(&mut m, "uid", json!(w.uid.0));
@@ -100,12 +101,14 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
             endpoints.insert(w.uid.0.clone(), json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }));
         }
     }
+    // istiod's value; without one (a local config), what the VIPs say.
     let (v4, v6) = (s.vips.iter().any(|v| v.address.is_ipv4()), s.vips.iter().any(|v| v.address.is_ipv6()));
-    let ip_families = match (v4, v6) {
-        (true, true) => json!("Dual"),
-        (true, false) => json!("IPv4"),
-        (false, true) => json!("IPv6"),
-        (false, false) => Value::Null,
+    let ip_families = match (s.ip_families, v4, v6) {
+        (Some(f), _, _) => json!(f.name()),
+        (None, true, true) => json!("Dual"),
+        (None, true, false) => json!("IPv4"),
+        (None, false, true) => json!("IPv6"),
+        (None, false, false) => Value::Null,
     };
     let mut m = Map::new();
     m.insert("name".into(), json!(s.name));
@@ -119,7 +122,7 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     let weighted: Vec<Value> = s.weighted_waypoints.iter().map(|w| json!({ "destination": gateway(&w.destination), "weight": w.weight })).collect();
     insert_unless_default(&mut m, "weightedWaypoints", Value::Array(weighted));
     insert_unless_default(&mut m, "ipFamilies", ip_families);
-    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| format!("/{}", c.0)).collect::<Vec<_>>()));
+    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| c.to_string()).collect::<Vec<_>>()));
     if let Some(lb) = &s.load_balancer {
         // Istio's serde shape: variant names as strings.
         let scopes: Vec<String> = lb.routing_preferences.iter().map(|p| format!("{p:?}")).collect();
@@ -332,9 +335,9 @@ pub fn address(a: std::net::SocketAddr) -> Value {
 mod tests {
     use super::*;
 
-    // Shared with the end-to-end tests (tests/json_schema.rs).
+    // Shared with the end-to-end tests (tests/src/json_schema.rs; ztunnel cannot depend on them).
     mod json_schema {
-        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/json_schema.rs"));
+        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/src/json_schema.rs"));
     }
 
     const SCHEMA: &str = include_str!("../../tests/data/config_dump.schema.json");
@@ -363,7 +366,8 @@ mod tests {
             "workloads:\n- {uid: u1, name: a, namespace: ns, serviceAccount: sa, workloadIps: [10.0.0.1], protocol: HBONE, node: n1, services: {ns/s.ns.svc: {80: 8080}}, waypoint: {destination: \"ns/wp.ns.svc.cluster.local\"}, applicationTunnel: {protocol: PROXY}}\n\
              - {uid: u2, name: b, namespace: ns, workloadIps: [10.0.0.2]}\n\
              - {uid: u3, name: c, namespace: ns, hostname: api.example.com, services: {ns/api.example.com: {443: 443}}}\n\
-             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}, ingressUseWaypoint: true,\n\
+             - {uid: u4, name: d, namespace: ns, network: net-b, networkGateway: {destination: \"net-b/172.18.0.9\"}, services: {ns/s.ns.svc: {80: 8080}}}\n\
+             services:\n- {name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/10.96.0.1\", \"net-b/10.96.9.1\"], cidrVips: [\"net-b/10.200.0.0/16\"], ports: {80: 8080}, waypoint: {destination: \"/10.0.0.9\"}, ingressUseWaypoint: true,\n\
                weightedWaypoints: [{destination: {destination: \"/10.0.0.9\"}, weight: 9}, {destination: {destination: \"ns/canary.ns.svc.cluster.local\", hboneMtlsPort: 15009}, weight: 1}]}\n\
              policies:\n- {name: p, namespace: ns, scope: Namespace, action: Deny, rules: [[[{principals: [{Exact: td/ns/x/sa/y}]}]]]}\n",
         )
@@ -389,6 +393,11 @@ mod tests {
         // A hostname workload: the name, no IPs; left out where it is empty (as upstream).
         assert_eq!((&d["workloads"][2]["hostname"], &d["workloads"][2]["workloadIps"]), (&json!("api.example.com"), &json!([])));
         assert!(d["workloads"][0].get("hostname").is_none());
+        // A remote network's endpoint: its network and the gateway to it, as upstream
+        // names them; VIPs and ranges with their network.
+        assert_eq!((&d["workloads"][3]["network"], &d["workloads"][3]["networkGateway"]), (&json!("net-b"), &json!({"destination": "net-b/172.18.0.9", "hboneMtlsPort": 15008})));
+        assert!(d["workloads"][0].get("networkGateway").is_none() && d["workloads"][0].get("network").is_none());
+        assert_eq!((&d["services"][0]["vips"], &d["services"][0]["cidrVips"]), (&json!(["/10.96.0.1", "net-b/10.96.9.1"]), &json!(["net-b/10.200.0.0/16"])));
         // The shapes this dump had before (istioctl could not decode them) are caught.
         let mut old = d.clone();
         old["workloads"][0]["waypoint"]["destination"] = json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});
@@ -441,6 +450,20 @@ mod tests {
         assert_eq!(base64_lines(b"foo"), "Zm9v");
         assert_eq!(base64_lines(b"foobar"), "Zm9vYmFy");
         assert_eq!(base64_lines(&[0u8; 60]).split('\n').map(str::len).collect::<Vec<_>>(), [64, 16]);
+    }
+
+    #[test]
+    fn ip_families_from_istiod_or_the_vips() {
+        let st = MeshState::default();
+        let svc = |yaml: &str| serde_yaml::from_str::<Service>(yaml).unwrap();
+        let dual = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
+        assert_eq!(service(&st, &svc(dual))["ipFamilies"], "Dual");
+        let v6 = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/fd00::1\"]}";
+        assert_eq!(service(&st, &svc(v6))["ipFamilies"], "IPv6");
+        // istiod's value (a headless single-stack service has no VIP to tell).
+        let set = "{name: s, namespace: ns, hostname: s.ns.svc, ipFamilies: IPv4}";
+        assert_eq!(service(&st, &svc(set))["ipFamilies"], "IPv4");
+        assert!(service(&st, &svc("{name: s, namespace: ns, hostname: s.ns.svc}")).get("ipFamilies").is_none());
     }
 
     #[test]

@@ -240,14 +240,10 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
             warn("ISTIO_META_DNS_PROXY_ADDR", "the DNS proxy always listens on 127.0.0.1:15053 in each pod (istio-cni redirects DNS there)");
         }
     }
-    if env.bool("IPV6_ENABLED")? == Some(true) {
-        warn("IPV6_ENABLED", "pod listeners are IPv4 only");
-    }
+    // IPV6_ENABLED is honoured (main.rs); parsed here so a bad value is refused early.
+    env.bool("IPV6_ENABLED")?;
     if env.bool("ENABLE_ORIG_SRC")? == Some(false) {
         warn("ENABLE_ORIG_SRC", "inbound deliveries always keep the client's source address");
-    }
-    if env.non_empty("NETWORK").is_some() {
-        warn("NETWORK", "multi-network routing (east-west gateways) is not supported; the value is reported in /config_dump only");
     }
     if env.bool("XDS_ON_DEMAND")? == Some(true) {
         warn("XDS_ON_DEMAND", "the xDS client always subscribes to every resource");
@@ -423,11 +419,15 @@ mod tests {
             ("HTTP2_FRAME_SIZE", "1048576"),
             ("ISTIO_META_DNS_PROXY_ADDR", "localhost:15053"),
             ("CRL_PATH", ""),
+            ("NETWORK", "net1"),
         ]);
         assert_eq!(unsupported(&same), Ok(vec![]));
-        let harmless = Env::from_pairs([("IPV6_ENABLED", "true"), ("NETWORK", "net1"), ("XDS_ON_DEMAND", "true")]);
+        // IPV6_ENABLED is honoured either way; a value that is not a bool is refused.
+        assert_eq!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "true")])), Ok(vec![]));
+        assert!(matches!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "yes")])), Err(EnvError::Invalid { .. })));
+        let harmless = Env::from_pairs([("XDS_ON_DEMAND", "true")]);
         let w = unsupported(&harmless).unwrap();
-        for name in ["IPV6_ENABLED", "NETWORK", "XDS_ON_DEMAND"] {
+        for name in ["XDS_ON_DEMAND"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
         for (name, value) in [("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {

@@ -163,6 +163,17 @@ pub struct ProxyConfig {
     /// Istio's `localhostAppTunnel` by [`Settings`].
     #[serde(skip)]
     pub localhost_app_tunnel: bool,
+    /// Istio's NETWORK: the network this node's pods are in. Addresses are looked up in
+    /// it, and a destination of another network is reached through its gateway. Dumped
+    /// as Istio's `network` by [`Settings`].
+    #[serde(skip)]
+    pub network: String,
+    /// Istio's IPV6_ENABLED (default true): a pod's IPv6 address gets listeners and
+    /// capture, and on-demand DNS asks AAAA too. Off, IPv6 from and to pods is refused
+    /// (fail closed) and the DNS proxy answers AAAA questions for mesh names with no
+    /// records. Dumped as Istio's `ipv6Enabled` by [`Settings`].
+    #[serde(skip)]
+    pub ipv6_enabled: bool,
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ pub struct DnsConfig {
     /// One upstream try, and the whole question.
     pub attempt_timeout: Duration,
     pub total_timeout: Duration,
+    /// Istio's IPV6_ENABLED: off, mesh names answer AAAA with no records.
+    pub ipv6: bool,
 }
 
 impl Default for DnsConfig {
@@ -41,6 +43,7 @@ impl Default for DnsConfig {
             cache_bytes: 4 << 20,
             attempt_timeout: Duration::from_secs(2),
             total_timeout: Duration::from_secs(5),
+            ipv6: true,
         }
     }
 }
@@ -52,6 +55,7 @@ const MAX_UPSTREAM_IN_FLIGHT: usize = 1024;
 pub struct DnsProxy {
     state: Arc<SharedState>,
     cluster_domain: String,
+    ipv6: bool,
     forwarder: forwarder::Forwarder,
     cache: cache::Cache,
     metrics: DnsMetrics,
@@ -70,6 +74,7 @@ impl DnsProxy {
         DnsProxy {
             state,
             cluster_domain: cfg.cluster_domain.trim_end_matches('.').to_ascii_lowercase(),
+            ipv6: cfg.ipv6,
             forwarder: forwarder::Forwarder::new(cfg.upstreams, cfg.attempt_timeout, cfg.total_timeout, MAX_UPSTREAM_IN_FLIGHT),
             cache: cache::Cache::new(cfg.cache_entries, cfg.cache_bytes),
             metrics,
@@ -86,7 +91,7 @@ impl DnsProxy {
                 return idx.clone();
             }
         }
-        let idx = Arc::new(resolver::MeshIndex::build(state, &self.cluster_domain));
+        let idx = Arc::new(resolver::MeshIndex::build(state, &self.cluster_domain).with_ipv6(self.ipv6));
         *slot = Some((state.clone(), idx.clone()));
         idx
     }
@@ -199,8 +204,7 @@ mod tests {
         let workload = state.load().workload_by_uid(&crate::state::WorkloadUid("c".into())).unwrap().clone();
         LocalPod {
             identity: workload.identity(),
-            ip: "10.10.1.11".parse().unwrap(),
-            ipv4: "10.10.1.11".parse().unwrap(),
+            ips: crate::state::PodIps { v4: Some("10.10.1.11".parse().unwrap()), v6: None },
             workload,
             netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net")).unwrap(),
             active: Default::default(),

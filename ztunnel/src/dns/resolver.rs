@@ -12,7 +12,7 @@ use hickory_proto::rr::RecordType;
 use rand::seq::SliceRandom;
 
 use super::name;
-use crate::state::{HealthStatus, MeshState, NamespacedHostname, Service, Workload};
+use crate::state::{HealthStatus, IpFamily, MeshState, NamespacedHostname, Service, Workload};
 
 /// The TTL of mesh answers, in seconds (Istio's).
 pub const MESH_TTL: u32 = 30;
@@ -25,6 +25,8 @@ pub struct MeshIndex {
     /// Endpoints of headless services (no VIP, hostname under `svc.<cluster domain>`).
     headless: HashMap<NamespacedHostname, Vec<Arc<Workload>>>,
     cluster_domain: String,
+    /// Istio's IPV6_ENABLED: off, AAAA questions for mesh names get no records.
+    ipv6: bool,
 }
 
 /// A mesh name's answer.
@@ -75,7 +77,13 @@ impl MeshIndex {
                 }
             }
         }
-        MeshIndex { hosts, headless, cluster_domain: cluster_domain.to_string() }
+        MeshIndex { hosts, headless, cluster_domain: cluster_domain.to_string(), ipv6: true }
+    }
+
+    /// With IPv6 off (IPV6_ENABLED=false), mesh names answer AAAA with no records.
+    pub fn with_ipv6(mut self, on: bool) -> MeshIndex {
+        self.ipv6 = on;
+        self
     }
 
     /// The answer to an A or AAAA query for `name` (lower case, no trailing dot) from
@@ -98,9 +106,20 @@ impl MeshIndex {
     }
 
     fn addresses(&self, svc: &Service, client: &Workload, qtype: RecordType) -> Vec<IpAddr> {
+        // As Istio: a single-family service (a headless one's pods may be dual-stack) has
+        // no records of the other family, and none of IPv6 when IPv6 is off.
+        let allowed = match (qtype, svc.ip_families) {
+            (RecordType::AAAA, _) if !self.ipv6 => false,
+            (RecordType::AAAA, Some(IpFamily::IPv4)) | (RecordType::A, Some(IpFamily::IPv6)) => false,
+            _ => true,
+        };
+        if !allowed {
+            return Vec::new();
+        }
         let family = |ip: &IpAddr| matches!((ip, qtype), (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA));
         let mut addrs: Vec<IpAddr> = match self.headless.get(&svc.namespaced_hostname()) {
-            Some(eps) => eps.iter().filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
+            // Only endpoints in the client's network: another's addresses are not its own.
+            Some(eps) => eps.iter().filter(|w| w.network == client.network).filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
             // Only VIPs reachable from the client's network.
             None => svc.vips.iter().filter(|v| v.network == client.network && family(&v.address)).map(|v| v.address).collect(),
         };
@@ -121,6 +140,8 @@ workloads:
 - {uid: db-0, name: db-0, namespace: default, workloadIps: [10.10.2.21], protocol: HBONE, node: n2,
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 - {uid: db-1, name: db-1, namespace: default, workloadIps: [10.10.2.22], protocol: HBONE, node: n2, status: Unhealthy,
+   services: {default/db.default.svc.cluster.local: {5432: 5432}}}
+- {uid: db-2, name: db-2, namespace: default, workloadIps: [10.10.2.23], protocol: HBONE, network: remote,
    services: {default/db.default.svc.cluster.local: {5432: 5432}}}
 services:
 - {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: ["/10.96.0.10"]}
@@ -185,6 +206,34 @@ services:
     }
 
     #[test]
+    fn ip_families_and_ipv6_off() {
+        let yaml = r#"
+workloads:
+- {uid: client, name: client, namespace: default, workloadIps: [10.10.1.11, "fd00:10:1::11"], protocol: HBONE}
+- {uid: db-0, name: db-0, namespace: default, workloadIps: [10.10.2.21, "fd00:10:2::21"], services: {default/hl.default.svc.cluster.local: {80: 80}, default/hl6.default.svc.cluster.local: {80: 80}}}
+services:
+- {name: dual, namespace: default, hostname: dual.default.svc.cluster.local, vips: ["/10.96.0.11", "/fd00:96::11"]}
+- {name: hl, namespace: default, hostname: hl.default.svc.cluster.local, ipFamilies: IPv4}
+- {name: hl6, namespace: default, hostname: hl6.default.svc.cluster.local, ipFamilies: IPv6}
+"#;
+        let path = std::path::Path::new("t.yaml");
+        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
+        let client = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let idx = MeshIndex::build(&st, "cluster.local");
+        let ask = |idx: &MeshIndex, n: &str, t| ips(&idx.lookup(n, &client, t));
+        assert_eq!(ask(&idx, "dual", RecordType::AAAA), ["fd00:96::11"]);
+        // A headless single-family service of dual-stack pods answers only its family.
+        assert_eq!(ask(&idx, "hl", RecordType::A), ["10.10.2.21"]);
+        assert!(ask(&idx, "hl", RecordType::AAAA).is_empty());
+        assert_eq!(ask(&idx, "hl6", RecordType::AAAA), ["fd00:10:2::21"]);
+        assert!(ask(&idx, "hl6", RecordType::A).is_empty());
+        // IPV6_ENABLED=false: no AAAA records for mesh names (the name still ours).
+        let off = MeshIndex::build(&st, "cluster.local").with_ipv6(false);
+        assert!(off.lookup("dual", &client, RecordType::AAAA).is_some_and(|a| a.addrs.is_empty()));
+        assert_eq!(ask(&off, "dual", RecordType::A), ["10.96.0.11"]);
+    }
+
+    #[test]
     fn svc_names_of_another_namespace_are_not_shadowed() {
         // A ServiceEntry in `aaa` (sorting before `prod`) claims prod's Kubernetes name.
         assert_eq!(ips(&ask("db.prod.svc.cluster.local", "client", RecordType::A)), vec!["10.96.2.10"]);
@@ -204,7 +253,7 @@ services:
         assert_eq!(ips(&Some(a)), vec!["240.240.0.3"]);
         // Found through a search domain but as a wildcard: no CNAME (as Istio).
         assert_eq!(ask("x.wild.example.svc.cluster.local", "client", RecordType::A).unwrap().canonical, None);
-        // Headless: the healthy endpoints.
+        // Headless: the healthy endpoints of the client's network.
         assert_eq!(ips(&ask("db", "client", RecordType::A)), vec!["10.10.2.21"]);
         // Not ours: forwarded.
         assert_eq!(ask("novip.example.com", "client", RecordType::A), None);

@@ -1,11 +1,12 @@
-//! One pod's DNS listeners: UDP and TCP on 127.0.0.1:15053 inside the pod's netns, bound
+//! One pod's DNS listeners: UDP and TCP on 127.0.0.1:15053 (and `[::1]:15053` for a pod
+//! with IPv6 capture) inside the pod's netns, bound
 //! before capture steers port 53 to them and closed with the pod's other listeners
 //! (SO_REUSEPORT lets a new ztunnel bind beside the old one). The pod that asks is the
 //! listener's pod. Work is bounded per pod: questions in flight over UDP (more are
 //! dropped; the client retries), TCP connections, and TCP idle time.
 
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,33 +34,47 @@ const TCP_CONNECTIONS: usize = 64;
 const TCP_IDLE: Duration = Duration::from_secs(10);
 
 pub struct Listeners {
-    pub udp: UdpSocket,
-    pub tcp: TcpListener,
+    pub udp: Vec<UdpSocket>,
+    pub tcp: Vec<TcpListener>,
 }
 
-/// Binds the DNS listeners inside the pod.
-pub fn bind(netns: &InPodNetns) -> Result<Listeners, DnsError> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, ports::DNS));
-    let err = |source| DnsError::Bind { pod: netns.name().to_string(), addr, source };
-    let s = netns
-        .run(|| Socket::new(Domain::IPV4, Type::DGRAM.nonblocking().cloexec(), Some(Protocol::UDP)))
-        .map_err(|e| err(io::Error::other(e)))?
-        .map_err(err)?;
-    s.set_reuse_address(true).map_err(err)?;
-    s.set_reuse_port(!crate::netns::socket_options().no_port_reuse).map_err(err)?;
-    s.bind(&addr.into()).map_err(err)?;
-    let udp = UdpSocket::from_std(std::net::UdpSocket::from(s)).map_err(err)?;
-    let tcp = netns.listen(addr, false).map_err(|e| err(io::Error::other(e)))?;
-    Ok(Listeners { udp, tcp })
+/// Binds the DNS listeners inside the pod: on 127.0.0.1, and on `[::1]` with `ipv6`.
+pub fn bind(netns: &InPodNetns, ipv6: bool) -> Result<Listeners, DnsError> {
+    let mut out = Listeners { udp: Vec::new(), tcp: Vec::new() };
+    let loopbacks = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
+    for ip in loopbacks.into_iter().take(if ipv6 { 2 } else { 1 }) {
+        let addr = SocketAddr::new(ip, ports::DNS);
+        let err = |source| DnsError::Bind { pod: netns.name().to_string(), addr, source };
+        let domain = if ip.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let s = netns
+            .run(|| Socket::new(domain, Type::DGRAM.nonblocking().cloexec(), Some(Protocol::UDP)))
+            .map_err(|e| err(io::Error::other(e)))?
+            .map_err(err)?;
+        s.set_reuse_address(true).map_err(err)?;
+        s.set_reuse_port(!crate::netns::socket_options().no_port_reuse).map_err(err)?;
+        if ip.is_ipv6() {
+            s.set_only_v6(true).map_err(err)?;
+        }
+        s.bind(&addr.into()).map_err(err)?;
+        out.udp.push(UdpSocket::from_std(std::net::UdpSocket::from(s)).map_err(err)?);
+        out.tcp.push(netns.listen(addr, false).map_err(|e| err(io::Error::other(e)))?);
+    }
+    Ok(out)
 }
 
 /// Serves the pod's DNS listeners until draining starts (or the task is dropped, which
 /// also drops every question in progress).
 pub async fn serve(proxy: Arc<DnsProxy>, pod: LocalPod, listeners: Listeners, drain: Arc<crate::drain::Drain>) {
+    let mut all = JoinSet::new();
+    for sock in listeners.udp {
+        all.spawn(serve_udp(proxy.clone(), pod.clone(), sock));
+    }
+    for l in listeners.tcp {
+        all.spawn(serve_tcp(proxy.clone(), pod.clone(), l));
+    }
     tokio::select! {
         _ = drain.signaled() => {}
-        _ = serve_udp(proxy.clone(), pod.clone(), listeners.udp) => {}
-        _ = serve_tcp(proxy, pod, listeners.tcp) => {}
+        _ = all.join_next() => {}
     }
 }
 

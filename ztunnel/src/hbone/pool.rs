@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use h2::client::SendRequest;
 use h2::{RecvStream, SendStream};
-use rustls_pki_types::ServerName;
 use tracing::Instrument;
 
+use super::client::{revoked_server, CrlCheck, Handshaken};
 use super::error::HboneError;
-use super::tuning::{h2_sizes, tune_tls, PING_INTERVAL, PING_TIMEOUT};
+use super::tuning::{PING_INTERVAL, PING_TIMEOUT};
 use crate::identity::{CertManager, Identity};
 use crate::netns::InPodNetns;
 
@@ -62,7 +62,7 @@ struct Inner {
     next_id: AtomicU64,
     /// CRL_PATH's CRLs: a server they revoke is refused, and its connections are closed
     /// when a reload revokes it (counted in `metrics`).
-    crls: Option<(crate::tls::Crls, Arc<crate::metrics::Metrics>)>,
+    crls: Option<CrlCheck>,
 }
 
 type DialLock = Arc<tokio::sync::Mutex<Option<(Instant, String)>>>;
@@ -180,32 +180,8 @@ impl Pool {
             .connect(key.dst, None, self.inner.connect_timeout)
             .await
             .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
-        let crls = self.inner.crls.as_ref();
-        let cfg = crate::tls::client_config_with_crls(&cert.certified_key, &cert.cert.roots, key.dst_identities.clone(), crls.map(|(c, _)| c))?;
-        // Taken before the handshake: a CRL reload during it is checked against this server too.
-        let changes = crls.map(|(c, _)| c.changes());
-        let mut tls = match tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(ServerName::IpAddress(key.dst.ip().into()), tcp).await {
-            Ok(t) => t,
-            Err(source) => {
-                if let Some((_, metrics)) = crls.filter(|_| crate::tls::is_revoked(&source)) {
-                    metrics.crl_rejected("source");
-                }
-                return Err(HboneError::Tls { peer: peer.clone(), source });
-            }
-        };
-        let revoked = crls.zip(changes).map(|((c, metrics), changes)| {
-            let chain = tls.get_ref().1.peer_certificates().unwrap_or_default();
-            (crate::tls::PeerChain::new(c, changes, &cert.cert.roots, chain, crate::tls::PeerRole::Server), metrics.clone())
-        });
-        tune_tls(tls.get_mut().1);
-        let sizes = h2_sizes();
-        let (send, mut connection) = h2::client::Builder::new()
-            .initial_window_size(sizes.stream_window)
-            .initial_connection_window_size(sizes.connection_window)
-            .max_frame_size(sizes.max_frame)
-            .handshake::<_, Bytes>(tls)
-            .await
-            .map_err(|source| HboneError::H2 { peer: peer.clone(), source })?;
+        let Handshaken { send, mut connection, revoked } =
+            super::client::handshake(tcp, &peer, key.dst.ip(), &cert, key.dst_identities.clone(), self.inner.crls.as_ref()).await?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             id,
@@ -266,6 +242,28 @@ impl Pool {
                 keys.remove(key);
             }
         }
+    }
+
+    /// Double HBONE's inner tunnel: inside `outer` (a CONNECT stream to an east-west
+    /// gateway at `gateway`, as an `H2Stream`), a TLS session and HTTP/2 connection of its own as `src` to
+    /// the proxy the gateway forwards to, which must prove one of `expected`, carrying
+    /// `request`. Not pooled (each connection may reach another proxy behind the
+    /// gateway); within the connect timeout, as the outer CONNECT was.
+    pub async fn connect_through(
+        &self,
+        outer: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+        src: &Identity,
+        expected: Vec<Identity>,
+        gateway: SocketAddr,
+        request: http::Request<()>,
+    ) -> Result<(SendStream<Bytes>, RecvStream, super::client::OnceGuard), HboneError> {
+        let peer = format!("{} through gateway {gateway}", request.uri());
+        let after = self.inner.connect_timeout;
+        let connect = async {
+            let cert = self.inner.certs.fetch(src).await?;
+            super::client::connect_once(outer, &peer, gateway.ip(), &cert, expected, self.inner.crls.as_ref(), request).await
+        };
+        tokio::time::timeout(after, connect).await.unwrap_or_else(|_| Err(HboneError::Timeout { peer: peer.clone(), after }))
     }
 
     /// Opens one CONNECT stream; the tunnel is established once the peer answers 200.
@@ -346,17 +344,6 @@ fn copy_request(r: &http::Request<()>) -> http::Request<()> {
     *c.uri_mut() = r.uri().clone();
     *c.headers_mut() = r.headers().clone();
     c
-}
-
-/// Resolves once a CRL reload revokes the server's chain (never without CRLs).
-async fn revoked_server(watch: Option<(crate::tls::PeerChain, Arc<crate::metrics::Metrics>)>) -> Arc<crate::metrics::Metrics> {
-    match watch {
-        Some((chain, metrics)) => {
-            chain.revoked().await;
-            metrics
-        }
-        None => std::future::pending().await,
-    }
 }
 
 async fn keepalive(mut ping: Option<h2::PingPong>) {

@@ -17,13 +17,68 @@ pub enum BadConnect {
 /// The target of an HBONE request: it must be `CONNECT ip:port` (IPv6 in brackets).
 /// Anything else, headers included, is never used to decide where a tunnel goes.
 pub fn connect_target<B>(req: &http::Request<B>) -> Result<std::net::SocketAddr, BadConnect> {
+    match connect_authority(req)? {
+        HboneAddress::Addr(a) => Ok(a),
+        HboneAddress::Host(..) => Err(BadConnect::BadAuthority(req.uri().to_string())),
+    }
+}
+
+/// What a CONNECT names (Istio's HboneAddress): an `ip:port`, or a service's
+/// `hostname:port`, which is how double HBONE through an east-west gateway names its
+/// destination (the gateway, and the proxy behind it, pick the endpoint).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HboneAddress {
+    Addr(std::net::SocketAddr),
+    Host(String, u16),
+}
+
+impl From<std::net::SocketAddr> for HboneAddress {
+    fn from(a: std::net::SocketAddr) -> Self {
+        HboneAddress::Addr(a)
+    }
+}
+
+impl std::fmt::Display for HboneAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            // SocketAddr's Display brackets IPv6.
+            HboneAddress::Addr(a) => a.fmt(f),
+            HboneAddress::Host(h, p) => write!(f, "{h}:{p}"),
+        }
+    }
+}
+
+/// The target of an HBONE request that may name a service: `CONNECT ip:port` or
+/// `CONNECT hostname:port` (a DNS name, no user info). What the hostname may reach is
+/// for the caller to decide.
+pub fn connect_authority<B>(req: &http::Request<B>) -> Result<HboneAddress, BadConnect> {
     if req.method() != http::Method::CONNECT {
         return Err(BadConnect::NotConnect(req.method().to_string()));
     }
-    req.uri()
-        .authority()
-        .and_then(|a| a.as_str().parse().ok())
-        .ok_or_else(|| BadConnect::BadAuthority(req.uri().to_string()))
+    let bad = || BadConnect::BadAuthority(req.uri().to_string());
+    let authority = req.uri().authority().ok_or_else(bad)?.as_str();
+    if let Ok(a) = authority.parse() {
+        return Ok(HboneAddress::Addr(a));
+    }
+    let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    // An IP that did not parse with its port above, or anything but a DNS name: refused.
+    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') || crate::state::workload::validate_hostname(host).is_err() {
+        return Err(bad());
+    }
+    Ok(HboneAddress::Host(host.to_ascii_lowercase(), port))
+}
+
+/// The header Istio's ztunnel puts on double HBONE's inner CONNECT, naming the client's
+/// network (Istio's code calls it `x-istio-origin-network`; this is its name on the wire).
+/// A value other than the receiving proxy's own network says the connection came
+/// through a gateway: its source address is the gateway's, not the client's.
+pub const FORWARDED_NETWORK: &str = "x-forwarded-network";
+
+/// The network a CONNECT says its client is in (`x-forwarded-network`), if any.
+pub fn forwarded_network<B>(req: &http::Request<B>) -> Option<String> {
+    let v = req.headers().get(FORWARDED_NETWORK)?.to_str().ok()?;
+    Some(v.to_string())
 }
 
 /// The `forwarded` header a client side sends on CONNECT, as Istio's ztunnel: the
@@ -81,6 +136,21 @@ mod tests {
         for bad in ["echo.default:80", "10.0.0.1", "10.0.0.1:99999", "user@10.0.0.1:80"] {
             assert!(matches!(connect_target(&req("CONNECT", bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
         }
+    }
+
+    #[test]
+    fn connect_authorities_may_name_a_service() {
+        let req = |uri: &str| http::Request::builder().method("CONNECT").uri(uri).body(()).unwrap();
+        let host = |h: &str, p| Ok(HboneAddress::Host(h.into(), p));
+        assert_eq!(connect_authority(&req("10.0.0.1:8080")), Ok(HboneAddress::Addr("10.0.0.1:8080".parse().unwrap())));
+        assert_eq!(connect_authority(&req("echo.default.svc.cluster.local:80")), host("echo.default.svc.cluster.local", 80));
+        assert_eq!(connect_authority(&req("Echo.Default:80")), host("echo.default", 80));
+        assert_eq!(connect_authority(&req("echo.default:80")).unwrap().to_string(), "echo.default:80");
+        for bad in ["echo.default", "echo.default:99999", "user@echo.default:80", "10.0.0.1:99999", "[fd00::1]:x", "*.default:80", "a..b:80"] {
+            assert!(matches!(connect_authority(&req(bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
+        }
+        let get = http::Request::builder().method("GET").uri("http://echo.default:80/").body(()).unwrap();
+        assert!(matches!(connect_authority(&get), Err(BadConnect::NotConnect(_))));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! capture) and removal (capture first, a grace for connections already steered, then
 //! the listeners, then the rest of capture once its connections are done).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 
 use tokio::task::JoinSet;
@@ -13,7 +13,7 @@ use crate::capture::CaptureError;
 use crate::identity::manager::IdentityCert;
 use crate::netns::{InPodNetns, NetnsError};
 use crate::ports;
-use crate::state::{Workload, WorkloadUid};
+use crate::state::{PodIps, Workload, WorkloadUid};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
@@ -21,7 +21,7 @@ pub enum ProxyError {
     UnknownWorkload(WorkloadUid, std::time::Duration),
     #[error("workload {uid} runs on node {node:?}, not on this node {ours:?}; a node proxy only serves its own node's pods")]
     WrongNode { uid: WorkloadUid, node: String, ours: String },
-    #[error("workload {0} has no IPv4 address")]
+    #[error("workload {0} has no IP address this proxy serves (IPv6 ones only with IPV6_ENABLED, Istio's default); give the pod an address, or set IPV6_ENABLED=true")]
     NoAddress(WorkloadUid),
     #[error("cannot bind listener {addr} in pod {pod}: {source}")]
     Bind { pod: String, addr: SocketAddr, source: NetnsError },
@@ -57,14 +57,14 @@ impl EnrolledPod {
         // Steering goes first: no new connection reaches listeners about to close. Those
         // steered just before (handshake under way, or queued for accept) are still
         // accepted and served during a short grace instead of dying with the listener.
-        let stopped = self.inputs.capture.stop_steering(&self.pod.netns, self.pod.ipv4).await;
+        let stopped = self.inputs.capture.stop_steering(&self.pod.netns, self.pod.ips).await;
         tokio::time::sleep(REMOVAL_GRACE).await;
         self.tasks.shutdown().await;
         // Deliveries in flight need the local reply route until they end.
         if !self.pod.active.wait_idle(REMOVAL_DRAIN).await {
             tracing::warn!(uid = %self.pod.workload.uid, active = self.pod.active.active(), "pod removed with connections still open; they will break");
         }
-        let finished = self.inputs.capture.finish_removal(&self.pod.netns).await;
+        let finished = self.inputs.capture.finish_removal(&self.pod.netns, self.pod.ips).await;
         self.inputs.certs.release(&self.pod.identity);
         stopped?;
         Ok(finished?)
@@ -114,22 +114,22 @@ pub async fn enroll_workload(inputs: Arc<ProxyInputs>, wl: Arc<Workload>, netns:
     if wl.node != inputs.cfg.node_name {
         return Err(ProxyError::WrongNode { uid: uid.clone(), node: wl.node.clone(), ours: inputs.cfg.node_name.clone() });
     }
-    let ipv4 = wl
-        .workload_ips
-        .iter()
-        .find_map(|ip| match ip {
-            IpAddr::V4(v4) => Some(*v4),
-            IpAddr::V6(_) => None,
-        })
-        .ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
-    let ip = IpAddr::V4(ipv4);
+    // As Istio: IPv6 may be on in general but off in the pod (its loopback has none,
+    // so no [::1] listener); then its IPv6 is not served, which fails closed.
+    let ipv6 = inputs.cfg.ipv6_enabled && {
+        let on = netns.run(crate::netns::ipv6_on_loopback).unwrap_or(false);
+        if !on && wl.workload_ips.iter().any(|ip| ip.is_ipv6()) {
+            tracing::warn!(uid = %uid, netns = netns.name(), "IPv6 is off on the pod's loopback: its IPv6 address is not served (its IPv6 traffic is refused)");
+        }
+        on
+    };
+    let ips = PodIps::of(&wl.workload_ips, ipv6).ok_or_else(|| ProxyError::NoAddress(uid.clone()))?;
     let identity = wl.identity();
     inputs.certs.allow(&identity);
     let pod = LocalPod {
         workload: wl,
         identity: identity.clone(),
-        ip,
-        ipv4,
+        ips,
         netns: netns.clone(),
         active: Default::default(),
         inbound: Default::default(),
@@ -147,18 +147,24 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     let bind = |addr: SocketAddr| {
         pod.netns.listen(addr, false).map_err(|source| ProxyError::Bind { pod: pod.netns.name().to_string(), addr, source })
     };
-    let any = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
-    // Outbound is only reached through REDIRECT, which targets loopback.
-    let outbound = bind(SocketAddr::new(Ipv4Addr::LOCALHOST.into(), ports::OUTBOUND))?;
+    // One listener per family (an IPv6 one takes IPv6 only), IPv4 always: loopback has it
+    // even in an IPv6-only pod, and v4-mapped connects from dual-stack sockets land there.
+    // IPv6 ones for a pod with an IPv6 address this proxy serves.
+    let families: Vec<IpAddr> = std::iter::once(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        .chain(pod.ips.v6.map(|_| IpAddr::V6(Ipv6Addr::UNSPECIFIED)))
+        .collect();
+    let loopback = |any: &IpAddr| if any.is_ipv4() { IpAddr::V4(Ipv4Addr::LOCALHOST) } else { IpAddr::V6(Ipv6Addr::LOCALHOST) };
+    // Outbound is only reached through REDIRECT or eBPF's connect hooks, which target loopback.
+    let outbound = families.iter().map(|any| bind(SocketAddr::new(loopback(any), ports::OUTBOUND))).collect::<Result<Vec<_>, _>>()?;
     // Inbound listeners are transparent so that TPROXY rules (istio-cni's in-pod capture,
     // with `--capture none`) can deliver to them; REDIRECT and sk_lookup don't mind.
     let bind_transparent = |addr: SocketAddr| {
         pod.netns.listen(addr, true).map_err(|source| ProxyError::Bind { pod: pod.netns.name().to_string(), addr, source })
     };
-    let hbone = bind_transparent(SocketAddr::new(any, ports::HBONE))?;
-    let plaintext = bind_transparent(SocketAddr::new(any, ports::INBOUND_PLAINTEXT))?;
+    let hbone = families.iter().map(|any| bind_transparent(SocketAddr::new(*any, ports::HBONE))).collect::<Result<Vec<_>, _>>()?;
+    let plaintext = families.iter().map(|any| bind_transparent(SocketAddr::new(*any, ports::INBOUND_PLAINTEXT))).collect::<Result<Vec<_>, _>>()?;
     let dns = match &inputs.dns {
-        Some(d) => Some((d.clone(), crate::dns::server::bind(&pod.netns)?)),
+        Some(d) => Some((d.clone(), crate::dns::server::bind(&pod.netns, pod.ips.v6.is_some())?)),
         None => None,
     };
     let tls = Arc::new(crate::tls::server_config_with_crls(
@@ -179,16 +185,32 @@ async fn start(inputs: Arc<ProxyInputs>, pod: LocalPod) -> Result<EnrolledPod, P
     // Listeners exist (and queue connections) before capture steers anything to them.
     // On failure capture is left as it is (fail closed): the pod may have been captured
     // before this proxy started, and a retried Add or a Del settles it.
-    inputs.capture.install(&pod.netns, pod.ipv4, &plaintext).await?;
+    // Each pod address with the 15006 listener of its family.
+    let steered: Vec<(IpAddr, &tokio::net::TcpListener)> = pod
+        .ips
+        .iter()
+        .filter_map(|ip| Some((ip, families.iter().zip(&plaintext).find(|(any, _)| any.is_ipv6() == ip.is_ipv6())?.1)))
+        .collect();
+    inputs.capture.install(&pod.netns, &steered).await?;
     let mut tasks = JoinSet::new();
-    tasks.spawn(super::outbound::serve(inputs.clone(), pod.clone(), outbound));
-    tasks.spawn(super::inbound::serve(inputs.clone(), pod.clone(), hbone, tls));
-    tasks.spawn(super::inbound_passthrough::serve(inputs.clone(), pod.clone(), plaintext));
+    for l in outbound {
+        tasks.spawn(super::outbound::serve(inputs.clone(), pod.clone(), l));
+    }
+    for l in hbone {
+        tasks.spawn(super::inbound::serve(inputs.clone(), pod.clone(), l, tls.clone()));
+    }
+    for l in plaintext {
+        tasks.spawn(super::inbound_passthrough::serve(inputs.clone(), pod.clone(), l));
+    }
     tasks.spawn(recheck_on_change(inputs.state.clone(), pod.clone()));
     if let Some((dns, listeners)) = dns {
         tasks.spawn(crate::dns::server::serve(dns, pod.clone(), listeners, inputs.drain.clone()));
     }
-    tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ip, netns = pod.netns.name(), "pod enrolled");
+    tracing::info!(uid = %pod.workload.uid, identity = %pod.identity, ip = %pod.ips, netns = pod.netns.name(), "pod enrolled");
+    if pod.workload.network != inputs.cfg.network {
+        tracing::warn!(uid = %pod.workload.uid, workload.network = %pod.workload.network, node.network = %inputs.cfg.network,
+            "the pod's workload is in another network than this node (NETWORK): addresses are looked up in the node's; set NETWORK to the network of the node's pods");
+    }
     let _active = inputs.metrics.workload_manager.started();
     let _listed = inputs.workload_states.up(&pod);
     Ok(EnrolledPod { pod, tasks, inputs, _active, _listed })

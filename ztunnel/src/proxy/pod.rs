@@ -2,20 +2,20 @@
 //! inbound ones are re-checked against policy whenever the mesh state changes; both
 //! are listed in the admin dump.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::identity::Identity;
 use crate::netns::InPodNetns;
-use crate::state::{MeshState, SharedState, Workload};
+use crate::state::{MeshState, PodIps, SharedState, Workload};
 
 /// The local workload a listener serves.
 #[derive(Clone)]
 pub struct LocalPod {
     pub workload: Arc<Workload>,
     pub identity: Identity,
-    pub ip: IpAddr,
-    pub ipv4: Ipv4Addr,
+    /// The addresses this proxy serves (and capture steers) for the pod.
+    pub ips: PodIps,
     pub netns: InPodNetns,
     /// This pod's in-flight connections, which its removal lets finish.
     pub active: Arc<crate::drain::Drain>,
@@ -45,10 +45,11 @@ pub struct InboundView {
 }
 
 /// Open connections of one kind, by registration order; each stays listed while its
-/// guard lives.
+/// guard lives. Entries are boxed: a B-tree node has room for 11 of them and is often
+/// half full, and every open connection pays for its entry's share of that room.
 pub struct Registry<T> {
     next: std::sync::atomic::AtomicU64,
-    open: std::sync::Mutex<std::collections::BTreeMap<u64, T>>,
+    open: std::sync::Mutex<std::collections::BTreeMap<u64, Box<T>>>,
 }
 
 impl<T> Default for Registry<T> {
@@ -70,13 +71,13 @@ impl<T> Drop for Listed<T> {
 }
 
 impl<T> Registry<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, T>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<u64, Box<T>>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn insert(self: &Arc<Self>, entry: T) -> Listed<T> {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.lock().insert(id, entry);
+        self.lock().insert(id, Box::new(entry));
         Listed { registry: self.clone(), id }
     }
 }
@@ -152,7 +153,7 @@ impl Registry<OutboundView> {
 
     /// The open connections, oldest first.
     pub fn snapshot(&self) -> Vec<OutboundView> {
-        self.lock().values().cloned().collect()
+        self.lock().values().map(|v| (**v).clone()).collect()
     }
 }
 
@@ -171,5 +172,5 @@ pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
 
 /// Whether an original destination points back at this pod's proxy listeners.
 pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
-    crate::ports::is_proxy_port(dst.port()) && (dst.ip() == pod.ip || dst.ip().is_loopback() || dst.ip().is_unspecified())
+    crate::ports::is_proxy_port(dst.port()) && (pod.ips.contains(dst.ip()) || dst.ip().is_loopback() || dst.ip().is_unspecified())
 }

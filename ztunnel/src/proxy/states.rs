@@ -128,8 +128,7 @@ mod tests {
         w.service_account = "sa".into();
         LocalPod {
             identity: w.identity(),
-            ip: "10.0.0.1".parse().unwrap(),
-            ipv4: "10.0.0.1".parse().unwrap(),
+            ips: crate::state::PodIps { v4: Some("10.0.0.1".parse().unwrap()), v6: None },
             workload: Arc::new(w),
             netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net")).unwrap(),
             active: Default::default(),

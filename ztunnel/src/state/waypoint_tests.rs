@@ -84,15 +84,15 @@ fn a_pod_is_the_waypoint_of_what_names_it() {
     let st = with_destinations("");
     let (wp, wp2) = (wl(&st, "wp"), wl(&st, "wp2"));
     // A service naming the waypoint's Service by hostname, a workload naming the pod's IP.
-    assert!(st.is_waypoint_of(ip("10.96.0.10"), wp));
-    assert!(st.is_waypoint_of(ip("10.0.0.4"), wp));
+    assert!(st.is_waypoint_of("", ip("10.96.0.10"), wp));
+    assert!(st.is_waypoint_of("", ip("10.0.0.4"), wp));
     // Both of a weighted set serve it, the canary too (named only in the set).
-    assert!(st.is_waypoint_of(ip("10.96.0.12"), wp) && st.is_waypoint_of(ip("10.96.0.12"), wp2));
+    assert!(st.is_waypoint_of("", ip("10.96.0.12"), wp) && st.is_waypoint_of("", ip("10.96.0.12"), wp2));
     // Not: another waypoint's destinations, destinations without a waypoint, unknown ones.
-    assert!(!st.is_waypoint_of(ip("10.96.0.10"), wp2));
-    assert!(!st.is_waypoint_of(ip("10.0.0.4"), wp2));
-    assert!(!st.is_waypoint_of(ip("10.96.0.11"), wp));
-    assert!(!st.is_waypoint_of(ip("192.0.2.1"), wp));
+    assert!(!st.is_waypoint_of("", ip("10.96.0.10"), wp2));
+    assert!(!st.is_waypoint_of("", ip("10.0.0.4"), wp2));
+    assert!(!st.is_waypoint_of("", ip("10.96.0.11"), wp));
+    assert!(!st.is_waypoint_of("", ip("192.0.2.1"), wp));
 }
 
 #[test]
@@ -103,18 +103,18 @@ fn joining_the_waypoint_service_or_sharing_its_identity_alone_makes_no_waypoint(
         "- {uid: intruder, name: intruder, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.3], protocol: HBONE,
    services: {default/waypoint.default.svc.cluster.local: {15008: 15008}}}",
     );
-    assert!(!st.is_waypoint_of(ip("10.96.0.10"), wl(&st, "intruder")));
-    assert!(!st.is_waypoint_of(ip("10.96.0.10"), wl(&st, "wp")));
+    assert!(!st.is_waypoint_of("", ip("10.96.0.10"), wl(&st, "intruder")));
+    assert!(!st.is_waypoint_of("", ip("10.96.0.10"), wl(&st, "wp")));
     // The waypoint's identity without being named by the destination: not its waypoint.
     let st = with_destinations("- {uid: twin, name: twin, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.5], protocol: HBONE}");
-    assert!(!st.is_waypoint_of(ip("10.96.0.10"), wl(&st, "twin")));
-    assert!(!st.is_waypoint_of(ip("10.0.0.4"), wl(&st, "twin")));
+    assert!(!st.is_waypoint_of("", ip("10.96.0.10"), wl(&st, "twin")));
+    assert!(!st.is_waypoint_of("", ip("10.0.0.4"), wl(&st, "twin")));
 }
 
 #[test]
 fn a_weighted_set_is_picked_by_weight_else_the_primary() {
     let st = with_destinations("");
-    let split = st.service_by_vip(ip("10.96.0.12")).unwrap();
+    let split = st.service_by_vip("", ip("10.96.0.12")).unwrap();
     let at = |p| pick_waypoint_at(split, p).map(|g| g.destination.to_string());
     // Points 0..90 are the primary's, 90..100 the canary's.
     assert_eq!(at(0).as_deref(), Some("/10.96.0.99"));
@@ -132,7 +132,7 @@ fn a_weighted_set_is_picked_by_weight_else_the_primary() {
     assert_eq!(pick_waypoint(&s).map(|g| g.destination.to_string()).as_deref(), Some("/10.96.0.99"));
     s.waypoint = None;
     assert_eq!(pick_waypoint(&s), None);
-    let echo = st.service_by_vip(ip("10.96.0.10")).unwrap();
+    let echo = st.service_by_vip("", ip("10.96.0.10")).unwrap();
     assert_eq!(pick_waypoint(echo), echo.waypoint.as_ref());
-    assert_eq!(pick_waypoint(st.service_by_vip(ip("10.96.0.11")).unwrap()), None);
+    assert_eq!(pick_waypoint(st.service_by_vip("", ip("10.96.0.11")).unwrap()), None);
 }

@@ -6,8 +6,7 @@ use std::net::IpAddr;
 
 use serde::Deserialize;
 
-use super::address::NetworkAddress;
-use crate::cidr::Cidr;
+use super::address::{NetworkAddress, NetworkCidr};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::ports;
 
@@ -43,10 +42,10 @@ pub enum Protocol {
     HBONE,
 }
 
-/// Where a destination's waypoint is (Istio's GatewayAddress). `destination` is
-/// `"<network>/<ip>"` (the waypoint workload's IP or its Service's VIP) or
-/// `"<namespace>/<hostname>"` (its Service); HBONE goes to a waypoint workload on
-/// `hboneMtlsPort`.
+/// Where a destination's waypoint or network gateway is (Istio's GatewayAddress).
+/// `destination` is `"<network>/<ip>"` (the workload's IP or its Service's VIP, in that
+/// network) or `"<namespace>/<hostname>"` (its Service); HBONE goes to one of its
+/// workloads on `hboneMtlsPort`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GatewayAddress {
@@ -55,7 +54,7 @@ pub struct GatewayAddress {
     pub hbone_mtls_port: u16,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum GatewayDestination {
     Address(NetworkAddress),
     Hostname(NamespacedHostname),
@@ -69,7 +68,7 @@ impl<'de> Deserialize<'de> for GatewayDestination {
             Some((_, last)) if last.parse::<IpAddr>().is_err() => {
                 if s.split('/').count() != 2 || s.starts_with('/') || last.is_empty() {
                     return Err(serde::de::Error::custom(format!(
-                        "invalid waypoint {s:?}: expected \"<network>/<ip>\" or \"<namespace>/<hostname>\""
+                        "invalid gateway address {s:?}: expected \"<network>/<ip>\" or \"<namespace>/<hostname>\""
                     )));
                 }
                 Ok(GatewayDestination::Hostname(NamespacedHostname(s)))
@@ -147,8 +146,15 @@ pub struct Workload {
     pub protocol: Protocol,
     #[serde(default)]
     pub node: String,
+    /// The network the workload is in (Istio's `topology.istio.io/network`): its
+    /// addresses are unique only within it, and a proxy of another network reaches it
+    /// through its `network_gateway`.
     #[serde(default)]
     pub network: String,
+    /// Istio's `network_gateway`: the east-west gateway a proxy of another network
+    /// reaches this workload through (double HBONE); None: not reachable from there.
+    #[serde(default)]
+    pub network_gateway: Option<GatewayAddress>,
     /// `ns/hostname` -> { service port: target port }
     #[serde(default)]
     pub services: HashMap<NamespacedHostname, BTreeMap<u16, u16>>,
@@ -256,6 +262,7 @@ impl Workload {
             protocol: Protocol::default(),
             node: String::new(),
             network: String::new(),
+            network_gateway: None,
             services: HashMap::new(),
             canonical_name: String::new(),
             canonical_revision: String::new(),
@@ -311,6 +318,59 @@ impl Workload {
     pub fn has_address(&self) -> bool {
         !self.workload_ips.is_empty() || !self.hostname.is_empty()
     }
+
+    /// The address a connection whose original destination was `original` goes to, as
+    /// Istio's ztunnel picks it among the addresses `family` allows (a service's IP
+    /// families; None: all): `original` itself when it is one of them (the pod dialed by
+    /// address), else the first of `original`'s family (a dual-stack pod keeps the
+    /// client's family), else the first (a single-stack pod, whatever the client used).
+    pub fn address_for(&self, original: IpAddr, family: Option<IpFamily>) -> Option<IpAddr> {
+        let allowed = |ip: &&IpAddr| family.is_none_or(|f| f.accepts(**ip));
+        let mut ips = self.workload_ips.iter().filter(allowed);
+        if self.workload_ips.contains(&original) && allowed(&&original) {
+            return Some(original);
+        }
+        let first = ips.clone().next().copied();
+        ips.find(|ip| ip.is_ipv6() == original.is_ipv6()).copied().or(first)
+    }
+}
+
+/// Istio's IP families of a service (the Kubernetes Service's `ipFamilies`): which of an
+/// endpoint's addresses may carry the service's traffic. A single-stack service of a
+/// dual-stack pod must not be reached on the pod's other address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub enum IpFamily {
+    IPv4,
+    IPv6,
+    Dual,
+}
+
+impl IpFamily {
+    pub fn accepts(self, ip: IpAddr) -> bool {
+        match self {
+            IpFamily::IPv4 => ip.is_ipv4(),
+            IpFamily::IPv6 => ip.is_ipv6(),
+            IpFamily::Dual => true,
+        }
+    }
+
+    /// Istio's name in `/config_dump`.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::IPv4 => "IPv4",
+            IpFamily::IPv6 => "IPv6",
+            IpFamily::Dual => "Dual",
+        }
+    }
+}
+
+/// Checks a network name (shared by the config file and xDS): Istio's networks are label
+/// values; a '/' would make `"<network>/<ip>"` ambiguous.
+pub fn validate_network(n: &str) -> Result<(), String> {
+    if n.contains('/') || n.chars().any(char::is_control) {
+        return Err(format!("{n:?} must be without '/' or control characters"));
+    }
+    Ok(())
 }
 
 /// Checks a workload `hostname` (shared by the config file and xDS): a DNS name of
@@ -363,9 +423,10 @@ pub struct Service {
     #[serde(default)]
     pub ingress_use_waypoint: bool,
     /// VIP ranges (Istio's CIDR VIPs, `NetworkAddress.length`): every address in them
-    /// is this service's, unless an exact VIP or a longer range says otherwise.
+    /// (in their network) is this service's, unless an exact VIP or a longer range says
+    /// otherwise.
     #[serde(default)]
-    pub cidr_vips: Vec<Cidr>,
+    pub cidr_vips: Vec<NetworkCidr>,
     #[serde(default)]
     pub load_balancer: Option<LoadBalancer>,
     /// service port -> the protocol istiod derived from the Kubernetes port's name or
@@ -373,6 +434,10 @@ pub struct Service {
     /// waypoint uses it, to pick the upstream HTTP version.
     #[serde(default)]
     pub app_protocols: BTreeMap<u16, AppProtocol>,
+    /// Istio's `ip_families` (istiod's AUTOMATIC is None): which endpoint addresses may
+    /// carry this service's traffic (`Workload::address_for`).
+    #[serde(default)]
+    pub ip_families: Option<IpFamily>,
 }
 
 /// Istio's AppProtocol of a service port.
@@ -513,5 +578,26 @@ mod tests {
         );
         w.workload_type = "cronjob".into();
         assert!(w.baggage().contains("k8s.cronjob.name=echo"));
+    }
+
+    #[test]
+    fn address_for_prefers_the_dialed_address_then_its_family() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let mut w = Workload::new("u", "n", "ns");
+        w.workload_ips = vec![ip("10.0.0.1"), ip("10.0.0.2"), ip("fd00::1"), ip("fd00::2")];
+        assert_eq!(w.address_for(ip("10.0.0.2"), None), Some(ip("10.0.0.2")));
+        assert_eq!(w.address_for(ip("fd00::2"), None), Some(ip("fd00::2")));
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("10.0.0.1")));
+        assert_eq!(w.address_for(ip("fd00:96::1"), None), Some(ip("fd00::1")));
+        // The families a service allows come first, even over the dialed address.
+        assert_eq!(w.address_for(ip("fd00::2"), Some(IpFamily::IPv4)), Some(ip("10.0.0.1")));
+        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::IPv6)), Some(ip("fd00::1")));
+        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::Dual)), Some(ip("10.0.0.2")));
+        // Single stack: its address, whatever the family asked for; nothing allowed: none.
+        w.workload_ips = vec![ip("fd00::1")];
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("fd00::1")));
+        assert_eq!(w.address_for(ip("10.96.0.1"), Some(IpFamily::IPv4)), None);
+        w.workload_ips.clear();
+        assert_eq!(w.address_for(ip("10.96.0.1"), None), None);
     }
 }

@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
     WorkloadUid,
 };
 
@@ -94,6 +94,7 @@ fn gateway(g: Option<pb::GatewayAddress>, field: &str) -> Result<Option<GatewayA
     let Some(g) = g else { return Ok(None) };
     let destination = match g.destination {
         Some(pb::gateway_address::Destination::Address(a)) => {
+            crate::state::workload::validate_network(&a.network).map_err(|e| format!("{field}.address.network: {e}"))?;
             GatewayDestination::Address(NetworkAddress { network: a.network, address: ip(&a.address, field)? })
         }
         Some(pb::gateway_address::Destination::Hostname(h)) => {
@@ -102,8 +103,9 @@ fn gateway(g: Option<pb::GatewayAddress>, field: &str) -> Result<Option<GatewayA
             }
             GatewayDestination::Hostname(NamespacedHostname(format!("{}/{}", h.namespace, h.hostname)))
         }
-        // A waypoint with no destination: refusing it is safer than routing around it.
-        None => return Err(format!("{field}: a waypoint needs an address or a hostname")),
+        // A waypoint or gateway with no destination: refusing it is safer than routing
+        // around it.
+        None => return Err(format!("{field}: needs an address or a hostname")),
     };
     let hbone_mtls_port = match g.hbone_mtls_port {
         0 => crate::ports::HBONE,
@@ -153,6 +155,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
     if !w.hostname.is_empty() {
         crate::state::workload::validate_hostname(&w.hostname).map_err(|e| at(&format!("hostname: {e}")))?;
     }
+    crate::state::workload::validate_network(&w.network).map_err(|e| at(&format!("network: {e}")))?;
     let mut services = HashMap::new();
     for (key, list) in &w.services {
         if key.split_once('/').is_none_or(|(ns, host)| ns.is_empty() || host.is_empty()) {
@@ -192,6 +195,7 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
     Ok(Workload {
         application_tunnel,
         waypoint: gateway(w.waypoint, &at("waypoint"))?,
+        network_gateway: gateway(w.network_gateway, &at("network_gateway"))?,
         uid: WorkloadUid(w.uid),
         name: w.name,
         namespace: w.namespace,
@@ -226,6 +230,7 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
     let (mut vips, mut cidr_vips) = (Vec::new(), Vec::new());
     for a in &s.addresses {
         let address = ip(&a.address, &at("addresses"))?;
+        crate::state::workload::validate_network(&a.network).map_err(|e| at(&format!("addresses.network: {e}")))?;
         let full = if address.is_ipv4() { 32 } else { 128 };
         match a.length {
             Some(len) if len != full => {
@@ -233,7 +238,7 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
                     .ok()
                     .and_then(|l| IpNet::new(address, l).ok())
                     .ok_or_else(|| at(&format!("addresses: prefix length {len} does not fit {address}")))?;
-                cidr_vips.push(Cidr(net));
+                cidr_vips.push(NetworkCidr { network: a.network.clone(), cidr: Cidr(net) });
             }
             _ => vips.push(NetworkAddress { network: a.network.clone(), address }),
         }
@@ -265,7 +270,16 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         let destination = gateway(w.destination, &field)?.ok_or_else(|| format!("{field}: a weighted waypoint needs a destination"))?;
         weighted_waypoints.push(WeightedWaypoint { destination, weight: w.weight });
     }
+    let ip_families = match pb::IpFamilies::try_from(s.ip_families) {
+        Ok(pb::IpFamilies::Automatic) => None,
+        Ok(pb::IpFamilies::Ipv4Only) => Some(IpFamily::IPv4),
+        Ok(pb::IpFamilies::Ipv6Only) => Some(IpFamily::IPv6),
+        Ok(pb::IpFamilies::Dual) => Some(IpFamily::Dual),
+        // Guessing could send the traffic over a family the service does not have.
+        Err(_) => return Err(at(&format!("ip_families: unknown value {}", s.ip_families))),
+    };
     Ok(Service {
+        ip_families,
         app_protocols,
         ports: port_map(&s.ports, &at("ports"))?,
         waypoint: gateway(s.waypoint, &at("waypoint"))?,
@@ -449,7 +463,7 @@ mod tests {
             (pb::Workload { tunnel_protocol: 9, ..pb_workload("x", [1, 1, 1, 1]) }, "tunnel_protocol: unknown"),
             (
                 pb::Workload { waypoint: Some(pb::GatewayAddress { destination: None, hbone_mtls_port: 15008 }), ..pb_workload("x", [1, 1, 1, 1]) },
-                "waypoint: a waypoint needs",
+                "waypoint: needs an address or a hostname",
             ),
             (pb::Workload { hostname: "*.example.com".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "hostname: \"*.example.com\" is not a DNS name"),
             (pb::Workload { hostname: "a..b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "hostname:"),
@@ -459,6 +473,57 @@ mod tests {
             assert!(e.contains(want), "{e} (want {want})");
         }
         assert!(decode_address(b"\xff\xff\xff").unwrap_err().contains("cannot decode"));
+    }
+
+    #[test]
+    fn network_and_network_gateway_convert_and_bad_ones_are_refused() {
+        let by_ip = pb::GatewayAddress {
+            destination: Some(pb::gateway_address::Destination::Address(pb::NetworkAddress { network: "net-b".into(), address: vec![172, 18, 0, 9], length: None })),
+            hbone_mtls_port: 15008,
+        };
+        // Istio's remote endpoint (a split-horizon workload): no address, a network, a gateway.
+        let remote = pb::Workload { network: "net-b".into(), addresses: Vec::new(), network_gateway: Some(by_ip.clone()), ..pb_workload("r", [0, 0, 0, 0]) };
+        let w = workload(remote).unwrap();
+        assert_eq!((w.network.as_str(), w.workload_ips.len()), ("net-b", 0));
+        let g = w.network_gateway.unwrap();
+        assert_eq!((g.destination.to_string(), g.hbone_mtls_port), ("net-b/172.18.0.9".to_string(), 15008));
+        let by_name = pb::GatewayAddress {
+            destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
+                namespace: "istio-system".into(),
+                hostname: "eastwest.istio-system.svc.cluster.local".into(),
+            })),
+            hbone_mtls_port: 0,
+        };
+        let g = workload(pb::Workload { network_gateway: Some(by_name), ..pb_workload("x", [1, 1, 1, 1]) }).unwrap().network_gateway.unwrap();
+        assert_eq!((g.destination.to_string(), g.hbone_mtls_port), ("istio-system/eastwest.istio-system.svc.cluster.local".to_string(), 15008));
+        // Istio's field number for network_gateway (19, a message).
+        let only = pb::Workload { network_gateway: Some(pb::GatewayAddress { destination: None, hbone_mtls_port: 1 }), ..Default::default() };
+        assert_eq!(prost::Message::encode_to_vec(&only), [0x80 | (19 << 3 | 2) & 0x7f, (19 << 3 | 2) >> 7, 2, 3 << 3, 1]);
+        let cases: Vec<(pb::Workload, &str)> = vec![
+            (pb::Workload { network_gateway: Some(pb::GatewayAddress { destination: None, hbone_mtls_port: 0 }), ..pb_workload("x", [1, 1, 1, 1]) }, "network_gateway: needs an address or a hostname"),
+            (pb::Workload { network_gateway: Some(pb::GatewayAddress { hbone_mtls_port: 70000, ..by_ip.clone() }), ..pb_workload("x", [1, 1, 1, 1]) }, "network_gateway.hbone_mtls_port"),
+            (pb::Workload { network: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "network: \"a/b\""),
+        ];
+        for (w, want) in cases {
+            let e = workload(w).unwrap_err();
+            assert!(e.contains(want), "{e} (want {want})");
+        }
+        let bad_vip = pb::Service {
+            name: "s".into(),
+            namespace: "n".into(),
+            hostname: "s.n".into(),
+            addresses: vec![pb::NetworkAddress { network: "x\ny".into(), address: vec![10, 0, 0, 1], length: None }],
+            ..Default::default()
+        };
+        assert!(service(bad_vip).unwrap_err().contains("addresses.network"));
+        let cidr = pb::Service {
+            name: "s".into(),
+            namespace: "n".into(),
+            hostname: "s.n".into(),
+            addresses: vec![pb::NetworkAddress { network: "net-b".into(), address: vec![10, 200, 0, 0], length: Some(16) }],
+            ..Default::default()
+        };
+        assert_eq!(service(cidr).unwrap().cidr_vips[0].to_string(), "net-b/10.200.0.0/16");
     }
 
     #[test]
@@ -515,7 +580,7 @@ mod tests {
         assert!(err.contains("weighted_waypoints[0].destination: a weighted waypoint needs a destination"), "{err}");
         let empty = pb::GatewayAddress { destination: None, hbone_mtls_port: 0 };
         let err = service(pb::Service { weighted_waypoints: vec![pb::WeightedWaypoint { destination: Some(empty), weight: 1 }], ..base }).unwrap_err();
-        assert!(err.contains("weighted_waypoints[0].destination: a waypoint needs an address or a hostname"), "{err}");
+        assert!(err.contains("weighted_waypoints[0].destination: needs an address or a hostname"), "{err}");
     }
 
     #[test]
@@ -550,6 +615,14 @@ mod tests {
         assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
         let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
         assert!(bad.unwrap_err().contains("subject_alt_names"));
+        // Istio's IP families (field 9): AUTOMATIC is none; a value we do not know is refused.
+        assert_eq!(s.ip_families, None);
+        let fam = |v: i32| service(pb::Service { hostname: "h".into(), namespace: "n".into(), ip_families: v, ..Default::default() });
+        assert_eq!(fam(pb::IpFamilies::Ipv4Only as i32).unwrap().ip_families, Some(IpFamily::IPv4));
+        assert_eq!(fam(pb::IpFamilies::Ipv6Only as i32).unwrap().ip_families, Some(IpFamily::IPv6));
+        assert_eq!(fam(pb::IpFamilies::Dual as i32).unwrap().ip_families, Some(IpFamily::Dual));
+        assert!(fam(9).unwrap_err().contains("ip_families: unknown value 9"));
+        assert_eq!(prost::Message::encode_to_vec(&pb::Service { ip_families: 3, ..Default::default() }), [9 << 3, 3]);
         // Found by the xds_resources fuzzer (fuzz/regressions/xds_resources/service-port-0):
         // service port 0 with target 0 made an endpoint target port 0.
         let zero = vec![pb::Port { service_port: 0, target_port: 0, app_protocol: 0 }];
@@ -571,7 +644,7 @@ mod tests {
             ..base.clone()
         })
         .unwrap();
-        assert_eq!(s.cidr_vips, vec!["10.200.0.0/16".parse::<Cidr>().unwrap()]);
+        assert_eq!(s.cidr_vips, vec![NetworkCidr { network: String::new(), cidr: "10.200.0.0/16".parse::<Cidr>().unwrap() }]);
         assert_eq!(s.vips.len(), 2, "a full-length prefix is a plain VIP");
         let lb = s.load_balancer.unwrap();
         assert_eq!((lb.mode, lb.health_policy), (LoadBalancerMode::Passthrough, LoadBalancerHealthPolicy::AllowAll));

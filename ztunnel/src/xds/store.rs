@@ -193,11 +193,11 @@ mod tests {
     }
 
     fn owner_of_ip(store: &Store, ip: [u8; 4]) -> String {
-        store.state.load().workload_by_ip(ip.into()).map(|w| w.uid.0.clone()).unwrap_or_default()
+        store.state.load().workload_by_ip("", ip.into()).map(|w| w.uid.0.clone()).unwrap_or_default()
     }
 
     fn owner_of_vip(store: &Store, ip: [u8; 4]) -> String {
-        store.state.load().service_by_vip(ip.into()).map(|s| s.namespaced_hostname().0).unwrap_or_default()
+        store.state.load().service_by_vip("", ip.into()).map(|s| s.namespaced_hostname().0).unwrap_or_default()
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! Simulated cluster on network namespaces for end-to-end tests and the demo.
 //!
-//! | what            | netns            | address                               |
-//! |-----------------|------------------|---------------------------------------|
-//! | the network     | `{p}-wire`       | bridge br0                            |
-//! | node i          | `{p}-n{i}`       | eth0 10.0.0.i/24 (the node link)      |
-//! | pod j on node i | `{p}-n{i}p{j}`   | eth0 10.10.i.(10+j)/32, gw 169.254.1.1 |
+//! | what            | netns            | address (IPv4; IPv6)                                    |
+//! |-----------------|------------------|---------------------------------------------------------|
+//! | the network     | `{p}-wire`       | bridge br0                                              |
+//! | node i          | `{p}-n{i}`       | eth0 10.0.0.i/24; fd00::i/64 (the node link)            |
+//! | pod j on node i | `{p}-n{i}p{j}`   | eth0 10.10.i.(10+j)/32, gw 169.254.1.1; fd00:10:i::(10+j)/128, gw fe80::1 |
 //!
-//! Nodes route their pods' /32s to the pod veths and other nodes' 10.10.k.0/24 via
-//! 10.0.0.k. Everything is removed on drop, also when a test panics.
-#![allow(dead_code)]
+//! Nodes route their pods' /32s (/128s) to the pod veths and other nodes' 10.10.k.0/24
+//! (fd00:10:k::/64) via 10.0.0.k (fd00::k). `ZTUNNEL_TEST_IP_FAMILY` (v4, the default; v6;
+//! dual) picks which of the two each pod and node gets ([`ip_family`]); suites that honour
+//! it (l4) take addresses from the topology (`Pod::ip`, [`vip`], [`vips_yaml`]) rather
+//! than writing them. Everything is removed on drop, also when a test panics.
+//!
+//! `Topology::build_networks` splits the nodes into networks joined only through a
+//! gateway netns `{p}-gw` (see there).
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -59,8 +64,15 @@ impl Netns {
         })
     }
 
+    /// A listener on every address of the tests' family (IPv6 and dual: `[::]`, which
+    /// takes IPv4 too, v4-mapped).
     pub fn listen(&self, port: u16) -> Result<TcpListener> {
-        let l = self.run(|| std::net::TcpListener::bind(("0.0.0.0", port)))??;
+        let any: IpAddr = if ip_family() == IpFamily::V4 { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        self.listen_on(SocketAddr::new(any, port))
+    }
+
+    pub fn listen_on(&self, addr: SocketAddr) -> Result<TcpListener> {
+        let l = self.run(|| std::net::TcpListener::bind(addr))??;
         l.set_nonblocking(true)?;
         Ok(TcpListener::from_std(l)?)
     }
@@ -175,8 +187,78 @@ pub fn wait_for(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) -> R
 pub struct Pod {
     pub name: String,
     pub node: usize,
-    pub ip: Ipv4Addr,
+    /// The address tests reach the pod at: its IPv4 one in a v4 topology, its IPv6 one
+    /// in a v6 or dual-stack one.
+    pub ip: IpAddr,
+    /// All its addresses (dual-stack: IPv4 first, as Kubernetes lists them).
+    pub ips: Vec<IpAddr>,
     pub netns: Netns,
+}
+
+impl Pod {
+    /// The pod's address of `ip`'s family, if it has one.
+    pub fn ip_like(&self, ip: IpAddr) -> Option<IpAddr> {
+        self.ips.iter().copied().find(|a| a.is_ipv6() == ip.is_ipv6())
+    }
+}
+
+/// Which address families the topology has: `ZTUNNEL_TEST_IP_FAMILY` = v4 (default), v6
+/// or dual.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpFamily {
+    V4,
+    V6,
+    Dual,
+}
+
+impl IpFamily {
+    pub fn has_v4(self) -> bool {
+        self != IpFamily::V6
+    }
+
+    pub fn has_v6(self) -> bool {
+        self != IpFamily::V4
+    }
+}
+
+pub fn ip_family() -> IpFamily {
+    match std::env::var("ZTUNNEL_TEST_IP_FAMILY").as_deref() {
+        Err(_) | Ok("") | Ok("v4") => IpFamily::V4,
+        Ok("v6") => IpFamily::V6,
+        Ok("dual") => IpFamily::Dual,
+        Ok(other) => panic!("ZTUNNEL_TEST_IP_FAMILY={other:?}: expected v4, v6 or dual"),
+    }
+}
+
+/// Service VIP number `n` in the tests' family: 10.96.0.n, or fd00:96::n (written with
+/// n's decimal digits) in a v6 or dual-stack topology.
+pub fn vip(n: u8) -> IpAddr {
+    match ip_family() {
+        IpFamily::V4 => Ipv4Addr::new(10, 96, 0, n).into(),
+        IpFamily::V6 | IpFamily::Dual => v6_vip(n),
+    }
+}
+
+fn v6_vip(n: u8) -> IpAddr {
+    format!("fd00:96::{n}").parse().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+}
+
+/// The `vips` list of a service with VIP number `n`: both families' VIPs in a dual-stack
+/// topology (the tests dial [`vip`]).
+pub fn vips_yaml(n: u8) -> String {
+    match ip_family() {
+        IpFamily::V4 => format!("[\"/10.96.0.{n}\"]"),
+        IpFamily::V6 => format!("[\"/{}\"]", v6_vip(n)),
+        IpFamily::Dual => format!("[\"/10.96.0.{n}\", \"/{}\"]", v6_vip(n)),
+    }
+}
+
+/// Node `i`'s address on the node link in the tests' family.
+pub fn node_ip(i: usize) -> IpAddr {
+    match ip_family() {
+        IpFamily::V4 => Ipv4Addr::new(10, 0, 0, i as u8).into(),
+        IpFamily::V6 | IpFamily::Dual => format!("fd00::{i}").parse().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+    }
 }
 
 pub struct Topology {
@@ -188,6 +270,10 @@ pub struct Topology {
     /// A bpf filesystem of this topology's own, for ztunnels' eBPF pins (`ip netns exec`
     /// hides the host's /sys/fs/bpf). Unmounted on drop, which drops every pin in it.
     pub bpffs: PathBuf,
+    /// With `build_networks`: each node's network (`net0`, `net1`, ...) and the gateway
+    /// netns between them; empty and None for one network.
+    pub networks: Vec<String>,
+    pub gateway: Option<Netns>,
 }
 
 /// Fails if a ztunnel asked for eBPF capture fell back to nftables: the tests must
@@ -232,8 +318,15 @@ fn remove_prefixed(prefix: &str) {
 }
 
 impl Topology {
-    /// `pods_per_node[i]` pods on node i+1. Pod names are `n{i}p{j}`.
+    /// `pods_per_node[i]` pods on node i+1. Pod names are `n{i}p{j}`. The addresses are of
+    /// the tests' family ([`ip_family`]).
     pub fn build(prefix: &str, pods_per_node: &[usize]) -> Result<Topology> {
+        Self::build_family(prefix, pods_per_node, ip_family())
+    }
+
+    /// [`Topology::build`] with the address families given (a test about dual-stack pods
+    /// runs in every run).
+    pub fn build_family(prefix: &str, pods_per_node: &[usize], family: IpFamily) -> Result<Topology> {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("end-to-end tests need root (network namespaces); run them as root");
         }
@@ -244,7 +337,8 @@ impl Topology {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         let bpffs = dir.join("bpf");
-        let mut topo = Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs };
+        let mut topo =
+            Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs, networks: vec![], gateway: None };
         // From here on, Drop cleans up whatever was created.
         std::fs::create_dir_all(&topo.bpffs)?;
         sh("mount", &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()])?;
@@ -254,11 +348,17 @@ impl Topology {
             ns.exec("ip", &["link", "set", "lo", "up"])?;
             for k in ["all", "default"] {
                 ns.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+                // No duplicate address detection: addresses are usable at once (no
+                // tentative seconds), and the topology has no duplicates to detect.
+                ns.exec("sysctl", &["-qw", &format!("net.ipv6.conf.{k}.accept_dad=0")])?;
             }
             Ok(ns)
         };
+        // Before `ip link set up`: an interface made in one netns and moved to another
+        // keeps the settings it was made with.
+        let no_dad = |ns: &Netns, ifname: &str| ns.exec("sysctl", &["-qw", &format!("net.ipv6.conf.{ifname}.accept_dad=0")]);
         let wire = add(&topo.wire.name)?;
-        wire.exec("ip", &["link", "add", "br0", "type", "bridge"])?;
+        wire.exec("ip", &["link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
         wire.exec("ip", &["link", "set", "br0", "up"])?;
         for (i, &npods) in pods_per_node.iter().enumerate() {
             let i = i + 1;
@@ -266,35 +366,120 @@ impl Topology {
             topo.nodes.push(node.clone());
             sh("ip", &["-n", &node.name, "link", "add", "eth0", "type", "veth", "peer", "name", &format!("p{i}"), "netns", &wire.name])?;
             wire.exec("ip", &["link", "set", &format!("p{i}"), "master", "br0", "up"])?;
-            node.exec("ip", &["addr", "add", &format!("10.0.0.{i}/24"), "dev", "eth0"])?;
+            no_dad(&node, "eth0")?;
+            if family.has_v4() {
+                node.exec("ip", &["addr", "add", &format!("10.0.0.{i}/24"), "dev", "eth0"])?;
+            }
+            if family.has_v6() {
+                node.exec("ip", &["addr", "add", &format!("fd00::{i}/64"), "dev", "eth0", "nodad"])?;
+            }
             node.exec("ip", &["link", "set", "eth0", "up"])?;
             node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
+            node.exec("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"])?;
             for j in 1..=npods {
-                let ip = Ipv4Addr::new(10, 10, i as u8, 10 + j as u8);
+                let v4 = IpAddr::V4(Ipv4Addr::new(10, 10, i as u8, 10 + j as u8));
+                let v6: IpAddr = format!("fd00:10:{i}::{}", 10 + j).parse()?;
+                let ips: Vec<IpAddr> = match family {
+                    IpFamily::V4 => vec![v4],
+                    IpFamily::V6 => vec![v6],
+                    IpFamily::Dual => vec![v4, v6],
+                };
                 let pod = add(&format!("{prefix}-n{i}p{j}"))?;
                 let veth = format!("vp{j}");
                 sh("ip", &["-n", &node.name, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &pod.name])?;
-                // Calico style: every pod's gateway is 169.254.1.1 on its own veth.
+                no_dad(&node, &veth)?;
+                no_dad(&pod, "eth0")?;
+                // Calico style: every pod's gateway is 169.254.1.1 (IPv6: fe80::1) on its own veth.
                 node.exec("ip", &["addr", "add", "169.254.1.1/32", "dev", &veth])?;
+                if family.has_v6() {
+                    node.exec("ip", &["addr", "add", "fe80::1/64", "dev", &veth, "nodad"])?;
+                }
                 node.exec("ip", &["link", "set", &veth, "up"])?;
-                node.exec("ip", &["route", "add", &format!("{ip}/32"), "dev", &veth])?;
-                pod.exec("ip", &["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+                for ip in &ips {
+                    let host = if ip.is_ipv4() { 32 } else { 128 };
+                    node.exec("ip", &["route", "add", &format!("{ip}/{host}"), "dev", &veth])?;
+                    pod.exec("ip", &["addr", "add", &format!("{ip}/{host}"), "dev", "eth0", "nodad"])?;
+                }
                 pod.exec("ip", &["link", "set", "eth0", "up"])?;
                 pod.exec("sysctl", &["-qw", "net.ipv4.conf.eth0.rp_filter=0"])?;
                 pod.exec("sysctl", &["-qw", "net.ipv4.conf.lo.rp_filter=0"])?;
-                pod.exec("ip", &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
-                pod.exec("ip", &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
-                topo.pods.push(Pod { name: format!("n{i}p{j}"), node: i, ip, netns: pod });
+                if family.has_v4() {
+                    pod.exec("ip", &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
+                    pod.exec("ip", &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
+                }
+                if family.has_v6() {
+                    pod.exec("ip", &["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"])?;
+                }
+                let ip = if family.has_v6() { v6 } else { v4 };
+                topo.pods.push(Pod { name: format!("n{i}p{j}"), node: i, ip, ips, netns: pod });
             }
         }
         for (i, node) in topo.nodes.iter().enumerate() {
             for k in 1..=topo.nodes.len() {
                 if k != i + 1 {
-                    node.exec("ip", &["route", "add", &format!("10.10.{k}.0/24"), "via", &format!("10.0.0.{k}")])?;
+                    if family.has_v4() {
+                        node.exec("ip", &["route", "add", &format!("10.10.{k}.0/24"), "via", &format!("10.0.0.{k}")])?;
+                    }
+                    if family.has_v6() {
+                        node.exec("ip", &["-6", "route", "add", &format!("fd00:10:{k}::/64"), "via", &format!("fd00::{k}")])?;
+                    }
                 }
             }
         }
         Ok(topo)
+    }
+
+    /// Nodes in separate networks, joined only through a gateway netns: `networks[n]` is
+    /// the pods per node of network `net{n}` (nodes and pods numbered on across the
+    /// networks, as `build` numbers them). Network n's nodes share bridge `br{n}` (the
+    /// first network keeps br0) and route only to their own network's pods; a node of
+    /// network n > 0 also has 10.0.n.i on its link. The gateway netns `{p}-gw` has a leg
+    /// on each bridge (`eth{n}`, 10.0.n.254/24) with routes to every network's pods, and
+    /// does not forward: one network reaches another's pods only through a process
+    /// listening in the gateway netns (`gateway_ip`).
+    pub fn build_networks(prefix: &str, networks: &[&[usize]]) -> Result<Topology> {
+        let per_node: Vec<usize> = networks.iter().flat_map(|n| n.iter().copied()).collect();
+        let mut topo = Topology::build(prefix, &per_node)?;
+        topo.networks = networks.iter().enumerate().flat_map(|(n, nodes)| std::iter::repeat_n(format!("net{n}"), nodes.len())).collect();
+        let gw = Netns { name: format!("{prefix}-gw") };
+        sh("ip", &["netns", "add", &gw.name])?;
+        topo.gateway = Some(gw.clone());
+        gw.exec("ip", &["link", "set", "lo", "up"])?;
+        for k in ["all", "default"] {
+            gw.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+        }
+        gw.exec("sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
+        for n in 0..networks.len() {
+            let bridge = format!("br{n}");
+            if n > 0 {
+                topo.wire.exec("ip", &["link", "add", &bridge, "type", "bridge"])?;
+                topo.wire.exec("ip", &["link", "set", &bridge, "up"])?;
+            }
+            let leg = format!("eth{n}");
+            sh("ip", &["-n", &gw.name, "link", "add", &leg, "type", "veth", "peer", "name", &format!("g{n}"), "netns", &topo.wire.name])?;
+            topo.wire.exec("ip", &["link", "set", &format!("g{n}"), "master", &bridge, "up"])?;
+            gw.exec("ip", &["addr", "add", &format!("{}/24", Topology::gateway_ip(n)), "dev", &leg])?;
+            gw.exec("ip", &["link", "set", &leg, "up"])?;
+        }
+        let net_of = |i: usize| topo.networks[i - 1].trim_start_matches("net").parse::<usize>().unwrap_or(0);
+        for i in 1..=topo.nodes.len() {
+            let n = net_of(i);
+            let node = topo.node(i);
+            if n > 0 {
+                topo.wire.exec("ip", &["link", "set", &format!("p{i}"), "master", &format!("br{n}")])?;
+                node.exec("ip", &["addr", "add", &format!("10.0.{n}.{i}/24"), "dev", "eth0"])?;
+            }
+            gw.exec("ip", &["route", "add", &format!("10.10.{i}.0/24"), "via", &format!("10.0.{n}.{i}"), "dev", &format!("eth{n}")])?;
+            for k in (1..=topo.nodes.len()).filter(|&k| k != i && net_of(k) != n) {
+                node.exec("ip", &["route", "del", &format!("10.10.{k}.0/24")])?;
+            }
+        }
+        Ok(topo)
+    }
+
+    /// The gateway netns's address in network n (`build_networks`).
+    pub fn gateway_ip(n: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, n as u8, 254)
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
@@ -332,13 +517,18 @@ pub struct EchoServer {
 
 impl EchoServer {
     pub fn start(ns: &Netns, port: u16, name: Option<&str>) -> Result<EchoServer> {
-        let l = ns.listen(port)?;
+        Self::serve(ns.listen(port)?, name)
+    }
+
+    /// Echoes on a listener of the caller's.
+    pub fn serve(l: TcpListener, name: Option<&str>) -> Result<EchoServer> {
         let peers = Arc::new(Mutex::new(Vec::new()));
         let p = peers.clone();
         let greeting = name.map(|n| format!("{n}\n"));
         let task = tokio::spawn(async move {
             while let Ok((mut s, peer)) = l.accept().await {
-                p.lock().unwrap().push(peer);
+                // A dual-stack listener sees IPv4 clients v4-mapped: record them as IPv4.
+                p.lock().unwrap().push(SocketAddr::new(peer.ip().to_canonical(), peer.port()));
                 let greeting = greeting.clone();
                 tokio::spawn(async move {
                     if let Some(g) = greeting {
@@ -546,18 +736,27 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
             continue;
         }
         let ip = &pkt[l2..];
-        if ip[0] >> 4 != 4 || ip[9] != 6 {
-            continue;
-        }
-        let ihl = (ip[0] & 0xf) as usize * 4;
-        let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+        // IPv4 with TCP, or IPv6 whose next header is TCP (no extension headers here).
+        let (ihl, total, src_ip, dst_ip): (usize, usize, IpAddr, IpAddr) = match ip[0] >> 4 {
+            4 if ip[9] == 6 => {
+                let ihl = (ip[0] & 0xf) as usize * 4;
+                let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+                (ihl, total, Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]).into(), Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).into())
+            }
+            6 if ip.len() >= 40 && ip[6] == 6 => {
+                let octets = |at: usize| -> [u8; 16] { ip[at..at + 16].try_into().unwrap_or_default() };
+                let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
+                (40, total, Ipv6Addr::from(octets(8)).into(), Ipv6Addr::from(octets(24)).into())
+            }
+            _ => continue,
+        };
         if ip.len() < ihl + 20 {
             continue;
         }
         let tcp = &ip[ihl..];
         let doff = (tcp[12] >> 4) as usize * 4;
-        let src = SocketAddr::new(Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]).into(), u16::from_be_bytes([tcp[0], tcp[1]]));
-        let dst = SocketAddr::new(Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).into(), u16::from_be_bytes([tcp[2], tcp[3]]));
+        let src = SocketAddr::new(src_ip, u16::from_be_bytes([tcp[0], tcp[1]]));
+        let dst = SocketAddr::new(dst_ip, u16::from_be_bytes([tcp[2], tcp[3]]));
         let end = total.min(ip.len());
         let payload = if ihl + doff < end { ip[ihl + doff..end].to_vec() } else { Vec::new() };
         out.push(Packet { src, dst, payload });
@@ -565,26 +764,28 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
     Ok(out)
 }
 
-/// The ztunnel binary: cargo names it for the ztunnel package's tests; other packages'
-/// tests (the waypoint's) find it in the debug target dir, which `cargo test
-/// --workspace` fills.
-pub const ZTUNNEL: &str = match option_env!("CARGO_BIN_EXE_ztunnel") {
-    Some(p) => p,
-    None => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/debug/ztunnel"),
-};
 pub const READY: Duration = Duration::from_secs(20);
 
 pub fn prefix(tag: &str) -> String {
     format!("z{}{tag}", std::process::id() % 1000)
 }
 
-/// Workload YAML for a pod; uid = pod name.
+/// Workload YAML for a pod (all its addresses); uid = pod name; its node's network, if the
+/// topology has several.
 pub fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
     let p = topo.pod(pod);
+    let network = topo.networks.get(p.node - 1).map(|n| format!(", network: {n}")).unwrap_or_default();
     format!(
-        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: [{}], protocol: HBONE, node: node{}{extra}}}\n",
-        p.ip, p.node
+        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: {}, protocol: HBONE, node: node{}{network}{extra}}}\n",
+        ips_yaml(&p.ips),
+        p.node
     )
+}
+
+/// A YAML list of addresses, quoted (an IPv6 address is not a plain YAML scalar).
+pub fn ips_yaml(ips: &[IpAddr]) -> String {
+    let quoted: Vec<String> = ips.iter().map(|ip| format!("\"{ip}\"")).collect();
+    format!("[{}]", quoted.join(", "))
 }
 
 /// A ztunnel command line and its environment.
@@ -620,6 +821,8 @@ impl Mesh {
                 args.push(format!("{}={}", pod.name, pod.netns.path().display()));
             }
             let mut full_env = vec![("RUST_LOG".to_string(), "info".to_string()), ("RUST_BACKTRACE".into(), "0".into())];
+            // Each node's ztunnel in its own network (Istio's NETWORK).
+            full_env.extend(topo.networks.get(n - 1).map(|net| ("NETWORK".to_string(), net.clone())));
             full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             commands.push((args, full_env));
         }
@@ -644,7 +847,7 @@ impl Mesh {
                 ("RUST_LOG".to_string(), "info".to_string()),
                 ("RUST_BACKTRACE".into(), "0".into()),
                 ("POD_NAME".into(), format!("ztunnel-node{n}")),
-                ("INSTANCE_IP".into(), format!("10.0.0.{n}")),
+                ("INSTANCE_IP".into(), node_ip(n).to_string()),
             ];
             full_env.extend(env.iter().cloned());
             commands.push((args, full_env));
@@ -662,7 +865,7 @@ impl Mesh {
         let (args, env) = &self.commands[n - 1];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let z = self.topo.node(n).spawn(ZTUNNEL, &args, &env, &self.topo.dir.join(log_name))?;
+        let z = self.topo.node(n).spawn(crate::bins::ztunnel(), &args, &env, &self.topo.dir.join(log_name))?;
         z.wait_log("ztunnel ready", READY)?;
         check_capture_mode(&z)?;
         Ok(z)
@@ -738,4 +941,52 @@ mod child_tests {
         assert!(c.wait_exit(std::time::Duration::ZERO).is_none());
         c.stop();
     }
+}
+
+/// istio-cni's in-pod nftables rules (`istio-ambient-nat`, `istio-ambient-mangle`) with
+/// its defaults, DNS capture left out (with it, a proxy without a DNS server on 15053
+/// would break the pod's lookups): outbound TCP from the
+/// pod to 15001, inbound TCP (not HBONE) to 15006, the proxy's own sockets (mark 0x539)
+/// exempt, and replies to its transparent deliveries (connection mark 0x111) marked so
+/// that the mark's route table sends them back over lo.
+const ISTIO_CNI_RULES: &str = r#"table inet istio-ambient-nat {
+  chain prerouting { type nat hook prerouting priority -100; policy accept; jump istio-prerouting; }
+  chain output { type nat hook output priority -100; policy accept; jump istio-output; }
+  chain istio-prerouting {
+    meta l4proto tcp ip saddr 169.254.7.127 accept
+    ip daddr != 127.0.0.1/32 tcp dport != 15008 meta mark & 0xfff != 0x539 redirect to :15006
+  }
+  chain istio-output {
+    meta l4proto tcp ip daddr 169.254.7.127 accept
+    meta l4proto tcp meta mark & 0xfff == 0x111 accept
+    oifname "lo" ip daddr != 127.0.0.1/32 accept
+    meta l4proto tcp ip daddr != 127.0.0.1/32 meta mark & 0xfff != 0x539 redirect to :15001
+  }
+}
+table inet istio-ambient-mangle {
+  chain prerouting { type filter hook prerouting priority -150; policy accept; jump istio-prerouting; }
+  chain output { type route hook output priority -150; policy accept; jump istio-output; }
+  chain istio-prerouting {
+    meta mark & 0xfff == 0x539 ct mark set ct mark & 0xfffff000 | 0x111
+  }
+  chain istio-output {
+    ct mark & 0xfff == 0x111 meta mark set ct mark
+  }
+}
+"#;
+
+/// istio-cni's route table for marked replies (`RouteTableInbound`).
+const ISTIO_CNI_ROUTE_TABLE: &str = "100";
+
+/// Installs istio-cni's in-pod capture in `pod`'s netns, as its agent does when a pod
+/// joins ambient (rules, mark rule and route all go with the netns).
+pub fn istio_cni_capture(pod: &Pod) -> Result<()> {
+    let rules = std::env::temp_dir().join(format!("istio-cni-{}.nft", pod.netns.name));
+    std::fs::write(&rules, ISTIO_CNI_RULES)?;
+    let loaded = pod.netns.exec("nft", &["-f", &rules.display().to_string()]);
+    let _ = std::fs::remove_file(&rules);
+    loaded.with_context(|| format!("istio-cni rules in {}", pod.name))?;
+    pod.netns.exec("ip", &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", ISTIO_CNI_ROUTE_TABLE])?;
+    pod.netns.exec("ip", &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", ISTIO_CNI_ROUTE_TABLE])?;
+    Ok(())
 }

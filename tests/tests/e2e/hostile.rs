@@ -7,10 +7,6 @@
 //! mesh certificate for `sa/attacker`) and n1p2 (the victim client, `sa/victim`); node2
 //! has n2p1 (server, `sa/server`) and n2p2 (`sa/guarded`, which only `sa/victim` may call).
 
-mod hbone_peer;
-mod h2_raw;
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,8 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use h2_raw::*;
-use netsim::*;
+use mesh_tests::h2_raw::*;
+use mesh_tests::{hbone_peer, netsim};
+use mesh_tests::netsim::*;
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use ztunnel::identity::Identity;
@@ -46,9 +43,9 @@ impl Hostile {
         let cfg = format!(
             "workloads:\n{}{}{}policies:\n- {{name: only-victim, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{{principals: [{{Exact: cluster.local/ns/default/sa/victim}}]}}]]]}}\n",
             workload(&topo, "n1p2", "victim", ""),
-            workload(&topo, "n2p1", "server", ""),
+            workload(&topo, "n2p1", "server", ", services: {default/server.default.svc.cluster.local: {80: 8080}}"),
             workload(&topo, "n2p2", "guarded", guarded),
-        );
+        ) + "services:\n- {name: server, namespace: default, hostname: server.default.svc.cluster.local, vips: [/10.96.0.80], ports: {80: 8080}}\n";
         let mesh = Mesh::start(topo, &cfg, &["n1p2", "n2p1", "n2p2"], &HashMap::new(), env)?;
         let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
         let t = &mesh.topo;
@@ -192,7 +189,19 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
     assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n1p2", 8080))).await?, 400, "a pod on another node");
     assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n2p1", 15001))).await?, 400, "the proxy's own port");
     assert_eq!(hbone_peer::status(&n2p1, hbone_peer::connect_req("echo.default.svc:8080")).await?, 400, "a hostname");
-    wait_for_async("bad requests counted", || async { Ok(h.rejections("bad_request").await? >= before + 4) }).await?;
+    // A service's hostname (double HBONE's target) reaches only a pod of that service,
+    // on the port the service maps it to; a network claim changes nothing of that.
+    let (status, back) = hbone_peer::roundtrip(&n2p1, "server.default.svc.cluster.local:80", b"by name").await?;
+    assert_eq!((status.as_u16(), back.as_slice()), (200, &b"by name"[..]));
+    let n2p2_as_server = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("guarded"), h.pod_addr("n2p2", 15008)).await?;
+    let other_pods_service = http::Request::builder()
+        .method("CONNECT")
+        .uri("server.default.svc.cluster.local:80")
+        .header("x-forwarded-network", "elsewhere")
+        .body(())?;
+    assert_eq!(hbone_peer::status(&n2p2_as_server, other_pods_service).await?, 400, "another pod's service");
+    assert_eq!(hbone_peer::status(&n2p1, hbone_peer::connect_req("server.default.svc.cluster.local:81")).await?, 400, "a port the service does not have");
+    wait_for_async("bad requests counted", || async { Ok(h.rejections("bad_request").await? >= before + 6) }).await?;
 
     // Headers claiming to be the victim change nothing: identity comes from the certificate.
     let n2p2 = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("guarded"), h.pod_addr("n2p2", 15008)).await?;

@@ -9,7 +9,6 @@
 //!
 //! Every response carries `x-pod: <name>`.
 
-#![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -4,7 +4,6 @@
 //! the bearer token and cluster id as istiod does. Tests change its resources and watch
 //! what the proxies ACK, NACK and ask for. It runs inside a network namespace of the
 //! test topology and can be killed and restarted (same address, same CA).
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
@@ -546,12 +545,16 @@ impl FakeIstiod {
 
 /// A workload as istiod describes a pod: uid `Kubernetes//Pod/default/<name>`; its
 /// services by hostname (namespace default) or `<namespace>/<hostname>`.
-pub fn pod_workload(name: &str, ip: std::net::Ipv4Addr, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
+pub fn pod_workload(name: &str, ip: impl Into<std::net::IpAddr>, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
+    let address = match ip.into() {
+        std::net::IpAddr::V4(a) => a.octets().to_vec(),
+        std::net::IpAddr::V6(a) => a.octets().to_vec(),
+    };
     pb::Workload {
         uid: pod_uid(name),
         name: name.into(),
         namespace: "default".into(),
-        addresses: vec![ip.octets().to_vec()],
+        addresses: vec![address],
         tunnel_protocol: pb::TunnelProtocol::Hbone as i32,
         service_account: sa.into(),
         node: format!("node{node}"),
@@ -650,7 +653,7 @@ pub fn start_cni_agent(topo: &crate::netsim::Topology, n: usize) -> Result<(crat
     let pods_dir = topo.dir.join(format!("pods-node{n}"));
     let socket = topo.dir.join(format!("zds-node{n}.sock"));
     let cni = topo.node(n).spawn(
-        crate::netsim::ZTUNNEL,
+        crate::bins::ztunnel(),
         &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
         &[("RUST_LOG", "info")],
         &topo.dir.join(format!("cni-node{n}.log")),

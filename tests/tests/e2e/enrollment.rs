@@ -1,14 +1,18 @@
 //! Pod enrollment over ZDS, end to end: a stand-in CNI agent (`ztunnel cni-server`) per
 //! node, `ztunnel enroll`/`unenroll` as the CNI plugin, and ztunnel as the ZDS client.
 
-mod netsim;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use netsim::*;
+use mesh_tests::bins;
+use mesh_tests::netsim::*;
+
+/// How long an enrollment or a removal may take to show in the log. Generous: on a loaded
+/// machine a removal (whose connections drain first) can take seconds, and a wait ends as
+/// soon as its line is there.
+const ENROLL: Duration = Duration::from_secs(30);
 
 struct Node {
     cni: Child,
@@ -31,7 +35,7 @@ fn start_ztunnel(topo: &Topology, n: &Node, log_name: &str) -> Result<Child> {
     ];
     let capture = topo.capture_args(n.index);
     args.extend(capture.iter().map(String::as_str));
-    let z = topo.node(n.index).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
+    let z = topo.node(n.index).spawn(bins::ztunnel(), &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &log)?;
     z.wait_log("ZDS snapshot applied", READY)
         .map_err(|e| e.context(n.cni.log_text()))?;
     check_capture_mode(&z)?;
@@ -45,7 +49,7 @@ fn start_node(topo: &Topology, index: usize, config: &str) -> Result<Node> {
     std::fs::write(&cfg, config)?;
     let cni_log = topo.dir.join(format!("cni-node{index}.log"));
     let cni = topo.node(index).spawn(
-        ZTUNNEL,
+        bins::ztunnel(),
         &["cni-server", "--socket", socket.to_str().unwrap_or_default(), "--pods-dir", pods_dir.to_str().unwrap_or_default()],
         &[("RUST_LOG", "info")],
         &cni_log,
@@ -57,7 +61,7 @@ fn start_node(topo: &Topology, index: usize, config: &str) -> Result<Node> {
 }
 
 fn enroll(node: &Node, pod: &Pod, sa: &str) -> Result<()> {
-    sh(ZTUNNEL, &[
+    sh(bins::ztunnel(), &[
         "enroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name, "--name", &pod.name,
         "--namespace", "default", "--service-account", sa, "--netns", pod.netns.path().to_str().unwrap_or_default(),
     ])?;
@@ -65,12 +69,21 @@ fn enroll(node: &Node, pod: &Pod, sa: &str) -> Result<()> {
 }
 
 fn unenroll(node: &Node, pod: &Pod) -> Result<()> {
-    sh(ZTUNNEL, &["unenroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name])?;
+    sh(bins::ztunnel(), &["unenroll", "--pods-dir", node.pods_dir.to_str().unwrap_or_default(), "--uid", &pod.name])?;
     Ok(())
 }
 
-fn count(log: &str, needle: &str) -> usize {
-    log.matches(needle).count()
+/// Log lines whose message is `event` (or `event, ...`), not a longer warning that starts
+/// with the same words, such as "pod removed with connections still open".
+fn count(log: &str, event: &str) -> usize {
+    let comma = format!("{event},");
+    log.lines().filter(|l| l.split('\t').any(|field| field == event || field.starts_with(&comma))).count()
+}
+
+/// The end of a log, for a timeout's error.
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
 /// What ztunnel leaves in a pod netns (and, with eBPF, in the node's pinned maps and
@@ -130,7 +143,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
 
     enroll(&node1, client, "client")?;
     enroll(&node2, server, "server")?;
-    wait_for("both pods enrolled", Duration::from_secs(10), || {
+    wait_for("both pods enrolled", ENROLL, || {
         std::fs::read_to_string(&z1).unwrap_or_default().contains("pod enrolled") && read(&z2_log).contains("pod enrolled")
     })?;
     let to = SocketAddr::new(server.ip.into(), 8080);
@@ -142,11 +155,13 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     let before = ztunnel_ebpf::inspect(&pins).ok();
     for round in 0..100 {
         unenroll(&node2, server)?;
-        wait_for("pod removed", Duration::from_secs(10), || count(&read(&z2_log), "pod removed") == round + 1)?;
+        wait_for(&format!("pod removed (round {round})"), ENROLL, || count(&read(&z2_log), "pod removed") == round + 1)
+            .map_err(|e| e.context(tail(&read(&z2_log))))?;
         let left = leftovers(&topo, server)?;
         assert!(left.is_empty(), "round {round}: left in the pod netns: {left:?}");
         enroll(&node2, server, "server")?;
-        wait_for("pod enrolled again", Duration::from_secs(10), || count(&read(&z2_log), "pod enrolled") == round + 2)?;
+        wait_for(&format!("pod enrolled again (round {round})"), ENROLL, || count(&read(&z2_log), "pod enrolled") == round + 2)
+            .map_err(|e| e.context(tail(&read(&z2_log))))?;
     }
     assert_eq!(echo_once(client, to).await?, b"zds");
     if capture_mode() == "ebpf" {
@@ -181,7 +196,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     assert!(bypass.map(|v| v.is_empty()).unwrap_or(true), "traffic reached the pod with its proxy down");
     node2.ztunnel = Some(start_ztunnel(&topo, &node2, "ztunnel-node2-restarted.log")?);
     z2_log = topo.dir.join("ztunnel-node2-restarted.log");
-    wait_for("pod enrolled after restart", Duration::from_secs(10), || read(&z2_log).contains("pod enrolled"))?;
+    wait_for("pod enrolled after restart", ENROLL, || read(&z2_log).contains("pod enrolled"))?;
     assert_eq!(echo_once(client, to).await?, b"zds");
     // Captured by the new proxy: HBONE into it, not around it.
     wait_for("HBONE into the restarted ztunnel", Duration::from_secs(5), || read(&z2_log).contains("direction=\"inbound\""))?;
@@ -196,7 +211,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     assert!(down.map(|r| r.map(|v| v.is_empty()).unwrap_or(true)).unwrap_or(true), "client traffic left the pod with its proxy down");
     node1.ztunnel = Some(start_ztunnel(&topo, &node1, "ztunnel-node1-restarted.log")?);
     let z1_log = topo.dir.join("ztunnel-node1-restarted.log");
-    wait_for("client enrolled after restart", Duration::from_secs(10), || read(&z1_log).contains("pod enrolled"))?;
+    wait_for("client enrolled after restart", ENROLL, || read(&z1_log).contains("pod enrolled"))?;
     assert_eq!(echo_once(client, to).await?, b"zds");
     wait_for("outbound through the restarted ztunnel", Duration::from_secs(5), || read(&z1_log).contains("direction=\"outbound\""))?;
 
@@ -212,14 +227,14 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     assert!(ebpf_left.is_empty(), "capture of a pod removed while ztunnel was down stayed: {left:?}");
     enroll(&node2, server, "server")?;
     let z2_log = topo.dir.join("ztunnel-node2-third.log");
-    wait_for("server enrolled again", Duration::from_secs(10), || read(&z2_log).contains("pod enrolled"))?;
+    wait_for("server enrolled again", ENROLL, || read(&z2_log).contains("pod enrolled"))?;
     assert_eq!(echo_once(client, to).await?, b"zds");
 
     // The CNI agent's view of the pod must match the mesh config's.
     unenroll(&node2, server)?;
-    wait_for("pod removed", Duration::from_secs(10), || read(&z2_log).contains("pod removed"))?;
+    wait_for("pod removed", ENROLL, || read(&z2_log).contains("pod removed"))?;
     enroll(&node2, server, "impostor")?;
-    wait_for("mismatch refused", Duration::from_secs(10), || read(&z2_log).contains("per the CNI agent but"))?;
+    wait_for("mismatch refused", ENROLL, || read(&z2_log).contains("per the CNI agent but"))?;
     assert!(leftovers(&topo, server)?.is_empty());
     drop(node1);
     drop(node2);
@@ -244,17 +259,17 @@ async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
     // Plaintext -> server captured (15006) -> both captured (HBONE) -> and back.
     pause();
     enroll(&node2, server, "server")?;
-    wait_for("server enrolled", Duration::from_secs(10), || read(&z2).contains("pod enrolled"))?;
+    wait_for("server enrolled", ENROLL, || read(&z2).contains("pod enrolled"))?;
     pause();
     enroll(&node1, client, "client")?;
-    wait_for("client enrolled", Duration::from_secs(10), || read(&z1).contains("pod enrolled"))?;
+    wait_for("client enrolled", ENROLL, || read(&z1).contains("pod enrolled"))?;
     pause();
     wait_for("HBONE under the loop", Duration::from_secs(5), || read(&z2).contains("direction=\"inbound\""))?;
     unenroll(&node1, client)?;
-    wait_for("client removed", Duration::from_secs(10), || read(&z1).contains("pod removed"))?;
+    wait_for("client removed", ENROLL, || read(&z1).contains("pod removed"))?;
     pause();
     unenroll(&node2, server)?;
-    wait_for("server removed", Duration::from_secs(10), || read(&z2).contains("pod removed"))?;
+    wait_for("server removed", ENROLL, || read(&z2).contains("pod removed"))?;
     pause();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (ok, failed) = looping.join().map_err(|_| anyhow::anyhow!("client loop panicked"))?;
@@ -288,7 +303,7 @@ async fn a_pod_added_again_with_a_new_netns_moves_its_proxy() -> Result<()> {
     ];
     args.extend(topo.capture_args(1));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let z = topo.node(1).spawn(ZTUNNEL, &args, &[("RUST_LOG", "info")], &log)?;
+    let z = topo.node(1).spawn(bins::ztunnel(), &args, &[("RUST_LOG", "info")], &log)?;
     let sock = tokio::time::timeout(READY, agent.accept()).await??;
     let _hello: (ZdsHello, _) = sock.recv().await?;
 
@@ -321,7 +336,7 @@ async fn a_pod_added_again_with_a_new_netns_moves_its_proxy() -> Result<()> {
     let (req, fd) = add(&fresh.path())?;
     assert_eq!(ack(request(req, Some(fd)).await?), ok);
     assert!(listens(&fresh), "the proxy listens in the new netns once the Add is answered");
-    wait_for("the old netns released", Duration::from_secs(10), || !listens(&pod.netns))?;
+    wait_for("the old netns released", ENROLL, || !listens(&pod.netns))?;
     assert!(z.log_text().contains("sandbox recreated"), "{}", z.log_text());
     let left = leftovers(&topo, pod)?;
     let in_old_netns: Vec<&String> = left.iter().filter(|l| l.contains("listener") || l.contains("nft") || l.contains("sk_lookup")).collect();

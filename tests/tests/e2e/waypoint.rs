@@ -1,21 +1,13 @@
 //! Waypoint end to end: client pod -> ztunnel (node1) -> waypoint pod -> ztunnel (node2)
 //! -> server pod, all over HBONE with each hop's own identity.
 
-mod netsim;
-mod http_app;
-mod hbone_peer;
-mod istiod;
-mod kube_api;
-mod ext_authz;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use netsim::*;
-
-const WAYPOINT: &str = env!("CARGO_BIN_EXE_waypoint");
+use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
+use mesh_tests::netsim::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
@@ -87,15 +79,48 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
 
 /// Starts our waypoint binary in `pod`'s netns on the mesh file `cfg`; waits until ready.
 fn start_waypoint(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str) -> Result<netsim::Child> {
+    start_waypoint_with(t, pod, cfg, log, &[])
+}
+
+/// `start_waypoint` with more arguments.
+fn start_waypoint_with(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str, extra: &[&str]) -> Result<netsim::Child> {
     let state = t.dir.join("ca");
-    let w = t.pod(pod).netns.spawn(
-        WAYPOINT,
-        &["--local-xds-path", &cfg.display().to_string(), "--workload-uid", pod, "--state-dir", &state.display().to_string()],
-        &[("RUST_LOG", "info")],
-        &t.dir.join(log),
-    )?;
+    let (cfg, state) = (cfg.display().to_string(), state.display().to_string());
+    let mut args = vec!["--local-xds-path", &cfg, "--workload-uid", pod, "--state-dir", &state];
+    args.extend_from_slice(extra);
+    let w = t.pod(pod).netns.spawn(bins::waypoint(), &args, &[("RUST_LOG", "info")], &t.dir.join(log))?;
     w.wait_log("waypoint ready", READY)?;
     Ok(w)
+}
+
+/// An IPv6-only cluster: a service's traffic goes through its waypoint, which has no IPv4
+/// address (listening on `[::]:15008`): ztunnel reaches it over IPv6 (neither skipping
+/// it nor failing), and it reaches the endpoint over IPv6 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_only_waypoint_carries_service_traffic() -> Result<()> {
+    let topo = Topology::build_family(&prefix("w6"), &[2, 1], IpFamily::V6)?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/fd00:96::10\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let waypoint = start_waypoint_with(t, "n1p2", &t.dir.join("mesh-node1.yaml"), "waypoint.log", &["--listen", "[::]:15008"])?;
+    let echo = EchoServer::serve(server.netns.listen_on("[::]:8080".parse()?)?, None)?;
+    let data = pattern(64 * 1024, 6);
+    let mut s = client.netns.connect("[fd00:96::10]:80".parse()?).await?;
+    assert_eq!(echo_roundtrip(&mut s, &data).await.with_context(|| mesh.logs())?, data);
+    wait_for("waypoint log", Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
+    mesh.wait_logs(&[&format!("dst.addr={}", SocketAddr::new(wp_ip, 15008)), "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip), "the waypoint reached the endpoint over IPv6");
+    let wl = waypoint.log_text();
+    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
+    Ok(())
 }
 
 fn spiffe(sa: &str) -> ztunnel::identity::Identity {
@@ -164,7 +189,7 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     // accepted where no policy asks for the waypoint (Istio's ztunnel does the same),
     // denied by the policy that admits only the waypoint.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
-    let to = |ip: std::net::Ipv4Addr| SocketAddr::new(ip.into(), 15008);
+    let to = |ip: std::net::IpAddr| SocketAddr::new(ip.into(), 15008);
     let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("echo"), to(server_ip)).await?;
     let (status, back) = hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
     assert_eq!((status.as_u16(), back.as_slice()), (200, &b"around"[..]));
@@ -442,7 +467,7 @@ impl L7Mesh {
         let mut env = vec![("RUST_LOG", "info"), ("CONFIG_POLL_INTERVAL_MS", "100")];
         env.extend_from_slice(waypoint_env);
         let waypoint = t.pod("n1p2").netns.spawn(
-            WAYPOINT,
+            bins::waypoint(),
             &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
             &env,
             &t.dir.join("waypoint.log"),
@@ -755,6 +780,7 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
     assert_eq!(d["certificates"][0]["state"], "Available");
     assert_eq!(d["config"]["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    // One version for the whole workspace (Cargo.toml), the waypoint's included.
     assert_eq!(d["version"]["version"], env!("CARGO_PKG_VERSION"));
 
     // Logging: at warn, requests log nothing; back at info they do.
@@ -799,14 +825,14 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
-    use istiod::*;
+    use fake_istiod::*;
     use serde_json::json;
     use ztunnel::xds::proto::istio::workload as pb;
     let topo = Topology::build(&prefix("k"), &[3, 1])?;
     let token = topo.dir.join("istio-token");
     std::fs::write(&token, TOKEN)?;
     let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
-    let kube = kube_api::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
+    let kube = fake_kube::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
     let (echo, v1, v2, wp) = ("echo.default.svc.cluster.local", "echo-v1.default.svc.cluster.local", "echo-v2.default.svc.cluster.local", "waypoint.default.svc.cluster.local");
     let cart = "cart.shop.svc.cluster.local";
     istiod.update(|r| {
@@ -875,7 +901,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         ("KUBECONFIG".into(), kubeconfig.display().to_string()),
     ]);
     let wenv: Vec<(&str, &str)> = wenv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let waypoint = t.pod("n1p2").netns.spawn(WAYPOINT, &[], &wenv, &t.dir.join("waypoint.log"))?;
+    let waypoint = t.pod("n1p2").netns.spawn(bins::waypoint(), &[], &wenv, &t.dir.join("waypoint.log"))?;
     waypoint.wait_log("waypoint ready", READY)?;
     let _apps = [http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?, http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?];
     // Ready once istiod's state and the Kubernetes objects are in.
@@ -904,7 +930,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(c.get("/root-denied").await?.status, 403);
     assert!(waypoint.log_text().contains("authz.denied_by=\"istio-system/mesh-deny\""), "{}", waypoint.log_text());
     // The admin endpoint names what was taken from where, and why.
-    let (code, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let (code, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
     assert_eq!(code, 200, "{body}");
     let d: serde_json::Value = serde_json::from_str(&body)?;
     let names = |k: &str| d[k].as_array().into_iter().flatten().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap_or("?"), o["name"].as_str().unwrap_or("?"))).collect::<Vec<_>>();
@@ -954,7 +980,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         "spec": {"accessLogging": [{"providers": [{"name": "envoy"}], "filter": {"expression": "request.headers['x-debug'] == 'on'"}}]}}));
     let mut listed = false;
     for _ in 0..50 {
-        let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
         if body.contains("mesh-default") {
             listed = true;
             break;
@@ -1053,7 +1079,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
         "data": {"mesh": "extensionProviders:\n- {name: open, envoyExtAuthzHttp: {service: nowhere.default.svc.cluster.local, port: 80, failOpen: true}}\n"}}));
     wait_for_status(&mut c, "/ext", 200).await.with_context(|| waypoint.log_text())?;
-    let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
     assert!(body.contains("envoyExtAuthzHttp"), "the dump names the provider: {body}");
     kube.delete("authorizationpolicies", "ext");
 
@@ -1062,7 +1088,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));
     let mut scope = serde_json::Value::Null;
     for _ in 0..50 {
-        let (_, body) = istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
         scope = serde_json::from_str::<serde_json::Value>(&body)?["waypoint"]["scope"].take();
         if scope["labelledServices"] == json!([]) {
             break;
@@ -1076,12 +1102,12 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
 
 async fn wait_for_ready(ns: &netsim::Netns, addr: SocketAddr) -> Result<()> {
     for _ in 0..100 {
-        if istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
+        if fake_istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("not ready: {:?}", istiod::readiness(ns, addr).await)
+    anyhow::bail!("not ready: {:?}", fake_istiod::readiness(ns, addr).await)
 }
 
 async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) -> Result<()> {
@@ -1695,7 +1721,7 @@ fn custom_policy(provider: &str) -> String {
 /// missing or not an authorizer denies what its policy matches.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
-    use ext_authz::{start_grpc_authorizer, start_http_authorizer, Checks};
+    use test_servers::{start_grpc_authorizer, start_http_authorizer, Checks};
     let l7 = format!("{EXT_AUTHZ_PROVIDERS}{}", custom_policy("http-authz"));
     let m = L7Mesh::start("l7x", &l7, &[]).await?;
     let authz_pod = m.mesh.topo.pod("n2p1");
@@ -1975,8 +2001,8 @@ async fn l7_requests_are_traced_to_an_otlp_collector() -> Result<()> {
     opentelemetry: {service: authz.default.svc.cluster.local, port: 9100}
 "#;
     let m = L7Mesh::start("l7q", l7, &[]).await?;
-    let spans = ext_authz::Spans::default();
-    let _collector = ext_authz::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let spans = test_servers::Spans::default();
+    let _collector = test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
     let mut c = m.h1().await?;
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     let r = c.request("GET", "/traced", &[("traceparent", parent)]).await?;
@@ -2445,8 +2471,8 @@ telemetries:
   - randomSamplingPercentage: 100
 "#;
     let m = L7Mesh::start("l7y", l7, &[]).await?;
-    let spans = ext_authz::Spans::default();
-    let _collector = ext_authz::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let spans = test_servers::Spans::default();
+    let _collector = test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
     let mut c = m.h1().await?;
     assert_eq!(c.get("/quiet").await?.status, 200);
     assert_eq!(c.get("/status/404").await?.status, 404);
@@ -2551,10 +2577,10 @@ meshConfig:
       includeRequestBodyInCheck: {maxRequestBytes: 8, allowPartialMessage: true, packAsBytes: true}
 "#;
     let m = L7Mesh::start("l7k", &format!("{providers}{}", custom_policy("http-body")), &[]).await?;
-    let (http_checks, grpc_checks) = (ext_authz::Checks::default(), ext_authz::Checks::default());
+    let (http_checks, grpc_checks) = (test_servers::Checks::default(), test_servers::Checks::default());
     let authz = m.mesh.topo.pod("n2p1");
-    let _h = ext_authz::start_http_authorizer(authz, 8000, http_checks.clone())?;
-    let _g = ext_authz::start_grpc_authorizer(authz, 9100, grpc_checks.clone())?;
+    let _h = test_servers::start_http_authorizer(authz, 8000, http_checks.clone())?;
+    let _g = test_servers::start_grpc_authorizer(authz, 9100, grpc_checks.clone())?;
     let post = |path: &str, body: &str| -> Result<CurlReply> {
         let url = format!("http://{ECHO_VIP}{path}");
         let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", "x-ext-authz: allow", "-H", "content-type: text/plain", "--data-binary", body, &url]).with_context(|| m.log())?;

@@ -1,5 +1,5 @@
 //! Soak: mixed traffic across two nodes for `SOAK_SECONDS` (default 120; the full run is
-//! `SOAK_SECONDS=1800 cargo test -p ztunnel --test soak -- --nocapture`) while the
+//! `SOAK_SECONDS=1800 cargo test --workspace --test soak -- --nocapture`) while the
 //! control plane churns: pods enrolled and removed over ZDS, certificates rotating every
 //! 5 s (10 s lifetime from the fake istiod's CA), workloads, services and policies pushed
 //! every second. The traffic is on stable pods and on churned pods only while they are
@@ -10,10 +10,6 @@
 //! client, sa churn-a); node2 has n2p1 (stable, sa echo: echo and HTTP servers, behind
 //! the echo service) and n2p2 (churned server, sa churn-b). The fake istiod runs on node1.
 
-mod http_app;
-mod istiod;
-mod netsim;
-
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -22,8 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use istiod::*;
-use netsim::*;
+use mesh_tests::fake_istiod::*;
+use mesh_tests::{bins, http_app};
+use mesh_tests::netsim::*;
 use ztunnel::xds::proto::istio::security as pb_sec;
 
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
@@ -62,7 +59,7 @@ async fn stop_traffic(stop: &AtomicBool, running: Running) -> Result<()> {
 }
 
 fn own(p: &Pod) -> Pod {
-    Pod { name: p.name.clone(), node: p.node, ip: p.ip, netns: p.netns.clone() }
+    Pod { name: p.name.clone(), node: p.node, ip: p.ip, ips: p.ips.clone(), netns: p.netns.clone() }
 }
 
 /// Enters the pod's netns on the current (dedicated) thread.
@@ -269,7 +266,7 @@ impl Soak {
 
     fn enroll(&self, pod: &str, uid: &str, sa: &str) -> Result<()> {
         let p = self.pod(pod);
-        sh(ZTUNNEL, &[
+        sh(bins::ztunnel(), &[
             "enroll", "--pods-dir", &self.pods_dirs[p.node - 1].display().to_string(), "--uid", uid, "--name", pod,
             "--namespace", "default", "--service-account", sa, "--netns", &p.netns.path().display().to_string(),
         ])?;
@@ -278,7 +275,7 @@ impl Soak {
 
     fn unenroll(&self, pod: &str, uid: &str) -> Result<()> {
         let p = self.pod(pod);
-        sh(ZTUNNEL, &["unenroll", "--pods-dir", &self.pods_dirs[p.node - 1].display().to_string(), "--uid", uid])?;
+        sh(bins::ztunnel(), &["unenroll", "--pods-dir", &self.pods_dirs[p.node - 1].display().to_string(), "--uid", uid])?;
         Ok(())
     }
 

@@ -1,7 +1,6 @@
 //! A hostile HTTP/2 peer: mTLS like a mesh proxy (or not quite), then raw frames of our
 //! choosing, so tests can send what a well-behaved client library never would
 //! (rapid resets, CONTINUATION floods, empty DATA floods, too many streams).
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,8 +2,6 @@
 //! connects must not fill node-wide maps, turn ztunnel's deliveries into a loop through
 //! 15006, or push out other pods' state, and what it leaves must not survive a restart.
 
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,13 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use netsim::*;
+use mesh_tests::netsim::*;
 use socket2::{Domain, Socket, Type};
 
 /// One socket re-`connect()`ing to its own pod's address, port after port: every attempt
 /// is refused (nothing listens), and each one ran through connect4 and sockops.
 fn self_connect_loop(attacker: &Pod, attempts: u32) -> Result<u32> {
-    let ip = attacker.ip;
+    let std::net::IpAddr::V4(ip) = attacker.ip else { anyhow::bail!("this test runs on an IPv4 topology") };
     attacker.netns.run(move || -> Result<u32> {
         let mut s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
         let mut refused = 0;

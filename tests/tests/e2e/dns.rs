@@ -5,8 +5,6 @@
 //! to the DNS proxy in the pod, which answers mesh names itself and forwards the rest
 //! from node 1 (so the fake server sees node 1's address, never the pod's, for them).
 
-mod netsim;
-
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -16,13 +14,16 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::rdata::{A, AAAA, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use netsim::*;
+use mesh_tests::netsim::*;
 
 const UPSTREAM_IP: [u8; 4] = [10, 10, 2, 11];
+/// n2p1's IPv6 address in a dual-stack topology.
+const UPSTREAM_IP6: &str = "fd00:10:2::11";
 const VIP: &str = "10.96.0.10";
 const EXTERNAL_IP: &str = "203.0.113.7";
+const EXTERNAL_IP6: &str = "2001:db8::7";
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(8);
 
 fn upstream() -> SocketAddr {
@@ -43,10 +44,11 @@ struct FakeUpstream {
 }
 
 impl FakeUpstream {
+    /// Listens on `[::]:53`, both families (IPv4 clients recorded as IPv4).
     fn start(ns: &Netns) -> Result<FakeUpstream> {
-        let udp = ns.run(|| UdpSocket::bind("0.0.0.0:53"))??;
+        let udp = ns.run(|| UdpSocket::bind("[::]:53"))??;
         udp.set_read_timeout(Some(Duration::from_millis(100)))?;
-        let tcp = ns.run(|| std::net::TcpListener::bind("0.0.0.0:53"))??;
+        let tcp = ns.run(|| std::net::TcpListener::bind("[::]:53"))??;
         tcp.set_nonblocking(true)?;
         let (seen, stop) = (Arc::new(Mutex::new(Vec::new())), Arc::new(AtomicBool::new(false)));
         let (s, st) = (seen.clone(), stop.clone());
@@ -54,7 +56,7 @@ impl FakeUpstream {
             let mut buf = [0u8; 4096];
             while !st.load(Ordering::Relaxed) {
                 let Ok((n, peer)) = udp.recv_from(&mut buf) else { continue };
-                if let Some(resp) = fake_answer(&buf[..n], "udp", peer.ip(), &s) {
+                if let Some(resp) = fake_answer(&buf[..n], "udp", peer.ip().to_canonical(), &s) {
                     let _ = udp.send_to(&resp, peer);
                 }
             }
@@ -69,7 +71,7 @@ impl FakeUpstream {
                 let _ = c.set_nonblocking(false);
                 let _ = c.set_read_timeout(Some(Duration::from_secs(2)));
                 while let Ok(q) = read_framed(&mut c) {
-                    let Some(resp) = fake_answer(&q, "tcp", peer.ip(), &s) else { break };
+                    let Some(resp) = fake_answer(&q, "tcp", peer.ip().to_canonical(), &s) else { break };
                     if c.write_all(&framed(&resp)).is_err() {
                         break;
                     }
@@ -112,6 +114,15 @@ fn fake_answer(wire: &[u8], transport: &'static str, from: IpAddr, seen: &Mutex<
         ("silent.example.", _) => return None,
         ("external.example.", RecordType::A) => {
             r.answers.push(Record::from_rdata(owner, 60, RData::A(EXTERNAL_IP.parse::<std::net::Ipv4Addr>().ok()?.into())));
+        }
+        ("external.example.", RecordType::AAAA) => {
+            r.answers.push(Record::from_rdata(owner, 60, RData::AAAA(EXTERNAL_IP6.parse::<std::net::Ipv6Addr>().ok()?.into())));
+        }
+        // In a dual-stack topology this pod has an IPv6 address too.
+        ("db.external.example.", RecordType::AAAA) => {
+            let target = Name::from_ascii("server.external.example.").ok()?;
+            r.answers.push(Record::from_rdata(owner, 60, RData::CNAME(hickory_proto::rr::rdata::CNAME(target.clone()))));
+            r.answers.push(Record::from_rdata(target, 60, RData::AAAA(AAAA::from(UPSTREAM_IP6.parse::<std::net::Ipv6Addr>().ok()?))));
         }
         // ServiceEntry hosts: this pod itself (outside the mesh), one through a CNAME.
         ("db.external.example.", RecordType::A) => {
@@ -175,9 +186,11 @@ enum Sock {
 }
 
 /// Sends `wire` over UDP from inside `pod` and returns the answer and the address it came from.
+/// An IPv6 `server` (a v4-mapped one too) is asked from an IPv6 socket.
 fn udp_exchange(pod: &Pod, server: SocketAddr, wire: Vec<u8>, sock: Sock) -> Result<(Vec<u8>, SocketAddr)> {
     let local = match sock {
-        Sock::BoundToPodIp => SocketAddr::from((pod.ip, 0)),
+        Sock::BoundToPodIp => SocketAddr::new(pod.ip_like(server.ip()).context("the pod has no address of the server's family")?, 0),
+        _ if server.is_ipv6() => SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0)),
         _ => SocketAddr::from(([0, 0, 0, 0], 0)),
     };
     let connected = matches!(sock, Sock::Connected);
@@ -270,9 +283,13 @@ fn dns_mesh(tag: &str, env: &[(&str, &str)]) -> Result<(Mesh, FakeUpstream)> {
 
 /// `dns_mesh` with more workloads and services (YAML list items).
 fn dns_mesh_with(tag: &str, env: &[(&str, &str)], workloads: &str, services: &str) -> Result<(Mesh, FakeUpstream)> {
-    let topo = Topology::build(&prefix(tag), &[1, 1])?;
+    dns_mesh_in(Topology::build(&prefix(tag), &[1, 1])?, &format!("[\"/{VIP}\"]"), env, workloads, services)
+}
+
+/// `dns_mesh_with` on `topo`, echo with the VIPs `echo_vips` (a YAML list).
+fn dns_mesh_in(topo: Topology, echo_vips: &str, env: &[(&str, &str)], workloads: &str, services: &str) -> Result<(Mesh, FakeUpstream)> {
     let cfg = format!(
-        "workloads:\n{}{workloads}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], ports: {{80: 8080}}}}\n{services}",
+        "workloads:\n{}{workloads}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: {echo_vips}, ports: {{80: 8080}}}}\n{services}",
         workload(&topo, "n1p1", "sleep", ", canonicalName: sleep, canonicalRevision: v1"),
     );
     let fake = FakeUpstream::start(&topo.pod("n2p1").netns)?;
@@ -459,11 +476,13 @@ async fn service_entry_hostname_endpoints_are_resolved_on_demand() -> Result<()>
 
     // By the VIP: the endpoint's hostname resolved from node 1, then plaintext to it.
     assert_eq!(roundtrip(se_vip, b"by vip").await.with_context(|| mesh.logs())?, b"by vip");
+    // Asked once for each family (A and AAAA, as Istio's ztunnel with IPv6 on).
     let asked = fake.asked("db.external.example.");
-    assert_eq!(asked.len(), 1, "{asked:?}");
-    assert_eq!(asked[0].0, IpAddr::from([10, 0, 0, 1]), "resolved by node 1's ztunnel, not by the pod");
+    assert_eq!(asked.iter().map(|s| s.3).collect::<std::collections::BTreeSet<_>>(), [RecordType::A, RecordType::AAAA].into(), "{asked:?}");
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert!(asked.iter().all(|s| s.0 == IpAddr::from([10, 0, 0, 1])), "resolved by node 1's ztunnel, not by the pod: {asked:?}");
     assert_eq!(roundtrip(se_vip, b"again").await?, b"again");
-    assert_eq!(fake.asked("db.external.example.").len(), 1, "the second connection used the cached answer");
+    assert_eq!(fake.asked("db.external.example.").len(), 2, "the second connection used the cached answers");
     mesh.wait_logs(&["dst.service=db.external.example"])?;
     assert!(echo.peers().iter().all(|p| p.ip() == IpAddr::from([10, 10, 1, 11])), "the pod's own address: {:?}", echo.peers());
 
@@ -473,7 +492,7 @@ async fn service_entry_hostname_endpoints_are_resolved_on_demand() -> Result<()>
     assert!(r.metadata.authoritative, "answered from the mesh");
     let to = SocketAddr::new(addresses(&r)[0].parse()?, 80);
     assert_eq!(roundtrip(to, b"by name").await?, b"by name");
-    assert_eq!(fake.asked("db.external.example.").len(), 1, "neither the DNS proxy nor the connection asked again");
+    assert_eq!(fake.asked("db.external.example.").len(), 2, "neither the DNS proxy nor the connection asked again");
 
     // A service without a VIP: its name is the upstream resolver's; the address it gives
     // is outside the mesh and passed through.
@@ -493,5 +512,55 @@ async fn service_entry_hostname_endpoints_are_resolved_on_demand() -> Result<()>
     let src = ["source_workload=\"n1p1\"", "source_canonical_service=\"sleep\"", "source_principal=\"spiffe://cluster.local/ns/default/sa/sleep\""];
     assert_eq!(metric(&m, "istio_on_demand_dns_total", &[&src[..], &["hostname=\"db.external.example\""]].concat()), Some(3.0), "{m}");
     assert_eq!(metric(&m, "istio_on_demand_dns_total", &[&src[..], &["hostname=\"gone.external.example\""]].concat()), Some(1.0), "{m}");
+    Ok(())
+}
+
+/// IPv6, on a dual-stack topology: the pod asks its IPv6 nameserver (and an IPv4 one from
+/// an IPv6 socket, v4-mapped) over UDP and TCP; capture sends it to the DNS proxy on
+/// `[::1]:15053`, which answers AAAA from the mesh's IPv6 VIPs (from the server asked)
+/// and forwards the rest. A ServiceEntry endpoint known by hostname is resolved on demand
+/// for AAAA too: reached over IPv6 through the service's IPv6 VIP, over IPv4 through its
+/// IPv4 one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv6_dns_and_aaaa_answers() -> Result<()> {
+    let workloads = "- {uid: Kubernetes/networking.istio.io/ServiceEntry/default/db/db.external.example, name: db, namespace: default,
+   hostname: db.external.example, protocol: TCP, services: {default/db.external.example: {80: 8080}}}
+";
+    let services = "- {name: db, namespace: default, hostname: db.external.example, vips: [\"/10.96.0.50\", \"/fd00:96::50\"], ports: {80: 8080}}\n";
+    let topo = Topology::build_family(&prefix("d6"), &[1, 1], IpFamily::Dual)?;
+    let (mesh, fake) = dns_mesh_in(topo, "[\"/10.96.0.10\", \"/fd00:96::10\"]", &[], workloads, services)?;
+    let (client, ext) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    let server6 = SocketAddr::new(UPSTREAM_IP6.parse()?, 53);
+    let mapped: SocketAddr = format!("[::ffff:{}]:53", std::net::Ipv4Addr::from(UPSTREAM_IP)).parse()?;
+
+    // Mesh names over IPv6 (unconnected, connected, bound to the pod's IPv6 address; TCP),
+    // and from an IPv6 socket to the IPv4 nameserver: answered from the mesh.
+    for sock in [Sock::Unconnected, Sock::Connected, Sock::BoundToPodIp] {
+        let r = ask_udp(client, server6, "echo.", RecordType::AAAA, sock).with_context(|| mesh.logs())?;
+        assert_eq!(addresses(&r), ["fd00:96::10"], "{sock:?}: {r:?}");
+        assert!(r.metadata.authoritative);
+    }
+    assert_eq!(addresses(&ask_udp(client, server6, "echo.default.", RecordType::A, Sock::Unconnected)?), [VIP]);
+    assert_eq!(addresses(&ask_tcp(client, server6, "echo.default.svc.cluster.local.", RecordType::AAAA)?), ["fd00:96::10"]);
+    assert_eq!(addresses(&ask_udp(client, mapped, "echo.", RecordType::AAAA, Sock::Unconnected)?), ["fd00:96::10"]);
+    assert!(fake.seen().iter().all(|(_, _, n, _)| !n.contains("echo")), "mesh names must not reach upstream: {:?}", fake.seen());
+    // Other names are forwarded (from node 1), AAAA included.
+    let r = ask_udp(client, server6, "external.example.", RecordType::AAAA, Sock::Unconnected)?;
+    assert_eq!(addresses(&r), [EXTERNAL_IP6]);
+    let asked = fake.asked("external.example.");
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!((asked[0].0, asked[0].3), (IpAddr::from([10, 0, 0, 1]), RecordType::AAAA), "forwarded from node 1's ztunnel");
+
+    // On-demand resolution asks A and AAAA; the connection keeps the family of the VIP.
+    let echo = EchoServer::serve(ext.netns.listen_on("[::]:8080".parse()?)?, None)?;
+    for (vip, family) in [("[fd00:96::50]:80", "IPv6"), ("10.96.0.50:80", "IPv4")] {
+        let to: SocketAddr = vip.parse()?;
+        let mut s = client.netns.connect(to).await?;
+        assert_eq!(echo_roundtrip(&mut s, family.as_bytes()).await.with_context(|| mesh.logs())?, family.as_bytes());
+        let peer = echo.peers().last().copied().context("no connection")?;
+        assert_eq!(Some(peer.ip()), client.ip_like(to.ip()), "through the {family} VIP: the endpoint reached over {family}");
+    }
+    let kinds: Vec<RecordType> = fake.asked("db.external.example.").iter().map(|s| s.3).collect();
+    assert!(kinds.contains(&RecordType::A) && kinds.contains(&RecordType::AAAA), "{kinds:?}");
     Ok(())
 }

@@ -3,14 +3,12 @@
 //! applying HTTP routing and L7 policy. Prints what happened and exits non-zero if anything did not work.
 //! Needs the waypoint binary beside ztunnel's (scripts/demo.sh builds it).
 
-mod http_app;
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use anyhow::{ensure, Result};
-use netsim::*;
+use mesh_tests::{bins, http_app};
+use mesh_tests::netsim::*;
 
 /// L7 config the waypoint applies to the `web` service: header routing, an 80/20 split,
 /// and a DENY on /admin.
@@ -34,8 +32,6 @@ authorizationPolicies:
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     println!("== ztunnel local demo: 2 nodes, 5 pods, HBONE between node proxies and a waypoint ==\n");
-    let waypoint_bin = std::path::Path::new(ZTUNNEL).with_file_name("waypoint");
-    ensure!(waypoint_bin.exists(), "{} is missing: run `cargo build -p waypoint` (scripts/demo.sh does)", waypoint_bin.display());
     let topo = Topology::build(&prefix("demo"), &[3, 2])?;
     let wp_ip = topo.pod("n1p3").ip;
     let svc = |version: &str| {
@@ -65,7 +61,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
     let t = &mesh.topo;
     let waypoint = t.pod("n1p3").netns.spawn(
-        &waypoint_bin.display().to_string(),
+        bins::waypoint(),
         &[
             "--local-xds-path", &t.dir.join("mesh-node1.yaml").display().to_string(),
             "--workload-uid", "n1p3",

@@ -2,8 +2,6 @@
 //! held back by flow control (TCP windows and HBONE's HTTP/2 windows) rather than by
 //! ztunnel's memory. Run with `--nocapture` to see the measured numbers.
 
-mod netsim;
-
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use netsim::*;
+use mesh_tests::netsim::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const MIB: u64 = 1024 * 1024;

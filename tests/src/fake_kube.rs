@@ -6,7 +6,6 @@
 //! `k=v`, `k!=v`: an object that stops matching is DELETED for that watch, as the API
 //! server does), as kube's watcher uses them. Objects are JSON values the test applies and
 //! deletes.
-#![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -2,7 +2,6 @@
 //! an OTLP trace collector, and ext_authz servers: an HTTP authorizer as Istio's sample (`x-ext-authz: allow` allows) and a gRPC one
 //! serving Envoy's `envoy.service.auth.v3.Authorization` with tonic. Each records the
 //! checks it saw.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 

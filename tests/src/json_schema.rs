@@ -1,3 +1,4 @@
+// Included by ztunnel's config_dump unit test too, so `//` comments: no inner attributes.
 // A small JSON Schema checker for the schema keywords our test schemas use (`type`,
 // `enum`, `required`, `properties`, `additionalProperties`, `items`, local `$ref`), so
 // the config_dump shape can be checked without a large validator dependency.

@@ -6,11 +6,8 @@
 //! (only the server enrolled: a plaintext client steered to 15006 by sk_lookup or
 //! REDIRECT, which isolates inbound capture).
 //!
-//! `cargo test -p ztunnel --test capture_bench` runs a small smoke pass (CI keeps it
-//! working); `ZTUNNEL_BENCH=1 cargo test --release -p ztunnel --test capture_bench`
-//! gives the numbers (ARCHITECTURE.md, capture).
-
-mod netsim;
+//! `bench capture` gives the numbers (ARCHITECTURE.md, capture); `bench capture --quick`
+//! is the smoke pass CI runs (bench/tests/smoke.rs).
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -18,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use netsim::*;
+use mesh_tests::netsim::*;
 
 struct Sizes {
     rounds: usize,
@@ -33,21 +30,10 @@ struct Sample {
     p99_us: f64,
 }
 
-/// Runs `f` on a thread inside the pod's netns (blocking sockets: no runtime in the way).
-fn in_pod<R: Send + 'static>(pod: &Pod, f: impl FnOnce() -> Result<R> + Send + 'static) -> Result<R> {
-    let path = pod.netns.path();
-    std::thread::spawn(move || {
-        let ns = std::fs::File::open(&path)?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?
-}
-
 fn measure(client: &Pod, to: SocketAddr, sizes: &Sizes) -> Result<Sample> {
     let (connections, round_trips) = (sizes.connections, sizes.round_trips);
-    in_pod(client, move || {
+    // Blocking sockets on a thread in the pod's netns: no runtime in the way.
+    client.netns.run(move || {
         // Setup rate: connect, 1 byte each way, close.
         let start = Instant::now();
         for _ in 0..connections {
@@ -74,7 +60,7 @@ fn measure(client: &Pod, to: SocketAddr, sizes: &Sizes) -> Result<Sample> {
         lat.sort_by(f64::total_cmp);
         let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
         Ok(Sample { conn_per_s, p50_us: pct(0.50), p99_us: pct(0.99) })
-    })
+    })?
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -82,13 +68,14 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> Result<()> {
-    let full = std::env::var_os("ZTUNNEL_BENCH").is_some();
-    let sizes = if full {
-        Sizes { rounds: 5, connections: 2000, round_trips: 5000 }
-    } else {
+/// Both scenarios, `mesh` then `inbound`.
+pub fn main(quick: bool) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let _rt = rt.enter();
+    let sizes = if quick {
         Sizes { rounds: 1, connections: 20, round_trips: 50 }
+    } else {
+        Sizes { rounds: 5, connections: 2000, round_trips: 5000 }
     };
     for scenario in ["mesh", "inbound"] {
         run(scenario, &sizes)?;

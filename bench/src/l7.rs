@@ -11,13 +11,9 @@
 //! CPU is the user+system time of the ztunnels and the waypoint over the measured
 //! requests (from /proc), divided by the request count.
 //!
-//! `cargo test -p waypoint --test waypoint_bench` runs a smoke pass (CI keeps it
-//! working); `ZTUNNEL_BENCH=1 cargo test --release -p waypoint --test waypoint_bench`
-//! gives the numbers (README).
-
-mod ext_authz;
-mod http_app;
-mod netsim;
+//! The route and policy are the main suite's (`modes::L7`). `bench l7` gives the numbers
+//! (docs/benchmarks.md); `bench l7 --quick` is the smoke pass CI runs
+//! (bench/tests/smoke.rs).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -25,9 +21,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use netsim::*;
+use mesh_tests::netsim::*;
+use mesh_tests::{bins, http_app, test_servers};
 
-const WAYPOINT: &str = env!("CARGO_BIN_EXE_waypoint");
+use crate::modes::L7;
 
 #[derive(Clone, Default)]
 struct Sample {
@@ -39,10 +36,7 @@ struct Sample {
 
 /// Blocking HTTP/1.1 keep-alive client: `n` GETs, latency of each.
 fn run_requests(pod: &Pod, to: SocketAddr, n: usize) -> Result<Vec<f64>> {
-    let path = pod.netns.path();
-    std::thread::spawn(move || -> Result<Vec<f64>> {
-        let ns = std::fs::File::open(&path)?;
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+    pod.netns.run(move || -> Result<Vec<f64>> {
         let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
         s.set_nodelay(true)?;
         let mut w = s.try_clone()?;
@@ -73,31 +67,13 @@ fn run_requests(pod: &Pod, to: SocketAddr, n: usize) -> Result<Vec<f64>> {
             lat.push(t.elapsed().as_secs_f64() * 1e6);
         }
         Ok(lat)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("benchmark thread panicked"))?
+    })?
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
-
-const L7: &str = r#"httpRoutes:
-- name: echo
-  namespace: default
-  parentRefs: [{group: "", kind: Service, name: echo}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /bench}, headers: [{name: user-agent, value: bench}]}]
-    backendRefs: [{name: echo, port: 80}]
-authorizationPolicies:
-- name: allow-client
-  namespace: default
-  targetRefs: [{kind: Service, group: "", name: echo}]
-  rules:
-  - from: [{source: {principals: ["cluster.local/ns/default/sa/client"]}}]
-    to: [{operation: {methods: [GET], paths: ["/bench*"]}}]
-"#;
 
 /// The `ext_authz` mode's provider and CUSTOM policy (the L7 config above besides).
 const EXT_AUTHZ: &str = r#"- name: check-all
@@ -112,15 +88,13 @@ meshConfig:
     envoyExtAuthzGrpc: {service: authz.default.svc.cluster.local, port: 9100}
 "#;
 
-fn main() -> Result<()> {
+/// Every path, `rounds` interleaved rounds of `requests` each (defaults: 5 x 5000, or
+/// 1 x 50 when `quick`).
+pub fn main(quick: bool, requests: Option<usize>) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let _guard = rt.enter();
-    let full = std::env::var_os("ZTUNNEL_BENCH").is_some();
-    let (rounds, mut requests) = if full { (5, 5000) } else { (1, 50) };
-    // For profiling a longer run: ZTUNNEL_BENCH_REQUESTS=<n>.
-    if let Some(n) = std::env::var("ZTUNNEL_BENCH_REQUESTS").ok().and_then(|n| n.parse().ok()) {
-        requests = n;
-    }
+    let (rounds, default_requests) = if quick { (1, 50) } else { (5, 5000) };
+    let requests = requests.unwrap_or(default_requests);
     let modes = ["direct", "l4", "waypoint", "ext_authz"];
     let mut results: HashMap<&str, Vec<Sample>> = HashMap::new();
     for round in 0..rounds {
@@ -149,7 +123,7 @@ fn main() -> Result<()> {
                 std::fs::write(&cfg_path, &cfg)?;
                 let state = t.dir.join("ca");
                 let w = t.pod("n1p2").netns.spawn(
-                    WAYPOINT,
+                    bins::waypoint(),
                     &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
                     &[("RUST_LOG", "warn")],
                     &t.dir.join("waypoint.log"),
@@ -162,8 +136,8 @@ fn main() -> Result<()> {
                 None
             };
             let _app = rt.block_on(async { http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false) })?;
-            let checks = ext_authz::Checks::default();
-            let _authz = rt.block_on(async { ext_authz::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone()) })?;
+            let checks = test_servers::Checks::default();
+            let _authz = rt.block_on(async { test_servers::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone()) })?;
             let to: SocketAddr = if mode == "direct" { SocketAddr::new(t.pod("n2p1").ip.into(), 8080) } else { "10.96.0.10:80".parse()? };
             run_requests(t.pod("n1p1"), to, 50).context("warm-up")?;
             let cpu = || -> Duration { mesh.ztunnels.iter().chain(waypoint.iter()).filter_map(|c| c.cpu_time()).sum() };
