@@ -330,16 +330,25 @@ impl Topology {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("end-to-end tests need root (network namespaces); run them as root");
         }
-        remove_prefixed(prefix);
+        claim(prefix)?;
         let dir = std::env::temp_dir().join(format!("ztunnel-e2e-{prefix}"));
-        // A run that was killed may have left its bpffs mounted.
+        let bpffs = dir.join("bpf");
+        let mut topo = Topology {
+            prefix: prefix.into(),
+            wire: Netns { name: format!("{prefix}-wire") },
+            nodes: vec![],
+            pods: vec![],
+            dir: dir.clone(),
+            bpffs,
+            networks: vec![],
+            gateway: None,
+        };
+        // From here on, Drop cleans up whatever was created (and releases the prefix).
+        // What a run that was killed left behind goes first.
+        remove_prefixed(prefix);
         let _ = Command::new("umount").args(["-l", &dir.join("bpf").display().to_string()]).stderr(Stdio::null()).status();
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let bpffs = dir.join("bpf");
-        let mut topo =
-            Topology { prefix: prefix.into(), wire: Netns { name: format!("{prefix}-wire") }, nodes: vec![], pods: vec![], dir, bpffs, networks: vec![], gateway: None };
-        // From here on, Drop cleans up whatever was created.
         std::fs::create_dir_all(&topo.bpffs)?;
         sh("mount", &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()])?;
         let add = |name: &str| -> Result<Netns> {
@@ -506,6 +515,7 @@ impl Drop for Topology {
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+        release(&self.prefix);
     }
 }
 
@@ -766,8 +776,26 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
 
 pub const READY: Duration = Duration::from_secs(20);
 
+/// Names a test's namespaces, links and files: `tag` must be unique in the test binary
+/// (suites run side by side in one process; a second Topology with the same prefix
+/// would remove the first one's namespaces and files mid-test: `Topology::build`
+/// refuses a prefix that is in use).
 pub fn prefix(tag: &str) -> String {
     format!("z{}{tag}", std::process::id() % 1000)
+}
+
+/// Prefixes of the topologies alive in this process.
+static LIVE: std::sync::Mutex<std::collections::BTreeSet<String>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+
+fn claim(prefix: &str) -> Result<()> {
+    if !LIVE.lock().unwrap_or_else(|e| e.into_inner()).insert(prefix.to_string()) {
+        bail!("prefix {prefix:?} belongs to a topology alive in this process (another test with the same tag): give this test a tag of its own");
+    }
+    Ok(())
+}
+
+fn release(prefix: &str) {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(prefix);
 }
 
 /// Workload YAML for a pod (all its addresses); uid = pod name; its node's network, if the

@@ -527,7 +527,7 @@ async fn ipv6_dns_and_aaaa_answers() -> Result<()> {
    hostname: db.external.example, protocol: TCP, services: {default/db.external.example: {80: 8080}}}
 ";
     let services = "- {name: db, namespace: default, hostname: db.external.example, vips: [\"/10.96.0.50\", \"/fd00:96::50\"], ports: {80: 8080}}\n";
-    let topo = Topology::build_family(&prefix("d6"), &[1, 1], IpFamily::Dual)?;
+    let topo = Topology::build_family(&prefix("dn6"), &[1, 1], IpFamily::Dual)?;
     let (mesh, fake) = dns_mesh_in(topo, "[\"/10.96.0.10\", \"/fd00:96::10\"]", &[], workloads, services)?;
     let (client, ext) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let server6 = SocketAddr::new(UPSTREAM_IP6.parse()?, 53);

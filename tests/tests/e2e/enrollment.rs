@@ -131,7 +131,7 @@ async fn echo_once(from: &Pod, to: SocketAddr) -> Result<Vec<u8>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_enroll_and_leave_over_zds() -> Result<()> {
-    let topo = Topology::build(&prefix("e"), &[1, 1])?;
+    let topo = Topology::build(&prefix("en"), &[1, 1])?;
     let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
     let node1 = start_node(&topo, 1, &cfg)?;
     let mut node2 = start_node(&topo, 2, &cfg)?;
@@ -243,7 +243,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
-    let topo = Topology::build(&prefix("t"), &[1, 1])?;
+    let topo = Topology::build(&prefix("et"), &[1, 1])?;
     let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
     let node1 = start_node(&topo, 1, &cfg)?;
     let node2 = start_node(&topo, 2, &cfg)?;
