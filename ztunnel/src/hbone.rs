@@ -26,8 +26,10 @@ pub use tuning::{
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceParent {
     version: u8,
-    trace_id: u128,
-    parent_id: u64,
+    // Bytes, not u128/u64: alignment 1 keeps every outbound connection's task (which holds
+    // one for its life) from padding out to 16.
+    trace_id: [u8; 16],
+    parent_id: [u8; 8],
     flags: u8,
 }
 
@@ -56,8 +58,8 @@ impl TraceParent {
         }
         Some(TraceParent {
             version: u8::from_str_radix(version, 16).ok()?,
-            trace_id: u128::from_str_radix(trace, 16).ok()?,
-            parent_id: u64::from_str_radix(parent, 16).ok()?,
+            trace_id: u128::from_str_radix(trace, 16).ok()?.to_be_bytes(),
+            parent_id: u64::from_str_radix(parent, 16).ok()?.to_be_bytes(),
             flags: u8::from_str_radix(flags, 16).ok()?,
         })
     }
@@ -75,12 +77,12 @@ impl TraceParent {
 
     /// The header value.
     pub fn header(&self) -> String {
-        format!("{:02x}-{:032x}-{:016x}-{:02x}", self.version, self.trace_id, self.parent_id, self.flags)
+        format!("{:02x}-{}-{:016x}-{:02x}", self.version, self.trace_id(), u64::from_be_bytes(self.parent_id), self.flags)
     }
 
     /// The trace id, 32 hex digits (the span field `id`).
     pub fn trace_id(&self) -> String {
-        format!("{:032x}", self.trace_id)
+        format!("{:032x}", u128::from_be_bytes(self.trace_id))
     }
 }
 

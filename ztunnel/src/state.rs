@@ -488,10 +488,11 @@ pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>
                 LoadBalancerScope::Node => src.node == wl.node,
                 LoadBalancerScope::Cluster => src.cluster_id == wl.cluster_id,
                 LoadBalancerScope::Network if network_first => {
-                    if src.network == wl.network {
-                        adjust = prefs.len() - 1;
+                    if src.network != wl.network {
+                        continue;
                     }
-                    continue;
+                    adjust = prefs.len() - 1;
+                    true
                 }
                 LoadBalancerScope::Network => src.network == wl.network,
             };
