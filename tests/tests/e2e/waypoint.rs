@@ -2510,10 +2510,16 @@ telemetries:
 
 /// The trace id of the first `<span>{id=...` in lines that contain `needle`.
 fn trace_ids(log: &str, span: &str, needle: &str) -> Vec<String> {
-    let open = format!("{span}{{id=");
+    // The span's fields, `span{a=1 id=... b=2}` (an id recorded after the span was made
+    // comes last).
+    let open = format!("{span}{{");
     log.lines()
         .filter(|l| l.contains(needle))
-        .filter_map(|l| l.split_once(open.as_str()).map(|(_, rest)| rest.chars().take_while(char::is_ascii_hexdigit).collect::<String>()))
+        .filter_map(|l| {
+            let fields = l.split_once(open.as_str())?.1.split('}').next()?;
+            let id = fields.split(' ').find_map(|f| f.strip_prefix("id="))?;
+            Some(id.chars().take_while(char::is_ascii_hexdigit).collect::<String>())
+        })
         .collect()
 }
 
