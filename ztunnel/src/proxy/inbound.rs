@@ -171,7 +171,7 @@ struct Tunnel {
     upstream: TcpStream,
     send: h2::SendStream<Bytes>,
     recv: h2::RecvStream,
-    registration: crate::proxy::InboundGuard,
+    registration: super::pod::InboundGuard,
     conn: crate::metrics::OpenConnection,
     target: HboneAddress,
     src_wl: Option<Arc<crate::state::Workload>>,
