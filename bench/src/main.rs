@@ -81,11 +81,19 @@ enum Command {
     /// capture, for a fully meshed pair and for inbound capture only (ARCHITECTURE.md).
     Capture,
     /// The L7 hop: keep-alive HTTP/1.1 latency and proxy CPU per request, direct vs L4 vs
-    /// waypoint vs waypoint with an ext_authz check (docs/benchmarks.md).
+    /// waypoint, and the waypoint with one L7 feature on per path (ext_authz, JWT, tracing,
+    /// access log, DestinationRule, VirtualService fault) (docs/benchmarks.md).
     L7 {
         /// Requests per round (default 5000; quick 50).
         #[arg(long)]
         requests: Option<usize>,
+        /// Interleaved rounds (default 5; quick 1); medians are over them.
+        #[arg(long)]
+        rounds: Option<usize>,
+        /// Paths to run, comma-separated (default: all; quick: direct,l4,waypoint,ext_authz).
+        /// direct, l4, waypoint, ext_authz, jwt, tracing, log_filter, log_all, dest_rule, vs_fault.
+        #[arg(long, value_delimiter = ',', value_parser = l7::Path::parse)]
+        paths: Option<Vec<l7::Path>>,
     },
 }
 
@@ -288,7 +296,7 @@ fn main() -> Result<()> {
     mesh_tests::bins::use_binaries(bins.ztunnel.clone(), bins.waypoint.clone())?;
     match args.command {
         Some(Command::Capture) => return capture::main(args.quick),
-        Some(Command::L7 { requests }) => return l7::main(args.quick, requests),
+        Some(Command::L7 { requests, rounds, paths }) => return l7::main(args.quick, requests, rounds, paths),
         None => {}
     }
     let mut all = vec![Mode::Direct, Mode::L4, Mode::Waypoint];

@@ -48,19 +48,23 @@ pub struct Binaries {
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 
-/// L7 config for the waypoint: one route to the echo service's HTTP port and an ALLOW
-/// policy per request (method + path), plus the TCP ports of the echo and sink for the
-/// client. The route names port 80: a Service with routes on a port refuses non-HTTP
-/// bytes there, and the echo and sink ports carry raw TCP (relayed at L4). `bench l7`
-/// uses it too.
-pub const L7: &str = r#"httpRoutes:
+/// L7 config for the waypoint, in two parts: [`L7_ROUTE`], one route to the echo
+/// service's HTTP port, then [`L7_POLICY`]. The route names port 80: a Service with routes
+/// on a port refuses non-HTTP bytes there, and the echo and sink ports carry raw TCP
+/// (relayed at L4). `bench l7` uses both (its `vs_fault` path swaps the route for a
+/// VirtualService).
+pub const L7_ROUTE: &str = r#"httpRoutes:
 - name: echo
   namespace: default
   parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
   rules:
   - matches: [{path: {type: PathPrefix, value: /bench}}]
     backendRefs: [{name: echo, port: 80}]
-authorizationPolicies:
+"#;
+
+/// An ALLOW policy per request (method + path), plus the TCP ports of the echo and sink
+/// for the client. It ends with the list of policies, so more policies may follow it.
+pub const L7_POLICY: &str = r#"authorizationPolicies:
 - name: allow-client
   namespace: default
   targetRefs: [{kind: Service, group: "", name: echo}]
@@ -121,7 +125,7 @@ impl Env {
         let waypoint_ref = if matches!(mode, Mode::Waypoint) { format!(", waypoint: {{destination: \"/{}\"}}", wp.ip) } else { String::new() };
         let cfg = format!(
             "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], \
-             ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7}",
+             ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7_ROUTE}{L7_POLICY}",
             netsim::workload(&topo, "n1p1", "client", ""),
             netsim::workload(&topo, "n1p2", "waypoint", ""),
             netsim::workload(
@@ -197,9 +201,9 @@ impl Env {
         let http_port = if matches!(mode, Mode::Waypoint) { 80 } else { server::HTTP_PORT };
         Ok(Env {
             client_ns: client.netns.path(),
-            http: SocketAddr::new(dst.into(), http_port),
-            echo: SocketAddr::new(dst.into(), server::ECHO_PORT),
-            sink: SocketAddr::new(dst.into(), server::SINK_PORT),
+            http: SocketAddr::new(dst, http_port),
+            echo: SocketAddr::new(dst, server::ECHO_PORT),
+            sink: SocketAddr::new(dst, server::SINK_PORT),
             _server: server,
             proxies,
             _helpers: helpers,

@@ -9,5 +9,6 @@ pub mod h2_raw;
 pub mod hbone_peer;
 pub mod http_app;
 pub mod json_schema;
+pub mod jwt;
 pub mod netsim;
 pub mod test_servers;
