@@ -53,10 +53,11 @@ stage "docs links" python3 scripts/check-docs.py
 # runs 10 s from its committed corpus, regressions replayed (`bash scripts/fuzz.sh 600`
 # is the thorough run). Its own process group, so a failing stage stops it too.
 fuzz_log=$(mktemp)
-fuzz_start=$SECONDS
-setsid nice -n 10 bash scripts/fuzz.sh 10 >"$fuzz_log" 2>&1 &
+fuzz_time=$(mktemp)
+# shellcheck disable=SC2016 # expanded by the inner bash
+setsid nice -n 10 bash -c 't=$SECONDS; bash scripts/fuzz.sh 10; s=$?; echo $((SECONDS - t)) >"$1"; exit $s' fuzz "$fuzz_time" >"$fuzz_log" 2>&1 &
 fuzz_pid=$!
-trap 'kill -- -"$fuzz_pid" 2>/dev/null || true; rm -f "$fuzz_log"' EXIT
+trap 'kill -- -"$fuzz_pid" 2>/dev/null || true; rm -f "$fuzz_log" "$fuzz_time"' EXIT
 stage "build the tests" cargo test --workspace --no-run
 # Everything but the soak (run below), with the eBPF capture (the default). The
 # backpressure test is alone in its test binary, so nothing else runs beside it.
@@ -77,7 +78,7 @@ echo "== fuzz build and smoke (begun before the test build): output"
 fuzz_status=0
 wait "$fuzz_pid" || fuzz_status=$?
 cat "$fuzz_log"
-timings+=("$(printf '%5ds  %s' $((SECONDS - fuzz_start)) "fuzz build and smoke (beside the stages above, from the test build on)")")
+timings+=("$(printf '%5ss  %s' "$(cat "$fuzz_time")" "fuzz build and smoke (beside the stages above, from the test build on)")")
 if [ "$fuzz_status" -ne 0 ]; then
   echo "== FAILED: fuzz build and smoke"
   exit 1
