@@ -7,6 +7,8 @@ command -v nft >/dev/null || need+=(nftables)
 command -v tcpdump >/dev/null || need+=(tcpdump)
 command -v ss >/dev/null || need+=(iproute2)
 command -v cc >/dev/null || need+=(gcc)
+# Faster linking of the test binaries (scripts/link-gcc).
+command -v mold >/dev/null || need+=(mold)
 # eBPF capture: clang -target bpf, libbpf's headers (bpf/bpf_helpers.h).
 command -v clang >/dev/null || need+=(clang llvm)
 [ -e /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
