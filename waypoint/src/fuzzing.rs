@@ -49,3 +49,27 @@ pub fn config_yaml(data: &[u8]) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The `config_yaml` target's committed inputs (`fuzz/corpus/config_yaml/`, and
+    /// `fuzz/regressions/config_yaml/` when there are any) pass the waypoint's half of it
+    /// (ztunnel's unit tests replay them through the mesh half).
+    #[test]
+    fn committed_config_inputs_pass() {
+        let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+        let mut replayed = 0;
+        for kind in ["corpus", "regressions"] {
+            let Ok(entries) = std::fs::read_dir(fuzz.join(kind).join("config_yaml")) else { continue };
+            for e in entries {
+                let path = e.unwrap().path();
+                let bytes = std::fs::read(&path).unwrap();
+                if std::panic::catch_unwind(|| super::config_yaml(&bytes)).is_err() {
+                    panic!("config_yaml panics on {} (its message is above)", path.display());
+                }
+                replayed += 1;
+            }
+        }
+        assert!(replayed > 0, "no committed config_yaml inputs under {}", fuzz.display());
+    }
+}

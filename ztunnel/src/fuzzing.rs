@@ -12,6 +12,11 @@ use prost::Message;
 use crate::config::LocalConfig;
 use crate::state::{MeshState, SharedState, Workload};
 
+#[cfg(any(test, feature = "fuzzing"))]
+mod rbac_model;
+#[cfg(any(test, feature = "fuzzing"))]
+pub use rbac_model::rbac_model;
+
 /// Input larger than this is cut: every parser here sees bounded messages in production
 /// (HTTP/2 header lists, a 64 KiB ZDS packet, a 64 KiB DNS message).
 const MAX_INPUT: usize = 64 * 1024;

@@ -287,3 +287,36 @@ fn seeds_pass_the_targets() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every committed input, `fuzz/corpus/<target>/` (the seeds above and what fuzzing runs
+/// kept) and `fuzz/regressions/<target>/` (inputs that once crashed), goes through its
+/// target: CI replays them here rather than building the instrumented fuzz targets.
+#[test]
+fn committed_inputs_pass_the_targets() {
+    let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+    type Target = (&'static str, fn(&[u8]));
+    let targets: [Target; 7] = [
+        ("hbone_connect", super::hbone_connect),
+        ("config_yaml", super::config_yaml),
+        ("xds_resources", super::xds_resources),
+        ("zds_message", super::zds_message),
+        ("dns_message", super::dns_message),
+        ("proxy_protocol", super::proxy_protocol),
+        ("rbac_model", super::rbac_model),
+    ];
+    let mut replayed = 0;
+    for (target, f) in targets {
+        for kind in ["corpus", "regressions"] {
+            let Ok(entries) = std::fs::read_dir(fuzz.join(kind).join(target)) else { continue };
+            for e in entries {
+                let path = e.unwrap().path();
+                let bytes = std::fs::read(&path).unwrap();
+                if std::panic::catch_unwind(|| f(&bytes)).is_err() {
+                    panic!("{target} panics on {} (its message is above)", path.display());
+                }
+                replayed += 1;
+            }
+        }
+    }
+    assert!(replayed >= 30, "only {replayed} committed inputs under {}", fuzz.display());
+}
