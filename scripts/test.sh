@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
+# A full run builds everything once: incremental compilation would only add work.
+export CARGO_INCREMENTAL=0
 start=$SECONDS
 timings=()
 # Runs one stage and records how long it took (printed at the end: CI time is budgeted).
@@ -47,30 +49,45 @@ together() {
 stage "module map" python3 scripts/module-map.py ztunnel/src waypoint/src
 # Docs: relative links resolve, nothing cites files outside the project.
 stage "docs links" python3 scripts/check-docs.py
-stage "build the tests" cargo test --workspace --no-run
-# Everything but the soak (run below), with the eBPF capture (the default). The
-# backpressure test is alone in its test binary, so nothing else runs beside it. The fuzz
-# targets' instrumented build (fuzz/target) runs meanwhile. (Measured: starting the fuzz
-# build in the background with the test build, niced, made the whole run slower: on 2
-# cores the builds only split the CPU, and with autogroup scheduling `nice` across
-# sessions does nothing.)
+# Build in two steps so the end-to-end suites (mostly waiting on the network and timers:
+# ~40% of 2 cores) start as soon as what they run exists, while the compiler builds the
+# rest. First the binaries under test (the `cli` tests make cargo build them) and the
+# e2e and soak test binaries; their paths come from cargo's JSON messages.
+exes=$(mktemp)
+trap 'rm -f "$exes"' EXIT
+stage "build the binaries and the end-to-end tests" bash -c \
+  "cargo test --workspace --no-run --test e2e --test soak --test cli --message-format=json-render-diagnostics >'$exes'"
+exe() {
+  python3 -c 'import json,sys
+for l in open(sys.argv[1]):
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[2] and m.get("executable"):
+        print(m["executable"])' "$exes" "$1"
+}
+e2e=$(exe e2e)
+soak_exe=$(exe soak)
+# Then, side by side: the e2e suites with the eBPF capture (the default); again with the
+# nftables fallback for the suites that depend on capture, then the L4 suite on an
+# IPv6-only and on a dual-stack topology (eBPF capture: nftables' IPv6 rules are the same
+# inet table, and the l4 and dns tests built on dual-stack topologies run with nftables
+# here too); the soak (SOAK_SECONDS, 120 s by default, in its own namespaces); the rest
+# of the build and then every other test (unit tests, command lines, backpressure, the
+# demo, the bench smoke); and the chart checks. The test binaries run directly, not
+# through cargo (which would wait for the build directory the compiler holds), with the
+# binaries under test from target/debug; each topology's names carry its process id, so
+# the runs do not meet. Fuzzing: the unit tests replay every committed corpus and
+# regression input through the fuzz targets' entry points (`ztunnel::fuzzing`,
+# `waypoint::fuzzing`); coverage-guided runs are `bash scripts/fuzz.sh [SECONDS]`.
 soak=soak_mixed_traffic_under_control_plane_churn
-stage "unit and end-to-end tests (eBPF capture), fuzz build" together \
-  "unit and end-to-end tests (eBPF capture)" "cargo test --workspace -- --skip $soak" \
-  "fuzz build" "bash scripts/fuzz.sh build"
-# Helm charts (lint, render, offline schema validation), Dockerfiles and shell scripts.
-stage "charts, Dockerfiles, shell scripts" bash scripts/check-charts.sh
-# The end-to-end suites that depend on capture again with the nftables fallback, then the
-# L4 suite a third time on an IPv6-only topology and a fourth on a dual-stack one (eBPF
-# capture: nftables' IPv6 rules are the same inet table, and the l4 and dns tests built
-# on dual-stack topologies run with nftables here too), beside the soak (SOAK_SECONDS, 120
-# s by default, mostly waiting on timers and the network, in its own namespaces) and the
-# fuzz smoke: every cargo-fuzz target for 10 s from its committed corpus, regressions
-# replayed (`bash scripts/fuzz.sh 600` is the thorough run). --workspace keeps the
-# feature set of the build above: nothing is built again.
-stage "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack), soak, fuzz smoke" together \
-  "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack)" "ZTUNNEL_TEST_CAPTURE=nftables cargo test --workspace --test e2e -- l4:: enrollment:: dns:: && ZTUNNEL_TEST_IP_FAMILY=v6 cargo test --workspace --test e2e -- l4:: && ZTUNNEL_TEST_IP_FAMILY=dual cargo test --workspace --test e2e -- l4::" \
-  "soak" "cargo test --workspace --test soak -- --exact $soak" \
-  "fuzz smoke" "bash scripts/fuzz.sh 10"
+# Every integration test target but those two (`--test cli --test limits ...`).
+rest=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys
+names = {t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"] if "test" in t["kind"]}
+print(" ".join("--test " + n for n in sorted(names - {"e2e", "soak"})))')
+stage "tests" together \
+  "end-to-end tests (eBPF capture)" "cd tests && '$e2e'" \
+  "end-to-end tests (nftables capture; L4 on IPv6 and dual-stack)" "cd tests && ZTUNNEL_TEST_CAPTURE=nftables '$e2e' l4:: enrollment:: dns:: && ZTUNNEL_TEST_IP_FAMILY=v6 '$e2e' l4:: && ZTUNNEL_TEST_IP_FAMILY=dual '$e2e' l4::" \
+  "soak" "cd tests && '$soak_exe' --exact $soak" \
+  "unit tests, command lines, backpressure, demo, bench smoke" "cargo test --workspace --no-run && cargo test --workspace --lib --bins $rest" \
+  "charts, Dockerfiles, shell scripts" "bash scripts/check-charts.sh"
 echo "== all tests passed in $((SECONDS - start))s:"
 printf '%s\n' "${timings[@]}"

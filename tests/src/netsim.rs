@@ -779,9 +779,10 @@ pub const READY: Duration = Duration::from_secs(20);
 /// Names a test's namespaces, links and files: `tag` must be unique in the test binary
 /// (suites run side by side in one process; a second Topology with the same prefix
 /// would remove the first one's namespaces and files mid-test: `Topology::build`
-/// refuses a prefix that is in use).
+/// refuses a prefix that is in use). The whole process id keeps test processes that run
+/// side by side (scripts/test.sh runs several) apart.
 pub fn prefix(tag: &str) -> String {
-    format!("z{}{tag}", std::process::id() % 1000)
+    format!("z{}{tag}", std::process::id())
 }
 
 /// Prefixes of the topologies alive in this process.
