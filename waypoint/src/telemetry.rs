@@ -381,6 +381,12 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// No Telemetry at all: one shared value (requests take a reference, not an allocation).
+    pub fn defaults() -> Arc<Applied> {
+        static NONE: std::sync::OnceLock<Arc<Applied>> = std::sync::OnceLock::new();
+        NONE.get_or_init(Arc::default).clone()
+    }
+
     /// The request headers a filter reads (kept for the log line).
     pub fn filter_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
         let filters: &[Arc<Expr>] = match &self.log {
@@ -411,9 +417,8 @@ impl Telemetries {
 
     /// What applies to a request to `target` (its Service, the waypoint's Gateway).
     pub fn for_target(&self, target: &Target<'_>) -> Arc<Applied> {
-        static NONE: std::sync::OnceLock<Arc<Applied>> = std::sync::OnceLock::new();
         if self.is_empty() {
-            return NONE.get_or_init(Arc::default).clone();
+            return Applied::defaults();
         }
         let key = target.service.cloned();
         let mut memo = self.applied.lock().unwrap_or_else(|p| p.into_inner());

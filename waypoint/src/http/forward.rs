@@ -112,8 +112,13 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
         return reply.with_headers(plan.cors.as_ref()).send(log, grpc);
     }
     // DestinationRule http2MaxRequests: over the limit, Envoy's overflow (503 UO).
-    let service_key = plan.backend.service.as_deref().map(|s| s.namespaced_hostname().to_string()).unwrap_or_default();
     let policy = plan.backend.policy.as_deref();
+    // The circuits' key, only formatted when a limit needs it (not per request otherwise).
+    let limited = policy.is_some_and(|t| t.max_requests.is_some() || t.max_connections.is_some() || t.max_retries.is_some());
+    let service_key = match plan.backend.service.as_deref() {
+        Some(s) if limited => s.namespaced_hostname().to_string(),
+        _ => String::new(),
+    };
     let request_slot = match policy.and_then(|t| t.max_requests) {
         Some(max) => match wp.circuits.take(&service_key, Limit::Requests, max) {
             Some(slot) => Some(slot),

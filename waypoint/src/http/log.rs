@@ -74,7 +74,7 @@ impl RequestLog {
             .cloned();
         let dst_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
         let telemetry = if cfg.telemetry.is_empty() {
-            Arc::default()
+            crate::telemetry::Applied::defaults()
         } else {
             let svc = dst_service.as_deref().map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
             cfg.telemetry.for_target(&Target { gateway: &wp.gateway, root_namespace: &wp.root_namespace, service: svc.as_ref(), port: tunnel.target.port() })
