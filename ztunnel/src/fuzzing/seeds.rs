@@ -256,6 +256,19 @@ fn write_seeds() {
     rbac(dir);
 }
 
+/// Each fuzz target's name (its directory under fuzz/corpus and fuzz/regressions) and
+/// entry point.
+type Target = (&'static str, fn(&[u8]));
+const TARGETS: [Target; 7] = [
+    ("hbone_connect", super::hbone_connect),
+    ("config_yaml", super::config_yaml),
+    ("xds_resources", super::xds_resources),
+    ("zds_message", super::zds_message),
+    ("dns_message", super::dns_message),
+    ("proxy_protocol", super::proxy_protocol),
+    ("rbac_model", super::rbac_model),
+];
+
 /// Every seed goes through its target without a panic (the targets' properties hold).
 #[test]
 fn seeds_pass_the_targets() {
@@ -266,16 +279,8 @@ fn seeds_pass_the_targets() {
     zds(&dir);
     dns(&dir);
     proxy_protocol(&dir);
-    type Target = (&'static str, fn(&[u8]));
-    let targets: [Target; 6] = [
-        ("hbone_connect", super::hbone_connect),
-        ("config_yaml", super::config_yaml),
-        ("xds_resources", super::xds_resources),
-        ("zds_message", super::zds_message),
-        ("dns_message", super::dns_message),
-        ("proxy_protocol", super::proxy_protocol),
-    ];
-    for (target, f) in targets {
+    rbac(&dir);
+    for (target, f) in TARGETS {
         for e in std::fs::read_dir(dir.join(target)).unwrap() {
             f(&std::fs::read(e.unwrap().path()).unwrap());
         }
@@ -294,18 +299,8 @@ fn seeds_pass_the_targets() {
 #[test]
 fn committed_inputs_pass_the_targets() {
     let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    type Target = (&'static str, fn(&[u8]));
-    let targets: [Target; 7] = [
-        ("hbone_connect", super::hbone_connect),
-        ("config_yaml", super::config_yaml),
-        ("xds_resources", super::xds_resources),
-        ("zds_message", super::zds_message),
-        ("dns_message", super::dns_message),
-        ("proxy_protocol", super::proxy_protocol),
-        ("rbac_model", super::rbac_model),
-    ];
     let mut replayed = 0;
-    for (target, f) in targets {
+    for (target, f) in TARGETS {
         for kind in ["corpus", "regressions"] {
             let Ok(entries) = std::fs::read_dir(fuzz.join(kind).join(target)) else { continue };
             for e in entries {
