@@ -66,6 +66,10 @@ for l in open(sys.argv[1]):
 }
 e2e=$(exe e2e)
 soak_exe=$(exe soak)
+if [ -z "$e2e" ] || [ -z "$soak_exe" ]; then
+  echo "cargo named no e2e or soak test binary: were tests/tests/e2e or soak.rs renamed?" >&2
+  exit 1
+fi
 # Then, side by side: the e2e suites with the eBPF capture (the default); again with the
 # nftables fallback for the suites that depend on capture, then the L4 suite on an
 # IPv6-only and on a dual-stack topology (eBPF capture: nftables' IPv6 rules are the same
