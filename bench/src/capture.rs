@@ -105,7 +105,7 @@ fn run(scenario: &str, sizes: &Sizes) -> Result<()> {
             };
             let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
             let _echo = EchoServer::start(&server.netns, 8080, None)?;
-            let to = SocketAddr::new(server.ip.into(), 8080);
+            let to = SocketAddr::new(server.ip, 8080);
             // Warm up (certificates, pooled HBONE connection).
             measure(client, to, &Sizes { rounds: 1, connections: 5, round_trips: 20 })?;
             let s = measure(client, to, sizes)?;

@@ -954,24 +954,6 @@ pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::
     })
 }
 
-#[cfg(test)]
-mod child_tests {
-    #[test]
-    fn a_zero_timeout_still_sees_a_process_that_exited() {
-        let inner = std::process::Command::new("true").spawn().expect("spawn true");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
-        assert!(c.wait_exit(std::time::Duration::from_secs(5)).is_some());
-        let inner = std::process::Command::new("true").spawn().expect("spawn true");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        assert!(c.wait_exit(std::time::Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
-        let inner = std::process::Command::new("sleep").arg("5").spawn().expect("spawn sleep");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
-        assert!(c.wait_exit(std::time::Duration::ZERO).is_none());
-        c.stop();
-    }
-}
-
 /// istio-cni's in-pod nftables rules (`istio-ambient-nat`, `istio-ambient-mangle`) with
 /// its defaults, DNS capture left out (with it, a proxy without a DNS server on 15053
 /// would break the pod's lookups): outbound TCP from the
@@ -1018,4 +1000,22 @@ pub fn istio_cni_capture(pod: &Pod) -> Result<()> {
     pod.netns.exec("ip", &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", ISTIO_CNI_ROUTE_TABLE])?;
     pod.netns.exec("ip", &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", ISTIO_CNI_ROUTE_TABLE])?;
     Ok(())
+}
+
+#[cfg(test)]
+mod child_tests {
+    #[test]
+    fn a_zero_timeout_still_sees_a_process_that_exited() {
+        let inner = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(std::time::Duration::from_secs(5)).is_some());
+        let inner = std::process::Command::new("true").spawn().expect("spawn true");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(c.wait_exit(std::time::Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
+        let inner = std::process::Command::new("sleep").arg("5").spawn().expect("spawn sleep");
+        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        assert!(c.wait_exit(std::time::Duration::ZERO).is_none());
+        c.stop();
+    }
 }

@@ -77,7 +77,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
 
     // 1. Pod to pod across nodes, with a capture on node1's link.
     let capture = Capture::start(t.node(1), "eth0", &t.dir)?;
-    let dst: SocketAddr = SocketAddr::new(t.pod("n2p1").ip.into(), 8080);
+    let dst: SocketAddr = SocketAddr::new(t.pod("n2p1").ip, 8080);
     let mut s = t.pod("n1p1").netns.connect(dst).await?;
     let who = read_line(&mut s).await?;
     let back = echo_roundtrip(&mut s, b"hello over HBONE").await?;

@@ -109,7 +109,7 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     // The sender: up to 1 GiB as fast as the socket takes it, counting what write() accepted.
     let sent = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut conn = client.netns.connect(SocketAddr::new(server.ip.into(), 9000)).await?;
+    let mut conn = client.netns.connect(SocketAddr::new(server.ip, 9000)).await?;
     let sender = {
         let (sent, stop) = (sent.clone(), stop.clone());
         tokio::spawn(async move {
@@ -234,7 +234,7 @@ async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> 
     let sent = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
     for i in 0..5u64 {
-        let mut c = client.netns.connect(SocketAddr::new(server.ip.into(), 9000)).await?;
+        let mut c = client.netns.connect(SocketAddr::new(server.ip, 9000)).await?;
         let sent = sent.clone();
         senders.push(tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
@@ -255,7 +255,7 @@ async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> 
     let stalled = sent.load(Ordering::Relaxed);
     let started = Instant::now();
     let echo = async {
-        let mut s = client.netns.connect(SocketAddr::new(server.ip.into(), 8080)).await?;
+        let mut s = client.netns.connect(SocketAddr::new(server.ip, 8080)).await?;
         echo_roundtrip(&mut s, &pattern(1024, 1)).await
     };
     let r = tokio::time::timeout(Duration::from_secs(10), echo).await;

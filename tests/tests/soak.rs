@@ -320,8 +320,8 @@ async fn churn_cycle(s: &mut Soak, cycle: usize, tally: &Tally, t0: Instant) -> 
     s.wait_count(1, "pod enrolled", "n1p2", cycle + 1).await?;
     s.wait_count(2, "pod enrolled", "n2p2", cycle + 1).await?;
     let payload = pattern(1024, cycle as u64);
-    let to_stable = SocketAddr::new(s.pod("n2p1").ip.into(), 8080);
-    let to_churned = SocketAddr::new(s.pod("n2p2").ip.into(), 8080);
+    let to_stable = SocketAddr::new(s.pod("n2p1").ip, 8080);
+    let to_churned = SocketAddr::new(s.pod("n2p2").ip, 8080);
     for (from, to) in [("n1p2", to_stable), ("n1p1", to_churned), ("n1p2", to_churned)] {
         let pod = s.pod(from);
         let p = payload.clone();
@@ -361,7 +361,7 @@ fn push_config(s: &Soak, k: u64) {
             r.remove_address(&pod_uid(&format!("ghost-{}", k - 3)));
         }
         r.set_workload(n2p1);
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             r.set_service(service("other", [10, 96, 0, 20], 80, 8080));
         } else {
             r.remove_address("default/other.default.svc.cluster.local");
@@ -405,10 +405,10 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
 
     let t0 = Instant::now();
     let (n1p1, n2p1) = (&own(s.pod("n1p1")), &own(s.pod("n2p1")));
-    let to_n2p1 = SocketAddr::new(n2p1.ip.into(), 8080);
+    let to_n2p1 = SocketAddr::new(n2p1.ip, 8080);
     let to_vip = SocketAddr::from((ECHO_VIP, 80));
-    let to_n1p1 = SocketAddr::new(n1p1.ip.into(), 8080);
-    let to_http = SocketAddr::new(n2p1.ip.into(), 8081);
+    let to_n1p1 = SocketAddr::new(n1p1.ip, 8080);
+    let to_http = SocketAddr::new(n2p1.ip, 8081);
     let short = Arc::new(Tally::default());
     let streams = Arc::new(Tally::default());
     let http = Arc::new(Tally::default());

@@ -53,10 +53,10 @@ async fn echo(from: &Pod, to: SocketAddr) -> Result<()> {
 
 /// Deliveries into n1p2 from both nodes, and the attacker's own inbound.
 async fn traffic_works(mesh: &Mesh) -> Result<()> {
-    let victim = SocketAddr::new(mesh.topo.pod("n1p2").ip.into(), 8080);
+    let victim = SocketAddr::new(mesh.topo.pod("n1p2").ip, 8080);
     echo(mesh.topo.pod("n2p1"), victim).await?; // HBONE in from node 2
     echo(mesh.topo.pod("n1p3"), victim).await?; // same node
-    echo(mesh.topo.pod("n2p1"), SocketAddr::new(mesh.topo.pod("n1p1").ip.into(), 8080)).await?;
+    echo(mesh.topo.pod("n2p1"), SocketAddr::new(mesh.topo.pod("n1p1").ip, 8080)).await?;
     Ok(())
 }
 
@@ -92,7 +92,7 @@ async fn hostile_pod_cannot_exhaust_ebpf_maps() -> Result<()> {
     // A pod flooding captured connects (to an address outside the mesh, which refuses)
     // while another pod's connections through the same node proxy carry on.
     let stop = Arc::new(AtomicBool::new(false));
-    let victim = connect_loop(mesh.topo.pod("n1p3"), SocketAddr::new(mesh.topo.pod("n1p2").ip.into(), 8080), stop.clone());
+    let victim = connect_loop(mesh.topo.pod("n1p3"), SocketAddr::new(mesh.topo.pod("n1p2").ip, 8080), stop.clone());
     let flooding = {
         let path = mesh.topo.pod("n1p1").netns.path();
         let stop = stop.clone();

@@ -146,7 +146,7 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
     wait_for("both pods enrolled", ENROLL, || {
         std::fs::read_to_string(&z1).unwrap_or_default().contains("pod enrolled") && read(&z2_log).contains("pod enrolled")
     })?;
-    let to = SocketAddr::new(server.ip.into(), 8080);
+    let to = SocketAddr::new(server.ip, 8080);
     assert_eq!(echo_once(client, to).await?, b"zds");
     wait_for("HBONE in the logs", Duration::from_secs(5), || read(&z2_log).contains("direction=\"inbound\""))?;
 
@@ -253,7 +253,7 @@ async fn enrollment_under_traffic_loses_no_connection() -> Result<()> {
     let z2 = node2.ztunnel.as_ref().map(|z| z.log.clone()).unwrap_or_default();
     let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let looping = connect_loop(client, SocketAddr::new(server.ip.into(), 8080), stop.clone());
+    let looping = connect_loop(client, SocketAddr::new(server.ip, 8080), stop.clone());
     let pause = || std::thread::sleep(Duration::from_millis(400));
 
     // Plaintext -> server captured (15006) -> both captured (HBONE) -> and back.

@@ -54,7 +54,7 @@ impl Hostile {
     }
 
     fn pod_addr(&self, pod: &str, port: u16) -> SocketAddr {
-        SocketAddr::new(self.mesh.topo.pod(pod).ip.into(), port)
+        SocketAddr::new(self.mesh.topo.pod(pod).ip, port)
     }
 
     fn attacker(&self) -> &netsim::Netns {
@@ -222,7 +222,7 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
     let resp = tokio::time::timeout(Duration::from_secs(5), resp).await??;
     assert_eq!(resp.status(), 401);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let attacker_ip = std::net::IpAddr::from(h.mesh.topo.pod("n1p1").ip);
+    let attacker_ip = h.mesh.topo.pod("n1p1").ip;
     assert!(!h._echo[1].peers().iter().any(|p| p.ip() == attacker_ip), "the denied client reached the app");
     assert!(h._echo[1].peers().is_empty(), "nothing reached the guarded app");
     Ok(())
@@ -256,7 +256,7 @@ async fn a_spoofed_source_ip_gains_nothing() -> Result<()> {
     if let Ok(out) = attempt {
         if out == b"who am i" {
             // It went through: as the victim pod, from its real address.
-            assert_eq!(h._echo[0].peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(victim.ip)));
+            assert_eq!(h._echo[0].peers().last().map(|p| p.ip()), Some(victim.ip));
             h.mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/victim"])?;
         }
     }
@@ -461,9 +461,9 @@ async fn a_forged_proxy_header_in_plaintext_carries_no_identity() -> Result<()> 
         Ok::<_, anyhow::Error>((first, rest))
     });
     let victim = "spiffe://cluster.local/ns/default/sa/victim";
-    let tunnel_port = SocketAddr::new(server.ip.into(), 15088);
+    let tunnel_port = SocketAddr::new(server.ip, 15088);
     let forged = proxy_protocol::encode(
-        SocketAddr::new(server.ip.into(), 1234),
+        SocketAddr::new(server.ip, 1234),
         tunnel_port,
         &[(TLV_PEER_IDENTITY, victim.as_bytes())],
     )?;
@@ -475,7 +475,7 @@ async fn a_forged_proxy_header_in_plaintext_carries_no_identity() -> Result<()> 
     assert_eq!(first.peer_identity(), None, "the app was handed an identity from a plaintext client: {first:?}");
     assert!(first.tlv(TLV_PEER_IDENTITY).is_none());
     let Addresses::Ip { src, .. } = first.addresses else { panic!("no addresses in {first:?}") };
-    assert_eq!(src.ip(), std::net::IpAddr::from(outsider.ip), "the header names the real client");
+    assert_eq!(src.ip(), outsider.ip, "the header names the real client");
     let mut expected = forged.clone();
     expected.extend_from_slice(b"hello");
     assert_eq!(rest, expected, "the client's bytes, its forged header included, arrive as payload");
@@ -496,8 +496,8 @@ async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
     let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
     let _echo = EchoServer::start(&mesh.topo.pod("n2p1").netns, 8080, None)?;
     let (from, server) = (&mesh.topo.pod("n1p1").netns, mesh.topo.pod("n2p1"));
-    let hbone = SocketAddr::new(server.ip.into(), 15008);
-    let target = SocketAddr::new(server.ip.into(), 8080).to_string();
+    let hbone = SocketAddr::new(server.ip, 15008);
+    let target = SocketAddr::new(server.ip, 8080).to_string();
     let impostor = hbone_peer::connect(from, &ca, &id("attacker"), id("server"), hbone).await?;
     assert_eq!(hbone_peer::status(&impostor, hbone_peer::connect_req(&target)).await?, 401, "another identity from sa/owner's address");
     let owner = hbone_peer::connect(from, &ca, &id("owner"), id("server"), hbone).await?;
@@ -619,7 +619,7 @@ async fn a_silent_hbone_peer_fails_every_waiting_client_within_the_connect_timeo
         }
     });
     let client = mesh.topo.pod("n1p1");
-    let target = SocketAddr::new(mesh.topo.pod("n2p1").ip.into(), 8080);
+    let target = SocketAddr::new(mesh.topo.pod("n2p1").ip, 8080);
     let mut waits = Vec::new();
     for _ in 0..2 {
         let mut s = client.netns.connect(target).await?;

@@ -51,7 +51,7 @@ async fn cross_node_traffic_is_hbone_and_keeps_client_ip() -> Result<()> {
     let packets = capture.stop()?;
 
     // The app saw the client pod's own IP, not a proxy address.
-    assert_eq!(echo.peers().iter().map(|p| p.ip()).collect::<Vec<_>>(), vec![std::net::IpAddr::from(client.ip)]);
+    assert_eq!(echo.peers().iter().map(|p| p.ip()).collect::<Vec<_>>(), vec![client.ip]);
     // On the node link, everything is client pod <-> server pod:15008, TLS from the first byte.
     let data: Vec<&Packet> = packets.iter().filter(|p| !p.payload.is_empty()).collect();
     assert!(!data.is_empty(), "capture saw no TCP payload ({} packets)", packets.len());
@@ -78,7 +78,7 @@ async fn same_node_pod_to_pod() -> Result<()> {
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     let data = pattern(64 * 1024, 7);
     assert_eq!(roundtrip(client, addr(server, 8080), &data).await?, data);
-    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    assert_eq!(echo.peers()[0].ip(), client.ip);
     mesh.wait_logs(&[&format!("dst.addr={}", addr(server, 15008))])?;
     Ok(())
 }
@@ -214,7 +214,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"plain").await?, b"plain");
-    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    assert_eq!(echo.peers()[0].ip(), client.ip);
     mesh.wait_logs(&["connection_security_policy=\"unknown\""])?;
     drop(echo);
     drop(mesh);
@@ -265,7 +265,7 @@ async fn istio_cni_in_pod_rules_capture_for_ztunnel() -> Result<()> {
     assert_eq!(roundtrip(client, addr(server, 8080), &data).await?, data);
     assert_eq!(roundtrip(plain, addr(server, 8080), b"plain").await?, b"plain");
     let peers: Vec<std::net::IpAddr> = echo.peers().iter().map(|p| p.ip()).collect();
-    assert_eq!(peers, vec![std::net::IpAddr::from(client.ip), std::net::IpAddr::from(plain.ip)]);
+    assert_eq!(peers, vec![client.ip, plain.ip]);
     let server_log = || ztunnels[1].log_text();
     wait_for("both connections logged by node2", Duration::from_secs(5), || {
         let l = server_log();
@@ -473,7 +473,7 @@ async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"plain tcp").await?, b"plain tcp");
-    assert_eq!(echo.peers()[0].ip(), std::net::IpAddr::from(client.ip));
+    assert_eq!(echo.peers()[0].ip(), client.ip);
     mesh.wait_logs(&["protocol=\"TCP\"", &format!("dst.addr={}", addr(server, 8080))])?;
     // Connecting to a closed port of a passthrough destination fails fast (reset), no hang.
     let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, addr(server, 8081), b"x")).await?;
@@ -1181,12 +1181,12 @@ async fn application_tunnel_gets_a_proxy_protocol_header() -> Result<()> {
         if localhost {
             assert!(peer.ip().is_loopback() && local.ip().is_loopback(), "delivered {peer} -> {local}, not over loopback");
         } else {
-            assert_eq!(peer.ip(), std::net::IpAddr::from(client.ip), "the app's TCP peer is the client pod");
+            assert_eq!(peer.ip(), client.ip, "the app's TCP peer is the client pod");
             assert_eq!(local, addr(server, 15088));
         }
         assert_eq!(header.command, Command::Proxy);
         let Addresses::Ip { src, dst } = header.addresses else { panic!("no IP addresses in {header:?}") };
-        assert_eq!(src.ip(), std::net::IpAddr::from(client.ip), "{header:?}");
+        assert_eq!(src.ip(), client.ip, "{header:?}");
         assert_eq!(dst, addr(server, 8080), "the original target, not the tunnel port");
         assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
     }

@@ -46,11 +46,11 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     ])?;
     // The server app still sees the waypoint's address as its peer (the waypoint is
     // the TCP client of the last hop), and the client's identity reached the waypoint.
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip));
 
     // Direct pod traffic has no waypoint in this config: it goes straight to node2.
     let before = waypoint.log_text().matches("connection complete").count();
-    let mut s = client.netns.connect(SocketAddr::new(server_ip.into(), 8080)).await?;
+    let mut s = client.netns.connect(SocketAddr::new(server_ip, 8080)).await?;
     assert_eq!(echo_roundtrip(&mut s, b"direct").await?, b"direct");
     mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
     assert_eq!(waypoint.log_text().matches("connection complete").count(), before);
@@ -69,7 +69,7 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
     let me = ztunnel::identity::Identity::new("cluster.local", "default", "client");
     let wp_id = ztunnel::identity::Identity::new("cluster.local", "default", "waypoint");
-    let h = hbone_peer::connect(t.node(1), &ca, &me, wp_id, SocketAddr::new(wp_ip.into(), 15008)).await?;
+    let h = hbone_peer::connect(t.node(1), &ca, &me, wp_id, SocketAddr::new(wp_ip, 15008)).await?;
     assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{wp_ip}:8080"))).await?, 503);
     assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{server_ip}:8080"))).await?, 503);
     assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.96.0.10:80")).await?, 200);
@@ -159,16 +159,16 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
 
     // Addressed to the pod: client -> waypoint -> pod, bytes intact, each hop its identity.
     let data = pattern(64 * 1024, 3);
-    let mut s = client.connect(SocketAddr::new(server_ip.into(), 8080)).await?;
+    let mut s = client.connect(SocketAddr::new(server_ip, 8080)).await?;
     assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
     wait_for("the waypoint's log line", Duration::from_secs(5), || relayed() == 1)?;
     let wl = waypoint.log_text();
     assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)), "the pod's peer is the waypoint");
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip), "the pod's peer is the waypoint");
     mesh.wait_logs(&[&format!("dst.addr={wp_ip}:15008"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
 
     // HTTP to the pod: served by the waypoint (its client-certificate header names the client).
-    let mut h = http_app::H1Client::connect(client, SocketAddr::new(server_ip.into(), 9080), "n2p1").await?;
+    let mut h = http_app::H1Client::connect(client, SocketAddr::new(server_ip, 9080), "n2p1").await?;
     let r = h.get("/hello").await?;
     assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{}", r.body);
     let xfcc = r.echoed("x-forwarded-client-cert");
@@ -178,19 +178,19 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     // Through the service (which has no waypoint): straight to the pod, not via the waypoint.
     let mut s = client.connect("10.96.0.10:80".parse()?).await?;
     assert_eq!(echo_roundtrip(&mut s, b"by service").await?, b"by service");
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(client_ip)));
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(client_ip));
     assert_eq!(relayed(), 1, "service traffic went through the workload's waypoint");
 
     // A pod whose policy admits only the waypoint: reached through it.
-    let mut s = client.connect(SocketAddr::new(locked_ip.into(), 8080)).await?;
+    let mut s = client.connect(SocketAddr::new(locked_ip, 8080)).await?;
     assert_eq!(echo_roundtrip(&mut s, b"via the waypoint").await?, b"via the waypoint");
-    assert_eq!(locked.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+    assert_eq!(locked.peers().last().map(|p| p.ip()), Some(wp_ip));
 
     // A peer that skips the waypoint (HBONE straight to the pods, as the client):
     // accepted where no policy asks for the waypoint (Istio's ztunnel does the same),
     // denied by the policy that admits only the waypoint.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
-    let to = |ip: std::net::IpAddr| SocketAddr::new(ip.into(), 15008);
+    let to = |ip: std::net::IpAddr| SocketAddr::new(ip, 15008);
     let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("echo"), to(server_ip)).await?;
     let (status, back) = hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
     assert_eq!((status.as_u16(), back.as_slice()), (200, &b"around"[..]));
@@ -261,10 +261,10 @@ async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_wayp
     for svc in &parsed.services {
         let vip = svc.vips[0].address;
         let (status, back) = if svc.ingress_use_waypoint {
-            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("waypoint"), SocketAddr::new(wp_ip.into(), 15008)).await?;
+            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("waypoint"), SocketAddr::new(wp_ip, 15008)).await?;
             hbone_peer::roundtrip(&gw, &format!("{vip}:80"), svc.name.as_bytes()).await?
         } else {
-            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("echo"), SocketAddr::new(server_ip.into(), 15008)).await?;
+            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("echo"), SocketAddr::new(server_ip, 15008)).await?;
             hbone_peer::roundtrip(&gw, &format!("{server_ip}:8080"), svc.name.as_bytes()).await?
         };
         assert_eq!((status.as_u16(), back.as_slice()), (200, svc.name.as_bytes()), "{}", svc.name);
@@ -329,25 +329,25 @@ async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
     let data = pattern(64 * 1024, 9);
     let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
     assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
-    let mut s = t.pod("n1p1").netns.connect(SocketAddr::new(db_ip.into(), 5432)).await?;
+    let mut s = t.pod("n1p1").netns.connect(SocketAddr::new(db_ip, 5432)).await?;
     assert_eq!(echo_roundtrip(&mut s, b"to the db").await?, b"to the db");
     let got = seen.lock().unwrap().clone();
     assert_eq!(got.len(), 2, "{got:?}");
-    for ((peer, header), target) in got.iter().zip([SocketAddr::from(([10, 96, 0, 10], 80)), SocketAddr::new(db_ip.into(), 5432)]) {
+    for ((peer, header), target) in got.iter().zip([SocketAddr::from(([10, 96, 0, 10], 80)), SocketAddr::new(db_ip, 5432)]) {
         assert!(peer.ip().is_loopback(), "LOCALHOST_APP_TUNNEL: delivered from {peer}");
         let Addresses::Ip { src, dst } = header.addresses else { panic!("{header:?}") };
-        assert_eq!((src.ip(), dst), (std::net::IpAddr::from(client_ip), target), "{header:?}");
+        assert_eq!((src.ip(), dst), (client_ip, target), "{header:?}");
         assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
     }
     // The waypoint's own connections left from its pod to the endpoints, not back to it.
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
-    assert_eq!(db.peers().last().map(|p| p.ip()), Some(std::net::IpAddr::from(wp_ip)));
+    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip));
+    assert_eq!(db.peers().last().map(|p| p.ip()), Some(wp_ip));
     mesh.wait_logs(&[&format!("dst.hbone_addr={server_ip}:8080"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
 
     // Targets this pod is not the waypoint of (a pod without one, a service with another
     // waypoint) and proxy ports are refused; its own service's VIP is taken.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
-    let h = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("waypoint"), SocketAddr::new(wp_ip.into(), 15008)).await?;
+    let h = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("waypoint"), SocketAddr::new(wp_ip, 15008)).await?;
     for (target, want) in [(format!("{server_ip}:8080"), 400), ("10.96.0.11:80".into(), 400), ("10.96.0.10:15008".into(), 400), ("10.96.0.10:80".into(), 200)] {
         assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&target)).await?.as_u16(), want, "{target}");
     }
@@ -515,7 +515,7 @@ async fn l7_routes_by_header_and_weight_over_keepalive() -> Result<()> {
     assert_eq!(r.pod(), "n1p3", "{r:?}");
     // The server sees the original Host and the client's identity from the waypoint.
     assert_eq!(r.echoed("host"), ["echo.default.svc.cluster.local"]);
-    assert_eq!(r.echoed("x-forwarded-client-cert"), [format!("By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client")]);
+    assert_eq!(r.echoed("x-forwarded-client-cert"), ["By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client".to_string()]);
 
     // 90/10 over 1000 requests, all on the one keep-alive connection.
     let mut v2 = 0;
@@ -906,7 +906,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     waypoint.wait_log("waypoint ready", READY)?;
     let _apps = [http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?, http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?];
     // Ready once istiod's state and the Kubernetes objects are in.
-    let ready_at: SocketAddr = SocketAddr::new(t.pod("n1p2").ip.into(), 15021);
+    let ready_at: SocketAddr = SocketAddr::new(t.pod("n1p2").ip, 15021);
     wait_for_ready(t.node(1), ready_at).await.with_context(|| waypoint.log_text())?;
     // Its certificate came from the Istio CA, for its own identity.
     let wp_id = "spiffe://cluster.local/ns/default/sa/waypoint";
@@ -1134,7 +1134,7 @@ async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connection
     const FLOOD: usize = 20;
     let m = L7Mesh::start("l7hl", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
     let t = &m.mesh.topo;
-    let hbone = SocketAddr::new(t.pod("n1p2").ip.into(), 15008);
+    let hbone = SocketAddr::new(t.pod("n1p2").ip, 15008);
     // From the node's netns: a source outside the mesh that stalls in the handshake.
     let mut flood = Vec::new();
     for _ in 0..FLOOD {
@@ -1295,10 +1295,10 @@ async fn dashboards_query_only_exported_metrics() -> Result<()> {
     let q = [0x43, 0x21, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 7, b'e', b'x', b'a', b'm', b'p', b'l', b'e', 3, b'c', b'o', b'm', 0, 0, 1, 0, 1];
     client.netns.run(|| std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.send_to(&q, "127.0.0.1:15053")))??;
     let server = m.mesh.topo.pod("n2p1").ip;
-    if let Ok(mut s) = client.netns.connect(SocketAddr::new(server.into(), 7777)).await {
+    if let Ok(mut s) = client.netns.connect(SocketAddr::new(server, 7777)).await {
         let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"anyone?")).await;
     }
-    let mut s = m.mesh.topo.node(1).connect(SocketAddr::new(server.into(), 15008)).await?;
+    let mut s = m.mesh.topo.node(1).connect(SocketAddr::new(server, 15008)).await?;
     let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"GET / HTTP/1.1\r\n\r\n")).await;
 
     // Counters are updated as connections end: wait for the failures to be counted.

@@ -242,7 +242,7 @@ async fn pushed_policy_applies_to_open_connections() -> Result<()> {
     let m = XdsMesh::start("xp", &[], |_| {}).await?;
     m.enroll("n2p1", "echo")?;
     m.mesh.ztunnels[1].wait_log("pod enrolled", READY)?;
-    let server = SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080);
+    let server = SocketAddr::new(m.mesh.topo.pod("n2p1").ip, 8080);
     let mut open = LongLived::open(m.client(), server).await?;
     open.echo(b"before the policy").await?;
 
@@ -291,7 +291,7 @@ async fn unconvertible_policy_denies_everything_in_its_scope() -> Result<()> {
     let m = XdsMesh::start("xu", &[], |_| {}).await?;
     m.enroll("n2p1", "echo")?;
     m.mesh.ztunnels[1].wait_log("pod enrolled", READY)?;
-    let server = SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080);
+    let server = SocketAddr::new(m.mesh.topo.pod("n2p1").ip, 8080);
     let reaches = || async {
         let mut s = m.client().netns.connect(server).await?;
         Ok::<_, anyhow::Error>(tokio::time::timeout(Duration::from_secs(2), read_line(&mut s)).await.ok().and_then(|r| r.ok()).as_deref() == Some("n2p1"))
@@ -336,7 +336,7 @@ async fn traffic_keeps_flowing_while_istiod_restarts() -> Result<()> {
     m.mesh.ztunnels[1].wait_log("pod enrolled", READY)?;
     let _plain = EchoServer::start(&m.mesh.topo.pod("n2p1").netns, 9090, None)?;
     let stop = Arc::new(AtomicBool::new(false));
-    let looping = connect_loop(m.client(), SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 9090), stop.clone());
+    let looping = connect_loop(m.client(), SocketAddr::new(m.mesh.topo.pod("n2p1").ip, 9090), stop.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     m.istiod.kill();
@@ -381,7 +381,7 @@ async fn certificates_rotate_under_a_long_transfer() -> Result<()> {
     let start_sleep = issued(SLEEP_ID);
 
     // ~10 s of traffic on one connection while the certificates of both ends rotate.
-    let mut s = m.client().netns.connect(SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080)).await?;
+    let mut s = m.client().netns.connect(SocketAddr::new(m.mesh.topo.pod("n2p1").ip, 8080)).await?;
     assert_eq!(read_line(&mut s).await?, "n2p1");
     let (mut rd, mut wr) = s.into_split();
     let writer = tokio::spawn(async move {
@@ -411,7 +411,7 @@ async fn certificates_rotate_under_a_long_transfer() -> Result<()> {
     m.mesh.wait_logs(&["mesh root certificate changed", "certificate rotated"])?;
     assert!(m.istiod.res.lock().unwrap().issued.iter().any(|i| i.token == "rotated-token"), "the new token was never used");
     // New connections use the rotated certificates.
-    assert_eq!(m.who(SocketAddr::new(m.mesh.topo.pod("n2p1").ip.into(), 8080), 3).await?.get("n2p1"), Some(&3));
+    assert_eq!(m.who(SocketAddr::new(m.mesh.topo.pod("n2p1").ip, 8080), 3).await?.get("n2p1"), Some(&3));
     Ok(())
 }
 
@@ -433,7 +433,7 @@ async fn a_hung_ca_request_does_not_stall_other_pods() -> Result<()> {
     m.enroll("n2p1", "stuck")?;
     m.enroll("n2p2", "echo")?;
     m.mesh.ztunnels[1].wait_log("pod enrolled", READY).context("the second pod was never enrolled")?;
-    let to = SocketAddr::new(m.mesh.topo.pod("n2p2").ip.into(), 8080);
+    let to = SocketAddr::new(m.mesh.topo.pod("n2p2").ip, 8080);
     let mut s = m.client().netns.connect(to).await?;
     let who = tokio::time::timeout(Duration::from_secs(5), read_line(&mut s)).await.context("no greeting")??;
     assert_eq!(who, "n2p2");

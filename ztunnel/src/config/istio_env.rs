@@ -269,14 +269,14 @@ pub fn h2_sizes(env: &Env) -> Result<crate::hbone::H2Sizes, EnvError> {
             None => Ok(default),
             // Below the protocol's initial 65,535 a peer could not even send its first frame.
             Some(v) if (65_535..=MAX_WINDOW).contains(&v) => Ok(v),
-            Some(_) => Err(env.invalid(name, &format!("must be between 65535 and {MAX_WINDOW} bytes"))),
+            Some(_) => Err(env.invalid(name, format!("must be between 65535 and {MAX_WINDOW} bytes"))),
         }
     };
     let max_frame = match env.number::<u32>("HTTP2_FRAME_SIZE")? {
         None => d.max_frame,
         Some(v) if FRAME_RANGE.contains(&v) => v,
         Some(_) => {
-            return Err(env.invalid("HTTP2_FRAME_SIZE", &format!("must be between {} and {} bytes (HTTP/2's range)", FRAME_RANGE.start(), FRAME_RANGE.end())))
+            return Err(env.invalid("HTTP2_FRAME_SIZE", format!("must be between {} and {} bytes (HTTP/2's range)", FRAME_RANGE.start(), FRAME_RANGE.end())))
         }
     };
     Ok(crate::hbone::H2Sizes {
@@ -427,7 +427,8 @@ mod tests {
         assert!(matches!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "yes")])), Err(EnvError::Invalid { .. })));
         let harmless = Env::from_pairs([("XDS_ON_DEMAND", "true")]);
         let w = unsupported(&harmless).unwrap();
-        for name in ["XDS_ON_DEMAND"] {
+        {
+            let name = "XDS_ON_DEMAND";
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
         for (name, value) in [("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {

@@ -176,7 +176,7 @@ async fn lookup(inner: &Arc<Inner>, key: CacheKey) -> Addresses {
                     r
                 });
                 let name = key.name.clone();
-                let f = async move { task.await.unwrap_or_else(|_| Err(OnDemandError::Aborted(name))) }.boxed().shared();
+                let f = async move { task.await.unwrap_or(Err(OnDemandError::Aborted(name))) }.boxed().shared();
                 flights.insert(key.clone(), f.clone());
                 f
             }

@@ -649,14 +649,12 @@ mod tests {
    services: {{{WP}: {{15008: 15008}}}}}}"
         ))
         .unwrap();
-        let services: Vec<Service> = serde_yaml::from_str(&format!(
-            "- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {{80: 8080}},
-   subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo-canary]}}
-- {{name: sick, namespace: default, hostname: sick.default.svc.cluster.local, vips: [/10.96.0.11], ports: {{80: 8080}}}}
-- {{name: empty, namespace: default, hostname: empty.default.svc.cluster.local, vips: [/10.96.0.12], ports: {{80: 8080}}}}
-- {{name: legacy, namespace: default, hostname: legacy.default.svc.cluster.local, vips: [/10.96.0.13], ports: {{80: 9090}}}}
-- {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {{15008: 15008}}}}"
-        ))
+        let services: Vec<Service> = serde_yaml::from_str("- {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [/10.96.0.10], ports: {80: 8080},
+   subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo-canary]}
+- {name: sick, namespace: default, hostname: sick.default.svc.cluster.local, vips: [/10.96.0.11], ports: {80: 8080}}
+- {name: empty, namespace: default, hostname: empty.default.svc.cluster.local, vips: [/10.96.0.12], ports: {80: 8080}}
+- {name: legacy, namespace: default, hostname: legacy.default.svc.cluster.local, vips: [/10.96.0.13], ports: {80: 9090}}
+- {name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {15008: 15008}}")
         .unwrap();
         MeshState::build(workloads, services, Vec::new()).unwrap()
     }
