@@ -58,18 +58,7 @@ mod tests {
     #[test]
     fn committed_config_inputs_pass() {
         let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-        let mut replayed = 0;
-        for kind in ["corpus", "regressions"] {
-            let Ok(entries) = std::fs::read_dir(fuzz.join(kind).join("config_yaml")) else { continue };
-            for e in entries {
-                let path = e.unwrap().path();
-                let bytes = std::fs::read(&path).unwrap();
-                if std::panic::catch_unwind(|| super::config_yaml(&bytes)).is_err() {
-                    panic!("config_yaml panics on {} (its message is above)", path.display());
-                }
-                replayed += 1;
-            }
-        }
+        let replayed = ztunnel::fuzzing::replay_committed(&fuzz, "config_yaml", super::config_yaml);
         assert!(replayed > 0, "no committed config_yaml inputs under {}", fuzz.display());
     }
 }

@@ -17,6 +17,26 @@ mod rbac_model;
 #[cfg(any(test, feature = "fuzzing"))]
 pub use rbac_model::rbac_model;
 
+/// Runs every committed input of `target`, `fuzz_dir/corpus/<target>/` and
+/// `fuzz_dir/regressions/<target>/`, through `f` (the unit tests' replay of what the
+/// fuzzers start from and once crashed on); panics naming the file an input panicked on.
+/// Returns how many inputs ran.
+pub fn replay_committed(fuzz_dir: &Path, target: &str, f: fn(&[u8])) -> usize {
+    let mut replayed = 0;
+    for kind in ["corpus", "regressions"] {
+        let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else { continue };
+        for entry in entries {
+            let path = entry.unwrap_or_else(|e| panic!("list {}: {e}", fuzz_dir.display())).path();
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            if std::panic::catch_unwind(|| f(&bytes)).is_err() {
+                panic!("{target} panics on {} (its message is above)", path.display());
+            }
+            replayed += 1;
+        }
+    }
+    replayed
+}
+
 /// Input larger than this is cut: every parser here sees bounded messages in production
 /// (HTTP/2 header lists, a 64 KiB ZDS packet, a 64 KiB DNS message).
 const MAX_INPUT: usize = 64 * 1024;
