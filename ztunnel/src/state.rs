@@ -1,8 +1,7 @@
 //! The proxy's view of the mesh: workloads, services and authorization policies,
 //! indexed for the lookups the data plane makes on every connection.
 
-use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -12,6 +11,7 @@ use crate::identity::Identity;
 use crate::rbac::{Authorization, PolicyScope};
 
 pub mod address;
+pub mod index;
 pub mod workload;
 #[cfg(test)]
 mod inbound_service_tests;
@@ -21,176 +21,38 @@ mod network_tests;
 mod waypoint_tests;
 
 pub use self::address::{NetworkAddress, NetworkCidr, PodIps};
+pub use self::index::{MeshIndex, MeshState, Rank, StateError};
 pub use self::workload::{
     AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
 };
 
-/// A workload serving a service, with its service port -> target port map.
-type Endpoint = (Arc<Workload>, BTreeMap<u16, u16>);
-
-/// Values by address within a network: as in Istio, an address is unique only in its
-/// network (two networks may reuse a pod CIDR), so every lookup names the network.
-#[derive(Debug)]
-struct ByAddress<T>(HashMap<String, HashMap<IpAddr, T>>);
-
-impl<T> Default for ByAddress<T> {
-    fn default() -> Self {
-        ByAddress(HashMap::new())
-    }
-}
-
-impl<T> ByAddress<T> {
-    fn get(&self, network: &str, ip: IpAddr) -> Option<&T> {
-        self.0.get(network)?.get(&ip)
-    }
-
-    fn entry(&mut self, network: &str, ip: IpAddr) -> Entry<'_, IpAddr, T> {
-        self.0.entry(network.to_string()).or_default().entry(ip)
-    }
-}
-
-/// An immutable snapshot of mesh state. Updates build a new snapshot and swap it in,
-/// so a connection always sees one consistent view.
-#[derive(Debug, Default)]
-pub struct MeshState {
-    workloads: HashMap<WorkloadUid, Arc<Workload>>,
-    workload_by_ip: ByAddress<Arc<Workload>>,
-    services: HashMap<NamespacedHostname, Arc<Service>>,
-    service_by_vip: ByAddress<Arc<Service>>,
-    /// CIDR VIPs, longest prefix first (looked up when no exact VIP matches).
-    service_by_cidr: Vec<(NetworkCidr, Arc<Service>)>,
-    /// (namespace, name) -> service: what HTTPRoute backendRefs name.
-    service_by_name: HashMap<(String, String), Arc<Service>>,
-    /// endpoints of each service: workload uid -> port map (service port -> target port)
-    endpoints: HashMap<NamespacedHostname, Vec<Endpoint>>,
-    policies: BTreeMap<String, Arc<Authorization>>,
-    /// Workloads some workload names as its network gateway (directly or through a
-    /// service): what may forward another network's connections.
-    gateways: HashSet<WorkloadUid>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StateError {
-    #[error("workload uid {0:?} appears twice; every workload needs a unique uid")]
-    DuplicateWorkload(String),
-    #[error("workload IP {addr} (network/ip) is claimed by both {first} and {second}; an IP must map to one identity in its network")]
-    DuplicateIp { addr: NetworkAddress, first: String, second: String },
-    #[error("service VIP {addr} (network/ip) is claimed by both {first} and {second}")]
-    DuplicateVip { addr: NetworkAddress, first: String, second: String },
-    #[error("service {0} appears twice")]
-    DuplicateService(String),
-}
-
 impl MeshState {
-    /// For a config file: any conflict (two workloads on one IP, ...) is an error.
+    /// For a config file: any conflict (two workloads on one IP, ...) is an error. (State
+    /// pushed by istiod, which can briefly overlap, is kept by `MeshIndex` directly.)
     pub fn build(
         workloads: Vec<Workload>,
         services: Vec<Service>,
         policies: Vec<Authorization>,
     ) -> Result<MeshState, StateError> {
-        Self::build_with(workloads, services, policies, &mut |e| Err(e))
-    }
-
-    /// For state pushed by istiod, which can briefly overlap (a new pod reusing the IP of
-    /// one whose removal has not arrived yet): on a conflict the entry given first keeps
-    /// the IP, VIP or hostname, and the conflict is returned for logging. The caller orders
-    /// by precedence (Kubernetes objects before ServiceEntry/WorkloadEntry, then older
-    /// before newer), so a later or weaker resource can never take over an address.
-    pub fn build_lenient(
-        workloads: Vec<Workload>,
-        services: Vec<Service>,
-        policies: Vec<Authorization>,
-    ) -> (MeshState, Vec<StateError>) {
+        let mut index = MeshIndex::default();
         let mut conflicts = Vec::new();
-        let st = Self::build_with(workloads, services, policies, &mut |e| {
-            conflicts.push(e);
-            Ok(())
-        });
-        (st.unwrap_or_default(), conflicts)
-    }
-
-    fn build_with(
-        workloads: Vec<Workload>,
-        services: Vec<Service>,
-        policies: Vec<Authorization>,
-        conflict: &mut dyn FnMut(StateError) -> Result<(), StateError>,
-    ) -> Result<MeshState, StateError> {
-        let mut st = MeshState::default();
-        for svc in services {
-            let svc = Arc::new(svc);
-            let key = svc.namespaced_hostname();
-            if st.services.contains_key(&key) {
-                conflict(StateError::DuplicateService(key.to_string()))?;
-                continue;
-            }
-            for vip in &svc.vips {
-                match st.service_by_vip.entry(&vip.network, vip.address) {
-                    Entry::Occupied(prev) => conflict(StateError::DuplicateVip {
-                        addr: vip.clone(),
-                        first: prev.get().namespaced_hostname().to_string(),
-                        second: key.to_string(),
-                    })?,
-                    Entry::Vacant(v) => {
-                        v.insert(svc.clone());
-                    }
-                }
-            }
-            st.service_by_cidr.extend(svc.cidr_vips.iter().map(|c| (c.clone(), svc.clone())));
-            st.service_by_name.entry((svc.namespace.clone(), svc.name.clone())).or_insert_with(|| svc.clone());
-            st.services.insert(key, svc);
+        let rank = |i: usize| Rank { precedence: 0, age: i as u64 };
+        for (i, svc) in services.into_iter().enumerate() {
+            index.insert_service(rank(i), Arc::new(svc), &mut conflicts);
         }
-        for wl in workloads {
-            let wl = Arc::new(wl);
-            // A host-network pod's IP is its node's: not an address of the workload.
-            let by_ip = if wl.network_mode == NetworkMode::HostNetwork { &[][..] } else { &wl.workload_ips[..] };
-            for ip in by_ip {
-                match st.workload_by_ip.entry(&wl.network, *ip) {
-                    Entry::Occupied(prev) => conflict(StateError::DuplicateIp {
-                        addr: NetworkAddress { network: wl.network.clone(), address: *ip },
-                        first: prev.get().uid.to_string(),
-                        second: wl.uid.to_string(),
-                    })?,
-                    Entry::Vacant(v) => {
-                        v.insert(wl.clone());
-                    }
-                }
-            }
-            for (svc, ports) in &wl.services {
-                st.endpoints.entry(svc.clone()).or_default().push((wl.clone(), ports.clone()));
-            }
-            if st.workloads.insert(wl.uid.clone(), wl.clone()).is_some() {
-                conflict(StateError::DuplicateWorkload(wl.uid.to_string()))?;
-            }
+        if let Some(c) = conflicts.drain(..).next() {
+            return Err(c);
         }
-        for p in policies {
-            st.policies.insert(p.key(), Arc::new(p));
+        for (i, wl) in workloads.into_iter().enumerate() {
+            index.insert_workload(rank(i), Arc::new(wl), &mut conflicts);
         }
-        // Stable: among equal prefixes, the earlier (stronger) service wins.
-        st.service_by_cidr.sort_by_key(|(c, _)| std::cmp::Reverse(c.cidr.0.prefix_len()));
-        st.gateways = st.gateway_workloads();
-        Ok(st)
-    }
-
-    /// The uids of the workloads behind every `network_gateway` named (each named once
-    /// per network's worth of workloads, so looked up once).
-    fn gateway_workloads(&self) -> HashSet<WorkloadUid> {
-        let named: HashSet<&GatewayDestination> = self.workloads.values().filter_map(|w| w.network_gateway.as_ref()).map(|g| &g.destination).collect();
-        let mut uids = HashSet::new();
-        for dest in named {
-            let svc = match dest {
-                GatewayDestination::Address(a) => match self.workload_by_ip.get(&a.network, a.address) {
-                    Some(w) => {
-                        uids.insert(w.uid.clone());
-                        continue;
-                    }
-                    None => self.service_by_vip(&a.network, a.address),
-                },
-                GatewayDestination::Hostname(h) => self.services.get(h),
-            };
-            let eps = svc.and_then(|s| self.endpoints.get(&s.namespaced_hostname()));
-            uids.extend(eps.into_iter().flatten().map(|(w, _)| w.uid.clone()));
+        if let Some(c) = conflicts.drain(..).next() {
+            return Err(c);
         }
-        uids
+        for (i, p) in policies.into_iter().enumerate() {
+            index.insert_policy(rank(i), Arc::new(p));
+        }
+        Ok(index.snapshot())
     }
 
     /// Whether `wl` is an east-west gateway (some workload's `network_gateway` names it):
@@ -243,7 +105,7 @@ impl MeshState {
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let mut ids = self.endpoints.get(&svc.namespaced_hostname())?.iter().map(|(w, _)| w.identity());
+        let mut ids = self.endpoints.get(&svc.namespaced_hostname())?.values().map(|w| w.identity());
         let first = ids.next()?;
         ids.all(|i| i == first).then_some(first)
     }
@@ -294,9 +156,9 @@ impl MeshState {
             self.endpoints
                 .get(&svc.namespaced_hostname())
                 .map(|v| {
-                    v.iter()
-                        .filter(|(w, _)| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
-                        .map(|(w, _)| (w.clone(), gw.hbone_mtls_port))
+                    v.values()
+                        .filter(|w| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
+                        .map(|w| (w.clone(), gw.hbone_mtls_port))
                         .collect()
                 })
                 .unwrap_or_default()
@@ -374,10 +236,11 @@ impl MeshState {
 
     /// Endpoints of a service that serve `service_port`, with the target port on each.
     pub fn endpoints_for(&self, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
-        let Some(eps) = self.endpoints.get(&svc.namespaced_hostname()) else {
+        let key = svc.namespaced_hostname();
+        let Some(eps) = self.endpoints.get(&key) else {
             return Vec::new();
         };
-        eps.iter().filter_map(|(wl, ports)| Some((wl.clone(), target_port(svc, ports, service_port)?))).collect()
+        eps.values().filter_map(|wl| Some((wl.clone(), target_port(svc, wl.services.get(&key)?, service_port)?))).collect()
     }
 
     /// What a CONNECT naming a service by `hostname` and `service_port` (double HBONE,
@@ -437,17 +300,17 @@ impl MeshState {
         crate::rbac::evaluate(self.policies_for(wl).iter().map(|p| &**p), conn)
     }
 
-    /// Policies that apply to a destination workload, in a stable order.
+    /// Policies that apply to a destination workload, in key order: the global ones,
+    /// its namespace's and the selector policies it names (not every policy held).
     pub fn policies_for(&self, wl: &Workload) -> Vec<Arc<Authorization>> {
-        self.policies
-            .values()
-            .filter(|p| match p.scope {
-                PolicyScope::Global => true,
-                PolicyScope::Namespace => p.namespace == wl.namespace,
-                PolicyScope::WorkloadSelector => wl.authorization_policies.iter().any(|k| *k == p.key()),
-            })
-            .cloned()
-            .collect()
+        let mut found: Vec<(&String, &Arc<Authorization>)> = self.global_policies.iter().collect();
+        if let Some(ns) = self.namespace_policies.get(&wl.namespace) {
+            found.extend(ns.iter());
+        }
+        found.extend(wl.authorization_policies.iter().filter_map(|k| self.policies.get_key_value(k)).filter(|(_, p)| p.scope == PolicyScope::WorkloadSelector));
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        found.dedup_by(|a, b| a.0 == b.0);
+        found.into_iter().map(|(_, p)| p.clone()).collect()
     }
 
     /// Identities acceptable for a destination workload (its own, plus its services' SANs).

@@ -1,6 +1,7 @@
 //! The resources istiod has sent, by name and version, and the mesh state built from
-//! them. Every applied response rebuilds the state and swaps it in whole, so a
-//! connection always sees one consistent version.
+//! them. Each applied response changes only what it names in the index (`MeshIndex`)
+//! and swaps in a new snapshot whole, so a connection always sees one consistent
+//! version and a push costs what it changes, not what the mesh holds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use super::convert::{self, Address};
 use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use crate::rbac::Authorization;
-use crate::state::{MeshState, Service, SharedState, Workload};
+use crate::state::{MeshIndex, Rank, Service, SharedState, StateError, Workload};
 
 /// One resource of a response: name, version, encoded message.
 pub struct Incoming<'a> {
@@ -17,27 +18,55 @@ pub struct Incoming<'a> {
     pub bytes: &'a [u8],
 }
 
+/// A resource as held: its version, its rank in the index, the converted value.
+struct Held<T> {
+    version: String,
+    rank: Rank,
+    value: Arc<T>,
+}
+
+/// When each resource was first received (a counter): on a conflict over an IP, VIP or
+/// hostname the older one keeps it, whatever the names sort as.
+#[derive(Default)]
+struct Ages {
+    first_seen: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Ages {
+    fn of(&mut self, name: &str) -> u64 {
+        if let Some(age) = self.first_seen.get(name) {
+            return *age;
+        }
+        self.next += 1;
+        self.first_seen.insert(name.to_string(), self.next);
+        self.next
+    }
+
+    fn forget(&mut self, name: &str) {
+        self.first_seen.remove(name);
+    }
+}
+
 #[derive(Default)]
 struct Resources {
-    workloads: BTreeMap<String, (String, Workload)>,
-    services: BTreeMap<String, (String, Service)>,
-    policies: BTreeMap<String, (String, Authorization)>,
-    /// When each address resource was first received (a counter): on a conflict over an
-    /// IP, VIP or hostname the older one keeps it, whatever the names sort as.
-    first_seen: HashMap<String, u64>,
-    next_seen: u64,
+    workloads: BTreeMap<String, Held<Workload>>,
+    services: BTreeMap<String, Held<Service>>,
+    policies: BTreeMap<String, Held<Authorization>>,
+    address_ages: Ages,
+    policy_ages: Ages,
+    index: MeshIndex,
 }
 
 impl Resources {
-    fn seen(&mut self, name: &str) {
-        if !self.first_seen.contains_key(name) {
-            self.next_seen += 1;
-            self.first_seen.insert(name.to_string(), self.next_seen);
+    /// Takes out the address resource `name`, whichever kind it was.
+    fn remove_address(&mut self, name: &str, conflicts: &mut Vec<StateError>) {
+        if let Some(h) = self.workloads.remove(name) {
+            self.index.remove_workload(h.rank, &h.value, conflicts);
         }
-    }
-
-    fn age(&self, name: &str) -> u64 {
-        self.first_seen.get(name).copied().unwrap_or(u64::MAX)
+        if let Some(h) = self.services.remove(name) {
+            self.index.remove_service(h.rank, &h.value, conflicts);
+        }
     }
 }
 
@@ -61,26 +90,31 @@ impl Store {
     /// NACK. Unknown types are an error as a whole.
     pub fn apply(&self, type_url: &str, resources: &[Incoming<'_>], removed: &[String]) -> Vec<String> {
         let mut errors = Vec::new();
-        {
+        let mut conflicts = Vec::new();
+        let state = {
             let mut r = self.lock();
+            let r = &mut *r;
             match type_url {
                 ADDRESS_TYPE => {
                     for name in removed {
-                        r.workloads.remove(name);
-                        r.services.remove(name);
-                        r.first_seen.remove(name);
+                        r.remove_address(name, &mut conflicts);
+                        r.address_ages.forget(name);
                     }
                     for res in resources {
                         match convert::decode_address(res.bytes) {
                             Ok(Address::Workload(w)) => {
-                                r.services.remove(res.name);
-                                r.seen(res.name);
-                                r.workloads.insert(res.name.to_string(), (res.version.to_string(), w));
+                                r.remove_address(res.name, &mut conflicts);
+                                let rank = Rank { precedence: w.precedence(), age: r.address_ages.of(res.name) };
+                                let value = Arc::new(w);
+                                r.index.insert_workload(rank, value.clone(), &mut conflicts);
+                                r.workloads.insert(res.name.to_string(), Held { version: res.version.to_string(), rank, value });
                             }
                             Ok(Address::Service(s)) => {
-                                r.workloads.remove(res.name);
-                                r.seen(res.name);
-                                r.services.insert(res.name.to_string(), (res.version.to_string(), s));
+                                r.remove_address(res.name, &mut conflicts);
+                                let rank = Rank { precedence: s.precedence(), age: r.address_ages.of(res.name) };
+                                let value = Arc::new(s);
+                                r.index.insert_service(rank, value.clone(), &mut conflicts);
+                                r.services.insert(res.name.to_string(), Held { version: res.version.to_string(), rank, value });
                             }
                             Err(e) => errors.push(format!("{}: {e}", res.name)),
                         }
@@ -88,7 +122,10 @@ impl Store {
                 }
                 AUTHORIZATION_TYPE => {
                     for name in removed {
-                        r.policies.remove(name);
+                        if let Some(h) = r.policies.remove(name) {
+                            r.index.remove_policy(h.rank, &h.value);
+                        }
+                        r.policy_ages.forget(name);
                     }
                     for res in resources {
                         // A policy that doesn't convert is NACKed, as any resource, but
@@ -100,7 +137,13 @@ impl Store {
                                 "authorization cannot be enforced exactly; denying every connection in its scope instead");
                             errors.push(format!("{}: {e}", res.name));
                         }
-                        r.policies.insert(res.name.to_string(), (res.version.to_string(), p));
+                        if let Some(h) = r.policies.remove(res.name) {
+                            r.index.remove_policy(h.rank, &h.value);
+                        }
+                        let rank = Rank { precedence: 0, age: r.policy_ages.of(res.name) };
+                        let value = Arc::new(p);
+                        r.index.insert_policy(rank, value.clone());
+                        r.policies.insert(res.name.to_string(), Held { version: res.version.to_string(), rank, value });
                     }
                 }
                 other => {
@@ -108,36 +151,21 @@ impl Store {
                     return errors;
                 }
             }
-        }
-        self.rebuild();
-        errors
-    }
-
-    fn rebuild(&self) {
-        let (state, conflicts) = {
-            let r = self.lock();
-            let mut workloads: Vec<(&String, &Workload)> = r.workloads.iter().map(|(n, (_, w))| (n, w)).collect();
-            workloads.sort_by_key(|(n, w)| (w.precedence(), r.age(n)));
-            let mut services: Vec<(&String, &Service)> = r.services.iter().map(|(n, (_, s))| (n, s)).collect();
-            services.sort_by_key(|(n, s)| (s.precedence(), r.age(n)));
-            MeshState::build_lenient(
-                workloads.into_iter().map(|(_, w)| w.clone()).collect(),
-                services.into_iter().map(|(_, s)| s.clone()).collect(),
-                r.policies.values().map(|(_, p)| p.clone()).collect(),
-            )
+            r.index.snapshot()
         };
         for c in conflicts {
             tracing::warn!(conflict = %c, "istiod's state overlaps; the Kubernetes or older entry keeps the address");
         }
         self.state.store(state);
+        errors
     }
 
     /// What we hold of a type, for `initial_resource_versions` after a reconnect.
     pub fn versions(&self, type_url: &str) -> HashMap<String, String> {
         let r = self.lock();
         let pairs: Vec<(&String, &String)> = match type_url {
-            ADDRESS_TYPE => r.workloads.iter().map(|(n, (v, _))| (n, v)).chain(r.services.iter().map(|(n, (v, _))| (n, v))).collect(),
-            AUTHORIZATION_TYPE => r.policies.iter().map(|(n, (v, _))| (n, v)).collect(),
+            ADDRESS_TYPE => r.workloads.iter().map(|(n, h)| (n, &h.version)).chain(r.services.iter().map(|(n, h)| (n, &h.version))).collect(),
+            AUTHORIZATION_TYPE => r.policies.iter().map(|(n, h)| (n, &h.version)).collect(),
             _ => Vec::new(),
         };
         pairs.into_iter().map(|(n, v)| (n.clone(), v.clone())).collect()
@@ -145,7 +173,7 @@ impl Store {
 
     /// How many policies are deny-alls standing in for ones that did not convert.
     pub fn unenforceable_policies(&self) -> usize {
-        self.lock().policies.values().filter(|(_, p)| p.unenforceable.is_some()).count()
+        self.lock().policies.values().filter(|h| h.value.unenforceable.is_some()).count()
     }
 
     /// How many resources of each kind are held (workloads, services, policies).
