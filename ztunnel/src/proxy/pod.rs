@@ -157,12 +157,23 @@ impl Registry<OutboundView> {
     }
 }
 
-/// Re-checks the pod's open inbound connections on every state change.
+/// Re-checks the pod's open inbound connections on every state change that changes the
+/// policies in its scope. A decision depends on those alone (`MeshState::authorize`), and
+/// an update keeps the very same policy objects it does not replace, so most pushes
+/// (addresses, other namespaces' policies) cost a scope lookup per pod, not a check per
+/// connection.
 pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
     let mut changes = state.changes();
     changes.mark_unchanged();
+    let in_scope = |st: &MeshState| st.policies_for(pod.workload_in(st));
+    let mut in_force = in_scope(&state.load());
     while changes.changed().await.is_ok() {
         let state = state.load_full();
+        let now = in_scope(&state);
+        if now.len() == in_force.len() && now.iter().zip(&in_force).all(|(a, b)| Arc::ptr_eq(a, b)) {
+            continue;
+        }
+        in_force = now;
         let n = pod.inbound.recheck(&state, &pod);
         if n > 0 {
             tracing::info!(pod = %pod.workload.name, revoked = n, "policy change closed open connections");
