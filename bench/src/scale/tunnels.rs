@@ -98,6 +98,16 @@ fn usage(env: &Env) -> (f64, f64) {
 
 pub fn run(plan: &Plan, bins: &Binaries) -> Result<TunnelsCurve> {
     let mut env = Env::start(Mode::L4, 0, bins).context("set up the L4 topology")?;
+    // Every tunnel joins the same two addresses (one client pod, one echo port): with the
+    // default range (32768-60999, connect() preferring even ports) the kernel's search
+    // for a free source port grows long past ~10,000 connections, in the client and in
+    // the server pod where ztunnel delivers from the client's address. That is this
+    // topology's cost, not the proxies': every netns of it gets the widest range.
+    let client = env.client_ns.file_name().and_then(|n| n.to_str()).context("client netns name")?.to_string();
+    let prefix = client.strip_suffix("-n1p1").context("client netns is n1p1")?;
+    for ns in ["n1p1", "n2p1", "n1", "n2"] {
+        mesh_tests::netsim::Netns { name: format!("{prefix}-{ns}") }.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=1024 65535"])?;
+    }
     // Certificates and the pooled HBONE connection, as in the main suite.
     load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500)).context("warm-up")?;
     let mut curve = TunnelsCurve {
