@@ -170,10 +170,15 @@ fn panel(s: &mut String, p: &Panel, ox: f64, oy: f64, legend_h: f64) {
         let _ = writeln!(s, r##"<line x1="{x0}" y1="{y:.1}" x2="{x1}" y2="{y:.1}" stroke="#ddd"/>"##);
         let _ = writeln!(s, r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#, x0 - 4.0, y + 4.0, fmt_num(v));
     }
+    // A label too close to the previous one (0 and 1k on a 50k axis) is left out; its tick stays.
+    let mut last_label = f64::NEG_INFINITY;
     for &x in &xs {
         let px = sx(x);
         let _ = writeln!(s, r##"<line x1="{px:.1}" y1="{y0}" x2="{px:.1}" y2="{}" stroke="#888"/>"##, y0 + 4.0);
-        let _ = writeln!(s, r#"<text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"#, y0 + 16.0, fmt_num(x));
+        if px - last_label >= 24.0 {
+            let _ = writeln!(s, r#"<text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"#, y0 + 16.0, fmt_num(x));
+            last_label = px;
+        }
     }
     let _ = writeln!(s, r#"<text x="{}" y="{}" text-anchor="middle">{}</text>"#, (x0 + x1) / 2.0, y0 + 32.0, esc(&p.x_label));
     let _ = writeln!(
