@@ -2,6 +2,16 @@
 //! optionally a reference node proxy in ztunnel's place, on a network-namespace topology
 //! in one run. See docs/benchmarks.md for the method and `bench --help` for the flags.
 
+// Before the modules: `bench scale`'s use it too.
+/// Logged as it happens, so a long run shows where it is.
+macro_rules! progress {
+    ($($t:tt)*) => {{
+        use std::io::Write;
+        println!("[{:>7.1}s] {}", $crate::started().elapsed().as_secs_f64(), format!($($t)*));
+        let _ = std::io::stdout().flush();
+    }};
+}
+
 mod capture;
 mod cleanup;
 mod l7;
@@ -10,6 +20,7 @@ mod modes;
 mod plot;
 mod procstat;
 mod report;
+mod scale;
 mod server;
 
 use std::path::PathBuf;
@@ -26,8 +37,8 @@ use modes::{Env, Mode};
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
-    /// Where results.md, results.json and the plots go.
-    #[arg(long, default_value = "target/bench")]
+    /// Where results.md, results.json and the plots go (`scale`: scale.md, scale.json, scale-*.svg).
+    #[arg(long, default_value = "target/bench", global = true)]
     out: PathBuf,
     /// Smoke run: short steps, two rates, small bulk and idle counts (well under 2 minutes);
     /// with a subcommand, one round of a few connections and requests.
@@ -46,7 +57,7 @@ struct Args {
     #[arg(long)]
     reference_zds: Option<PathBuf>,
     /// ztunnel binary (default: next to this binary).
-    #[arg(long)]
+    #[arg(long, global = true)]
     ztunnel: Option<PathBuf>,
     /// waypoint binary (default: next to this binary).
     #[arg(long)]
@@ -74,7 +85,7 @@ struct Args {
     serve: Option<PathBuf>,
 }
 
-/// Focused comparisons beside the main suite, printed as tables (no files written).
+/// Focused comparisons beside the main suite, printed as tables (`scale` also writes files).
 #[derive(clap::Subcommand, Debug)]
 enum Command {
     /// Capture alone: connection rate and 1 KiB round trips with eBPF, nftables and no
@@ -94,6 +105,16 @@ enum Command {
         /// direct, l4, waypoint, ext_authz, jwt, tracing, log_filter, log_all, dest_rule, vs_fault.
         #[arg(long, value_delimiter = ',', value_parser = l7::Path::parse)]
         paths: Option<Vec<l7::Path>>,
+    },
+    /// Scale curves (issue 19): ztunnel against a fake istiod serving 1k-50k workloads
+    /// (time to apply the state and one push, RSS, CPU per push, policy evaluation),
+    /// 1-200 pods enrolled over ZDS on one node (RSS, fds, enrollment time, idle CPU),
+    /// and 1k-50k idle tunnels (RSS per tunnel, a victim's latency); writes scale.md,
+    /// scale.json and scale-<curve>.svg to --out (docs/benchmarks.md).
+    Scale {
+        /// Curves to run, comma-separated: config, pods, tunnels (default: all).
+        #[arg(long, value_delimiter = ',', value_parser = scale::Curve::parse)]
+        curves: Option<Vec<scale::Curve>>,
     },
 }
 
@@ -253,15 +274,6 @@ fn plan(a: &Args) -> Plan {
     }
 }
 
-/// Logged as it happens, so a long run shows where it is.
-macro_rules! progress {
-    ($($t:tt)*) => {{
-        use std::io::Write;
-        println!("[{:>7.1}s] {}", $crate::started().elapsed().as_secs_f64(), format!($($t)*));
-        let _ = std::io::stdout().flush();
-    }};
-}
-
 fn started() -> Instant {
     static T: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     *T.get_or_init(Instant::now)
@@ -297,6 +309,7 @@ fn main() -> Result<()> {
     match args.command {
         Some(Command::Capture) => return capture::main(args.quick),
         Some(Command::L7 { requests, rounds, paths }) => return l7::main(args.quick, requests, rounds, paths),
+        Some(Command::Scale { curves }) => return scale::main(args.quick, curves, &args.out, &bins),
         None => {}
     }
     let mut all = vec![Mode::Direct, Mode::L4, Mode::Waypoint];

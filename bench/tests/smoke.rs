@@ -62,3 +62,34 @@ fn quick_comparisons_complete() {
         assert!(stdout.contains(table), "bench {args:?} printed no {table:?}:\n{stdout}");
     }
 }
+
+/// `bench scale --quick` (about 15 s): every curve yields its numbers, the tables, the
+/// JSON and one plot per curve.
+#[test]
+fn quick_scale_curves_complete() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
+    let out = std::env::temp_dir().join(format!("bench-scale-smoke-{}", std::process::id()));
+    let run = Command::new(&bench).args(["scale", "--quick", "--out"]).arg(&out).output().expect("run bench");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let json = std::fs::read_to_string(out.join("scale.json"));
+    let svgs: Vec<String> = ["config", "pods", "tunnels"].iter().map(|c| std::fs::read_to_string(out.join(format!("scale-{c}.svg"))).unwrap_or_default()).collect();
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(run.status.success(), "bench scale --quick failed ({}):\n{stdout}\n{}", run.status, String::from_utf8_lossy(&run.stderr));
+    let v: serde_json::Value = serde_json::from_str(&json.expect("scale.json")).expect("valid JSON");
+    let positive = |curve: &str, field: &str| {
+        let points = v[curve]["points"].as_array().unwrap_or_else(|| panic!("{curve}: no points"));
+        assert!(points.len() >= 2, "{curve}: {points:?}");
+        for p in points {
+            assert!(p[field].as_f64().is_some_and(|n| n > 0.0), "{curve} {field}: {p}");
+        }
+    };
+    positive("config", "rss_mib");
+    positive("config", "push_to_ack_median_ms");
+    positive("pods", "enroll_served_median_ms");
+    positive("pods", "fds");
+    positive("tunnels", "victim_p99_us");
+    assert!(v["config"]["policy_eval"].as_array().is_some_and(|p| p.len() >= 2), "{}", v["config"]);
+    for svg in svgs {
+        assert!(svg.contains("<polyline"), "a curve without a plot");
+    }
+}

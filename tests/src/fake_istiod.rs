@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use prost::Message;
@@ -58,6 +58,18 @@ pub struct Seen {
     pub node_metadata: Option<prost_types::Struct>,
     /// The stream's ASCII request headers (gRPC metadata).
     pub headers: HashMap<String, String>,
+    /// When the request arrived (`bench scale` times pushes to their ACK).
+    pub at: Instant,
+}
+
+/// A response istiod sent on a stream, as it was handed to the stream.
+#[derive(Clone, Debug)]
+pub struct Sent {
+    pub type_url: String,
+    pub nonce: String,
+    pub resources: usize,
+    pub removed: usize,
+    pub at: Instant,
 }
 
 /// A request's ASCII gRPC metadata as name → value.
@@ -91,6 +103,8 @@ pub struct Resources {
     /// Authorizations are not sent while true (a proxy then lacks its first full state).
     pub hold_authorizations: bool,
     pub seen: Vec<Seen>,
+    /// Every response, in order: with `seen`, what a proxy took to apply each one.
+    pub sent: Vec<Sent>,
     pub issued: Vec<Issued>,
     /// Identities the CA answers with a certificate for someone else.
     pub wrong_identity_for: HashSet<String>,
@@ -297,13 +311,17 @@ impl Ads {
         }
         view.subscribed = true;
         *nonce += 1;
-        Some(DeltaDiscoveryResponse {
+        let r = DeltaDiscoveryResponse {
             type_url: type_url.to_string(),
             resources,
             removed_resources: removed,
             nonce: nonce.to_string(),
             system_version_info: String::new(),
-        })
+        };
+        drop(res);
+        let sent = Sent { type_url: r.type_url.clone(), nonce: r.nonce.clone(), resources: r.resources.len(), removed: r.removed_resources.len(), at: Instant::now() };
+        self.res.lock().unwrap().sent.push(sent);
+        Some(r)
     }
 }
 
@@ -338,6 +356,7 @@ impl AggregatedDiscoveryService for Ads {
                             client_identity: peer.0.clone(),
                             node_metadata: req.node.as_ref().and_then(|n| n.metadata.clone()),
                             headers: headers.clone(),
+                            at: Instant::now(),
                         });
                         if req.response_nonce.is_empty() {
                             // A subscription: the client's view starts from what it announces.
