@@ -94,7 +94,7 @@ fn exercise_state(state: &MeshState) {
         let _ = state.expected_identities(w, None);
         for ip in &w.workload_ips {
             assert!(state.workload_by_ip(&w.network, *ip).is_some());
-            let conn = crate::rbac::Connection { src_identity: Some(w.identity()), src_ip: *ip, dst: SocketAddr::new(*ip, 80) };
+            let conn = crate::rbac::Connection { src_identity: Some(std::sync::Arc::new(w.identity())), src_ip: *ip, dst: SocketAddr::new(*ip, 80) };
             let _ = state.authorize(w, &conn);
         }
         if let Some(gw) = &w.waypoint {

@@ -138,8 +138,9 @@ pub struct ServiceAccountMatch {
 /// What L4 authorization knows about a connection.
 #[derive(Clone, Debug)]
 pub struct Connection {
-    /// Peer identity from mTLS; `None` for plaintext clients.
-    pub src_identity: Option<Identity>,
+    /// Peer identity from mTLS; `None` for plaintext clients. Shared with the HBONE
+    /// connection it came over (an open connection's registration keeps this).
+    pub src_identity: Option<std::sync::Arc<Identity>>,
     pub src_ip: IpAddr,
     /// The destination workload address and target port.
     pub dst: SocketAddr,
@@ -147,7 +148,7 @@ pub struct Connection {
 
 impl Match {
     fn matches(&self, conn: &Connection) -> bool {
-        let id = conn.src_identity.as_ref();
+        let id = conn.src_identity.as_deref();
         let ns = id.map(|i| i.namespace.as_str());
         let principal = id.map(|i| i.principal());
         let principal = principal.as_deref();

@@ -71,7 +71,7 @@ fn time_calls(state: &MeshState, wl: &Workload, conn: &Connection) -> f64 {
 }
 
 pub fn measure(n: usize) -> Result<PolicyPoint> {
-    let conn = Connection { src_identity: CLIENT.parse().ok(), src_ip: "10.1.0.2".parse()?, dst: "10.1.0.1:8080".parse()? };
+    let conn = Connection { src_identity: CLIENT.parse().ok().map(std::sync::Arc::new), src_ip: "10.1.0.2".parse()?, dst: "10.1.0.1:8080".parse()? };
     let mut point = PolicyPoint { policies: n, ..Default::default() };
     for in_scope in [true, false] {
         let wl = destination(n, in_scope)?;
@@ -92,7 +92,7 @@ mod tests {
 
     #[test]
     fn in_scope_policies_apply_and_out_of_scope_ones_do_not() {
-        let stranger = Connection { src_identity: "spiffe://cluster.local/ns/ns-5/sa/x".parse().ok(), src_ip: "10.1.0.3".parse().unwrap(), dst: "10.1.0.1:8080".parse().unwrap() };
+        let stranger = Connection { src_identity: "spiffe://cluster.local/ns/ns-5/sa/x".parse().ok().map(std::sync::Arc::new), src_ip: "10.1.0.3".parse().unwrap(), dst: "10.1.0.1:8080".parse().unwrap() };
         for n in [1, 10, 25] {
             // In scope: ALLOW policies apply and none names the stranger.
             let (wl, ps) = (destination(n, true).unwrap(), policies(n, true).unwrap());

@@ -333,7 +333,7 @@ pub fn rbac_model(data: &[u8]) {
         Err(e) => panic!("a state with one workload cannot conflict: {e}"),
     };
     let conn = rbac::Connection {
-        src_identity: r.id.map(|(td, ns, sa)| Identity::new(td, ns, sa)),
+        src_identity: r.id.map(|(td, ns, sa)| std::sync::Arc::new(Identity::new(td, ns, sa))),
         src_ip: r.src_ip,
         dst: SocketAddr::new(r.dst_ip, r.dst_port),
     };

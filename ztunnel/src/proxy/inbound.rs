@@ -30,7 +30,7 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
     while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound").await {
         // Before a task exists for it: a flood over the limit costs one reset each.
         let Some((stream, permit)) = inputs.hbone_server.admit(stream, peer) else { continue };
-        let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name);
+        let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name, src.identity = tracing::field::Empty);
         tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, permit, peer, acceptor.clone()).instrument(span));
     }
 }
@@ -56,13 +56,16 @@ async fn handle_connection(
     let Some((conn, src_identity, chain)) = server.handshake_with(&acceptor, stream, permit, changes.is_some()).await else { return };
     // Shared by the connection's streams: each would otherwise hold its own copy (three strings).
     let src_identity = Arc::new(src_identity);
+    // On the connection's span, not each stream's: formatted once per connection, where
+    // every stream's span would keep its own copy of the text for the tunnel's life.
+    tracing::Span::current().record("src.identity", tracing::field::display(&*src_identity));
     let revoked = revoked_peer(&inputs, &pod, changes, &chain);
     server
         .serve_with(conn, &inputs.drain, &src_identity, revoked, |req, respond| {
             // The CONNECT's trace (a new one without): its id names this stream's lines, as
             // the client side's name the connection (Istio's).
             let trace = hbone::TraceParent::of_request(&req);
-            let span = tracing::info_span!("stream", id = %trace.trace_id(), src.identity = %src_identity);
+            let span = tracing::info_span!("stream", id = %trace.trace_id());
             // What the stream needs of the request head is read here, so the head (a few
             // hundred bytes) is not kept in the stream's task for its life.
             let (head, body) = req.into_parts();
@@ -197,7 +200,7 @@ async fn open_tunnel(
     request: Box<(Connect, SendResponse<Bytes>)>,
     peer: SocketAddr,
     local: SocketAddr,
-    src_identity: &Identity,
+    src_identity: &Arc<Identity>,
 ) -> Option<Tunnel> {
     let (Connect { target, claimed_service, origin_network, body: recv }, tx) = *request;
     let hbone_target = match target {
@@ -253,7 +256,7 @@ async fn open_tunnel(
     // identity, else one identity could act as another workload's IP.
     // A gateway forwards for others: its address comes with their identities.
     let forwarder = |w: &crate::state::Workload| from_gateway && state.is_network_gateway(w);
-    if let Some(owner) = state.workload_by_ip(network, peer.ip()).filter(|w| w.identity() != *src_identity && !forwarder(w)) {
+    if let Some(owner) = state.workload_by_ip(network, peer.ip()).filter(|w| w.identity() != **src_identity && !forwarder(w)) {
         tracing::warn!(src.addr = %peer, src.identity = %src_identity, ip_owner = %owner.identity(),
             "HBONE peer's source address belongs to another workload's identity");
         inputs.metrics.hbone_rejected("source_mismatch");
@@ -263,11 +266,11 @@ async fn open_tunnel(
     let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity
     // (through a gateway the address is the gateway's: the source is not looked up).
-    let src_wl = state.workload_by_ip(network, peer.ip()).filter(|w| !from_gateway && w.identity() == *src_identity).cloned();
+    let src_wl = state.workload_by_ip(network, peer.ip()).filter(|w| !from_gateway && w.identity() == **src_identity).cloned();
     let service = named_service.or_else(|| state.inbound_service(workload, claimed_service.as_deref(), target.port()).cloned());
     let labels = TcpLabels::new(
         "destination",
-        Peer { workload: src_wl.as_deref(), identity: Some(src_identity) },
+        Peer { workload: src_wl.as_deref(), identity: Some(&**src_identity) },
         Peer { workload: Some(workload), identity: Some(&pod.identity) },
         service.as_deref(),
         true,
@@ -322,7 +325,7 @@ async fn open_tunnel(
             respond(tx, StatusCode::SERVICE_UNAVAILABLE);
             return None;
         };
-        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(src_identity)).await {
+        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(&**src_identity)).await {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);

@@ -2,7 +2,7 @@ use super::*;
 
 fn conn(id: Option<&str>, src: &str, dst: &str) -> Connection {
     Connection {
-        src_identity: id.map(|s| s.parse().unwrap()),
+        src_identity: id.map(|s| std::sync::Arc::new(s.parse().unwrap())),
         src_ip: src.parse().unwrap(),
         dst: dst.parse().unwrap(),
     }

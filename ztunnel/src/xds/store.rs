@@ -301,7 +301,7 @@ mod policy_tests {
     }
 
     fn decide(state: &SharedState, wl: &Workload) -> Decision {
-        let conn = Connection { src_identity: "spiffe://cluster.local/ns/default/sa/sleep".parse().ok(), src_ip: "10.0.0.1".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() };
+        let conn = Connection { src_identity: "spiffe://cluster.local/ns/default/sa/sleep".parse().ok().map(std::sync::Arc::new), src_ip: "10.0.0.1".parse().unwrap(), dst: "10.0.0.2:80".parse().unwrap() };
         state.load().authorize(wl, &conn)
     }
 
