@@ -88,7 +88,7 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
     }
     let conn = inputs.metrics.opened(&labels);
     drop(labels);
-    let r = copy_tcp(conn, &mut stream, &mut upstream, registration.revoked.notified(), inputs.cfg.idle_timeout).await;
+    let r = copy_tcp(conn, &mut stream, &mut upstream, registration.revocation.revoked(), inputs.cfg.idle_timeout).await;
     let (t, error) = match r {
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),

@@ -305,8 +305,8 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
     }
     // Decided in a boxed future of its own, so its locals (the state, the route, on-demand
     // DNS) take no room in the connection's; the result is matched as a temporary.
-    let Tunnel { peer: workload, target, hbone_addr, expected, service, inner } = match Box::pin(plan(&inputs, &pod, dst)).await {
-        Plan::Tunnel(t) => t,
+    let Tunnel { peer: workload, target, hbone_addr, service, dial } = match Box::pin(plan(&inputs, &pod, dst)).await {
+        Plan::Tunnel(t) => *t,
         // Boxed: its locals (the upstream socket, the TCP relay) would otherwise take room
         // in every connection's future, tunnels too.
         Plan::Passthrough(to) => return Box::pin(passthrough(&inputs, &pod, stream, peer, dst, to, start)).await,
@@ -318,13 +318,13 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
     // The identity the proxy behind a gateway proves, kept for the log line (a direct
     // peer's is made only then: held for the tunnel's life it would cost every connection
     // its three strings).
-    let inner_identity: Option<Box<Identity>> = inner.as_ref().and_then(|i| i.first().cloned().map(Box::new));
+    let inner_identity: Option<Box<Identity>> = dial.inner.as_ref().and_then(|i| i.first().cloned().map(Box::new));
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
         "source",
         Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
-        Peer { workload: Some(&workload), identity: inner.as_ref().unwrap_or(&expected).first() },
+        Peer { workload: Some(&workload), identity: dial.inner.as_ref().unwrap_or(&dial.expected).first() },
         service.as_deref(),
         true,
     ));
@@ -338,7 +338,7 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
         // Boxed: the requests, the pool key and the connects need room only until the
         // tunnel is open. Matched as a temporary, so the result takes no room in the relay's
         // state either.
-        let (send, recv, hold) = match Box::pin(open(&inputs, &pod, PoolKey::new(pod.identity.clone(), expected, hbone_addr, src_ip), &target, peer, service.as_deref(), inner, &trace)).await {
+        let (send, recv, hold) = match Box::pin(open(&inputs, &pod, hbone_addr, src_ip, &target, peer, service.as_deref(), dial, &trace)).await {
             Some(Ok(opened)) => opened,
             Some(Err(e)) => {
                 reset(stream);
@@ -393,7 +393,9 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
 
 /// What to do with a captured connection.
 enum Plan {
-    Tunnel(Tunnel),
+    /// Boxed: the connection's future keeps room for this result as long as for any of
+    /// its locals (its slot may not overlap the tunnel's fields moved out of it).
+    Tunnel(Box<Tunnel>),
     Passthrough(SocketAddr),
     /// Refused (logged): reset the connection.
     Refuse,
@@ -418,10 +420,16 @@ async fn plan(inputs: &ProxyInputs, pod: &LocalPod, dst: SocketAddr) -> Plan {
         Route::Resolve { .. } => Plan::Refuse,
         Route::Passthrough(to) => Plan::Passthrough(to),
         Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
-            Plan::Tunnel(Tunnel { peer: workload, target: Box::new(target.into()), hbone_addr, expected, service, inner: None })
+            Plan::Tunnel(Box::new(Tunnel { peer: workload, target: Box::new(target.into()), hbone_addr, service, dial: Box::new(Dial { expected, inner: None }) }))
         }
         Route::DoubleHbone { gateway, gateway_addr, gateway_ids, target, expected, service } => {
-            Plan::Tunnel(Tunnel { peer: gateway, target: Box::new(target), hbone_addr: gateway_addr, expected: gateway_ids, service: Some(service), inner: Some(expected) })
+            Plan::Tunnel(Box::new(Tunnel {
+                peer: gateway,
+                target: Box::new(target),
+                hbone_addr: gateway_addr,
+                service: Some(service),
+                dial: Box::new(Dial { expected: gateway_ids, inner: Some(expected) }),
+            }))
         }
     }
 }
@@ -482,8 +490,15 @@ struct Tunnel {
     /// Boxed: after the CONNECT it is only for the log line.
     target: Box<HboneAddress>,
     hbone_addr: SocketAddr,
-    expected: Vec<Identity>,
     service: Option<Arc<Service>>,
+    /// Boxed: needed until the connect only, and a moved-out local still takes its room
+    /// in the connection's future.
+    dial: Box<Dial>,
+}
+
+/// The identities the tunnel's peer must prove (`inner`: behind a gateway, double HBONE).
+struct Dial {
+    expected: Vec<Identity>,
     inner: Option<Vec<Identity>>,
 }
 
@@ -502,13 +517,16 @@ enum TunnelHold {
 async fn open(
     inputs: &ProxyInputs,
     pod: &LocalPod,
-    key: PoolKey,
+    hbone_addr: SocketAddr,
+    src_ip: IpAddr,
     target: &HboneAddress,
     peer: SocketAddr,
     service: Option<&Service>,
-    inner: Option<Vec<Identity>>,
+    dial: Box<Dial>,
     trace: &hbone::TraceParent,
 ) -> Option<Result<(h2::SendStream<bytes::Bytes>, h2::RecvStream, TunnelHold), hbone::HboneError>> {
+    let Dial { expected, inner } = *dial;
+    let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, src_ip);
     let request = |origin_network| connect_request(target, peer, service, &pod.workload, trace, origin_network);
     let (req, inner_req) = match (request(None), inner.as_ref().map(|_| request(Some(&inputs.cfg.network))).transpose()) {
         (Ok(r), Ok(i)) => (r, i),
@@ -535,14 +553,15 @@ mod tests {
     #[test]
     fn a_connection_task_stays_small() {
         use crate::task_size::Returns;
-        // What every outbound connection holds while open (976 bytes in the test build:
-        // at most 1008 keeps its task cell at 1152 bytes, each 128 bytes shed is a size class
-        // of tokio's task cell; 1408 before it became an async block, its route decision and
+        // What every outbound connection holds while open (856 bytes in the test build:
+        // at most 880 keeps its task cell at 1024 bytes, each 128 bytes shed is a size class
+        // of tokio's task cell; 976 before the route decision's result and the identities
+        // to dial were boxed, 1408 before it became an async block, its route decision and
         // passthrough path boxed fns and the opened tunnel a temporary; 1280 before double HBONE; 2256 before the TCP relay
         // was boxed and the HBONE relay hand-written).
         let size = handle.returned_size();
         println!("outbound handle future: {size} bytes");
-        assert!(size <= 1008, "outbound connection future grew to {size} bytes: box the set-up step that grew it");
+        assert!(size <= 880, "outbound connection future grew to {size} bytes: box the set-up step that grew it");
     }
 
     const WP: &str = "default/waypoint.default.svc.cluster.local";

@@ -85,7 +85,40 @@ impl<T> Registry<T> {
 pub struct OpenInbound {
     conn: crate::rbac::Connection,
     view: InboundView,
-    revoked: Arc<tokio::sync::Notify>,
+    revocation: Arc<Revocation>,
+}
+
+/// Set when policy no longer allows an open connection; its relay waits for it. A flag
+/// and one waker, not a `tokio::sync::Notify`: the relay's future keeps the wait for the
+/// connection's life, and `Notify`'s waiter is 128 bytes of every inbound tunnel's task.
+#[derive(Default)]
+pub struct Revocation {
+    revoked: std::sync::atomic::AtomicBool,
+    waker: futures_util::task::AtomicWaker,
+}
+
+impl Revocation {
+    fn revoke(&self) {
+        self.revoked.store(true, std::sync::atomic::Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// Resolves once revoked, also when that happened before the first poll.
+    pub fn revoked(&self) -> impl std::future::Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            let done = || self.revoked.load(std::sync::atomic::Ordering::Acquire);
+            if done() {
+                return std::task::Poll::Ready(());
+            }
+            self.waker.register(cx.waker());
+            // Checked again: a revocation between the first check and the register woke no one.
+            if done() {
+                std::task::Poll::Ready(())
+            } else {
+                std::task::Poll::Pending
+            }
+        })
+    }
 }
 
 /// Open inbound connections of one pod and what authorized them. When the mesh state
@@ -96,15 +129,15 @@ pub type InboundConns = Registry<OpenInbound>;
 /// A registered inbound connection; dropping it unregisters.
 pub struct InboundGuard {
     _listed: Listed<OpenInbound>,
-    /// Notified when policy no longer allows the connection.
-    pub revoked: Arc<tokio::sync::Notify>,
+    /// Set when policy no longer allows the connection.
+    pub revocation: Arc<Revocation>,
 }
 
 impl Registry<OpenInbound> {
     pub fn register(self: &Arc<Self>, conn: crate::rbac::Connection, view: InboundView) -> InboundGuard {
-        let revoked = Arc::new(tokio::sync::Notify::new());
-        let _listed = self.insert(OpenInbound { conn, view, revoked: revoked.clone() });
-        InboundGuard { _listed, revoked }
+        let revocation = Arc::new(Revocation::default());
+        let _listed = self.insert(OpenInbound { conn, view, revocation: revocation.clone() });
+        InboundGuard { _listed, revocation }
     }
 
     /// The open connections, oldest first.
@@ -122,8 +155,8 @@ impl Registry<OpenInbound> {
                 tracing::warn!(src.addr = %conn.src_ip, dst.addr = %conn.dst,
                     src.identity = conn.src_identity.as_ref().map(|i| i.to_string()),
                     error = %reason, "closing an open connection: policy now denies it");
-                // A stored permit: the connection sees it even if not waiting yet.
-                open.revoked.notify_one();
+                // A stored flag: the connection sees it even if not waiting yet.
+                open.revocation.revoke();
                 revoked += 1;
             }
         }
@@ -184,4 +217,28 @@ pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
 /// Whether an original destination points back at this pod's proxy listeners.
 pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
     crate::ports::is_proxy_port(dst.port()) && (pod.ips.contains(dst.ip()) || dst.ip().is_loopback() || dst.ip().is_unspecified())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_revocation_is_seen_before_and_while_waiting() {
+        // Before the wait starts: stored, so the relay that polls later still ends.
+        let early = Revocation::default();
+        early.revoke();
+        tokio::time::timeout(std::time::Duration::from_secs(5), early.revoked()).await.expect("stored revocation");
+
+        // While waiting: the waker is woken.
+        let late = Arc::new(Revocation::default());
+        let waiter = tokio::spawn({
+            let late = late.clone();
+            async move { late.revoked().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        late.revoke();
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await.expect("woken").expect("task");
+    }
 }
