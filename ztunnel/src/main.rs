@@ -18,6 +18,16 @@ use ztunnel::netns::InPodNetns;
 use ztunnel::proxy::{self, ProxyInputs};
 use ztunnel::state::WorkloadUid;
 
+// The global allocator, a build-time choice (default: the C library's malloc);
+// `ztunnel::memory` releases free heap under whichever this is. Measured in
+// docs/benchmarks.md ("The allocator").
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(clap::Parser, Debug)]
 #[command(
     name = "ztunnel",
@@ -624,7 +634,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     metrics.set_ready();
     let enrolled = pods.count().await;
-    tracing::info!(node = %node_name, pods = enrolled, "ztunnel ready");
+    tracing::info!(node = %node_name, pods = enrolled, allocator = ztunnel::memory::ALLOCATOR, "ztunnel ready");
     tokio::spawn(ztunnel::memory::release_periodically());
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
