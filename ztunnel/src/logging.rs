@@ -131,6 +131,47 @@ where
     }
 }
 
+/// Gives back the spare room of each span's formatted fields (`FormattedFields<N>`, the
+/// fields formatter `N` the fmt layer uses) once the fmt layer has written them. Every
+/// open connection has a span that lives as long as it does; its text grows by doubling
+/// as fields are written (a 66-byte outbound span text sits in a 128-byte buffer), and
+/// nothing writes it again until a field is recorded. Install it after the fmt layer, so
+/// it runs after it on each new span and record.
+pub struct CompactSpanFields<N>(std::marker::PhantomData<fn(N)>);
+
+impl<N> Default for CompactSpanFields<N> {
+    fn default() -> Self {
+        CompactSpanFields(std::marker::PhantomData)
+    }
+}
+
+impl<N> CompactSpanFields<N> {
+    fn compact<S: Subscriber + for<'a> LookupSpan<'a>>(id: &tracing::span::Id, ctx: &tracing_subscriber::layer::Context<'_, S>)
+    where
+        N: 'static,
+    {
+        if let Some(span) = ctx.span(id) {
+            if let Some(f) = span.extensions_mut().get_mut::<FormattedFields<N>>() {
+                f.fields.shrink_to_fit();
+            }
+        }
+    }
+}
+
+impl<S, N> tracing_subscriber::Layer<S> for CompactSpanFields<N>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: 'static,
+{
+    fn on_new_span(&self, _: &tracing::span::Attributes<'_>, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        Self::compact(id, &ctx);
+    }
+
+    fn on_record(&self, id: &tracing::span::Id, _: &tracing::span::Record<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+        Self::compact(id, &ctx);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
@@ -183,6 +224,33 @@ mod tests {
         assert_eq!(cols[2], "access:inbound{src=10.0.0.1:4000}");
         assert_eq!(cols[3], "connection complete");
         assert_eq!(cols[4], "bytes_sent=10 src.identity=spiffe://cluster.local/ns/a/sa/b response_flags=\"DENY\"");
+    }
+
+    #[test]
+    fn span_fields_keep_no_spare_room_and_stay_whole() {
+        use tracing_subscriber::fmt::format::DefaultFields;
+        let buf = Buf::default();
+        let sub = tracing_subscriber::registry()
+            .with(tracing_subscriber::fmt::layer().event_format(IstioText).with_writer(buf.clone()).with_ansi(false))
+            .with(CompactSpanFields::<DefaultFields>::default());
+        tracing::subscriber::with_default(sub, || {
+            let span = tracing::info_span!("outbound", id = tracing::field::Empty, src = %"10.0.0.1:4000", pod = "client-7d9f");
+            span.record("id", "0af7651916cd43dd8448eb211c80319c");
+            let (len, capacity) = span
+                .with_subscriber(|(id, dispatch)| {
+                    let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>().expect("registry");
+                    let data = registry.span(id).expect("span");
+                    let ext = data.extensions();
+                    let f = ext.get::<FormattedFields<DefaultFields>>().expect("formatted fields");
+                    (f.fields.len(), f.fields.capacity())
+                })
+                .expect("span enabled");
+            assert_eq!(len, capacity, "spare room left in the span's text");
+            let _g = span.enter();
+            tracing::info!("connection complete");
+        });
+        let out = text(&buf);
+        assert!(out.contains("outbound{src=10.0.0.1:4000 pod=\"client-7d9f\" id=\"0af7651916cd43dd8448eb211c80319c\"}"), "{out:?}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use serde_json::{json, Map, Value};
 
 use crate::identity::manager::CertManager;
 use crate::rbac::{Authorization, Match, PolicyAction, PolicyScope, StringMatch};
-use crate::state::{GatewayAddress, GatewayDestination, HealthStatus, MeshState, Protocol, Service, Workload};
+use crate::state::{GatewayAddress, GatewayDestination, HealthStatus, MeshState, Service, Workload};
 
 /// Istio's GatewayAddress: `destination` is one string, `network/ip` or
 /// `namespace/hostname` (upstream's untagged enum; istioctl decodes a string).
@@ -55,7 +55,7 @@ pub fn workload(w: &Workload) -> Value {
     m.insert("workloadIps".into(), json!(w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>()));
     insert_unless_default(&mut m, "waypoint", w.waypoint.as_ref().map_or(Value::Null, gateway));
     insert_unless_default(&mut m, "networkGateway", w.network_gateway.as_ref().map_or(Value::Null, gateway));
-    m.insert("protocol".into(), json!(match w.protocol { Protocol::HBONE => "HBONE", Protocol::TCP => "TCP" }));
+    m.insert("protocol".into(), json!(w.protocol.as_str()));
     m.insert("networkMode".into(), json!("Standard"));
     insert_unless_default(&mut m, "uid", json!(w.uid.0));
     m.insert("name".into(), json!(w.name));
@@ -286,12 +286,12 @@ pub fn workload_state(states: &[crate::proxy::states::ProxyStateView]) -> Value 
         if let Some((inbound, outbound)) = &st.connections {
             let inbound: Vec<Value> = inbound
                 .iter()
-                .map(|c| json!({ "src": c.src.to_string(), "originalDst": c.service, "actualDst": c.dst.to_string(), "protocol": c.protocol }))
+                .map(|c| json!({ "src": c.src.to_string(), "originalDst": c.service, "actualDst": c.dst.to_string(), "protocol": c.protocol.as_str() }))
                 .collect();
             let outbound: Vec<Value> = outbound
                 .iter()
                 .map(|c| {
-                    json!({ "src": c.src.to_string(), "originalDst": c.original_dst.to_string(), "actualDst": c.actual_dst.to_string(), "protocol": c.protocol })
+                    json!({ "src": c.src.to_string(), "originalDst": c.original_dst.to_string(), "actualDst": c.actual_dst.to_string(), "protocol": c.protocol.as_str() })
                 })
                 .collect();
             e.insert("connections".into(), json!({ "inbound": inbound, "outbound": outbound }));
@@ -420,8 +420,8 @@ mod tests {
                 uid: crate::state::WorkloadUid("u1".into()),
                 info: info("a"),
                 connections: Some((
-                    vec![InboundView { src: a("10.0.0.2:40000"), service: Some("s.ns.svc".into()), dst: a("10.0.0.1:8080"), protocol: "HBONE" }],
-                    vec![OutboundView { src: a("10.0.0.1:41000"), original_dst: a("10.96.0.1:80"), actual_dst: a("10.0.0.3:15008"), protocol: "HBONE" }],
+                    vec![InboundView { src: a("10.0.0.2:40000"), service: Some("s.ns.svc".into()), dst: a("10.0.0.1:8080"), protocol: crate::state::Protocol::HBONE }],
+                    vec![OutboundView { src: a("10.0.0.1:41000"), original_dst: a("10.96.0.1:80"), actual_dst: a("10.0.0.3:15008"), protocol: crate::state::Protocol::HBONE }],
                 )),
             },
             ProxyStateView { uid: crate::state::WorkloadUid("u3".into()), info: info("c"), connections: None },

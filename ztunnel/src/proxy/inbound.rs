@@ -20,7 +20,8 @@ use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::ports;
-use crate::rbac::{self, Decision};
+use crate::rbac::Decision;
+use crate::state::Protocol;
 use crate::relay::{copy_tcp_h2, CopyError};
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
@@ -258,7 +259,6 @@ async fn open_tunnel(
     // Delivered to the address the tunnel arrived at (as Istio), so the client's address
     // is always of the app address's family.
     let app_addr = SocketAddr::new(local.ip(), target.port());
-    let conn = rbac::Connection { src_identity: Some(src_identity.clone()), src_ip: peer.ip(), dst: app_addr };
     // The app sees the peer's address as the source (and ipBlocks policies match on it):
     // an address the mesh knows as another workload's must come with that workload's
     // identity, else one identity could act as another workload's IP.
@@ -284,9 +284,12 @@ async fn open_tunnel(
         true,
     );
     // Registered before the decision, so a policy change in between is not missed.
-    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: "HBONE" };
-    let registration = pod.inbound.register(conn.clone(), view);
+    // Authorized on the inputs the registration re-checks: the peer's identity and address,
+    // and the app address (the pod's, on the target's port).
+    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: Protocol::HBONE };
+    let (registration, conn) = pod.inbound.register(view, Some(src_identity.clone()), app_addr.ip());
     let decision = state.authorize(workload, &conn);
+    drop(conn);
     let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
     if let Decision::Deny(reason) = decision {

@@ -16,7 +16,8 @@ use crate::access_log::{ConnectionLog, Side};
 use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::{captured_destination, reset};
-use crate::rbac::{self, Decision};
+use crate::rbac::Decision;
+use crate::state::Protocol;
 use crate::relay::copy_tcp;
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
@@ -41,7 +42,6 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         tracing::warn!(dst = %dst, "refusing plaintext connection not addressed to this pod's application");
         return reset(stream);
     }
-    let conn = rbac::Connection { src_identity: None, src_ip: peer.ip(), dst };
     let state = inputs.state.load_full();
     let workload = pod.workload_in(&state);
     let service = state.inbound_service(workload, None, dst.port()).cloned();
@@ -54,10 +54,11 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         service.as_deref(),
         false,
     ));
-    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst, protocol: "TCP" };
-    let registration = pod.inbound.register(conn.clone(), view);
+    // Authorized on the inputs the registration re-checks (no identity: plaintext).
+    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst, protocol: Protocol::TCP };
+    let (registration, conn) = pod.inbound.register(view, None, dst.ip());
     let decision = state.authorize(workload, &conn);
-    // The registration keeps its own copy; this one would live in the task till the end.
+    // The registration keeps its own; this one would live in the task till the end.
     drop(conn);
     let tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);

@@ -314,7 +314,7 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
     };
     // The tunnel in place (not a function of its own: its future would keep its arguments
     // twice, which every open tunnel would pay for).
-    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: hbone_addr, protocol: "HBONE" });
+    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: hbone_addr, protocol: Protocol::HBONE });
     // The identity the proxy behind a gateway proves, kept for the log line (a direct
     // peer's is made only then: held for the tunnel's life it would cost every connection
     // its three strings).
@@ -439,7 +439,7 @@ async fn plan(inputs: &ProxyInputs, pod: &LocalPod, dst: SocketAddr) -> Plan {
 async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream, peer: SocketAddr, dst: SocketAddr, to: SocketAddr, start: Instant) {
     let state = inputs.state.load_full();
     let network = inputs.cfg.network.as_str();
-    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: "TCP" });
+    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: Protocol::TCP });
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::identity::Identity;
 use crate::netns::InPodNetns;
-use crate::state::{MeshState, PodIps, SharedState, Workload};
+use crate::state::{MeshState, PodIps, Protocol, SharedState, Workload};
 
 /// The local workload a listener serves.
 #[derive(Clone)]
@@ -40,8 +40,8 @@ pub struct InboundView {
     /// The service the connection was meant for, when known.
     pub service: Option<String>,
     pub dst: SocketAddr,
-    /// `HBONE` or `TCP` (plaintext).
-    pub protocol: &'static str,
+    /// HBONE or TCP (plaintext).
+    pub protocol: Protocol,
 }
 
 /// Open connections of one kind, by registration order; each stays listed while its
@@ -82,10 +82,26 @@ impl<T> Registry<T> {
     }
 }
 
+/// What the policy re-check needs of an open inbound connection, with its admin view: the
+/// rbac inputs are the view's source, its destination port on `app_ip`, and the peer's
+/// identity (one entry per open connection: nothing kept twice).
 pub struct OpenInbound {
-    conn: crate::rbac::Connection,
     view: InboundView,
+    src_identity: Option<Arc<Identity>>,
+    /// The address the connection is delivered to (the pod's; the view's destination is
+    /// the CONNECT's target, another address when this pod is its waypoint).
+    app_ip: std::net::IpAddr,
     revocation: Arc<Revocation>,
+}
+
+impl OpenInbound {
+    fn connection(&self) -> crate::rbac::Connection {
+        crate::rbac::Connection {
+            src_identity: self.src_identity.clone(),
+            src_ip: self.view.src.ip(),
+            dst: SocketAddr::new(self.app_ip, self.view.dst.port()),
+        }
+    }
 }
 
 /// Set when policy no longer allows an open connection; its relay waits for it. A flag
@@ -134,10 +150,20 @@ pub struct InboundGuard {
 }
 
 impl Registry<OpenInbound> {
-    pub fn register(self: &Arc<Self>, conn: crate::rbac::Connection, view: InboundView) -> InboundGuard {
+    /// Lists an inbound connection from `view.src` (proving `src_identity`, if any) to
+    /// the view's destination port on `app_ip`; returns its guard and the rbac inputs
+    /// that re-checks authorize, which are the ones to authorize it on now.
+    pub fn register(
+        self: &Arc<Self>,
+        view: InboundView,
+        src_identity: Option<Arc<Identity>>,
+        app_ip: std::net::IpAddr,
+    ) -> (InboundGuard, crate::rbac::Connection) {
         let revocation = Arc::new(Revocation::default());
-        let _listed = self.insert(OpenInbound { conn, view, revocation: revocation.clone() });
-        InboundGuard { _listed, revocation }
+        let open = OpenInbound { view, src_identity, app_ip, revocation: revocation.clone() };
+        let conn = open.connection();
+        let _listed = self.insert(open);
+        (InboundGuard { _listed, revocation }, conn)
     }
 
     /// The open connections, oldest first.
@@ -150,7 +176,7 @@ impl Registry<OpenInbound> {
         let wl = pod.workload_in(state);
         let mut revoked = 0;
         for open in self.lock().values() {
-            let conn = &open.conn;
+            let conn = &open.connection();
             if let crate::rbac::Decision::Deny(reason) = state.authorize(wl, conn) {
                 tracing::warn!(src.addr = %conn.src_ip, dst.addr = %conn.dst,
                     src.identity = conn.src_identity.as_ref().map(|i| i.to_string()),
@@ -172,8 +198,7 @@ pub struct OutboundView {
     pub original_dst: SocketAddr,
     /// Where the proxy connected to (an HBONE peer's 15008, or the destination itself).
     pub actual_dst: SocketAddr,
-    /// `HBONE` or `TCP`.
-    pub protocol: &'static str,
+    pub protocol: Protocol,
 }
 
 /// Open outbound connections of one pod (for the admin dump only).

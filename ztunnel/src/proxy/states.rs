@@ -152,7 +152,7 @@ mod tests {
             src: "10.0.0.1:4000".parse().unwrap(),
             original_dst: "10.96.0.1:80".parse().unwrap(),
             actual_dst: "10.0.0.2:15008".parse().unwrap(),
-            protocol: "HBONE",
+            protocol: crate::state::Protocol::HBONE,
         });
         let snap = states.snapshot();
         let (inbound, outbound) = snap[0].connections.clone().expect("up");

@@ -42,6 +42,16 @@ pub enum Protocol {
     HBONE,
 }
 
+impl Protocol {
+    /// As Istio's dumps name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::TCP => "TCP",
+            Protocol::HBONE => "HBONE",
+        }
+    }
+}
+
 /// Where a destination's waypoint or network gateway is (Istio's GatewayAddress).
 /// `destination` is `"<network>/<ip>"` (the workload's IP or its Service's VIP, in that
 /// network) or `"<namespace>/<hostname>"` (its Service); HBONE goes to one of its
