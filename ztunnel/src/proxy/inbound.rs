@@ -176,7 +176,7 @@ fn handle_stream(
         src_addr: origin.peer,
         src: Side { workload: src_wl.as_deref(), identity: Some(&*origin.identity) },
         dst_addr: origin.local,
-        dst_hbone_addr: Some(*target),
+        dst_hbone_addr: Some(target),
         dst_service: service.as_deref(),
         dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
         bytes_sent: t.received,
@@ -195,8 +195,9 @@ struct Tunnel {
     recv: h2::RecvStream,
     registration: super::pod::InboundGuard,
     conn: crate::metrics::OpenConnection,
-    /// Boxed: it is only for the log line.
-    target: Box<HboneAddress>,
+    /// For the log line. Inline: the stream's future has room for it within its task
+    /// cell's size class, and a box would cost an allocation per stream.
+    target: HboneAddress,
     src_wl: Option<Arc<crate::state::Workload>>,
     service: Option<Arc<crate::state::Service>>,
 }
@@ -353,7 +354,7 @@ async fn open_tunnel(
         }
     };
     let conn = inputs.metrics.opened(&labels);
-    Some(Tunnel { upstream, send, recv, registration, conn, target: Box::new(hbone_target), src_wl, service })
+    Some(Tunnel { upstream, send, recv, registration, conn, target: hbone_target, src_wl, service })
 }
 
 /// Where an inbound connection for the app at `app` is delivered, and from which source
@@ -402,8 +403,9 @@ mod tests {
     fn stream_and_connection_tasks_stay_small() {
         use crate::task_size::Returns;
         // What every inbound tunnel (stream) and every HBONE connection holds while open
-        // (704 and 7248 bytes in the test build: at most 752 keeps the stream's task cell at
-        // 896 bytes; 880 before its revocation became a flag and a waker instead of a
+        // (736 and 7248 bytes in the test build: at most 752 keeps the stream's task cell at
+        // 896 bytes, with the CONNECT target for the log line inline, not boxed; 880 before
+        // its revocation became a flag and a waker instead of a
         // `Notify` waiter and its origin (addresses, identity) one `Arc` shared by the
         // connection's streams; 1312 before it became an async block with its
         // request boxed and its tunnel destructured from a temporary,
