@@ -338,7 +338,7 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
         // Boxed: the requests, the pool key and the connects need room only until the
         // tunnel is open. Matched as a temporary, so the result takes no room in the relay's
         // state either.
-        let (send, recv, hold) = match Box::pin(open(&inputs, &pod, hbone_addr, src_ip, &target, peer, service.as_deref(), dial, &trace)).await {
+        let (send, recv, hold) = match Box::pin(open(&inputs, &pod, hbone_addr, src_ip, &target.address(hbone_addr), peer, service.as_deref(), dial, &trace)).await {
             Some(Ok(opened)) => opened,
             Some(Err(e)) => {
                 reset(stream);
@@ -379,7 +379,7 @@ fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, m
         src_addr: peer,
         src: Side { workload: Some(&pod.workload), identity: Some(&pod.identity) },
         dst_addr: hbone_addr,
-        dst_hbone_addr: Some(*target),
+        dst_hbone_addr: Some(target.address(hbone_addr)),
         dst_service: service.as_deref(),
         dst: Side { workload: Some(&workload), identity: Some(&inner_identity.map_or_else(|| workload.identity(), |i| *i)) },
         bytes_sent: t.sent,
@@ -420,12 +420,12 @@ async fn plan(inputs: &ProxyInputs, pod: &LocalPod, dst: SocketAddr) -> Plan {
         Route::Resolve { .. } => Plan::Refuse,
         Route::Passthrough(to) => Plan::Passthrough(to),
         Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
-            Plan::Tunnel(Box::new(Tunnel { peer: workload, target: Box::new(target.into()), hbone_addr, service, dial: Box::new(Dial { expected, inner: None }) }))
+            Plan::Tunnel(Box::new(Tunnel { peer: workload, target: KeptTarget::new(target.into(), hbone_addr), hbone_addr, service, dial: Box::new(Dial { expected, inner: None }) }))
         }
         Route::DoubleHbone { gateway, gateway_addr, gateway_ids, target, expected, service } => {
             Plan::Tunnel(Box::new(Tunnel {
                 peer: gateway,
-                target: Box::new(target),
+                target: KeptTarget::new(target, gateway_addr),
                 hbone_addr: gateway_addr,
                 service: Some(service),
                 dial: Box::new(Dial { expected: gateway_ids, inner: Some(expected) }),
@@ -487,13 +487,37 @@ async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream
 /// CONNECT again inside that stream, to a proxy proving one of `inner`.
 struct Tunnel {
     peer: Arc<Workload>,
-    /// Boxed: after the CONNECT it is only for the log line.
-    target: Box<HboneAddress>,
+    target: KeptTarget,
     hbone_addr: SocketAddr,
     service: Option<Arc<Service>>,
     /// Boxed: needed until the connect only, and a moved-out local still takes its room
     /// in the connection's future.
     dial: Box<Dial>,
+}
+
+/// The CONNECT target as a tunnel keeps it (after the CONNECT, for the log line): for a
+/// tunnel straight to a workload only the port (the address is `hbone_addr`'s), anything
+/// else boxed; inline, a target would take 40 bytes of every tunnel's task, past its
+/// task cell's size class, and boxed always, an allocation per tunnel.
+enum KeptTarget {
+    Port(u16),
+    Other(Box<HboneAddress>),
+}
+
+impl KeptTarget {
+    fn new(target: HboneAddress, hbone_addr: SocketAddr) -> Self {
+        match target {
+            HboneAddress::Addr(a) if a.ip() == hbone_addr.ip() => KeptTarget::Port(a.port()),
+            t => KeptTarget::Other(Box::new(t)),
+        }
+    }
+
+    fn address(&self, hbone_addr: SocketAddr) -> HboneAddress {
+        match self {
+            KeptTarget::Port(port) => HboneAddress::Addr(SocketAddr::new(hbone_addr.ip(), *port)),
+            KeptTarget::Other(t) => (**t).clone(),
+        }
+    }
 }
 
 /// The identities the tunnel's peer must prove (`inner`: behind a gateway, double HBONE).
@@ -553,7 +577,7 @@ mod tests {
     #[test]
     fn a_connection_task_stays_small() {
         use crate::task_size::Returns;
-        // What every outbound connection holds while open (856 bytes in the test build:
+        // What every outbound connection holds while open (864 bytes in the test build:
         // at most 880 keeps its task cell at 1024 bytes, each 128 bytes shed is a size class
         // of tokio's task cell; 976 before the route decision's result and the identities
         // to dial were boxed, 1408 before it became an async block, its route decision and
@@ -562,6 +586,21 @@ mod tests {
         let size = handle.returned_size();
         println!("outbound handle future: {size} bytes");
         assert!(size <= 880, "outbound connection future grew to {size} bytes: box the set-up step that grew it");
+    }
+
+    #[test]
+    fn a_kept_target_gives_back_the_connect_target() {
+        let hbone: SocketAddr = "10.0.0.2:15008".parse().unwrap();
+        // Straight to the workload: only the port is kept.
+        let direct = KeptTarget::new(HboneAddress::Addr("10.0.0.2:8080".parse().unwrap()), hbone);
+        assert!(matches!(direct, KeptTarget::Port(8080)));
+        assert_eq!(direct.address(hbone), HboneAddress::Addr("10.0.0.2:8080".parse().unwrap()));
+        // Through a waypoint (a service VIP) or a gateway (a hostname): kept whole.
+        for t in [HboneAddress::Addr("10.96.0.1:80".parse().unwrap()), HboneAddress::Host("echo.default.svc.cluster.local".into(), 80)] {
+            let kept = KeptTarget::new(t.clone(), hbone);
+            assert!(matches!(kept, KeptTarget::Other(_)));
+            assert_eq!(kept.address(hbone), t);
+        }
     }
 
     const WP: &str = "default/waypoint.default.svc.cluster.local";
