@@ -134,7 +134,7 @@ where
 /// Gives back the spare room of each span's formatted fields (`FormattedFields<N>`, the
 /// fields formatter `N` the fmt layer uses) once the fmt layer has written them. Every
 /// open connection has a span that lives as long as it does; its text grows by doubling
-/// as fields are written (a 66-byte outbound span text sits in a 128-byte buffer), and
+/// as fields are written (an outbound span's ~70 bytes of text sat in 128), and
 /// nothing writes it again until a field is recorded. Install it after the fmt layer, so
 /// it runs after it on each new span and record.
 pub struct CompactSpanFields<N>(std::marker::PhantomData<fn(N)>);
