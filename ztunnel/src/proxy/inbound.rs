@@ -290,7 +290,6 @@ async fn open_tunnel(
     let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: Protocol::HBONE };
     let (registration, conn) = pod.inbound.register(view, Some(src_identity.clone()), app_addr.ip());
     let decision = state.authorize(workload, &conn);
-    drop(conn);
     let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
     if let Decision::Deny(reason) = decision {
