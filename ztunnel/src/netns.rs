@@ -16,6 +16,10 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use crate::marks::{DELIVERY_MARK, PROXY_MARK};
 
+pub mod source_port;
+
+use source_port::SourcePorts;
+
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
     #[error("cannot open network namespace {path}: {source}")]
@@ -109,17 +113,19 @@ pub fn socket_options() -> SocketOptions {
 pub struct InPodNetns {
     fd: Arc<OwnedFd>,
     name: Arc<str>,
+    /// Read from the pod on its first transparent connection.
+    source_ports: Arc<OnceLock<SourcePorts>>,
 }
 
 impl InPodNetns {
     pub fn open(path: &Path) -> Result<InPodNetns, NetnsError> {
         let f = File::open(path).map_err(|source| NetnsError::Open { path: path.to_path_buf(), source })?;
-        Ok(InPodNetns { fd: Arc::new(f.into()), name: path.display().to_string().into() })
+        Ok(InPodNetns::from_fd(f.into(), &path.display().to_string()))
     }
 
     /// From a netns fd received from the CNI agent.
     pub fn from_fd(fd: OwnedFd, name: &str) -> InPodNetns {
-        InPodNetns { fd: Arc::new(fd), name: name.into() }
+        InPodNetns { fd: Arc::new(fd), name: name.into(), source_ports: Arc::default() }
     }
 
     pub fn name(&self) -> &str {
@@ -222,25 +228,63 @@ impl InPodNetns {
         transparent_src: Option<SocketAddr>,
         timeout: Duration,
     ) -> Result<TcpStream, NetnsError> {
-        let s = self.socket(&dst)?;
-        let setup = (|| {
-            s.set_mark(socket_options().delivery.mark(transparent_src.is_some()))?;
-            s.set_tcp_nodelay(true)?;
-            set_keepalive(&s)?;
-            if let Some(src) = transparent_src {
-                set_transparent(&s, &dst)?;
-                s.bind(&SockAddr::from(SocketAddr::new(src.ip(), 0)))?;
+        let attempts = async {
+            let Some(src) = transparent_src else { return self.connect_from(dst, None).await };
+            // Our own pick of port first (see `source_port`); a port in use by another
+            // connection to the same destination fails at once, so another is tried.
+            for _ in 0..source_port::TRIES {
+                let Some(port) = self.source_ports().pick() else { break };
+                match self.connect_from(dst, Some(SocketAddr::new(src.ip(), port))).await {
+                    Err(e) if source_port_taken(&e) => continue,
+                    r => return r,
+                }
             }
-            Ok::<_, io::Error>(())
-        })();
-        setup.map_err(|e| self.sock_err(e))?;
-        let sock = TcpSocket::from_std_stream(std::net::TcpStream::from(s));
-        match tokio::time::timeout(timeout, sock.connect(dst)).await {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(self.sock_err(e)),
+            self.connect_from(dst, Some(SocketAddr::new(src.ip(), 0))).await
+        };
+        match tokio::time::timeout(timeout, attempts).await {
+            Ok(r) => r.map_err(|e| self.sock_err(e)),
             Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
         }
     }
+
+    /// One connect, from `src` if given (port 0: the kernel's choice).
+    async fn connect_from(&self, dst: SocketAddr, src: Option<SocketAddr>) -> io::Result<TcpStream> {
+        let s = self.socket(&dst).map_err(|e| match e {
+            NetnsError::Socket { source, .. } => source,
+            other => io::Error::other(other.to_string()),
+        })?;
+        s.set_mark(socket_options().delivery.mark(src.is_some()))?;
+        s.set_tcp_nodelay(true)?;
+        set_keepalive(&s)?;
+        if let Some(src) = src {
+            set_transparent(&s, &dst)?;
+            bind_source(&s, src)?;
+        }
+        TcpSocket::from_std_stream(std::net::TcpStream::from(s)).connect(dst).await
+    }
+
+    fn source_ports(&self) -> &SourcePorts {
+        self.source_ports.get_or_init(|| self.run(SourcePorts::read).unwrap_or_default())
+    }
+}
+
+/// The source port chosen is held by another connection to the same destination (connect:
+/// EADDRNOTAVAIL) or by a listener (bind: EADDRINUSE).
+fn source_port_taken(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL))
+}
+
+/// Binds a connecting socket to `src`. Port 0 leaves the port to connect(), which picks
+/// one by the whole 4-tuple (a plain bind to port 0 would search the address's ports for
+/// one no socket holds, across all destinations). A given port is bound with
+/// SO_REUSEADDR, as every socket bound here is, so a tuple of ours left in TIME_WAIT does
+/// not block it (see `source_port`).
+fn bind_source(s: &Socket, src: SocketAddr) -> io::Result<()> {
+    if src.port() == 0 {
+        nix::sys::socket::setsockopt(s, nix::sys::socket::sockopt::IpBindAddressNoPort, &true)?;
+    }
+    s.set_reuse_address(true)?;
+    s.bind(&SockAddr::from(src))
 }
 
 /// IP_TRANSPARENT or IPV6_TRANSPARENT, by the family of the socket (made for `addr`).
@@ -333,5 +377,51 @@ mod tests {
         // Anything else the proxy connects is exempt from capture by the proxy mark.
         assert_eq!(DeliveryReplies::OwnCapture.mark(false), PROXY_MARK);
         assert_eq!(DeliveryReplies::IstioCni.mark(false), PROXY_MARK);
+    }
+
+    fn local(s: &Socket) -> SocketAddr {
+        s.local_addr().unwrap().as_socket().unwrap()
+    }
+
+    #[test]
+    fn a_source_without_port_takes_its_port_at_connect() {
+        let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        bind_source(&s, "127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(local(&s).port(), 0, "no port is reserved by the bind");
+        s.connect(&app.local_addr().unwrap().into()).unwrap();
+        let (_, peer) = app.accept().unwrap();
+        assert_eq!(peer, local(&s), "the app sees the bound address with the port connect picked");
+        assert_ne!(peer.port(), 0);
+    }
+
+    #[test]
+    fn a_chosen_source_port_takes_over_its_own_time_wait() {
+        use std::io::Read;
+        let app = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let to: SockAddr = app.local_addr().unwrap().into();
+        // Ours closes first, as when the client does: our side is left in TIME_WAIT.
+        let first = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        bind_source(&first, "127.0.0.1:0".parse().unwrap()).unwrap();
+        first.connect(&to).unwrap();
+        let from = local(&first);
+        let (mut accepted, _) = app.accept().unwrap();
+        first.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(accepted.read(&mut [0; 1]).unwrap(), 0);
+        drop(accepted);
+        let mut rest = [0u8; 1];
+        assert_eq!(std::io::Read::read(&mut &first, &mut rest).unwrap(), 0, "the app's close reached us");
+        drop(first);
+        // The same tuple again, with the port given.
+        let again = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        bind_source(&again, from).unwrap();
+        again.connect(&to).expect("a tuple of ours in TIME_WAIT is taken over");
+        let (_, peer) = app.accept().unwrap();
+        assert_eq!(peer, from);
+        // A tuple in use is refused, and recognised as such.
+        let busy = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
+        bind_source(&busy, from).unwrap();
+        let e = busy.connect(&to).unwrap_err();
+        assert!(source_port_taken(&e), "{e}");
     }
 }

@@ -83,6 +83,27 @@ async fn same_node_pod_to_pod() -> Result<()> {
     Ok(())
 }
 
+/// The client closes first, so each delivery leaves the inbound ztunnel's side (from the
+/// client's address) in TIME_WAIT in the server pod. With the pod's ephemeral range cut to
+/// four ports, a fifth connection would find every port's tuple waiting if the kernel
+/// picked the port; ztunnel picks it and takes over its own TIME_WAIT tuples.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_outlast_the_pods_ephemeral_ports() -> Result<()> {
+    let mesh = client_server_mesh("tw", &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40003"])?;
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    for i in 0..24u64 {
+        let data = pattern(1024, i);
+        let back = roundtrip(client, addr(server, 8080), &data).await.with_context(|| format!("connection {i}"))?;
+        assert_eq!(back, data, "connection {i}");
+    }
+    let peers = echo.peers();
+    assert_eq!(peers.len(), 24);
+    assert!(peers.iter().all(|p| p.ip() == client.ip && (40000..=40003).contains(&p.port())), "{peers:?}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_vip_balances_across_nodes() -> Result<()> {
     let topo = Topology::build(&prefix("v"), &[2, 1])?;
