@@ -126,8 +126,9 @@ impl Env {
         let cfg = format!(
             "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], \
              ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7_ROUTE}{L7_POLICY}",
-            netsim::workload(&topo, "n1p1", "client", ""),
-            netsim::workload(&topo, "n1p2", "waypoint", ""),
+            // `services` is required on every workload by Istio's parser (--reference-zds).
+            netsim::workload(&topo, "n1p1", "client", ", services: {}"),
+            netsim::workload(&topo, "n1p2", "waypoint", ", services: {}"),
             netsim::workload(
                 &topo,
                 "n2p1",
