@@ -264,6 +264,7 @@ impl InPodNetns {
     }
 
     fn source_ports(&self) -> &SourcePorts {
+        // Two small procfs reads inside the pod, once per pod: as quick as a socket().
         self.source_ports.get_or_init(|| self.run(SourcePorts::read).unwrap_or_default())
     }
 }
