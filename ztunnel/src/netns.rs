@@ -242,25 +242,26 @@ impl InPodNetns {
             self.connect_from(dst, Some(SocketAddr::new(src.ip(), 0))).await
         };
         match tokio::time::timeout(timeout, attempts).await {
-            Ok(r) => r.map_err(|e| self.sock_err(e)),
+            Ok(r) => r,
             Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
         }
     }
 
     /// One connect, from `src` if given (port 0: the kernel's choice).
-    async fn connect_from(&self, dst: SocketAddr, src: Option<SocketAddr>) -> io::Result<TcpStream> {
-        let s = self.socket(&dst).map_err(|e| match e {
-            NetnsError::Socket { source, .. } => source,
-            other => io::Error::other(other.to_string()),
-        })?;
-        s.set_mark(socket_options().delivery.mark(src.is_some()))?;
-        s.set_tcp_nodelay(true)?;
-        set_keepalive(&s)?;
-        if let Some(src) = src {
-            set_transparent(&s, &dst)?;
-            bind_source(&s, src)?;
-        }
-        TcpSocket::from_std_stream(std::net::TcpStream::from(s)).connect(dst).await
+    async fn connect_from(&self, dst: SocketAddr, src: Option<SocketAddr>) -> Result<TcpStream, NetnsError> {
+        let s = self.socket(&dst)?;
+        let setup = (|| {
+            s.set_mark(socket_options().delivery.mark(src.is_some()))?;
+            s.set_tcp_nodelay(true)?;
+            set_keepalive(&s)?;
+            if let Some(src) = src {
+                set_transparent(&s, &dst)?;
+                bind_source(&s, src)?;
+            }
+            Ok::<_, io::Error>(())
+        })();
+        setup.map_err(|e| self.sock_err(e))?;
+        TcpSocket::from_std_stream(std::net::TcpStream::from(s)).connect(dst).await.map_err(|e| self.sock_err(e))
     }
 
     fn source_ports(&self) -> &SourcePorts {
@@ -271,8 +272,8 @@ impl InPodNetns {
 
 /// The source port chosen is held by another connection to the same destination (connect:
 /// EADDRNOTAVAIL) or by a listener (bind: EADDRINUSE).
-fn source_port_taken(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL))
+fn source_port_taken(e: &NetnsError) -> bool {
+    matches!(e, NetnsError::Socket { source, .. } if matches!(source.raw_os_error(), Some(libc::EADDRINUSE) | Some(libc::EADDRNOTAVAIL)))
 }
 
 /// Binds a connecting socket to `src`. Port 0 leaves the port to connect(), which picks
@@ -422,7 +423,7 @@ mod tests {
         // A tuple in use is refused, and recognised as such.
         let busy = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
         bind_source(&busy, from).unwrap();
-        let e = busy.connect(&to).unwrap_err();
+        let e = NetnsError::Socket { name: "test".into(), source: busy.connect(&to).unwrap_err() };
         assert!(source_port_taken(&e), "{e}");
     }
 }
