@@ -7,6 +7,7 @@
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -107,19 +108,28 @@ async fn copy_half(from: &mut ReadHalf<'_>, to: &mut (impl AsyncWrite + Unpin), 
             buf.reserve(TCP_COPY_BUF);
         }
         // Into the spare capacity: nothing to zero first.
-        let n = match from.try_read_buf(&mut buf) {
-            Ok(0) => return to.shutdown().await,
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+        let n = match read_once(from, &mut buf).await {
+            Poll::Ready(Ok(0)) => return to.shutdown().await,
+            Poll::Ready(Ok(n)) => n,
+            Poll::Pending => {
                 buf = Vec::new();
                 continue;
             }
-            Err(e) => return Err(e),
+            Poll::Ready(Err(e)) => return Err(e),
         };
         to.write_all(&buf[..n]).await?;
         buf.clear();
         count.fetch_add(n as u64, Ordering::Relaxed);
     }
+}
+
+/// One read attempt into `buf`'s spare capacity, `Pending` when nothing is there. It goes
+/// through `AsyncRead`, whose read that leaves the buffer unfilled marks the socket
+/// drained (edge-triggered epoll reports the next arrival), so the next attempt waits
+/// for readiness without a `recvfrom` that can only say `EAGAIN`: one syscall of the
+/// seven each ztunnel makes per request.
+async fn read_once(from: &mut ReadHalf<'_>, buf: &mut Vec<u8>) -> Poll<io::Result<usize>> {
+    std::future::poll_fn(|cx| Poll::Ready(tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *from), cx, buf))).await
 }
 
 /// Copies both ways between a TCP connection and an HTTP/2 stream until both directions
@@ -205,7 +215,6 @@ impl std::future::Future for TcpH2<'_> {
     type Output = Result<(), CopyError>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
-        use std::task::Poll;
         let this = &mut *self;
         // Either side failing ends both at once (the caller resets the other).
         if !this.up.done {
@@ -231,7 +240,6 @@ impl std::future::Future for TcpH2<'_> {
 impl TcpH2<'_> {
     /// TCP to the tunnel until EOF (sent as END_STREAM).
     fn poll_up(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), CopyError>> {
-        use std::task::Poll;
         for _ in 0..BURST {
             let up = &mut self.up;
             if !up.chunk.is_empty() {
@@ -261,18 +269,23 @@ impl TcpH2<'_> {
                 // What is left of the last allocation after the chunks went to h2: read large.
                 up.buf.reserve(COPY_BUF);
             }
-            match self.tcp.try_read_buf(&mut up.buf) {
-                Ok(0) => {
+            // Through `AsyncRead` (see `read_once`): after a read that left the buffer
+            // unfilled, this returns `Pending` without another `recvfrom`.
+            match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *self.tcp), cx, &mut up.buf) {
+                Poll::Ready(Ok(0)) => {
                     self.send.send_data(Bytes::new(), true).map_err(CopyError::Stream)?;
                     up.buf = BytesMut::new();
                     return Poll::Ready(Ok(()));
                 }
-                Ok(n) => {
+                Poll::Ready(Ok(n)) => {
                     self.sent.fetch_add(n as u64, Ordering::Relaxed);
                     up.chunk = up.buf.split().freeze();
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => up.buf = BytesMut::new(),
-                Err(e) => return Poll::Ready(Err(CopyError::Tcp(e))),
+                Poll::Pending => {
+                    up.buf = BytesMut::new();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(CopyError::Tcp(e))),
             }
         }
         cx.waker().wake_by_ref();
@@ -282,7 +295,6 @@ impl TcpH2<'_> {
     /// The tunnel to TCP until END_STREAM (then a write shutdown); a stream that ends
     /// with RST_STREAM is an error.
     fn poll_down(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), CopyError>> {
-        use std::task::Poll;
         for _ in 0..BURST {
             let down = &mut self.down;
             if !down.chunk.is_empty() {
