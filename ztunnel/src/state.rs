@@ -67,11 +67,14 @@ impl MeshState {
 
     /// The workload of a pod the CNI agent enrolls: by uid (local config uses the same
     /// uid), else by namespace and name on this node (istio-cni sends the Kubernetes pod
-    /// UID, istiod names workloads `cluster//Pod/namespace/name`).
+    /// UID, istiod names workloads `cluster//Pod/namespace/name`), through an index, not
+    /// a scan: an enrollment waits here across pushes. Should two workloads match, the
+    /// lower uid, so the answer does not depend on the order they arrived in.
     pub fn workload_for_pod(&self, uid: &WorkloadUid, pod: Option<(&str, &str)>, node: &str) -> Option<&Arc<Workload>> {
         self.workloads.get(uid).or_else(|| {
             let (namespace, name) = pod?;
-            self.workloads.values().find(|w| w.namespace == namespace && w.name == name && w.node == node)
+            let same_name = self.pods.get(&index::pod_key(namespace, name))?;
+            same_name.iter().filter(|w| w.namespace == namespace && w.name == name && w.node == node).min_by(|a, b| a.uid.cmp(&b.uid))
         })
     }
 

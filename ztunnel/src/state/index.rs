@@ -129,9 +129,24 @@ pub struct MeshState {
     pub(super) policies: imbl::OrdMap<String, Arc<Authorization>>,
     pub(super) global_policies: imbl::OrdMap<String, Arc<Authorization>>,
     pub(super) namespace_policies: imbl::HashMap<String, imbl::OrdMap<String, Arc<Authorization>>>,
+    /// Workloads that name a node, by a hash of their namespace and name (`pod_key`): how
+    /// a pod that istio-cni enrolls by its Kubernetes UID finds its workload
+    /// (`workload_for_pod`) without a scan of the mesh. A hash, not the two strings, so
+    /// the index costs a few words per workload; lookups compare the names.
+    pub(super) pods: imbl::HashMap<u64, SmallVec<[Arc<Workload>; 1]>>,
     /// Workloads some workload names as its network gateway (directly or through a
     /// service): what may forward another network's connections.
     pub(super) gateways: Arc<HashSet<WorkloadUid>>,
+}
+
+/// The `pods` index key of a namespace and name.
+pub(super) fn pod_key(namespace: &str, name: &str) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(namespace.as_bytes());
+    h.write_u8(0xff);
+    h.write(name.as_bytes());
+    h.finish()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -242,6 +257,9 @@ impl MeshIndex {
         for svc in wl.services.keys() {
             self.state.endpoints.entry(svc.clone()).or_default().insert(wl.uid.clone(), wl.clone());
         }
+        if !wl.node.is_empty() {
+            self.state.pods.entry(pod_key(&wl.namespace, &wl.name)).or_default().push(wl.clone());
+        }
         if let Some(gw) = &wl.network_gateway {
             *self.gateway_refs.entry(gw.destination.clone()).or_default() += 1;
         }
@@ -268,6 +286,15 @@ impl MeshIndex {
                 eps.remove(&wl.uid);
                 if eps.is_empty() {
                     self.state.endpoints.remove(svc);
+                }
+            }
+        }
+        if !wl.node.is_empty() {
+            let key = pod_key(&wl.namespace, &wl.name);
+            if let Some(same_name) = self.state.pods.get_mut(&key) {
+                same_name.retain(|w| !Arc::ptr_eq(w, wl));
+                if same_name.is_empty() {
+                    self.state.pods.remove(&key);
                 }
             }
         }
@@ -447,8 +474,9 @@ mod tests {
                 let network = if g.below(4) == 0 { "net-b" } else { "" };
                 let svc = format!("ns/s{}.ns.svc.cluster.local", g.below(2));
                 let policies = if g.below(2) == 0 { "[ns/p0]" } else { "[]" };
+                let node = ["", "n0", "n1"][g.below(3) as usize];
                 let yaml = format!(
-                    "{{uid: '{uid}', name: v{tag}, namespace: ns, workloadIps: [{ips}], network: '{network}', services: {{'{svc}': {{80: 8080}}}}, authorizationPolicies: {policies}}}"
+                    "{{uid: '{uid}', name: v{tag}, namespace: ns, node: '{node}', workloadIps: [{ips}], network: '{network}', services: {{'{svc}': {{80: 8080}}}}, authorizationPolicies: {policies}}}"
                 );
                 Object::Workload(Arc::new(serde_yaml::from_str(&yaml).unwrap()))
             }
@@ -495,6 +523,14 @@ mod tests {
         for name in ["s0", "s1", "other"] {
             if let Some(s) = st.service_by_name("ns", name) {
                 out.push(format!("by name {name} {}", s.namespaced_hostname()));
+            }
+        }
+        let unknown = WorkloadUid("not-a-uid".into());
+        for w in st.workloads() {
+            for node in ["n0", "n1"] {
+                if let Some(found) = st.workload_for_pod(&unknown, Some((&w.namespace, &w.name)), node) {
+                    out.push(format!("pod {}/{} on {node} {}", w.namespace, w.name, found.uid));
+                }
             }
         }
         for p in st.policies() {
@@ -570,6 +606,7 @@ mod tests {
                 remove(&mut index, rank_of(&o, age), &o);
             }
             assert!(observe(&index.snapshot()).is_empty());
+            assert!(index.snapshot().pods.is_empty());
             assert!(index.workload_claims.is_empty() && index.ip_claims.is_empty() && index.service_claims.is_empty());
             assert!(index.vip_claims.is_empty() && index.name_claims.is_empty() && index.policy_claims.is_empty());
             assert!(index.cidr_services.is_empty() && index.gateway_refs.is_empty());
@@ -584,6 +621,36 @@ mod tests {
             insert(&mut index, rank, o);
         }
         observe(&index.snapshot())
+    }
+
+    /// A pod enrolled by its Kubernetes UID finds its workload by namespace and name on
+    /// this node only; of two that match, the lower uid, whatever the order of arrival.
+    #[test]
+    fn a_pod_finds_its_workload_by_name_on_its_node() {
+        let wl = |uid: &str, name: &str, node: &str| -> Arc<Workload> {
+            Arc::new(serde_yaml::from_str(&format!("{{uid: '{uid}', name: {name}, namespace: ns, node: '{node}'}}")).unwrap())
+        };
+        let (a, b, elsewhere, no_node) = (wl("c//Pod/ns/a", "a", "n1"), wl("c//Pod/ns/a2", "a", "n1"), wl("c//Pod/ns/x", "x", "n2"), wl("c//WE/ns/y", "y", ""));
+        for order in [[&b, &a], [&a, &b]] {
+            let mut index = MeshIndex::default();
+            for (age, w) in order.into_iter().chain([&elsewhere, &no_node]).enumerate() {
+                index.insert_workload(Rank { precedence: 0, age: age as u64 }, w.clone(), &mut Vec::new());
+            }
+            let st = index.snapshot();
+            let k8s_uid = WorkloadUid("0b5c6f3e-kubernetes-pod-uid".into());
+            let find = |name: &str, node: &str| st.workload_for_pod(&k8s_uid, Some(("ns", name)), node).map(|w| w.uid.to_string());
+            assert_eq!(find("a", "n1").as_deref(), Some("c//Pod/ns/a"));
+            assert_eq!(find("a", "n2"), None, "a pod on another node");
+            assert_eq!(find("x", "n2").as_deref(), Some("c//Pod/ns/x"));
+            assert_eq!(find("y", ""), None, "a workload without a node is no pod");
+            assert_eq!(st.workload_for_pod(&k8s_uid, Some(("other", "a")), "n1").map(|w| w.uid.to_string()), None);
+            // By uid first, as local config names pods.
+            assert_eq!(st.workload_for_pod(&b.uid, Some(("ns", "a")), "n1").map(|w| w.uid.to_string()).as_deref(), Some("c//Pod/ns/a2"));
+            let age_of_a = order.iter().position(|w| Arc::ptr_eq(w, &a)).unwrap() as u64;
+            index.remove_workload(Rank { precedence: 0, age: age_of_a }, &a, &mut Vec::new());
+            let st = index.snapshot();
+            assert_eq!(st.workload_for_pod(&k8s_uid, Some(("ns", "a")), "n1").map(|w| w.uid.to_string()).as_deref(), Some("c//Pod/ns/a2"));
+        }
     }
 
     /// A snapshot is a version: later updates never show through it.
