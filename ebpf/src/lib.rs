@@ -310,6 +310,14 @@ impl Capture {
     pub fn remove(&self, cookie: NetnsCookie, ips: &[IpAddr]) -> Result<(), EbpfError> {
         let mut maps = self.lock_maps();
         let path = self.pod_link_path(cookie);
+        // Detached first: the kernel frees an unpinned link only after an RCU grace period
+        // and a pass of its workqueue, so the pod would stay steered to our listener for a
+        // moment after its removal is reported done. Unpinning detaches it too, later.
+        match sys::obj_get(&path).and_then(|link| sys::link_detach(link.as_fd())) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot detach the pod's sk_lookup link now; the kernel detaches it once unpinned"),
+        }
         match std::fs::remove_file(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -167,6 +167,39 @@ pub fn obj_pin(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> std::io::Result<
     bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
 }
 
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// BPF_OBJ_GET: a new fd for what is pinned at `path` on bpffs.
+pub fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    #[repr(C)]
+    struct ObjGet {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+        path_fd: i32,
+        pad: u32,
+    }
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let mut attr = ObjGet { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0, path_fd: 0, pad: 0 };
+    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    // SAFETY: the kernel returned a new fd that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// BPF_LINK_DETACH: ends a link's attachment now, whoever else still holds the link.
+pub fn link_detach(link: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    struct LinkDetach {
+        link_fd: u32,
+        pad: u32,
+    }
+    let mut attr = LinkDetach { link_fd: link.as_raw_fd() as u32, pad: 0 };
+    bpf(BPF_LINK_DETACH, &mut attr).map(|_| ())
+}
+
 const BPF_MAP_GET_NEXT_KEY: libc::c_long = 4;
 const BPF_PROG_QUERY: libc::c_long = 16;
 
