@@ -151,20 +151,27 @@ pub fn link_create(prog: std::os::fd::BorrowedFd<'_>, target: std::os::fd::Borro
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// The bpf_attr of BPF_OBJ_PIN and BPF_OBJ_GET: a path on bpffs (and for a pin, the fd).
+#[repr(C)]
+struct ObjPath {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    pad: u32,
+}
+
+/// `cmd` on the object at `path`; `path` stays alive across the call, which reads it.
+fn bpf_obj(cmd: libc::c_long, path: &Path, bpf_fd: u32) -> std::io::Result<libc::c_long> {
+    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    let mut attr = ObjPath { pathname: c.as_ptr() as u64, bpf_fd, file_flags: 0, path_fd: 0, pad: 0 };
+    bpf(cmd, &mut attr)
+}
+
 /// BPF_OBJ_PIN: pins an fd (link, map or program) at a path on bpffs.
 pub fn obj_pin(fd: std::os::fd::BorrowedFd<'_>, path: &Path) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
-    #[repr(C)]
-    struct ObjPin {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        pad: u32,
-    }
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    let mut attr = ObjPin { pathname: c.as_ptr() as u64, bpf_fd: fd.as_raw_fd() as u32, file_flags: 0, path_fd: 0, pad: 0 };
-    bpf(BPF_OBJ_PIN, &mut attr).map(|_| ())
+    bpf_obj(BPF_OBJ_PIN, path, fd.as_raw_fd() as u32).map(|_| ())
 }
 
 const BPF_OBJ_GET: libc::c_long = 7;
@@ -173,17 +180,7 @@ const BPF_LINK_DETACH: libc::c_long = 34;
 /// BPF_OBJ_GET: a new fd for what is pinned at `path` on bpffs.
 pub fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
-    #[repr(C)]
-    struct ObjGet {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        pad: u32,
-    }
-    let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    let mut attr = ObjGet { pathname: c.as_ptr() as u64, bpf_fd: 0, file_flags: 0, path_fd: 0, pad: 0 };
-    let fd = bpf(BPF_OBJ_GET, &mut attr)?;
+    let fd = bpf_obj(BPF_OBJ_GET, path, 0)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
