@@ -550,6 +550,8 @@ async fn istio_container_args_and_environment_names() -> Result<()> {
         ("CRL_PATH", "/", "CRL_PATH"),
         ("CA_ROOT_CA", "SYSTEM", "CA_ROOT_CA=SYSTEM"),
         ("PACKET_MARK", "42", "PACKET_MARK"),
+        // Post-quantum key exchange asked for, which ring cannot do: no silent X25519.
+        ("COMPLIANCE_POLICY", "pqc", "COMPLIANCE_POLICY=\"pqc\" is not supported"),
         ("INPOD_PORT_REUSE", "maybe", "INPOD_PORT_REUSE"),
         // h2 would panic on a frame size outside HTTP/2's range: refused at start instead.
         ("HTTP2_FRAME_SIZE", "1024", "HTTP2_FRAME_SIZE"),

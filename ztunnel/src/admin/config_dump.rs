@@ -312,7 +312,8 @@ pub fn version() -> Value {
         "buildProfile": if cfg!(debug_assertions) { "debug" } else { "release" },
         "buildStatus": "Clean",
         "istioVersion": option_env!("ZTUNNEL_ISTIO_VERSION").unwrap_or("unknown"),
-        "cryptoProvider": "ring",
+        // Istio's spelling of its build feature ("tls-aws-lc" in its default build).
+        "cryptoProvider": "tls-ring",
     })
 }
 

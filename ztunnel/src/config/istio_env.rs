@@ -240,6 +240,22 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
             warn("ISTIO_META_DNS_PROXY_ADDR", "the DNS proxy always listens on 127.0.0.1:15053 in each pod (istio-cni redirects DNS there)");
         }
     }
+    // Istio's ztunnel reads COMPLIANCE_POLICY for HBONE's key exchange: `pqc` offers and
+    // accepts X25519MLKEM768 only. ring (our provider: tls.rs) has no ML-KEM, and a FIPS
+    // policy needs a validated module we do not build: running on X25519 or non-validated
+    // crypto where the operator asked otherwise would be a silent downgrade.
+    match env.non_empty("COMPLIANCE_POLICY").map(str::trim) {
+        None => {}
+        Some(p) if p.eq_ignore_ascii_case("pqc") => {
+            return Err(env.refused("COMPLIANCE_POLICY", "post-quantum key exchange (X25519MLKEM768) needs ML-KEM, which this build's TLS provider (ring) does not have; HBONE here uses X25519 or P-256"))
+        }
+        Some(_) => {
+            return Err(env.refused("COMPLIANCE_POLICY", "this build has no FIPS-validated crypto module (HBONE's TLS uses ring)"));
+        }
+    }
+    if env.bool("TLS12_ENABLED")? == Some(true) {
+        warn("TLS12_ENABLED", "HBONE stays TLS 1.3 only (stricter; every HBONE peer, Istio's ztunnel included, speaks TLS 1.3)");
+    }
     // IPV6_ENABLED is honoured (main.rs); parsed here so a bad value is refused early.
     env.bool("IPV6_ENABLED")?;
     if env.bool("ENABLE_ORIG_SRC")? == Some(false) {
@@ -425,13 +441,21 @@ mod tests {
         // IPV6_ENABLED is honoured either way; a value that is not a bool is refused.
         assert_eq!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "true")])), Ok(vec![]));
         assert!(matches!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "yes")])), Err(EnvError::Invalid { .. })));
-        let harmless = Env::from_pairs([("XDS_ON_DEMAND", "true")]);
+        let harmless = Env::from_pairs([("XDS_ON_DEMAND", "true"), ("TLS12_ENABLED", "true")]);
         let w = unsupported(&harmless).unwrap();
-        {
-            let name = "XDS_ON_DEMAND";
+        for name in ["XDS_ON_DEMAND", "TLS12_ENABLED"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
-        for (name, value) in [("PROXY_MODE", "dedicated"), ("PACKET_MARK", "7"), ("ENABLE_PROXY", "false")] {
+        assert_eq!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "false"), ("COMPLIANCE_POLICY", "")])), Ok(vec![]));
+        assert!(matches!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "maybe")])), Err(EnvError::Invalid { .. })));
+        for (name, value) in [
+            ("PROXY_MODE", "dedicated"),
+            ("PACKET_MARK", "7"),
+            ("ENABLE_PROXY", "false"),
+            ("COMPLIANCE_POLICY", "pqc"),
+            ("COMPLIANCE_POLICY", "fips-140-2"),
+            ("COMPLIANCE_POLICY", "fips-140-3"),
+        ] {
             let err = unsupported(&Env::from_pairs([(name, value)])).unwrap_err();
             assert!(matches!(err, EnvError::Refused { .. }), "{name}: {err}");
             assert!(err.to_string().contains(name), "{err}");
