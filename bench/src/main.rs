@@ -80,6 +80,11 @@ struct Args {
     /// Only these scenarios: rate, max, bulk, conn, idle (default: all).
     #[arg(long, value_delimiter = ',')]
     scenarios: Option<Vec<String>>,
+    /// Run the scenarios this many times, the order of the modes reversed every other
+    /// round (no mode always goes first); results.md adds each step's median over the
+    /// rounds and the ratios of the medians. Idle tunnels run in the last round only.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+    rounds: u32,
     /// Internal: run the server app in this netns (the bench starts itself this way).
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
@@ -129,6 +134,7 @@ pub struct Plan {
     pub bulk_bytes: u64,
     pub conn_rate_workers: usize,
     pub idle_connections: usize,
+    pub rounds: usize,
 }
 
 /// What the proxies (all ztunnels and the waypoint of a mode) used during one measurement.
@@ -226,6 +232,8 @@ impl Meter {
 #[derive(Clone, Debug, Serialize)]
 pub struct Row<T> {
     pub mode: String,
+    /// 0-based, see `--rounds`.
+    pub round: usize,
     pub result: T,
     pub usage: Usage,
 }
@@ -271,6 +279,7 @@ fn plan(a: &Args) -> Plan {
         bulk_bytes: a.bulk_mib.unwrap_or(if quick { 64 } else { 1024 }) << 20,
         conn_rate_workers: 4,
         idle_connections: a.idle.unwrap_or(if quick { 500 } else { 10_000 }),
+        rounds: a.rounds as usize,
     }
 }
 
@@ -368,9 +377,15 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
     }
     progress!("all modes up");
     let step = Duration::from_secs_f64(plan.step_seconds);
-    // One scenario step for every mode, back to back, so drift hits all modes alike.
-    let mut each = |label: &str, res: &mut Results, f: &mut dyn FnMut(&Env, &mut Results) -> Result<String>| -> Result<()> {
-        for env in envs.iter_mut() {
+    // One scenario step for every mode, back to back, so drift hits all modes alike; in
+    // every other round the modes go in reverse order, so none always goes first.
+    let mut each = |round: usize, label: &str, res: &mut Results, f: &mut dyn FnMut(&Env, &mut Results) -> Result<String>| -> Result<()> {
+        let mut order: Vec<&mut Env> = envs.iter_mut().collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let label = if plan.rounds > 1 { format!("{label} [{}]", round + 1) } else { label.to_string() };
+        for env in order {
             cleanup::check()?;
             let name = env.mode.name();
             let r = env.check_alive().and_then(|()| f(env, res));
@@ -385,90 +400,94 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
         }
         Ok(())
     };
-    if wants("rate") {
-        for &rate in &plan.rates {
-            each(&format!("constant {rate} req/s"), res, &mut |env, res| {
-                let warm = Duration::from_secs_f64(plan.warmup_seconds);
-                load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, warm)?;
-                let m = Meter::start(env);
-                let r = load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, step)?;
-                let u = m.finish(r.latency.count as f64, false);
-                let line = format!(
-                    "{:>7.0} req/s  p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} p99.9 {:>6.0} us  proxy {:.3} vCPU {:.3} cpu-s/1k req",
-                    r.achieved_rps, r.latency.p50_us, r.latency.p90_us, r.latency.p99_us, r.latency.p999_us, u.vcpu, u.cpu_s_per_1000
-                );
-                res.constant_rate.push(Row { mode: env.mode.name().into(), result: r, usage: u });
-                Ok(line)
-            })?;
-        }
-    }
-    if wants("max") {
-        for &c in &plan.max_rate_connections {
-            each(&format!("max rate {c} conn"), res, &mut |env, res| {
-                let m = Meter::start(env);
-                let r = load::max_rate(&env.client_ns, env.http, c, step)?;
-                let u = m.finish(r.requests as f64, false);
-                let line = format!("{:>7.0} req/s  p50 {:>6.0} p99 {:>6.0} us  proxy {:.3} cpu-s/1k req", r.rps, r.latency.p50_us, r.latency.p99_us, u.cpu_s_per_1000);
-                res.max_rate.push(Row { mode: env.mode.name().into(), result: r, usage: u });
-                Ok(line)
-            })?;
-        }
-    }
-    if wants("bulk") {
-        each(&format!("bulk {} MiB", plan.bulk_bytes >> 20), res, &mut |env, res| {
-            let m = Meter::start(env);
-            let r = load::bulk(&env.client_ns, env.sink, plan.bulk_bytes)?;
-            let u = m.finish(r.bytes as f64 / (1u64 << 30) as f64, true);
-            let line = format!("{:>6.2} Gbit/s  {:.2} s  proxy {:.3} cpu-s/GiB", r.gbit_per_s, r.seconds, u.cpu_s_per_1000);
-            res.bulk.push(Row { mode: env.mode.name().into(), result: r, usage: u });
-            Ok(line)
-        })?;
-    }
-    if wants("conn") {
-        each("new connections", res, &mut |env, res| {
-            let m = Meter::start(env);
-            let r = load::conn_rate(&env.client_ns, env.echo, plan.conn_rate_workers, step)?;
-            let u = m.finish(r.connections as f64, false);
-            let line = format!(
-                "{:>7.0} conn/s  p50 {:>6.0} p99 {:>6.0} us  {} errors  proxy {:.3} cpu-s/1k conn",
-                r.conn_per_s, r.latency.p50_us, r.latency.p99_us, r.errors, u.cpu_s_per_1000
-            );
-            res.conn_rate.push(Row { mode: env.mode.name().into(), result: r, usage: u });
-            Ok(line)
-        })?;
-    }
-    if wants("idle") {
-        let n = plan.idle_connections;
-        each(&format!("{n} idle tunnels"), res, &mut |env, res| {
-            let rss = |env: &Env| -> f64 { env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).map(|r| r.rss_kib as f64 / 1024.0).sum() };
-            let before = rss(env);
-            let m = Meter::start(env);
-            // Bounded: about 4x the time the slowest path needs on this machine.
-            let deadline = Duration::from_secs_f64((n as f64 / 250.0).max(10.0));
-            let conns = load::open_idle(&env.client_ns, env.echo, n, deadline)?;
-            // Let the proxies settle (allocator, lazily grown buffers) before reading RSS.
-            std::thread::sleep(Duration::from_secs(if plan.quick { 1 } else { 3 }));
-            let after = rss(env);
-            let established = conns.conns.len();
-            let u = m.finish(established as f64, false);
-            let r = IdleResult {
-                requested: n,
-                established,
-                open_seconds: conns.open_seconds,
-                rss_before_mib: before,
-                rss_after_mib: after,
-                bytes_per_conn: if established > 0 { (after - before) * 1048576.0 / established as f64 } else { 0.0 },
-            };
-            let line = format!("{established} open in {:.1} s  proxy RSS {before:.1} -> {after:.1} MiB  {:.0} B/conn", r.open_seconds, r.bytes_per_conn);
-            res.idle.push(Row { mode: env.mode.name().into(), result: r, usage: u });
-            drop(conns);
-            // Connections closing take the proxies a moment; the next mode starts clean.
-            std::thread::sleep(Duration::from_millis(500));
-            if established < n {
-                bail!("only {established} of {n} tunnels opened in {deadline:?}");
+    for round in 0..plan.rounds {
+        if wants("rate") {
+            for &rate in &plan.rates {
+                each(round, &format!("constant {rate} req/s"), res, &mut |env, res| {
+                    let warm = Duration::from_secs_f64(plan.warmup_seconds);
+                    load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, warm)?;
+                    let m = Meter::start(env);
+                    let r = load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, step)?;
+                    let u = m.finish(r.latency.count as f64, false);
+                    let line = format!(
+                        "{:>7.0} req/s  p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} p99.9 {:>6.0} us  proxy {:.3} vCPU {:.3} cpu-s/1k req",
+                        r.achieved_rps, r.latency.p50_us, r.latency.p90_us, r.latency.p99_us, r.latency.p999_us, u.vcpu, u.cpu_s_per_1000
+                    );
+                    res.constant_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                    Ok(line)
+                })?;
             }
-            Ok(line)
-        })?;
+        }
+        if wants("max") {
+            for &c in &plan.max_rate_connections {
+                each(round, &format!("max rate {c} conn"), res, &mut |env, res| {
+                    let m = Meter::start(env);
+                    let r = load::max_rate(&env.client_ns, env.http, c, step)?;
+                    let u = m.finish(r.requests as f64, false);
+                    let line = format!("{:>7.0} req/s  p50 {:>6.0} p99 {:>6.0} us  proxy {:.3} cpu-s/1k req", r.rps, r.latency.p50_us, r.latency.p99_us, u.cpu_s_per_1000);
+                    res.max_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                    Ok(line)
+                })?;
+            }
+        }
+        if wants("bulk") {
+            each(round, &format!("bulk {} MiB", plan.bulk_bytes >> 20), res, &mut |env, res| {
+                let m = Meter::start(env);
+                let r = load::bulk(&env.client_ns, env.sink, plan.bulk_bytes)?;
+                let u = m.finish(r.bytes as f64 / (1u64 << 30) as f64, true);
+                let line = format!("{:>6.2} Gbit/s  {:.2} s  proxy {:.3} cpu-s/GiB", r.gbit_per_s, r.seconds, u.cpu_s_per_1000);
+                res.bulk.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                Ok(line)
+            })?;
+        }
+        if wants("conn") {
+            each(round, "new connections", res, &mut |env, res| {
+                let m = Meter::start(env);
+                let r = load::conn_rate(&env.client_ns, env.echo, plan.conn_rate_workers, step)?;
+                let u = m.finish(r.connections as f64, false);
+                let line = format!(
+                    "{:>7.0} conn/s  p50 {:>6.0} p99 {:>6.0} us  {} errors  proxy {:.3} cpu-s/1k conn",
+                    r.conn_per_s, r.latency.p50_us, r.latency.p99_us, r.errors, u.cpu_s_per_1000
+                );
+                res.conn_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                Ok(line)
+            })?;
+        }
+        // Memory per idle tunnel is the RSS a fresh set of tunnels adds: once the proxies have
+        // held 10,000, their allocators keep the room, so it is measured in the last round only.
+        if wants("idle") && round + 1 == plan.rounds {
+            let n = plan.idle_connections;
+            each(round, &format!("{n} idle tunnels"), res, &mut |env, res| {
+                let rss = |env: &Env| -> f64 { env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).map(|r| r.rss_kib as f64 / 1024.0).sum() };
+                let before = rss(env);
+                let m = Meter::start(env);
+                // Bounded: about 4x the time the slowest path needs on this machine.
+                let deadline = Duration::from_secs_f64((n as f64 / 250.0).max(10.0));
+                let conns = load::open_idle(&env.client_ns, env.echo, n, deadline)?;
+                // Let the proxies settle (allocator, lazily grown buffers) before reading RSS.
+                std::thread::sleep(Duration::from_secs(if plan.quick { 1 } else { 3 }));
+                let after = rss(env);
+                let established = conns.conns.len();
+                let u = m.finish(established as f64, false);
+                let r = IdleResult {
+                    requested: n,
+                    established,
+                    open_seconds: conns.open_seconds,
+                    rss_before_mib: before,
+                    rss_after_mib: after,
+                    bytes_per_conn: if established > 0 { (after - before) * 1048576.0 / established as f64 } else { 0.0 },
+                };
+                let line = format!("{established} open in {:.1} s  proxy RSS {before:.1} -> {after:.1} MiB  {:.0} B/conn", r.open_seconds, r.bytes_per_conn);
+                res.idle.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                drop(conns);
+                // Connections closing take the proxies a moment; the next mode starts clean.
+                std::thread::sleep(Duration::from_millis(500));
+                if established < n {
+                    bail!("only {established} of {n} tunnels opened in {deadline:?}");
+                }
+                Ok(line)
+            })?;
+        }
     }
     progress!("stopping");
     Ok(())

@@ -82,7 +82,7 @@ pub fn latency_svg(res: &Results) -> String {
         for (mi, mode) in res.modes.iter().enumerate() {
             let color = COLORS[mi % COLORS.len()];
             let mut pts: Vec<(f64, f64)> =
-                res.constant_rate.iter().filter(|r| &r.mode == mode).map(|r| (xs(r.result.target_rps), ys(f(&r.result.latency) / 1000.0))).collect();
+                res.constant_rate.iter().filter(|r| &r.mode == mode && r.round == 0).map(|r| (xs(r.result.target_rps), ys(f(&r.result.latency) / 1000.0))).collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             let path: Vec<String> = pts.iter().map(|(x, y)| format!("{x:.1},{y:.1}")).collect();
             let _ = writeln!(s, r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2"/>"#, path.join(" "));

@@ -43,9 +43,18 @@ fn px(u: &crate::Usage, v: f64, decimals: usize) -> String {
     }
 }
 
-/// The direct row matching `pred`, for ratios.
-fn base<T>(rows: &[Row<T>], pred: impl Fn(&Row<T>) -> bool) -> Option<&Row<T>> {
-    rows.iter().find(|r| r.mode == DIRECT && pred(r))
+/// The direct row of `row`'s round matching `pred`, for ratios.
+fn base<'a, T>(rows: &'a [Row<T>], row: &Row<T>, pred: impl Fn(&Row<T>) -> bool) -> Option<&'a Row<T>> {
+    rows.iter().find(|r| r.mode == DIRECT && r.round == row.round && pred(r))
+}
+
+/// The mode column: with several rounds, which round the row is from.
+fn who<T>(r: &Row<T>, rounds: usize) -> String {
+    if rounds > 1 {
+        format!("{} [{}]", r.mode, r.round + 1)
+    } else {
+        r.mode.clone()
+    }
 }
 
 fn ztunnel_max(r: &crate::Usage, f: impl Fn(&crate::ProcUsage) -> f64) -> f64 {
@@ -53,6 +62,7 @@ fn ztunnel_max(r: &crate::Usage, f: impl Fn(&crate::ProcUsage) -> f64) -> f64 {
 }
 
 pub fn markdown(res: &Results) -> String {
+    let rounds = res.plan.as_ref().map_or(1, |p| p.rounds);
     let mut s = String::new();
     let _ = writeln!(s, "# Mesh benchmark results\n");
     let _ = writeln!(s, "- date: {}\n- host: {}\n- command: `{}`", res.date, res.host, res.command);
@@ -88,12 +98,12 @@ pub fn markdown(res: &Results) -> String {
         );
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.constant_rate {
-            let b = base(&res.constant_rate, |x| x.result.target_rps == r.result.target_rps);
+            let b = base(&res.constant_rate, r, |x| x.result.target_rps == r.result.target_rps);
             let l = &r.result.latency;
             let _ = writeln!(
                 s,
                 "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
-                r.mode,
+                who(r, rounds),
                 r.result.target_rps,
                 r.result.achieved_rps,
                 l.p50_us,
@@ -117,11 +127,11 @@ pub fn markdown(res: &Results) -> String {
         let _ = writeln!(s, "| mode | connections | req/s | × direct | P50 | P99 | proxy cpu-s/1k req | proxy vCPU | peak RSS | steady RSS |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.max_rate {
-            let b = base(&res.max_rate, |x| x.result.connections == r.result.connections);
+            let b = base(&res.max_rate, r, |x| x.result.connections == r.result.connections);
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
-                r.mode,
+                who(r, rounds),
                 r.result.connections,
                 r.result.rps,
                 ratio(r.result.rps, b.map(|b| b.result.rps)),
@@ -140,11 +150,11 @@ pub fn markdown(res: &Results) -> String {
         let _ = writeln!(s, "| mode | MiB | seconds | Gbit/s | × direct | proxy cpu-s/GiB | proxy vCPU | peak RSS | steady RSS |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.bulk {
-            let b = base(&res.bulk, |_| true);
+            let b = base(&res.bulk, r, |_| true);
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} |",
-                r.mode,
+                who(r, rounds),
                 r.result.bytes >> 20,
                 r.result.seconds,
                 r.result.gbit_per_s,
@@ -162,11 +172,11 @@ pub fn markdown(res: &Results) -> String {
         let _ = writeln!(s, "| mode | workers | conn/s | × direct | P50 | P99 | errors | proxy cpu-s/1k conn | proxy vCPU | peak RSS | steady RSS |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.conn_rate {
-            let b = base(&res.conn_rate, |_| true);
+            let b = base(&res.conn_rate, r, |_| true);
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} | {} | {} |",
-                r.mode,
+                who(r, rounds),
                 r.result.workers,
                 r.result.conn_per_s,
                 ratio(r.result.conn_per_s, b.map(|b| b.result.conn_per_s)),
@@ -190,7 +200,7 @@ pub fn markdown(res: &Results) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {:.1} | {} | {} | {} | {} |",
-                r.mode,
+                who(r, rounds),
                 x.requested,
                 x.established,
                 x.open_seconds,
@@ -201,6 +211,9 @@ pub fn markdown(res: &Results) -> String {
             );
         }
         s.push('\n');
+    }
+    if rounds > 1 {
+        s.push_str(&medians(res, rounds));
     }
     s.push_str(&targets(res));
     if !res.errors.is_empty() {
@@ -250,6 +263,108 @@ fn targets(res: &Results) -> String {
         let bulk = |m: &str| res.bulk.iter().find(|r| r.mode == m).map(|r| r.result.gbit_per_s);
         if let (Some(m), Some(d)) = (bulk(mode), bulk(DIRECT)) {
             let _ = writeln!(s, "| {mode} | bulk ≥ 60% of direct | {:.0}% ({m:.2} of {d:.2} Gbit/s) | {} |", m / d * 100.0, yes(m >= 0.6 * d));
+        }
+    }
+    s.push('\n');
+    s
+}
+
+/// One step over the rounds: per mode its value and its proxies' CPU per unit, by round.
+struct Step {
+    label: String,
+    unit: &'static str,
+    cpu_unit: &'static str,
+    modes: Vec<(String, Vec<f64>, Vec<f64>)>,
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn steps(res: &Results) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::new();
+    let mut add = |label: String, unit: &'static str, cpu_unit: &'static str, mode: &str, value: f64, cpu: Option<f64>| {
+        let i = match out.iter().position(|s| s.label == label) {
+            Some(i) => i,
+            None => {
+                out.push(Step { label, unit, cpu_unit, modes: Vec::new() });
+                out.len() - 1
+            }
+        };
+        let modes = &mut out[i].modes;
+        let j = match modes.iter().position(|(m, _, _)| m == mode) {
+            Some(j) => j,
+            None => {
+                modes.push((mode.to_string(), Vec::new(), Vec::new()));
+                modes.len() - 1
+            }
+        };
+        modes[j].1.push(value);
+        modes[j].2.extend(cpu);
+    };
+    let cpu = |u: &crate::Usage| (!u.processes.is_empty()).then_some(u.cpu_s_per_1000);
+    for r in &res.constant_rate {
+        let l = format!("constant {} req/s", r.result.target_rps);
+        add(format!("{l}, P50"), "µs", "cpu-s/1k req", &r.mode, r.result.latency.p50_us, cpu(&r.usage));
+        add(format!("{l}, P99"), "µs", "cpu-s/1k req", &r.mode, r.result.latency.p99_us, cpu(&r.usage));
+    }
+    for r in &res.max_rate {
+        add(format!("max rate, {} conn", r.result.connections), "req/s", "cpu-s/1k req", &r.mode, r.result.rps, cpu(&r.usage));
+    }
+    for r in &res.bulk {
+        add("bulk, one stream".into(), "Gbit/s", "cpu-s/GiB", &r.mode, r.result.gbit_per_s, cpu(&r.usage));
+    }
+    for r in &res.conn_rate {
+        add("new connections".into(), "conn/s", "cpu-s/1k conn", &r.mode, r.result.conn_per_s, cpu(&r.usage));
+    }
+    // Direct holds no tunnels: nothing to compare.
+    for r in res.idle.iter().filter(|r| !r.usage.processes.is_empty()) {
+        add("idle tunnels, memory".into(), "B/tunnel", "cpu-s/1k conn", &r.mode, r.result.bytes_per_conn, cpu(&r.usage));
+    }
+    out
+}
+
+/// Each step's median over the rounds, every round's value, and the medians' ratios to
+/// ztunnel-l4's (the first mode with proxies when ztunnel-l4 did not run).
+fn medians(res: &Results, rounds: usize) -> String {
+    let steps = steps(res);
+    let yardstick = steps
+        .iter()
+        .flat_map(|s| s.modes.iter().filter(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.clone()))
+        .find(|m| m == "ztunnel-l4")
+        .or_else(|| steps.iter().flat_map(|s| s.modes.iter()).find(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.clone()));
+    let Some(y) = yardstick else { return String::new() };
+    let mut s = format!(
+        "## Medians over {rounds} rounds (the modes in reverse order every other round)\n\n\
+         | step | mode | median | each round | proxy CPU, median | value / {y} | proxy CPU / {y} |\n|---|---|---:|---|---:|---:|---:|\n"
+    );
+    for st in &steps {
+        let mid = |m: &str| st.modes.iter().find(|(n, _, _)| n == m).map(|(_, v, c)| (median(v), (!c.is_empty()).then(|| median(c))));
+        let theirs = mid(&y);
+        for (mode, values, _) in &st.modes {
+            let Some((v, c)) = mid(mode) else { continue };
+            let precision = if st.unit == "Gbit/s" { 2 } else { 0 };
+            let each: Vec<String> = values.iter().map(|x| format!("{x:.precision$}")).collect();
+            let r = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 && mode != &y => format!("{:.2}", a / b),
+                _ => "–".into(),
+            };
+            let _ = writeln!(
+                s,
+                "| {} | {mode} | {v:.precision$} {} | {} | {} | {} | {} |",
+                st.label,
+                st.unit,
+                each.join(", "),
+                c.map_or("–".into(), |c| format!("{c:.3} {}", st.cpu_unit)),
+                r(Some(v), theirs.map(|t| t.0)),
+                r(c, theirs.and_then(|t| t.1)),
+            );
         }
     }
     s.push('\n');

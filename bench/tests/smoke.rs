@@ -50,6 +50,37 @@ fn quick_run_produces_numbers_for_every_mode() {
     assert!(svg.contains("<polyline"), "no plot lines");
 }
 
+/// `--rounds 2`: each step runs once per round, the second round in reverse mode order;
+/// idle tunnels only in the last round; results.md has the medians.
+#[test]
+fn rounds_alternate_the_order_and_report_medians() {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
+    let out = std::env::temp_dir().join(format!("bench-rounds-{}", std::process::id()));
+    let run = Command::new(&bench)
+        .args(["--quick", "--rounds", "2", "--duration", "0.3", "--modes", "direct,l4", "--scenarios", "max,idle", "--idle", "50", "--out"])
+        .arg(&out)
+        .output()
+        .expect("run bench");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    let json = std::fs::read_to_string(out.join("results.json")).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&out);
+    assert!(run.status.success(), "bench --rounds 2 failed ({}):\n{stdout}\n{}", run.status, String::from_utf8_lossy(&run.stderr));
+    let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+    let rows = |section: &str| -> Vec<(String, u64)> {
+        v[section].as_array().expect(section).iter().map(|r| (r["mode"].as_str().unwrap_or_default().to_string(), r["round"].as_u64().unwrap_or(99))).collect()
+    };
+    // Two connection counts (1, 32) x two modes x two rounds, in the order they ran.
+    let order: Vec<(String, u64)> = rows("max_rate");
+    let want: Vec<(String, u64)> = [("direct", 0), ("ztunnel-l4", 0), ("direct", 0), ("ztunnel-l4", 0), ("ztunnel-l4", 1), ("direct", 1), ("ztunnel-l4", 1), ("direct", 1)]
+        .iter()
+        .map(|(m, r)| (m.to_string(), *r))
+        .collect();
+    assert_eq!(order, want);
+    assert_eq!(rows("idle"), vec![("ztunnel-l4".to_string(), 1), ("direct".to_string(), 1)]);
+    assert!(stdout.contains("## Medians over 2 rounds"), "no medians:\n{stdout}");
+    assert!(stdout.contains("| max rate, 1 conn | ztunnel-l4 |"), "no max-rate median:\n{stdout}");
+}
+
 /// `bench capture --quick` and `bench l7 --quick`: one small round of each comparison
 /// completes and prints its medians.
 #[test]
