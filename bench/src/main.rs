@@ -210,7 +210,7 @@ impl Meter {
                 }
             })
             .collect();
-        let cpu_s: f64 = processes.iter().map(|p| p.cpu_s).sum();
+        let cpu_s = total(processes.iter().map(|p| p.cpu_s));
         let scale = if per_gib { 1.0 } else { 1000.0 };
         let per_unit = |cpu: f64| if units > 0.0 { cpu / units * scale } else { 0.0 };
         let app_cpu_s = procstat::read(self.app.0).unwrap_or_default().cpu.saturating_sub(self.app.1.cpu).as_secs_f64();
@@ -221,9 +221,9 @@ impl Meter {
             units,
             cpu_s_per_1000: per_unit(cpu_s),
             app_cpu_s_per_1000: per_unit(app_cpu_s),
-            rss_mib: processes.iter().map(|p| p.rss_mib).sum(),
-            peak_mib: processes.iter().map(|p| p.peak_mib).sum(),
-            anon_mib: processes.iter().map(|p| p.anon_mib).sum(),
+            rss_mib: total(processes.iter().map(|p| p.rss_mib)),
+            peak_mib: total(processes.iter().map(|p| p.peak_mib)),
+            anon_mib: total(processes.iter().map(|p| p.anon_mib)),
             processes,
         }
     }
@@ -281,6 +281,12 @@ fn plan(a: &Args) -> Plan {
         idle_connections: a.idle.unwrap_or(if quick { 500 } else { 10_000 }),
         rounds: a.rounds as usize,
     }
+}
+
+/// A sum that is +0 when there is nothing to add (`Iterator::sum` of no floats is -0.0,
+/// which printed as "-0.000" for the mode without proxies).
+fn total(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |a, b| a + b)
 }
 
 fn started() -> Instant {
@@ -458,7 +464,7 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
         if wants("idle") && round + 1 == plan.rounds {
             let n = plan.idle_connections;
             each(round, &format!("{n} idle tunnels"), res, &mut |env, res| {
-                let rss = |env: &Env| -> f64 { env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).map(|r| r.rss_kib as f64 / 1024.0).sum() };
+                let rss = |env: &Env| -> f64 { total(env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).map(|r| r.rss_kib as f64 / 1024.0)) };
                 let before = rss(env);
                 let m = Meter::start(env);
                 // Bounded: about 4x the time the slowest path needs on this machine.
