@@ -17,6 +17,9 @@ use tokio::net::TcpStream;
 
 /// Read buffer of a TCP to HBONE copy while data flows.
 const COPY_BUF: usize = 64 * 1024;
+/// Reads after one that filled its buffer (a bulk transfer): fewer, larger HTTP/2 frames
+/// and TLS writes per byte. Request/response traffic never fills 64 KiB, so stays at that.
+const BULK_BUF: usize = 256 * 1024;
 /// Read buffer of a TCP to TCP copy while data flows.
 const TCP_COPY_BUF: usize = 32 * 1024;
 
@@ -266,6 +269,8 @@ struct Up {
     buf: BytesMut,
     chunk: Bytes,
     done: bool,
+    /// The last read filled its buffer: read the next with [`BULK_BUF`].
+    bulk: bool,
 }
 
 /// The tunnel to TCP: the chunk being written, then END_STREAM as a write shutdown.
@@ -323,16 +328,18 @@ impl TcpH2<'_> {
             // Read what is there with the buffer in hand; when nothing is, give the
             // buffer back before waiting (10,000 idle tunnels would otherwise keep a
             // touched page or two of 64 KiB each).
+            let size = if up.bulk { BULK_BUF } else { COPY_BUF };
             if up.buf.capacity() == 0 {
                 match self.tcp.poll_read_ready(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(r) => r.map_err(CopyError::Tcp)?,
                 }
-                up.buf.reserve(COPY_BUF);
-            } else if up.buf.capacity() < COPY_BUF / 4 {
+                up.buf.reserve(size);
+            } else if up.buf.capacity() < size / 4 {
                 // What is left of the last allocation after the chunks went to h2: read large.
-                up.buf.reserve(COPY_BUF);
+                up.buf.reserve(size);
             }
+            let room = up.buf.capacity() - up.buf.len();
             // Through `AsyncRead` (see `OneWay::poll_copy`): after a read that left the buffer
             // unfilled, this returns `Pending` without another `recvfrom`.
             match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *self.tcp), cx, &mut up.buf) {
@@ -343,6 +350,7 @@ impl TcpH2<'_> {
                 }
                 Poll::Ready(Ok(n)) => {
                     self.sent.fetch_add(n as u64, Ordering::Relaxed);
+                    up.bulk = n == room;
                     up.chunk = up.buf.split().freeze();
                 }
                 Poll::Pending => {
@@ -485,6 +493,63 @@ mod tests {
     /// positions alike, so a lost, repeated or reordered chunk shows.
     fn pattern(seed: u64, from: usize, len: usize) -> Vec<u8> {
         (from..from + len).map(|i| ((i as u64 ^ (seed << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8).collect()
+    }
+
+    /// TCP into an HBONE-like stream: a client writing as fast as it can gets frames larger
+    /// than 64 KiB once a read fills its buffer (fewer frames and TLS writes per byte), every
+    /// byte arrives in order, and a lone small write still goes out as it is.
+    #[tokio::test]
+    async fn tcp_to_h2_reads_larger_once_a_read_fills_its_buffer() {
+        const LEN: usize = 8 << 20;
+        let (mut client, mut a, _b, _upstream) = connections().await;
+        let (io_client, io_server) = tokio::io::duplex(1 << 20);
+        let sizes = |b: &mut h2::client::Builder| {
+            b.initial_window_size(16 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
+        };
+        let mut cb = h2::client::Builder::new();
+        sizes(&mut cb);
+        let server = tokio::spawn(async move {
+            let mut conn = h2::server::Builder::new()
+                .initial_window_size(16 << 20)
+                .initial_connection_window_size(16 << 20)
+                .max_frame_size(1 << 20)
+                .handshake::<_, Bytes>(io_server)
+                .await
+                .unwrap();
+            let (req, mut respond) = conn.accept().await.unwrap().unwrap();
+            tokio::spawn(async move { while conn.accept().await.is_some() {} });
+            let mut _send = respond.send_response(http::Response::new(()), false).unwrap();
+            let mut body = req.into_body();
+            let (mut got, mut frames) = (Vec::with_capacity(LEN), Vec::new());
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.unwrap();
+                let _ = body.flow_control().release_capacity(chunk.len());
+                frames.push(chunk.len());
+                got.extend_from_slice(&chunk);
+            }
+            (got, frames)
+        });
+        let (mut h2c, conn) = cb.handshake::<_, Bytes>(io_client).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::builder().method("CONNECT").uri("127.0.0.1:8080").body(()).unwrap();
+        let (resp, send) = h2c.send_request(req, false).unwrap();
+        let recv = resp.await.unwrap().into_body();
+        let relay = tokio::spawn(async move { copy_tcp_h2(&mut a, send, recv, std::future::pending(), None).await.map_err(|(e, _)| e.to_string()) });
+        // A lone small write first, then as much as the socket takes.
+        client.write_all(b"hello").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let data = pattern(7, 0, LEN);
+        client.write_all(&data).await.unwrap();
+        client.shutdown().await.unwrap();
+        let (got, frames) = tokio::time::timeout(HANG, server).await.unwrap().unwrap();
+        let mut want = b"hello".to_vec();
+        want.extend_from_slice(&data);
+        assert_same(&got, &want, "tunnelled bytes");
+        assert_eq!(frames.first(), Some(&5), "the small write went out alone");
+        let largest = frames.iter().copied().max().unwrap_or(0);
+        assert!(largest > COPY_BUF && largest <= BULK_BUF, "largest frame {largest} bytes: frames {frames:?}");
+        drop(client);
+        let _ = tokio::time::timeout(HANG, relay).await;
     }
 
     fn assert_same(got: &[u8], want: &[u8], what: &str) {
