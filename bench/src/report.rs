@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::scale::median;
 use crate::{Results, Row};
 
 const DIRECT: &str = "direct";
@@ -277,16 +278,6 @@ struct Step {
     modes: Vec<(String, Vec<f64>, Vec<f64>)>,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
-}
-
 fn steps(res: &Results) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::new();
     let mut add = |label: String, unit: &'static str, cpu_unit: &'static str, mode: &str, value: f64, cpu: Option<f64>| {
@@ -345,7 +336,7 @@ fn medians(res: &Results, rounds: usize) -> String {
          | step | mode | median | each round | proxy CPU, median | value / {y} | proxy CPU / {y} |\n|---|---|---:|---|---:|---:|---:|\n"
     );
     for st in &steps {
-        let mid = |m: &str| st.modes.iter().find(|(n, _, _)| n == m).map(|(_, v, c)| (median(v), (!c.is_empty()).then(|| median(c))));
+        let mid = |m: &str| st.modes.iter().find(|(n, _, _)| n == m).map(|(_, v, c)| (median(&mut v.clone()), (!c.is_empty()).then(|| median(&mut c.clone()))));
         let theirs = mid(&y);
         for (mode, values, _) in &st.modes {
             let Some((v, c)) = mid(mode) else { continue };

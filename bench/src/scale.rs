@@ -17,6 +17,9 @@ mod pods;
 mod policy;
 mod tunnels;
 
+/// Also the main suite's medians over rounds (report.rs).
+pub(crate) use config::median;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Curve {
