@@ -253,7 +253,8 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
             return Err(env.refused("COMPLIANCE_POLICY", "this build has no FIPS-validated crypto module (HBONE's TLS uses ring)"));
         }
     }
-    if env.bool("TLS12_ENABLED")? == Some(true) {
+    // Istio's ztunnel enables TLS 1.2 for exactly "true" and ignores any other value.
+    if env.get("TLS12_ENABLED") == Some("true") {
         warn("TLS12_ENABLED", "HBONE stays TLS 1.3 only (stricter; every HBONE peer, Istio's ztunnel included, speaks TLS 1.3)");
     }
     // IPV6_ENABLED is honoured (main.rs); parsed here so a bad value is refused early.
@@ -447,7 +448,7 @@ mod tests {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
         assert_eq!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "false"), ("COMPLIANCE_POLICY", "")])), Ok(vec![]));
-        assert!(matches!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "maybe")])), Err(EnvError::Invalid { .. })));
+        assert_eq!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "maybe")])), Ok(vec![]), "ignored, as by Istio's ztunnel");
         for (name, value) in [
             ("PROXY_MODE", "dedicated"),
             ("PACKET_MARK", "7"),
