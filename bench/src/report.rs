@@ -325,12 +325,9 @@ fn steps(res: &Results) -> Vec<Step> {
 /// ztunnel-l4's (the first mode with proxies when ztunnel-l4 did not run).
 fn medians(res: &Results, rounds: usize) -> String {
     let steps = steps(res);
-    let yardstick = steps
-        .iter()
-        .flat_map(|s| s.modes.iter().filter(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.clone()))
-        .find(|m| m == "ztunnel-l4")
-        .or_else(|| steps.iter().flat_map(|s| s.modes.iter()).find(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.clone()));
-    let Some(y) = yardstick else { return String::new() };
+    // The modes with proxies (CPU figures), in the order they first ran.
+    let proxied: Vec<&str> = steps.iter().flat_map(|s| &s.modes).filter(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.as_str()).collect();
+    let Some(y) = proxied.iter().find(|m| **m == "ztunnel-l4").or(proxied.first()).map(|m| m.to_string()) else { return String::new() };
     let mut s = format!(
         "## Medians over {rounds} rounds (the modes in reverse order every other round)\n\n\
          | step | mode | median | each round | proxy CPU, median | value / {y} | proxy CPU / {y} |\n|---|---|---:|---|---:|---:|---:|\n"
