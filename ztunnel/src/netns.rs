@@ -18,7 +18,7 @@ use crate::marks::{DELIVERY_MARK, PROXY_MARK};
 
 pub mod source_port;
 
-use source_port::SourcePorts;
+use source_port::{AcceptedTuples, HeldTuple, SourcePorts};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetnsError {
@@ -115,6 +115,8 @@ pub struct InPodNetns {
     name: Arc<str>,
     /// Read from the pod on its first transparent connection.
     source_ports: Arc<OnceLock<SourcePorts>>,
+    /// Connections accepted here with their original tuples, which deliveries keep off.
+    accepted: Arc<AcceptedTuples>,
 }
 
 impl InPodNetns {
@@ -125,7 +127,7 @@ impl InPodNetns {
 
     /// From a netns fd received from the CNI agent.
     pub fn from_fd(fd: OwnedFd, name: &str) -> InPodNetns {
-        InPodNetns { fd: Arc::new(fd), name: name.into(), source_ports: Arc::default() }
+        InPodNetns { fd: Arc::new(fd), name: name.into(), source_ports: Arc::default(), accepted: Arc::default() }
     }
 
     pub fn name(&self) -> &str {
@@ -231,9 +233,12 @@ impl InPodNetns {
         let attempts = async {
             let Some(src) = transparent_src else { return self.connect_from(dst, None).await };
             // Our own pick of port first (see `source_port`); a port in use by another
-            // connection to the same destination fails at once, so another is tried.
+            // connection to the same destination fails at once, so another is tried. The
+            // client's own port, and any of an accepted connection from its address to
+            // `dst`, would reverse that connection's tuple (see `AcceptedTuples`).
+            let avoid = |port: u16| port == src.port() || self.accepted.holds(SocketAddr::new(src.ip(), port), dst);
             for _ in 0..source_port::TRIES {
-                let Some(port) = self.source_ports().pick() else { break };
+                let Some(port) = self.source_ports().pick(avoid) else { break };
                 match self.connect_from(dst, Some(SocketAddr::new(src.ip(), port))).await {
                     Err(e) if source_port_taken(&e) => continue,
                     r => return r,
@@ -262,6 +267,12 @@ impl InPodNetns {
         })();
         setup.map_err(|e| self.sock_err(e))?;
         TcpSocket::from_std_stream(std::net::TcpStream::from(s)).connect(dst).await.map_err(|e| self.sock_err(e))
+    }
+
+    /// Holds the original tuple of a connection accepted in this pod (`client` to the
+    /// app's `local` address) while the guard lives, so no delivery reverses it.
+    pub fn accepted(&self, client: SocketAddr, local: SocketAddr) -> HeldTuple {
+        self.accepted.hold(client, local)
     }
 
     fn source_ports(&self) -> &SourcePorts {

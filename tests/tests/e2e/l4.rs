@@ -234,9 +234,31 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
+    // Two source ports for the proxy's deliveries into the pod (read on its first one),
+    // and a client that uses the first every time: a delivery from the client's address
+    // and port would reverse the tuple of the connection the proxy accepted, and hang.
+    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40001"])?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"plain").await?, b"plain");
     assert_eq!(echo.peers()[0].ip(), client.ip);
     mesh.wait_logs(&["connection_security_policy=\"unknown\""])?;
+    let to = addr(server, 8080);
+    for round in 0..12 {
+        let from = SocketAddr::new(client.ip, 40000);
+        let s = client.netns.run(move || -> std::io::Result<std::net::TcpStream> {
+            let s = socket2::Socket::new(socket2::Domain::for_address(to), socket2::Type::STREAM, None)?;
+            // Takes over its own TIME_WAIT of the round before (TCP timestamps are on).
+            s.set_reuse_address(true)?;
+            s.bind(&from.into())?;
+            s.connect_timeout(&to.into(), Duration::from_secs(5))?;
+            Ok(s.into())
+        })??;
+        s.set_nonblocking(true)?;
+        let mut s = tokio::net::TcpStream::from_std(s)?;
+        let echoed = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"same port")).await;
+        assert!(matches!(&echoed, Ok(Ok(v)) if v == b"same port"), "round {round}, from {from}: {echoed:?}");
+        let delivered = echo.peers().last().copied();
+        assert_eq!(delivered, Some(SocketAddr::new(client.ip, 40001)), "the delivery takes the port the client does not hold");
+    }
     drop(echo);
     drop(mesh);
 

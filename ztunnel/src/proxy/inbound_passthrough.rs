@@ -42,6 +42,9 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         tracing::warn!(dst = %dst, "refusing plaintext connection not addressed to this pod's application");
         return reset(stream);
     }
+    // Our delivery below, from the client's address to `dst`, must not take the client's
+    // port while this connection holds that tuple (see `netns::source_port`).
+    let _tuple = pod.netns.accepted(peer, dst);
     let state = inputs.state.load_full();
     let workload = pod.workload_in(&state);
     let service = state.inbound_service(workload, None, dst.port()).cloned();
