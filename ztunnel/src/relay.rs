@@ -22,6 +22,9 @@ const COPY_BUF: usize = 64 * 1024;
 const BULK_BUF: usize = 256 * 1024;
 /// Read buffer of a TCP to TCP copy while data flows.
 const TCP_COPY_BUF: usize = 32 * 1024;
+/// Reads of a TCP to TCP copy after one that filled its buffer: fewer reads and writes
+/// per byte of a bulk transfer, as [`BULK_BUF`] for tunnels.
+const TCP_BULK_BUF: usize = 256 * 1024;
 
 /// How many bytes a relay moved each way, until it ended (also when it failed).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -117,6 +120,8 @@ struct OneWay {
     buf: Vec<u8>,
     written: usize,
     phase: Phase,
+    /// The last read filled its buffer: read the next with [`TCP_BULK_BUF`].
+    bulk: bool,
 }
 
 /// Where a direction of a relay is: copying, carrying EOF over (a write shutdown), done.
@@ -183,18 +188,21 @@ impl OneWay {
             }
             self.buf.clear();
             self.written = 0;
+            let size = if self.bulk { TCP_BULK_BUF } else { TCP_COPY_BUF };
             if self.buf.capacity() == 0 {
                 // No buffer while quiet (an idle connection holds none): wait, then take one.
                 std::task::ready!(from.poll_read_ready(cx))?;
-                self.buf.reserve(TCP_COPY_BUF);
             }
+            // Empty here: this makes the capacity at least `size` (a bulk read grows it once).
+            self.buf.reserve(size);
+            let room = self.buf.capacity();
             // Into the spare capacity: nothing to zero first.
             match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *from), cx, &mut self.buf) {
                 Poll::Ready(Ok(0)) => {
                     self.buf = Vec::new();
                     self.phase = Phase::ShuttingDown;
                 }
-                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Ok(n)) => self.bulk = n == room,
                 Poll::Pending => {
                     self.buf = Vec::new();
                     return Poll::Pending;
@@ -643,6 +651,59 @@ mod tests {
         assert_eq!(t, Transferred::default());
     }
 
+    /// A TCP relay reads a bulk transfer in larger chunks once a read fills its buffer,
+    /// and a lone small write with the small buffer; every byte arrives in order.
+    #[tokio::test]
+    async fn tcp_relay_reads_larger_once_a_read_fills_its_buffer() {
+        const LEN: usize = 8 << 20;
+        let (mut client, mut a, mut b, mut upstream) = connections().await;
+        let (from_client, to_client) = (AtomicU64::new(0), AtomicU64::new(0));
+        let mut relay = TcpTcp::new(&mut a, &mut b, &from_client, &to_client);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::with_capacity(LEN + 5);
+            upstream.read_to_end(&mut got).await.map(|_| got)
+        });
+        // The largest buffer a poll left in hand (a poll that ends its burst, or waits to
+        // write, keeps its chunk).
+        let mut largest = 0;
+        client.write_all(b"hello").await.unwrap();
+        while from_client.load(Ordering::Relaxed) < 5 {
+            let _ = poll_once(&mut relay, &mut largest).await;
+            tokio::task::yield_now().await;
+        }
+        assert!(!relay.up.bulk, "a small write is not a bulk transfer");
+        let writer = tokio::spawn(async move {
+            client.write_all(&pattern(9, 0, LEN)).await?;
+            client.shutdown().await?;
+            io::Result::Ok(client)
+        });
+        let done = tokio::time::timeout(HANG, async {
+            loop {
+                if let Poll::Ready(r) = poll_once(&mut relay, &mut largest).await {
+                    break r;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        done.await.expect("the relay hung").expect("the relay failed");
+        let _client = writer.await.unwrap().unwrap();
+        let mut want = b"hello".to_vec();
+        want.extend_from_slice(&pattern(9, 0, LEN));
+        assert_same(&reader.await.unwrap().unwrap(), &want, "relayed bytes");
+        assert!(largest > TCP_COPY_BUF && largest <= TCP_BULK_BUF, "largest buffer {largest} bytes");
+    }
+
+    /// Polls `relay` once (its wake-ups go to the calling task) and notes the largest read
+    /// buffer it kept.
+    async fn poll_once(relay: &mut TcpTcp<'_>, largest: &mut usize) -> Poll<io::Result<()>> {
+        std::future::poll_fn(|cx| {
+            let r = std::future::Future::poll(std::pin::Pin::new(&mut *relay), cx);
+            *largest = (*largest).max(relay.up.buf.capacity());
+            Poll::Ready(r)
+        })
+        .await
+    }
+
     #[tokio::test]
     async fn tcp_relay_holds_one_chunk_for_a_slow_reader_and_no_buffer_while_quiet() {
         const MORE: usize = 1 << 20;
@@ -686,9 +747,9 @@ mod tests {
         })
         .await
         .expect("the client's writes never waited");
-        // The chunk it could not write (the read buffer) and nothing for the direction
-        // whose two bytes went through: it is quiet.
-        assert!(relay.up.buf.capacity() <= TCP_COPY_BUF, "the relay holds {} bytes", relay.up.buf.capacity());
+        // The chunk it could not write (the read buffer, at most a bulk read's) and nothing
+        // for the direction whose two bytes went through: it is quiet.
+        assert!(relay.up.buf.capacity() <= TCP_BULK_BUF, "the relay holds {} bytes", relay.up.buf.capacity());
         assert_eq!(relay.down.buf.capacity(), 0, "a quiet direction holds no buffer");
         let _ = go.send(());
         tokio::time::timeout(HANG, &mut relay).await.expect("the relay hung").expect("the relay failed");
