@@ -85,6 +85,11 @@ struct Args {
     /// rounds and the ratios of the medians. Idle tunnels run in the last round only.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
     rounds: u32,
+    /// The server pod outside the mesh (no workload, not enrolled): the client's node
+    /// proxy relays plain TCP to it (passthrough, TCP ⇄ TCP) and the server's carries
+    /// nothing. The waypoint mode needs a mesh server and is left out.
+    #[arg(long)]
+    passthrough: bool,
     /// Internal: run the server app in this netns (the bench starts itself this way).
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
@@ -135,6 +140,8 @@ pub struct Plan {
     pub conn_rate_workers: usize,
     pub idle_connections: usize,
     pub rounds: usize,
+    /// The server outside the mesh (`--passthrough`).
+    pub passthrough: bool,
 }
 
 /// What the proxies (all ztunnels and the waypoint of a mode) used during one measurement.
@@ -280,6 +287,7 @@ fn plan(a: &Args) -> Plan {
         conn_rate_workers: 4,
         idle_connections: a.idle.unwrap_or(if quick { 500 } else { 10_000 }),
         rounds: a.rounds as usize,
+        passthrough: a.passthrough,
     }
 }
 
@@ -327,7 +335,10 @@ fn main() -> Result<()> {
         Some(Command::Scale { curves }) => return scale::main(args.quick, curves, &args.out, &bins),
         None => {}
     }
-    let mut all = vec![Mode::Direct, Mode::L4, Mode::Waypoint];
+    if args.passthrough && args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint")) {
+        bail!("--passthrough leaves the server outside the mesh, where no waypoint applies: drop waypoint from --modes");
+    }
+    let mut all = if args.passthrough { vec![Mode::Direct, Mode::L4] } else { vec![Mode::Direct, Mode::L4, Mode::Waypoint] };
     if let Some(r) = &args.reference {
         all.push(Mode::Reference(std::fs::canonicalize(r)?));
     }
@@ -376,7 +387,7 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
     let mut envs = Vec::new();
     for (i, m) in modes.iter().enumerate() {
         progress!("setting up {}", m.name());
-        let env = Env::start(m.clone(), i, bins).with_context(|| format!("set up {}", m.name()))?;
+        let env = Env::start(m.clone(), i, bins, plan.passthrough).with_context(|| format!("set up {}", m.name()))?;
         // Warm up: certificates, pooled HBONE connections, the waypoint's upstreams.
         load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500)).with_context(|| format!("{} warm-up", m.name()))?;
         envs.push(env);

@@ -113,7 +113,8 @@ impl Env {
         Ok(())
     }
 
-    pub fn start(mode: Mode, index: usize, bins: &Binaries) -> Result<Env> {
+    /// With `passthrough`, the server pod is no mesh workload and is not enrolled.
+    pub fn start(mode: Mode, index: usize, bins: &Binaries, passthrough: bool) -> Result<Env> {
         let prefix = netsim::prefix(&format!("bm{index}"));
         let topo = Topology::build(&prefix, &[2, 1])?;
         crate::cleanup::register_prefix(&prefix, &topo.bpffs);
@@ -129,17 +130,21 @@ impl Env {
             // `services` is required on every workload by Istio's parser (--reference-zds).
             netsim::workload(&topo, "n1p1", "client", ", services: {}"),
             netsim::workload(&topo, "n1p2", "waypoint", ", services: {}"),
-            netsim::workload(
-                &topo,
-                "n2p1",
-                "echo",
-                &format!(
-                    ", services: {{default/echo.default.svc.cluster.local: {{80: {}, {e}: {e}, {s}: {s}}}}}",
-                    server::HTTP_PORT,
-                    e = server::ECHO_PORT,
-                    s = server::SINK_PORT
+            if passthrough {
+                String::new()
+            } else {
+                netsim::workload(
+                    &topo,
+                    "n2p1",
+                    "echo",
+                    &format!(
+                        ", services: {{default/echo.default.svc.cluster.local: {{80: {}, {e}: {e}, {s}: {s}}}}}",
+                        server::HTTP_PORT,
+                        e = server::ECHO_PORT,
+                        s = server::SINK_PORT
+                    ),
                 )
-            ),
+            },
             server::HTTP_PORT,
             ECHO = server::ECHO_PORT,
             SINK = server::SINK_PORT,
@@ -159,7 +164,8 @@ impl Env {
                 std::fs::write(&l4, cfg.split("httpRoutes:").next().unwrap_or(&cfg))?;
                 for n in 1..=2 {
                     let name = format!("reference-zds-node{n}");
-                    let pods: Vec<_> = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| p.node == n).collect();
+                    let mesh_pods = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| !passthrough || p.name != srv.name);
+                    let pods: Vec<_> = mesh_pods.filter(|(p, _)| p.node == n).collect();
                     let (agent, c) = zds::start(&topo, &bins.ztunnel, p, &l4, n, &pods, &name)?;
                     helpers.push(agent);
                     proxies.push((name, c));
@@ -170,7 +176,7 @@ impl Env {
         if let Some(bin) = node_proxy {
             for n in 1..=2 {
                 let name = format!("{}-node{n}", if matches!(mode, Mode::Reference(_)) { "reference" } else { "ztunnel" });
-                let c = start_node_proxy(&topo, &bin, &cfg_path, n, &name)?;
+                let c = start_node_proxy(&topo, &bin, &cfg_path, n, &name, |p| !passthrough || p.name != srv.name)?;
                 proxies.push((name, c));
             }
             if !matches!(mode, Mode::Reference(_)) {
@@ -216,7 +222,7 @@ impl Env {
 
 /// Starts a node proxy with our ztunnel's command line (see docs/benchmarks.md for what a
 /// reference binary must accept) and waits for its readiness endpoint.
-fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &str) -> Result<Child> {
+fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &str, in_mesh: impl Fn(&netsim::Pod) -> bool) -> Result<Child> {
     let mut args = vec![
         "--local-xds-path".to_string(),
         cfg.display().to_string(),
@@ -226,7 +232,7 @@ fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &st
         topo.dir.join("ca").display().to_string(),
     ];
     args.extend(topo.capture_args(n));
-    for pod in topo.pods.iter().filter(|p| p.node == n && p.name != "n1p2") {
+    for pod in topo.pods.iter().filter(|p| p.node == n && p.name != "n1p2" && in_mesh(p)) {
         args.push("--pod".into());
         args.push(format!("{}={}", pod.name, pod.netns.path().display()));
     }

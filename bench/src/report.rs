@@ -71,7 +71,7 @@ pub fn markdown(res: &Results) -> String {
     if let Some(p) = &res.plan {
         let _ = writeln!(
             s,
-            "- plan: {} s per step ({} s warm-up), rates {:?} req/s on {} connections, max rate on {:?} connections, bulk {} MiB, {} connection workers, {} idle tunnels{}",
+            "- plan: {} s per step ({} s warm-up), rates {:?} req/s on {} connections, max rate on {:?} connections, bulk {} MiB, {} connection workers, {} idle tunnels{}{}",
             p.step_seconds,
             p.warmup_seconds,
             p.rates,
@@ -80,7 +80,8 @@ pub fn markdown(res: &Results) -> String {
             p.bulk_bytes >> 20,
             p.conn_rate_workers,
             p.idle_connections,
-            if p.quick { " (quick)" } else { "" }
+            if p.quick { " (quick)" } else { "" },
+            if p.passthrough { "; **passthrough**: the server outside the mesh, the client's node proxy relays plain TCP to it" } else { "" }
         );
     }
     let _ = writeln!(s, "- modes: {}\n", res.modes.join(", "));
