@@ -285,9 +285,23 @@ fn plan(a: &Args) -> Plan {
         max_rate_connections: vec![1, 32],
         bulk_bytes: a.bulk_mib.unwrap_or(if quick { 64 } else { 1024 }) << 20,
         conn_rate_workers: 4,
-        idle_connections: a.idle.unwrap_or(if quick { 500 } else { 10_000 }),
+        idle_connections: passthrough_fd_room(a.passthrough, a.idle.unwrap_or(if quick { 500 } else { 10_000 })),
         rounds: a.rounds as usize,
         passthrough: a.passthrough,
+    }
+}
+
+/// Passthrough: the client's node proxy holds two descriptors per idle connection (the
+/// app's and its own to the server) under the hard RLIMIT_NOFILE it inherits (20,000 on
+/// this machine, and raising it needs CAP_SYS_RESOURCE), so `n` is capped to fit.
+fn passthrough_fd_room(passthrough: bool, n: usize) -> usize {
+    let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) else { return n };
+    let room = usize::try_from(hard.saturating_sub(1024) / 2).unwrap_or(usize::MAX);
+    if passthrough && n > room {
+        progress!("passthrough: {room} idle connections instead of {n} (two descriptors each in one proxy; hard RLIMIT_NOFILE {hard})");
+        room
+    } else {
+        n
     }
 }
 
