@@ -90,6 +90,11 @@ struct Args {
     /// nothing. The waypoint mode needs a mesh server and is left out.
     #[arg(long)]
     passthrough: bool,
+    /// The client pod outside the mesh (no workload, not enrolled): it reaches the server
+    /// in plain TCP, which the server's node proxy captures (inbound plaintext) and
+    /// delivers from the client's address (TCP ⇄ TCP). The waypoint mode is left out.
+    #[arg(long, conflicts_with = "passthrough")]
+    plaintext_client: bool,
     /// Internal: run the server app in this netns (the bench starts itself this way).
     #[arg(long, hide = true)]
     serve: Option<PathBuf>,
@@ -140,8 +145,29 @@ pub struct Plan {
     pub conn_rate_workers: usize,
     pub idle_connections: usize,
     pub rounds: usize,
-    /// The server outside the mesh (`--passthrough`).
-    pub passthrough: bool,
+    /// The pod left outside the mesh, if any (`--passthrough`, `--plaintext-client`).
+    pub outside: Outside,
+}
+
+/// Which pod a run leaves outside the mesh: with the server outside, the client's node
+/// proxy relays plain TCP to it (outbound passthrough); with the client outside, the
+/// server's captures its plain TCP (inbound plaintext).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum Outside {
+    #[default]
+    None,
+    Server,
+    Client,
+}
+
+impl Outside {
+    fn from_args(a: &Args) -> Outside {
+        match (a.passthrough, a.plaintext_client) {
+            (true, _) => Outside::Server,
+            (_, true) => Outside::Client,
+            _ => Outside::None,
+        }
+    }
 }
 
 /// What the proxies (all ztunnels and the waypoint of a mode) used during one measurement.
@@ -285,20 +311,21 @@ fn plan(a: &Args) -> Plan {
         max_rate_connections: vec![1, 32],
         bulk_bytes: a.bulk_mib.unwrap_or(if quick { 64 } else { 1024 }) << 20,
         conn_rate_workers: 4,
-        idle_connections: passthrough_fd_room(a.passthrough, a.idle.unwrap_or(if quick { 500 } else { 10_000 })),
+        idle_connections: idle_fd_room(Outside::from_args(a), a.idle.unwrap_or(if quick { 500 } else { 10_000 })),
         rounds: a.rounds as usize,
-        passthrough: a.passthrough,
+        outside: Outside::from_args(a),
     }
 }
 
-/// Passthrough: the client's node proxy holds two descriptors per idle connection (the
-/// app's and its own to the server) under the hard RLIMIT_NOFILE it inherits (20,000 on
-/// this machine, and raising it needs CAP_SYS_RESOURCE), so `n` is capped to fit.
-fn passthrough_fd_room(passthrough: bool, n: usize) -> usize {
+/// With a pod outside the mesh, one node proxy holds both descriptors of each idle
+/// connection (the captured one and its own to the other pod) under the hard
+/// RLIMIT_NOFILE it inherits (20,000 on this machine, and raising it needs
+/// CAP_SYS_RESOURCE), so `n` is capped to fit.
+fn idle_fd_room(outside: Outside, n: usize) -> usize {
     let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) else { return n };
     let room = usize::try_from(hard.saturating_sub(1024) / 2).unwrap_or(usize::MAX);
-    if passthrough && n > room {
-        progress!("passthrough: {room} idle connections instead of {n} (two descriptors each in one proxy; hard RLIMIT_NOFILE {hard})");
+    if outside != Outside::None && n > room {
+        progress!("{outside:?} outside the mesh: {room} idle connections instead of {n} (two descriptors each in one proxy; hard RLIMIT_NOFILE {hard})");
         room
     } else {
         n
@@ -349,10 +376,12 @@ fn main() -> Result<()> {
         Some(Command::Scale { curves }) => return scale::main(args.quick, curves, &args.out, &bins),
         None => {}
     }
-    if args.passthrough && args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint")) {
-        bail!("--passthrough leaves the server outside the mesh, where no waypoint applies: drop waypoint from --modes");
+    let outside = Outside::from_args(&args);
+    if outside != Outside::None && args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint")) {
+        let flag = if outside == Outside::Server { "--passthrough" } else { "--plaintext-client" };
+        bail!("{flag} leaves a pod outside the mesh, where no waypoint applies: drop waypoint from --modes");
     }
-    let mut all = if args.passthrough { vec![Mode::Direct, Mode::L4] } else { vec![Mode::Direct, Mode::L4, Mode::Waypoint] };
+    let mut all = if outside != Outside::None { vec![Mode::Direct, Mode::L4] } else { vec![Mode::Direct, Mode::L4, Mode::Waypoint] };
     if let Some(r) = &args.reference {
         all.push(Mode::Reference(std::fs::canonicalize(r)?));
     }
@@ -401,7 +430,7 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
     let mut envs = Vec::new();
     for (i, m) in modes.iter().enumerate() {
         progress!("setting up {}", m.name());
-        let env = Env::start(m.clone(), i, bins, plan.passthrough).with_context(|| format!("set up {}", m.name()))?;
+        let env = Env::start(m.clone(), i, bins, plan.outside).with_context(|| format!("set up {}", m.name()))?;
         // Warm up: certificates, pooled HBONE connections, the waypoint's upstreams.
         load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500)).with_context(|| format!("{} warm-up", m.name()))?;
         envs.push(env);

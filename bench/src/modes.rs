@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use mesh_tests::netsim::{self, Child, Topology};
 use crate::server::{self, Server};
+use crate::Outside;
 
 mod zds;
 
@@ -113,12 +114,17 @@ impl Env {
         Ok(())
     }
 
-    /// With `passthrough`, the server pod is no mesh workload and is not enrolled.
-    pub fn start(mode: Mode, index: usize, bins: &Binaries, passthrough: bool) -> Result<Env> {
+    /// The pod `outside` names is no mesh workload and is not enrolled.
+    pub fn start(mode: Mode, index: usize, bins: &Binaries, outside: Outside) -> Result<Env> {
         let prefix = netsim::prefix(&format!("bm{index}"));
         let topo = Topology::build(&prefix, &[2, 1])?;
         crate::cleanup::register_prefix(&prefix, &topo.bpffs);
         let (client, wp, srv) = (topo.pod("n1p1"), topo.pod("n1p2"), topo.pod("n2p1"));
+        let in_mesh = |p: &netsim::Pod| match outside {
+            Outside::None => true,
+            Outside::Server => p.name != srv.name,
+            Outside::Client => p.name != client.name,
+        };
         // The connection-rate step leaves tens of thousands of TIME_WAIT sockets to one
         // destination; without reuse every later connect() scans for a free port, and
         // that cost would land on whichever step runs next.
@@ -128,9 +134,9 @@ impl Env {
             "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], \
              ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7_ROUTE}{L7_POLICY}",
             // `services` is required on every workload by Istio's parser (--reference-zds).
-            netsim::workload(&topo, "n1p1", "client", ", services: {}"),
+            if in_mesh(client) { netsim::workload(&topo, "n1p1", "client", ", services: {}") } else { String::new() },
             netsim::workload(&topo, "n1p2", "waypoint", ", services: {}"),
-            if passthrough {
+            if !in_mesh(srv) {
                 String::new()
             } else {
                 netsim::workload(
@@ -164,8 +170,7 @@ impl Env {
                 std::fs::write(&l4, cfg.split("httpRoutes:").next().unwrap_or(&cfg))?;
                 for n in 1..=2 {
                     let name = format!("reference-zds-node{n}");
-                    let mesh_pods = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| !passthrough || p.name != srv.name);
-                    let pods: Vec<_> = mesh_pods.filter(|(p, _)| p.node == n).collect();
+                    let pods: Vec<_> = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| p.node == n && in_mesh(p)).collect();
                     let (agent, c) = zds::start(&topo, &bins.ztunnel, p, &l4, n, &pods, &name)?;
                     helpers.push(agent);
                     proxies.push((name, c));
@@ -176,7 +181,7 @@ impl Env {
         if let Some(bin) = node_proxy {
             for n in 1..=2 {
                 let name = format!("{}-node{n}", if matches!(mode, Mode::Reference(_)) { "reference" } else { "ztunnel" });
-                let c = start_node_proxy(&topo, &bin, &cfg_path, n, &name, |p| !passthrough || p.name != srv.name)?;
+                let c = start_node_proxy(&topo, &bin, &cfg_path, n, &name, in_mesh)?;
                 proxies.push((name, c));
             }
             if !matches!(mode, Mode::Reference(_)) {

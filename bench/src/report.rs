@@ -81,7 +81,11 @@ pub fn markdown(res: &Results) -> String {
             p.conn_rate_workers,
             p.idle_connections,
             if p.quick { " (quick)" } else { "" },
-            if p.passthrough { "; **passthrough**: the server outside the mesh, the client's node proxy relays plain TCP to it" } else { "" }
+            match p.outside {
+                crate::Outside::None => "",
+                crate::Outside::Server => "; **passthrough**: the server outside the mesh, the client's node proxy relays plain TCP to it",
+                crate::Outside::Client => "; **plaintext client**: the client outside the mesh, the server's node proxy captures its plain TCP",
+            }
         );
     }
     let _ = writeln!(s, "- modes: {}\n", res.modes.join(", "));

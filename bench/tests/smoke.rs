@@ -81,29 +81,33 @@ fn rounds_alternate_the_order_and_report_medians() {
     assert!(stdout.contains("| max rate, 1 conn | ztunnel-l4 |"), "no max-rate median:\n{stdout}");
 }
 
-/// `--passthrough`: the server outside the mesh, the client's ztunnel relaying plain TCP;
-/// the waypoint mode, which needs a mesh server, is refused by name.
+/// `--passthrough` (the server outside the mesh, the client's ztunnel relaying plain TCP)
+/// and `--plaintext-client` (the client outside, the server's ztunnel capturing it); the
+/// waypoint mode, which needs both pods in the mesh, is refused by name.
 #[test]
-fn passthrough_runs_with_the_server_outside_the_mesh() {
+fn runs_with_a_pod_outside_the_mesh() {
     let bench = PathBuf::from(env!("CARGO_BIN_EXE_bench"));
-    let out = std::env::temp_dir().join(format!("bench-passthrough-{}", std::process::id()));
-    let run = Command::new(&bench)
-        .args(["--quick", "--passthrough", "--duration", "0.3", "--modes", "direct,l4", "--scenarios", "max,bulk", "--bulk-mib", "16", "--out"])
-        .arg(&out)
-        .output()
-        .expect("run bench");
-    let md = std::fs::read_to_string(out.join("results.md")).unwrap_or_default();
-    let json = std::fs::read_to_string(out.join("results.json")).unwrap_or_default();
-    let _ = std::fs::remove_dir_all(&out);
-    assert!(run.status.success(), "bench --passthrough failed ({}):\n{md}\n{}", run.status, String::from_utf8_lossy(&run.stderr));
-    assert!(md.contains("**passthrough**"), "results.md does not say the run was passthrough:\n{md}");
-    let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
-    let bulk = v["bulk"].as_array().expect("bulk rows").iter().find(|r| r["mode"] == "ztunnel-l4").expect("a ztunnel-l4 bulk row");
-    assert!(bulk["result"]["gbit_per_s"].as_f64().is_some_and(|g| g > 0.0), "{bulk}");
+    for (flag, said) in [("--passthrough", "**passthrough**"), ("--plaintext-client", "**plaintext client**")] {
+        let out = std::env::temp_dir().join(format!("bench-outside-{}", std::process::id()));
+        let run = Command::new(&bench)
+            .args(["--quick", flag, "--duration", "0.3", "--modes", "direct,l4", "--scenarios", "max,bulk,idle", "--bulk-mib", "16", "--idle", "50", "--out"])
+            .arg(&out)
+            .output()
+            .expect("run bench");
+        let md = std::fs::read_to_string(out.join("results.md")).unwrap_or_default();
+        let json = std::fs::read_to_string(out.join("results.json")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&out);
+        assert!(run.status.success(), "bench {flag} failed ({}):\n{md}\n{}", run.status, String::from_utf8_lossy(&run.stderr));
+        assert!(md.contains(said), "results.md does not say {said}:\n{md}");
+        let v: serde_json::Value = serde_json::from_str(&json).expect("valid JSON");
+        let row = |section: &str| v[section].as_array().and_then(|rows| rows.iter().find(|r| r["mode"] == "ztunnel-l4").cloned()).unwrap_or_default();
+        assert!(row("bulk")["result"]["gbit_per_s"].as_f64().is_some_and(|g| g > 0.0), "{flag}: {}", row("bulk"));
+        assert_eq!(row("idle")["result"]["established"].as_u64(), Some(50), "{flag}: {}", row("idle"));
 
-    let refused = Command::new(&bench).args(["--passthrough", "--modes", "waypoint", "--out"]).arg(&out).output().expect("run bench");
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success() && err.contains("no waypoint applies"), "{err}");
+        let refused = Command::new(&bench).args([flag, "--modes", "waypoint", "--out"]).arg(&out).output().expect("run bench");
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success() && err.contains(flag) && err.contains("no waypoint applies"), "{err}");
+    }
 }
 
 /// `bench capture --quick` and `bench l7 --quick`: one small round of each comparison

@@ -97,7 +97,7 @@ fn usage(env: &Env) -> (f64, f64) {
 }
 
 pub fn run(plan: &Plan, bins: &Binaries) -> Result<TunnelsCurve> {
-    let mut env = Env::start(Mode::L4, 0, bins, false).context("set up the L4 topology")?;
+    let mut env = Env::start(Mode::L4, 0, bins, crate::Outside::None).context("set up the L4 topology")?;
     // Every tunnel joins the same two addresses (one client pod, one echo port): with the
     // default range (32768-60999, connect() preferring even ports) the kernel's search
     // for a free source port grows long past ~10,000 connections, in the client and in
