@@ -84,14 +84,15 @@ async fn same_node_pod_to_pod() -> Result<()> {
 }
 
 /// The client closes first, so each delivery leaves the inbound ztunnel's side (from the
-/// client's address) in TIME_WAIT in the server pod. With the pod's ephemeral range cut to
-/// four ports, a fifth connection would find every port's tuple waiting if the kernel
-/// picked the port; ztunnel picks it and takes over its own TIME_WAIT tuples.
+/// client's address) in TIME_WAIT in the server pod. Deliveries come from the ports
+/// outside the pod's ephemeral range: with that range set to leave four (1024-1027), a
+/// fifth connection would find every port's tuple waiting if the kernel picked the port;
+/// ztunnel picks it and takes over its own TIME_WAIT tuples.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deliveries_outlast_the_pods_ephemeral_ports() -> Result<()> {
     let mesh = client_server_mesh("tw", &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
-    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40003"])?;
+    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=1028 65535"])?;
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     for i in 0..24u64 {
         let data = pattern(1024, i);
@@ -100,7 +101,7 @@ async fn deliveries_outlast_the_pods_ephemeral_ports() -> Result<()> {
     }
     let peers = echo.peers();
     assert_eq!(peers.len(), 24);
-    assert!(peers.iter().all(|p| p.ip() == client.ip && (40000..=40003).contains(&p.port())), "{peers:?}");
+    assert!(peers.iter().all(|p| p.ip() == client.ip && (1024..=1027).contains(&p.port())), "{peers:?}");
     Ok(())
 }
 
@@ -234,16 +235,17 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
-    // Two source ports for the proxy's deliveries into the pod (read on its first one),
-    // and a client that uses the first every time: a delivery from the client's address
-    // and port would reverse the tuple of the connection the proxy accepted, and hang.
-    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40001"])?;
+    // Two source ports for the proxy's deliveries into the pod (those outside its
+    // ephemeral range, read on its first one), and a client that uses the first every
+    // time: a delivery from the client's address and port would reverse the tuple of the
+    // connection the proxy accepted, and hang.
+    server.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=1026 65535"])?;
     assert_eq!(roundtrip(client, addr(server, 8080), b"plain").await?, b"plain");
     assert_eq!(echo.peers()[0].ip(), client.ip);
     mesh.wait_logs(&["connection_security_policy=\"unknown\""])?;
     let to = addr(server, 8080);
     for round in 0..12 {
-        let from = SocketAddr::new(client.ip, 40000);
+        let from = SocketAddr::new(client.ip, 1024);
         let s = client.netns.run(move || -> std::io::Result<std::net::TcpStream> {
             let s = socket2::Socket::new(socket2::Domain::for_address(to), socket2::Type::STREAM, None)?;
             // Takes over its own TIME_WAIT of the round before (TCP timestamps are on).
@@ -257,7 +259,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
         let echoed = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"same port")).await;
         assert!(matches!(&echoed, Ok(Ok(v)) if v == b"same port"), "round {round}, from {from}: {echoed:?}");
         let delivered = echo.peers().last().copied();
-        assert_eq!(delivered, Some(SocketAddr::new(client.ip, 40001)), "the delivery takes the port the client does not hold");
+        assert_eq!(delivered, Some(SocketAddr::new(client.ip, 1025)), "the delivery takes the port the client does not hold");
     }
     drop(echo);
     drop(mesh);
@@ -272,6 +274,39 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
     assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{r:?}");
     assert!(echo.peers().is_empty());
     mesh.wait_logs(&["response_flags=\"DENY\""])?;
+    Ok(())
+}
+
+/// A client outside the mesh holding connections to a mesh pod: its next connections come
+/// from its ephemeral ports, which the proxy's open deliveries from its address never
+/// take (they come from outside the pod's ephemeral range, the same as the client's
+/// here). From the same ten ports, a new connection of the client would meet an open
+/// delivery's port (its SYN taken by the app's side of that delivery) nearly every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_clients_new_ports_never_meet_open_deliveries() -> Result<()> {
+    let topo = Topology::build(&prefix("pp"), &[1, 1])?;
+    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", ""));
+    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
+    for pod in [client, server] {
+        pod.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40009"])?;
+    }
+    let echo = EchoServer::start(&server.netns, 8080, None)?;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let mut s = tokio::time::timeout(Duration::from_secs(5), client.netns.connect(addr(server, 8080)))
+            .await
+            .with_context(|| format!("connection {i} hung"))??;
+        let from = s.local_addr()?;
+        tokio::io::AsyncWriteExt::write_all(&mut s, b"x").await?;
+        let mut b = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut b)).await.with_context(|| format!("connection {i} from {from}: no echo"))??;
+        assert!((40000..=40009).contains(&from.port()), "the client's own port: {from}");
+        held.push(s);
+    }
+    let delivered = echo.peers();
+    assert_eq!(delivered.len(), 8);
+    assert!(delivered.iter().all(|p| p.ip() == client.ip && !(40000..=40009).contains(&p.port())), "{delivered:?}");
     Ok(())
 }
 

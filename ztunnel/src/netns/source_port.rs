@@ -8,6 +8,14 @@
 //! then fails. A port chosen here and bound explicitly may take over a TIME_WAIT tuple
 //! (the kernel allows it when the old connection used TCP timestamps, which protect the
 //! new one from its stray segments), so the cost stays flat at any rate.
+//!
+//! The port comes from outside the pod's ephemeral range. A client outside the mesh
+//! reaches the pod from its own ephemeral port, and a client on the cluster's nodes uses
+//! the same range as the pod (the kernel's default, 32768–60999, nearly everywhere). Were
+//! a delivery from that client's address open on port P, the client's next connection
+//! from P would find its SYN taken by the app's side of that delivery, and hang: with
+//! 9,000 deliveries open from one client, about one in three of its new connections did,
+//! through Istio's ztunnel as through ours when both picked from that range.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -24,8 +32,12 @@ pub const TRIES: usize = 8;
 /// where most of a narrow range is ruled out.
 const DRAWS: usize = 64;
 
+/// The lowest port a delivery comes from (below it, ports are privileged by convention).
+const LOWEST: u16 = 1024;
+
 /// A pod's ephemeral port range and the ports it reserves (`ip_local_port_range`,
-/// `ip_local_reserved_ports`): the ports the kernel itself would choose from.
+/// `ip_local_reserved_ports`): deliveries come from the ports outside the first and off
+/// the second (see the module's doc).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SourcePorts {
     range: RangeInclusive<u16>,
@@ -68,12 +80,20 @@ impl SourcePorts {
         Some(SourcePorts { range: low..=high, reserved: kept })
     }
 
-    /// A random port of the range that is neither reserved nor one `avoid` names; None
-    /// if the draws found only such ports (then the kernel chooses).
+    /// A random port from [`LOWEST`] up, outside the ephemeral range, neither reserved nor
+    /// one `avoid` names; None if the draws found only such ports or there are none (then
+    /// the kernel chooses).
     pub fn pick(&self, avoid: impl Fn(u16) -> bool) -> Option<u16> {
+        let (low, high) = (u32::from(*self.range.start()), u32::from(*self.range.end()));
+        let below = low.saturating_sub(u32::from(LOWEST));
+        let above = u32::from(u16::MAX) - high;
+        if below + above == 0 {
+            return None;
+        }
         let mut rng = rand::rng();
+        let port = |r: u32| if r < below { u32::from(LOWEST) + r } else { high + 1 + (r - below) };
         (0..DRAWS)
-            .map(|_| rng.random_range(self.range.clone()))
+            .filter_map(|_| u16::try_from(port(rng.random_range(0..below + above))).ok())
             .find(|p| !self.reserved.iter().any(|r| r.contains(p)) && !avoid(*p))
     }
 }
@@ -141,16 +161,26 @@ mod tests {
     }
 
     #[test]
-    fn a_pick_stays_in_the_range_and_off_reserved_ports() {
-        let p = SourcePorts::parse("1024 1030", "1024-1028").unwrap();
+    fn a_pick_stays_outside_the_ephemeral_range_and_off_reserved_ports() {
+        // Outside 1030-65533 from 1024 up: 1024-1029 and 65534-65535, of which 1024-1028
+        // are reserved.
+        let p = SourcePorts::parse("1030 65533", "1024-1028").unwrap();
+        let mut seen = std::collections::BTreeSet::new();
         for _ in 0..200 {
             let port = p.pick(|_| false);
-            assert!(matches!(port, None | Some(1029) | Some(1030)), "{port:?}");
-            assert!(matches!(p.pick(|p| p == 1029), None | Some(1030)), "a port to avoid is never picked");
+            assert!(matches!(port, None | Some(1029) | Some(65534) | Some(65535)), "{port:?}");
+            seen.extend(port);
+            assert!(matches!(p.pick(|p| p == 1029), None | Some(65534) | Some(65535)), "a port to avoid is never picked");
         }
-        assert!((0..20).any(|_| p.pick(|_| false).is_some()));
-        let all = SourcePorts::parse("1024 1025", "1024-1025").unwrap();
-        assert_eq!(all.pick(|_| false), None, "nothing to pick: the kernel chooses");
+        assert_eq!(seen.len(), 3, "both sides of the range are used: {seen:?}");
+        let default = SourcePorts::default();
+        assert!((0..200).filter_map(|_| default.pick(|_| false)).all(|p| p >= 1024 && !(32768..=60999).contains(&p)));
+        let none = SourcePorts::parse("1024 65535", "").unwrap();
+        assert_eq!(none.pick(|_| false), None, "nothing outside the range: the kernel chooses");
+        let all = SourcePorts::parse("1026 65535", "1024-1025").unwrap();
+        assert_eq!(all.pick(|_| false), None, "all reserved: the kernel chooses");
+        let low = SourcePorts::parse("1000 65534", "").unwrap();
+        assert_eq!(low.pick(|_| false), Some(65535), "never below 1024");
     }
 
     #[test]
