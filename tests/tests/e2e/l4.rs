@@ -20,6 +20,14 @@ fn client_server_mesh(tag: &str, env: &[(&str, &str)]) -> Result<Mesh> {
     Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), env)
 }
 
+/// Node 2 runs pod n2p1 (sa/server), enrolled; n1p1 on node 1 is outside the mesh (no
+/// workload, no capture) and reaches n2p1 in plain TCP, which n2p1's ztunnel captures.
+fn plaintext_client_mesh(tag: &str) -> Result<Mesh> {
+    let topo = Topology::build(&prefix(tag), &[1, 1])?;
+    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", ""));
+    Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])
+}
+
 async fn roundtrip(from: &Pod, to: SocketAddr, data: &[u8]) -> Result<Vec<u8>> {
     let mut s = from.netns.connect(to).await?;
     echo_roundtrip(&mut s, data).await
@@ -230,9 +238,7 @@ async fn wrong_server_identity_is_refused() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plaintext_client_to_mesh_pod() -> Result<()> {
     // n1p1 is not in the mesh (not enrolled, no capture); it reaches the mesh pod via 15006.
-    let topo = Topology::build(&prefix("t"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let mesh = plaintext_client_mesh("t")?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     // Two source ports for the proxy's deliveries into the pod (those outside its
@@ -284,9 +290,7 @@ async fn plaintext_client_to_mesh_pod() -> Result<()> {
 /// delivery's port (its SYN taken by the app's side of that delivery) nearly every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plaintext_clients_new_ports_never_meet_open_deliveries() -> Result<()> {
-    let topo = Topology::build(&prefix("pp"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}", workload(&topo, "n2p1", "server", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
+    let mesh = plaintext_client_mesh("pp")?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     for pod in [client, server] {
         pod.netns.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=40000 40009"])?;
