@@ -102,11 +102,12 @@ impl SourcePorts {
 /// plaintext keeps the client's address and the app's as its own). A delivery from such
 /// a client to the same destination must not take that client's port: its tuple would be
 /// the accepted socket's reversed, its SYN would land on that socket, and the connect
-/// would hang until its timeout (with 1 in 28,232 odds per connection from a random pick).
-/// Bounded by the pod's open connections; counted, as a closed connection's handler may
-/// still hold its entry when the client reuses the port. The converse, a client's kernel
-/// giving a new connection the port of one of our open deliveries from its address, is
-/// not ours to prevent: any proxy that keeps the client's address but not its port has it.
+/// would hang until its timeout (once in 28,232 plaintext connections while deliveries
+/// came from the clients' own range; now only a client whose port lies outside it can
+/// meet one). Bounded by the pod's open connections; counted, as a closed connection's
+/// handler may still hold its entry when the client reuses the port. The converse, a
+/// client's new connection from the port of an open delivery, is what picking outside
+/// the ephemeral range prevents (the module's doc).
 #[derive(Debug, Default)]
 pub struct AcceptedTuples(Mutex<HashMap<(SocketAddr, SocketAddr), u32>>);
 
