@@ -168,6 +168,15 @@ impl Outside {
             _ => Outside::None,
         }
     }
+
+    /// The flag that leaves the pod out, if one does.
+    fn flag(self) -> Option<&'static str> {
+        match self {
+            Outside::None => None,
+            Outside::Server => Some("--passthrough"),
+            Outside::Client => Some("--plaintext-client"),
+        }
+    }
 }
 
 /// What the proxies (all ztunnels and the waypoint of a mode) used during one measurement.
@@ -302,6 +311,7 @@ pub struct Results {
 
 fn plan(a: &Args) -> Plan {
     let quick = a.quick;
+    let outside = Outside::from_args(a);
     Plan {
         quick,
         step_seconds: a.duration.unwrap_or(if quick { 2.0 } else { 15.0 }),
@@ -311,9 +321,9 @@ fn plan(a: &Args) -> Plan {
         max_rate_connections: vec![1, 32],
         bulk_bytes: a.bulk_mib.unwrap_or(if quick { 64 } else { 1024 }) << 20,
         conn_rate_workers: 4,
-        idle_connections: idle_fd_room(Outside::from_args(a), a.idle.unwrap_or(if quick { 500 } else { 10_000 })),
+        idle_connections: idle_fd_room(outside, a.idle.unwrap_or(if quick { 500 } else { 10_000 })),
         rounds: a.rounds as usize,
-        outside: Outside::from_args(a),
+        outside,
     }
 }
 
@@ -377,8 +387,7 @@ fn main() -> Result<()> {
         None => {}
     }
     let outside = Outside::from_args(&args);
-    if outside != Outside::None && args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint")) {
-        let flag = if outside == Outside::Server { "--passthrough" } else { "--plaintext-client" };
+    if let Some(flag) = outside.flag().filter(|_| args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint"))) {
         bail!("{flag} leaves a pod outside the mesh, where no waypoint applies: drop waypoint from --modes");
     }
     let mut all = if outside != Outside::None { vec![Mode::Direct, Mode::L4] } else { vec![Mode::Direct, Mode::L4, Mode::Waypoint] };
