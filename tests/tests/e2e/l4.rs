@@ -843,7 +843,10 @@ async fn telemetry_names_the_service_and_lists_open_connections() -> Result<()> 
     for _ in 0..100 {
         scrapes = (http_get(mesh.topo.node(1), 15020, "/metrics").await?, http_get(mesh.topo.node(2), 15020, "/metrics").await?);
         let closed = |s: &str, r: &str| series(s, "istio_tcp_connections_closed_total", &[&[r][..], &labels[..]].concat()) == Some(1);
-        if closed(&scrapes.0, "reporter=\"source\"") && closed(&scrapes.1, "reporter=\"destination\"") {
+        // The socket gauge falls when the connection's task ends, just after the closed
+        // counter rises (its access log line is written between the two).
+        let released = scrapes.0.contains("istio_tcp_sockets_open{reporter=\"source\"} 0");
+        if closed(&scrapes.0, "reporter=\"source\"") && closed(&scrapes.1, "reporter=\"destination\"") && released {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
