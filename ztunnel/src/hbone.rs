@@ -1,5 +1,6 @@
 //! HBONE: TCP tunnelled as HTTP/2 CONNECT streams inside mTLS, port 15008.
 
+pub mod batch;
 pub mod client;
 pub mod error;
 pub mod guard;

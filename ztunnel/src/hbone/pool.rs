@@ -180,6 +180,7 @@ impl Pool {
             .connect(key.dst, None, self.inner.connect_timeout)
             .await
             .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
+        let (tcp, flusher) = super::batch::BatchedTcp::new(tcp);
         let Handshaken { send, mut connection, revoked } =
             super::client::handshake(tcp, &peer, key.dst.ip(), &cert, key.dst_identities.clone(), self.inner.crls.as_ref()).await?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
@@ -196,7 +197,7 @@ impl Pool {
         let pool = self.clone();
         let key = key.clone();
         tokio::spawn(
-            async move {
+            super::batch::flushing(async move {
                 tokio::select! {
                     r = connection => if let Err(e) = r { tracing::debug!(error = %e, "HBONE connection ended") },
                     _ = keepalive(ping) => tracing::debug!("HBONE connection failed its keepalive ping"),
@@ -211,7 +212,7 @@ impl Pool {
                     c.closed.store(true, Ordering::Release);
                 }
                 pool.forget(&key, id);
-            }
+            }, flusher)
             .instrument(tracing::debug_span!("hbone_pool_conn", conn = id)),
         );
         Ok(conn)

@@ -15,6 +15,7 @@ use rustls_pki_types::CertificateDer;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::hbone::batch::{BatchedTcp, Flusher};
 use crate::hbone::guard::FrameGuard;
 use crate::identity::Identity;
 use crate::metrics::Metrics;
@@ -36,8 +37,14 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// After the GOAWAY for a revoked peer, how long it may take to go out before the socket closes.
 const REVOKED_FLUSH: Duration = Duration::from_millis(100);
 
-/// The connection a peer gets once both handshakes are done.
-pub type Connection = h2::server::Connection<FrameGuard<tokio_rustls::server::TlsStream<TcpStream>>, Bytes>;
+/// HTTP/2 over TLS over the batched socket.
+type H2Connection = h2::server::Connection<FrameGuard<tokio_rustls::server::TlsStream<BatchedTcp>>, Bytes>;
+
+/// The connection a peer gets once both handshakes are done, and what writes out its batches.
+pub struct Connection {
+    h2: H2Connection,
+    flusher: Flusher,
+}
 
 /// Bounds handshakes in flight, in total and per source.
 #[derive(Debug)]
@@ -176,6 +183,7 @@ impl Server {
         keep_chain: bool,
     ) -> Option<(Connection, Identity, Vec<CertificateDer<'static>>)> {
         let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        let (stream, flusher) = BatchedTcp::new(stream);
         let mut tls = match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(t)) => t,
             Ok(Err(e)) => {
@@ -221,7 +229,7 @@ impl Server {
             }
         };
         drop(permit);
-        Some((conn, src_identity, chain))
+        Some((Connection { h2: conn, flusher }, src_identity, chain))
     }
 
     /// Accepts streams and hands each to `on_stream` until the connection ends. On
@@ -239,7 +247,21 @@ impl Server {
     /// streams are reset rather than left to finish.
     pub async fn serve_with<F>(
         &self,
-        mut conn: Connection,
+        conn: Connection,
+        drain: &crate::drain::Drain,
+        src_identity: &Identity,
+        revoked: impl std::future::Future<Output = ()>,
+        on_stream: F,
+    ) where
+        F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
+    {
+        let Connection { h2, flusher } = conn;
+        super::batch::flushing(self.serve_h2(h2, drain, src_identity, revoked, on_stream), flusher).await
+    }
+
+    async fn serve_h2<F>(
+        &self,
+        mut conn: H2Connection,
         drain: &crate::drain::Drain,
         src_identity: &Identity,
         revoked: impl std::future::Future<Output = ()>,
