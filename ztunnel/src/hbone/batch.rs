@@ -303,6 +303,23 @@ mod tests {
         io
     }
 
+    /// A [`connection`] driven by [`flushing`] on a runtime task: what sends it chunks, its
+    /// peer, its writer (to look at) and its task.
+    struct Driven {
+        tx: tokio::sync::mpsc::UnboundedSender<Vec<u8>>,
+        peer: TcpStream,
+        counter: Arc<Mutex<Writer>>,
+        conn: tokio::task::JoinHandle<BatchedTcp>,
+    }
+
+    async fn driven() -> Driven {
+        let (io, flusher, peer) = pair().await;
+        let counter = Arc::clone(&flusher.0);
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let conn = tokio::spawn(flushing(connection(io, rx), flusher));
+        Driven { tx, peer, counter, conn }
+    }
+
     fn socket_writes(f: &Flusher) -> usize {
         lock(&f.0).socket_writes
     }
@@ -320,10 +337,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn writes_of_streams_woken_in_one_turn_leave_in_one_socket_write() {
-        let (io, flusher, mut peer) = pair().await;
-        let counter = Arc::clone(&flusher.0);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let conn = tokio::spawn(flushing(connection(io, rx), flusher));
+        let Driven { tx, mut peer, counter, conn } = driven().await;
         // Three "streams", each woken by the same task in one poll (as one read of the
         // pods' sockets wakes several relays), each handing the connection its chunk.
         let mut wakers = Vec::new();
@@ -357,10 +371,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_lone_write_per_turn_stops_waiting_for_the_turns_end() {
-        let (io, flusher, mut peer) = pair().await;
-        let counter = Arc::clone(&flusher.0);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let conn = tokio::spawn(flushing(connection(io, rx), flusher));
+        let Driven { tx, mut peer, counter, conn } = driven().await;
         // One request at a time (one busy stream): each batch gathers one write, and every
         // chunk still goes out, in order, before the next is sent.
         for i in 0..40u8 {
@@ -376,10 +387,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_peer_that_does_not_read_holds_the_writer_at_the_limit() {
-        let (io, flusher, mut peer) = pair().await;
-        let counter = Arc::clone(&flusher.0);
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let conn = tokio::spawn(flushing(connection(io, rx), flusher));
+        let Driven { tx, mut peer, counter, conn } = driven().await;
         const CHUNK: usize = 1000;
         let total = 40 * 1024 * 1024 / CHUNK;
         for i in 0..total {
