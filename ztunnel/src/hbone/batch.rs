@@ -199,19 +199,37 @@ impl AsyncWrite for BatchedTcp {
 ///
 /// When `connection` ends, what is kept is written if the socket takes it at once (a
 /// normal close has written everything already: h2 shuts the socket down, which drains).
-pub async fn flushing<F: Future>(connection: F, flusher: Flusher) -> F::Output {
+pub fn flushing<F: Future>(connection: F, flusher: Flusher) -> Flushing<F> {
     lock(&flusher.0).batching = true;
-    let mut connection = std::pin::pin!(connection);
     let turn = Arc::new(TurnEnd::default());
-    let turn_waker = Waker::from(turn.clone());
-    let mut batch = Batch::default();
-    std::future::poll_fn(|cx| {
-        let out = connection.as_mut().poll(cx);
-        let mut w = lock(&flusher.0);
+    Flushing { connection, flusher, turn_waker: Waker::from(turn.clone()), turn, batch: Batch::default() }
+}
+
+pin_project_lite::pin_project! {
+    /// [`flushing`]'s future: the connection's own, held in place (an `async fn` would keep
+    /// its argument and its pinned copy, twice the connection's state).
+    pub struct Flushing<F> {
+        #[pin]
+        connection: F,
+        flusher: Flusher,
+        turn: Arc<TurnEnd>,
+        turn_waker: Waker,
+        batch: Batch,
+    }
+}
+
+impl<F: Future> Future for Flushing<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let out = this.connection.poll(cx);
+        let mut w = lock(&this.flusher.0);
         if out.is_ready() {
             let _ = w.poll_drain(cx);
             return out;
         }
+        let (batch, turn) = (this.batch, this.turn);
         let kept = w.kept();
         if kept == 0 {
             batch.open = false;
@@ -234,11 +252,11 @@ pub async fn flushing<F: Future>(connection: F, flusher: Flusher) -> F::Output {
         } else if batch.skip > 0 {
             batch.skip -= 1;
         } else {
-            batch = Batch { open: true, kept, writes: 1, skip: 0 };
+            *batch = Batch { open: true, kept, writes: 1, skip: 0 };
             turn.over.store(false, Ordering::Release);
             turn.task.register(cx.waker());
             // Its first poll hands `turn_waker` to the runtime to wake at the turn's end.
-            let _ = std::pin::pin!(tokio::task::yield_now()).poll(&mut Context::from_waker(&turn_waker));
+            let _ = std::pin::pin!(tokio::task::yield_now()).poll(&mut Context::from_waker(this.turn_waker));
             return Poll::Pending;
         }
         if let Poll::Ready(Err(_)) = w.poll_drain(cx) {
@@ -246,8 +264,7 @@ pub async fn flushing<F: Future>(connection: F, flusher: Flusher) -> F::Output {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
-    })
-    .await
+    }
 }
 
 /// Batches written out at once after one that gathered a single write.

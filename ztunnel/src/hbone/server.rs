@@ -3,6 +3,7 @@
 //! after (an HTTP/2 connection with no stream is closed once idle).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -235,28 +236,31 @@ impl Server {
     /// Accepts streams and hands each to `on_stream` until the connection ends. On
     /// `drain` it sends GOAWAY and lets open streams finish; with no stream open for the
     /// idle timeout it sends GOAWAY and closes. Protocol abuse is logged and counted.
-    pub async fn serve<F>(&self, conn: Connection, drain: &crate::drain::Drain, src_identity: &Identity, on_stream: F)
+    // Not `async fn`s, here and in `serve_with`: those would keep the connection, their
+    // argument, beside the future it moves into (twice its HTTP/2 and TLS state).
+    pub fn serve<'a, F>(&'a self, conn: Connection, drain: &'a crate::drain::Drain, src_identity: &'a Identity, on_stream: F) -> impl Future<Output = ()> + 'a
     where
-        F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
+        F: FnMut(Request<RecvStream>, SendResponse<Bytes>) + 'a,
     {
-        self.serve_with(conn, drain, src_identity, std::future::pending(), on_stream).await
+        self.serve_with(conn, drain, src_identity, std::future::pending(), on_stream)
     }
 
     /// [`Server::serve`], and when `revoked` resolves (a CRL reload revoked the peer's
     /// certificate) the connection is closed at once: GOAWAY, then the socket, so its
     /// streams are reset rather than left to finish.
-    pub async fn serve_with<F>(
-        &self,
+    pub fn serve_with<'a, F>(
+        &'a self,
         conn: Connection,
-        drain: &crate::drain::Drain,
-        src_identity: &Identity,
-        revoked: impl std::future::Future<Output = ()>,
+        drain: &'a crate::drain::Drain,
+        src_identity: &'a Identity,
+        revoked: impl Future<Output = ()> + 'a,
         on_stream: F,
-    ) where
-        F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
+    ) -> impl Future<Output = ()> + 'a
+    where
+        F: FnMut(Request<RecvStream>, SendResponse<Bytes>) + 'a,
     {
         let Connection { h2, flusher } = conn;
-        super::batch::flushing(self.serve_h2(h2, drain, src_identity, revoked, on_stream), flusher).await
+        super::batch::flushing(self.serve_h2(h2, drain, src_identity, revoked, on_stream), flusher)
     }
 
     async fn serve_h2<F>(
@@ -264,7 +268,7 @@ impl Server {
         mut conn: H2Connection,
         drain: &crate::drain::Drain,
         src_identity: &Identity,
-        revoked: impl std::future::Future<Output = ()>,
+        revoked: impl Future<Output = ()>,
         mut on_stream: F,
     ) where
         F: FnMut(Request<RecvStream>, SendResponse<Bytes>),
