@@ -338,7 +338,7 @@ fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize
          - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{9100: 9100}}}}\n\
          - {{name: collector, namespace: default, hostname: collector.default.svc.cluster.local, vips: [\"/10.96.0.31\"], ports: {{4317: 4317}}}}\n{}",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(
             &topo,
             "n2p1",

@@ -135,7 +135,7 @@ impl Env {
              ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7_ROUTE}{L7_POLICY}",
             // `services` is required on every workload by Istio's parser (--reference-zds).
             if in_mesh(client) { netsim::workload(&topo, "n1p1", "client", ", services: {}") } else { String::new() },
-            netsim::workload(&topo, "n1p2", "waypoint", ", services: {}"),
+            netsim::waypoint_workload(&topo, "n1p2", "waypoint", ", services: {}"),
             if !in_mesh(srv) {
                 String::new()
             } else {

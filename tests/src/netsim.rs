@@ -802,10 +802,20 @@ fn release(prefix: &str) {
 /// Workload YAML for a pod (all its addresses); uid = pod name; its node's network, if the
 /// topology has several.
 pub fn workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
+    workload_with_protocol(topo, pod, sa, "HBONE", extra)
+}
+
+/// Workload YAML for a waypoint pod as istiod describes Istio's: not captured, so its
+/// protocol is TCP (ztunnel still reaches it over HBONE on its `hboneMtlsPort`).
+pub fn waypoint_workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> String {
+    workload_with_protocol(topo, pod, sa, "TCP", extra)
+}
+
+fn workload_with_protocol(topo: &Topology, pod: &str, sa: &str, protocol: &str, extra: &str) -> String {
     let p = topo.pod(pod);
     let network = topo.networks.get(p.node - 1).map(|n| format!(", network: {n}")).unwrap_or_default();
     format!(
-        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: {}, protocol: HBONE, node: node{}{network}{extra}}}\n",
+        "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: {}, protocol: {protocol}, node: node{}{network}{extra}}}\n",
         ips_yaml(&p.ips),
         p.node
     )

@@ -51,7 +51,7 @@ async fn main() -> Result<()> {
 policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n  action: Allow\n  rules:\n  - - - principals: [{{Exact: cluster.local/ns/default/sa/sleep}}, {{Exact: cluster.local/ns/default/sa/waypoint}}]\n",
         workload(&topo, "n1p1", "sleep", ""),
         workload(&topo, "n1p2", "intruder", ""),
-        workload(&topo, "n1p3", "waypoint", ""),
+        waypoint_workload(&topo, "n1p3", "waypoint", ""),
         workload(&topo, "n2p1", "echo", &svc("v1")),
         workload(&topo, "n2p2", "echo", &svc("v2")),
     );

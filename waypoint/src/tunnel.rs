@@ -43,8 +43,9 @@ fn l4_backend(cfg: &Config, me: &Workload, target: SocketAddr, tcp_route: Option
     if let Some(svc) = state.service_by_vip(network::get(), target.ip()) {
         return Some(Backend::service(cfg, &from, svc, target.port(), None));
     }
+    // A workload outside the mesh (TCP) behind this waypoint is reached in plaintext.
     let wl = state.workload_by_ip(network::get(), target.ip())?;
-    (wl.protocol == MeshProtocol::HBONE).then(|| Backend::workload(target, wl.clone()))
+    Some(Backend::workload(target, wl.clone()))
 }
 
 /// Whether this waypoint serves `target`: a service (by VIP) or workload whose
@@ -60,7 +61,6 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
         Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
             .workload_by_ip(network::get(), target.ip())
-            .filter(|w| w.protocol == MeshProtocol::HBONE)
             .and_then(|w| w.waypoint.as_ref())
             .is_some_and(|gw| state.is_waypoint(gw, &me.identity())),
     }

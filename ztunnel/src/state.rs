@@ -142,7 +142,11 @@ impl MeshState {
 
     /// The waypoint workload behind a GatewayAddress, for a client in `src_network`: the
     /// workload at that IP, or an endpoint of the service with that VIP or hostname
-    /// (picked by capacity among those reachable from there).
+    /// (picked by capacity among those reachable from there). As Istio's ztunnel
+    /// (`load_balance` in waypoint mode): whatever the workload's own protocol, since a
+    /// waypoint is reached over HBONE on `hbone_mtls_port` and istiod describes Istio's
+    /// waypoint pods, which are not captured, as TCP; an endpoint counts when the
+    /// waypoint Service lists that port, or when it takes an application tunnel.
     pub fn waypoint_workload(&self, gw: &GatewayAddress, src_network: &str) -> Option<Arc<Workload>> {
         let svc = match &gw.destination {
             GatewayDestination::Address(a) => {
@@ -153,19 +157,14 @@ impl MeshState {
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let eps = self.usable_hbone_endpoints(svc, gw.hbone_mtls_port, src_network);
-        // The waypoint Service may not list the HBONE port; any of its workloads will do.
-        let eps = if eps.is_empty() {
-            self.endpoints
-                .get(&svc.namespaced_hostname())
-                .map(|v| {
-                    v.values()
-                        .filter(|w| w.status == HealthStatus::Healthy && w.protocol == Protocol::HBONE)
-                        .map(|w| (w.clone(), gw.hbone_mtls_port))
-                        .collect()
-                })
-                .unwrap_or_default()
+        let eps = if svc.ports.contains_key(&gw.hbone_mtls_port) {
+            self.usable_endpoints(svc, gw.hbone_mtls_port, src_network)
         } else {
+            // Not a port of the Service: the ztunnel in front of an application tunnel
+            // takes it (Istio's sandwich), so only such workloads qualify.
+            let all = self.endpoints.get(&svc.namespaced_hostname()).map(|v| v.values().map(|w| (w.clone(), gw.hbone_mtls_port)).collect()).unwrap_or_default();
+            let mut eps = self.usable(svc, all, src_network);
+            eps.retain(|(w, _)| w.application_tunnel.is_some());
             eps
         };
         pick_weighted(&eps).map(|(w, _)| w)
@@ -269,7 +268,11 @@ impl MeshState {
     /// gateway to go through (Istio's remote endpoints have no address). One with none
     /// could never be connected to; a gateway is never used within its own network.
     pub fn usable_endpoints(&self, svc: &Service, service_port: u16, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
-        let mut eps = self.endpoints_for(svc, service_port);
+        self.usable(svc, self.endpoints_for(svc, service_port), src_network)
+    }
+
+    /// Of `eps` (endpoints of `svc`), the usable ones (see `usable_endpoints`).
+    fn usable(&self, svc: &Service, mut eps: Vec<(Arc<Workload>, u16)>, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
         let allow_all = svc.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
         let reachable = |w: &Workload| w.has_address() || (w.network != src_network && w.network_gateway.is_some());
         eps.retain(|(w, _)| (allow_all || w.status == HealthStatus::Healthy) && reachable(w));

@@ -10,6 +10,8 @@ use mesh_tests::jwt::{b64url, es256_key, rs256_key, sign};
 use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
 use mesh_tests::netsim::*;
 
+mod istio_shape;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     let topo = Topology::build(&prefix("w"), &[2, 1])?;
@@ -20,7 +22,7 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
          - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\", hboneMtlsPort: 15008}}}}\n\
          - {{name: lost, namespace: default, hostname: lost.default.svc.cluster.local, vips: [\"/10.96.0.11\"], ports: {{80: 8080}}, waypoint: {{destination: \"/10.10.9.9\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(&topo, "n2p1", "echo", &svc.replace("{80: 8080}}", "{80: 8080}, default/lost.default.svc.cluster.local: {80: 8080}}")),
     );
     // The waypoint pod is not enrolled: it speaks HBONE itself.
@@ -105,7 +107,7 @@ async fn an_ipv6_only_waypoint_carries_service_traffic() -> Result<()> {
         "workloads:\n{}{}{}services:\n\
          - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/fd00:96::10\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
     );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
@@ -144,7 +146,7 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
          - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}}}\n\
          policies:\n- {{name: only-waypoint, namespace: default, scope: WorkloadSelector, action: Allow, rules: [[[{{principals: [{{Exact: cluster.local/ns/default/sa/waypoint}}]}}]]]}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(&topo, "n2p1", "echo", &format!("{behind}, services: {{default/echo.default.svc.cluster.local: {{80: 8080}}}}")),
         workload(&topo, "n2p2", "locked", &format!("{behind}, authorizationPolicies: [default/only-waypoint]")),
     );
@@ -218,8 +220,8 @@ async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_wayp
             weightedWaypoints: [{{destination: {{destination: \"/{wp_ip}\"}}, weight: 1}}, {{destination: {{destination: \"/{canary_ip}\"}}, weight: 1}}]}}\n\
          - {{name: direct, namespace: default, hostname: direct.default.svc.cluster.local, vips: [\"/10.96.0.11\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
-        workload(&topo, "n1p3", "waypoint-canary", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p3", "waypoint-canary", ""),
         workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/direct.default.svc.cluster.local: {80: 8080}}"),
     );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
@@ -444,7 +446,7 @@ impl L7Mesh {
              - {{name: echo-v2, namespace: default, hostname: echo-v2.default.svc.cluster.local, vips: [\"/10.96.0.22\"], ports: {{80: 8080, 9000: 9000}}}}\n\
              - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{8000: 8000, 8001: 8001, 9100: 9100}}}}\n",
             workload(topo, "n1p1", "client", ""),
-            workload(topo, "n1p2", "waypoint", ""),
+            waypoint_workload(topo, "n1p2", "waypoint", ""),
             workload(topo, "n1p3", "echo", &format!("{v2}, labels: {{app: echo, version: v2}}")),
             workload(topo, "n2p1", "echo", &format!("{both_authz}, labels: {{app: echo, version: v1}}")),
             workload(topo, "n2p2", "echo", &format!("{both}, labels: {{app: echo, version: v1}}")),
@@ -838,7 +840,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     let cart = "cart.shop.svc.cluster.local";
     istiod.update(|r| {
         r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
-        r.set_workload(pod_workload("n1p2", topo.pod("n1p2").ip, 1, "waypoint", &[(wp, 15008, 15008)]));
+        // As istiod describes Istio's waypoint pod: not captured, so TCP.
+        let mut w = pod_workload("n1p2", topo.pod("n1p2").ip, 1, "waypoint", &[(wp, 15008, 15008)]);
+        w.tunnel_protocol = pb::TunnelProtocol::None as i32;
+        r.set_workload(w);
         r.set_workload(pod_workload("n1p3", topo.pod("n1p3").ip, 1, "echo", &[(echo, 80, 8080), (v2, 80, 8080)]));
         r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(echo, 80, 8080), (v1, 80, 8080), (&format!("shop/{cart}"), 80, 8080)]));
         let via_waypoint = Some(pb::GatewayAddress {
@@ -1386,7 +1391,7 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
          - {{name: web, namespace: default, hostname: web.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{80: 8080}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
          - {{name: web-h2, namespace: default, hostname: web-h2.default.svc.cluster.local, vips: [\"/10.96.0.31\"], ports: {{80: 8081}}, appProtocols: {{80: HTTP2}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(&topo, "n2p1", "web", ", services: {default/web.default.svc.cluster.local: {80: 8080}, default/web-h2.default.svc.cluster.local: {80: 8081}}"),
     );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
@@ -1540,7 +1545,7 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
          - {{name: ws, namespace: default, hostname: ws.default.svc.cluster.local, vips: [\"/10.96.0.40\"], ports: {{80: 8080}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
          - {{name: ws-h2, namespace: default, hostname: ws-h2.default.svc.cluster.local, vips: [\"/10.96.0.41\"], ports: {{80: 8081}}, appProtocols: {{80: HTTP2}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(&topo, "n2p1", "ws", ", services: {default/ws.default.svc.cluster.local: {80: 8080}, default/ws-h2.default.svc.cluster.local: {80: 8081}}"),
     );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;

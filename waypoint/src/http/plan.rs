@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, StatusCode, Uri};
 use ztunnel::identity::Identity;
-use ztunnel::state::{Protocol as MeshProtocol, Service};
+use ztunnel::state::Service;
 
 use super::backend::{Backend, Origin};
 use super::headers::{authority, set_trusted_headers, strip_hop_by_hop, strip_port};
@@ -411,8 +411,8 @@ fn plan_request<'c>(
         None => match &target_service {
             Some(svc) => Backend::service(cfg, &from, svc, tunnel.target.port(), None),
             None => match cfg.state.workload_by_ip(crate::network::get(), tunnel.target.ip()) {
-                Some(w) if w.protocol == MeshProtocol::HBONE => Backend::workload(tunnel.target, w.clone()),
-                _ => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
+                Some(w) => Backend::workload(tunnel.target, w.clone()),
+                None => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
             },
         },
     };

@@ -162,7 +162,7 @@ fn via_waypoint(
         return None;
     }
     let Some(wp) = state.waypoint_workload(gw, &src_wl.network) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (no healthy HBONE workload)", gw.destination)));
+        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (no healthy workload)", gw.destination)));
     };
     if wp.network != src_wl.network {
         return Some(match service {
@@ -238,15 +238,18 @@ fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, ds
             (_, None) => Route::NoHealthyEndpoint(format!("{} (endpoint {} has no address of the service's IP families)", svc.namespaced_hostname(), wl.uid)),
         };
     }
-    match state.workload_by_ip(network, dst.ip()) {
-        Some(wl) if wl.protocol == Protocol::HBONE => {
-            if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, src_wl, src, gw, dst, None)) {
-                return r;
-            }
-            // Dialed by address: that address.
-            hbone_at(state, wl, dst.ip(), dst.port(), None)
-        }
-        _ => Route::Passthrough(dst),
+    let Some(wl) = state.workload_by_ip(network, dst.ip()) else {
+        return Route::Passthrough(dst);
+    };
+    // A workload's waypoint whatever the workload's protocol, as Istio's ztunnel: one
+    // that is not captured (TCP) is still behind it.
+    if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, src_wl, src, gw, dst, None)) {
+        return r;
+    }
+    match wl.protocol {
+        // Dialed by address: that address.
+        Protocol::HBONE => hbone_at(state, wl, dst.ip(), dst.port(), None),
+        Protocol::TCP => Route::Passthrough(dst),
     }
 }
 

@@ -136,3 +136,45 @@ fn a_weighted_set_is_picked_by_weight_else_the_primary() {
     assert_eq!(pick_waypoint(echo), echo.waypoint.as_ref());
     assert_eq!(pick_waypoint(st.service_by_vip("", ip("10.96.0.11")).unwrap()), None);
 }
+
+/// Istio's waypoint as istiod describes it: its pod is not captured, so its workload is
+/// TCP; its Service lists the HBONE port 15008 (Istio's waypoint template).
+fn istio_waypoint(wp_extra: &str, extra: &str, svc_ports: &str) -> MeshState {
+    let workloads: Vec<Workload> = serde_yaml::from_str(&format!(
+        "- {{uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: TCP,
+   services: {{default/waypoint.default.svc.cluster.local: {{15008: 15008, 15021: 15021}}}}{wp_extra}}}
+- {{uid: client, name: client, namespace: default, serviceAccount: sleep, workloadIps: [10.0.0.1], protocol: HBONE}}
+{extra}"
+    ))
+    .unwrap();
+    let services: Vec<Service> = serde_yaml::from_str(&format!(
+        "- {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [/10.96.0.99], ports: {svc_ports}}}"
+    ))
+    .unwrap();
+    MeshState::build(workloads, services, Vec::new()).unwrap()
+}
+
+#[test]
+fn a_waypoint_is_reached_whatever_its_workloads_protocol() {
+    let st = istio_waypoint("", "", "{15008: 15008, 15021: 15021}");
+    for d in ["default/waypoint.default.svc.cluster.local", "/10.96.0.99", "/10.0.0.9"] {
+        let mut g = gw(d);
+        g.hbone_mtls_port = 15008;
+        assert_eq!(st.waypoint_workload(&g, "").map(|w| w.uid.0.clone()).as_deref(), Some("wp"), "{d}");
+        assert!(st.is_waypoint(&g, &wl(&st, "wp").identity()), "{d}");
+    }
+}
+
+#[test]
+fn an_unhealthy_waypoint_or_one_its_service_gives_no_hbone_port_is_not_picked() {
+    let by_name = gw("default/waypoint.default.svc.cluster.local");
+    // Only healthy endpoints, as Istio's ztunnel.
+    let st = istio_waypoint(", status: Unhealthy", "", "{15008: 15008, 15021: 15021}");
+    assert!(st.waypoint_workload(&by_name, "").is_none());
+    // The Service does not list the HBONE port: only a workload that takes an
+    // application tunnel qualifies (Istio's `load_balance` in waypoint mode).
+    let st = istio_waypoint("", "", "{15021: 15021}");
+    assert!(st.waypoint_workload(&by_name, "").is_none());
+    let st = istio_waypoint(", applicationTunnel: {protocol: PROXY, port: 15088}", "", "{15021: 15021}");
+    assert_eq!(st.waypoint_workload(&by_name, "").map(|w| w.uid.0.clone()).as_deref(), Some("wp"));
+}
