@@ -8,6 +8,7 @@ pub mod fake_kube;
 pub mod h2_raw;
 pub mod hbone_peer;
 pub mod http_app;
+pub mod istio_xds;
 pub mod json_schema;
 pub mod jwt;
 pub mod netsim;

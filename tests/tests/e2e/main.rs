@@ -5,6 +5,7 @@ mod dns;
 mod ebpf_maps;
 mod enrollment;
 mod hostile;
+mod istio;
 mod l4;
 mod waypoint;
 mod xds;

@@ -1,0 +1,261 @@
+//! Our ztunnel under Istio's own control plane: istiod's discovery server with its
+//! ambient index (tests/src/istio_xds.rs, a Go program on Istio's module) turns
+//! Kubernetes objects (Pods, Services, a Gateway, AuthorizationPolicies) into the
+//! workloads, services and policies our ztunnels receive. The fake istiod
+//! (tests/src/fake_istiod.rs) serves only the CA here. What this catches that the xds
+//! suite cannot: resources istiod really sends (and how: uids, TCP waypoints, hostname
+//! waypoint addresses, policy names) that our own fake never would.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use mesh_tests::fake_istiod::{http_get, FakeIstiod, ISTIOD, TOKEN};
+use mesh_tests::istio_xds::*;
+use mesh_tests::netsim::*;
+use mesh_tests::{bins, http_app};
+
+const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
+const ECHO_ID: &str = "spiffe://cluster.local/ns/default/sa/echo";
+const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
+const ECHO_VIP: &str = "10.96.0.10";
+/// Pods in the mesh carry this (istio-cni sets it once it captured the pod): istiod
+/// then describes them as HBONE workloads.
+const CAPTURED: (&str, &str) = ("ambient.istio.io/redirection", "enabled");
+
+/// A topology whose ztunnels take their state from Istio's discovery server.
+struct IstioMesh {
+    // Dropped in this order: Istio's server, then the CA, then the ztunnels and the
+    // topology (whose netns the two servers run in).
+    istio: IstioXds,
+    ca: FakeIstiod,
+    mesh: Mesh,
+}
+
+impl IstioMesh {
+    /// Builds the topology, starts Istio's discovery server on node 1 with the objects
+    /// `objects` makes for it, the fake istiod's CA beside it, and a ztunnel per node
+    /// with `enrolled` pods enrolled at start (by istiod's pod uid).
+    fn start(tag: &str, pods_per_node: &[usize], enrolled: &[&str], objects: impl FnOnce(&Topology) -> String) -> Result<IstioMesh> {
+        // IPv4 whatever ZTUNNEL_TEST_IP_FAMILY says: the servers' addresses and the VIPs are.
+        let topo = Topology::build_family(&prefix(tag), pods_per_node, IpFamily::V4)?;
+        let token = topo.dir.join("istio-token");
+        std::fs::write(&token, TOKEN)?;
+        let ca = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
+        let istio = IstioXds::start(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &objects(&topo))?;
+        let env = istio.env(&ca, &token);
+        let node_args: Vec<Vec<String>> = (1..=topo.nodes.len())
+            .map(|n| {
+                enrolled
+                    .iter()
+                    .map(|p| topo.pod(p))
+                    .filter(|p| p.node == n)
+                    .flat_map(|p| ["--pod".to_string(), format!("{}={}", pod_uid("default", &p.name), p.netns.path().display())])
+                    .collect()
+            })
+            .collect();
+        let mesh = Mesh::start_with_istiod(topo, &node_args, &env).with_context(|| format!("istio-xds log:\n{}", istio.log_text()))?;
+        Ok(IstioMesh { istio, ca, mesh })
+    }
+
+    /// Fails naming the resources if a ztunnel NACKed anything istiod sent.
+    fn no_nacks(&self) -> Result<()> {
+        for (n, z) in self.mesh.ztunnels.iter().enumerate() {
+            let log = z.log_text();
+            anyhow::ensure!(log.contains("xDS update applied (ACK)"), "node{}'s ztunnel applied no xDS update:\n{log}", n + 1);
+            if let Some(nack) = log.lines().find(|l| l.contains("(NACK)")) {
+                anyhow::bail!("node{}'s ztunnel NACKed what istiod sent: {nack}", n + 1);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The objects both tests start from: namespace default in ambient, two nodes.
+fn base_objects() -> Vec<String> {
+    vec![ambient_namespace_yaml("default"), node_yaml("node1"), node_yaml("node2")]
+}
+
+fn echo_service(extra_labels: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: default\n  labels: {{{extra_labels}}}\n\
+         spec:\n  clusterIP: {ECHO_VIP}\n  selector: {{app: echo}}\n  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]\n"
+    )
+}
+
+/// Connects from `from` to `to` and reads the echo server's greeting; None when the
+/// connection is refused, reset or closed before it (a denial).
+async fn greeting(from: &Pod, to: SocketAddr) -> Option<String> {
+    let mut s = from.netns.connect(to).await.ok()?;
+    tokio::time::timeout(Duration::from_secs(5), read_line(&mut s)).await.ok()?.ok().filter(|g| !g.is_empty())
+}
+
+/// istiod turns a Namespace, Pods and a Service into the workloads and service our
+/// ztunnels route by: TCP through the Service VIP is carried over HBONE with both
+/// identities, every resource is ACKed, and an AuthorizationPolicy created while the
+/// mesh runs reaches the server's ztunnel, which then denies the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiods_xds_carries_hbone_between_pods() -> Result<()> {
+    let m = IstioMesh::start("ia", &[1, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(echo_service(""));
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    let vip: SocketAddr = format!("{ECHO_VIP}:80").parse()?;
+
+    // Through the VIP, over HBONE, both identities in the access logs.
+    let mut s = client.netns.connect(vip).await?;
+    let who = tokio::time::timeout(Duration::from_secs(5), read_line(&mut s)).await.context("no greeting")?.with_context(|| m.mesh.logs())?;
+    assert_eq!(who, "n2p1");
+    assert_eq!(echo_roundtrip(&mut s, b"over hbone").await?, b"over hbone");
+    drop(s);
+    m.mesh.wait_logs(&[&format!("src.identity={SLEEP_ID}"), &format!("dst.identity={ECHO_ID}")])?;
+    m.no_nacks()?;
+
+    // What istiod sent, as ztunnel holds it: the pods by istiod's uid, HBONE, on their
+    // nodes; the service with its VIP.
+    let (code, body) = http_get(t.node(1), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    assert_eq!(code, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body).context("config_dump is not JSON")?;
+    let workloads = dump["workloads"].as_array().context("workloads")?;
+    let echo = workloads.iter().find(|w| w["uid"] == pod_uid("default", "n2p1").as_str()).with_context(|| format!("no n2p1 in {workloads:?}"))?;
+    assert_eq!(echo["protocol"], "HBONE", "{echo}");
+    assert_eq!(echo["node"], "node2", "{echo}");
+    let services = dump["services"].as_array().context("services")?;
+    let svc = services.iter().find(|s| s["hostname"] == "echo.default.svc.cluster.local").with_context(|| format!("no echo in {services:?}"))?;
+    assert!(svc["vips"].as_array().is_some_and(|v| v.iter().any(|v| v.as_str().is_some_and(|v| v.ends_with(ECHO_VIP)))), "{svc}");
+
+    // A DENY policy for the client's principal, created at run time.
+    m.istio.apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-sleep, namespace: default}\n\
+         spec:\n  action: DENY\n  rules:\n  - from: [{source: {principals: [\"cluster.local/ns/default/sa/sleep\"]}}]\n",
+    )?;
+    let server_ztunnel = &m.mesh.ztunnels[1];
+    wait_for("the policy pushed to node2's ztunnel", Duration::from_secs(15), || {
+        server_ztunnel.log_text().contains("kind=\"authorizations\" updated=1 removed=0")
+    })
+    .with_context(|| format!("{}\nistio-xds:\n{}", m.mesh.logs(), m.istio.log_text()))?;
+    assert_eq!(greeting(client, vip).await, None, "the DENY policy did not deny:\n{}", m.mesh.logs());
+    m.mesh.wait_logs(&["denied by DENY policy", "deny-sleep"])?;
+    m.no_nacks()?;
+    // Removed again: the client is let through.
+    m.istio.delete("apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-sleep, namespace: default}\n")?;
+    wait_for("the policy's removal pushed to node2's ztunnel", Duration::from_secs(15), || {
+        server_ztunnel.log_text().contains("kind=\"authorizations\" updated=0 removed=1")
+    })
+    .with_context(|| m.mesh.logs())?;
+    assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
+    m.no_nacks()
+}
+
+/// A waypoint as Istio deploys one: a Gateway of class istio-waypoint and a pod from
+/// Istio's waypoint template (not captured: `istio.io/dataplane-mode: none`, no
+/// redirection annotation, so istiod describes it as a TCP workload) behind Service
+/// `waypoint`; Service `echo` uses it (`istio.io/use-waypoint`), so istiod gives echo a
+/// waypoint by hostname. Our ztunnel must still reach the waypoint over HBONE on 15008;
+/// our waypoint (its L7 config from a local file) applies a DENY on /admin*.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<()> {
+    let m = IstioMesh::start("ib", &[2, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(echo_service("istio.io/use-waypoint: waypoint"));
+        o.push(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: istio-waypoint}\n\
+             spec: {controllerName: istio.io/mesh-controller}\n"
+                .into(),
+        );
+        // As the gateway controller leaves it once the deployment is ready: its address
+        // is the Service's hostname.
+        o.push(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: waypoint, namespace: default}\n\
+             spec:\n  gatewayClassName: istio-waypoint\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
+             status:\n  addresses: [{type: Hostname, value: waypoint.default.svc.cluster.local}]\n"
+                .into(),
+        );
+        // Istio's waypoint template (manifests/.../files/waypoint.yaml): the pod's labels,
+        // the Service's ports (status-port 15021/tcp, the listener mesh 15008/hbone).
+        o.push(pod_yaml(
+            t.pod("n1p2"),
+            "default",
+            "waypoint",
+            &[
+                ("gateway.networking.k8s.io/gateway-name", "waypoint"),
+                ("gateway.networking.k8s.io/gateway-class-name", "istio-waypoint"),
+                ("istio.io/dataplane-mode", "none"),
+                ("sidecar.istio.io/inject", "false"),
+                ("service.istio.io/canonical-name", "waypoint"),
+                ("service.istio.io/canonical-revision", "latest"),
+            ],
+            &[],
+        ));
+        o.push(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: default\n\
+             \x20 labels: {gateway.networking.k8s.io/gateway-name: waypoint, gateway.networking.k8s.io/gateway-class-name: istio-waypoint}\n\
+             spec:\n  clusterIP: 10.96.0.15\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n\
+             \x20 ports:\n  - {name: status-port, port: 15021, protocol: TCP, appProtocol: tcp}\n  - {name: mesh, port: 15008, protocol: TCP, appProtocol: hbone}\n"
+                .into(),
+        );
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let wp = t.pod("n1p2");
+    // What this test is about: istiod sends the waypoint pod as a TCP workload, and
+    // echo's waypoint by hostname.
+    let (code, body) = http_get(t.node(1), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    assert_eq!(code, 200, "{body}");
+    let dump: serde_json::Value = serde_json::from_str(&body).context("config_dump is not JSON")?;
+    let workloads = dump["workloads"].as_array().context("workloads")?;
+    let wp_uid = pod_uid("default", "n1p2");
+    let w = workloads.iter().find(|w| w["uid"] == wp_uid.as_str()).with_context(|| format!("no waypoint pod in {workloads:?}"))?;
+    assert_eq!(w["protocol"], "TCP", "{w}");
+    let services = dump["services"].as_array().context("services")?;
+    let echo = services.iter().find(|s| s["hostname"] == "echo.default.svc.cluster.local").with_context(|| format!("no echo in {services:?}"))?;
+    assert!(echo["waypoint"].to_string().contains("waypoint.default.svc.cluster.local"), "{echo}");
+
+    // Our waypoint in the waypoint pod: certificates from the same CA as the ztunnels,
+    // its L7 config (routes, policy) from a local file.
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n\
+         - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{}\"}}}}\n\
+         authorizationPolicies:\n\
+         - {{name: deny-admin, namespace: default, targetRefs: [{{kind: Service, group: \"\", name: echo}}], action: DENY, rules: [{{to: [{{operation: {{paths: [\"/admin*\"]}}}}]}}]}}\n",
+        workload(t, "n1p1", "sleep", ""),
+        waypoint_workload(t, "n1p2", "waypoint", ""),
+        workload(t, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}}"),
+        wp.ip,
+    );
+    let cfg_path = t.dir.join("waypoint.yaml");
+    std::fs::write(&cfg_path, cfg)?;
+    let token = t.dir.join("istio-token");
+    let ca_env: Vec<(String, String)> = m.istio.env(&m.ca, &token).into_iter().filter(|(k, _)| !k.starts_with("XDS_") && k != "ALT_XDS_HOSTNAME").collect();
+    let mut env: Vec<(&str, &str)> = ca_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    env.push(("RUST_LOG", "info"));
+    let cfg_arg = cfg_path.display().to_string();
+    let state = t.dir.join("waypoint-state").display().to_string();
+    let waypoint = wp.netns.spawn(bins::waypoint(), &["--local-xds-path", &cfg_arg, "--workload-uid", "n1p2", "--gateway-name", "waypoint", "--state-dir", &state], &env, &t.dir.join("waypoint.log"))?;
+    waypoint.wait_log("waypoint ready", READY)?;
+    let _app = http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?;
+
+    let mut c = http_app::H1Client::connect(&t.pod("n1p1").netns, format!("{ECHO_VIP}:80").parse()?, "echo.default.svc.cluster.local").await?;
+    let r = c.get("/").await.with_context(|| format!("{}\nwaypoint:\n{}", m.mesh.logs(), waypoint.log_text()))?;
+    assert_eq!(r.status, 200, "{r:?}\n{}\nwaypoint:\n{}", m.mesh.logs(), waypoint.log_text());
+    assert_eq!(r.pod(), "n2p1", "{r:?}");
+    let r = c.get("/admin").await?;
+    assert_eq!(r.status, 403, "{r:?}");
+    assert_eq!(r.body.trim(), "RBAC: access denied");
+    drop(c);
+    wait_for("the waypoint's denial in its log", Duration::from_secs(5), || waypoint.log_text().contains("authz.denied_by=\"default/deny-admin\""))
+        .with_context(|| waypoint.log_text())?;
+    // The client's ztunnel went to the waypoint pod's address, on 15008, over HBONE.
+    m.mesh.wait_logs(&[&format!("dst.addr={}", SocketAddr::new(wp.ip, 15008)), &format!("dst.identity={WAYPOINT_ID}")])?;
+    let wl = waypoint.log_text();
+    assert!(wl.contains(&format!("src.identity={SLEEP_ID}")) && wl.contains("dst.workload=\"n2p1\""), "{wl}");
+    m.no_nacks()
+}
