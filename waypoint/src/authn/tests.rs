@@ -243,3 +243,47 @@ fn cost() {
         println!("{name}: {:.1} µs per request", start.elapsed().as_secs_f64() * 1e6 / n as f64);
     }
 }
+
+/// Hostile tokens, validly signed, whose registered claims are missing or of another
+/// type than Envoy's parser accepts: none may pass a rule with audiences, and none may
+/// make a token ageless (jsonwebtoken alone skipped both checks).
+#[test]
+fn tokens_without_aud_or_with_odd_claim_types_fail_as_in_envoy() {
+    let ec = ec_key("e1");
+    let a = ra(json!([{"issuer": "https://idp.example", "jwks": jwks(&[&ec]), "audiences": ["api"]}]));
+    let bad = |c: Value| auth(&a, &mut bearer(&token(&ec, "e1", c)), None).unwrap_err();
+    let with = |k: &str, v: Value| {
+        let mut c = claims("https://idp.example");
+        if v.is_null() {
+            c.as_object_mut().unwrap().remove(k);
+        } else {
+            c[k] = v;
+        }
+        c
+    };
+    // No audience at all, or an empty list: not one of the rule's.
+    let f = bad(with("aud", Value::Null));
+    assert_eq!((f, f.status().as_u16(), f.to_string().as_str()), (Failure::Audience, 403, "Audiences in Jwt are not allowed"));
+    assert_eq!(bad(with("aud", json!([]))), Failure::Audience);
+    // Not a string or a list of strings.
+    for aud in [json!(7), json!({"x": "api"}), json!(["api", 1])] {
+        let f = bad(with("aud", aud.clone()));
+        assert_eq!((f, f.status().as_u16()), (Failure::AudNotString, 401), "{aud}");
+    }
+    // exp and nbf must be numbers: as strings they were not checked at all.
+    let f = bad(with("exp", json!((now() - 3600).to_string())));
+    assert_eq!((f, f.to_string().as_str()), (Failure::ClaimNotInteger("exp"), "Jwt payload [exp] field is not an integer"));
+    assert_eq!(bad(with("nbf", json!((now() + 3600).to_string()))), Failure::ClaimNotInteger("nbf"));
+    assert_eq!(bad(with("exp", json!(-5))), Failure::ClaimOutOfRange("exp"));
+    assert_eq!(bad(with("iss", json!(["https://idp.example"]))), Failure::ClaimNotString("iss"));
+    assert_eq!(bad(with("sub", json!(1))), Failure::ClaimNotString("sub"));
+    // A fractional exp is a date too (Envoy reads whole seconds): an old one has expired.
+    assert_eq!(bad(with("exp", json!((now() - 3600) as f64 + 0.5))), Failure::Expired);
+    // Audiences compare as Envoy's: without the scheme and a trailing slash.
+    let a = ra(json!([{"issuer": "https://idp.example", "jwks": jwks(&[&ec]), "audiences": ["https://api.example/"]}]));
+    let mut h = bearer(&token(&ec, "e1", with("aud", json!("api.example"))));
+    assert!(auth(&a, &mut h, None).unwrap().is_some());
+    // Without audiences in the rule, a token without aud passes (Envoy's too).
+    let a = ra(json!([{"issuer": "https://idp.example", "jwks": jwks(&[&ec])}]));
+    assert!(auth(&a, &mut bearer(&token(&ec, "e1", with("aud", Value::Null))), None).unwrap().is_some());
+}

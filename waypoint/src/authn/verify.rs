@@ -36,6 +36,16 @@ pub enum Failure {
     NoMatchingKey,
     #[error("Jwks remote fetch is failed")]
     JwksNotFetched,
+    /// A registered claim of the wrong JSON type: refused as Envoy's parser refuses it,
+    /// not skipped (a string `exp` must not make a token ageless).
+    #[error("Jwt payload [{0}] field is not a string")]
+    ClaimNotString(&'static str),
+    #[error("Jwt payload [{0}] field is not an integer")]
+    ClaimNotInteger(&'static str),
+    #[error("Jwt payload [{0}] field is not a positive 64 bit integer")]
+    ClaimOutOfRange(&'static str),
+    #[error("Jwt payload [aud] field is not a string or string list")]
+    AudNotString,
 }
 
 impl Failure {
@@ -246,6 +256,7 @@ fn verify_token<'r>(rules: &[&'r JwtRule], loc: &Location, token: &str, store: &
     }
     let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(parts[1].trim_end_matches('=')).map_err(|_| Failure::BadFormat)?;
     let unverified: Value = serde_json::from_slice(&payload).map_err(|_| Failure::BadFormat)?;
+    check_claim_types(&unverified)?;
     let iss = unverified.get("iss").and_then(Value::as_str).unwrap_or_default();
     let mut last = Failure::UnknownIssuer;
     for rule in rules.iter().filter(|r| r.issuer == iss && locations(r).contains(loc)) {
@@ -272,29 +283,102 @@ fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, 
     if keys.is_empty() {
         return Err(Failure::NoMatchingKey);
     }
+    // jsonwebtoken checks only the signature: its claim checks pass a token whose `aud`
+    // is missing or whose `exp` is not an unsigned integer, so `check_claims` does
+    // Envoy's, once the signature holds.
     let mut v = Validation::new(header.alg);
     v.required_spec_claims = HashSet::new();
-    v.leeway = CLOCK_SKEW_SECONDS;
-    v.validate_nbf = true;
-    if rule.audiences.is_empty() {
-        v.validate_aud = false;
-    } else {
-        v.set_audience(&rule.audiences);
-    }
+    v.validate_exp = false;
+    v.validate_nbf = false;
+    v.validate_aud = false;
     let mut last = Failure::Signature;
     for k in keys {
         let Ok(dk) = DecodingKey::from_jwk(k) else { continue };
         match jsonwebtoken::decode::<Value>(token, &dk, &v) {
-            Ok(data) => return Ok(data.claims),
-            // Claims are checked only once the signature holds.
+            Ok(data) => return check_claims(rule, data.claims, now_seconds()),
             Err(e) => match e.kind() {
-                ErrorKind::ExpiredSignature => return Err(Failure::Expired),
-                ErrorKind::ImmatureSignature => return Err(Failure::NotYetValid),
-                ErrorKind::InvalidAudience | ErrorKind::MissingRequiredClaim(_) => return Err(Failure::Audience),
                 ErrorKind::InvalidSignature | ErrorKind::InvalidAlgorithm | ErrorKind::InvalidKeyFormat | ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey => last = Failure::Signature,
                 _ => last = Failure::BadFormat,
             },
         }
     }
     Err(last)
+}
+
+fn now_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+}
+
+/// Envoy's payload parse (jwt_verify_lib `Jwt::parseFromString`): `iss`, `sub`, `jti`
+/// strings, `iat`, `nbf`, `exp` non-negative integers, `aud` a string or a list of
+/// strings, each when present; anything else refuses the token (401).
+fn check_claim_types(claims: &Value) -> Result<(), Failure> {
+    let Some(obj) = claims.as_object() else {
+        return Err(Failure::BadFormat);
+    };
+    for name in ["iss", "sub", "jti"] {
+        if obj.get(name).is_some_and(|v| !v.is_string()) {
+            return Err(Failure::ClaimNotString(name));
+        }
+    }
+    for name in ["iat", "nbf", "exp"] {
+        if let Some(v) = obj.get(name) {
+            numeric_date(name, v)?;
+        }
+    }
+    match obj.get("aud") {
+        None | Some(Value::String(_)) => Ok(()),
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => Ok(()),
+        Some(_) => Err(Failure::AudNotString),
+    }
+}
+
+/// A NumericDate claim as Envoy reads it: a JSON number, whole seconds, in u64's range.
+fn numeric_date(name: &'static str, v: &Value) -> Result<u64, Failure> {
+    let Some(n) = v.as_number() else {
+        return Err(Failure::ClaimNotInteger(name));
+    };
+    if let Some(u) = n.as_u64() {
+        return Ok(u);
+    }
+    match n.as_f64() {
+        Some(f) if f >= 0.0 && f < u64::MAX as f64 => Ok(f as u64),
+        _ => Err(Failure::ClaimOutOfRange(name)),
+    }
+}
+
+/// The checks after the signature, as Envoy's jwt_authn makes them: `nbf` and `exp`
+/// with its clock skew (0 means unset, as Envoy), then the audiences: when the rule
+/// lists some, the token must name one of them; a token without `aud` names none.
+fn check_claims(rule: &JwtRule, claims: Value, now: u64) -> Result<Value, Failure> {
+    check_claim_types(&claims)?;
+    let date = |name: &'static str| claims.get(name).map(|v| numeric_date(name, v)).transpose();
+    if let Some(nbf) = date("nbf")?.filter(|&n| n > 0) {
+        if now.saturating_add(CLOCK_SKEW_SECONDS) < nbf {
+            return Err(Failure::NotYetValid);
+        }
+    }
+    if let Some(exp) = date("exp")?.filter(|&e| e > 0) {
+        if now > exp.saturating_add(CLOCK_SKEW_SECONDS) {
+            return Err(Failure::Expired);
+        }
+    }
+    if !rule.audiences.is_empty() {
+        let named: Vec<&str> = match claims.get("aud") {
+            Some(Value::String(a)) => vec![a.as_str()],
+            Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
+            _ => Vec::new(),
+        };
+        if !named.iter().any(|a| rule.audiences.iter().any(|want| sanitize_audience(want) == sanitize_audience(a))) {
+            return Err(Failure::Audience);
+        }
+    }
+    Ok(claims)
+}
+
+/// Envoy compares audiences without an `http://` or `https://` prefix and one trailing
+/// slash (jwt_verify_lib `CheckAudience`).
+fn sanitize_audience(aud: &str) -> &str {
+    let a = aud.strip_prefix("http://").or_else(|| aud.strip_prefix("https://")).unwrap_or(aud);
+    a.strip_suffix('/').unwrap_or(a)
 }
