@@ -3,6 +3,7 @@
 //! test applications and (possibly hostile) mesh peers.
 
 pub mod bins;
+pub mod crl;
 pub mod fake_istiod;
 pub mod fake_kube;
 pub mod h2_raw;

@@ -47,6 +47,11 @@ pub struct Waypoint {
     /// Resolves backends' endpoints known by hostname only (DNS ServiceEntries), as the
     /// node proxy's on-demand DNS does (its cache and bounds).
     pub resolver: Arc<ztunnel::dns::on_demand::OnDemandResolver>,
+    /// CRL_PATH's revocation lists, when set: clients are checked at the handshake and
+    /// again on every reload (the pool checks upstreams).
+    pub crls: Option<ztunnel::tls::Crls>,
+    /// The waypoint's certificates (the roots a client's chain is re-checked against).
+    pub certs: Arc<ztunnel::identity::CertManager>,
 }
 
 impl Waypoint {

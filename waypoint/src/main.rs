@@ -123,6 +123,11 @@ struct Args {
     /// with GOAWAY (0: never).
     #[arg(long, env = "HBONE_IDLE_TIMEOUT_SECONDS", default_value_t = hbone::server::IDLE_TIMEOUT.as_secs())]
     hbone_idle_timeout_seconds: u64,
+    /// Certificate revocation lists (PEM or DER) peers are checked against, as ztunnel's
+    /// CRL_PATH: a revoked client or upstream is refused, open connections of a peer a
+    /// reload revokes are closed. The file may appear after the start.
+    #[arg(long, env = "CRL_PATH")]
+    crl_path: Option<PathBuf>,
 }
 
 /// Who this waypoint is and where its config comes from.
@@ -242,6 +247,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "selfTerminationDeadline": duration(drain_deadline),
         "proxyArgs": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
         // The waypoint's own.
+        "crlPath": args.crl_path,
         "localXdsPath": args.local_xds_path,
         "gatewayName": args.gateway_name,
         "rootNamespace": args.root_namespace,
@@ -315,13 +321,29 @@ async fn main() -> anyhow::Result<()> {
     certs.set_metrics(metrics.certs.clone());
     let _ = metrics.process.certs.set(certs.clone());
     let cert = certs.fetch(&identity).await?;
-    let tls = Arc::new(ztunnel::tls::server_config(
+    // As ztunnel: a CRL file that is there but unusable refuses the start (running
+    // without it would accept the peers it revokes); later changes are polled for.
+    let crls = match args.crl_path.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+        Some(path) => Some(ztunnel::tls::Crls::load(path)?),
+        None => None,
+    };
+    if let Some(c) = &crls {
+        tokio::spawn(c.clone().watch(ztunnel::tls::crl::POLL_INTERVAL));
+    }
+    let tls = Arc::new(ztunnel::tls::server_config_with_crls(
         IdentityCert { certs: certs.clone(), identity: identity.clone() },
         &cert.cert.roots,
         &identity.trust_domain,
+        crls.as_ref(),
     )?);
     let connect_timeout = Duration::from_millis(args.connect_timeout_ms);
-    let pool = Pool::new(certs.clone(), args.pool_max_streams, Duration::from_secs(args.pool_idle_timeout_seconds), connect_timeout);
+    let pool = Pool::with_crls(
+        certs.clone(),
+        args.pool_max_streams,
+        Duration::from_secs(args.pool_idle_timeout_seconds),
+        connect_timeout,
+        crls.clone().map(|c| (c, metrics.clone())),
+    );
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
     let (spans, span_rx) = waypoint::trace::SpanQueue::new();
     let dns_upstreams = if args.dns_upstream.is_empty() {
@@ -359,6 +381,8 @@ async fn main() -> anyhow::Result<()> {
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
         spans,
         resolver,
+        crls,
+        certs: certs.clone(),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use mesh_tests::crl::{cert_serial, write_crl};
 use mesh_tests::{bins, hbone_peer};
 use mesh_tests::netsim::*;
 use tokio::io::AsyncReadExt;
@@ -1284,22 +1285,7 @@ async fn application_tunnel_gets_a_proxy_protocol_header() -> Result<()> {
     Ok(())
 }
 
-/// The decimal serial `/config_dump` shows for `identity`'s certificate on `node`, as hex
-/// (what a CRL lists).
-async fn cert_serial(node: &Netns, identity: &str) -> Result<String> {
-    let text = http_get(node, 15000, "/config_dump").await?;
-    let dump: serde_json::Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
-    let cert = dump["certificates"].as_array().context("certificates")?.iter().find(|c| c["identity"] == identity).with_context(|| format!("no {identity} in {dump:#}"))?;
-    let serial: u128 = cert["certChain"][0]["serialNumber"].as_str().context("serialNumber")?.parse()?;
-    Ok(format!("{serial:032x}"))
-}
-
-/// Replaces the CRL file as a ConfigMap volume update does: a new file swapped in by rename.
-fn write_crl(path: &std::path::Path, pem: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, pem)?;
-    Ok(std::fs::rename(&tmp, path)?)
-}
+const ADMIN: &str = "127.0.0.1:15000";
 
 /// Whether a connection is cut (EOF or reset) within 5 s; a hang is not.
 async fn is_cut(s: &mut tokio::net::TcpStream) -> bool {
@@ -1325,8 +1311,8 @@ async fn crl_refuses_revoked_peers_and_reload_closes_open_connections() -> Resul
     // The mesh's root, which node 1's ztunnel created; CRLs are signed with its key.
     let ca_dir = mesh.topo.dir.join("ca");
     let ca = ztunnel::identity::ca::Ca::from_files(&ca_dir.join("ca-cert.pem"), &ca_dir.join("ca-key.pem"))?;
-    let server_serial = cert_serial(mesh.topo.node(2), "spiffe://cluster.local/ns/default/sa/server").await?;
-    let client_serial = cert_serial(mesh.topo.node(1), "spiffe://cluster.local/ns/default/sa/client").await?;
+    let server_serial = cert_serial(mesh.topo.node(2), ADMIN.parse()?, "spiffe://cluster.local/ns/default/sa/server").await?;
+    let client_serial = cert_serial(mesh.topo.node(1), ADMIN.parse()?, "spiffe://cluster.local/ns/default/sa/client").await?;
     let reloads = || mesh.logs().matches("reloaded certificate revocation lists").count();
     let ttl = Duration::from_secs(3600);
 
