@@ -47,7 +47,9 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["destinationRules"] = l7.get("destinationRules").cloned().unwrap_or_else(|| json!([]));
     d["virtualServices"] = l7.get("virtualServices").cloned().unwrap_or_else(|| json!([]));
     d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
-    d["requestAuthentications"] = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
+    let mut authns = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
+    redact_inline_jwks(&mut authns);
+    d["requestAuthentications"] = authns;
     d["telemetries"] = l7.get("telemetries").cloned().unwrap_or_else(|| json!([]));
     // CUSTOM policies' authorizers, checked: their kind, or why they cannot be used.
     let providers: serde_json::Map<String, Value> = cfg
@@ -65,6 +67,33 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     }
     d["waypoint"] = who;
     d
+}
+
+/// The private members of a JWK (RFC 7518 6.2.2, 6.3.2; `k` of a symmetric key, 6.4.1).
+const PRIVATE_JWK_MEMBERS: [&str; 8] = ["d", "p", "q", "dp", "dq", "qi", "oth", "k"];
+
+/// Inline JWKS (`jwtRules[].jwks`, a JSON string) as the dump shows them: keys' public
+/// members only, since an `oct` key or a private key pasted in by mistake is a secret
+/// that the admin endpoint must not hand out. One that does not parse is withheld whole.
+fn redact_inline_jwks(authns: &mut Value) {
+    let rules = authns.as_array_mut().into_iter().flatten().filter_map(|a| a.get_mut("jwtRules")?.as_array_mut()).flatten();
+    for rule in rules {
+        let Some(text) = rule.get("jwks").and_then(Value::as_str) else { continue };
+        let shown = match serde_json::from_str::<Value>(text) {
+            Ok(mut set) => {
+                for key in set.get_mut("keys").and_then(Value::as_array_mut).into_iter().flatten().filter_map(Value::as_object_mut) {
+                    for m in PRIVATE_JWK_MEMBERS {
+                        if key.contains_key(m) {
+                            key.insert(m.to_string(), json!("<redacted>"));
+                        }
+                    }
+                }
+                set.to_string()
+            }
+            Err(_) => "<redacted>".to_string(),
+        };
+        rule["jwks"] = json!(shown);
+    }
 }
 
 #[cfg(test)]
@@ -102,5 +131,18 @@ mod tests {
         assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
         assert_eq!(d["config"]["adminAddr"], "x");
         assert!(d["version"]["version"].is_string());
+    }
+
+    #[test]
+    fn inline_jwks_show_public_members_only() {
+        let set = json!({"keys": [{"kty": "oct", "kid": "s", "k": "c2VjcmV0"}, {"kty": "EC", "crv": "P-256", "x": "X", "y": "Y", "d": "D"}]}).to_string();
+        let mut a = json!([{"name": "jwt", "jwtRules": [{"issuer": "i", "jwks": set}, {"issuer": "j", "jwks": "{not json"}, {"issuer": "k", "jwksUri": "https://x"}]}]);
+        redact_inline_jwks(&mut a);
+        let rules = &a[0]["jwtRules"];
+        let shown: Value = serde_json::from_str(rules[0]["jwks"].as_str().unwrap()).unwrap();
+        assert_eq!(shown["keys"][0], json!({"kty": "oct", "kid": "s", "k": "<redacted>"}));
+        assert_eq!(shown["keys"][1], json!({"kty": "EC", "crv": "P-256", "x": "X", "y": "Y", "d": "<redacted>"}));
+        assert_eq!(rules[1]["jwks"], "<redacted>");
+        assert_eq!(rules[2], json!({"issuer": "k", "jwksUri": "https://x"}));
     }
 }

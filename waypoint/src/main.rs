@@ -245,7 +245,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "poolMaxStreamsPerConn": args.pool_max_streams,
         "poolUnusedReleaseTimeout": duration(Duration::from_secs(args.pool_idle_timeout_seconds)),
         "selfTerminationDeadline": duration(drain_deadline),
-        "proxyArgs": std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        "proxyArgs": ztunnel::config::settings::redacted_args(std::env::args().skip(1)),
         // The waypoint's own.
         "crlPath": args.crl_path,
         "localXdsPath": args.local_xds_path,

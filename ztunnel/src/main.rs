@@ -528,7 +528,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         proxy_metadata: ia.node_metadata.iter().filter(|(_, v)| v.is_string()).map(|(k, v)| (k.clone(), v.clone())).collect(),
         num_worker_threads: istio.worker_threads,
         require_original_source: true,
-        proxy_args: std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+        proxy_args: ztunnel::config::settings::redacted_args(std::env::args().skip(1)),
         inpod_uds: args.zds_socket.clone(),
         inpod_port_reuse: !sockets.no_port_reuse,
         packet_mark: ztunnel::PROXY_MARK,

@@ -67,6 +67,31 @@ impl Serialize for RedactedHeader {
     }
 }
 
+/// Flags whose value is a credential (Istio's AUTH_TOKEN may be the token itself).
+const SECRET_FLAGS: [&str; 1] = ["--auth-token"];
+
+/// The command line as `/config_dump` shows it (`proxyArgs`): the values of
+/// [`SECRET_FLAGS`] replaced by `<redacted>`, in both `--flag value` and `--flag=value`
+/// forms, so the admin endpoint never hands out a credential.
+pub fn redacted_args(args: impl IntoIterator<Item = String>) -> String {
+    let mut out = Vec::new();
+    let mut hide_next = false;
+    for a in args {
+        if std::mem::take(&mut hide_next) {
+            out.push("<redacted>".to_string());
+            continue;
+        }
+        match a.split_once('=') {
+            Some((flag, _)) if SECRET_FLAGS.contains(&flag) => out.push(format!("{flag}=<redacted>")),
+            _ => {
+                hide_next = SECRET_FLAGS.contains(&a.as_str());
+                out.push(a);
+            }
+        }
+    }
+    out.join(" ")
+}
+
 /// Everything the node proxy was started with.
 #[derive(Clone, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -178,6 +203,15 @@ pub struct ProxyConfig {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn credentials_in_the_command_line_are_redacted() {
+        let args = |v: &[&str]| super::redacted_args(v.iter().map(|s| s.to_string()));
+        assert_eq!(args(&["--auth-token", "s3cret", "--node-name", "n1"]), "--auth-token <redacted> --node-name n1");
+        assert_eq!(args(&["--auth-token=s3cret"]), "--auth-token=<redacted>");
+        assert_eq!(args(&["--node-name", "--auth-token"]), "--node-name --auth-token");
+        assert_eq!(args(&["--auth-token-file", "x"]), "--auth-token-file x");
+    }
+
     use super::*;
 
     fn j<T: Serialize>(v: T) -> serde_json::Value {
