@@ -35,6 +35,11 @@ const H1_MAX_IDLE: usize = 64;
 const H2_IDLE: Duration = Duration::from_secs(300);
 /// Attempts on reused HTTP/1.1 connections that closed before taking the request.
 const H1_STALE_RETRIES: usize = 3;
+/// Connection keys kept per endpoint address, each with its connections. Without a
+/// DestinationRule `sni`, originated TLS is named after the request's host (Envoy's
+/// auto_sni), so a client cycling Host values would otherwise grow the maps and the
+/// upstream connections without bound; past this, the least recently used key goes.
+const MAX_KEYS_PER_ENDPOINT: usize = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -128,6 +133,27 @@ pub struct Upstreams {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Makes room for `key` in `map`: when it is new and its endpoint (`same_endpoint`)
+/// already has [`MAX_KEYS_PER_ENDPOINT`] keys, the one used longest ago (`last_used`;
+/// never used first) is dropped. Requests in flight on its connections keep them.
+fn make_room<K: Eq + std::hash::Hash + Clone, V>(
+    map: &mut HashMap<K, V>,
+    key: &K,
+    same_endpoint: impl Fn(&K) -> bool,
+    last_used: impl Fn(&V) -> Option<Instant>,
+) {
+    if map.contains_key(key) {
+        return;
+    }
+    let same: Vec<(&K, Option<Instant>)> = map.iter().filter(|(k, _)| same_endpoint(k)).map(|(k, v)| (k, last_used(v))).collect();
+    if same.len() < MAX_KEYS_PER_ENDPOINT {
+        return;
+    }
+    if let Some(oldest) = same.into_iter().min_by_key(|(_, t)| *t).map(|(k, _)| k.clone()) {
+        map.remove(&oldest);
+    }
 }
 
 impl Upstreams {
@@ -240,6 +266,7 @@ impl Upstreams {
                 Ok(resp) => {
                     // Kept for reuse: it turns ready again once this response body is read.
                     let mut all = lock(&self.h1);
+                    make_room(&mut all, &key, |k| k.addr == key.addr, |l| l.iter().map(|c| c.since).max());
                     let list = all.entry(key).or_default();
                     if list.len() < H1_MAX_IDLE {
                         list.push(H1Conn { since: Instant::now(), sender });
@@ -271,6 +298,7 @@ impl Upstreams {
             let closed = slot.conn.try_lock().map(|c| c.as_ref().is_some_and(|s| s.is_closed())).unwrap_or(false);
             !(idle || closed)
         });
+        make_room(&mut all, key, |k| k.addr == key.addr, |slot| *lock(&slot.last_used));
         all.entry(key.clone()).or_default().clone()
     }
 
@@ -308,5 +336,33 @@ impl Upstreams {
             .send_request(req)
             .await
             .map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client cycling Host values (each a TLS server name of its own) keeps at most
+    /// MAX_KEYS_PER_ENDPOINT keys per endpoint; the least recently used goes first, and
+    /// other endpoints' keys are untouched.
+    #[test]
+    fn keys_per_endpoint_are_bounded() {
+        let ep = |p: u16| SocketAddr::from(([10, 0, 0, 1], p));
+        let mut map: HashMap<(SocketAddr, String), Option<Instant>> = HashMap::new();
+        let t0 = Instant::now();
+        map.insert((ep(2), "other".into()), None);
+        for i in 0..1000u64 {
+            let key = (ep(1), format!("host-{i}.example"));
+            make_room(&mut map, &key, |k| k.0 == key.0, |v| *v);
+            map.insert(key, Some(t0 + Duration::from_millis(i)));
+        }
+        assert_eq!(map.keys().filter(|k| k.0 == ep(1)).count(), MAX_KEYS_PER_ENDPOINT);
+        assert!(map.contains_key(&(ep(1), "host-999.example".into())) && !map.contains_key(&(ep(1), "host-0.example".into())));
+        assert!(map.contains_key(&(ep(2), "other".into())));
+        // A key already there takes no room.
+        let again = (ep(1), "host-999.example".to_string());
+        make_room(&mut map, &again, |k| k.0 == again.0, |v| *v);
+        assert_eq!(map.keys().filter(|k| k.0 == ep(1)).count(), MAX_KEYS_PER_ENDPOINT);
     }
 }
