@@ -52,6 +52,8 @@ pub struct Waypoint {
     pub crls: Option<ztunnel::tls::Crls>,
     /// The waypoint's certificates (the roots a client's chain is re-checked against).
     pub certs: Arc<ztunnel::identity::CertManager>,
+    /// Relayed tunnels and HTTP connections with no byte either way for this long close.
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Waypoint {

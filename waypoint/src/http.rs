@@ -38,12 +38,14 @@ pub use tunnel::Tunnel;
 
 /// Serves HTTP on one tunnel until the client closes it.
 pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: Protocol) {
+    let idle = wp.idle_timeout;
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (wp, tunnel) = (wp.clone(), tunnel.clone());
         async move { Ok::<_, Infallible>(handle(wp, tunnel, proto, req).await) }
     });
+    let (io, activity) = crate::idle::Counted::new(io);
     let io = TokioIo::new(io);
-    let r = match proto {
+    let conn = async move { match proto {
         Protocol::Http2 => {
             hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
@@ -64,6 +66,12 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
                 .with_upgrades()
                 .await
         }
+    } };
+    // No byte either way for the idle timeout (no request in progress moved any):
+    // the connection is closed, as Envoy's HTTP connection idle timeout does.
+    let r = tokio::select! {
+        r = conn => r,
+        _ = activity.idle(idle) => return tracing::debug!("HTTP connection closed: idle"),
     };
     if let Err(e) = r {
         tracing::debug!(error = %e, "HTTP connection ended with an error");

@@ -17,6 +17,7 @@ pub mod extauthz;
 pub mod fuzzing;
 pub mod grant;
 pub mod http;
+pub mod idle;
 pub mod k8s;
 pub mod labels;
 pub mod lb;

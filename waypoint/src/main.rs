@@ -123,6 +123,11 @@ struct Args {
     /// with GOAWAY (0: never).
     #[arg(long, env = "HBONE_IDLE_TIMEOUT_SECONDS", default_value_t = hbone::server::IDLE_TIMEOUT.as_secs())]
     hbone_idle_timeout_seconds: u64,
+    /// A relayed TCP tunnel or HTTP connection with no byte either way for this many
+    /// seconds is closed (0: never); Istio's 1 h (Envoy's tcp_proxy and HTTP connection
+    /// idle timeouts, ztunnel's CONNECTION_IDLE_TIMEOUT_SECONDS).
+    #[arg(long, env = "CONNECTION_IDLE_TIMEOUT_SECONDS", default_value_t = 3600)]
+    idle_timeout_seconds: u64,
     /// Certificate revocation lists (PEM or DER) peers are checked against, as ztunnel's
     /// CRL_PATH: a revoked client or upstream is refused, open connections of a peer a
     /// reload revokes are closed. The file may appear after the start.
@@ -248,6 +253,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "proxyArgs": ztunnel::config::settings::redacted_args(std::env::args().skip(1)),
         // The waypoint's own.
         "crlPath": args.crl_path,
+        "idleTimeout": duration(Duration::from_secs(args.idle_timeout_seconds)),
         "localXdsPath": args.local_xds_path,
         "gatewayName": args.gateway_name,
         "rootNamespace": args.root_namespace,
@@ -383,6 +389,7 @@ async fn main() -> anyhow::Result<()> {
         resolver,
         crls,
         certs: certs.clone(),
+        idle_timeout: (args.idle_timeout_seconds > 0).then(|| Duration::from_secs(args.idle_timeout_seconds)),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -271,7 +271,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return tracing::debug!(error = %e, "upstream stream failed");
         }
     }
-    let r = ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv).await;
+    let r = ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv, wp.idle_timeout).await;
     drop(guard);
     let (t, err) = match r {
         Ok(t) => (t, None),
@@ -321,7 +321,7 @@ async fn relay_plaintext(
             return down_send.send_reset(h2::Reason::CONNECT_ERROR);
         }
     }
-    let r = ztunnel::relay::copy_tcp_h2(&mut tcp, down_send, down_recv, std::future::pending::<()>(), None).await;
+    let r = ztunnel::relay::copy_tcp_h2(&mut tcp, down_send, down_recv, std::future::pending::<()>(), wp.idle_timeout).await;
     let (sent, received, err) = match r {
         Ok(t) => (t.sent, t.received, None),
         Err((e, t)) => (t.sent, t.received, Some(e.to_string())),
@@ -357,8 +357,11 @@ async fn relay_tls(
             return down_send.send_reset(h2::Reason::CONNECT_ERROR);
         }
     }
-    let mut down = H2Stream::new(down_send, down_recv, None);
-    let r = tokio::io::copy_bidirectional(&mut down, &mut up).await;
+    let (mut down, activity) = crate::idle::Counted::new(H2Stream::new(down_send, down_recv, None));
+    let r = tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut down, &mut up) => r,
+        _ = activity.idle(wp.idle_timeout) => Err(std::io::Error::other(ztunnel::relay::CopyError::Idle.to_string())),
+    };
     let (sent, received, err) = match r {
         Ok((s, r)) => (s, r, None),
         Err(e) => (0, 0, Some(e.to_string())),

@@ -51,7 +51,7 @@ pub enum CopyError {
 
 /// Completes once neither counter has moved for `timeout` (checked every `timeout`, so
 /// an idle connection ends within twice the timeout); never without a timeout.
-async fn idle_watchdog(counters: [&AtomicU64; 2], timeout: Option<Duration>) {
+pub async fn idle_watchdog(counters: [&AtomicU64; 2], timeout: Option<Duration>) {
     let Some(timeout) = timeout.filter(|t| !t.is_zero()) else {
         return std::future::pending().await;
     };
@@ -414,18 +414,28 @@ impl TcpH2<'_> {
 
 /// Relays between two HBONE streams (a waypoint's downstream and upstream) until both
 /// directions end: END_STREAM carries over as END_STREAM, a reset on one side resets
-/// the other. Credit is returned to each sender only once its bytes were sent on.
+/// the other. Credit is returned to each sender only once its bytes were sent on. With
+/// `idle`, no byte either way for that long resets both ([`CopyError::Idle`]'s
+/// reason, as h2's CANCEL).
 pub async fn copy_h2_h2(
     down_send: SendStream<Bytes>,
     down_recv: RecvStream,
     up_send: SendStream<Bytes>,
     up_recv: RecvStream,
+    idle: Option<Duration>,
 ) -> Result<Transferred, (h2::Error, Transferred)> {
-    let mut t = Transferred::default();
+    let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let (mut ds, mut dr, mut us, mut ur) = (down_send, down_recv, up_send, up_recv);
-    let r = tokio::try_join!(h2_to_h2(&mut dr, &mut us, &mut t.sent), h2_to_h2(&mut ur, &mut ds, &mut t.received));
+    let r = tokio::select! {
+        r = async { tokio::try_join!(h2_to_h2(&mut dr, &mut us, &sent), h2_to_h2(&mut ur, &mut ds, &received)) } => r.map(|_| ()),
+        _ = idle_watchdog([&sent, &received], idle) => {
+            tracing::debug!("{}", CopyError::Idle);
+            Err(h2::Error::from(h2::Reason::CANCEL))
+        }
+    };
+    let t = Transferred { sent: sent.into_inner(), received: received.into_inner() };
     match r {
-        Ok(_) => Ok(t),
+        Ok(()) => Ok(t),
         Err(e) => {
             ds.send_reset(h2::Reason::CANCEL);
             us.send_reset(h2::Reason::CANCEL);
@@ -434,7 +444,7 @@ pub async fn copy_h2_h2(
     }
 }
 
-async fn h2_to_h2(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &mut u64) -> Result<(), h2::Error> {
+async fn h2_to_h2(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &AtomicU64) -> Result<(), h2::Error> {
     while let Some(chunk) = recv.data().await {
         let mut chunk = chunk?;
         let n = chunk.len();
@@ -449,7 +459,7 @@ async fn h2_to_h2(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &m
             }
             send.send_data(chunk.split_to(cap.min(chunk.len())), false)?;
         }
-        *count += n as u64;
+        count.fetch_add(n as u64, Ordering::Relaxed);
         let _ = recv.flow_control().release_capacity(n);
     }
     send.send_data(Bytes::new(), true)

@@ -11,6 +11,7 @@ use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, tes
 use mesh_tests::netsim::*;
 
 mod crl;
+mod idle;
 mod istio_shape;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
