@@ -5,6 +5,7 @@
 //! the backend's endpoints and sends it over pooled HBONE, with retries and mirrors
 //! (`mirror`). One access log line and the Istio request metrics per request (`log`).
 
+pub mod authority;
 mod backend;
 mod body;
 mod ext_authz;

@@ -1425,6 +1425,109 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
     Ok(())
 }
 
+/// Issue 39 item 1, with real clients: a Host that carries a path (`web/admin#`,
+/// `web/admin?`, `admin.example.com/`) is refused with 400 before policy, where it used
+/// to pass a DENY on `/admin*` (or on a host) as `GET /public` and reach the HTTP/2
+/// backend, whose URI was pasted together from it, as `:path /admin`. nginx (h2c) keeps
+/// an access log: `/admin` never reaches it, a plain request does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l7_a_host_header_cannot_smuggle_a_path_past_policy() -> Result<()> {
+    for tool in ["nginx", "curl"] {
+        let found = sh("sh", &["-c", &format!("command -v {tool}")]).is_ok();
+        anyhow::ensure!(found, "{tool} is needed (scripts/deps.sh installs it)");
+    }
+    let topo = Topology::build(&prefix("wauth"), &[2, 1])?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let web = "{name: web, namespace: default, hostname: web.default.svc.cluster.local, \
+               vips: [\"/10.96.0.32\"], ports: {80: 8081}, appProtocols: {80: HTTP2}";
+    let cfg = format!(
+        "workloads:\n{}{}{}services:\n- {web}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n1p2", "waypoint", ""),
+        workload(
+            &topo,
+            "n2p1",
+            "web",
+            ", services: {default/web.default.svc.cluster.local: {80: 8081}}"
+        ),
+    );
+    let deny = |name: &str, operation: &str| {
+        format!(
+            "- {{name: {name}, namespace: default, targetRefs: [{{kind: Service, name: web}}], \
+             action: DENY, rules: [{{to: [{{operation: {{{operation}}}}}]}}]}}\n"
+        )
+    };
+    let policies = format!(
+        "authorizationPolicies:\n{}{}",
+        deny("no-admin", "paths: ['/admin*']"),
+        deny("no-admin-host", "hosts: [admin.example.com]")
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("waypoint.yaml");
+    std::fs::write(&cfg_path, format!("{cfg}{policies}"))?;
+    let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
+    let nginx_dir = t.dir.join("nginx");
+    let access_log = nginx_dir.join("access.log");
+    let server = format!(
+        "server {{ listen 8081 http2; access_log {}; \
+         location / {{ return 200 \"path=$request_uri\\n\"; }} }}",
+        access_log.display()
+    );
+    let _nginx = start_nginx_in(&t.pod("n2p1").netns, &nginx_dir, &server, &[8081])?;
+    let client = &t.pod("n1p1").netns;
+    let curl = |args: &[&str]| -> Result<String> {
+        let mut all = vec!["-sS", "--max-time", "10", "-w", " %{http_code}"];
+        all.extend_from_slice(args);
+        client
+            .exec("curl", &all)
+            .with_context(|| waypoint.log_text())
+    };
+    let url = "http://10.96.0.32/public";
+    assert_eq!(curl(&["--http1.1", url])?, "path=/public\n 200");
+    // The policies hold for requests that say what they mean.
+    assert!(curl(&["--http1.1", "http://10.96.0.32/admin"])?.ends_with(" 403"));
+    let admin_host = curl(&["--http1.1", "-H", "Host: admin.example.com", url])?;
+    assert!(admin_host.ends_with(" 403"), "{admin_host}");
+    // A path smuggled in Host: 400 from the waypoint, with what is wrong.
+    for host in [
+        "web.default.svc.cluster.local/admin#",
+        "web/admin?",
+        "admin.example.com/",
+    ] {
+        let out = curl(&["--http1.1", "-H", &format!("Host: {host}"), url])?;
+        assert!(
+            out.ends_with(" 400"),
+            "Host: {host}: {out}\n{}",
+            waypoint.log_text()
+        );
+        assert!(
+            out.contains("'/' is not allowed in the authority"),
+            "Host: {host}: {out}"
+        );
+    }
+    // Over HTTP/2 curl sends the Host as :authority, which h2 refuses as malformed
+    // (a stream error) or the waypoint answers 400: never anything from the backend.
+    let h2 = curl(&["--http2-prior-knowledge", "-H", "Host: web/admin#", url]);
+    assert!(h2.as_ref().map_or(true, |o| o.ends_with(" 400")), "{h2:?}");
+    assert_eq!(
+        curl(&["--http2-prior-knowledge", url])?,
+        "path=/public\n 200"
+    );
+
+    let log = std::fs::read_to_string(&access_log)?;
+    assert!(
+        log.contains("GET /public HTTP/2.0"),
+        "nginx saw no request:\n{log}"
+    );
+    assert!(
+        !log.contains("/admin"),
+        "a smuggled path reached nginx:\n{log}"
+    );
+    assert_eq!(log.lines().count(), 2, "{log}");
+    Ok(())
+}
+
 /// RequestAuthentication in the waypoint: RS256 tokens against an inline JWKS, ES256
 /// ones against a jwksUri served by a small HTTP server in the waypoint's pod (fetched,
 /// then kept when the server goes away), an ALLOW on requestPrincipals and a DENY on a

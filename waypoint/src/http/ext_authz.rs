@@ -10,6 +10,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use prost::Message;
 
+use super::authority::Authority;
 use super::body::{empty, full, Downstream};
 use super::grpc::{service_endpoint, unary, CallError, MAX_RESPONSE_BYTES};
 use super::plan::set_head_for;
@@ -103,7 +104,9 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
         }
     };
     let path = format!("{}{}", p.path_prefix, req.path);
-    set_head_for(&mut parts, req.host, &path, http2).map_err(|e| CallError::Build(e.to_string()))?;
+    let authority = Authority::parse(req.host).map_err(|e| CallError::Build(e.to_string()))?;
+    set_head_for(&mut parts, &authority, &path, http2)
+        .map_err(|e| CallError::Build(e.to_string()))?;
     let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, body)).await.map_err(|e| CallError::Upstream(Box::new(e)))?;
     let (rparts, body) = resp.into_parts();
     let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await.map_err(|e| CallError::Body(e.to_string()))?.to_bytes();
@@ -195,7 +198,7 @@ pub async fn run(
     };
     let req = CheckRequest {
         parts,
-        host: &admitted.host_full,
+        host: admitted.authority.as_str(),
         path: &path,
         client_http2,
         source: tunnel.src_addr,

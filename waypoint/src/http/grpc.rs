@@ -12,6 +12,7 @@ use http::{Method, Request};
 use http_body_util::{BodyExt, Limited};
 use ztunnel::state::{NamespacedHostname, Service};
 
+use super::authority::Authority;
 use super::backend::{Backend, Origin};
 use super::body::full;
 use super::plan::set_head_for;
@@ -65,7 +66,8 @@ pub async fn unary(wp: &Waypoint, ep: &Endpoint, authority: &str, path: &str, me
     let authority = authority.rsplit('/').next().unwrap_or(authority);
     let mut parts = Request::new(()).into_parts().0;
     parts.method = Method::POST;
-    set_head_for(&mut parts, authority, path, true).map_err(|e| CallError::Build(e.to_string()))?;
+    let authority = Authority::parse(authority).map_err(|e| CallError::Build(e.to_string()))?;
+    set_head_for(&mut parts, &authority, path, true).map_err(|e| CallError::Build(e.to_string()))?;
     parts.headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     parts.headers.insert(header::TE, HeaderValue::from_static("trailers"));
     if let Some(v) = deadline.and_then(|d| HeaderValue::from_str(&format!("{}m", d.as_millis().min(99_999_999))).ok()) {

@@ -7,8 +7,10 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::Request;
 use ztunnel::identity::Identity;
 
-/// The request's authority: the URI's (HTTP/2 `:authority`, absolute-form HTTP/1), else
-/// `Host`; empty when there is neither.
+/// The request's authority as the head says it, unchecked: the URI's (HTTP/2
+/// `:authority`, absolute-form HTTP/1), else `Host`; empty when there is neither. For the
+/// access log and for a head the plan already rewrote; decisions on a client's request
+/// use `authority::Authority::of_request`, which refuses what is not `host[:port]`.
 pub fn authority(parts: &http::request::Parts) -> String {
     parts
         .uri
@@ -86,13 +88,6 @@ pub fn header_bytes(h: &HeaderMap) -> u64 {
     h.iter().map(|(k, v)| (k.as_str().len() + v.len() + 4) as u64).sum()
 }
 
-pub fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host.split_once(']').map(|(h, _)| &host[..h.len() + 1]).unwrap_or(host);
-    }
-    host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map(|(h, _)| h).unwrap_or(host)
-}
-
 /// A copy of a request head, without its extensions but an extended CONNECT's
 /// `:protocol`.
 pub fn clone_parts(p: &http::request::Parts) -> http::request::Parts {
@@ -125,13 +120,5 @@ mod tests {
         g.insert("te", HeaderValue::from_static("trailers"));
         strip_hop_by_hop(&mut g);
         assert!(g.contains_key("te"));
-    }
-
-    #[test]
-    fn ports_are_stripped_from_hosts() {
-        assert_eq!(strip_port("echo:80"), "echo");
-        assert_eq!(strip_port("echo"), "echo");
-        assert_eq!(strip_port("[::1]:80"), "[::1]");
-        assert_eq!(strip_port("10.96.0.10:80"), "10.96.0.10");
     }
 }

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::BodyExt;
 
+use super::authority::Authority;
 use super::backend::{Backend, Origin};
 use super::body::full;
 use super::headers::clone_parts;
@@ -53,6 +54,9 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     if backend.policy.as_ref().is_some_and(|p| p.refused.is_some()) {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror skipped: its DestinationRule cannot be applied");
     }
+    let Ok(shadow) = Authority::parse(&shadow) else {
+        return tracing::debug!(host = %shadow, "mirror skipped: the shadow host is no authority");
+    };
     if set_head_for(&mut parts, &shadow, &pq, http2).is_err() {
         return tracing::debug!(host = %shadow, "mirror skipped: the shadow host makes no URI");
     }
@@ -68,7 +72,7 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
         }
         let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
         let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
-        ep.tls = backend.tls_target(Some(&shadow), picked.addr.ip(), http2);
+        ep.tls = backend.tls_target(Some(shadow.as_str()), picked.addr.ip(), http2);
         let exchange = async {
             let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
             // Read (and drop) the response so the connection can be reused, up to a cap.

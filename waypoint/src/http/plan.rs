@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderMap, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Method, StatusCode, Uri};
 use ztunnel::identity::Identity;
 use ztunnel::state::Service;
 
+use super::authority::Authority;
 use super::backend::{Backend, Origin};
-use super::headers::{authority, set_trusted_headers, strip_hop_by_hop, strip_port};
+use super::headers::{set_trusted_headers, strip_hop_by_hop};
 use super::log::Notes;
 use super::reply::LocalReply;
 use super::tunnel::Tunnel;
@@ -154,13 +156,22 @@ pub struct Mirrors<'c> {
 /// Rewrites the request head for an upstream of that HTTP version: HTTP/2 takes the
 /// authority in the URI and no Host; HTTP/1.1 an origin-form URI and Host. h2 and hyper
 /// translate the rest (connection-specific headers are already gone, trailers pass).
-pub fn set_head_for(parts: &mut http::request::Parts, host: &str, path_and_query: &str, http2: bool) -> Result<(), http::uri::InvalidUri> {
-    let uri = if http2 { format!("http://{host}{path_and_query}") } else { path_and_query.to_string() };
-    parts.uri = uri.parse::<Uri>()?;
+/// The URI is built from the parsed authority and path, so neither can spill into the
+/// other, and the client's own Host never reaches the backend.
+pub fn set_head_for(
+    parts: &mut http::request::Parts,
+    authority: &Authority,
+    path_and_query: &str,
+    http2: bool,
+) -> Result<(), http::Error> {
+    let pq = PathAndQuery::try_from(path_and_query)?;
     if http2 {
+        parts.uri = authority.uri_with(pq)?;
         parts.headers.remove(header::HOST);
-    } else if let Ok(v) = HeaderValue::from_str(host) {
-        parts.headers.insert(header::HOST, v);
+    } else {
+        parts.uri = Uri::from(pq);
+        let host = HeaderValue::from_str(authority.as_str())?;
+        parts.headers.insert(header::HOST, host);
     }
     parts.version = if http2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
     Ok(())
@@ -175,9 +186,9 @@ fn object_name(s: &Service) -> ObjectName {
 pub struct Admitted<'c> {
     target_service: Option<Arc<Service>>,
     target_name: Option<ObjectName>,
-    /// Host / :authority as received.
-    pub host_full: String,
-    /// Lowercase, without the port.
+    /// The request's authority (Host, :authority or an absolute-form target's), valid.
+    pub authority: Authority,
+    /// Its host, lowercase, without the port.
     host: String,
     /// Normalized, without the query.
     pub norm_path: String,
@@ -196,7 +207,6 @@ pub struct Admitted<'c> {
 pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Admitted<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
     let target_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
-    let host_full = authority(parts);
     // A WebSocket is planned as a GET with `upgrade: websocket`, whatever the version.
     let websocket = upgrade::detect(parts);
     // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
@@ -204,14 +214,13 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         return Err(LocalReply::new(StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint"));
     }
     // Host policies and routes need a host: without Host or :authority (HTTP/1.0, or an
-    // HTTP/2 request without it) there is none to check, so the request is refused.
-    if host_full.is_empty() {
-        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "the request has no Host or :authority"));
-    }
-    // `user@host` would match host policies as one string and reach the backend as another.
-    if host_full.contains('@') {
-        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "userinfo in the request authority is not allowed"));
-    }
+    // HTTP/2 request without it) there is none to check, so the request is refused. One
+    // that is not exactly `host[:port]` (`web/admin#`, `user@web`) would be matched by
+    // policy as one string and read by the backend as another: refused too (Envoy: 400).
+    let authority = match Authority::of_request(parts) {
+        Ok(a) => a,
+        Err(e) => return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", e.to_string())),
+    };
     // One normalized path for policy, routing and the backend alike.
     let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let (norm_path, query) = match path::normalize_path_and_query(pq) {
@@ -219,7 +228,7 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         Err(e) => return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", format!("bad request path: {e}"))),
     };
     notes.path = Some(norm_path.clone());
-    let host = strip_port(&host_full).to_ascii_lowercase();
+    let host = authority.host().to_ascii_lowercase();
     // Headers as the backend will get them, before policy and routes look at them: a
     // client's `Connection: x-foo` must not remove a header after it was authorized or
     // set by a route, and identity headers are the waypoint's.
@@ -241,7 +250,7 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         match authn::authenticate(&authns, inb.jwks, &mut parts.headers, query.as_deref()) {
             Ok(a) => a,
             Err(f) => {
-                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| format!("Bearer realm=\"http://{host_full}{norm_path}\", error=\"invalid_token\""));
+                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| format!("Bearer realm=\"http://{authority}{norm_path}\", error=\"invalid_token\""));
                 return Err(LocalReply { www_authenticate: challenge, ..LocalReply::new(f.status(), "-", f.to_string()) });
             }
         }
@@ -253,10 +262,10 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         if policies.is_empty() {
             extauthz::Custom::Skip
         } else {
-            extauthz::decide(&cfg.providers, &policies, &inb.authz_request(parts, &host_full, &norm_path, auth.as_ref()))
+            extauthz::decide(&cfg.providers, &policies, &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()))
         }
     };
-    Ok(Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, custom, response_headers: Vec::new() })
+    Ok(Admitted { target_service, target_name, authority, host, norm_path, query, websocket, auth, custom, response_headers: Vec::new() })
 }
 
 impl Inbound<'_> {
@@ -264,12 +273,12 @@ impl Inbound<'_> {
         Target { gateway: self.gateway, service, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
     }
 
-    fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, host_full: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
+    fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, authority: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
         authz::Request {
             source_principal: Some(&self.tunnel.src_identity),
             source_ip: self.tunnel.src_addr.ip(),
             destination_port: self.tunnel.target.port(),
-            host: host_full,
+            host: authority,
             method: parts.method.as_str(),
             path: norm_path,
             headers: &parts.headers,
@@ -298,11 +307,11 @@ fn plan_request<'c>(
     cors: &mut Option<HeaderMap>,
 ) -> Result<Plan<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
-    let Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
+    let Admitted { target_service, target_name, authority, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
     let target = inb.target(target_name.as_ref());
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
-        let verdict = authz::evaluate(policies, &inb.authz_request(parts, &host_full, &norm_path, auth.as_ref()));
+        let verdict = authz::evaluate(policies, &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()));
         notes.audited_by = verdict.audited_by;
         if !verdict.allowed {
             notes.denied_by = verdict.denied_by;
@@ -341,7 +350,7 @@ fn plan_request<'c>(
         None => None,
     };
     let mut up_path = norm_path.clone();
-    let mut up_host = host_full.clone();
+    let mut up_host = authority.as_str().to_string();
     let mut response_modifiers = Vec::new();
     let mut mirrors = Vec::new();
     if let Some(b) = picked_ref {
@@ -361,7 +370,7 @@ fn plan_request<'c>(
                 Filter::Cors(_) => {}
                 Filter::RequestRedirect(r) => {
                     // The request's port: from Host, else the service port it was sent to.
-                    let port = host_full.rsplit_once(':').and_then(|(_, p)| p.parse().ok()).or(Some(tunnel.target.port()));
+                    let port = authority.port().or(Some(tunnel.target.port()));
                     let (status, location) = r.location("http", &host, port, &norm_path, query.as_deref(), *matched_prefix);
                     return Err(LocalReply { redirect: Some(location), ..LocalReply::new(status, "-", "") });
                 }
@@ -434,8 +443,22 @@ fn plan_request<'c>(
     // The backend's HTTP version: its service port's protocol, else the client's.
     let client_http2 = inb.proto == Protocol::Http2;
     let http2 = backend.http2.unwrap_or(client_http2);
-    if set_head_for(parts, &up_host, &pq, http2).is_err() {
-        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", "request URI cannot be rebuilt"));
+    // The client's authority, or the one a URLRewrite set (a hostname checked when the
+    // config loaded).
+    let up_authority = if up_host == authority.as_str() {
+        authority
+    } else {
+        match Authority::parse(&up_host) {
+            Ok(a) => a,
+            Err(e) => {
+                let why = format!("the route's hostname rewrite {up_host:?} is no authority: {e}");
+                return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "-", why));
+            }
+        }
+    };
+    if let Err(e) = set_head_for(parts, &up_authority, &pq, http2) {
+        let why = format!("request URI cannot be rebuilt: {e}");
+        return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", why));
     }
     let websocket = websocket.then(|| upgrade::set_upstream_head(parts, client_http2, http2));
     let hash = hash_key(backend.policy.as_ref().and_then(|t| t.pick.as_ref()), parts, query.as_deref(), tunnel.src_addr.ip());
@@ -757,6 +780,127 @@ mod tests {
         assert_eq!(status(&plan("", no_host).0), Some((400, "-")));
         let userinfo = Request::get("/").header("host", "u@echo").body(()).expect("request");
         assert_eq!(status(&plan("", userinfo).0), Some((400, "-")));
+        let two_hosts = Request::get("/")
+            .header("host", "echo")
+            .header("host", "other")
+            .body(())
+            .expect("request");
+        let e = plan("", two_hosts).0.expect_err("two Hosts");
+        let want = "the request has 2 Host headers; one is allowed";
+        assert_eq!((e.status.as_u16(), e.message.as_str()), (400, want));
+    }
+
+    /// A Host that is not `host[:port]` is refused before anything reads it: `web/admin#`
+    /// was matched by policy as a host, with the path `/public`, and sent to an HTTP/2
+    /// backend as `http://web/admin#/public`, which asks for `/admin` (issue 39).
+    #[test]
+    fn a_host_header_cannot_smuggle_a_path_past_policy() {
+        let h2 = MESH.replace(PORTS, &format!("{PORTS}, appProtocols: {{80: HTTP2}}"));
+        let policies = format!(
+            "authorizationPolicies:\n{}{}",
+            deny("admin", "paths: ['/admin*']"),
+            deny("host", "hosts: [admin.example.com]")
+        );
+        let outcome = |host: &str, path: &str| {
+            let req = Request::get(path)
+                .header("host", host)
+                .body(())
+                .expect("request");
+            let (r, notes, parts) = plan_as(&h2, Protocol::Http1, &policies, req);
+            (
+                r.map_err(|e| (e.status.as_u16(), e.message)),
+                notes.denied_by,
+                parts,
+            )
+        };
+        let smuggling = [
+            "echo.default.svc.cluster.local/admin#",
+            "echo/admin?",
+            "admin.example.com/",
+            "echo?/admin",
+            "echo#/admin",
+            "u@echo/admin",
+            "echo:80/admin",
+            "[::1]/admin",
+        ];
+        for host in smuggling {
+            let (r, denied_by, _) = outcome(host, "/public");
+            let want = Authority::parse(host).err().map(|e| e.to_string());
+            assert_eq!(
+                (r.err(), denied_by),
+                (Some((400, want.unwrap_or_default())), None)
+            );
+        }
+        // The policies themselves hold, whatever the authority's spelling.
+        for (host, path, by) in [
+            (
+                "echo.default.svc.cluster.local",
+                "/admin/x",
+                "default/admin",
+            ),
+            ("admin.example.com", "/public", "default/host"),
+            ("ADMIN.example.com.:8080", "/public", "default/host"),
+        ] {
+            let (r, denied_by, _) = outcome(host, path);
+            let got = (r.err().map(|e| e.0), denied_by);
+            assert_eq!(got, (Some(403), Some(by.to_string())), "{host}{path}");
+        }
+        // What policy allowed is what the HTTP/2 backend gets, authority and path apart.
+        let (r, _, parts) = outcome("echo.default.svc.cluster.local:80", "/public");
+        assert_eq!(r.ok(), Some(true));
+        let authority = parts.uri.authority().map(|a| a.as_str());
+        let want = Some("echo.default.svc.cluster.local:80");
+        assert_eq!((authority, parts.uri.path()), (want, "/public"));
+        assert!(parts.headers.get("host").is_none());
+        // An HTTP/2 client's :authority is held to the same rule (h2 refuses a `/` in it
+        // already), and a Host beside it is checked too.
+        for (host, want) in [("echo", 200), ("echo/admin#", 400)] {
+            let req = Request::get("http://echo.default.svc.cluster.local/public")
+                .version(http::Version::HTTP_2)
+                .header("host", host)
+                .body(())
+                .expect("request");
+            let r = plan_as(&h2, Protocol::Http2, &policies, req).0;
+            assert_eq!(
+                r.map_or_else(|e| e.status.as_u16(), |_| 200),
+                want,
+                "{host}"
+            );
+        }
+    }
+
+    /// An absolute-form target's authority wins over Host (RFC 9112 3.2.2, as hyper and
+    /// Envoy): policy reads it, and an HTTP/1.1 backend gets it as its Host.
+    #[test]
+    fn an_absolute_form_authority_wins_over_host() {
+        let policies = format!(
+            "authorizationPolicies:\n{}",
+            deny("host", "hosts: [admin.example.com]")
+        );
+        let abs = |authority: &str, host: &str| {
+            let uri = format!("http://{authority}/public");
+            Request::get(uri)
+                .header("host", host)
+                .body(())
+                .expect("request")
+        };
+        let echo = "echo.default.svc.cluster.local";
+        let (r, _, parts) = plan(&policies, abs(echo, "admin.example.com"));
+        assert!(r.is_ok(), "{r:?}");
+        assert_eq!(parts.uri, "/public");
+        let host = parts.headers.get("host").map(|v| v.as_bytes());
+        assert_eq!(host, Some(echo.as_bytes()));
+        let r = plan(&policies, abs("admin.example.com", echo)).0;
+        assert_eq!(status(&r), Some((403, "DENY")));
+    }
+
+    const PORTS: &str = "ports: {80: 8080}";
+
+    /// A DENY policy on the echo Service, for requests with `operation`.
+    fn deny(name: &str, operation: &str) -> String {
+        let target = "targetRefs: [{kind: Service, name: echo}]";
+        let rules = format!("rules: [{{to: [{{operation: {{{operation}}}}}]}}]");
+        format!("- {{name: {name}, namespace: default, {target}, action: DENY, {rules}}}\n")
     }
 
     fn cors_route(cors: &str) -> String {
