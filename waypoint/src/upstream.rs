@@ -56,6 +56,20 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
+    /// The server refused the request's stream unprocessed (HTTP/2 REFUSED_STREAM):
+    /// Envoy's `refused-stream` retry condition.
+    pub fn is_refused_stream(&self) -> bool {
+        let UpstreamError::Request { source, .. } = self else { return false };
+        let mut e: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        while let Some(err) = e {
+            if err.downcast_ref::<h2::Error>().and_then(h2::Error::reason) == Some(h2::Reason::REFUSED_STREAM) {
+                return true;
+            }
+            e = err.source();
+        }
+        false
+    }
+
     /// The request never reached the endpoint's application (safe to retry anything).
     pub fn is_connect(&self) -> bool {
         matches!(self, UpstreamError::Connect { .. } | UpstreamError::Tcp { .. } | UpstreamError::Tls { .. } | UpstreamError::Handshake { .. })

@@ -22,7 +22,7 @@ use super::upgrade;
 use crate::config::Config;
 use crate::context::Waypoint;
 use crate::lb::{Choice, Limit, OutlierConfig, Picked};
-use crate::upstream::{Body, BoxError, Endpoint, UpstreamError};
+use crate::upstream::{Body, BoxError, Endpoint};
 
 /// Request bodies up to this size are buffered when a retry or mirror needs a copy.
 const MAX_BUFFERED_BODY: u64 = 64 * 1024;
@@ -55,14 +55,23 @@ struct Attempts<'a> {
     max_retries: Option<u32>,
 }
 
+/// Istio's retries when a route sets none (`route/retry/retry.go`): 2 more attempts on
+/// `connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes` with no
+/// status codes listed, so no 5xx answer is retried; for any method, since none of
+/// those conditions means the application acted on the request.
+const DEFAULT_RETRIES: u32 = 2;
+
 impl<'a> Attempts<'a> {
-    /// Retries only for a body that can be sent again, and only for idempotent methods.
+    /// Retries only for a body that can be sent again; a route's own policy only for
+    /// idempotent methods, Istio's default one (no route policy) for any.
     fn new(plan: &Plan<'a>, method: &Method, body: &RequestBody, service: String) -> Self {
         let retry = plan.retry;
         let traffic = plan.backend.policy.as_deref();
+        let resendable = matches!(body, RequestBody::Buffered(_));
         Attempts {
             count: 1 + match retry {
-                Some(r) if matches!(body, RequestBody::Buffered(_)) && idempotent(method) => r.attempts.unwrap_or(1),
+                Some(r) if resendable && idempotent(method) => r.attempts.unwrap_or(1),
+                None if resendable => DEFAULT_RETRIES,
                 _ => 0,
             },
             codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
@@ -133,7 +142,8 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
     let (mut parts, body) = req.into_parts();
     // A WebSocket is not mirrored: a shadow upgrade would hold a connection for nothing.
     let mirrors = plan.websocket.is_none() && !plan.mirrors.to.is_empty();
-    let want_copy = (plan.retry.is_some() && idempotent(&parts.method)) || mirrors;
+    // A copy for retries (Istio's default policy included) and mirrors.
+    let want_copy = plan.retry.is_none() || idempotent(&parts.method) || mirrors;
     let mut req_body = match request_body(body, want_copy, &log).await {
         Ok(b) => b,
         Err(reply) => return reply.with_headers(plan.cors.as_ref()).send(log, grpc),
@@ -309,8 +319,9 @@ async fn attempt_loop(
                 let flags = if e.is_connect() { "UF" } else { "UC" };
                 tracing::debug!(error = %e, attempt, "upstream attempt failed");
                 last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, flags, e.to_string());
-                // A request that never reached the app may always go elsewhere.
-                let retriable = matches!(e, UpstreamError::Connect { .. } | UpstreamError::Handshake { .. }) || codes.contains(&503);
+                // A request that never reached the app (no connection, or a stream the
+                // server refused unprocessed) may always go elsewhere.
+                let retriable = e.is_connect() || e.is_refused_stream() || codes.contains(&503);
                 if !(more && retriable) {
                     return Err(last);
                 }
@@ -318,7 +329,7 @@ async fn attempt_loop(
             Some(Ok(resp)) => {
                 let status = resp.status();
                 picked.report(!status.is_server_error());
-                if more && codes.contains(&status.as_u16()) {
+                if more && (codes.contains(&status.as_u16()) || grpc_unavailable_or_cancelled(&resp)) {
                     last = LocalReply::new(status, "URX", format!("upstream answered {status}"));
                     continue;
                 }
@@ -332,3 +343,8 @@ async fn attempt_loop(
     Err(last)
 }
 
+/// Envoy's `unavailable` and `cancelled` retry conditions: a gRPC answer whose status
+/// (in the headers: a trailers-only response) is UNAVAILABLE (14) or CANCELLED (1).
+fn grpc_unavailable_or_cancelled<B>(resp: &Response<B>) -> bool {
+    resp.headers().get("grpc-status").is_some_and(|v| v == "14" || v == "1")
+}

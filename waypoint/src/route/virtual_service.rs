@@ -360,7 +360,10 @@ impl VsHttpRoute {
                 attempts: r.attempts,
                 backoff: None,
             }),
-            _ => None,
+            // `attempts` 0 or unset turns retries off, Istio's defaults included
+            // (`retry.ConvertPolicy`: attempts <= 0 is no policy at all).
+            Some(_) => Some(Retry { codes: Vec::new(), attempts: Some(0), backoff: None }),
+            None => None,
         };
         let fault = match &self.fault {
             None => None,
