@@ -118,7 +118,7 @@ fn classify_http(buf: &[u8]) -> Verdict {
 pub async fn sniff(recv: &mut RecvStream, timeout: Duration, expect: Expect) -> Result<(Protocol, Bytes), SniffError> {
     let mut buf = BytesMut::new();
     let deadline = tokio::time::Instant::now() + timeout;
-    let classify = match expect {
+    let verdict: fn(&[u8]) -> Verdict = match expect {
         Expect::Http => classify_http,
         Expect::Any => classify,
     };
@@ -141,7 +141,7 @@ pub async fn sniff(recv: &mut RecvStream, timeout: Duration, expect: Expect) -> 
                 if buf.is_empty() {
                     continue;
                 }
-                if let Verdict::Known(p) = classify(&buf) {
+                if let Verdict::Known(p) = verdict(&buf) {
                     return Ok((p, buf.freeze()));
                 }
             }
