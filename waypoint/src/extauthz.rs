@@ -7,9 +7,14 @@
 //! provider; a provider that is missing, invalid or not an authorizer makes its
 //! policies deny what they match ("deny due to bad CUSTOM action"), and so do
 //! policies of a target with several providers. A check that cannot be made answers
-//! `statusOnError` (403) unless the provider fails open. On opaque TCP an HTTP
-//! provider does not apply; a gRPC provider would be Envoy's network ext_authz, which
-//! this waypoint does not make, so its matching policies deny the connection.
+//! `statusOnError` (403) unless the provider fails open.
+//!
+//! Opaque TCP (a port of unknown protocol whose bytes are not HTTP, a TCP port, a
+//! TCPRoute) cannot be checked: an HTTP provider has no request to send, and a gRPC one
+//! would need Envoy's network ext_authz, which this waypoint does not make. So a CUSTOM
+//! policy that would check the connection denies it (fail closed). Istio's waypoint
+//! instead leaves an HTTP provider out of its TCP chain; here that would let a client
+//! skip the authorizer by making its request look opaque (a pause, padding).
 
 pub mod check;
 pub mod proto;
@@ -74,11 +79,13 @@ fn decide_matched<'a>(providers: &'a BTreeMap<String, Checked>, matches: &[(&Aut
         Some(Ok(Provider::NotAuthz(kind))) => {
             Custom::Deny { policy, reason: format!("provider {provider_name:?} is a {kind} provider, not an ext_authz one") }
         }
-        // Istio does not apply HTTP authorizers to opaque TCP.
-        Some(Ok(Provider::Http(_))) if tcp => Custom::Skip,
-        Some(Ok(Provider::Grpc(_))) if tcp => Custom::Deny {
+        // Fail closed: an opaque connection has nothing an authorizer could be asked about.
+        Some(Ok(Provider::Http(_) | Provider::Grpc(_))) if tcp => Custom::Deny {
             policy,
-            reason: format!("provider {provider_name:?} would check opaque TCP with Envoy's network ext_authz, which this waypoint does not make"),
+            reason: format!(
+                "CUSTOM provider {provider_name:?} cannot check opaque TCP (no TCP ext_authz in this waypoint); \
+                 declare the port's protocol HTTP, or leave the port out of the policy"
+            ),
         },
         Some(Ok(p)) => Custom::Check { provider: p, policy },
     }

@@ -37,6 +37,10 @@ pub use backend::{Backend, Origin};
 pub use mirror::MAX_MIRRORS_IN_FLIGHT;
 pub use tunnel::Tunnel;
 
+/// How long a client has for its request head (and, on a port that declares HTTP, for
+/// its first bytes).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves HTTP on one tunnel until the client closes it.
 pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: Protocol) {
     let idle = wp.idle_timeout;
@@ -61,7 +65,7 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
         _ => {
             hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .max_headers(100)
                 .serve_connection(io, svc)
                 .with_upgrades()

@@ -86,7 +86,7 @@ struct Args {
     /// An idle pooled upstream connection is closed after this many seconds.
     #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
     pool_idle_timeout_seconds: u64,
-    /// How long a tunnel may stay silent before it is relayed at L4 (server-first protocols).
+    /// How long a tunnel to a port of unknown protocol may stay silent before it is relayed at L4 (server-first protocols); ports that declare HTTP never are.
     #[arg(long, env = "PROTOCOL_DETECTION_TIMEOUT_MS", default_value_t = 1000)]
     protocol_detection_timeout_ms: u64,
     /// How an endpoint is picked among a backend's healthy ones.

@@ -12,7 +12,7 @@ use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
 use ztunnel::metrics::{Peer, TcpLabels};
-use ztunnel::state::{MeshState, Protocol as MeshProtocol, Workload};
+use ztunnel::state::{AppProtocol, MeshState, Protocol as MeshProtocol, Workload};
 
 use crate::authz;
 use crate::extauthz;
@@ -103,24 +103,31 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
             "CONNECT target is not a service or workload that uses this waypoint; refused");
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     }
-    // A TCPRoute says the port is TCP: no HTTP is looked for.
     let tcp_routed = cfg.tcp_routes.iter().any(|r| r.attaches_to(&l7_target(&wp, &cfg.state, target).as_target()));
+    let handling = handling(tcp_routed, port_protocol(&cfg.state, target));
     drop(cfg);
     // The tunnel must be open before its first bytes can tell HTTP from anything else.
     let ok = Response::builder().status(StatusCode::OK).body(()).unwrap_or_default();
-    let down_send = match tx.send_response(ok, false) {
+    let mut down_send = match tx.send_response(ok, false) {
         Ok(s) => s,
         Err(e) => return tracing::debug!(error = %e, "client went away"),
     };
     let mut down_recv = req.into_body();
     let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target, trace });
-    if tcp_routed {
-        return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await;
-    }
-    let (proto, first) = match detect::sniff(&mut down_recv, wp.detect_timeout).await {
+    let sniffed = match handling {
+        Handling::Opaque => return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await,
+        Handling::Http => detect::sniff(&mut down_recv, crate::http::HEADER_READ_TIMEOUT, detect::Expect::Http).await,
+        Handling::Sniff => detect::sniff(&mut down_recv, wp.detect_timeout, detect::Expect::Any).await,
+    };
+    let (proto, first) = match sniffed {
         Ok(x) => x,
+        Err(e @ detect::SniffError::Silent(_)) => {
+            tracing::debug!(src.identity = %tunnel.src_identity, dst.addr = %target, error = %e, "no HTTP request on an HTTP port; tunnel closed");
+            return down_send.send_reset(h2::Reason::CANCEL);
+        }
         Err(e) => return tracing::debug!(error = %e, "tunnel ended before its protocol was known"),
     };
+    // On an HTTP port `sniff` never answers opaque: only a port of unknown protocol relays.
     if proto.is_http() {
         let mut io = H2Stream::new(down_send, down_recv, None);
         io.unread(first);
@@ -129,10 +136,41 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
     relay(wp, tunnel, down_send, down_recv, first, start).await
 }
 
+/// The protocol the target's service port declares (Istio's, from the port's name or
+/// `appProtocol`); a workload addressed directly has none.
+fn port_protocol(state: &MeshState, target: SocketAddr) -> AppProtocol {
+    state.service_by_vip(network::get(), target.ip()).map(|s| s.app_protocol(target.port())).unwrap_or_default()
+}
+
+/// How a tunnel's bytes are taken, as Istio's waypoint builds its filter chains per port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Handling {
+    /// Relayed at L4 without looking for HTTP: a TCPRoute, or a TCP/TLS port.
+    Opaque,
+    /// HTTP only: a port that declares HTTP, HTTP2 or gRPC. A client that does not speak
+    /// HTTP there is refused (400, or a reset), never relayed: else it could skip the L7
+    /// policies and header handling by pausing or padding its request.
+    Http,
+    /// Unknown protocol: HTTP if the first bytes say so, else opaque.
+    Sniff,
+}
+
+fn handling(tcp_routed: bool, port: AppProtocol) -> Handling {
+    if tcp_routed {
+        return Handling::Opaque;
+    }
+    match port {
+        AppProtocol::Http11 | AppProtocol::Http2 | AppProtocol::Grpc => Handling::Http,
+        AppProtocol::Tcp | AppProtocol::Tls => Handling::Opaque,
+        AppProtocol::Unknown => Handling::Sniff,
+    }
+}
+
 /// Whether opaque (non-HTTP) traffic may pass under the target's policies, judged by
 /// their TCP form (`AuthorizationPolicy::for_tcp`): otherwise a client could dodge an
 /// HTTP deny by making its request look like something else (a bare `\n` line end, a
-/// pause before the request line).
+/// pause before the request line). A CUSTOM policy that would check the connection
+/// denies it: no authorizer can check opaque bytes (see `extauthz`).
 fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy], providers: &extauthz::Providers) -> Result<(), String> {
     let tcp: Vec<authz::AuthorizationPolicy> = policies.iter().map(|p| p.for_tcp()).collect();
     let headers = http::HeaderMap::new();
@@ -400,5 +438,54 @@ mod tests {
         assert!(!serves(&st, &me("wp"), at("10.0.0.5:80")));
         assert!(!serves(&st, &me("wp"), at("10.96.0.13:80")));
         assert!(!serves(&st, &me("wp"), at("10.0.0.9:80")));
+    }
+
+    /// Only a port of unknown protocol is sniffed: an HTTP, HTTP2 or gRPC port is HTTP
+    /// only, a TCP or TLS port (or a TCPRoute's) opaque only, as Istio's waypoint chains.
+    #[test]
+    fn a_port_is_sniffed_only_when_its_protocol_is_unknown() {
+        let services: Vec<ztunnel::state::Service> = serde_yaml::from_str(
+            "- {name: web, namespace: default, hostname: web.default.svc.cluster.local, vips: [/10.96.0.12],
+   ports: {80: 8080, 81: 8080, 82: 8080, 83: 8080, 84: 8080, 85: 8080},
+   appProtocols: {80: HTTP11, 81: HTTP2, 82: GRPC, 83: TCP, 84: TLS}}",
+        )
+        .unwrap();
+        let st = MeshState::build(Vec::new(), services, Vec::new()).unwrap();
+        let at = |port: u16| handling(false, port_protocol(&st, SocketAddr::from(([10, 96, 0, 12], port))));
+        assert_eq!([at(80), at(81), at(82)], [Handling::Http; 3]);
+        assert_eq!([at(83), at(84)], [Handling::Opaque; 2]);
+        assert_eq!(at(85), Handling::Sniff, "a port istiod gave no protocol");
+        // A workload addressed directly has no service port to declare anything.
+        assert_eq!(handling(false, port_protocol(&st, "10.0.0.4:80".parse().unwrap())), Handling::Sniff);
+        // A TCPRoute makes the port TCP, whatever it declares.
+        assert_eq!(handling(true, AppProtocol::Http11), Handling::Opaque);
+        assert_eq!(handling(true, AppProtocol::Unknown), Handling::Opaque);
+    }
+
+    /// An opaque connection in the scope of a CUSTOM policy is denied (an HTTP authorizer
+    /// cannot check it), with the policy named; out of its scope it passes.
+    #[test]
+    fn an_opaque_connection_under_a_custom_policy_is_denied() {
+        let providers: extauthz::Providers = Arc::new(
+            extauthz::provider::parse_all(&[serde_json::json!(
+                {"name": "http-authz", "envoyExtAuthzHttp": {"service": "default/authz.default.svc.cluster.local", "port": 8000}}
+            )])
+            .unwrap(),
+        );
+        let policy: authz::AuthorizationPolicy = serde_yaml::from_str(
+            "{name: ext, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: CUSTOM, provider: {name: http-authz},
+  rules: [{to: [{operation: {paths: [\"/private*\"], ports: [\"80\"]}}]}]}",
+        )
+        .unwrap();
+        policy.validate().unwrap();
+        let tunnel = |port: u16| Tunnel {
+            src_identity: Identity::new("cluster.local", "default", "client"),
+            src_addr: "10.0.0.1:40000".parse().unwrap(),
+            target: SocketAddr::from(([10, 96, 0, 12], port)),
+            trace: hbone::TraceParent::default(),
+        };
+        let why = l4_allowed(&tunnel(80), &[&policy], &providers).unwrap_err();
+        assert!(why.starts_with("denied by default/ext: ") && why.contains("http-authz"), "{why}");
+        assert_eq!(l4_allowed(&tunnel(9000), &[&policy], &providers), Ok(()), "the policy's rule is for port 80 only");
     }
 }

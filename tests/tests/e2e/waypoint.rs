@@ -13,6 +13,7 @@ use mesh_tests::netsim::*;
 mod crl;
 mod idle;
 mod istio_shape;
+mod opaque;
 mod retries;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -126,12 +126,35 @@ fn custom_policies_pick_their_provider_or_deny() {
     let other = policy("provider: {name: grpc-authz}\nrules: [{to: [{operation: {paths: [\"/other\"]}}]}]\n");
     let d = with_request("/admin", |r| decide(&all, &[&admin, &other], r));
     assert!(matches!(d, Custom::Deny { ref reason, .. } if reason.contains("grpc-authz, http-authz")), "{d:?}");
-    // Opaque TCP: HTTP authorizers do not apply; a gRPC one would need network ext_authz.
-    let any = |name: &str| policy(&format!("provider: {{name: {name}}}\nrules: [{{}}]\n")).for_tcp();
-    assert_eq!(with_request("", |r| decide_tcp(&all, &[any("http-authz")], r)), Custom::Skip);
-    assert!(matches!(with_request("", |r| decide_tcp(&all, &[any("grpc-authz")], r)), Custom::Deny { .. }));
     // CUSTOM does not take part in ALLOW/DENY evaluation.
     assert!(with_request("/admin", |r| authz::evaluate([&admin], r)).allowed);
+}
+
+/// Opaque TCP cannot be checked by any authorizer: a CUSTOM policy that would check the
+/// connection denies it, naming itself and why (fail closed; a client must not skip the
+/// authorizer by making its request look opaque).
+#[test]
+fn custom_policies_deny_opaque_tcp_they_would_check() {
+    let all = providers(http_provider());
+    let tcp = |yaml: &str| policy(yaml).for_tcp();
+    let denied = |p: AuthorizationPolicy| match with_request("", |r| decide_tcp(&all, &[p], r)) {
+        Custom::Deny { policy, reason } => format!("{policy}: {reason}"),
+        other => panic!("{other:?}"),
+    };
+    for name in ["http-authz", "grpc-authz"] {
+        let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{}}]\n")));
+        assert!(why.starts_with("default/c: ") && why.contains(name) && why.contains("cannot check opaque TCP"), "{why}");
+        // A rule on HTTP attributes has no such attributes to miss on TCP: it applies.
+        let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{to: [{{operation: {{paths: [\"/private*\"]}}}}]}}]\n")));
+        assert!(why.contains("cannot check opaque TCP"), "{why}");
+    }
+    // A provider that is missing still says so.
+    assert!(denied(tcp("provider: {name: missing}\nrules: [{}]\n")).contains("not among meshConfig extensionProviders"));
+    // What the policy would not check on HTTP either (another peer, another port) passes.
+    let other_peer = tcp("provider: {name: http-authz}\nrules: [{from: [{source: {principals: [\"cluster.local/ns/default/sa/other\"]}}]}]\n");
+    assert_eq!(with_request("", |r| decide_tcp(&all, &[other_peer], r)), Custom::Skip);
+    let other_port = tcp("provider: {name: http-authz}\nrules: [{to: [{operation: {ports: [\"9000\"]}}]}]\n");
+    assert_eq!(with_request("", |r| decide_tcp(&all, &[other_port], r)), Custom::Skip);
 }
 
 #[test]
