@@ -20,6 +20,7 @@ pub mod http;
 pub mod k8s;
 pub mod labels;
 pub mod lb;
+pub mod lookup;
 pub mod network;
 pub mod object;
 pub mod path;
