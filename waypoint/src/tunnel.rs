@@ -21,7 +21,7 @@ use crate::detect;
 use crate::config::Config;
 use crate::http::{Backend, Origin, Tunnel};
 use crate::network;
-use crate::object::{ObjectName, Target};
+use crate::object::{ObjectName, ServiceKind, Target};
 use crate::route::HttpRoute;
 
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
@@ -71,18 +71,20 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
 struct NamedTarget<'w> {
     wp: &'w Waypoint,
     service: Option<ObjectName>,
+    service_kind: ServiceKind,
     port: u16,
 }
 
 impl NamedTarget<'_> {
     fn as_target(&self) -> Target<'_> {
-        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), root_namespace: &self.wp.root_namespace, port: self.port }
+        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), service_kind: self.service_kind, root_namespace: &self.wp.root_namespace, port: self.port }
     }
 }
 
 fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> NamedTarget<'w> {
-    let service = state.service_by_vip(network::get(), target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-    NamedTarget { wp, service, port: target.port() }
+    let svc = state.service_by_vip(network::get(), target.ip());
+    let service = svc.map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    NamedTarget { wp, service, service_kind: svc.map(|s| ServiceKind::of(s)).unwrap_or_default(), port: target.port() }
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity, trace: hbone::TraceParent) {

@@ -18,7 +18,7 @@ use super::tunnel::Tunnel;
 use super::upgrade::{self, WebSocket};
 use crate::config::Config;
 use crate::detect::Protocol;
-use crate::object::{ObjectName, Target};
+use crate::object::{ObjectName, ServiceKind, Target};
 use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
@@ -230,7 +230,7 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     }
 
     let target_name = target_service.as_deref().map(object_name);
-    let target = inb.target(target_name.as_ref());
+    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
 
     // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
     // the policies say; a good one gives them the request principal and claims.
@@ -260,8 +260,8 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
 }
 
 impl Inbound<'_> {
-    fn target<'t>(&'t self, service: Option<&'t ObjectName>) -> Target<'t> {
-        Target { gateway: self.gateway, service, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
+    fn target<'t>(&'t self, service: Option<&'t ObjectName>, service_kind: ServiceKind) -> Target<'t> {
+        Target { gateway: self.gateway, service, service_kind, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
     }
 
     fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, host_full: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
@@ -299,7 +299,7 @@ fn plan_request<'c>(
 ) -> Result<Plan<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
     let Admitted { target_service, target_name, host_full, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
-    let target = inb.target(target_name.as_ref());
+    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
         let verdict = authz::evaluate(policies, &inb.authz_request(parts, &host_full, &norm_path, auth.as_ref()));

@@ -54,7 +54,7 @@ impl Req {
     fn pick(&self, routes: &[HttpRoute]) -> Option<String> {
         let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let svc = ObjectName { namespace: "default".into(), name: "echo".into() };
-        let target = Target { gateway: &gw, service: Some(&svc), root_namespace: "istio-system", port: 80 };
+        let target = Target { gateway: &gw, service: Some(&svc), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
         let refs: Vec<&HttpRoute> = routes.iter().collect();
         let r = RouteRequest {
             method: &self.method,
