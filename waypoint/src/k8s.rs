@@ -298,9 +298,24 @@ fn names_used_target(r: &Value, ns: &str, scope: &Scope) -> bool {
     (service || service_entry) && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
 }
 
+/// Whether an Istio networking object is visible in namespace `to` by its `exportTo`:
+/// empty or `*` everywhere, `.` its own namespace, or the namespaces named.
+fn exported_to(obj: &DynamicObject, to: &str) -> bool {
+    let own = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(list) = obj.data.pointer("/spec/exportTo").and_then(Value::as_array) else { return true };
+    let list: Vec<String> = list.iter().filter_map(Value::as_str).map(String::from).collect();
+    crate::object::exported_to(&list, own, to)
+}
+
 /// Whether this waypoint takes the route or policy (module docs).
 fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings) -> bool {
     let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+    // A VirtualService the waypoint's namespace cannot see (`exportTo`) is not in
+    // Istio's waypoint's scope either. (A DestinationRule's `exportTo` is applied when
+    // it is looked up, `destination::rule_for`.)
+    if kind == Kind::VirtualService && !exported_to(obj, &settings.gateway.namespace) {
+        return false;
+    }
     if ns == settings.gateway.namespace {
         return true;
     }
@@ -897,6 +912,31 @@ mod tests {
         assert!(rejected.iter().any(|r| r["name"] == "tls" && r["effect"].as_str().unwrap_or_default().contains("fails")), "{}", cfg.dump);
         assert_eq!((cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()), (1, 1, 1));
         assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
+    }
+
+    /// A VirtualService of a Service's namespace applies only when exported to the
+    /// waypoint's namespace, as in Istio's waypoint scope; DestinationRules of every
+    /// namespace are read (the lookup decides which one applies).
+    #[test]
+    fn virtual_services_honour_export_to() {
+        let vs = |name: &str, export: Value| {
+            object_in("shop", "VirtualService", name, json!({"hosts": ["cart"], "exportTo": export,
+                "http": [{"route": [{"destination": {"host": "cart"}}]}]}))
+        };
+        let mut s = store(vec![
+            (Kind::VirtualService, vs("private", json!(["."]))),
+            (Kind::VirtualService, vs("elsewhere", json!(["blog"]))),
+            (Kind::VirtualService, vs("to-us", json!(["default"]))),
+            (Kind::VirtualService, vs("everyone", json!(["*"]))),
+            (Kind::VirtualService, vs("unset", json!([]))),
+            (Kind::VirtualService, object("VirtualService", "own-hidden", json!({"hosts": ["echo"], "exportTo": ["blog"],
+                "http": [{"route": [{"destination": {"host": "echo"}}]}]}))),
+        ]);
+        s.from_istiod.insert(ObjectName { namespace: "shop".into(), name: "cart".into() });
+        let cfg = s.publish(&settings()).unwrap();
+        let mut names: Vec<&str> = cfg.dump["virtualServices"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["everyone", "to-us", "unset"], "{}", cfg.dump);
     }
 
     #[test]

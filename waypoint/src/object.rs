@@ -99,6 +99,12 @@ impl ObjectRef {
     }
 }
 
+/// Whether an Istio networking object of namespace `own` with this `exportTo` is visible
+/// in namespace `to`: empty or `*` everywhere, `.` its own namespace, or those named.
+pub fn exported_to(export_to: &[String], own: &str, to: &str) -> bool {
+    export_to.is_empty() || export_to.iter().any(|e| e == "*" || e == to || (e == "." && own == to))
+}
+
 /// Istio's group of ServiceEntry.
 pub const NETWORKING_GROUP: &str = "networking.istio.io";
 

@@ -27,9 +27,9 @@ use crate::route::HttpRoute;
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
 /// or the workload with that address; with a TCPRoute, those of the backend Service it
 /// picks (by weight) on its port.
-fn l4_backend(cfg: &Config, me: &Workload, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
+fn l4_backend(cfg: &Config, me: &Workload, root_namespace: &str, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
     let state = &cfg.state;
-    let from = Origin { me, target: Some(target) };
+    let from = Origin { me, target: Some(target), root_namespace };
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
@@ -181,7 +181,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), target, tcp_route) else {
+    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, tcp_route) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };

@@ -43,7 +43,7 @@ pub enum CallError {
 /// the HTTP version its port declares.
 pub async fn service_endpoint(wp: &Waypoint, cfg: &Config, name: &str, port: u16) -> Result<(Endpoint, Option<bool>), CallError> {
     let svc = provider_service(&cfg.state, name)?;
-    let from = Origin { me: wp.me_in(cfg), target: None };
+    let from = Origin { me: wp.me_in(cfg), target: None, root_namespace: &wp.root_namespace };
     let mut backend = Backend::service(cfg, &from, svc, port, None);
     backend.resolve(&wp.resolver, &wp.me).await.map_err(|e| CallError::NoEndpoint(format!("{name} ({e})")))?;
     let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CallError::NoEndpoint(name.to_string()))?;

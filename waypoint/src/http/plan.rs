@@ -381,7 +381,7 @@ fn plan_request<'c>(
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
-    let from = Origin { me: inb.me, target: Some(tunnel.target) };
+    let from = Origin { me: inb.me, target: Some(tunnel.target), root_namespace: inb.root_namespace };
     let backend = match selected.as_ref().zip(picked_ref) {
         Some((s, b)) => {
             let name = b.service(&s.route.namespace);
@@ -399,7 +399,7 @@ fn plan_request<'c>(
                     format!("backend service {}/{} not found", name.namespace, name.name),
                 ));
             };
-            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, svc).and_then(|r| r.subset(ss)).is_none()) {
+            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, from.client(), svc).and_then(|r| r.subset(ss)).is_none()) {
                 return Err(LocalReply::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "NC",

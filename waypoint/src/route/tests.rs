@@ -370,6 +370,21 @@ fn vs(yaml: &str) -> Result<HttpRoute, String> {
     v.to_http()
 }
 
+/// A VirtualService attaches only through a waypoint of a namespace it is exported to
+/// (the waypoint here is in `default`; the file path, as the cluster's).
+#[test]
+fn virtual_services_honour_export_to() {
+    let with = |export: &str| vs(&format!("exportTo: {export}\nhttp: [{{route: [{{destination: {{host: echo}}}}]}}]")).expect(export);
+    for (export, applies) in [("[]", true), ("['*']", true), ("['.']", true), ("[default]", true), ("[shop]", false), ("[shop, '.']", true)] {
+        assert_eq!(req("/").pick(&[with(export)]).is_some(), applies, "exportTo {export}");
+    }
+    // From another namespace, `.` is that namespace's own.
+    let mut other = with("['.']");
+    other.namespace = "shop".into();
+    other.parent_refs[0].namespace = Some("default".into());
+    assert_eq!(req("/").pick(&[other]), None);
+}
+
 /// A VirtualService as the HTTPRoute it amounts to: Istio's string prefix (not by path
 /// element), headers, weights, timeouts, retries and its fault injection.
 #[test]
