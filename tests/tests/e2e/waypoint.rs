@@ -11,6 +11,7 @@ use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, tes
 use mesh_tests::netsim::*;
 
 mod istio_shape;
+mod tenancy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
