@@ -8,9 +8,13 @@
 //! (`portLevelSettings`, replacing the rule's policy whole for that port) and per subset
 //! (`subsets`, merged over the rule's field by field, as Istio merges them).
 //!
-//! Which rule applies to a Service: one whose `host` is the Service's hostname (or its
-//! short name, in the rule's namespace), else the longest matching `*.` wildcard; a rule
-//! in the Service's own namespace wins over others, then the one listed first. Fields the
+//! Which rule applies to a Service, as Istio picks it for the waypoint proxy: first
+//! the rules of the waypoint's own namespace, then those of the Service's namespace
+//! exported to the waypoint's (`exportTo`: empty or `*` all, `.` its own, or names),
+//! then those of the root namespace exported likewise; a rule of any other namespace
+//! never applies. Within a namespace the most specific `host` wins: the Service's
+//! hostname (or its short name, in the rule's namespace), else the longest matching `*.`
+//! wildcard; then the one listed first. Fields the
 //! waypoint cannot apply are refused when the rule loads (in a cluster the rule then does
 //! not apply, or, when it asked for TLS origination, its host's traffic fails rather than
 //! go out in plaintext; the file is refused), with the field named.
@@ -41,7 +45,8 @@ pub struct DestinationRule {
     /// Named endpoint sets (by labels) that VirtualService destinations pick.
     #[serde(default)]
     pub subsets: Vec<Subset>,
-    /// Visibility; the waypoint applies the rule to what it sends wherever it is.
+    /// The namespaces the rule is visible to: `.` its own, `*` all (also when empty,
+    /// Istio's default), or names.
     #[serde(default)]
     pub export_to: Vec<String>,
 }
@@ -287,6 +292,29 @@ impl DestinationRule {
         format!("{}/{}", self.namespace, self.name)
     }
 
+    fn exports(&self, to: &str) -> bool {
+        self.export_to.iter().any(|e| e == to)
+    }
+
+    /// In Istio's namespace-local index: seen by a proxy of its own namespace.
+    fn visible_in_own_namespace(&self) -> bool {
+        self.export_to.is_empty() || self.exports("*") || self.exports(".") || self.exports(&self.namespace)
+    }
+
+    /// Exported to its own namespace only (Istio's `isPrivateOnly`, the set of
+    /// `exportTo` values being `.` or the rule's namespace alone).
+    fn private_only(&self) -> bool {
+        let mut set: Vec<&str> = self.export_to.iter().map(String::as_str).collect();
+        set.sort_unstable();
+        set.dedup();
+        set.len() == 1 && (set[0] == "." || set[0] == self.namespace)
+    }
+
+    /// Exported to a proxy of namespace `ns` (a rule of another namespace).
+    fn exported_to(&self, ns: &str) -> bool {
+        self.export_to.is_empty() || self.exports("*") || self.exports(ns)
+    }
+
     /// What the rule asks for on each port and subset, or what cannot be applied (the
     /// field path first).
     pub fn resolve(&self) -> Result<Resolved, String> {
@@ -457,20 +485,51 @@ impl OutlierDetection {
     }
 }
 
-/// The rule for traffic to `svc`: the best-matching one (module docs), if any.
-pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], svc: &Service) -> Option<&'r Resolved> {
-    let mut best: Option<((u8, bool, usize), &Resolved)> = None;
-    for (r, p) in rules {
-        let Some((exact, len)) = r.matches(svc) else { continue };
-        let rank = (exact, r.namespace == svc.namespace, len);
-        if best.as_ref().is_none_or(|(b, _)| rank > *b) {
-            best = Some((rank, p));
-        }
-    }
-    best.map(|(_, p)| p)
+/// Who looks a rule up: Istio's proxy `ConfigNamespace` (the waypoint's own namespace)
+/// and the mesh's root namespace.
+#[derive(Clone, Copy, Debug)]
+pub struct Client<'a> {
+    pub namespace: &'a str,
+    pub root_namespace: &'a str,
 }
 
-/// The policy for traffic to `port` of `svc` (or of its `subset`), if a rule has one.
-pub fn for_service<'r>(rules: &'r [(DestinationRule, Resolved)], svc: &Service, port: u16, subset: Option<&str>) -> Option<&'r Arc<Policy>> {
-    rule_for(rules, svc)?.policy(subset, port)
+/// The rule for traffic from `client` to `svc`, as Istio's `PushContext.destinationRule`
+/// picks it (module docs): the client's namespace, then the Service's namespace for
+/// rules exported to the client, then the root namespace's likewise. A rule of any other
+/// namespace never applies, so one tenant cannot throttle or weaken another's traffic.
+pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>, svc: &Service) -> Option<&'r Resolved> {
+    let in_ns = |ns: &str| -> Vec<&'r (DestinationRule, Resolved)> { rules.iter().filter(|(r, _)| r.namespace == ns).collect() };
+    // 1. The client's own namespace: every rule it can see there (Istio's namespace-local
+    // index; from the root namespace, only the root's private rules, as Istio does).
+    let own: Vec<_> = if client.namespace != client.root_namespace {
+        in_ns(client.namespace).into_iter().filter(|(r, _)| r.visible_in_own_namespace()).collect()
+    } else {
+        in_ns(client.namespace).into_iter().filter(|(r, _)| r.private_only()).collect()
+    };
+    if let Some(found) = most_specific(&own, svc).into_iter().next() {
+        return Some(&found.1);
+    }
+    // 2. and 3. The Service's namespace, then the root's: the most specific host among
+    // the rules they export, kept only when exported to the client.
+    for ns in [svc.namespace.as_str(), client.root_namespace] {
+        let exported: Vec<_> = in_ns(ns).into_iter().filter(|(r, _)| !r.private_only()).collect();
+        let best = most_specific(&exported, svc);
+        if let Some(found) = best.into_iter().find(|r| r.0.exported_to(client.namespace)) {
+            return Some(&found.1);
+        }
+    }
+    None
+}
+
+/// The rules among `rules` for the most specific host that matches `svc` (an exact
+/// hostname over wildcards, a longer wildcard over a shorter one), in listed order.
+fn most_specific<'r>(rules: &[&'r (DestinationRule, Resolved)], svc: &Service) -> Vec<&'r (DestinationRule, Resolved)> {
+    let ranked: Vec<((u8, usize), &'r (DestinationRule, Resolved))> = rules.iter().filter_map(|r| Some((r.0.matches(svc)?, *r))).collect();
+    let Some(best) = ranked.iter().map(|(rank, _)| *rank).max() else { return Vec::new() };
+    ranked.into_iter().filter(|(rank, _)| *rank == best).map(|(_, r)| r).collect()
+}
+
+/// The policy for traffic from `client` to `port` of `svc` (or of its `subset`), if a rule has one.
+pub fn for_service<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>, svc: &Service, port: u16, subset: Option<&str>) -> Option<&'r Arc<Policy>> {
+    rule_for(rules, client, svc)?.policy(subset, port)
 }

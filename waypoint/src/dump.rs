@@ -51,12 +51,19 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     redact_inline_jwks(&mut authns);
     d["requestAuthentications"] = authns;
     d["telemetries"] = l7.get("telemetries").cloned().unwrap_or_else(|| json!([]));
-    // CUSTOM policies' authorizers, checked: their kind, or why they cannot be used.
+    // CUSTOM policies' authorizers, checked: their kind and the Service their checks go
+    // to now, or why they cannot be used (a hostname in two namespaces is refused).
     let providers: serde_json::Map<String, Value> = cfg
         .providers
         .iter()
         .map(|(name, p)| (name.clone(), match p {
-            Ok(p) => json!({"kind": p.kind()}),
+            Ok(p) => {
+                let mut v = json!({"kind": p.kind()});
+                if let Some(c) = p.common() {
+                    v["service"] = service_found(cfg, &c.service);
+                }
+                v
+            }
             Err(e) => json!({"error": e}),
         }))
         .collect();
@@ -64,6 +71,9 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     // In a cluster: where they were read, or why there are none.
     if let Some(src) = l7.get("extensionProviders") {
         who["extensionProviders"] = src.clone();
+    }
+    if let Some(t) = &cfg.tracing {
+        who["tracing"] = json!({"provider": t.provider, "service": service_found(cfg, &t.service)});
     }
     d["waypoint"] = who;
     d
@@ -93,6 +103,15 @@ fn redact_inline_jwks(authns: &mut Value) {
             Err(_) => "<redacted>".to_string(),
         };
         rule["jwks"] = json!(shown);
+    }
+}
+
+/// `{"name", "found": "<namespace>/<hostname>"}` or `{"name", "error"}`, for a Service a
+/// provider names.
+fn service_found(cfg: &Config, name: &str) -> Value {
+    match crate::lookup::provider_service(&cfg.state, name) {
+        Ok(s) => json!({"name": name, "found": format!("{}/{}", s.namespace, s.hostname)}),
+        Err(e) => json!({"name": name, "error": e.to_string()}),
     }
 }
 
@@ -144,5 +163,36 @@ mod tests {
         assert_eq!(shown["keys"][1], json!({"kty": "EC", "crv": "P-256", "x": "X", "y": "Y", "d": "<redacted>"}));
         assert_eq!(rules[1]["jwks"], "<redacted>");
         assert_eq!(rules[2], json!({"issuer": "k", "jwksUri": "https://x"}));
+    }
+
+    /// A provider whose bare hostname two namespaces declare (a tenant's ServiceEntry
+    /// beside the real authorizer) is refused, and the dump says why.
+    #[test]
+    fn a_providers_ambiguous_service_is_shown() {
+        let cfg = Config::parse(
+            std::path::Path::new("wp.yaml"),
+            "services:\n- {name: authz, namespace: sec, hostname: authz.example.com}\n- {name: authz, namespace: evil, hostname: authz.example.com}\n\
+             - {name: ext, namespace: sec, hostname: ext.sec.svc.cluster.local}\n\
+             meshConfig:\n  extensionProviders:\n  - {name: bare, envoyExtAuthzGrpc: {service: authz.example.com, port: 9000}}\n\
+             \x20 - {name: named, envoyExtAuthzGrpc: {service: sec/authz.example.com, port: 9000}}\n\
+             \x20 - {name: local, envoyExtAuthzHttp: {service: ext.sec.svc.cluster.local, port: 80}}\n",
+        )
+        .unwrap();
+        let dir = std::env::temp_dir().join(format!("wp-dump-amb-{}", std::process::id()));
+        let ca = ztunnel::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let certs = CertManager::new(std::sync::Arc::new(ztunnel::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(60) }));
+        let me = Me {
+            identity: Identity::new("cluster.local", "default", "waypoint"),
+            gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
+            workload_uid: "wp".into(),
+            ip: "10.0.0.9".parse().unwrap(),
+            root_namespace: "istio-system".into(),
+        };
+        let d = config_dump(&me, &cfg, &certs, json!({}));
+        let p = &d["extensionProviders"];
+        assert!(p["bare"]["service"]["error"].as_str().unwrap_or_default().contains("multiple namespaces"), "{p}");
+        assert_eq!(p["named"]["service"]["found"], "sec/authz.example.com");
+        assert_eq!(p["local"]["service"]["found"], "sec/ext.sec.svc.cluster.local");
     }
 }

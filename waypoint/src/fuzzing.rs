@@ -26,7 +26,7 @@ pub fn config_yaml(data: &[u8]) {
     let id = ztunnel::identity::Identity::new("cluster.local", "default", "client");
     for name in &names {
         for (service, path) in [(Some(name), "/"), (None, "/api/v1"), (Some(name), "/admin/x")] {
-            let target = Target { gateway: name, service, root_namespace: crate::object::DEFAULT_ROOT_NAMESPACE, port: 80 };
+            let target = Target { gateway: name, service, service_kind: Default::default(), root_namespace: crate::object::DEFAULT_ROOT_NAMESPACE, port: 80 };
             let req = RouteRequest { method: &http::Method::GET, path, query: Some("a=b"), headers: &headers, host: "echo.default.svc.cluster.local" };
             if let route::Selection::Matched(s) = route::select(&routes, &target, &req) {
                 let _ = (s.rule.pick_backend(7), s.rule.request_timeout(), s.rule.backend_timeout());

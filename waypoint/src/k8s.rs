@@ -2,7 +2,7 @@
 //! waypoint takes. From its own namespace, every HTTPRoute (and GRPCRoute) and every AuthorizationPolicy
 //! and RequestAuthentication with `targetRefs`; from a namespace with Services that use
 //! it (`scope`), the routes whose `parentRefs` name such a Service and the policies whose
-//! `targetRefs` do; from the root namespace, the policies that target the GatewayClass
+//! `targetRefs` do (or name such a ServiceEntry); from the root namespace, the policies that target the GatewayClass
 //! `istio-waypoint` (every waypoint). Objects of other namespaces are not even converted, so their errors are
 //! not ours to report.
 //!
@@ -285,9 +285,37 @@ fn names_used_service(r: &Value, ns: &str, scope: &Scope) -> bool {
     str_field(r, "kind") == Some("Service") && core && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
 }
 
+/// A policy's ref to a Service or ServiceEntry of `ns` that uses the waypoint, in the
+/// groups Istio accepts (`policyattachment.go`: Service in "" or `core`, ServiceEntry in
+/// `networking.istio.io`). A ServiceEntry uses the waypoint when istiod says so (its
+/// hosts are Services of its name in istiod's state) or by its namespace's label.
+fn names_used_target(r: &Value, ns: &str, scope: &Scope) -> bool {
+    let group = str_field(r, "group");
+    let service = str_field(r, "kind") == Some("Service") && matches!(group, None | Some("" | "core"));
+    let service_entry = str_field(r, "kind") == Some("ServiceEntry") && group == Some(crate::object::NETWORKING_GROUP);
+    let same_ns = str_field(r, "namespace").is_none_or(|n| n == ns);
+    let name = str_field(r, "name").unwrap_or_default();
+    (service || service_entry) && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
+}
+
+/// Whether an Istio networking object is visible in namespace `to` by its `exportTo`:
+/// empty or `*` everywhere, `.` its own namespace, or the namespaces named.
+fn exported_to(obj: &DynamicObject, to: &str) -> bool {
+    let own = obj.metadata.namespace.as_deref().unwrap_or_default();
+    let Some(list) = obj.data.pointer("/spec/exportTo").and_then(Value::as_array) else { return true };
+    let list: Vec<String> = list.iter().filter_map(Value::as_str).map(String::from).collect();
+    crate::object::exported_to(&list, own, to)
+}
+
 /// Whether this waypoint takes the route or policy (module docs).
 fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings) -> bool {
     let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
+    // A VirtualService the waypoint's namespace cannot see (`exportTo`) is not in
+    // Istio's waypoint's scope either. (A DestinationRule's `exportTo` is applied when
+    // it is looked up, `destination::rule_for`.)
+    if kind == Kind::VirtualService && !exported_to(obj, &settings.gateway.namespace) {
+        return false;
+    }
     if ns == settings.gateway.namespace {
         return true;
     }
@@ -313,7 +341,7 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
             let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
                 && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
                 && str_field(r, "name") == Some(WAYPOINT_CLASS);
-            names_used_service(r, ns, scope) || (ns == settings.root_namespace && every_waypoint)
+            names_used_target(r, ns, scope) || (ns == settings.root_namespace && every_waypoint)
         }),
         _ => false,
     }
@@ -783,7 +811,7 @@ mod tests {
     use super::*;
 
     use crate::authz;
-    use crate::object::Target;
+    use crate::object::{ServiceKind, Target};
 
     fn object_in(ns: &str, kind: &str, name: &str, spec: Value) -> DynamicObject {
         serde_json::from_value(json!({
@@ -886,6 +914,31 @@ mod tests {
         assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
     }
 
+    /// A VirtualService of a Service's namespace applies only when exported to the
+    /// waypoint's namespace, as in Istio's waypoint scope; DestinationRules of every
+    /// namespace are read (the lookup decides which one applies).
+    #[test]
+    fn virtual_services_honour_export_to() {
+        let vs = |name: &str, export: Value| {
+            object_in("shop", "VirtualService", name, json!({"hosts": ["cart"], "exportTo": export,
+                "http": [{"route": [{"destination": {"host": "cart"}}]}]}))
+        };
+        let mut s = store(vec![
+            (Kind::VirtualService, vs("private", json!(["."]))),
+            (Kind::VirtualService, vs("elsewhere", json!(["blog"]))),
+            (Kind::VirtualService, vs("to-us", json!(["default"]))),
+            (Kind::VirtualService, vs("everyone", json!(["*"]))),
+            (Kind::VirtualService, vs("unset", json!([]))),
+            (Kind::VirtualService, object("VirtualService", "own-hidden", json!({"hosts": ["echo"], "exportTo": ["blog"],
+                "http": [{"route": [{"destination": {"host": "echo"}}]}]}))),
+        ]);
+        s.from_istiod.insert(ObjectName { namespace: "shop".into(), name: "cart".into() });
+        let cfg = s.publish(&settings()).unwrap();
+        let mut names: Vec<&str> = cfg.dump["virtualServices"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["everyone", "to-us", "unset"], "{}", cfg.dump);
+    }
+
     #[test]
     fn routes_convert_from_kubernetes_objects() {
         // As the API server stores it, with Gateway API's defaults filled in.
@@ -939,9 +992,13 @@ mod tests {
     }
 
     fn verdict(cfg: &L7Config, service: Option<(&str, &str)>) -> authz::Verdict {
+        verdict_kind(cfg, service, ServiceKind::Kubernetes)
+    }
+
+    fn verdict_kind(cfg: &L7Config, service: Option<(&str, &str)>, service_kind: ServiceKind) -> authz::Verdict {
         let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let svc = service.map(|(ns, name)| ObjectName { namespace: ns.into(), name: name.into() });
-        let target = Target { gateway: &gateway, service: svc.as_ref(), root_namespace: "istio-system", port: 80 };
+        let target = Target { gateway: &gateway, service: svc.as_ref(), service_kind, root_namespace: "istio-system", port: 80 };
         let id = Identity::new("cluster.local", "default", "sleep");
         let headers = http::HeaderMap::new();
         let req = authz::Request {
@@ -978,12 +1035,54 @@ mod tests {
             assert_eq!(cfg.unenforceable, 1);
             assert!(cfg.dump["authorizationPolicies"][0]["unenforceable"].is_string(), "{}", cfg.dump);
         }
-        // A targetRef we cannot place: the whole waypoint is denied.
+        // A targetRef we cannot place (a kind Istio does not attach), in the waypoint's
+        // namespace: everything that namespace may target, the whole waypoint, is denied.
+        let pod = object("AuthorizationPolicy", "pod", json!({
+            "targetRefs": [{"group": "", "kind": "Pod", "name": "ext"}], "action": "DENY", "rules": [{}]}));
+        let cfg = store(vec![(Kind::AuthorizationPolicy, pod)]).publish(&settings()).unwrap();
+        assert!(!verdict(&cfg, Some(("default", "other"))).allowed);
+        assert!(!verdict(&cfg, None).allowed);
+        assert_eq!(cfg.unenforceable, 1);
+    }
+
+    /// The egress layout: a DENY on a ServiceEntry (`networking.istio.io`), in the
+    /// waypoint's namespace, is enforced on that ServiceEntry's hosts only (it was refused
+    /// and became a deny-all of the whole waypoint).
+    #[test]
+    fn a_service_entry_target_in_the_waypoints_namespace() {
         let se = object("AuthorizationPolicy", "se", json!({
             "targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}], "action": "DENY", "rules": [{}]}));
         let cfg = store(vec![(Kind::AuthorizationPolicy, se)]).publish(&settings()).unwrap();
-        assert!(!verdict(&cfg, Some(("default", "other"))).allowed);
-        assert!(!verdict(&cfg, None).allowed);
+        assert_eq!(cfg.unenforceable, 0, "{}", cfg.dump);
+        let v = verdict_kind(&cfg, Some(("default", "ext")), ServiceKind::ServiceEntry);
+        assert_eq!(v.denied_by.as_deref(), Some("default/se"));
+        // Not a Kubernetes Service of that name, nor the waypoint's other targets.
+        assert!(verdict(&cfg, Some(("default", "ext"))).allowed);
+        assert!(verdict(&cfg, Some(("default", "other"))).allowed);
+        assert!(verdict(&cfg, None).allowed);
+    }
+
+    /// Policies of another namespace on what Istio attaches to the waypoint: its
+    /// ServiceEntry (used through us, as istiod says) and a Service written with group
+    /// `core`. Both were never converted, so their DENY was not enforced (fail open).
+    #[test]
+    fn other_namespaces_service_entry_and_core_group_targets() {
+        let deny = |ns: &str, name: &str, refs: Value| object_in(ns, "AuthorizationPolicy", name, json!({"targetRefs": refs, "action": "DENY", "rules": [{}]}));
+        let mut s = store(vec![
+            (Kind::AuthorizationPolicy, deny("egress", "no-ext", json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}]))),
+            (Kind::AuthorizationPolicy, deny("shop", "no-cart", json!([{"group": "core", "kind": "Service", "name": "cart"}]))),
+            // Not used through us: never taken.
+            (Kind::AuthorizationPolicy, deny("other", "elsewhere", json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "x"}]))),
+        ]);
+        s.from_istiod.insert(ObjectName { namespace: "egress".into(), name: "ext".into() });
+        s.from_istiod.insert(ObjectName { namespace: "shop".into(), name: "cart".into() });
+        let cfg = s.publish(&settings()).unwrap();
+        assert_eq!(verdict_kind(&cfg, Some(("egress", "ext")), ServiceKind::ServiceEntry).denied_by.as_deref(), Some("egress/no-ext"));
+        assert_eq!(verdict(&cfg, Some(("shop", "cart"))).denied_by.as_deref(), Some("shop/no-cart"));
+        assert!(verdict(&cfg, Some(("shop", "web"))).allowed);
+        assert!(verdict(&cfg, None).allowed);
+        assert_eq!(cfg.policies.len(), 2, "{}", cfg.dump);
+        assert_eq!(cfg.unenforceable, 0);
     }
 
     /// What an Istio waypoint in `default` takes from other namespaces: `shop` uses it

@@ -21,6 +21,7 @@ pub mod idle;
 pub mod k8s;
 pub mod labels;
 pub mod lb;
+pub mod lookup;
 pub mod network;
 pub mod object;
 pub mod path;

@@ -31,13 +31,45 @@ pub struct Target<'a> {
     /// `istio-waypoint` apply to every request through the waypoint.
     pub root_namespace: &'a str,
     pub service: Option<&'a ObjectName>,
+    /// Where `service` comes from: a `Service` targetRef names only a Kubernetes
+    /// Service, a `ServiceEntry` one only a ServiceEntry's hosts (Istio's registry check).
+    pub service_kind: ServiceKind,
     /// The service port (CONNECT target port).
     pub port: u16,
 }
 
+/// Which registry a mesh service comes from. istiod describes both as ztunnel
+/// `Service`s named after their object (a ServiceEntry: one per host, each named after
+/// the ServiceEntry), so the hostname tells them apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ServiceKind {
+    #[default]
+    Kubernetes,
+    ServiceEntry,
+}
+
+impl ServiceKind {
+    /// A Kubernetes Service's hostname is `<name>.<namespace>.svc.<domain>`; anything
+    /// else is a ServiceEntry's host.
+    pub fn of(svc: &ztunnel::state::Service) -> ServiceKind {
+        let kube = svc
+            .hostname
+            .strip_prefix(svc.name.as_str())
+            .and_then(|h| h.strip_prefix('.'))
+            .and_then(|h| h.strip_prefix(svc.namespace.as_str()))
+            .and_then(|h| h.strip_prefix(".svc."))
+            .is_some_and(|domain| !domain.is_empty());
+        if kube {
+            ServiceKind::Kubernetes
+        } else {
+            ServiceKind::ServiceEntry
+        }
+    }
+}
+
 /// A Gateway API object reference: what a route or policy attaches to (`parentRefs` /
-/// `targetRefs`: a `Service`, group "", the waypoint's `Gateway`, or for policies the
-/// `GatewayClass` of all waypoints) and what a route
+/// `targetRefs`: a `Service`, group "", the waypoint's `Gateway`, or for policies a
+/// `ServiceEntry` or the `GatewayClass` of all waypoints) and what a route
 /// sends to (`backendRefs`, a mirror's `backendRef`: a Service and its port). Which
 /// fields each use allows is checked by the route's and the policy's validation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -67,18 +99,32 @@ impl ObjectRef {
     }
 }
 
-/// What a policy's `targetRefs` may name.
+/// Whether an Istio networking object of namespace `own` with this `exportTo` is visible
+/// in namespace `to`: empty or `*` everywhere, `.` its own namespace, or those named.
+pub fn exported_to(export_to: &[String], own: &str, to: &str) -> bool {
+    export_to.is_empty() || export_to.iter().any(|e| e == "*" || e == to || (e == "." && own == to))
+}
+
+/// Istio's group of ServiceEntry.
+pub const NETWORKING_GROUP: &str = "networking.istio.io";
+
+/// What a policy's `targetRefs` may name: what Istio's `policyattachment.go` attaches
+/// to a waypoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RefKind {
     Service,
+    ServiceEntry,
     Gateway,
     GatewayClass,
 }
 
-/// Service is in the core group ("" or absent), Gateway and GatewayClass in Gateway
-/// API's (or absent).
+/// Service is in the core group ("", absent, or `core` as Istio canonicalizes it),
+/// ServiceEntry in `networking.istio.io`, Gateway and GatewayClass in Gateway API's
+/// (or absent).
 pub fn ref_kind(r: &ObjectRef) -> Option<RefKind> {
     match (r.kind.as_deref(), r.group.as_deref()) {
-        (Some("Service"), None | Some("")) => Some(RefKind::Service),
+        (Some("Service"), None | Some("" | "core")) => Some(RefKind::Service),
+        (Some("ServiceEntry"), Some(NETWORKING_GROUP)) => Some(RefKind::ServiceEntry),
         (Some("Gateway"), None | Some(GATEWAY_GROUP)) => Some(RefKind::Gateway),
         (Some("GatewayClass"), None | Some(GATEWAY_GROUP)) => Some(RefKind::GatewayClass),
         _ => None,
@@ -119,8 +165,9 @@ pub fn applies(namespace: &str, refs: &[ObjectRef], unplaced: bool, target: &Tar
 
 /// Whether a policy of `namespace` (AuthorizationPolicy, RequestAuthentication) with
 /// these `targetRefs` attaches to the request's target, as Istio attaches policies to
-/// waypoints: a Service of the policy's own namespace, the waypoint's Gateway (from the
-/// Gateway's namespace), or, from the root namespace, the GatewayClass `istio-waypoint`.
+/// waypoints: a Service or ServiceEntry of the policy's own namespace (the hosts of the
+/// ServiceEntry), the waypoint's Gateway (from the Gateway's namespace), or, from the
+/// root namespace, the GatewayClass `istio-waypoint`.
 pub fn attaches(namespace: &str, refs: &[ObjectRef], target: &Target) -> bool {
     refs.iter().any(|r| {
         // Validation rejects other namespaces; never let one widen the scope anyway.
@@ -128,7 +175,10 @@ pub fn attaches(namespace: &str, refs: &[ObjectRef], target: &Target) -> bool {
             return false;
         }
         match ref_kind(r) {
-            Some(RefKind::Service) => target.service.is_some_and(|s| s.name == r.name && s.namespace == namespace),
+            Some(kind @ (RefKind::Service | RefKind::ServiceEntry)) => {
+                let registry = if kind == RefKind::Service { ServiceKind::Kubernetes } else { ServiceKind::ServiceEntry };
+                target.service_kind == registry && target.service.is_some_and(|s| s.name == r.name && s.namespace == namespace)
+            }
             Some(RefKind::Gateway) => target.gateway.name == r.name && target.gateway.namespace == namespace,
             Some(RefKind::GatewayClass) => r.name == WAYPOINT_CLASS && namespace == target.root_namespace,
             None => false,

@@ -266,7 +266,7 @@ impl Telemetry {
         let refs: Vec<ObjectRef> = self.target_refs.iter().chain(self.target_ref.iter()).cloned().collect();
         for (i, r) in refs.iter().enumerate() {
             if crate::object::ref_kind(r).is_none() {
-                return Err(format!("targetRefs[{i}]: kind {:?} is not a Service, Gateway or GatewayClass", r.kind.as_deref().unwrap_or_default()));
+                return Err(format!("targetRefs[{i}]: kind {:?} is not a Service, ServiceEntry, Gateway or GatewayClass", r.kind.as_deref().unwrap_or_default()));
             }
         }
         let ours = |list: &[String], providers: &[ProviderRef], field: &str, what: &str| -> Result<Vec<String>, String> {

@@ -21,15 +21,15 @@ use crate::detect;
 use crate::config::Config;
 use crate::http::{Backend, Origin, Tunnel};
 use crate::network;
-use crate::object::{ObjectName, Target};
+use crate::object::{ObjectName, ServiceKind, Target};
 use crate::route::HttpRoute;
 
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
 /// or the workload with that address; with a TCPRoute, those of the backend Service it
 /// picks (by weight) on its port.
-fn l4_backend(cfg: &Config, me: &Workload, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
+fn l4_backend(cfg: &Config, me: &Workload, root_namespace: &str, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
     let state = &cfg.state;
-    let from = Origin { me, target: Some(target) };
+    let from = Origin { me, target: Some(target), root_namespace };
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
@@ -71,18 +71,20 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
 struct NamedTarget<'w> {
     wp: &'w Waypoint,
     service: Option<ObjectName>,
+    service_kind: ServiceKind,
     port: u16,
 }
 
 impl NamedTarget<'_> {
     fn as_target(&self) -> Target<'_> {
-        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), root_namespace: &self.wp.root_namespace, port: self.port }
+        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), service_kind: self.service_kind, root_namespace: &self.wp.root_namespace, port: self.port }
     }
 }
 
 fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> NamedTarget<'w> {
-    let service = state.service_by_vip(network::get(), target.ip()).map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-    NamedTarget { wp, service, port: target.port() }
+    let svc = state.service_by_vip(network::get(), target.ip());
+    let service = svc.map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
+    NamedTarget { wp, service, service_kind: svc.map(|s| ServiceKind::of(s)).unwrap_or_default(), port: target.port() }
 }
 
 pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity, trace: hbone::TraceParent) {
@@ -217,7 +219,7 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), target, tcp_route) else {
+    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, tcp_route) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };

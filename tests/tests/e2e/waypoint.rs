@@ -15,6 +15,7 @@ mod idle;
 mod istio_shape;
 mod opaque;
 mod retries;
+mod tenancy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {

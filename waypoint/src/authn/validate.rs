@@ -31,7 +31,7 @@ fn validate_target_ref(r: &ObjectRef, namespace: &str) -> Result<(), String> {
     if ref_kind(r).is_none() {
         return Err(format!(
             "kind: {:?} (group {:?}) is not supported: the waypoint applies RequestAuthentications that target a \
-             Service, its Gateway or the GatewayClass istio-waypoint",
+             Service, a ServiceEntry, its Gateway or the GatewayClass istio-waypoint",
             r.kind.as_deref().unwrap_or_default(),
             r.group.as_deref().unwrap_or_default()
         ));

@@ -4,7 +4,7 @@ use serde::Deserialize;
 use ztunnel::identity::Identity;
 
 use super::*;
-use crate::object::{ObjectName, ObjectRef, Target};
+use crate::object::{ObjectName, ObjectRef, ServiceKind, Target};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -198,8 +198,8 @@ fn validation_errors() {
         ("name: p\nnamespace: default\ntargetRefs: []", "targetRefs: required"),
         ("name: p\nnamespace: default\ntargetRefs: [{name: echo}]", "targetRefs[0].kind: required"),
         (
-            "name: p\nnamespace: default\ntargetRefs: [{kind: Service, name: a}, {kind: ServiceEntry, group: networking.istio.io, name: x}]",
-            "targetRefs[1].kind: \"ServiceEntry\" is not supported",
+            "name: p\nnamespace: default\ntargetRefs: [{kind: Service, name: a}, {kind: ServiceEntry, name: x}]",
+            "targetRefs[1].group: \"\" is wrong for kind ServiceEntry, whose group is \"networking.istio.io\"",
         ),
         ("name: p\nnamespace: default\ntargetRefs: [{kind: Service, group: apps, name: a}]", "targetRefs[0].group:"),
         ("name: p\nnamespace: default\ntargetRefs: [{kind: Gateway, group: example.com, name: a}]", "targetRefs[0].group:"),
@@ -283,7 +283,7 @@ fn applies_to() {
     let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
     let other_ns = ObjectName { namespace: "prod".into(), name: "echo".into() };
     let other_gw = ObjectName { namespace: "prod".into(), name: "waypoint".into() };
-    let t = |gateway, service| Target { gateway, service, root_namespace: "istio-system", port: 80 };
+    let t = |gateway, service| Target { gateway, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
     assert!(ps[0].applies_to(&t(&gw, Some(&echo))));
     assert!(!ps[0].applies_to(&t(&gw, Some(&other_ns))));
     assert!(!ps[0].applies_to(&t(&gw, None)));
@@ -296,7 +296,7 @@ fn applies_to() {
 fn applies_to_refs() {
     let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
     let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
-    let t = Target { gateway: &gw, service: Some(&echo), root_namespace: "istio-system", port: 80 };
+    let t = Target { gateway: &gw, service: Some(&echo), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
     let p = |refs: &str| -> AuthorizationPolicy {
         serde_yaml::from_str(&format!("name: p\nnamespace: default\ntargetRefs: {refs}")).unwrap()
     };
@@ -323,16 +323,16 @@ fn root_namespace_policies_target_every_waypoint() {
     };
     let class = "[{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]";
     for service in [None, Some(&cart)] {
-        let t = Target { gateway: &gw, service, root_namespace: "istio-system", port: 80 };
+        let t = Target { gateway: &gw, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
         assert!(p("istio-system", class).applies_to(&t));
         assert!(!p("default", class).applies_to(&t), "only from the root namespace");
         assert!(!p("istio-system", "[{kind: GatewayClass, name: istio}]").applies_to(&t), "another class");
     }
-    let t = Target { gateway: &gw, service: None, root_namespace: "mesh-root", port: 80 };
+    let t = Target { gateway: &gw, service: None, service_kind: Default::default(), root_namespace: "mesh-root", port: 80 };
     assert!(!p("istio-system", class).applies_to(&t), "the root namespace is configurable");
     assert!(p("mesh-root", class).applies_to(&t));
     // A policy of another namespace reaches only its own Services.
-    let t = Target { gateway: &gw, service: Some(&cart), root_namespace: "istio-system", port: 80 };
+    let t = Target { gateway: &gw, service: Some(&cart), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
     assert!(p("shop", "[{kind: Service, name: cart}]").applies_to(&t));
     assert!(!p("shop", "[{kind: Gateway, name: waypoint}]").applies_to(&t), "the Gateway is default's");
 }
@@ -343,8 +343,9 @@ fn unplaced_deny_all_stays_in_its_namespace() {
     let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
     let cart = ObjectName { namespace: "shop".into(), name: "cart".into() };
     let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
-    let se = [ObjectRef { group: Some("networking.istio.io".into()), kind: Some("ServiceEntry".into()), name: "x".into(), ..ObjectRef::default() }];
-    let t = |service| Target { gateway: &gw, service, root_namespace: "istio-system", port: 80 };
+    // A kind Istio does not attach to waypoints.
+    let se = [ObjectRef { group: Some("apps".into()), kind: Some("Deployment".into()), name: "x".into(), ..ObjectRef::default() }];
+    let t = |service| Target { gateway: &gw, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
     let own = AuthorizationPolicy::deny_all("default", "p", &se);
     assert!(own.applies_to(&t(None)) && own.applies_to(&t(Some(&cart))), "the waypoint's namespace: everything");
     let root = AuthorizationPolicy::deny_all("istio-system", "p", &se);
@@ -354,6 +355,14 @@ fn unplaced_deny_all_stays_in_its_namespace() {
     assert!(!shop.applies_to(&t(Some(&echo))) && !shop.applies_to(&t(None)), "shop's policy never denies default's traffic");
     let placed = AuthorizationPolicy::deny_all("shop", "p", &[ObjectRef { kind: Some("Service".into()), name: "cart".into(), ..ObjectRef::default() }]);
     assert!(!placed.unplaced && placed.applies_to(&t(Some(&cart))));
+    // A ServiceEntry ref is placed: its stand-in denies that ServiceEntry's hosts only,
+    // not the whole waypoint (nor a Kubernetes Service of the same name).
+    let se_ref = [ObjectRef { group: Some("networking.istio.io".into()), kind: Some("ServiceEntry".into()), name: "ext".into(), ..ObjectRef::default() }];
+    let own = AuthorizationPolicy::deny_all("default", "p", &se_ref);
+    let ext = ObjectName { namespace: "default".into(), name: "ext".into() };
+    let entry = Target { service_kind: ServiceKind::ServiceEntry, ..t(Some(&ext)) };
+    assert!(!own.unplaced && own.applies_to(&entry));
+    assert!(!own.applies_to(&t(Some(&ext))) && !own.applies_to(&t(Some(&echo))) && !own.applies_to(&t(None)));
 }
 
 /// The policies of the waypoint end-to-end test (tests/tests/e2e/waypoint.rs).
@@ -750,4 +759,20 @@ fn request_principals_and_jwt_claims() {
     assert!(tcp.rules.is_empty());
     let deny_tcp = deny_alice.for_tcp();
     assert_eq!(deny_tcp.rules[0].from[0].source, Source::default());
+}
+
+/// Every targetRef form Istio attaches to a waypoint validates (it was refused, and in
+/// a cluster became a deny-all of the whole waypoint).
+#[test]
+fn istios_target_ref_forms_validate() {
+    for refs in [
+        "[{kind: Service, group: core, name: a}]",
+        "[{kind: Service, group: '', name: a}]",
+        "[{kind: ServiceEntry, group: networking.istio.io, name: ext}]",
+        "[{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]",
+        "[{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]",
+    ] {
+        let p: AuthorizationPolicy = serde_yaml::from_str(&format!("name: p\nnamespace: default\ntargetRefs: {refs}\naction: DENY\nrules: [{{}}]")).expect(refs);
+        assert_eq!(p.validate(), Ok(()), "{refs}");
+    }
 }

@@ -20,7 +20,7 @@ impl AuthorizationPolicy {
         }
         if self.target_refs.is_empty() {
             return Err("targetRefs: required: the waypoint enforces only policies that target its Gateway, a \
-                        Service or (from the root namespace) the GatewayClass istio-waypoint; policies without \
+                        Service, a ServiceEntry or (from the root namespace) the GatewayClass istio-waypoint; policies without \
                         targetRefs belong in ztunnel's `policies` list"
                 .into());
         }
@@ -41,18 +41,22 @@ impl AuthorizationPolicy {
 }
 
 fn validate_target_ref(r: &ObjectRef, namespace: &str) -> Result<(), String> {
-    let kind = r.kind.as_deref().ok_or("kind: required (Service, Gateway or GatewayClass)")?;
+    let kind = r.kind.as_deref().ok_or("kind: required (Service, ServiceEntry, Gateway or GatewayClass)")?;
     match kind {
-        "Service" | "Gateway" | "GatewayClass" if ref_kind(r).is_none() => {
-            let want = if kind == "Service" { "\"\"" } else { "\"gateway.networking.k8s.io\"" };
+        "Service" | "ServiceEntry" | "Gateway" | "GatewayClass" if ref_kind(r).is_none() => {
+            let want = match kind {
+                "Service" => "\"\" (or \"core\")",
+                "ServiceEntry" => "\"networking.istio.io\"",
+                _ => "\"gateway.networking.k8s.io\"",
+            };
             let group = r.group.as_deref().unwrap_or_default();
             return Err(format!("group: {group:?} is wrong for kind {kind}, whose group is {want}"));
         }
-        "Service" | "Gateway" | "GatewayClass" => {}
+        "Service" | "ServiceEntry" | "Gateway" | "GatewayClass" => {}
         _ => {
             return Err(format!(
-                "kind: {kind:?} is not supported: the waypoint enforces policies that target a Service, its Gateway \
-                 or the GatewayClass istio-waypoint"
+                "kind: {kind:?} is not supported: the waypoint enforces policies that target a Service, a ServiceEntry, \
+                 its Gateway or the GatewayClass istio-waypoint"
             ))
         }
     }

@@ -76,14 +76,55 @@ fn the_best_matching_rule_applies() {
          - {name: fqdn-own, namespace: default, host: ratings.default.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}\n",
     )
     .expect("valid");
-    let rule = |ns: &str, host: &str| for_service(&rs, &service(ns, host), 80, None).map(|p| p.rule.clone());
-    assert_eq!(rule("default", "reviews.default.svc.cluster.local").as_deref(), Some("default/short"), "exact beats wildcard");
-    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("default/fqdn-own"), "the Service's namespace wins");
-    assert_eq!(rule("default", "details.default.svc.cluster.local").as_deref(), Some("default/ns-wild"), "the longer wildcard");
+    // The waypoint is in `other`: its own namespace's rules come first.
+    let client = Client { namespace: "other", root_namespace: "istio-system" };
+    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
+    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("other/fqdn-elsewhere"), "the waypoint's namespace first");
     assert_eq!(rule("shop", "cart.shop.svc.cluster.local").as_deref(), Some("other/wild"));
     // A short name means the rule's own namespace.
     assert_eq!(rule("shop", "reviews.shop.svc.cluster.local").as_deref(), Some("other/wild"));
     assert_eq!(rule("x", "api.example.com"), None);
+    // Within the waypoint's namespace: exact beats wildcard, the longer wildcard wins.
+    let client = Client { namespace: "default", root_namespace: "istio-system" };
+    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
+    assert_eq!(rule("default", "reviews.default.svc.cluster.local").as_deref(), Some("default/short"), "exact beats wildcard");
+    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("default/fqdn-own"));
+    assert_eq!(rule("default", "details.default.svc.cluster.local").as_deref(), Some("default/ns-wild"), "the longer wildcard");
+    // `other` is neither the waypoint's, the Service's nor the root namespace.
+    assert_eq!(rule("shop", "cart.shop.svc.cluster.local"), None, "a third namespace's rule never applies");
+}
+
+/// Another tenant's rules never reach a waypoint's traffic: a `host: "*"` throttle and
+/// an exact-host `insecureSkipVerify` from a namespace that sorts (and is listed)
+/// first apply to neither the waypoint's nor a third namespace's Services; the
+/// Service's own namespace's rule applies only when exported to the waypoint's.
+#[test]
+fn another_namespaces_rules_do_not_apply() {
+    let rs = rules(
+        "- {name: throttle, namespace: aaa-tenant, host: '*', trafficPolicy: {connectionPool: {http: {http2MaxRequests: 1}}}}\n\
+         - {name: hijack, namespace: aaa-tenant, host: api.team.svc.cluster.local, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n\
+         - {name: private, namespace: team, host: api.team.svc.cluster.local, exportTo: ['.'], trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN}}}\n\
+         - {name: shared, namespace: team, host: web.team.svc.cluster.local, exportTo: [waypoints], trafficPolicy: {loadBalancer: {simple: LEAST_REQUEST}}}\n\
+         - {name: elsewhere, namespace: team, host: db.team.svc.cluster.local, exportTo: [somewhere], trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n\
+         - {name: mesh, namespace: istio-system, host: '*.svc.cluster.local', trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n",
+    )
+    .expect("valid");
+    let client = Client { namespace: "waypoints", root_namespace: "istio-system" };
+    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
+    // Exported to the waypoint's namespace by name.
+    assert_eq!(rule("team", "web.team.svc.cluster.local").as_deref(), Some("team/shared"));
+    // Private to `team`, or exported elsewhere: the root namespace's rule, never aaa-tenant's.
+    assert_eq!(rule("team", "api.team.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
+    assert_eq!(rule("team", "db.team.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
+    assert_eq!(rule("other", "x.other.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
+    // Nothing for an external host: the tenant's `*` does not apply.
+    assert_eq!(rule("ext", "api.example.com"), None);
+    // A waypoint in aaa-tenant takes its own namespace's rules, as Istio's proxies do.
+    let own = Client { namespace: "aaa-tenant", root_namespace: "istio-system" };
+    assert_eq!(for_service(&rs, own, &service("team", "api.team.svc.cluster.local"), 80, None).map(|p| p.rule.as_str()), Some("aaa-tenant/hijack"));
+    // A root-namespace rule exported only elsewhere does not apply.
+    let rs = rules("- {name: mesh, namespace: istio-system, host: '*', exportTo: [team], trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n").expect("valid");
+    assert!(for_service(&rs, client, &service("other", "x.other.svc.cluster.local"), 80, None).is_none());
 }
 
 fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {

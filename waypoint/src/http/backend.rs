@@ -21,6 +21,16 @@ use crate::destination::{self, Policy, TlsTarget};
 pub struct Origin<'a> {
     pub me: &'a Workload,
     pub target: Option<SocketAddr>,
+    /// The mesh's root namespace: with the waypoint's own, where its DestinationRules
+    /// come from.
+    pub root_namespace: &'a str,
+}
+
+impl Origin<'_> {
+    /// Who looks DestinationRules up: the waypoint, in its own namespace.
+    pub fn client(&self) -> destination::Client<'_> {
+        destination::Client { namespace: &self.me.namespace, root_namespace: self.root_namespace }
+    }
 }
 
 /// A destination outside the mesh known only by its address (a PASSTHROUGH Service's).
@@ -68,7 +78,7 @@ impl Backend {
     /// target's; IPv4 for the waypoint's own calls) if it has one, within the service's IP
     /// families, as ztunnel picks endpoints: a dual-stack client keeps its family.
     pub fn service(cfg: &Config, from: &Origin<'_>, svc: &Arc<Service>, port: u16, subset: Option<&str>) -> Backend {
-        let rule = destination::rule_for(&cfg.destination_rules, svc);
+        let rule = destination::rule_for(&cfg.destination_rules, from.client(), svc);
         let policy = rule.and_then(|r| r.policy(subset, port)).cloned();
         let mut b = Backend { service: Some(svc.clone()), endpoints: Vec::new(), unresolved: Vec::new(), http2: port_speaks_http2(svc, port), policy };
         // PASSTHROUGH: no endpoint is picked; the original destination is where it goes
@@ -167,7 +177,7 @@ services:
             v
         };
         let me = Workload::new("wp", "wp", "default");
-        let to = |target: Option<&str>| Origin { me: &me, target: target.map(|t| SocketAddr::new(t.parse().unwrap(), 80)) };
+        let to = |target: Option<&str>| Origin { me: &me, target: target.map(|t| SocketAddr::new(t.parse().unwrap(), 80)), root_namespace: "istio-system" };
         let service = |name: &str, target| addrs(Backend::service(&cfg, &to(target), &svc(name), 80, None));
         assert_eq!(service("dual", Some("fd00:96::1")), ["[fd00::1]:8080", "[fd00::2]:8080"]);
         // An IPv6-only endpoint stays an endpoint of an IPv4 client's request (its only address).

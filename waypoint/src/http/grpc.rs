@@ -3,14 +3,12 @@
 //! as for any backend, the call over HBONE (or plain TCP outside the mesh) in HTTP/2,
 //! the answer's one message read (bounded) and its `grpc-status` checked.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request};
 use http_body_util::{BodyExt, Limited};
-use ztunnel::state::{NamespacedHostname, Service};
 
 use super::authority::Authority;
 use super::backend::{Backend, Origin};
@@ -19,6 +17,7 @@ use super::plan::set_head_for;
 use crate::config::Config;
 use crate::context::Waypoint;
 use crate::extauthz::check::{grpc_frame, grpc_unframe};
+use crate::lookup::{provider_service, LookupError};
 use crate::upstream::{Endpoint, UpstreamError};
 
 /// The most of an answer that is read.
@@ -26,8 +25,9 @@ pub const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    #[error("the service {0} is not in the mesh state (the mesh config names it)")]
-    NoService(String),
+    /// The mesh config's service name finds no Service, or more than one.
+    #[error(transparent)]
+    NoService(#[from] LookupError),
     #[error("the service {0} has no healthy endpoint")]
     NoEndpoint(String),
     #[error("request failed: {0}")]
@@ -40,20 +40,11 @@ pub enum CallError {
     Build(String),
 }
 
-/// `[<namespace>/]<hostname>`, as meshConfig's extensionProviders name a Service.
-pub fn find_service<'c>(cfg: &'c Config, name: &str) -> Option<&'c Arc<Service>> {
-    match name.split_once('/') {
-        Some(_) => cfg.state.service_by_hostname(&NamespacedHostname(name.to_string())),
-        // Without a namespace, Istio takes the hostname from any namespace.
-        None => cfg.state.services().find(|s| s.hostname == name),
-    }
-}
-
 /// An endpoint of the Service `name` for `port`, picked by the waypoint's balancer, and
 /// the HTTP version its port declares.
 pub async fn service_endpoint(wp: &Waypoint, cfg: &Config, name: &str, port: u16) -> Result<(Endpoint, Option<bool>), CallError> {
-    let svc = find_service(cfg, name).ok_or_else(|| CallError::NoService(name.to_string()))?;
-    let from = Origin { me: wp.me_in(cfg), target: None };
+    let svc = provider_service(&cfg.state, name)?;
+    let from = Origin { me: wp.me_in(cfg), target: None, root_namespace: &wp.root_namespace };
     let mut backend = Backend::service(cfg, &from, svc, port, None);
     backend.resolve(&wp.resolver, &wp.me).await.map_err(|e| CallError::NoEndpoint(format!("{name} ({e})")))?;
     let picked = wp.balancer.pick(&backend.endpoints, &[]).ok_or_else(|| CallError::NoEndpoint(name.to_string()))?;

@@ -77,7 +77,8 @@ impl RequestLog {
             crate::telemetry::Applied::defaults()
         } else {
             let svc = dst_service.as_deref().map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-            cfg.telemetry.for_target(&Target { gateway: &wp.gateway, root_namespace: &wp.root_namespace, service: svc.as_ref(), port: tunnel.target.port() })
+            let service_kind = dst_service.as_deref().map(crate::object::ServiceKind::of).unwrap_or_default();
+            cfg.telemetry.for_target(&Target { gateway: &wp.gateway, root_namespace: &wp.root_namespace, service: svc.as_ref(), service_kind, port: tunnel.target.port() })
         };
         let filter_headers = telemetry
             .filter_headers()

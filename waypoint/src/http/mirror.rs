@@ -45,7 +45,7 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };
-    let from = Origin { me: wp.me_in(cfg), target: Some(mirrors.target) };
+    let from = Origin { me: wp.me_in(cfg), target: Some(mirrors.target), root_namespace: &wp.root_namespace };
     let mut backend = Backend::service(cfg, &from, svc, m.backend_ref.port.unwrap_or(port), None);
     let http2 = backend.http2.unwrap_or(client_http2);
     let mut parts = clone_parts(parts);

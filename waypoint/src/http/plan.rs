@@ -20,7 +20,7 @@ use super::tunnel::Tunnel;
 use super::upgrade::{self, WebSocket};
 use crate::config::Config;
 use crate::detect::Protocol;
-use crate::object::{ObjectName, Target};
+use crate::object::{ObjectName, ServiceKind, Target};
 use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
@@ -239,7 +239,7 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     }
 
     let target_name = target_service.as_deref().map(object_name);
-    let target = inb.target(target_name.as_ref());
+    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
 
     // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
     // the policies say; a good one gives them the request principal and claims.
@@ -269,8 +269,8 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
 }
 
 impl Inbound<'_> {
-    fn target<'t>(&'t self, service: Option<&'t ObjectName>) -> Target<'t> {
-        Target { gateway: self.gateway, service, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
+    fn target<'t>(&'t self, service: Option<&'t ObjectName>, service_kind: ServiceKind) -> Target<'t> {
+        Target { gateway: self.gateway, service, service_kind, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
     }
 
     fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, authority: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
@@ -308,7 +308,7 @@ fn plan_request<'c>(
 ) -> Result<Plan<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
     let Admitted { target_service, target_name, authority, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
-    let target = inb.target(target_name.as_ref());
+    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
     let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
     if !policies.is_empty() {
         let verdict = authz::evaluate(policies, &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()));
@@ -390,7 +390,7 @@ fn plan_request<'c>(
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
-    let from = Origin { me: inb.me, target: Some(tunnel.target) };
+    let from = Origin { me: inb.me, target: Some(tunnel.target), root_namespace: inb.root_namespace };
     let backend = match selected.as_ref().zip(picked_ref) {
         Some((s, b)) => {
             let name = b.service(&s.route.namespace);
@@ -408,7 +408,7 @@ fn plan_request<'c>(
                     format!("backend service {}/{} not found", name.namespace, name.name),
                 ));
             };
-            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, svc).and_then(|r| r.subset(ss)).is_none()) {
+            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, from.client(), svc).and_then(|r| r.subset(ss)).is_none()) {
                 return Err(LocalReply::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "NC",

@@ -122,6 +122,7 @@ impl GrpcRoute {
             kind: RouteKind::Grpc,
             hostnames: self.hostnames.clone(),
             rules,
+            export_to: Vec::new(),
         };
         route.validate()?;
         Ok(route)

@@ -35,6 +35,10 @@ pub struct HttpRoute {
     /// (ReferenceGrants name the kind).
     #[serde(skip)]
     pub kind: RouteKind,
+    /// A VirtualService's `exportTo`: it applies only through a waypoint of a namespace
+    /// it is exported to (empty for Gateway API routes, which have none).
+    #[serde(skip)]
+    pub export_to: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -141,6 +141,10 @@ pub struct Selected<'a> {
 
 impl HttpRoute {
     fn attachment(&self, target: &Target) -> Option<Attachment> {
+        // A VirtualService not exported to the waypoint's namespace is not in its scope.
+        if !crate::object::exported_to(&self.export_to, &self.namespace, &target.gateway.namespace) {
+            return None;
+        }
         let mut via_gateway = false;
         for r in &self.parent_refs {
             let ns = r.namespace.as_deref().unwrap_or(&self.namespace);

@@ -48,6 +48,7 @@ impl TcpRoute {
             kind: RouteKind::Tcp,
             hostnames: Vec::new(),
             rules: vec![RouteRule { name: rule.name.clone(), backend_refs: rule.backend_refs.clone(), ..RouteRule::default() }],
+            export_to: Vec::new(),
         };
         route.validate()?;
         Ok(route)

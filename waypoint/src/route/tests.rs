@@ -54,7 +54,7 @@ impl Req {
     fn pick(&self, routes: &[HttpRoute]) -> Option<String> {
         let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
         let svc = ObjectName { namespace: "default".into(), name: "echo".into() };
-        let target = Target { gateway: &gw, service: Some(&svc), root_namespace: "istio-system", port: 80 };
+        let target = Target { gateway: &gw, service: Some(&svc), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
         let refs: Vec<&HttpRoute> = routes.iter().collect();
         let r = RouteRequest {
             method: &self.method,
@@ -368,6 +368,21 @@ fn tcp_routes_have_one_rule_with_backends() {
 fn vs(yaml: &str) -> Result<HttpRoute, String> {
     let v: VirtualService = serde_yaml::from_str(&format!("name: v\nnamespace: default\nhosts: [echo]\n{yaml}")).map_err(|e| e.to_string())?;
     v.to_http()
+}
+
+/// A VirtualService attaches only through a waypoint of a namespace it is exported to
+/// (the waypoint here is in `default`; the file path, as the cluster's).
+#[test]
+fn virtual_services_honour_export_to() {
+    let with = |export: &str| vs(&format!("exportTo: {export}\nhttp: [{{route: [{{destination: {{host: echo}}}}]}}]")).expect(export);
+    for (export, applies) in [("[]", true), ("['*']", true), ("['.']", true), ("[default]", true), ("[shop]", false), ("[shop, '.']", true)] {
+        assert_eq!(req("/").pick(&[with(export)]).is_some(), applies, "exportTo {export}");
+    }
+    // From another namespace, `.` is that namespace's own.
+    let mut other = with("['.']");
+    other.namespace = "shop".into();
+    other.parent_refs[0].namespace = Some("default".into());
+    assert_eq!(req("/").pick(&[other]), None);
 }
 
 /// A VirtualService as the HTTPRoute it amounts to: Istio's string prefix (not by path

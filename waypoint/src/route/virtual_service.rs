@@ -251,6 +251,7 @@ impl VirtualService {
             hostnames: Vec::new(),
             rules,
             kind: RouteKind::Virtual,
+            export_to: self.export_to.clone(),
         };
         // Checked as an HTTPRoute; a destination may leave out its port (the request's).
         let mut check = route.clone();

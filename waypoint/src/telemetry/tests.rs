@@ -18,7 +18,7 @@ fn gateway() -> ObjectName {
 fn applied(t: &Telemetries, svc: Option<(&str, &str)>) -> Arc<Applied> {
     let gw = gateway();
     let svc = svc.map(|(ns, n)| ObjectName { namespace: ns.into(), name: n.into() });
-    t.for_target(&Target { gateway: &gw, root_namespace: "istio-system", service: svc.as_ref(), port: 80 })
+    t.for_target(&Target { gateway: &gw, root_namespace: "istio-system", service: svc.as_ref(), service_kind: Default::default(), port: 80 })
 }
 
 fn log_of(a: &Applied) -> String {
