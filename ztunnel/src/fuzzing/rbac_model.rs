@@ -269,12 +269,14 @@ fn model(input: &Input, r: &Req) -> Result<Option<Vec<String>>, ()> {
     let dst_ns = pick(&NAMESPACES, input.dst_namespace);
     let selected: Vec<String> =
         input.selected.iter().map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n))).collect();
-    // One policy per key: a later one replaces an earlier one (as istiod's resources do).
+    // One policy per key: the first keeps it (`MeshState::build` ranks a config's
+    // entries by order, the lower rank holding a contested key).
     let mut by_key: Vec<(String, &P)> = Vec::new();
     for p in &input.policies {
         let k = key(p);
-        by_key.retain(|(other, _)| *other != k);
-        by_key.push((k, p));
+        if !by_key.iter().any(|(other, _)| *other == k) {
+            by_key.push((k, p));
+        }
     }
     let in_scope = by_key.into_iter().filter(|(k, p)| match p.scope % 3 {
         0 => true,
@@ -343,6 +345,6 @@ pub fn rbac_model(data: &[u8]) {
         (Decision::Allow, Ok(None)) => {}
         (Decision::Deny(DenyReason::NoAllowMatch), Err(())) => {}
         (Decision::Deny(DenyReason::DenyPolicy(k)), Ok(Some(keys))) if keys.contains(k) => {}
-        _ => panic!("ztunnel decided {got:?}, the model {want:?}"),
+        _ => panic!("ztunnel decided {got:?}, the model {want:?} for {input:#?}"),
     }
 }
