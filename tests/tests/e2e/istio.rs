@@ -259,3 +259,78 @@ async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<(
     assert!(wl.contains(&format!("src.identity={SLEEP_ID}")) && wl.contains("dst.workload=\"n2p1\""), "{wl}");
     m.no_nacks()
 }
+
+/// Polls node `node`'s `/config_dump` until `ready` holds for it; returns the dump.
+async fn dump_when(m: &IstioMesh, node: usize, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = http_get(m.mesh.topo.node(node), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        anyhow::ensure!(code == 200, "{body}");
+        let dump: serde_json::Value = serde_json::from_str(&body).context("config_dump is not JSON")?;
+        if ready(&dump) {
+            return Ok(dump);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "node{node}'s dump never showed {what}:\n{dump:#}\nistio-xds:\n{}", m.istio.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn policy_in(dump: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    dump["policies"].as_array()?.iter().find(|p| p["name"] == name).cloned()
+}
+
+/// Whether the dump holds policy `default/name` and pod `pod`'s workload lists it.
+fn selects(dump: &serde_json::Value, pod: &str, name: &str) -> bool {
+    let uid = pod_uid("default", pod);
+    let listed = dump["workloads"].as_array().and_then(|ws| ws.iter().find(|w| w["uid"] == uid.as_str())).is_some_and(|w| {
+        w["authorizationPolicies"].as_array().is_some_and(|ps| ps.iter().any(|p| p == format!("default/{name}").as_str()))
+    });
+    listed && policy_in(dump, name).is_some()
+}
+
+/// A DENY whose rule has only HTTP attributes (`to.operation.methods`) on a workload
+/// without a waypoint: istiod sends it as one empty match, which Istio's ztunnel skips,
+/// so the DENY does nothing at L4 (istiod warns it has no effect). An ALLOW with only
+/// HTTP attributes comes without rules and so allows nothing: the workload is then
+/// closed to every client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_only_rules_at_l4_decide_as_istios_ztunnel() -> Result<()> {
+    let m = IstioMesh::start("ic", &[1, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(echo_service(""));
+        o.push(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-delete, namespace: default}\n\
+             spec:\n  selector: {matchLabels: {app: echo}}\n  action: DENY\n  rules:\n  - to: [{operation: {methods: [DELETE]}}]\n"
+                .into(),
+        );
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    let vip: SocketAddr = format!("{ECHO_VIP}:80").parse()?;
+
+    // The server's ztunnel holds the DENY as istiod sent it (one empty match) and its
+    // workload lists it.
+    let dump = dump_when(&m, 2, "deny-delete", |d| selects(d, "n2p1", "deny-delete")).await?;
+    let p = policy_in(&dump, "deny-delete").context("deny-delete")?;
+    assert_eq!(p["action"], "Deny", "{p}");
+    assert_eq!(p["rules"], serde_json::json!([[[{}]]]), "{p}");
+    assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "an HTTP-only DENY denied at L4:\n{}", m.mesh.logs());
+    assert_eq!(greeting(client, SocketAddr::new(server.ip, 8080)).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
+    assert!(!m.mesh.logs().contains("denied by DENY policy"), "{}", m.mesh.logs());
+
+    // An ALLOW for GET only: istiod drops the rule, the ALLOW has none, nothing is allowed.
+    m.istio.apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-get, namespace: default}\n\
+         spec:\n  selector: {matchLabels: {app: echo}}\n  action: ALLOW\n  rules:\n  - to: [{operation: {methods: [GET]}}]\n",
+    )?;
+    let dump = dump_when(&m, 2, "allow-get", |d| selects(d, "n2p1", "allow-get")).await?;
+    let p = policy_in(&dump, "allow-get").context("allow-get")?;
+    assert!(p["rules"].as_array().is_none_or(|r| r.is_empty()), "{p}");
+    assert_eq!(greeting(client, vip).await, None, "an ALLOW with no L4 rule let a client in:\n{}", m.mesh.logs());
+    m.mesh.wait_logs(&["no ALLOW policy matched"])?;
+    m.no_nacks()
+}
