@@ -334,3 +334,54 @@ async fn http_only_rules_at_l4_decide_as_istios_ztunnel() -> Result<()> {
     m.mesh.wait_logs(&["no ALLOW policy matched"])?;
     m.no_nacks()
 }
+
+/// Multi-network names as istiod makes them: an east-west gateway (a Gateway of class
+/// istio-remote labelled with its network) becomes a workload whose uid and name are
+/// `NetworkGateway/<network>/<address>/<port>`. Both ztunnels take it (Istio's ztunnel
+/// checks no name), and a ServiceEntry whose `subjectAltNames` are DNS names, not SPIFFE
+/// ids, stays a service that carries traffic (the DNS SAN is ignored, as Istio's does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiods_multi_network_names_and_dns_sans_are_taken() -> Result<()> {
+    const SE_VIP: &str = "10.96.0.20";
+    let m = IstioMesh::start("id", &[1, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {name: eastwest, namespace: default, labels: {topology.istio.io/network: net-b}}\n\
+             spec:\n  gatewayClassName: istio-remote\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
+             status:\n  addresses: [{type: IPAddress, value: 172.18.0.9}]\n"
+                .into(),
+        );
+        o.push(format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: echo-se, namespace: default}}\n\
+             spec:\n  hosts: [echo.example.com]\n  addresses: [{SE_VIP}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+             \x20 ports: [{{number: 80, name: tcp, protocol: TCP, targetPort: 8080}}]\n\
+             \x20 workloadSelector: {{labels: {{app: echo}}}}\n  subjectAltNames: [echo.example.com]\n"
+        ));
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    for node in [1, 2] {
+        let dump = dump_when(&m, node, "the network gateway and the ServiceEntry", |d| {
+            let gw = d["workloads"].as_array().is_some_and(|ws| ws.iter().any(|w| w["uid"].as_str().is_some_and(|u| u.starts_with("NetworkGateway/net-b/"))));
+            let se = d["services"].as_array().is_some_and(|ss| ss.iter().any(|s| s["hostname"] == "echo.example.com"));
+            gw && se
+        })
+        .await?;
+        let gw = dump["workloads"].as_array().into_iter().flatten().find(|w| w["uid"].as_str().is_some_and(|u| u.starts_with("NetworkGateway/"))).context("gateway")?;
+        assert_eq!(gw["uid"], "NetworkGateway/net-b/172.18.0.9/15008", "{gw}");
+        assert_eq!(gw["name"], gw["uid"], "{gw}");
+        assert_eq!(gw["network"], "net-b", "{gw}");
+        let se = dump["services"].as_array().into_iter().flatten().find(|s| s["hostname"] == "echo.example.com").context("se")?;
+        assert_eq!(se["subjectAltNames"], serde_json::json!(["echo.example.com"]), "{se}");
+    }
+    let vip: SocketAddr = format!("{SE_VIP}:80").parse()?;
+    assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
+    // Carried over HBONE to the workload's own identity; the DNS SAN is logged as ignored.
+    m.mesh.wait_logs(&[&format!("dst.identity={ECHO_ID}"), "not a SPIFFE id"])?;
+    m.no_nacks()
+}
