@@ -37,20 +37,27 @@ impl IstioMesh {
     /// `objects` makes for it, the fake istiod's CA beside it, and a ztunnel per node
     /// with `enrolled` pods enrolled at start (by istiod's pod uid).
     fn start(tag: &str, pods_per_node: &[usize], enrolled: &[&str], objects: impl FnOnce(&Topology) -> String) -> Result<IstioMesh> {
+        IstioMesh::start_with_mesh(tag, pods_per_node, enrolled, None, objects)
+    }
+
+    /// As `start`, with istiod's MeshConfig `mesh` (YAML); an `enrolled` entry
+    /// `namespace/pod` is a pod of that namespace (else of default).
+    fn start_with_mesh(tag: &str, pods_per_node: &[usize], enrolled: &[&str], mesh: Option<&str>, objects: impl FnOnce(&Topology) -> String) -> Result<IstioMesh> {
         // IPv4 whatever ZTUNNEL_TEST_IP_FAMILY says: the servers' addresses and the VIPs are.
         let topo = Topology::build_family(&prefix(tag), pods_per_node, IpFamily::V4)?;
         let token = topo.dir.join("istio-token");
         std::fs::write(&token, TOKEN)?;
         let ca = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
-        let istio = IstioXds::start(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &objects(&topo))?;
+        let istio = IstioXds::start_with_mesh(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &objects(&topo), mesh)?;
         let env = istio.env(&ca, &token);
         let node_args: Vec<Vec<String>> = (1..=topo.nodes.len())
             .map(|n| {
                 enrolled
                     .iter()
-                    .map(|p| topo.pod(p))
-                    .filter(|p| p.node == n)
-                    .flat_map(|p| ["--pod".to_string(), format!("{}={}", pod_uid("default", &p.name), p.netns.path().display())])
+                    .map(|e| e.split_once('/').unwrap_or(("default", e)))
+                    .map(|(ns, p)| (ns, topo.pod(p)))
+                    .filter(|(_, p)| p.node == n)
+                    .flat_map(|(ns, p)| ["--pod".to_string(), format!("{}={}", pod_uid(ns, &p.name), p.netns.path().display())])
                     .collect()
             })
             .collect();
@@ -383,5 +390,49 @@ async fn istiods_multi_network_names_and_dns_sans_are_taken() -> Result<()> {
     assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
     // Carried over HBONE to the workload's own identity; the DNS SAN is logged as ignored.
     m.mesh.wait_logs(&[&format!("dst.identity={ECHO_ID}"), "not a SPIFFE id"])?;
+    m.no_nacks()
+}
+
+/// istiod's `serviceEntryVisibility` (MeshConfig) scopes the ServiceEntries of namespace
+/// `private` to it: istiod sends them with visibility NAMESPACE (field 14), and our
+/// ztunnel routes their VIP for that namespace's pods only; a public ServiceEntry is
+/// sent `canonical` (field 11). A pod of another namespace reaching the VIP gets no
+/// service (its connection passes through to the bare address, where nothing answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_entry_visibility_and_canonical_from_istiod() -> Result<()> {
+    const PRIVATE_VIP: &str = "10.96.0.30";
+    let mesh = "serviceEntryVisibility:\n  policies:\n  - visibility: NAMESPACE\n    matchingRules:\n    - namespaceSelector: {matchLabels: {se-visibility: namespace}}\n";
+    let m = IstioMesh::start_with_mesh("ie", &[2, 1], &["n1p1", "private/n1p2", "private/n2p1"], Some(mesh), |t| {
+        let mut o = base_objects();
+        o.push("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: private\n  labels: {istio.io/dataplane-mode: ambient, se-visibility: namespace}\n".into());
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n1p2"), "private", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "private", "echo", &[("app", "echo")], &[CAPTURED]));
+        let se = |ns: &str, host: &str, vip: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: se, namespace: {ns}}}\n\
+                 spec:\n  hosts: [{host}]\n  addresses: [{vip}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+                 \x20 ports: [{{number: 80, name: tcp, protocol: TCP, targetPort: 8080}}]\n  workloadSelector: {{labels: {{app: echo}}}}\n"
+            )
+        };
+        o.push(se("private", "private.example.com", PRIVATE_VIP));
+        o.push(se("default", "public.example.com", "10.96.0.31"));
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let _echo = EchoServer::start(&t.pod("n2p1").netns, 8080, Some("n2p1"))?;
+    let dump = dump_when(&m, 1, "both ServiceEntries", |d| {
+        d["services"].as_array().is_some_and(|ss| ["private.example.com", "public.example.com"].iter().all(|h| ss.iter().any(|s| s["hostname"] == *h)))
+    })
+    .await?;
+    let svc = |h: &str| dump["services"].as_array().into_iter().flatten().find(|s| s["hostname"] == h).cloned().unwrap_or_default();
+    let (private, public) = (svc("private.example.com"), svc("public.example.com"));
+    assert_eq!((&private["visibility"], &private["canonical"]), (&serde_json::json!("Namespace"), &serde_json::json!(false)), "{private}");
+    assert_eq!((&public["visibility"], &public["canonical"]), (&serde_json::json!("Public"), &serde_json::json!(true)), "{public}");
+
+    let vip: SocketAddr = format!("{PRIVATE_VIP}:80").parse()?;
+    assert_eq!(greeting(t.pod("n1p2"), vip).await.as_deref(), Some("n2p1"), "from its own namespace:\n{}", m.mesh.logs());
+    m.mesh.wait_logs(&["dst.identity=spiffe://cluster.local/ns/private/sa/echo"])?;
+    assert_eq!(greeting(t.pod("n1p1"), vip).await, None, "another namespace reached a NAMESPACE-visible service:\n{}", m.mesh.logs());
     m.no_nacks()
 }

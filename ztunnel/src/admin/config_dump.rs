@@ -131,8 +131,8 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
             json!({ "routingPreferences": scopes, "mode": format!("{:?}", lb.mode), "healthPolicy": format!("{:?}", lb.health_policy) }),
         );
     }
-    m.insert("canonical".into(), json!(false));
-    m.insert("visibility".into(), json!("Public"));
+    m.insert("canonical".into(), json!(s.canonical));
+    m.insert("visibility".into(), json!(s.visibility.name()));
     Value::Object(m)
 }
 

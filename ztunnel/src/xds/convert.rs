@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
     WorkloadUid,
 };
 
@@ -300,6 +300,12 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         cidr_vips,
         load_balancer,
         subject_alt_names: s.subject_alt_names,
+        canonical: s.canonical,
+        // As Istio's ztunnel: a value this proto does not know is PUBLIC, not a refusal.
+        visibility: match pb::service::Visibility::try_from(s.visibility) {
+            Ok(pb::service::Visibility::Namespace) => Visibility::Namespace,
+            Ok(pb::service::Visibility::Public) | Err(_) => Visibility::Public,
+        },
     })
 }
 
@@ -629,6 +635,14 @@ mod tests {
         assert_eq!(wp.hbone_mtls_port, 15008);
         assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
         assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
+        assert!(!s.canonical && s.visibility == Visibility::Public);
+        // Istio's fields 11 and 14; a visibility this proto does not know is PUBLIC, as Istio's.
+        let base = pb::Service { hostname: "h".into(), namespace: "n".into(), ..Default::default() };
+        let ns = service(pb::Service { canonical: true, visibility: pb::service::Visibility::Namespace as i32, ..base.clone() }).unwrap();
+        assert!(ns.canonical && ns.visibility == Visibility::Namespace);
+        assert_eq!(service(pb::Service { visibility: 7, ..base.clone() }).unwrap().visibility, Visibility::Public);
+        let wire = pb::Service { canonical: true, visibility: 1, ..Default::default() }.encode_to_vec();
+        assert_eq!(wire, [11 << 3, 1, 14 << 3, 1]);
         // A ServiceEntry's DNS SAN: the service stays, the SAN is never expected of a peer.
         let dns = service(pb::Service {
             hostname: "h".into(),
