@@ -158,7 +158,21 @@ impl IstioXds {
     /// the cluster holding `objects` (multi-document YAML); files go to `dir`. Returns
     /// once it listens.
     pub fn start(netns: &Netns, addr: SocketAddr, dir: &Path, objects: &str) -> Result<IstioXds> {
+        IstioXds::start_with_mesh(netns, addr, dir, objects, None)
+    }
+
+    /// As `start`, with `mesh` (MeshConfig YAML, as istiod's mesh ConfigMap) applied over
+    /// Istio's defaults.
+    pub fn start_with_mesh(netns: &Netns, addr: SocketAddr, dir: &Path, objects: &str, mesh: Option<&str>) -> Result<IstioXds> {
         let bin = binary()?;
+        let mesh_args: Vec<String> = match mesh {
+            Some(m) => {
+                let p = dir.join("istio-mesh.yaml");
+                std::fs::write(&p, m)?;
+                vec!["--mesh".into(), p.display().to_string()]
+            }
+            None => Vec::new(),
+        };
         let (root_path, cert, key) = server_pki(dir)?;
         let objects_path = dir.join("istio-objects.yaml");
         std::fs::write(&objects_path, objects)?;
@@ -175,6 +189,7 @@ impl IstioXds {
             .arg(&cert)
             .arg("--key")
             .arg(&key)
+            .args(&mesh_args)
             // Istio derives its ambient flags from this when its packages load.
             .env("PILOT_ENABLE_AMBIENT", "true")
             .stdin(Stdio::piped())

@@ -1,11 +1,16 @@
 //! L4 authorization (Istio's `istio.security.Authorization`).
 //!
-//! Semantics: a policy matches if any rule matches; a rule is the AND of its clauses;
-//! a clause is the OR of its matches; a match is the AND of its non-empty fields.
-//! Any matching DENY denies; with no ALLOW policy in scope the connection is allowed;
-//! otherwise one ALLOW must match. Names are compared as strings, never as patterns.
-//! A source without an identity fails every positive identity field and passes every
-//! negative one (Envoy RBAC semantics: "not principal X" holds for an anonymous peer).
+//! Semantics, as Istio's ztunnel (`src/rbac.rs`): a policy matches if any rule matches
+//! (a policy without rules matches nothing); a rule is the AND of its clauses (a rule
+//! without clauses matches everything); a clause is the OR of its matches (a clause
+//! without matches holds); a match is the AND of its non-empty fields, and a match with
+//! no field at all matches nothing: istiod sends one where a policy's rule had only HTTP
+//! attributes (`to.operation.methods`), which L4 cannot see, so such a DENY is a no-op
+//! here, not a deny-all. Any matching DENY denies; with no ALLOW policy in scope the
+//! connection is allowed; otherwise one ALLOW must match. Names are compared as strings,
+//! never as patterns. A source without an identity has no principal and no service
+//! account (positive fields fail, negative ones hold) and the empty namespace, as in
+//! Istio's ztunnel.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -147,13 +152,47 @@ pub struct Connection {
 }
 
 impl Match {
+    /// No field set: istiod's stand-in for a rule's HTTP-only part.
+    pub fn is_empty(&self) -> bool {
+        let Match {
+            namespaces,
+            not_namespaces,
+            principals,
+            not_principals,
+            source_ips,
+            not_source_ips,
+            destination_ips,
+            not_destination_ips,
+            destination_ports,
+            not_destination_ports,
+            service_accounts,
+            not_service_accounts,
+        } = self;
+        namespaces.is_empty()
+            && not_namespaces.is_empty()
+            && principals.is_empty()
+            && not_principals.is_empty()
+            && source_ips.is_empty()
+            && not_source_ips.is_empty()
+            && destination_ips.is_empty()
+            && not_destination_ips.is_empty()
+            && destination_ports.is_empty()
+            && not_destination_ports.is_empty()
+            && service_accounts.is_empty()
+            && not_service_accounts.is_empty()
+    }
+
+    /// Whether a non-empty match holds (the caller skips empty ones).
     fn matches(&self, conn: &Connection) -> bool {
         let id = conn.src_identity.as_deref();
-        let ns = id.map(|i| i.namespace.as_str());
+        // Istio's ztunnel compares an anonymous peer's namespace as "" (so `Prefix: ""`
+        // holds and `notNamespaces: [Exact: ""]` fails for it).
+        let ns = Some(id.map_or("", |i| i.namespace.as_str()));
         let principal = id.map(|i| i.principal());
         let principal = principal.as_deref();
 
-        // A missing attribute (no identity) fails a positive field and passes a negative one.
+        // A missing principal or service account (no identity) fails a positive field and
+        // passes a negative one.
         let (pos, neg) = (false, true);
         positive(&self.namespaces, ns, pos, |m, v| m.matches(v))
             && negative(&self.not_namespaces, ns, neg, |m, v| m.matches(v))
@@ -196,10 +235,12 @@ impl Authorization {
         }
     }
 
+    /// As Istio's ztunnel: no rules match nothing, a rule without clauses matches all,
+    /// a clause without matches holds, an empty match is skipped (never holds).
     pub fn matches(&self, conn: &Connection) -> bool {
-        self.rules
-            .iter()
-            .any(|rule| rule.iter().all(|clause| clause.iter().any(|m| m.matches(conn))))
+        self.rules.iter().any(|rule| {
+            rule.iter().all(|clause| clause.is_empty() || clause.iter().any(|m| !m.is_empty() && m.matches(conn)))
+        })
     }
 }
 

@@ -23,7 +23,7 @@ mod waypoint_tests;
 pub use self::address::{NetworkAddress, NetworkCidr, PodIps};
 pub use self::index::{MeshIndex, MeshState, Rank, StateError};
 pub use self::workload::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, WeightedWaypoint, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload, WorkloadUid,
 };
 
 impl MeshState {
@@ -214,6 +214,17 @@ impl MeshState {
         self.service_by_vip
             .get(network, ip)
             .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.network == network && c.cidr.contains(ip)).map(|(_, s)| s))
+    }
+
+    /// The service with VIP `ip` in `network` as a client in namespace `client_ns` sees
+    /// it, as Istio's `get_best_by_vip`: a service not visible to it (NAMESPACE
+    /// visibility, another namespace) is not there, and a range holding the address may
+    /// be; with neither, the address is no service's for this client.
+    pub fn service_by_vip_for(&self, network: &str, ip: IpAddr, client_ns: &str) -> Option<&Arc<Service>> {
+        self.service_by_vip
+            .get(network, ip)
+            .filter(|s| s.visible_to(client_ns))
+            .or_else(|| self.service_by_cidr.iter().find(|(c, s)| c.network == network && c.cidr.contains(ip) && s.visible_to(client_ns)).map(|(_, s)| s))
     }
 
     /// The service an inbound connection to `wl` on `target_port` was meant for, as

@@ -37,20 +37,27 @@ impl IstioMesh {
     /// `objects` makes for it, the fake istiod's CA beside it, and a ztunnel per node
     /// with `enrolled` pods enrolled at start (by istiod's pod uid).
     fn start(tag: &str, pods_per_node: &[usize], enrolled: &[&str], objects: impl FnOnce(&Topology) -> String) -> Result<IstioMesh> {
+        IstioMesh::start_with_mesh(tag, pods_per_node, enrolled, None, objects)
+    }
+
+    /// As `start`, with istiod's MeshConfig `mesh` (YAML); an `enrolled` entry
+    /// `namespace/pod` is a pod of that namespace (else of default).
+    fn start_with_mesh(tag: &str, pods_per_node: &[usize], enrolled: &[&str], mesh: Option<&str>, objects: impl FnOnce(&Topology) -> String) -> Result<IstioMesh> {
         // IPv4 whatever ZTUNNEL_TEST_IP_FAMILY says: the servers' addresses and the VIPs are.
         let topo = Topology::build_family(&prefix(tag), pods_per_node, IpFamily::V4)?;
         let token = topo.dir.join("istio-token");
         std::fs::write(&token, TOKEN)?;
         let ca = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
-        let istio = IstioXds::start(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &objects(&topo))?;
+        let istio = IstioXds::start_with_mesh(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &objects(&topo), mesh)?;
         let env = istio.env(&ca, &token);
         let node_args: Vec<Vec<String>> = (1..=topo.nodes.len())
             .map(|n| {
                 enrolled
                     .iter()
-                    .map(|p| topo.pod(p))
-                    .filter(|p| p.node == n)
-                    .flat_map(|p| ["--pod".to_string(), format!("{}={}", pod_uid("default", &p.name), p.netns.path().display())])
+                    .map(|e| e.split_once('/').unwrap_or(("default", e)))
+                    .map(|(ns, p)| (ns, topo.pod(p)))
+                    .filter(|(_, p)| p.node == n)
+                    .flat_map(|(ns, p)| ["--pod".to_string(), format!("{}={}", pod_uid(ns, &p.name), p.netns.path().display())])
                     .collect()
             })
             .collect();
@@ -257,5 +264,175 @@ async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<(
     m.mesh.wait_logs(&[&format!("dst.addr={}", SocketAddr::new(wp.ip, 15008)), &format!("dst.identity={WAYPOINT_ID}")])?;
     let wl = waypoint.log_text();
     assert!(wl.contains(&format!("src.identity={SLEEP_ID}")) && wl.contains("dst.workload=\"n2p1\""), "{wl}");
+    m.no_nacks()
+}
+
+/// Polls node `node`'s `/config_dump` until `ready` holds for it; returns the dump.
+async fn dump_when(m: &IstioMesh, node: usize, what: &str, ready: impl Fn(&serde_json::Value) -> bool) -> Result<serde_json::Value> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let (code, body) = http_get(m.mesh.topo.node(node), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        anyhow::ensure!(code == 200, "{body}");
+        let dump: serde_json::Value = serde_json::from_str(&body).context("config_dump is not JSON")?;
+        if ready(&dump) {
+            return Ok(dump);
+        }
+        anyhow::ensure!(std::time::Instant::now() < deadline, "node{node}'s dump never showed {what}:\n{dump:#}\nistio-xds:\n{}", m.istio.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn policy_in(dump: &serde_json::Value, name: &str) -> Option<serde_json::Value> {
+    dump["policies"].as_array()?.iter().find(|p| p["name"] == name).cloned()
+}
+
+/// Whether the dump holds policy `default/name` and pod `pod`'s workload lists it.
+fn selects(dump: &serde_json::Value, pod: &str, name: &str) -> bool {
+    let uid = pod_uid("default", pod);
+    let listed = dump["workloads"].as_array().and_then(|ws| ws.iter().find(|w| w["uid"] == uid.as_str())).is_some_and(|w| {
+        w["authorizationPolicies"].as_array().is_some_and(|ps| ps.iter().any(|p| p == format!("default/{name}").as_str()))
+    });
+    listed && policy_in(dump, name).is_some()
+}
+
+/// A DENY whose rule has only HTTP attributes (`to.operation.methods`) on a workload
+/// without a waypoint: istiod sends it as one empty match, which Istio's ztunnel skips,
+/// so the DENY does nothing at L4 (istiod warns it has no effect). An ALLOW with only
+/// HTTP attributes comes without rules and so allows nothing: the workload is then
+/// closed to every client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_only_rules_at_l4_decide_as_istios_ztunnel() -> Result<()> {
+    let m = IstioMesh::start("ic", &[1, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(echo_service(""));
+        o.push(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-delete, namespace: default}\n\
+             spec:\n  selector: {matchLabels: {app: echo}}\n  action: DENY\n  rules:\n  - to: [{operation: {methods: [DELETE]}}]\n"
+                .into(),
+        );
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    let vip: SocketAddr = format!("{ECHO_VIP}:80").parse()?;
+
+    // The server's ztunnel holds the DENY as istiod sent it (one empty match) and its
+    // workload lists it.
+    let dump = dump_when(&m, 2, "deny-delete", |d| selects(d, "n2p1", "deny-delete")).await?;
+    let p = policy_in(&dump, "deny-delete").context("deny-delete")?;
+    assert_eq!(p["action"], "Deny", "{p}");
+    assert_eq!(p["rules"], serde_json::json!([[[{}]]]), "{p}");
+    assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "an HTTP-only DENY denied at L4:\n{}", m.mesh.logs());
+    assert_eq!(greeting(client, SocketAddr::new(server.ip, 8080)).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
+    assert!(!m.mesh.logs().contains("denied by DENY policy"), "{}", m.mesh.logs());
+
+    // An ALLOW for GET only: istiod drops the rule, the ALLOW has none, nothing is allowed.
+    m.istio.apply(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-get, namespace: default}\n\
+         spec:\n  selector: {matchLabels: {app: echo}}\n  action: ALLOW\n  rules:\n  - to: [{operation: {methods: [GET]}}]\n",
+    )?;
+    let dump = dump_when(&m, 2, "allow-get", |d| selects(d, "n2p1", "allow-get")).await?;
+    let p = policy_in(&dump, "allow-get").context("allow-get")?;
+    assert!(p["rules"].as_array().is_none_or(|r| r.is_empty()), "{p}");
+    assert_eq!(greeting(client, vip).await, None, "an ALLOW with no L4 rule let a client in:\n{}", m.mesh.logs());
+    m.mesh.wait_logs(&["no ALLOW policy matched"])?;
+    m.no_nacks()
+}
+
+/// Multi-network names as istiod makes them: an east-west gateway (a Gateway of class
+/// istio-remote labelled with its network) becomes a workload whose uid and name are
+/// `NetworkGateway/<network>/<address>/<port>`. Both ztunnels take it (Istio's ztunnel
+/// checks no name), and a ServiceEntry whose `subjectAltNames` are DNS names, not SPIFFE
+/// ids, stays a service that carries traffic (the DNS SAN is ignored, as Istio's does).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istiods_multi_network_names_and_dns_sans_are_taken() -> Result<()> {
+    const SE_VIP: &str = "10.96.0.20";
+    let m = IstioMesh::start("id", &[1, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "default", "echo", &[("app", "echo")], &[CAPTURED]));
+        o.push(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\n\
+             metadata: {name: eastwest, namespace: default, labels: {topology.istio.io/network: net-b}}\n\
+             spec:\n  gatewayClassName: istio-remote\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
+             status:\n  addresses: [{type: IPAddress, value: 172.18.0.9}]\n"
+                .into(),
+        );
+        o.push(format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: echo-se, namespace: default}}\n\
+             spec:\n  hosts: [echo.example.com]\n  addresses: [{SE_VIP}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+             \x20 ports: [{{number: 80, name: tcp, protocol: TCP, targetPort: 8080}}]\n\
+             \x20 workloadSelector: {{labels: {{app: echo}}}}\n  subjectAltNames: [echo.example.com]\n"
+        ));
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    for node in [1, 2] {
+        let dump = dump_when(&m, node, "the network gateway and the ServiceEntry", |d| {
+            let gw = d["workloads"].as_array().is_some_and(|ws| ws.iter().any(|w| w["uid"].as_str().is_some_and(|u| u.starts_with("NetworkGateway/net-b/"))));
+            let se = d["services"].as_array().is_some_and(|ss| ss.iter().any(|s| s["hostname"] == "echo.example.com"));
+            gw && se
+        })
+        .await?;
+        let gw = dump["workloads"].as_array().into_iter().flatten().find(|w| w["uid"].as_str().is_some_and(|u| u.starts_with("NetworkGateway/"))).context("gateway")?;
+        assert_eq!(gw["uid"], "NetworkGateway/net-b/172.18.0.9/15008", "{gw}");
+        assert_eq!(gw["name"], gw["uid"], "{gw}");
+        assert_eq!(gw["network"], "net-b", "{gw}");
+        let se = dump["services"].as_array().into_iter().flatten().find(|s| s["hostname"] == "echo.example.com").context("se")?;
+        assert_eq!(se["subjectAltNames"], serde_json::json!(["echo.example.com"]), "{se}");
+    }
+    let vip: SocketAddr = format!("{SE_VIP}:80").parse()?;
+    assert_eq!(greeting(client, vip).await.as_deref(), Some("n2p1"), "{}", m.mesh.logs());
+    // Carried over HBONE to the workload's own identity; the DNS SAN is logged as ignored.
+    m.mesh.wait_logs(&[&format!("dst.identity={ECHO_ID}"), "not a SPIFFE id"])?;
+    m.no_nacks()
+}
+
+/// istiod's `serviceEntryVisibility` (MeshConfig) scopes the ServiceEntries of namespace
+/// `private` to it: istiod sends them with visibility NAMESPACE (field 14), and our
+/// ztunnel routes their VIP for that namespace's pods only; a public ServiceEntry is
+/// sent `canonical` (field 11). A pod of another namespace reaching the VIP gets no
+/// service (its connection passes through to the bare address, where nothing answers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_entry_visibility_and_canonical_from_istiod() -> Result<()> {
+    const PRIVATE_VIP: &str = "10.96.0.30";
+    let mesh = "serviceEntryVisibility:\n  policies:\n  - visibility: NAMESPACE\n    matchingRules:\n    - namespaceSelector: {matchLabels: {se-visibility: namespace}}\n";
+    let m = IstioMesh::start_with_mesh("ie", &[2, 1], &["n1p1", "private/n1p2", "private/n2p1"], Some(mesh), |t| {
+        let mut o = base_objects();
+        o.push("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: private\n  labels: {istio.io/dataplane-mode: ambient, se-visibility: namespace}\n".into());
+        o.push(pod_yaml(t.pod("n1p1"), "default", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n1p2"), "private", "sleep", &[("app", "sleep")], &[CAPTURED]));
+        o.push(pod_yaml(t.pod("n2p1"), "private", "echo", &[("app", "echo")], &[CAPTURED]));
+        let se = |ns: &str, host: &str, vip: &str| {
+            format!(
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: se, namespace: {ns}}}\n\
+                 spec:\n  hosts: [{host}]\n  addresses: [{vip}]\n  location: MESH_INTERNAL\n  resolution: STATIC\n\
+                 \x20 ports: [{{number: 80, name: tcp, protocol: TCP, targetPort: 8080}}]\n  workloadSelector: {{labels: {{app: echo}}}}\n"
+            )
+        };
+        o.push(se("private", "private.example.com", PRIVATE_VIP));
+        o.push(se("default", "public.example.com", "10.96.0.31"));
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let _echo = EchoServer::start(&t.pod("n2p1").netns, 8080, Some("n2p1"))?;
+    let dump = dump_when(&m, 1, "both ServiceEntries", |d| {
+        d["services"].as_array().is_some_and(|ss| ["private.example.com", "public.example.com"].iter().all(|h| ss.iter().any(|s| s["hostname"] == *h)))
+    })
+    .await?;
+    let svc = |h: &str| dump["services"].as_array().into_iter().flatten().find(|s| s["hostname"] == h).cloned().unwrap_or_default();
+    let (private, public) = (svc("private.example.com"), svc("public.example.com"));
+    assert_eq!((&private["visibility"], &private["canonical"]), (&serde_json::json!("Namespace"), &serde_json::json!(false)), "{private}");
+    assert_eq!((&public["visibility"], &public["canonical"]), (&serde_json::json!("Public"), &serde_json::json!(true)), "{public}");
+
+    let vip: SocketAddr = format!("{PRIVATE_VIP}:80").parse()?;
+    assert_eq!(greeting(t.pod("n1p2"), vip).await.as_deref(), Some("n2p1"), "from its own namespace:\n{}", m.mesh.logs());
+    m.mesh.wait_logs(&["dst.identity=spiffe://cluster.local/ns/private/sa/echo"])?;
+    assert_eq!(greeting(t.pod("n1p1"), vip).await, None, "another namespace reached a NAMESPACE-visible service:\n{}", m.mesh.logs());
     m.no_nacks()
 }

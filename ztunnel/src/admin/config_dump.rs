@@ -131,8 +131,8 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
             json!({ "routingPreferences": scopes, "mode": format!("{:?}", lb.mode), "healthPolicy": format!("{:?}", lb.health_policy) }),
         );
     }
-    m.insert("canonical".into(), json!(false));
-    m.insert("visibility".into(), json!("Public"));
+    m.insert("canonical".into(), json!(s.canonical));
+    m.insert("visibility".into(), json!(s.visibility.name()));
     Value::Object(m)
 }
 
@@ -149,25 +149,26 @@ fn strings(v: &[StringMatch]) -> Value {
     )
 }
 
+/// Istio's `RbacMatch`: empty lists are left out (an empty match dumps as `{}`).
 fn rbac_match(m: &Match) -> Value {
-    let cidrs = |v: &[crate::rbac::Cidr]| v.iter().map(|c| c.0.to_string()).collect::<Vec<_>>();
+    let cidrs = |v: &[crate::rbac::Cidr]| json!(v.iter().map(|c| c.0.to_string()).collect::<Vec<_>>());
     let sas = |v: &[crate::rbac::ServiceAccountMatch]| {
-        v.iter().map(|s| json!({ "namespace": s.namespace, "serviceAccount": s.service_account })).collect::<Vec<_>>()
+        json!(v.iter().map(|s| json!({ "namespace": s.namespace, "serviceAccount": s.service_account })).collect::<Vec<_>>())
     };
-    json!({
-        "namespaces": strings(&m.namespaces),
-        "notNamespaces": strings(&m.not_namespaces),
-        "serviceAccounts": sas(&m.service_accounts),
-        "notServiceAccounts": sas(&m.not_service_accounts),
-        "principals": strings(&m.principals),
-        "notPrincipals": strings(&m.not_principals),
-        "sourceIps": cidrs(&m.source_ips),
-        "notSourceIps": cidrs(&m.not_source_ips),
-        "destinationIps": cidrs(&m.destination_ips),
-        "notDestinationIps": cidrs(&m.not_destination_ips),
-        "destinationPorts": m.destination_ports,
-        "notDestinationPorts": m.not_destination_ports,
-    })
+    let mut o = Map::new();
+    insert_unless_default(&mut o, "namespaces", strings(&m.namespaces));
+    insert_unless_default(&mut o, "notNamespaces", strings(&m.not_namespaces));
+    insert_unless_default(&mut o, "serviceAccounts", sas(&m.service_accounts));
+    insert_unless_default(&mut o, "notServiceAccounts", sas(&m.not_service_accounts));
+    insert_unless_default(&mut o, "principals", strings(&m.principals));
+    insert_unless_default(&mut o, "notPrincipals", strings(&m.not_principals));
+    insert_unless_default(&mut o, "sourceIps", cidrs(&m.source_ips));
+    insert_unless_default(&mut o, "notSourceIps", cidrs(&m.not_source_ips));
+    insert_unless_default(&mut o, "destinationIps", cidrs(&m.destination_ips));
+    insert_unless_default(&mut o, "notDestinationIps", cidrs(&m.not_destination_ips));
+    insert_unless_default(&mut o, "destinationPorts", json!(m.destination_ports));
+    insert_unless_default(&mut o, "notDestinationPorts", json!(m.not_destination_ports));
+    Value::Object(o)
 }
 
 pub fn policy(p: &Authorization) -> Value {
@@ -500,5 +501,6 @@ mod tests {
         assert_eq!(d["policies"][0]["action"], "Deny");
         assert_eq!(d["policies"][0]["rules"][0][0][0]["principals"][0]["Exact"], "td/ns/x/sa/y");
         assert_eq!(d["policies"][0]["rules"][0][0][0]["destinationPorts"][0], 80);
+        assert!(d["policies"][0]["rules"][0][0][0].get("notPrincipals").is_none(), "empty lists left out as upstream");
     }
 }

@@ -92,8 +92,11 @@ impl MeshIndex {
         for alias in name::aliases(name, &client.namespace, &self.cluster_domain) {
             for candidate in name::wildcards(&alias.host) {
                 let Some(list) = self.hosts.get(&candidate) else { continue };
-                // The client's own namespace's service wins; else the first by namespace.
-                let Some(svc) = list.iter().find(|s| s.namespace == client.namespace).or(list.first()) else { continue };
+                // As Istio's `get_best_by_host`: only services visible to the client; its
+                // own namespace's wins, else the one istiod marks canonical, else the first.
+                let mut visible = list.iter().filter(|s| s.visible_to(&client.namespace));
+                let first = visible.clone().next();
+                let Some(svc) = visible.clone().find(|s| s.namespace == client.namespace).or_else(|| visible.find(|s| s.canonical)).or(first) else { continue };
                 let wildcard = candidate.starts_with("*.");
                 return Some(MeshAnswer {
                     service: svc.namespaced_hostname(),
@@ -245,6 +248,36 @@ services:
     fn same_host_in_several_namespaces_prefers_the_clients() {
         assert_eq!(ips(&ask("api.example.com", "client", RecordType::A)), vec!["240.240.0.1"]);
         assert_eq!(ips(&ask("api.example.com", "other-client", RecordType::A)), vec!["240.240.0.2"]);
+    }
+
+    /// As Istio's `get_best_by_host`: a NAMESPACE-visible entry only for its namespace
+    /// (others go upstream, or get a visible entry of the host); among entries of other
+    /// namespaces the canonical one, whatever the order.
+    #[test]
+    fn visibility_and_canonical_pick_as_istio() {
+        let yaml = r#"
+workloads:
+- {uid: client, name: client, namespace: default, workloadIps: [10.10.1.11], protocol: HBONE}
+- {uid: other-client, name: oc, namespace: other, workloadIps: [10.10.1.12], protocol: HBONE}
+services:
+- {name: a, namespace: aaa, hostname: shared.example.com, vips: ["/240.240.1.1"]}
+- {name: b, namespace: bbb, hostname: shared.example.com, vips: ["/240.240.1.2"], canonical: true}
+- {name: p, namespace: default, hostname: private.example.com, vips: ["/240.240.2.1"], visibility: Namespace}
+- {name: p, namespace: other, hostname: both.example.com, vips: ["/240.240.3.1"], visibility: Namespace}
+- {name: q, namespace: zzz, hostname: both.example.com, vips: ["/240.240.3.2"]}
+"#;
+        let path = std::path::Path::new("t.yaml");
+        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
+        let idx = MeshIndex::build(&st, "cluster.local");
+        let ask = |from: &str, n: &str| {
+            let client = st.workload_by_uid(&crate::state::WorkloadUid(from.into())).unwrap().clone();
+            ips(&idx.lookup(n, &client, RecordType::A))
+        };
+        assert_eq!(ask("client", "shared.example.com"), ["240.240.1.2"], "the canonical entry, not the first");
+        assert_eq!(ask("client", "private.example.com"), ["240.240.2.1"]);
+        assert!(idx.lookup("private.example.com", st.workload_by_uid(&crate::state::WorkloadUid("other-client".into())).unwrap(), RecordType::A).is_none(), "not a mesh name for another namespace");
+        assert_eq!(ask("other-client", "both.example.com"), ["240.240.3.1"]);
+        assert_eq!(ask("client", "both.example.com"), ["240.240.3.2"], "the visible one");
     }
 
     #[test]

@@ -235,7 +235,9 @@ fn neg<T>(list: &[T], v: Option<&dyn Fn(&T) -> bool>) -> bool {
 
 fn model_match(m: &M, r: &Req) -> bool {
     let principal = r.id.map(|(td, ns, sa)| format!("{td}/ns/{ns}/sa/{sa}"));
-    let ns_f = r.id.map(|(_, ns, _)| move |s: &Sm| model_string(s, ns));
+    // Istio's ztunnel: an anonymous peer's namespace is "".
+    let anon_ns = r.id.map_or("", |(_, ns, _)| ns);
+    let ns_f = Some(move |s: &Sm| model_string(s, anon_ns));
     let pr_f = principal.as_deref().map(|p| move |s: &Sm| model_string(s, p));
     let sa_f = r.id.map(|(_, ns, sa)| move |&(mns, msa): &(u8, u8)| pick(&NAMESPACES, mns) == ns && pick(&ACCOUNTS, msa) == sa);
     let src = |n: &Net| model_contains(n, r.src_ip);
@@ -255,9 +257,53 @@ fn model_match(m: &M, r: &Req) -> bool {
         && neg(&m.not_destination_ports, Some(&port))
 }
 
+fn model_empty(m: &M) -> bool {
+    let M {
+        namespaces: a,
+        not_namespaces: b,
+        principals: c,
+        not_principals: d,
+        source_ips: e,
+        not_source_ips: f,
+        destination_ips: g,
+        not_destination_ips: h,
+        destination_ports: i,
+        not_destination_ports: j,
+        service_accounts: k,
+        not_service_accounts: l,
+    } = m;
+    [a.len(), b.len(), c.len(), d.len(), e.len(), f.len(), g.len(), h.len(), i.len(), j.len(), k.len(), l.len()].iter().all(|n| *n == 0)
+}
+
 fn model_policy_matches(p: &P, r: &Req) -> bool {
-    // any rule; all clauses of it; any match of each clause
-    p.rules.iter().any(|rule| rule.iter().all(|clause| clause.iter().any(|m| model_match(m, r))))
+    // Istio's ztunnel, loop for loop: no rules match nothing; any rule; all clauses of
+    // it; an empty clause holds; any non-empty match of each clause (empty ones skipped).
+    if p.rules.is_empty() {
+        return false;
+    }
+    for rule in &p.rules {
+        let mut rule_match = true;
+        for clause in rule {
+            let mut clause_match = false;
+            for m in clause {
+                if model_empty(m) {
+                    continue;
+                }
+                if model_match(m, r) {
+                    clause_match = true;
+                    break;
+                }
+            }
+            if clause.is_empty() {
+                clause_match = true;
+            }
+            rule_match &= clause_match;
+        }
+        if rule_match {
+            return true;
+        }
+    }
+    false
 }
 
 fn key(p: &P) -> String {
@@ -269,12 +315,14 @@ fn model(input: &Input, r: &Req) -> Result<Option<Vec<String>>, ()> {
     let dst_ns = pick(&NAMESPACES, input.dst_namespace);
     let selected: Vec<String> =
         input.selected.iter().map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n))).collect();
-    // One policy per key: a later one replaces an earlier one (as istiod's resources do).
+    // One policy per key: the first keeps it (`MeshState::build` ranks a config's
+    // entries by order, the lower rank holding a contested key).
     let mut by_key: Vec<(String, &P)> = Vec::new();
     for p in &input.policies {
         let k = key(p);
-        by_key.retain(|(other, _)| *other != k);
-        by_key.push((k, p));
+        if !by_key.iter().any(|(other, _)| *other == k) {
+            by_key.push((k, p));
+        }
     }
     let in_scope = by_key.into_iter().filter(|(k, p)| match p.scope % 3 {
         0 => true,
@@ -343,6 +391,6 @@ pub fn rbac_model(data: &[u8]) {
         (Decision::Allow, Ok(None)) => {}
         (Decision::Deny(DenyReason::NoAllowMatch), Err(())) => {}
         (Decision::Deny(DenyReason::DenyPolicy(k)), Ok(Some(keys))) if keys.contains(k) => {}
-        _ => panic!("ztunnel decided {got:?}, the model {want:?}"),
+        _ => panic!("ztunnel decided {got:?}, the model {want:?} for {input:#?}"),
     }
 }

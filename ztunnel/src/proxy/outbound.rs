@@ -209,7 +209,7 @@ fn service_waypoint(state: &MeshState, src_wl: &Workload, src: &Identity, svc: &
 /// `src` the identity the pod was enrolled with (its certificate); `network` the
 /// proxy's (NETWORK), where `dst` is looked up.
 fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, dst: SocketAddr) -> Route {
-    if let Some(svc) = state.service_by_vip(network, dst.ip()) {
+    if let Some(svc) = state.service_by_vip_for(network, dst.ip(), &src_wl.namespace) {
         if let Some(r) = service_waypoint(state, src_wl, src, svc, dst) {
             return r;
         }
@@ -449,7 +449,7 @@ async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream
         "source",
         Peer { workload: Some(&pod.workload), identity: None },
         Peer { workload: state.workload_by_ip(network, to.ip()).map(|w| &**w), identity: None },
-        state.service_by_vip(network, dst.ip()).map(|s| &**s),
+        state.service_by_vip_for(network, dst.ip(), &pod.workload.namespace).map(|s| &**s),
         false,
     ));
     let upstream = Box::pin(pod.netns.connect(to, None, inputs.cfg.connect_timeout)).await;
@@ -475,7 +475,7 @@ async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream
         src: Side { workload: Some(&pod.workload), identity: None },
         dst_addr: to,
         dst_hbone_addr: None,
-        dst_service: state.service_by_vip(network, dst.ip()).map(|s| &**s),
+        dst_service: state.service_by_vip_for(network, dst.ip(), &pod.workload.namespace).map(|s| &**s),
         dst: Side { workload: state.workload_by_ip(network, to.ip()).map(|w| &**w), identity: None },
         bytes_sent: t.sent,
         bytes_recv: t.received,
@@ -873,6 +873,31 @@ mod tests {
         // The service still reaches its host-network endpoint; the node IP itself passes through.
         assert_eq!(peer(&route_from(&st, "client", "10.96.0.50:80")), "passthrough 10.0.0.50:8080");
         assert_eq!(peer(&route_from(&st, "client", "10.0.0.50:9000")), "passthrough 10.0.0.50:9000");
+    }
+
+    /// A NAMESPACE-visible service is routed only for clients of its namespace; for
+    /// others its VIP is no service's (a range holding it may be), as Istio's ztunnel.
+    #[test]
+    fn namespace_visible_services_route_only_in_their_namespace() {
+        let workloads: Vec<Workload> = serde_yaml::from_str(
+            "- {uid: client, name: client, namespace: default, workloadIps: [10.0.0.1], protocol: HBONE}
+- {uid: other, name: other, namespace: other, workloadIps: [10.0.0.2], protocol: HBONE}
+- {uid: srv, name: srv, namespace: default, workloadIps: [10.0.0.3], protocol: HBONE,
+   services: {default/private.example.com: {80: 8080}, other/range.other.svc.cluster.local: {80: 9090}}}",
+        )
+        .unwrap();
+        let services: Vec<Service> = serde_yaml::from_str(
+            "- {name: private, namespace: default, hostname: private.example.com, vips: [/10.96.0.80], ports: {80: 8080}, visibility: Namespace}
+- {name: range, namespace: other, hostname: range.other.svc.cluster.local, cidrVips: [10.96.0.0/24], ports: {80: 9090}}",
+        )
+        .unwrap();
+        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
+        assert_eq!(peer(&route_from(&st, "client", "10.96.0.80:80")), "hbone srv 10.0.0.3:8080");
+        // From namespace other the VIP falls to the range that holds it.
+        assert_eq!(peer(&route_from(&st, "other", "10.96.0.80:80")), "hbone srv 10.0.0.3:9090");
+        let ip = "10.96.0.80".parse().unwrap();
+        assert_eq!(st.service_by_vip_for("", ip, "default").map(|s| s.name.as_str()), Some("private"));
+        assert_eq!(st.service_by_vip_for("", ip, "other").map(|s| s.name.as_str()), Some("range"));
     }
 
     #[test]

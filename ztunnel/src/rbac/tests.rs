@@ -132,3 +132,56 @@ fn rejects_bad_cidr_and_unknown_field() {
     let e = serde_yaml::from_str::<Match>("{principal: []}").unwrap_err().to_string();
     assert!(e.contains("unknown field `principal`"), "{e}");
 }
+
+/// What istiod sends for `DENY to.operation.methods: [DELETE]` (HTTP only): one rule, one
+/// clause, one empty match. Istio's ztunnel skips the empty match, so the DENY is a
+/// no-op at L4; taking it as match-all reset every connection to the workload.
+#[test]
+fn deny_with_only_http_attributes_denies_nothing() {
+    let deny = policy("{name: d, namespace: default, scope: Namespace, action: Deny, rules: [[[{}]]]}");
+    assert_eq!(evaluate([&deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    assert_eq!(evaluate([&deny], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    // `from` with a principal and `to` with only methods: the `to` clause never holds.
+    let mixed = policy(
+        "{name: d, namespace: default, scope: Namespace, action: Deny,
+          rules: [[[{}], [{principals: [{Exact: cluster.local/ns/default/sa/client}]}]]]}",
+    );
+    assert_eq!(evaluate([&mixed], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    // An empty match beside a real one: the real one decides.
+    let beside = policy(
+        "{name: d, namespace: default, scope: Namespace, action: Deny,
+          rules: [[[{}, {destinationPorts: [80]}]]]}",
+    );
+    assert!(matches!(evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(_)));
+    assert_eq!(evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:81")), Decision::Allow);
+    // The same empty match in an ALLOW matches nothing either: the ALLOW in scope denies.
+    let allow = policy("{name: a, namespace: default, scope: Namespace, action: Allow, rules: [[[{}]]]}");
+    assert_eq!(evaluate([&allow], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(DenyReason::NoAllowMatch));
+}
+
+/// Istio's ztunnel: no rules match nothing (even for DENY); a rule with no clauses and a
+/// clause with no matches hold.
+#[test]
+fn empty_rules_and_clauses_as_istio() {
+    let c = conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80");
+    assert!(!policy("{name: d, namespace: default, scope: Global, action: Deny, rules: []}").matches(&c));
+    assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[]]}").matches(&c));
+    assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[[]]]}").matches(&c));
+    assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[[], [{destinationPorts: [80]}]]]}").matches(&c));
+    // What stands in for an unenforceable policy still denies everything in its scope.
+    let d = Authorization::deny_all("default", "x", PolicyScope::Global, false, "test".into());
+    assert!(matches!(evaluate([&d], &c), Decision::Deny(_)));
+}
+
+/// Istio's ztunnel compares an anonymous peer's namespace as "".
+#[test]
+fn anonymous_namespace_is_empty_string() {
+    let anon = conn(None, "10.0.0.1", "10.0.0.2:80");
+    let m = |yaml: &str| serde_yaml::from_str::<Match>(yaml).unwrap().matches(&anon);
+    assert!(m("{namespaces: [{Prefix: ''}]}"));
+    assert!(!m("{namespaces: [{Presence: {}}]}"));
+    assert!(!m("{notNamespaces: [{Exact: ''}]}"));
+    assert!(m("{notNamespaces: [{Exact: default}]}"));
+    assert!(!m("{principals: [{Prefix: ''}]}"), "no principal at all");
+    assert!(m("{notPrincipals: [{Prefix: ''}]}"));
+}

@@ -448,6 +448,32 @@ pub struct Service {
     /// carry this service's traffic (`Workload::address_for`).
     #[serde(default)]
     pub ip_families: Option<IpFamily>,
+    /// Istio's `canonical`: among services of one hostname, the one a client outside
+    /// all their namespaces gets (istiod marks one per hostname).
+    #[serde(default)]
+    pub canonical: bool,
+    /// Istio's `visibility`: a `Namespace` service is resolved and routed to only for
+    /// clients in its namespace.
+    #[serde(default)]
+    pub visibility: Visibility,
+}
+
+/// Istio's `Service.Visibility`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub enum Visibility {
+    #[default]
+    Public,
+    Namespace,
+}
+
+impl Visibility {
+    /// Istio's name in `/config_dump`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Visibility::Public => "Public",
+            Visibility::Namespace => "Namespace",
+        }
+    }
 }
 
 /// Istio's AppProtocol of a service port.
@@ -546,6 +572,12 @@ impl Service {
         let mut labels = self.hostname.split('.');
         let (_, ns, svc) = (labels.next()?, labels.next()?, labels.next()?);
         (svc.eq_ignore_ascii_case("svc") && labels.next().is_some()).then_some(ns)
+    }
+
+    /// Whether a client in `client_namespace` may resolve and route to this service (as
+    /// Istio's `visible_to`).
+    pub fn visible_to(&self, client_namespace: &str) -> bool {
+        self.visibility != Visibility::Namespace || self.namespace == client_namespace
     }
 
     /// A `*.svc.*` hostname claimed from another namespace (a ServiceEntry in `evil`

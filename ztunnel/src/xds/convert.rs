@@ -12,7 +12,7 @@ use super::proto::istio::{security as pb_sec, workload as pb};
 use crate::identity::{Identity, DEFAULT_TRUST_DOMAIN};
 use crate::rbac::{self, Authorization, Cidr, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
 use crate::state::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, WeightedWaypoint, Workload,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkAddress, NetworkCidr, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload,
     WorkloadUid,
 };
 
@@ -82,7 +82,9 @@ fn port(p: u32, field: &str) -> Result<u16, String> {
     u16::try_from(p).map_err(|_| format!("{field}: {p} is not a port"))
 }
 
-/// A name that goes into an identity or a key: non-empty, no '/', no control characters.
+/// A name that goes into an identity (namespace, service account, trust domain):
+/// non-empty, no '/', no control characters. Istio's ztunnel checks none; a '/' would
+/// make the SPIFFE id ambiguous, and Kubernetes names never have one.
 fn name(value: &str, field: &str) -> Result<(), String> {
     if value.is_empty() || value.contains('/') || value.chars().any(char::is_control) {
         return Err(format!("{field}: {value:?} must be non-empty, without '/' or control characters"));
@@ -133,7 +135,9 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         return Err("workload: uid is required".into());
     }
     let at = |f: &str| format!("workload {}: {f}", w.uid);
-    name(&w.name, &at("name"))?;
+    // `name` and `uid` are only shown and keyed by, never parsed: any string, as Istio's
+    // ztunnel (istiod names network gateways `NetworkGateway/<net>/<addr>/<port>` and
+    // split-horizon workloads `<net>/SplitHorizonWorkload/<gw>/<ns>/<svc>`).
     name(&w.namespace, &at("namespace"))?;
     let service_account = if w.service_account.is_empty() { "default".to_string() } else { w.service_account.clone() };
     name(&service_account, &at("service_account"))?;
@@ -247,8 +251,12 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         None => None,
         Some(lb) => Some(load_balancer(lb).map_err(|e| at(&format!("load_balancing.{e}")))?),
     };
+    // Kept as sent (and dumped so); only SPIFFE ids are ever expected of a peer. Istio's
+    // ztunnel skips the others with a warning (a ServiceEntry's DNS SANs), never the service.
     for san in &s.subject_alt_names {
-        san.parse::<Identity>().map_err(|e| at(&format!("subject_alt_names: {e}")))?;
+        if let Err(e) = san.parse::<Identity>() {
+            tracing::warn!(service = %format!("{}/{}", s.namespace, s.hostname), san = %san, "ignoring a subject alt name that is not a SPIFFE id: {e}");
+        }
     }
     let mut app_protocols = BTreeMap::new();
     for p in &s.ports {
@@ -292,6 +300,12 @@ pub fn service(s: pb::Service) -> Result<Service, String> {
         cidr_vips,
         load_balancer,
         subject_alt_names: s.subject_alt_names,
+        canonical: s.canonical,
+        // As Istio's ztunnel: a value this proto does not know is PUBLIC, not a refusal.
+        visibility: match pb::service::Visibility::try_from(s.visibility) {
+            Ok(pb::service::Visibility::Namespace) => Visibility::Namespace,
+            Ok(pb::service::Visibility::Public) | Err(_) => Visibility::Public,
+        },
     })
 }
 
@@ -487,6 +501,14 @@ mod tests {
         assert_eq!((w.network.as_str(), w.workload_ips.len()), ("net-b", 0));
         let g = w.network_gateway.unwrap();
         assert_eq!((g.destination.to_string(), g.hbone_mtls_port), ("net-b/172.18.0.9".to_string(), 15008));
+        // istiod's own names for these (uid and name alike): with '/', accepted as Istio's ztunnel.
+        let gw_uid = "NetworkGateway/net-b/172.18.0.9/15008";
+        let gw = pb::Workload { name: gw_uid.into(), network: "net-b".into(), ..pb_workload(gw_uid, [172, 18, 0, 9]) };
+        assert_eq!(workload(gw).unwrap().name, gw_uid);
+        let sh_uid = "net-b/SplitHorizonWorkload/istio-system/eastwest/default/echo.default.svc.cluster.local";
+        let sh = pb::Workload { name: sh_uid.into(), service_account: String::new(), network_gateway: Some(by_ip.clone()), addresses: Vec::new(), ..pb_workload(sh_uid, [0, 0, 0, 0]) };
+        let sh = workload(sh).unwrap();
+        assert_eq!((sh.uid.0.as_str(), sh.name.as_str(), sh.service_account.as_str()), (sh_uid, sh_uid, "default"));
         let by_name = pb::GatewayAddress {
             destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname {
                 namespace: "istio-system".into(),
@@ -613,8 +635,23 @@ mod tests {
         assert_eq!(wp.hbone_mtls_port, 15008);
         assert_eq!(wp.destination, GatewayDestination::Hostname(NamespacedHostname("default/waypoint.default.svc.cluster.local".into())));
         assert!(s.weighted_waypoints.is_empty() && !s.ingress_use_waypoint);
-        let bad = service(pb::Service { hostname: "h".into(), namespace: "n".into(), subject_alt_names: vec!["not-spiffe".into()], ..Default::default() });
-        assert!(bad.unwrap_err().contains("subject_alt_names"));
+        assert!(!s.canonical && s.visibility == Visibility::Public);
+        // Istio's fields 11 and 14; a visibility this proto does not know is PUBLIC, as Istio's.
+        let base = pb::Service { hostname: "h".into(), namespace: "n".into(), ..Default::default() };
+        let ns = service(pb::Service { canonical: true, visibility: pb::service::Visibility::Namespace as i32, ..base.clone() }).unwrap();
+        assert!(ns.canonical && ns.visibility == Visibility::Namespace);
+        assert_eq!(service(pb::Service { visibility: 7, ..base.clone() }).unwrap().visibility, Visibility::Public);
+        let wire = pb::Service { canonical: true, visibility: 1, ..Default::default() }.encode_to_vec();
+        assert_eq!(wire, [11 << 3, 1, 14 << 3, 1]);
+        // A ServiceEntry's DNS SAN: the service stays, the SAN is never expected of a peer.
+        let dns = service(pb::Service {
+            hostname: "h".into(),
+            namespace: "n".into(),
+            subject_alt_names: vec!["api.example.com".into(), "spiffe://cluster.local/ns/n/sa/x".into()],
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(dns.subject_alt_names, vec!["api.example.com".to_string(), "spiffe://cluster.local/ns/n/sa/x".to_string()]);
         // Istio's IP families (field 9): AUTOMATIC is none; a value we do not know is refused.
         assert_eq!(s.ip_families, None);
         let fam = |v: i32| service(pb::Service { hostname: "h".into(), namespace: "n".into(), ip_families: v, ..Default::default() });

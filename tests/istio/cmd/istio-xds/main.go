@@ -43,6 +43,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	"istio.io/istio/pilot/pkg/features"
 	"istio.io/istio/pilot/test/xds"
+	"istio.io/istio/pkg/config/mesh"
 	kubelib "istio.io/istio/pkg/kube"
 	"istio.io/istio/pkg/kube/controllers"
 	"istio.io/istio/pkg/kube/kclient"
@@ -187,6 +188,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:15012", "address to serve xDS on (gRPC over TLS)")
 	certFile := flag.String("cert", "", "server certificate chain (PEM)")
 	keyFile := flag.String("key", "", "server private key (PEM)")
+	meshFile := flag.String("mesh", "", "MeshConfig YAML applied over Istio's defaults (as istiod's mesh ConfigMap)")
 	flag.Parse()
 
 	// Istio reads PILOT_ENABLE_AMBIENT when its packages initialise and derives the
@@ -232,10 +234,20 @@ func main() {
 		MinVersion:   tls.VersionTLS12,
 	})
 
-	s := xds.NewFakeDiscoveryServer(t, xds.FakeOptions{
+	opts := xds.FakeOptions{
 		KubernetesObjectString: string(text),
 		ListenerBuilder:        func() (net.Listener, error) { return ln, nil },
-	})
+	}
+	if *meshFile != "" {
+		y, err := os.ReadFile(*meshFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if opts.MeshConfig, err = mesh.ApplyMeshConfig(string(y), mesh.DefaultMeshConfig()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := xds.NewFakeDiscoveryServer(t, opts)
 	ap := appliers(s.KubeClient())
 
 	sig := make(chan os.Signal, 1)
