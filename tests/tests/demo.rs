@@ -91,8 +91,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     mesh.wait_logs(&["direction=\"inbound\""])?;
     let logs = mesh.logs();
     if let Some(line) = logs.lines().find(|l| l.contains("direction=\"inbound\"") && l.contains("connection complete")) {
-        let ids: Vec<&str> = line.split_whitespace().filter(|w| w.starts_with("src.identity=") || w.starts_with("dst.identity=")).collect();
-        println!("   identities (from node2's ztunnel): {}", ids.join("  "));
+        println!("   identities (from node2's ztunnel): {}", event_fields(line, &["src.identity=", "dst.identity="]).join("  "));
     }
     ensure!(to_15008 > 0 && to_8080 == 0, "traffic did not cross as HBONE");
 
@@ -119,7 +118,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     wait_for("waypoint log", std::time::Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
     let wl = waypoint.log_text();
     let hop = wl.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
-    let pick = |k: &str| hop.split_whitespace().find(|w| w.starts_with(k)).unwrap_or_default().to_string();
+    let pick = |k: &str| event_fields(hop, &[k]).join("");
     println!("\n4. n1p1 -> service VIP 10.96.0.20:80 (has a waypoint) answered by {who}: {:?}", String::from_utf8_lossy(&back));
     println!("   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}", pick("src.identity="), pick("dst.workload="), pick("dst.addr="));
     ensure!(hop.contains("sa/sleep"), "the waypoint did not see the client's identity");
@@ -148,8 +147,17 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     wait_for("access log", std::time::Duration::from_secs(5), || waypoint.log_text().contains("path=/admin/keys"))?;
     let wl = waypoint.log_text();
     let line = wl.lines().find(|l| l.contains("path=/admin/keys")).unwrap_or_default();
-    let fields: Vec<&str> = line.split_whitespace().filter(|w| ["src.identity=", "path=", "status=", "authz.denied_by="].iter().any(|k| w.starts_with(k))).collect();
-    println!("   waypoint access log: {}", fields.join("  "));
+    println!("   waypoint access log: {}", event_fields(line, &["src.identity=", "path=", "status=", "authz.denied_by="]).join("  "));
     println!("\ndemo complete: all checks passed");
     Ok(())
+}
+
+/// The event's own `key=value` fields of a log line, one per key in `keys`' order: the
+/// span context before the message (`stream{id=.. src.identity=..}:`) repeats some keys,
+/// and the event's fields come last, so the last occurrence of each is taken.
+fn event_fields(line: &str, keys: &[&str]) -> Vec<String> {
+    keys.iter()
+        .filter_map(|k| line.split_whitespace().filter(|w| w.starts_with(k)).last())
+        .map(|w| w.split(['}', '{']).next().unwrap_or(w).to_string())
+        .collect()
 }
