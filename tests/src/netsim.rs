@@ -920,6 +920,15 @@ impl Mesh {
         .with_context(|| self.logs())
     }
 
+    /// Waits until one line of the ztunnel logs contains every needle (the same event,
+    /// not needles scattered over several lines).
+    pub fn wait_log_line(&self, needles: &[&str]) -> Result<()> {
+        wait_for(&format!("one line with {needles:?} in ztunnel logs"), Duration::from_secs(5), || {
+            self.logs().lines().any(|l| needles.iter().all(|n| l.contains(n)))
+        })
+        .with_context(|| self.logs())
+    }
+
     pub fn logs(&self) -> String {
         self.ztunnels.iter().map(|z| z.log_text()).collect::<Vec<_>>().join("\n")
     }

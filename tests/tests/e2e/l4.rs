@@ -184,7 +184,14 @@ async fn locality_failover_and_strict() -> Result<()> {
     assert_eq!(backends(82).await?, only("n2p2"), "FAILOVER leaves a zone without healthy endpoints");
     // STRICT: no endpoint in the client's region and zone, so the connection is reset, not sent elsewhere.
     let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, SocketAddr::new(vip(83), 80), b"x")).await?;
-    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "STRICT must not leave the zone");
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "STRICT must not leave the zone: {r:?}");
+    // Refused for the reason the test names (not, say, a failed tunnel to n2p2).
+    mesh.wait_log_line(&[
+        "connection failed",
+        &format!("dst={}", SocketAddr::new(vip(83), 80)),
+        "service=default/strict.default.svc.cluster.local",
+        "no healthy endpoint",
+    ])?;
     Ok(())
 }
 
@@ -566,7 +573,9 @@ async fn tcp_workloads_and_unknown_addresses_pass_through() -> Result<()> {
     mesh.wait_logs(&["protocol=\"TCP\"", &format!("dst.addr={}", addr(server, 8080))])?;
     // Connecting to a closed port of a passthrough destination fails fast (reset), no hang.
     let r = tokio::time::timeout(Duration::from_secs(5), roundtrip(client, addr(server, 8081), b"x")).await?;
-    assert!(r.map(|v| v.is_empty()).unwrap_or(true));
+    assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "a closed port answered: {r:?}");
+    // Refused because the server refused it (passed through, not tunnelled or dropped).
+    mesh.wait_log_line(&["passthrough connect failed", &format!("dst={}", addr(server, 8081)), "Connection refused"])?;
     Ok(())
 }
 
