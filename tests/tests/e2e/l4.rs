@@ -411,24 +411,29 @@ async fn half_close_and_reset_propagate() -> Result<()> {
     let back = roundtrip(client, addr(server, 9000), &pattern(300_000, 3)).await?;
     assert_eq!(String::from_utf8_lossy(&back), "got 300000");
 
-    // A server that resets: the client must see a reset or EOF promptly, never hang.
+    // A server that resets: the client must see a reset (not a clean close) promptly,
+    // never hang. It resets once it has the client's byte, so the client's connect has
+    // completed (a reset before that would race with it) and the reset has to cross both
+    // proxies and the tunnel to reach the client.
     let l = server.netns.listen(9001)?;
     tokio::spawn(async move {
-        while let Ok((s, _)) = l.accept().await {
-            let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
-            drop(s);
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut b = [0u8; 1];
+                let _ = s.read_exact(&mut b).await;
+                let _ = socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO));
+                drop(s);
+            });
         }
     });
-    // The reset can come back before the connecting thread sees its connect complete (std's
-    // connect_timeout then reports the socket's pending error): that is the reset too.
-    let mut s = match client.netns.connect(addr(server, 9001)).await {
-        Ok(s) => s,
-        Err(e) if e.downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) => return Ok(()),
-        Err(e) => return Err(e),
-    };
+    let mut s = client.netns.connect(addr(server, 9001)).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut s, b"x").await?;
     let mut buf = [0u8; 16];
     let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
-    assert!(matches!(r, Ok(Ok(0)) | Ok(Err(_))), "expected EOF or reset, got {r:?}");
+    assert!(
+        matches!(&r, Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "expected the server's reset, got {r:?} (Ok(Ok(0)) is a clean close)"
+    );
     Ok(())
 }
 
