@@ -144,6 +144,12 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
         *split.entry(r.pod()).or_default() += 1;
     }
     println!("   100 x GET / (route weights 80/20)   -> {split:?}");
+    // Binomial(100, 0.8): mean 80, sd 4; 60..=95 fails a correct split about once in
+    // 10^4 runs, and catches a 50/50 or all-to-one split.
+    let count = |v: &str| split.iter().filter(|(k, _)| k.contains(v)).map(|(_, n)| n).sum::<usize>();
+    let (v1, v2) = (count("web-v1"), count("web-v2"));
+    ensure!(v1 + v2 == 100, "requests answered by neither version: {split:?}");
+    ensure!((60..=95).contains(&v1), "the 80/20 split sent {v1} of 100 to web-v1: {split:?}");
     for path in ["/admin", "/x/../admin/keys"] {
         let r = c.get(path).await?;
         println!("   GET {path:<17} -> {} {:?}", r.status, r.body.trim());

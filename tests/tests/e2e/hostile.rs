@@ -1,7 +1,8 @@
 //! Hostile peers against ztunnel, end to end: bad TLS, lying HBONE requests, spoofed
 //! sources and HTTP/2 floods. Each is refused and counted, and a victim pod pair keeps
-//! its traffic flowing meanwhile (its latency during each attack is printed; run with
-//! `--nocapture` to see it: the numbers are in SECURITY.md).
+//! its traffic flowing meanwhile (its median latency during each attack is asserted
+//! against a baseline and printed; run with `--nocapture` to see it: the numbers are in
+//! SECURITY.md).
 //!
 //! Topology: node1 has n1p1 (a host outside the mesh that speaks HBONE by hand with a
 //! mesh certificate for `sa/attacker`) and n1p2 (the victim client, `sa/victim`); node2
@@ -347,7 +348,15 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
     stop.store(true, Ordering::Relaxed);
     let (mut base, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
     assert_eq!(failed, 0);
-    println!("victim baseline: {} round trips, p50 {:?}, p99 {:?}", base.len(), percentile(&mut base, 0.5), percentile(&mut base, 0.99));
+    assert!(!base.is_empty(), "the victim made no round trip");
+    let base_p50 = percentile(&mut base, 0.5);
+    println!("victim baseline: {} round trips, p50 {base_p50:?}, p99 {:?}", base.len(), percentile(&mut base, 0.99));
+    // What "keeps flowing" means: the victim's median round trip during an attack stays
+    // within 10x the baseline median measured above, or 5 ms if more (this machine:
+    // baseline ~0.3 ms, attacks ~0.3-0.4 ms). Generous because the suites run side by
+    // side on 2 cores; a proxy the flood starves adds tens of ms or fails round trips. The
+    // median, not the p99: one scheduling stall on a loaded machine moves the tail.
+    let p50_bound = (base_p50 * 10).max(Duration::from_millis(5));
 
     type Attack = (&'static str, &'static str);
     let attacks: [Attack; 4] = [
@@ -429,12 +438,9 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
         let (mut lat, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
         assert_eq!(failed, 0, "{name}: the victim's round trips failed");
         assert!(!lat.is_empty(), "{name}: the victim made no round trip");
-        println!(
-            "{name}: attack ended in {took:?}; victim {} round trips, p50 {:?}, p99 {:?}",
-            lat.len(),
-            percentile(&mut lat, 0.5),
-            percentile(&mut lat, 0.99)
-        );
+        let p50 = percentile(&mut lat, 0.5);
+        println!("{name}: attack ended in {took:?}; victim {} round trips, p50 {p50:?}, p99 {:?}", lat.len(), percentile(&mut lat, 0.99));
+        assert!(p50 <= p50_bound, "{name}: the victim's median round trip {p50:?} exceeds {p50_bound:?} (baseline median {base_p50:?})");
     }
     Ok(())
 }
