@@ -645,15 +645,23 @@ async fn self_calls_and_client_resets() -> Result<()> {
     // A client that resets: the server app sees the connection end promptly.
     let l = server.netns.listen(9002)?;
     let (tx, rx) = tokio::sync::oneshot::channel();
+    // Told when the bytes sent before the reset have reached the app.
+    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
     tokio::spawn(async move {
         if let Ok((mut s, _)) = l.accept().await {
             let mut buf = [0u8; 64];
             let mut got = 0;
+            let mut arrived_tx = Some(arrived_tx);
             let end = loop {
                 match s.read(&mut buf).await {
                     Ok(0) => break "eof",
                     Ok(n) => got += n,
                     Err(_) => break "reset",
+                }
+                if got >= 7 {
+                    if let Some(t) = arrived_tx.take() {
+                        let _ = t.send(());
+                    }
                 }
             };
             let _ = tx.send((got, end));
@@ -661,7 +669,8 @@ async fn self_calls_and_client_resets() -> Result<()> {
     });
     let mut s = client.netns.connect(addr(server, 9002)).await?;
     tokio::io::AsyncWriteExt::write_all(&mut s, b"partial").await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Reset only once they are there: a reset overtaking them would discard them in flight.
+    tokio::time::timeout(Duration::from_secs(5), arrived).await?.map_err(|_| anyhow::anyhow!("the server app never got the bytes sent before the reset"))?;
     socket2::SockRef::from(&s).set_linger(Some(Duration::ZERO))?;
     drop(s);
     let (got, end) = tokio::time::timeout(Duration::from_secs(5), rx).await??;
