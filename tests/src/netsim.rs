@@ -288,6 +288,24 @@ pub fn check_capture_mode(z: &Child) -> Result<()> {
     Ok(())
 }
 
+/// Records that the calling test does not check what its name says in this run (another
+/// IP family, capture mode, no privilege), and why; the test then returns `Ok(())`:
+/// `return skipped("IPv4 only")`. A test that returns early passes in libtest's count,
+/// so this writes `SKIPPED: <test>: <why>` on stderr past the harness's capture (it shows
+/// for a passing test) and appends it to the file `ZTUNNEL_TEST_SKIPS` names, if set:
+/// `scripts/test.sh` counts and lists them at the end (docs/testing.md, "Skipped tests").
+pub fn skipped(why: &str) -> Result<()> {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let line = format!("SKIPPED: {}: {why} (ip family {:?}, capture {})\n", thread.name().unwrap_or("?"), ip_family(), capture_mode());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os("ZTUNNEL_TEST_SKIPS") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        f.write_all(line.as_bytes())?;
+    }
+    Ok(())
+}
+
 /// The capture mode the e2e tests run ztunnel with: ZTUNNEL_TEST_CAPTURE, default ebpf.
 pub fn capture_mode() -> String {
     std::env::var("ZTUNNEL_TEST_CAPTURE").unwrap_or_else(|_| "ebpf".into())
