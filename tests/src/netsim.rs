@@ -103,8 +103,10 @@ pub struct Child {
 }
 
 impl Child {
+    /// The log so far; if it cannot be read, a line saying why (so a wait that times out
+    /// on it shows the reason, not an empty log).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
     }
 
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {

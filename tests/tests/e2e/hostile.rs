@@ -328,13 +328,16 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
 {
+    let mut last = String::new();
     for _ in 0..100 {
-        if f().await.unwrap_or(false) {
-            return Ok(());
+        match f().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => last = "the condition was false".into(),
+            Err(e) => last = format!("{e:#}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("timed out waiting for {what}")
+    anyhow::bail!("timed out waiting for {what} (last check: {last})")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -238,11 +238,13 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if f().await.unwrap_or(false) {
-            return Ok(());
-        }
+        let last = match f().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => "the condition was false".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
         if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("timed out waiting for {what}");
+            anyhow::bail!("timed out waiting for {what} (last check: {last})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
