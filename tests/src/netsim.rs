@@ -352,6 +352,7 @@ impl Topology {
         }
         claim(prefix)?;
         let dir = std::env::temp_dir().join(format!("ztunnel-e2e-{prefix}"));
+        record_for_cleanup(prefix, &dir)?;
         let bpffs = dir.join("bpf");
         let mut topo = Topology {
             prefix: prefix.into(),
@@ -811,6 +812,19 @@ static LIVE: std::sync::Mutex<std::collections::BTreeSet<String>> = std::sync::M
 fn claim(prefix: &str) -> Result<()> {
     if !LIVE.lock().unwrap_or_else(|e| e.into_inner()).insert(prefix.to_string()) {
         bail!("prefix {prefix:?} belongs to a topology alive in this process (another test with the same tag): give this test a tag of its own");
+    }
+    Ok(())
+}
+
+/// Appends `prefix dir` to the file `ZTUNNEL_TEST_PREFIXES` names, if set: what a
+/// killed run leaves (this prefix's network namespaces, the bpf filesystem mounted under
+/// `dir`, `dir`) is then known exactly to `scripts/test.sh`'s cleanup on Ctrl-C, with no
+/// guessing at names other runs on the machine may use.
+fn record_for_cleanup(prefix: &str, dir: &Path) -> Result<()> {
+    use std::io::Write;
+    if let Some(path) = std::env::var_os("ZTUNNEL_TEST_PREFIXES") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        f.write_all(format!("{prefix} {}\n", dir.display()).as_bytes())?;
     }
     Ok(())
 }
