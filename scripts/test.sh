@@ -13,10 +13,12 @@ tmp_files=("$exes")
 # Every topology a test builds is recorded here (`prefix dir`, tests/src/netsim.rs): on
 # Ctrl-C or a kill, cleanup removes exactly what this run's tests left, never another
 # run's namespaces on the same machine.
-export ZTUNNEL_TEST_PREFIXES=$(mktemp)
+ZTUNNEL_TEST_PREFIXES=$(mktemp)
+export ZTUNNEL_TEST_PREFIXES
 # Tests that could not check what they name in this run (another IP family, capture
 # mode, no root) append `SKIPPED: <test>: <why>` here; listed at the end, pass or fail.
-export ZTUNNEL_TEST_SKIPS=$(mktemp)
+ZTUNNEL_TEST_SKIPS=$(mktemp)
+export ZTUNNEL_TEST_SKIPS
 tmp_files+=("$ZTUNNEL_TEST_PREFIXES" "$ZTUNNEL_TEST_SKIPS")
 # The processes below this script, deepest first.
 descendants() {
@@ -35,24 +37,25 @@ cleanup() {
   set +e
   trap - INT TERM
   echo "== interrupted: stopping this run's processes and removing its namespaces" >&2
-  local pids p i alive prefix dir ns
-  pids=$(descendants $$)
-  if [ -n "$pids" ]; then kill -TERM $pids 2>/dev/null; fi
-  for i in $(seq 50); do
+  local pids inside p alive prefix dir ns
+  mapfile -t pids < <(descendants $$)
+  if [ ${#pids[@]} -gt 0 ]; then kill -TERM "${pids[@]}" 2>/dev/null; fi
+  for _ in $(seq 50); do
     alive=0
-    for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ $alive = 0 ] && break
     sleep 0.1
   done
-  pids=$(descendants $$)
-  if [ -n "$pids" ]; then kill -KILL $pids 2>/dev/null; fi
+  mapfile -t pids < <(descendants $$)
+  if [ ${#pids[@]} -gt 0 ]; then kill -KILL "${pids[@]}" 2>/dev/null; fi
   while read -r prefix dir; do
     [ -n "$prefix" ] || continue
     for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
       case $ns in
         "$prefix"-*)
           # Processes still in it (a ztunnel whose test died is no descendant any more).
-          kill -KILL $(ip netns pids "$ns" 2>/dev/null) 2>/dev/null
+          mapfile -t inside < <(ip netns pids "$ns" 2>/dev/null)
+          if [ ${#inside[@]} -gt 0 ]; then kill -KILL "${inside[@]}" 2>/dev/null; fi
           ip netns del "$ns" 2>/dev/null
           ;;
       esac
