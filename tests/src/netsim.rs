@@ -103,8 +103,10 @@ pub struct Child {
 }
 
 impl Child {
+    /// The log so far; if it cannot be read, a line saying why (so a wait that times out
+    /// on it shows the reason, not an empty log).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
     }
 
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
@@ -288,6 +290,24 @@ pub fn check_capture_mode(z: &Child) -> Result<()> {
     Ok(())
 }
 
+/// Records that the calling test does not check what its name says in this run (another
+/// IP family, capture mode, no privilege), and why; the test then returns `Ok(())`:
+/// `return skipped("IPv4 only")`. A test that returns early passes in libtest's count,
+/// so this writes `SKIPPED: <test>: <why>` on stderr past the harness's capture (it shows
+/// for a passing test) and appends it to the file `ZTUNNEL_TEST_SKIPS` names, if set:
+/// `scripts/test.sh` counts and lists them at the end (docs/testing.md, "Skipped tests").
+pub fn skipped(why: &str) -> Result<()> {
+    use std::io::Write;
+    let thread = std::thread::current();
+    let line = format!("SKIPPED: {}: {why} (ip family {:?}, capture {})\n", thread.name().unwrap_or("?"), ip_family(), capture_mode());
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    if let Some(path) = std::env::var_os("ZTUNNEL_TEST_SKIPS") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        f.write_all(line.as_bytes())?;
+    }
+    Ok(())
+}
+
 /// The capture mode the e2e tests run ztunnel with: ZTUNNEL_TEST_CAPTURE, default ebpf.
 pub fn capture_mode() -> String {
     std::env::var("ZTUNNEL_TEST_CAPTURE").unwrap_or_else(|_| "ebpf".into())
@@ -332,6 +352,7 @@ impl Topology {
         }
         claim(prefix)?;
         let dir = std::env::temp_dir().join(format!("ztunnel-e2e-{prefix}"));
+        record_for_cleanup(prefix, &dir)?;
         let bpffs = dir.join("bpf");
         let mut topo = Topology {
             prefix: prefix.into(),
@@ -795,6 +816,19 @@ fn claim(prefix: &str) -> Result<()> {
     Ok(())
 }
 
+/// Appends `prefix dir` to the file `ZTUNNEL_TEST_PREFIXES` names, if set: what a
+/// killed run leaves (this prefix's network namespaces, the bpf filesystem mounted under
+/// `dir`, `dir`) is then known exactly to `scripts/test.sh`'s cleanup on Ctrl-C, with no
+/// guessing at names other runs on the machine may use.
+fn record_for_cleanup(prefix: &str, dir: &Path) -> Result<()> {
+    use std::io::Write;
+    if let Some(path) = std::env::var_os("ZTUNNEL_TEST_PREFIXES") {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        f.write_all(format!("{prefix} {}\n", dir.display()).as_bytes())?;
+    }
+    Ok(())
+}
+
 fn release(prefix: &str) {
     LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(prefix);
 }
@@ -916,6 +950,15 @@ impl Mesh {
         wait_for(&format!("{needles:?} in ztunnel logs"), Duration::from_secs(5), || {
             let l = self.logs();
             needles.iter().all(|n| l.contains(n))
+        })
+        .with_context(|| self.logs())
+    }
+
+    /// Waits until one line of the ztunnel logs contains every needle (the same event,
+    /// not needles scattered over several lines).
+    pub fn wait_log_line(&self, needles: &[&str]) -> Result<()> {
+        wait_for(&format!("one line with {needles:?} in ztunnel logs"), Duration::from_secs(5), || {
+            self.logs().lines().any(|l| needles.iter().all(|n| l.contains(n)))
         })
         .with_context(|| self.logs())
     }

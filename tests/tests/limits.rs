@@ -185,7 +185,11 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
             rss_end[i] as f64 / MIB as f64
         );
     }
-    assert!(r >= 15 * MIB, "the reader got only {r} bytes at 1 MiB/s in {secs:.1} s");
+    // scripts/test.sh runs this beside the e2e suites on 2 cores, so nothing here is a
+    // timing: the reader's bucket allows 1 MiB/s (next to nothing for the path), and 60%
+    // of that over the time actually measured leaves room for a loaded machine while a
+    // stalled path (reads stop when the windows fill) reads a few MiB at most.
+    assert!(r as f64 >= 0.6 * secs * MIB as f64, "the reader got only {r} bytes at 1 MiB/s in {secs:.1} s");
     assert!(s < 1024 * MIB / 2, "the sender was not held back: {s} bytes accepted");
     assert!(in_flight_max <= bound, "{in_flight_max} bytes accepted beyond what was read; the path holds at most {bound}");
     for i in 0..pids.len() {
@@ -197,6 +201,7 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     // it must have exactly the bytes the sender wrote, in order.
     stop.store(true, Ordering::Relaxed);
     drain.store(true, Ordering::Relaxed);
+    // ~40 MiB at full speed: under a second here; 60 s only catches a hang, on any load.
     let (total, sent_sum) = tokio::time::timeout(Duration::from_secs(60), sender).await.context("sender did not finish")???;
     let read_sum = tokio::time::timeout(Duration::from_secs(60), reader).await.context("reader did not finish")???;
     let got = read.load(Ordering::Relaxed);

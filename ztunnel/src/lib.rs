@@ -31,6 +31,8 @@ pub mod relay;
 pub mod state;
 #[cfg(test)]
 mod task_size;
+#[cfg(test)]
+mod test_skip;
 pub mod tls;
 pub mod xds;
 pub mod zds;

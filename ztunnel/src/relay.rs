@@ -526,7 +526,10 @@ mod tests {
         };
         let mut cb = h2::client::Builder::new();
         sizes(&mut cb);
+        // Told when the first DATA frame has arrived.
+        let (first_tx, first_rx) = tokio::sync::oneshot::channel();
         let server = tokio::spawn(async move {
+            let mut first_tx = Some(first_tx);
             let mut conn = h2::server::Builder::new()
                 .initial_window_size(16 << 20)
                 .initial_connection_window_size(16 << 20)
@@ -544,6 +547,9 @@ mod tests {
                 let _ = body.flow_control().release_capacity(chunk.len());
                 frames.push(chunk.len());
                 got.extend_from_slice(&chunk);
+                if let Some(t) = first_tx.take() {
+                    let _ = t.send(());
+                }
             }
             (got, frames)
         });
@@ -555,7 +561,9 @@ mod tests {
         let relay = tokio::spawn(async move { copy_tcp_h2(&mut a, send, recv, std::future::pending(), None).await.map_err(|(e, _)| e.to_string()) });
         // A lone small write first, then as much as the socket takes.
         client.write_all(b"hello").await.unwrap();
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The bulk only once that frame is out: written together, the two could be read
+        // as one, and the test is about a lone write.
+        tokio::time::timeout(HANG, first_rx).await.expect("the small write was not relayed").unwrap();
         let data = pattern(7, 0, LEN);
         client.write_all(&data).await.unwrap();
         client.shutdown().await.unwrap();

@@ -1,7 +1,8 @@
 //! Hostile peers against ztunnel, end to end: bad TLS, lying HBONE requests, spoofed
 //! sources and HTTP/2 floods. Each is refused and counted, and a victim pod pair keeps
-//! its traffic flowing meanwhile (its latency during each attack is printed; run with
-//! `--nocapture` to see it: the numbers are in SECURITY.md).
+//! its traffic flowing meanwhile (its median latency during each attack is asserted
+//! against a baseline and printed; run with `--nocapture` to see it: the numbers are in
+//! SECURITY.md).
 //!
 //! Topology: node1 has n1p1 (a host outside the mesh that speaks HBONE by hand with a
 //! mesh certificate for `sa/attacker`) and n1p2 (the victim client, `sa/victim`); node2
@@ -221,10 +222,14 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
     let _ = body.send_data(bytes::Bytes::from_static(b"smuggled bytes"), false);
     let resp = tokio::time::timeout(Duration::from_secs(5), resp).await??;
     assert_eq!(resp.status(), 401);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let attacker_ip = h.mesh.topo.pod("n1p1").ip;
-    assert!(!h._echo[1].peers().iter().any(|p| p.ip() == attacker_ip), "the denied client reached the app");
-    assert!(h._echo[1].peers().is_empty(), "nothing reached the guarded app");
+    // No waiting for something not to happen: a connection the policy allows, opened
+    // after the 401 through the same proxy to the same app, gets there; a connection
+    // the denied CONNECT made (with its bytes) would have been there first.
+    let victim = h.mesh.topo.pod("n1p2");
+    let mut s = victim.netns.connect(h.pod_addr("n2p2", 8080)).await?;
+    assert_eq!(tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"allowed")).await??, b"allowed");
+    let peers: Vec<_> = h._echo[1].peers().iter().map(|p| p.ip()).collect();
+    assert_eq!(peers, [victim.ip], "only the allowed victim reached the guarded app");
     Ok(())
 }
 
@@ -323,13 +328,16 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
 {
+    let mut last = String::new();
     for _ in 0..100 {
-        if f().await.unwrap_or(false) {
-            return Ok(());
+        match f().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => last = "the condition was false".into(),
+            Err(e) => last = format!("{e:#}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("timed out waiting for {what}")
+    anyhow::bail!("timed out waiting for {what} (last check: {last})")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -347,7 +355,15 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
     stop.store(true, Ordering::Relaxed);
     let (mut base, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
     assert_eq!(failed, 0);
-    println!("victim baseline: {} round trips, p50 {:?}, p99 {:?}", base.len(), percentile(&mut base, 0.5), percentile(&mut base, 0.99));
+    assert!(!base.is_empty(), "the victim made no round trip");
+    let base_p50 = percentile(&mut base, 0.5);
+    println!("victim baseline: {} round trips, p50 {base_p50:?}, p99 {:?}", base.len(), percentile(&mut base, 0.99));
+    // What "keeps flowing" means: the victim's median round trip during an attack stays
+    // within 10x the baseline median measured above, or 5 ms if more (this machine:
+    // baseline ~0.3 ms, attacks ~0.3-0.4 ms). Generous because the suites run side by
+    // side on 2 cores; a proxy the flood starves adds tens of ms or fails round trips. The
+    // median, not the p99: one scheduling stall on a loaded machine moves the tail.
+    let p50_bound = (base_p50 * 10).max(Duration::from_millis(5));
 
     type Attack = (&'static str, &'static str);
     let attacks: [Attack; 4] = [
@@ -429,12 +445,9 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
         let (mut lat, failed) = v.join().map_err(|_| anyhow::anyhow!("victim panicked"))?;
         assert_eq!(failed, 0, "{name}: the victim's round trips failed");
         assert!(!lat.is_empty(), "{name}: the victim made no round trip");
-        println!(
-            "{name}: attack ended in {took:?}; victim {} round trips, p50 {:?}, p99 {:?}",
-            lat.len(),
-            percentile(&mut lat, 0.5),
-            percentile(&mut lat, 0.99)
-        );
+        let p50 = percentile(&mut lat, 0.5);
+        println!("{name}: attack ended in {took:?}; victim {} round trips, p50 {p50:?}, p99 {:?}", lat.len(), percentile(&mut lat, 0.99));
+        assert!(p50 <= p50_bound, "{name}: the victim's median round trip {p50:?} exceeds {p50_bound:?} (baseline median {base_p50:?})");
     }
     Ok(())
 }

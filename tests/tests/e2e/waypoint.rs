@@ -798,13 +798,25 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     let mut c = m.h1().await?;
     let logged = || m.log().matches("request complete").count();
     let before = logged();
+    // Requests the waypoint has finished with: its metrics count each one just before
+    // its log line would be written (the same call).
+    let requests = || async {
+        let text = m.metrics().await?;
+        anyhow::Ok(text.lines().filter(|l| l.starts_with("istio_requests_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>())
+    };
+    let counted = requests().await?;
     assert_eq!(c.get("/quiet").await?.status, 200);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while requests().await? < counted + 1.0 {
+        anyhow::ensure!(std::time::Instant::now() < deadline, "the waypoint never counted GET /quiet");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     assert_eq!(logged(), before, "a request was logged at level warn");
     let r = a.request("POST", "/logging?reset", &[]).await?;
     assert_eq!(r.body.trim(), "current log level is info", "{r:?}");
     assert_eq!(c.get("/loud").await?.status, 200);
     wait_for("request log at info", Duration::from_secs(5), || m.log().contains("path=/loud"))?;
+    assert!(!m.log().contains("path=/quiet"), "GET /quiet was logged at level warn");
     let r = a.request("POST", "/logging?level=loud", &[]).await?;
     assert_eq!(r.status, 400, "{r:?}");
 

@@ -162,7 +162,18 @@ async fn istiod_state_drives_the_mesh_while_traffic_flows() -> Result<()> {
     // Added: n2p2 is enrolled by the CNI agent before istiod knows it (enrollment
     // waits), then istiod pushes it into the service.
     m.enroll("n2p2", "echo")?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Pending on node2 (its /config_dump lists the proxy, not up) while istiod does not know it.
+    wait_for_async("n2p2 pending on node2", Duration::from_secs(5), || async {
+        let (code, body) = http_get(m.mesh.topo.node(2), "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        anyhow::ensure!(code == 200, "config_dump answered {code}: {body}");
+        let dump: serde_json::Value = serde_json::from_str(&body).context("config_dump is not JSON")?;
+        let states = dump["workloadState"].as_object().context("no workloadState")?;
+        let n2p2 = states.values().find(|s| s["info"]["name"] == "n2p2").with_context(|| format!("n2p2 not in workloadState: {states:?}"))?;
+        anyhow::ensure!(n2p2["state"] == "Pending", "n2p2 is {}, not Pending", n2p2["state"]);
+        Ok(true)
+    })
+    .await?;
+    assert!(!m.istiod.res.lock().unwrap().addresses.contains_key(&pod_uid("n2p2")), "istiod knew n2p2 already");
     let topo = &m.mesh.topo;
     m.istiod.update(|r| r.set_workload(pod_workload("n2p2", topo.pod("n2p2").ip, 2, "echo", &[(ECHO, 80, 8080)])));
     wait_for("n2p2 enrolled", Duration::from_secs(10), || m.mesh.ztunnels[1].log_text().matches("pod enrolled").count() >= 2)?;
@@ -227,11 +238,13 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if f().await.unwrap_or(false) {
-            return Ok(());
-        }
+        let last = match f().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => "the condition was false".to_string(),
+            Err(e) => format!("{e:#}"),
+        };
         if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("timed out waiting for {what}");
+            anyhow::bail!("timed out waiting for {what} (last check: {last})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

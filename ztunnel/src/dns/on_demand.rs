@@ -310,7 +310,7 @@ mod tests {
     #[tokio::test]
     async fn answers_are_cached_for_their_ttl() {
         if !can_mark() {
-            return eprintln!("not root: skipped");
+            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
         }
         let (up, asked) = upstream(1).await;
         let r = resolver(up, false, 16);
@@ -334,7 +334,7 @@ mod tests {
     #[tokio::test]
     async fn the_cache_is_bounded() {
         if !can_mark() {
-            return eprintln!("not root: skipped");
+            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
         }
         let (up, asked) = upstream(60).await;
         let r = resolver(up, false, 2);
@@ -353,7 +353,7 @@ mod tests {
     #[tokio::test]
     async fn concurrent_lookups_share_one_question() {
         if !can_mark() {
-            return eprintln!("not root: skipped");
+            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
         }
         let (up, asked) = upstream(60).await;
         let r = Arc::new(resolver(up, false, 16));
@@ -371,7 +371,7 @@ mod tests {
     #[tokio::test]
     async fn cname_chains_families_and_the_original_destinations_family() {
         if !can_mark() {
-            return eprintln!("not root: skipped");
+            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
         }
         let (up, _) = upstream(60).await;
         let v4 = resolver(up, false, 16);
