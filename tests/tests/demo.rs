@@ -167,7 +167,7 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
 /// and the event's fields come last, so the last occurrence of each is taken.
 fn event_fields(line: &str, keys: &[&str]) -> Vec<String> {
     keys.iter()
-        .filter_map(|k| line.split_whitespace().filter(|w| w.starts_with(k)).last())
+        .filter_map(|k| line.split_whitespace().rfind(|w| w.starts_with(k)))
         .map(|w| w.split(['}', '{']).next().unwrap_or(w).to_string())
         .collect()
 }

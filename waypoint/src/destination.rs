@@ -521,10 +521,13 @@ pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>
     None
 }
 
+/// How specifically a rule's host matches a service (greater: more specific).
+type HostRank = (u8, usize);
+
 /// The rules among `rules` for the most specific host that matches `svc` (an exact
 /// hostname over wildcards, a longer wildcard over a shorter one), in listed order.
 fn most_specific<'r>(rules: &[&'r (DestinationRule, Resolved)], svc: &Service) -> Vec<&'r (DestinationRule, Resolved)> {
-    let ranked: Vec<((u8, usize), &'r (DestinationRule, Resolved))> = rules.iter().filter_map(|r| Some((r.0.matches(svc)?, *r))).collect();
+    let ranked: Vec<(HostRank, &'r (DestinationRule, Resolved))> = rules.iter().filter_map(|r| Some((r.0.matches(svc)?, *r))).collect();
     let Some(best) = ranked.iter().map(|(rank, _)| *rank).max() else { return Vec::new() };
     ranked.into_iter().filter(|(rank, _)| *rank == best).map(|(_, r)| r).collect()
 }

@@ -347,13 +347,16 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
     }
 }
 
+/// A DestinationRule with what it resolves to.
+type RuleAndPolicy = (crate::destination::DestinationRule, crate::destination::Resolved);
+
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
     Route(Result<HttpRoute, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
     /// A rule that cannot be applied has the error and, when it asked for TLS origination,
     /// a stand-in that fails its host's traffic.
-    Destination(Result<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>, (String, Option<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>>)>),
+    Destination(Result<Box<RuleAndPolicy>, (String, Option<Box<RuleAndPolicy>>)>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
     /// Compiled when published (what it may name depends on the mesh config).

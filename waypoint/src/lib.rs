@@ -5,6 +5,10 @@
 //! node; anything else is relayed at L4. The mesh code it shares with the node proxy
 //! (identity, HBONE, mesh state, L4 policy) is ztunnel's library; L7 is here.
 
+// Errors are returned when config is loaded, never per request, and name the file and
+// field: their size costs nothing there.
+#![allow(clippy::result_large_err)]
+
 pub mod authn;
 pub mod authz;
 pub mod config;

@@ -2,6 +2,10 @@
 //! config, L4 policy) lives here so the waypoint can reuse it; L7 (HTTPRoute, L7
 //! AuthorizationPolicy) is the waypoint's own.
 
+// Errors are returned on start-up, enrollment and config-load paths, never per packet or
+// request, and carry the file, field or pod they name: their size costs nothing there.
+#![allow(clippy::result_large_err)]
+
 pub mod access_log;
 pub mod admin;
 pub mod app;

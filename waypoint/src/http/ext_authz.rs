@@ -151,6 +151,8 @@ async fn check_grpc(wp: &Waypoint, cfg: &Config, p: &GrpcProvider, req: &CheckRe
 /// The CUSTOM step: checks the admitted request when a CUSTOM policy matches it, and
 /// applies an allowing answer to the request (`parts`) and its future response, or
 /// gives the denying answer's reply.
+// The request's parts are borrowed apart (several mutably), so they cannot travel as one.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     wp: &Waypoint,
     cfg: &Config,

@@ -251,6 +251,8 @@ fn overflow_reply(traffic: Option<&crate::destination::Policy>) -> LocalReply {
     LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UO", "upstream connect error or disconnect/reset before headers. reset reason: overflow")
 }
 
+// The request's parts are borrowed apart (several mutably), so they cannot travel as one.
+#[allow(clippy::too_many_arguments)]
 async fn attempt_loop(
     wp: &Arc<Waypoint>,
     backend: &Backend,
