@@ -124,6 +124,9 @@ stage "docs links" bash -c "python3 scripts/check-docs.py --self-test && python3
 # Lints: every warning of clippy's default set fails the run (its checks share no
 # artifacts with the test build, so this is a check build of its own, a few minutes).
 stage "clippy" cargo clippy --workspace --all-targets -- -D warnings
+# The allocator build options (ztunnel's `jemalloc` and `mimalloc` features, measured in
+# docs/benchmarks.md) build and lint too, each on its own (with both, jemalloc wins).
+stage "allocator features" bash -c "cargo clippy -p ztunnel --lib --bins --features jemalloc -- -D warnings && cargo clippy -p ztunnel --lib --bins --features mimalloc -- -D warnings"
 # Build in two steps so the end-to-end suites (mostly waiting on the network and timers:
 # ~40% of 2 cores) start as soon as what they run exists, while the compiler builds the
 # rest. First the binaries under test (the `cli` tests make cargo build them) and the
