@@ -54,6 +54,9 @@ pub struct Waypoint {
     pub certs: Arc<ztunnel::identity::CertManager>,
     /// Relayed tunnels and HTTP connections with no byte either way for this long close.
     pub idle_timeout: Option<Duration>,
+    /// A request stream with no frame of its request or response body either way for
+    /// this long is ended (Envoy's stream_idle_timeout); WebSockets once upgraded aside.
+    pub stream_idle_timeout: Option<Duration>,
 }
 
 impl Waypoint {

@@ -16,6 +16,7 @@ mod log;
 mod mirror;
 mod plan;
 mod reply;
+mod stream_idle;
 pub mod trace_export;
 mod tunnel;
 mod upgrade;
@@ -88,7 +89,10 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
 async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Request<Incoming>) -> Response<Body> {
     let cfg = wp.config.load_full();
     let (mut parts, body) = req.into_parts();
-    let mut body = body::Downstream::new(body);
+    // Envoy's stream idle timeout: restarted by every frame of the request body read and
+    // of the response body sent.
+    let idle = stream_idle::StreamIdle::new(wp.stream_idle_timeout);
+    let mut body = body::Downstream::new(body, idle.clone());
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
     // A traced request goes on as a child of the waypoint's span.
@@ -108,16 +112,20 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     };
     let mut notes = log::Notes::default();
     let planned = match plan::admit(&inbound, &mut parts, &mut notes) {
-        Ok(mut admitted) => match ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut body, &mut notes).await {
-            Ok(()) => plan::build(&inbound, admitted, &mut parts, &mut notes),
-            Err(reply) => Err(reply),
-        },
+        Ok(mut admitted) => {
+            let check = ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut body, &mut notes);
+            match idle.within(check).await {
+                Ok(Ok(())) => plan::build(&inbound, admitted, &mut parts, &mut notes),
+                Ok(Err(reply)) => Err(reply),
+                Err(_) => Err(idle.reply()),
+            }
+        }
         Err(reply) => Err(reply),
     };
     log.note(notes);
     match planned {
         Ok(plan) => {
-            let x = forward::Exchange { wp: &wp, cfg: &cfg, log, grpc, trace: tunnel.trace };
+            let x = forward::Exchange { wp: &wp, cfg: &cfg, log, grpc, trace: tunnel.trace, idle };
             forward::forward(x, plan, Request::from_parts(parts, body)).await
         }
         Err(reply) => reply.send(log, grpc),

@@ -128,6 +128,14 @@ struct Args {
     /// idle timeouts, ztunnel's CONNECTION_IDLE_TIMEOUT_SECONDS).
     #[arg(long, env = "CONNECTION_IDLE_TIMEOUT_SECONDS", default_value_t = 3600)]
     idle_timeout_seconds: u64,
+    /// A request stream (one request and its response) with nothing read of its request
+    /// body nor sent of its response body for this many seconds is ended (0: never):
+    /// before the response head with Envoy's local reply `stream timeout` (504, or 408
+    /// while the request body was still arriving; flag SI), after it by resetting the
+    /// stream. Envoy's stream_idle_timeout, 5 min in Istio. Upgraded WebSockets are
+    /// exempt (CONNECTION_IDLE_TIMEOUT_SECONDS applies).
+    #[arg(long, env = "STREAM_IDLE_TIMEOUT_SECONDS", default_value_t = 300)]
+    stream_idle_timeout_seconds: u64,
     /// Certificate revocation lists (PEM or DER) peers are checked against, as ztunnel's
     /// CRL_PATH: a revoked client or upstream is refused, open connections of a peer a
     /// reload revokes are closed. The file may appear after the start.
@@ -390,6 +398,7 @@ async fn main() -> anyhow::Result<()> {
         crls,
         certs: certs.clone(),
         idle_timeout: (args.idle_timeout_seconds > 0).then(|| Duration::from_secs(args.idle_timeout_seconds)),
+        stream_idle_timeout: (args.stream_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -15,6 +15,7 @@ mod idle;
 mod istio_shape;
 mod opaque;
 mod retries;
+mod stream_idle;
 mod tenancy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,6 +18,7 @@ use super::log::{grpc_status_label, RequestLog};
 use super::mirror::mirror_all;
 use super::plan::Plan;
 use super::reply::LocalReply;
+use super::stream_idle::StreamIdle;
 use super::upgrade;
 use crate::config::Config;
 use crate::context::Waypoint;
@@ -38,6 +39,8 @@ pub struct Exchange<'a> {
     pub grpc: bool,
     /// The tunnel's trace (new upstream CONNECTs join the request's, else this one).
     pub trace: ztunnel::hbone::TraceParent,
+    /// The stream idle timeout's clock (the request body's too).
+    pub idle: StreamIdle,
 }
 
 /// How many times to try, which backend answers to retry on, and the timing.
@@ -91,15 +94,17 @@ impl<'a> Attempts<'a> {
 
 /// The request body, counted into the log; buffered when a copy is wanted and it is
 /// small enough, else streamed (and then sent once).
-async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog) -> Result<RequestBody, LocalReply> {
+async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog, idle: &StreamIdle) -> Result<RequestBody, LocalReply> {
     let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
     let counted = Counted::new(body, log.request_bytes.clone());
     if !(want_copy && small) {
         return Ok(RequestBody::Streaming(Some(counted.boxed())));
     }
-    match counted.collect().await {
-        Ok(c) => Ok(RequestBody::Buffered(c.to_bytes())),
-        Err(e) => Err(LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}"))),
+    match idle.within(counted.collect()).await {
+        Ok(Ok(c)) => Ok(RequestBody::Buffered(c.to_bytes())),
+        Ok(Err(_)) | Err(_) if idle.fired() => Err(idle.reply()),
+        Ok(Err(e)) => Err(LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}"))),
+        Err(_) => Err(idle.reply()),
     }
 }
 
@@ -112,10 +117,14 @@ fn idempotent(m: &Method) -> bool {
 /// Sends the request as planned; the response is the backend's, or a local reply when
 /// no attempt got one.
 pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstream>) -> Response<Body> {
-    let Exchange { wp, cfg, mut log, grpc, trace } = x;
+    let Exchange { wp, cfg, mut log, grpc, trace, idle } = x;
     // Endpoints known by hostname (DNS ServiceEntries): their addresses, from the cache
     // or asked now.
-    if let Err(why) = plan.backend.resolve(&wp.resolver, &wp.me).await {
+    let resolved = match idle.within(plan.backend.resolve(&wp.resolver, &wp.me)).await {
+        Ok(r) => r,
+        Err(_) => return idle.reply().with_headers(plan.cors.as_ref()).send(log, grpc),
+    };
+    if let Err(why) = resolved {
         let reply = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", format!("no healthy upstream ({why})"));
         log.error = Some(reply.message.clone());
         return reply.with_headers(plan.cors.as_ref()).send(log, grpc);
@@ -137,14 +146,16 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
     };
     if let Some(d) = plan.fault_delay {
         log.response_flags = "DI";
-        tokio::time::sleep(d).await;
+        if idle.within(tokio::time::sleep(d)).await.is_err() {
+            return idle.reply().with_headers(plan.cors.as_ref()).send(log, grpc);
+        }
     }
     let (mut parts, body) = req.into_parts();
     // A WebSocket is not mirrored: a shadow upgrade would hold a connection for nothing.
     let mirrors = plan.websocket.is_none() && !plan.mirrors.to.is_empty();
     // A copy for retries (Istio's default policy included) and mirrors.
     let want_copy = plan.retry.is_none() || idempotent(&parts.method) || mirrors;
-    let mut req_body = match request_body(body, want_copy, &log).await {
+    let mut req_body = match request_body(body, want_copy, &log, &idle).await {
         Ok(b) => b,
         Err(reply) => return reply.with_headers(plan.cors.as_ref()).send(log, grpc),
     };
@@ -169,12 +180,21 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
         }
         Ok((resp, picked))
     };
-    let outcome = match plan.timeouts.request {
-        Some(t) => match tokio::time::timeout(t, exchange).await {
-            Ok(o) => o,
-            Err(_) => Err(LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", "upstream request timeout")),
-        },
-        None => exchange.await,
+    let timed = async {
+        match plan.timeouts.request {
+            Some(t) => match tokio::time::timeout(t, exchange).await {
+                Ok(o) => o,
+                Err(_) => Err(LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", "upstream request timeout")),
+            },
+            None => exchange.await,
+        }
+    };
+    // The stream idle timeout before the response head: the attempts (and what they
+    // hold upstream) are dropped. A failure the request body's own timer caused is one.
+    let outcome = match idle.within(timed).await {
+        Ok(Err(_)) | Err(_) if idle.fired() => Err(idle.reply()),
+        Ok(o) => o,
+        Err(_) => Err(idle.reply()),
     };
     match outcome {
         Ok((resp, mut picked)) => {
@@ -207,7 +227,7 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
             if let Some(v) = rparts.headers.get("grpc-status") {
                 log.grpc_status = Some(grpc_status_label(v));
             }
-            let body = Metered::new(rbody.map_err(BoxError::from).boxed(), log, Some(picked));
+            let body = Metered::new(rbody.map_err(BoxError::from).boxed(), log, Some(picked)).with_idle(idle);
             Response::from_parts(rparts, body.boxed())
         }
         Err(reply) => {
