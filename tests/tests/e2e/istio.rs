@@ -136,6 +136,15 @@ async fn istiods_xds_carries_hbone_between_pods() -> Result<()> {
     let services = dump["services"].as_array().context("services")?;
     let svc = services.iter().find(|s| s["hostname"] == "echo.default.svc.cluster.local").with_context(|| format!("no echo in {services:?}"))?;
     assert!(svc["vips"].as_array().is_some_and(|v| v.iter().any(|v| v.as_str().is_some_and(|v| v.ends_with(ECHO_VIP)))), "{svc}");
+    // As Istio's ztunnel: istiod's cluster (named or defaulted to Kubernetes), our own
+    // certificate's pem as base64 of the PEM text, and istiod found our ISTIO_VERSION.
+    assert_eq!(echo["clusterId"], "Kubernetes", "{echo}");
+    let pem = dump["certificates"][0]["certChain"][0]["pem"].as_str().with_context(|| format!("{:#}", dump["certificates"]))?;
+    assert!(pem.starts_with("LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0t"), "not base64 of a PEM: {pem}");
+    let istiod_log = m.istio.log_text();
+    // (istiod's own log is there: the warning would be beside this line.)
+    assert!(istiod_log.contains("ADS: new delta connection for node:"), "{istiod_log}");
+    assert!(!istiod_log.contains("Istio Version is not found in metadata"), "{istiod_log}");
 
     // A DENY policy for the client's principal, created at run time.
     m.istio.apply(

@@ -101,15 +101,9 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
             endpoints.insert(w.uid.0.clone(), json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }));
         }
     }
-    // istiod's value; without one (a local config), what the VIPs say.
-    let (v4, v6) = (s.vips.iter().any(|v| v.address.is_ipv4()), s.vips.iter().any(|v| v.address.is_ipv6()));
-    let ip_families = match (s.ip_families, v4, v6) {
-        (Some(f), _, _) => json!(f.name()),
-        (None, true, true) => json!("Dual"),
-        (None, true, false) => json!("IPv4"),
-        (None, false, true) => json!("IPv6"),
-        (None, false, false) => Value::Null,
-    };
+    // As istiod sent it (or the local config set it); unset (istiod's AUTOMATIC) is left
+    // out as Istio's ztunnel does, not guessed from the VIPs.
+    let ip_families = s.ip_families.map_or(Value::Null, |f| json!(f.name()));
     let mut m = Map::new();
     m.insert("name".into(), json!(s.name));
     m.insert("namespace".into(), json!(s.namespace));
@@ -200,12 +194,22 @@ fn rfc3339(t: std::time::SystemTime) -> String {
         .unwrap_or_default()
 }
 
+/// Istio's `der_to_pem`: 60-column base64 lines.
+fn pem(der: &[u8]) -> String {
+    let b64 = base64(der);
+    let mut out = String::from("-----BEGIN CERTIFICATE-----\n");
+    for line in b64.as_bytes().chunks(60) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str("-----END CERTIFICATE-----\n");
+    out
+}
+
 fn cert_dump(der: &rustls_pki_types::CertificateDer<'_>) -> Value {
     use x509_parser::prelude::*;
-    let pem = format!(
-        "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
-        base64_lines(der.as_ref())
-    );
+    // Istio's ztunnel dumps the PEM text base64-encoded once more (istioctl decodes it).
+    let pem = base64(pem(der.as_ref()).as_bytes());
     match X509Certificate::from_der(der.as_ref()) {
         Ok((_, c)) => {
             let t = |secs: i64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0));
@@ -221,9 +225,10 @@ fn cert_dump(der: &rustls_pki_types::CertificateDer<'_>) -> Value {
     }
 }
 
-fn base64_lines(data: &[u8]) -> String {
+/// Standard base64 (RFC 4648, padded, one line).
+fn base64(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len() * 4 / 3 + 4);
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
         let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
@@ -235,23 +240,28 @@ fn base64_lines(data: &[u8]) -> String {
             }
         }
     }
-    let bytes = out.into_bytes();
-    bytes.chunks(64).map(|l| String::from_utf8_lossy(l).into_owned()).collect::<Vec<_>>().join("\n")
+    out
 }
 
+/// Istio's `CertsDump`: state `Initializing`, `Available`, or `Unavailable: <error>`
+/// (its `CertState` printed the way its admin server prints it).
 pub fn certificates(certs: &CertManager) -> Value {
+    use crate::identity::manager::HeldCert;
     Value::Array(
         certs
-            .snapshot()
+            .states()
             .into_iter()
-            .map(|(id, cert)| match cert {
-                Some(c) => json!({
+            .map(|(id, held)| match held {
+                HeldCert::Available(c) => json!({
                     "identity": id.to_string(),
                     "state": "Available",
                     "certChain": c.cert.chain.iter().map(cert_dump).collect::<Vec<_>>(),
                     "rootCerts": c.cert.roots.iter().map(cert_dump).collect::<Vec<_>>(),
                 }),
-                None => json!({ "identity": id.to_string(), "state": "Initializing", "certChain": [], "rootCerts": [] }),
+                HeldCert::Initializing => json!({ "identity": id.to_string(), "state": "Initializing", "certChain": [], "rootCerts": [] }),
+                HeldCert::Unavailable(err) => {
+                    json!({ "identity": id.to_string(), "state": format!("Unavailable: {err}"), "certChain": [], "rootCerts": [] })
+                }
             })
             .collect(),
     )
@@ -446,26 +456,72 @@ mod tests {
 
     #[test]
     fn base64_matches_rfc4648() {
-        assert_eq!(base64_lines(b""), "");
-        assert_eq!(base64_lines(b"f"), "Zg==");
-        assert_eq!(base64_lines(b"fo"), "Zm8=");
-        assert_eq!(base64_lines(b"foo"), "Zm9v");
-        assert_eq!(base64_lines(b"foobar"), "Zm9vYmFy");
-        assert_eq!(base64_lines(&[0u8; 60]).split('\n').map(str::len).collect::<Vec<_>>(), [64, 16]);
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        assert!(!base64(&[0u8; 300]).contains('\n'), "one line, as Istio's STANDARD engine");
+        // PEM lines are 60 columns as Istio's der_to_pem writes them.
+        let p = pem(&[0u8; 60]);
+        assert_eq!(p.lines().map(str::len).collect::<Vec<_>>(), [27, 60, 20, 25]);
     }
 
     #[test]
-    fn ip_families_from_istiod_or_the_vips() {
+    fn ip_families_as_istiod_sent_them() {
         let st = MeshState::default();
         let svc = |yaml: &str| serde_yaml::from_str::<Service>(yaml).unwrap();
-        let dual = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
-        assert_eq!(service(&st, &svc(dual))["ipFamilies"], "Dual");
-        let v6 = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [\"/fd00::1\"]}";
-        assert_eq!(service(&st, &svc(v6))["ipFamilies"], "IPv6");
-        // istiod's value (a headless single-stack service has no VIP to tell).
-        let set = "{name: s, namespace: ns, hostname: s.ns.svc, ipFamilies: IPv4}";
-        assert_eq!(service(&st, &svc(set))["ipFamilies"], "IPv4");
-        assert!(service(&st, &svc("{name: s, namespace: ns, hostname: s.ns.svc}")).get("ipFamilies").is_none());
+        let set = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"], ipFamilies: Dual}";
+        assert_eq!(service(&st, &svc(set))["ipFamilies"], "Dual");
+        let headless = "{name: s, namespace: ns, hostname: s.ns.svc, ipFamilies: IPv4}";
+        assert_eq!(service(&st, &svc(headless))["ipFamilies"], "IPv4");
+        // Unset (istiod's AUTOMATIC): left out as Istio's ztunnel does, whatever the VIPs.
+        let unset = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
+        assert!(service(&st, &svc(unset)).get("ipFamilies").is_none());
+    }
+
+    #[tokio::test]
+    async fn a_failed_certificate_is_unavailable_with_its_error() {
+        let dir = std::env::temp_dir().join(format!("zt-unavail-{}", std::process::id()));
+        let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        // Issues only for "ok": the other identity's fetch fails as a CA error would.
+        struct OnlyOk(crate::identity::manager::LocalCa);
+        impl crate::identity::manager::CaClient for OnlyOk {
+            fn sign<'a>(&'a self, id: &'a crate::identity::Identity) -> crate::identity::manager::SignFuture<'a> {
+                if id.service_account == "ok" {
+                    return self.0.sign(id);
+                }
+                Box::pin(async move {
+                    Err(crate::identity::manager::CertError::Remote { identity: id.clone(), reason: "CSR rejected".into() })
+                })
+            }
+        }
+        let certs = CertManager::new(std::sync::Arc::new(OnlyOk(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) })));
+        let (ok, bad, pending) = (
+            crate::identity::Identity::new("cluster.local", "ns", "ok"),
+            crate::identity::Identity::new("cluster.local", "ns", "bad"),
+            crate::identity::Identity::new("cluster.local", "ns", "pending"),
+        );
+        for id in [&ok, &bad, &pending] {
+            certs.allow(id);
+        }
+        certs.fetch(&ok).await.unwrap();
+        assert!(certs.fetch(&bad).await.is_err());
+        let d = certificates(&certs);
+        let by_id = |sa: &str| d.as_array().unwrap().iter().find(|c| c["identity"].as_str().unwrap().ends_with(sa)).unwrap().clone();
+        let bad_dump = by_id("/sa/bad");
+        assert!(bad_dump["state"].as_str().unwrap().starts_with("Unavailable: "), "{bad_dump}");
+        assert!(bad_dump["state"].as_str().unwrap().contains("CSR rejected"), "{bad_dump}");
+        assert_eq!((&bad_dump["certChain"], &bad_dump["rootCerts"]), (&json!([]), &json!([])));
+        assert_eq!(by_id("/sa/pending")["state"], "Initializing");
+        assert_eq!(by_id("/sa/ok")["state"], "Available");
+        let schema: Value = serde_json::from_str(SCHEMA).unwrap();
+        let bad: Vec<String> = json_schema::violations(&schema, &json!({"certificates": d}))
+            .into_iter()
+            .filter(|v| v.starts_with("$.certificates"))
+            .collect();
+        assert!(bad.is_empty(), "{bad:#?}");
     }
 
     #[test]
@@ -483,7 +539,10 @@ mod tests {
         assert_eq!(d["certificates"][0]["state"], "Available");
         let serial = u128::from_str_radix(&issued.cert.serial, 16).unwrap().to_string();
         assert_eq!(d["certificates"][0]["certChain"][0]["serialNumber"], serial.as_str());
-        assert!(d["certificates"][0]["certChain"][0]["pem"].as_str().unwrap().starts_with("-----BEGIN CERTIFICATE-----\nMII"));
+        // Base64 of the PEM text, as Istio's ztunnel dumps it.
+        let pem_b64 = d["certificates"][0]["certChain"][0]["pem"].as_str().unwrap();
+        assert_eq!(pem_b64, base64(pem(issued.cert.chain[0].as_ref()).as_bytes()));
+        assert!(pem_b64.starts_with(&base64(b"-----BEGIN CERTIFICATE-----\nMII")[..40]), "{pem_b64}");
         assert!(d["certificates"][0]["certChain"][0]["expirationTime"].as_str().unwrap().ends_with('Z'));
         assert_eq!(d["workloads"][0]["uid"], "u1");
         assert_eq!(d["workloads"][0]["workloadIps"][0], "10.0.0.1");
@@ -493,7 +552,7 @@ mod tests {
         assert_eq!(d["services"][0]["vips"][0], "/10.96.0.1");
         assert_eq!(d["services"][0]["endpoints"]["u1"]["workloadUid"], "u1");
         assert_eq!(d["services"][0]["endpoints"]["u1"]["port"]["80"], 8080);
-        assert_eq!(d["services"][0]["ipFamilies"], "IPv4");
+        assert!(d["services"][0].get("ipFamilies").is_none(), "unset: left out as upstream");
         assert!(d["services"][0].get("waypoint").is_none(), "no waypoint: left out as upstream");
         assert!(d["services"][0].get("weightedWaypoints").is_none(), "an empty set: left out as upstream");
         assert_eq!(d["certificates"][0]["certChain"].as_array().unwrap().len(), 1, "the leaf; the root is in rootCerts");

@@ -34,6 +34,15 @@ pub struct CertState {
     pub anchors: Arc<Vec<rustls_pki_types::TrustAnchor<'static>>>,
 }
 
+/// Istio's `CertState` for one local identity.
+pub enum HeldCert {
+    /// Not issued yet (the first request may be in flight).
+    Initializing,
+    Available(Arc<CertState>),
+    /// The last attempt failed and there is no certificate to fall back on: why.
+    Unavailable(String),
+}
+
 pub type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
 
 /// Where certificates come from: the built-in CA, or (later) the Istio CA.
@@ -56,6 +65,9 @@ impl CaClient for LocalCa {
 struct Entry {
     refs: usize,
     current: Option<Arc<ArcSwap<CertState>>>,
+    /// Why the last first-issue attempt failed, while there is no certificate yet
+    /// (Istio's `CertState::Unavailable`, shown in config dumps).
+    failed: Option<String>,
     rotation: Option<tokio::task::AbortHandle>,
 }
 
@@ -92,7 +104,7 @@ impl CertManager {
     pub fn allow(&self, id: &Identity) {
         self.lock()
             .entry(id.clone())
-            .or_insert(Entry { refs: 0, current: None, rotation: None })
+            .or_insert(Entry { refs: 0, current: None, failed: None, rotation: None })
             .refs += 1;
     }
 
@@ -119,16 +131,26 @@ impl CertManager {
         if let Some(cur) = existing {
             return Ok(cur.load_full());
         }
-        let state = Arc::new(ArcSwap::from_pointee(self.issue(id).await?));
+        let issued = self.issue(id).await;
         let mut map = self.lock();
         let Some(entry) = map.get_mut(id) else {
             return Err(CertError::NotLocal(id.clone()));
+        };
+        let state = match issued {
+            Ok(s) => Arc::new(ArcSwap::from_pointee(s)),
+            Err(e) => {
+                if entry.current.is_none() {
+                    entry.failed = Some(e.to_string());
+                }
+                return Err(e);
+            }
         };
         if let Some(cur) = &entry.current {
             // Another task won the race; keep one certificate per identity.
             return Ok(cur.load_full());
         }
         entry.current = Some(state.clone());
+        entry.failed = None;
         entry.rotation = Some(tokio::spawn(rotate(self.clone(), id.clone(), state.clone())).abort_handle());
         Ok(state.load_full())
     }
@@ -148,6 +170,24 @@ impl CertManager {
     pub fn snapshot(&self) -> Vec<(Identity, Option<Arc<CertState>>)> {
         let mut v: Vec<_> =
             self.lock().iter().map(|(id, e)| (id.clone(), e.current.as_ref().map(|c| c.load_full()))).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// Every local identity in Istio's certificate states (for config dumps).
+    pub fn states(&self) -> Vec<(Identity, HeldCert)> {
+        let mut v: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(id, e)| {
+                let held = match (&e.current, &e.failed) {
+                    (Some(c), _) => HeldCert::Available(c.load_full()),
+                    (None, Some(err)) => HeldCert::Unavailable(err.clone()),
+                    (None, None) => HeldCert::Initializing,
+                };
+                (id.clone(), held)
+            })
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -266,6 +306,42 @@ mod tests {
         assert_eq!(mgr.fetch(&id).await.unwrap().cert.serial, c.cert.serial);
         mgr.release(&id);
         assert!(matches!(mgr.fetch(&id).await, Err(CertError::NotLocal(_))));
+    }
+
+    /// Fails its first `fails` requests, then signs with the built-in CA.
+    struct Flaky {
+        fails: std::sync::atomic::AtomicUsize,
+        ca: LocalCa,
+    }
+
+    impl CaClient for Flaky {
+        fn sign<'a>(&'a self, id: &'a Identity) -> SignFuture<'a> {
+            use std::sync::atomic::Ordering;
+            if self.fails.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+                let reason = "istiod unreachable".to_string();
+                return Box::pin(async move { Err(CertError::Remote { identity: id.clone(), reason }) });
+            }
+            self.ca.sign(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_first_fetch_is_unavailable_until_one_succeeds() {
+        let dir = std::env::temp_dir().join(format!("zt-mgr-flaky-{}", std::process::id()));
+        let ca = Ca::load_or_create(&dir, None, None).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let flaky = Flaky { fails: 1.into(), ca: LocalCa { ca, ttl: Duration::from_secs(3600) } };
+        let mgr = CertManager::new(Arc::new(flaky));
+        let id = Identity::new("cluster.local", "default", "a");
+        mgr.allow(&id);
+        assert!(matches!(mgr.states()[0].1, HeldCert::Initializing));
+        assert!(mgr.fetch(&id).await.is_err());
+        match &mgr.states()[0].1 {
+            HeldCert::Unavailable(e) => assert!(e.contains("istiod unreachable"), "{e}"),
+            _ => panic!("want Unavailable"),
+        }
+        mgr.fetch(&id).await.unwrap();
+        assert!(matches!(mgr.states()[0].1, HeldCert::Available(_)));
     }
 
     #[tokio::test]

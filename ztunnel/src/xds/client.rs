@@ -21,6 +21,8 @@ use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use crate::istiod::channel::{IstiodConfig, IstiodError};
 
 const TYPES: [&str; 2] = [ADDRESS_TYPE, AUTHORIZATION_TYPE];
+/// Istio's ztunnel's limit: a large mesh's first full state exceeds tonic's 4 MiB default.
+const MAX_DECODING_MESSAGE_SIZE: usize = 200 * 1024 * 1024;
 const BACKOFF_START: Duration = Duration::from_millis(10);
 const BACKOFF_MAX: Duration = Duration::from_secs(15);
 /// google.rpc.Code INVALID_ARGUMENT, for NACKs.
@@ -82,6 +84,9 @@ impl NodeInfo {
             ("INSTANCE_IPS", s(&self.pod_ip)),
             ("NODE_NAME", s(&self.node_name)),
             ("CLUSTER_ID", s(&self.cluster_id)),
+            // istiod warns without it and gates version-dependent config on it; Istio's
+            // image sets it as ISTIO_META_ISTIO_VERSION, which (in `metadata`) wins.
+            ("ISTIO_VERSION", s(crate::istiod::ISTIO_VERSION)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -97,11 +102,37 @@ pub struct XdsConfig {
     pub metrics: Option<crate::metrics::control::XdsMetrics>,
 }
 
-/// Keeps the stream up forever. `ready` runs once, when both types have been received
-/// (the first full state).
+/// Readiness as Istio's ztunnel gates it on xDS: once a response of every subscribed
+/// type was ACKed (a NACKed one leaves the state unknown, so it does not count).
+struct Readiness<F: FnOnce()> {
+    waiting: HashSet<&'static str>,
+    ready: Option<F>,
+}
+
+impl<F: FnOnce()> Readiness<F> {
+    fn new(ready: F) -> Self {
+        Readiness { waiting: TYPES.into_iter().collect(), ready: Some(ready) }
+    }
+
+    /// A response of `type_url` was applied and answered (`acked`: without a NACK).
+    fn answered(&mut self, type_url: &str, acked: bool) {
+        if !acked {
+            return;
+        }
+        self.waiting.remove(type_url);
+        if self.waiting.is_empty() {
+            if let Some(r) = self.ready.take() {
+                tracing::info!("istiod's first full state received and ACKed");
+                r();
+            }
+        }
+    }
+}
+
+/// Keeps the stream up forever. `ready` runs once, when a response of each type has
+/// been ACKed (the first full state).
 pub async fn run(cfg: XdsConfig, store: Arc<Store>, ready: impl FnOnce() + Send + 'static) {
-    let mut ready = Some(ready);
-    let mut received: HashSet<String> = HashSet::new();
+    let mut readiness = Readiness::new(ready);
     let mut backoff = BACKOFF_START;
     let channel = match cfg.istiod.channel() {
         Ok(c) => c,
@@ -113,15 +144,9 @@ pub async fn run(cfg: XdsConfig, store: Arc<Store>, ready: impl FnOnce() + Send 
     };
     loop {
         let mut progressed = false;
-        let r = session(&cfg, &channel, &store, &mut |type_url| {
+        let r = session(&cfg, &channel, &store, &mut |type_url, acked| {
             progressed = true;
-            received.insert(type_url.to_string());
-            if TYPES.iter().all(|t| received.contains(*t)) {
-                if let Some(r) = ready.take() {
-                    tracing::info!("istiod's first full state received");
-                    r();
-                }
-            }
+            readiness.answered(type_url, acked);
         })
         .await;
         if progressed {
@@ -147,7 +172,7 @@ async fn session(
     cfg: &XdsConfig,
     channel: &tonic::transport::Channel,
     store: &Store,
-    on_applied: &mut (dyn FnMut(&str) + Send),
+    on_applied: &mut (dyn FnMut(&str, bool) + Send),
 ) -> Result<(), XdsError> {
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(16);
     let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
@@ -164,7 +189,7 @@ async fn session(
         tx.send(first).await.map_err(|_| XdsError::SendClosed)?;
     }
     let mut client = AggregatedDiscoveryServiceClient::new(channel.clone())
-        .max_decoding_message_size(64 * 1024 * 1024);
+        .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
     let mut responses = client.delta_aggregated_resources(cfg.istiod.request(requests)).await?.into_inner();
     tracing::info!(address = %cfg.istiod.address, node = %node.id, "xDS stream to istiod open");
     while let Some(resp) = responses.message().await? {
@@ -174,7 +199,8 @@ async fn session(
             m.message(&resp.type_url, bytes, errors.len() as u64);
             m.set_unenforceable("xds", store.unenforceable_policies());
         }
-        let error_detail = (!errors.is_empty()).then(|| Status {
+        let acked = errors.is_empty();
+        let error_detail = (!acked).then(|| Status {
             code: INVALID_ARGUMENT,
             message: errors.join("; "),
             details: Vec::new(),
@@ -186,7 +212,7 @@ async fn session(
             ..Default::default()
         };
         tx.send(ack).await.map_err(|_| XdsError::SendClosed)?;
-        on_applied(&resp.type_url);
+        on_applied(&resp.type_url, acked);
     }
     Ok(())
 }
@@ -235,10 +261,39 @@ mod tests {
         let md = node.metadata.unwrap().fields;
         assert_eq!(md["NODE_NAME"].kind, Some(Kind::StringValue("node1".into())));
         assert_eq!(md["INSTANCE_IPS"].kind, Some(Kind::StringValue("10.244.1.5".into())));
+        assert_eq!(md["ISTIO_VERSION"].kind, Some(Kind::StringValue(crate::istiod::ISTIO_VERSION.into())));
+        // ISTIO_META_ISTIO_VERSION (as Istio's image sets it) wins over ours.
+        let own = NodeInfo { metadata: [("ISTIO_VERSION".to_string(), serde_json::json!("1.29.1"))].into(), ..n.clone() };
+        assert_eq!(own.node().metadata.unwrap().fields["ISTIO_VERSION"].kind, Some(Kind::StringValue("1.29.1".into())));
         // ISTIO_META_* as strings, ISTIO_METAJSON_* as structured values.
         assert_eq!(md["DNS_CAPTURE"].kind, Some(Kind::StringValue("true".into())));
         let Some(Kind::StructValue(labels)) = &md["LABELS"].kind else { panic!("{:?}", md["LABELS"]) };
         assert_eq!(labels.fields["app"].kind, Some(Kind::StringValue("ztunnel".into())));
         assert_eq!(labels.fields["n"].kind, Some(Kind::NumberValue(2.0)));
+    }
+
+    #[test]
+    fn ready_once_each_type_was_acked() {
+        let fired = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let f = fired.clone();
+        let mut r = Readiness::new(move || {
+            f.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        });
+        let count = || fired.load(std::sync::atomic::Ordering::SeqCst);
+        r.answered(ADDRESS_TYPE, true);
+        // Both types arrived, but the policies were NACKed: not ready.
+        r.answered(AUTHORIZATION_TYPE, false);
+        assert_eq!(count(), 0);
+        r.answered(ADDRESS_TYPE, true);
+        assert_eq!(count(), 0);
+        r.answered(AUTHORIZATION_TYPE, true);
+        assert_eq!(count(), 1);
+        r.answered(AUTHORIZATION_TYPE, true);
+        assert_eq!(count(), 1, "once");
+    }
+
+    #[test]
+    fn decodes_messages_up_to_istios_limit() {
+        assert_eq!(MAX_DECODING_MESSAGE_SIZE, 200 * 1024 * 1024);
     }
 }

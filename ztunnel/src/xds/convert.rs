@@ -167,10 +167,12 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         }
         services.insert(NamespacedHostname(key.clone()), port_map(&list.ports, &at(&format!("services[{key}]")))?);
     }
+    // An unknown status refuses the workload (NACK), as Istio's ztunnel does: a newer
+    // istiod's state we cannot read is not silently taken as one we can.
     let status = match pb::WorkloadStatus::try_from(w.status) {
         Ok(pb::WorkloadStatus::Healthy) => HealthStatus::Healthy,
-        // Unknown values are treated as unhealthy: never send traffic on a guess.
-        _ => HealthStatus::Unhealthy,
+        Ok(pb::WorkloadStatus::Unhealthy) => HealthStatus::Unhealthy,
+        Err(_) => return Err(at(&format!("status: unknown value {}", w.status))),
     };
     let application_tunnel = match w.application_tunnel {
         None => None,
@@ -214,9 +216,13 @@ pub fn workload(w: pb::Workload) -> Result<Workload, String> {
         canonical_name: w.canonical_name,
         canonical_revision: w.canonical_revision,
         workload_name: w.workload_name,
-        // Istio's form: the enum's name in lower case ("deployment", "cronjob", "pod", "job").
-        workload_type: pb::WorkloadType::try_from(w.workload_type).map(|t| t.as_str_name().to_ascii_lowercase()).unwrap_or_default(),
-        cluster_id: w.cluster_id,
+        // Istio's form: the enum's name in lower case ("deployment", "cronjob", "pod", "job");
+        // an unknown value reads as the enum's default DEPLOYMENT, as prost's getter in
+        // Istio's ztunnel gives it.
+        workload_type: pb::WorkloadType::try_from(w.workload_type).unwrap_or_default().as_str_name().to_ascii_lowercase(),
+        // istiod leaves it empty for its own cluster; Istio's ztunnel names that cluster
+        // `Kubernetes` (istiod's default CLUSTER_ID).
+        cluster_id: if w.cluster_id.is_empty() { "Kubernetes".to_string() } else { w.cluster_id },
         capacity: w.capacity.unwrap_or(1),
         status,
         network_mode,
@@ -452,6 +458,15 @@ mod tests {
         assert_eq!(w.capacity, 1);
         assert_eq!(w.status, HealthStatus::Healthy);
         assert_eq!(w.network_mode, NetworkMode::Standard);
+        // Unset: Istio's defaults for the dump and telemetry.
+        assert_eq!((w.cluster_id.as_str(), w.workload_type.as_str()), ("Kubernetes", "deployment"));
+        let named = pb::Workload { cluster_id: "east".into(), workload_type: pb::WorkloadType::Cronjob as i32, ..pb_workload("c", [10, 0, 0, 8]) };
+        let named = workload(named).unwrap();
+        assert_eq!((named.cluster_id.as_str(), named.workload_type.as_str()), ("east", "cronjob"));
+        let unknown_type = pb::Workload { workload_type: 42, ..pb_workload("t", [10, 0, 0, 7]) };
+        assert_eq!(workload(unknown_type).unwrap().workload_type, "deployment");
+        let unhealthy = pb::Workload { status: pb::WorkloadStatus::Unhealthy as i32, ..pb_workload("s", [10, 0, 0, 6]) };
+        assert_eq!(workload(unhealthy).unwrap().status, HealthStatus::Unhealthy);
         let host = pb::Workload { network_mode: pb::NetworkMode::HostNetwork as i32, ..pb_workload("h", [10, 0, 0, 9]) };
         assert_eq!(workload(host).unwrap().network_mode, NetworkMode::HostNetwork);
         let ports = &w.services[&NamespacedHostname("default/echo.default.svc.cluster.local".into())];
@@ -472,6 +487,7 @@ mod tests {
             (pb::Workload { addresses: vec![vec![1, 2, 3]], ..pb_workload("x", [1, 1, 1, 1]) }, "addresses: an address is 4 or 16 bytes"),
             (pb::Workload { service_account: "a/b".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "service_account"),
             (pb::Workload { network_mode: 7, ..pb_workload("x", [1, 1, 1, 1]) }, "network_mode: unknown value 7"),
+            (pb::Workload { status: 5, ..pb_workload("x", [1, 1, 1, 1]) }, "status: unknown value 5"),
             (pb::Workload { namespace: "bad\0ns".into(), ..pb_workload("x", [1, 1, 1, 1]) }, "namespace"),
             (pb::Workload { tunnel_protocol: 2, ..pb_workload("x", [1, 1, 1, 1]) }, "LEGACY_ISTIO_MTLS"),
             (pb::Workload { tunnel_protocol: 9, ..pb_workload("x", [1, 1, 1, 1]) }, "tunnel_protocol: unknown"),
