@@ -119,16 +119,10 @@ fn service_found(cfg: &Config, name: &str) -> Value {
 mod tests {
     use super::*;
 
-    #[test]
-    fn ztunnels_document_and_the_waypoints_part() {
-        let cfg = Config::parse(
-            std::path::Path::new("wp.yaml"),
-            "workloads:\n- {uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9]}\n\
-             httpRoutes:\n- {name: echo, namespace: default, parentRefs: [{kind: Service, group: \"\", name: echo}]}\n\
-             authorizationPolicies:\n- {name: deny, namespace: istio-system, action: DENY, targetRefs: [{kind: GatewayClass, name: istio-waypoint}], rules: [{}]}\n",
-        )
-        .unwrap();
-        let dir = std::env::temp_dir().join(format!("wp-dump-{}", std::process::id()));
+    /// The dump of `cfg` for waypoint `wp` (default/waypoint at 10.0.0.9), with a
+    /// certificate from a CA made for the test (`tag` names its directory).
+    fn dump_of(cfg: &Config, tag: &str) -> Value {
+        let dir = std::env::temp_dir().join(format!("wp-dump-{tag}-{}", std::process::id()));
         let ca = ztunnel::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let certs = CertManager::new(std::sync::Arc::new(ztunnel::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(60) }));
@@ -140,7 +134,19 @@ mod tests {
             root_namespace: "istio-system".into(),
         };
         certs.allow(&me.identity);
-        let d = config_dump(&me, &cfg, &certs, json!({"adminAddr": "x"}));
+        config_dump(&me, cfg, &certs, json!({"adminAddr": "x"}))
+    }
+
+    #[test]
+    fn ztunnels_document_and_the_waypoints_part() {
+        let cfg = Config::parse(
+            std::path::Path::new("wp.yaml"),
+            "workloads:\n- {uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9]}\n\
+             httpRoutes:\n- {name: echo, namespace: default, parentRefs: [{kind: Service, group: \"\", name: echo}]}\n\
+             authorizationPolicies:\n- {name: deny, namespace: istio-system, action: DENY, targetRefs: [{kind: GatewayClass, name: istio-waypoint}], rules: [{}]}\n",
+        )
+        .unwrap();
+        let d = dump_of(&cfg, "main");
         assert_eq!(d["waypoint"]["gateway"], "default/waypoint");
         assert_eq!(d["waypoint"]["configSource"], "file wp.yaml");
         assert_eq!(d["httpRoutes"][0]["name"], "echo");
@@ -178,18 +184,7 @@ mod tests {
              \x20 - {name: local, envoyExtAuthzHttp: {service: ext.sec.svc.cluster.local, port: 80}}\n",
         )
         .unwrap();
-        let dir = std::env::temp_dir().join(format!("wp-dump-amb-{}", std::process::id()));
-        let ca = ztunnel::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
-        let _ = std::fs::remove_dir_all(&dir);
-        let certs = CertManager::new(std::sync::Arc::new(ztunnel::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(60) }));
-        let me = Me {
-            identity: Identity::new("cluster.local", "default", "waypoint"),
-            gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
-            workload_uid: "wp".into(),
-            ip: "10.0.0.9".parse().unwrap(),
-            root_namespace: "istio-system".into(),
-        };
-        let d = config_dump(&me, &cfg, &certs, json!({}));
+        let d = dump_of(&cfg, "amb");
         let p = &d["extensionProviders"];
         assert!(p["bare"]["service"]["error"].as_str().unwrap_or_default().contains("multiple namespaces"), "{p}");
         assert_eq!(p["named"]["service"]["found"], "sec/authz.example.com");

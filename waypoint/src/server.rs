@@ -44,7 +44,8 @@ async fn connection(wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAccepto
     // Taken before the handshake: a CRL reload during it is checked against this peer too.
     let changes = wp.crls.as_ref().map(|c| c.changes());
     let Some((conn, src_identity, chain)) = server.handshake_with(&acceptor, stream, permit, changes.is_some()).await else { return };
-    let revoked = revoked_peer(&wp, changes, &chain);
+    let roots = || wp.certs.current(&wp.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
+    let revoked = ztunnel::tls::client_revoked(wp.crls.as_ref(), changes, roots, &chain, wp.metrics.clone());
     server
         .serve_with(conn, &wp.drain, &src_identity, revoked, |req, respond| {
             // The CONNECT's trace, as ztunnel's inbound side joins it (Istio's): its id
@@ -54,28 +55,4 @@ async fn connection(wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAccepto
             tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone(), trace).instrument(span));
         })
         .await;
-}
-
-/// Resolves once a CRL reload revokes the client's chain (never without CRL_PATH), as
-/// ztunnel's inbound side: the connection is then closed with its streams.
-fn revoked_peer(
-    wp: &Waypoint,
-    changes: Option<tokio::sync::watch::Receiver<u64>>,
-    chain: &[rustls::pki_types::CertificateDer<'static>],
-) -> impl Future<Output = ()> + use<> {
-    let watch = wp.crls.clone().zip(changes).map(|(crls, changes)| {
-        // The roots in force now (they rotate with the mesh root).
-        let roots = wp.certs.current(&wp.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
-        ztunnel::tls::PeerChain::new(&crls, changes, &roots, chain, ztunnel::tls::PeerRole::Client)
-    });
-    let metrics = wp.metrics.clone();
-    async move {
-        match watch {
-            Some(w) => {
-                w.revoked().await;
-                metrics.crl_rejected("destination");
-            }
-            None => std::future::pending().await,
-        }
-    }
 }

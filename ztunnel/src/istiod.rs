@@ -244,15 +244,6 @@ pub const DEFAULT_ADDRESS: &str = "https://istiod.istio-system.svc:15012";
 pub const DEFAULT_ROOT_CERT: &str = "/var/run/secrets/istio/root-cert.pem";
 pub const DEFAULT_TOKEN: &str = "/var/run/secrets/tokens/istio-token";
 pub const DEFAULT_CLUSTER_ID: &str = "Kubernetes";
-/// `ISTIO_VERSION` in the xDS node metadata unless ISTIO_META_ISTIO_VERSION sets it (as
-/// Istio's ztunnel image does): the Istio release whose ztunnel xDS API this one
-/// follows, so istiod's version-gated behaviour is that release's. Not the crate
-/// version: istiod would read 1.x crate versions as ancient Istio releases.
-/// ZTUNNEL_ISTIO_VERSION at build time overrides it.
-pub const ISTIO_VERSION: &str = match option_env!("ZTUNNEL_ISTIO_VERSION") {
-    Some(v) => v,
-    None => "1.32",
-};
 
 #[cfg(test)]
 mod tests {

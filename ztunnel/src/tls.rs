@@ -453,6 +453,30 @@ impl PeerChain {
     }
 }
 
+/// Resolves once a CRL reload revokes an accepted client's `chain` (never without CRLs),
+/// counted in `istio_crl_policy_rejections_total{reporter="destination"}`: ztunnel's
+/// inbound side and the waypoint then close the client's connection. `changes` as for
+/// [`PeerChain::new`]; `roots` gives the ones in force now (they rotate with the mesh
+/// root), asked only with CRLs: without, a connection pays nothing for this.
+pub fn client_revoked<F: FnOnce() -> Vec<CertificateDer<'static>>>(
+    crls: Option<&Crls>,
+    changes: Option<tokio::sync::watch::Receiver<u64>>,
+    roots: F,
+    chain: &[CertificateDer<'static>],
+    metrics: Arc<crate::metrics::Metrics>,
+) -> impl std::future::Future<Output = ()> + use<F> {
+    let watch = crls.zip(changes).map(|(crls, changes)| PeerChain::new(crls, changes, &roots(), chain, PeerRole::Client));
+    async move {
+        match watch {
+            Some(w) => {
+                w.revoked().await;
+                metrics.crl_rejected("destination");
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -31,6 +31,14 @@ pub struct LocalReply {
     pub plain: bool,
 }
 
+impl super::stream_idle::StreamIdle {
+    /// Envoy's local reply for a stream idle timeout: `stream timeout`, flag `SI`, with
+    /// the status the stream's state gives (`StreamIdle::status`).
+    pub fn reply(&self) -> LocalReply {
+        LocalReply::new(self.status(), "SI", super::stream_idle::MESSAGE)
+    }
+}
+
 impl LocalReply {
     pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
         LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None, external: None, headers: None, plain: false }

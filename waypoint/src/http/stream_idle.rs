@@ -20,8 +20,6 @@ use std::time::Duration;
 use http::StatusCode;
 use tokio::time::{Instant, Sleep};
 
-use super::reply::LocalReply;
-
 /// Envoy's local reply body (and response code details `stream_idle_timeout`).
 pub const MESSAGE: &str = "stream timeout";
 
@@ -74,12 +72,16 @@ impl StreamIdle {
         self.0.as_ref().map(|c| c.timeout)
     }
 
-    /// Envoy's local reply: 408 while the request was still arriving (the client
-    /// stalled), 504 once it had all arrived (the backend did), `stream timeout`, `SI`.
-    pub fn reply(&self) -> LocalReply {
+    /// The status of Envoy's local reply (`reply::LocalReply` for `StreamIdle`): 408
+    /// while the request was still arriving (the client stalled), 504 once it had all
+    /// arrived (the backend did).
+    pub fn status(&self) -> StatusCode {
         let ended = self.0.as_ref().is_none_or(|c| c.request_ended.load(Ordering::Relaxed));
-        let status = if ended { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::REQUEST_TIMEOUT };
-        LocalReply::new(status, "SI", MESSAGE)
+        if ended {
+            StatusCode::GATEWAY_TIMEOUT
+        } else {
+            StatusCode::REQUEST_TIMEOUT
+        }
     }
 
     /// `f`, unless the stream goes idle first (then `f` is dropped, and with it whatever

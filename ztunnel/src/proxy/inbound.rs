@@ -61,7 +61,8 @@ async fn handle_connection(
     // every stream's span would keep its own copy of the text for the tunnel's life.
     tracing::Span::current().record("src.identity", tracing::field::display(&*src_identity));
     let origin = Arc::new(Origin { peer, local, identity: src_identity.clone() });
-    let revoked = revoked_peer(&inputs, &pod, changes, &chain);
+    let roots = || inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
+    let revoked = crate::tls::client_revoked(inputs.crls.as_ref(), changes, roots, &chain, inputs.metrics.clone());
     server
         .serve_with(conn, &inputs.drain, &src_identity, revoked, |req, respond| {
             // The CONNECT's trace (a new one without): its id names this stream's lines, as
@@ -81,30 +82,6 @@ async fn handle_connection(
             tokio::spawn(handle_stream(inputs.clone(), pod.clone(), Box::new((connect, respond)), origin.clone()).instrument(span));
         })
         .await;
-}
-
-/// Resolves once a CRL reload revokes the client's chain (never without CRL_PATH).
-fn revoked_peer(
-    inputs: &Arc<ProxyInputs>,
-    pod: &LocalPod,
-    changes: Option<tokio::sync::watch::Receiver<u64>>,
-    chain: &[rustls_pki_types::CertificateDer<'static>],
-) -> impl std::future::Future<Output = ()> {
-    let watch = inputs.crls.clone().zip(changes).map(|(crls, changes)| {
-        // The roots in force now (they rotate with the mesh root).
-        let roots = inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
-        crate::tls::PeerChain::new(&crls, changes, &roots, chain, crate::tls::PeerRole::Client)
-    });
-    let metrics = inputs.metrics.clone();
-    async move {
-        match watch {
-            Some(w) => {
-                w.revoked().await;
-                metrics.crl_rejected("destination");
-            }
-            None => std::future::pending().await,
-        }
-    }
 }
 
 /// Where a connection's streams come from, shared by them (inline, the two addresses

@@ -20,6 +20,16 @@ use super::store::{Incoming, Store};
 use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
 use crate::istiod::channel::{IstiodConfig, IstiodError};
 
+/// `ISTIO_VERSION` in the xDS node metadata unless ISTIO_META_ISTIO_VERSION sets it (as
+/// Istio's ztunnel image does): the Istio release whose ztunnel xDS API this one
+/// follows, so istiod's version-gated behaviour is that release's. Not the crate
+/// version: istiod would read 1.x crate versions as ancient Istio releases.
+/// ZTUNNEL_ISTIO_VERSION at build time overrides it.
+pub const ISTIO_VERSION: &str = match option_env!("ZTUNNEL_ISTIO_VERSION") {
+    Some(v) => v,
+    None => "1.32",
+};
+
 const TYPES: [&str; 2] = [ADDRESS_TYPE, AUTHORIZATION_TYPE];
 /// Istio's ztunnel's limit: a large mesh's first full state exceeds tonic's 4 MiB default.
 const MAX_DECODING_MESSAGE_SIZE: usize = 200 * 1024 * 1024;
@@ -86,7 +96,7 @@ impl NodeInfo {
             ("CLUSTER_ID", s(&self.cluster_id)),
             // istiod warns without it and gates version-dependent config on it; Istio's
             // image sets it as ISTIO_META_ISTIO_VERSION, which (in `metadata`) wins.
-            ("ISTIO_VERSION", s(crate::istiod::ISTIO_VERSION)),
+            ("ISTIO_VERSION", s(ISTIO_VERSION)),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -261,7 +271,7 @@ mod tests {
         let md = node.metadata.unwrap().fields;
         assert_eq!(md["NODE_NAME"].kind, Some(Kind::StringValue("node1".into())));
         assert_eq!(md["INSTANCE_IPS"].kind, Some(Kind::StringValue("10.244.1.5".into())));
-        assert_eq!(md["ISTIO_VERSION"].kind, Some(Kind::StringValue(crate::istiod::ISTIO_VERSION.into())));
+        assert_eq!(md["ISTIO_VERSION"].kind, Some(Kind::StringValue(ISTIO_VERSION.into())));
         // ISTIO_META_ISTIO_VERSION (as Istio's image sets it) wins over ours.
         let own = NodeInfo { metadata: [("ISTIO_VERSION".to_string(), serde_json::json!("1.29.1"))].into(), ..n.clone() };
         assert_eq!(own.node().metadata.unwrap().fields["ISTIO_VERSION"].kind, Some(Kind::StringValue("1.29.1".into())));
