@@ -139,17 +139,7 @@ pub struct IstioXds {
 
 impl Drop for IstioXds {
     fn drop(&mut self) {
-        let c = self.child.get_mut().unwrap_or_else(|e| e.into_inner());
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(3);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = c.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = c.kill();
-        let _ = c.wait();
+        crate::netsim::terminate(self.child.get_mut().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
