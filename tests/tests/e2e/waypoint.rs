@@ -1459,7 +1459,7 @@ async fn l7_a_host_header_cannot_smuggle_a_path_past_policy() -> Result<()> {
     let cfg = format!(
         "workloads:\n{}{}{}services:\n- {web}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n",
         workload(&topo, "n1p1", "client", ""),
-        workload(&topo, "n1p2", "waypoint", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
         workload(
             &topo,
             "n2p1",
