@@ -17,7 +17,9 @@ fn main() {
         // An empty object: at run time eBPF capture reports "built without eBPF" and
         // ztunnel falls back to nftables.
         std::fs::write(&object, b"").expect("write empty eBPF object");
-        println!("cargo:warning=building without eBPF programs (ZTUNNEL_BUILD_WITHOUT_EBPF is set)");
+        println!(
+            "cargo:warning=building without eBPF programs (ZTUNNEL_BUILD_WITHOUT_EBPF is set)"
+        );
         return;
     }
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".to_string());
@@ -27,7 +29,10 @@ fn main() {
         "aarch64" => ("arm64", "aarch64-linux-gnu"),
         other => panic!("eBPF capture is built for x86_64 and aarch64 only, not {other}; set ZTUNNEL_BUILD_WITHOUT_EBPF=1 to build without it"),
     };
-    for (header, package) in [("bpf/bpf_helpers.h", "libbpf-dev"), ("linux/bpf.h", "linux-libc-dev")] {
+    for (header, package) in [
+        ("bpf/bpf_helpers.h", "libbpf-dev"),
+        ("linux/bpf.h", "linux-libc-dev"),
+    ] {
         if !Path::new("/usr/include").join(header).exists() {
             panic!(
                 "eBPF build: <{header}> is missing; install it with `apt-get install -y {package}` \

@@ -121,6 +121,9 @@ stage "module map" python3 scripts/module-map.py ztunnel/src waypoint/src
 # Docs: relative links (and #anchors) resolve, nothing cites files outside the project,
 # every cited test exists; the self-test shows a missing cited test is caught.
 stage "docs links" bash -c "python3 scripts/check-docs.py --self-test && python3 scripts/check-docs.py"
+# Formatting: rustfmt's defaults (rustfmt.toml), the workspace and the fuzz crate (its
+# own workspace). A second or two.
+stage "fmt" bash -c "cargo fmt --all --check && (cd fuzz && cargo fmt --check)"
 # Lints: every warning of clippy's default set fails the run (its checks share no
 # artifacts with the test build, so this is a check build of its own, a few minutes).
 stage "clippy" cargo clippy --workspace --all-targets -- -D warnings

@@ -6,7 +6,10 @@
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(
-        ["proto/envoy/service/auth/v3/external_auth.proto", "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto"],
+        [
+            "proto/envoy/service/auth/v3/external_auth.proto",
+            "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto",
+        ],
         ["proto", "../ztunnel/proto"],
     )?;
     tonic_prost_build::configure()

@@ -11,6 +11,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(FILES, ["proto"])?;
-    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
     Ok(())
 }

@@ -59,7 +59,11 @@ fn measure(client: &Pod, to: SocketAddr, sizes: &Sizes) -> Result<Sample> {
         anyhow::ensure!(back == msg, "echo corrupted");
         lat.sort_by(f64::total_cmp);
         let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
-        Ok(Sample { conn_per_s, p50_us: pct(0.50), p99_us: pct(0.99) })
+        Ok(Sample {
+            conn_per_s,
+            p50_us: pct(0.50),
+            p99_us: pct(0.99),
+        })
     })?
 }
 
@@ -70,12 +74,23 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Both scenarios, `mesh` then `inbound`.
 pub fn main(quick: bool) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let _rt = rt.enter();
     let sizes = if quick {
-        Sizes { rounds: 1, connections: 20, round_trips: 50 }
+        Sizes {
+            rounds: 1,
+            connections: 20,
+            round_trips: 50,
+        }
     } else {
-        Sizes { rounds: 5, connections: 2000, round_trips: 5000 }
+        Sizes {
+            rounds: 5,
+            connections: 2000,
+            round_trips: 5000,
+        }
     };
     for scenario in ["mesh", "inbound"] {
         run(scenario, &sizes)?;
@@ -91,15 +106,26 @@ fn run(scenario: &str, sizes: &Sizes) -> Result<()> {
         for mode in modes {
             // SAFETY: set before any ztunnel of this round starts; nothing reads it concurrently.
             unsafe { std::env::set_var("ZTUNNEL_TEST_CAPTURE", mode) };
-            let topo = Topology::build(&prefix(&format!("b{}{round}{}", &scenario[..1], &mode[..1])), &[1, 1])?;
-            let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "server", ""));
+            let topo = Topology::build(
+                &prefix(&format!("b{}{round}{}", &scenario[..1], &mode[..1])),
+                &[1, 1],
+            )?;
+            let cfg = format!(
+                "workloads:\n{}{}",
+                workload(&topo, "n1p1", "client", ""),
+                workload(&topo, "n2p1", "server", "")
+            );
             let enrolled: &[&str] = match (mode, scenario) {
                 ("none", _) => &[],
                 (_, "mesh") => &["n1p1", "n2p1"],
                 _ => &["n2p1"],
             };
             let mesh = if mode == "none" {
-                Mesh { ztunnels: vec![], commands: vec![], topo }
+                Mesh {
+                    ztunnels: vec![],
+                    commands: vec![],
+                    topo,
+                }
             } else {
                 Mesh::start(topo, &cfg, enrolled, &HashMap::new(), &[])?
             };
@@ -107,7 +133,15 @@ fn run(scenario: &str, sizes: &Sizes) -> Result<()> {
             let _echo = EchoServer::start(&server.netns, 8080, None)?;
             let to = SocketAddr::new(server.ip, 8080);
             // Warm up (certificates, pooled HBONE connection).
-            measure(client, to, &Sizes { rounds: 1, connections: 5, round_trips: 20 })?;
+            measure(
+                client,
+                to,
+                &Sizes {
+                    rounds: 1,
+                    connections: 5,
+                    round_trips: 20,
+                },
+            )?;
             let s = measure(client, to, sizes)?;
             println!(
                 "round {round} {mode:<8}  {:>8.0} conn/s   1 KiB RTT p50 {:>7.1} us  p99 {:>7.1} us",
@@ -117,8 +151,14 @@ fn run(scenario: &str, sizes: &Sizes) -> Result<()> {
         }
     }
     let med = |mode: &str, f: fn(&Sample) -> f64| median(results[mode].iter().map(f).collect());
-    println!("\nmedians of {} round(s): {} connections, {} round trips each", sizes.rounds, sizes.connections, sizes.round_trips);
-    println!("{:<8} {:<9} {:>10} {:>12} {:>12}", "scenario", "capture", "conn/s", "RTT p50 us", "RTT p99 us");
+    println!(
+        "\nmedians of {} round(s): {} connections, {} round trips each",
+        sizes.rounds, sizes.connections, sizes.round_trips
+    );
+    println!(
+        "{:<8} {:<9} {:>10} {:>12} {:>12}",
+        "scenario", "capture", "conn/s", "RTT p50 us", "RTT p99 us"
+    );
     for mode in modes {
         println!(
             "{scenario:<8} {mode:<9} {:>10.0} {:>12.1} {:>12.1}",

@@ -13,7 +13,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 static SIGNALS: AtomicUsize = AtomicUsize::new(0);
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry { prefixes: Vec::new(), pids: Vec::new(), mounts: Vec::new() });
+static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
+    prefixes: Vec::new(),
+    pids: Vec::new(),
+    mounts: Vec::new(),
+});
 const GRACE: Duration = Duration::from_secs(20);
 
 struct Registry {
@@ -54,7 +58,11 @@ pub fn register_pid(pid: u32) {
 
 pub fn install() -> anyhow::Result<()> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
-    let act = SigAction::new(SigHandler::Handler(on_signal), SaFlags::SA_RESTART, SigSet::empty());
+    let act = SigAction::new(
+        SigHandler::Handler(on_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
     for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
         // SAFETY: the handler only touches an atomic.
         unsafe { sigaction(sig, &act) }?;
@@ -81,18 +89,34 @@ pub fn install() -> anyhow::Result<()> {
 fn force_cleanup() {
     let Ok(r) = REGISTRY.lock() else { return };
     for &pid in &r.pids {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
-    if let Ok(out) = std::process::Command::new("ip").args(["netns", "list"]).output() {
+    if let Ok(out) = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+    {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
-            let Some(name) = line.split_whitespace().next() else { continue };
-            if r.prefixes.iter().any(|p| name.starts_with(&format!("{p}-"))) {
-                let _ = std::process::Command::new("ip").args(["netns", "del", name]).status();
+            let Some(name) = line.split_whitespace().next() else {
+                continue;
+            };
+            if r.prefixes
+                .iter()
+                .any(|p| name.starts_with(&format!("{p}-")))
+            {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", name])
+                    .status();
             }
         }
     }
     for m in &r.mounts {
-        let _ = std::process::Command::new("umount").arg("-l").arg(m).status();
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(m)
+            .status();
         if let Some(dir) = m.parent() {
             let _ = std::fs::remove_dir_all(dir);
         }

@@ -69,8 +69,18 @@ pub enum Path {
 }
 
 /// Every path, in the order each round runs them.
-pub const ALL: [Path; 10] =
-    [Path::Direct, Path::L4, Path::Waypoint, Path::ExtAuthz, Path::Jwt, Path::Tracing, Path::LogFilter, Path::LogAll, Path::DestRule, Path::VsFault];
+pub const ALL: [Path; 10] = [
+    Path::Direct,
+    Path::L4,
+    Path::Waypoint,
+    Path::ExtAuthz,
+    Path::Jwt,
+    Path::Tracing,
+    Path::LogFilter,
+    Path::LogAll,
+    Path::DestRule,
+    Path::VsFault,
+];
 
 /// `--quick` (CI's smoke pass): the baselines and ext_authz, as before the feature paths
 /// came; each feature path adds a topology and a mesh start (~2 s), so they run only in
@@ -96,7 +106,10 @@ impl Path {
     /// `--paths` takes these names.
     pub fn parse(s: &str) -> Result<Path> {
         ALL.into_iter().find(|p| p.name() == s).with_context(|| {
-            format!("unknown path {s:?}: one of {}", ALL.map(Path::name).join(", "))
+            format!(
+                "unknown path {s:?}: one of {}",
+                ALL.map(Path::name).join(", ")
+            )
         })
     }
 
@@ -112,12 +125,18 @@ impl Path {
     /// The waypoint's L7 config: the route, the policy, then what this path adds (after
     /// the policy list, so it may start with more policies).
     fn l7_config(self, jwks: &str) -> String {
-        let route = if self == Path::VsFault { VS_FAULT } else { L7_ROUTE };
+        let route = if self == Path::VsFault {
+            VS_FAULT
+        } else {
+            L7_ROUTE
+        };
         let extra = match self {
             Path::ExtAuthz => EXT_AUTHZ.to_string(),
             Path::Jwt => JWT.replace("{jwks}", jwks),
             Path::Tracing => TRACING.to_string(),
-            Path::LogFilter => access_log("response.code >= 400 || request.headers['x-debug'] == 'on'"),
+            Path::LogFilter => {
+                access_log("response.code >= 400 || request.headers['x-debug'] == 'on'")
+            }
             Path::LogAll => access_log("response.code < 400 || request.headers['x-debug'] == 'on'"),
             Path::DestRule => DEST_RULE.to_string(),
             _ => String::new(),
@@ -234,7 +253,13 @@ const VS_FAULT: &str = r#"virtualServices:
 
 /// Blocking HTTP/1.1 keep-alive client: `n` times `request`, each answered with
 /// `status`; the latency of each.
-fn run_requests(pod: &Pod, to: SocketAddr, n: usize, request: &[u8], status: u16) -> Result<Vec<f64>> {
+fn run_requests(
+    pod: &Pod,
+    to: SocketAddr,
+    n: usize,
+    request: &[u8],
+    status: u16,
+) -> Result<Vec<f64>> {
     let want = format!("HTTP/1.1 {status} ");
     pod.netns.run(move || -> Result<Vec<f64>> {
         let s = std::net::TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
@@ -281,24 +306,40 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The waypoint's access log lines so far.
 fn logged_requests(log: &std::path::Path) -> usize {
-    std::fs::read_to_string(log).unwrap_or_default().matches("request complete").count()
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .matches("request complete")
+        .count()
 }
 
 /// The `paths` (default: all, or [`QUICK`] when `quick`), `rounds` interleaved rounds of
 /// `requests` each (defaults: 5 x 5000, or 1 x 50 when `quick`).
-pub fn main(quick: bool, requests: Option<usize>, rounds: Option<usize>, paths: Option<Vec<Path>>) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+pub fn main(
+    quick: bool,
+    requests: Option<usize>,
+    rounds: Option<usize>,
+    paths: Option<Vec<Path>>,
+) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let _guard = rt.enter();
     let (default_rounds, default_requests) = if quick { (1, 50) } else { (5, 5000) };
     let requests = requests.unwrap_or(default_requests);
     let rounds = rounds.unwrap_or(default_rounds).max(1);
     let paths = paths.unwrap_or_else(|| if quick { QUICK.to_vec() } else { ALL.to_vec() });
-    let (jwks, token) = if paths.contains(&Path::Jwt) { jwt_key()? } else { Default::default() };
+    let (jwks, token) = if paths.contains(&Path::Jwt) {
+        jwt_key()?
+    } else {
+        Default::default()
+    };
 
     let mut results: HashMap<Path, Vec<Sample>> = HashMap::new();
     for round in 0..rounds {
         for (i, &path) in paths.iter().enumerate() {
-            let s = run_path(&rt, path, &format!("wb{round}{i}"), requests, &jwks, &token).with_context(|| format!("path {}", path.name()))?;
+            let s = run_path(&rt, path, &format!("wb{round}{i}"), requests, &jwks, &token)
+                .with_context(|| format!("path {}", path.name()))?;
             println!(
                 "round {round} {:<10} {:>8.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  proxy CPU {:>6.1} us/req",
                 path.name(),
@@ -322,17 +363,34 @@ fn jwt_key() -> Result<(String, String)> {
     let _ = std::fs::remove_dir_all(&keydir);
     let key = key?;
     let jwks = serde_json::json!({"keys": [key.jwk.clone()]}).to_string();
-    let exp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() + 24 * 3600;
-    let token = jwt::sign(&key, serde_json::json!({"iss": ISSUER, "sub": "client", "exp": exp}))?;
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs()
+        + 24 * 3600;
+    let token = jwt::sign(
+        &key,
+        serde_json::json!({"iss": ISSUER, "sub": "client", "exp": exp}),
+    )?;
     Ok((jwks, token))
 }
 
 /// One round of one path on a topology of its own: start, warm up, check the feature is
 /// on, measure, check it acted.
-fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize, jwks: &str, token: &str) -> Result<Sample> {
+fn run_path(
+    rt: &tokio::runtime::Runtime,
+    path: Path,
+    tag: &str,
+    requests: usize,
+    jwks: &str,
+    token: &str,
+) -> Result<Sample> {
     let topo = Topology::build(&prefix(tag), &[2, 1])?;
     let wp_ip = topo.pod("n1p2").ip;
-    let waypoint_ref = if path.via_waypoint() { format!(", waypoint: {{destination: \"/{wp_ip}\"}}") } else { String::new() };
+    let waypoint_ref = if path.via_waypoint() {
+        format!(", waypoint: {{destination: \"/{wp_ip}\"}}")
+    } else {
+        String::new()
+    };
     let cfg = format!(
         "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{waypoint_ref}}}\n\
          - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/10.96.0.30\"], ports: {{9100: 9100}}}}\n\
@@ -348,8 +406,20 @@ fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize
         ),
         path.l7_config(jwks),
     );
-    let enrolled: &[&str] = if path == Path::Direct { &[] } else { &["n1p1", "n2p1"] };
-    let mesh = if path == Path::Direct { Mesh { ztunnels: vec![], commands: vec![], topo } } else { Mesh::start(topo, &cfg, enrolled, &HashMap::new(), &[])? };
+    let enrolled: &[&str] = if path == Path::Direct {
+        &[]
+    } else {
+        &["n1p1", "n2p1"]
+    };
+    let mesh = if path == Path::Direct {
+        Mesh {
+            ztunnels: vec![],
+            commands: vec![],
+            topo,
+        }
+    } else {
+        Mesh::start(topo, &cfg, enrolled, &HashMap::new(), &[])?
+    };
     let t = &mesh.topo;
     let wp_log = t.dir.join("waypoint.log");
     let waypoint = if path.via_waypoint() {
@@ -358,42 +428,91 @@ fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize
         let state = t.dir.join("ca");
         let w = t.pod("n1p2").netns.spawn(
             bins::waypoint(),
-            &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
+            &[
+                "--local-xds-path",
+                &cfg_path.display().to_string(),
+                "--workload-uid",
+                "n1p2",
+                "--state-dir",
+                &state.display().to_string(),
+            ],
             &[("RUST_LOG", path.waypoint_log())],
             &wp_log,
         )?;
-        wait_for("waypoint listening", READY, || t.pod("n1p2").netns.exec("ss", &["-Htln", "sport = :15008"]).is_ok_and(|o| !o.trim().is_empty()))
-            .with_context(|| w.log_text())?;
+        wait_for("waypoint listening", READY, || {
+            t.pod("n1p2")
+                .netns
+                .exec("ss", &["-Htln", "sport = :15008"])
+                .is_ok_and(|o| !o.trim().is_empty())
+        })
+        .with_context(|| w.log_text())?;
         Some(w)
     } else {
         None
     };
     if let Some(list) = path.dump_list() {
-        let dump = t.pod("n1p2").netns.exec("curl", &["-sf", "http://127.0.0.1:15000/config_dump"])?;
-        let dump: serde_json::Value = serde_json::from_str(&dump).context("waypoint /config_dump")?;
-        ensure!(dump[list].as_array().is_some_and(|l| !l.is_empty()), "the waypoint did not take the path's {list}: {}", dump[list]);
+        let dump = t
+            .pod("n1p2")
+            .netns
+            .exec("curl", &["-sf", "http://127.0.0.1:15000/config_dump"])?;
+        let dump: serde_json::Value =
+            serde_json::from_str(&dump).context("waypoint /config_dump")?;
+        ensure!(
+            dump[list].as_array().is_some_and(|l| !l.is_empty()),
+            "the waypoint did not take the path's {list}: {}",
+            dump[list]
+        );
     }
-    let _app = rt.block_on(async { http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false) })?;
+    let _app =
+        rt.block_on(async { http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false) })?;
     let checks = test_servers::Checks::default();
-    let _authz = if path == Path::ExtAuthz { Some(rt.block_on(async { test_servers::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone()) })?) } else { None };
+    let _authz = if path == Path::ExtAuthz {
+        Some(rt.block_on(async {
+            test_servers::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone())
+        })?)
+    } else {
+        None
+    };
     let spans = test_servers::Spans::default();
-    let _collector = if path == Path::Tracing { Some(rt.block_on(async { test_servers::start_otlp_collector(t.pod("n2p1"), 4317, spans.clone()) })?) } else { None };
-    let to: SocketAddr = if path == Path::Direct { SocketAddr::new(t.pod("n2p1").ip, 8080) } else { "10.96.0.10:80".parse()? };
+    let _collector = if path == Path::Tracing {
+        Some(rt.block_on(async {
+            test_servers::start_otlp_collector(t.pod("n2p1"), 4317, spans.clone())
+        })?)
+    } else {
+        None
+    };
+    let to: SocketAddr = if path == Path::Direct {
+        SocketAddr::new(t.pod("n2p1").ip, 8080)
+    } else {
+        "10.96.0.10:80".parse()?
+    };
     let client = t.pod("n1p1");
     let req = request(&path.headers(token));
     const WARM_UP: usize = 50;
     run_requests(client, to, WARM_UP, &req, 200).context("warm-up")?;
     match path {
         Path::Jwt => {
-            run_requests(client, to, 1, &request(""), 403).context("a request without the token")?;
+            run_requests(client, to, 1, &request(""), 403)
+                .context("a request without the token")?;
         }
         Path::LogFilter => {
-            run_requests(client, to, 1, &request("x-debug: on\r\n"), 200).context("a debug request")?;
-            wait_for("the debug request's log line", Duration::from_secs(5), || logged_requests(&wp_log) >= 1)?;
+            run_requests(client, to, 1, &request("x-debug: on\r\n"), 200)
+                .context("a debug request")?;
+            wait_for(
+                "the debug request's log line",
+                Duration::from_secs(5),
+                || logged_requests(&wp_log) >= 1,
+            )?;
         }
         _ => {}
     }
-    let cpu = || -> Duration { mesh.ztunnels.iter().chain(waypoint.iter()).filter_map(|c| c.cpu_time()).sum() };
+    let cpu = || -> Duration {
+        mesh.ztunnels
+            .iter()
+            .chain(waypoint.iter())
+            .filter_map(|c| c.cpu_time())
+            .sum()
+    };
     let cpu0 = cpu();
     let start = Instant::now();
     let mut lat = run_requests(client, to, requests, &req, 200)?;
@@ -402,25 +521,47 @@ fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize
     match path {
         Path::ExtAuthz => {
             let n = checks.lock().map(|c| c.len()).unwrap_or(0);
-            ensure!(n >= requests, "ext_authz: {n} checks for {requests} requests");
+            ensure!(
+                n >= requests,
+                "ext_authz: {n} checks for {requests} requests"
+            );
         }
         // Spans and lines are counted, not required: a full export queue drops spans by
         // design, and that is a result to report, not a reason to lose the run.
         Path::Tracing => {
             let want = WARM_UP + requests;
             let got = || spans.lock().map(|s| s.len()).unwrap_or(0);
-            if wait_for("a span per request at the collector", Duration::from_secs(10), || got() >= want).is_err() {
-                println!("note: tracing: the collector got {} spans for {want} requests", got());
+            if wait_for(
+                "a span per request at the collector",
+                Duration::from_secs(10),
+                || got() >= want,
+            )
+            .is_err()
+            {
+                println!(
+                    "note: tracing: the collector got {} spans for {want} requests",
+                    got()
+                );
             }
         }
         Path::LogFilter => {
             let n = logged_requests(&wp_log);
-            ensure!(n == 1, "log_filter: {n} access log lines, wanted only the debug request's");
+            ensure!(
+                n == 1,
+                "log_filter: {n} access log lines, wanted only the debug request's"
+            );
         }
         Path::LogAll => {
             let want = WARM_UP + requests;
-            if wait_for("a log line per request", Duration::from_secs(10), || logged_requests(&wp_log) >= want).is_err() {
-                println!("note: log_all: {} access log lines for {want} requests", logged_requests(&wp_log));
+            if wait_for("a log line per request", Duration::from_secs(10), || {
+                logged_requests(&wp_log) >= want
+            })
+            .is_err()
+            {
+                println!(
+                    "note: log_all: {} access log lines for {want} requests",
+                    logged_requests(&wp_log)
+                );
             }
         }
         _ => {}
@@ -438,33 +579,63 @@ fn run_path(rt: &tokio::runtime::Runtime, path: Path, tag: &str, requests: usize
 /// Medians per path, ratios, and each feature's cost over `waypoint` (also as a markdown
 /// table for docs/benchmarks.md).
 fn report(paths: &[Path], results: &HashMap<Path, Vec<Sample>>, rounds: usize, requests: usize) {
-    let med = |p: Path, f: fn(&Sample) -> f64| results.get(&p).map(|v| median(v.iter().map(f).collect()));
+    let med =
+        |p: Path, f: fn(&Sample) -> f64| results.get(&p).map(|v| median(v.iter().map(f).collect()));
     let cpu: fn(&Sample) -> f64 = |s| s.cpu_us_per_req;
     let rps: fn(&Sample) -> f64 = |s| s.req_per_s;
     let p50: fn(&Sample) -> f64 = |s| s.p50_us;
     let p99: fn(&Sample) -> f64 = |s| s.p99_us;
     println!("\nmedians of {rounds} round(s), {requests} keep-alive HTTP/1.1 requests each");
-    println!("{:<10} {:>9} {:>12} {:>12} {:>16}", "path", "req/s", "p50 us", "p99 us", "proxy CPU us/req");
+    println!(
+        "{:<10} {:>9} {:>12} {:>12} {:>16}",
+        "path", "req/s", "p50 us", "p99 us", "proxy CPU us/req"
+    );
     for &p in paths {
         let m = |f: fn(&Sample) -> f64| med(p, f).unwrap_or(f64::NAN);
-        println!("{:<10} {:>9.0} {:>12.1} {:>12.1} {:>16.1}", p.name(), m(rps), m(p50), m(p99), m(cpu));
+        println!(
+            "{:<10} {:>9.0} {:>12.1} {:>12.1} {:>16.1}",
+            p.name(),
+            m(rps),
+            m(p50),
+            m(p99),
+            m(cpu)
+        );
     }
     let ratio = |a: Path, b: Path, f: fn(&Sample) -> f64| Some(med(a, f)? / med(b, f)?);
     println!("\nratios (same run):");
-    for (a, b) in [(Path::Waypoint, Path::L4), (Path::L4, Path::Direct), (Path::Waypoint, Path::Direct)] {
-        if let (Some(r), Some(p5), Some(p9)) = (ratio(a, b, rps), ratio(a, b, p50), ratio(a, b, p99)) {
-            println!("  {}/{}: req/s x{r:.2}, p50 x{p5:.2}, p99 x{p9:.2}", a.name(), b.name());
+    for (a, b) in [
+        (Path::Waypoint, Path::L4),
+        (Path::L4, Path::Direct),
+        (Path::Waypoint, Path::Direct),
+    ] {
+        if let (Some(r), Some(p5), Some(p9)) =
+            (ratio(a, b, rps), ratio(a, b, p50), ratio(a, b, p99))
+        {
+            println!(
+                "  {}/{}: req/s x{r:.2}, p50 x{p5:.2}, p99 x{p9:.2}",
+                a.name(),
+                b.name()
+            );
         }
     }
-    if let (Some(r), Some(w), Some(l)) = (ratio(Path::Waypoint, Path::L4, cpu), med(Path::Waypoint, cpu), med(Path::L4, cpu)) {
-        println!("  proxy CPU per request: waypoint/l4 x{r:.2} ({:.1} us added by the L7 hop)", w - l);
+    if let (Some(r), Some(w), Some(l)) = (
+        ratio(Path::Waypoint, Path::L4, cpu),
+        med(Path::Waypoint, cpu),
+        med(Path::L4, cpu),
+    ) {
+        println!(
+            "  proxy CPU per request: waypoint/l4 x{r:.2} ({:.1} us added by the L7 hop)",
+            w - l
+        );
     }
     if !results.contains_key(&Path::Waypoint) {
         return;
     }
     let base = Path::Waypoint;
     for &p in paths.iter().filter(|p| p.is_feature()) {
-        let (Some(c), Some(b)) = (med(p, cpu), med(base, cpu)) else { continue };
+        let (Some(c), Some(b)) = (med(p, cpu), med(base, cpu)) else {
+            continue;
+        };
         println!(
             "  proxy CPU per request: {}/waypoint x{:.2} ({:+.1} us by the feature); req/s x{:.2}, p50 x{:.2}, p99 x{:.2}",
             p.name(),
@@ -480,13 +651,31 @@ fn report(paths: &[Path], results: &HashMap<Path, Vec<Sample>>, rounds: usize, r
     for &p in paths {
         let m = |f: fn(&Sample) -> f64| med(p, f).unwrap_or(f64::NAN);
         let over = if p.is_feature() {
-            format!("{:+.0} µs (x{:.2})", m(cpu) - med(base, cpu).unwrap_or(f64::NAN), ratio(p, base, cpu).unwrap_or(f64::NAN))
+            format!(
+                "{:+.0} µs (x{:.2})",
+                m(cpu) - med(base, cpu).unwrap_or(f64::NAN),
+                ratio(p, base, cpu).unwrap_or(f64::NAN)
+            )
         } else {
             "–".to_string()
         };
-        let vs = if p.is_feature() { format!("x{:.2}", ratio(p, base, rps).unwrap_or(f64::NAN)) } else { "–".to_string() };
-        let c = if p == Path::Direct { "–".to_string() } else { format!("{:.0} µs", m(cpu)) };
-        println!("| `{}` | {:.0} | {:.0} µs | {:.0} µs | {c} | {over} | {vs} |", p.name(), m(rps), m(p50), m(p99));
+        let vs = if p.is_feature() {
+            format!("x{:.2}", ratio(p, base, rps).unwrap_or(f64::NAN))
+        } else {
+            "–".to_string()
+        };
+        let c = if p == Path::Direct {
+            "–".to_string()
+        } else {
+            format!("{:.0} µs", m(cpu))
+        };
+        println!(
+            "| `{}` | {:.0} | {:.0} µs | {:.0} µs | {c} | {over} | {vs} |",
+            p.name(),
+            m(rps),
+            m(p50),
+            m(p99)
+        );
     }
 }
 
@@ -501,7 +690,9 @@ mod tests {
         let (jwks, _) = jwt_key().expect("an RS256 key (openssl)");
         for p in ALL {
             let cfg = p.l7_config(&jwks);
-            if let Err(e) = waypoint::config::Config::parse(std::path::Path::new("bench.yaml"), &cfg) {
+            if let Err(e) =
+                waypoint::config::Config::parse(std::path::Path::new("bench.yaml"), &cfg)
+            {
                 panic!("{}: {e}\n{cfg}", p.name());
             }
         }

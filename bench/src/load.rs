@@ -36,17 +36,29 @@ fn new_hist() -> Histogram<u64> {
 
 fn percentiles(h: &Histogram<u64>) -> Percentiles {
     let q = |q: f64| h.value_at_quantile(q) as f64;
-    Percentiles { count: h.len(), p50_us: q(0.5), p90_us: q(0.9), p99_us: q(0.99), p999_us: q(0.999), max_us: h.max() as f64 }
+    Percentiles {
+        count: h.len(),
+        p50_us: q(0.5),
+        p90_us: q(0.9),
+        p99_us: q(0.99),
+        p999_us: q(0.999),
+        max_us: h.max() as f64,
+    }
 }
 
 /// Runs `n` threads inside the netns at `ns`, each given its index; collects results.
-fn in_netns<R: Send + 'static>(ns: &Path, n: usize, f: impl Fn(usize) -> Result<R> + Send + Sync + 'static) -> Result<Vec<R>> {
+fn in_netns<R: Send + 'static>(
+    ns: &Path,
+    n: usize,
+    f: impl Fn(usize) -> Result<R> + Send + Sync + 'static,
+) -> Result<Vec<R>> {
     let f = std::sync::Arc::new(f);
     let handles: Vec<_> = (0..n)
         .map(|i| {
             let (f, ns) = (f.clone(), ns.to_path_buf());
             std::thread::spawn(move || -> Result<R> {
-                let file = std::fs::File::open(&ns).with_context(|| format!("open {}", ns.display()))?;
+                let file =
+                    std::fs::File::open(&ns).with_context(|| format!("open {}", ns.display()))?;
                 nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
                 // SAFETY: prctl(PR_SET_TIMERSLACK) only changes this thread's timer slack
                 // (default 50 µs), so sleeps end when asked.
@@ -87,7 +99,11 @@ struct HttpClient {
 
 impl HttpClient {
     fn connect(to: SocketAddr, req: std::sync::Arc<Vec<u8>>) -> Result<HttpClient> {
-        Ok(HttpClient { s: connect(to)?, buf: Vec::with_capacity(8192), req })
+        Ok(HttpClient {
+            s: connect(to)?,
+            buf: Vec::with_capacity(8192),
+            req,
+        })
     }
 
     fn request(&mut self) -> Result<()> {
@@ -110,7 +126,8 @@ impl HttpClient {
             let line = String::from_utf8_lossy(&self.buf[..head_end.min(80)]).to_string();
             bail!("unexpected response {line:?}");
         }
-        let len = crate::server::content_length(&self.buf[..head_end]).context("bad content-length")?;
+        let len =
+            crate::server::content_length(&self.buf[..head_end]).context("bad content-length")?;
         while self.buf.len() < head_end + len {
             let n = self.s.read(&mut tmp).context("read body")?;
             if n == 0 {
@@ -149,7 +166,13 @@ pub struct RateResult {
 /// from the *intended* send time, so a stall is charged to every request it delayed
 /// (no coordinated omission). A connection whose previous response is late sends the
 /// next request at once.
-pub fn constant_rate(ns: &Path, to: SocketAddr, rate: f64, conns: usize, duration: Duration) -> Result<RateResult> {
+pub fn constant_rate(
+    ns: &Path,
+    to: SocketAddr,
+    rate: f64,
+    conns: usize,
+    duration: Duration,
+) -> Result<RateResult> {
     let req = request_bytes();
     let interval = Duration::from_secs_f64(conns as f64 / rate);
     // Everyone starts on the same clock, connections spread evenly over one interval.
@@ -187,7 +210,13 @@ pub fn constant_rate(ns: &Path, to: SocketAddr, rate: f64, conns: usize, duratio
         missed += m;
     }
     let elapsed = start.elapsed().as_secs_f64().max(duration.as_secs_f64());
-    Ok(RateResult { target_rps: rate, achieved_rps: done as f64 / elapsed, connections: conns, missed, latency: percentiles(&h) })
+    Ok(RateResult {
+        target_rps: rate,
+        achieved_rps: done as f64 / elapsed,
+        connections: conns,
+        missed,
+        latency: percentiles(&h),
+    })
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -200,7 +229,12 @@ pub struct MaxRateResult {
 }
 
 /// Closed loop: every connection sends its next request as soon as the last answer came.
-pub fn max_rate(ns: &Path, to: SocketAddr, conns: usize, duration: Duration) -> Result<MaxRateResult> {
+pub fn max_rate(
+    ns: &Path,
+    to: SocketAddr,
+    conns: usize,
+    duration: Duration,
+) -> Result<MaxRateResult> {
     let req = request_bytes();
     let start = Instant::now();
     let end = start + duration;
@@ -224,7 +258,12 @@ pub fn max_rate(ns: &Path, to: SocketAddr, conns: usize, duration: Duration) -> 
         h.add(&ph).context("merge histograms")?;
         n += c;
     }
-    Ok(MaxRateResult { connections: conns, requests: n, rps: n as f64 / elapsed, latency: percentiles(&h) })
+    Ok(MaxRateResult {
+        connections: conns,
+        requests: n,
+        rps: n as f64 / elapsed,
+        latency: percentiles(&h),
+    })
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -255,7 +294,11 @@ pub fn bulk(ns: &Path, to: SocketAddr, bytes: u64) -> Result<BulkResult> {
         if got != bytes {
             bail!("sink read {got} bytes, sent {bytes}");
         }
-        Ok(BulkResult { bytes, seconds, gbit_per_s: bytes as f64 * 8.0 / seconds / 1e9 })
+        Ok(BulkResult {
+            bytes,
+            seconds,
+            gbit_per_s: bytes as f64 * 8.0 / seconds / 1e9,
+        })
     })?;
     r.into_iter().next().context("no bulk result")
 }
@@ -271,33 +314,42 @@ pub struct ConnRateResult {
 }
 
 /// `workers` loops of connect, 1 KiB echo, close.
-pub fn conn_rate(ns: &Path, to: SocketAddr, workers: usize, duration: Duration) -> Result<ConnRateResult> {
+pub fn conn_rate(
+    ns: &Path,
+    to: SocketAddr,
+    workers: usize,
+    duration: Duration,
+) -> Result<ConnRateResult> {
     let start = Instant::now();
     let end = start + duration;
-    let per = in_netns(ns, workers, move |_| -> Result<(Histogram<u64>, u64, u64)> {
-        let msg = mesh_tests::netsim::pattern(PAYLOAD, 5);
-        let mut back = vec![0u8; PAYLOAD];
-        let mut h = new_hist();
-        let (mut ok, mut errors) = (0, 0);
-        while Instant::now() < end {
-            cleanup::check()?;
-            let t = Instant::now();
-            let r = (|| -> Result<()> {
-                let mut s = connect(to)?;
-                s.write_all(&msg)?;
-                s.read_exact(&mut back)?;
-                Ok(())
-            })();
-            match r {
-                Ok(()) if back == msg => {
-                    h.saturating_record((t.elapsed().as_micros() as u64).max(1));
-                    ok += 1;
+    let per = in_netns(
+        ns,
+        workers,
+        move |_| -> Result<(Histogram<u64>, u64, u64)> {
+            let msg = mesh_tests::netsim::pattern(PAYLOAD, 5);
+            let mut back = vec![0u8; PAYLOAD];
+            let mut h = new_hist();
+            let (mut ok, mut errors) = (0, 0);
+            while Instant::now() < end {
+                cleanup::check()?;
+                let t = Instant::now();
+                let r = (|| -> Result<()> {
+                    let mut s = connect(to)?;
+                    s.write_all(&msg)?;
+                    s.read_exact(&mut back)?;
+                    Ok(())
+                })();
+                match r {
+                    Ok(()) if back == msg => {
+                        h.saturating_record((t.elapsed().as_micros() as u64).max(1));
+                        ok += 1;
+                    }
+                    _ => errors += 1,
                 }
-                _ => errors += 1,
             }
-        }
-        Ok((h, ok, errors))
-    })?;
+            Ok((h, ok, errors))
+        },
+    )?;
     let elapsed = start.elapsed().as_secs_f64();
     let mut h = new_hist();
     let (mut ok, mut errors) = (0, 0);
@@ -309,7 +361,13 @@ pub fn conn_rate(ns: &Path, to: SocketAddr, workers: usize, duration: Duration) 
     if ok == 0 {
         bail!("no connection succeeded ({errors} errors)");
     }
-    Ok(ConnRateResult { workers, connections: ok, errors, conn_per_s: ok as f64 / elapsed, latency: percentiles(&h) })
+    Ok(ConnRateResult {
+        workers,
+        connections: ok,
+        errors,
+        conn_per_s: ok as f64 / elapsed,
+        latency: percentiles(&h),
+    })
 }
 
 /// Idle connections held open from the client netns; dropped (closed) with the value.
@@ -333,7 +391,10 @@ pub fn open_idle(ns: &Path, to: SocketAddr, n: usize, deadline: Duration) -> Res
             s.read_exact(&mut b).context("idle connection echo")?;
             conns.push(s);
         }
-        Ok(IdleConns { conns, open_seconds: start.elapsed().as_secs_f64() })
+        Ok(IdleConns {
+            conns,
+            open_seconds: start.elapsed().as_secs_f64(),
+        })
     })?;
     r.pop().context("no idle result")
 }

@@ -33,7 +33,9 @@ use serde::Serialize;
 use modes::{Env, Mode};
 
 #[derive(Parser, Debug)]
-#[command(about = "Mesh benchmark on a netns topology: direct vs ztunnel L4 vs ztunnel + waypoint (vs --reference)")]
+#[command(
+    about = "Mesh benchmark on a netns topology: direct vs ztunnel L4 vs ztunnel + waypoint (vs --reference)"
+)]
 struct Args {
     #[command(subcommand)]
     command: Option<Command>,
@@ -230,7 +232,11 @@ impl Meter {
             })
             .collect();
         let app = env.server_pid();
-        Meter { start: Instant::now(), before, app: (app, procstat::read(app).unwrap_or_default()) }
+        Meter {
+            start: Instant::now(),
+            before,
+            app: (app, procstat::read(app).unwrap_or_default()),
+        }
     }
 
     fn finish(self, units: f64, per_gib: bool) -> Usage {
@@ -254,8 +260,18 @@ impl Meter {
             .collect();
         let cpu_s = total(processes.iter().map(|p| p.cpu_s));
         let scale = if per_gib { 1.0 } else { 1000.0 };
-        let per_unit = |cpu: f64| if units > 0.0 { cpu / units * scale } else { 0.0 };
-        let app_cpu_s = procstat::read(self.app.0).unwrap_or_default().cpu.saturating_sub(self.app.1.cpu).as_secs_f64();
+        let per_unit = |cpu: f64| {
+            if units > 0.0 {
+                cpu / units * scale
+            } else {
+                0.0
+            }
+        };
+        let app_cpu_s = procstat::read(self.app.0)
+            .unwrap_or_default()
+            .cpu
+            .saturating_sub(self.app.1.cpu)
+            .as_secs_f64();
         Usage {
             wall_s,
             cpu_s,
@@ -316,7 +332,13 @@ fn plan(a: &Args) -> Plan {
         quick,
         step_seconds: a.duration.unwrap_or(if quick { 2.0 } else { 15.0 }),
         warmup_seconds: if quick { 0.5 } else { 2.0 },
-        rates: a.rates.clone().unwrap_or_else(|| if quick { vec![500.0, 1000.0] } else { vec![500.0, 750.0, 1000.0, 1250.0, 1500.0] }),
+        rates: a.rates.clone().unwrap_or_else(|| {
+            if quick {
+                vec![500.0, 1000.0]
+            } else {
+                vec![500.0, 750.0, 1000.0, 1250.0, 1500.0]
+            }
+        }),
         rate_connections: 4,
         max_rate_connections: vec![1, 32],
         bulk_bytes: a.bulk_mib.unwrap_or(if quick { 64 } else { 1024 }) << 20,
@@ -332,7 +354,10 @@ fn plan(a: &Args) -> Plan {
 /// RLIMIT_NOFILE it inherits (20,000 on this machine, and raising it needs
 /// CAP_SYS_RESOURCE), so `n` is capped to fit.
 fn idle_fd_room(outside: Outside, n: usize) -> usize {
-    let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) else { return n };
+    let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    else {
+        return n;
+    };
     let room = usize::try_from(hard.saturating_sub(1024) / 2).unwrap_or(usize::MAX);
     if outside != Outside::None && n > room {
         progress!("{outside:?} outside the mesh: {room} idle connections instead of {n} (two descriptors each in one proxy; hard RLIMIT_NOFILE {hard})");
@@ -358,8 +383,11 @@ fn main() -> Result<()> {
     let args = Args::parse();
     // Both ends of 10,000 idle tunnels need file descriptors: take the hard limit (raising
     // it needs CAP_SYS_RESOURCE, which a container may not have).
-    if let Ok((_, hard)) = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE) {
-        let _ = nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
+    if let Ok((_, hard)) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+    {
+        let _ =
+            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, hard, hard);
     }
     if let Some(ns) = &args.serve {
         return server::serve_main(ns);
@@ -368,12 +396,22 @@ fn main() -> Result<()> {
         bail!("bench needs root (network namespaces, eBPF)");
     }
     cleanup::install()?;
-    let here = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
+    let here = std::env::current_exe()?
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default();
     let bins = modes::Binaries {
         ztunnel: args.ztunnel.clone().unwrap_or_else(|| here.join("ztunnel")),
-        waypoint: args.waypoint.clone().unwrap_or_else(|| here.join("waypoint")),
+        waypoint: args
+            .waypoint
+            .clone()
+            .unwrap_or_else(|| here.join("waypoint")),
     };
-    for b in [&bins.ztunnel, &bins.waypoint].into_iter().chain(args.reference.as_ref()).chain(args.reference_zds.as_ref()) {
+    for b in [&bins.ztunnel, &bins.waypoint]
+        .into_iter()
+        .chain(args.reference.as_ref())
+        .chain(args.reference_zds.as_ref())
+    {
         if !b.exists() {
             bail!("{} not found (build it: cargo build --release -p ztunnel -p waypoint -p bench, or pass --ztunnel/--waypoint)", b.display());
         }
@@ -382,15 +420,29 @@ fn main() -> Result<()> {
     mesh_tests::bins::use_binaries(bins.ztunnel.clone(), bins.waypoint.clone())?;
     match args.command {
         Some(Command::Capture) => return capture::main(args.quick),
-        Some(Command::L7 { requests, rounds, paths }) => return l7::main(args.quick, requests, rounds, paths),
-        Some(Command::Scale { curves }) => return scale::main(args.quick, curves, &args.out, &bins),
+        Some(Command::L7 {
+            requests,
+            rounds,
+            paths,
+        }) => return l7::main(args.quick, requests, rounds, paths),
+        Some(Command::Scale { curves }) => {
+            return scale::main(args.quick, curves, &args.out, &bins)
+        }
         None => {}
     }
     let outside = Outside::from_args(&args);
-    if let Some(flag) = outside.flag().filter(|_| args.modes.as_ref().is_some_and(|m| m.iter().any(|x| x == "waypoint"))) {
+    if let Some(flag) = outside.flag().filter(|_| {
+        args.modes
+            .as_ref()
+            .is_some_and(|m| m.iter().any(|x| x == "waypoint"))
+    }) {
         bail!("{flag} leaves a pod outside the mesh, where no waypoint applies: drop waypoint from --modes");
     }
-    let mut all = if outside != Outside::None { vec![Mode::Direct, Mode::L4] } else { vec![Mode::Direct, Mode::L4, Mode::Waypoint] };
+    let mut all = if outside != Outside::None {
+        vec![Mode::Direct, Mode::L4]
+    } else {
+        vec![Mode::Direct, Mode::L4, Mode::Waypoint]
+    };
     if let Some(r) = &args.reference {
         all.push(Mode::Reference(std::fs::canonicalize(r)?));
     }
@@ -404,12 +456,26 @@ fn main() -> Result<()> {
         Mode::Reference(_) => "reference",
         Mode::ReferenceZds(_) => "reference-zds",
     };
-    let modes: Vec<Mode> = all.into_iter().filter(|m| args.modes.as_ref().is_none_or(|w| w.iter().any(|x| x == key(m)))).collect();
-    let wants = |s: &str| args.scenarios.as_ref().is_none_or(|w| w.iter().any(|x| x == s));
+    let modes: Vec<Mode> = all
+        .into_iter()
+        .filter(|m| {
+            args.modes
+                .as_ref()
+                .is_none_or(|w| w.iter().any(|x| x == key(m)))
+        })
+        .collect();
+    let wants = |s: &str| {
+        args.scenarios
+            .as_ref()
+            .is_none_or(|w| w.iter().any(|x| x == s))
+    };
     let plan = plan(&args);
     std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     let _rt = rt.enter();
     let mut res = Results {
         date: sh_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
@@ -427,33 +493,56 @@ fn main() -> Result<()> {
     }
     res.loadavg_end = loadavg();
     report::write_all(&args.out, &res)?;
-    progress!("wrote {}/results.md, results.json, latency.svg", args.out.display());
+    progress!(
+        "wrote {}/results.md, results.json, latency.svg",
+        args.out.display()
+    );
     run?;
     if !res.errors.is_empty() {
-        bail!("{} scenario(s) failed: {}", res.errors.len(), res.errors.join("; "));
+        bail!(
+            "{} scenario(s) failed: {}",
+            res.errors.len(),
+            res.errors.join("; ")
+        );
     }
     Ok(())
 }
 
-fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&str) -> bool, res: &mut Results) -> Result<()> {
+fn run_all(
+    modes: &[Mode],
+    bins: &modes::Binaries,
+    plan: &Plan,
+    wants: &dyn Fn(&str) -> bool,
+    res: &mut Results,
+) -> Result<()> {
     let mut envs = Vec::new();
     for (i, m) in modes.iter().enumerate() {
         progress!("setting up {}", m.name());
-        let env = Env::start(m.clone(), i, bins, plan.outside).with_context(|| format!("set up {}", m.name()))?;
+        let env = Env::start(m.clone(), i, bins, plan.outside)
+            .with_context(|| format!("set up {}", m.name()))?;
         // Warm up: certificates, pooled HBONE connections, the waypoint's upstreams.
-        load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500)).with_context(|| format!("{} warm-up", m.name()))?;
+        load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500))
+            .with_context(|| format!("{} warm-up", m.name()))?;
         envs.push(env);
     }
     progress!("all modes up");
     let step = Duration::from_secs_f64(plan.step_seconds);
     // One scenario step for every mode, back to back, so drift hits all modes alike; in
     // every other round the modes go in reverse order, so none always goes first.
-    let mut each = |round: usize, label: &str, res: &mut Results, f: &mut dyn FnMut(&Env, &mut Results) -> Result<String>| -> Result<()> {
+    let mut each = |round: usize,
+                    label: &str,
+                    res: &mut Results,
+                    f: &mut dyn FnMut(&Env, &mut Results) -> Result<String>|
+     -> Result<()> {
         let mut order: Vec<&mut Env> = envs.iter_mut().collect();
         if round % 2 == 1 {
             order.reverse();
         }
-        let label = if plan.rounds > 1 { format!("{label} [{}]", round + 1) } else { label.to_string() };
+        let label = if plan.rounds > 1 {
+            format!("{label} [{}]", round + 1)
+        } else {
+            label.to_string()
+        };
         for env in order {
             cleanup::check()?;
             let name = env.mode.name();
@@ -472,42 +561,90 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
     for round in 0..plan.rounds {
         if wants("rate") {
             for &rate in &plan.rates {
-                each(round, &format!("constant {rate} req/s"), res, &mut |env, res| {
-                    let warm = Duration::from_secs_f64(plan.warmup_seconds);
-                    load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, warm)?;
-                    let m = Meter::start(env);
-                    let r = load::constant_rate(&env.client_ns, env.http, rate, plan.rate_connections, step)?;
-                    let u = m.finish(r.latency.count as f64, false);
-                    let line = format!(
+                each(
+                    round,
+                    &format!("constant {rate} req/s"),
+                    res,
+                    &mut |env, res| {
+                        let warm = Duration::from_secs_f64(plan.warmup_seconds);
+                        load::constant_rate(
+                            &env.client_ns,
+                            env.http,
+                            rate,
+                            plan.rate_connections,
+                            warm,
+                        )?;
+                        let m = Meter::start(env);
+                        let r = load::constant_rate(
+                            &env.client_ns,
+                            env.http,
+                            rate,
+                            plan.rate_connections,
+                            step,
+                        )?;
+                        let u = m.finish(r.latency.count as f64, false);
+                        let line = format!(
                         "{:>7.0} req/s  p50 {:>6.0} p90 {:>6.0} p99 {:>6.0} p99.9 {:>6.0} us  proxy {:.3} vCPU {:.3} cpu-s/1k req",
                         r.achieved_rps, r.latency.p50_us, r.latency.p90_us, r.latency.p99_us, r.latency.p999_us, u.vcpu, u.cpu_s_per_1000
                     );
-                    res.constant_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
-                    Ok(line)
-                })?;
+                        res.constant_rate.push(Row {
+                            mode: env.mode.name().into(),
+                            round,
+                            result: r,
+                            usage: u,
+                        });
+                        Ok(line)
+                    },
+                )?;
             }
         }
         if wants("max") {
             for &c in &plan.max_rate_connections {
-                each(round, &format!("max rate {c} conn"), res, &mut |env, res| {
-                    let m = Meter::start(env);
-                    let r = load::max_rate(&env.client_ns, env.http, c, step)?;
-                    let u = m.finish(r.requests as f64, false);
-                    let line = format!("{:>7.0} req/s  p50 {:>6.0} p99 {:>6.0} us  proxy {:.3} cpu-s/1k req", r.rps, r.latency.p50_us, r.latency.p99_us, u.cpu_s_per_1000);
-                    res.max_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
-                    Ok(line)
-                })?;
+                each(
+                    round,
+                    &format!("max rate {c} conn"),
+                    res,
+                    &mut |env, res| {
+                        let m = Meter::start(env);
+                        let r = load::max_rate(&env.client_ns, env.http, c, step)?;
+                        let u = m.finish(r.requests as f64, false);
+                        let line = format!(
+                            "{:>7.0} req/s  p50 {:>6.0} p99 {:>6.0} us  proxy {:.3} cpu-s/1k req",
+                            r.rps, r.latency.p50_us, r.latency.p99_us, u.cpu_s_per_1000
+                        );
+                        res.max_rate.push(Row {
+                            mode: env.mode.name().into(),
+                            round,
+                            result: r,
+                            usage: u,
+                        });
+                        Ok(line)
+                    },
+                )?;
             }
         }
         if wants("bulk") {
-            each(round, &format!("bulk {} MiB", plan.bulk_bytes >> 20), res, &mut |env, res| {
-                let m = Meter::start(env);
-                let r = load::bulk(&env.client_ns, env.sink, plan.bulk_bytes)?;
-                let u = m.finish(r.bytes as f64 / (1u64 << 30) as f64, true);
-                let line = format!("{:>6.2} Gbit/s  {:.2} s  proxy {:.3} cpu-s/GiB", r.gbit_per_s, r.seconds, u.cpu_s_per_1000);
-                res.bulk.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
-                Ok(line)
-            })?;
+            each(
+                round,
+                &format!("bulk {} MiB", plan.bulk_bytes >> 20),
+                res,
+                &mut |env, res| {
+                    let m = Meter::start(env);
+                    let r = load::bulk(&env.client_ns, env.sink, plan.bulk_bytes)?;
+                    let u = m.finish(r.bytes as f64 / (1u64 << 30) as f64, true);
+                    let line = format!(
+                        "{:>6.2} Gbit/s  {:.2} s  proxy {:.3} cpu-s/GiB",
+                        r.gbit_per_s, r.seconds, u.cpu_s_per_1000
+                    );
+                    res.bulk.push(Row {
+                        mode: env.mode.name().into(),
+                        round,
+                        result: r,
+                        usage: u,
+                    });
+                    Ok(line)
+                },
+            )?;
         }
         if wants("conn") {
             each(round, "new connections", res, &mut |env, res| {
@@ -518,7 +655,12 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
                     "{:>7.0} conn/s  p50 {:>6.0} p99 {:>6.0} us  {} errors  proxy {:.3} cpu-s/1k conn",
                     r.conn_per_s, r.latency.p50_us, r.latency.p99_us, r.errors, u.cpu_s_per_1000
                 );
-                res.conn_rate.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                res.conn_rate.push(Row {
+                    mode: env.mode.name().into(),
+                    round,
+                    result: r,
+                    usage: u,
+                });
                 Ok(line)
             })?;
         }
@@ -527,7 +669,14 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
         if wants("idle") && round + 1 == plan.rounds {
             let n = plan.idle_connections;
             each(round, &format!("{n} idle tunnels"), res, &mut |env, res| {
-                let rss = |env: &Env| -> f64 { total(env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).map(|r| r.rss_kib as f64 / 1024.0)) };
+                let rss = |env: &Env| -> f64 {
+                    total(
+                        env.proxy_pids()
+                            .iter()
+                            .filter_map(|(_, p)| procstat::read(*p))
+                            .map(|r| r.rss_kib as f64 / 1024.0),
+                    )
+                };
                 let before = rss(env);
                 let m = Meter::start(env);
                 // Bounded: about 4x the time the slowest path needs on this machine.
@@ -544,10 +693,19 @@ fn run_all(modes: &[Mode], bins: &modes::Binaries, plan: &Plan, wants: &dyn Fn(&
                     open_seconds: conns.open_seconds,
                     rss_before_mib: before,
                     rss_after_mib: after,
-                    bytes_per_conn: if established > 0 { (after - before) * 1048576.0 / established as f64 } else { 0.0 },
+                    bytes_per_conn: if established > 0 {
+                        (after - before) * 1048576.0 / established as f64
+                    } else {
+                        0.0
+                    },
                 };
                 let line = format!("{established} open in {:.1} s  proxy RSS {before:.1} -> {after:.1} MiB  {:.0} B/conn", r.open_seconds, r.bytes_per_conn);
-                res.idle.push(Row { mode: env.mode.name().into(), round, result: r, usage: u });
+                res.idle.push(Row {
+                    mode: env.mode.name().into(),
+                    round,
+                    result: r,
+                    usage: u,
+                });
                 drop(conns);
                 // Connections closing take the proxies a moment; the next mode starts clean.
                 std::thread::sleep(Duration::from_millis(500));
@@ -571,14 +729,23 @@ fn sh_out(program: &str, args: &[&str]) -> String {
 }
 
 fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")).unwrap_or_default()
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }
 
 fn host_info() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())))
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
         .unwrap_or_default();
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     format!("{cores} vCPU ({cpu}), Linux {}", sh_out("uname", &["-r"]))
 }

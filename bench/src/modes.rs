@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use mesh_tests::netsim::{self, Child, Topology};
 use crate::server::{self, Server};
 use crate::Outside;
+use mesh_tests::netsim::{self, Child, Topology};
 
 mod zds;
 
@@ -93,7 +93,10 @@ pub struct Env {
 
 impl Env {
     pub fn proxy_pids(&self) -> Vec<(String, u32)> {
-        self.proxies.iter().filter_map(|(n, c)| c.pid().map(|p| (n.clone(), p))).collect()
+        self.proxies
+            .iter()
+            .filter_map(|(n, c)| c.pid().map(|p| (n.clone(), p)))
+            .collect()
     }
 
     /// The server app (the same program in every mode): its CPU per request is this
@@ -108,7 +111,10 @@ impl Env {
             if c.wait_exit(Duration::ZERO).is_some() {
                 let log = c.log_text();
                 let tail: Vec<&str> = log.lines().rev().take(20).collect();
-                bail!("{name} exited; log tail:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+                bail!(
+                    "{name} exited; log tail:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
             }
         }
         Ok(())
@@ -128,8 +134,14 @@ impl Env {
         // The connection-rate step leaves tens of thousands of TIME_WAIT sockets to one
         // destination; without reuse every later connect() scans for a free port, and
         // that cost would land on whichever step runs next.
-        client.netns.exec("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])?;
-        let waypoint_ref = if matches!(mode, Mode::Waypoint) { format!(", waypoint: {{destination: \"/{}\"}}", wp.ip) } else { String::new() };
+        client
+            .netns
+            .exec("sysctl", &["-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+        let waypoint_ref = if matches!(mode, Mode::Waypoint) {
+            format!(", waypoint: {{destination: \"/{}\"}}", wp.ip)
+        } else {
+            String::new()
+        };
         let cfg = format!(
             "workloads:\n{}{}{}services:\n- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{VIP}\"], \
              ports: {{80: {}, {ECHO}: {ECHO}, {SINK}: {SINK}}}{waypoint_ref}}}\n{L7_ROUTE}{L7_POLICY}",
@@ -170,7 +182,10 @@ impl Env {
                 std::fs::write(&l4, cfg.split("httpRoutes:").next().unwrap_or(&cfg))?;
                 for n in 1..=2 {
                     let name = format!("reference-zds-node{n}");
-                    let pods: Vec<_> = [(client, "client"), (srv, "echo")].into_iter().filter(|(p, _)| p.node == n && in_mesh(p)).collect();
+                    let pods: Vec<_> = [(client, "client"), (srv, "echo")]
+                        .into_iter()
+                        .filter(|(p, _)| p.node == n && in_mesh(p))
+                        .collect();
                     let (agent, c) = zds::start(&topo, &bins.ztunnel, p, &l4, n, &pods, &name)?;
                     helpers.push(agent);
                     proxies.push((name, c));
@@ -180,7 +195,14 @@ impl Env {
         };
         if let Some(bin) = node_proxy {
             for n in 1..=2 {
-                let name = format!("{}-node{n}", if matches!(mode, Mode::Reference(_)) { "reference" } else { "ztunnel" });
+                let name = format!(
+                    "{}-node{n}",
+                    if matches!(mode, Mode::Reference(_)) {
+                        "reference"
+                    } else {
+                        "ztunnel"
+                    }
+                );
                 let c = start_node_proxy(&topo, &bin, &cfg_path, n, &name, in_mesh)?;
                 proxies.push((name, c));
             }
@@ -195,7 +217,14 @@ impl Env {
             let log = topo.dir.join("waypoint.log");
             let w = wp.netns.spawn(
                 &bins.waypoint.display().to_string(),
-                &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
+                &[
+                    "--local-xds-path",
+                    &cfg_path.display().to_string(),
+                    "--workload-uid",
+                    "n1p2",
+                    "--state-dir",
+                    &state.display().to_string(),
+                ],
                 &[("RUST_LOG", "warn")],
                 &log,
             )?;
@@ -203,14 +232,24 @@ impl Env {
                 crate::cleanup::register_pid(pid);
             }
             netsim::wait_for("waypoint listening on 15008", netsim::READY, || {
-                wp.netns.exec("ss", &["-Htln", "sport = :15008"]).is_ok_and(|o| !o.trim().is_empty())
+                wp.netns
+                    .exec("ss", &["-Htln", "sport = :15008"])
+                    .is_ok_and(|o| !o.trim().is_empty())
             })
             .with_context(|| w.log_text())?;
             proxies.push(("waypoint".into(), w));
         }
         let server = Server::start(&srv.netns.path())?;
-        let dst = if matches!(mode, Mode::Waypoint) { std::net::IpAddr::V4(VIP) } else { srv.ip };
-        let http_port = if matches!(mode, Mode::Waypoint) { 80 } else { server::HTTP_PORT };
+        let dst = if matches!(mode, Mode::Waypoint) {
+            std::net::IpAddr::V4(VIP)
+        } else {
+            srv.ip
+        };
+        let http_port = if matches!(mode, Mode::Waypoint) {
+            80
+        } else {
+            server::HTTP_PORT
+        };
         Ok(Env {
             client_ns: client.netns.path(),
             http: SocketAddr::new(dst, http_port),
@@ -227,7 +266,14 @@ impl Env {
 
 /// Starts a node proxy with our ztunnel's command line (see docs/benchmarks.md for what a
 /// reference binary must accept) and waits for its readiness endpoint.
-fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &str, in_mesh: impl Fn(&netsim::Pod) -> bool) -> Result<Child> {
+fn start_node_proxy(
+    topo: &Topology,
+    bin: &Path,
+    cfg: &Path,
+    n: usize,
+    name: &str,
+    in_mesh: impl Fn(&netsim::Pod) -> bool,
+) -> Result<Child> {
     let mut args = vec![
         "--local-xds-path".to_string(),
         cfg.display().to_string(),
@@ -237,7 +283,11 @@ fn start_node_proxy(topo: &Topology, bin: &Path, cfg: &Path, n: usize, name: &st
         topo.dir.join("ca").display().to_string(),
     ];
     args.extend(topo.capture_args(n));
-    for pod in topo.pods.iter().filter(|p| p.node == n && p.name != "n1p2" && in_mesh(p)) {
+    for pod in topo
+        .pods
+        .iter()
+        .filter(|p| p.node == n && p.name != "n1p2" && in_mesh(p))
+    {
         args.push("--pod".into());
         args.push(format!("{}={}", pod.name, pod.netns.path().display()));
     }
@@ -262,11 +312,18 @@ fn wait_ready(topo: &Topology, n: usize, name: &str, c: Child) -> Result<Child> 
     let ready = || {
         node.run(|| -> bool {
             use std::io::{Read, Write};
-            let Ok(mut s) = std::net::TcpStream::connect_timeout(&"127.0.0.1:15021".parse().expect("constant address"), Duration::from_millis(200)) else {
+            let Ok(mut s) = std::net::TcpStream::connect_timeout(
+                &"127.0.0.1:15021".parse().expect("constant address"),
+                Duration::from_millis(200),
+            ) else {
                 return false;
             };
             let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-            if s.write_all(b"GET /healthz/ready HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n").is_err() {
+            if s.write_all(
+                b"GET /healthz/ready HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n",
+            )
+            .is_err()
+            {
                 return false;
             }
             let mut b = [0u8; 12];
@@ -274,6 +331,7 @@ fn wait_ready(topo: &Topology, n: usize, name: &str, c: Child) -> Result<Child> 
         })
         .unwrap_or(false)
     };
-    netsim::wait_for(&format!("{name} ready on :15021"), netsim::READY, ready).with_context(|| c.log_text())?;
+    netsim::wait_for(&format!("{name} ready on :15021"), netsim::READY, ready)
+        .with_context(|| c.log_text())?;
     Ok(c)
 }

@@ -23,7 +23,9 @@ pub fn read(pid: u32) -> Option<Reading> {
     let rest = stat.rsplit_once(')')?.1;
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??.max(1) as u64;
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()??
+        .max(1) as u64;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kib = |key: &str| -> u64 {
         status
@@ -33,7 +35,12 @@ pub fn read(pid: u32) -> Option<Reading> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    Some(Reading { cpu: Duration::from_micros(ticks * 1_000_000 / hz), rss_kib: kib("VmRSS:"), hwm_kib: kib("VmHWM:"), anon_kib: kib("RssAnon:") })
+    Some(Reading {
+        cpu: Duration::from_micros(ticks * 1_000_000 / hz),
+        rss_kib: kib("VmRSS:"),
+        hwm_kib: kib("VmHWM:"),
+        anon_kib: kib("RssAnon:"),
+    })
 }
 
 /// Resets VmHWM to the current RSS (clear_refs value 5, Linux >= 4.0), so each scenario

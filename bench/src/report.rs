@@ -11,7 +11,8 @@ use crate::{Results, Row};
 const DIRECT: &str = "direct";
 
 pub fn write_all(out: &Path, res: &Results) -> Result<()> {
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?).context("write results.json")?;
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(res)?)
+        .context("write results.json")?;
     let md = markdown(res);
     println!("\n{md}");
     std::fs::write(out.join("results.md"), &md).context("write results.md")?;
@@ -20,10 +21,19 @@ pub fn write_all(out: &Path, res: &Results) -> Result<()> {
     std::fs::write(&svg_path, svg).context("write latency.svg")?;
     // PNG only where librsvg's converter is installed (Debian: librsvg2-bin).
     let png = out.join("latency.png");
-    match std::process::Command::new("rsvg-convert").arg("-b").arg("white").arg("-o").arg(&png).arg(&svg_path).status() {
+    match std::process::Command::new("rsvg-convert")
+        .arg("-b")
+        .arg("white")
+        .arg("-o")
+        .arg(&png)
+        .arg(&svg_path)
+        .status()
+    {
         Ok(s) if s.success() => {}
         Ok(s) => println!("note: rsvg-convert failed ({s}); no PNG"),
-        Err(_) => println!("note: rsvg-convert not installed (apt-get install librsvg2-bin); SVG only"),
+        Err(_) => {
+            println!("note: rsvg-convert not installed (apt-get install librsvg2-bin); SVG only")
+        }
     }
     Ok(())
 }
@@ -45,8 +55,13 @@ fn px(u: &crate::Usage, v: f64, decimals: usize) -> String {
 }
 
 /// The direct row of `row`'s round matching `pred`, for ratios.
-fn base<'a, T>(rows: &'a [Row<T>], row: &Row<T>, pred: impl Fn(&Row<T>) -> bool) -> Option<&'a Row<T>> {
-    rows.iter().find(|r| r.mode == DIRECT && r.round == row.round && pred(r))
+fn base<'a, T>(
+    rows: &'a [Row<T>],
+    row: &Row<T>,
+    pred: impl Fn(&Row<T>) -> bool,
+) -> Option<&'a Row<T>> {
+    rows.iter()
+        .find(|r| r.mode == DIRECT && r.round == row.round && pred(r))
 }
 
 /// The mode column: with several rounds, which round the row is from.
@@ -59,15 +74,27 @@ fn who<T>(r: &Row<T>, rounds: usize) -> String {
 }
 
 fn ztunnel_max(r: &crate::Usage, f: impl Fn(&crate::ProcUsage) -> f64) -> f64 {
-    r.processes.iter().filter(|p| !p.name.starts_with("waypoint")).map(f).fold(0.0, f64::max)
+    r.processes
+        .iter()
+        .filter(|p| !p.name.starts_with("waypoint"))
+        .map(f)
+        .fold(0.0, f64::max)
 }
 
 pub fn markdown(res: &Results) -> String {
     let rounds = res.plan.as_ref().map_or(1, |p| p.rounds);
     let mut s = String::new();
     let _ = writeln!(s, "# Mesh benchmark results\n");
-    let _ = writeln!(s, "- date: {}\n- host: {}\n- command: `{}`", res.date, res.host, res.command);
-    let _ = writeln!(s, "- load average (1/5/15 min) at start: {}, at end: {}", res.loadavg_start, res.loadavg_end);
+    let _ = writeln!(
+        s,
+        "- date: {}\n- host: {}\n- command: `{}`",
+        res.date, res.host, res.command
+    );
+    let _ = writeln!(
+        s,
+        "- load average (1/5/15 min) at start: {}, at end: {}",
+        res.loadavg_start, res.loadavg_end
+    );
     if let Some(p) = &res.plan {
         let _ = writeln!(
             s,
@@ -97,14 +124,22 @@ pub fn markdown(res: &Results) -> String {
     );
 
     if !res.constant_rate.is_empty() {
-        let _ = writeln!(s, "## Constant rate, HTTP/1.1 POST 1 KiB → 1 KiB, latency from the intended send time\n");
+        let _ = writeln!(
+            s,
+            "## Constant rate, HTTP/1.1 POST 1 KiB → 1 KiB, latency from the intended send time\n"
+        );
         let _ = writeln!(
             s,
             "| mode | target req/s | achieved | P50 | P90 | P99 | P99.9 | P99 vs direct | proxy cpu-s/1k req | proxy vCPU | max ztunnel vCPU | peak RSS | steady RSS | of which anon | server app cpu-s/1k req |"
         );
-        let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(
+            s,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
         for r in &res.constant_rate {
-            let b = base(&res.constant_rate, r, |x| x.result.target_rps == r.result.target_rps);
+            let b = base(&res.constant_rate, r, |x| {
+                x.result.target_rps == r.result.target_rps
+            });
             let l = &r.result.latency;
             let _ = writeln!(
                 s,
@@ -129,11 +164,16 @@ pub fn markdown(res: &Results) -> String {
         s.push('\n');
     }
     if !res.max_rate.is_empty() {
-        let _ = writeln!(s, "## Maximum request rate (closed loop, HTTP/1.1 POST 1 KiB)\n");
+        let _ = writeln!(
+            s,
+            "## Maximum request rate (closed loop, HTTP/1.1 POST 1 KiB)\n"
+        );
         let _ = writeln!(s, "| mode | connections | req/s | × direct | P50 | P99 | proxy cpu-s/1k req | proxy vCPU | peak RSS | steady RSS |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.max_rate {
-            let b = base(&res.max_rate, r, |x| x.result.connections == r.result.connections);
+            let b = base(&res.max_rate, r, |x| {
+                x.result.connections == r.result.connections
+            });
             let _ = writeln!(
                 s,
                 "| {} | {} | {:.0} | {} | {:.0} | {:.0} | {} | {} | {} | {} |",
@@ -198,7 +238,10 @@ pub fn markdown(res: &Results) -> String {
         s.push('\n');
     }
     if !res.idle.is_empty() {
-        let _ = writeln!(s, "## Concurrent idle tunnels (each proven by a 1-byte echo, then held)\n");
+        let _ = writeln!(
+            s,
+            "## Concurrent idle tunnels (each proven by a 1-byte echo, then held)\n"
+        );
         let _ = writeln!(s, "| mode | requested | open | open in s | proxy RSS before | with tunnels | bytes/tunnel | peak RSS |");
         let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
         for r in &res.idle {
@@ -234,9 +277,14 @@ pub fn markdown(res: &Results) -> String {
 
 /// Where the issue's targets stand, for each node-proxy mode.
 fn targets(res: &Results) -> String {
-    let mut s = String::from("## Targets\n\n| mode | target | measured | met |\n|---|---|---|---|\n");
+    let mut s =
+        String::from("## Targets\n\n| mode | target | measured | met |\n|---|---|---|---|\n");
     let yes = |b: bool| if b { "yes" } else { "**no**" };
-    let at = |mode: &str, rate: f64| res.constant_rate.iter().find(|r| r.mode == mode && r.result.target_rps == rate);
+    let at = |mode: &str, rate: f64| {
+        res.constant_rate
+            .iter()
+            .find(|r| r.mode == mode && r.result.target_rps == rate)
+    };
     for mode in ["ztunnel-l4", "reference-l4", "reference-zds-l4"] {
         if let Some(r) = at(mode, 1000.0) {
             let vcpu = ztunnel_max(&r.usage, |p| p.vcpu);
@@ -263,12 +311,27 @@ fn targets(res: &Results) -> String {
             );
             if let Some(d) = at(DIRECT, 1000.0) {
                 let added = r.result.latency.p99_us - d.result.latency.p99_us;
-                let _ = writeln!(s, "| {mode} | added P99 < 0.3 ms over direct at 1000 req/s | {:+.3} ms | {} |", added / 1000.0, yes(added < 300.0));
+                let _ = writeln!(
+                    s,
+                    "| {mode} | added P99 < 0.3 ms over direct at 1000 req/s | {:+.3} ms | {} |",
+                    added / 1000.0,
+                    yes(added < 300.0)
+                );
             }
         }
-        let bulk = |m: &str| res.bulk.iter().find(|r| r.mode == m).map(|r| r.result.gbit_per_s);
+        let bulk = |m: &str| {
+            res.bulk
+                .iter()
+                .find(|r| r.mode == m)
+                .map(|r| r.result.gbit_per_s)
+        };
         if let (Some(m), Some(d)) = (bulk(mode), bulk(DIRECT)) {
-            let _ = writeln!(s, "| {mode} | bulk ≥ 60% of direct | {:.0}% ({m:.2} of {d:.2} Gbit/s) | {} |", m / d * 100.0, yes(m >= 0.6 * d));
+            let _ = writeln!(
+                s,
+                "| {mode} | bulk ≥ 60% of direct | {:.0}% ({m:.2} of {d:.2} Gbit/s) | {} |",
+                m / d * 100.0,
+                yes(m >= 0.6 * d)
+            );
         }
     }
     s.push('\n');
@@ -285,11 +348,21 @@ struct Step {
 
 fn steps(res: &Results) -> Vec<Step> {
     let mut out: Vec<Step> = Vec::new();
-    let mut add = |label: String, unit: &'static str, cpu_unit: &'static str, mode: &str, value: f64, cpu: Option<f64>| {
+    let mut add = |label: String,
+                   unit: &'static str,
+                   cpu_unit: &'static str,
+                   mode: &str,
+                   value: f64,
+                   cpu: Option<f64>| {
         let i = match out.iter().position(|s| s.label == label) {
             Some(i) => i,
             None => {
-                out.push(Step { label, unit, cpu_unit, modes: Vec::new() });
+                out.push(Step {
+                    label,
+                    unit,
+                    cpu_unit,
+                    modes: Vec::new(),
+                });
                 out.len() - 1
             }
         };
@@ -307,21 +380,63 @@ fn steps(res: &Results) -> Vec<Step> {
     let cpu = |u: &crate::Usage| (!u.processes.is_empty()).then_some(u.cpu_s_per_1000);
     for r in &res.constant_rate {
         let l = format!("constant {} req/s", r.result.target_rps);
-        add(format!("{l}, P50"), "µs", "cpu-s/1k req", &r.mode, r.result.latency.p50_us, cpu(&r.usage));
-        add(format!("{l}, P99"), "µs", "cpu-s/1k req", &r.mode, r.result.latency.p99_us, cpu(&r.usage));
+        add(
+            format!("{l}, P50"),
+            "µs",
+            "cpu-s/1k req",
+            &r.mode,
+            r.result.latency.p50_us,
+            cpu(&r.usage),
+        );
+        add(
+            format!("{l}, P99"),
+            "µs",
+            "cpu-s/1k req",
+            &r.mode,
+            r.result.latency.p99_us,
+            cpu(&r.usage),
+        );
     }
     for r in &res.max_rate {
-        add(format!("max rate, {} conn", r.result.connections), "req/s", "cpu-s/1k req", &r.mode, r.result.rps, cpu(&r.usage));
+        add(
+            format!("max rate, {} conn", r.result.connections),
+            "req/s",
+            "cpu-s/1k req",
+            &r.mode,
+            r.result.rps,
+            cpu(&r.usage),
+        );
     }
     for r in &res.bulk {
-        add("bulk, one stream".into(), "Gbit/s", "cpu-s/GiB", &r.mode, r.result.gbit_per_s, cpu(&r.usage));
+        add(
+            "bulk, one stream".into(),
+            "Gbit/s",
+            "cpu-s/GiB",
+            &r.mode,
+            r.result.gbit_per_s,
+            cpu(&r.usage),
+        );
     }
     for r in &res.conn_rate {
-        add("new connections".into(), "conn/s", "cpu-s/1k conn", &r.mode, r.result.conn_per_s, cpu(&r.usage));
+        add(
+            "new connections".into(),
+            "conn/s",
+            "cpu-s/1k conn",
+            &r.mode,
+            r.result.conn_per_s,
+            cpu(&r.usage),
+        );
     }
     // Direct holds no tunnels: nothing to compare.
     for r in res.idle.iter().filter(|r| !r.usage.processes.is_empty()) {
-        add("idle tunnels, memory".into(), "B/tunnel", "cpu-s/1k conn", &r.mode, r.result.bytes_per_conn, cpu(&r.usage));
+        add(
+            "idle tunnels, memory".into(),
+            "B/tunnel",
+            "cpu-s/1k conn",
+            &r.mode,
+            r.result.bytes_per_conn,
+            cpu(&r.usage),
+        );
     }
     out
 }
@@ -331,14 +446,33 @@ fn steps(res: &Results) -> Vec<Step> {
 fn medians(res: &Results, rounds: usize) -> String {
     let steps = steps(res);
     // The modes with proxies (CPU figures), in the order they first ran.
-    let proxied: Vec<&str> = steps.iter().flat_map(|s| &s.modes).filter(|(_, _, c)| !c.is_empty()).map(|(m, _, _)| m.as_str()).collect();
-    let Some(y) = proxied.iter().find(|m| **m == "ztunnel-l4").or(proxied.first()).map(|m| m.to_string()) else { return String::new() };
+    let proxied: Vec<&str> = steps
+        .iter()
+        .flat_map(|s| &s.modes)
+        .filter(|(_, _, c)| !c.is_empty())
+        .map(|(m, _, _)| m.as_str())
+        .collect();
+    let Some(y) = proxied
+        .iter()
+        .find(|m| **m == "ztunnel-l4")
+        .or(proxied.first())
+        .map(|m| m.to_string())
+    else {
+        return String::new();
+    };
     let mut s = format!(
         "## Medians over {rounds} rounds (the modes in reverse order every other round)\n\n\
          | step | mode | median | each round | proxy CPU, median | value / {y} | proxy CPU / {y} |\n|---|---|---:|---|---:|---:|---:|\n"
     );
     for st in &steps {
-        let mid = |m: &str| st.modes.iter().find(|(n, _, _)| n == m).map(|(_, v, c)| (median(&mut v.clone()), (!c.is_empty()).then(|| median(&mut c.clone()))));
+        let mid = |m: &str| {
+            st.modes.iter().find(|(n, _, _)| n == m).map(|(_, v, c)| {
+                (
+                    median(&mut v.clone()),
+                    (!c.is_empty()).then(|| median(&mut c.clone())),
+                )
+            })
+        };
         let theirs = mid(&y);
         for (mode, values, _) in &st.modes {
             let Some((v, c)) = mid(mode) else { continue };

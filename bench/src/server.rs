@@ -64,10 +64,14 @@ pub fn serve_main(ns: &Path) -> Result<()> {
     let f = std::fs::File::open(ns).with_context(|| format!("open {}", ns.display()))?;
     // Before the runtime exists: its threads inherit this thread's netns.
     nix::sched::setns(&f, nix::sched::CloneFlags::CLONE_NEWNET).context("setns")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let bind = |port: u16| -> Result<TcpListener> {
-            let l = std::net::TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("bind {port}"))?;
+            let l = std::net::TcpListener::bind(("0.0.0.0", port))
+                .with_context(|| format!("bind {port}"))?;
             l.set_nonblocking(true)?;
             Ok(TcpListener::from_std(l)?)
         };

@@ -96,9 +96,16 @@ pub(crate) struct Purged {
 /// older ztunnel's programs, or by a program detached while its sockets lived), then
 /// recounts each netns's usage from what is left, so a drifted count can neither lock
 /// a pod out nor let it past its share.
-pub(crate) fn purge(maps: &mut ConnMaps, usage: &mut HashMap<MapData, u64, NetnsUsage>, enrolled: &HashSet<u64>) -> Result<Purged, MapError> {
+pub(crate) fn purge(
+    maps: &mut ConnMaps,
+    usage: &mut HashMap<MapData, u64, NetnsUsage>,
+    enrolled: &HashSet<u64>,
+) -> Result<Purged, MapError> {
     let mut purged = Purged::default();
-    let mut counts: StdHashMap<u64, NetnsUsage> = enrolled.iter().map(|n| (*n, NetnsUsage::default())).collect();
+    let mut counts: StdHashMap<u64, NetnsUsage> = enrolled
+        .iter()
+        .map(|n| (*n, NetnsUsage::default()))
+        .collect();
 
     let mut referenced = HashSet::new();
     let locals: Vec<(u64, ConnKey)> = maps.local_by_cookie.iter().filter_map(Result::ok).collect();
@@ -120,7 +127,8 @@ pub(crate) fn purge(maps: &mut ConnMaps, usage: &mut HashMap<MapData, u64, Netns
         ignore_missing(maps.local_conns.remove(&key))?;
     }
 
-    let origs: Vec<(u64, CookieEntry)> = maps.orig_by_cookie.iter().filter_map(Result::ok).collect();
+    let origs: Vec<(u64, CookieEntry)> =
+        maps.orig_by_cookie.iter().filter_map(Result::ok).collect();
     let mut live = HashSet::new();
     for (cookie, e) in origs {
         match counts.get_mut(&e.netns) {
@@ -134,13 +142,21 @@ pub(crate) fn purge(maps: &mut ConnMaps, usage: &mut HashMap<MapData, u64, Netns
             }
         }
     }
-    let tuples: Vec<(TupleKey, TupleValue)> = maps.orig_by_tuple.iter().filter_map(Result::ok).collect();
-    for (key, _) in tuples.into_iter().filter(|(_, v)| !live.contains(&v.cookie)) {
+    let tuples: Vec<(TupleKey, TupleValue)> =
+        maps.orig_by_tuple.iter().filter_map(Result::ok).collect();
+    for (key, _) in tuples
+        .into_iter()
+        .filter(|(_, v)| !live.contains(&v.cookie))
+    {
         purged.orphans += 1;
         ignore_missing(maps.orig_by_tuple.remove(&key))?;
     }
 
-    let stale: Vec<u64> = usage.keys().filter_map(Result::ok).filter(|n| !counts.contains_key(n)).collect();
+    let stale: Vec<u64> = usage
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|n| !counts.contains_key(n))
+        .collect();
     for n in stale {
         ignore_missing(usage.remove(&n))?;
     }

@@ -16,9 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use aya::maps::{HashMap, MapData, MapError, SockHash};
-use aya::programs::{
-    CgroupSock, CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps,
-};
+use aya::programs::{CgroupSock, CgroupSockAddr, CgroupSockopt, ProgramError, SkLookup, SockOps};
 use aya::{Ebpf, EbpfLoader};
 
 mod conns;
@@ -45,25 +43,43 @@ pub enum EbpfError {
     #[error("eBPF capture needs root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)")]
     NotRoot,
     #[error("bpf filesystem at {path}: {source}; mount it with `mount -t bpf bpf /sys/fs/bpf`")]
-    BpfFs { path: PathBuf, source: std::io::Error },
+    BpfFs {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("no cgroup v2 hierarchy is mounted; mount one (`mount -t cgroup2 none /sys/fs/cgroup`) or pass --cgroup-path")]
     NoCgroup2,
     #[error("{0} is not the cgroup v2 root (ztunnel runs in a cgroup namespace: run it with cgroupns=host, or pass --cgroup-path to the host's cgroup2 root)")]
     NotCgroupRoot(PathBuf),
     #[error("cannot open cgroup {path}: {source}")]
-    Cgroup { path: PathBuf, source: std::io::Error },
+    Cgroup {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot load the eBPF object (maps pinned in {pin_dir} may be from an incompatible ztunnel; remove that directory and re-enroll pods): {source}")]
-    Object { pin_dir: PathBuf, source: Box<aya::EbpfError> },
+    Object {
+        pin_dir: PathBuf,
+        source: Box<aya::EbpfError>,
+    },
     #[error("the kernel refused eBPF program {program}: {source}")]
-    Program { program: &'static str, source: ProgramError },
+    Program {
+        program: &'static str,
+        source: ProgramError,
+    },
     #[error("eBPF program {0} is missing from the object; the build is broken")]
     MissingProgram(&'static str),
     #[error("cannot attach eBPF program {program}: {source}")]
-    Attach { program: &'static str, source: std::io::Error },
+    Attach {
+        program: &'static str,
+        source: std::io::Error,
+    },
     #[error("eBPF map {map}: {source}")]
     Map { map: &'static str, source: MapError },
     #[error("pin {path}: {source}")]
-    Pin { path: PathBuf, source: std::io::Error },
+    Pin {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 fn program_err(program: &'static str) -> impl FnOnce(ProgramError) -> EbpfError {
@@ -140,7 +156,12 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Options { pin_dir: DEFAULT_PIN_DIR.into(), cgroup: None, exempt_inbound_ports: Vec::new(), capture_dns: false }
+        Options {
+            pin_dir: DEFAULT_PIN_DIR.into(),
+            cgroup: None,
+            exempt_inbound_ports: Vec::new(),
+            capture_dns: false,
+        }
     }
 }
 
@@ -206,16 +227,32 @@ impl Capture {
             Some(p) => p.clone(),
             None => sys::cgroup2_root()?,
         };
-        let cgroup = File::open(&cgroup_path).map_err(|source| EbpfError::Cgroup { path: cgroup_path.clone(), source })?;
-        for dir in [opts.pin_dir.join("links"), opts.pin_dir.join("pods"), maps_dir(&opts.pin_dir)] {
-            std::fs::create_dir_all(&dir).map_err(|source| EbpfError::Pin { path: dir.clone(), source })?;
+        let cgroup = File::open(&cgroup_path).map_err(|source| EbpfError::Cgroup {
+            path: cgroup_path.clone(),
+            source,
+        })?;
+        for dir in [
+            opts.pin_dir.join("links"),
+            opts.pin_dir.join("pods"),
+            maps_dir(&opts.pin_dir),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|source| EbpfError::Pin {
+                path: dir.clone(),
+                source,
+            })?;
         }
-        let pin_paths: Vec<(&str, PathBuf)> = MAPS.iter().map(|m| (*m, maps_dir(&opts.pin_dir).join(m))).collect();
+        let pin_paths: Vec<(&str, PathBuf)> = MAPS
+            .iter()
+            .map(|m| (*m, maps_dir(&opts.pin_dir).join(m)))
+            .collect();
         let mut loader = EbpfLoader::new();
         for (name, path) in &pin_paths {
             loader.map_pin_path(name, path.as_path());
         }
-        let mut bpf = loader.load(OBJECT).map_err(|source| EbpfError::Object { pin_dir: opts.pin_dir.clone(), source: Box::new(source) })?;
+        let mut bpf = loader.load(OBJECT).map_err(|source| EbpfError::Object {
+            pin_dir: opts.pin_dir.clone(),
+            source: Box::new(source),
+        })?;
 
         for name in GLOBAL_PROGRAMS {
             let link = attach_global(&mut bpf, name, cgroup.as_fd())?;
@@ -223,7 +260,11 @@ impl Capture {
         }
         // Older layouts' map pins: their programs were just replaced (or are per-pod and
         // replaced on re-enrollment), so only the pins keep them alive.
-        for e in std::fs::read_dir(&opts.pin_dir).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(&opts.pin_dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with("maps-") && e.path() != maps_dir(&opts.pin_dir) {
                 tracing::info!(dir = %e.path().display(), "removing pinned maps of an older ztunnel");
@@ -240,7 +281,9 @@ impl Capture {
             let _ = exempt.remove(&port);
         }
         for port in &opts.exempt_inbound_ports {
-            exempt.insert(port, 1, 0).map_err(map_err("zt_exempt_ports"))?;
+            exempt
+                .insert(port, 1, 0)
+                .map_err(map_err("zt_exempt_ports"))?;
         }
         let mut maps = Maps {
             pods_netns: take_map(&mut bpf, "zt_pods_netns")?,
@@ -250,20 +293,31 @@ impl Capture {
         };
         // What the pinned maps carried over from before this process: the pods stay
         // enrolled (the CNI agent's snapshot settles them), entries of anything else go.
-        let enrolled: std::collections::HashSet<u64> = maps.pods_netns.keys().filter_map(Result::ok).collect();
+        let enrolled: std::collections::HashSet<u64> =
+            maps.pods_netns.keys().filter_map(Result::ok).collect();
         let mut conn_maps = conns::ConnMaps {
             local_conns: take_map(&mut bpf, "zt_local_conns")?,
             local_by_cookie: take_map(&mut bpf, "zt_local_by_cookie")?,
             orig_by_cookie: take_map(&mut bpf, "zt_orig_by_cookie")?,
             orig_by_tuple: take_map(&mut bpf, "zt_orig_by_tuple")?,
         };
-        let purged = conns::purge(&mut conn_maps, &mut maps.usage, &enrolled).map_err(map_err("zt_netns_usage"))?;
+        let purged = conns::purge(&mut conn_maps, &mut maps.usage, &enrolled)
+            .map_err(map_err("zt_netns_usage"))?;
         if purged != conns::Purged::default() {
-            tracing::info!(unenrolled = purged.unenrolled, orphans = purged.orphans, "removed stale per-connection eBPF entries");
+            tracing::info!(
+                unenrolled = purged.unenrolled,
+                orphans = purged.orphans,
+                "removed stale per-connection eBPF entries"
+            );
         }
         tracing::info!(pin_dir = %opts.pin_dir.display(), cgroup = %cgroup_path.display(), "eBPF capture loaded");
         let pod_flags = if opts.capture_dns { POD_DNS } else { 0 };
-        Ok(Capture { pin_dir: opts.pin_dir.clone(), pod_flags, bpf: Mutex::new(bpf), maps: Mutex::new(maps) })
+        Ok(Capture {
+            pin_dir: opts.pin_dir.clone(),
+            pod_flags,
+            bpf: Mutex::new(bpf),
+            maps: Mutex::new(maps),
+        })
     }
 
     fn pod_link_path(&self, cookie: NetnsCookie) -> PathBuf {
@@ -285,22 +339,37 @@ impl Capture {
             IpAddr::V6(a) => Some(a.octets()),
             IpAddr::V4(_) => None,
         });
-        let config = PodConfig { ip4: v4.unwrap_or(0), flags: self.pod_flags, ip6: v6.unwrap_or_default() };
-        self.lock_maps().pods_netns.insert(pod.cookie.0, config, 0).map_err(map_err("zt_pods_netns"))?;
+        let config = PodConfig {
+            ip4: v4.unwrap_or(0),
+            flags: self.pod_flags,
+            ip6: v6.unwrap_or_default(),
+        };
+        self.lock_maps()
+            .pods_netns
+            .insert(pod.cookie.0, config, 0)
+            .map_err(map_err("zt_pods_netns"))?;
         {
             let mut maps = self.lock_maps();
             for (ip, listener) in &pod.addresses {
                 let key = addr6(*ip);
-                maps.inbound.insert(key, listener.as_raw_fd(), 0).map_err(map_err("zt_inbound"))?;
-                maps.pods_ip.insert(key, pod.cookie.0, 0).map_err(map_err("zt_pods_ip"))?;
+                maps.inbound
+                    .insert(key, listener.as_raw_fd(), 0)
+                    .map_err(map_err("zt_inbound"))?;
+                maps.pods_ip
+                    .insert(key, pod.cookie.0, 0)
+                    .map_err(map_err("zt_pods_ip"))?;
             }
         }
         let link = {
             let mut bpf = self.bpf.lock().unwrap_or_else(|e| e.into_inner());
             let prog: &mut SkLookup = program(&mut bpf, "zt_sk_lookup")?;
             let fd = prog.fd().map_err(program_err("zt_sk_lookup"))?;
-            sys::link_create(fd.as_fd(), pod.netns, sys::AttachType::SkLookup)
-                .map_err(|source| EbpfError::Attach { program: "zt_sk_lookup", source })?
+            sys::link_create(fd.as_fd(), pod.netns, sys::AttachType::SkLookup).map_err(
+                |source| EbpfError::Attach {
+                    program: "zt_sk_lookup",
+                    source,
+                },
+            )?
         };
         replace_pin(link, &self.pod_link_path(pod.cookie))
     }
@@ -316,7 +385,9 @@ impl Capture {
         match sys::obj_get(&path).and_then(|link| sys::link_detach(link.as_fd())) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot detach the pod's sk_lookup link now; the kernel detaches it once unpinned"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot detach the pod's sk_lookup link now; the kernel detaches it once unpinned")
+            }
         }
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -347,10 +418,25 @@ impl Capture {
         let mut stale: std::collections::HashSet<u64> = std::collections::HashSet::new();
         {
             let maps = self.lock_maps();
-            stale.extend(maps.pods_netns.keys().filter_map(Result::ok).filter(|c| !keep.contains(c)));
-            stale.extend(maps.pods_ip.iter().filter_map(Result::ok).map(|(_, c)| c).filter(|c| !keep.contains(c)));
+            stale.extend(
+                maps.pods_netns
+                    .keys()
+                    .filter_map(Result::ok)
+                    .filter(|c| !keep.contains(c)),
+            );
+            stale.extend(
+                maps.pods_ip
+                    .iter()
+                    .filter_map(Result::ok)
+                    .map(|(_, c)| c)
+                    .filter(|c| !keep.contains(c)),
+            );
         }
-        for e in std::fs::read_dir(self.pin_dir.join("pods")).into_iter().flatten().flatten() {
+        for e in std::fs::read_dir(self.pin_dir.join("pods"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if let Some(c) = e.file_name().to_str().and_then(|n| n.parse::<u64>().ok()) {
                 if !keep.contains(&c) {
                     stale.insert(c);
@@ -360,7 +446,12 @@ impl Capture {
         for c in &stale {
             let ips: Vec<IpAddr> = {
                 let maps = self.lock_maps();
-                maps.pods_ip.iter().filter_map(Result::ok).filter(|(_, o)| o == c).map(|(ip, _)| from_addr6(ip)).collect()
+                maps.pods_ip
+                    .iter()
+                    .filter_map(Result::ok)
+                    .filter(|(_, o)| o == c)
+                    .map(|(ip, _)| from_addr6(ip))
+                    .collect()
             };
             self.remove(NetnsCookie(*c), &ips)?;
         }
@@ -370,7 +461,11 @@ impl Capture {
     /// Entries in the pod maps (enrolled netns, enrolled IPs, inbound listeners).
     pub fn pod_entries(&self) -> (usize, usize, usize) {
         let maps = self.lock_maps();
-        (maps.pods_netns.keys().count(), maps.pods_ip.keys().count(), maps.inbound.keys().count())
+        (
+            maps.pods_netns.keys().count(),
+            maps.pods_ip.keys().count(),
+            maps.inbound.keys().count(),
+        )
     }
 
     pub fn pin_dir(&self) -> &Path {
@@ -395,7 +490,11 @@ pub struct Inspection {
 
 impl Inspection {
     pub fn entries(&self, map: &str) -> usize {
-        self.maps.iter().find(|(m, _)| m == map).map(|(_, n)| *n).unwrap_or(0)
+        self.maps
+            .iter()
+            .find(|(m, _)| m == map)
+            .map(|(_, n)| *n)
+            .unwrap_or(0)
     }
 }
 
@@ -438,7 +537,9 @@ fn program<'a, T>(bpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, Eb
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {
-    let p = bpf.program_mut(name).ok_or(EbpfError::MissingProgram(name))?;
+    let p = bpf
+        .program_mut(name)
+        .ok_or(EbpfError::MissingProgram(name))?;
     p.try_into().map_err(program_err(name))
 }
 
@@ -446,20 +547,30 @@ fn take_map<T>(bpf: &mut Ebpf, name: &'static str) -> Result<T, EbpfError>
 where
     T: TryFrom<aya::maps::Map, Error = MapError>,
 {
-    let m = bpf.take_map(name).ok_or(EbpfError::Map { map: name, source: MapError::InvalidName { name: name.into() } })?;
+    let m = bpf.take_map(name).ok_or(EbpfError::Map {
+        map: name,
+        source: MapError::InvalidName { name: name.into() },
+    })?;
     T::try_from(m).map_err(map_err(name))
 }
 
 /// Loads one process-wide program and attaches it to the cgroup (alongside any other
 /// programs there), returning its link.
-fn attach_global(bpf: &mut Ebpf, name: &'static str, cgroup: BorrowedFd<'_>) -> Result<OwnedFd, EbpfError> {
+fn attach_global(
+    bpf: &mut Ebpf,
+    name: &'static str,
+    cgroup: BorrowedFd<'_>,
+) -> Result<OwnedFd, EbpfError> {
     use sys::AttachType as A;
     macro_rules! load {
         ($ty:ty, $attach:expr) => {{
             let p: &mut $ty = program(bpf, name)?;
             p.load().map_err(program_err(name))?;
             let fd = p.fd().map_err(program_err(name))?;
-            sys::link_create(fd.as_fd(), cgroup, $attach).map_err(|source| EbpfError::Attach { program: name, source })
+            sys::link_create(fd.as_fd(), cgroup, $attach).map_err(|source| EbpfError::Attach {
+                program: name,
+                source,
+            })
         }};
     }
     match name {
@@ -482,7 +593,10 @@ fn attach_global(bpf: &mut Ebpf, name: &'static str, cgroup: BorrowedFd<'_>) -> 
 /// for a moment is harmless (the second connect4 sees an already-rewritten loopback
 /// destination, the second sk_lookup is not consulted once the first assigned).
 fn replace_pin(link: OwnedFd, path: &Path) -> Result<(), EbpfError> {
-    let pin_err = |source| EbpfError::Pin { path: path.to_path_buf(), source };
+    let pin_err = |source| EbpfError::Pin {
+        path: path.to_path_buf(),
+        source,
+    };
     // bpffs refuses names with a '.'.
     let mut fresh = path.as_os_str().to_owned();
     fresh.push("-new");
@@ -501,10 +615,16 @@ mod tests {
     #[test]
     fn map_addresses_are_16_bytes_ipv4_v4_mapped() {
         let v4: IpAddr = "10.10.1.11".parse().unwrap();
-        assert_eq!(addr6(v4), [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 10, 1, 11]);
+        assert_eq!(
+            addr6(v4),
+            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 10, 1, 11]
+        );
         assert_eq!(from_addr6(addr6(v4)), v4);
         let v6: IpAddr = "fd00:10:1::11".parse().unwrap();
-        assert_eq!(addr6(v6), [0xfd, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11]);
+        assert_eq!(
+            addr6(v6),
+            [0xfd, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x11]
+        );
         assert_eq!(from_addr6(addr6(v6)), v6);
         // Mirrors `struct pod_config`: ip4, flags, ip6.
         assert_eq!(std::mem::size_of::<PodConfig>(), 24);

@@ -26,7 +26,16 @@ fn mount(fstype: &str, target: &Path) -> std::io::Result<()> {
     let src = CString::new(fstype).map_err(std::io::Error::other)?;
     let tgt = CString::new(target.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
     // SAFETY: all pointers are valid NUL-terminated strings for the duration of the call.
-    if unsafe { libc::mount(src.as_ptr(), tgt.as_ptr(), src.as_ptr(), 0, std::ptr::null()) } != 0 {
+    if unsafe {
+        libc::mount(
+            src.as_ptr(),
+            tgt.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    } != 0
+    {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -35,9 +44,14 @@ fn mount(fstype: &str, target: &Path) -> std::io::Result<()> {
 /// Makes sure the pin directory is on a bpf filesystem, mounting /sys/fs/bpf if the
 /// host has not (as Cilium's and Istio's agents do).
 pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), EbpfError> {
-    let err = |path: &Path, source| EbpfError::BpfFs { path: path.to_path_buf(), source };
+    let err = |path: &Path, source| EbpfError::BpfFs {
+        path: path.to_path_buf(),
+        source,
+    };
     let under_default = pin_dir.starts_with(BPF_MOUNT);
-    if under_default && fs_magic(Path::new(BPF_MOUNT)).map_err(|e| err(Path::new(BPF_MOUNT), e))? != BPF_FS_MAGIC {
+    if under_default
+        && fs_magic(Path::new(BPF_MOUNT)).map_err(|e| err(Path::new(BPF_MOUNT), e))? != BPF_FS_MAGIC
+    {
         mount("bpf", Path::new(BPF_MOUNT)).map_err(|e| err(Path::new(BPF_MOUNT), e))?;
         tracing::info!(path = BPF_MOUNT, "mounted the bpf filesystem");
     }
@@ -53,7 +67,10 @@ pub fn ensure_bpffs(pin_dir: &Path) -> Result<(), EbpfError> {
 /// container's own cgroup: programs there would see only ztunnel's sockets and capture
 /// nothing, so that is an error (the real root's directory is inode 1).
 pub fn cgroup2_root() -> Result<PathBuf, EbpfError> {
-    let found = std::fs::read_to_string("/proc/self/mountinfo").ok().as_deref().and_then(find_cgroup2_root);
+    let found = std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .as_deref()
+        .and_then(find_cgroup2_root);
     let path = match found {
         Some(p) => p,
         None => {
@@ -66,7 +83,12 @@ pub fn cgroup2_root() -> Result<PathBuf, EbpfError> {
         }
     };
     use std::os::unix::fs::MetadataExt;
-    let ino = std::fs::metadata(&path).map_err(|source| EbpfError::Cgroup { path: path.clone(), source })?.ino();
+    let ino = std::fs::metadata(&path)
+        .map_err(|source| EbpfError::Cgroup {
+            path: path.clone(),
+            source,
+        })?
+        .ino();
     if ino != 1 {
         return Err(EbpfError::NotCgroupRoot(path));
     }
@@ -93,9 +115,16 @@ mod tests {
     fn finds_the_cgroup2_root_mount() {
         let mi = "30 24 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
                   31 24 0:27 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu\n";
-        assert_eq!(find_cgroup2_root(mi), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            find_cgroup2_root(mi),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
         let nested = "30 24 0:26 /kubepods /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        assert_eq!(find_cgroup2_root(nested), None, "a bind mount of a sub-cgroup is not the root");
+        assert_eq!(
+            find_cgroup2_root(nested),
+            None,
+            "a bind mount of a sub-cgroup is not the root"
+        );
         assert_eq!(find_cgroup2_root(""), None);
     }
 }
@@ -125,7 +154,14 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
     // The kernel zero-checks the tail of bpf_attr beyond what it reads; our attr structs
     // are prefixes of the union padded with zeros, passed with their exact size.
     // SAFETY: attr points to a live, initialized struct of the size we pass.
-    let r = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr as *mut T as *mut libc::c_void, std::mem::size_of::<T>() as libc::c_uint) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut T as *mut libc::c_void,
+            std::mem::size_of::<T>() as libc::c_uint,
+        )
+    };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -135,7 +171,11 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> std::io::Result<libc::c_long> {
 
 /// BPF_LINK_CREATE: a link owning the attachment of `prog` to `target` (a cgroup or
 /// netns fd). aya 0.14 cannot hand out every link kind as a pinnable fd, so we make them.
-pub fn link_create(prog: std::os::fd::BorrowedFd<'_>, target: std::os::fd::BorrowedFd<'_>, attach: AttachType) -> std::io::Result<std::os::fd::OwnedFd> {
+pub fn link_create(
+    prog: std::os::fd::BorrowedFd<'_>,
+    target: std::os::fd::BorrowedFd<'_>,
+    attach: AttachType,
+) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::{AsRawFd, FromRawFd};
     #[repr(C)]
     struct LinkCreate {
@@ -145,7 +185,13 @@ pub fn link_create(prog: std::os::fd::BorrowedFd<'_>, target: std::os::fd::Borro
         flags: u32,
         pad: [u64; 4],
     }
-    let mut attr = LinkCreate { prog_fd: prog.as_raw_fd() as u32, target_fd: target.as_raw_fd() as u32, attach_type: attach as u32, flags: 0, pad: [0; 4] };
+    let mut attr = LinkCreate {
+        prog_fd: prog.as_raw_fd() as u32,
+        target_fd: target.as_raw_fd() as u32,
+        attach_type: attach as u32,
+        flags: 0,
+        pad: [0; 4],
+    };
     let fd = bpf(BPF_LINK_CREATE, &mut attr)?;
     // SAFETY: the kernel returned a new fd that nothing else owns.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
@@ -164,7 +210,13 @@ struct ObjPath {
 /// `cmd` on the object at `path`; `path` stays alive across the call, which reads it.
 fn bpf_obj(cmd: libc::c_long, path: &Path, bpf_fd: u32) -> std::io::Result<libc::c_long> {
     let c = CString::new(path.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
-    let mut attr = ObjPath { pathname: c.as_ptr() as u64, bpf_fd, file_flags: 0, path_fd: 0, pad: 0 };
+    let mut attr = ObjPath {
+        pathname: c.as_ptr() as u64,
+        bpf_fd,
+        file_flags: 0,
+        path_fd: 0,
+        pad: 0,
+    };
     bpf(cmd, &mut attr)
 }
 
@@ -193,7 +245,10 @@ pub fn link_detach(link: std::os::fd::BorrowedFd<'_>) -> std::io::Result<()> {
         link_fd: u32,
         pad: u32,
     }
-    let mut attr = LinkDetach { link_fd: link.as_raw_fd() as u32, pad: 0 };
+    let mut attr = LinkDetach {
+        link_fd: link.as_raw_fd() as u32,
+        pad: 0,
+    };
     bpf(BPF_LINK_DETACH, &mut attr).map(|_| ())
 }
 
@@ -232,11 +287,16 @@ pub fn count_keys(map: std::os::fd::BorrowedFd<'_>, key_size: usize) -> std::io:
         first = false;
         std::mem::swap(&mut cur, &mut next);
     }
-    Err(std::io::Error::other("map walk did not end (entries changing under it)"))
+    Err(std::io::Error::other(
+        "map walk did not end (entries changing under it)",
+    ))
 }
 
 /// Number of programs attached to `target` (a cgroup or netns fd) for `attach`.
-pub fn query_attached(target: std::os::fd::BorrowedFd<'_>, attach: AttachType) -> std::io::Result<u32> {
+pub fn query_attached(
+    target: std::os::fd::BorrowedFd<'_>,
+    attach: AttachType,
+) -> std::io::Result<u32> {
     use std::os::fd::AsRawFd;
     #[repr(C)]
     struct Query {
@@ -248,7 +308,15 @@ pub fn query_attached(target: std::os::fd::BorrowedFd<'_>, attach: AttachType) -
         prog_cnt: u32,
         pad: [u32; 9],
     }
-    let mut attr = Query { target_fd: target.as_raw_fd() as u32, attach_type: attach as u32, query_flags: 0, attach_flags: 0, prog_ids: 0, prog_cnt: 0, pad: [0; 9] };
+    let mut attr = Query {
+        target_fd: target.as_raw_fd() as u32,
+        attach_type: attach as u32,
+        query_flags: 0,
+        attach_flags: 0,
+        prog_ids: 0,
+        prog_cnt: 0,
+        pad: [0; 9],
+    };
     bpf(BPF_PROG_QUERY, &mut attr)?;
     Ok(attr.prog_cnt)
 }

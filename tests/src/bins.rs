@@ -38,7 +38,9 @@ pub fn waypoint() -> &'static str {
 /// Runs these binaries instead of finding them (the bench passes the ones it measures).
 /// Fails if the binaries were already located.
 pub fn use_binaries(ztunnel: PathBuf, waypoint: PathBuf) -> Result<()> {
-    BINARIES.set(Ok(Binaries { ztunnel, waypoint })).map_err(|_| anyhow::anyhow!("the binaries under test were chosen already"))
+    BINARIES
+        .set(Ok(Binaries { ztunnel, waypoint }))
+        .map_err(|_| anyhow::anyhow!("the binaries under test were chosen already"))
 }
 
 fn path_str(p: &'static Path) -> &'static str {
@@ -68,12 +70,19 @@ fn locate() -> Result<Binaries> {
 /// directly in it, as the bench is).
 fn profile_dir(exe: &Path) -> Result<PathBuf> {
     let dir = exe.parent().context("test binary has no directory")?;
-    let dir = if dir.file_name().is_some_and(|n| n == "deps") { dir.parent().context("deps has no parent")? } else { dir };
+    let dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().context("deps has no parent")?
+    } else {
+        dir
+    };
     Ok(dir.to_path_buf())
 }
 
 fn in_dir(dir: &Path) -> Result<Binaries> {
-    let b = Binaries { ztunnel: dir.join("ztunnel"), waypoint: dir.join("waypoint") };
+    let b = Binaries {
+        ztunnel: dir.join("ztunnel"),
+        waypoint: dir.join("waypoint"),
+    };
     for p in [&b.ztunnel, &b.waypoint] {
         if !p.is_file() {
             bail!("{} is missing: build it first (`cargo test --workspace --no-run` or `cargo build --workspace --bins`)", p.display());
@@ -104,11 +113,21 @@ fn build(cargo: &Path, profile_dir: &Path) -> Result<Binaries> {
     // this build and the outer one rebuild each other's dependencies every time.
     for (key, _) in std::env::vars_os() {
         let k = key.to_string_lossy();
-        if k.starts_with("CARGO_PKG_") || k.starts_with("CARGO_BIN_") || CARGO_TEST_ENV.contains(&k.as_ref()) {
+        if k.starts_with("CARGO_PKG_")
+            || k.starts_with("CARGO_BIN_")
+            || CARGO_TEST_ENV.contains(&k.as_ref())
+        {
             cmd.env_remove(&key);
         }
     }
-    cmd.current_dir(&workspace).args(["test", "--workspace", "--no-run", "--test", "cli", "--message-format=json-render-diagnostics"]);
+    cmd.current_dir(&workspace).args([
+        "test",
+        "--workspace",
+        "--no-run",
+        "--test",
+        "cli",
+        "--message-format=json-render-diagnostics",
+    ]);
     match profile_dir.file_name().and_then(|n| n.to_str()) {
         Some("debug") | None => {}
         Some("release") => {
@@ -118,17 +137,30 @@ fn build(cargo: &Path, profile_dir: &Path) -> Result<Binaries> {
             cmd.args(["--profile", other]);
         }
     }
-    let out = cmd.output().with_context(|| format!("running {}", cargo.display()))?;
+    let out = cmd
+        .output()
+        .with_context(|| format!("running {}", cargo.display()))?;
     if !out.status.success() {
-        bail!("building the binaries under test failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "building the binaries under test failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let mut found = (None, None);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else { continue };
-        if msg["reason"] != "compiler-artifact" || !msg["target"]["kind"].as_array().is_some_and(|k| k.iter().any(|k| k == "bin")) {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact"
+            || !msg["target"]["kind"]
+                .as_array()
+                .is_some_and(|k| k.iter().any(|k| k == "bin"))
+        {
             continue;
         }
-        let Some(exe) = msg["executable"].as_str() else { continue };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
         match msg["target"]["name"].as_str() {
             Some("ztunnel") => found.0 = Some(PathBuf::from(exe)),
             Some("waypoint") => found.1 = Some(PathBuf::from(exe)),
@@ -147,13 +179,22 @@ mod tests {
 
     #[test]
     fn the_profile_directory_is_the_parent_of_deps() {
-        assert_eq!(profile_dir(Path::new("/w/target/debug/deps/e2e-0123")).unwrap(), Path::new("/w/target/debug"));
-        assert_eq!(profile_dir(Path::new("/w/target/release/bench")).unwrap(), Path::new("/w/target/release"));
+        assert_eq!(
+            profile_dir(Path::new("/w/target/debug/deps/e2e-0123")).unwrap(),
+            Path::new("/w/target/debug")
+        );
+        assert_eq!(
+            profile_dir(Path::new("/w/target/release/bench")).unwrap(),
+            Path::new("/w/target/release")
+        );
     }
 
     #[test]
     fn a_directory_without_the_binaries_says_how_to_build_them() {
         let e = in_dir(Path::new("/nonexistent")).unwrap_err().to_string();
-        assert!(e.contains("/nonexistent/ztunnel is missing") && e.contains("cargo test --workspace"), "{e}");
+        assert!(
+            e.contains("/nonexistent/ztunnel is missing") && e.contains("cargo test --workspace"),
+            "{e}"
+        );
     }
 }

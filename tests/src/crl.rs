@@ -9,7 +9,11 @@ use crate::netsim::Netns;
 
 /// The serial of `identity`'s certificate held by the ztunnel (or waypoint) whose admin
 /// endpoint is `admin` in `ns` (from its `/config_dump`), as hex: what a CRL lists.
-pub async fn cert_serial(ns: &Netns, admin: std::net::SocketAddr, identity: &str) -> Result<String> {
+pub async fn cert_serial(
+    ns: &Netns,
+    admin: std::net::SocketAddr,
+    identity: &str,
+) -> Result<String> {
     let (status, body) = crate::fake_istiod::http_get(ns, admin, "/config_dump").await?;
     anyhow::ensure!(status == 200, "/config_dump answered {status}: {body}");
     let dump: serde_json::Value = serde_json::from_str(&body)?;
@@ -19,7 +23,10 @@ pub async fn cert_serial(ns: &Netns, admin: std::net::SocketAddr, identity: &str
         .iter()
         .find(|c| c["identity"] == identity)
         .with_context(|| format!("no {identity} in {dump:#}"))?;
-    let serial: u128 = cert["certChain"][0]["serialNumber"].as_str().context("serialNumber")?.parse()?;
+    let serial: u128 = cert["certChain"][0]["serialNumber"]
+        .as_str()
+        .context("serialNumber")?
+        .parse()?;
     Ok(format!("{serial:032x}"))
 }
 

@@ -15,14 +15,16 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, Result};
 use prost::Message;
 use rcgen::{
-    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DistinguishedName,
+    DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tonic::{Request, Response, Status, Streaming};
 use ztunnel::xds::proto::envoy::service::discovery::v3::{
-    aggregated_discovery_service_server::{AggregatedDiscoveryService, AggregatedDiscoveryServiceServer},
+    aggregated_discovery_service_server::{
+        AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+    },
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, Resource,
 };
 use ztunnel::xds::proto::istio::security as pb_sec;
@@ -76,7 +78,9 @@ pub struct Sent {
 fn ascii_headers(m: &tonic::metadata::MetadataMap) -> HashMap<String, String> {
     m.iter()
         .filter_map(|kv| match kv {
-            tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.as_str().to_string(), v.to_str().ok()?.to_string())),
+            tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
+                Some((k.as_str().to_string(), v.to_str().ok()?.to_string()))
+            }
             _ => None,
         })
         .collect()
@@ -123,14 +127,20 @@ impl Resources {
     pub fn set_workload(&mut self, w: pb::Workload) {
         let v = self.bump();
         let name = w.uid.clone();
-        let bytes = pb::Address { r#type: Some(pb::address::Type::Workload(w)) }.encode_to_vec();
+        let bytes = pb::Address {
+            r#type: Some(pb::address::Type::Workload(w)),
+        }
+        .encode_to_vec();
         self.addresses.insert(name, (v, bytes));
     }
 
     pub fn set_service(&mut self, s: pb::Service) {
         let v = self.bump();
         let name = format!("{}/{}", s.namespace, s.hostname);
-        let bytes = pb::Address { r#type: Some(pb::address::Type::Service(s)) }.encode_to_vec();
+        let bytes = pb::Address {
+            r#type: Some(pb::address::Type::Service(s)),
+        }
+        .encode_to_vec();
         self.addresses.insert(name, (v, bytes));
     }
 
@@ -154,7 +164,10 @@ impl Resources {
     }
 
     pub fn issued_for(&self, identity: &str) -> usize {
-        self.issued.iter().filter(|i| i.identity == identity).count()
+        self.issued
+            .iter()
+            .filter(|i| i.identity == identity)
+            .count()
     }
 
     pub fn nacks(&self) -> Vec<String> {
@@ -162,7 +175,10 @@ impl Resources {
     }
 
     pub fn acks(&self, type_url: &str) -> usize {
-        self.seen.iter().filter(|s| s.type_url == type_url && !s.nonce.is_empty() && s.nack.is_none()).count()
+        self.seen
+            .iter()
+            .filter(|s| s.type_url == type_url && !s.nonce.is_empty() && s.nack.is_none())
+            .count()
     }
 }
 
@@ -181,7 +197,9 @@ impl Pki {
         let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
         let mut root_params = CertificateParams::default();
         root_params.distinguished_name = DistinguishedName::new();
-        root_params.distinguished_name.push(DnType::OrganizationName, "cluster.local");
+        root_params
+            .distinguished_name
+            .push(DnType::OrganizationName, "cluster.local");
         root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         root_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
         let root = root_params.self_signed(&root_key)?;
@@ -195,11 +213,24 @@ impl Pki {
         let server = sp.signed_by(&server_key, &issuer)?;
         let server_chain = vec![server.der().clone()];
         let server_key = rustls_pki_types::PrivateKeyDer::Pkcs8(server_key.serialize_der().into());
-        Ok(Pki { root_pem, root_path, root_key, root_params, server_chain, server_key })
+        Ok(Pki {
+            root_pem,
+            root_path,
+            root_key,
+            root_params,
+            server_chain,
+            server_key,
+        })
     }
 
-    fn sign(&self, csr_pem: &str, identity_override: Option<&str>, validity: Duration) -> Result<(String, String), String> {
-        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| format!("bad CSR: {e}"))?;
+    fn sign(
+        &self,
+        csr_pem: &str,
+        identity_override: Option<&str>,
+        validity: Duration,
+    ) -> Result<(String, String), String> {
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| format!("bad CSR: {e}"))?;
         let requested = csr
             .params
             .subject_alt_names
@@ -210,17 +241,27 @@ impl Pki {
             })
             .ok_or("CSR without a URI SAN")?;
         if let Some(other) = identity_override {
-            csr.params.subject_alt_names = vec![SanType::URI(other.to_string().try_into().map_err(|e| format!("{e}"))?)];
+            csr.params.subject_alt_names = vec![SanType::URI(
+                other.to_string().try_into().map_err(|e| format!("{e}"))?,
+            )];
         }
         let now = SystemTime::now();
         csr.params.not_before = (now - Duration::from_secs(60)).into();
         csr.params.not_after = (now + validity).into();
         csr.params.serial_number = Some(SerialNumber::from_slice(&rand::random::<[u8; 16]>()));
-        csr.params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        csr.params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        csr.params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        csr.params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         csr.params.use_authority_key_identifier_extension = true;
         let issuer = Issuer::from_params(&self.root_params, &self.root_key);
-        let cert = csr.signed_by(&issuer).map_err(|e| format!("signing failed: {e}"))?;
+        let cert = csr
+            .signed_by(&issuer)
+            .map_err(|e| format!("signing failed: {e}"))?;
         Ok((requested, cert.pem()))
     }
 
@@ -232,9 +273,12 @@ impl Pki {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         // Client certificates are verified when presented; the token authenticates a
         // proxy that has none yet (its first certificate request).
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .allow_unauthenticated()
-            .build()?;
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
@@ -254,7 +298,8 @@ struct Ads {
     changed: watch::Receiver<u64>,
 }
 
-type ResponseStream = Pin<Box<dyn futures_util::Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+type ResponseStream =
+    Pin<Box<dyn futures_util::Stream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
 
 fn check_auth<T>(res: &Mutex<Resources>, req: &Request<T>) -> Result<String, Status> {
     let token = req
@@ -267,7 +312,12 @@ fn check_auth<T>(res: &Mutex<Resources>, req: &Request<T>) -> Result<String, Sta
     if !res.lock().unwrap().tokens.contains(&token) {
         return Err(Status::unauthenticated(format!("unknown token {token:?}")));
     }
-    if req.metadata().get("clusterid").and_then(|v| v.to_str().ok()) != Some(CLUSTER_ID) {
+    if req
+        .metadata()
+        .get("clusterid")
+        .and_then(|v| v.to_str().ok())
+        != Some(CLUSTER_ID)
+    {
         return Err(Status::unauthenticated("wrong or missing clusterid"));
     }
     Ok(token)
@@ -282,12 +332,21 @@ struct ClientView {
 
 impl Ads {
     /// The delta between what the client holds and what we have.
-    fn delta(&self, type_url: &str, view: &mut ClientView, nonce: &mut u64) -> Option<DeltaDiscoveryResponse> {
+    fn delta(
+        &self,
+        type_url: &str,
+        view: &mut ClientView,
+        nonce: &mut u64,
+    ) -> Option<DeltaDiscoveryResponse> {
         let res = self.res.lock().unwrap();
         if type_url == AUTHORIZATION_TYPE && res.hold_authorizations {
             return None;
         }
-        let source = if type_url == ADDRESS_TYPE { &res.addresses } else { &res.authorizations };
+        let source = if type_url == ADDRESS_TYPE {
+            &res.addresses
+        } else {
+            &res.authorizations
+        };
         let mut resources = Vec::new();
         for (name, (v, bytes)) in source {
             let v = v.to_string();
@@ -295,13 +354,21 @@ impl Ads {
                 resources.push(Resource {
                     name: name.clone(),
                     version: v.clone(),
-                    resource: Some(prost_types::Any { type_url: type_url.to_string(), value: bytes.clone() }),
+                    resource: Some(prost_types::Any {
+                        type_url: type_url.to_string(),
+                        value: bytes.clone(),
+                    }),
                     ..Default::default()
                 });
                 view.versions.insert(name.clone(), v);
             }
         }
-        let removed: Vec<String> = view.versions.keys().filter(|n| !source.contains_key(*n)).cloned().collect();
+        let removed: Vec<String> = view
+            .versions
+            .keys()
+            .filter(|n| !source.contains_key(*n))
+            .cloned()
+            .collect();
         for n in &removed {
             view.versions.remove(n);
         }
@@ -319,7 +386,13 @@ impl Ads {
             system_version_info: String::new(),
         };
         drop(res);
-        let sent = Sent { type_url: r.type_url.clone(), nonce: r.nonce.clone(), resources: r.resources.len(), removed: r.removed_resources.len(), at: Instant::now() };
+        let sent = Sent {
+            type_url: r.type_url.clone(),
+            nonce: r.nonce.clone(),
+            resources: r.resources.len(),
+            removed: r.removed_resources.len(),
+            at: Instant::now(),
+        };
         self.res.lock().unwrap().sent.push(sent);
         Some(r)
     }
@@ -334,7 +407,11 @@ impl AggregatedDiscoveryService for Ads {
         request: Request<Streaming<DeltaDiscoveryRequest>>,
     ) -> Result<Response<ResponseStream>, Status> {
         check_auth(&self.res, &request)?;
-        let peer = request.extensions().get::<Peer>().cloned().unwrap_or(Peer(None));
+        let peer = request
+            .extensions()
+            .get::<Peer>()
+            .cloned()
+            .unwrap_or(Peer(None));
         let headers = ascii_headers(request.metadata());
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel::<Result<DeltaDiscoveryResponse, Status>>(16);
@@ -378,7 +455,11 @@ impl AggregatedDiscoveryService for Ads {
                 }
             }
         });
-        let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let stream =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -398,10 +479,14 @@ impl IstioCertificateService for CaService {
         let token = check_auth(&self.res, &request)?;
         let headers = ascii_headers(request.metadata());
         let req = request.into_inner();
-        let impersonated = req.metadata.as_ref().and_then(|m| m.fields.get("ImpersonatedIdentity")).and_then(|v| match &v.kind {
-            Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
-            _ => None,
-        });
+        let impersonated = req
+            .metadata
+            .as_ref()
+            .and_then(|m| m.fields.get("ImpersonatedIdentity"))
+            .and_then(|v| match &v.kind {
+                Some(prost_types::value::Kind::StringValue(s)) => Some(s.clone()),
+                _ => None,
+            });
         let csr_id = CertificateSigningRequestParams::from_pem(&req.csr)
             .ok()
             .and_then(|c| {
@@ -412,7 +497,9 @@ impl IstioCertificateService for CaService {
             })
             .ok_or_else(|| Status::invalid_argument("CSR without a URI SAN"))?;
         if impersonated.as_ref().is_some_and(|i| *i != csr_id) {
-            return Err(Status::permission_denied("ImpersonatedIdentity differs from the CSR"));
+            return Err(Status::permission_denied(
+                "ImpersonatedIdentity differs from the CSR",
+            ));
         }
         if self.res.lock().unwrap().stall_for.contains(&csr_id) {
             // A CA that took the request and never answers.
@@ -425,8 +512,12 @@ impl IstioCertificateService for CaService {
             .wrong_identity_for
             .contains(&csr_id)
             .then(|| "spiffe://cluster.local/ns/default/sa/someone-else".to_string());
-        let validity = Duration::from_secs(u64::try_from(req.validity_duration).unwrap_or(3600).max(1));
-        let (identity, leaf) = self.pki.sign(&req.csr, wrong.as_deref(), validity).map_err(Status::invalid_argument)?;
+        let validity =
+            Duration::from_secs(u64::try_from(req.validity_duration).unwrap_or(3600).max(1));
+        let (identity, leaf) = self
+            .pki
+            .sign(&req.csr, wrong.as_deref(), validity)
+            .map_err(Status::invalid_argument)?;
         self.res.lock().unwrap().issued.push(Issued {
             identity,
             impersonated,
@@ -435,7 +526,9 @@ impl IstioCertificateService for CaService {
             at: SystemTime::now(),
             headers,
         });
-        Ok(Response::new(IstioCertificateResponse { cert_chain: vec![leaf, self.pki.root_pem.clone()] }))
+        Ok(Response::new(IstioCertificateResponse {
+            cert_chain: vec![leaf, self.pki.root_pem.clone()],
+        }))
     }
 }
 
@@ -462,7 +555,15 @@ impl FakeIstiod {
         let res = Arc::new(Mutex::new(Resources::default()));
         res.lock().unwrap().tokens.insert(TOKEN.to_string());
         let (changed, _) = watch::channel(0u64);
-        let mut f = FakeIstiod { res, pki, addr, netns: netns.clone(), changed, server: None, conns: Default::default() };
+        let mut f = FakeIstiod {
+            res,
+            pki,
+            addr,
+            netns: netns.clone(),
+            changed,
+            server: None,
+            conns: Default::default(),
+        };
         f.restart()?;
         Ok(f)
     }
@@ -491,14 +592,22 @@ impl FakeIstiod {
         self.kill();
         let listener = self.netns.listen(self.addr.port())?;
         let tls = tokio_rustls::TlsAcceptor::from(Arc::new(self.pki.server_tls()?));
-        let ads = AggregatedDiscoveryServiceServer::new(Ads { res: self.res.clone(), changed: self.changed.subscribe() });
-        let ca = IstioCertificateServiceServer::new(CaService { res: self.res.clone(), pki: self.pki.clone() });
+        let ads = AggregatedDiscoveryServiceServer::new(Ads {
+            res: self.res.clone(),
+            changed: self.changed.subscribe(),
+        });
+        let ca = IstioCertificateServiceServer::new(CaService {
+            res: self.res.clone(),
+            pki: self.pki.clone(),
+        });
         let conns = self.conns.clone();
         self.server = Some(tokio::spawn(async move {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (tls, ads, ca) = (tls.clone(), ads.clone(), ca.clone());
                 conns.lock().unwrap().spawn(async move {
-                    let Ok(stream) = tls.accept(tcp).await else { return };
+                    let Ok(stream) = tls.accept(tcp).await else {
+                        return;
+                    };
                     let peer = Peer(
                         stream
                             .get_ref()
@@ -508,23 +617,31 @@ impl FakeIstiod {
                             .and_then(|c| ztunnel::tls::identity_from_cert(c).ok())
                             .map(|i| i.to_string()),
                     );
-                    let svc = hyper::service::service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
-                        req.extensions_mut().insert(peer.clone());
-                        let (mut ads, mut ca) = (ads.clone(), ca.clone());
-                        async move {
-                            use tower::Service;
-                            let resp = if req.uri().path().starts_with("/envoy.service.discovery.v3.AggregatedDiscoveryService/") {
-                                ads.call(req).await
-                            } else {
-                                ca.call(req).await
-                            };
-                            Ok::<_, std::convert::Infallible>(resp.unwrap_or_else(|e| match e {}))
-                        }
-                    });
-                    let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                        .http2_only()
-                        .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                        .await;
+                    let svc = hyper::service::service_fn(
+                        move |mut req: http::Request<hyper::body::Incoming>| {
+                            req.extensions_mut().insert(peer.clone());
+                            let (mut ads, mut ca) = (ads.clone(), ca.clone());
+                            async move {
+                                use tower::Service;
+                                let resp = if req.uri().path().starts_with(
+                                    "/envoy.service.discovery.v3.AggregatedDiscoveryService/",
+                                ) {
+                                    ads.call(req).await
+                                } else {
+                                    ca.call(req).await
+                                };
+                                Ok::<_, std::convert::Infallible>(
+                                    resp.unwrap_or_else(|e| match e {}),
+                                )
+                            }
+                        },
+                    );
+                    let _ = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    )
+                    .http2_only()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
                 });
             }
         }));
@@ -532,7 +649,12 @@ impl FakeIstiod {
     }
 
     /// Waits until `f` holds for the resources' record.
-    pub async fn wait(&self, what: &str, timeout: Duration, f: impl Fn(&Resources) -> bool) -> Result<()> {
+    pub async fn wait(
+        &self,
+        what: &str,
+        timeout: Duration,
+        f: impl Fn(&Resources) -> bool,
+    ) -> Result<()> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if f(&self.res.lock().unwrap()) {
@@ -540,7 +662,11 @@ impl FakeIstiod {
             }
             if tokio::time::Instant::now() > deadline {
                 let r = self.res.lock().unwrap();
-                anyhow::bail!("timed out waiting for {what}; seen {:?}; issued {:?}", r.seen, r.issued);
+                anyhow::bail!(
+                    "timed out waiting for {what}; seen {:?}; issued {:?}",
+                    r.seen,
+                    r.issued
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -554,8 +680,14 @@ impl FakeIstiod {
             ("CA_ADDRESS".into(), url),
             ("ALT_XDS_HOSTNAME".into(), ISTIOD_SAN.into()),
             ("ALT_CA_HOSTNAME".into(), ISTIOD_SAN.into()),
-            ("XDS_ROOT_CA".into(), self.pki.root_path.display().to_string()),
-            ("CA_ROOT_CA".into(), self.pki.root_path.display().to_string()),
+            (
+                "XDS_ROOT_CA".into(),
+                self.pki.root_path.display().to_string(),
+            ),
+            (
+                "CA_ROOT_CA".into(),
+                self.pki.root_path.display().to_string(),
+            ),
             ("ISTIO_TOKEN_PATH".into(), token_path.display().to_string()),
             ("ISTIO_META_CLUSTER_ID".into(), CLUSTER_ID.into()),
         ]
@@ -564,7 +696,13 @@ impl FakeIstiod {
 
 /// A workload as istiod describes a pod: uid `Kubernetes//Pod/default/<name>`; its
 /// services by hostname (namespace default) or `<namespace>/<hostname>`.
-pub fn pod_workload(name: &str, ip: impl Into<std::net::IpAddr>, node: usize, sa: &str, services: &[(&str, u32, u32)]) -> pb::Workload {
+pub fn pod_workload(
+    name: &str,
+    ip: impl Into<std::net::IpAddr>,
+    node: usize,
+    sa: &str,
+    services: &[(&str, u32, u32)],
+) -> pb::Workload {
     let address = match ip.into() {
         std::net::IpAddr::V4(a) => a.octets().to_vec(),
         std::net::IpAddr::V6(a) => a.octets().to_vec(),
@@ -585,8 +723,18 @@ pub fn pod_workload(name: &str, ip: impl Into<std::net::IpAddr>, node: usize, sa
             .map(|(host, port, target)| {
                 (
                     // `<namespace>/<hostname>`, or a hostname of namespace default.
-                    if host.contains('/') { host.to_string() } else { format!("default/{host}") },
-                    pb::PortList { ports: vec![pb::Port { service_port: *port, target_port: *target, app_protocol: 0 }] },
+                    if host.contains('/') {
+                        host.to_string()
+                    } else {
+                        format!("default/{host}")
+                    },
+                    pb::PortList {
+                        ports: vec![pb::Port {
+                            service_port: *port,
+                            target_port: *target,
+                            app_protocol: 0,
+                        }],
+                    },
                 )
             })
             .collect(),
@@ -603,14 +751,26 @@ pub fn service(name: &str, vip: [u8; 4], port: u32, target: u32) -> pb::Service 
         name: name.into(),
         namespace: "default".into(),
         hostname: format!("{name}.default.svc.cluster.local"),
-        addresses: vec![pb::NetworkAddress { network: String::new(), address: vip.to_vec(), length: None }],
-        ports: vec![pb::Port { service_port: port, target_port: target, app_protocol: 0 }],
+        addresses: vec![pb::NetworkAddress {
+            network: String::new(),
+            address: vip.to_vec(),
+            length: None,
+        }],
+        ports: vec![pb::Port {
+            service_port: port,
+            target_port: target,
+            app_protocol: 0,
+        }],
         ..Default::default()
     }
 }
 
 /// An L4 policy: `action` for the listed principals, in namespace default.
-pub fn principal_policy(name: &str, action: pb_sec::Action, principals: &[&str]) -> pb_sec::Authorization {
+pub fn principal_policy(
+    name: &str,
+    action: pb_sec::Action,
+    principals: &[&str],
+) -> pb_sec::Authorization {
     use pb_sec::string_match::MatchType;
     pb_sec::Authorization {
         name: name.into(),
@@ -622,7 +782,9 @@ pub fn principal_policy(name: &str, action: pb_sec::Action, principals: &[&str])
                 matches: vec![pb_sec::Match {
                     principals: principals
                         .iter()
-                        .map(|p| pb_sec::StringMatch { match_type: Some(MatchType::Exact(p.to_string())) })
+                        .map(|p| pb_sec::StringMatch {
+                            match_type: Some(MatchType::Exact(p.to_string())),
+                        })
                         .collect(),
                     ..Default::default()
                 }],
@@ -641,11 +803,18 @@ pub async fn readiness(ns: &Netns, addr: SocketAddr) -> Result<(u16, String)> {
 pub async fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = ns.connect(addr).await?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes()).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await?;
     let mut out = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await.with_context(|| format!("GET {path} timed out"))??;
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out))
+        .await
+        .with_context(|| format!("GET {path} timed out"))??;
     let text = String::from_utf8_lossy(&out).to_string();
-    let code = text.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
     let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
     Ok((code, body))
 }
@@ -653,13 +822,22 @@ pub async fn http_get(ns: &Netns, addr: SocketAddr, path: &str) -> Result<(u16, 
 /// The fake istiod on node 1 with the mesh the xDS suite and the soak start from: n1p1
 /// (sa sleep) on node 1, n2p1 (sa echo) on node 2 serving the echo service (80 -> 8080),
 /// then `setup`'s changes; and the service-account token file ztunnel presents.
-pub fn start_base_mesh(topo: &crate::netsim::Topology, setup: impl FnOnce(&mut Resources)) -> Result<(FakeIstiod, PathBuf)> {
+pub fn start_base_mesh(
+    topo: &crate::netsim::Topology,
+    setup: impl FnOnce(&mut Resources),
+) -> Result<(FakeIstiod, PathBuf)> {
     let token = topo.dir.join("istio-token");
     std::fs::write(&token, TOKEN)?;
     let istiod = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
     istiod.update(|r| {
         r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
-        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(ECHO, 80, 8080)]));
+        r.set_workload(pod_workload(
+            "n2p1",
+            topo.pod("n2p1").ip,
+            2,
+            "echo",
+            &[(ECHO, 80, 8080)],
+        ));
         r.set_service(service("echo", ECHO_VIP, 80, 8080));
         setup(r);
     });
@@ -668,12 +846,21 @@ pub fn start_base_mesh(topo: &crate::netsim::Topology, setup: impl FnOnce(&mut R
 
 /// A CNI agent stand-in (`ztunnel cni-server`) on node `n`, listening; returns it, its
 /// pods directory (what `ztunnel enroll` writes to) and its ZDS socket.
-pub fn start_cni_agent(topo: &crate::netsim::Topology, n: usize) -> Result<(crate::netsim::Child, PathBuf, PathBuf)> {
+pub fn start_cni_agent(
+    topo: &crate::netsim::Topology,
+    n: usize,
+) -> Result<(crate::netsim::Child, PathBuf, PathBuf)> {
     let pods_dir = topo.dir.join(format!("pods-node{n}"));
     let socket = topo.dir.join(format!("zds-node{n}.sock"));
     let cni = topo.node(n).spawn(
         crate::bins::ztunnel(),
-        &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
+        &[
+            "cni-server",
+            "--socket",
+            &socket.display().to_string(),
+            "--pods-dir",
+            &pods_dir.display().to_string(),
+        ],
         &[("RUST_LOG", "info")],
         &topo.dir.join(format!("cni-node{n}.log")),
     )?;

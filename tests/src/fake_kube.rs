@@ -44,17 +44,25 @@ struct Selector(Vec<(String, Option<String>, bool)>);
 
 impl Selector {
     fn parse(s: &str) -> Selector {
-        let clauses = s.split(',').map(str::trim).filter(|c| !c.is_empty()).map(|c| {
-            if let Some((k, v)) = c.split_once("!=") {
-                (k.to_string(), Some(v.to_string()), true)
-            } else if let Some((k, v)) = c.split_once('=') {
-                (k.to_string(), Some(v.trim_start_matches('=').to_string()), false)
-            } else if let Some(k) = c.strip_prefix('!') {
-                (k.to_string(), None, true)
-            } else {
-                (c.to_string(), None, false)
-            }
-        });
+        let clauses = s
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(|c| {
+                if let Some((k, v)) = c.split_once("!=") {
+                    (k.to_string(), Some(v.to_string()), true)
+                } else if let Some((k, v)) = c.split_once('=') {
+                    (
+                        k.to_string(),
+                        Some(v.trim_start_matches('=').to_string()),
+                        false,
+                    )
+                } else if let Some(k) = c.strip_prefix('!') {
+                    (k.to_string(), None, true)
+                } else {
+                    (c.to_string(), None, false)
+                }
+            });
         Selector(clauses.collect())
     }
 
@@ -93,7 +101,10 @@ type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 fn json_response(status: u16, v: &Value) -> http::Response<Body> {
     let mut r = http::Response::new(http_body_util::Full::new(Bytes::from(v.to_string())).boxed());
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::OK);
-    r.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -120,7 +131,10 @@ fn decode(s: &str) -> String {
     while i < b.len() {
         match b[i] {
             b'+' => out.push(b' '),
-            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()) {
+            b'%' if i + 2 < b.len() => match std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
                 Some(v) => {
                     out.push(v);
                     i += 2;
@@ -135,7 +149,9 @@ fn decode(s: &str) -> String {
 }
 
 fn query(q: &str, key: &str) -> Option<String> {
-    q.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('=')).map(decode)
+    q.split('&')
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .map(decode)
 }
 
 impl FakeKube {
@@ -149,24 +165,45 @@ impl FakeKube {
             while let Ok((tcp, _)) = listener.accept().await {
                 let (s, t) = (s.clone(), t.clone());
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                        let (s, t) = (s.clone(), t.clone());
-                        async move { Ok::<_, Infallible>(handle(&s, &t, req)) }
-                    });
+                    let svc = hyper::service::service_fn(
+                        move |req: http::Request<hyper::body::Incoming>| {
+                            let (s, t) = (s.clone(), t.clone());
+                            async move { Ok::<_, Infallible>(handle(&s, &t, req)) }
+                        },
+                    );
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
                         .await;
                 });
             }
         });
-        Ok(FakeKube { store, tick, addr, task })
+        Ok(FakeKube {
+            store,
+            tick,
+            addr,
+            task,
+        })
     }
 
-    fn record(&self, plural: &str, namespace: &str, kind: &'static str, object: Value, prev: Option<Value>) {
+    fn record(
+        &self,
+        plural: &str,
+        namespace: &str,
+        kind: &'static str,
+        object: Value,
+        prev: Option<Value>,
+    ) {
         let mut s = self.store.lock().unwrap();
         s.rv += 1;
         let rv = s.rv;
-        s.log.push(Event { rv, plural: plural.to_string(), namespace: namespace.to_string(), kind, object, prev });
+        s.log.push(Event {
+            rv,
+            plural: plural.to_string(),
+            namespace: namespace.to_string(),
+            kind,
+            object,
+            prev,
+        });
         drop(s);
         self.tick.send_replace(rv);
     }
@@ -174,8 +211,18 @@ impl FakeKube {
     /// Creates or replaces an object (metadata.name; metadata.namespace, default
     /// `default`, except for cluster-scoped kinds).
     pub fn apply(&self, plural: &str, mut object: Value) {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let ns = if cluster_scoped(plural) { String::new() } else { object["metadata"]["namespace"].as_str().unwrap_or("default").to_string() };
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let ns = if cluster_scoped(plural) {
+            String::new()
+        } else {
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        };
         let (kind, prev) = {
             let mut s = self.store.lock().unwrap();
             let rv = s.rv + 1;
@@ -184,7 +231,9 @@ impl FakeKube {
             }
             object["metadata"]["resourceVersion"] = json!(rv.to_string());
             object["metadata"]["uid"] = json!(format!("uid-{plural}-{ns}-{name}"));
-            let prev = s.objects.insert((plural.to_string(), ns.clone(), name), object.clone());
+            let prev = s
+                .objects
+                .insert((plural.to_string(), ns.clone(), name), object.clone());
             (if prev.is_some() { "MODIFIED" } else { "ADDED" }, prev)
         };
         self.record(plural, &ns, kind, object, prev);
@@ -196,8 +245,16 @@ impl FakeKube {
     }
 
     pub fn delete_in(&self, plural: &str, namespace: &str, name: &str) {
-        let ns = if cluster_scoped(plural) { "" } else { namespace };
-        let gone = self.store.lock().unwrap().objects.remove(&(plural.to_string(), ns.to_string(), name.to_string()));
+        let ns = if cluster_scoped(plural) {
+            ""
+        } else {
+            namespace
+        };
+        let gone = self.store.lock().unwrap().objects.remove(&(
+            plural.to_string(),
+            ns.to_string(),
+            name.to_string(),
+        ));
         if let Some(o) = gone {
             self.record(plural, ns, "DELETED", o, None);
         }
@@ -216,26 +273,45 @@ impl FakeKube {
     }
 }
 
-fn handle(store: &Arc<Mutex<Store>>, tick: &watch::Sender<u64>, req: http::Request<hyper::body::Incoming>) -> http::Response<Body> {
+fn handle(
+    store: &Arc<Mutex<Store>>,
+    tick: &watch::Sender<u64>,
+    req: http::Request<hyper::body::Incoming>,
+) -> http::Response<Body> {
     let Some((api_version, plural, namespace)) = parse_path(req.uri().path()) else {
-        return json_response(404, &json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}));
+        return json_response(
+            404,
+            &json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}),
+        );
     };
     let q = req.uri().query().unwrap_or("");
-    let selector = Arc::new(Selector::parse(&query(q, "labelSelector").unwrap_or_default()));
-    let in_scope = move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
+    let selector = Arc::new(Selector::parse(
+        &query(q, "labelSelector").unwrap_or_default(),
+    ));
+    let in_scope =
+        move |p: &str, ns: &str| p == plural && namespace.as_deref().is_none_or(|n| n == ns);
     let watching = matches!(query(q, "watch").as_deref(), Some("true") | Some("1"));
     if !watching {
         let s = store.lock().unwrap();
-        let items: Vec<Value> =
-            s.objects.iter().filter(|((p, ns, _), o)| in_scope(p, ns) && selector.matches(o)).map(|(_, o)| o.clone()).collect();
-        return json_response(200, &json!({
-            "apiVersion": api_version, "kind": "List",
-            "metadata": {"resourceVersion": s.rv.to_string()},
-            "items": items,
-        }));
+        let items: Vec<Value> = s
+            .objects
+            .iter()
+            .filter(|((p, ns, _), o)| in_scope(p, ns) && selector.matches(o))
+            .map(|(_, o)| o.clone())
+            .collect();
+        return json_response(
+            200,
+            &json!({
+                "apiVersion": api_version, "kind": "List",
+                "metadata": {"resourceVersion": s.rv.to_string()},
+                "items": items,
+            }),
+        );
     }
     // Watch: everything after the requested version, then live events.
-    let since: u64 = query(q, "resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
+    let since: u64 = query(q, "resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     let store = store.clone();
     let rx = tick.subscribe();
     let stream = futures_util::stream::unfold((since, rx), move |(mut last, mut rx)| {
@@ -261,7 +337,11 @@ fn handle(store: &Arc<Mutex<Store>>, tick: &watch::Sender<u64>, req: http::Reque
                     };
                     let from = last;
                     let mut next = None;
-                    for e in s.log.iter().filter(|e| e.rv > from && in_scope(&e.plural, &e.namespace)) {
+                    for e in s
+                        .log
+                        .iter()
+                        .filter(|e| e.rv > from && in_scope(&e.plural, &e.namespace))
+                    {
                         last = e.rv;
                         next = seen(e);
                         if next.is_some() {
@@ -286,6 +366,9 @@ fn handle(store: &Arc<Mutex<Store>>, tick: &watch::Sender<u64>, req: http::Reque
         }
     });
     let mut r = http::Response::new(StreamBody::new(stream).boxed());
-    r.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
     r
 }

@@ -60,7 +60,10 @@ pub struct RawH2 {
     closed_flag: Arc<std::sync::atomic::AtomicBool>,
 }
 
-async fn read_frames(mut rd: ReadHalf<TlsStream<TcpStream>>, tx: tokio::sync::mpsc::UnboundedSender<Frame>) {
+async fn read_frames(
+    mut rd: ReadHalf<TlsStream<TcpStream>>,
+    tx: tokio::sync::mpsc::UnboundedSender<Frame>,
+) {
     loop {
         let mut head = [0u8; 9];
         if rd.read_exact(&mut head).await.is_err() {
@@ -80,11 +83,18 @@ async fn read_frames(mut rd: ReadHalf<TlsStream<TcpStream>>, tx: tokio::sync::mp
 
 impl RawH2 {
     /// TLS with `cfg` (ALPN h2 is set here), then the client preface and empty SETTINGS.
-    pub async fn connect(from: &Netns, dst: SocketAddr, mut cfg: rustls::ClientConfig) -> Result<RawH2> {
+    pub async fn connect(
+        from: &Netns,
+        dst: SocketAddr,
+        mut cfg: rustls::ClientConfig,
+    ) -> Result<RawH2> {
         cfg.alpn_protocols = vec![b"h2".to_vec()];
         let tcp = from.connect(dst).await?;
         let tls = tokio_rustls::TlsConnector::from(Arc::new(cfg))
-            .connect(rustls_pki_types::ServerName::IpAddress(dst.ip().into()), tcp)
+            .connect(
+                rustls_pki_types::ServerName::IpAddress(dst.ip().into()),
+                tcp,
+            )
             .await
             .context("TLS handshake")?;
         let (rd, mut wr) = tokio::io::split(tls);
@@ -99,7 +109,12 @@ impl RawH2 {
             f.store(true, std::sync::atomic::Ordering::SeqCst);
             c.notify_waiters();
         });
-        Ok(RawH2 { wr, frames, closed, closed_flag })
+        Ok(RawH2 {
+            wr,
+            frames,
+            closed,
+            closed_flag,
+        })
     }
 
     /// Writes frames; an error means the server has closed the connection.
@@ -115,7 +130,10 @@ impl RawH2 {
     pub async fn wait_closed(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         while !self.is_closed() {
-            if tokio::time::timeout_at(deadline, self.closed.notified()).await.is_err() {
+            if tokio::time::timeout_at(deadline, self.closed.notified())
+                .await
+                .is_err()
+            {
                 return self.is_closed();
             }
         }

@@ -40,19 +40,30 @@ pub async fn connect(
 }
 
 /// Sends one request and returns the response status.
-pub async fn status(send: &h2::client::SendRequest<Bytes>, req: http::Request<()>) -> Result<http::StatusCode> {
+pub async fn status(
+    send: &h2::client::SendRequest<Bytes>,
+    req: http::Request<()>,
+) -> Result<http::StatusCode> {
     let mut send = send.clone().ready().await?;
     let (resp, _stream) = send.send_request(req, false)?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), resp).await.context("no HBONE response")??;
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .context("no HBONE response")??;
     Ok(resp.status())
 }
 
 /// Opens a CONNECT stream to `authority`, sends `data`, ends the stream and reads until
 /// the peer ends it: the status and what came back (nothing unless 200).
-pub async fn roundtrip(send: &h2::client::SendRequest<Bytes>, authority: &str, data: &[u8]) -> Result<(http::StatusCode, Vec<u8>)> {
+pub async fn roundtrip(
+    send: &h2::client::SendRequest<Bytes>,
+    authority: &str,
+    data: &[u8],
+) -> Result<(http::StatusCode, Vec<u8>)> {
     let mut send = send.clone().ready().await?;
     let (resp, mut stream) = send.send_request(connect_req(authority), false)?;
-    let resp = tokio::time::timeout(Duration::from_secs(10), resp).await.context("no HBONE response")??;
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp)
+        .await
+        .context("no HBONE response")??;
     let status = resp.status();
     if status != http::StatusCode::OK {
         return Ok((status, Vec::new()));
@@ -60,7 +71,10 @@ pub async fn roundtrip(send: &h2::client::SendRequest<Bytes>, authority: &str, d
     stream.send_data(Bytes::copy_from_slice(data), true)?;
     let mut body = resp.into_body();
     let mut back = Vec::new();
-    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.data()).await.context("tunnel stalled")? {
+    while let Some(chunk) = tokio::time::timeout(Duration::from_secs(10), body.data())
+        .await
+        .context("tunnel stalled")?
+    {
         let chunk = chunk?;
         let _ = body.flow_control().release_capacity(chunk.len());
         back.extend_from_slice(&chunk);
@@ -69,11 +83,18 @@ pub async fn roundtrip(send: &h2::client::SendRequest<Bytes>, authority: &str, d
 }
 
 pub fn connect_req(authority: &str) -> http::Request<()> {
-    http::Request::builder().method(http::Method::CONNECT).uri(authority).body(()).unwrap_or_default()
+    http::Request::builder()
+        .method(http::Method::CONNECT)
+        .uri(authority)
+        .body(())
+        .unwrap_or_default()
 }
 
 pub fn load_ca(state: &Path) -> Result<Ca> {
-    Ok(Ca::from_files(&state.join("ca-cert.pem"), &state.join("ca-key.pem"))?)
+    Ok(Ca::from_files(
+        &state.join("ca-cert.pem"),
+        &state.join("ca-key.pem"),
+    )?)
 }
 
 /// What the east-west gateway stand-in saw of one CONNECT.
@@ -113,10 +134,23 @@ impl ztunnel::tls::CurrentCert for FixedCert {
 impl EastWestGateway {
     /// Listens on `ns`:15008 as `identity`, forwarding to endpoints in `network` of
     /// `state`, connecting to them from `ns`.
-    pub async fn start(ns: &Netns, ca: &Ca, identity: &Identity, state: ztunnel::state::MeshState, network: &str) -> Result<EastWestGateway> {
+    pub async fn start(
+        ns: &Netns,
+        ca: &Ca,
+        identity: &Identity,
+        state: ztunnel::state::MeshState,
+        network: &str,
+    ) -> Result<EastWestGateway> {
         let cert = ca.issue(identity, Duration::from_secs(3600))?;
         let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)?;
-        let tls = ztunnel::tls::server_config(FixedCert(Arc::new(rustls::sign::CertifiedKey::new(cert.chain.clone(), key))), &[ca.root()], "cluster.local")?;
+        let tls = ztunnel::tls::server_config(
+            FixedCert(Arc::new(rustls::sign::CertifiedKey::new(
+                cert.chain.clone(),
+                key,
+            ))),
+            &[ca.root()],
+            "cluster.local",
+        )?;
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
         let server = Arc::new(ztunnel::hbone::server::Server {
             handshakes: ztunnel::hbone::server::HandshakeLimiter::new(0, 0),
@@ -127,16 +161,27 @@ impl EastWestGateway {
         });
         let listener = ns.listen(15008)?;
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let ctx = Arc::new(GatewayCtx { ns: ns.clone(), state, network: network.to_string(), seen: seen.clone() });
+        let ctx = Arc::new(GatewayCtx {
+            ns: ns.clone(),
+            state,
+            network: network.to_string(),
+            seen: seen.clone(),
+        });
         let task = tokio::spawn(async move {
             let drain = Arc::new(ztunnel::drain::Drain::default());
             while let Ok((tcp, peer)) = listener.accept().await {
                 // As Envoy's: no Nagle delay on either leg.
                 let _ = tcp.set_nodelay(true);
-                let (server, acceptor, ctx, drain) = (server.clone(), acceptor.clone(), ctx.clone(), drain.clone());
+                let (server, acceptor, ctx, drain) =
+                    (server.clone(), acceptor.clone(), ctx.clone(), drain.clone());
                 tokio::spawn(async move {
-                    let Some((tcp, permit)) = server.admit(tcp, peer) else { return };
-                    let Some((conn, client)) = server.handshake(&acceptor, tcp, permit).await else { return };
+                    let Some((tcp, permit)) = server.admit(tcp, peer) else {
+                        return;
+                    };
+                    let Some((conn, client)) = server.handshake(&acceptor, tcp, permit).await
+                    else {
+                        return;
+                    };
                     let on_stream = |req: http::Request<h2::RecvStream>, respond| {
                         tokio::spawn(forward(ctx.clone(), client.clone(), req, respond));
                     };
@@ -166,18 +211,36 @@ struct GatewayCtx {
 }
 
 /// One outer CONNECT: to an endpoint of the service it names, in the gateway's network.
-async fn forward(ctx: Arc<GatewayCtx>, client: Identity, req: http::Request<h2::RecvStream>, mut respond: h2::server::SendResponse<Bytes>) {
+async fn forward(
+    ctx: Arc<GatewayCtx>,
+    client: Identity,
+    req: http::Request<h2::RecvStream>,
+    mut respond: h2::server::SendResponse<Bytes>,
+) {
     let authority = req.uri().to_string();
-    let forwarded_network = req.headers().get("x-forwarded-network").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let forwarded_network = req
+        .headers()
+        .get("x-forwarded-network")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     let record = |endpoint: Option<SocketAddr>, status: u16| {
-        let f = Forwarded { client: client.clone(), authority: authority.clone(), forwarded_network: forwarded_network.clone(), endpoint, status };
+        let f = Forwarded {
+            client: client.clone(),
+            authority: authority.clone(),
+            forwarded_network: forwarded_network.clone(),
+            endpoint,
+            status,
+        };
         if let Ok(mut s) = ctx.seen.lock() {
             s.push(f);
         }
     };
     let endpoint = match ztunnel::hbone::connect_authority(&req) {
         Ok(ztunnel::hbone::HboneAddress::Host(host, port)) => {
-            let svc = ctx.state.services().find(|s| s.hostname.eq_ignore_ascii_case(&host));
+            let svc = ctx
+                .state
+                .services()
+                .find(|s| s.hostname.eq_ignore_ascii_case(&host));
             let eps: Vec<_> = svc
                 .map(|s| ctx.state.usable_hbone_endpoints(s, port, &ctx.network))
                 .unwrap_or_default()
@@ -188,7 +251,10 @@ async fn forward(ctx: Arc<GatewayCtx>, client: Identity, req: http::Request<h2::
                 Some((w, _)) => SocketAddr::new(w.workload_ips[0], 15008),
                 None => {
                     record(None, 503);
-                    return ztunnel::hbone::respond_status(respond, http::StatusCode::SERVICE_UNAVAILABLE);
+                    return ztunnel::hbone::respond_status(
+                        respond,
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                    );
                 }
             }
         }
@@ -207,7 +273,16 @@ async fn forward(ctx: Arc<GatewayCtx>, client: Identity, req: http::Request<h2::
             return ztunnel::hbone::respond_status(respond, http::StatusCode::SERVICE_UNAVAILABLE);
         }
     };
-    let Ok(send) = respond.send_response(http::Response::new(()), false) else { return };
+    let Ok(send) = respond.send_response(http::Response::new(()), false) else {
+        return;
+    };
     record(Some(endpoint), 200);
-    let _ = ztunnel::relay::copy_tcp_h2(&mut upstream, send, req.into_body(), std::future::pending(), None).await;
+    let _ = ztunnel::relay::copy_tcp_h2(
+        &mut upstream,
+        send,
+        req.into_body(),
+        std::future::pending(),
+        None,
+    )
+    .await;
 }

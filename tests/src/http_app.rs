@@ -9,7 +9,6 @@
 //!
 //! Every response carries `x-pod: <name>`.
 
-
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -52,12 +51,28 @@ fn full(b: impl Into<Bytes>) -> Body {
     Full::new(b.into()).boxed()
 }
 
-async fn serve_one(name: String, flaky: bool, seen: Arc<Mutex<Vec<Seen>>>, req: Request<Incoming>) -> Response<Body> {
+async fn serve_one(
+    name: String,
+    flaky: bool,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-    seen.lock().unwrap().push(Seen { method: parts.method.to_string(), path: parts.uri.to_string(), headers: parts.headers.clone() });
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    seen.lock().unwrap().push(Seen {
+        method: parts.method.to_string(),
+        path: parts.uri.to_string(),
+        headers: parts.headers.clone(),
+    });
     let path = parts.uri.path().to_string();
-    let grpc = parts.headers.get("content-type").is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    let grpc = parts
+        .headers
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
     let mut resp = if grpc {
         // Unary gRPC: echo the message back, status in trailers.
         let trailers = {
@@ -65,15 +80,27 @@ async fn serve_one(name: String, flaky: bool, seen: Arc<Mutex<Vec<Seen>>>, req: 
             t.insert("grpc-status", "0".parse().unwrap());
             t
         };
-        let frames = vec![Ok::<_, Infallible>(hyper::body::Frame::data(body)), Ok(hyper::body::Frame::trailers(trailers))];
-        let mut r = Response::new(http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed());
-        r.headers_mut().insert("content-type", "application/grpc".parse().unwrap());
+        let frames = vec![
+            Ok::<_, Infallible>(hyper::body::Frame::data(body)),
+            Ok(hyper::body::Frame::trailers(trailers)),
+        ];
+        let mut r = Response::new(
+            http_body_util::StreamBody::new(futures_util::stream::iter(frames)).boxed(),
+        );
+        r.headers_mut()
+            .insert("content-type", "application/grpc".parse().unwrap());
         r
-    } else if let Some(code) = path.strip_prefix("/status/").and_then(|c| c.parse::<u16>().ok()) {
+    } else if let Some(code) = path
+        .strip_prefix("/status/")
+        .and_then(|c| c.parse::<u16>().ok())
+    {
         let mut r = Response::new(full(format!("pod={name}\nstatus={code}\n")));
         *r.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
         r
-    } else if let Some(ms) = path.strip_prefix("/delay/").and_then(|c| c.parse::<u64>().ok()) {
+    } else if let Some(ms) = path
+        .strip_prefix("/delay/")
+        .and_then(|c| c.parse::<u64>().ok())
+    {
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Response::new(full(format!("pod={name}\ndelayed={ms}\n")))
     } else if path == "/flaky" && flaky {
@@ -118,7 +145,12 @@ impl HttpApp {
                 });
             }
         });
-        Ok(HttpApp { name: name.to_string(), seen, connections, task })
+        Ok(HttpApp {
+            name: name.to_string(),
+            seen,
+            connections,
+            task,
+        })
     }
 
     pub fn seen(&self) -> Vec<Seen> {
@@ -138,19 +170,30 @@ pub struct Reply {
 
 impl Reply {
     pub fn pod(&self) -> String {
-        self.headers.get("x-pod").and_then(|v| v.to_str().ok()).unwrap_or("").to_string()
+        self.headers
+            .get("x-pod")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
     }
 
     /// A `name: value` line the server echoed.
     pub fn echoed(&self, name: &str) -> Vec<String> {
         let prefix = format!("{name}: ");
-        self.body.lines().filter_map(|l| l.strip_prefix(&prefix)).map(str::to_string).collect()
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
+            .collect()
     }
 
     /// A `key=value` line of the server's reply.
     pub fn field(&self, key: &str) -> Option<String> {
         let prefix = format!("{key}=");
-        self.body.lines().find_map(|l| l.strip_prefix(&prefix)).map(str::to_string)
+        self.body
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(str::to_string)
     }
 }
 
@@ -159,7 +202,13 @@ async fn read_reply(resp: Response<Incoming>) -> Result<Reply> {
     let collected = body.collect().await.context("reading response body")?;
     let trailers = collected.trailers().cloned();
     let bytes = collected.to_bytes();
-    Ok(Reply { status: parts.status, headers: parts.headers, body: String::from_utf8_lossy(&bytes).to_string(), raw: bytes, trailers })
+    Ok(Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&bytes).to_string(),
+        raw: bytes,
+        trailers,
+    })
 }
 
 /// One HTTP/1.1 keep-alive connection from a pod.
@@ -175,18 +224,32 @@ impl H1Client {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(H1Client { send, host: host.to_string() })
+        Ok(H1Client {
+            send,
+            host: host.to_string(),
+        })
     }
 
-    pub async fn request(&mut self, method: &str, path: &str, headers: &[(&str, &str)]) -> Result<Reply> {
-        let mut b = Request::builder().method(method).uri(path).header("host", &self.host);
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Reply> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", &self.host);
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
         self.send.ready().await.context("connection not reusable")?;
-        let resp = tokio::time::timeout(Duration::from_secs(10), self.send.send_request(b.body(full(Bytes::new()))?))
-            .await
-            .context("request timed out")??;
+        let resp = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.send.send_request(b.body(full(Bytes::new()))?),
+        )
+        .await
+        .context("request timed out")??;
         read_reply(resp).await
     }
 
@@ -205,23 +268,38 @@ pub struct H2Client {
 impl H2Client {
     pub async fn connect(ns: &Netns, addr: SocketAddr, authority: &str) -> Result<H2Client> {
         let s = ns.connect(addr).await?;
-        let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s)).await?;
+        let (send, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(s)).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(H2Client { send, authority: authority.to_string() })
+        Ok(H2Client {
+            send,
+            authority: authority.to_string(),
+        })
     }
 
-    pub async fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Bytes) -> Result<Reply> {
-        let mut b = Request::builder().method(method).uri(format!("http://{}{path}", self.authority));
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<Reply> {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.authority));
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
         let mut send = self.send.clone();
         send.ready().await?;
-        let resp = tokio::time::timeout(Duration::from_secs(10), send.send_request(b.body(full(body))?))
-            .await
-            .context("request timed out")??;
+        let resp = tokio::time::timeout(
+            Duration::from_secs(10),
+            send.send_request(b.body(full(body))?),
+        )
+        .await
+        .context("request timed out")??;
         read_reply(resp).await
     }
 
@@ -232,7 +310,12 @@ impl H2Client {
         framed.put_u32(message.len() as u32);
         framed.put_slice(message);
         let reply = self
-            .request("POST", method_path, &[("content-type", "application/grpc"), ("te", "trailers")], framed.freeze())
+            .request(
+                "POST",
+                method_path,
+                &[("content-type", "application/grpc"), ("te", "trailers")],
+                framed.freeze(),
+            )
             .await?;
         let mut b = reply.raw.clone();
         if b.len() < 5 {

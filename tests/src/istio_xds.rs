@@ -26,7 +26,10 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
 
 use crate::fake_istiod::{FakeIstiod, ISTIOD_SAN};
 use crate::netsim::{Netns, Pod};
@@ -51,7 +54,9 @@ pub fn module_dir() -> PathBuf {
 pub fn binary() -> Result<&'static Path> {
     match BINARY.get_or_init(|| build().map_err(|e| format!("{e:#}"))) {
         Ok(p) => Ok(p.as_path()),
-        Err(e) => bail!("Istio's discovery server (tests/istio, a Go program) could not be built: {e}"),
+        Err(e) => {
+            bail!("Istio's discovery server (tests/istio, a Go program) could not be built: {e}")
+        }
     }
 }
 
@@ -61,7 +66,8 @@ fn go_command() -> String {
     if let Ok(go) = std::env::var("GO") {
         return go;
     }
-    let on_path = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("go").is_file()));
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("go").is_file()));
     if !on_path && Path::new("/usr/local/go/bin/go").is_file() {
         return "/usr/local/go/bin/go".into();
     }
@@ -74,13 +80,20 @@ fn build() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("ZTUNNEL_TEST_ISTIO_XDS") {
         let p = PathBuf::from(p);
         if !p.is_file() {
-            bail!("ZTUNNEL_TEST_ISTIO_XDS names {}, which is not a file", p.display());
+            bail!(
+                "ZTUNNEL_TEST_ISTIO_XDS names {}, which is not a file",
+                p.display()
+            );
         }
         return Ok(p);
     }
     let exe = std::env::current_exe().context("the test binary's own path")?;
     let dir = exe.parent().context("test binary has no directory")?;
-    let dir = if dir.file_name().is_some_and(|n| n == "deps") { dir.parent().context("deps has no parent")? } else { dir };
+    let dir = if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.parent().context("deps has no parent")?
+    } else {
+        dir
+    };
     let out = dir.join("istio-xds");
     let go = go_command();
     let started = Instant::now();
@@ -96,9 +109,17 @@ fn build() -> Result<PathBuf> {
         .output()
         .with_context(|| format!("running `{go} build` (is Go installed and on PATH? the e2e tests against Istio need Go 1.26)"))?;
     if !res.status.success() {
-        bail!("`go build ./cmd/istio-xds` in {} failed:\n{}", module_dir().display(), String::from_utf8_lossy(&res.stderr));
+        bail!(
+            "`go build ./cmd/istio-xds` in {} failed:\n{}",
+            module_dir().display(),
+            String::from_utf8_lossy(&res.stderr)
+        );
     }
-    eprintln!("istio_xds: built {} in {:.1?}", out.display(), started.elapsed());
+    eprintln!(
+        "istio_xds: built {} in {:.1?}",
+        out.display(),
+        started.elapsed()
+    );
     Ok(out)
 }
 
@@ -108,7 +129,9 @@ fn server_pki(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut root_params = CertificateParams::default();
     root_params.distinguished_name = DistinguishedName::new();
-    root_params.distinguished_name.push(DnType::OrganizationName, "istio-xds test root");
+    root_params
+        .distinguished_name
+        .push(DnType::OrganizationName, "istio-xds test root");
     root_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     root_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
     let root = root_params.self_signed(&root_key)?;
@@ -117,7 +140,11 @@ fn server_pki(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let mut sp = CertificateParams::new(vec![ISTIOD_SAN.to_string()])?;
     sp.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let cert = sp.signed_by(&key, &issuer)?;
-    let paths = (dir.join("istio-xds-root.pem"), dir.join("istio-xds-cert.pem"), dir.join("istio-xds-key.pem"));
+    let paths = (
+        dir.join("istio-xds-root.pem"),
+        dir.join("istio-xds-cert.pem"),
+        dir.join("istio-xds-key.pem"),
+    );
     std::fs::write(&paths.0, root.pem())?;
     std::fs::write(&paths.1, cert.pem())?;
     std::fs::write(&paths.2, key.serialize_pem())?;
@@ -153,7 +180,13 @@ impl IstioXds {
 
     /// As `start`, with `mesh` (MeshConfig YAML, as istiod's mesh ConfigMap) applied over
     /// Istio's defaults.
-    pub fn start_with_mesh(netns: &Netns, addr: SocketAddr, dir: &Path, objects: &str, mesh: Option<&str>) -> Result<IstioXds> {
+    pub fn start_with_mesh(
+        netns: &Netns,
+        addr: SocketAddr,
+        dir: &Path,
+        objects: &str,
+        mesh: Option<&str>,
+    ) -> Result<IstioXds> {
         let bin = binary()?;
         let mesh_args: Vec<String> = match mesh {
             Some(m) => {
@@ -188,7 +221,15 @@ impl IstioXds {
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let stdin = child.stdin.take().context("istio-xds stdin")?;
-        let x = IstioXds { child: Mutex::new(child), stdin: Mutex::new(stdin), addr, root_path, log, dir: dir.to_path_buf(), changes: AtomicUsize::new(0) };
+        let x = IstioXds {
+            child: Mutex::new(child),
+            stdin: Mutex::new(stdin),
+            addr,
+            root_path,
+            log,
+            dir: dir.to_path_buf(),
+            changes: AtomicUsize::new(0),
+        };
         x.wait_log_line(&format!("listening on {addr}"), START)?;
         Ok(x)
     }
@@ -205,7 +246,12 @@ impl IstioXds {
             if text.contains(needle) {
                 return Ok(());
             }
-            if let Ok(Some(st)) = self.child.lock().unwrap_or_else(|e| e.into_inner()).try_wait() {
+            if let Ok(Some(st)) = self
+                .child
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .try_wait()
+            {
                 bail!("istio-xds exited ({st}) before {needle:?}; its log:\n{text}");
             }
             if Instant::now() > deadline {
@@ -220,15 +266,26 @@ impl IstioXds {
         let path = self.dir.join(format!("istio-change-{n}.yaml"));
         std::fs::write(&path, yaml)?;
         let path = path.display().to_string();
-        writeln!(self.stdin.lock().unwrap_or_else(|e| e.into_inner()), "{verb} {path}").context("writing to istio-xds")?;
-        let done = if verb == "apply" { "applied" } else { "deleted" };
+        writeln!(
+            self.stdin.lock().unwrap_or_else(|e| e.into_inner()),
+            "{verb} {path}"
+        )
+        .context("writing to istio-xds")?;
+        let done = if verb == "apply" {
+            "applied"
+        } else {
+            "deleted"
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let text = self.log_text();
             if text.contains(&format!("{done} {path}\n")) {
                 return Ok(());
             }
-            if let Some(line) = text.lines().find(|l| l.starts_with(&format!("error {path}:"))) {
+            if let Some(line) = text
+                .lines()
+                .find(|l| l.starts_with(&format!("error {path}:")))
+            {
                 bail!("istio-xds refused the change: {line}");
             }
             if Instant::now() > deadline {
@@ -253,8 +310,16 @@ impl IstioXds {
     /// `istiod.istio-system.svc`), certificates from `ca`'s CA, `token` as the
     /// service-account token, cluster id Kubernetes.
     pub fn env(&self, ca: &FakeIstiod, token: &Path) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> =
-            ca.env(token).into_iter().filter(|(k, _)| !matches!(k.as_str(), "XDS_ADDRESS" | "XDS_ROOT_CA" | "ALT_XDS_HOSTNAME")).collect();
+        let mut env: Vec<(String, String)> = ca
+            .env(token)
+            .into_iter()
+            .filter(|(k, _)| {
+                !matches!(
+                    k.as_str(),
+                    "XDS_ADDRESS" | "XDS_ROOT_CA" | "ALT_XDS_HOSTNAME"
+                )
+            })
+            .collect();
         env.push(("XDS_ADDRESS".into(), format!("https://{}", self.addr)));
         env.push(("ALT_XDS_HOSTNAME".into(), ISTIOD_SAN.into()));
         env.push(("XDS_ROOT_CA".into(), self.root_path.display().to_string()));
@@ -279,12 +344,20 @@ pub fn node_yaml(name: &str) -> String {
 
 /// A running, ready Pod for the simulated `pod` (its addresses, its node), with
 /// service account `sa`, `labels` and `annotations`.
-pub fn pod_yaml(pod: &Pod, ns: &str, sa: &str, labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> String {
+pub fn pod_yaml(
+    pod: &Pod,
+    ns: &str,
+    sa: &str,
+    labels: &[(&str, &str)],
+    annotations: &[(&str, &str)],
+) -> String {
     let map = |kv: &[(&str, &str)]| -> String {
         if kv.is_empty() {
             return " {}".into();
         }
-        kv.iter().map(|(k, v)| format!("\n    {k}: {v:?}")).collect()
+        kv.iter()
+            .map(|(k, v)| format!("\n    {k}: {v:?}"))
+            .collect()
     };
     let ip = |a: &IpAddr| format!("{{ip: \"{a}\"}}");
     format!(
@@ -302,5 +375,10 @@ pub fn pod_yaml(pod: &Pod, ns: &str, sa: &str, labels: &[(&str, &str)], annotati
 
 /// Joins YAML documents into one multi-document text.
 pub fn docs(parts: &[String]) -> String {
-    parts.iter().map(|p| p.trim_end()).collect::<Vec<_>>().join("\n---\n") + "\n"
+    parts
+        .iter()
+        .map(|p| p.trim_end())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+        + "\n"
 }

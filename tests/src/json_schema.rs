@@ -27,7 +27,9 @@ fn type_ok(t: &str, v: &Value) -> bool {
 
 fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<String>) {
     if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
-        let target = r.strip_prefix("#/").map(|p| p.split('/').try_fold(root, |s, k| s.get(k)));
+        let target = r
+            .strip_prefix("#/")
+            .map(|p| p.split('/').try_fold(root, |s, k| s.get(k)));
         match target.flatten() {
             Some(t) => check(root, t, v, path, out),
             None => out.push(format!("{path}: unresolvable $ref {r}")),
@@ -47,11 +49,20 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
     }
     if let Some(e) = schema.get("enum").and_then(Value::as_array) {
         if !e.contains(v) {
-            out.push(format!("{path}: {v} is not one of {}", Value::Array(e.clone())));
+            out.push(format!(
+                "{path}: {v} is not one of {}",
+                Value::Array(e.clone())
+            ));
         }
     }
     if let Some(obj) = v.as_object() {
-        for r in schema.get("required").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str) {
+        for r in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
             if !obj.contains_key(r) {
                 out.push(format!("{path}: missing required field {r:?}"));
             }
@@ -59,9 +70,14 @@ fn check(root: &Value, schema: &Value, v: &Value, path: &str, out: &mut Vec<Stri
         let props = schema.get("properties").and_then(Value::as_object);
         for (k, child) in obj {
             let p = format!("{path}.{k}");
-            match (props.and_then(|p| p.get(k)), schema.get("additionalProperties")) {
+            match (
+                props.and_then(|p| p.get(k)),
+                schema.get("additionalProperties"),
+            ) {
                 (Some(s), _) => check(root, s, child, &p, out),
-                (None, Some(Value::Bool(false))) => out.push(format!("{path}: unknown field {k:?}")),
+                (None, Some(Value::Bool(false))) => {
+                    out.push(format!("{path}: unknown field {k:?}"))
+                }
                 (None, Some(s)) if s.is_object() => check(root, s, child, &p, out),
                 _ => {}
             }

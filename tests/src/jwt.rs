@@ -22,7 +22,11 @@ pub fn es256_key(kid: &str) -> Result<TestKey> {
     let kp = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let raw = kp.public_key_raw();
     let jwk = serde_json::json!({"kty": "EC", "crv": "P-256", "kid": kid, "alg": "ES256", "x": b64url(&raw[1..33]), "y": b64url(&raw[33..65])});
-    Ok(TestKey { enc: jsonwebtoken::EncodingKey::from_ec_der(&kp.serialize_der()), alg: jsonwebtoken::Algorithm::ES256, jwk })
+    Ok(TestKey {
+        enc: jsonwebtoken::EncodingKey::from_ec_der(&kp.serialize_der()),
+        alg: jsonwebtoken::Algorithm::ES256,
+        jwk,
+    })
 }
 
 /// RS256 with the openssl CLI (2048 bits, PKCS#1).
@@ -30,18 +34,42 @@ pub fn rs256_key(dir: &std::path::Path, kid: &str) -> Result<TestKey> {
     let pem = dir.join(format!("{kid}.pem"));
     let der = dir.join(format!("{kid}.der"));
     let run = |args: &[&str]| -> Result<String> {
-        let out = std::process::Command::new("openssl").args(args).output().context("openssl")?;
-        anyhow::ensure!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .context("openssl")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
     };
     let (pem_s, der_s) = (pem.display().to_string(), der.display().to_string());
     run(&["genrsa", "-out", &pem_s, "2048"])?;
-    run(&["rsa", "-in", &pem_s, "-traditional", "-outform", "DER", "-out", &der_s])?;
+    run(&[
+        "rsa",
+        "-in",
+        &pem_s,
+        "-traditional",
+        "-outform",
+        "DER",
+        "-out",
+        &der_s,
+    ])?;
     let modulus = run(&["rsa", "-in", &pem_s, "-noout", "-modulus"])?;
     let hex = modulus.trim().trim_start_matches("Modulus=");
-    let n = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16)).collect::<Result<Vec<u8>, _>>()?;
-    let jwk = serde_json::json!({"kty": "RSA", "kid": kid, "alg": "RS256", "n": b64url(&n), "e": "AQAB"});
-    Ok(TestKey { enc: jsonwebtoken::EncodingKey::from_rsa_der(&std::fs::read(&der)?), alg: jsonwebtoken::Algorithm::RS256, jwk })
+    let n = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16))
+        .collect::<Result<Vec<u8>, _>>()?;
+    let jwk =
+        serde_json::json!({"kty": "RSA", "kid": kid, "alg": "RS256", "n": b64url(&n), "e": "AQAB"});
+    Ok(TestKey {
+        enc: jsonwebtoken::EncodingKey::from_rsa_der(&std::fs::read(&der)?),
+        alg: jsonwebtoken::Algorithm::RS256,
+        jwk,
+    })
 }
 
 /// A token with `claims`, signed with `k` (its `kid` in the header).

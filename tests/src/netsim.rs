@@ -28,9 +28,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 pub fn sh(program: &str, args: &[&str]) -> Result<String> {
-    let out = Command::new(program).args(args).output().with_context(|| format!("running {program}"))?;
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program}"))?;
     if !out.status.success() {
-        bail!("{program} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).to_string())
 }
@@ -67,7 +74,11 @@ impl Netns {
     /// A listener on every address of the tests' family (IPv6 and dual: `[::]`, which
     /// takes IPv4 too, v4-mapped).
     pub fn listen(&self, port: u16) -> Result<TcpListener> {
-        let any: IpAddr = if ip_family() == IpFamily::V4 { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+        let any: IpAddr = if ip_family() == IpFamily::V4 {
+            Ipv4Addr::UNSPECIFIED.into()
+        } else {
+            Ipv6Addr::UNSPECIFIED.into()
+        };
         self.listen_on(SocketAddr::new(any, port))
     }
 
@@ -85,15 +96,26 @@ impl Netns {
     }
 
     /// Starts a process inside the netns, output appended to `log`; killed on drop.
-    pub fn spawn(&self, program: &str, args: &[&str], env: &[(&str, &str)], log: &Path) -> Result<Child> {
+    pub fn spawn(
+        &self,
+        program: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Child> {
         let f = File::create(log)?;
         let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.name, program]).args(args).stdin(Stdio::null());
+        cmd.args(["netns", "exec", &self.name, program])
+            .args(args)
+            .stdin(Stdio::null());
         cmd.stdout(f.try_clone()?).stderr(f);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        Ok(Child { inner: Some(cmd.spawn().with_context(|| format!("spawn {program}"))?), log: log.to_path_buf() })
+        Ok(Child {
+            inner: Some(cmd.spawn().with_context(|| format!("spawn {program}"))?),
+            log: log.to_path_buf(),
+        })
     }
 }
 
@@ -106,12 +128,17 @@ impl Child {
     /// The log so far; if it cannot be read, a line saying why (so a wait that times out
     /// on it shows the reason, not an empty log).
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
     }
 
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
-        wait_for(&format!("{needle:?} in {}", self.log.display()), timeout, || self.log_text().contains(needle))
-            .with_context(|| format!("log:\n{}", self.log_text()))
+        wait_for(
+            &format!("{needle:?} in {}", self.log.display()),
+            timeout,
+            || self.log_text().contains(needle),
+        )
+        .with_context(|| format!("log:\n{}", self.log_text()))
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -126,14 +153,23 @@ impl Child {
         let rest = stat.rsplit_once(')')?.1;
         let f: Vec<&str> = rest.split_whitespace().collect();
         let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??.max(1) as u64;
+        let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+            .ok()??
+            .max(1) as u64;
         Some(Duration::from_micros(ticks * 1_000_000 / hz))
     }
 
     /// Sends SIGTERM without waiting.
     pub fn terminate(&self) -> Result<()> {
-        let pid = self.inner.as_ref().map(|c| c.id()).context("process already reaped")?;
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)?;
+        let pid = self
+            .inner
+            .as_ref()
+            .map(|c| c.id())
+            .context("process already reaped")?;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )?;
         Ok(())
     }
 
@@ -162,7 +198,10 @@ impl Child {
 
 /// Ends a process as its pod's kubelet would: SIGTERM, then SIGKILL after 3 s.
 pub fn terminate(c: &mut std::process::Child) {
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(c.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let deadline = Instant::now() + Duration::from_secs(3);
     while Instant::now() < deadline {
         if let Ok(Some(_)) = c.try_wait() {
@@ -205,7 +244,10 @@ pub struct Pod {
 impl Pod {
     /// The pod's address of `ip`'s family, if it has one.
     pub fn ip_like(&self, ip: IpAddr) -> Option<IpAddr> {
-        self.ips.iter().copied().find(|a| a.is_ipv6() == ip.is_ipv6())
+        self.ips
+            .iter()
+            .copied()
+            .find(|a| a.is_ipv6() == ip.is_ipv6())
     }
 }
 
@@ -247,7 +289,9 @@ pub fn vip(n: u8) -> IpAddr {
 }
 
 fn v6_vip(n: u8) -> IpAddr {
-    format!("fd00:96::{n}").parse().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+    format!("fd00:96::{n}")
+        .parse()
+        .unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED))
 }
 
 /// The `vips` list of a service with VIP number `n`: both families' VIPs in a dual-stack
@@ -264,7 +308,9 @@ pub fn vips_yaml(n: u8) -> String {
 pub fn node_ip(i: usize) -> IpAddr {
     match ip_family() {
         IpFamily::V4 => Ipv4Addr::new(10, 0, 0, i as u8).into(),
-        IpFamily::V6 | IpFamily::Dual => format!("fd00::{i}").parse().unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        IpFamily::V6 | IpFamily::Dual => format!("fd00::{i}")
+            .parse()
+            .unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
     }
 }
 
@@ -304,10 +350,19 @@ pub fn check_capture_mode(z: &Child) -> Result<()> {
 pub fn skipped(why: &str) -> Result<()> {
     use std::io::Write;
     let thread = std::thread::current();
-    let line = format!("SKIPPED: {}: {why} (ip family {:?}, capture {})\n", thread.name().unwrap_or("?"), ip_family(), capture_mode());
+    let line = format!(
+        "SKIPPED: {}: {why} (ip family {:?}, capture {})\n",
+        thread.name().unwrap_or("?"),
+        ip_family(),
+        capture_mode()
+    );
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
     if let Some(path) = std::env::var_os("ZTUNNEL_TEST_SKIPS") {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("{path:?}"))?;
         f.write_all(line.as_bytes())?;
     }
     Ok(())
@@ -351,7 +406,11 @@ impl Topology {
 
     /// [`Topology::build`] with the address families given (a test about dual-stack pods
     /// runs in every run).
-    pub fn build_family(prefix: &str, pods_per_node: &[usize], family: IpFamily) -> Result<Topology> {
+    pub fn build_family(
+        prefix: &str,
+        pods_per_node: &[usize],
+        family: IpFamily,
+    ) -> Result<Topology> {
         if !nix::unistd::Uid::effective().is_root() {
             bail!("end-to-end tests need root (network namespaces); run them as root");
         }
@@ -361,7 +420,9 @@ impl Topology {
         let bpffs = dir.join("bpf");
         let mut topo = Topology {
             prefix: prefix.into(),
-            wire: Netns { name: format!("{prefix}-wire") },
+            wire: Netns {
+                name: format!("{prefix}-wire"),
+            },
             nodes: vec![],
             pods: vec![],
             dir: dir.clone(),
@@ -372,41 +433,101 @@ impl Topology {
         // From here on, Drop cleans up whatever was created (and releases the prefix).
         // What a run that was killed left behind goes first.
         remove_prefixed(prefix);
-        let _ = Command::new("umount").args(["-l", &dir.join("bpf").display().to_string()]).stderr(Stdio::null()).status();
+        let _ = Command::new("umount")
+            .args(["-l", &dir.join("bpf").display().to_string()])
+            .stderr(Stdio::null())
+            .status();
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
         std::fs::create_dir_all(&topo.bpffs)?;
-        sh("mount", &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()])?;
+        sh(
+            "mount",
+            &["-t", "bpf", "bpf", &topo.bpffs.display().to_string()],
+        )?;
         let add = |name: &str| -> Result<Netns> {
             sh("ip", &["netns", "add", name])?;
             let ns = Netns { name: name.into() };
             ns.exec("ip", &["link", "set", "lo", "up"])?;
             for k in ["all", "default"] {
-                ns.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+                ns.exec(
+                    "sysctl",
+                    &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")],
+                )?;
                 // No duplicate address detection: addresses are usable at once (no
                 // tentative seconds), and the topology has no duplicates to detect.
-                ns.exec("sysctl", &["-qw", &format!("net.ipv6.conf.{k}.accept_dad=0")])?;
+                ns.exec(
+                    "sysctl",
+                    &["-qw", &format!("net.ipv6.conf.{k}.accept_dad=0")],
+                )?;
             }
             Ok(ns)
         };
         // Before `ip link set up`: an interface made in one netns and moved to another
         // keeps the settings it was made with.
-        let no_dad = |ns: &Netns, ifname: &str| ns.exec("sysctl", &["-qw", &format!("net.ipv6.conf.{ifname}.accept_dad=0")]);
+        let no_dad = |ns: &Netns, ifname: &str| {
+            ns.exec(
+                "sysctl",
+                &["-qw", &format!("net.ipv6.conf.{ifname}.accept_dad=0")],
+            )
+        };
         let wire = add(&topo.wire.name)?;
-        wire.exec("ip", &["link", "add", "br0", "type", "bridge", "mcast_snooping", "0"])?;
+        wire.exec(
+            "ip",
+            &[
+                "link",
+                "add",
+                "br0",
+                "type",
+                "bridge",
+                "mcast_snooping",
+                "0",
+            ],
+        )?;
         wire.exec("ip", &["link", "set", "br0", "up"])?;
         for (i, &npods) in pods_per_node.iter().enumerate() {
             let i = i + 1;
             let node = add(&format!("{prefix}-n{i}"))?;
             topo.nodes.push(node.clone());
-            sh("ip", &["-n", &node.name, "link", "add", "eth0", "type", "veth", "peer", "name", &format!("p{i}"), "netns", &wire.name])?;
-            wire.exec("ip", &["link", "set", &format!("p{i}"), "master", "br0", "up"])?;
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    &node.name,
+                    "link",
+                    "add",
+                    "eth0",
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &format!("p{i}"),
+                    "netns",
+                    &wire.name,
+                ],
+            )?;
+            wire.exec(
+                "ip",
+                &["link", "set", &format!("p{i}"), "master", "br0", "up"],
+            )?;
             no_dad(&node, "eth0")?;
             if family.has_v4() {
-                node.exec("ip", &["addr", "add", &format!("10.0.0.{i}/24"), "dev", "eth0"])?;
+                node.exec(
+                    "ip",
+                    &["addr", "add", &format!("10.0.0.{i}/24"), "dev", "eth0"],
+                )?;
             }
             if family.has_v6() {
-                node.exec("ip", &["addr", "add", &format!("fd00::{i}/64"), "dev", "eth0", "nodad"])?;
+                node.exec(
+                    "ip",
+                    &[
+                        "addr",
+                        "add",
+                        &format!("fd00::{i}/64"),
+                        "dev",
+                        "eth0",
+                        "nodad",
+                    ],
+                )?;
             }
             node.exec("ip", &["link", "set", "eth0", "up"])?;
             node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
@@ -421,7 +542,13 @@ impl Topology {
                 };
                 let pod = add(&format!("{prefix}-n{i}p{j}"))?;
                 let veth = format!("vp{j}");
-                sh("ip", &["-n", &node.name, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &pod.name])?;
+                sh(
+                    "ip",
+                    &[
+                        "-n", &node.name, "link", "add", &veth, "type", "veth", "peer", "name",
+                        "eth0", "netns", &pod.name,
+                    ],
+                )?;
                 no_dad(&node, &veth)?;
                 no_dad(&pod, "eth0")?;
                 // Calico style: every pod's gateway is 169.254.1.1 (IPv6: fe80::1) on its own veth.
@@ -432,31 +559,96 @@ impl Topology {
                 node.exec("ip", &["link", "set", &veth, "up"])?;
                 for ip in &ips {
                     let host = if ip.is_ipv4() { 32 } else { 128 };
-                    node.exec("ip", &["route", "add", &format!("{ip}/{host}"), "dev", &veth])?;
-                    pod.exec("ip", &["addr", "add", &format!("{ip}/{host}"), "dev", "eth0", "nodad"])?;
+                    node.exec(
+                        "ip",
+                        &["route", "add", &format!("{ip}/{host}"), "dev", &veth],
+                    )?;
+                    pod.exec(
+                        "ip",
+                        &[
+                            "addr",
+                            "add",
+                            &format!("{ip}/{host}"),
+                            "dev",
+                            "eth0",
+                            "nodad",
+                        ],
+                    )?;
                 }
                 pod.exec("ip", &["link", "set", "eth0", "up"])?;
                 pod.exec("sysctl", &["-qw", "net.ipv4.conf.eth0.rp_filter=0"])?;
                 pod.exec("sysctl", &["-qw", "net.ipv4.conf.lo.rp_filter=0"])?;
                 if family.has_v4() {
-                    pod.exec("ip", &["route", "add", "169.254.1.1", "dev", "eth0", "scope", "link"])?;
-                    pod.exec("ip", &["route", "add", "default", "via", "169.254.1.1", "dev", "eth0"])?;
+                    pod.exec(
+                        "ip",
+                        &[
+                            "route",
+                            "add",
+                            "169.254.1.1",
+                            "dev",
+                            "eth0",
+                            "scope",
+                            "link",
+                        ],
+                    )?;
+                    pod.exec(
+                        "ip",
+                        &[
+                            "route",
+                            "add",
+                            "default",
+                            "via",
+                            "169.254.1.1",
+                            "dev",
+                            "eth0",
+                        ],
+                    )?;
                 }
                 if family.has_v6() {
-                    pod.exec("ip", &["-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0"])?;
+                    pod.exec(
+                        "ip",
+                        &[
+                            "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+                        ],
+                    )?;
                 }
                 let ip = if family.has_v6() { v6 } else { v4 };
-                topo.pods.push(Pod { name: format!("n{i}p{j}"), node: i, ip, ips, netns: pod });
+                topo.pods.push(Pod {
+                    name: format!("n{i}p{j}"),
+                    node: i,
+                    ip,
+                    ips,
+                    netns: pod,
+                });
             }
         }
         for (i, node) in topo.nodes.iter().enumerate() {
             for k in 1..=topo.nodes.len() {
                 if k != i + 1 {
                     if family.has_v4() {
-                        node.exec("ip", &["route", "add", &format!("10.10.{k}.0/24"), "via", &format!("10.0.0.{k}")])?;
+                        node.exec(
+                            "ip",
+                            &[
+                                "route",
+                                "add",
+                                &format!("10.10.{k}.0/24"),
+                                "via",
+                                &format!("10.0.0.{k}"),
+                            ],
+                        )?;
                     }
                     if family.has_v6() {
-                        node.exec("ip", &["-6", "route", "add", &format!("fd00:10:{k}::/64"), "via", &format!("fd00::{k}")])?;
+                        node.exec(
+                            "ip",
+                            &[
+                                "-6",
+                                "route",
+                                "add",
+                                &format!("fd00:10:{k}::/64"),
+                                "via",
+                                &format!("fd00::{k}"),
+                            ],
+                        )?;
                     }
                 }
             }
@@ -475,36 +667,96 @@ impl Topology {
     pub fn build_networks(prefix: &str, networks: &[&[usize]]) -> Result<Topology> {
         let per_node: Vec<usize> = networks.iter().flat_map(|n| n.iter().copied()).collect();
         let mut topo = Topology::build(prefix, &per_node)?;
-        topo.networks = networks.iter().enumerate().flat_map(|(n, nodes)| std::iter::repeat_n(format!("net{n}"), nodes.len())).collect();
-        let gw = Netns { name: format!("{prefix}-gw") };
+        topo.networks = networks
+            .iter()
+            .enumerate()
+            .flat_map(|(n, nodes)| std::iter::repeat_n(format!("net{n}"), nodes.len()))
+            .collect();
+        let gw = Netns {
+            name: format!("{prefix}-gw"),
+        };
         sh("ip", &["netns", "add", &gw.name])?;
         topo.gateway = Some(gw.clone());
         gw.exec("ip", &["link", "set", "lo", "up"])?;
         for k in ["all", "default"] {
-            gw.exec("sysctl", &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")])?;
+            gw.exec(
+                "sysctl",
+                &["-qw", &format!("net.ipv4.conf.{k}.rp_filter=0")],
+            )?;
         }
         gw.exec("sysctl", &["-qw", "net.ipv4.ip_forward=0"])?;
         for n in 0..networks.len() {
             let bridge = format!("br{n}");
             if n > 0 {
-                topo.wire.exec("ip", &["link", "add", &bridge, "type", "bridge"])?;
+                topo.wire
+                    .exec("ip", &["link", "add", &bridge, "type", "bridge"])?;
                 topo.wire.exec("ip", &["link", "set", &bridge, "up"])?;
             }
             let leg = format!("eth{n}");
-            sh("ip", &["-n", &gw.name, "link", "add", &leg, "type", "veth", "peer", "name", &format!("g{n}"), "netns", &topo.wire.name])?;
-            topo.wire.exec("ip", &["link", "set", &format!("g{n}"), "master", &bridge, "up"])?;
-            gw.exec("ip", &["addr", "add", &format!("{}/24", Topology::gateway_ip(n)), "dev", &leg])?;
+            sh(
+                "ip",
+                &[
+                    "-n",
+                    &gw.name,
+                    "link",
+                    "add",
+                    &leg,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    &format!("g{n}"),
+                    "netns",
+                    &topo.wire.name,
+                ],
+            )?;
+            topo.wire.exec(
+                "ip",
+                &["link", "set", &format!("g{n}"), "master", &bridge, "up"],
+            )?;
+            gw.exec(
+                "ip",
+                &[
+                    "addr",
+                    "add",
+                    &format!("{}/24", Topology::gateway_ip(n)),
+                    "dev",
+                    &leg,
+                ],
+            )?;
             gw.exec("ip", &["link", "set", &leg, "up"])?;
         }
-        let net_of = |i: usize| topo.networks[i - 1].trim_start_matches("net").parse::<usize>().unwrap_or(0);
+        let net_of = |i: usize| {
+            topo.networks[i - 1]
+                .trim_start_matches("net")
+                .parse::<usize>()
+                .unwrap_or(0)
+        };
         for i in 1..=topo.nodes.len() {
             let n = net_of(i);
             let node = topo.node(i);
             if n > 0 {
-                topo.wire.exec("ip", &["link", "set", &format!("p{i}"), "master", &format!("br{n}")])?;
-                node.exec("ip", &["addr", "add", &format!("10.0.{n}.{i}/24"), "dev", "eth0"])?;
+                topo.wire.exec(
+                    "ip",
+                    &["link", "set", &format!("p{i}"), "master", &format!("br{n}")],
+                )?;
+                node.exec(
+                    "ip",
+                    &["addr", "add", &format!("10.0.{n}.{i}/24"), "dev", "eth0"],
+                )?;
             }
-            gw.exec("ip", &["route", "add", &format!("10.10.{i}.0/24"), "via", &format!("10.0.{n}.{i}"), "dev", &format!("eth{n}")])?;
+            gw.exec(
+                "ip",
+                &[
+                    "route",
+                    "add",
+                    &format!("10.10.{i}.0/24"),
+                    "via",
+                    &format!("10.0.{n}.{i}"),
+                    "dev",
+                    &format!("eth{n}"),
+                ],
+            )?;
             for k in (1..=topo.nodes.len()).filter(|&k| k != i && net_of(k) != n) {
                 node.exec("ip", &["route", "del", &format!("10.10.{k}.0/24")])?;
             }
@@ -518,7 +770,10 @@ impl Topology {
     }
 
     pub fn pod(&self, name: &str) -> &Pod {
-        self.pods.iter().find(|p| p.name == name).unwrap_or_else(|| panic!("no pod {name}"))
+        self.pods
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no pod {name}"))
     }
 
     pub fn node(&self, i: usize) -> &Netns {
@@ -564,7 +819,9 @@ impl EchoServer {
         let task = tokio::spawn(async move {
             while let Ok((mut s, peer)) = l.accept().await {
                 // A dual-stack listener sees IPv4 clients v4-mapped: record them as IPv4.
-                p.lock().unwrap().push(SocketAddr::new(peer.ip().to_canonical(), peer.port()));
+                p.lock()
+                    .unwrap()
+                    .push(SocketAddr::new(peer.ip().to_canonical(), peer.port()));
                 let greeting = greeting.clone();
                 tokio::spawn(async move {
                     if let Some(g) = greeting {
@@ -606,7 +863,10 @@ impl DnsResponder {
         let sock = ns.run(|| std::net::UdpSocket::bind("0.0.0.0:53"))??;
         sock.set_nonblocking(true)?;
         let sock = tokio::net::UdpSocket::from_std(sock)?;
-        let records: HashMap<String, Vec<Ipv4Addr>> = records.iter().map(|(n, a)| (n.to_ascii_lowercase(), a.to_vec())).collect();
+        let records: HashMap<String, Vec<Ipv4Addr>> = records
+            .iter()
+            .map(|(n, a)| (n.to_ascii_lowercase(), a.to_vec()))
+            .collect();
         let asked = Arc::new(Mutex::new(HashMap::new()));
         let seen = asked.clone();
         let task = tokio::spawn(async move {
@@ -735,7 +995,25 @@ impl Capture {
         let file = dir.join(format!("{}-{iface}.pcap", ns.name));
         let log = dir.join(format!("{}-{iface}.tcpdump.log", ns.name));
         let f = file.to_string_lossy().to_string();
-        let child = ns.spawn("tcpdump", &["-i", iface, "-U", "--immediate-mode", "-n", "-Z", "root", "-s", "2048", "-w", &f, "tcp"], &[], &log)?;
+        let child = ns.spawn(
+            "tcpdump",
+            &[
+                "-i",
+                iface,
+                "-U",
+                "--immediate-mode",
+                "-n",
+                "-Z",
+                "root",
+                "-s",
+                "2048",
+                "-w",
+                &f,
+                "tcp",
+            ],
+            &[],
+            &log,
+        )?;
         child.wait_log("listening on", Duration::from_secs(10))?;
         Ok(Capture { child, file })
     }
@@ -754,7 +1032,11 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
     let le = b[0..4] == [0xd4, 0xc3, 0xb2, 0xa1];
     let u32at = |o: usize| -> u32 {
         let a = [b[o], b[o + 1], b[o + 2], b[o + 3]];
-        if le { u32::from_le_bytes(a) } else { u32::from_be_bytes(a) }
+        if le {
+            u32::from_le_bytes(a)
+        } else {
+            u32::from_be_bytes(a)
+        }
     };
     let linktype = u32at(20);
     let l2 = match linktype {
@@ -777,12 +1059,23 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
             4 if ip[9] == 6 => {
                 let ihl = (ip[0] & 0xf) as usize * 4;
                 let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
-                (ihl, total, Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]).into(), Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).into())
+                (
+                    ihl,
+                    total,
+                    Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]).into(),
+                    Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]).into(),
+                )
             }
             6 if ip.len() >= 40 && ip[6] == 6 => {
-                let octets = |at: usize| -> [u8; 16] { ip[at..at + 16].try_into().unwrap_or_default() };
+                let octets =
+                    |at: usize| -> [u8; 16] { ip[at..at + 16].try_into().unwrap_or_default() };
                 let total = 40 + u16::from_be_bytes([ip[4], ip[5]]) as usize;
-                (40, total, Ipv6Addr::from(octets(8)).into(), Ipv6Addr::from(octets(24)).into())
+                (
+                    40,
+                    total,
+                    Ipv6Addr::from(octets(8)).into(),
+                    Ipv6Addr::from(octets(24)).into(),
+                )
             }
             _ => continue,
         };
@@ -794,7 +1087,11 @@ fn parse_pcap(b: &[u8]) -> Result<Vec<Packet>> {
         let src = SocketAddr::new(src_ip, u16::from_be_bytes([tcp[0], tcp[1]]));
         let dst = SocketAddr::new(dst_ip, u16::from_be_bytes([tcp[2], tcp[3]]));
         let end = total.min(ip.len());
-        let payload = if ihl + doff < end { ip[ihl + doff..end].to_vec() } else { Vec::new() };
+        let payload = if ihl + doff < end {
+            ip[ihl + doff..end].to_vec()
+        } else {
+            Vec::new()
+        };
         out.push(Packet { src, dst, payload });
     }
     Ok(out)
@@ -812,10 +1109,15 @@ pub fn prefix(tag: &str) -> String {
 }
 
 /// Prefixes of the topologies alive in this process.
-static LIVE: std::sync::Mutex<std::collections::BTreeSet<String>> = std::sync::Mutex::new(std::collections::BTreeSet::new());
+static LIVE: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
 
 fn claim(prefix: &str) -> Result<()> {
-    if !LIVE.lock().unwrap_or_else(|e| e.into_inner()).insert(prefix.to_string()) {
+    if !LIVE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(prefix.to_string())
+    {
         bail!("prefix {prefix:?} belongs to a topology alive in this process (another test with the same tag): give this test a tag of its own");
     }
     Ok(())
@@ -828,14 +1130,20 @@ fn claim(prefix: &str) -> Result<()> {
 fn record_for_cleanup(prefix: &str, dir: &Path) -> Result<()> {
     use std::io::Write;
     if let Some(path) = std::env::var_os("ZTUNNEL_TEST_PREFIXES") {
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).with_context(|| format!("{path:?}"))?;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .with_context(|| format!("{path:?}"))?;
         f.write_all(format!("{prefix} {}\n", dir.display()).as_bytes())?;
     }
     Ok(())
 }
 
 fn release(prefix: &str) {
-    LIVE.lock().unwrap_or_else(|e| e.into_inner()).remove(prefix);
+    LIVE.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(prefix);
 }
 
 /// Workload YAML for a pod (all its addresses); uid = pod name; its node's network, if the
@@ -850,9 +1158,19 @@ pub fn waypoint_workload(topo: &Topology, pod: &str, sa: &str, extra: &str) -> S
     workload_with_protocol(topo, pod, sa, "TCP", extra)
 }
 
-fn workload_with_protocol(topo: &Topology, pod: &str, sa: &str, protocol: &str, extra: &str) -> String {
+fn workload_with_protocol(
+    topo: &Topology,
+    pod: &str,
+    sa: &str,
+    protocol: &str,
+    extra: &str,
+) -> String {
     let p = topo.pod(pod);
-    let network = topo.networks.get(p.node - 1).map(|n| format!(", network: {n}")).unwrap_or_default();
+    let network = topo
+        .networks
+        .get(p.node - 1)
+        .map(|n| format!(", network: {n}"))
+        .unwrap_or_default();
     format!(
         "- {{uid: {pod}, name: {pod}, namespace: default, serviceAccount: {sa}, workloadIps: {}, protocol: {protocol}, node: node{}{network}{extra}}}\n",
         ips_yaml(&p.ips),
@@ -879,12 +1197,21 @@ pub struct Mesh {
 impl Mesh {
     /// Starts ztunnel on each node, enrolling `enrolled` pods, all using `config`
     /// (unless a node-specific config is given in `per_node`).
-    pub fn start(topo: Topology, config: &str, enrolled: &[&str], per_node: &HashMap<usize, String>, env: &[(&str, &str)]) -> Result<Mesh> {
+    pub fn start(
+        topo: Topology,
+        config: &str,
+        enrolled: &[&str],
+        per_node: &HashMap<usize, String>,
+        env: &[(&str, &str)],
+    ) -> Result<Mesh> {
         let state = topo.dir.join("ca");
         let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
             let cfg_path: PathBuf = topo.dir.join(format!("mesh-node{n}.yaml"));
-            std::fs::write(&cfg_path, per_node.get(&n).map(String::as_str).unwrap_or(config))?;
+            std::fs::write(
+                &cfg_path,
+                per_node.get(&n).map(String::as_str).unwrap_or(config),
+            )?;
             let mut args = vec![
                 "--local-xds-path".to_string(),
                 cfg_path.display().to_string(),
@@ -898,13 +1225,24 @@ impl Mesh {
                 args.push("--pod".into());
                 args.push(format!("{}={}", pod.name, pod.netns.path().display()));
             }
-            let mut full_env = vec![("RUST_LOG".to_string(), "info".to_string()), ("RUST_BACKTRACE".into(), "0".into())];
+            let mut full_env = vec![
+                ("RUST_LOG".to_string(), "info".to_string()),
+                ("RUST_BACKTRACE".into(), "0".into()),
+            ];
             // Each node's ztunnel in its own network (Istio's NETWORK).
-            full_env.extend(topo.networks.get(n - 1).map(|net| ("NETWORK".to_string(), net.clone())));
+            full_env.extend(
+                topo.networks
+                    .get(n - 1)
+                    .map(|net| ("NETWORK".to_string(), net.clone())),
+            );
             full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             commands.push((args, full_env));
         }
-        let mut mesh = Mesh { ztunnels: Vec::new(), commands, topo };
+        let mut mesh = Mesh {
+            ztunnels: Vec::new(),
+            commands,
+            topo,
+        };
         for n in 1..=mesh.topo.nodes.len() {
             // The first node creates the CA; the others load it.
             let z = mesh.spawn_ztunnel(n, &format!("ztunnel-node{n}.log"))?;
@@ -915,7 +1253,11 @@ impl Mesh {
 
     /// Starts ztunnel on each node with its configuration from istiod (`env` names it, see
     /// `istiod::FakeIstiod::env`) and `node_args[n - 1]` added to node n's command line.
-    pub fn start_with_istiod(topo: Topology, node_args: &[Vec<String>], env: &[(String, String)]) -> Result<Mesh> {
+    pub fn start_with_istiod(
+        topo: Topology,
+        node_args: &[Vec<String>],
+        env: &[(String, String)],
+    ) -> Result<Mesh> {
         let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
             let mut args = vec!["--node-name".to_string(), format!("node{n}")];
@@ -930,7 +1272,11 @@ impl Mesh {
             full_env.extend(env.iter().cloned());
             commands.push((args, full_env));
         }
-        let mut mesh = Mesh { ztunnels: Vec::new(), commands, topo };
+        let mut mesh = Mesh {
+            ztunnels: Vec::new(),
+            commands,
+            topo,
+        };
         for n in 1..=mesh.topo.nodes.len() {
             let z = mesh.spawn_ztunnel(n, &format!("ztunnel-node{n}.log"))?;
             mesh.ztunnels.push(z);
@@ -943,7 +1289,12 @@ impl Mesh {
         let (args, env) = &self.commands[n - 1];
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        let z = self.topo.node(n).spawn(crate::bins::ztunnel(), &args, &env, &self.topo.dir.join(log_name))?;
+        let z = self.topo.node(n).spawn(
+            crate::bins::ztunnel(),
+            &args,
+            &env,
+            &self.topo.dir.join(log_name),
+        )?;
         z.wait_log("ztunnel ready", READY)?;
         check_capture_mode(&z)?;
         Ok(z)
@@ -952,30 +1303,48 @@ impl Mesh {
     /// Waits until every needle appears in the ztunnel logs (they are written just after
     /// the client sees its connection end).
     pub fn wait_logs(&self, needles: &[&str]) -> Result<()> {
-        wait_for(&format!("{needles:?} in ztunnel logs"), Duration::from_secs(5), || {
-            let l = self.logs();
-            needles.iter().all(|n| l.contains(n))
-        })
+        wait_for(
+            &format!("{needles:?} in ztunnel logs"),
+            Duration::from_secs(5),
+            || {
+                let l = self.logs();
+                needles.iter().all(|n| l.contains(n))
+            },
+        )
         .with_context(|| self.logs())
     }
 
     /// Waits until one line of the ztunnel logs contains every needle (the same event,
     /// not needles scattered over several lines).
     pub fn wait_log_line(&self, needles: &[&str]) -> Result<()> {
-        wait_for(&format!("one line with {needles:?} in ztunnel logs"), Duration::from_secs(5), || {
-            self.logs().lines().any(|l| needles.iter().all(|n| l.contains(n)))
-        })
+        wait_for(
+            &format!("one line with {needles:?} in ztunnel logs"),
+            Duration::from_secs(5),
+            || {
+                self.logs()
+                    .lines()
+                    .any(|l| needles.iter().all(|n| l.contains(n)))
+            },
+        )
         .with_context(|| self.logs())
     }
 
     pub fn logs(&self) -> String {
-        self.ztunnels.iter().map(|z| z.log_text()).collect::<Vec<_>>().join("\n")
+        self.ztunnels
+            .iter()
+            .map(|z| z.log_text())
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
 /// A client looping connections (connect, 1 KiB echo, close) from `from` to `to` on its
 /// own thread inside the pod netns, until told to stop; returns (succeeded, failures).
-pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+pub fn connect_loop(
+    from: &Pod,
+    to: SocketAddr,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>)> {
     use std::io::{Read, Write};
     let path = from.netns.path();
     std::thread::spawn(move || {
@@ -1004,7 +1373,11 @@ pub fn connect_loop(from: &Pod, to: SocketAddr, stop: std::sync::Arc<std::sync::
             })();
             match attempt {
                 Ok(v) if v == payload => ok += 1,
-                Ok(v) => failed.push(format!("{started:?} from {local:?}: short echo: {} of {} bytes", v.len(), payload.len())),
+                Ok(v) => failed.push(format!(
+                    "{started:?} from {local:?}: short echo: {} of {} bytes",
+                    v.len(),
+                    payload.len()
+                )),
                 Err(e) => failed.push(format!("{started:?} from {local:?}: {e}")),
             }
         }
@@ -1055,8 +1428,32 @@ pub fn istio_cni_capture(pod: &Pod) -> Result<()> {
     let loaded = pod.netns.exec("nft", &["-f", &rules.display().to_string()]);
     let _ = std::fs::remove_file(&rules);
     loaded.with_context(|| format!("istio-cni rules in {}", pod.name))?;
-    pod.netns.exec("ip", &["rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", ISTIO_CNI_ROUTE_TABLE])?;
-    pod.netns.exec("ip", &["route", "add", "local", "0.0.0.0/0", "dev", "lo", "table", ISTIO_CNI_ROUTE_TABLE])?;
+    pod.netns.exec(
+        "ip",
+        &[
+            "rule",
+            "add",
+            "fwmark",
+            "0x111/0xfff",
+            "pref",
+            "32764",
+            "lookup",
+            ISTIO_CNI_ROUTE_TABLE,
+        ],
+    )?;
+    pod.netns.exec(
+        "ip",
+        &[
+            "route",
+            "add",
+            "local",
+            "0.0.0.0/0",
+            "dev",
+            "lo",
+            "table",
+            ISTIO_CNI_ROUTE_TABLE,
+        ],
+    )?;
     Ok(())
 }
 
@@ -1064,15 +1461,34 @@ pub fn istio_cni_capture(pod: &Pod) -> Result<()> {
 mod child_tests {
     #[test]
     fn a_zero_timeout_still_sees_a_process_that_exited() {
-        let inner = std::process::Command::new("true").spawn().expect("spawn true");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        let inner = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let mut c = super::Child {
+            inner: Some(inner),
+            log: std::path::PathBuf::from("/dev/null"),
+        };
         assert!(c.wait_exit(std::time::Duration::from_secs(5)).is_some());
-        let inner = std::process::Command::new("true").spawn().expect("spawn true");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        let inner = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let mut c = super::Child {
+            inner: Some(inner),
+            log: std::path::PathBuf::from("/dev/null"),
+        };
         std::thread::sleep(std::time::Duration::from_millis(200));
-        assert!(c.wait_exit(std::time::Duration::ZERO).is_some(), "an exited process must be noticed without waiting");
-        let inner = std::process::Command::new("sleep").arg("5").spawn().expect("spawn sleep");
-        let mut c = super::Child { inner: Some(inner), log: std::path::PathBuf::from("/dev/null") };
+        assert!(
+            c.wait_exit(std::time::Duration::ZERO).is_some(),
+            "an exited process must be noticed without waiting"
+        );
+        let inner = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .expect("spawn sleep");
+        let mut c = super::Child {
+            inner: Some(inner),
+            log: std::path::PathBuf::from("/dev/null"),
+        };
         assert!(c.wait_exit(std::time::Duration::ZERO).is_none());
         c.stop();
     }

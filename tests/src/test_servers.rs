@@ -27,37 +27,65 @@ pub type Checks = std::sync::Arc<std::sync::Mutex<Vec<SeenCheck>>>;
 /// An HTTP ext_authz server as Istio's sample: `x-ext-authz: allow` allows (and names
 /// the user for the backend), anything else is denied with its own status, body and
 /// headers.
-pub fn start_http_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
+pub fn start_http_authorizer(
+    pod: &Pod,
+    port: u16,
+    checks: Checks,
+) -> Result<tokio::task::JoinHandle<()>> {
     let l = pod.netns.listen(port)?;
     Ok(tokio::spawn(async move {
         while let Ok((stream, _)) = l.accept().await {
             let checks = checks.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let checks = checks.clone();
-                    async move {
-                        use http_body_util::BodyExt;
-                        let headers = req.headers().iter().map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_string())).collect::<HashMap<_, _>>();
-                        let allow = headers.get("x-ext-authz").map(String::as_str) == Some("allow");
-                        let (path, method) = (req.uri().to_string(), req.method().to_string());
-                        let body = req.into_body().collect().await.map(|c| c.to_bytes().to_vec()).unwrap_or_default();
-                        checks.lock().unwrap().push(SeenCheck {
-                            path,
-                            method,
-                            headers,
-                            source_principal: String::new(),
-                            destination_principal: String::new(),
-                            body,
-                        });
-                        let resp = if allow {
-                            http::Response::builder().status(200).header("x-user", "alice").header("x-authz-said", "ok").header("x-unlisted", "1").body(String::new())
-                        } else {
-                            http::Response::builder().status(403).header("x-reason", "nope").header("x-secret", "s").body("denied by the authorizer".to_string())
-                        };
-                        Ok::<_, std::convert::Infallible>(resp.expect("response"))
-                    }
-                });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(hyper_util::rt::TokioIo::new(stream), svc).await;
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let checks = checks.clone();
+                        async move {
+                            use http_body_util::BodyExt;
+                            let headers = req
+                                .headers()
+                                .iter()
+                                .map(|(k, v)| {
+                                    (k.to_string(), v.to_str().unwrap_or_default().to_string())
+                                })
+                                .collect::<HashMap<_, _>>();
+                            let allow =
+                                headers.get("x-ext-authz").map(String::as_str) == Some("allow");
+                            let (path, method) = (req.uri().to_string(), req.method().to_string());
+                            let body = req
+                                .into_body()
+                                .collect()
+                                .await
+                                .map(|c| c.to_bytes().to_vec())
+                                .unwrap_or_default();
+                            checks.lock().unwrap().push(SeenCheck {
+                                path,
+                                method,
+                                headers,
+                                source_principal: String::new(),
+                                destination_principal: String::new(),
+                                body,
+                            });
+                            let resp = if allow {
+                                http::Response::builder()
+                                    .status(200)
+                                    .header("x-user", "alice")
+                                    .header("x-authz-said", "ok")
+                                    .header("x-unlisted", "1")
+                                    .body(String::new())
+                            } else {
+                                http::Response::builder()
+                                    .status(403)
+                                    .header("x-reason", "nope")
+                                    .header("x-secret", "s")
+                                    .body("denied by the authorizer".to_string())
+                            };
+                            Ok::<_, std::convert::Infallible>(resp.expect("response"))
+                        }
+                    });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
             });
         }
     }))
@@ -70,11 +98,16 @@ pub fn start_http_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tok
 pub struct GrpcAuthorizer(pub Checks);
 
 #[tonic::async_trait]
-impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::Authorization for GrpcAuthorizer {
+impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::Authorization
+    for GrpcAuthorizer
+{
     async fn check(
         &self,
         req: tonic::Request<waypoint::extauthz::proto::envoy::service::auth::v3::CheckRequest>,
-    ) -> Result<tonic::Response<waypoint::extauthz::proto::envoy::service::auth::v3::CheckResponse>, tonic::Status> {
+    ) -> Result<
+        tonic::Response<waypoint::extauthz::proto::envoy::service::auth::v3::CheckResponse>,
+        tonic::Status,
+    > {
         use waypoint::extauthz::proto::envoy::config::core::v3 as core;
         use waypoint::extauthz::proto::envoy::service::auth::v3 as auth;
         let attrs = req.into_inner().attributes.unwrap_or_default();
@@ -86,32 +119,54 @@ impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::
             headers: http.headers.into_iter().collect(),
             source_principal: attrs.source.map(|p| p.principal).unwrap_or_default(),
             destination_principal: attrs.destination.map(|p| p.principal).unwrap_or_default(),
-            body: if http.body.is_empty() { http.raw_body } else { http.body.into_bytes() },
+            body: if http.body.is_empty() {
+                http.raw_body
+            } else {
+                http.body.into_bytes()
+            },
         });
         let header = |k: &str, v: &str| core::HeaderValueOption {
-            header: Some(core::HeaderValue { key: k.into(), value: v.into(), ..Default::default() }),
+            header: Some(core::HeaderValue {
+                key: k.into(),
+                value: v.into(),
+                ..Default::default()
+            }),
             ..Default::default()
         };
-        let status = |code| Some(ztunnel::xds::proto::google::rpc::Status { code, ..Default::default() });
+        let status = |code| {
+            Some(ztunnel::xds::proto::google::rpc::Status {
+                code,
+                ..Default::default()
+            })
+        };
         let resp = match verdict.as_str() {
             "allow" => auth::CheckResponse {
                 status: status(0),
-                http_response: Some(auth::check_response::HttpResponse::OkResponse(auth::OkHttpResponse {
-                    headers: vec![header("x-user", "grpc-alice")],
-                    headers_to_remove: vec!["x-ext-authz".into()],
-                    response_headers_to_add: vec![header("x-grpc-said", "ok")],
-                    ..Default::default()
-                })),
+                http_response: Some(auth::check_response::HttpResponse::OkResponse(
+                    auth::OkHttpResponse {
+                        headers: vec![header("x-user", "grpc-alice")],
+                        headers_to_remove: vec!["x-ext-authz".into()],
+                        response_headers_to_add: vec![header("x-grpc-said", "ok")],
+                        ..Default::default()
+                    },
+                )),
                 ..Default::default()
             },
-            "unauth" => auth::CheckResponse { status: status(16), ..Default::default() },
+            "unauth" => auth::CheckResponse {
+                status: status(16),
+                ..Default::default()
+            },
             _ => auth::CheckResponse {
                 status: status(7),
-                http_response: Some(auth::check_response::HttpResponse::DeniedResponse(auth::DeniedHttpResponse {
-                    status: Some(waypoint::extauthz::proto::envoy::r#type::v3::HttpStatus { code: 429 }),
-                    headers: vec![header("x-reason", "grpc-nope")],
-                    body: "the gRPC authorizer says no".into(),
-                })),
+                http_response: Some(auth::check_response::HttpResponse::DeniedResponse(
+                    auth::DeniedHttpResponse {
+                        status: Some(waypoint::extauthz::proto::envoy::r#type::v3::HttpStatus {
+                            code: 429,
+                        }),
+                        headers: vec![header("x-reason", "grpc-nope")],
+                        body: "the gRPC authorizer says no".into(),
+                    },
+                )),
                 ..Default::default()
             },
         };
@@ -119,7 +174,11 @@ impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::
     }
 }
 
-pub fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tokio::task::JoinHandle<()>> {
+pub fn start_grpc_authorizer(
+    pod: &Pod,
+    port: u16,
+    checks: Checks,
+) -> Result<tokio::task::JoinHandle<()>> {
     let svc = waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::AuthorizationServer::new(GrpcAuthorizer(checks));
     serve_grpc(pod, port, svc)
 }
@@ -127,8 +186,11 @@ pub fn start_grpc_authorizer(pod: &Pod, port: u16, checks: Checks) -> Result<tok
 /// Serves a tonic service on `port` in the pod (HTTP/2 only, as gRPC), until aborted.
 fn serve_grpc<S>(pod: &Pod, port: u16, svc: S) -> Result<tokio::task::JoinHandle<()>>
 where
-    S: tower::Service<http::Request<hyper::body::Incoming>, Response = http::Response<tonic::body::Body>, Error = std::convert::Infallible>
-        + Clone
+    S: tower::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
@@ -138,21 +200,25 @@ where
         while let Ok((stream, _)) = l.accept().await {
             let svc = svc.clone();
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let mut svc = svc.clone();
-                    async move {
-                        Ok::<_, std::convert::Infallible>(svc.call(req).await.unwrap_or_else(|e| match e {}))
-                    }
-                });
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
-                    .http2_only()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                    .await;
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let mut svc = svc.clone();
+                        async move {
+                            Ok::<_, std::convert::Infallible>(
+                                svc.call(req).await.unwrap_or_else(|e| match e {}),
+                            )
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .http2_only()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
             });
         }
     }))
 }
-
 
 /// Spans an OTLP collector received: (trace id, span id, parent span id, name).
 pub type Spans = std::sync::Arc<std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>, Vec<u8>, String)>>>;
@@ -165,7 +231,10 @@ impl waypoint::trace::proto::collector::trace_service_server::TraceService for C
     async fn export(
         &self,
         req: tonic::Request<waypoint::trace::proto::collector::ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<waypoint::trace::proto::collector::ExportTraceServiceResponse>, tonic::Status> {
+    ) -> Result<
+        tonic::Response<waypoint::trace::proto::collector::ExportTraceServiceResponse>,
+        tonic::Status,
+    > {
         let mut seen = self.0.lock().unwrap();
         for rs in req.into_inner().resource_spans {
             for ss in rs.scope_spans {
@@ -179,6 +248,16 @@ impl waypoint::trace::proto::collector::trace_service_server::TraceService for C
 }
 
 /// An OpenTelemetry collector (OTLP/gRPC trace export, tonic) in the pod.
-pub fn start_otlp_collector(pod: &Pod, port: u16, spans: Spans) -> Result<tokio::task::JoinHandle<()>> {
-    serve_grpc(pod, port, waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(Collector(spans)))
+pub fn start_otlp_collector(
+    pod: &Pod,
+    port: u16,
+    spans: Spans,
+) -> Result<tokio::task::JoinHandle<()>> {
+    serve_grpc(
+        pod,
+        port,
+        waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(
+            Collector(spans),
+        ),
+    )
 }

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use anyhow::{ensure, Result};
-use mesh_tests::{bins, http_app};
 use mesh_tests::netsim::*;
+use mesh_tests::{bins, http_app};
 
 /// L7 config the waypoint applies to the `web` service: header routing, an 80/20 split,
 /// and a DENY on /admin.
@@ -31,7 +31,9 @@ authorizationPolicies:
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
-    println!("== ztunnel local demo: 2 nodes, 5 pods, HBONE between node proxies and a waypoint ==\n");
+    println!(
+        "== ztunnel local demo: 2 nodes, 5 pods, HBONE between node proxies and a waypoint ==\n"
+    );
     let topo = Topology::build(&prefix("demo"), &[3, 2])?;
     let wp_ip = topo.pod("n1p3").ip;
     let svc = |version: &str| {
@@ -58,20 +60,31 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     for p in &topo.pods {
         println!("  pod {:<5} on node{}  ip {}", p.name, p.node, p.ip);
     }
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let mesh = Mesh::start(
+        topo,
+        &cfg,
+        &["n1p1", "n1p2", "n2p1", "n2p2"],
+        &HashMap::new(),
+        &[],
+    )?;
     let t = &mesh.topo;
     let waypoint = t.pod("n1p3").netns.spawn(
         bins::waypoint(),
         &[
-            "--local-xds-path", &t.dir.join("mesh-node1.yaml").display().to_string(),
-            "--workload-uid", "n1p3",
-            "--state-dir", &t.dir.join("ca").display().to_string(),
+            "--local-xds-path",
+            &t.dir.join("mesh-node1.yaml").display().to_string(),
+            "--workload-uid",
+            "n1p3",
+            "--state-dir",
+            &t.dir.join("ca").display().to_string(),
         ],
         &[("RUST_LOG", "info")],
         &t.dir.join("waypoint.log"),
     )?;
     waypoint.wait_log("waypoint ready", READY)?;
-    println!("\n  ztunnel running on node1 and node2 (eBPF capture of each pod); waypoint in n1p3\n");
+    println!(
+        "\n  ztunnel running on node1 and node2 (eBPF capture of each pod); waypoint in n1p3\n"
+    );
     let echo1 = EchoServer::start(&t.pod("n2p1").netns, 8080, Some("n2p1"))?;
     let echo2 = EchoServer::start(&t.pod("n2p2").netns, 8080, Some("n2p2"))?;
 
@@ -83,22 +96,41 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     let back = echo_roundtrip(&mut s, b"hello over HBONE").await?;
     let packets = capture.stop()?;
     ensure!(back == b"hello over HBONE", "echo mismatch");
-    let to_15008 = packets.iter().filter(|p| p.dst.port() == 15008 && !p.payload.is_empty()).count();
+    let to_15008 = packets
+        .iter()
+        .filter(|p| p.dst.port() == 15008 && !p.payload.is_empty())
+        .count();
     let to_8080 = packets.iter().filter(|p| p.dst.port() == 8080).count();
-    println!("1. n1p1 -> {dst} answered by {who}: {:?}", String::from_utf8_lossy(&back));
+    println!(
+        "1. n1p1 -> {dst} answered by {who}: {:?}",
+        String::from_utf8_lossy(&back)
+    );
     println!("   server app saw peer {}", echo1.peers()[0]);
     println!("   node link: {to_15008} TLS data packets to :15008, {to_8080} packets to :8080 (plaintext never leaves the pod)");
     mesh.wait_logs(&["direction=\"inbound\""])?;
     let logs = mesh.logs();
-    if let Some(line) = logs.lines().find(|l| l.contains("direction=\"inbound\"") && l.contains("connection complete")) {
-        println!("   identities (from node2's ztunnel): {}", event_fields(line, &["src.identity=", "dst.identity="]).join("  "));
+    if let Some(line) = logs
+        .lines()
+        .find(|l| l.contains("direction=\"inbound\"") && l.contains("connection complete"))
+    {
+        println!(
+            "   identities (from node2's ztunnel): {}",
+            event_fields(line, &["src.identity=", "dst.identity="]).join("  ")
+        );
     }
-    ensure!(to_15008 > 0 && to_8080 == 0, "traffic did not cross as HBONE");
+    ensure!(
+        to_15008 > 0 && to_8080 == 0,
+        "traffic did not cross as HBONE"
+    );
 
     // 2. Service VIP load balancing across the two echo pods.
     let mut seen: HashMap<String, usize> = HashMap::new();
     for _ in 0..20 {
-        let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
+        let mut s = t
+            .pod("n1p1")
+            .netns
+            .connect("10.96.0.10:80".parse()?)
+            .await?;
         *seen.entry(read_line(&mut s).await?).or_default() += 1;
     }
     println!("\n2. 20 connections to service VIP 10.96.0.10:80 -> {seen:?}");
@@ -106,36 +138,80 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
 
     // 3. Policy: only the `sleep` identity may reach echo.
     let mut s = t.pod("n1p2").netns.connect(dst).await?;
-    let denied = echo_roundtrip(&mut s, b"let me in").await.map(|v| v.is_empty()).unwrap_or(true);
+    let denied = echo_roundtrip(&mut s, b"let me in")
+        .await
+        .map(|v| v.is_empty())
+        .unwrap_or(true);
     ensure!(denied, "policy should deny the intruder");
     // Denied by the policy, with the 401 the line below prints: node2's ztunnel says why,
     // node1's that its CONNECT was answered 401.
-    mesh.wait_log_line(&["connection denied", "src.identity=spiffe://cluster.local/ns/default/sa/intruder", "no ALLOW policy matched"])?;
+    mesh.wait_log_line(&[
+        "connection denied",
+        "src.identity=spiffe://cluster.local/ns/default/sa/intruder",
+        "no ALLOW policy matched",
+    ])?;
     mesh.wait_log_line(&[&format!("CONNECT {dst} answered 401")])?;
     println!("\n3. n1p2 (identity .../sa/intruder) -> {dst}: DENIED (no ALLOW policy matched; HBONE 401, connection closed)");
 
     // 4. A service with a waypoint: sleep -> ztunnel -> waypoint -> ztunnel -> echo.
-    let mut s = t.pod("n1p1").netns.connect("10.96.0.20:80".parse()?).await?;
+    let mut s = t
+        .pod("n1p1")
+        .netns
+        .connect("10.96.0.20:80".parse()?)
+        .await?;
     let who = read_line(&mut s).await?;
     let back = echo_roundtrip(&mut s, b"via the waypoint").await?;
-    ensure!(back == b"via the waypoint", "echo through the waypoint mismatch");
-    wait_for("waypoint log", std::time::Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
+    ensure!(
+        back == b"via the waypoint",
+        "echo through the waypoint mismatch"
+    );
+    wait_for("waypoint log", std::time::Duration::from_secs(5), || {
+        waypoint.log_text().contains("connection complete")
+    })?;
     let wl = waypoint.log_text();
-    let hop = wl.lines().find(|l| l.contains("connection complete")).unwrap_or_default();
+    let hop = wl
+        .lines()
+        .find(|l| l.contains("connection complete"))
+        .unwrap_or_default();
     let pick = |k: &str| event_fields(hop, &[k]).join("");
-    println!("\n4. n1p1 -> service VIP 10.96.0.20:80 (has a waypoint) answered by {who}: {:?}", String::from_utf8_lossy(&back));
-    println!("   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}", pick("src.identity="), pick("dst.workload="), pick("dst.addr="));
-    ensure!(hop.contains("sa/sleep"), "the waypoint did not see the client's identity");
+    println!(
+        "\n4. n1p1 -> service VIP 10.96.0.20:80 (has a waypoint) answered by {who}: {:?}",
+        String::from_utf8_lossy(&back)
+    );
+    println!(
+        "   waypoint n1p3 ({wp_ip}) relayed it: {}  {}  {}",
+        pick("src.identity="),
+        pick("dst.workload="),
+        pick("dst.addr=")
+    );
+    ensure!(
+        hop.contains("sa/sleep"),
+        "the waypoint did not see the client's identity"
+    );
     let _ = echo2;
 
     // 5. L7 at the waypoint: HTTP routing by header and by weight, and an L7 deny.
     let _web1 = http_app::HttpApp::start(&t.pod("n2p1").netns, 9080, "n2p1 (web-v1)", false)?;
     let _web2 = http_app::HttpApp::start(&t.pod("n2p2").netns, 9080, "n2p2 (web-v2)", false)?;
-    let mut c = http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.30:80".parse()?, "web.default.svc.cluster.local").await?;
-    println!("\n5. HTTP through the waypoint to service web (10.96.0.30:80), one keep-alive connection:");
+    let mut c = http_app::H1Client::connect(
+        &t.pod("n1p1").netns,
+        "10.96.0.30:80".parse()?,
+        "web.default.svc.cluster.local",
+    )
+    .await?;
+    println!(
+        "\n5. HTTP through the waypoint to service web (10.96.0.30:80), one keep-alive connection:"
+    );
     let r = c.request("GET", "/", &[("x-version", "v2")]).await?;
-    println!("   GET / with x-version: v2 -> {} from {}", r.status, r.pod());
-    ensure!(r.status == 200 && r.pod().starts_with("n2p2"), "header route should reach web-v2");
+    println!(
+        "   GET / with x-version: v2 -> {} from {}",
+        r.status,
+        r.pod()
+    );
+    ensure!(
+        r.status == 200 && r.pod().starts_with("n2p2"),
+        "header route should reach web-v2"
+    );
     let mut split: HashMap<String, usize> = HashMap::new();
     for _ in 0..100 {
         let r = c.get("/").await?;
@@ -145,19 +221,46 @@ policies:\n- name: echo-allow-sleep\n  namespace: default\n  scope: Namespace\n 
     println!("   100 x GET / (route weights 80/20)   -> {split:?}");
     // Binomial(100, 0.8): mean 80, sd 4; 60..=95 fails a correct split about once in
     // 10^4 runs, and catches a 50/50 or all-to-one split.
-    let count = |v: &str| split.iter().filter(|(k, _)| k.contains(v)).map(|(_, n)| n).sum::<usize>();
+    let count = |v: &str| {
+        split
+            .iter()
+            .filter(|(k, _)| k.contains(v))
+            .map(|(_, n)| n)
+            .sum::<usize>()
+    };
     let (v1, v2) = (count("web-v1"), count("web-v2"));
-    ensure!(v1 + v2 == 100, "requests answered by neither version: {split:?}");
-    ensure!((60..=95).contains(&v1), "the 80/20 split sent {v1} of 100 to web-v1: {split:?}");
+    ensure!(
+        v1 + v2 == 100,
+        "requests answered by neither version: {split:?}"
+    );
+    ensure!(
+        (60..=95).contains(&v1),
+        "the 80/20 split sent {v1} of 100 to web-v1: {split:?}"
+    );
     for path in ["/admin", "/x/../admin/keys"] {
         let r = c.get(path).await?;
         println!("   GET {path:<17} -> {} {:?}", r.status, r.body.trim());
-        ensure!(r.status == 403 && r.body.trim() == "RBAC: access denied", "L7 policy should deny {path}");
+        ensure!(
+            r.status == 403 && r.body.trim() == "RBAC: access denied",
+            "L7 policy should deny {path}"
+        );
     }
-    wait_for("access log", std::time::Duration::from_secs(5), || waypoint.log_text().contains("path=/admin/keys"))?;
+    wait_for("access log", std::time::Duration::from_secs(5), || {
+        waypoint.log_text().contains("path=/admin/keys")
+    })?;
     let wl = waypoint.log_text();
-    let line = wl.lines().find(|l| l.contains("path=/admin/keys")).unwrap_or_default();
-    println!("   waypoint access log: {}", event_fields(line, &["src.identity=", "path=", "status=", "authz.denied_by="]).join("  "));
+    let line = wl
+        .lines()
+        .find(|l| l.contains("path=/admin/keys"))
+        .unwrap_or_default();
+    println!(
+        "   waypoint access log: {}",
+        event_fields(
+            line,
+            &["src.identity=", "path=", "status=", "authz.denied_by="]
+        )
+        .join("  ")
+    );
     println!("\ndemo complete: all checks passed");
     Ok(())
 }

@@ -45,7 +45,14 @@ const FNV_START: u64 = 0xcbf2_9ce4_8422_2325;
 
 fn vm_rss(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    let kb: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
     Some(kb * 1024)
 }
 
@@ -53,7 +60,10 @@ fn vm_rss(pid: u32) -> Option<u64> {
 fn tcp_buffer_max(ns: &Netns) -> Result<(u64, u64)> {
     let max = |key: &str| -> Result<u64> {
         let v = ns.exec("sysctl", &["-n", key])?;
-        v.split_whitespace().last().and_then(|x| x.parse().ok()).with_context(|| format!("{key}: {v}"))
+        v.split_whitespace()
+            .last()
+            .and_then(|x| x.parse().ok())
+            .with_context(|| format!("{key}: {v}"))
     };
     Ok((max("net.ipv4.tcp_rmem")?, max("net.ipv4.tcp_wmem")?))
 }
@@ -61,10 +71,18 @@ fn tcp_buffer_max(ns: &Netns) -> Result<(u64, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     let topo = Topology::build(&prefix("lb"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "sleep", ""), workload(&topo, "n2p1", "server", ""));
+    let cfg = format!(
+        "workloads:\n{}{}",
+        workload(&topo, "n1p1", "sleep", ""),
+        workload(&topo, "n2p1", "server", "")
+    );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
-    let pids: Vec<u32> = mesh.ztunnels.iter().map(|z| z.pid().context("ztunnel pid")).collect::<Result<_>>()?;
+    let pids: Vec<u32> = mesh
+        .ztunnels
+        .iter()
+        .map(|z| z.pid().context("ztunnel pid"))
+        .collect::<Result<_>>()?;
 
     // The reader: 1 MiB/s (token bucket, 64 KiB burst) until told to drain, checking
     // every byte against the pattern at its offset.
@@ -84,7 +102,8 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
                     buf.len()
                 } else {
                     let now = Instant::now();
-                    tokens = (tokens + now.duration_since(last).as_secs_f64() * MIB as f64).min(64.0 * 1024.0);
+                    tokens = (tokens + now.duration_since(last).as_secs_f64() * MIB as f64)
+                        .min(64.0 * 1024.0);
                     last = now;
                     if tokens < 4096.0 {
                         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -99,7 +118,11 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
                 tokens -= n as f64;
                 let off = read.load(Ordering::Relaxed);
                 fill_pattern(off, &mut want[..n]);
-                anyhow::ensure!(buf[..n] == want[..n], "bytes at offset {off}..{} differ from what was sent", off + n as u64);
+                anyhow::ensure!(
+                    buf[..n] == want[..n],
+                    "bytes at offset {off}..{} differ from what was sent",
+                    off + n as u64
+                );
                 sum = fnv(sum, &buf[..n]);
                 read.fetch_add(n as u64, Ordering::Relaxed);
             }
@@ -109,7 +132,10 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     // The sender: up to 1 GiB as fast as the socket takes it, counting what write() accepted.
     let sent = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
-    let mut conn = client.netns.connect(SocketAddr::new(server.ip, 9000)).await?;
+    let mut conn = client
+        .netns
+        .connect(SocketAddr::new(server.ip, 9000))
+        .await?;
     let sender = {
         let (sent, stop) = (sent.clone(), stop.clone());
         tokio::spawn(async move {
@@ -141,8 +167,14 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     let (mut in_flight_max, mut in_flight_filled) = (0u64, 0u64);
     while start.elapsed() < window {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        anyhow::ensure!(!reader.is_finished() && !sender.is_finished(), "a side ended early");
-        let rss: Vec<u64> = pids.iter().map(|p| vm_rss(*p).context("ztunnel exited")).collect::<Result<_>>()?;
+        anyhow::ensure!(
+            !reader.is_finished() && !sender.is_finished(),
+            "a side ended early"
+        );
+        let rss: Vec<u64> = pids
+            .iter()
+            .map(|p| vm_rss(*p).context("ztunnel exited"))
+            .collect::<Result<_>>()?;
         let (s, r) = (sent.load(Ordering::Relaxed), read.load(Ordering::Relaxed));
         in_flight_max = in_flight_max.max(s.saturating_sub(r));
         if start.elapsed() < settle {
@@ -189,12 +221,25 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     // timing: the reader's bucket allows 1 MiB/s (next to nothing for the path), and 60%
     // of that over the time actually measured leaves room for a loaded machine while a
     // stalled path (reads stop when the windows fill) reads a few MiB at most.
-    assert!(r as f64 >= 0.6 * secs * MIB as f64, "the reader got only {r} bytes at 1 MiB/s in {secs:.1} s");
-    assert!(s < 1024 * MIB / 2, "the sender was not held back: {s} bytes accepted");
-    assert!(in_flight_max <= bound, "{in_flight_max} bytes accepted beyond what was read; the path holds at most {bound}");
+    assert!(
+        r as f64 >= 0.6 * secs * MIB as f64,
+        "the reader got only {r} bytes at 1 MiB/s in {secs:.1} s"
+    );
+    assert!(
+        s < 1024 * MIB / 2,
+        "the sender was not held back: {s} bytes accepted"
+    );
+    assert!(
+        in_flight_max <= bound,
+        "{in_flight_max} bytes accepted beyond what was read; the path holds at most {bound}"
+    );
     for i in 0..pids.len() {
         let growth = rss_max[i].saturating_sub(rss_base[i]);
-        assert!(growth < 16 * MIB, "ztunnel node{} RSS grew {growth} bytes while the transfer was blocked", i + 1);
+        assert!(
+            growth < 16 * MIB,
+            "ztunnel node{} RSS grew {growth} bytes while the transfer was blocked",
+            i + 1
+        );
     }
 
     // Drain: the sender stops and half-closes, the reader takes the rest at full speed;
@@ -202,11 +247,18 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     drain.store(true, Ordering::Relaxed);
     // ~40 MiB at full speed: under a second here; 60 s only catches a hang, on any load.
-    let (total, sent_sum) = tokio::time::timeout(Duration::from_secs(60), sender).await.context("sender did not finish")???;
-    let read_sum = tokio::time::timeout(Duration::from_secs(60), reader).await.context("reader did not finish")???;
+    let (total, sent_sum) = tokio::time::timeout(Duration::from_secs(60), sender)
+        .await
+        .context("sender did not finish")???;
+    let read_sum = tokio::time::timeout(Duration::from_secs(60), reader)
+        .await
+        .context("reader did not finish")???;
     let got = read.load(Ordering::Relaxed);
     println!("backpressure: drained: sent {total} bytes (fnv {sent_sum:016x}), read {got} bytes (fnv {read_sum:016x})");
-    assert_eq!(got, total, "the reader got a different number of bytes than were sent");
+    assert_eq!(
+        got, total,
+        "the reader got a different number of bytes than were sent"
+    );
     assert_eq!(read_sum, sent_sum);
     Ok(())
 }
@@ -224,7 +276,11 @@ async fn slow_reader_backpressures_a_fast_sender() -> Result<()> {
 #[ignore = "known head-of-line blocking on a pooled HBONE connection, see the comment"]
 async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> {
     let topo = Topology::build(&prefix("lc"), &[1, 1])?;
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "sleep", ""), workload(&topo, "n2p1", "server", ""));
+    let cfg = format!(
+        "workloads:\n{}{}",
+        workload(&topo, "n1p1", "sleep", ""),
+        workload(&topo, "n2p1", "server", "")
+    );
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let _echo = EchoServer::start(&server.netns, 8080, None)?;
@@ -239,7 +295,10 @@ async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> 
     let sent = Arc::new(AtomicU64::new(0));
     let mut senders = Vec::new();
     for i in 0..5u64 {
-        let mut c = client.netns.connect(SocketAddr::new(server.ip, 9000)).await?;
+        let mut c = client
+            .netns
+            .connect(SocketAddr::new(server.ip, 9000))
+            .await?;
         let sent = sent.clone();
         senders.push(tokio::spawn(async move {
             let mut buf = vec![0u8; 64 * 1024];
@@ -260,7 +319,10 @@ async fn stalled_streams_and_a_live_one_on_one_hbone_connection() -> Result<()> 
     let stalled = sent.load(Ordering::Relaxed);
     let started = Instant::now();
     let echo = async {
-        let mut s = client.netns.connect(SocketAddr::new(server.ip, 8080)).await?;
+        let mut s = client
+            .netns
+            .connect(SocketAddr::new(server.ip, 8080))
+            .await?;
         echo_roundtrip(&mut s, &pattern(1024, 1)).await
     };
     let r = tokio::time::timeout(Duration::from_secs(10), echo).await;

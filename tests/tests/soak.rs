@@ -19,15 +19,20 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use mesh_tests::fake_istiod::*;
-use mesh_tests::{bins, http_app};
 use mesh_tests::netsim::*;
+use mesh_tests::{bins, http_app};
 use ztunnel::xds::proto::istio::security as pb_sec;
 
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 const MIB: f64 = 1024.0 * 1024.0;
 
 fn soak_duration() -> Duration {
-    Duration::from_secs(std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(120))
+    Duration::from_secs(
+        std::env::var("SOAK_SECONDS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(120),
+    )
 }
 
 /// Outcomes of one kind of traffic: successes, and each failure with when it happened.
@@ -40,26 +45,39 @@ struct Tally {
 
 impl Tally {
     fn fail(&self, t0: Instant, what: String) {
-        self.failures.lock().unwrap().push(format!("at {:.1} s: {what}", t0.elapsed().as_secs_f64()));
+        self.failures
+            .lock()
+            .unwrap()
+            .push(format!("at {:.1} s: {what}", t0.elapsed().as_secs_f64()));
     }
     fn failed(&self) -> usize {
         self.failures.lock().unwrap().len()
     }
 }
 
-type Running = (Vec<std::thread::JoinHandle<()>>, tokio::task::JoinHandle<()>);
+type Running = (
+    Vec<std::thread::JoinHandle<()>>,
+    tokio::task::JoinHandle<()>,
+);
 
 async fn stop_traffic(stop: &AtomicBool, running: Running) -> Result<()> {
     stop.store(true, Ordering::Relaxed);
     for th in running.0 {
-        th.join().map_err(|_| anyhow::anyhow!("traffic thread panicked"))?;
+        th.join()
+            .map_err(|_| anyhow::anyhow!("traffic thread panicked"))?;
     }
     running.1.await?;
     Ok(())
 }
 
 fn own(p: &Pod) -> Pod {
-    Pod { name: p.name.clone(), node: p.node, ip: p.ip, ips: p.ips.clone(), netns: p.netns.clone() }
+    Pod {
+        name: p.name.clone(),
+        node: p.node,
+        ip: p.ip,
+        ips: p.ips.clone(),
+        netns: p.netns.clone(),
+    }
 }
 
 /// Enters the pod's netns on the current (dedicated) thread.
@@ -69,7 +87,13 @@ fn enter(pod: &Pod) -> std::io::Result<()> {
 }
 
 /// Short connections: connect, 1 KiB echo, close; every 10 ms, until `stop`.
-fn short_loop(from: &Pod, to: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>, t0: Instant) -> std::thread::JoinHandle<()> {
+fn short_loop(
+    from: &Pod,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    t0: Instant,
+) -> std::thread::JoinHandle<()> {
     let (pod, name) = (own(from), from.name.clone());
     std::thread::spawn(move || {
         if let Err(e) = enter(&pod) {
@@ -80,7 +104,9 @@ fn short_loop(from: &Pod, to: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tall
             match echo_once(to, &payload) {
                 Ok(()) => {
                     tally.ok.fetch_add(1, Ordering::Relaxed);
-                    tally.bytes.fetch_add(payload.len() as u64, Ordering::Relaxed);
+                    tally
+                        .bytes
+                        .fetch_add(payload.len() as u64, Ordering::Relaxed);
                 }
                 Err(e) => tally.fail(t0, format!("{name} -> {to}: {e}")),
             }
@@ -97,14 +123,24 @@ fn echo_once(to: SocketAddr, payload: &[u8]) -> std::io::Result<()> {
     let mut out = Vec::new();
     s.read_to_end(&mut out)?;
     if out != payload {
-        return Err(std::io::Error::other(format!("echo returned {} of {} bytes or different bytes", out.len(), payload.len())));
+        return Err(std::io::Error::other(format!(
+            "echo returned {} of {} bytes or different bytes",
+            out.len(),
+            payload.len()
+        )));
     }
     Ok(())
 }
 
 /// Long-lived streams: one connection echoing 16 KiB chunks for 20 s, closed cleanly,
 /// then the next; until `stop`. `ok` counts connections that completed.
-fn stream_loop(from: &Pod, to: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>, t0: Instant) -> std::thread::JoinHandle<()> {
+fn stream_loop(
+    from: &Pod,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    t0: Instant,
+) -> std::thread::JoinHandle<()> {
     let (pod, name) = (own(from), from.name.clone());
     std::thread::spawn(move || {
         if let Err(e) = enter(&pod) {
@@ -147,13 +183,24 @@ fn stream_loop(from: &Pod, to: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tal
 }
 
 /// HTTP/1.1 keep-alive requests, 50 per connection, until `stop`.
-async fn http_loop(from: Netns, to: SocketAddr, stop: Arc<AtomicBool>, tally: Arc<Tally>, t0: Instant) {
+async fn http_loop(
+    from: Netns,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    tally: Arc<Tally>,
+    t0: Instant,
+) {
     while !stop.load(Ordering::Relaxed) {
         let r = async {
             let mut c = http_app::H1Client::connect(&from, to, "echo").await?;
             for i in 0..50 {
                 let reply = c.get(&format!("/soak/{i}")).await?;
-                anyhow::ensure!(reply.status == 200 && reply.body.contains("pod=n2p1"), "answer {}: {}", reply.status, reply.body);
+                anyhow::ensure!(
+                    reply.status == 200 && reply.body.contains("pod=n2p1"),
+                    "answer {}: {}",
+                    reply.status,
+                    reply.body
+                );
                 tally.ok.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 if stop.load(Ordering::Relaxed) {
@@ -182,7 +229,13 @@ struct LogCount {
 
 impl LogCount {
     fn new(path: &Path) -> LogCount {
-        LogCount { path: path.to_path_buf(), offset: 0, partial: String::new(), counts: Default::default(), warn_lines: Vec::new() }
+        LogCount {
+            path: path.to_path_buf(),
+            offset: 0,
+            partial: String::new(),
+            counts: Default::default(),
+            warn_lines: Vec::new(),
+        }
     }
 
     /// Lines seen so far with "{event}" and "{what}" (e.g. "pod enrolled", "default/n1p2").
@@ -217,7 +270,10 @@ impl LogCount {
                 }
             }
         }
-        self.counts.get(&format!("{event}|{what}")).copied().unwrap_or(0)
+        self.counts
+            .get(&format!("{event}|{what}"))
+            .copied()
+            .unwrap_or(0)
     }
 }
 
@@ -233,18 +289,42 @@ struct Sample {
 
 impl std::fmt::Display for Sample {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "fds {:4}  rss {:6.1} MiB  tasks {:4}  conns opened {:7}  failed {:4}", self.fds, self.rss as f64 / MIB, self.tasks, self.opened, self.failed)
+        write!(
+            f,
+            "fds {:4}  rss {:6.1} MiB  tasks {:4}  conns opened {:7}  failed {:4}",
+            self.fds,
+            self.rss as f64 / MIB,
+            self.tasks,
+            self.opened,
+            self.failed
+        )
     }
 }
 
 async fn sample(mesh: &Mesh, n: usize) -> Result<Sample> {
     let pid = mesh.ztunnels[n - 1].pid().context("ztunnel pid")?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).context("ztunnel exited")?.count();
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .context("ztunnel exited")?
+        .count();
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss_kb: u64 = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).context("VmRSS")?;
-    let (code, text) = http_get(mesh.topo.node(n), "127.0.0.1:15020".parse()?, "/stats/prometheus").await?;
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")?;
+    let (code, text) = http_get(
+        mesh.topo.node(n),
+        "127.0.0.1:15020".parse()?,
+        "/stats/prometheus",
+    )
+    .await?;
     anyhow::ensure!(code == 200, "metrics answered {code}");
-    let sum = |prefix: &str| -> f64 { text.lines().filter(|l| l.starts_with(prefix)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum() };
+    let sum = |prefix: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
     Ok(Sample {
         fds,
         rss: rss_kb * 1024,
@@ -271,29 +351,60 @@ impl Soak {
 
     fn enroll(&self, pod: &str, uid: &str, sa: &str) -> Result<()> {
         let p = self.pod(pod);
-        sh(bins::ztunnel(), &[
-            "enroll", "--pods-dir", &self.pods_dirs[p.node - 1].display().to_string(), "--uid", uid, "--name", pod,
-            "--namespace", "default", "--service-account", sa, "--netns", &p.netns.path().display().to_string(),
-        ])?;
+        sh(
+            bins::ztunnel(),
+            &[
+                "enroll",
+                "--pods-dir",
+                &self.pods_dirs[p.node - 1].display().to_string(),
+                "--uid",
+                uid,
+                "--name",
+                pod,
+                "--namespace",
+                "default",
+                "--service-account",
+                sa,
+                "--netns",
+                &p.netns.path().display().to_string(),
+            ],
+        )?;
         Ok(())
     }
 
     fn unenroll(&self, pod: &str, uid: &str) -> Result<()> {
         let p = self.pod(pod);
-        sh(bins::ztunnel(), &["unenroll", "--pods-dir", &self.pods_dirs[p.node - 1].display().to_string(), "--uid", uid])?;
+        sh(
+            bins::ztunnel(),
+            &[
+                "unenroll",
+                "--pods-dir",
+                &self.pods_dirs[p.node - 1].display().to_string(),
+                "--uid",
+                uid,
+            ],
+        )?;
         Ok(())
     }
 
     async fn wait_count(&mut self, node: usize, event: &str, pod: &str, n: usize) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(20);
         while self.logs[node - 1].count(event, pod) < n {
-            anyhow::ensure!(Instant::now() < deadline, "{pod}: {event} not seen {n} times on node{node}");
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{pod}: {event} not seen {n} times on node{node}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(())
     }
 
-    fn workload(&self, pod: &str, sa: &str, services: &[(&str, u32, u32)]) -> ztunnel::xds::proto::istio::workload::Workload {
+    fn workload(
+        &self,
+        pod: &str,
+        sa: &str,
+        services: &[(&str, u32, u32)],
+    ) -> ztunnel::xds::proto::istio::workload::Workload {
         let p = self.pod(pod);
         pod_workload(pod, p.ip, p.node, sa, services)
     }
@@ -315,7 +426,10 @@ fn allow_policy(extra: u64) -> pb_sec::Authorization {
 /// traffic in both directions, and leave (the CNI agent first, then istiod).
 async fn churn_cycle(s: &mut Soak, cycle: usize, tally: &Tally, t0: Instant) -> Result<()> {
     let (a, b) = (format!("n1p2-c{cycle}"), format!("n2p2-c{cycle}"));
-    let (wa, wb) = (s.workload("n1p2", "churn-a", &[]), s.workload("n2p2", "churn-b", &[]));
+    let (wa, wb) = (
+        s.workload("n1p2", "churn-a", &[]),
+        s.workload("n2p2", "churn-b", &[]),
+    );
     s.istiod.update(|r| {
         r.set_workload(wa);
         r.set_workload(wb);
@@ -327,7 +441,11 @@ async fn churn_cycle(s: &mut Soak, cycle: usize, tally: &Tally, t0: Instant) -> 
     let payload = pattern(1024, cycle as u64);
     let to_stable = SocketAddr::new(s.pod("n2p1").ip, 8080);
     let to_churned = SocketAddr::new(s.pod("n2p2").ip, 8080);
-    for (from, to) in [("n1p2", to_stable), ("n1p1", to_churned), ("n1p2", to_churned)] {
+    for (from, to) in [
+        ("n1p2", to_stable),
+        ("n1p1", to_churned),
+        ("n1p2", to_churned),
+    ] {
         let pod = s.pod(from);
         let p = payload.clone();
         for _ in 0..5 {
@@ -359,8 +477,18 @@ fn push_config(s: &Soak, k: u64) {
     let n2p1 = s.workload("n2p1", "echo", &[(ECHO, 80, 8080)]);
     s.istiod.update(|r| {
         r.set_policy(allow_policy(k));
-        r.set_policy(principal_policy("deny-evil", pb_sec::Action::Deny, &[&format!("cluster.local/ns/default/sa/evil-{k}")]));
-        let ghost = pod_workload(&format!("ghost-{k}"), std::net::Ipv4Addr::new(10, 10, 9, (k % 200) as u8 + 10), 9, "ghost", &[]);
+        r.set_policy(principal_policy(
+            "deny-evil",
+            pb_sec::Action::Deny,
+            &[&format!("cluster.local/ns/default/sa/evil-{k}")],
+        ));
+        let ghost = pod_workload(
+            &format!("ghost-{k}"),
+            std::net::Ipv4Addr::new(10, 10, 9, (k % 200) as u8 + 10),
+            9,
+            "ghost",
+            &[],
+        );
         r.set_workload(ghost);
         if k >= 3 {
             r.remove_address(&pod_uid(&format!("ghost-{}", k - 3)));
@@ -386,7 +514,10 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
         let (c, pods_dir, socket) = start_cni_agent(&topo, n)?;
         cni.push(c);
         pods_dirs.push(pods_dir);
-        node_args.push(vec!["--zds-socket".to_string(), socket.display().to_string()]);
+        node_args.push(vec![
+            "--zds-socket".to_string(),
+            socket.display().to_string(),
+        ]);
     }
     // 10 s certificates: each is renewed every 5 s.
     let mut env = istiod.env(&token);
@@ -401,8 +532,19 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
         ],
         http_app::HttpApp::start(&t.pod("n2p1").netns, 8081, "n2p1", false)?,
     );
-    let logs = mesh.ztunnels.iter().map(|z| LogCount::new(&z.log)).collect();
-    let mut s = Soak { mesh, istiod, _cni: cni, pods_dirs, logs, _servers: servers };
+    let logs = mesh
+        .ztunnels
+        .iter()
+        .map(|z| LogCount::new(&z.log))
+        .collect();
+    let mut s = Soak {
+        mesh,
+        istiod,
+        _cni: cni,
+        pods_dirs,
+        logs,
+        _servers: servers,
+    };
     s.enroll("n1p1", "n1p1-stable", "sleep")?;
     s.enroll("n2p1", "n2p1-stable", "echo")?;
     s.wait_count(1, "pod enrolled", "n1p1", 1).await?;
@@ -426,7 +568,13 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
             stream_loop(n1p1, to_n2p1, stop.clone(), streams.clone(), t0),
             stream_loop(n2p1, to_n1p1, stop.clone(), streams.clone(), t0),
         ];
-        let h = tokio::spawn(http_loop(n1p1.netns.clone(), to_http, stop.clone(), http.clone(), t0));
+        let h = tokio::spawn(http_loop(
+            n1p1.netns.clone(),
+            to_http,
+            stop.clone(),
+            http.clone(),
+            t0,
+        ));
         (threads, h)
     };
 
@@ -472,7 +620,11 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
     while settle.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         end = [sample(&s.mesh, 1).await?, sample(&s.mesh, 2).await?];
-        if end.iter().zip(&start).all(|(e, s)| e.fds <= s.fds && e.tasks <= s.tasks) {
+        if end
+            .iter()
+            .zip(&start)
+            .all(|(e, s)| e.fds <= s.fds && e.tasks <= s.tasks)
+        {
             break;
         }
     }
@@ -483,7 +635,12 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
     };
 
     println!("soak: {:.0} s, {} churn cycles, {} config pushes, {issued} certificates for sa/sleep ({issued_all} issued in all)", soaked.as_secs_f64(), cycle - 1, push - 2);
-    for (name, t) in [("short echo", &short), ("streams", &streams), ("http", &http), ("churned pods", &churn)] {
+    for (name, t) in [
+        ("short echo", &short),
+        ("streams", &streams),
+        ("http", &http),
+        ("churned pods", &churn),
+    ] {
         println!(
             "soak: {name:12}: {} ok, {} failed, {:.1} MiB echoed",
             t.ok.load(Ordering::Relaxed),
@@ -496,12 +653,20 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
         s.logs[n].count("pod enrolled", "n1p1");
         let warns = s.logs[n].counts.get("warn").copied().unwrap_or(0);
         if warns > 0 {
-            warned.push(format!("node{}: {warns} WARN/ERROR lines, the first: {:#?}", n + 1, s.logs[n].warn_lines));
+            warned.push(format!(
+                "node{}: {warns} WARN/ERROR lines, the first: {:#?}",
+                n + 1,
+                s.logs[n].warn_lines
+            ));
         }
         println!("soak: ztunnel node{} cold  {}", n + 1, cold[n]);
         println!("soak: ztunnel node{} start {}", n + 1, start[n]);
         println!("soak: ztunnel node{} mid   {}", n + 1, mid[n]);
-        println!("soak: ztunnel node{} end   {}  ({warns} WARN/ERROR log lines)", n + 1, end[n]);
+        println!(
+            "soak: ztunnel node{} end   {}  ({warns} WARN/ERROR log lines)",
+            n + 1,
+            end[n]
+        );
     }
 
     // Kernel state: after ~all those enrollments and connections, each node's pinned eBPF
@@ -512,39 +677,109 @@ async fn soak_mixed_traffic_under_control_plane_churn() -> Result<()> {
             // A connection still closing when traffic stopped holds its entries until its
             // socket goes (and the maps are read one after another, not atomically): a
             // leak stays, a closing connection does not.
-            let per_conn = ["zt_orig_by_cookie", "zt_orig_by_tuple", "zt_local_conns", "zt_local_by_cookie"];
-            let _ = wait_for("per-connection eBPF entries to go", Duration::from_secs(10), || {
-                ztunnel_ebpf::inspect(&pins).map(|seen| per_conn.iter().all(|m| seen.entries(m) == 0)).unwrap_or(false)
-            });
+            let per_conn = [
+                "zt_orig_by_cookie",
+                "zt_orig_by_tuple",
+                "zt_local_conns",
+                "zt_local_by_cookie",
+            ];
+            let _ = wait_for(
+                "per-connection eBPF entries to go",
+                Duration::from_secs(10),
+                || {
+                    ztunnel_ebpf::inspect(&pins)
+                        .map(|seen| per_conn.iter().all(|m| seen.entries(m) == 0))
+                        .unwrap_or(false)
+                },
+            );
             let seen = ztunnel_ebpf::inspect(&pins)?;
-            println!("soak: node{n} eBPF: {} pod links, {} zt_pods_ip entries", seen.pod_links.len(), seen.entries("zt_pods_ip"));
-            assert_eq!(seen.pod_links.len(), 1, "node{n}: sk_lookup links left by removed pods: {seen:?}");
+            println!(
+                "soak: node{n} eBPF: {} pod links, {} zt_pods_ip entries",
+                seen.pod_links.len(),
+                seen.entries("zt_pods_ip")
+            );
+            assert_eq!(
+                seen.pod_links.len(),
+                1,
+                "node{n}: sk_lookup links left by removed pods: {seen:?}"
+            );
             assert_eq!(seen.entries("zt_pods_ip"), 1, "node{n}: {seen:?}");
             for map in per_conn {
-                assert_eq!(seen.entries(map), 0, "node{n}: {map} keeps entries of closed connections: {seen:?}");
+                assert_eq!(
+                    seen.entries(map),
+                    0,
+                    "node{n}: {map} keeps entries of closed connections: {seen:?}"
+                );
             }
         }
     }
 
-    let failures: Vec<String> = [&short, &streams, &http, &churn].iter().flat_map(|t| t.failures.lock().unwrap().clone()).collect();
-    assert!(failures.is_empty(), "{} connections failed: {:#?}", failures.len(), &failures[..failures.len().min(20)]);
+    let failures: Vec<String> = [&short, &streams, &http, &churn]
+        .iter()
+        .flat_map(|t| t.failures.lock().unwrap().clone())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} connections failed: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(20)]
+    );
     // Nothing went wrong that ztunnel noticed: churn, rotation and pushes are all routine.
-    assert!(warned.is_empty(), "ztunnel logged warnings during the soak: {warned:#?}");
+    assert!(
+        warned.is_empty(),
+        "ztunnel logged warnings during the soak: {warned:#?}"
+    );
     // Floors of 10 a second, against ~250 short connections and ~85 HTTP requests a
     // second measured beside the e2e suites on 2 cores: they catch traffic that stalled
     // (a blocked loop, a wedged proxy), not a slow machine.
-    assert!(short.ok.load(Ordering::Relaxed) > duration.as_secs() * 10, "too little short-connection traffic");
-    assert!(http.ok.load(Ordering::Relaxed) > duration.as_secs() * 10, "too little HTTP traffic");
+    assert!(
+        short.ok.load(Ordering::Relaxed) > duration.as_secs() * 10,
+        "too little short-connection traffic"
+    );
+    assert!(
+        http.ok.load(Ordering::Relaxed) > duration.as_secs() * 10,
+        "too little HTTP traffic"
+    );
     assert!(cycle > 5, "only {} churn cycles", cycle - 1);
-    assert!(issued as u64 >= duration.as_secs() / 10, "only {issued} certificates for sa/sleep in {duration:?}: not rotating");
+    assert!(
+        issued as u64 >= duration.as_secs() / 10,
+        "only {issued} certificates for sa/sleep in {duration:?}: not rotating"
+    );
     // Renewed at half-life, every 5 s: more than one every 2 s is a loop against the CA.
-    assert!(issued as u64 <= duration.as_secs() / 2, "{issued} certificates for sa/sleep in {duration:?}: re-requested in a loop");
+    assert!(
+        issued as u64 <= duration.as_secs() / 2,
+        "{issued} certificates for sa/sleep in {duration:?}: re-requested in a loop"
+    );
     for n in 0..2 {
         let (st, mi, en) = (&start[n], &mid[n], &end[n]);
-        assert!(en.fds <= st.fds + 4, "node{}: open fds {} -> {}", n + 1, st.fds, en.fds);
-        assert!(en.tasks <= st.tasks + 4, "node{}: tokio tasks {} -> {}", n + 1, st.tasks, en.tasks);
-        assert!(en.rss <= mi.rss + 16 * 1024 * 1024, "node{}: RSS {} at mid-run -> {} at the end", n + 1, mi.rss, en.rss);
-        assert!(en.failed <= st.failed, "node{}: ztunnel counted failed connections: {} -> {}", n + 1, st.failed, en.failed);
+        assert!(
+            en.fds <= st.fds + 4,
+            "node{}: open fds {} -> {}",
+            n + 1,
+            st.fds,
+            en.fds
+        );
+        assert!(
+            en.tasks <= st.tasks + 4,
+            "node{}: tokio tasks {} -> {}",
+            n + 1,
+            st.tasks,
+            en.tasks
+        );
+        assert!(
+            en.rss <= mi.rss + 16 * 1024 * 1024,
+            "node{}: RSS {} at mid-run -> {} at the end",
+            n + 1,
+            mi.rss,
+            en.rss
+        );
+        assert!(
+            en.failed <= st.failed,
+            "node{}: ztunnel counted failed connections: {} -> {}",
+            n + 1,
+            st.failed,
+            en.failed
+        );
     }
     Ok(())
 }

@@ -24,4 +24,6 @@ mod validate;
 mod tests;
 
 pub use eval::{custom_matches, evaluate, Request, Verdict};
-pub use model::{Action, AuthorizationPolicy, Condition, From, Operation, ProviderRef, Rule, Source, To};
+pub use model::{
+    Action, AuthorizationPolicy, Condition, From, Operation, ProviderRef, Rule, Source, To,
+};

@@ -15,13 +15,13 @@ use ztunnel::state::MeshState;
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::destination::{DestinationRule, Resolved};
-use crate::grant::ReferenceGrant;
-use crate::trace::TraceSettings;
 use crate::extauthz::{self, MeshConfig, Providers};
+use crate::grant::ReferenceGrant;
 use crate::k8s::L7Config;
 use crate::labels::Labels;
-use crate::telemetry::{MeshProviders, Telemetries, Telemetry};
 use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
+use crate::telemetry::{MeshProviders, Telemetries, Telemetry};
+use crate::trace::TraceSettings;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -30,7 +30,10 @@ pub enum ConfigError {
     Mesh(#[from] ztunnel::config::ConfigError),
     /// serde_yaml's message names the field path, line and column.
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
     #[error("invalid config file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -115,73 +118,137 @@ struct RawL7Lists {
 
 impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ztunnel::config::ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ztunnel::config::ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
         Config::parse(path, &text)
     }
 
     /// The mesh state and the L7 config of one version of the file (`path` names it in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
         let mesh = LocalConfig::parse(path, text)?;
-        let mut l7: L7Lists =
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
-        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        let mut l7: L7Lists = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
         for (i, r) in l7.http_routes.iter().enumerate() {
-            r.validate().map_err(|e| invalid(format!("httpRoutes[{i}].{e} (HTTPRoute {}/{})", r.namespace, r.name)))?;
+            r.validate().map_err(|e| {
+                invalid(format!(
+                    "httpRoutes[{i}].{e} (HTTPRoute {}/{})",
+                    r.namespace, r.name
+                ))
+            })?;
         }
         // A GRPCRoute is applied as the HTTPRoute it amounts to, after the HTTPRoutes.
         for (i, g) in l7.grpc_routes.iter().enumerate() {
-            let r = g.to_http().map_err(|e| invalid(format!("grpcRoutes[{i}].{e} (GRPCRoute {}/{})", g.namespace, g.name)))?;
+            let r = g.to_http().map_err(|e| {
+                invalid(format!(
+                    "grpcRoutes[{i}].{e} (GRPCRoute {}/{})",
+                    g.namespace, g.name
+                ))
+            })?;
             l7.http_routes.push(r);
         }
         // A VirtualService is applied as the HTTPRoute it amounts to, after the routes.
         for (i, v) in l7.virtual_services.iter().enumerate() {
-            let r = v.to_http().map_err(|e| invalid(format!("virtualServices[{i}].{e} (VirtualService {}/{})", v.namespace, v.name)))?;
+            let r = v.to_http().map_err(|e| {
+                invalid(format!(
+                    "virtualServices[{i}].{e} (VirtualService {}/{})",
+                    v.namespace, v.name
+                ))
+            })?;
             l7.http_routes.push(r);
         }
         let mut tcp_routes = Vec::with_capacity(l7.tcp_routes.len());
         for (i, t) in l7.tcp_routes.iter().enumerate() {
-            tcp_routes.push(t.to_http().map_err(|e| invalid(format!("tcpRoutes[{i}].{e} (TCPRoute {}/{})", t.namespace, t.name)))?);
+            tcp_routes.push(t.to_http().map_err(|e| {
+                invalid(format!(
+                    "tcpRoutes[{i}].{e} (TCPRoute {}/{})",
+                    t.namespace, t.name
+                ))
+            })?);
         }
         for (i, g) in l7.reference_grants.iter().enumerate() {
-            g.validate().map_err(|e| invalid(format!("referenceGrants[{i}].{e} (ReferenceGrant {}/{})", g.namespace, g.name)))?;
+            g.validate().map_err(|e| {
+                invalid(format!(
+                    "referenceGrants[{i}].{e} (ReferenceGrant {}/{})",
+                    g.namespace, g.name
+                ))
+            })?;
         }
         let mut destination_rules = Vec::with_capacity(l7.destination_rules.len());
         for (i, d) in l7.destination_rules.iter().enumerate() {
-            let p = d.resolve().map_err(|e| invalid(format!("destinationRules[{i}].{e} (DestinationRule {}/{})", d.namespace, d.name)))?;
+            let p = d.resolve().map_err(|e| {
+                invalid(format!(
+                    "destinationRules[{i}].{e} (DestinationRule {}/{})",
+                    d.namespace, d.name
+                ))
+            })?;
             destination_rules.push((d.clone(), p));
         }
         for (i, p) in l7.authorization_policies.iter().enumerate() {
-            p.validate().map_err(|e| invalid(format!("authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})", p.namespace, p.name)))?;
+            p.validate().map_err(|e| {
+                invalid(format!(
+                    "authorizationPolicies[{i}].{e} (AuthorizationPolicy {}/{})",
+                    p.namespace, p.name
+                ))
+            })?;
         }
         for (i, a) in l7.request_authentications.iter().enumerate() {
-            a.validate().map_err(|e| invalid(format!("requestAuthentications[{i}].{e} (RequestAuthentication {}/{})", a.namespace, a.name)))?;
+            a.validate().map_err(|e| {
+                invalid(format!(
+                    "requestAuthentications[{i}].{e} (RequestAuthentication {}/{})",
+                    a.namespace, a.name
+                ))
+            })?;
         }
         let mesh_config: MeshConfig = match &l7.mesh_config {
             None => MeshConfig::default(),
-            Some(v) => serde_json::from_value(v.clone()).map_err(|e| invalid(format!("meshConfig: {e}")))?,
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| invalid(format!("meshConfig: {e}")))?,
         };
         // In the file every provider must be valid: a typo is the author's to fix now,
         // not a deny at the first request.
-        let providers = extauthz::provider::parse_all(&mesh_config.extension_providers).map_err(|e| invalid(format!("meshConfig.{e}")))?;
+        let providers = extauthz::provider::parse_all(&mesh_config.extension_providers)
+            .map_err(|e| invalid(format!("meshConfig.{e}")))?;
         let tracing = match &l7.mesh_config {
-            Some(v) => crate::trace::settings(v).map_err(|e| invalid(format!("meshConfig.{e}")))?.map(Arc::new),
+            Some(v) => crate::trace::settings(v)
+                .map_err(|e| invalid(format!("meshConfig.{e}")))?
+                .map(Arc::new),
             None => None,
         };
         if let Some((name, Err(e))) = providers.iter().find(|(_, p)| p.is_err()) {
-            return Err(invalid(format!("meshConfig.{e} (extensionProvider {name})")));
+            return Err(invalid(format!(
+                "meshConfig.{e} (extensionProvider {name})"
+            )));
         }
-        let mesh_providers = MeshProviders::from_mesh(l7.mesh_config.as_ref(), tracing.as_ref().map(|t| t.provider.as_str()));
+        let mesh_providers = MeshProviders::from_mesh(
+            l7.mesh_config.as_ref(),
+            tracing.as_ref().map(|t| t.provider.as_str()),
+        );
         let mut telemetries = Vec::new();
         for (i, t) in l7.telemetries.iter().enumerate() {
             // A `selector` Telemetry is a workload proxy's, not the waypoint's.
             if t.is_workload_scoped() {
                 continue;
             }
-            telemetries.push(t.compile(&mesh_providers).map_err(|e| invalid(format!("telemetries[{i}].{e} (Telemetry {}/{})", t.namespace, t.name)))?);
+            telemetries.push(t.compile(&mesh_providers).map_err(|e| {
+                invalid(format!(
+                    "telemetries[{i}].{e} (Telemetry {}/{})",
+                    t.namespace, t.name
+                ))
+            })?);
         }
-        let raw: RawL7Lists =
-            serde_yaml::from_str(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        let raw: RawL7Lists = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         let dump = serde_json::json!({
             "source": format!("file {}", path.display()),
             "httpRoutes": raw.http_routes,
@@ -205,7 +272,12 @@ impl Config {
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
             tracing,
-            labels: Arc::new(Labels::from_file(text).map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?),
+            labels: Arc::new(
+                Labels::from_file(text).map_err(|source| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    source,
+                })?,
+            ),
             telemetry: Arc::new(Telemetries::new(telemetries, mesh_providers)),
             dump: Arc::new(dump),
         })
@@ -215,7 +287,9 @@ impl Config {
     /// (`openid:<issuer>` for one found by OpenID discovery).
     pub fn jwks_uris(&self) -> Vec<(String, Duration)> {
         let rules = self.authentications.iter().flat_map(|a| a.jwt_rules.iter());
-        rules.filter_map(|r| r.jwks_source().map(|s| (s, r.fetch_timeout()))).collect()
+        rules
+            .filter_map(|r| r.jwks_source().map(|s| (s, r.fetch_timeout())))
+            .collect()
     }
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
@@ -240,7 +314,12 @@ impl Config {
 
 /// Watches the file (see `ztunnel::config::watch_file`) and swaps in each new version
 /// that loads. `on_change` sees every applied version.
-pub async fn watch(path: PathBuf, current: Arc<ArcSwap<Config>>, interval: Duration, on_change: impl Fn(&Config) + Send + 'static) {
+pub async fn watch(
+    path: PathBuf,
+    current: Arc<ArcSwap<Config>>,
+    interval: Duration,
+    on_change: impl Fn(&Config) + Send + 'static,
+) {
     ztunnel::config::watch_file(path.clone(), interval, || async {
         let p = path.clone();
         match tokio::task::spawn_blocking(move || Config::load(&p)).await {
@@ -268,7 +347,11 @@ pub async fn combine(
     let mut changes = state.changes();
     loop {
         let l = l7.borrow_and_update().clone().unwrap_or_default();
-        let dump = if l.dump.is_null() { Config::empty(state.load_full()).dump } else { l.dump.clone() };
+        let dump = if l.dump.is_null() {
+            Config::empty(state.load_full()).dump
+        } else {
+            l.dump.clone()
+        };
         let cfg = Config {
             state: state.load_full(),
             routes: l.routes.clone(),
@@ -296,7 +379,8 @@ pub async fn combine(
 mod tests {
     use super::*;
 
-    const MESH: &str = "workloads:\n- {uid: w, name: w, namespace: default, workloadIps: [10.0.0.1]}\n";
+    const MESH: &str =
+        "workloads:\n- {uid: w, name: w, namespace: default, workloadIps: [10.0.0.1]}\n";
     const SVC: &str = "parentRefs: [{kind: Service, group: \"\", name: echo}]";
 
     fn err(l7: &str) -> String {
@@ -312,7 +396,14 @@ mod tests {
             "httpRoutes:\n- {{name: echo, namespace: default, {SVC}}}\nauthorizationPolicies:\n- {{name: p, namespace: default, targetRefs: [{{kind: Service, name: echo}}], rules: [{{}}]}}\n"
         );
         let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{l7}")).unwrap();
-        assert_eq!((cfg.routes.len(), cfg.policies.len(), cfg.state.workloads().count()), (1, 1, 1));
+        assert_eq!(
+            (
+                cfg.routes.len(),
+                cfg.policies.len(),
+                cfg.state.workloads().count()
+            ),
+            (1, 1, 1)
+        );
         // The admin endpoint shows them as written.
         assert_eq!(cfg.dump["httpRoutes"][0]["parentRefs"][0]["name"], "echo");
         assert_eq!(cfg.dump["authorizationPolicies"][0]["name"], "p");
@@ -341,18 +432,31 @@ mod tests {
     fn request_authentications_load_and_name_their_jwks_uris() {
         let ra = "requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i, jwksUri: 'http://idp/jwks', timeout: 2s}]}\n";
         let cfg = Config::parse(Path::new("f.yaml"), &format!("{MESH}{ra}")).unwrap();
-        assert_eq!(cfg.jwks_uris(), [("http://idp/jwks".to_string(), Duration::from_secs(2))]);
+        assert_eq!(
+            cfg.jwks_uris(),
+            [("http://idp/jwks".to_string(), Duration::from_secs(2))]
+        );
         assert_eq!(cfg.dump["requestAuthentications"][0]["name"], "jwt");
         let e = err("requestAuthentications:\n- {name: jwt, namespace: default, targetRefs: [{kind: Service, name: echo}], jwtRules: [{issuer: i}]}\n");
-        assert!(e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required unless") && e.ends_with("(RequestAuthentication default/jwt)"), "{e}");
+        assert!(
+            e.contains("requestAuthentications[0].jwtRules[0].jwksUri: required unless")
+                && e.ends_with("(RequestAuthentication default/jwt)"),
+            "{e}"
+        );
     }
 
     #[test]
     fn mesh_errors_are_ztunnels() {
-        let Err(e) = Config::parse(Path::new("m.yaml"), "workloads:\n- {uid: w, name: w, namespace: default, workloadIPs: [10.0.0.1]}\n") else {
+        let Err(e) = Config::parse(
+            Path::new("m.yaml"),
+            "workloads:\n- {uid: w, name: w, namespace: default, workloadIPs: [10.0.0.1]}\n",
+        ) else {
             panic!("accepted")
         };
         let e = e.to_string();
-        assert!(e.contains("m.yaml") && e.contains("unknown field `workloadIPs`"), "{e}");
+        assert!(
+            e.contains("m.yaml") && e.contains("unknown field `workloadIPs`"),
+            "{e}"
+        );
     }
 }

@@ -63,6 +63,9 @@ impl Waypoint {
     /// The waypoint's own workload as `cfg`'s mesh state has it now (its locality may
     /// have changed since it started), else as it started.
     pub fn me_in<'c>(&'c self, cfg: &'c Config) -> &'c Workload {
-        cfg.state.workload_by_uid(&self.me.uid).map(|w| &**w).unwrap_or(&self.me)
+        cfg.state
+            .workload_by_uid(&self.me.uid)
+            .map(|w| &**w)
+            .unwrap_or(&self.me)
     }
 }

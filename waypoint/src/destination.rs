@@ -236,8 +236,19 @@ impl Resolved {
     /// None for a subset the rule does not define.
     pub fn policy(&self, subset: Option<&str>, port: u16) -> Option<&Arc<Policy>> {
         let of_subset = |p: &&(Option<String>, Option<u16>, Arc<Policy>)| p.0.as_deref() == subset;
-        let on_port = self.policies.iter().filter(of_subset).find(|p| p.1 == Some(port));
-        on_port.or_else(|| self.policies.iter().filter(of_subset).find(|p| p.1.is_none())).map(|p| &p.2)
+        let on_port = self
+            .policies
+            .iter()
+            .filter(of_subset)
+            .find(|p| p.1 == Some(port));
+        on_port
+            .or_else(|| {
+                self.policies
+                    .iter()
+                    .filter(of_subset)
+                    .find(|p| p.1.is_none())
+            })
+            .map(|p| &p.2)
     }
 
     /// The labels that make up `subset`.
@@ -247,7 +258,18 @@ impl Resolved {
 
     /// A rule that cannot be applied and must not be left out: its host's traffic fails.
     pub fn refusing(rule: String, reason: String) -> Resolved {
-        Resolved { policies: vec![(None, None, Arc::new(Policy { rule, refused: Some(reason), ..Policy::default() }))], subsets: Vec::new() }
+        Resolved {
+            policies: vec![(
+                None,
+                None,
+                Arc::new(Policy {
+                    rule,
+                    refused: Some(reason),
+                    ..Policy::default()
+                }),
+            )],
+            subsets: Vec::new(),
+        }
     }
 
     /// Whether the rule asks for anything on this Service at all.
@@ -268,21 +290,49 @@ struct Parts<'r> {
 impl<'r> Parts<'r> {
     /// The parts in force on `port`: a port-level entry replaces the policy whole.
     fn on_port(tp: &'r TrafficPolicy, port: Option<u16>) -> (Parts<'r>, bool) {
-        if let Some(pl) = port.and_then(|n| tp.port_level_settings.iter().find(|p| p.port.number == n)) {
-            let parts = Parts { load_balancer: pl.load_balancer.as_ref(), connection_pool: pl.connection_pool.as_ref(), outlier_detection: pl.outlier_detection.as_ref(), tls: pl.tls.as_ref() };
+        if let Some(pl) =
+            port.and_then(|n| tp.port_level_settings.iter().find(|p| p.port.number == n))
+        {
+            let parts = Parts {
+                load_balancer: pl.load_balancer.as_ref(),
+                connection_pool: pl.connection_pool.as_ref(),
+                outlier_detection: pl.outlier_detection.as_ref(),
+                tls: pl.tls.as_ref(),
+            };
             return (parts, true);
         }
-        let parts = Parts { load_balancer: tp.load_balancer.as_ref(), connection_pool: tp.connection_pool.as_ref(), outlier_detection: tp.outlier_detection.as_ref(), tls: tp.tls.as_ref() };
+        let parts = Parts {
+            load_balancer: tp.load_balancer.as_ref(),
+            connection_pool: tp.connection_pool.as_ref(),
+            outlier_detection: tp.outlier_detection.as_ref(),
+            tls: tp.tls.as_ref(),
+        };
         (parts, false)
     }
 
     /// `self` with what `over` sets (all of it when `over` is port-level).
     fn merged(self, over: Parts<'r>, whole: bool) -> Parts<'r> {
         Parts {
-            load_balancer: if whole || over.load_balancer.is_some() { over.load_balancer } else { self.load_balancer },
-            connection_pool: if whole || over.connection_pool.is_some() { over.connection_pool } else { self.connection_pool },
-            outlier_detection: if whole || over.outlier_detection.is_some() { over.outlier_detection } else { self.outlier_detection },
-            tls: if whole || over.tls.is_some() { over.tls } else { self.tls },
+            load_balancer: if whole || over.load_balancer.is_some() {
+                over.load_balancer
+            } else {
+                self.load_balancer
+            },
+            connection_pool: if whole || over.connection_pool.is_some() {
+                over.connection_pool
+            } else {
+                self.connection_pool
+            },
+            outlier_detection: if whole || over.outlier_detection.is_some() {
+                over.outlier_detection
+            } else {
+                self.outlier_detection
+            },
+            tls: if whole || over.tls.is_some() {
+                over.tls
+            } else {
+                self.tls
+            },
         }
     }
 }
@@ -298,7 +348,10 @@ impl DestinationRule {
 
     /// In Istio's namespace-local index: seen by a proxy of its own namespace.
     fn visible_in_own_namespace(&self) -> bool {
-        self.export_to.is_empty() || self.exports("*") || self.exports(".") || self.exports(&self.namespace)
+        self.export_to.is_empty()
+            || self.exports("*")
+            || self.exports(".")
+            || self.exports(&self.namespace)
     }
 
     /// Exported to its own namespace only (Istio's `isPrivateOnly`, the set of
@@ -327,14 +380,20 @@ impl DestinationRule {
         let none = TrafficPolicy::default();
         let tp = self.traffic_policy.as_ref().unwrap_or(&none);
         let mut origins: Vec<(*const ClientTls, Option<Arc<Origination>>)> = Vec::new();
-        let build = |prefix: &str, parts: Parts<'_>, origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>| -> Result<Policy, String> {
+        let build = |prefix: &str,
+                     parts: Parts<'_>,
+                     origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>|
+         -> Result<Policy, String> {
             policy(self.key(), parts, origins).map_err(|e| format!("{prefix}{e}"))
         };
         let ports = |tp: &TrafficPolicy, prefix: &str| -> Result<Vec<u16>, String> {
             let mut seen = Vec::new();
             for (i, p) in tp.port_level_settings.iter().enumerate() {
                 if p.port.number == 0 || seen.contains(&p.port.number) {
-                    return Err(format!("{prefix}portLevelSettings[{i}].port.number: {} is 0 or listed twice", p.port.number));
+                    return Err(format!(
+                        "{prefix}portLevelSettings[{i}].port.number: {} is 0 or listed twice",
+                        p.port.number
+                    ));
                 }
                 seen.push(p.port.number);
             }
@@ -344,24 +403,45 @@ impl DestinationRule {
         let mut out = Resolved::default();
         // The rule's own policy: any port, then each port-level entry.
         let whole = |port: Option<u16>| Parts::on_port(tp, port).0;
-        out.policies.push((None, None, Arc::new(build("trafficPolicy.", whole(None), &mut origins)?)));
+        out.policies.push((
+            None,
+            None,
+            Arc::new(build("trafficPolicy.", whole(None), &mut origins)?),
+        ));
         for (i, &port) in rule_ports.iter().enumerate() {
-            out.policies.push((None, Some(port), Arc::new(build(&format!("trafficPolicy.portLevelSettings[{i}]."), whole(Some(port)), &mut origins)?)));
+            out.policies.push((
+                None,
+                Some(port),
+                Arc::new(build(
+                    &format!("trafficPolicy.portLevelSettings[{i}]."),
+                    whole(Some(port)),
+                    &mut origins,
+                )?),
+            ));
         }
         for (j, ss) in self.subsets.iter().enumerate() {
             let prefix = format!("subsets[{j}].");
             if ss.name.is_empty() || out.subsets.iter().any(|(n, _)| *n == ss.name) {
-                return Err(format!("{prefix}name: {:?} is empty or used twice", ss.name));
+                return Err(format!(
+                    "{prefix}name: {:?} is empty or used twice",
+                    ss.name
+                ));
             }
             let sp = ss.traffic_policy.as_ref().unwrap_or(&none);
             let mut sub_ports = ports(sp, &format!("{prefix}trafficPolicy."))?;
             // Every port either list names gets its own merged policy, as Istio merges per port.
-            sub_ports.extend(rule_ports.iter().copied().filter(|p| !sp.port_level_settings.iter().any(|s| s.port.number == *p)));
+            sub_ports.extend(
+                rule_ports
+                    .iter()
+                    .copied()
+                    .filter(|p| !sp.port_level_settings.iter().any(|s| s.port.number == *p)),
+            );
             for port in std::iter::once(None).chain(sub_ports.into_iter().map(Some)) {
                 let (over, port_level) = Parts::on_port(sp, port);
                 let merged = whole(port).merged(over, port_level);
                 let p = build(&format!("{prefix}trafficPolicy."), merged, &mut origins)?;
-                out.policies.push((Some(ss.name.clone()), port, Arc::new(p)));
+                out.policies
+                    .push((Some(ss.name.clone()), port, Arc::new(p)));
             }
             out.subsets.push((ss.name.clone(), ss.labels.clone()));
         }
@@ -374,21 +454,33 @@ impl DestinationRule {
     fn matches(&self, svc: &Service) -> Option<(u8, usize)> {
         let host = self.host.to_ascii_lowercase();
         let short = format!("{host}.{}.svc.", self.namespace);
-        if svc.hostname.eq_ignore_ascii_case(&host) || (!host.contains('.') && svc.hostname.to_ascii_lowercase().starts_with(&short)) {
+        if svc.hostname.eq_ignore_ascii_case(&host)
+            || (!host.contains('.') && svc.hostname.to_ascii_lowercase().starts_with(&short))
+        {
             return Some((2, host.len()));
         }
         if host == "*" {
             return Some((1, 0));
         }
         let suffix = host.strip_prefix('*')?;
-        svc.hostname.to_ascii_lowercase().ends_with(suffix).then_some((1, suffix.len()))
+        svc.hostname
+            .to_ascii_lowercase()
+            .ends_with(suffix)
+            .then_some((1, suffix.len()))
     }
 }
 
 /// One resolved policy from its parts; `origins` shares one TLS origination between the
 /// port and subset policies made from the same `tls` (its files are read once).
-fn policy(rule: String, parts: Parts<'_>, origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>) -> Result<Policy, String> {
-    let mut p = Policy { rule, ..Policy::default() };
+fn policy(
+    rule: String,
+    parts: Parts<'_>,
+    origins: &mut Vec<(*const ClientTls, Option<Arc<Origination>>)>,
+) -> Result<Policy, String> {
+    let mut p = Policy {
+        rule,
+        ..Policy::default()
+    };
     if let Some(lb) = parts.load_balancer {
         p.pick = Some(lb.pick().map_err(|e| format!("loadBalancer.{e}"))?);
     }
@@ -433,7 +525,9 @@ impl LoadBalancer {
                 "ROUND_ROBIN" => Ok(Pick::RoundRobin),
                 "LEAST_REQUEST" | "LEAST_CONN" | "UNSPECIFIED" => Ok(Pick::LeastRequest),
                 "RANDOM" => Ok(Pick::Random),
-                other => Err(format!("simple: {other:?} is not supported (ROUND_ROBIN, LEAST_REQUEST, RANDOM)")),
+                other => Err(format!(
+                    "simple: {other:?} is not supported (ROUND_ROBIN, LEAST_REQUEST, RANDOM)"
+                )),
             },
             (None, Some(h)) => h.pick().map_err(|e| format!("consistentHash.{e}")),
             (None, None) => Err("simple: set either simple or consistentHash".into()),
@@ -443,12 +537,19 @@ impl LoadBalancer {
 
 impl ConsistentHash {
     fn pick(&self) -> Result<Pick, String> {
-        let set = [self.http_header_name.is_some(), self.http_cookie.is_some(), self.use_source_ip == Some(true), self.http_query_parameter_name.is_some()];
+        let set = [
+            self.http_header_name.is_some(),
+            self.http_cookie.is_some(),
+            self.use_source_ip == Some(true),
+            self.http_query_parameter_name.is_some(),
+        ];
         if set.iter().filter(|b| **b).count() != 1 {
             return Err("httpHeaderName: set exactly one of httpHeaderName, httpCookie, useSourceIp, httpQueryParameterName".into());
         }
         if let Some(h) = &self.http_header_name {
-            return http::HeaderName::from_bytes(h.as_bytes()).map(Pick::HashHeader).map_err(|_| format!("httpHeaderName: {h:?} is not a header name"));
+            return http::HeaderName::from_bytes(h.as_bytes())
+                .map(Pick::HashHeader)
+                .map_err(|_| format!("httpHeaderName: {h:?} is not a header name"));
         }
         if let Some(c) = &self.http_cookie {
             if c.ttl.is_some() {
@@ -470,7 +571,10 @@ impl OutlierDetection {
     /// (consecutive failures that eject, base ejection time). Istio's defaults: 5
     /// consecutive 5xx, 30 s. Gateway errors (502-504) count with the 5xx ones.
     fn settings(&self) -> Result<(u32, Duration), String> {
-        let n = self.consecutive_5xx_errors.or(self.consecutive_gateway_errors).unwrap_or(5);
+        let n = self
+            .consecutive_5xx_errors
+            .or(self.consecutive_gateway_errors)
+            .unwrap_or(5);
         let base = match &self.base_ejection_time {
             Some(t) => parse_duration(t).map_err(|e| format!("baseEjectionTime: {e}"))?,
             None => Duration::from_secs(30),
@@ -497,14 +601,26 @@ pub struct Client<'a> {
 /// picks it (module docs): the client's namespace, then the Service's namespace for
 /// rules exported to the client, then the root namespace's likewise. A rule of any other
 /// namespace never applies, so one tenant cannot throttle or weaken another's traffic.
-pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>, svc: &Service) -> Option<&'r Resolved> {
-    let in_ns = |ns: &str| -> Vec<&'r (DestinationRule, Resolved)> { rules.iter().filter(|(r, _)| r.namespace == ns).collect() };
+pub fn rule_for<'r>(
+    rules: &'r [(DestinationRule, Resolved)],
+    client: Client<'_>,
+    svc: &Service,
+) -> Option<&'r Resolved> {
+    let in_ns = |ns: &str| -> Vec<&'r (DestinationRule, Resolved)> {
+        rules.iter().filter(|(r, _)| r.namespace == ns).collect()
+    };
     // 1. The client's own namespace: every rule it can see there (Istio's namespace-local
     // index; from the root namespace, only the root's private rules, as Istio does).
     let own: Vec<_> = if client.namespace != client.root_namespace {
-        in_ns(client.namespace).into_iter().filter(|(r, _)| r.visible_in_own_namespace()).collect()
+        in_ns(client.namespace)
+            .into_iter()
+            .filter(|(r, _)| r.visible_in_own_namespace())
+            .collect()
     } else {
-        in_ns(client.namespace).into_iter().filter(|(r, _)| r.private_only()).collect()
+        in_ns(client.namespace)
+            .into_iter()
+            .filter(|(r, _)| r.private_only())
+            .collect()
     };
     if let Some(found) = most_specific(&own, svc).into_iter().next() {
         return Some(&found.1);
@@ -512,7 +628,10 @@ pub fn rule_for<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>
     // 2. and 3. The Service's namespace, then the root's: the most specific host among
     // the rules they export, kept only when exported to the client.
     for ns in [svc.namespace.as_str(), client.root_namespace] {
-        let exported: Vec<_> = in_ns(ns).into_iter().filter(|(r, _)| !r.private_only()).collect();
+        let exported: Vec<_> = in_ns(ns)
+            .into_iter()
+            .filter(|(r, _)| !r.private_only())
+            .collect();
         let best = most_specific(&exported, svc);
         if let Some(found) = best.into_iter().find(|r| r.0.exported_to(client.namespace)) {
             return Some(&found.1);
@@ -526,13 +645,31 @@ type HostRank = (u8, usize);
 
 /// The rules among `rules` for the most specific host that matches `svc` (an exact
 /// hostname over wildcards, a longer wildcard over a shorter one), in listed order.
-fn most_specific<'r>(rules: &[&'r (DestinationRule, Resolved)], svc: &Service) -> Vec<&'r (DestinationRule, Resolved)> {
-    let ranked: Vec<(HostRank, &'r (DestinationRule, Resolved))> = rules.iter().filter_map(|r| Some((r.0.matches(svc)?, *r))).collect();
-    let Some(best) = ranked.iter().map(|(rank, _)| *rank).max() else { return Vec::new() };
-    ranked.into_iter().filter(|(rank, _)| *rank == best).map(|(_, r)| r).collect()
+fn most_specific<'r>(
+    rules: &[&'r (DestinationRule, Resolved)],
+    svc: &Service,
+) -> Vec<&'r (DestinationRule, Resolved)> {
+    let ranked: Vec<(HostRank, &'r (DestinationRule, Resolved))> = rules
+        .iter()
+        .filter_map(|r| Some((r.0.matches(svc)?, *r)))
+        .collect();
+    let Some(best) = ranked.iter().map(|(rank, _)| *rank).max() else {
+        return Vec::new();
+    };
+    ranked
+        .into_iter()
+        .filter(|(rank, _)| *rank == best)
+        .map(|(_, r)| r)
+        .collect()
 }
 
 /// The policy for traffic from `client` to `port` of `svc` (or of its `subset`), if a rule has one.
-pub fn for_service<'r>(rules: &'r [(DestinationRule, Resolved)], client: Client<'_>, svc: &Service, port: u16, subset: Option<&str>) -> Option<&'r Arc<Policy>> {
+pub fn for_service<'r>(
+    rules: &'r [(DestinationRule, Resolved)],
+    client: Client<'_>,
+    svc: &Service,
+    port: u16,
+    subset: Option<&str>,
+) -> Option<&'r Arc<Policy>> {
     rule_for(rules, client, svc)?.policy(subset, port)
 }

@@ -20,7 +20,9 @@ const MAX_SNIFF: usize = 64 * 1024;
 /// Methods recognized from `METHOD SP` alone: whatever follows, hyper parses it (and
 /// answers 400 if it is not HTTP), so a long or oddly terminated request line cannot
 /// make the tunnel look opaque and skip L7 handling.
-const METHODS: [&[u8]; 9] = [b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"CONNECT"];
+const METHODS: [&[u8]; 9] = [
+    b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"CONNECT",
+];
 
 /// What the target's port lets a tunnel speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,19 +63,37 @@ enum Verdict {
 fn classify(buf: &[u8]) -> Verdict {
     // HTTP/1.1 servers ignore empty lines before a request line (RFC 9112 2.2); so
     // does hyper, so they must not make a request look opaque either.
-    let skip = buf.iter().take_while(|b| **b == b'\r' || **b == b'\n').count();
+    let skip = buf
+        .iter()
+        .take_while(|b| **b == b'\r' || **b == b'\n')
+        .count();
     if skip == buf.len() {
-        return if skip <= 8 { Verdict::NeedMore } else { Verdict::Known(Protocol::Opaque) };
+        return if skip <= 8 {
+            Verdict::NeedMore
+        } else {
+            Verdict::Known(Protocol::Opaque)
+        };
     }
     let buf = &buf[skip..];
     let n = buf.len().min(H2_PREFACE.len());
     if buf[..n] == H2_PREFACE[..n] {
-        return if buf.len() >= H2_PREFACE.len() { Verdict::Known(Protocol::Http2) } else { Verdict::NeedMore };
+        return if buf.len() >= H2_PREFACE.len() {
+            Verdict::Known(Protocol::Http2)
+        } else {
+            Verdict::NeedMore
+        };
     }
     // HTTP/1 request line: token SP request-target SP "HTTP/1." digit CRLF
-    let method_len = buf.iter().take_while(|b| b.is_ascii_uppercase() || **b == b'-').count();
+    let method_len = buf
+        .iter()
+        .take_while(|b| b.is_ascii_uppercase() || **b == b'-')
+        .count();
     if method_len == buf.len() {
-        return if method_len <= 20 { Verdict::NeedMore } else { Verdict::Known(Protocol::Opaque) };
+        return if method_len <= 20 {
+            Verdict::NeedMore
+        } else {
+            Verdict::Known(Protocol::Opaque)
+        };
     }
     if method_len == 0 || buf[method_len] != b' ' {
         return Verdict::Known(Protocol::Opaque);
@@ -93,7 +113,11 @@ fn classify(buf: &[u8]) -> Verdict {
     let is_http1 = line.len() > method_len + 10
         && line[line.len() - 9..].starts_with(b" HTTP/1.")
         && line[line.len() - 1].is_ascii_digit();
-    Verdict::Known(if is_http1 { Protocol::Http1 } else { Protocol::Opaque })
+    Verdict::Known(if is_http1 {
+        Protocol::Http1
+    } else {
+        Protocol::Opaque
+    })
 }
 
 /// On a port that declares HTTP: HTTP/2 for the client preface, HTTP/1 for anything
@@ -115,7 +139,11 @@ fn classify_http(buf: &[u8]) -> Verdict {
 /// which the caller must hand on first. Flow-control credit for them is returned.
 /// `timeout`: with `Expect::Any`, silence that long makes the tunnel opaque (a
 /// server-first protocol); with `Expect::Http` it is an error (HTTP is client-first).
-pub async fn sniff(recv: &mut RecvStream, timeout: Duration, expect: Expect) -> Result<(Protocol, Bytes), SniffError> {
+pub async fn sniff(
+    recv: &mut RecvStream,
+    timeout: Duration,
+    expect: Expect,
+) -> Result<(Protocol, Bytes), SniffError> {
     let mut buf = BytesMut::new();
     let deadline = tokio::time::Instant::now() + timeout;
     let verdict: fn(&[u8]) -> Verdict = match expect {
@@ -181,12 +209,21 @@ mod tests {
             (b"FOO /\n", Verdict::Known(Opaque)),
         ];
         for (input, want) in cases {
-            assert_eq!(&classify(input), want, "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(
+                &classify(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
         }
         assert_eq!(classify(&[b'A'; 30]), Verdict::Known(Opaque));
         let mut long = b"GET /".to_vec();
         long.extend(std::iter::repeat_n(b'a', 2 * MAX_SNIFF));
-        assert_eq!(classify(&long), Verdict::Known(Http1), "a long URL is still HTTP");
+        assert_eq!(
+            classify(&long),
+            Verdict::Known(Http1),
+            "a long URL is still HTTP"
+        );
         let mut long = b"FOO /".to_vec();
         long.extend(std::iter::repeat_n(b'a', MAX_SNIFF));
         assert_eq!(classify(&long), Verdict::Known(Opaque));
@@ -209,7 +246,12 @@ mod tests {
             (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Verdict::Known(Http2)),
         ];
         for (input, want) in cases {
-            assert_eq!(&classify_http(input), want, "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(
+                &classify_http(input),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(input)
+            );
         }
         // On a port of unknown protocol the padding alone is opaque (the request line
         // may come after the verdict); on an HTTP port it is HTTP/1.
@@ -219,7 +261,11 @@ mod tests {
 
     /// A CONNECT stream over an in-memory HTTP/2 connection: the client's side sends
     /// `chunks` (each after its pause), the server's side is sniffed.
-    async fn sniff_stream(chunks: Vec<(Duration, &'static [u8])>, timeout: Duration, expect: Expect) -> Result<(Protocol, Bytes), SniffError> {
+    async fn sniff_stream(
+        chunks: Vec<(Duration, &'static [u8])>,
+        timeout: Duration,
+        expect: Expect,
+    ) -> Result<(Protocol, Bytes), SniffError> {
         let (c, s) = tokio::io::duplex(64 * 1024);
         let server = tokio::spawn(async move {
             let mut conn = h2::server::handshake(s).await.unwrap();
@@ -230,7 +276,11 @@ mod tests {
         });
         let (mut h2c, conn) = h2::client::handshake(c).await.unwrap();
         tokio::spawn(conn);
-        let req = http::Request::builder().method("CONNECT").uri("10.0.0.1:80").body(()).unwrap();
+        let req = http::Request::builder()
+            .method("CONNECT")
+            .uri("10.0.0.1:80")
+            .body(())
+            .unwrap();
         let (_resp, mut send) = h2c.send_request(req, false).unwrap();
         let client = tokio::spawn(async move {
             for (pause, chunk) in chunks {
@@ -255,20 +305,52 @@ mod tests {
         // The detection timeout, and the (longer) wait for an HTTP port's first bytes.
         const T: Duration = Duration::from_millis(100);
         const HTTP_T: Duration = Duration::from_secs(5);
-        let late = || vec![(Duration::from_millis(300), &b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"[..])];
-        let padded = || vec![(Duration::ZERO, &b"\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n"[..]), (Duration::from_millis(20), &b"GET / HTTP/1.1\r\n"[..])];
+        let late = || {
+            vec![(
+                Duration::from_millis(300),
+                &b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"[..],
+            )]
+        };
+        let padded = || {
+            vec![
+                (Duration::ZERO, &b"\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n\r\n"[..]),
+                (Duration::from_millis(20), &b"GET / HTTP/1.1\r\n"[..]),
+            ]
+        };
         let (p, first) = sniff_stream(late(), T, Expect::Any).await.unwrap();
         assert_eq!((p, first.len()), (Protocol::Opaque, 0));
         let (p, first) = sniff_stream(late(), HTTP_T, Expect::Http).await.unwrap();
-        assert_eq!((p, &first[..4]), (Protocol::Http1, &b"GET "[..]), "the late request is read whole, as HTTP");
-        assert_eq!(sniff_stream(padded(), T, Expect::Any).await.unwrap().0, Protocol::Opaque);
+        assert_eq!(
+            (p, &first[..4]),
+            (Protocol::Http1, &b"GET "[..]),
+            "the late request is read whole, as HTTP"
+        );
+        assert_eq!(
+            sniff_stream(padded(), T, Expect::Any).await.unwrap().0,
+            Protocol::Opaque
+        );
         let (p, first) = sniff_stream(padded(), HTTP_T, Expect::Http).await.unwrap();
         assert_eq!(p, Protocol::Http1);
-        assert!(first.starts_with(b"\r\n"), "the padding goes on to the HTTP/1 parser");
-        let h2 = || vec![(Duration::ZERO, &b"PRI * HTTP/2.0\r\n"[..]), (Duration::from_millis(20), &b"\r\nSM\r\n\r\n"[..])];
-        assert_eq!(sniff_stream(h2(), HTTP_T, Expect::Http).await.unwrap().0, Protocol::Http2);
+        assert!(
+            first.starts_with(b"\r\n"),
+            "the padding goes on to the HTTP/1 parser"
+        );
+        let h2 = || {
+            vec![
+                (Duration::ZERO, &b"PRI * HTTP/2.0\r\n"[..]),
+                (Duration::from_millis(20), &b"\r\nSM\r\n\r\n"[..]),
+            ]
+        };
+        assert_eq!(
+            sniff_stream(h2(), HTTP_T, Expect::Http).await.unwrap().0,
+            Protocol::Http2
+        );
         let r = sniff_stream(Vec::new(), T, Expect::Http).await;
         assert!(matches!(r, Err(SniffError::Silent(_))), "{r:?}");
-        assert_eq!(sniff_stream(Vec::new(), T, Expect::Any).await.unwrap().0, Protocol::Opaque, "a server-first protocol");
+        assert_eq!(
+            sniff_stream(Vec::new(), T, Expect::Any).await.unwrap().0,
+            Protocol::Opaque,
+            "a server-first protocol"
+        );
     }
 }

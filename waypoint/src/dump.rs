@@ -43,11 +43,26 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["httpRoutes"] = l7.get("httpRoutes").cloned().unwrap_or_else(|| json!([]));
     d["grpcRoutes"] = l7.get("grpcRoutes").cloned().unwrap_or_else(|| json!([]));
     d["tcpRoutes"] = l7.get("tcpRoutes").cloned().unwrap_or_else(|| json!([]));
-    d["referenceGrants"] = l7.get("referenceGrants").cloned().unwrap_or_else(|| json!([]));
-    d["destinationRules"] = l7.get("destinationRules").cloned().unwrap_or_else(|| json!([]));
-    d["virtualServices"] = l7.get("virtualServices").cloned().unwrap_or_else(|| json!([]));
-    d["authorizationPolicies"] = l7.get("authorizationPolicies").cloned().unwrap_or_else(|| json!([]));
-    let mut authns = l7.get("requestAuthentications").cloned().unwrap_or_else(|| json!([]));
+    d["referenceGrants"] = l7
+        .get("referenceGrants")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    d["destinationRules"] = l7
+        .get("destinationRules")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    d["virtualServices"] = l7
+        .get("virtualServices")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    d["authorizationPolicies"] = l7
+        .get("authorizationPolicies")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
+    let mut authns = l7
+        .get("requestAuthentications")
+        .cloned()
+        .unwrap_or_else(|| json!([]));
     redact_inline_jwks(&mut authns);
     d["requestAuthentications"] = authns;
     d["telemetries"] = l7.get("telemetries").cloned().unwrap_or_else(|| json!([]));
@@ -56,16 +71,21 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     let providers: serde_json::Map<String, Value> = cfg
         .providers
         .iter()
-        .map(|(name, p)| (name.clone(), match p {
-            Ok(p) => {
-                let mut v = json!({"kind": p.kind()});
-                if let Some(c) = p.common() {
-                    v["service"] = service_found(cfg, &c.service);
-                }
-                v
-            }
-            Err(e) => json!({"error": e}),
-        }))
+        .map(|(name, p)| {
+            (
+                name.clone(),
+                match p {
+                    Ok(p) => {
+                        let mut v = json!({"kind": p.kind()});
+                        if let Some(c) = p.common() {
+                            v["service"] = service_found(cfg, &c.service);
+                        }
+                        v
+                    }
+                    Err(e) => json!({"error": e}),
+                },
+            )
+        })
         .collect();
     d["extensionProviders"] = Value::Object(providers);
     // In a cluster: where they were read, or why there are none.
@@ -86,12 +106,25 @@ const PRIVATE_JWK_MEMBERS: [&str; 8] = ["d", "p", "q", "dp", "dq", "qi", "oth", 
 /// members only, since an `oct` key or a private key pasted in by mistake is a secret
 /// that the admin endpoint must not hand out. One that does not parse is withheld whole.
 fn redact_inline_jwks(authns: &mut Value) {
-    let rules = authns.as_array_mut().into_iter().flatten().filter_map(|a| a.get_mut("jwtRules")?.as_array_mut()).flatten();
+    let rules = authns
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.get_mut("jwtRules")?.as_array_mut())
+        .flatten();
     for rule in rules {
-        let Some(text) = rule.get("jwks").and_then(Value::as_str) else { continue };
+        let Some(text) = rule.get("jwks").and_then(Value::as_str) else {
+            continue;
+        };
         let shown = match serde_json::from_str::<Value>(text) {
             Ok(mut set) => {
-                for key in set.get_mut("keys").and_then(Value::as_array_mut).into_iter().flatten().filter_map(Value::as_object_mut) {
+                for key in set
+                    .get_mut("keys")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_object_mut)
+                {
                     for m in PRIVATE_JWK_MEMBERS {
                         if key.contains_key(m) {
                             key.insert(m.to_string(), json!("<redacted>"));
@@ -125,10 +158,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("wp-dump-{tag}-{}", std::process::id()));
         let ca = ztunnel::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
-        let certs = CertManager::new(std::sync::Arc::new(ztunnel::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(60) }));
+        let certs = CertManager::new(std::sync::Arc::new(ztunnel::identity::manager::LocalCa {
+            ca,
+            ttl: std::time::Duration::from_secs(60),
+        }));
         let me = Me {
             identity: Identity::new("cluster.local", "default", "waypoint"),
-            gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
+            gateway: ObjectName {
+                namespace: "default".into(),
+                name: "waypoint".into(),
+            },
             workload_uid: "wp".into(),
             ip: "10.0.0.9".parse().unwrap(),
             root_namespace: "istio-system".into(),
@@ -150,10 +189,16 @@ mod tests {
         assert_eq!(d["waypoint"]["gateway"], "default/waypoint");
         assert_eq!(d["waypoint"]["configSource"], "file wp.yaml");
         assert_eq!(d["httpRoutes"][0]["name"], "echo");
-        assert_eq!(d["authorizationPolicies"][0]["targetRefs"][0]["kind"], "GatewayClass");
+        assert_eq!(
+            d["authorizationPolicies"][0]["targetRefs"][0]["kind"],
+            "GatewayClass"
+        );
         assert_eq!(d["requestAuthentications"], json!([]));
         assert_eq!(d["workloads"][0]["uid"], "wp");
-        assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
+        assert_eq!(
+            d["certificates"][0]["identity"],
+            "spiffe://cluster.local/ns/default/sa/waypoint"
+        );
         assert_eq!(d["config"]["adminAddr"], "x");
         assert!(d["version"]["version"].is_string());
     }
@@ -165,8 +210,14 @@ mod tests {
         redact_inline_jwks(&mut a);
         let rules = &a[0]["jwtRules"];
         let shown: Value = serde_json::from_str(rules[0]["jwks"].as_str().unwrap()).unwrap();
-        assert_eq!(shown["keys"][0], json!({"kty": "oct", "kid": "s", "k": "<redacted>"}));
-        assert_eq!(shown["keys"][1], json!({"kty": "EC", "crv": "P-256", "x": "X", "y": "Y", "d": "<redacted>"}));
+        assert_eq!(
+            shown["keys"][0],
+            json!({"kty": "oct", "kid": "s", "k": "<redacted>"})
+        );
+        assert_eq!(
+            shown["keys"][1],
+            json!({"kty": "EC", "crv": "P-256", "x": "X", "y": "Y", "d": "<redacted>"})
+        );
         assert_eq!(rules[1]["jwks"], "<redacted>");
         assert_eq!(rules[2], json!({"issuer": "k", "jwksUri": "https://x"}));
     }
@@ -186,8 +237,17 @@ mod tests {
         .unwrap();
         let d = dump_of(&cfg, "amb");
         let p = &d["extensionProviders"];
-        assert!(p["bare"]["service"]["error"].as_str().unwrap_or_default().contains("multiple namespaces"), "{p}");
+        assert!(
+            p["bare"]["service"]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("multiple namespaces"),
+            "{p}"
+        );
         assert_eq!(p["named"]["service"]["found"], "sec/authz.example.com");
-        assert_eq!(p["local"]["service"]["found"], "sec/ext.sec.svc.cluster.local");
+        assert_eq!(
+            p["local"]["service"]["found"],
+            "sec/ext.sec.svc.cluster.local"
+        );
     }
 }

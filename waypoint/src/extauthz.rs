@@ -39,30 +39,50 @@ pub enum Custom<'a> {
     /// No CUSTOM policy matches: no check.
     Skip,
     /// Check with this provider (`policy`: the first matching policy, for the log).
-    Check { provider: &'a Provider, policy: String },
+    Check {
+        provider: &'a Provider,
+        policy: String,
+    },
     /// Denied without a check: the policy, and why its provider cannot be used.
     Deny { policy: String, reason: String },
 }
 
 /// Decides whether (and with whom) a request is checked, from the CUSTOM policies that
 /// apply to its target.
-pub fn decide<'a>(providers: &'a BTreeMap<String, Checked>, policies: &[&AuthorizationPolicy], req: &authz::Request) -> Custom<'a> {
+pub fn decide<'a>(
+    providers: &'a BTreeMap<String, Checked>,
+    policies: &[&AuthorizationPolicy],
+    req: &authz::Request,
+) -> Custom<'a> {
     let matches = authz::custom_matches(policies.iter().copied(), req);
     decide_matched(providers, &matches, false)
 }
 
 /// As `decide`, for the TCP form of the policies (opaque traffic).
-pub fn decide_tcp<'a>(providers: &'a BTreeMap<String, Checked>, tcp_policies: &[AuthorizationPolicy], req: &authz::Request) -> Custom<'a> {
+pub fn decide_tcp<'a>(
+    providers: &'a BTreeMap<String, Checked>,
+    tcp_policies: &[AuthorizationPolicy],
+    req: &authz::Request,
+) -> Custom<'a> {
     let matches = authz::custom_matches(tcp_policies.iter(), req);
     decide_matched(providers, &matches, true)
 }
 
-fn decide_matched<'a>(providers: &'a BTreeMap<String, Checked>, matches: &[(&AuthorizationPolicy, bool)], tcp: bool) -> Custom<'a> {
+fn decide_matched<'a>(
+    providers: &'a BTreeMap<String, Checked>,
+    matches: &[(&AuthorizationPolicy, bool)],
+    tcp: bool,
+) -> Custom<'a> {
     let Some((first, _)) = matches.iter().find(|(_, m)| *m) else {
         return Custom::Skip;
     };
     let policy = first.key();
-    let name = |p: &AuthorizationPolicy| p.provider.as_ref().map(|r| r.name.clone()).unwrap_or_default();
+    let name = |p: &AuthorizationPolicy| {
+        p.provider
+            .as_ref()
+            .map(|r| r.name.clone())
+            .unwrap_or_default()
+    };
     let mut names: Vec<String> = matches.iter().map(|(p, _)| name(p)).collect();
     names.sort();
     names.dedup();

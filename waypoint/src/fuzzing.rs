@@ -17,19 +17,52 @@ const MAX_INPUT: usize = 64 * 1024;
 /// The local config file as the waypoint loads it (its L7 lists), then routing and
 /// authorization of a few requests to every Service and Gateway the config names.
 pub fn config_yaml(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(&data[..data.len().min(MAX_INPUT)]) else { return };
-    let Ok(cfg) = Config::parse(Path::new("fuzz.yaml"), text) else { return };
-    let refs = cfg.routes.iter().flat_map(|r| r.parent_refs.iter().map(|p| p.object_name(&r.namespace)));
-    let names: Vec<ObjectName> = refs.chain(cfg.policies.iter().flat_map(|p| p.target_refs.iter().map(|t| t.object_name(&p.namespace)))).collect();
+    let Ok(text) = std::str::from_utf8(&data[..data.len().min(MAX_INPUT)]) else {
+        return;
+    };
+    let Ok(cfg) = Config::parse(Path::new("fuzz.yaml"), text) else {
+        return;
+    };
+    let refs = cfg
+        .routes
+        .iter()
+        .flat_map(|r| r.parent_refs.iter().map(|p| p.object_name(&r.namespace)));
+    let names: Vec<ObjectName> = refs
+        .chain(
+            cfg.policies
+                .iter()
+                .flat_map(|p| p.target_refs.iter().map(|t| t.object_name(&p.namespace))),
+        )
+        .collect();
     let routes: Vec<&route::HttpRoute> = cfg.routes.iter().collect();
     let headers = HeaderMap::new();
     let id = ztunnel::identity::Identity::new("cluster.local", "default", "client");
     for name in &names {
-        for (service, path) in [(Some(name), "/"), (None, "/api/v1"), (Some(name), "/admin/x")] {
-            let target = Target { gateway: name, service, service_kind: Default::default(), root_namespace: crate::object::DEFAULT_ROOT_NAMESPACE, port: 80 };
-            let req = RouteRequest { method: &http::Method::GET, path, query: Some("a=b"), headers: &headers, host: "echo.default.svc.cluster.local" };
+        for (service, path) in [
+            (Some(name), "/"),
+            (None, "/api/v1"),
+            (Some(name), "/admin/x"),
+        ] {
+            let target = Target {
+                gateway: name,
+                service,
+                service_kind: Default::default(),
+                root_namespace: crate::object::DEFAULT_ROOT_NAMESPACE,
+                port: 80,
+            };
+            let req = RouteRequest {
+                method: &http::Method::GET,
+                path,
+                query: Some("a=b"),
+                headers: &headers,
+                host: "echo.default.svc.cluster.local",
+            };
             if let route::Selection::Matched(s) = route::select(&routes, &target, &req) {
-                let _ = (s.rule.pick_backend(7), s.rule.request_timeout(), s.rule.backend_timeout());
+                let _ = (
+                    s.rule.pick_backend(7),
+                    s.rule.request_timeout(),
+                    s.rule.backend_timeout(),
+                );
             }
             let policies = cfg.policies.iter().filter(|p| p.applies_to(&target));
             let areq = authz::Request {
@@ -44,7 +77,8 @@ pub fn config_yaml(data: &[u8]) {
             };
             let _ = authz::evaluate(policies.clone(), &areq);
             // As the waypoint does for opaque TCP.
-            let tcp: Vec<authz::AuthorizationPolicy> = policies.map(authz::AuthorizationPolicy::for_tcp).collect();
+            let tcp: Vec<authz::AuthorizationPolicy> =
+                policies.map(authz::AuthorizationPolicy::for_tcp).collect();
             let _ = authz::evaluate(&tcp, &areq);
         }
     }
@@ -120,7 +154,11 @@ mod tests {
     fn committed_config_inputs_pass() {
         let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
         let replayed = ztunnel::fuzzing::replay_committed(&fuzz, "config_yaml", super::config_yaml);
-        assert!(replayed > 0, "no committed config_yaml inputs under {}", fuzz.display());
+        assert!(
+            replayed > 0,
+            "no committed config_yaml inputs under {}",
+            fuzz.display()
+        );
     }
 
     /// The `http_authority` target's committed inputs pass its checks.
@@ -129,6 +167,10 @@ mod tests {
         let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
         let target = "http_authority";
         let replayed = ztunnel::fuzzing::replay_committed(&fuzz, target, super::http_authority);
-        assert!(replayed > 0, "no committed {target} inputs under {}", fuzz.display());
+        assert!(
+            replayed > 0,
+            "no committed {target} inputs under {}",
+            fuzz.display()
+        );
     }
 }

@@ -57,15 +57,29 @@ impl ReferenceGrant {
     /// (a core Service).
     fn allows(&self, route_kind: &str, route_ns: &str, backend: &ObjectName) -> bool {
         self.namespace == backend.namespace
-            && self.from.iter().any(|f| f.group == GATEWAY_GROUP && f.kind == route_kind && f.namespace == route_ns)
-            && self.to.iter().any(|t| t.group.is_empty() && t.kind == "Service" && t.name.as_deref().is_none_or(|n| n == backend.name))
+            && self.from.iter().any(|f| {
+                f.group == GATEWAY_GROUP && f.kind == route_kind && f.namespace == route_ns
+            })
+            && self.to.iter().any(|t| {
+                t.group.is_empty()
+                    && t.kind == "Service"
+                    && t.name.as_deref().is_none_or(|n| n == backend.name)
+            })
     }
 }
 
 /// Whether a route of `route_kind` (`HTTPRoute`, `GRPCRoute`, `TCPRoute`) in `route_ns`
 /// may send to `backend`: always in its own namespace, elsewhere by a grant.
-pub fn permitted(grants: &[ReferenceGrant], route_kind: &str, route_ns: &str, backend: &ObjectName) -> bool {
-    backend.namespace == route_ns || grants.iter().any(|g| g.allows(route_kind, route_ns, backend))
+pub fn permitted(
+    grants: &[ReferenceGrant],
+    route_kind: &str,
+    route_ns: &str,
+    backend: &ObjectName,
+) -> bool {
+    backend.namespace == route_ns
+        || grants
+            .iter()
+            .any(|g| g.allows(route_kind, route_ns, backend))
 }
 
 #[cfg(test)]
@@ -79,13 +93,36 @@ mod tests {
              - name: all\n  namespace: other\n  from: [{group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: shop}]\n  to: [{group: '', kind: Service}]\n",
         )
         .expect("grants");
-        let svc = |ns: &str, name: &str| ObjectName { namespace: ns.into(), name: name.into() };
-        assert!(permitted(&grants, "HTTPRoute", "shop", &svc("shop", "anything")), "own namespace");
-        assert!(permitted(&grants, "HTTPRoute", "shop", &svc("backend", "api")));
-        assert!(!permitted(&grants, "HTTPRoute", "shop", &svc("backend", "db")), "only the named Service");
-        assert!(!permitted(&grants, "HTTPRoute", "blog", &svc("backend", "api")), "only from the named namespace");
-        assert!(!permitted(&grants, "GRPCRoute", "shop", &svc("backend", "api")), "only for the named kind");
-        assert!(permitted(&grants, "GRPCRoute", "shop", &svc("other", "x")), "every Service when to has no name");
+        let svc = |ns: &str, name: &str| ObjectName {
+            namespace: ns.into(),
+            name: name.into(),
+        };
+        assert!(
+            permitted(&grants, "HTTPRoute", "shop", &svc("shop", "anything")),
+            "own namespace"
+        );
+        assert!(permitted(
+            &grants,
+            "HTTPRoute",
+            "shop",
+            &svc("backend", "api")
+        ));
+        assert!(
+            !permitted(&grants, "HTTPRoute", "shop", &svc("backend", "db")),
+            "only the named Service"
+        );
+        assert!(
+            !permitted(&grants, "HTTPRoute", "blog", &svc("backend", "api")),
+            "only from the named namespace"
+        );
+        assert!(
+            !permitted(&grants, "GRPCRoute", "shop", &svc("backend", "api")),
+            "only for the named kind"
+        );
+        assert!(
+            permitted(&grants, "GRPCRoute", "shop", &svc("other", "x")),
+            "every Service when to has no name"
+        );
         assert!(!permitted(&grants, "TCPRoute", "shop", &svc("other", "x")));
     }
 }

@@ -51,28 +51,30 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
     });
     let (io, activity) = crate::idle::Counted::new(io);
     let io = TokioIo::new(io);
-    let conn = async move { match proto {
-        Protocol::Http2 => {
-            hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
-                .max_concurrent_streams(100)
-                .max_header_list_size(64 * 1024)
-                .max_pending_accept_reset_streams(50)
-                // RFC 8441 extended CONNECT, for WebSockets over HTTP/2.
-                .enable_connect_protocol()
-                .serve_connection(io, svc)
-                .await
+    let conn = async move {
+        match proto {
+            Protocol::Http2 => {
+                hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .timer(TokioTimer::new())
+                    .max_concurrent_streams(100)
+                    .max_header_list_size(64 * 1024)
+                    .max_pending_accept_reset_streams(50)
+                    // RFC 8441 extended CONNECT, for WebSockets over HTTP/2.
+                    .enable_connect_protocol()
+                    .serve_connection(io, svc)
+                    .await
+            }
+            _ => {
+                hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_READ_TIMEOUT)
+                    .max_headers(100)
+                    .serve_connection(io, svc)
+                    .with_upgrades()
+                    .await
+            }
         }
-        _ => {
-            hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .max_headers(100)
-                .serve_connection(io, svc)
-                .with_upgrades()
-                .await
-        }
-    } };
+    };
     // No byte either way for the idle timeout (no request in progress moved any):
     // the connection is closed, as Envoy's HTTP connection idle timeout does.
     let r = tokio::select! {
@@ -86,7 +88,12 @@ pub async fn serve(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, io: H2Stream, proto: 
 
 /// One request: plan it against one config snapshot, then forward it (or send the
 /// plan's local reply).
-async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    wp: Arc<Waypoint>,
+    tunnel: Arc<Tunnel>,
+    proto: Protocol,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let cfg = wp.config.load_full();
     let (mut parts, body) = req.into_parts();
     // Envoy's stream idle timeout: restarted by every frame of the request body read and
@@ -113,7 +120,16 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     let mut notes = log::Notes::default();
     let planned = match plan::admit(&inbound, &mut parts, &mut notes) {
         Ok(mut admitted) => {
-            let check = ext_authz::run(&wp, &cfg, &tunnel, proto == Protocol::Http2, &mut admitted, &mut parts, &mut body, &mut notes);
+            let check = ext_authz::run(
+                &wp,
+                &cfg,
+                &tunnel,
+                proto == Protocol::Http2,
+                &mut admitted,
+                &mut parts,
+                &mut body,
+                &mut notes,
+            );
             match idle.within(check).await {
                 Ok(Ok(())) => plan::build(&inbound, admitted, &mut parts, &mut notes),
                 Ok(Err(reply)) => Err(reply),
@@ -125,7 +141,14 @@ async fn handle(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, proto: Protocol, req: Re
     log.note(notes);
     match planned {
         Ok(plan) => {
-            let x = forward::Exchange { wp: &wp, cfg: &cfg, log, grpc, trace: tunnel.trace, idle };
+            let x = forward::Exchange {
+                wp: &wp,
+                cfg: &cfg,
+                log,
+                grpc,
+                trace: tunnel.trace,
+                idle,
+            };
             forward::forward(x, plan, Request::from_parts(parts, body)).await
         }
         Err(reply) => reply.send(log, grpc),

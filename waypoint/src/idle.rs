@@ -30,12 +30,22 @@ pub struct Counted<T> {
 impl<T> Counted<T> {
     pub fn new(inner: T) -> (Counted<T>, Activity) {
         let activity = Activity::default();
-        (Counted { inner, activity: activity.clone() }, activity)
+        (
+            Counted {
+                inner,
+                activity: activity.clone(),
+            },
+            activity,
+        )
     }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         let n = buf.filled().len().saturating_sub(before);
@@ -45,7 +55,11 @@ impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         let r = Pin::new(&mut self.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = &r {
             self.activity.0[1].fetch_add(*n as u64, Ordering::Relaxed);
@@ -88,8 +102,14 @@ mod tests {
             _ = activity.idle(t) => panic!("idle while bytes moved"),
         }
         // Then silence: idle within two timeouts (and some slack).
-        tokio::time::timeout(Duration::from_secs(10), activity.idle(t)).await.expect("a silent IO was never idle");
+        tokio::time::timeout(Duration::from_secs(10), activity.idle(t))
+            .await
+            .expect("a silent IO was never idle");
         // Without a timeout, never.
-        assert!(tokio::time::timeout(Duration::from_millis(100), activity.idle(None)).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), activity.idle(None))
+                .await
+                .is_err()
+        );
     }
 }

@@ -41,7 +41,10 @@ pub struct L7Config {
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
     pub grants: Vec<crate::grant::ReferenceGrant>,
-    pub destination_rules: Vec<(crate::destination::DestinationRule, crate::destination::Resolved)>,
+    pub destination_rules: Vec<(
+        crate::destination::DestinationRule,
+        crate::destination::Resolved,
+    )>,
     pub policies: Vec<AuthorizationPolicy>,
     pub authentications: Vec<RequestAuthentication>,
     /// The mesh config's extensionProviders (the `istio` ConfigMap of the root namespace).
@@ -113,11 +116,36 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::GrpcRoute => (GATEWAY_GROUP, "v1", "GRPCRoute", "grpcroutes"),
         // Still experimental in Gateway API: v1alpha2.
         Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
-        Kind::ReferenceGrant => (GATEWAY_GROUP, "v1beta1", "ReferenceGrant", "referencegrants"),
-        Kind::DestinationRule => ("networking.istio.io", "v1", "DestinationRule", "destinationrules"),
-        Kind::VirtualService => ("networking.istio.io", "v1", "VirtualService", "virtualservices"),
-        Kind::AuthorizationPolicy => ("security.istio.io", "v1", "AuthorizationPolicy", "authorizationpolicies"),
-        Kind::RequestAuthentication => ("security.istio.io", "v1", "RequestAuthentication", "requestauthentications"),
+        Kind::ReferenceGrant => (
+            GATEWAY_GROUP,
+            "v1beta1",
+            "ReferenceGrant",
+            "referencegrants",
+        ),
+        Kind::DestinationRule => (
+            "networking.istio.io",
+            "v1",
+            "DestinationRule",
+            "destinationrules",
+        ),
+        Kind::VirtualService => (
+            "networking.istio.io",
+            "v1",
+            "VirtualService",
+            "virtualservices",
+        ),
+        Kind::AuthorizationPolicy => (
+            "security.istio.io",
+            "v1",
+            "AuthorizationPolicy",
+            "authorizationpolicies",
+        ),
+        Kind::RequestAuthentication => (
+            "security.istio.io",
+            "v1",
+            "RequestAuthentication",
+            "requestauthentications",
+        ),
         Kind::Telemetry => ("telemetry.istio.io", "v1", "Telemetry", "telemetries"),
         Kind::Service => ("", "v1", "Service", "services"),
         Kind::Namespace => ("", "v1", "Namespace", "namespaces"),
@@ -126,7 +154,11 @@ fn resource(kind: Kind) -> ApiResource {
     ApiResource {
         group: group.into(),
         version: version.into(),
-        api_version: if group.is_empty() { version.into() } else { format!("{group}/{version}") },
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
         kind: k.into(),
         plural: plural.into(),
     }
@@ -138,19 +170,37 @@ fn flattened(obj: &DynamicObject) -> Result<Map<String, Value>, String> {
         Some(Value::Object(m)) => m.clone(),
         _ => return Err("has no spec".into()),
     };
-    spec.insert("name".into(), Value::String(obj.metadata.name.clone().unwrap_or_default()));
-    spec.insert("namespace".into(), Value::String(obj.metadata.namespace.clone().unwrap_or_default()));
+    spec.insert(
+        "name".into(),
+        Value::String(obj.metadata.name.clone().unwrap_or_default()),
+    );
+    spec.insert(
+        "namespace".into(),
+        Value::String(obj.metadata.namespace.clone().unwrap_or_default()),
+    );
     Ok(spec)
 }
 
 /// For a DestinationRule that cannot be applied but asks for TLS origination (a `tls`
 /// with mode SIMPLE or MUTUAL anywhere in it): a rule for the same host whose traffic
 /// fails, since leaving it out would send in plaintext what was meant to be encrypted.
-fn refusing_destination_rule(obj: &DynamicObject, error: &str) -> Option<Box<(crate::destination::DestinationRule, crate::destination::Resolved)>> {
+fn refusing_destination_rule(
+    obj: &DynamicObject,
+    error: &str,
+) -> Option<
+    Box<(
+        crate::destination::DestinationRule,
+        crate::destination::Resolved,
+    )>,
+> {
     fn asks_tls(v: &Value) -> bool {
         match v {
             Value::Object(m) => {
-                let origination = m.get("tls").and_then(|t| t.get("mode")).and_then(Value::as_str).is_some_and(|m| m == "SIMPLE" || m == "MUTUAL");
+                let origination = m
+                    .get("tls")
+                    .and_then(|t| t.get("mode"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|m| m == "SIMPLE" || m == "MUTUAL");
                 origination || m.values().any(asks_tls)
             }
             Value::Array(a) => a.iter().any(asks_tls),
@@ -158,7 +208,10 @@ fn refusing_destination_rule(obj: &DynamicObject, error: &str) -> Option<Box<(cr
         }
     }
     let spec = obj.data.get("spec")?;
-    let host = spec.get("host").and_then(Value::as_str).filter(|h| !h.is_empty())?;
+    let host = spec
+        .get("host")
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty())?;
     if !asks_tls(spec) {
         return None;
     }
@@ -175,26 +228,30 @@ fn refusing_destination_rule(obj: &DynamicObject, error: &str) -> Option<Box<(cr
 }
 
 pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    let r: HttpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    let r: HttpRoute =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.validate()?;
     Ok(r)
 }
 
 /// A VirtualService, as the HTTPRoute it amounts to (`route::VirtualService`).
 pub fn virtual_service(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    let v: crate::route::VirtualService = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    let v: crate::route::VirtualService =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     v.to_http()
 }
 
 /// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
 pub fn tcp_route(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    let r: TcpRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    let r: TcpRoute =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.to_http()
 }
 
 /// A GRPCRoute, as the HTTPRoute it amounts to (`route::GrpcRoute`).
 pub fn grpc_route(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    let r: GrpcRoute = serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    let r: GrpcRoute =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
     r.to_http()
 }
 
@@ -203,14 +260,19 @@ pub fn grpc_route(obj: &DynamicObject) -> Result<HttpRoute, String> {
 /// a one-element list). None without a spec or targets (a `selector` object is for the
 /// workloads' own proxies); both a selector and targets is refused.
 fn waypoint_spec(obj: &DynamicObject) -> Result<Option<serde_json::Map<String, Value>>, String> {
-    let Ok(mut spec) = flattened(obj) else { return Ok(None) };
+    let Ok(mut spec) = flattened(obj) else {
+        return Ok(None);
+    };
     if let Some(one) = spec.remove("targetRef") {
         if spec.contains_key("targetRefs") {
             return Err("sets both targetRef and targetRefs".into());
         }
         spec.insert("targetRefs".into(), Value::Array(vec![one]));
     }
-    if spec.get("targetRefs").is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty())) {
+    if spec
+        .get("targetRefs")
+        .is_none_or(|t| t.as_array().is_none_or(|a| a.is_empty()))
+    {
         return Ok(None);
     }
     if spec.contains_key("selector") {
@@ -221,16 +283,22 @@ fn waypoint_spec(obj: &DynamicObject) -> Result<Option<serde_json::Map<String, V
 
 /// The policy, or None when it is not the waypoint's to enforce.
 pub fn policy(obj: &DynamicObject) -> Result<Option<AuthorizationPolicy>, String> {
-    let Some(spec) = waypoint_spec(obj)? else { return Ok(None) };
-    let p: AuthorizationPolicy = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+    let Some(spec) = waypoint_spec(obj)? else {
+        return Ok(None);
+    };
+    let p: AuthorizationPolicy =
+        serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
     p.validate()?;
     Ok(Some(p))
 }
 
 /// The RequestAuthentication, or None when it is not the waypoint's.
 pub fn authentication(obj: &DynamicObject) -> Result<Option<RequestAuthentication>, String> {
-    let Some(spec) = waypoint_spec(obj)? else { return Ok(None) };
-    let a: RequestAuthentication = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+    let Some(spec) = waypoint_spec(obj)? else {
+        return Ok(None);
+    };
+    let a: RequestAuthentication =
+        serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
     a.validate()?;
     Ok(Some(a))
 }
@@ -238,8 +306,14 @@ pub fn authentication(obj: &DynamicObject) -> Result<Option<RequestAuthenticatio
 /// `spec.<field>` and, for policies, the older single `spec.targetRef`.
 fn refs<'a>(obj: &'a DynamicObject, field: &str) -> Vec<&'a Value> {
     let spec = obj.data.get("spec");
-    let many = spec.and_then(|s| s.get(field)).and_then(Value::as_array).into_iter().flatten();
-    let one = spec.and_then(|s| s.get("targetRef")).filter(|_| field == "targetRefs");
+    let many = spec
+        .and_then(|s| s.get(field))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten();
+    let one = spec
+        .and_then(|s| s.get("targetRef"))
+        .filter(|_| field == "targetRefs");
     many.chain(one).collect()
 }
 
@@ -247,20 +321,32 @@ fn refs<'a>(obj: &'a DynamicObject, field: &str) -> Vec<&'a Value> {
 /// `AuthorizationPolicy::deny_all`).
 fn deny_all(obj: &DynamicObject) -> AuthorizationPolicy {
     let unplaceable = ObjectRef::default();
-    let refs: Vec<ObjectRef> =
-        refs(obj, "targetRefs").into_iter().map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone())).collect();
+    let refs: Vec<ObjectRef> = refs(obj, "targetRefs")
+        .into_iter()
+        .map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone()))
+        .collect();
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-    AuthorizationPolicy::deny_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
+    AuthorizationPolicy::deny_all(
+        namespace,
+        obj.metadata.name.as_deref().unwrap_or_default(),
+        &refs,
+    )
 }
 
 /// The stand-in for a RequestAuthentication `authentication` refused (see
 /// `RequestAuthentication::reject_all`).
 fn reject_all(obj: &DynamicObject) -> RequestAuthentication {
     let unplaceable = ObjectRef::default();
-    let refs: Vec<ObjectRef> =
-        refs(obj, "targetRefs").into_iter().map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone())).collect();
+    let refs: Vec<ObjectRef> = refs(obj, "targetRefs")
+        .into_iter()
+        .map(|r| serde_json::from_value(r.clone()).unwrap_or_else(|_| unplaceable.clone()))
+        .collect();
     let namespace = obj.metadata.namespace.as_deref().unwrap_or_default();
-    RequestAuthentication::reject_all(namespace, obj.metadata.name.as_deref().unwrap_or_default(), &refs)
+    RequestAuthentication::reject_all(
+        namespace,
+        obj.metadata.name.as_deref().unwrap_or_default(),
+        &refs,
+    )
 }
 
 fn route_kind_name(kind: Kind) -> &'static str {
@@ -282,7 +368,13 @@ fn names_used_service(r: &Value, ns: &str, scope: &Scope) -> bool {
     let core = matches!(str_field(r, "group"), None | Some(""));
     let same_ns = str_field(r, "namespace").is_none_or(|n| n == ns);
     let name = str_field(r, "name").unwrap_or_default();
-    str_field(r, "kind") == Some("Service") && core && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
+    str_field(r, "kind") == Some("Service")
+        && core
+        && same_ns
+        && scope.uses(&ObjectName {
+            namespace: ns.into(),
+            name: name.into(),
+        })
 }
 
 /// A policy's ref to a Service or ServiceEntry of `ns` that uses the waypoint, in the
@@ -291,19 +383,32 @@ fn names_used_service(r: &Value, ns: &str, scope: &Scope) -> bool {
 /// hosts are Services of its name in istiod's state) or by its namespace's label.
 fn names_used_target(r: &Value, ns: &str, scope: &Scope) -> bool {
     let group = str_field(r, "group");
-    let service = str_field(r, "kind") == Some("Service") && matches!(group, None | Some("" | "core"));
-    let service_entry = str_field(r, "kind") == Some("ServiceEntry") && group == Some(crate::object::NETWORKING_GROUP);
+    let service =
+        str_field(r, "kind") == Some("Service") && matches!(group, None | Some("" | "core"));
+    let service_entry = str_field(r, "kind") == Some("ServiceEntry")
+        && group == Some(crate::object::NETWORKING_GROUP);
     let same_ns = str_field(r, "namespace").is_none_or(|n| n == ns);
     let name = str_field(r, "name").unwrap_or_default();
-    (service || service_entry) && same_ns && scope.uses(&ObjectName { namespace: ns.into(), name: name.into() })
+    (service || service_entry)
+        && same_ns
+        && scope.uses(&ObjectName {
+            namespace: ns.into(),
+            name: name.into(),
+        })
 }
 
 /// Whether an Istio networking object is visible in namespace `to` by its `exportTo`:
 /// empty or `*` everywhere, `.` its own namespace, or the namespaces named.
 fn exported_to(obj: &DynamicObject, to: &str) -> bool {
     let own = obj.metadata.namespace.as_deref().unwrap_or_default();
-    let Some(list) = obj.data.pointer("/spec/exportTo").and_then(Value::as_array) else { return true };
-    let list: Vec<String> = list.iter().filter_map(Value::as_str).map(String::from).collect();
+    let Some(list) = obj.data.pointer("/spec/exportTo").and_then(Value::as_array) else {
+        return true;
+    };
+    let list: Vec<String> = list
+        .iter()
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect();
     crate::object::exported_to(&list, own, to)
 }
 
@@ -326,29 +431,49 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
         // a `workloadSelector` one is a workload proxy's.
         Kind::DestinationRule => obj.data.pointer("/spec/workloadSelector").is_none(),
         // One whose hosts name a Service that uses the waypoint.
-        Kind::VirtualService => obj.data.pointer("/spec/hosts").and_then(Value::as_array).is_some_and(|hosts| {
-            hosts.iter().filter_map(Value::as_str).filter_map(|h| crate::route::host_service(h, ns)).any(|s| s.namespace == ns && scope.uses(&s))
-        }),
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs").into_iter().any(|r| names_used_service(r, ns, scope)),
+        Kind::VirtualService => obj
+            .data
+            .pointer("/spec/hosts")
+            .and_then(Value::as_array)
+            .is_some_and(|hosts| {
+                hosts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .filter_map(|h| crate::route::host_service(h, ns))
+                    .any(|s| s.namespace == ns && scope.uses(&s))
+            }),
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs")
+            .into_iter()
+            .any(|r| names_used_service(r, ns, scope)),
         // The root namespace's (mesh-wide), and those of namespaces with Services that
         // use the waypoint (which of them apply is decided per request); `selector` ones
         // are the workloads' proxies'.
         Kind::Telemetry => {
             obj.data.pointer("/spec/selector").is_none()
-                && (ns == settings.root_namespace || scope.services.keys().chain(scope.from_istiod.iter()).any(|s| s.namespace == ns && scope.uses(s)))
+                && (ns == settings.root_namespace
+                    || scope
+                        .services
+                        .keys()
+                        .chain(scope.from_istiod.iter())
+                        .any(|s| s.namespace == ns && scope.uses(s)))
         }
-        Kind::AuthorizationPolicy | Kind::RequestAuthentication => refs(obj, "targetRefs").into_iter().any(|r| {
-            let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
-                && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
-                && str_field(r, "name") == Some(WAYPOINT_CLASS);
-            names_used_target(r, ns, scope) || (ns == settings.root_namespace && every_waypoint)
-        }),
+        Kind::AuthorizationPolicy | Kind::RequestAuthentication => {
+            refs(obj, "targetRefs").into_iter().any(|r| {
+                let every_waypoint = str_field(r, "kind") == Some("GatewayClass")
+                    && matches!(str_field(r, "group"), None | Some(GATEWAY_GROUP))
+                    && str_field(r, "name") == Some(WAYPOINT_CLASS);
+                names_used_target(r, ns, scope) || (ns == settings.root_namespace && every_waypoint)
+            })
+        }
         _ => false,
     }
 }
 
 /// A DestinationRule with what it resolves to.
-type RuleAndPolicy = (crate::destination::DestinationRule, crate::destination::Resolved);
+type RuleAndPolicy = (
+    crate::destination::DestinationRule,
+    crate::destination::Resolved,
+);
 
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
@@ -364,7 +489,10 @@ enum Converted {
 }
 
 fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
-    let (ns, name) = (obj.metadata.namespace.as_deref().unwrap_or_default(), obj.metadata.name.as_deref().unwrap_or_default());
+    let (ns, name) = (
+        obj.metadata.namespace.as_deref().unwrap_or_default(),
+        obj.metadata.name.as_deref().unwrap_or_default(),
+    );
     match kind {
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::VirtualService => {
             let r = match kind {
@@ -381,7 +509,8 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
         }
         Kind::ReferenceGrant => {
             let g = flattened(obj).and_then(|spec| {
-                let g: crate::grant::ReferenceGrant = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+                let g: crate::grant::ReferenceGrant =
+                    serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
                 g.validate().map(|()| g)
             });
             if let Err(e) = &g {
@@ -392,7 +521,8 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
         }
         Kind::DestinationRule => {
             let d = flattened(obj).and_then(|spec| {
-                let d: crate::destination::DestinationRule = serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
+                let d: crate::destination::DestinationRule =
+                    serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())?;
                 let p = d.resolve()?;
                 Ok(Box::new((d, p)))
             });
@@ -406,7 +536,9 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 (e, stand_in)
             }))
         }
-        Kind::Telemetry => Converted::Telemetry(flattened(obj).and_then(|spec| serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string()))),
+        Kind::Telemetry => Converted::Telemetry(flattened(obj).and_then(|spec| {
+            serde_json::from_value(Value::Object(spec)).map_err(|e| e.to_string())
+        })),
         Kind::RequestAuthentication => {
             let a = authentication(obj);
             if let Err(e) = &a {
@@ -421,8 +553,16 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 // Never just left out: a lost DENY, or the only ALLOW for a target,
                 // would let through what the policy meant to stop.
                 let d = deny_all(obj);
-                let targets: Vec<String> = d.target_refs.iter().map(|r| format!("{}/{}", r.kind.as_deref().unwrap_or_default(), r.name)).collect();
-                let targets = if d.unplaced { format!("everything namespace {ns} may target") } else { targets.join(",") };
+                let targets: Vec<String> = d
+                    .target_refs
+                    .iter()
+                    .map(|r| format!("{}/{}", r.kind.as_deref().unwrap_or_default(), r.name))
+                    .collect();
+                let targets = if d.unplaced {
+                    format!("everything namespace {ns} may target")
+                } else {
+                    targets.join(",")
+                };
                 tracing::error!(kind = "AuthorizationPolicy", namespace = ns, name, error = %e, targets = %targets,
                     "policy cannot be enforced exactly; denying every request to its targets instead");
             }
@@ -434,7 +574,11 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
 type Key = (Kind, String, String);
 
 fn key(kind: Kind, obj: &DynamicObject) -> Key {
-    (kind, obj.metadata.namespace.clone().unwrap_or_default(), obj.metadata.name.clone().unwrap_or_default())
+    (
+        kind,
+        obj.metadata.namespace.clone().unwrap_or_default(),
+        obj.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// What the watches have seen, and what was last published.
@@ -475,8 +619,15 @@ impl Store {
 
     fn apply(&mut self, kind: Kind, obj: DynamicObject, settings: &Settings) {
         let k = key(kind, &obj);
-        if kind == Kind::Gateway && k.1 == settings.gateway.namespace && k.2 == settings.gateway.name {
-            let class = obj.data.pointer("/spec/gatewayClassName").and_then(Value::as_str).unwrap_or("");
+        if kind == Kind::Gateway
+            && k.1 == settings.gateway.namespace
+            && k.2 == settings.gateway.name
+        {
+            let class = obj
+                .data
+                .pointer("/spec/gatewayClassName")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             if class == WAYPOINT_CLASS {
                 tracing::info!(gateway = %k.2, "serving Gateway");
             } else {
@@ -498,8 +649,20 @@ impl Store {
                 .map(|o| AllowedNamespaces::from_gateway(&o.data))
                 .unwrap_or_default(),
             // Namespaces are cluster-scoped: their name is the key's.
-            namespaces: of_kind(Kind::Namespace).map(|(k, o)| (k.2.clone(), labels(o))).collect(),
-            services: of_kind(Kind::Service).map(|(k, o)| (ObjectName { namespace: k.1.clone(), name: k.2.clone() }, labels(o))).collect(),
+            namespaces: of_kind(Kind::Namespace)
+                .map(|(k, o)| (k.2.clone(), labels(o)))
+                .collect(),
+            services: of_kind(Kind::Service)
+                .map(|(k, o)| {
+                    (
+                        ObjectName {
+                            namespace: k.1.clone(),
+                            name: k.2.clone(),
+                        },
+                        labels(o),
+                    )
+                })
+                .collect(),
             from_istiod: self.from_istiod.clone(),
         }
     }
@@ -507,7 +670,10 @@ impl Store {
     /// The converted config, once every kind is listed and when it differs from what
     /// was published last.
     fn publish(&mut self, settings: &Settings) -> Option<L7Config> {
-        if !KINDS.iter().all(|k| *k == Kind::MeshConfig || self.synced.contains(k)) {
+        if !KINDS
+            .iter()
+            .all(|k| *k == Kind::MeshConfig || self.synced.contains(k))
+        {
             return None;
         }
         let scope = self.scope(settings);
@@ -528,15 +694,26 @@ impl Store {
                         | Kind::AuthorizationPolicy
                         | Kind::RequestAuthentication
                         | Kind::Telemetry
-                )
-                    && selected(k.0, obj, &scope, settings)
+                ) && selected(k.0, obj, &scope, settings)
             })
             .collect();
         // Unchanged selection, versions and scope: nothing to convert or publish.
-        let version = |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
-        let mesh = self.objects.get(&(Kind::MeshConfig, settings.root_namespace.clone(), settings.mesh_config_map.clone()));
-        let mut fingerprint = vec![scope_dump.to_string(), mesh.map(version).unwrap_or_default()];
-        fingerprint.extend(taken.iter().map(|(k, obj)| format!("{:?} {}/{} {}", k.0, k.1, k.2, version(obj))));
+        let version =
+            |obj: &DynamicObject| obj.metadata.resource_version.clone().unwrap_or_default();
+        let mesh = self.objects.get(&(
+            Kind::MeshConfig,
+            settings.root_namespace.clone(),
+            settings.mesh_config_map.clone(),
+        ));
+        let mut fingerprint = vec![
+            scope_dump.to_string(),
+            mesh.map(version).unwrap_or_default(),
+        ];
+        fingerprint.extend(
+            taken
+                .iter()
+                .map(|(k, obj)| format!("{:?} {}/{} {}", k.0, k.1, k.2, version(obj))),
+        );
         if self.published.as_ref() == Some(&fingerprint) {
             return None;
         }
@@ -544,18 +721,28 @@ impl Store {
         let (providers, providers_dump) = mesh_providers(mesh, settings);
         cfg.providers = providers;
         cfg.tracing = mesh_tracing(mesh);
-        let mesh_value = mesh.and_then(|m| m.data.pointer("/data/mesh")).and_then(Value::as_str).and_then(|t| serde_yaml::from_str::<Value>(t).ok());
-        let mesh_providers = crate::telemetry::MeshProviders::from_mesh(mesh_value.as_ref(), cfg.tracing.as_ref().map(|t| t.provider.as_str()));
+        let mesh_value = mesh
+            .and_then(|m| m.data.pointer("/data/mesh"))
+            .and_then(Value::as_str)
+            .and_then(|t| serde_yaml::from_str::<Value>(t).ok());
+        let mesh_providers = crate::telemetry::MeshProviders::from_mesh(
+            mesh_value.as_ref(),
+            cfg.tracing.as_ref().map(|t| t.provider.as_str()),
+        );
         let (mut telemetries, mut telemetries_read) = (Vec::new(), Vec::new());
-        let (mut routes, mut policies, mut authns, mut rejected) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut routes, mut policies, mut authns, mut rejected) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut virtual_services = Vec::new();
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
                 self.converted.insert((*k).clone(), (rv, convert(k.0, obj)));
             }
-            let Some((_, converted)) = self.converted.get(*k) else { continue };
+            let Some((_, converted)) = self.converted.get(*k) else {
+                continue;
+            };
             let as_read = Value::Object(flattened(obj).unwrap_or_default());
             match converted {
                 Converted::Route(Ok(r)) => match k.0 {
@@ -640,7 +827,10 @@ impl Store {
                 "labels ask for this waypoint from namespaces its Gateway does not admit (allowedRoutes.namespaces of the HBONE listener); istiod does not attach them either");
         }
         self.refused = refused;
-        cfg.telemetry = Arc::new(crate::telemetry::Telemetries::new(telemetries, mesh_providers));
+        cfg.telemetry = Arc::new(crate::telemetry::Telemetries::new(
+            telemetries,
+            mesh_providers,
+        ));
         cfg.dump = Arc::new(json!({
             "source": "kubernetes",
             "httpRoutes": routes,
@@ -676,28 +866,54 @@ fn mesh_tracing(obj: Option<&DynamicObject>) -> Option<Arc<crate::trace::TraceSe
     }
 }
 
-fn mesh_providers(obj: Option<&DynamicObject>, settings: &Settings) -> (crate::extauthz::Providers, Value) {
-    let source = format!("ConfigMap {}/{} key mesh", settings.root_namespace, settings.mesh_config_map);
+fn mesh_providers(
+    obj: Option<&DynamicObject>,
+    settings: &Settings,
+) -> (crate::extauthz::Providers, Value) {
+    let source = format!(
+        "ConfigMap {}/{} key mesh",
+        settings.root_namespace, settings.mesh_config_map
+    );
     let Some(obj) = obj else {
-        return (Default::default(), json!({"source": source, "error": "not found (or not readable): CUSTOM policies deny what they match"}));
+        return (
+            Default::default(),
+            json!({"source": source, "error": "not found (or not readable): CUSTOM policies deny what they match"}),
+        );
     };
-    let text = obj.data.pointer("/data/mesh").and_then(Value::as_str).unwrap_or_default();
+    let text = obj
+        .data
+        .pointer("/data/mesh")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let parsed = serde_yaml::from_str::<Option<crate::extauthz::MeshConfig>>(text)
         .map_err(|e| e.to_string())
-        .and_then(|m| crate::extauthz::provider::parse_all(&m.unwrap_or_default().extension_providers));
+        .and_then(|m| {
+            crate::extauthz::provider::parse_all(&m.unwrap_or_default().extension_providers)
+        });
     match parsed {
         Ok(providers) => {
             let dump: Map<String, Value> = providers
                 .iter()
-                .map(|(name, p)| (name.clone(), match p {
-                    Ok(p) => json!({"kind": p.kind()}),
-                    Err(e) => json!({"error": e}),
-                }))
+                .map(|(name, p)| {
+                    (
+                        name.clone(),
+                        match p {
+                            Ok(p) => json!({"kind": p.kind()}),
+                            Err(e) => json!({"error": e}),
+                        },
+                    )
+                })
                 .collect();
-            for (name, e) in providers.iter().filter_map(|(n, p)| Some((n, p.as_ref().err()?))) {
+            for (name, e) in providers
+                .iter()
+                .filter_map(|(n, p)| Some((n, p.as_ref().err()?)))
+            {
                 tracing::error!(provider = %name, error = %e, source = %source, "extensionProvider is invalid; CUSTOM policies naming it deny what they match");
             }
-            (Arc::new(providers), json!({"source": source, "providers": dump}))
+            (
+                Arc::new(providers),
+                json!({"source": source, "providers": dump}),
+            )
         }
         Err(e) => {
             tracing::error!(error = %e, source = %source, "mesh config does not parse; CUSTOM policies deny what they match");
@@ -712,34 +928,72 @@ pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<Object
     state
         .services()
         .filter(|s| s.waypoints().any(|gw| state.is_waypoint(gw, me)))
-        .map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() })
+        .map(|s| ObjectName {
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+        })
         .collect()
 }
 
-fn stream(client: &kube::Client, kind: Kind, settings: &Settings) -> futures_util::stream::BoxStream<'static, (Kind, Result<Event<DynamicObject>, watcher::Error>)> {
+fn stream(
+    client: &kube::Client,
+    kind: Kind,
+    settings: &Settings,
+) -> futures_util::stream::BoxStream<'static, (Kind, Result<Event<DynamicObject>, watcher::Error>)>
+{
     let ar = resource(kind);
     let (api, config) = match kind {
         // Only our own Gateway matters: its namespace's.
-        Kind::Gateway => (kube::Api::<DynamicObject>::namespaced_with(client.clone(), &settings.gateway.namespace, &ar), watcher::Config::default()),
+        Kind::Gateway => (
+            kube::Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                &settings.gateway.namespace,
+                &ar,
+            ),
+            watcher::Config::default(),
+        ),
         // Only Services with the label can differ from their namespace.
-        Kind::Service => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default().labels(USE_WAYPOINT)),
+        Kind::Service => (
+            kube::Api::all_with(client.clone(), &ar),
+            watcher::Config::default().labels(USE_WAYPOINT),
+        ),
         // One ConfigMap, by name (RBAC grants that one only).
         Kind::MeshConfig => (
-            kube::Api::<DynamicObject>::namespaced_with(client.clone(), &settings.root_namespace, &ar),
-            watcher::Config::default().fields(&format!("metadata.name={}", settings.mesh_config_map)),
+            kube::Api::<DynamicObject>::namespaced_with(
+                client.clone(),
+                &settings.root_namespace,
+                &ar,
+            ),
+            watcher::Config::default()
+                .fields(&format!("metadata.name={}", settings.mesh_config_map)),
         ),
-        _ => (kube::Api::all_with(client.clone(), &ar), watcher::Config::default()),
+        _ => (
+            kube::Api::all_with(client.clone(), &ar),
+            watcher::Config::default(),
+        ),
     };
-    watcher::watcher(api, config).default_backoff().map(move |e| (kind, e)).boxed()
+    watcher::watcher(api, config)
+        .default_backoff()
+        .map(move |e| (kind, e))
+        .boxed()
 }
 
 /// Watches the Kubernetes API (and istiod's state, for which Services use the waypoint)
 /// and publishes the converted config each time it changes, once every kind has been
 /// listed. Runs until the process ends (the watchers retry with backoff on their own).
-pub async fn watch(client: kube::Client, settings: Settings, state: Arc<SharedState>, out: watch::Sender<Option<Arc<L7Config>>>, metrics: XdsMetrics) {
+pub async fn watch(
+    client: kube::Client,
+    settings: Settings,
+    state: Arc<SharedState>,
+    out: watch::Sender<Option<Arc<L7Config>>>,
+    metrics: XdsMetrics,
+) {
     let mut events = futures_util::stream::select_all(KINDS.map(|k| stream(&client, k, &settings)));
     let mut changes = state.changes();
-    let mut store = Store { from_istiod: services_from_istiod(&state.load_full(), &settings.identity), ..Store::default() };
+    let mut store = Store {
+        from_istiod: services_from_istiod(&state.load_full(), &settings.identity),
+        ..Store::default()
+    };
     loop {
         tokio::select! {
             e = events.next() => match e {
@@ -776,28 +1030,45 @@ pub async fn watch(client: kube::Client, settings: Settings, state: Arc<SharedSt
 /// Keeps `labels` equal to the Pods' labels (by workload uid, `<cluster>//Pod/<ns>/<name>`,
 /// as istiod names pod workloads), for DestinationRule subsets. Metadata only, and only
 /// the labels are kept. Runs until the process ends (retrying with backoff).
-pub async fn watch_pod_labels(client: kube::Client, cluster_id: String, labels: Arc<crate::labels::Labels>) {
+pub async fn watch_pod_labels(
+    client: kube::Client,
+    cluster_id: String,
+    labels: Arc<crate::labels::Labels>,
+) {
     use k8s_openapi::api::core::v1::Pod;
     // Metadata-only requests: a Pod's spec and status never reach the waypoint.
     let api = kube::Api::<kube::core::PartialObjectMeta<Pod>>::all(client);
-    let mut events = watcher::watcher(api, watcher::Config::default()).default_backoff().boxed();
+    let mut events = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     let uid = |m: &kube::api::ObjectMeta| {
-        ztunnel::state::WorkloadUid(format!("{cluster_id}//Pod/{}/{}", m.namespace.as_deref().unwrap_or_default(), m.name.as_deref().unwrap_or_default()))
+        ztunnel::state::WorkloadUid(format!(
+            "{cluster_id}//Pod/{}/{}",
+            m.namespace.as_deref().unwrap_or_default(),
+            m.name.as_deref().unwrap_or_default()
+        ))
     };
     let mut relist = HashMap::new();
     while let Some(e) = events.next().await {
         match e {
-            Err(e) => tracing::warn!(kind = "Pod", error = %e, hint = "DestinationRule subsets need list/watch on pods (the ClusterRole of charts/waypoint)",
-                "Kubernetes watch failed; retrying"),
+            Err(e) => {
+                tracing::warn!(kind = "Pod", error = %e, hint = "DestinationRule subsets need list/watch on pods (the ClusterRole of charts/waypoint)",
+                "Kubernetes watch failed; retrying")
+            }
             Ok(Event::Init) => relist.clear(),
             Ok(Event::InitApply(p)) => {
-                relist.insert(uid(&p.metadata), Arc::new(p.metadata.labels.unwrap_or_default()));
+                relist.insert(
+                    uid(&p.metadata),
+                    Arc::new(p.metadata.labels.unwrap_or_default()),
+                );
             }
             Ok(Event::InitDone) => {
                 labels.replace(std::mem::take(&mut relist));
                 tracing::debug!(pods = labels.len(), "pod labels listed");
             }
-            Ok(Event::Apply(p)) => labels.set(uid(&p.metadata), p.metadata.labels.unwrap_or_default()),
+            Ok(Event::Apply(p)) => {
+                labels.set(uid(&p.metadata), p.metadata.labels.unwrap_or_default())
+            }
             Ok(Event::Delete(p)) => labels.remove(&uid(&p.metadata)),
         }
     }
@@ -805,7 +1076,11 @@ pub async fn watch_pod_labels(client: kube::Client, cluster_id: String, labels: 
 
 /// The namespaces the config's objects come from, for the log.
 fn namespaces(cfg: &L7Config) -> Vec<String> {
-    let ns = cfg.routes.iter().map(|r| r.namespace.clone()).chain(cfg.policies.iter().map(|p| p.namespace.clone()));
+    let ns = cfg
+        .routes
+        .iter()
+        .map(|r| r.namespace.clone())
+        .chain(cfg.policies.iter().map(|p| p.namespace.clone()));
     ns.collect::<BTreeSet<_>>().into_iter().collect()
 }
 
@@ -831,7 +1106,10 @@ mod tests {
 
     /// A Namespace or Service with labels.
     fn labelled(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> DynamicObject {
-        let labels: Map<String, Value> = labels.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        let labels: Map<String, Value> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), json!(v)))
+            .collect();
         let mut meta = json!({"name": name, "resourceVersion": "1", "labels": labels});
         if let Some(ns) = ns {
             meta["namespace"] = json!(ns);
@@ -841,7 +1119,10 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            gateway: ObjectName { namespace: "default".into(), name: "waypoint".into() },
+            gateway: ObjectName {
+                namespace: "default".into(),
+                name: "waypoint".into(),
+            },
             root_namespace: "istio-system".into(),
             identity: Identity::new("cluster.local", "default", "waypoint"),
             mesh_config_map: "istio".into(),
@@ -871,20 +1152,41 @@ mod tests {
                     - {name: broken, envoyExtAuthzHttp: {service: x, port: 0}}\n";
         let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "istio", "namespace": "istio-system", "resourceVersion": "7"}, "data": {"mesh": mesh}})).unwrap();
-        let cfg = store(vec![(Kind::MeshConfig, cm)]).publish(&settings()).unwrap();
-        assert!(matches!(cfg.providers.get("authz"), Some(Ok(crate::extauthz::Provider::Grpc(_)))), "{:?}", cfg.providers);
+        let cfg = store(vec![(Kind::MeshConfig, cm)])
+            .publish(&settings())
+            .unwrap();
+        assert!(
+            matches!(
+                cfg.providers.get("authz"),
+                Some(Ok(crate::extauthz::Provider::Grpc(_)))
+            ),
+            "{:?}",
+            cfg.providers
+        );
         assert!(cfg.providers["broken"].is_err());
-        assert_eq!(cfg.dump["extensionProviders"]["providers"]["authz"]["kind"], "envoyExtAuthzGrpc");
-        assert!(cfg.dump["extensionProviders"]["providers"]["broken"]["error"].is_string(), "{}", cfg.dump);
+        assert_eq!(
+            cfg.dump["extensionProviders"]["providers"]["authz"]["kind"],
+            "envoyExtAuthzGrpc"
+        );
+        assert!(
+            cfg.dump["extensionProviders"]["providers"]["broken"]["error"].is_string(),
+            "{}",
+            cfg.dump
+        );
         // The ConfigMap is not waited for.
         let mut s = Store::default();
         for kind in KINDS.into_iter().filter(|k| *k != Kind::MeshConfig) {
             s.event(kind, Event::Init, &settings());
             s.event(kind, Event::InitDone, &settings());
         }
-        let cfg = s.publish(&settings()).expect("published without the mesh config");
+        let cfg = s
+            .publish(&settings())
+            .expect("published without the mesh config");
         assert!(cfg.providers.is_empty());
-        assert!(cfg.dump["extensionProviders"]["error"].as_str().unwrap_or_default().contains("not found"));
+        assert!(cfg.dump["extensionProviders"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not found"));
     }
 
     /// DestinationRules, GRPCRoutes, TCPRoutes and ReferenceGrants from the API, each as
@@ -893,27 +1195,108 @@ mod tests {
     fn traffic_objects_convert_from_kubernetes() {
         let svc = json!([{"group": "", "kind": "Service", "name": "echo"}]);
         let objs = vec![
-            (Kind::DestinationRule, object("DestinationRule", "dr", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}))),
-            (Kind::DestinationRule, object("DestinationRule", "bad", json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}))),
-            (Kind::DestinationRule, object("DestinationRule", "sidecar", json!({"host": "echo", "workloadSelector": {"matchLabels": {"app": "x"}}}))),
+            (
+                Kind::DestinationRule,
+                object(
+                    "DestinationRule",
+                    "dr",
+                    json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "RANDOM"}}}),
+                ),
+            ),
+            (
+                Kind::DestinationRule,
+                object(
+                    "DestinationRule",
+                    "bad",
+                    json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}),
+                ),
+            ),
+            (
+                Kind::DestinationRule,
+                object(
+                    "DestinationRule",
+                    "sidecar",
+                    json!({"host": "echo", "workloadSelector": {"matchLabels": {"app": "x"}}}),
+                ),
+            ),
             // Asks for TLS origination and cannot have it: its host's traffic fails instead.
-            (Kind::DestinationRule, object("DestinationRule", "tls", json!({"host": "api.example.com", "trafficPolicy": {"portLevelSettings": [
-                {"port": {"number": 443}, "tls": {"mode": "SIMPLE", "credentialName": "egress-ca"}}]}}))),
-            (Kind::GrpcRoute, object("GRPCRoute", "g", json!({"parentRefs": svc, "rules": [{"matches": [{"method": {"service": "a.B"}}]}]}))),
-            (Kind::TcpRoute, object("TCPRoute", "t", json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]}))),
-            (Kind::ReferenceGrant, object_in("shop", "ReferenceGrant", "rg", json!({"from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service"}]}))),
+            (
+                Kind::DestinationRule,
+                object(
+                    "DestinationRule",
+                    "tls",
+                    json!({"host": "api.example.com", "trafficPolicy": {"portLevelSettings": [
+                {"port": {"number": 443}, "tls": {"mode": "SIMPLE", "credentialName": "egress-ca"}}]}}),
+                ),
+            ),
+            (
+                Kind::GrpcRoute,
+                object(
+                    "GRPCRoute",
+                    "g",
+                    json!({"parentRefs": svc, "rules": [{"matches": [{"method": {"service": "a.B"}}]}]}),
+                ),
+            ),
+            (
+                Kind::TcpRoute,
+                object(
+                    "TCPRoute",
+                    "t",
+                    json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]}),
+                ),
+            ),
+            (
+                Kind::ReferenceGrant,
+                object_in(
+                    "shop",
+                    "ReferenceGrant",
+                    "rg",
+                    json!({"from": [{"group": GATEWAY_GROUP, "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service"}]}),
+                ),
+            ),
         ];
         let cfg = store(objs).publish(&settings()).unwrap();
-        assert_eq!(cfg.destination_rules.iter().map(|(d, _)| d.name.as_str()).collect::<Vec<_>>(), ["dr", "tls"]);
-        assert_eq!(cfg.destination_rules[0].1.policies().next().and_then(|p| p.pick.clone()), Some(crate::destination::Pick::Random));
-        let refused = cfg.destination_rules[1].1.policy(None, 443).and_then(|p| p.refused.clone()).unwrap_or_default();
+        assert_eq!(
+            cfg.destination_rules
+                .iter()
+                .map(|(d, _)| d.name.as_str())
+                .collect::<Vec<_>>(),
+            ["dr", "tls"]
+        );
+        assert_eq!(
+            cfg.destination_rules[0]
+                .1
+                .policies()
+                .next()
+                .and_then(|p| p.pick.clone()),
+            Some(crate::destination::Pick::Random)
+        );
+        let refused = cfg.destination_rules[1]
+            .1
+            .policy(None, 443)
+            .and_then(|p| p.refused.clone())
+            .unwrap_or_default();
         assert!(refused.contains("credentialName"), "{refused}");
         assert_eq!(cfg.destination_rules[1].0.host, "api.example.com");
         assert_eq!(cfg.unenforceable, 1);
         let rejected = cfg.dump["rejected"].as_array().unwrap();
-        assert!(rejected.iter().any(|r| r["kind"] == "DestinationRule" && r["name"] == "bad" && r["effect"] == "does not apply"), "{}", cfg.dump);
-        assert!(rejected.iter().any(|r| r["name"] == "tls" && r["effect"].as_str().unwrap_or_default().contains("fails")), "{}", cfg.dump);
-        assert_eq!((cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()), (1, 1, 1));
+        assert!(
+            rejected.iter().any(|r| r["kind"] == "DestinationRule"
+                && r["name"] == "bad"
+                && r["effect"] == "does not apply"),
+            "{}",
+            cfg.dump
+        );
+        assert!(
+            rejected.iter().any(|r| r["name"] == "tls"
+                && r["effect"].as_str().unwrap_or_default().contains("fails")),
+            "{}",
+            cfg.dump
+        );
+        assert_eq!(
+            (cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()),
+            (1, 1, 1)
+        );
         assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
     }
 
@@ -923,8 +1306,13 @@ mod tests {
     #[test]
     fn virtual_services_honour_export_to() {
         let vs = |name: &str, export: Value| {
-            object_in("shop", "VirtualService", name, json!({"hosts": ["cart"], "exportTo": export,
-                "http": [{"route": [{"destination": {"host": "cart"}}]}]}))
+            object_in(
+                "shop",
+                "VirtualService",
+                name,
+                json!({"hosts": ["cart"], "exportTo": export,
+                "http": [{"route": [{"destination": {"host": "cart"}}]}]}),
+            )
         };
         let mut s = store(vec![
             (Kind::VirtualService, vs("private", json!(["."]))),
@@ -932,12 +1320,27 @@ mod tests {
             (Kind::VirtualService, vs("to-us", json!(["default"]))),
             (Kind::VirtualService, vs("everyone", json!(["*"]))),
             (Kind::VirtualService, vs("unset", json!([]))),
-            (Kind::VirtualService, object("VirtualService", "own-hidden", json!({"hosts": ["echo"], "exportTo": ["blog"],
-                "http": [{"route": [{"destination": {"host": "echo"}}]}]}))),
+            (
+                Kind::VirtualService,
+                object(
+                    "VirtualService",
+                    "own-hidden",
+                    json!({"hosts": ["echo"], "exportTo": ["blog"],
+                "http": [{"route": [{"destination": {"host": "echo"}}]}]}),
+                ),
+            ),
         ]);
-        s.from_istiod.insert(ObjectName { namespace: "shop".into(), name: "cart".into() });
+        s.from_istiod.insert(ObjectName {
+            namespace: "shop".into(),
+            name: "cart".into(),
+        });
         let cfg = s.publish(&settings()).unwrap();
-        let mut names: Vec<&str> = cfg.dump["virtualServices"].as_array().unwrap().iter().filter_map(|v| v["name"].as_str()).collect();
+        let mut names: Vec<&str> = cfg.dump["virtualServices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v["name"].as_str())
+            .collect();
         names.sort_unstable();
         assert_eq!(names, ["everyone", "to-us", "unset"], "{}", cfg.dump);
     }
@@ -952,56 +1355,129 @@ mod tests {
         })))
         .unwrap();
         assert_eq!((r.name.as_str(), r.namespace.as_str()), ("echo", "default"));
-        let bad = route(&object("HTTPRoute", "bad", json!({"parentRefs": [{"kind": "Service", "group": "", "name": "e"}], "rules": [{"backendRefs": [{"name": "x"}]}]})));
+        let bad = route(&object(
+            "HTTPRoute",
+            "bad",
+            json!({"parentRefs": [{"kind": "Service", "group": "", "name": "e"}], "rules": [{"backendRefs": [{"name": "x"}]}]}),
+        ));
         assert!(bad.unwrap_err().contains("port"));
     }
 
     #[test]
     fn policies_for_the_waypoint_only() {
-        let p = policy(&object("AuthorizationPolicy", "deny", json!({
-            "targetRef": {"group": "", "kind": "Service", "name": "echo"},
-            "action": "DENY",
-            "rules": [{"to": [{"operation": {"methods": ["DELETE"]}}]}]
-        })))
+        let p = policy(&object(
+            "AuthorizationPolicy",
+            "deny",
+            json!({
+                "targetRef": {"group": "", "kind": "Service", "name": "echo"},
+                "action": "DENY",
+                "rules": [{"to": [{"operation": {"methods": ["DELETE"]}}]}]
+            }),
+        ))
         .unwrap()
         .unwrap();
         assert_eq!(p.target_refs.len(), 1);
-        let sidecar = policy(&object("AuthorizationPolicy", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "action": "DENY", "rules": [{}]})));
-        assert!(sidecar.unwrap().is_none(), "selector policies are not the waypoint's");
-        let custom = policy(&object("AuthorizationPolicy", "c", json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM", "provider": {"name": "x"}})));
-        assert_eq!(custom.unwrap().unwrap().provider.map(|p| p.name).as_deref(), Some("x"));
-        let no_provider = policy(&object("AuthorizationPolicy", "c", json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM"})));
+        let sidecar = policy(&object(
+            "AuthorizationPolicy",
+            "s",
+            json!({"selector": {"matchLabels": {"app": "x"}}, "action": "DENY", "rules": [{}]}),
+        ));
+        assert!(
+            sidecar.unwrap().is_none(),
+            "selector policies are not the waypoint's"
+        );
+        let custom = policy(&object(
+            "AuthorizationPolicy",
+            "c",
+            json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM", "provider": {"name": "x"}}),
+        ));
+        assert_eq!(
+            custom.unwrap().unwrap().provider.map(|p| p.name).as_deref(),
+            Some("x")
+        );
+        let no_provider = policy(&object(
+            "AuthorizationPolicy",
+            "c",
+            json!({"targetRefs": [{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "waypoint"}], "action": "CUSTOM"}),
+        ));
         assert!(no_provider.is_err());
     }
 
     #[test]
     fn request_authentications_convert_and_a_broken_one_refuses_tokens() {
         let jwks = r#"{"keys":[{"kty":"EC","crv":"P-256","x":"f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU","y":"x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]}"#;
-        let good = object("RequestAuthentication", "jwt", json!({
+        let good = object(
+            "RequestAuthentication",
+            "jwt",
+            json!({
             "targetRef": {"group": "", "kind": "Service", "name": "echo"},
-            "jwtRules": [{"issuer": "iss", "jwks": jwks, "fromHeaders": [{"name": "x-jwt"}]}]}));
+            "jwtRules": [{"issuer": "iss", "jwks": jwks, "fromHeaders": [{"name": "x-jwt"}]}]}),
+        );
         let a = authentication(&good).unwrap().unwrap();
-        assert_eq!((a.target_refs.len(), a.jwt_rules[0].from_headers[0].name.as_str()), (1, "x-jwt"));
-        let sidecar = object("RequestAuthentication", "s", json!({"selector": {"matchLabels": {"app": "x"}}, "jwtRules": [{"issuer": "i", "jwks": jwks}]}));
+        assert_eq!(
+            (
+                a.target_refs.len(),
+                a.jwt_rules[0].from_headers[0].name.as_str()
+            ),
+            (1, "x-jwt")
+        );
+        let sidecar = object(
+            "RequestAuthentication",
+            "s",
+            json!({"selector": {"matchLabels": {"app": "x"}}, "jwtRules": [{"issuer": "i", "jwks": jwks}]}),
+        );
         assert!(authentication(&sidecar).unwrap().is_none());
-        let broken = object("RequestAuthentication", "broken", json!({
-            "targetRefs": [{"group": "", "kind": "Service", "name": "other"}], "jwtRules": [{"issuer": "i", "jwksUri": "ftp://x"}]}));
-        let cfg = store(vec![(Kind::RequestAuthentication, good), (Kind::RequestAuthentication, broken)]).publish(&settings()).unwrap();
+        let broken = object(
+            "RequestAuthentication",
+            "broken",
+            json!({
+            "targetRefs": [{"group": "", "kind": "Service", "name": "other"}], "jwtRules": [{"issuer": "i", "jwksUri": "ftp://x"}]}),
+        );
+        let cfg = store(vec![
+            (Kind::RequestAuthentication, good),
+            (Kind::RequestAuthentication, broken),
+        ])
+        .publish(&settings())
+        .unwrap();
         assert_eq!((cfg.authentications.len(), cfg.unenforceable), (2, 1));
-        let stand_in = cfg.authentications.iter().find(|a| a.name == "broken").unwrap();
+        let stand_in = cfg
+            .authentications
+            .iter()
+            .find(|a| a.name == "broken")
+            .unwrap();
         assert!(stand_in.reject_tokens && stand_in.jwt_rules.is_empty());
         assert_eq!(stand_in.target_refs[0].name, "other");
-        assert!(cfg.dump["requestAuthentications"][0]["unenforceable"].is_string(), "{}", cfg.dump);
+        assert!(
+            cfg.dump["requestAuthentications"][0]["unenforceable"].is_string(),
+            "{}",
+            cfg.dump
+        );
     }
 
     fn verdict(cfg: &L7Config, service: Option<(&str, &str)>) -> authz::Verdict {
         verdict_kind(cfg, service, ServiceKind::Kubernetes)
     }
 
-    fn verdict_kind(cfg: &L7Config, service: Option<(&str, &str)>, service_kind: ServiceKind) -> authz::Verdict {
-        let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-        let svc = service.map(|(ns, name)| ObjectName { namespace: ns.into(), name: name.into() });
-        let target = Target { gateway: &gateway, service: svc.as_ref(), service_kind, root_namespace: "istio-system", port: 80 };
+    fn verdict_kind(
+        cfg: &L7Config,
+        service: Option<(&str, &str)>,
+        service_kind: ServiceKind,
+    ) -> authz::Verdict {
+        let gateway = ObjectName {
+            namespace: "default".into(),
+            name: "waypoint".into(),
+        };
+        let svc = service.map(|(ns, name)| ObjectName {
+            namespace: ns.into(),
+            name: name.into(),
+        });
+        let target = Target {
+            gateway: &gateway,
+            service: svc.as_ref(),
+            service_kind,
+            root_namespace: "istio-system",
+            port: 80,
+        };
         let id = Identity::new("cluster.local", "default", "sleep");
         let headers = http::HeaderMap::new();
         let req = authz::Request {
@@ -1030,19 +1506,37 @@ mod tests {
                    "rules": [{"when": [{"key": "request.auth.claims[]", "values": ["admin"]}]}]}),
         ];
         for spec in cases {
-            let cfg = store(vec![(Kind::AuthorizationPolicy, object("AuthorizationPolicy", "p", spec.clone()))]).publish(&settings()).unwrap();
+            let cfg = store(vec![(
+                Kind::AuthorizationPolicy,
+                object("AuthorizationPolicy", "p", spec.clone()),
+            )])
+            .publish(&settings())
+            .unwrap();
             let v = verdict(&cfg, Some(("default", "echo")));
             assert!(!v.allowed, "{spec}: the unenforceable policy was dropped");
             assert_eq!(v.denied_by.as_deref(), Some("default/p"), "{spec}");
-            assert!(verdict(&cfg, Some(("default", "other"))).allowed, "{spec}: only its targets are denied");
+            assert!(
+                verdict(&cfg, Some(("default", "other"))).allowed,
+                "{spec}: only its targets are denied"
+            );
             assert_eq!(cfg.unenforceable, 1);
-            assert!(cfg.dump["authorizationPolicies"][0]["unenforceable"].is_string(), "{}", cfg.dump);
+            assert!(
+                cfg.dump["authorizationPolicies"][0]["unenforceable"].is_string(),
+                "{}",
+                cfg.dump
+            );
         }
         // A targetRef we cannot place (a kind Istio does not attach), in the waypoint's
         // namespace: everything that namespace may target, the whole waypoint, is denied.
-        let pod = object("AuthorizationPolicy", "pod", json!({
-            "targetRefs": [{"group": "", "kind": "Pod", "name": "ext"}], "action": "DENY", "rules": [{}]}));
-        let cfg = store(vec![(Kind::AuthorizationPolicy, pod)]).publish(&settings()).unwrap();
+        let pod = object(
+            "AuthorizationPolicy",
+            "pod",
+            json!({
+            "targetRefs": [{"group": "", "kind": "Pod", "name": "ext"}], "action": "DENY", "rules": [{}]}),
+        );
+        let cfg = store(vec![(Kind::AuthorizationPolicy, pod)])
+            .publish(&settings())
+            .unwrap();
         assert!(!verdict(&cfg, Some(("default", "other"))).allowed);
         assert!(!verdict(&cfg, None).allowed);
         assert_eq!(cfg.unenforceable, 1);
@@ -1053,9 +1547,15 @@ mod tests {
     /// and became a deny-all of the whole waypoint).
     #[test]
     fn a_service_entry_target_in_the_waypoints_namespace() {
-        let se = object("AuthorizationPolicy", "se", json!({
-            "targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}], "action": "DENY", "rules": [{}]}));
-        let cfg = store(vec![(Kind::AuthorizationPolicy, se)]).publish(&settings()).unwrap();
+        let se = object(
+            "AuthorizationPolicy",
+            "se",
+            json!({
+            "targetRefs": [{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}], "action": "DENY", "rules": [{}]}),
+        );
+        let cfg = store(vec![(Kind::AuthorizationPolicy, se)])
+            .publish(&settings())
+            .unwrap();
         assert_eq!(cfg.unenforceable, 0, "{}", cfg.dump);
         let v = verdict_kind(&cfg, Some(("default", "ext")), ServiceKind::ServiceEntry);
         assert_eq!(v.denied_by.as_deref(), Some("default/se"));
@@ -1070,18 +1570,60 @@ mod tests {
     /// `core`. Both were never converted, so their DENY was not enforced (fail open).
     #[test]
     fn other_namespaces_service_entry_and_core_group_targets() {
-        let deny = |ns: &str, name: &str, refs: Value| object_in(ns, "AuthorizationPolicy", name, json!({"targetRefs": refs, "action": "DENY", "rules": [{}]}));
+        let deny = |ns: &str, name: &str, refs: Value| {
+            object_in(
+                ns,
+                "AuthorizationPolicy",
+                name,
+                json!({"targetRefs": refs, "action": "DENY", "rules": [{}]}),
+            )
+        };
         let mut s = store(vec![
-            (Kind::AuthorizationPolicy, deny("egress", "no-ext", json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}]))),
-            (Kind::AuthorizationPolicy, deny("shop", "no-cart", json!([{"group": "core", "kind": "Service", "name": "cart"}]))),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "egress",
+                    "no-ext",
+                    json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "ext"}]),
+                ),
+            ),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "shop",
+                    "no-cart",
+                    json!([{"group": "core", "kind": "Service", "name": "cart"}]),
+                ),
+            ),
             // Not used through us: never taken.
-            (Kind::AuthorizationPolicy, deny("other", "elsewhere", json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "x"}]))),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "other",
+                    "elsewhere",
+                    json!([{"group": "networking.istio.io", "kind": "ServiceEntry", "name": "x"}]),
+                ),
+            ),
         ]);
-        s.from_istiod.insert(ObjectName { namespace: "egress".into(), name: "ext".into() });
-        s.from_istiod.insert(ObjectName { namespace: "shop".into(), name: "cart".into() });
+        s.from_istiod.insert(ObjectName {
+            namespace: "egress".into(),
+            name: "ext".into(),
+        });
+        s.from_istiod.insert(ObjectName {
+            namespace: "shop".into(),
+            name: "cart".into(),
+        });
         let cfg = s.publish(&settings()).unwrap();
-        assert_eq!(verdict_kind(&cfg, Some(("egress", "ext")), ServiceKind::ServiceEntry).denied_by.as_deref(), Some("egress/no-ext"));
-        assert_eq!(verdict(&cfg, Some(("shop", "cart"))).denied_by.as_deref(), Some("shop/no-cart"));
+        assert_eq!(
+            verdict_kind(&cfg, Some(("egress", "ext")), ServiceKind::ServiceEntry)
+                .denied_by
+                .as_deref(),
+            Some("egress/no-ext")
+        );
+        assert_eq!(
+            verdict(&cfg, Some(("shop", "cart"))).denied_by.as_deref(),
+            Some("shop/no-cart")
+        );
         assert!(verdict(&cfg, Some(("shop", "web"))).allowed);
         assert!(verdict(&cfg, None).allowed);
         assert_eq!(cfg.policies.len(), 2, "{}", cfg.dump);
@@ -1095,50 +1637,144 @@ mod tests {
     #[test]
     fn other_namespaces_and_the_root_namespace() {
         let route_for = |ns: &str, svc: &str, broken: bool| {
-            let rule = if broken { json!({"backendRefs": [{"name": svc}]}) } else { json!({"backendRefs": [{"name": svc, "port": 80}]}) };
-            object_in(ns, "HTTPRoute", &format!("{svc}-route"), json!({"parentRefs": [{"group": "", "kind": "Service", "name": svc}], "rules": [rule]}))
+            let rule = if broken {
+                json!({"backendRefs": [{"name": svc}]})
+            } else {
+                json!({"backendRefs": [{"name": svc, "port": 80}]})
+            };
+            object_in(
+                ns,
+                "HTTPRoute",
+                &format!("{svc}-route"),
+                json!({"parentRefs": [{"group": "", "kind": "Service", "name": svc}], "rules": [rule]}),
+            )
         };
         let deny = |ns: &str, name: &str, refs: Value| {
-            object_in(ns, "AuthorizationPolicy", name, json!({"targetRefs": refs, "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/x"]}}]}]}))
+            object_in(
+                ns,
+                "AuthorizationPolicy",
+                name,
+                json!({"targetRefs": refs, "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/x"]}}]}]}),
+            )
         };
-        let gateway = object("Gateway", "waypoint", json!({"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
-            "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"mesh": "shared"}}}}}]}));
+        let gateway = object(
+            "Gateway",
+            "waypoint",
+            json!({"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
+            "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchLabels": {"mesh": "shared"}}}}}]}),
+        );
         let class = json!([{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}]);
         let objects = vec![
             (Kind::Gateway, gateway),
-            (Kind::Namespace, labelled(None, "default", &[("mesh", "shared")])),
-            (Kind::Namespace, labelled(None, "shop", &[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "default"), ("mesh", "shared")])),
+            (
+                Kind::Namespace,
+                labelled(None, "default", &[("mesh", "shared")]),
+            ),
+            (
+                Kind::Namespace,
+                labelled(
+                    None,
+                    "shop",
+                    &[
+                        (USE_WAYPOINT, "waypoint"),
+                        (USE_WAYPOINT_NAMESPACE, "default"),
+                        ("mesh", "shared"),
+                    ],
+                ),
+            ),
             (Kind::Namespace, labelled(None, "blog", &[])),
-            (Kind::Service, labelled(Some("shop"), "legacy", &[(USE_WAYPOINT, "none")])),
-            (Kind::Service, labelled(Some("blog"), "api", &[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "default")])),
+            (
+                Kind::Service,
+                labelled(Some("shop"), "legacy", &[(USE_WAYPOINT, "none")]),
+            ),
+            (
+                Kind::Service,
+                labelled(
+                    Some("blog"),
+                    "api",
+                    &[
+                        (USE_WAYPOINT, "waypoint"),
+                        (USE_WAYPOINT_NAMESPACE, "default"),
+                    ],
+                ),
+            ),
             (Kind::HttpRoute, route_for("shop", "cart", false)),
             (Kind::HttpRoute, route_for("shop", "legacy", true)),
             (Kind::HttpRoute, route_for("blog", "api", true)),
-            (Kind::AuthorizationPolicy, deny("shop", "cart-deny", json!([{"group": "", "kind": "Service", "name": "cart"}]))),
-            (Kind::AuthorizationPolicy, deny("shop", "ingress", json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]))),
-            (Kind::AuthorizationPolicy, deny("istio-system", "mesh-deny", class.clone())),
-            (Kind::AuthorizationPolicy, deny("istio-system", "ingress-jwt", json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]))),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "shop",
+                    "cart-deny",
+                    json!([{"group": "", "kind": "Service", "name": "cart"}]),
+                ),
+            ),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "shop",
+                    "ingress",
+                    json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]),
+                ),
+            ),
+            (
+                Kind::AuthorizationPolicy,
+                deny("istio-system", "mesh-deny", class.clone()),
+            ),
+            (
+                Kind::AuthorizationPolicy,
+                deny(
+                    "istio-system",
+                    "ingress-jwt",
+                    json!([{"kind": "Gateway", "group": "gateway.networking.k8s.io", "name": "ingress"}]),
+                ),
+            ),
             (Kind::AuthorizationPolicy, deny("blog", "class", class)),
         ];
         let mut s = store(objects);
         let cfg = s.publish(&settings()).unwrap();
-        let names = |v: &Value| v.as_array().unwrap().iter().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap(), o["name"].as_str().unwrap())).collect::<Vec<_>>();
+        let names = |v: &Value| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|o| {
+                    format!(
+                        "{}/{}",
+                        o["namespace"].as_str().unwrap(),
+                        o["name"].as_str().unwrap()
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
         assert_eq!(names(&cfg.dump["httpRoutes"]), ["shop/cart-route"]);
-        assert_eq!(names(&cfg.dump["authorizationPolicies"]), ["istio-system/mesh-deny", "shop/cart-deny"]);
+        assert_eq!(
+            names(&cfg.dump["authorizationPolicies"]),
+            ["istio-system/mesh-deny", "shop/cart-deny"]
+        );
         // The broken routes of Services that do not use us were never looked at.
         assert_eq!(cfg.dump["rejected"], json!([]), "{}", cfg.dump);
         assert_eq!(cfg.dump["scope"]["labelledNamespaces"], json!(["shop"]));
         assert_eq!(cfg.dump["scope"]["refusedByGateway"], json!(["blog/api"]));
         // The root namespace's policy covers every target of the waypoint.
-        assert_eq!(verdict(&cfg, None).denied_by.as_deref(), None, "rules need /x");
+        assert_eq!(
+            verdict(&cfg, None).denied_by.as_deref(),
+            None,
+            "rules need /x"
+        );
         // Nothing changed: nothing to publish.
         assert!(s.publish(&settings()).is_none());
 
         // istiod routes blog/api through us after all: its namespace's route is taken
         // (and found broken), and a policy on a GatewayClass outside the root still isn't.
-        s.from_istiod.insert(ObjectName { namespace: "blog".into(), name: "api".into() });
+        s.from_istiod.insert(ObjectName {
+            namespace: "blog".into(),
+            name: "api".into(),
+        });
         let cfg = s.publish(&settings()).unwrap();
         assert_eq!(cfg.dump["rejected"][0]["name"], "api-route", "{}", cfg.dump);
-        assert_eq!(names(&cfg.dump["authorizationPolicies"]), ["istio-system/mesh-deny", "shop/cart-deny"]);
+        assert_eq!(
+            names(&cfg.dump["authorizationPolicies"]),
+            ["istio-system/mesh-deny", "shop/cart-deny"]
+        );
     }
 }

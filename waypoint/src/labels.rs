@@ -36,7 +36,9 @@ impl Labels {
             return true;
         }
         let all = self.read();
-        let Some(have) = all.get(uid) else { return false };
+        let Some(have) = all.get(uid) else {
+            return false;
+        };
         selector.iter().all(|(k, v)| have.get(k) == Some(v))
     }
 
@@ -75,8 +77,15 @@ impl Labels {
             labels: LabelSet,
         }
         let f: File = serde_yaml::from_str(text)?;
-        let by_uid = f.workloads.into_iter().filter(|w| !w.labels.is_empty()).map(|w| (WorkloadUid(w.uid), Arc::new(w.labels))).collect();
-        Ok(Labels { by_uid: RwLock::new(by_uid) })
+        let by_uid = f
+            .workloads
+            .into_iter()
+            .filter(|w| !w.labels.is_empty())
+            .map(|w| (WorkloadUid(w.uid), Arc::new(w.labels)))
+            .collect();
+        Ok(Labels {
+            by_uid: RwLock::new(by_uid),
+        })
     }
 }
 
@@ -87,12 +96,29 @@ mod tests {
     #[test]
     fn a_selector_needs_all_its_labels() {
         let l = Labels::from_file("workloads:\n- {uid: a, name: a, namespace: d, labels: {app: web, version: v1}}\n- {uid: b, name: b, namespace: d}\n").unwrap();
-        let sel = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<LabelSet>();
+        let sel = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<LabelSet>()
+        };
         let (a, b) = (WorkloadUid("a".into()), WorkloadUid("b".into()));
-        assert!(l.selects(&a, &sel(&[("version", "v1")])) && l.selects(&a, &sel(&[("app", "web"), ("version", "v1")])));
-        assert!(!l.selects(&a, &sel(&[("version", "v2")])) && !l.selects(&a, &sel(&[("version", "v1"), ("tier", "x")])));
-        assert!(!l.selects(&b, &sel(&[("version", "v1")])), "labels not known: in no subset");
-        assert!(l.selects(&b, &LabelSet::new()), "an empty selector takes everything");
+        assert!(
+            l.selects(&a, &sel(&[("version", "v1")]))
+                && l.selects(&a, &sel(&[("app", "web"), ("version", "v1")]))
+        );
+        assert!(
+            !l.selects(&a, &sel(&[("version", "v2")]))
+                && !l.selects(&a, &sel(&[("version", "v1"), ("tier", "x")]))
+        );
+        assert!(
+            !l.selects(&b, &sel(&[("version", "v1")])),
+            "labels not known: in no subset"
+        );
+        assert!(
+            l.selects(&b, &LabelSet::new()),
+            "an empty selector takes everything"
+        );
         l.set(b.clone(), sel(&[("version", "v1")]));
         assert!(l.selects(&b, &sel(&[("version", "v1")])));
         l.remove(&b);

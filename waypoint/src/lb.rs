@@ -99,7 +99,12 @@ impl Picked {
 
 impl Balancer {
     pub fn new(policy: LbPolicy, outlier: OutlierConfig) -> Arc<Balancer> {
-        Arc::new(Balancer { policy, outlier, next: AtomicUsize::new(0), stats: Mutex::new(HashMap::new()) })
+        Arc::new(Balancer {
+            policy,
+            outlier,
+            next: AtomicUsize::new(0),
+            stats: Mutex::new(HashMap::new()),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, EndpointStats>> {
@@ -108,31 +113,59 @@ impl Balancer {
 
     /// Picks one of `endpoints` (address, workload), preferring ones not in `tried` (a
     /// retry goes elsewhere when it can) and not ejected.
-    pub fn pick(self: &Arc<Self>, endpoints: &[(SocketAddr, Arc<Workload>)], tried: &[SocketAddr]) -> Option<Picked> {
+    pub fn pick(
+        self: &Arc<Self>,
+        endpoints: &[(SocketAddr, Arc<Workload>)],
+        tried: &[SocketAddr],
+    ) -> Option<Picked> {
         self.pick_with(endpoints, tried, &Choice::default())
     }
 
     /// As `pick`, as a Service's DestinationRule asks (`choice`).
-    pub fn pick_with(self: &Arc<Self>, endpoints: &[(SocketAddr, Arc<Workload>)], tried: &[SocketAddr], choice: &Choice) -> Option<Picked> {
+    pub fn pick_with(
+        self: &Arc<Self>,
+        endpoints: &[(SocketAddr, Arc<Workload>)],
+        tried: &[SocketAddr],
+        choice: &Choice,
+    ) -> Option<Picked> {
         if endpoints.is_empty() {
             return None;
         }
         let now = Instant::now();
         let mut stats = self.lock();
-        let ejected = |a: &SocketAddr| stats.get(a).and_then(|s| s.ejected_until).is_some_and(|t| t > now);
+        let ejected = |a: &SocketAddr| {
+            stats
+                .get(a)
+                .and_then(|s| s.ejected_until)
+                .is_some_and(|t| t > now)
+        };
         // Widen the candidate set until something is left: fresh and healthy, then
         // healthy, then anything (Envoy's "panic mode" rather than failing every request).
         let candidates: Vec<usize> = [
-            (0..endpoints.len()).filter(|&i| !tried.contains(&endpoints[i].0) && !ejected(&endpoints[i].0)).collect::<Vec<_>>(),
-            (0..endpoints.len()).filter(|&i| !ejected(&endpoints[i].0)).collect(),
+            (0..endpoints.len())
+                .filter(|&i| !tried.contains(&endpoints[i].0) && !ejected(&endpoints[i].0))
+                .collect::<Vec<_>>(),
+            (0..endpoints.len())
+                .filter(|&i| !ejected(&endpoints[i].0))
+                .collect(),
         ]
         .into_iter()
         .find(|c| !c.is_empty())
         .unwrap_or_else(|| (0..endpoints.len()).collect());
-        let preferred = choice.prefer.and_then(|a| candidates.iter().copied().find(|&i| endpoints[i].0 == a));
+        let preferred = choice
+            .prefer
+            .and_then(|a| candidates.iter().copied().find(|&i| endpoints[i].0 == a));
         let how = match (&choice.pick, choice.hash) {
             // A hash policy without its key in this request: random, as Envoy's ring.
-            (Some(Pick::HashHeader(_) | Pick::HashCookie(_) | Pick::HashQuery(_) | Pick::HashSourceIp), None) => Pick::Random,
+            (
+                Some(
+                    Pick::HashHeader(_)
+                    | Pick::HashCookie(_)
+                    | Pick::HashQuery(_)
+                    | Pick::HashSourceIp,
+                ),
+                None,
+            ) => Pick::Random,
             (Some(p), _) => p.clone(),
             (None, _) => match self.policy {
                 LbPolicy::RoundRobin => Pick::RoundRobin,
@@ -140,13 +173,23 @@ impl Balancer {
             },
         };
         let i = match how {
-            _ if preferred.is_some() => candidates.iter().copied().find(|i| Some(*i) == preferred).unwrap_or(candidates[0]),
-            Pick::RoundRobin => candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()],
+            _ if preferred.is_some() => candidates
+                .iter()
+                .copied()
+                .find(|i| Some(*i) == preferred)
+                .unwrap_or(candidates[0]),
+            Pick::RoundRobin => {
+                candidates[self.next.fetch_add(1, Ordering::Relaxed) % candidates.len()]
+            }
             Pick::LeastRequest => {
                 let a = candidates[rand::random_range(0..candidates.len())];
                 let b = candidates[rand::random_range(0..candidates.len())];
                 let load = |i: usize| stats.get(&endpoints[i].0).map_or(0, |s| s.active);
-                if load(b) < load(a) { b } else { a }
+                if load(b) < load(a) {
+                    b
+                } else {
+                    a
+                }
             }
             Pick::Random => candidates[rand::random_range(0..candidates.len())],
             // Rendezvous hashing: the endpoint with the highest hash of (key, address)
@@ -159,13 +202,23 @@ impl Balancer {
                     (key, endpoints[*i].0).hash(&mut h);
                     h.finish()
                 };
-                candidates.iter().copied().max_by_key(score).unwrap_or(candidates[0])
+                candidates
+                    .iter()
+                    .copied()
+                    .max_by_key(score)
+                    .unwrap_or(candidates[0])
             }
         };
         let (addr, workload) = endpoints[i].clone();
         stats.entry(addr).or_default().active += 1;
         drop(stats);
-        Some(Picked { workload, addr, balancer: self.clone(), outlier: choice.outlier.unwrap_or(self.outlier), slots: Vec::new() })
+        Some(Picked {
+            workload,
+            addr,
+            balancer: self.clone(),
+            outlier: choice.outlier.unwrap_or(self.outlier),
+            slots: Vec::new(),
+        })
     }
 }
 
@@ -266,11 +319,21 @@ impl Circuits {
     /// most `max_pending` requests (`http.http1MaxPendingRequests`; None: Istio's
     /// default, no bound but what the waypoint's own limits give); a full queue is an
     /// overflow.
-    pub async fn connection(&self, service: &str, max: u32, max_pending: Option<u32>) -> Result<Slot, Overflow> {
+    pub async fn connection(
+        &self,
+        service: &str,
+        max: u32,
+        max_pending: Option<u32>,
+    ) -> Result<Slot, Overflow> {
         let gate = {
             let mut m = self.gates.lock().unwrap_or_else(|p| p.into_inner());
             m.entry((service.to_string(), max))
-                .or_insert_with(|| Arc::new(Gate { connections: Arc::new(tokio::sync::Semaphore::new(max as usize)), waiting: AtomicUsize::new(0) }))
+                .or_insert_with(|| {
+                    Arc::new(Gate {
+                        connections: Arc::new(tokio::sync::Semaphore::new(max as usize)),
+                        waiting: AtomicUsize::new(0),
+                    })
+                })
                 .clone()
         };
         if let Ok(p) = gate.connections.clone().try_acquire_owned() {
@@ -283,6 +346,11 @@ impl Circuits {
         }
         let _waiting = Waiting(&gate.waiting);
         // The semaphore is never closed.
-        gate.connections.clone().acquire_owned().await.map(|p| Slot(Taken::Connection(p))).map_err(|_| Overflow)
+        gate.connections
+            .clone()
+            .acquire_owned()
+            .await
+            .map(|p| Slot(Taken::Connection(p)))
+            .map_err(|_| Overflow)
     }
 }

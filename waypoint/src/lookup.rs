@@ -17,7 +17,10 @@ pub enum LookupError {
     #[error("could not find service {0} in the mesh state")]
     NotFound(String),
     #[error("found {host} in multiple namespaces {namespaces:?}, specify the namespace explicitly in the format of <Namespace>/<Hostname>")]
-    Ambiguous { host: String, namespaces: Vec<String> },
+    Ambiguous {
+        host: String,
+        namespaces: Vec<String>,
+    },
 }
 
 /// The namespace a `<name>.<namespace>.svc.<domain>` hostname belongs to.
@@ -29,7 +32,10 @@ fn cluster_local_namespace(host: &str) -> Option<&str> {
 }
 
 /// The Service `name` (`[<namespace>/]<hostname>`) names, or why there is none.
-pub fn provider_service<'s>(state: &'s MeshState, name: &str) -> Result<&'s Arc<Service>, LookupError> {
+pub fn provider_service<'s>(
+    state: &'s MeshState,
+    name: &str,
+) -> Result<&'s Arc<Service>, LookupError> {
     if name.is_empty() {
         return Err(LookupError::Empty);
     }
@@ -38,12 +44,19 @@ pub fn provider_service<'s>(state: &'s MeshState, name: &str) -> Result<&'s Arc<
         if ns.is_empty() || host.is_empty() || host.contains('/') {
             return Err(not_found());
         }
-        return state.service_by_hostname(&NamespacedHostname(format!("{ns}/{host}"))).ok_or_else(not_found);
+        return state
+            .service_by_hostname(&NamespacedHostname(format!("{ns}/{host}")))
+            .ok_or_else(not_found);
     }
     if let Some(ns) = cluster_local_namespace(name) {
-        return state.service_by_hostname(&NamespacedHostname(format!("{ns}/{name}"))).ok_or_else(not_found);
+        return state
+            .service_by_hostname(&NamespacedHostname(format!("{ns}/{name}")))
+            .ok_or_else(not_found);
     }
-    let mut found: Vec<&Arc<Service>> = state.services().filter(|s| s.hostname.eq_ignore_ascii_case(name)).collect();
+    let mut found: Vec<&Arc<Service>> = state
+        .services()
+        .filter(|s| s.hostname.eq_ignore_ascii_case(name))
+        .collect();
     match found.len() {
         0 => Err(not_found()),
         1 => Ok(found[0]),
@@ -51,7 +64,10 @@ pub fn provider_service<'s>(state: &'s MeshState, name: &str) -> Result<&'s Arc<
             found.sort_by(|a, b| a.namespace.cmp(&b.namespace));
             let mut namespaces: Vec<String> = found.iter().map(|s| s.namespace.clone()).collect();
             namespaces.dedup();
-            Err(LookupError::Ambiguous { host: name.to_string(), namespaces })
+            Err(LookupError::Ambiguous {
+                host: name.to_string(),
+                namespaces,
+            })
         }
     }
 }
@@ -81,17 +97,38 @@ mod tests {
         let ns = |r: Result<&Arc<Service>, LookupError>| r.map(|s| s.namespace.clone());
         for _ in 0..8 {
             // The old lookup took the first in hash order: never the other tenant's.
-            assert_eq!(ns(provider_service(&st, "ext-authz.foo.svc.cluster.local")), Ok("foo".to_string()));
+            assert_eq!(
+                ns(provider_service(&st, "ext-authz.foo.svc.cluster.local")),
+                Ok("foo".to_string())
+            );
         }
         assert_eq!(
             provider_service(&st, "authz.example.com").map(|s| s.namespace.clone()),
-            Err(LookupError::Ambiguous { host: "authz.example.com".into(), namespaces: vec!["evil".into(), "sec".into()] })
+            Err(LookupError::Ambiguous {
+                host: "authz.example.com".into(),
+                namespaces: vec!["evil".into(), "sec".into()]
+            })
         );
-        assert_eq!(ns(provider_service(&st, "sec/authz.example.com")), Ok("sec".to_string()));
+        assert_eq!(
+            ns(provider_service(&st, "sec/authz.example.com")),
+            Ok("sec".to_string())
+        );
         // A `.svc.` name that only another namespace declares is not found.
-        assert!(matches!(provider_service(&st, "squat.bar.svc.cluster.local"), Err(LookupError::NotFound(_))));
-        assert_eq!(ns(provider_service(&st, "collector.example.com")), Ok("ops".to_string()));
-        assert!(matches!(provider_service(&st, "a/b/c"), Err(LookupError::NotFound(_))));
-        assert_eq!(provider_service(&st, "").map(|_| ()), Err(LookupError::Empty));
+        assert!(matches!(
+            provider_service(&st, "squat.bar.svc.cluster.local"),
+            Err(LookupError::NotFound(_))
+        ));
+        assert_eq!(
+            ns(provider_service(&st, "collector.example.com")),
+            Ok("ops".to_string())
+        );
+        assert!(matches!(
+            provider_service(&st, "a/b/c"),
+            Err(LookupError::NotFound(_))
+        ));
+        assert_eq!(
+            provider_service(&st, "").map(|_| ()),
+            Err(LookupError::Empty)
+        );
     }
 }

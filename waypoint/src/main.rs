@@ -13,9 +13,9 @@ use clap::Parser;
 use waypoint::context::Waypoint;
 use waypoint::object::ObjectName;
 use waypoint::{authn, config, http, k8s, lb, server, upstream};
+use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa};
 use ztunnel::drain::Drain;
 use ztunnel::hbone::{self, Pool};
-use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa};
 use ztunnel::identity::manager::IdentityCert;
 use ztunnel::identity::{CertManager, Identity};
 use ztunnel::metrics::http::HttpMetrics;
@@ -37,7 +37,11 @@ struct Args {
     #[arg(long, env = "LOCAL_XDS_PATH", required_unless_present = "xds_address")]
     local_xds_path: Option<PathBuf>,
     /// With a local config: this waypoint's own workload uid in it (its identity and address).
-    #[arg(long, env = "WAYPOINT_WORKLOAD_UID", required_unless_present = "xds_address")]
+    #[arg(
+        long,
+        env = "WAYPOINT_WORKLOAD_UID",
+        required_unless_present = "xds_address"
+    )]
     workload_uid: Option<String>,
     #[command(flatten)]
     istiod: ztunnel::istiod::IstiodArgs,
@@ -84,13 +88,22 @@ struct Args {
     #[arg(long, env = "POOL_MAX_STREAMS_PER_CONNECTION", default_value_t = 100)]
     pool_max_streams: usize,
     /// An idle pooled upstream connection is closed after this many seconds.
-    #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
+    #[arg(
+        long,
+        env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS",
+        default_value_t = 300
+    )]
     pool_idle_timeout_seconds: u64,
     /// How long a tunnel to a port of unknown protocol may stay silent before it is relayed at L4 (server-first protocols); ports that declare HTTP never are.
     #[arg(long, env = "PROTOCOL_DETECTION_TIMEOUT_MS", default_value_t = 1000)]
     protocol_detection_timeout_ms: u64,
     /// How an endpoint is picked among a backend's healthy ones.
-    #[arg(long, value_enum, env = "WAYPOINT_LB_POLICY", default_value = "least-request")]
+    #[arg(
+        long,
+        value_enum,
+        env = "WAYPOINT_LB_POLICY",
+        default_value = "least-request"
+    )]
     lb_policy: lb::LbPolicy,
     /// Consecutive 5xx / connect failures that eject an endpoint (0: never).
     #[arg(long, env = "OUTLIER_CONSECUTIVE_5XX", default_value_t = 5)]
@@ -155,42 +168,102 @@ struct Setup {
 
 /// Standalone: everything from the local config file; certificates from the mesh CA files
 /// (or the Istio CA).
-async fn local_setup(args: &Args, path: &std::path::Path, ttl: Duration, jwks: &Arc<authn::JwksStore>) -> anyhow::Result<Setup> {
+async fn local_setup(
+    args: &Args,
+    path: &std::path::Path,
+    ttl: Duration,
+    jwks: &Arc<authn::JwksStore>,
+) -> anyhow::Result<Setup> {
     let cfg = config::Config::load(path)?;
     jwks.sync(cfg.jwks_uris());
-    let uid = args.workload_uid.clone().context("--workload-uid is required with --local-xds-path")?;
+    let uid = args
+        .workload_uid
+        .clone()
+        .context("--workload-uid is required with --local-xds-path")?;
     let me = cfg
         .state
         .workload_by_uid(&WorkloadUid(uid.clone()))
         .cloned()
-        .with_context(|| format!("--workload-uid {uid}: no such workload in {}", path.display()))?;
+        .with_context(|| {
+            format!(
+                "--workload-uid {uid}: no such workload in {}",
+                path.display()
+            )
+        })?;
     waypoint::network::set(&me.network);
     // Its IPv4 address if it has one (what it is named by in logs and the dump).
-    let ip = me.address_for(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), None).with_context(|| format!("workload {} has no IP address", me.uid))?;
+    let ip = me
+        .address_for(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), None)
+        .with_context(|| format!("workload {} has no IP address", me.uid))?;
     let identity = me.identity();
     let gateway = ObjectName {
         namespace: me.namespace.clone(),
-        name: args.gateway_name.clone().unwrap_or_else(|| if me.canonical_name.is_empty() { me.name.clone() } else { me.canonical_name.clone() }),
+        name: args.gateway_name.clone().unwrap_or_else(|| {
+            if me.canonical_name.is_empty() {
+                me.name.clone()
+            } else {
+                me.canonical_name.clone()
+            }
+        }),
     };
-    let certs = cert_manager(&args.istiod, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
+    let certs = cert_manager(
+        &args.istiod,
+        ttl,
+        BuiltinCa::Shared {
+            state_dir: &args.state_dir,
+        },
+    )?;
     let config = Arc::new(ArcSwap::from_pointee(cfg));
     let jwks = jwks.clone();
-    tokio::spawn(config::watch(path.to_path_buf(), config.clone(), Duration::from_millis(args.config_poll_interval_ms), move |c| jwks.sync(c.jwks_uris())));
-    Ok(Setup { config, me, identity, ip, gateway, certs })
+    tokio::spawn(config::watch(
+        path.to_path_buf(),
+        config.clone(),
+        Duration::from_millis(args.config_poll_interval_ms),
+        move |c| jwks.sync(c.jwks_uris()),
+    ));
+    Ok(Setup {
+        config,
+        me,
+        identity,
+        ip,
+        gateway,
+        certs,
+    })
 }
 
 /// In a cluster: mesh state from istiod, L7 config from the Kubernetes API, certificates
 /// from the Istio CA; readiness waits for the first full state of both.
-async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks: &Arc<authn::JwksStore>) -> anyhow::Result<Setup> {
+async fn cluster_setup(
+    args: &Args,
+    ttl: Duration,
+    metrics: &Arc<Metrics>,
+    jwks: &Arc<authn::JwksStore>,
+) -> anyhow::Result<Setup> {
     let ia = &args.istiod;
-    let ip: IpAddr = ia.instance_ip.parse().with_context(|| format!("INSTANCE_IP {:?} is not an IP address", ia.instance_ip))?;
+    let ip: IpAddr = ia
+        .instance_ip
+        .parse()
+        .with_context(|| format!("INSTANCE_IP {:?} is not an IP address", ia.instance_ip))?;
     let identity = ia.own_identity();
-    let certs = cert_manager(ia, ttl, BuiltinCa::Shared { state_dir: &args.state_dir })?;
+    let certs = cert_manager(
+        ia,
+        ttl,
+        BuiltinCa::Shared {
+            state_dir: &args.state_dir,
+        },
+    )?;
     // Our own entry as istiod will name it; until istiod has it, what we know ourselves.
-    let uid = format!("{}//Pod/{}/{}", ia.cluster_id, ia.pod_namespace, ia.pod_name);
+    let uid = format!(
+        "{}//Pod/{}/{}",
+        ia.cluster_id, ia.pod_namespace, ia.pod_name
+    );
     // Istio's gateway pods carry their network as ISTIO_META_NETWORK; NETWORK as ztunnel's.
-    let network = ["NETWORK", "ISTIO_META_NETWORK"].iter().find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty())).unwrap_or_default();
-    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e}"))?;
+    let network = ["NETWORK", "ISTIO_META_NETWORK"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_default();
+    ztunnel::state::workload::validate_network(&network)
+        .map_err(|e| anyhow::anyhow!("NETWORK: {e}"))?;
     waypoint::network::set(&network);
     let me = Arc::new(Workload {
         network,
@@ -201,14 +274,25 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
         cluster_id: ia.cluster_id.clone(),
         ..Workload::new(uid, ia.pod_name.clone(), ia.pod_namespace.clone())
     });
-    let gateway = ObjectName { namespace: ia.pod_namespace.clone(), name: args.gateway_name.clone().unwrap_or_else(|| "waypoint".into()) };
+    let gateway = ObjectName {
+        namespace: ia.pod_namespace.clone(),
+        name: args
+            .gateway_name
+            .clone()
+            .unwrap_or_else(|| "waypoint".into()),
+    };
     let state = Arc::new(ztunnel::state::SharedState::default());
     metrics.wait_for("xds");
     let m = metrics.clone();
     // Istio's proxy type for gateways and waypoints.
-    ia.start_xds("router", "", &certs, state.clone(), metrics, move || m.ready_part("xds")).await?;
+    ia.start_xds("router", "", &certs, state.clone(), metrics, move || {
+        m.ready_part("xds")
+    })
+    .await?;
     metrics.wait_for("kubernetes");
-    let client = kube::Client::try_default().await.context("cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)")?;
+    let client = kube::Client::try_default().await.context(
+        "cannot configure the Kubernetes client (in-cluster service account or KUBECONFIG)",
+    )?;
     let (tx, mut rx) = tokio::sync::watch::channel(None);
     let settings = k8s::Settings {
         gateway: gateway.clone(),
@@ -217,8 +301,18 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
         mesh_config_map: args.mesh_config_map.clone(),
     };
     let labels = Arc::new(waypoint::labels::Labels::default());
-    tokio::spawn(k8s::watch_pod_labels(client.clone(), ia.cluster_id.clone(), labels.clone()));
-    tokio::spawn(k8s::watch(client, settings, state.clone(), tx, metrics.xds.clone()));
+    tokio::spawn(k8s::watch_pod_labels(
+        client.clone(),
+        ia.cluster_id.clone(),
+        labels.clone(),
+    ));
+    tokio::spawn(k8s::watch(
+        client,
+        settings,
+        state.clone(),
+        tx,
+        metrics.xds.clone(),
+    ));
     let m = metrics.clone();
     let mut ready_rx = rx.clone();
     tokio::spawn(async move {
@@ -227,10 +321,25 @@ async fn cluster_setup(args: &Args, ttl: Duration, metrics: &Arc<Metrics>, jwks:
         }
     });
     rx.mark_changed();
-    let config = Arc::new(ArcSwap::from_pointee(config::Config::empty(state.load_full())));
+    let config = Arc::new(ArcSwap::from_pointee(config::Config::empty(
+        state.load_full(),
+    )));
     let jwks = jwks.clone();
-    tokio::spawn(config::combine(state, labels, rx, config.clone(), move |c| jwks.sync(c.jwks_uris())));
-    Ok(Setup { config, me, identity, ip, gateway, certs })
+    tokio::spawn(config::combine(
+        state,
+        labels,
+        rx,
+        config.clone(),
+        move |c| jwks.sync(c.jwks_uris()),
+    ));
+    Ok(Setup {
+        config,
+        me,
+        identity,
+        ip,
+        gateway,
+        certs,
+    })
 }
 
 /// `waypoint version`, as `ztunnel version`: the version.
@@ -282,8 +391,14 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse_from(istio_args(std::env::args_os().collect()));
     // As ztunnel: with Istio's IPV6_ENABLED (default true) the wildcard takes both families.
-    let ipv6 = ztunnel::config::istio_env::Env::from_process().bool("IPV6_ENABLED")?.unwrap_or(true);
-    for addr in [&mut args.listen, &mut args.metrics_addr, &mut args.readiness_addr] {
+    let ipv6 = ztunnel::config::istio_env::Env::from_process()
+        .bool("IPV6_ENABLED")?
+        .unwrap_or(true);
+    for addr in [
+        &mut args.listen,
+        &mut args.metrics_addr,
+        &mut args.readiness_addr,
+    ] {
         *addr = ztunnel::app::both_families(*addr, ipv6);
     }
     // As ztunnel's: Istio's line shapes on stderr, the filter changeable at /logging.
@@ -295,28 +410,41 @@ async fn main() -> anyhow::Result<()> {
     );
     ztunnel::netns::init().context("cannot open this process's network namespace")?;
     // Istio's HTTP2_* sizes, as ztunnel reads them, for the HBONE sides and the h2 upstreams.
-    ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(&ztunnel::config::istio_env::Env::from_process())?);
+    ztunnel::hbone::set_h2_sizes(ztunnel::config::istio_env::h2_sizes(
+        &ztunnel::config::istio_env::Env::from_process(),
+    )?);
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let mut metrics = Metrics::default();
     metrics.build.set_component("waypoint");
     let http_metrics = HttpMetrics::register(&mut metrics.registry);
-    let dns_metrics = ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry);
+    let dns_metrics =
+        ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry);
     let metrics = Arc::new(metrics);
     // Bound first, as the other ports: a conflict fails the start.
-    let admin_listener =
-        ztunnel::http_endpoint::bind(args.admin_addr).await.with_context(|| format!("cannot listen on {}", args.admin_addr))?;
+    let admin_listener = ztunnel::http_endpoint::bind(args.admin_addr)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
     serve_observability(&[args.metrics_addr, args.readiness_addr], &metrics).await?;
     // jwksUri key sets: Istio's refresh interval; a failed fetch is retried after 1 s, then less often.
     let jwks = authn::JwksStore::new(authn::JwksSettings {
         refresh: Duration::from_secs(args.jwks_refresh_interval_seconds.max(1)),
         retry: Duration::from_secs(1),
     });
-    let Setup { config, me, identity, ip, gateway, certs } = match &args.local_xds_path {
+    let Setup {
+        config,
+        me,
+        identity,
+        ip,
+        gateway,
+        certs,
+    } = match &args.local_xds_path {
         Some(path) => local_setup(&args, path, ttl, &jwks).await?,
         None => cluster_setup(&args, ttl, &metrics, &jwks).await?,
     };
     // The admin endpoint serves from here on, also while the certificate is on its way.
-    let drain_deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds));
+    let drain_deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(
+        args.termination_grace_period_seconds,
+    ));
     let quit = Arc::new(tokio::sync::Notify::new());
     let config_dump = {
         let who = waypoint::dump::Me {
@@ -326,10 +454,20 @@ async fn main() -> anyhow::Result<()> {
             ip,
             root_namespace: args.root_namespace.clone(),
         };
-        let (config, certs, settings) = (config.clone(), certs.clone(), settings_dump(&args, drain_deadline));
-        Box::new(move || waypoint::dump::config_dump(&who, &config.load(), &certs, settings.clone()))
+        let (config, certs, settings) = (
+            config.clone(),
+            certs.clone(),
+            settings_dump(&args, drain_deadline),
+        );
+        Box::new(move || {
+            waypoint::dump::config_dump(&who, &config.load(), &certs, settings.clone())
+        })
     };
-    let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone(), config_dump });
+    let admin = Arc::new(ztunnel::admin::Admin {
+        log: Box::new(log),
+        quit: quit.clone(),
+        config_dump,
+    });
     tokio::spawn(ztunnel::admin::serve(admin_listener, admin));
     certs.allow(&identity);
     certs.set_metrics(metrics.certs.clone());
@@ -337,7 +475,11 @@ async fn main() -> anyhow::Result<()> {
     let cert = certs.fetch(&identity).await?;
     // As ztunnel: a CRL file that is there but unusable refuses the start (running
     // without it would accept the peers it revokes); later changes are polled for.
-    let crls = match args.crl_path.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+    let crls = match args
+        .crl_path
+        .as_deref()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
         Some(path) => Some(ztunnel::tls::Crls::load(path)?),
         None => None,
     };
@@ -345,7 +487,10 @@ async fn main() -> anyhow::Result<()> {
         tokio::spawn(c.clone().watch(ztunnel::tls::crl::POLL_INTERVAL));
     }
     let tls = Arc::new(ztunnel::tls::server_config_with_crls(
-        IdentityCert { certs: certs.clone(), identity: identity.clone() },
+        IdentityCert {
+            certs: certs.clone(),
+            identity: identity.clone(),
+        },
         &cert.cert.roots,
         &identity.trust_domain,
         crls.as_ref(),
@@ -366,10 +511,16 @@ async fn main() -> anyhow::Result<()> {
             Vec::new()
         })
     } else {
-        args.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?
+        args.dns_upstream
+            .iter()
+            .map(|s| ztunnel::dns::forwarder::parse_upstream(s))
+            .collect::<Result<_, _>>()?
     };
     let resolver = Arc::new(ztunnel::dns::on_demand::OnDemandResolver::new(
-        ztunnel::dns::on_demand::OnDemandConfig { upstreams: dns_upstreams, ..Default::default() },
+        ztunnel::dns::on_demand::OnDemandConfig {
+            upstreams: dns_upstreams,
+            ..Default::default()
+        },
         dns_metrics,
     ));
     let wp = Arc::new(Waypoint {
@@ -384,7 +535,10 @@ async fn main() -> anyhow::Result<()> {
         netns,
         balancer: lb::Balancer::new(
             args.lb_policy,
-            lb::OutlierConfig { consecutive_5xx: args.outlier_consecutive_5xx, base_ejection: Duration::from_millis(args.outlier_base_ejection_ms) },
+            lb::OutlierConfig {
+                consecutive_5xx: args.outlier_consecutive_5xx,
+                base_ejection: Duration::from_millis(args.outlier_base_ejection_ms),
+            },
         ),
         circuits: lb::Circuits::default(),
         http_metrics,
@@ -397,21 +551,29 @@ async fn main() -> anyhow::Result<()> {
         resolver,
         crls,
         certs: certs.clone(),
-        idle_timeout: (args.idle_timeout_seconds > 0).then(|| Duration::from_secs(args.idle_timeout_seconds)),
-        stream_idle_timeout: (args.stream_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
+        idle_timeout: (args.idle_timeout_seconds > 0)
+            .then(|| Duration::from_secs(args.idle_timeout_seconds)),
+        stream_idle_timeout: (args.stream_idle_timeout_seconds > 0)
+            .then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
     metrics.set_ready();
     tokio::spawn(ztunnel::memory::release_periodically());
     tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     // ztunnel's HBONE server limits, counted in the same metric.
     let hbone_server = Arc::new(hbone::server::Server {
-        handshakes: hbone::server::HandshakeLimiter::new(args.hbone_max_handshakes, args.hbone_max_handshakes_per_ip),
+        handshakes: hbone::server::HandshakeLimiter::new(
+            args.hbone_max_handshakes,
+            args.hbone_max_handshakes_per_ip,
+        ),
         max_streams: hbone::SERVER_MAX_STREAMS,
         max_header_bytes: hbone::MAX_HEADER_BYTES,
-        idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
+        idle_timeout: (args.hbone_idle_timeout_seconds > 0)
+            .then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
         metrics: metrics.clone(),
     });
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -430,7 +592,10 @@ async fn main() -> anyhow::Result<()> {
     let deadline = drain_deadline;
     tracing::info!(deadline = ?deadline, active = wp.drain.active(), "draining: listener closed, GOAWAY sent");
     if !wp.drain.wait_idle(deadline).await {
-        tracing::warn!(active = wp.drain.active(), "drain deadline reached; closing remaining tunnels");
+        tracing::warn!(
+            active = wp.drain.active(),
+            "drain deadline reached; closing remaining tunnels"
+        );
     }
     tracing::info!("waypoint stopped");
     Ok(())
@@ -444,17 +609,40 @@ mod tests {
     #[test]
     fn version_and_help() {
         let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        assert_eq!(istio_args(os(&["waypoint", "version"])), os(&["waypoint", "--version"]));
-        assert_eq!(istio_args(os(&["waypoint", "--listen", "version"])), os(&["waypoint", "--listen", "version"]));
+        assert_eq!(
+            istio_args(os(&["waypoint", "version"])),
+            os(&["waypoint", "--version"])
+        );
+        assert_eq!(
+            istio_args(os(&["waypoint", "--listen", "version"])),
+            os(&["waypoint", "--listen", "version"])
+        );
         let e = Args::try_parse_from(["waypoint", "--version"]).unwrap_err();
         assert_eq!(e.kind(), clap::error::ErrorKind::DisplayVersion);
-        assert_eq!(e.to_string().trim(), format!("waypoint {}", env!("CARGO_PKG_VERSION")));
+        assert_eq!(
+            e.to_string().trim(),
+            format!("waypoint {}", env!("CARGO_PKG_VERSION"))
+        );
         // Every flag says what it is for.
         let cmd = Args::command();
-        let bare: Vec<_> = cmd.get_arguments().filter(|a| a.get_help().is_none() && !a.is_hide_set()).map(|a| a.get_id().to_string()).collect();
+        let bare: Vec<_> = cmd
+            .get_arguments()
+            .filter(|a| a.get_help().is_none() && !a.is_hide_set())
+            .map(|a| a.get_id().to_string())
+            .collect();
         assert!(bare.is_empty(), "flags without help: {bare:?}");
-        let a = Args::try_parse_from(["waypoint", "--local-xds-path", "m.yaml", "--workload-uid", "w"]).unwrap();
-        assert_eq!((a.admin_addr, a.root_namespace.as_str()), ("127.0.0.1:15000".parse().unwrap(), "istio-system"));
+        let a = Args::try_parse_from([
+            "waypoint",
+            "--local-xds-path",
+            "m.yaml",
+            "--workload-uid",
+            "w",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.admin_addr, a.root_namespace.as_str()),
+            ("127.0.0.1:15000".parse().unwrap(), "istio-system")
+        );
     }
 
     #[test]

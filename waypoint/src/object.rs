@@ -95,14 +95,20 @@ pub struct ObjectRef {
 impl ObjectRef {
     /// The object named, its namespace defaulting to `own_ns` (the route's or policy's).
     pub fn object_name(&self, own_ns: &str) -> ObjectName {
-        ObjectName { namespace: self.namespace.as_deref().unwrap_or(own_ns).to_string(), name: self.name.clone() }
+        ObjectName {
+            namespace: self.namespace.as_deref().unwrap_or(own_ns).to_string(),
+            name: self.name.clone(),
+        }
     }
 }
 
 /// Whether an Istio networking object of namespace `own` with this `exportTo` is visible
 /// in namespace `to`: empty or `*` everywhere, `.` its own namespace, or those named.
 pub fn exported_to(export_to: &[String], own: &str, to: &str) -> bool {
-    export_to.is_empty() || export_to.iter().any(|e| e == "*" || e == to || (e == "." && own == to))
+    export_to.is_empty()
+        || export_to
+            .iter()
+            .any(|e| e == "*" || e == to || (e == "." && own == to))
 }
 
 /// Istio's group of ServiceEntry.
@@ -140,8 +146,15 @@ pub fn place_widely(namespace: &str, refs: &[ObjectRef]) -> (Vec<ObjectRef>, boo
     let placed: Option<Vec<ObjectRef>> = refs
         .iter()
         .map(|r| {
-            let ok = ref_kind(r).is_some() && !r.name.is_empty() && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
-            ok.then(|| ObjectRef { namespace: None, port: None, section_name: None, ..r.clone() })
+            let ok = ref_kind(r).is_some()
+                && !r.name.is_empty()
+                && r.namespace.as_deref().is_none_or(|ns| ns == namespace);
+            ok.then(|| ObjectRef {
+                namespace: None,
+                port: None,
+                section_name: None,
+                ..r.clone()
+            })
         })
         .collect();
     match placed {
@@ -176,11 +189,22 @@ pub fn attaches(namespace: &str, refs: &[ObjectRef], target: &Target) -> bool {
         }
         match ref_kind(r) {
             Some(kind @ (RefKind::Service | RefKind::ServiceEntry)) => {
-                let registry = if kind == RefKind::Service { ServiceKind::Kubernetes } else { ServiceKind::ServiceEntry };
-                target.service_kind == registry && target.service.is_some_and(|s| s.name == r.name && s.namespace == namespace)
+                let registry = if kind == RefKind::Service {
+                    ServiceKind::Kubernetes
+                } else {
+                    ServiceKind::ServiceEntry
+                };
+                target.service_kind == registry
+                    && target
+                        .service
+                        .is_some_and(|s| s.name == r.name && s.namespace == namespace)
             }
-            Some(RefKind::Gateway) => target.gateway.name == r.name && target.gateway.namespace == namespace,
-            Some(RefKind::GatewayClass) => r.name == WAYPOINT_CLASS && namespace == target.root_namespace,
+            Some(RefKind::Gateway) => {
+                target.gateway.name == r.name && target.gateway.namespace == namespace
+            }
+            Some(RefKind::GatewayClass) => {
+                r.name == WAYPOINT_CLASS && namespace == target.root_namespace
+            }
             None => false,
         }
     })

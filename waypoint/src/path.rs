@@ -18,7 +18,9 @@
 pub enum PathError {
     #[error("request target is not an origin-form path: it must start with '/'")]
     NotOriginForm,
-    #[error("the asterisk-form request target \"*\" has no path to authorize or route; refusing it")]
+    #[error(
+        "the asterisk-form request target \"*\" has no path to authorize or route; refusing it"
+    )]
     Asterisk,
     #[error("path contains a control character or NUL (raw or percent-encoded); refusing it")]
     ControlCharacter,
@@ -28,9 +30,13 @@ pub enum PathError {
     MalformedEscape(usize),
     #[error("path contains an encoded slash or backslash (%2F, %5C); refusing it")]
     EncodedSlash,
-    #[error("path contains a backslash, which some servers treat as a path separator; refusing it")]
+    #[error(
+        "path contains a backslash, which some servers treat as a path separator; refusing it"
+    )]
     Backslash,
-    #[error("path contains '?' or '#': the query must be split off first, and fragments are never sent")]
+    #[error(
+        "path contains '?' or '#': the query must be split off first, and fragments are never sent"
+    )]
     QueryOrFragment,
 }
 
@@ -152,7 +158,22 @@ fn is_unreserved(c: u8) -> bool {
 /// Reserved characters allowed raw in a path (sub-delims, ':', '@', '/'): encoding or
 /// decoding them would change the path's meaning, so they stay as written.
 fn is_path_delim(c: u8) -> bool {
-    matches!(c, b'!' | b'$' | b'&' | b'\'' | b'(' | b')' | b'*' | b'+' | b',' | b';' | b'=' | b':' | b'@' | b'/')
+    matches!(
+        c,
+        b'!' | b'$'
+            | b'&'
+            | b'\''
+            | b'('
+            | b')'
+            | b'*'
+            | b'+'
+            | b','
+            | b';'
+            | b'='
+            | b':'
+            | b'@'
+            | b'/'
+    )
 }
 
 #[cfg(test)]
@@ -199,7 +220,11 @@ mod tests {
         for (input, want) in cases {
             assert_eq!(normalize(input).as_deref(), Ok(*want), "{input:?}");
             // Normalizing is idempotent: a second pass must not find anything new.
-            assert_eq!(normalize(want).as_deref(), Ok(*want), "second pass of {want:?}");
+            assert_eq!(
+                normalize(want).as_deref(),
+                Ok(*want),
+                "second pass of {want:?}"
+            );
         }
     }
 
@@ -243,10 +268,22 @@ mod tests {
             Ok(("/b".into(), Some("x=%2e%2e&y=/..//".into())))
         );
         assert_eq!(normalize_path_and_query("/a"), Ok(("/a".into(), None)));
-        assert_eq!(normalize_path_and_query("/a?"), Ok(("/a".into(), Some(String::new()))));
-        assert_eq!(normalize_path_and_query("/a?b?c"), Ok(("/a".into(), Some("b?c".into()))));
+        assert_eq!(
+            normalize_path_and_query("/a?"),
+            Ok(("/a".into(), Some(String::new())))
+        );
+        assert_eq!(
+            normalize_path_and_query("/a?b?c"),
+            Ok(("/a".into(), Some("b?c".into())))
+        );
         assert_eq!(normalize_path_and_query("*"), Err(PathError::Asterisk));
-        assert_eq!(normalize_path_and_query("/a%2fb?q"), Err(PathError::EncodedSlash));
-        assert_eq!(normalize_path_and_query("?q"), Err(PathError::NotOriginForm));
+        assert_eq!(
+            normalize_path_and_query("/a%2fb?q"),
+            Err(PathError::EncodedSlash)
+        );
+        assert_eq!(
+            normalize_path_and_query("?q"),
+            Err(PathError::NotOriginForm)
+        );
     }
 }

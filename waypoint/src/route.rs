@@ -19,8 +19,8 @@ mod grpc;
 mod model;
 mod select;
 mod tcp;
-mod virtual_service;
 mod validate;
+mod virtual_service;
 
 #[cfg(test)]
 mod tests;
@@ -28,10 +28,12 @@ mod tests;
 pub use cors::{Cors, CorsOutcome};
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
-pub use tcp::TcpRoute;
-pub use virtual_service::{host_service, VirtualService};
 pub use model::{
-    BackendRef, Fault, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch, PathMatch, PathModifier,
-    QueryParamMatch, RequestMirror, RequestRedirect, Retry, RouteKind, RouteMatch, RouteRule, SessionKind, SessionPersistence, Timeouts, UrlRewrite, ValueMatch,
+    BackendRef, Fault, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute,
+    MethodMatch, PathMatch, PathModifier, QueryParamMatch, RequestMirror, RequestRedirect, Retry,
+    RouteKind, RouteMatch, RouteRule, SessionKind, SessionPersistence, Timeouts, UrlRewrite,
+    ValueMatch,
 };
 pub use select::{select, RouteRequest, Selected, Selection};
+pub use tcp::TcpRoute;
+pub use virtual_service::{host_service, VirtualService};

@@ -16,7 +16,13 @@ use crate::tunnel;
 
 /// Accepts connections until `stop` completes (then the listener closes), each served on
 /// its own task.
-pub async fn serve(listener: TcpListener, wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAcceptor, stop: impl Future<Output = ()>) {
+pub async fn serve(
+    listener: TcpListener,
+    wp: Arc<Waypoint>,
+    server: Arc<Server>,
+    acceptor: TlsAcceptor,
+    stop: impl Future<Output = ()>,
+) {
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -39,20 +45,42 @@ pub async fn serve(listener: TcpListener, wp: Arc<Waypoint>, server: Arc<Server>
     }
 }
 
-async fn connection(wp: Arc<Waypoint>, server: Arc<Server>, acceptor: TlsAcceptor, stream: TcpStream, permit: HandshakePermit, peer: SocketAddr) {
+async fn connection(
+    wp: Arc<Waypoint>,
+    server: Arc<Server>,
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    permit: HandshakePermit,
+    peer: SocketAddr,
+) {
     let _ = stream.set_nodelay(true);
     // Taken before the handshake: a CRL reload during it is checked against this peer too.
     let changes = wp.crls.as_ref().map(|c| c.changes());
-    let Some((conn, src_identity, chain)) = server.handshake_with(&acceptor, stream, permit, changes.is_some()).await else { return };
-    let roots = || wp.certs.current(&wp.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
-    let revoked = ztunnel::tls::client_revoked(wp.crls.as_ref(), changes, roots, &chain, wp.metrics.clone());
+    let Some((conn, src_identity, chain)) = server
+        .handshake_with(&acceptor, stream, permit, changes.is_some())
+        .await
+    else {
+        return;
+    };
+    let roots = || {
+        wp.certs
+            .current(&wp.identity)
+            .map(|c| c.cert.roots.clone())
+            .unwrap_or_default()
+    };
+    let revoked =
+        ztunnel::tls::client_revoked(wp.crls.as_ref(), changes, roots, &chain, wp.metrics.clone());
     server
         .serve_with(conn, &wp.drain, &src_identity, revoked, |req, respond| {
             // The CONNECT's trace, as ztunnel's inbound side joins it (Istio's): its id
             // names the tunnel's lines.
             let trace = ztunnel::hbone::TraceParent::of_request(&req);
-            let span = tracing::info_span!("stream", id = %trace.trace_id(), src.identity = %src_identity);
-            tokio::spawn(tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone(), trace).instrument(span));
+            let span =
+                tracing::info_span!("stream", id = %trace.trace_id(), src.identity = %src_identity);
+            tokio::spawn(
+                tunnel::handle(wp.clone(), req, respond, peer, src_identity.clone(), trace)
+                    .instrument(span),
+            );
         })
         .await;
 }

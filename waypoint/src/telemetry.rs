@@ -174,13 +174,34 @@ impl MeshProviders {
     /// provider in use. Istio's built-in `envoy` and `prometheus` are always there;
     /// without `defaultProviders.metrics`, `prometheus` is the default, as in Istio.
     pub fn from_mesh(mesh: Option<&Value>, tracing: Option<&str>) -> MeshProviders {
-        let strings = |v: Option<&Value>| v.and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_str).map(str::to_string).collect::<Vec<_>>());
-        let mut p = MeshProviders { access_logs: vec!["envoy".into()], metrics: vec!["prometheus".into()], tracing: tracing.map(str::to_string), ..Default::default() };
-        let providers = mesh.and_then(|m| m.get("extensionProviders")).and_then(Value::as_array).cloned().unwrap_or_default();
+        let strings = |v: Option<&Value>| {
+            v.and_then(Value::as_array).map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+        };
+        let mut p = MeshProviders {
+            access_logs: vec!["envoy".into()],
+            metrics: vec!["prometheus".into()],
+            tracing: tracing.map(str::to_string),
+            ..Default::default()
+        };
+        let providers = mesh
+            .and_then(|m| m.get("extensionProviders"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         for e in &providers {
-            let Some(name) = e.get("name").and_then(Value::as_str) else { continue };
+            let Some(name) = e.get("name").and_then(Value::as_str) else {
+                continue;
+            };
             if let Some(f) = e.get("envoyFileAccessLog") {
-                let path = f.get("path").and_then(Value::as_str).unwrap_or("/dev/stdout");
+                let path = f
+                    .get("path")
+                    .and_then(Value::as_str)
+                    .unwrap_or("/dev/stdout");
                 if path == "/dev/stdout" && f.get("logFormat").is_none() {
                     p.access_logs.push(name.to_string());
                 }
@@ -190,8 +211,10 @@ impl MeshProviders {
             }
         }
         let defaults = mesh.and_then(|m| m.get("defaultProviders"));
-        p.default_access_logging = strings(defaults.and_then(|d| d.get("accessLogging"))).unwrap_or_default();
-        p.default_metrics = strings(defaults.and_then(|d| d.get("metrics"))).unwrap_or_else(|| vec!["prometheus".into()]);
+        p.default_access_logging =
+            strings(defaults.and_then(|d| d.get("accessLogging"))).unwrap_or_default();
+        p.default_metrics = strings(defaults.and_then(|d| d.get("metrics")))
+            .unwrap_or_else(|| vec!["prometheus".into()]);
         p
     }
 }
@@ -244,7 +267,9 @@ fn server_mode(mode: Option<&str>, field: &str) -> Result<bool, String> {
     match mode.unwrap_or("CLIENT_AND_SERVER") {
         "CLIENT_AND_SERVER" | "SERVER" => Ok(true),
         "CLIENT" => Ok(false),
-        other => Err(format!("{field}: {other:?} is not one of CLIENT_AND_SERVER, SERVER, CLIENT")),
+        other => Err(format!(
+            "{field}: {other:?} is not one of CLIENT_AND_SERVER, SERVER, CLIENT"
+        )),
     }
 }
 
@@ -263,13 +288,22 @@ impl Telemetry {
         if self.name.is_empty() || self.namespace.is_empty() {
             return Err("name and namespace: required".into());
         }
-        let refs: Vec<ObjectRef> = self.target_refs.iter().chain(self.target_ref.iter()).cloned().collect();
+        let refs: Vec<ObjectRef> = self
+            .target_refs
+            .iter()
+            .chain(self.target_ref.iter())
+            .cloned()
+            .collect();
         for (i, r) in refs.iter().enumerate() {
             if crate::object::ref_kind(r).is_none() {
                 return Err(format!("targetRefs[{i}]: kind {:?} is not a Service, ServiceEntry, Gateway or GatewayClass", r.kind.as_deref().unwrap_or_default()));
             }
         }
-        let ours = |list: &[String], providers: &[ProviderRef], field: &str, what: &str| -> Result<Vec<String>, String> {
+        let ours = |list: &[String],
+                    providers: &[ProviderRef],
+                    field: &str,
+                    what: &str|
+         -> Result<Vec<String>, String> {
             providers
                 .iter()
                 .enumerate()
@@ -277,7 +311,10 @@ impl Telemetry {
                     if list.iter().any(|o| o.eq_ignore_ascii_case(&p.name)) {
                         Ok(p.name.to_ascii_lowercase())
                     } else {
-                        Err(format!("{field}.providers[{i}].name: {:?} is not {what}", p.name))
+                        Err(format!(
+                            "{field}.providers[{i}].name: {:?} is not {what}",
+                            p.name
+                        ))
                     }
                 })
                 .collect()
@@ -287,15 +324,31 @@ impl Telemetry {
             let at = format!("accessLogging[{i}]");
             let providers = ours(&mesh.access_logs, &l.providers, &at, "an access log this waypoint writes (envoy, or an envoyFileAccessLog provider to /dev/stdout without a logFormat)")?;
             let filter = match &l.filter {
-                Some(f) => Some(Arc::new(Expr::compile(&f.expression).map_err(|e| format!("{at}.filter.expression: {e}"))?)),
+                Some(f) => Some(Arc::new(
+                    Expr::compile(&f.expression)
+                        .map_err(|e| format!("{at}.filter.expression: {e}"))?,
+                )),
                 None => None,
             };
-            logging.push(LogEntry { providers, server: server_mode(l.mode.as_ref().and_then(|m| m.mode.as_deref()), &format!("{at}.match.mode"))?, disabled: l.disabled == Some(true), filter });
+            logging.push(LogEntry {
+                providers,
+                server: server_mode(
+                    l.mode.as_ref().and_then(|m| m.mode.as_deref()),
+                    &format!("{at}.match.mode"),
+                )?,
+                disabled: l.disabled == Some(true),
+                filter,
+            });
         }
         let mut metrics = Vec::new();
         for (i, m) in self.metrics.iter().enumerate() {
             let at = format!("metrics[{i}]");
-            let providers = ours(&mesh.metrics, &m.providers, &at, "a metrics provider this waypoint exports (prometheus)")?;
+            let providers = ours(
+                &mesh.metrics,
+                &m.providers,
+                &at,
+                "a metrics provider this waypoint exports (prometheus)",
+            )?;
             if m.reporting_interval.is_some() {
                 return Err(format!("{at}.reportingInterval: not supported (the waypoint reports TCP metrics when a connection opens and closes)"));
             }
@@ -304,7 +357,9 @@ impl Telemetry {
                 let oat = format!("{at}.overrides[{j}]");
                 let sel = o.selector.clone().unwrap_or_default();
                 if sel.custom_metric.is_some() {
-                    return Err(format!("{oat}.match.customMetric: custom metrics are not supported"));
+                    return Err(format!(
+                        "{oat}.match.customMetric: custom metrics are not supported"
+                    ));
                 }
                 let which = match sel.metric.as_deref() {
                     None | Some("ALL_METRICS") => None,
@@ -328,9 +383,17 @@ impl Telemetry {
                     remove.push(tag.clone());
                 }
                 let server = server_mode(sel.mode.as_deref(), &format!("{oat}.match.mode"))?;
-                overrides.push(OverrideEntry { metrics: which, server, disabled: o.disabled, remove });
+                overrides.push(OverrideEntry {
+                    metrics: which,
+                    server,
+                    disabled: o.disabled,
+                    remove,
+                });
             }
-            metrics.push(MetricsEntry { providers, overrides });
+            metrics.push(MetricsEntry {
+                providers,
+                overrides,
+            });
         }
         let mut tracing = Vec::new();
         for (i, t) in self.tracing.iter().enumerate() {
@@ -342,17 +405,29 @@ impl Telemetry {
             }
             if let Some(p) = t.random_sampling_percentage {
                 if !(0.0..=100.0).contains(&p) {
-                    return Err(format!("{at}.randomSamplingPercentage: a percentage, 0 to 100"));
+                    return Err(format!(
+                        "{at}.randomSamplingPercentage: a percentage, 0 to 100"
+                    ));
                 }
             }
             tracing.push(TracingEntry {
-                server: server_mode(t.mode.as_ref().and_then(|m| m.mode.as_deref()), &format!("{at}.match.mode"))?,
+                server: server_mode(
+                    t.mode.as_ref().and_then(|m| m.mode.as_deref()),
+                    &format!("{at}.match.mode"),
+                )?,
                 sampling: t.random_sampling_percentage,
                 disabled: t.disable_span_reporting,
             });
         }
         let targets = (!refs.is_empty()).then_some(refs);
-        Ok(Compiled { namespace: self.namespace.clone(), workload: self.is_workload_scoped(), targets, logging, metrics, tracing })
+        Ok(Compiled {
+            namespace: self.namespace.clone(),
+            workload: self.is_workload_scoped(),
+            targets,
+            logging,
+            metrics,
+            tracing,
+        })
     }
 }
 
@@ -408,7 +483,11 @@ pub struct Telemetries {
 
 impl Telemetries {
     pub fn new(list: Vec<Compiled>, mesh: MeshProviders) -> Telemetries {
-        Telemetries { list, mesh, applied: Mutex::default() }
+        Telemetries {
+            list,
+            mesh,
+            applied: Mutex::default(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -435,7 +514,11 @@ impl Telemetries {
 
     /// The Telemetries in force for `target`, in order (later over earlier).
     fn in_force<'t>(&'t self, target: &Target<'_>) -> Vec<&'t Compiled> {
-        let wide = |ns: &str| self.list.iter().find(|c| c.namespace == ns && c.targets.is_none() && !c.workload);
+        let wide = |ns: &str| {
+            self.list
+                .iter()
+                .find(|c| c.namespace == ns && c.targets.is_none() && !c.workload)
+        };
         let (root, own) = (target.root_namespace, target.gateway.namespace.as_str());
         let mut out: Vec<&Compiled> = wide(root).into_iter().collect();
         if own != root {
@@ -446,13 +529,22 @@ impl Telemetries {
             ns = &svc.namespace;
             out.extend(wide(ns));
         }
-        out.extend(self.list.iter().filter(|c| c.namespace == ns && !c.workload && c.targets.as_deref().is_some_and(|refs| attaches(ns, refs, target))));
+        out.extend(self.list.iter().filter(|c| {
+            c.namespace == ns
+                && !c.workload
+                && c.targets
+                    .as_deref()
+                    .is_some_and(|refs| attaches(ns, refs, target))
+        }));
         out
     }
 
     fn resolve(&self, target: &Target<'_>) -> Applied {
         let tels = self.in_force(target);
-        let mut a = Applied { log: self.logging(&tels), ..Applied::default() };
+        let mut a = Applied {
+            log: self.logging(&tels),
+            ..Applied::default()
+        };
         self.metric_overrides(&tels, &mut a);
         for t in tels.iter().flat_map(|c| &c.tracing).filter(|t| t.server) {
             if let Some(s) = t.sampling {
@@ -471,10 +563,19 @@ impl Telemetries {
         if tels.iter().all(|c| c.logging.is_empty()) && defaults.is_empty() {
             return LogPolicy::Always;
         }
-        let ours = |p: &String| self.mesh.access_logs.iter().any(|o| o.eq_ignore_ascii_case(p));
+        let ours = |p: &String| {
+            self.mesh
+                .access_logs
+                .iter()
+                .any(|o| o.eq_ignore_ascii_case(p))
+        };
         if tels.iter().all(|c| c.logging.is_empty()) {
             // Only the default providers: on, unfiltered, when ours is among them.
-            return if defaults.iter().any(ours) { LogPolicy::Filtered(Vec::new()) } else { LogPolicy::Off };
+            return if defaults.iter().any(ours) {
+                LogPolicy::Filtered(Vec::new())
+            } else {
+                LogPolicy::Off
+            };
         }
         // In scope: the defaults, replaced by the providers each Telemetry's entries name.
         let mut in_scope: Vec<String> = defaults.clone();
@@ -495,15 +596,30 @@ impl Telemetries {
         let mut parent = defaults.clone();
         for c in tels {
             for l in &c.logging {
-                let providers = if l.providers.is_empty() { parent.clone() } else { l.providers.clone() };
+                let providers = if l.providers.is_empty() {
+                    parent.clone()
+                } else {
+                    l.providers.clone()
+                };
                 parent = providers.clone();
-                for p in providers.iter().filter(|p| in_scope.contains(p) && l.server) {
-                    let v = if l.disabled { None } else { Some(filters.get(p).cloned().flatten()) };
+                for p in providers
+                    .iter()
+                    .filter(|p| in_scope.contains(p) && l.server)
+                {
+                    let v = if l.disabled {
+                        None
+                    } else {
+                        Some(filters.get(p).cloned().flatten())
+                    };
                     state.insert(p.clone(), v);
                 }
             }
         }
-        let on: Vec<Option<Arc<Expr>>> = state.into_iter().filter(|(p, _)| ours(p)).filter_map(|(_, v)| v).collect();
+        let on: Vec<Option<Arc<Expr>>> = state
+            .into_iter()
+            .filter(|(p, _)| ours(p))
+            .filter_map(|(_, v)| v)
+            .collect();
         if on.is_empty() {
             LogPolicy::Off
         } else if on.iter().any(Option::is_none) {
@@ -530,7 +646,11 @@ impl Telemetries {
         let mut all_off = false;
         let mut parent = self.mesh.default_metrics.clone();
         for m in &entries {
-            let providers = if m.providers.is_empty() { parent.clone() } else { m.providers.clone() };
+            let providers = if m.providers.is_empty() {
+                parent.clone()
+            } else {
+                m.providers.clone()
+            };
             parent = providers.clone();
             if !providers.iter().any(|p| ours(p) && in_scope.contains(p)) {
                 continue;
@@ -541,7 +661,10 @@ impl Telemetries {
                     continue;
                 }
                 all_off = false;
-                let which: Vec<usize> = o.metrics.clone().unwrap_or_else(|| (0..METRICS.len()).collect());
+                let which: Vec<usize> = o
+                    .metrics
+                    .clone()
+                    .unwrap_or_else(|| (0..METRICS.len()).collect());
                 for k in which {
                     if let Some(d) = o.disabled {
                         per[k].disabled = d;
@@ -565,7 +688,12 @@ impl Telemetries {
             return;
         }
         let [c, d, q, s, o, cl, r, se] = per;
-        a.http = Some(HttpOverrides { requests: c, duration: d, request_bytes: q, response_bytes: s });
+        a.http = Some(HttpOverrides {
+            requests: c,
+            duration: d,
+            request_bytes: q,
+            response_bytes: s,
+        });
         a.tcp = Some([o, cl, r, se]);
     }
 }

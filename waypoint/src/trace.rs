@@ -76,22 +76,39 @@ struct RawOtel {
 /// The tracing a mesh config asks for (None: no tracing provider), or what is wrong.
 pub fn settings(mesh: &Value) -> Result<Option<TraceSettings>, String> {
     let raw: RawMesh = serde_json::from_value(mesh.clone()).map_err(|e| e.to_string())?;
-    let Some(name) = raw.default_providers.tracing.first() else { return Ok(None) };
+    let Some(name) = raw.default_providers.tracing.first() else {
+        return Ok(None);
+    };
     let entry = raw
         .extension_providers
         .iter()
         .find(|p| p.get("name").and_then(Value::as_str) == Some(name))
-        .ok_or_else(|| format!("defaultProviders.tracing: {name:?} is not among extensionProviders"))?;
+        .ok_or_else(|| {
+            format!("defaultProviders.tracing: {name:?} is not among extensionProviders")
+        })?;
     let Some(otel) = entry.get("opentelemetry") else {
         return Err(format!("defaultProviders.tracing: {name:?} is not an opentelemetry provider (the one kind this waypoint exports to)"));
     };
-    let o: RawOtel = serde_json::from_value(otel.clone()).map_err(|e| format!("extensionProviders {name:?}.opentelemetry: {e}"))?;
-    let port = u16::try_from(o.port).ok().filter(|p| *p != 0).ok_or_else(|| format!("extensionProviders {name:?}.opentelemetry.port: 1-65535"))?;
-    let sampling = raw.default_config.tracing.and_then(|t| t.sampling).unwrap_or(DEFAULT_SAMPLING);
+    let o: RawOtel = serde_json::from_value(otel.clone())
+        .map_err(|e| format!("extensionProviders {name:?}.opentelemetry: {e}"))?;
+    let port = u16::try_from(o.port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("extensionProviders {name:?}.opentelemetry.port: 1-65535"))?;
+    let sampling = raw
+        .default_config
+        .tracing
+        .and_then(|t| t.sampling)
+        .unwrap_or(DEFAULT_SAMPLING);
     if !(0.0..=100.0).contains(&sampling) {
         return Err("defaultConfig.tracing.sampling: a percentage, 0 to 100".into());
     }
-    Ok(Some(TraceSettings { provider: name.clone(), service: o.service, port, sampling }))
+    Ok(Some(TraceSettings {
+        provider: name.clone(),
+        service: o.service,
+        port,
+        sampling,
+    }))
 }
 
 /// This request's span: its trace, its own id and its parent's (the client's span).
@@ -132,7 +149,11 @@ fn incoming(headers: &HeaderMap) -> Option<Incoming> {
         let parts: Vec<&str> = tp.trim().split('-').collect();
         if let [version, trace, span, flags] = parts.as_slice() {
             if *version != "ff" && version.len() == 2 {
-                if let (Some(t), Some(s), Some(f)) = (hex::<16>(trace), hex::<8>(span), hex::<1>(flags).or(Some([0]))) {
+                if let (Some(t), Some(s), Some(f)) = (
+                    hex::<16>(trace),
+                    hex::<8>(span),
+                    hex::<1>(flags).or(Some([0])),
+                ) {
                     return Some((t, s, Some(f[0] & 1 == 1), false));
                 }
             }
@@ -141,7 +162,11 @@ fn incoming(headers: &HeaderMap) -> Option<Incoming> {
     let b3 = |n: &str| headers.get(n).and_then(|v| v.to_str().ok());
     let trace = b3("x-b3-traceid")?;
     // 64-bit B3 trace ids are left-padded to 128.
-    let trace = if trace.len() == 16 { format!("{:0>32}", trace) } else { trace.to_string() };
+    let trace = if trace.len() == 16 {
+        format!("{:0>32}", trace)
+    } else {
+        trace.to_string()
+    };
     let t = hex::<16>(&trace)?;
     let s = hex::<8>(b3("x-b3-spanid")?)?;
     let sampled = b3("x-b3-sampled").map(|v| v == "1" || v == "true");
@@ -152,11 +177,22 @@ fn incoming(headers: &HeaderMap) -> Option<Incoming> {
 /// came with one, else `sampling` percent (`roll` in [0, 1)).
 pub fn start(headers: &HeaderMap, sampling: f64, roll: f64) -> Option<SpanContext> {
     let span_id: [u8; 8] = rand::random();
-    let trace_state = headers.get("tracestate").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let trace_state = headers
+        .get("tracestate")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     match incoming(headers) {
         Some((trace_id, parent, decision, b3)) => {
             let sampled = decision.unwrap_or(roll * 100.0 < sampling);
-            sampled.then_some(SpanContext { trace_id, span_id, parent: Some(parent), trace_state, b3, start: SystemTime::now() })
+            sampled.then_some(SpanContext {
+                trace_id,
+                span_id,
+                parent: Some(parent),
+                trace_state,
+                b3,
+                start: SystemTime::now(),
+            })
         }
         None => (roll * 100.0 < sampling).then(|| SpanContext {
             trace_id: rand::random(),
@@ -209,13 +245,23 @@ pub struct FinishedSpan {
 }
 
 fn nanos(t: SystemTime) -> u64 {
-    t.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0)
+    t.duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// The OTLP request for a batch of spans of one waypoint (`service_name`).
-pub fn export_request(service_name: &str, spans: Vec<FinishedSpan>) -> proto::collector::ExportTraceServiceRequest {
+pub fn export_request(
+    service_name: &str,
+    spans: Vec<FinishedSpan>,
+) -> proto::collector::ExportTraceServiceRequest {
     use proto::common::{any_value, AnyValue, InstrumentationScope, KeyValue};
-    let kv = |k: &str, v: String| KeyValue { key: k.to_string(), value: Some(AnyValue { value: Some(any_value::Value::StringValue(v)) }) };
+    let kv = |k: &str, v: String| KeyValue {
+        key: k.to_string(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(v)),
+        }),
+    };
     let spans = spans
         .into_iter()
         .map(|s| proto::trace::Span {
@@ -229,14 +275,23 @@ pub fn export_request(service_name: &str, spans: Vec<FinishedSpan>) -> proto::co
             end_time_unix_nano: nanos(s.end),
             attributes: s.attributes.into_iter().map(|(k, v)| kv(k, v)).collect(),
             dropped_attributes_count: 0,
-            status: s.error.then(|| proto::trace::Status { message: String::new(), code: proto::trace::status::StatusCode::Error as i32 }),
+            status: s.error.then(|| proto::trace::Status {
+                message: String::new(),
+                code: proto::trace::status::StatusCode::Error as i32,
+            }),
         })
         .collect();
     proto::collector::ExportTraceServiceRequest {
         resource_spans: vec![proto::trace::ResourceSpans {
-            resource: Some(proto::resource::Resource { attributes: vec![kv("service.name", service_name.to_string())], dropped_attributes_count: 0 }),
+            resource: Some(proto::resource::Resource {
+                attributes: vec![kv("service.name", service_name.to_string())],
+                dropped_attributes_count: 0,
+            }),
             scope_spans: vec![proto::trace::ScopeSpans {
-                scope: Some(InstrumentationScope { name: "waypoint".into(), version: env!("CARGO_PKG_VERSION").into() }),
+                scope: Some(InstrumentationScope {
+                    name: "waypoint".into(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                }),
                 spans,
                 schema_url: String::new(),
             }],
@@ -258,13 +313,26 @@ pub struct SpanQueue {
 impl SpanQueue {
     pub fn new() -> (SpanQueue, mpsc::Receiver<FinishedSpan>) {
         let (tx, rx) = mpsc::channel(QUEUE);
-        (SpanQueue { tx, dropped: AtomicU64::new(0) }, rx)
+        (
+            SpanQueue {
+                tx,
+                dropped: AtomicU64::new(0),
+            },
+            rx,
+        )
     }
 
     pub fn push(&self, span: FinishedSpan) {
-        if self.tx.try_send(span).is_err() && self.dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(1000) {
-            tracing::warn!(dropped = self.dropped.load(Ordering::Relaxed), "span export queue full; spans dropped");
+        if self.tx.try_send(span).is_err()
+            && self
+                .dropped
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(1000)
+        {
+            tracing::warn!(
+                dropped = self.dropped.load(Ordering::Relaxed),
+                "span export queue full; spans dropped"
+            );
         }
     }
 }
-

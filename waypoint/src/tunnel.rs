@@ -15,10 +15,10 @@ use ztunnel::metrics::{Peer, TcpLabels};
 use ztunnel::state::{AppProtocol, MeshState, Protocol as MeshProtocol, Workload};
 
 use crate::authz;
-use crate::extauthz;
+use crate::config::Config;
 use crate::context::Waypoint;
 use crate::detect;
-use crate::config::Config;
+use crate::extauthz;
 use crate::http::{Backend, Origin, Tunnel};
 use crate::network;
 use crate::object::{ObjectName, ServiceKind, Target};
@@ -27,9 +27,19 @@ use crate::route::HttpRoute;
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
 /// or the workload with that address; with a TCPRoute, those of the backend Service it
 /// picks (by weight) on its port.
-fn l4_backend(cfg: &Config, me: &Workload, root_namespace: &str, target: SocketAddr, tcp_route: Option<&HttpRoute>) -> Option<Backend> {
+fn l4_backend(
+    cfg: &Config,
+    me: &Workload,
+    root_namespace: &str,
+    target: SocketAddr,
+    tcp_route: Option<&HttpRoute>,
+) -> Option<Backend> {
     let state = &cfg.state;
-    let from = Origin { me, target: Some(target), root_namespace };
+    let from = Origin {
+        me,
+        target: Some(target),
+        root_namespace,
+    };
     if let Some(route) = tcp_route {
         let b = route.rules.first()?.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
@@ -38,7 +48,13 @@ fn l4_backend(cfg: &Config, me: &Workload, root_namespace: &str, target: SocketA
             return None;
         }
         let svc = state.service_by_name(&name.namespace, &name.name)?;
-        return Some(Backend::service(cfg, &from, svc, b.backend.port.unwrap_or(target.port()), None));
+        return Some(Backend::service(
+            cfg,
+            &from,
+            svc,
+            b.backend.port.unwrap_or(target.port()),
+            None,
+        ));
     }
     if let Some(svc) = state.service_by_vip(network::get(), target.ip()) {
         return Some(Backend::service(cfg, &from, svc, target.port(), None));
@@ -58,7 +74,9 @@ fn serves(state: &MeshState, me: &Workload, target: SocketAddr) -> bool {
     }
     // A service's waypoints: the primary and any of a weighted set (a canary serves too).
     match state.service_by_vip(network::get(), target.ip()) {
-        Some(svc) => svc.waypoints().any(|gw| state.is_waypoint(gw, &me.identity())),
+        Some(svc) => svc
+            .waypoints()
+            .any(|gw| state.is_waypoint(gw, &me.identity())),
         None => state
             .workload_by_ip(network::get(), target.ip())
             .and_then(|w| w.waypoint.as_ref())
@@ -77,17 +95,38 @@ struct NamedTarget<'w> {
 
 impl NamedTarget<'_> {
     fn as_target(&self) -> Target<'_> {
-        Target { gateway: &self.wp.gateway, service: self.service.as_ref(), service_kind: self.service_kind, root_namespace: &self.wp.root_namespace, port: self.port }
+        Target {
+            gateway: &self.wp.gateway,
+            service: self.service.as_ref(),
+            service_kind: self.service_kind,
+            root_namespace: &self.wp.root_namespace,
+            port: self.port,
+        }
     }
 }
 
 fn l7_target<'w>(wp: &'w Waypoint, state: &MeshState, target: SocketAddr) -> NamedTarget<'w> {
     let svc = state.service_by_vip(network::get(), target.ip());
-    let service = svc.map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-    NamedTarget { wp, service, service_kind: svc.map(|s| ServiceKind::of(s)).unwrap_or_default(), port: target.port() }
+    let service = svc.map(|s| ObjectName {
+        namespace: s.namespace.clone(),
+        name: s.name.clone(),
+    });
+    NamedTarget {
+        wp,
+        service,
+        service_kind: svc.map(|s| ServiceKind::of(s)).unwrap_or_default(),
+        port: target.port(),
+    }
 }
 
-pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: SendResponse<Bytes>, peer: SocketAddr, src_identity: Identity, trace: hbone::TraceParent) {
+pub async fn handle(
+    wp: Arc<Waypoint>,
+    req: Request<h2::RecvStream>,
+    mut tx: SendResponse<Bytes>,
+    peer: SocketAddr,
+    src_identity: Identity,
+    trace: hbone::TraceParent,
+) {
     let _active = wp.drain.track();
     let start = Instant::now();
     let target = match hbone::connect_target(&req) {
@@ -105,21 +144,43 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
             "CONNECT target is not a service or workload that uses this waypoint; refused");
         return respond(tx, StatusCode::SERVICE_UNAVAILABLE);
     }
-    let tcp_routed = cfg.tcp_routes.iter().any(|r| r.attaches_to(&l7_target(&wp, &cfg.state, target).as_target()));
+    let tcp_routed = cfg
+        .tcp_routes
+        .iter()
+        .any(|r| r.attaches_to(&l7_target(&wp, &cfg.state, target).as_target()));
     let handling = handling(tcp_routed, port_protocol(&cfg.state, target));
     drop(cfg);
     // The tunnel must be open before its first bytes can tell HTTP from anything else.
-    let ok = Response::builder().status(StatusCode::OK).body(()).unwrap_or_default();
+    let ok = Response::builder()
+        .status(StatusCode::OK)
+        .body(())
+        .unwrap_or_default();
     let mut down_send = match tx.send_response(ok, false) {
         Ok(s) => s,
         Err(e) => return tracing::debug!(error = %e, "client went away"),
     };
     let mut down_recv = req.into_body();
-    let tunnel = Arc::new(Tunnel { src_identity, src_addr: peer, target, trace });
+    let tunnel = Arc::new(Tunnel {
+        src_identity,
+        src_addr: peer,
+        target,
+        trace,
+    });
     let sniffed = match handling {
-        Handling::Opaque => return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await,
-        Handling::Http => detect::sniff(&mut down_recv, crate::http::HEADER_READ_TIMEOUT, detect::Expect::Http).await,
-        Handling::Sniff => detect::sniff(&mut down_recv, wp.detect_timeout, detect::Expect::Any).await,
+        Handling::Opaque => {
+            return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await
+        }
+        Handling::Http => {
+            detect::sniff(
+                &mut down_recv,
+                crate::http::HEADER_READ_TIMEOUT,
+                detect::Expect::Http,
+            )
+            .await
+        }
+        Handling::Sniff => {
+            detect::sniff(&mut down_recv, wp.detect_timeout, detect::Expect::Any).await
+        }
     };
     let (proto, first) = match sniffed {
         Ok(x) => x,
@@ -141,7 +202,10 @@ pub async fn handle(wp: Arc<Waypoint>, req: Request<h2::RecvStream>, mut tx: Sen
 /// The protocol the target's service port declares (Istio's, from the port's name or
 /// `appProtocol`); a workload addressed directly has none.
 fn port_protocol(state: &MeshState, target: SocketAddr) -> AppProtocol {
-    state.service_by_vip(network::get(), target.ip()).map(|s| s.app_protocol(target.port())).unwrap_or_default()
+    state
+        .service_by_vip(network::get(), target.ip())
+        .map(|s| s.app_protocol(target.port()))
+        .unwrap_or_default()
 }
 
 /// How a tunnel's bytes are taken, as Istio's waypoint builds its filter chains per port.
@@ -173,7 +237,11 @@ fn handling(tcp_routed: bool, port: AppProtocol) -> Handling {
 /// HTTP deny by making its request look like something else (a bare `\n` line end, a
 /// pause before the request line). A CUSTOM policy that would check the connection
 /// denies it: no authorizer can check opaque bytes (see `extauthz`).
-fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy], providers: &extauthz::Providers) -> Result<(), String> {
+fn l4_allowed(
+    tunnel: &Tunnel,
+    policies: &[&authz::AuthorizationPolicy],
+    providers: &extauthz::Providers,
+) -> Result<(), String> {
     let tcp: Vec<authz::AuthorizationPolicy> = policies.iter().map(|p| p.for_tcp()).collect();
     let headers = http::HeaderMap::new();
     let req = authz::Request {
@@ -194,10 +262,20 @@ fn l4_allowed(tunnel: &Tunnel, policies: &[&authz::AuthorizationPolicy], provide
     if verdict.allowed {
         return Ok(());
     }
-    Err(verdict.denied_by.map(|p| format!("denied by {p}")).unwrap_or_else(|| "no ALLOW policy matches TCP traffic".into()))
+    Err(verdict
+        .denied_by
+        .map(|p| format!("denied by {p}"))
+        .unwrap_or_else(|| "no ALLOW policy matches TCP traffic".into()))
 }
 
-async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendStream<Bytes>, down_recv: h2::RecvStream, first: Bytes, start: Instant) {
+async fn relay(
+    wp: Arc<Waypoint>,
+    tunnel: Arc<Tunnel>,
+    mut down_send: h2::SendStream<Bytes>,
+    down_recv: h2::RecvStream,
+    first: Bytes,
+    start: Instant,
+) {
     let cfg = wp.config.load_full();
     let target = tunnel.target;
     let named = l7_target(&wp, &cfg.state, target);
@@ -211,7 +289,11 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         down_send.send_reset(h2::Reason::REFUSED_STREAM);
         return;
     }
-    let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&l7_target)).collect();
+    let policies: Vec<&authz::AuthorizationPolicy> = cfg
+        .policies
+        .iter()
+        .filter(|p| p.applies_to(&l7_target))
+        .collect();
     if !policies.is_empty() {
         if let Err(reason) = l4_allowed(&tunnel, &policies, &cfg.providers) {
             tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "DENY", reason, "opaque connection denied");
@@ -219,7 +301,8 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return;
         }
     }
-    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, tcp_route) else {
+    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, tcp_route)
+    else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
@@ -236,17 +319,33 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
     // The DestinationRule's load balancing; of the consistent hashes only the source IP's
     // has a key on TCP (the others pick at random, as Envoy's ring without a key).
     let pick = traffic.as_ref().and_then(|t| t.pick.clone());
-    let hash = (pick == Some(crate::destination::Pick::HashSourceIp)).then(|| crate::lb::hash_of(tunnel.src_addr.ip()));
-    let choice = crate::lb::Choice { pick, hash, ..crate::lb::Choice::default() };
+    let hash = (pick == Some(crate::destination::Pick::HashSourceIp))
+        .then(|| crate::lb::hash_of(tunnel.src_addr.ip()));
+    let choice = crate::lb::Choice {
+        pick,
+        hash,
+        ..crate::lb::Choice::default()
+    };
     let Some(picked) = wp.balancer.pick_with(&backend.endpoints, &[], &choice) else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
-    let (upstream_target, endpoint, service) = (picked.addr, picked.workload.clone(), backend.service.clone());
+    let (upstream_target, endpoint, service) = (
+        picked.addr,
+        picked.workload.clone(),
+        backend.service.clone(),
+    );
     let ep_ip = upstream_target.ip();
     // DestinationRule tcp.maxConnections: connections in flight to the Service.
-    let _connection_slot = match (traffic.as_ref().and_then(|t| t.max_connections), service.as_deref()) {
-        (Some(max), Some(svc)) => match wp.circuits.take(&svc.namespaced_hostname().to_string(), crate::lb::Limit::Connections, max) {
+    let _connection_slot = match (
+        traffic.as_ref().and_then(|t| t.max_connections),
+        service.as_deref(),
+    ) {
+        (Some(max), Some(svc)) => match wp.circuits.take(
+            &svc.namespaced_hostname().to_string(),
+            crate::lb::Limit::Connections,
+            max,
+        ) {
             Some(slot) => Some(slot),
             None => {
                 tracing::warn!(dst.addr = %target, response_flags = "UO", "circuit open: too many connections to the service");
@@ -256,35 +355,70 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         _ => None,
     };
     if traffic.as_ref().is_some_and(|t| t.tls.is_some()) {
-        let mut ep = crate::upstream::Endpoint::of(&cfg.state, upstream_target, &endpoint, service.as_deref());
+        let mut ep = crate::upstream::Endpoint::of(
+            &cfg.state,
+            upstream_target,
+            &endpoint,
+            service.as_deref(),
+        );
         ep.tls = backend.tls_target(None, ep_ip, false);
         ep.trace = tunnel.trace.child();
         return relay_tls(&wp, &tunnel, down_send, down_recv, first, ep, start).await;
     }
     if endpoint.protocol != MeshProtocol::HBONE {
         // Outside the mesh: plain TCP from the waypoint's pod (Istio's waypoint does the same).
-        return relay_plaintext(&wp, &tunnel, down_send, down_recv, first, upstream_target, start).await;
+        return relay_plaintext(
+            &wp,
+            &tunnel,
+            down_send,
+            down_recv,
+            first,
+            upstream_target,
+            start,
+        )
+        .await;
     }
     let expected = cfg.state.expected_identities(&endpoint, service.as_deref());
-    let key = PoolKey::new(wp.identity.clone(), expected, SocketAddr::new(ep_ip, ztunnel::ports::HBONE), wp.ip);
+    let key = PoolKey::new(
+        wp.identity.clone(),
+        expected,
+        SocketAddr::new(ep_ip, ztunnel::ports::HBONE),
+        wp.ip,
+    );
     let up_req = Request::builder()
         .method(Method::CONNECT)
         .uri(upstream_target.to_string())
-        .header("forwarded", hbone::request::forwarded(tunnel.src_addr, service.as_deref().map(|s| s.hostname.as_str())))
+        .header(
+            "forwarded",
+            hbone::request::forwarded(
+                tunnel.src_addr,
+                service.as_deref().map(|s| s.hostname.as_str()),
+            ),
+        )
         // The tunnel's trace goes on, with this hop as the parent.
         .header("traceparent", tunnel.trace.child().header())
         .body(());
     let Ok(up_req) = up_req else {
         return down_send.send_reset(h2::Reason::INTERNAL_ERROR);
     };
-    let src_wl = cfg.state.workload_by_ip(network::get(), tunnel.src_addr.ip()).filter(|w| w.identity() == tunnel.src_identity).cloned();
+    let src_wl = cfg
+        .state
+        .workload_by_ip(network::get(), tunnel.src_addr.ip())
+        .filter(|w| w.identity() == tunnel.src_identity)
+        .cloned();
     let dst_identity = endpoint.identity();
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
         "waypoint",
-        Peer { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
-        Peer { workload: Some(&endpoint), identity: Some(&dst_identity) },
+        Peer {
+            workload: src_wl.as_deref(),
+            identity: Some(&tunnel.src_identity),
+        },
+        Peer {
+            workload: Some(&endpoint),
+            identity: Some(&dst_identity),
+        },
         service.as_deref(),
         true,
     ));
@@ -311,7 +445,8 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
             return tracing::debug!(error = %e, "upstream stream failed");
         }
     }
-    let r = ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv, wp.idle_timeout).await;
+    let r =
+        ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv, wp.idle_timeout).await;
     drop(guard);
     let (t, err) = match r {
         Ok(t) => (t, None),
@@ -323,11 +458,17 @@ async fn relay(wp: Arc<Waypoint>, tunnel: Arc<Tunnel>, mut down_send: h2::SendSt
         direction: "waypoint",
         protocol: "TCP",
         src_addr: tunnel.src_addr,
-        src: Side { workload: src_wl.as_deref(), identity: Some(&tunnel.src_identity) },
+        src: Side {
+            workload: src_wl.as_deref(),
+            identity: Some(&tunnel.src_identity),
+        },
         dst_addr: key.dst,
         dst_hbone_addr: Some(upstream_target.into()),
         dst_service: service.as_deref(),
-        dst: Side { workload: Some(&endpoint), identity: Some(&dst_identity) },
+        dst: Side {
+            workload: Some(&endpoint),
+            identity: Some(&dst_identity),
+        },
         bytes_sent: t.sent + sniffed,
         bytes_recv: t.received,
         duration: start.elapsed(),
@@ -361,7 +502,14 @@ async fn relay_plaintext(
             return down_send.send_reset(h2::Reason::CONNECT_ERROR);
         }
     }
-    let r = ztunnel::relay::copy_tcp_h2(&mut tcp, down_send, down_recv, std::future::pending::<()>(), wp.idle_timeout).await;
+    let r = ztunnel::relay::copy_tcp_h2(
+        &mut tcp,
+        down_send,
+        down_recv,
+        std::future::pending::<()>(),
+        wp.idle_timeout,
+    )
+    .await;
     let (sent, received, err) = match r {
         Ok(t) => (t.sent, t.received, None),
         Err((e, t)) => (t.sent, t.received, Some(e.to_string())),
@@ -430,10 +578,17 @@ mod tests {
         )
         .unwrap();
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
-        let me = |uid: &str| st.workload_by_uid(&ztunnel::state::WorkloadUid(uid.into())).unwrap().clone();
+        let me = |uid: &str| {
+            st.workload_by_uid(&ztunnel::state::WorkloadUid(uid.into()))
+                .unwrap()
+                .clone()
+        };
         let at = |s: &str| s.parse::<SocketAddr>().unwrap();
         // Both of a weighted set serve the service, the canary named only in the set.
-        assert!(serves(&st, &me("wp"), at("10.96.0.12:80")) && serves(&st, &me("canary"), at("10.96.0.12:80")));
+        assert!(
+            serves(&st, &me("wp"), at("10.96.0.12:80"))
+                && serves(&st, &me("canary"), at("10.96.0.12:80"))
+        );
         // A workload serves as waypoint only what names it; nobody serves itself.
         assert!(serves(&st, &me("wp"), at("10.0.0.4:5432")));
         assert!(!serves(&st, &me("canary"), at("10.0.0.4:5432")));
@@ -453,12 +608,20 @@ mod tests {
         )
         .unwrap();
         let st = MeshState::build(Vec::new(), services, Vec::new()).unwrap();
-        let at = |port: u16| handling(false, port_protocol(&st, SocketAddr::from(([10, 96, 0, 12], port))));
+        let at = |port: u16| {
+            handling(
+                false,
+                port_protocol(&st, SocketAddr::from(([10, 96, 0, 12], port))),
+            )
+        };
         assert_eq!([at(80), at(81), at(82)], [Handling::Http; 3]);
         assert_eq!([at(83), at(84)], [Handling::Opaque; 2]);
         assert_eq!(at(85), Handling::Sniff, "a port istiod gave no protocol");
         // A workload addressed directly has no service port to declare anything.
-        assert_eq!(handling(false, port_protocol(&st, "10.0.0.4:80".parse().unwrap())), Handling::Sniff);
+        assert_eq!(
+            handling(false, port_protocol(&st, "10.0.0.4:80".parse().unwrap())),
+            Handling::Sniff
+        );
         // A TCPRoute makes the port TCP, whatever it declares.
         assert_eq!(handling(true, AppProtocol::Http11), Handling::Opaque);
         assert_eq!(handling(true, AppProtocol::Unknown), Handling::Opaque);
@@ -487,7 +650,14 @@ mod tests {
             trace: hbone::TraceParent::default(),
         };
         let why = l4_allowed(&tunnel(80), &[&policy], &providers).unwrap_err();
-        assert!(why.starts_with("denied by default/ext: ") && why.contains("http-authz"), "{why}");
-        assert_eq!(l4_allowed(&tunnel(9000), &[&policy], &providers), Ok(()), "the policy's rule is for port 80 only");
+        assert!(
+            why.starts_with("denied by default/ext: ") && why.contains("http-authz"),
+            "{why}"
+        );
+        assert_eq!(
+            l4_allowed(&tunnel(9000), &[&policy], &providers),
+            Ok(()),
+            "the policy's rule is for port 80 only"
+        );
     }
 }

@@ -44,25 +44,44 @@ const MAX_KEYS_PER_ENDPOINT: usize = 16;
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
     #[error("HBONE to {endpoint} failed: {source}")]
-    Connect { endpoint: SocketAddr, source: HboneError },
+    Connect {
+        endpoint: SocketAddr,
+        source: HboneError,
+    },
     #[error("TCP connection to {endpoint} (outside the mesh) failed: {source}")]
-    Tcp { endpoint: SocketAddr, source: ztunnel::netns::NetnsError },
+    Tcp {
+        endpoint: SocketAddr,
+        source: ztunnel::netns::NetnsError,
+    },
     #[error("TLS to {endpoint} (DestinationRule tls origination) failed: {reason}")]
-    Tls { endpoint: SocketAddr, reason: String },
+    Tls {
+        endpoint: SocketAddr,
+        reason: String,
+    },
     #[error("HTTP handshake with {endpoint} failed: {source}")]
-    Handshake { endpoint: SocketAddr, source: hyper::Error },
+    Handshake {
+        endpoint: SocketAddr,
+        source: hyper::Error,
+    },
     #[error("request to {endpoint} failed: {source}")]
-    Request { endpoint: SocketAddr, source: hyper::Error },
+    Request {
+        endpoint: SocketAddr,
+        source: hyper::Error,
+    },
 }
 
 impl UpstreamError {
     /// The server refused the request's stream unprocessed (HTTP/2 REFUSED_STREAM):
     /// Envoy's `refused-stream` retry condition.
     pub fn is_refused_stream(&self) -> bool {
-        let UpstreamError::Request { source, .. } = self else { return false };
+        let UpstreamError::Request { source, .. } = self else {
+            return false;
+        };
         let mut e: Option<&(dyn std::error::Error + 'static)> = Some(source);
         while let Some(err) = e {
-            if err.downcast_ref::<h2::Error>().and_then(h2::Error::reason) == Some(h2::Reason::REFUSED_STREAM) {
+            if err.downcast_ref::<h2::Error>().and_then(h2::Error::reason)
+                == Some(h2::Reason::REFUSED_STREAM)
+            {
                 return true;
             }
             e = err.source();
@@ -72,7 +91,13 @@ impl UpstreamError {
 
     /// The request never reached the endpoint's application (safe to retry anything).
     pub fn is_connect(&self) -> bool {
-        matches!(self, UpstreamError::Connect { .. } | UpstreamError::Tcp { .. } | UpstreamError::Tls { .. } | UpstreamError::Handshake { .. })
+        matches!(
+            self,
+            UpstreamError::Connect { .. }
+                | UpstreamError::Tcp { .. }
+                | UpstreamError::Tls { .. }
+                | UpstreamError::Handshake { .. }
+        )
     }
 }
 
@@ -91,11 +116,28 @@ pub struct Endpoint {
 
 impl Endpoint {
     /// The endpoint `addr` of workload `wl`, reached as `svc`'s (its SANs count too).
-    pub fn of(state: &MeshState, addr: SocketAddr, wl: &Workload, svc: Option<&Service>) -> Endpoint {
+    pub fn of(
+        state: &MeshState,
+        addr: SocketAddr,
+        wl: &Workload,
+        svc: Option<&Service>,
+    ) -> Endpoint {
         if wl.protocol == MeshProtocol::HBONE {
-            Endpoint { addr, identities: state.expected_identities(wl, svc), plaintext: false, tls: None, trace: hbone::TraceParent::new() }
+            Endpoint {
+                addr,
+                identities: state.expected_identities(wl, svc),
+                plaintext: false,
+                tls: None,
+                trace: hbone::TraceParent::new(),
+            }
         } else {
-            Endpoint { addr, identities: Vec::new(), plaintext: true, tls: None, trace: hbone::TraceParent::new() }
+            Endpoint {
+                addr,
+                identities: Vec::new(),
+                plaintext: true,
+                tls: None,
+                trace: hbone::TraceParent::new(),
+            }
         }
     }
 }
@@ -114,7 +156,12 @@ impl ConnKey {
     fn of(ep: &Endpoint) -> ConnKey {
         let mut identities = ep.identities.clone();
         identities.sort();
-        ConnKey { addr: ep.addr, identities, plaintext: ep.plaintext, tls: ep.tls.clone() }
+        ConnKey {
+            addr: ep.addr,
+            identities,
+            plaintext: ep.plaintext,
+            tls: ep.tls.clone(),
+        }
     }
 }
 
@@ -161,34 +208,60 @@ fn make_room<K: Eq + std::hash::Hash + Clone, V>(
     if map.contains_key(key) {
         return;
     }
-    let same: Vec<(&K, Option<Instant>)> = map.iter().filter(|(k, _)| same_endpoint(k)).map(|(k, v)| (k, last_used(v))).collect();
+    let same: Vec<(&K, Option<Instant>)> = map
+        .iter()
+        .filter(|(k, _)| same_endpoint(k))
+        .map(|(k, v)| (k, last_used(v)))
+        .collect();
     if same.len() < MAX_KEYS_PER_ENDPOINT {
         return;
     }
-    if let Some(oldest) = same.into_iter().min_by_key(|(_, t)| *t).map(|(k, _)| k.clone()) {
+    if let Some(oldest) = same
+        .into_iter()
+        .min_by_key(|(_, t)| *t)
+        .map(|(k, _)| k.clone())
+    {
         map.remove(&oldest);
     }
 }
 
 impl Upstreams {
     pub fn new(pool: Pool, netns: InPodNetns, identity: Identity, ip: IpAddr) -> Upstreams {
-        Upstreams { pool, netns, identity, ip, h1: Mutex::default(), h2: Mutex::default() }
+        Upstreams {
+            pool,
+            netns,
+            identity,
+            ip,
+            h1: Mutex::default(),
+            h2: Mutex::default(),
+        }
     }
 
     /// Opens one HBONE stream to the endpoint (CONNECT endpoint ip:port).
     pub async fn tunnel(&self, ep: &Endpoint) -> Result<H2Stream, UpstreamError> {
-        let key = PoolKey::new(self.identity.clone(), ep.identities.clone(), SocketAddr::new(ep.addr.ip(), ztunnel::ports::HBONE), self.ip);
+        let key = PoolKey::new(
+            self.identity.clone(),
+            ep.identities.clone(),
+            SocketAddr::new(ep.addr.ip(), ztunnel::ports::HBONE),
+            self.ip,
+        );
         let req = Request::builder()
             .method(Method::CONNECT)
             .uri(ep.addr.to_string())
             .header("traceparent", ep.trace.header())
             .body(())
-            .map_err(|e| UpstreamError::Connect { endpoint: ep.addr, source: HboneError::Request(e) })?;
-        let (send, recv, guard) = self
-            .pool
-            .connect(&key, &self.netns, req)
-            .await
-            .map_err(|source| UpstreamError::Connect { endpoint: ep.addr, source })?;
+            .map_err(|e| UpstreamError::Connect {
+                endpoint: ep.addr,
+                source: HboneError::Request(e),
+            })?;
+        let (send, recv, guard) =
+            self.pool
+                .connect(&key, &self.netns, req)
+                .await
+                .map_err(|source| UpstreamError::Connect {
+                    endpoint: ep.addr,
+                    source,
+                })?;
         Ok(H2Stream::new(send, recv, Some(guard)))
     }
 
@@ -200,19 +273,33 @@ impl Upstreams {
                 .netns
                 .connect(ep.addr, None, self.pool.connect_timeout())
                 .await
-                .map_err(|source| UpstreamError::Tcp { endpoint: ep.addr, source })?;
+                .map_err(|source| UpstreamError::Tcp {
+                    endpoint: ep.addr,
+                    source,
+                })?;
             Box::new(tcp)
         } else {
             Box::new(self.tunnel(ep).await?)
         };
         let Some(t) = &ep.tls else { return Ok(io) };
-        let tls_err = |reason: String| UpstreamError::Tls { endpoint: ep.addr, reason };
+        let tls_err = |reason: String| UpstreamError::Tls {
+            endpoint: ep.addr,
+            reason,
+        };
         let cfg = t.origination.client_config(t).map_err(tls_err)?;
-        let stream = tokio_rustls::TlsConnector::from(cfg).connect(t.server_name.clone(), io).await.map_err(|e| tls_err(e.to_string()))?;
+        let stream = tokio_rustls::TlsConnector::from(cfg)
+            .connect(t.server_name.clone(), io)
+            .await
+            .map_err(|e| tls_err(e.to_string()))?;
         Ok(Box::new(stream))
     }
 
-    pub async fn send(&self, ep: &Endpoint, http2: bool, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    pub async fn send(
+        &self,
+        ep: &Endpoint,
+        http2: bool,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         match (http2, req.headers().contains_key(http::header::UPGRADE)) {
             (true, _) => self.send_h2(ep, req).await,
             // Only WebSocket upgrades keep the header (the plan strips the rest).
@@ -222,9 +309,19 @@ impl Upstreams {
     }
 
     /// An HTTP/1.1 upgrade takes its connection for good: a new one, never pooled.
-    async fn send_h1_upgrade(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    async fn send_h1_upgrade(
+        &self,
+        ep: &Endpoint,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let mut sender = self.dial_h1(ep, true).await?;
-        sender.send_request(req).await.map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })
+        sender
+            .send_request(req)
+            .await
+            .map_err(|source| UpstreamError::Request {
+                endpoint: ep.addr,
+                source,
+            })
     }
 
     fn idle_h1(&self, key: &ConnKey) -> Option<http1::SendRequest<Body>> {
@@ -245,20 +342,41 @@ impl Upstreams {
     /// (and any waiting for the same connection) ends within it.
     fn dial_timeout(&self, ep: &Endpoint) -> UpstreamError {
         let after = self.pool.connect_timeout();
-        UpstreamError::Connect { endpoint: ep.addr, source: HboneError::Timeout { peer: ep.addr.to_string(), after } }
+        UpstreamError::Connect {
+            endpoint: ep.addr,
+            source: HboneError::Timeout {
+                peer: ep.addr.to_string(),
+                after,
+            },
+        }
     }
 
     /// `upgrades`: the connection may switch protocols (hands its IO to the response's
     /// `OnUpgrade` on a 101).
-    async fn dial_h1(&self, ep: &Endpoint, upgrades: bool) -> Result<http1::SendRequest<Body>, UpstreamError> {
+    async fn dial_h1(
+        &self,
+        ep: &Endpoint,
+        upgrades: bool,
+    ) -> Result<http1::SendRequest<Body>, UpstreamError> {
         let dial = async {
             let io = TokioIo::new(self.connect_io(ep).await?);
-            http1::handshake(io).await.map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })
+            http1::handshake(io)
+                .await
+                .map_err(|source| UpstreamError::Handshake {
+                    endpoint: ep.addr,
+                    source,
+                })
         };
-        let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial).await.map_err(|_| self.dial_timeout(ep))??;
+        let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial)
+            .await
+            .map_err(|_| self.dial_timeout(ep))??;
         tokio::spawn(
             async move {
-                let r = if upgrades { conn.with_upgrades().await } else { conn.await };
+                let r = if upgrades {
+                    conn.with_upgrades().await
+                } else {
+                    conn.await
+                };
                 if let Err(e) = r {
                     tracing::debug!(error = %e, "upstream HTTP/1.1 connection ended");
                 }
@@ -268,7 +386,11 @@ impl Upstreams {
         Ok(sender)
     }
 
-    async fn send_h1(&self, ep: &Endpoint, mut req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    async fn send_h1(
+        &self,
+        ep: &Endpoint,
+        mut req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let key = ConnKey::of(ep);
         let mut stale = 0;
         loop {
@@ -280,10 +402,18 @@ impl Upstreams {
                 Ok(resp) => {
                     // Kept for reuse: it turns ready again once this response body is read.
                     let mut all = lock(&self.h1);
-                    make_room(&mut all, &key, |k| k.addr == key.addr, |l| l.iter().map(|c| c.since).max());
+                    make_room(
+                        &mut all,
+                        &key,
+                        |k| k.addr == key.addr,
+                        |l| l.iter().map(|c| c.since).max(),
+                    );
                     let list = all.entry(key).or_default();
                     if list.len() < H1_MAX_IDLE {
-                        list.push(H1Conn { since: Instant::now(), sender });
+                        list.push(H1Conn {
+                            since: Instant::now(),
+                            sender,
+                        });
                     }
                     return Ok(resp);
                 }
@@ -295,7 +425,12 @@ impl Upstreams {
                         req = r;
                         stale += 1;
                     }
-                    _ => return Err(UpstreamError::Request { endpoint: ep.addr, source: e.into_error() }),
+                    _ => {
+                        return Err(UpstreamError::Request {
+                            endpoint: ep.addr,
+                            source: e.into_error(),
+                        })
+                    }
                 },
             }
         }
@@ -309,14 +444,27 @@ impl Upstreams {
         // A new endpoint: forget connections that closed or sat unused (endpoints go away).
         all.retain(|_, slot| {
             let idle = lock(&slot.last_used).is_some_and(|t| t.elapsed() > H2_IDLE);
-            let closed = slot.conn.try_lock().map(|c| c.as_ref().is_some_and(|s| s.is_closed())).unwrap_or(false);
+            let closed = slot
+                .conn
+                .try_lock()
+                .map(|c| c.as_ref().is_some_and(|s| s.is_closed()))
+                .unwrap_or(false);
             !(idle || closed)
         });
-        make_room(&mut all, key, |k| k.addr == key.addr, |slot| *lock(&slot.last_used));
+        make_room(
+            &mut all,
+            key,
+            |k| k.addr == key.addr,
+            |slot| *lock(&slot.last_used),
+        );
         all.entry(key.clone()).or_default().clone()
     }
 
-    async fn send_h2(&self, ep: &Endpoint, req: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    async fn send_h2(
+        &self,
+        ep: &Endpoint,
+        req: Request<Body>,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let slot = self.h2_slot(&ConnKey::of(ep));
         *lock(&slot.last_used) = Some(Instant::now());
         let checkout = async {
@@ -330,7 +478,10 @@ impl Upstreams {
                         .initial_connection_window_size(hbone::h2_sizes().connection_window)
                         .handshake(io)
                         .await
-                        .map_err(|source| UpstreamError::Handshake { endpoint: ep.addr, source })?;
+                        .map_err(|source| UpstreamError::Handshake {
+                            endpoint: ep.addr,
+                            source,
+                        })?;
                     tokio::spawn(
                         async move {
                             if let Err(e) = c.await {
@@ -344,12 +495,23 @@ impl Upstreams {
                 }
             }
         };
-        let mut sender = tokio::time::timeout(self.pool.connect_timeout(), checkout).await.map_err(|_| self.dial_timeout(ep))??;
-        sender.ready().await.map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })?;
+        let mut sender = tokio::time::timeout(self.pool.connect_timeout(), checkout)
+            .await
+            .map_err(|_| self.dial_timeout(ep))??;
+        sender
+            .ready()
+            .await
+            .map_err(|source| UpstreamError::Request {
+                endpoint: ep.addr,
+                source,
+            })?;
         sender
             .send_request(req)
             .await
-            .map_err(|source| UpstreamError::Request { endpoint: ep.addr, source })
+            .map_err(|source| UpstreamError::Request {
+                endpoint: ep.addr,
+                source,
+            })
     }
 }
 
@@ -371,12 +533,21 @@ mod tests {
             make_room(&mut map, &key, |k| k.0 == key.0, |v| *v);
             map.insert(key, Some(t0 + Duration::from_millis(i)));
         }
-        assert_eq!(map.keys().filter(|k| k.0 == ep(1)).count(), MAX_KEYS_PER_ENDPOINT);
-        assert!(map.contains_key(&(ep(1), "host-999.example".into())) && !map.contains_key(&(ep(1), "host-0.example".into())));
+        assert_eq!(
+            map.keys().filter(|k| k.0 == ep(1)).count(),
+            MAX_KEYS_PER_ENDPOINT
+        );
+        assert!(
+            map.contains_key(&(ep(1), "host-999.example".into()))
+                && !map.contains_key(&(ep(1), "host-0.example".into()))
+        );
         assert!(map.contains_key(&(ep(2), "other".into())));
         // A key already there takes no room.
         let again = (ep(1), "host-999.example".to_string());
         make_room(&mut map, &again, |k| k.0 == again.0, |v| *v);
-        assert_eq!(map.keys().filter(|k| k.0 == ep(1)).count(), MAX_KEYS_PER_ENDPOINT);
+        assert_eq!(
+            map.keys().filter(|k| k.0 == ep(1)).count(),
+            MAX_KEYS_PER_ENDPOINT
+        );
     }
 }

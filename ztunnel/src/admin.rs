@@ -55,7 +55,12 @@ fn scope_targets(scope: &str) -> Vec<String> {
 /// is `<level>` or `<scope>=<level>` clauses, merged over the current filter (or, with
 /// `reset`, over the start-up filter). A bare scope (which would mean "trace") is
 /// refused as upstream does.
-pub fn next_filter(current: &str, initial: &str, level: Option<&str>, reset: bool) -> Result<Option<String>, String> {
+pub fn next_filter(
+    current: &str,
+    initial: &str,
+    level: Option<&str>,
+    reset: bool,
+) -> Result<Option<String>, String> {
     let level = level.unwrap_or_default().trim();
     if level.is_empty() && !reset {
         return Ok(None);
@@ -72,7 +77,9 @@ pub fn next_filter(current: &str, initial: &str, level: Option<&str>, reset: boo
     for c in base.split(',').map(str::trim).filter(|c| !c.is_empty()) {
         match c.split_once('=') {
             Some((t, l)) => set(t, l, &mut clauses),
-            None if LOG_LEVELS.contains(&c.to_ascii_lowercase().as_str()) => default = Some(c.to_ascii_lowercase()),
+            None if LOG_LEVELS.contains(&c.to_ascii_lowercase().as_str()) => {
+                default = Some(c.to_ascii_lowercase())
+            }
             None => clauses.push((c.to_string(), String::new())),
         }
     }
@@ -87,11 +94,20 @@ pub fn next_filter(current: &str, initial: &str, level: Option<&str>, reset: boo
                     set(&t, &l, &mut clauses);
                 }
             }
-            None if LOG_LEVELS.contains(&c.to_ascii_lowercase().as_str()) => default = Some(c.to_ascii_lowercase()),
-            None => return Err(format!("level {c:?} is invalid (a level, or <scope>=<level>)")),
+            None if LOG_LEVELS.contains(&c.to_ascii_lowercase().as_str()) => {
+                default = Some(c.to_ascii_lowercase())
+            }
+            None => {
+                return Err(format!(
+                    "level {c:?} is invalid (a level, or <scope>=<level>)"
+                ))
+            }
         }
     }
-    let mut out: Vec<String> = clauses.into_iter().map(|(t, l)| if l.is_empty() { t } else { format!("{t}={l}") }).collect();
+    let mut out: Vec<String> = clauses
+        .into_iter()
+        .map(|(t, l)| if l.is_empty() { t } else { format!("{t}={l}") })
+        .collect();
     out.extend(default);
     Ok(Some(out.join(",")))
 }
@@ -101,7 +117,9 @@ pub fn next_filter(current: &str, initial: &str, level: Option<&str>, reset: boo
 fn query(req: &Request<Incoming>) -> std::collections::HashMap<String, String> {
     let mut params = std::collections::HashMap::new();
     for (k, v) in form_urlencoded::parse(req.uri().query().unwrap_or_default().as_bytes()) {
-        params.entry(k.into_owned()).or_insert_with(|| v.into_owned());
+        params
+            .entry(k.into_owned())
+            .or_insert_with(|| v.into_owned());
     }
     params
 }
@@ -109,17 +127,28 @@ fn query(req: &Request<Incoming>) -> std::collections::HashMap<String, String> {
 fn logging(admin: &Admin, req: &Request<Incoming>) -> HttpResponse {
     let q = query(req);
     let current = admin.log.get();
-    let next = match next_filter(&current, &admin.log.initial(), q.get("level").map(String::as_str), q.contains_key("reset")) {
+    let next = match next_filter(
+        &current,
+        &admin.log.initial(),
+        q.get("level").map(String::as_str),
+        q.contains_key("reset"),
+    ) {
         Ok(next) => next,
         Err(e) => return text(StatusCode::BAD_REQUEST, format!("{e}\n{LOGGING_HELP}")),
     };
     if let Some(filter) = next {
         if let Err(e) = admin.log.set(&filter) {
-            return text(StatusCode::BAD_REQUEST, format!("invalid log filter {filter:?}: {e}\n{LOGGING_HELP}"));
+            return text(
+                StatusCode::BAD_REQUEST,
+                format!("invalid log filter {filter:?}: {e}\n{LOGGING_HELP}"),
+            );
         }
         tracing::info!(filter = %filter, "log level changed");
     }
-    text(StatusCode::OK, format!("current log level is {}\n", admin.log.get()))
+    text(
+        StatusCode::OK,
+        format!("current log level is {}\n", admin.log.get()),
+    )
 }
 
 pub struct Admin {
@@ -133,17 +162,27 @@ pub struct Admin {
 fn route(admin: &Admin, req: &Request<Incoming>) -> HttpResponse {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/config_dump") => {
-            let body = serde_json::to_string_pretty(&(admin.config_dump)()).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
+            let body = serde_json::to_string_pretty(&(admin.config_dump)())
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"));
             crate::http_endpoint::respond(StatusCode::OK, "application/json", body)
         }
-        (&Method::GET, "/logging") => text(StatusCode::OK, format!("current log level is {}\n", admin.log.get())),
+        (&Method::GET, "/logging") => text(
+            StatusCode::OK,
+            format!("current log level is {}\n", admin.log.get()),
+        ),
         (&Method::POST, "/logging") => logging(admin, req),
         (&Method::POST, "/quitquitquit") => {
             admin.quit.notify_one();
             text(StatusCode::OK, "draining\n".into())
         }
-        (_, "/logging" | "/quitquitquit" | "/config_dump") => text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n".into()),
-        _ => text(StatusCode::NOT_FOUND, "not found; try /config_dump, /logging or /quitquitquit\n".into()),
+        (_, "/logging" | "/quitquitquit" | "/config_dump") => text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method not allowed\n".into(),
+        ),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found; try /config_dump, /logging or /quitquitquit\n".into(),
+        ),
     }
 }
 
@@ -166,40 +205,67 @@ mod tests {
 
     #[test]
     fn levels_merge_over_the_current_filter() {
-        assert_eq!(next_filter("info", START, Some("debug"), false), Ok(Some("debug".into())));
+        assert_eq!(
+            next_filter("info", START, Some("debug"), false),
+            Ok(Some("debug".into()))
+        );
         assert_eq!(
             next_filter("ztunnel::xds=warn,info", START, Some("access=debug"), false),
-            Ok(Some("ztunnel::xds=warn,access=debug,ztunnel::access_log=debug,info".into()))
+            Ok(Some(
+                "ztunnel::xds=warn,access=debug,ztunnel::access_log=debug,info".into()
+            ))
         );
         // Istio's scope names are ztunnel's modules.
         assert_eq!(
             next_filter("info", START, Some("proxy=trace,inpod=debug,warn"), false),
-            Ok(Some("proxy=trace,ztunnel::proxy=trace,inpod=debug,ztunnel::zds=debug,warn".into()))
+            Ok(Some(
+                "proxy=trace,ztunnel::proxy=trace,inpod=debug,ztunnel::zds=debug,warn".into()
+            ))
         );
         // A scope set again replaces its level; module paths stay as given.
         assert_eq!(
-            next_filter("ztunnel::proxy=trace,info", START, Some("ztunnel::proxy=error"), false),
+            next_filter(
+                "ztunnel::proxy=trace,info",
+                START,
+                Some("ztunnel::proxy=error"),
+                false
+            ),
             Ok(Some("ztunnel::proxy=error,info".into()))
         );
     }
 
     #[test]
     fn reset_returns_to_the_start_up_filter() {
-        assert_eq!(next_filter("ztunnel::proxy=trace,debug", "hickory=off,info", None, true), Ok(Some("hickory=off,info".into())));
-        assert_eq!(next_filter("debug", "info", Some("access=debug"), true), Ok(Some("access=debug,ztunnel::access_log=debug,info".into())));
+        assert_eq!(
+            next_filter("ztunnel::proxy=trace,debug", "hickory=off,info", None, true),
+            Ok(Some("hickory=off,info".into()))
+        );
+        assert_eq!(
+            next_filter("debug", "info", Some("access=debug"), true),
+            Ok(Some("access=debug,ztunnel::access_log=debug,info".into()))
+        );
     }
 
     #[test]
     fn invalid_levels_are_refused() {
         for bad in ["loud", "proxy", "proxy=loud", "=debug"] {
-            assert!(next_filter("info", START, Some(bad), false).is_err(), "{bad}");
+            assert!(
+                next_filter("info", START, Some(bad), false).is_err(),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn every_result_is_a_valid_env_filter() {
-        for (level, reset) in [(Some("access=debug"), false), (Some("proxy=trace,warn"), true), (None, true)] {
-            let f = next_filter("ztunnel::xds=warn,info", START, level, reset).unwrap().unwrap();
+        for (level, reset) in [
+            (Some("access=debug"), false),
+            (Some("proxy=trace,warn"), true),
+            (None, true),
+        ] {
+            let f = next_filter("ztunnel::xds=warn,info", START, level, reset)
+                .unwrap()
+                .unwrap();
             tracing_subscriber::EnvFilter::try_new(&f).unwrap();
         }
     }

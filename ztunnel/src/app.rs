@@ -27,33 +27,57 @@ pub enum AppError {
     #[error("no CA_ADDRESS and no mesh CA in {dir}: give the Istio CA's address, or the mesh root (ca-cert.pem, ca-key.pem) the node proxies use: {source}")]
     NoSharedCa { dir: PathBuf, source: CaError },
     #[error("cannot listen on {addr}: {source}; is another process using the port?")]
-    Listen { addr: SocketAddr, source: std::io::Error },
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// The built-in CA a binary falls back to without the Istio CA.
 pub enum BuiltinCa<'a> {
     /// ztunnel: the root in `state_dir` (made on first start) or the given files.
-    LoadOrCreate { state_dir: &'a Path, cert: Option<&'a Path>, key: Option<&'a Path> },
+    LoadOrCreate {
+        state_dir: &'a Path,
+        cert: Option<&'a Path>,
+        key: Option<&'a Path>,
+    },
     /// The waypoint: the mesh root the node proxies share, in `state_dir`; never made
     /// here (a root of its own would split the mesh's trust).
     Shared { state_dir: &'a Path },
 }
 
 /// Workload certificates from the Istio CA when `CA_ADDRESS` is set, else from `builtin`.
-pub fn cert_manager(istiod: &IstiodArgs, ttl: Duration, builtin: BuiltinCa<'_>) -> Result<Arc<CertManager>, AppError> {
+pub fn cert_manager(
+    istiod: &IstiodArgs,
+    ttl: Duration,
+    builtin: BuiltinCa<'_>,
+) -> Result<Arc<CertManager>, AppError> {
     if let Some(certs) = istiod.istio_ca(ttl)? {
-        tracing::info!(ca = istiod.ca_address.as_deref().unwrap_or_default(), "workload certificates from the Istio CA");
+        tracing::info!(
+            ca = istiod.ca_address.as_deref().unwrap_or_default(),
+            "workload certificates from the Istio CA"
+        );
         return Ok(certs);
     }
     let ca = match builtin {
-        BuiltinCa::LoadOrCreate { state_dir, cert, key } => {
+        BuiltinCa::LoadOrCreate {
+            state_dir,
+            cert,
+            key,
+        } => {
             tracing::info!(state_dir = %state_dir.display(), shared_root = cert.is_some(), "workload certificates from the built-in CA");
             Ca::load_or_create(state_dir, cert, key)?
         }
         BuiltinCa::Shared { state_dir } => {
             tracing::info!(state_dir = %state_dir.display(), "workload certificates from the mesh's shared built-in CA");
-            Ca::from_files(&state_dir.join("ca-cert.pem"), &state_dir.join("ca-key.pem"))
-                .map_err(|source| AppError::NoSharedCa { dir: state_dir.to_path_buf(), source })?
+            Ca::from_files(
+                &state_dir.join("ca-cert.pem"),
+                &state_dir.join("ca-key.pem"),
+            )
+            .map_err(|source| AppError::NoSharedCa {
+                dir: state_dir.to_path_buf(),
+                source,
+            })?
         }
     };
     Ok(CertManager::new(Arc::new(LocalCa { ca, ttl })))
@@ -66,7 +90,10 @@ pub fn cert_manager(istiod: &IstiodArgs, ttl: Duration, builtin: BuiltinCa<'_>) 
 /// an IPv6 pod's probes and scrapes reach it. Unchanged when `ipv6` is off, or IPv6 is
 /// off in this network namespace (binding `[::]` would fail).
 pub fn both_families(addr: SocketAddr, ipv6: bool) -> SocketAddr {
-    let v6_on = || std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
+    let v6_on = || {
+        std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+            .is_ok_and(|v| v.trim() == "0")
+    };
     if ipv6 && addr.ip() == std::net::Ipv4Addr::UNSPECIFIED && v6_on() {
         SocketAddr::new(std::net::Ipv6Addr::UNSPECIFIED.into(), addr.port())
     } else {
@@ -74,9 +101,14 @@ pub fn both_families(addr: SocketAddr, ipv6: bool) -> SocketAddr {
     }
 }
 
-pub async fn serve_observability(addrs: &[SocketAddr], metrics: &Arc<Metrics>) -> Result<(), AppError> {
+pub async fn serve_observability(
+    addrs: &[SocketAddr],
+    metrics: &Arc<Metrics>,
+) -> Result<(), AppError> {
     for &addr in addrs {
-        let l = crate::http_endpoint::bind(addr).await.map_err(|source| AppError::Listen { addr, source })?;
+        let l = crate::http_endpoint::bind(addr)
+            .await
+            .map_err(|source| AppError::Listen { addr, source })?;
         tokio::spawn(crate::metrics_endpoint::serve(l, metrics.clone()));
     }
     Ok(())
@@ -90,10 +122,19 @@ mod tests {
     fn the_wildcard_takes_both_families_with_ipv6_on() {
         let a = |s: &str| s.parse::<SocketAddr>().unwrap();
         assert_eq!(both_families(a("0.0.0.0:15020"), false), a("0.0.0.0:15020"));
-        assert_eq!(both_families(a("10.0.0.1:15020"), true), a("10.0.0.1:15020"), "a given address stays");
+        assert_eq!(
+            both_families(a("10.0.0.1:15020"), true),
+            a("10.0.0.1:15020"),
+            "a given address stays"
+        );
         assert_eq!(both_families(a("[::1]:15020"), true), a("[::1]:15020"));
-        let v6_on = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").is_ok_and(|v| v.trim() == "0");
-        let want = if v6_on { a("[::]:15020") } else { a("0.0.0.0:15020") };
+        let v6_on = std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+            .is_ok_and(|v| v.trim() == "0");
+        let want = if v6_on {
+            a("[::]:15020")
+        } else {
+            a("0.0.0.0:15020")
+        };
         assert_eq!(both_families(a("0.0.0.0:15020"), true), want);
     }
 }

@@ -35,7 +35,10 @@ pub struct CaptureOptions {
 #[derive(Clone)]
 pub enum Backend {
     None,
-    Nftables { exempt_inbound_ports: Vec<u16>, capture_dns: bool },
+    Nftables {
+        exempt_inbound_ports: Vec<u16>,
+        capture_dns: bool,
+    },
     Ebpf(Arc<ztunnel_ebpf::Capture>),
 }
 
@@ -53,13 +56,19 @@ impl Backend {
     /// Sets up the requested mode; eBPF that the kernel or build cannot provide falls
     /// back to nftables with a warning saying why.
     pub fn start(mode: CaptureMode, opts: &CaptureOptions) -> Backend {
-        let nft = || Backend::Nftables { exempt_inbound_ports: opts.exempt_inbound_ports.clone(), capture_dns: opts.capture_dns };
+        let nft = || Backend::Nftables {
+            exempt_inbound_ports: opts.exempt_inbound_ports.clone(),
+            capture_dns: opts.capture_dns,
+        };
         match mode {
             CaptureMode::None => Backend::None,
             CaptureMode::Nftables => nft(),
             CaptureMode::Ebpf => {
                 let eopts = ztunnel_ebpf::Options {
-                    pin_dir: opts.bpf_pin_dir.clone().unwrap_or_else(|| ztunnel_ebpf::DEFAULT_PIN_DIR.into()),
+                    pin_dir: opts
+                        .bpf_pin_dir
+                        .clone()
+                        .unwrap_or_else(|| ztunnel_ebpf::DEFAULT_PIN_DIR.into()),
                     cgroup: opts.cgroup.clone(),
                     exempt_inbound_ports: opts.exempt_inbound_ports.clone(),
                     capture_dns: opts.capture_dns,
@@ -85,11 +94,18 @@ impl Backend {
 
     /// Starts capturing a pod whose listeners are already accepting: each of its
     /// addresses with its inbound plaintext (15006) listener, of the same family.
-    pub async fn install(&self, netns: &InPodNetns, inbound: &[(IpAddr, &tokio::net::TcpListener)]) -> Result<(), CaptureError> {
+    pub async fn install(
+        &self,
+        netns: &InPodNetns,
+        inbound: &[(IpAddr, &tokio::net::TcpListener)],
+    ) -> Result<(), CaptureError> {
         let ipv6 = inbound.iter().any(|(ip, _)| ip.is_ipv6());
         match self {
             Backend::None => Ok(()),
-            Backend::Nftables { exempt_inbound_ports, capture_dns } => nftables::install(netns, exempt_inbound_ports, *capture_dns, ipv6).await,
+            Backend::Nftables {
+                exempt_inbound_ports,
+                capture_dns,
+            } => nftables::install(netns, exempt_inbound_ports, *capture_dns, ipv6).await,
             Backend::Ebpf(c) => ebpf::install(c, netns, inbound).await,
         }
     }
@@ -103,13 +119,17 @@ impl Backend {
             match netns.cookie() {
                 Ok(cookie) => keep.push(ztunnel_ebpf::NetnsCookie(cookie)),
                 // Unknown cookie: removing anything could uncapture that pod; keep all.
-                Err(e) => return tracing::warn!(netns = netns.name(), error = %e, "cannot read a netns cookie; keeping all eBPF pod state"),
+                Err(e) => {
+                    return tracing::warn!(netns = netns.name(), error = %e, "cannot read a netns cookie; keeping all eBPF pod state")
+                }
             }
         }
         match c.retain(&keep) {
             Ok(0) => {}
             Ok(n) => tracing::info!(pods = n, "removed eBPF capture of pods no longer enrolled"),
-            Err(e) => tracing::warn!(error = %e, "cannot remove eBPF capture of pods no longer enrolled"),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot remove eBPF capture of pods no longer enrolled")
+            }
         }
     }
 
@@ -124,7 +144,11 @@ impl Backend {
 
     /// Removal, second half, once the pod's connections are done: removes the rest of
     /// what `install` put in the netns (the reply routing they needed).
-    pub async fn finish_removal(&self, netns: &InPodNetns, ips: PodIps) -> Result<(), CaptureError> {
+    pub async fn finish_removal(
+        &self,
+        netns: &InPodNetns,
+        ips: PodIps,
+    ) -> Result<(), CaptureError> {
         let ipv6 = ips.v6.is_some();
         match self {
             Backend::None => Ok(()),

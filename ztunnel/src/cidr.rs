@@ -21,7 +21,8 @@ impl Cidr {
             // An IPv4-mapped IPv6 rule (`::ffff:10.0.0.0/104`) names IPv4 peers, which are
             // compared as IPv4 above: compare the rule as IPv4 too, or it would never match.
             IpNet::V6(net) if net.prefix_len() >= 96 => match net.network().to_ipv4_mapped() {
-                Some(v4) => ipnet::Ipv4Net::new(v4, net.prefix_len() - 96).is_ok_and(|n| IpNet::V4(n).contains(&ip)),
+                Some(v4) => ipnet::Ipv4Net::new(v4, net.prefix_len() - 96)
+                    .is_ok_and(|n| IpNet::V4(n).contains(&ip)),
                 None => self.0.contains(&ip),
             },
             _ => self.0.contains(&ip),
@@ -44,7 +45,9 @@ impl std::str::FromStr for Cidr {
         }
         s.parse::<IpAddr>()
             .map(|ip| Cidr(IpNet::from(ip)))
-            .map_err(|_| format!("invalid IP or CIDR {s:?}: expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\""))
+            .map_err(|_| {
+                format!("invalid IP or CIDR {s:?}: expected e.g. \"10.0.0.0/8\" or \"10.1.2.3\"")
+            })
     }
 }
 

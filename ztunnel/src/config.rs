@@ -17,10 +17,16 @@ pub use settings::ProxyConfig;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// serde_yaml's message names the field path, line and column.
     #[error("invalid config file {path}: {source}")]
-    Parse { path: PathBuf, source: serde_yaml::Error },
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
     #[error("invalid config file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
     #[error("inconsistent config file {path}: {source}")]
@@ -82,20 +88,27 @@ pub struct LocalConfig {
 
 impl LocalConfig {
     pub fn parse(path: &Path, text: &str) -> Result<LocalConfig, ConfigError> {
-        let cfg: LocalConfig = serde_yaml::from_str(text)
-            .map_err(|source| ConfigError::Parse { path: path.to_path_buf(), source })?;
+        let cfg: LocalConfig = serde_yaml::from_str(text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
         cfg.validate(path)?;
         Ok(cfg)
     }
 
     pub fn load(path: &Path) -> Result<LocalConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         LocalConfig::parse(path, &text)
     }
 
     fn validate(&self, path: &Path) -> Result<(), ConfigError> {
-        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
         for (i, w) in self.workloads.iter().enumerate() {
             for (field, value) in [
                 ("uid", &w.uid.0),
@@ -104,7 +117,10 @@ impl LocalConfig {
                 ("serviceAccount", &w.service_account),
                 ("trustDomain", &w.trust_domain),
             ] {
-                if value.is_empty() || (value.contains('/') && field != "uid") || value.chars().any(char::is_control) {
+                if value.is_empty()
+                    || (value.contains('/') && field != "uid")
+                    || value.chars().any(char::is_control)
+                {
                     return Err(invalid(format!(
                         "workloads[{i}].{field}: {value:?} must be non-empty, without '/' or control characters"
                     )));
@@ -114,18 +130,23 @@ impl LocalConfig {
                 crate::state::workload::validate_hostname(&w.hostname)
                     .map_err(|e| invalid(format!("workloads[{i}].hostname: {e}")))?;
             }
-            crate::state::workload::validate_network(&w.network).map_err(|e| invalid(format!("workloads[{i}].network: {e}")))?;
+            crate::state::workload::validate_network(&w.network)
+                .map_err(|e| invalid(format!("workloads[{i}].network: {e}")))?;
             if let Some(g) = &w.network_gateway {
                 if g.hbone_mtls_port == 0 {
                     return Err(invalid(format!("workloads[{i}].networkGateway.hboneMtlsPort: 0 is not a port; omit it for 15008")));
                 }
                 if let crate::state::GatewayDestination::Address(a) = &g.destination {
-                    crate::state::workload::validate_network(&a.network)
-                        .map_err(|e| invalid(format!("workloads[{i}].networkGateway.destination: network {e}")))?;
+                    crate::state::workload::validate_network(&a.network).map_err(|e| {
+                        invalid(format!(
+                            "workloads[{i}].networkGateway.destination: network {e}"
+                        ))
+                    })?;
                 }
             }
             if let Some(t) = &w.application_tunnel {
-                t.validate().map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
+                t.validate()
+                    .map_err(|e| invalid(format!("workloads[{i}].applicationTunnel.{e}")))?;
             }
             for (svc, ports) in &w.services {
                 if svc.0.split_once('/').is_none() {
@@ -135,14 +156,19 @@ impl LocalConfig {
                     )));
                 }
                 if ports.contains_key(&0) {
-                    return Err(invalid(format!("workloads[{i}].services[{}]: service port 0 is not a port", svc.0)));
+                    return Err(invalid(format!(
+                        "workloads[{i}].services[{}]: service port 0 is not a port",
+                        svc.0
+                    )));
                 }
             }
         }
         for (i, s) in self.services.iter().enumerate() {
             // Target port 0 means "the service port"; service port 0 means nothing.
             if s.ports.contains_key(&0) {
-                return Err(invalid(format!("services[{i}].ports: service port 0 is not a port")));
+                return Err(invalid(format!(
+                    "services[{i}].ports: service port 0 is not a port"
+                )));
             }
             for san in &s.subject_alt_names {
                 san.parse::<crate::identity::Identity>()
@@ -153,8 +179,12 @@ impl LocalConfig {
     }
 
     pub fn into_state(self, path: &Path) -> Result<MeshState, ConfigError> {
-        MeshState::build(self.workloads, self.services, self.policies)
-            .map_err(|source| ConfigError::State { path: path.to_path_buf(), source })
+        MeshState::build(self.workloads, self.services, self.policies).map_err(|source| {
+            ConfigError::State {
+                path: path.to_path_buf(),
+                source,
+            }
+        })
     }
 }
 
@@ -162,12 +192,20 @@ impl LocalConfig {
 /// Kubernetes ConfigMap updates do, changes the inode).
 async fn file_stamp(path: &Path) -> Option<(std::time::SystemTime, u64, u64)> {
     let m = tokio::fs::metadata(path).await.ok()?;
-    Some((m.modified().ok()?, m.len(), std::os::unix::fs::MetadataExt::ino(&m)))
+    Some((
+        m.modified().ok()?,
+        m.len(),
+        std::os::unix::fs::MetadataExt::ino(&m),
+    ))
 }
 
 /// Polls `path` every `interval` and awaits `on_change` after each change (not for the
 /// version present at the start).
-pub async fn watch_file<F: std::future::Future<Output = ()>>(path: PathBuf, interval: Duration, mut on_change: impl FnMut() -> F) {
+pub async fn watch_file<F: std::future::Future<Output = ()>>(
+    path: PathBuf,
+    interval: Duration,
+    mut on_change: impl FnMut() -> F,
+) {
     let mut last = file_stamp(&path).await;
     loop {
         tokio::time::sleep(interval).await;
@@ -226,7 +264,10 @@ policies:
         assert_eq!(cfg.workloads[0].trust_domain, "cluster.local");
         assert_eq!(cfg.workloads[0].capacity, 1);
         let st = cfg.into_state(Path::new("x.yaml")).unwrap();
-        let svc = st.service_by_vip("", "10.96.0.10".parse().unwrap()).unwrap().clone();
+        let svc = st
+            .service_by_vip("", "10.96.0.10".parse().unwrap())
+            .unwrap()
+            .clone();
         let eps = st.endpoints_for(&svc, 80);
         assert_eq!(eps.len(), 1);
         assert_eq!(eps[0].1, 8080);
@@ -235,7 +276,9 @@ policies:
     #[test]
     fn unknown_field_names_file_line_and_field() {
         let bad = GOOD.replace("  node: node1", "  node: node1\n  nodeName: oops");
-        let err = LocalConfig::parse(Path::new("/etc/zt/local.yaml"), &bad).unwrap_err().to_string();
+        let err = LocalConfig::parse(Path::new("/etc/zt/local.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("/etc/zt/local.yaml"), "{err}");
         assert!(err.contains("unknown field `nodeName`"), "{err}");
         assert!(err.contains("line 10"), "{err}");
@@ -245,13 +288,22 @@ policies:
     #[test]
     fn bad_values_are_named() {
         let bad = GOOD.replace("10.10.1.11", "10.10.1.300");
-        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("workloads[0].workloadIps"), "{err}");
         let bad = GOOD.replace("scope: Namespace", "scope: Cluster");
-        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
-        assert!(err.contains("policies[0].scope") && err.contains("line"), "{err}");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("policies[0].scope") && err.contains("line"),
+            "{err}"
+        );
         let bad = GOOD.replace("serviceAccount: client", "serviceAccount: \"a/b\"");
-        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("workloads[0].serviceAccount"), "{err}");
     }
 
@@ -260,91 +312,203 @@ policies:
         let svc = "services:\n- {name: s, namespace: d, hostname: s.d.svc, vips: [\"/10.96.0.1\"], waypoint: {destination: \"/10.0.0.9\", hboneMtlsPort: 15008}}\n";
         let cfg = LocalConfig::parse(Path::new("f.yaml"), svc).unwrap();
         let wp = cfg.services[0].waypoint.clone().unwrap();
-        let crate::state::GatewayDestination::Address(a) = &wp.destination else { panic!("{wp:?}") };
+        let crate::state::GatewayDestination::Address(a) = &wp.destination else {
+            panic!("{wp:?}")
+        };
         assert_eq!(a.address, "10.0.0.9".parse::<std::net::IpAddr>().unwrap());
-        let by_name = svc.replace("/10.0.0.9", "istio-system/waypoint.istio-system.svc.cluster.local");
-        let wp = LocalConfig::parse(Path::new("f.yaml"), &by_name).unwrap().services[0].waypoint.clone().unwrap();
+        let by_name = svc.replace(
+            "/10.0.0.9",
+            "istio-system/waypoint.istio-system.svc.cluster.local",
+        );
+        let wp = LocalConfig::parse(Path::new("f.yaml"), &by_name)
+            .unwrap()
+            .services[0]
+            .waypoint
+            .clone()
+            .unwrap();
         assert_eq!(
             wp.destination,
-            crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname("istio-system/waypoint.istio-system.svc.cluster.local".into()))
+            crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname(
+                "istio-system/waypoint.istio-system.svc.cluster.local".into()
+            ))
         );
         assert_eq!(wp.hbone_mtls_port, 15008);
         let defaulted = svc.replace(", hboneMtlsPort: 15008", "");
-        assert_eq!(LocalConfig::parse(Path::new("f.yaml"), &defaulted).unwrap().services[0].waypoint.as_ref().unwrap().hbone_mtls_port, 15008);
+        assert_eq!(
+            LocalConfig::parse(Path::new("f.yaml"), &defaulted)
+                .unwrap()
+                .services[0]
+                .waypoint
+                .as_ref()
+                .unwrap()
+                .hbone_mtls_port,
+            15008
+        );
         let bad = svc.replace("/10.0.0.9", "/not-an-ip");
-        let err = LocalConfig::parse(Path::new("f.yaml"), &bad).unwrap_err().to_string();
-        assert!(err.contains("services[0].waypoint") && err.contains("not-an-ip"), "{err}");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("services[0].waypoint") && err.contains("not-an-ip"),
+            "{err}"
+        );
     }
 
     #[test]
     fn network_and_network_gateway_parse_and_bad_ones_are_named() {
-        let wl = |extra: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, network: net-b, serviceAccount: s{extra}}}\n");
-        let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl(", networkGateway: {destination: \"net-b/172.18.0.9\"}")).unwrap();
+        let wl = |extra: &str| {
+            format!("workloads:\n- {{uid: a, name: a, namespace: d, network: net-b, serviceAccount: s{extra}}}\n")
+        };
+        let cfg = LocalConfig::parse(
+            Path::new("f.yaml"),
+            &wl(", networkGateway: {destination: \"net-b/172.18.0.9\"}"),
+        )
+        .unwrap();
         let w = &cfg.workloads[0];
         let g = w.network_gateway.clone().unwrap();
-        assert_eq!((w.network.as_str(), g.hbone_mtls_port, g.destination.to_string().as_str()), ("net-b", 15008, "net-b/172.18.0.9"));
+        assert_eq!(
+            (
+                w.network.as_str(),
+                g.hbone_mtls_port,
+                g.destination.to_string().as_str()
+            ),
+            ("net-b", 15008, "net-b/172.18.0.9")
+        );
         let by_name = wl(", networkGateway: {destination: istio-system/eastwest.istio-system.svc.cluster.local, hboneMtlsPort: 15009}");
-        let g = LocalConfig::parse(Path::new("f.yaml"), &by_name).unwrap().workloads[0].network_gateway.clone().unwrap();
+        let g = LocalConfig::parse(Path::new("f.yaml"), &by_name)
+            .unwrap()
+            .workloads[0]
+            .network_gateway
+            .clone()
+            .unwrap();
         assert_eq!(
             (g.destination, g.hbone_mtls_port),
-            (crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname("istio-system/eastwest.istio-system.svc.cluster.local".into())), 15009)
+            (
+                crate::state::GatewayDestination::Hostname(crate::state::NamespacedHostname(
+                    "istio-system/eastwest.istio-system.svc.cluster.local".into()
+                )),
+                15009
+            )
         );
         for (bad, want) in [
-            (", networkGateway: {destination: \"net-b/172.18.0.9\", hboneMtlsPort: 0}", "workloads[0].networkGateway.hboneMtlsPort: 0 is not a port"),
-            (", networkGateway: {destination: \"a/b/172.18.0.9\"}", "workloads[0].networkGateway.destination: network \"a/b\""),
-            (", networkGateway: {destination: \"net-b/not-an-ip/x\"}", "workloads[0].networkGateway"),
-            (", networkGateway: {address: \"net-b/172.18.0.9\"}", "unknown field `address`"),
+            (
+                ", networkGateway: {destination: \"net-b/172.18.0.9\", hboneMtlsPort: 0}",
+                "workloads[0].networkGateway.hboneMtlsPort: 0 is not a port",
+            ),
+            (
+                ", networkGateway: {destination: \"a/b/172.18.0.9\"}",
+                "workloads[0].networkGateway.destination: network \"a/b\"",
+            ),
+            (
+                ", networkGateway: {destination: \"net-b/not-an-ip/x\"}",
+                "workloads[0].networkGateway",
+            ),
+            (
+                ", networkGateway: {address: \"net-b/172.18.0.9\"}",
+                "unknown field `address`",
+            ),
         ] {
-            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
+            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("f.yaml") && err.contains(want), "{bad}: {err}");
         }
-        let err = LocalConfig::parse(Path::new("f.yaml"), &wl("").replace("net-b", "\"a/b\"")).unwrap_err().to_string();
-        assert!(err.contains("workloads[0].network: \"a/b\" must be without '/'"), "{err}");
+        let err = LocalConfig::parse(Path::new("f.yaml"), &wl("").replace("net-b", "\"a/b\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("workloads[0].network: \"a/b\" must be without '/'"),
+            "{err}"
+        );
     }
 
     #[test]
     fn service_port_zero_is_refused_with_the_field_named() {
         let svc = "services:\n- {name: s, namespace: n, hostname: s.n.svc, ports: {0: 80}}\n";
-        let e = LocalConfig::parse(Path::new("f.yaml"), svc).unwrap_err().to_string();
-        assert!(e.contains("f.yaml") && e.contains("services[0].ports: service port 0"), "{e}");
+        let e = LocalConfig::parse(Path::new("f.yaml"), svc)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("f.yaml") && e.contains("services[0].ports: service port 0"),
+            "{e}"
+        );
         let wl = "workloads:\n- {uid: u, name: a, namespace: n, workloadIps: [10.0.0.1], services: {n/s.n.svc: {0: 0}}}\n";
-        let e = LocalConfig::parse(Path::new("f.yaml"), wl).unwrap_err().to_string();
-        assert!(e.contains("workloads[0].services[n/s.n.svc]: service port 0"), "{e}");
+        let e = LocalConfig::parse(Path::new("f.yaml"), wl)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("workloads[0].services[n/s.n.svc]: service port 0"),
+            "{e}"
+        );
     }
 
     #[test]
     fn application_tunnel_parses_and_bad_ports_are_named() {
-        let wl = |t: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, workloadIps: [10.0.0.1], applicationTunnel: {t}}}\n");
-        let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY, port: 15088}")).unwrap();
+        let wl = |t: &str| {
+            format!("workloads:\n- {{uid: a, name: a, namespace: d, workloadIps: [10.0.0.1], applicationTunnel: {t}}}\n")
+        };
+        let cfg =
+            LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY, port: 15088}")).unwrap();
         let t = cfg.workloads[0].application_tunnel.unwrap();
-        assert_eq!((t.protocol, t.port, t.port_for(80)), (crate::state::ApplicationTunnelProtocol::PROXY, Some(15088), 15088));
-        let t = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY}")).unwrap().workloads[0].application_tunnel.unwrap();
+        assert_eq!(
+            (t.protocol, t.port, t.port_for(80)),
+            (
+                crate::state::ApplicationTunnelProtocol::PROXY,
+                Some(15088),
+                15088
+            )
+        );
+        let t = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: PROXY}"))
+            .unwrap()
+            .workloads[0]
+            .application_tunnel
+            .unwrap();
         assert_eq!(t.port_for(80), 80);
-        let none = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: NONE}")).unwrap().workloads[0].application_tunnel;
+        let none = LocalConfig::parse(Path::new("f.yaml"), &wl("{protocol: NONE}"))
+            .unwrap()
+            .workloads[0]
+            .application_tunnel;
         assert_eq!(crate::state::ApplicationTunnel::effective(none), None);
         for (bad, want) in [
-            ("{protocol: PROXY, port: 0}", "workloads[0].applicationTunnel.port: 0"),
-            ("{protocol: PROXY, port: 15008}", "workloads[0].applicationTunnel.port: 15008 is one of the proxy's own ports"),
+            (
+                "{protocol: PROXY, port: 0}",
+                "workloads[0].applicationTunnel.port: 0",
+            ),
+            (
+                "{protocol: PROXY, port: 15008}",
+                "workloads[0].applicationTunnel.port: 15008 is one of the proxy's own ports",
+            ),
             ("{protocol: PROXY, port: 70000}", "applicationTunnel.port"),
             ("{protocol: HTTP}", "unknown variant `HTTP`"),
             ("{protocol: PROXY, prot: 1}", "unknown field `prot`"),
         ] {
-            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad)).unwrap_err().to_string();
+            let err = LocalConfig::parse(Path::new("f.yaml"), &wl(bad))
+                .unwrap_err()
+                .to_string();
             assert!(err.contains(want), "{bad}: {err}");
         }
     }
 
     #[test]
     fn workload_hostnames_parse_and_bad_ones_are_named() {
-        let wl = |h: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, hostname: {h:?}}}\n");
-        for good in ["api.example.com", "API.example.com.", "_svc.example", "192.0.2.5", "2001:db8::5"] {
+        let wl =
+            |h: &str| format!("workloads:\n- {{uid: a, name: a, namespace: d, hostname: {h:?}}}\n");
+        for good in [
+            "api.example.com",
+            "API.example.com.",
+            "_svc.example",
+            "192.0.2.5",
+            "2001:db8::5",
+        ] {
             let cfg = LocalConfig::parse(Path::new("f.yaml"), &wl(good)).unwrap();
             assert_eq!(cfg.workloads[0].hostname, good);
         }
         let long = format!("{}.example", "a".repeat(64));
         for bad in ["*.example.com", "a..b", "a b.example", "", long.as_str()] {
             let text = if bad.is_empty() { wl(".") } else { wl(bad) };
-            let err = LocalConfig::parse(Path::new("f.yaml"), &text).unwrap_err().to_string();
+            let err = LocalConfig::parse(Path::new("f.yaml"), &text)
+                .unwrap_err()
+                .to_string();
             assert!(err.contains("workloads[0].hostname:"), "{bad}: {err}");
         }
     }
@@ -355,7 +519,10 @@ policies:
         // whatever they say.
         let l7 = format!("{GOOD}httpRoutes:\n- {{name: a, rules: [{{backendRef: []}}]}}\nauthorizationPolicies:\n- {{action: CUSTOM}}\n");
         let cfg = LocalConfig::parse(Path::new("f.yaml"), &l7).unwrap();
-        assert_eq!((cfg.http_routes.len(), cfg.authorization_policies.len()), (1, 1));
+        assert_eq!(
+            (cfg.http_routes.len(), cfg.authorization_policies.len()),
+            (1, 1)
+        );
         cfg.into_state(Path::new("f.yaml")).unwrap();
     }
 

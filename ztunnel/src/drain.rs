@@ -23,7 +23,10 @@ impl Drop for ActiveGuard {
 
 impl Default for Drain {
     fn default() -> Self {
-        Drain { tx: watch::channel(false).0, active: AtomicUsize::new(0) }
+        Drain {
+            tx: watch::channel(false).0,
+            active: AtomicUsize::new(0),
+        }
     }
 }
 
@@ -76,9 +79,18 @@ mod tests {
 
     #[test]
     fn deadline_follows_istio() {
-        assert_eq!(deadline_for_grace_period(Duration::from_secs(30)), Duration::from_secs(25));
-        assert_eq!(deadline_for_grace_period(Duration::from_secs(10)), Duration::from_secs(9));
-        assert_eq!(deadline_for_grace_period(Duration::from_secs(0)), Duration::ZERO);
+        assert_eq!(
+            deadline_for_grace_period(Duration::from_secs(30)),
+            Duration::from_secs(25)
+        );
+        assert_eq!(
+            deadline_for_grace_period(Duration::from_secs(10)),
+            Duration::from_secs(9)
+        );
+        assert_eq!(
+            deadline_for_grace_period(Duration::from_secs(0)),
+            Duration::ZERO
+        );
     }
 
     #[tokio::test]

@@ -24,12 +24,20 @@ pub use rbac_model::rbac_model;
 pub fn replay_committed(fuzz_dir: &Path, target: &str, f: fn(&[u8])) -> usize {
     let mut replayed = 0;
     for kind in ["corpus", "regressions"] {
-        let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else { continue };
+        let Ok(entries) = std::fs::read_dir(fuzz_dir.join(kind).join(target)) else {
+            continue;
+        };
         for entry in entries {
-            let path = entry.unwrap_or_else(|e| panic!("list {}: {e}", fuzz_dir.display())).path();
-            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+            let path = entry
+                .unwrap_or_else(|e| panic!("list {}: {e}", fuzz_dir.display()))
+                .path();
+            let bytes =
+                std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
             if std::panic::catch_unwind(|| f(&bytes)).is_err() {
-                panic!("{target} panics on {} (its message is above)", path.display());
+                panic!(
+                    "{target} panics on {} (its message is above)",
+                    path.display()
+                );
             }
             replayed += 1;
         }
@@ -61,29 +69,52 @@ pub fn hbone_connect(data: &[u8]) {
     check_connect(&req);
     // h2 builds a CONNECT request's URI from :authority alone.
     if let Ok(uri) = http::Uri::try_from(target) {
-        if let Ok(req) = http::Request::builder().method(http::Method::CONNECT).uri(uri).body(()) {
+        if let Ok(req) = http::Request::builder()
+            .method(http::Method::CONNECT)
+            .uri(uri)
+            .body(())
+        {
             check_connect(&req);
         }
     }
 }
 
 fn check_connect(req: &http::Request<()>) {
-    let Ok(addr) = crate::hbone::connect_target(req) else { return };
+    let Ok(addr) = crate::hbone::connect_target(req) else {
+        return;
+    };
     assert_eq!(req.method(), http::Method::CONNECT);
     // What we tunnel to is exactly what the authority says, with nothing else in the URI.
-    let authority = req.uri().authority().map(|a| a.as_str()).unwrap_or_default();
-    assert_eq!(authority.parse::<SocketAddr>().ok(), Some(addr), "authority {authority:?}");
-    assert!(!authority.contains('@'), "userinfo accepted in {authority:?}");
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str())
+        .unwrap_or_default();
+    assert_eq!(
+        authority.parse::<SocketAddr>().ok(),
+        Some(addr),
+        "authority {authority:?}"
+    );
+    assert!(
+        !authority.contains('@'),
+        "userinfo accepted in {authority:?}"
+    );
     // The address prints back as an authority that parses to itself (IPv6 in brackets).
     assert_eq!(addr.to_string().parse::<SocketAddr>().ok(), Some(addr));
 }
 
 /// The local config file: parse, validate, build the state, and use it as connections do.
 pub fn config_yaml(data: &[u8]) {
-    let Ok(text) = std::str::from_utf8(bounded(data)) else { return };
+    let Ok(text) = std::str::from_utf8(bounded(data)) else {
+        return;
+    };
     let path = Path::new("fuzz.yaml");
-    let Ok(cfg) = LocalConfig::parse(path, text) else { return };
-    let Ok(state) = cfg.into_state(path) else { return };
+    let Ok(cfg) = LocalConfig::parse(path, text) else {
+        return;
+    };
+    let Ok(state) = cfg.into_state(path) else {
+        return;
+    };
     exercise_state(&state);
 }
 
@@ -94,14 +125,22 @@ fn exercise_state(state: &MeshState) {
         let _ = state.expected_identities(w, None);
         for ip in &w.workload_ips {
             assert!(state.workload_by_ip(&w.network, *ip).is_some());
-            let conn = crate::rbac::Connection { src_identity: Some(std::sync::Arc::new(w.identity())), src_ip: *ip, dst: SocketAddr::new(*ip, 80) };
+            let conn = crate::rbac::Connection {
+                src_identity: Some(std::sync::Arc::new(w.identity())),
+                src_ip: *ip,
+                dst: SocketAddr::new(*ip, 80),
+            };
             let _ = state.authorize(w, &conn);
         }
         if let Some(gw) = &w.waypoint {
             let _ = state.waypoint_workload(gw, &w.network);
         }
         if let Some(gw) = &w.network_gateway {
-            let _ = state.network_gateway(gw, w, SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 80));
+            let _ = state.network_gateway(
+                gw,
+                w,
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), 80),
+            );
         }
         let _ = state.is_network_gateway(w);
         for (svc, ports) in &w.services {
@@ -111,7 +150,10 @@ fn exercise_state(state: &MeshState) {
             }
         }
         if let Some(t) = crate::state::ApplicationTunnel::effective(w.application_tunnel) {
-            assert!(t.validate().is_ok(), "an invalid application tunnel got into the state: {t:?}");
+            assert!(
+                t.validate().is_ok(),
+                "an invalid application tunnel got into the state: {t:?}"
+            );
         }
         let _ = crate::admin::config_dump::workload(w);
     }
@@ -138,10 +180,19 @@ fn exercise_state(state: &MeshState) {
 /// resources, each a 2-byte big-endian length and that many bytes of protobuf.
 pub fn xds_resources(data: &[u8]) {
     let data = bounded(data);
-    let Some((&kind, mut rest)) = data.split_first() else { return };
-    let type_url = if kind & 1 == 0 { crate::xds::ADDRESS_TYPE } else { crate::xds::AUTHORIZATION_TYPE };
+    let Some((&kind, mut rest)) = data.split_first() else {
+        return;
+    };
+    let type_url = if kind & 1 == 0 {
+        crate::xds::ADDRESS_TYPE
+    } else {
+        crate::xds::AUTHORIZATION_TYPE
+    };
     let mut bodies = Vec::new();
-    while let Some(len) = rest.get(..2).map(|l| usize::from(u16::from_be_bytes([l[0], l[1]]))) {
+    while let Some(len) = rest
+        .get(..2)
+        .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+    {
         let body = &rest[2..(2 + len).min(rest.len())];
         bodies.push(body);
         rest = &rest[2 + body.len()..];
@@ -161,12 +212,23 @@ pub fn xds_resources(data: &[u8]) {
         // An authorization either converts or becomes a deny-all: never nothing.
         match crate::xds::convert::authorization_or_deny_all("ns/name", b) {
             (p, None) => assert!(p.unenforceable.is_none()),
-            (p, Some(_)) => assert!(p.action == crate::rbac::PolicyAction::Deny && p.unenforceable.is_some() && p.rules.iter().any(Vec::is_empty)),
+            (p, Some(_)) => assert!(
+                p.action == crate::rbac::PolicyAction::Deny
+                    && p.unenforceable.is_some()
+                    && p.rules.iter().any(Vec::is_empty)
+            ),
         }
     }
     let names: Vec<String> = (0..bodies.len()).map(|i| format!("r{}", i % 4)).collect();
-    let incoming: Vec<crate::xds::store::Incoming<'_>> =
-        bodies.iter().zip(&names).map(|(b, n)| crate::xds::store::Incoming { name: n, version: "1", bytes: b }).collect();
+    let incoming: Vec<crate::xds::store::Incoming<'_>> = bodies
+        .iter()
+        .zip(&names)
+        .map(|(b, n)| crate::xds::store::Incoming {
+            name: n,
+            version: "1",
+            bytes: b,
+        })
+        .collect();
     let shared = std::sync::Arc::new(SharedState::default());
     let store = crate::xds::Store::new(shared.clone());
     let errors = store.apply(type_url, &incoming, &[]);
@@ -174,7 +236,10 @@ pub fn xds_resources(data: &[u8]) {
     exercise_state(&shared.load());
     // A removal of everything leaves an empty state.
     store.apply(type_url, &[], &names);
-    assert_eq!(shared.load().workloads().count() + shared.load().policies().count(), 0);
+    assert_eq!(
+        shared.load().workloads().count() + shared.load().policies().count(),
+        0
+    );
 }
 
 fn zds_workload() -> &'static Workload {
@@ -192,21 +257,34 @@ fn zds_workload() -> &'static Workload {
 pub fn zds_message(data: &[u8]) {
     let data = bounded(data);
     if let Ok(req) = crate::zds::WorkloadRequest::decode(data) {
-        assert_eq!(crate::zds::WorkloadRequest::decode(req.encode_to_vec().as_slice()).ok().as_ref(), Some(&req));
+        assert_eq!(
+            crate::zds::WorkloadRequest::decode(req.encode_to_vec().as_slice())
+                .ok()
+                .as_ref(),
+            Some(&req)
+        );
         if let Some(crate::zds::Payload::Add(add)) = &req.payload {
             let uid = crate::state::WorkloadUid(add.uid.clone());
             if let Some(info) = &add.workload_info {
                 let w = zds_workload();
-                let same = info.name == w.name && info.namespace == w.namespace && info.service_account == w.service_account;
+                let same = info.name == w.name
+                    && info.namespace == w.namespace
+                    && info.service_account == w.service_account;
                 assert_eq!(crate::zds::check_workload_info(&uid, info, w).is_ok(), same);
             }
         }
     }
     if let Ok(hello) = crate::zds::ZdsHello::decode(data) {
-        assert_eq!(crate::zds::ZdsHello::decode(hello.encode_to_vec().as_slice()).ok(), Some(hello));
+        assert_eq!(
+            crate::zds::ZdsHello::decode(hello.encode_to_vec().as_slice()).ok(),
+            Some(hello)
+        );
     }
     if let Ok(resp) = crate::zds::WorkloadResponse::decode(data) {
-        assert_eq!(crate::zds::WorkloadResponse::decode(resp.encode_to_vec().as_slice()).ok(), Some(resp));
+        assert_eq!(
+            crate::zds::WorkloadResponse::decode(resp.encode_to_vec().as_slice()).ok(),
+            Some(resp)
+        );
     }
 }
 
@@ -227,9 +305,16 @@ fn dns_fixture() -> &'static (crate::dns::resolver::MeshIndex, Workload) {
     F.get_or_init(|| {
         let path = Path::new("dns.yaml");
         let cfg = LocalConfig::parse(path, DNS_STATE).unwrap_or_default();
-        let client = cfg.workloads.first().cloned().unwrap_or_else(|| unreachable!("the fixed config has a client"));
+        let client = cfg
+            .workloads
+            .first()
+            .cloned()
+            .unwrap_or_else(|| unreachable!("the fixed config has a client"));
         let state = cfg.into_state(path).unwrap_or_default();
-        (crate::dns::resolver::MeshIndex::build(&state, "cluster.local"), client)
+        (
+            crate::dns::resolver::MeshIndex::build(&state, "cluster.local"),
+            client,
+        )
     })
 }
 
@@ -264,16 +349,31 @@ pub fn dns_message(data: &[u8]) {
 
 /// PROXY protocol v2 headers: strict parsing, and what parses re-encodes to the same bytes.
 pub fn proxy_protocol(data: &[u8]) {
-    use crate::proxy_protocol::{encode, parse, Addresses, Command, ProxyProtocolError, Transport, FIXED_LEN};
+    use crate::proxy_protocol::{
+        encode, parse, Addresses, Command, ProxyProtocolError, Transport, FIXED_LEN,
+    };
     match parse(data) {
         Ok((h, n)) => {
             assert!(n >= FIXED_LEN && n <= data.len());
-            assert_eq!(n, FIXED_LEN + usize::from(u16::from_be_bytes([data[14], data[15]])));
-            if let (Command::Proxy, Transport::Stream, Addresses::Ip { src, dst }) = (h.command, h.transport, &h.addresses) {
-                let tlvs: Vec<(u8, &[u8])> = h.tlvs.iter().map(|t| (t.kind, t.value.as_slice())).collect();
-                let again = encode(*src, *dst, &tlvs).unwrap_or_else(|e| panic!("a parsed header does not re-encode: {e}"));
+            assert_eq!(
+                n,
+                FIXED_LEN + usize::from(u16::from_be_bytes([data[14], data[15]]))
+            );
+            if let (Command::Proxy, Transport::Stream, Addresses::Ip { src, dst }) =
+                (h.command, h.transport, &h.addresses)
+            {
+                let tlvs: Vec<(u8, &[u8])> = h
+                    .tlvs
+                    .iter()
+                    .map(|t| (t.kind, t.value.as_slice()))
+                    .collect();
+                let again = encode(*src, *dst, &tlvs)
+                    .unwrap_or_else(|e| panic!("a parsed header does not re-encode: {e}"));
                 assert_eq!(again, data[..n], "re-encoding differs");
-                let same_family = matches!((src.ip(), dst.ip()), (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_)));
+                let same_family = matches!(
+                    (src.ip(), dst.ip()),
+                    (IpAddr::V4(_), IpAddr::V4(_)) | (IpAddr::V6(_), IpAddr::V6(_))
+                );
                 assert!(same_family);
             }
         }

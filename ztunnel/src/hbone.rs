@@ -12,11 +12,14 @@ pub mod tuning;
 
 pub use error::HboneError;
 pub use pool::{Pool, PoolKey, StreamGuard};
-pub use request::{connect_authority, connect_target, protocol_abuse, respond_status, BadConnect, HboneAddress};
+pub use request::{
+    connect_authority, connect_target, protocol_abuse, respond_status, BadConnect, HboneAddress,
+};
 pub use stream::H2Stream;
 pub use tuning::{
-    h2_sizes, server_builder, set_h2_sizes, tune_tls, H2Sizes, CONNECTION_WINDOW, MAX_FRAME, MAX_HEADER_BYTES, PING_INTERVAL, PING_TIMEOUT, SERVER_MAX_STREAMS,
-    STREAM_WINDOW, TLS_SEND_BUFFER_LIMIT,
+    h2_sizes, server_builder, set_h2_sizes, tune_tls, H2Sizes, CONNECTION_WINDOW, MAX_FRAME,
+    MAX_HEADER_BYTES, PING_INTERVAL, PING_TIMEOUT, SERVER_MAX_STREAMS, STREAM_WINDOW,
+    TLS_SEND_BUFFER_LIMIT,
 };
 
 /// The W3C `traceparent` of one tunnelled connection, as Istio's ztunnel keeps it: a
@@ -43,14 +46,26 @@ impl Default for TraceParent {
 impl TraceParent {
     /// Fresh ids, not sampled (nothing exports a connection's span), as Istio's.
     pub fn new() -> TraceParent {
-        TraceParent { version: 0, trace_id: rand::random(), parent_id: rand::random(), flags: 0 }
+        TraceParent {
+            version: 0,
+            trace_id: rand::random(),
+            parent_id: rand::random(),
+            flags: 0,
+        }
     }
 
     /// `version-traceid-parentid-flags`, 55 characters of lowercase or uppercase hex.
     pub fn parse(v: &str) -> Option<TraceParent> {
         let parts: Vec<&str> = v.split('-').collect();
-        let [version, trace, parent, flags] = parts.as_slice() else { return None };
-        if v.len() != 55 || version.len() != 2 || trace.len() != 32 || parent.len() != 16 || flags.len() != 2 {
+        let [version, trace, parent, flags] = parts.as_slice() else {
+            return None;
+        };
+        if v.len() != 55
+            || version.len() != 2
+            || trace.len() != 32
+            || parent.len() != 16
+            || flags.len() != 2
+        {
             return None;
         }
         let hex = |s: &str| s.bytes().all(|b| b.is_ascii_hexdigit());
@@ -67,18 +82,31 @@ impl TraceParent {
 
     /// The CONNECT's, else a new one.
     pub fn of_request<B>(req: &http::Request<B>) -> TraceParent {
-        req.headers().get("traceparent").and_then(|v| v.to_str().ok()).and_then(TraceParent::parse).unwrap_or_default()
+        req.headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(TraceParent::parse)
+            .unwrap_or_default()
     }
 
     /// The same trace, a new span of this hop as the parent (what a proxy passing the
     /// connection on sends).
     pub fn child(&self) -> TraceParent {
-        TraceParent { parent_id: rand::random(), ..*self }
+        TraceParent {
+            parent_id: rand::random(),
+            ..*self
+        }
     }
 
     /// The header value.
     pub fn header(&self) -> String {
-        format!("{:02x}-{}-{:016x}-{:02x}", self.version, self.trace_id(), u64::from_be_bytes(self.parent_id), self.flags)
+        format!(
+            "{:02x}-{}-{:016x}-{:02x}",
+            self.version,
+            self.trace_id(),
+            u64::from_be_bytes(self.parent_id),
+            self.flags
+        )
     }
 
     /// The trace id, 32 hex digits (the span field `id`).
@@ -98,17 +126,29 @@ mod tests {
 
     #[test]
     fn traceparents_parse_and_pass_on_their_trace() {
-        let tp = TraceParent::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01").expect("valid");
+        let tp = TraceParent::parse("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+            .expect("valid");
         assert_eq!(tp.trace_id(), "0af7651916cd43dd8448eb211c80319c");
-        assert_eq!(tp.header(), "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        assert_eq!(
+            tp.header(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        );
         let child = tp.child();
         assert_eq!(child.trace_id(), tp.trace_id());
         assert_ne!(child.header(), tp.header());
-        for bad in ["", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331", "00-0af7651916cd43dd8448eb211c80319g-b7ad6b7169203331-01",
-                    "000-af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"] {
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-0af7651916cd43dd8448eb211c80319g-b7ad6b7169203331-01",
+            "000-af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
             assert!(TraceParent::parse(bad).is_none(), "{bad}");
         }
-        let req = http::Request::builder().header("traceparent", tp.header()).body(()).unwrap();
+        let req = http::Request::builder()
+            .header("traceparent", tp.header())
+            .body(())
+            .unwrap();
         assert_eq!(TraceParent::of_request(&req), tp);
         let fresh = TraceParent::of_request(&http::Request::new(()));
         assert_eq!(fresh.header().len(), 55);

@@ -28,7 +28,11 @@ pub fn text(status: StatusCode, body: String) -> HttpResponse {
 /// SO_REUSEPORT, so a new ztunnel can bind beside the old one during a hand-off. `[::]`
 /// takes both families (whatever the host's `bindv6only`).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let s = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
     if addr.is_ipv6() && addr.ip().is_unspecified() {
         s.set_only_v6(false)?;
     }

@@ -88,7 +88,11 @@ pub struct IstiodArgs {
 impl IstiodArgs {
     /// This proxy's own identity (its pod's service account).
     pub fn own_identity(&self) -> Identity {
-        Identity::new(&self.trust_domain, &self.pod_namespace, &self.service_account)
+        Identity::new(
+            &self.trust_domain,
+            &self.pod_namespace,
+            &self.service_account,
+        )
     }
 
     /// Istio's defaults and environment-only settings, applied over the parsed flags:
@@ -98,17 +102,32 @@ impl IstiodArgs {
     /// a node never makes its own CA silently; CLUSTER_ID when ISTIO_META_CLUSTER_ID is
     /// unset; AUTH_TOKEN; XDS_HEADER_* / CA_HEADER_*; ISTIO_META_* / ISTIO_METAJSON_* for
     /// the node metadata. Returns warnings to log.
-    pub fn apply_istio_env(&mut self, env: &Env, local_config: bool, builtin_ca: bool) -> Result<Vec<String>, IstiodError> {
+    pub fn apply_istio_env(
+        &mut self,
+        env: &Env,
+        local_config: bool,
+        builtin_ca: bool,
+    ) -> Result<Vec<String>, IstiodError> {
         let mut warnings = Vec::new();
-        let non_empty = |a: &Option<String>| a.as_deref().map(str::trim).filter(|a| !a.is_empty()).map(normalize_address);
+        let non_empty = |a: &Option<String>| {
+            a.as_deref()
+                .map(str::trim)
+                .filter(|a| !a.is_empty())
+                .map(normalize_address)
+        };
         self.xds_address = non_empty(&self.xds_address);
-        if self.xds_address.is_none() && !local_config && env.get("KUBERNETES_SERVICE_HOST").is_some() {
+        if self.xds_address.is_none()
+            && !local_config
+            && env.get("KUBERNETES_SERVICE_HOST").is_some()
+        {
             self.xds_address = Some(DEFAULT_ADDRESS.to_string());
         }
         self.ca_address = non_empty(&self.ca_address);
         if builtin_ca {
             if let Some(ca) = self.ca_address.take() {
-                warnings.push(format!("FAKE_CA=true: the built-in CA signs certificates; CA_ADDRESS {ca} is not used"));
+                warnings.push(format!(
+                    "FAKE_CA=true: the built-in CA signs certificates; CA_ADDRESS {ca} is not used"
+                ));
             }
         } else if self.ca_address.is_none() {
             self.ca_address = self.xds_address.clone();
@@ -118,7 +137,8 @@ impl IstiodArgs {
                 self.cluster_id = id.to_string();
             }
         }
-        if self.ca_address.is_some() && RootCert::from_setting(&self.ca_root_ca) == RootCert::System {
+        if self.ca_address.is_some() && RootCert::from_setting(&self.ca_root_ca) == RootCert::System
+        {
             return Err(IstiodError::SystemCaRoot);
         }
         self.xds_headers = istio_env::headers(env, "XDS_HEADER_")?;
@@ -133,13 +153,25 @@ impl IstiodArgs {
     /// a path, else the token itself), else --token-path.
     fn token(&self) -> Token {
         match self.auth_token.as_deref().filter(|t| !t.is_empty()) {
-            Some(t) if std::path::Path::new(t).exists() || t.starts_with('/') || t.starts_with("./") => Token::File(PathBuf::from(t)),
+            Some(t)
+                if std::path::Path::new(t).exists()
+                    || t.starts_with('/')
+                    || t.starts_with("./") =>
+            {
+                Token::File(PathBuf::from(t))
+            }
             Some(t) => Token::Static(t.trim().into()),
             None => Token::File(self.token_path.clone()),
         }
     }
 
-    fn config(&self, address: &str, alt: &Option<String>, root: &str, headers: &[(AsciiMetadataKey, AsciiMetadataValue)]) -> IstiodConfig {
+    fn config(
+        &self,
+        address: &str,
+        alt: &Option<String>,
+        root: &str,
+        headers: &[(AsciiMetadataKey, AsciiMetadataValue)],
+    ) -> IstiodConfig {
         IstiodConfig {
             address: address.to_string(),
             alt_hostname: alt.clone(),
@@ -154,8 +186,15 @@ impl IstiodArgs {
     /// Certificates from the Istio CA when CA_ADDRESS is set (None: use another CA). A
     /// change of the mesh root file re-issues every certificate.
     pub fn istio_ca(&self, ttl: Duration) -> Result<Option<Arc<CertManager>>, IstiodError> {
-        let Some(address) = &self.ca_address else { return Ok(None) };
-        let cfg = self.config(address, &self.alt_ca_hostname, &self.ca_root_ca, &self.ca_headers);
+        let Some(address) = &self.ca_address else {
+            return Ok(None);
+        };
+        let cfg = self.config(
+            address,
+            &self.alt_ca_hostname,
+            &self.ca_root_ca,
+            &self.ca_headers,
+        );
         // The CA's root is also the mesh's trust root: never the system store.
         if cfg.root_cert == RootCert::System {
             return Err(IstiodError::SystemCaRoot);
@@ -182,15 +221,28 @@ impl IstiodArgs {
         metrics: &crate::metrics::Metrics,
         ready: impl FnOnce() + Send + 'static,
     ) -> Result<(), IstiodError> {
-        let Some(address) = &self.xds_address else { return Ok(()) };
-        let mut cfg = self.config(address, &self.alt_xds_hostname, &self.xds_root_ca, &self.xds_headers);
+        let Some(address) = &self.xds_address else {
+            return Ok(());
+        };
+        let mut cfg = self.config(
+            address,
+            &self.alt_xds_hostname,
+            &self.xds_root_ca,
+            &self.xds_headers,
+        );
         if self.ca_address.is_some() {
             let own = self.own_identity();
             certs.allow(&own);
-            if tokio::time::timeout(OWN_CERT_WAIT, certs.fetch(&own)).await.map_or(true, |r| r.is_err()) {
+            if tokio::time::timeout(OWN_CERT_WAIT, certs.fetch(&own))
+                .await
+                .map_or(true, |r| r.is_err())
+            {
                 tokio::spawn(fetch_own_certificate(certs.clone(), own.clone()));
             }
-            cfg.client_cert = Some(Arc::new(IdentityCert { certs: certs.clone(), identity: own }));
+            cfg.client_cert = Some(Arc::new(IdentityCert {
+                certs: certs.clone(),
+                identity: own,
+            }));
         }
         // Fail now on an address that can never work.
         cfg.host_port()?;
@@ -204,7 +256,15 @@ impl IstiodArgs {
             metadata: self.node_metadata.clone(),
         };
         let store = Arc::new(crate::xds::Store::new(state));
-        tokio::spawn(crate::xds::run(XdsConfig { istiod: cfg, node, metrics: Some(metrics.xds.clone()) }, store, ready));
+        tokio::spawn(crate::xds::run(
+            XdsConfig {
+                istiod: cfg,
+                node,
+                metrics: Some(metrics.xds.clone()),
+            },
+            store,
+            ready,
+        ));
         Ok(())
     }
 }
@@ -220,8 +280,12 @@ async fn fetch_own_certificate(certs: Arc<CertManager>, identity: Identity) {
     let mut backoff = Duration::from_millis(200);
     loop {
         match certs.fetch(&identity).await {
-            Ok(c) => return tracing::info!(identity = %identity, serial = %c.cert.serial, "own certificate issued by the Istio CA"),
-            Err(e) => tracing::warn!(identity = %identity, error = %e, retry_in = ?backoff, "cannot get our own certificate yet"),
+            Ok(c) => {
+                return tracing::info!(identity = %identity, serial = %c.cert.serial, "own certificate issued by the Istio CA")
+            }
+            Err(e) => {
+                tracing::warn!(identity = %identity, error = %e, retry_in = ?backoff, "cannot get our own certificate yet")
+            }
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -257,16 +321,30 @@ mod tests {
     }
 
     fn args(flags: &[&str]) -> IstiodArgs {
-        Cli::try_parse_from(std::iter::once("x").chain(flags.iter().copied())).unwrap().istiod
+        Cli::try_parse_from(std::iter::once("x").chain(flags.iter().copied()))
+            .unwrap()
+            .istiod
     }
 
     #[test]
     fn address_without_scheme_is_https() {
-        let cfg = args(&[]).config("istiod.istio-system.svc:15012", &None, DEFAULT_ROOT_CERT, &[]);
-        assert_eq!(cfg.host_port().unwrap(), ("istiod.istio-system.svc".to_string(), 15012));
+        let cfg = args(&[]).config(
+            "istiod.istio-system.svc:15012",
+            &None,
+            DEFAULT_ROOT_CERT,
+            &[],
+        );
+        assert_eq!(
+            cfg.host_port().unwrap(),
+            ("istiod.istio-system.svc".to_string(), 15012)
+        );
         let cfg = args(&[]).config("https://[fd00::1]:15012", &None, DEFAULT_ROOT_CERT, &[]);
         assert_eq!(cfg.host_port().unwrap(), ("fd00::1".to_string(), 15012));
-        let err = args(&[]).config("http://istiod:15010", &None, DEFAULT_ROOT_CERT, &[]).host_port().unwrap_err().to_string();
+        let err = args(&[])
+            .config("http://istiod:15010", &None, DEFAULT_ROOT_CERT, &[])
+            .host_port()
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("TLS"), "{err}");
         assert_eq!(normalize_address("istiod:15012"), "https://istiod:15012");
     }
@@ -282,8 +360,14 @@ mod tests {
         // XDS_ADDRESS without CA_ADDRESS: the CA is the xDS address, never a per-node CA.
         let mut a = args(&["--xds-address", "istiod-rev.istio-system.svc:15012"]);
         a.apply_istio_env(&Env::default(), false, false).unwrap();
-        assert_eq!(a.xds_address.as_deref(), Some("https://istiod-rev.istio-system.svc:15012"));
-        assert_eq!(a.ca_address.as_deref(), Some("https://istiod-rev.istio-system.svc:15012"));
+        assert_eq!(
+            a.xds_address.as_deref(),
+            Some("https://istiod-rev.istio-system.svc:15012")
+        );
+        assert_eq!(
+            a.ca_address.as_deref(),
+            Some("https://istiod-rev.istio-system.svc:15012")
+        );
         // An explicit CA address stays; an empty one is unset.
         let mut a = args(&["--xds-address", "x:1", "--ca-address", "ca.example:15012"]);
         a.apply_istio_env(&k8s, false, false).unwrap();
@@ -311,24 +395,45 @@ mod tests {
             ("ISTIO_META_DNS_CAPTURE", "true"),
             ("ISTIO_METAJSON_LABELS", "{\"a\":\"b\"}"),
         ]);
-        let mut a = args(&["--xds-address", "istiod:15012", "--auth-token", "static-token"]);
+        let mut a = args(&[
+            "--xds-address",
+            "istiod:15012",
+            "--auth-token",
+            "static-token",
+        ]);
         a.apply_istio_env(&env, false, false).unwrap();
-        assert_eq!(a.cluster_id, "c2", "CLUSTER_ID applies when ISTIO_META_CLUSTER_ID is unset");
+        assert_eq!(
+            a.cluster_id, "c2",
+            "CLUSTER_ID applies when ISTIO_META_CLUSTER_ID is unset"
+        );
         assert_eq!(a.node_metadata["DNS_CAPTURE"], serde_json::json!("true"));
         assert_eq!(a.node_metadata["LABELS"], serde_json::json!({"a": "b"}));
         let cfg = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.xds_headers);
         assert!(matches!(&cfg.token, Some(Token::Static(t)) if &**t == "static-token"));
-        assert!(!format!("{cfg:?}").contains("static-token"), "the token never reaches Debug");
+        assert!(
+            !format!("{cfg:?}").contains("static-token"),
+            "the token never reaches Debug"
+        );
         let req = cfg.request(());
         assert_eq!(req.metadata().get("x-tenant").unwrap(), "t1");
-        assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer static-token");
+        assert_eq!(
+            req.metadata().get("authorization").unwrap(),
+            "Bearer static-token"
+        );
         assert_eq!(req.metadata().get("clusterid").unwrap(), "c2");
         assert!(req.metadata().get("x-ca").is_none());
-        let ca = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.ca_headers).request(());
+        let ca = a
+            .config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.ca_headers)
+            .request(());
         assert_eq!(ca.metadata().get("x-ca").unwrap(), "c");
         // ISTIO_META_CLUSTER_ID wins over CLUSTER_ID.
         let mut a = args(&["--cluster-id", "meta"]);
-        a.apply_istio_env(&Env::from_pairs([("CLUSTER_ID", "c2"), ("ISTIO_META_CLUSTER_ID", "meta")]), true, false).unwrap();
+        a.apply_istio_env(
+            &Env::from_pairs([("CLUSTER_ID", "c2"), ("ISTIO_META_CLUSTER_ID", "meta")]),
+            true,
+            false,
+        )
+        .unwrap();
         assert_eq!(a.cluster_id, "meta");
         // AUTH_TOKEN naming a file reads the file; a token file header cannot be overridden.
         let dir = std::env::temp_dir().join(format!("istiod-token-{}", std::process::id()));
@@ -336,29 +441,55 @@ mod tests {
         let file = dir.join("token");
         std::fs::write(&file, "from-file\n").unwrap();
         let mut a = args(&["--auth-token", file.to_str().unwrap()]);
-        a.apply_istio_env(&Env::from_pairs([("XDS_HEADER_authorization", "Bearer forged")]), true, false).unwrap();
-        let req = a.config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.xds_headers).request(());
-        assert_eq!(req.metadata().get("authorization").unwrap(), "Bearer from-file");
+        a.apply_istio_env(
+            &Env::from_pairs([("XDS_HEADER_authorization", "Bearer forged")]),
+            true,
+            false,
+        )
+        .unwrap();
+        let req = a
+            .config("istiod:15012", &None, DEFAULT_ROOT_CERT, &a.xds_headers)
+            .request(());
+        assert_eq!(
+            req.metadata().get("authorization").unwrap(),
+            "Bearer from-file"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
     fn root_cert_settings() {
         assert_eq!(RootCert::from_setting("SYSTEM"), RootCert::System);
-        assert_eq!(RootCert::from_setting("/etc/root.pem"), RootCert::File("/etc/root.pem".into()));
+        assert_eq!(
+            RootCert::from_setting("/etc/root.pem"),
+            RootCert::File("/etc/root.pem".into())
+        );
         let ca = rcgen::generate_simple_self_signed(vec!["istiod".to_string()]).unwrap();
         let pem = ca.cert.pem();
         let inline = RootCert::from_setting(&pem);
         assert!(matches!(inline, RootCert::Pem(_)));
         assert_eq!(inline.read().unwrap().len(), 1);
-        assert!(matches!(RootCert::from_setting("-----BEGIN CERTIFICATE-----\nnope\n").read(), Err(IstiodError::NoInlineRootCert)));
+        assert!(matches!(
+            RootCert::from_setting("-----BEGIN CERTIFICATE-----\nnope\n").read(),
+            Err(IstiodError::NoInlineRootCert)
+        ));
         // The CA's root is the mesh's trust root: SYSTEM is refused for it.
         let mut a = args(&["--ca-root-ca", "SYSTEM", "--xds-root-ca", "SYSTEM"]);
-        let err = a.apply_istio_env(&Env::from_pairs([("KUBERNETES_SERVICE_HOST", "x")]), false, false).unwrap_err();
+        let err = a
+            .apply_istio_env(
+                &Env::from_pairs([("KUBERNETES_SERVICE_HOST", "x")]),
+                false,
+                false,
+            )
+            .unwrap_err();
         assert!(matches!(err, IstiodError::SystemCaRoot), "{err}");
         // For xDS alone (built-in CA) it is fine.
         let mut a = args(&["--xds-root-ca", "SYSTEM", "--xds-address", "istiod:15012"]);
         a.apply_istio_env(&Env::default(), false, true).unwrap();
-        assert_eq!(a.config("istiod:15012", &None, &a.xds_root_ca, &[]).root_cert, RootCert::System);
+        assert_eq!(
+            a.config("istiod:15012", &None, &a.xds_root_ca, &[])
+                .root_cert,
+            RootCert::System
+        );
     }
 }

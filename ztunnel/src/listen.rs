@@ -47,12 +47,20 @@ async fn refuse_queued(metrics: &Metrics, listener: &TcpListener, name: &str) {
                 // SAFETY: plain syscalls on a listening socket we own; a returned fd is
                 // closed below.
                 let fd = unsafe {
-                    libc::accept4(listener.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_CLOEXEC)
+                    libc::accept4(
+                        listener.as_raw_fd(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        libc::SOCK_CLOEXEC,
+                    )
                 };
                 if fd < 0 {
                     break;
                 }
-                let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+                let linger = libc::linger {
+                    l_onoff: 1,
+                    l_linger: 0,
+                };
                 // SAFETY: fd is the socket accept4 just returned; closed right after.
                 unsafe {
                     libc::setsockopt(
@@ -78,9 +86,16 @@ async fn refuse_queued(metrics: &Metrics, listener: &TcpListener, name: &str) {
     // Out of descriptors, accept fails at once whether or not anything waits: warn once a
     // second, not on every retry.
     static LAST_WARN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     if LAST_WARN.swap(now, std::sync::atomic::Ordering::Relaxed) != now {
-        tracing::warn!(listener = name, refused, "out of file descriptors: refusing new connections until some close");
+        tracing::warn!(
+            listener = name,
+            refused,
+            "out of file descriptors: refusing new connections until some close"
+        );
     }
     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
 }

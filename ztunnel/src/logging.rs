@@ -49,10 +49,20 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> std::fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
         let meta = event.metadata();
         SystemTime.format_time(&mut w)?;
-        write!(w, "\t{}\t{}", meta.level().as_str().to_ascii_lowercase(), scope(meta.target()))?;
+        write!(
+            w,
+            "\t{}\t{}",
+            meta.level().as_str().to_ascii_lowercase(),
+            scope(meta.target())
+        )?;
         if let Some(spans) = ctx.event_scope() {
             for span in spans.from_root() {
                 write!(w, ":{}", span.name())?;
@@ -81,10 +91,14 @@ struct JsonFields(Map<String, Value>);
 
 impl Visit for JsonFields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_string(), Value::String(format!("{value:?}")));
+        self.0.insert(
+            field.name().to_string(),
+            Value::String(format!("{value:?}")),
+        );
     }
     fn record_str(&mut self, field: &Field, value: &str) {
-        self.0.insert(field.name().to_string(), Value::String(value.to_string()));
+        self.0
+            .insert(field.name().to_string(), Value::String(value.to_string()));
     }
     fn record_u64(&mut self, field: &Field, value: u64) {
         self.0.insert(field.name().to_string(), value.into());
@@ -105,12 +119,20 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: for<'a> FormatFields<'a> + 'static,
 {
-    fn format_event(&self, ctx: &FmtContext<'_, S, N>, mut w: Writer<'_>, event: &Event<'_>) -> std::fmt::Result {
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut w: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
         let meta = event.metadata();
         let mut time = String::with_capacity(32);
         SystemTime.format_time(&mut Writer::new(&mut time))?;
         let mut m = Map::new();
-        m.insert("level".into(), meta.level().as_str().to_ascii_lowercase().into());
+        m.insert(
+            "level".into(),
+            meta.level().as_str().to_ascii_lowercase().into(),
+        );
         m.insert("time".into(), time.into());
         m.insert("scope".into(), scope(meta.target()).into());
         let mut fields = JsonFields(Map::new());
@@ -146,8 +168,10 @@ impl<N> Default for CompactSpanFields<N> {
 }
 
 impl<N> CompactSpanFields<N> {
-    fn compact<S: Subscriber + for<'a> LookupSpan<'a>>(id: &tracing::span::Id, ctx: &tracing_subscriber::layer::Context<'_, S>)
-    where
+    fn compact<S: Subscriber + for<'a> LookupSpan<'a>>(
+        id: &tracing::span::Id,
+        ctx: &tracing_subscriber::layer::Context<'_, S>,
+    ) where
         N: 'static,
     {
         if let Some(span) = ctx.span(id) {
@@ -163,11 +187,21 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
     N: 'static,
 {
-    fn on_new_span(&self, _: &tracing::span::Attributes<'_>, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
+    fn on_new_span(
+        &self,
+        _: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
         Self::compact(id, &ctx);
     }
 
-    fn on_record(&self, id: &tracing::span::Id, _: &tracing::span::Record<'_>, ctx: tracing_subscriber::layer::Context<'_, S>) {
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        _: &tracing::span::Record<'_>,
+        ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
         Self::compact(id, &ctx);
     }
 }
@@ -186,7 +220,10 @@ mod tests {
 
     impl std::io::Write for Buf {
         fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap_or_else(|e| e.into_inner()).extend_from_slice(b);
+            self.0
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend_from_slice(b);
             Ok(b.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
@@ -214,16 +251,27 @@ mod tests {
     #[test]
     fn text_lines_are_istios_tab_separated_shape() {
         let buf = Buf::default();
-        let sub = tracing_subscriber::registry().with(tracing_subscriber::fmt::layer().event_format(IstioText).with_writer(buf.clone()).with_ansi(false));
+        let sub = tracing_subscriber::registry().with(
+            tracing_subscriber::fmt::layer()
+                .event_format(IstioText)
+                .with_writer(buf.clone())
+                .with_ansi(false),
+        );
         tracing::subscriber::with_default(sub, emit);
         let out = text(&buf);
         let cols: Vec<&str> = out.trim_end().split('\t').collect();
         assert_eq!(cols.len(), 5, "{out:?}");
-        assert!(cols[0].ends_with('Z') && cols[0].contains('T'), "time: {out:?}");
+        assert!(
+            cols[0].ends_with('Z') && cols[0].contains('T'),
+            "time: {out:?}"
+        );
         assert_eq!(cols[1], "info");
         assert_eq!(cols[2], "access:inbound{src=10.0.0.1:4000}");
         assert_eq!(cols[3], "connection complete");
-        assert_eq!(cols[4], "bytes_sent=10 src.identity=spiffe://cluster.local/ns/a/sa/b response_flags=\"DENY\"");
+        assert_eq!(
+            cols[4],
+            "bytes_sent=10 src.identity=spiffe://cluster.local/ns/a/sa/b response_flags=\"DENY\""
+        );
     }
 
     #[test]
@@ -231,17 +279,26 @@ mod tests {
         use tracing_subscriber::fmt::format::DefaultFields;
         let buf = Buf::default();
         let sub = tracing_subscriber::registry()
-            .with(tracing_subscriber::fmt::layer().event_format(IstioText).with_writer(buf.clone()).with_ansi(false))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .event_format(IstioText)
+                    .with_writer(buf.clone())
+                    .with_ansi(false),
+            )
             .with(CompactSpanFields::<DefaultFields>::default());
         tracing::subscriber::with_default(sub, || {
             let span = tracing::info_span!("outbound", id = tracing::field::Empty, src = %"10.0.0.1:4000", pod = "client-7d9f");
             span.record("id", "0af7651916cd43dd8448eb211c80319c");
             let (len, capacity) = span
                 .with_subscriber(|(id, dispatch)| {
-                    let registry = dispatch.downcast_ref::<tracing_subscriber::Registry>().expect("registry");
+                    let registry = dispatch
+                        .downcast_ref::<tracing_subscriber::Registry>()
+                        .expect("registry");
                     let data = registry.span(id).expect("span");
                     let ext = data.extensions();
-                    let f = ext.get::<FormattedFields<DefaultFields>>().expect("formatted fields");
+                    let f = ext
+                        .get::<FormattedFields<DefaultFields>>()
+                        .expect("formatted fields");
                     (f.fields.len(), f.fields.capacity())
                 })
                 .expect("span enabled");

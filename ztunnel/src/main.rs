@@ -8,14 +8,16 @@ use anyhow::Context;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 
+use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa, ReloadableLog};
 use ztunnel::config::istio_env::Env;
-use ztunnel::config::settings::{ListenAddress, RedactedHeader, RootCertSource, Settings, SocketConfig};
+use ztunnel::config::settings::{
+    ListenAddress, RedactedHeader, RootCertSource, Settings, SocketConfig,
+};
 use ztunnel::config::{CaptureMode, LocalConfig, ProxyConfig};
 use ztunnel::hbone::Pool;
-use ztunnel::app::{cert_manager, init_logging, serve_observability, BuiltinCa, ReloadableLog};
-use ztunnel::state::SharedState;
 use ztunnel::netns::InPodNetns;
 use ztunnel::proxy::{self, ProxyInputs};
+use ztunnel::state::SharedState;
 use ztunnel::state::WorkloadUid;
 
 // The global allocator, a build-time choice (default: the C library's malloc);
@@ -85,7 +87,12 @@ struct Args {
     #[arg(long, env = "LOCAL_XDS_PATH")]
     local_xds_path: Option<PathBuf>,
     /// The local mesh config inline (Istio's LOCAL_XDS), instead of a file.
-    #[arg(long, env = "LOCAL_XDS", conflicts_with = "local_xds_path", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "LOCAL_XDS",
+        conflicts_with = "local_xds_path",
+        hide_env_values = true
+    )]
     local_xds: Option<String>,
     #[command(flatten)]
     istiod: ztunnel::istiod::IstiodArgs,
@@ -134,7 +141,11 @@ struct Args {
     pool_max_streams: usize,
     /// Idle pooled HBONE connections close after this many seconds; Istio's
     /// POOL_UNUSED_RELEASE_TIMEOUT (a duration) also sets it.
-    #[arg(long, env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS", default_value_t = 300)]
+    #[arg(
+        long,
+        env = "POOL_UNUSED_RELEASE_TIMEOUT_SECONDS",
+        default_value_t = 300
+    )]
     pool_idle_timeout_seconds: u64,
     /// Timeout for the proxy's own TCP connects (HBONE dials, passthrough, app delivery).
     #[arg(long, env = "CONNECT_TIMEOUT_MS", default_value_t = 10_000)]
@@ -221,12 +232,19 @@ impl DnsArgs {
     fn upstreams(&self) -> anyhow::Result<Vec<std::net::SocketAddr>> {
         if self.dns_upstream.is_empty() {
             // Without upstreams the proxy still answers mesh names (and says why it cannot do more).
-            Ok(ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "DNS: no upstream resolvers");
-                Vec::new()
-            }))
+            Ok(
+                ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf"))
+                    .unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "DNS: no upstream resolvers");
+                        Vec::new()
+                    }),
+            )
         } else {
-            Ok(self.dns_upstream.iter().map(|s| ztunnel::dns::forwarder::parse_upstream(s)).collect::<Result<_, _>>()?)
+            Ok(self
+                .dns_upstream
+                .iter()
+                .map(|s| ztunnel::dns::forwarder::parse_upstream(s))
+                .collect::<Result<_, _>>()?)
         }
     }
 
@@ -282,20 +300,36 @@ struct IstioSettings {
 
 /// Istio's environment variables over our flags: where both name a setting, our flag or
 /// our own variable (given explicitly) wins, with a warning; Istio's otherwise.
-fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::Result<IstioSettings> {
-    let explicit = |id: &str| matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+fn apply_istio_env(
+    args: &mut Args,
+    m: &clap::ArgMatches,
+    env: &Env,
+) -> anyhow::Result<IstioSettings> {
+    let explicit = |id: &str| {
+        matches!(
+            m.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
     let mut warnings = ztunnel::config::istio_env::unsupported(env)?;
     let mut infos = Vec::new();
-    let mut shadowed = |istio: &str, ours: &str| warnings.push(format!("{istio} ignored: {ours} is set and wins"));
+    let mut shadowed =
+        |istio: &str, ours: &str| warnings.push(format!("{istio} ignored: {ours} is set and wins"));
     if let Some(ttl) = env.duration("SECRET_TTL")? {
         match explicit("cert_ttl_seconds") {
-            true => shadowed("SECRET_TTL", "--cert-ttl-seconds (WORKLOAD_CERT_TTL_SECONDS)"),
+            true => shadowed(
+                "SECRET_TTL",
+                "--cert-ttl-seconds (WORKLOAD_CERT_TTL_SECONDS)",
+            ),
             false => args.cert_ttl_seconds = ttl.as_secs().max(1),
         }
     }
     if let Some(t) = env.duration("POOL_UNUSED_RELEASE_TIMEOUT")? {
         match explicit("pool_idle_timeout_seconds") {
-            true => shadowed("POOL_UNUSED_RELEASE_TIMEOUT", "--pool-idle-timeout-seconds (POOL_UNUSED_RELEASE_TIMEOUT_SECONDS)"),
+            true => shadowed(
+                "POOL_UNUSED_RELEASE_TIMEOUT",
+                "--pool-idle-timeout-seconds (POOL_UNUSED_RELEASE_TIMEOUT_SECONDS)",
+            ),
             false => args.pool_idle_timeout_seconds = t.as_secs().max(1),
         }
     }
@@ -319,7 +353,8 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
     let ipv6_enabled = env.bool("IPV6_ENABLED")?.unwrap_or(true);
     args.metrics_addr = ztunnel::app::both_families(args.metrics_addr, ipv6_enabled);
     args.readiness_addr = ztunnel::app::both_families(args.readiness_addr, ipv6_enabled);
-    let worker_threads = ztunnel::config::istio_env::worker_threads(env, args.worker_threads.as_deref(), 2)?;
+    let worker_threads =
+        ztunnel::config::istio_env::worker_threads(env, args.worker_threads.as_deref(), 2)?;
     let socket = ztunnel::netns::SocketOptions {
         keepalive: ztunnel::config::istio_env::Keepalive::from_env(env)?,
         no_port_reuse: env.bool("INPOD_PORT_REUSE")? == Some(false),
@@ -340,7 +375,9 @@ fn apply_istio_env(args: &mut Args, m: &clap::ArgMatches, env: &Env) -> anyhow::
         "no mesh config: set XDS_ADDRESS (istiod, the default in Kubernetes) or LOCAL_XDS_PATH / --local-xds-path"
     );
     let network = env.get("NETWORK").unwrap_or_default().to_string();
-    ztunnel::state::workload::validate_network(&network).map_err(|e| anyhow::anyhow!("NETWORK: {e} (a network name, as the workloads' `network` says)"))?;
+    ztunnel::state::workload::validate_network(&network).map_err(|e| {
+        anyhow::anyhow!("NETWORK: {e} (a network name, as the workloads' `network` says)")
+    })?;
     Ok(IstioSettings {
         worker_threads,
         termination_deadline: env.duration("CONNECTION_TERMINATION_DEADLINE")?,
@@ -380,12 +417,31 @@ fn main() -> anyhow::Result<()> {
     match cli.cmd {
         None => {}
         Some(Cmd::CniServer { socket, pods_dir }) => {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             return Ok(rt.block_on(ztunnel::zds::server::serve(&socket, &pods_dir))?);
         }
-        Some(Cmd::Enroll { pods_dir, uid, name, namespace, service_account, netns }) => {
-            anyhow::ensure!(netns.exists(), "network namespace {} does not exist", netns.display());
-            let pod = ztunnel::zds::server::PodSpec { uid, name, namespace, service_account, netns };
+        Some(Cmd::Enroll {
+            pods_dir,
+            uid,
+            name,
+            namespace,
+            service_account,
+            netns,
+        }) => {
+            anyhow::ensure!(
+                netns.exists(),
+                "network namespace {} does not exist",
+                netns.display()
+            );
+            let pod = ztunnel::zds::server::PodSpec {
+                uid,
+                name,
+                namespace,
+                service_account,
+                netns,
+            };
             ztunnel::zds::server::write_pod(&pods_dir, &pod)
                 .with_context(|| format!("cannot record pod in {}", pods_dir.display()))?;
             return Ok(());
@@ -396,7 +452,9 @@ fn main() -> anyhow::Result<()> {
             return Ok(());
         }
     }
-    let Some(istio) = istio else { anyhow::bail!("unreachable: no Istio settings for the proxy") };
+    let Some(istio) = istio else {
+        anyhow::bail!("unreachable: no Istio settings for the proxy")
+    };
     for w in &istio.warnings {
         tracing::warn!("{w}");
     }
@@ -407,7 +465,10 @@ fn main() -> anyhow::Result<()> {
     ztunnel::listen::reserve_spare_fd();
     // Remember our own netns before any thread visits a pod's.
     ztunnel::netns::init().context("cannot open the proxy's own network namespace")?;
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(istio.worker_threads).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(istio.worker_threads)
+        .enable_all()
+        .build()?;
     rt.block_on(run(args, istio, log))
 }
 
@@ -434,20 +495,26 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     let ttl = Duration::from_secs(args.cert_ttl_seconds);
     let ia = &args.istiod;
-    let builtin = BuiltinCa::LoadOrCreate { state_dir: &args.state_dir, cert: args.ca_cert.as_deref(), key: args.ca_key.as_deref() };
+    let builtin = BuiltinCa::LoadOrCreate {
+        state_dir: &args.state_dir,
+        cert: args.ca_cert.as_deref(),
+        key: args.ca_key.as_deref(),
+    };
     let certs = cert_manager(ia, ttl, builtin)?;
     let pcfg = ProxyConfig {
         node_name: node_name.clone(),
         pool_max_streams: args.pool_max_streams,
         pool_idle_timeout: Duration::from_secs(args.pool_idle_timeout_seconds),
         connect_timeout: Duration::from_millis(args.connect_timeout_ms),
-        idle_timeout: (args.idle_timeout_seconds > 0).then(|| Duration::from_secs(args.idle_timeout_seconds)),
+        idle_timeout: (args.idle_timeout_seconds > 0)
+            .then(|| Duration::from_secs(args.idle_timeout_seconds)),
         max_connections_per_pod: args.max_connections_per_pod,
         hbone_max_streams: args.hbone_max_streams,
         hbone_max_header_bytes: args.hbone_max_header_bytes,
         hbone_max_handshakes: args.hbone_max_handshakes,
         hbone_max_handshakes_per_ip: args.hbone_max_handshakes_per_ip,
-        hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0).then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
+        hbone_idle_timeout: (args.hbone_idle_timeout_seconds > 0)
+            .then(|| Duration::from_secs(args.hbone_idle_timeout_seconds)),
         localhost_app_tunnel: istio.localhost_app_tunnel,
         network: istio.network.clone(),
         ipv6_enabled: istio.ipv6_enabled,
@@ -456,12 +523,20 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     let upstreams = args.dns.upstreams()?;
     let dns = if args.dns.dns_proxy {
         let dns_metrics = ztunnel::metrics::dns::DnsMetrics::register(&mut metrics.registry);
-        Some(Arc::new(ztunnel::dns::DnsProxy::new(args.dns.config(upstreams.clone(), istio.ipv6_enabled), state.clone(), dns_metrics)))
+        Some(Arc::new(ztunnel::dns::DnsProxy::new(
+            args.dns.config(upstreams.clone(), istio.ipv6_enabled),
+            state.clone(),
+            dns_metrics,
+        )))
     } else {
         None
     };
     let on_demand_dns = Arc::new(ztunnel::dns::on_demand::OnDemandResolver::new(
-        ztunnel::dns::on_demand::OnDemandConfig { upstreams, ipv6: istio.ipv6_enabled, ..Default::default() },
+        ztunnel::dns::on_demand::OnDemandConfig {
+            upstreams,
+            ipv6: istio.ipv6_enabled,
+            ..Default::default()
+        },
         ztunnel::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut metrics.registry),
     ));
     let metrics = Arc::new(metrics);
@@ -482,15 +557,26 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     );
     let quit = Arc::new(tokio::sync::Notify::new());
     let sockets = ztunnel::netns::socket_options();
-    let drain_deadline = istio
-        .termination_deadline
-        .unwrap_or_else(|| ztunnel::drain::deadline_for_grace_period(Duration::from_secs(args.termination_grace_period_seconds)));
-    let redacted = |h: &[(tonic::metadata::AsciiMetadataKey, tonic::metadata::AsciiMetadataValue)]| {
-        h.iter().map(|(k, _)| RedactedHeader(k.as_str().to_string())).collect::<Vec<_>>()
+    let drain_deadline = istio.termination_deadline.unwrap_or_else(|| {
+        ztunnel::drain::deadline_for_grace_period(Duration::from_secs(
+            args.termination_grace_period_seconds,
+        ))
+    });
+    let redacted = |h: &[(
+        tonic::metadata::AsciiMetadataKey,
+        tonic::metadata::AsciiMetadataValue,
+    )]| {
+        h.iter()
+            .map(|(k, _)| RedactedHeader(k.as_str().to_string()))
+            .collect::<Vec<_>>()
     };
     let h2 = ztunnel::hbone::h2_sizes();
     let ports = |ip: &str, port: u16| format!("{ip}:{port}");
-    let wildcard = if istio.ipv6_enabled { "[::]" } else { "0.0.0.0" };
+    let wildcard = if istio.ipv6_enabled {
+        "[::]"
+    } else {
+        "0.0.0.0"
+    };
     let settings = Arc::new(Settings {
         proxy: true,
         dns_proxy: args.dns.dns_proxy,
@@ -507,7 +593,11 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         inbound_plaintext_addr: ports(wildcard, ztunnel::ports::INBOUND_PLAINTEXT),
         outbound_addr: ports(wildcard, ztunnel::ports::OUTBOUND),
         dns_proxy_addr: ListenAddress::Localhost(istio.ipv6_enabled, ztunnel::ports::DNS),
-        illegal_ports: vec![ztunnel::ports::HBONE, ztunnel::ports::INBOUND_PLAINTEXT, ztunnel::ports::OUTBOUND],
+        illegal_ports: vec![
+            ztunnel::ports::HBONE,
+            ztunnel::ports::INBOUND_PLAINTEXT,
+            ztunnel::ports::OUTBOUND,
+        ],
         network: istio.network.clone(),
         proxy_mode: "Shared",
         proxy_workload_information: None,
@@ -525,7 +615,12 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         fake_ca: ia.ca_address.is_none(),
         fake_self_inbound: false,
         self_termination_deadline: drain_deadline,
-        proxy_metadata: ia.node_metadata.iter().filter(|(_, v)| v.is_string()).map(|(k, v)| (k.clone(), v.clone())).collect(),
+        proxy_metadata: ia
+            .node_metadata
+            .iter()
+            .filter(|(_, v)| v.is_string())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         num_worker_threads: istio.worker_threads,
         require_original_source: true,
         proxy_args: ztunnel::config::settings::redacted_args(std::env::args().skip(1)),
@@ -542,7 +637,10 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         xds_headers: redacted(&ia.xds_headers),
         ca_headers: redacted(&ia.ca_headers),
         localhost_app_tunnel: istio.localhost_app_tunnel,
-        ztunnel_identity: ia.ca_address.as_ref().map(|_| ia.own_identity().to_string()),
+        ztunnel_identity: ia
+            .ca_address
+            .as_ref()
+            .map(|_| ia.own_identity().to_string()),
         ipv6_enabled: istio.ipv6_enabled,
         crl_path: istio.crl_path.clone(),
         proxy_config: pcfg,
@@ -553,12 +651,22 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     let pcfg = &settings.proxy_config;
     let workload_states = Arc::new(ztunnel::proxy::WorkloadStates::default());
     let config_dump = {
-        let (state, certs, states, settings, crls) = (state.clone(), certs.clone(), workload_states.clone(), settings.clone(), crls.clone());
+        let (state, certs, states, settings, crls) = (
+            state.clone(),
+            certs.clone(),
+            workload_states.clone(),
+            settings.clone(),
+            crls.clone(),
+        );
         Box::new(move || {
-            let config = serde_json::to_value(&*settings).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
+            let config = serde_json::to_value(&*settings)
+                .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }));
             let mut dump = ztunnel::admin::config_dump::dump(&state.load(), &certs, config);
             if let Some(d) = dump.as_object_mut() {
-                d.insert("workloadState".into(), ztunnel::admin::config_dump::workload_state(&states.snapshot()));
+                d.insert(
+                    "workloadState".into(),
+                    ztunnel::admin::config_dump::workload_state(&states.snapshot()),
+                );
                 // Ours (Istio's dump has only config.crlPath): the CRLs in force.
                 if let Some(c) = &crls {
                     d.insert("crl".into(), c.dump());
@@ -567,7 +675,11 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
             dump
         })
     };
-    let admin = Arc::new(ztunnel::admin::Admin { log: Box::new(log), quit: quit.clone(), config_dump });
+    let admin = Arc::new(ztunnel::admin::Admin {
+        log: Box::new(log),
+        quit: quit.clone(),
+        config_dump,
+    });
     let admin_listener = ztunnel::http_endpoint::bind(args.admin_addr)
         .await
         .with_context(|| format!("cannot listen on {}", args.admin_addr))?;
@@ -586,12 +698,27 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     if ia.xds_address.is_some() {
         metrics.wait_for("xds");
         let m = metrics.clone();
-        ia.start_xds("ztunnel", &node_name, &certs, state.clone(), &metrics, move || m.ready_part("xds")).await?;
+        ia.start_xds(
+            "ztunnel",
+            &node_name,
+            &certs,
+            state.clone(),
+            &metrics,
+            move || m.ready_part("xds"),
+        )
+        .await?;
     }
     // With istiod, the CNI agent (or --pod) may name a pod before istiod pushed it.
-    let enroll_wait = if ia.xds_address.is_some() { ztunnel::proxy::ENROLL_WAIT } else { Duration::ZERO };
+    let enroll_wait = if ia.xds_address.is_some() {
+        ztunnel::proxy::ENROLL_WAIT
+    } else {
+        Duration::ZERO
+    };
     let hbone_server = Arc::new(ztunnel::hbone::server::Server {
-        handshakes: ztunnel::hbone::server::HandshakeLimiter::new(pcfg.hbone_max_handshakes, pcfg.hbone_max_handshakes_per_ip),
+        handshakes: ztunnel::hbone::server::HandshakeLimiter::new(
+            pcfg.hbone_max_handshakes,
+            pcfg.hbone_max_handshakes_per_ip,
+        ),
         max_streams: pcfg.hbone_max_streams,
         max_header_bytes: pcfg.hbone_max_header_bytes,
         idle_timeout: pcfg.hbone_idle_timeout,
@@ -618,9 +745,14 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
             .split_once('=')
             .with_context(|| format!("--pod {spec:?}: expected UID=NETNS_PATH"))?;
         let netns = InPodNetns::open(path.as_ref())?;
-        let pod = proxy::enroll(inputs.clone(), &WorkloadUid(uid.to_string()), netns, enroll_wait)
-            .await
-            .with_context(|| format!("cannot enroll pod {uid}"))?;
+        let pod = proxy::enroll(
+            inputs.clone(),
+            &WorkloadUid(uid.to_string()),
+            netns,
+            enroll_wait,
+        )
+        .await
+        .with_context(|| format!("cannot enroll pod {uid}"))?;
         pods.insert(WorkloadUid(uid.to_string()), pod).await;
     }
     // With ZDS, readiness waits for the agent's first snapshot (which also drops capture
@@ -630,7 +762,11 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     }
     if let Some(sock) = args.zds_socket.clone() {
         metrics.wait_for("zds");
-        tokio::spawn(ztunnel::zds::client::run(sock, inputs.clone(), pods.clone()));
+        tokio::spawn(ztunnel::zds::client::run(
+            sock,
+            inputs.clone(),
+            pods.clone(),
+        ));
     }
     metrics.set_ready();
     let enrolled = pods.count().await;
@@ -652,7 +788,10 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
     if drain.wait_idle(deadline).await {
         tracing::info!("drained; exiting");
     } else {
-        tracing::warn!(active = drain.active(), "drain deadline reached; closing remaining connections");
+        tracing::warn!(
+            active = drain.active(),
+            "drain deadline reached; closing remaining connections"
+        );
     }
     Ok(())
 }
@@ -669,7 +808,13 @@ mod tests {
         Ok((args, s))
     }
 
-    const BASE: &[&str] = &["ztunnel", "--node-name", "n1", "--local-xds-path", "/dev/null"];
+    const BASE: &[&str] = &[
+        "ztunnel",
+        "--node-name",
+        "n1",
+        "--local-xds-path",
+        "/dev/null",
+    ];
 
     #[test]
     fn flag_reference_is_current() {
@@ -680,24 +825,55 @@ mod tests {
     #[test]
     fn istio_container_args() {
         let os = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        assert_eq!(istio_args(os(&["ztunnel", "proxy", "ztunnel", "--node-name", "a"])), Ok(os(&["ztunnel", "--node-name", "a"])));
+        assert_eq!(
+            istio_args(os(&["ztunnel", "proxy", "ztunnel", "--node-name", "a"])),
+            Ok(os(&["ztunnel", "--node-name", "a"]))
+        );
         assert_eq!(istio_args(os(&["ztunnel", "proxy"])), Ok(os(&["ztunnel"])));
         assert_eq!(istio_args(os(&["ztunnel"])), Ok(os(&["ztunnel"])));
-        assert_eq!(istio_args(os(&["ztunnel", "version"])), Ok(os(&["ztunnel", "--version"])));
-        assert!(istio_args(os(&["ztunnel", "proxy", "router"])).unwrap_err().contains("proxy router"));
+        assert_eq!(
+            istio_args(os(&["ztunnel", "version"])),
+            Ok(os(&["ztunnel", "--version"]))
+        );
+        assert!(istio_args(os(&["ztunnel", "proxy", "router"]))
+            .unwrap_err()
+            .contains("proxy router"));
         // Our subcommands are untouched.
-        assert_eq!(istio_args(os(&["ztunnel", "cni-server"])), Ok(os(&["ztunnel", "cni-server"])));
-        let (args, _) = parse(&["ztunnel", "proxy", "ztunnel", "--node-name", "n1", "--local-xds-path", "/dev/null"], &[]).unwrap();
+        assert_eq!(
+            istio_args(os(&["ztunnel", "cni-server"])),
+            Ok(os(&["ztunnel", "cni-server"]))
+        );
+        let (args, _) = parse(
+            &[
+                "ztunnel",
+                "proxy",
+                "ztunnel",
+                "--node-name",
+                "n1",
+                "--local-xds-path",
+                "/dev/null",
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(args.node_name.as_deref(), Some("n1"));
     }
 
     #[test]
     fn istio_names_apply_unless_ours_are_given() {
-        let env = [("SECRET_TTL", "12h"), ("POOL_UNUSED_RELEASE_TIMEOUT", "90s"), ("ISTIO_META_DNS_CAPTURE", "false"), ("CONNECTION_TERMINATION_DEADLINE", "3s")];
+        let env = [
+            ("SECRET_TTL", "12h"),
+            ("POOL_UNUSED_RELEASE_TIMEOUT", "90s"),
+            ("ISTIO_META_DNS_CAPTURE", "false"),
+            ("CONNECTION_TERMINATION_DEADLINE", "3s"),
+        ];
         let (args, s) = parse(BASE, &env).unwrap();
         assert_eq!(args.cert_ttl_seconds, 12 * 3600);
         assert_eq!(args.pool_idle_timeout_seconds, 90);
-        assert!(!args.dns.dns_proxy, "ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off");
+        assert!(
+            !args.dns.dns_proxy,
+            "ISTIO_META_DNS_CAPTURE=false turns the DNS proxy off"
+        );
         assert_eq!(s.termination_deadline, Some(Duration::from_secs(3)));
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
         // Our own flag wins, and the Istio variable it shadows is named.
@@ -706,36 +882,92 @@ mod tests {
         let (args, s) = parse(&argv, &env).unwrap();
         assert_eq!(args.cert_ttl_seconds, 600);
         assert!(args.dns.dns_proxy);
-        assert!(s.warnings.iter().any(|w| w.starts_with("SECRET_TTL ignored")), "{:?}", s.warnings);
-        assert!(s.warnings.iter().any(|w| w.starts_with("ISTIO_META_DNS_CAPTURE ignored")), "{:?}", s.warnings);
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.starts_with("SECRET_TTL ignored")),
+            "{:?}",
+            s.warnings
+        );
+        assert!(
+            s.warnings
+                .iter()
+                .any(|w| w.starts_with("ISTIO_META_DNS_CAPTURE ignored")),
+            "{:?}",
+            s.warnings
+        );
         // Both given and agreeing (as our chart renders them): no warning.
         let mut argv = BASE.to_vec();
         argv.extend(["--dns-proxy", "false"]);
         let (args, s) = parse(&argv, &[("ISTIO_META_DNS_CAPTURE", "false")]).unwrap();
         assert!(!args.dns.dns_proxy);
         assert!(s.warnings.is_empty(), "{:?}", s.warnings);
-        assert!(parse(BASE, &[("SECRET_TTL", "a day")]).unwrap_err().to_string().contains("SECRET_TTL"));
+        assert!(parse(BASE, &[("SECRET_TTL", "a day")])
+            .unwrap_err()
+            .to_string()
+            .contains("SECRET_TTL"));
         // Worker threads as a share of ZTUNNEL_CPU_LIMIT.
         let mut argv = BASE.to_vec();
         argv.extend(["--worker-threads", "25%"]);
-        assert_eq!(parse(&argv, &[("ZTUNNEL_CPU_LIMIT", "8")]).unwrap().1.worker_threads, 2);
+        assert_eq!(
+            parse(&argv, &[("ZTUNNEL_CPU_LIMIT", "8")])
+                .unwrap()
+                .1
+                .worker_threads,
+            2
+        );
         assert_eq!(parse(BASE, &[]).unwrap().1.worker_threads, 2);
         // LOCALHOST_APP_TUNNEL: on unless set false (Istio's default); not a bool is refused.
         assert!(parse(BASE, &[]).unwrap().1.localhost_app_tunnel);
-        assert!(!parse(BASE, &[("LOCALHOST_APP_TUNNEL", "false")]).unwrap().1.localhost_app_tunnel);
-        assert!(parse(BASE, &[("LOCALHOST_APP_TUNNEL", "yes")]).unwrap_err().to_string().contains("LOCALHOST_APP_TUNNEL"));
+        assert!(
+            !parse(BASE, &[("LOCALHOST_APP_TUNNEL", "false")])
+                .unwrap()
+                .1
+                .localhost_app_tunnel
+        );
+        assert!(parse(BASE, &[("LOCALHOST_APP_TUNNEL", "yes")])
+            .unwrap_err()
+            .to_string()
+            .contains("LOCALHOST_APP_TUNNEL"));
     }
 
     #[test]
     fn a_mesh_config_source_is_required_and_xds_brings_its_ca() {
-        let err = parse(&["ztunnel", "--node-name", "n1"], &[]).unwrap_err().to_string();
-        assert!(err.contains("XDS_ADDRESS") && err.contains("LOCAL_XDS_PATH"), "{err}");
+        let err = parse(&["ztunnel", "--node-name", "n1"], &[])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("XDS_ADDRESS") && err.contains("LOCAL_XDS_PATH"),
+            "{err}"
+        );
         // In Kubernetes, istiod is the default for both.
-        let (args, _) = parse(&["ztunnel", "--node-name", "n1"], &[("KUBERNETES_SERVICE_HOST", "10.96.0.1")]).unwrap();
-        assert_eq!(args.istiod.xds_address.as_deref(), Some(ztunnel::istiod::DEFAULT_ADDRESS));
-        assert_eq!(args.istiod.ca_address.as_deref(), Some(ztunnel::istiod::DEFAULT_ADDRESS));
+        let (args, _) = parse(
+            &["ztunnel", "--node-name", "n1"],
+            &[("KUBERNETES_SERVICE_HOST", "10.96.0.1")],
+        )
+        .unwrap();
+        assert_eq!(
+            args.istiod.xds_address.as_deref(),
+            Some(ztunnel::istiod::DEFAULT_ADDRESS)
+        );
+        assert_eq!(
+            args.istiod.ca_address.as_deref(),
+            Some(ztunnel::istiod::DEFAULT_ADDRESS)
+        );
         // FAKE_CA chooses the built-in CA explicitly.
-        let (args, _) = parse(&["ztunnel", "--node-name", "n1", "--xds-address", "istiod:15012", "--fake-ca", "true"], &[]).unwrap();
+        let (args, _) = parse(
+            &[
+                "ztunnel",
+                "--node-name",
+                "n1",
+                "--xds-address",
+                "istiod:15012",
+                "--fake-ca",
+                "true",
+            ],
+            &[],
+        )
+        .unwrap();
         assert_eq!(args.istiod.ca_address, None);
     }
 
@@ -748,7 +980,11 @@ mod tests {
         std::env::remove_var("INPOD_UDS");
         let (args, s) = from_env.unwrap();
         assert_eq!(args.capture, CaptureMode::None);
-        assert!(s.infos.iter().any(|i| i.contains("istio-cni captures")), "{:?}", s.infos);
+        assert!(
+            s.infos.iter().any(|i| i.contains("istio-cni captures")),
+            "{:?}",
+            s.infos
+        );
         assert_eq!(explicit.unwrap().0.capture, CaptureMode::Nftables);
         // The flag alone (our own `ztunnel cni-server` does no capture) keeps ours.
         let (args, _) = parse(&[BASE, &["--zds-socket", "/tmp/zds.sock"]].concat(), &[]).unwrap();

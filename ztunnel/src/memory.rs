@@ -52,12 +52,20 @@ pub fn release_free_heap() -> bool {
         unsafe { libmimalloc_sys::mi_collect(true) };
         true
     }
-    #[cfg(all(not(any(feature = "jemalloc", feature = "mimalloc")), target_os = "linux", target_env = "gnu"))]
+    #[cfg(all(
+        not(any(feature = "jemalloc", feature = "mimalloc")),
+        target_os = "linux",
+        target_env = "gnu"
+    ))]
     {
         // SAFETY: malloc_trim has no preconditions; it takes glibc's arena locks itself.
         unsafe { libc::malloc_trim(0) == 1 }
     }
-    #[cfg(not(any(feature = "jemalloc", feature = "mimalloc", all(target_os = "linux", target_env = "gnu"))))]
+    #[cfg(not(any(
+        feature = "jemalloc",
+        feature = "mimalloc",
+        all(target_os = "linux", target_env = "gnu")
+    )))]
     {
         false
     }

@@ -52,13 +52,37 @@ impl Default for Metrics {
         let received = Family::<TcpLabels, Counter>::default();
         let sent = Family::<TcpLabels, Counter>::default();
         // The text encoder appends `_total` to counters.
-        registry.register("istio_tcp_connections_opened", "TCP connections opened", opened.clone());
-        registry.register("istio_tcp_connections_closed", "TCP connections closed", closed.clone());
-        registry.register("istio_tcp_connections_failed", "TCP connections that failed", failed.clone());
-        registry.register("istio_tcp_received_bytes", "Bytes received from the connection's client", received.clone());
-        registry.register("istio_tcp_sent_bytes", "Bytes sent to the connection's client", sent.clone());
+        registry.register(
+            "istio_tcp_connections_opened",
+            "TCP connections opened",
+            opened.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_closed",
+            "TCP connections closed",
+            closed.clone(),
+        );
+        registry.register(
+            "istio_tcp_connections_failed",
+            "TCP connections that failed",
+            failed.clone(),
+        );
+        registry.register(
+            "istio_tcp_received_bytes",
+            "Bytes received from the connection's client",
+            received.clone(),
+        );
+        registry.register(
+            "istio_tcp_sent_bytes",
+            "Bytes sent to the connection's client",
+            sent.clone(),
+        );
         let sockets_open = Family::<control::ReporterLabel, Gauge>::default();
-        registry.register("istio_tcp_sockets_open", "The current number of open TCP sockets", sockets_open.clone());
+        registry.register(
+            "istio_tcp_sockets_open",
+            "The current number of open TCP sockets",
+            sockets_open.clone(),
+        );
         let connections_refused = Family::<control::ReasonLabel, Counter>::default();
         registry.register(
             "ztunnel_connections_refused",
@@ -120,25 +144,34 @@ impl Metrics {
     /// drops (`source`: a pod's outbound connection; `destination`: inbound, HBONE or
     /// plaintext).
     pub fn socket_open(&self, reporter: &'static str) -> SocketGuard {
-        let gauge = self.sockets_open.get_or_create(&control::ReporterLabel { reporter }).clone();
+        let gauge = self
+            .sockets_open
+            .get_or_create(&control::ReporterLabel { reporter })
+            .clone();
         gauge.inc();
         SocketGuard(gauge)
     }
 
     /// A connection refused before it was proxied (`fd_exhaustion`, `pod_limit`, `accept_error`).
     pub fn connection_refused(&self, reason: &'static str) {
-        self.connections_refused.get_or_create(&control::ReasonLabel { reason }).inc();
+        self.connections_refused
+            .get_or_create(&control::ReasonLabel { reason })
+            .inc();
     }
 
     /// An inbound HBONE connection or request refused for `reason` (a fixed set).
     pub fn hbone_rejected(&self, reason: &'static str) {
-        self.hbone_rejections.get_or_create(&control::ReasonLabel { reason }).inc();
+        self.hbone_rejections
+            .get_or_create(&control::ReasonLabel { reason })
+            .inc();
     }
 
     /// A peer refused (at its handshake) or cut off (after a CRL reload) because a CRL
     /// revokes its certificate; `reporter` is `destination` inbound, `source` outbound.
     pub fn crl_rejected(&self, reporter: &'static str) {
-        self.crl_rejections.get_or_create(&control::ReporterLabel { reporter }).inc();
+        self.crl_rejections
+            .get_or_create(&control::ReporterLabel { reporter })
+            .inc();
     }
 
     /// A connection that opened. Its counters are looked up now, so the connection keeps
@@ -157,7 +190,11 @@ impl Metrics {
     /// TCP_OPENED_CONNECTIONS, TCP_CLOSED_CONNECTIONS, TCP_RECEIVED_BYTES,
     /// TCP_SENT_BYTES) as a Telemetry's overrides say: dropped (None: a counter no
     /// family holds), or with some labels emptied.
-    pub fn opened_overridden(&self, l: &TcpLabels, o: &[http::MetricOverride; 4]) -> OpenConnection {
+    pub fn opened_overridden(
+        &self,
+        l: &TcpLabels,
+        o: &[http::MetricOverride; 4],
+    ) -> OpenConnection {
         let trimmed = |m: &http::MetricOverride| {
             let mut l = l.clone();
             for name in &m.remove {
@@ -166,15 +203,26 @@ impl Metrics {
             self.bounded(&l).into_owned()
         };
         let counter = |family: &Family<TcpLabels, Counter>, m: &http::MetricOverride| {
-            if m.disabled { Counter::default() } else { family.get_or_create(&trimmed(m)).clone() }
+            if m.disabled {
+                Counter::default()
+            } else {
+                family.get_or_create(&trimmed(m)).clone()
+            }
         };
         counter(&self.opened, &o[0]).inc();
-        OpenConnection { closed: counter(&self.closed, &o[1]), received: counter(&self.received, &o[2]), sent: counter(&self.sent, &o[3]) }
+        OpenConnection {
+            closed: counter(&self.closed, &o[1]),
+            received: counter(&self.received, &o[2]),
+            sent: counter(&self.sent, &o[3]),
+        }
     }
 
     /// A connection that could not be set up (denied, no upstream, TLS failure...).
     pub fn failed(&self, l: &TcpLabels, response_flags: &'static str) {
-        let l = TcpLabels { response_flags, ..l.clone() };
+        let l = TcpLabels {
+            response_flags,
+            ..l.clone()
+        };
         self.failed.get_or_create(&self.bounded(&l)).inc();
     }
 
@@ -211,7 +259,10 @@ impl Metrics {
             return "draining".into();
         }
         let p = self.pending();
-        format!("waiting for {}", p.iter().copied().collect::<Vec<_>>().join(", "))
+        format!(
+            "waiting for {}",
+            p.iter().copied().collect::<Vec<_>>().join(", ")
+        )
     }
 
     pub fn encode(&self) -> String {
@@ -257,19 +308,35 @@ mod tests {
         let m = Metrics::default();
         let base = TcpLabels::new("destination", Peer::default(), Peer::default(), None, true);
         for i in 0..(MAX_SERIES + 5_000) {
-            let l = TcpLabels { source_workload: format!("peer-{i}"), ..base.clone() };
+            let l = TcpLabels {
+                source_workload: format!("peer-{i}"),
+                ..base.clone()
+            };
             m.opened(&l).closed(1, 1);
         }
         let text = m.encode();
-        let series = text.lines().filter(|l| l.starts_with("istio_tcp_connections_opened_total{")).count();
-        assert_eq!(series, MAX_SERIES + 1, "the overflow set takes everything past the bound");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
+            .count();
+        assert_eq!(
+            series,
+            MAX_SERIES + 1,
+            "the overflow set takes everything past the bound"
+        );
         let overflow = text
             .lines()
-            .find(|l| l.starts_with("istio_tcp_connections_opened_total{") && l.contains("source_workload=\"unknown\""))
+            .find(|l| {
+                l.starts_with("istio_tcp_connections_opened_total{")
+                    && l.contains("source_workload=\"unknown\"")
+            })
             .unwrap();
         assert!(overflow.ends_with(" 5000"), "{overflow}");
         // Known label sets still count after the bound is reached.
-        let _open = m.opened(&TcpLabels { source_workload: "peer-7".into(), ..base.clone() });
+        let _open = m.opened(&TcpLabels {
+            source_workload: "peer-7".into(),
+            ..base.clone()
+        });
         assert!(m.encode().contains("source_workload=\"peer-7\""));
     }
 
@@ -281,14 +348,26 @@ mod tests {
         let _c = m.socket_open("destination");
         drop(a);
         let text = m.encode();
-        assert!(text.contains("istio_tcp_sockets_open{reporter=\"source\"} 1"), "{text}");
-        assert!(text.contains("istio_tcp_sockets_open{reporter=\"destination\"} 1"), "{text}");
+        assert!(
+            text.contains("istio_tcp_sockets_open{reporter=\"source\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("istio_tcp_sockets_open{reporter=\"destination\"} 1"),
+            "{text}"
+        );
     }
 
     #[test]
     fn process_metrics_are_exported() {
         let text = Metrics::default().encode();
-        for name in ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "process_max_fds", "process_start_time_seconds"] {
+        for name in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_max_fds",
+            "process_start_time_seconds",
+        ] {
             assert!(text.contains(name), "{name} missing");
         }
     }

@@ -93,7 +93,13 @@ pub struct Keepalive {
 
 impl Default for Keepalive {
     fn default() -> Self {
-        Keepalive { enabled: true, time: Duration::from_secs(180), interval: Duration::from_secs(180), retries: 9, user_timeout: false }
+        Keepalive {
+            enabled: true,
+            time: Duration::from_secs(180),
+            interval: Duration::from_secs(180),
+            retries: 9,
+            user_timeout: false,
+        }
     }
 }
 
@@ -121,13 +127,21 @@ pub struct InPodNetns {
 
 impl InPodNetns {
     pub fn open(path: &Path) -> Result<InPodNetns, NetnsError> {
-        let f = File::open(path).map_err(|source| NetnsError::Open { path: path.to_path_buf(), source })?;
+        let f = File::open(path).map_err(|source| NetnsError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Ok(InPodNetns::from_fd(f.into(), &path.display().to_string()))
     }
 
     /// From a netns fd received from the CNI agent.
     pub fn from_fd(fd: OwnedFd, name: &str) -> InPodNetns {
-        InPodNetns { fd: Arc::new(fd), name: name.into(), source_ports: Arc::default(), accepted: Arc::default() }
+        InPodNetns {
+            fd: Arc::new(fd),
+            name: name.into(),
+            source_ports: Arc::default(),
+            accepted: Arc::default(),
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -144,11 +158,16 @@ impl InPodNetns {
         let home = match proxy_netns() {
             Ok(f) => f,
             Err(e) => {
-                return Err(NetnsError::Enter { name: "proxy".into(), source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EBADF)) })
+                return Err(NetnsError::Enter {
+                    name: "proxy".into(),
+                    source: nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EBADF)),
+                })
             }
         };
-        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
-            .map_err(|source| NetnsError::Enter { name: self.name.to_string(), source })?;
+        setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|source| NetnsError::Enter {
+            name: self.name.to_string(),
+            source,
+        })?;
         let out = f();
         if let Err(e) = setns(home.as_fd(), CloneFlags::CLONE_NEWNET) {
             // A runtime thread stuck in a pod's netns would create later sockets in the wrong
@@ -160,19 +179,36 @@ impl InPodNetns {
     }
 
     fn socket(&self, addr: &SocketAddr) -> Result<Socket, NetnsError> {
-        let domain = if addr.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
-        self.run(|| Socket::new(domain, Type::STREAM.nonblocking().cloexec(), Some(Protocol::TCP)))?
-            .map_err(|source| self.sock_err(source))
+        let domain = if addr.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
+        self.run(|| {
+            Socket::new(
+                domain,
+                Type::STREAM.nonblocking().cloexec(),
+                Some(Protocol::TCP),
+            )
+        })?
+        .map_err(|source| self.sock_err(source))
     }
 
     fn sock_err(&self, source: io::Error) -> NetnsError {
-        NetnsError::Socket { name: self.name.to_string(), source }
+        NetnsError::Socket {
+            name: self.name.to_string(),
+            source,
+        }
     }
 
     /// Whether both handles name the same network namespace (same nsfs inode), however
     /// they were opened.
     pub fn same_as(&self, other: &InPodNetns) -> bool {
-        let id = |n: &InPodNetns| nix::sys::stat::fstat(n.fd.as_fd()).ok().map(|st| (st.st_dev, st.st_ino));
+        let id = |n: &InPodNetns| {
+            nix::sys::stat::fstat(n.fd.as_fd())
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino))
+        };
         // A handle we cannot stat is never taken for the other: replacing costs a re-enrollment, mixing them up a pod.
         matches!((id(self), id(other)), (Some(a), Some(b)) if a == b)
     }
@@ -231,29 +267,46 @@ impl InPodNetns {
         timeout: Duration,
     ) -> Result<TcpStream, NetnsError> {
         let attempts = async {
-            let Some(src) = transparent_src else { return self.connect_from(dst, None).await };
+            let Some(src) = transparent_src else {
+                return self.connect_from(dst, None).await;
+            };
             // Our own pick of port first (see `source_port`); a port in use by another
             // connection to the same destination fails at once, so another is tried. The
             // client's own port, and any of an accepted connection from its address to
             // `dst`, would reverse that connection's tuple (see `AcceptedTuples`).
-            let avoid = |port: u16| port == src.port() || self.accepted.holds(SocketAddr::new(src.ip(), port), dst);
+            let avoid = |port: u16| {
+                port == src.port() || self.accepted.holds(SocketAddr::new(src.ip(), port), dst)
+            };
             for _ in 0..source_port::TRIES {
-                let Some(port) = self.source_ports().pick(avoid) else { break };
-                match self.connect_from(dst, Some(SocketAddr::new(src.ip(), port))).await {
+                let Some(port) = self.source_ports().pick(avoid) else {
+                    break;
+                };
+                match self
+                    .connect_from(dst, Some(SocketAddr::new(src.ip(), port)))
+                    .await
+                {
                     Err(e) if source_port_taken(&e) => continue,
                     r => return r,
                 }
             }
-            self.connect_from(dst, Some(SocketAddr::new(src.ip(), 0))).await
+            self.connect_from(dst, Some(SocketAddr::new(src.ip(), 0)))
+                .await
         };
         match tokio::time::timeout(timeout, attempts).await {
             Ok(r) => r,
-            Err(_) => Err(self.sock_err(io::Error::new(io::ErrorKind::TimedOut, format!("connect to {dst} timed out")))),
+            Err(_) => Err(self.sock_err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {dst} timed out"),
+            ))),
         }
     }
 
     /// One connect, from `src` if given (port 0: the kernel's choice).
-    async fn connect_from(&self, dst: SocketAddr, src: Option<SocketAddr>) -> Result<TcpStream, NetnsError> {
+    async fn connect_from(
+        &self,
+        dst: SocketAddr,
+        src: Option<SocketAddr>,
+    ) -> Result<TcpStream, NetnsError> {
         let s = self.socket(&dst)?;
         let setup = (|| {
             s.set_mark(socket_options().delivery.mark(src.is_some()))?;
@@ -266,7 +319,10 @@ impl InPodNetns {
             Ok::<_, io::Error>(())
         })();
         setup.map_err(|e| self.sock_err(e))?;
-        TcpSocket::from_std_stream(std::net::TcpStream::from(s)).connect(dst).await.map_err(|e| self.sock_err(e))
+        TcpSocket::from_std_stream(std::net::TcpStream::from(s))
+            .connect(dst)
+            .await
+            .map_err(|e| self.sock_err(e))
     }
 
     /// Holds the original tuple of a connection accepted in this pod (`client` to the
@@ -277,7 +333,8 @@ impl InPodNetns {
 
     fn source_ports(&self) -> &SourcePorts {
         // Two small procfs reads inside the pod, once per pod: as quick as a socket().
-        self.source_ports.get_or_init(|| self.run(SourcePorts::read).unwrap_or_default())
+        self.source_ports
+            .get_or_init(|| self.run(SourcePorts::read).unwrap_or_default())
     }
 }
 
@@ -313,7 +370,8 @@ fn set_transparent(s: &Socket, addr: &SocketAddr) -> io::Result<()> {
 /// before binding its `[::1]` listeners: a pod may have IPv6 disabled). Run it inside a
 /// pod with [`InPodNetns::run`].
 pub fn ipv6_on_loopback() -> bool {
-    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6").is_ok_and(|v| v.trim() == "0")
+    std::fs::read_to_string("/proc/sys/net/ipv6/conf/lo/disable_ipv6")
+        .is_ok_and(|v| v.trim() == "0")
 }
 
 /// TCP keepalive as configured (Istio's default: 180 s idle, 180 s interval, 9 probes).
@@ -323,9 +381,16 @@ pub fn set_keepalive(s: &Socket) -> io::Result<()> {
         return Ok(());
     }
     s.set_keepalive(true)?;
-    s.set_tcp_keepalive(&TcpKeepalive::new().with_time(k.time).with_interval(k.interval).with_retries(k.retries))?;
+    s.set_tcp_keepalive(
+        &TcpKeepalive::new()
+            .with_time(k.time)
+            .with_interval(k.interval)
+            .with_retries(k.retries),
+    )?;
     if k.user_timeout {
-        s.set_tcp_user_timeout(Some(k.time.saturating_add(k.interval.saturating_mul(k.retries))))?;
+        s.set_tcp_user_timeout(Some(
+            k.time.saturating_add(k.interval.saturating_mul(k.retries)),
+        ))?;
     }
     Ok(())
 }
@@ -404,7 +469,11 @@ mod tests {
         assert_eq!(local(&s).port(), 0, "no port is reserved by the bind");
         s.connect(&app.local_addr().unwrap().into()).unwrap();
         let (_, peer) = app.accept().unwrap();
-        assert_eq!(peer, local(&s), "the app sees the bound address with the port connect picked");
+        assert_eq!(
+            peer,
+            local(&s),
+            "the app sees the bound address with the port connect picked"
+        );
         assert_ne!(peer.port(), 0);
     }
 
@@ -423,18 +492,27 @@ mod tests {
         assert_eq!(accepted.read(&mut [0; 1]).unwrap(), 0);
         drop(accepted);
         let mut rest = [0u8; 1];
-        assert_eq!(std::io::Read::read(&mut &first, &mut rest).unwrap(), 0, "the app's close reached us");
+        assert_eq!(
+            std::io::Read::read(&mut &first, &mut rest).unwrap(),
+            0,
+            "the app's close reached us"
+        );
         drop(first);
         // The same tuple again, with the port given.
         let again = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
         bind_source(&again, from).unwrap();
-        again.connect(&to).expect("a tuple of ours in TIME_WAIT is taken over");
+        again
+            .connect(&to)
+            .expect("a tuple of ours in TIME_WAIT is taken over");
         let (_, peer) = app.accept().unwrap();
         assert_eq!(peer, from);
         // A tuple in use is refused, and recognised as such.
         let busy = Socket::new(Domain::IPV4, Type::STREAM, Some(Protocol::TCP)).unwrap();
         bind_source(&busy, from).unwrap();
-        let e = NetnsError::Socket { name: "test".into(), source: busy.connect(&to).unwrap_err() };
+        let e = NetnsError::Socket {
+            name: "test".into(),
+            source: busy.connect(&to).unwrap_err(),
+        };
         assert!(source_port_taken(&e), "{e}");
     }
 }

@@ -18,7 +18,9 @@ pub mod pods;
 pub mod states;
 
 pub use self::inputs::ProxyInputs;
-pub use self::lifecycle::{await_workload, enroll, enroll_workload, EnrolledPod, ProxyError, ENROLL_WAIT};
+pub use self::lifecycle::{
+    await_workload, enroll, enroll_workload, EnrolledPod, ProxyError, ENROLL_WAIT,
+};
 pub use self::pod::{InboundConns, InboundGuard, LocalPod};
 pub use self::pods::Pods;
 pub use self::states::WorkloadStates;

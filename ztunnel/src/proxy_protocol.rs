@@ -39,12 +39,18 @@ pub enum ProxyProtocolError {
     BadCommand(u8),
     #[error("PROXY protocol address family {0} is unknown; expected 0 (UNSPEC), 1 (INET), 2 (INET6) or 3 (UNIX)")]
     BadFamily(u8),
-    #[error("PROXY protocol transport {0} is unknown; expected 0 (UNSPEC), 1 (STREAM) or 2 (DGRAM)")]
+    #[error(
+        "PROXY protocol transport {0} is unknown; expected 0 (UNSPEC), 1 (STREAM) or 2 (DGRAM)"
+    )]
     BadTransport(u8),
     #[error("PROXY protocol header length {length} is shorter than the {needed}-byte address block of its family")]
     ShortAddresses { length: usize, needed: usize },
     #[error("PROXY protocol TLV at offset {offset} is truncated: it claims {claimed} bytes, {left} remain in the header")]
-    TruncatedTlv { offset: usize, claimed: usize, left: usize },
+    TruncatedTlv {
+        offset: usize,
+        claimed: usize,
+        left: usize,
+    },
     #[error("PROXY protocol header would be {0} bytes; the length field allows at most 65535 after the fixed part, so send smaller TLVs")]
     TooLong(usize),
     #[error("PROXY protocol source {src} and destination {dst} differ in address family; both must be IPv4 or both IPv6")]
@@ -71,9 +77,15 @@ pub enum Transport {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Addresses {
     Unspec,
-    Ip { src: SocketAddr, dst: SocketAddr },
+    Ip {
+        src: SocketAddr,
+        dst: SocketAddr,
+    },
     /// Two 108-byte socket paths, NUL padded, kept as sent.
-    Unix { src: Vec<u8>, dst: Vec<u8> },
+    Unix {
+        src: Vec<u8>,
+        dst: Vec<u8>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,26 +106,39 @@ pub struct Header {
 impl Header {
     /// The first TLV of `kind`, if any.
     pub fn tlv(&self, kind: u8) -> Option<&[u8]> {
-        self.tlvs.iter().find(|t| t.kind == kind).map(|t| t.value.as_slice())
+        self.tlvs
+            .iter()
+            .find(|t| t.kind == kind)
+            .map(|t| t.value.as_slice())
     }
 
     /// The SPIFFE id Istio puts in TLV 0xD0, if present and UTF-8.
     pub fn peer_identity(&self) -> Option<&str> {
-        self.tlv(TLV_PEER_IDENTITY).and_then(|v| std::str::from_utf8(v).ok())
+        self.tlv(TLV_PEER_IDENTITY)
+            .and_then(|v| std::str::from_utf8(v).ok())
     }
 }
 
 /// A PROXY (not LOCAL) v2 header for a TCP connection from `src` to `dst`, with `tlvs`.
 /// Both addresses must be of one family; callers with a mix map IPv4 into IPv6 first
 /// (see [`same_family`]).
-pub fn encode(src: SocketAddr, dst: SocketAddr, tlvs: &[(u8, &[u8])]) -> Result<Vec<u8>, ProxyProtocolError> {
+pub fn encode(
+    src: SocketAddr,
+    dst: SocketAddr,
+    tlvs: &[(u8, &[u8])],
+) -> Result<Vec<u8>, ProxyProtocolError> {
     let (family, addr_len) = match (src.ip(), dst.ip()) {
         (IpAddr::V4(_), IpAddr::V4(_)) => (0x10, INET_ADDRS_LEN),
         (IpAddr::V6(_), IpAddr::V6(_)) => (0x20, INET6_ADDRS_LEN),
         _ => return Err(ProxyProtocolError::MixedFamilies { src, dst }),
     };
-    let body = addr_len + tlvs.iter().map(|(_, v)| TLV_HEADER_LEN + v.len()).sum::<usize>();
-    let body_len = u16::try_from(body).map_err(|_| ProxyProtocolError::TooLong(FIXED_LEN + body))?;
+    let body = addr_len
+        + tlvs
+            .iter()
+            .map(|(_, v)| TLV_HEADER_LEN + v.len())
+            .sum::<usize>();
+    let body_len =
+        u16::try_from(body).map_err(|_| ProxyProtocolError::TooLong(FIXED_LEN + body))?;
     let mut out = Vec::with_capacity(FIXED_LEN + body);
     out.extend_from_slice(&SIGNATURE);
     out.push(VERSION_2 | 0x1); // PROXY
@@ -134,7 +159,8 @@ pub fn encode(src: SocketAddr, dst: SocketAddr, tlvs: &[(u8, &[u8])]) -> Result<
     out.extend_from_slice(&dst.port().to_be_bytes());
     for (kind, value) in tlvs {
         // Each length fits: their sum (with the address block) fitted in a u16 above.
-        let len = u16::try_from(value.len()).map_err(|_| ProxyProtocolError::TooLong(FIXED_LEN + body))?;
+        let len = u16::try_from(value.len())
+            .map_err(|_| ProxyProtocolError::TooLong(FIXED_LEN + body))?;
         out.push(*kind);
         out.extend_from_slice(&len.to_be_bytes());
         out.extend_from_slice(value);
@@ -164,7 +190,10 @@ pub fn parse(buf: &[u8]) -> Result<(Header, usize), ProxyProtocolError> {
         return Err(ProxyProtocolError::BadSignature);
     }
     let Some(fixed) = buf.get(..FIXED_LEN) else {
-        return Err(ProxyProtocolError::Incomplete { needed: FIXED_LEN, have: buf.len() });
+        return Err(ProxyProtocolError::Incomplete {
+            needed: FIXED_LEN,
+            have: buf.len(),
+        });
     };
     let (ver_cmd, fam_proto) = (fixed[12], fixed[13]);
     if ver_cmd & 0xF0 != VERSION_2 {
@@ -191,11 +220,17 @@ pub fn parse(buf: &[u8]) -> Result<(Header, usize), ProxyProtocolError> {
     };
     let length = usize::from(u16::from_be_bytes([fixed[14], fixed[15]]));
     if length < addr_len {
-        return Err(ProxyProtocolError::ShortAddresses { length, needed: addr_len });
+        return Err(ProxyProtocolError::ShortAddresses {
+            length,
+            needed: addr_len,
+        });
     }
     let total = FIXED_LEN + length;
     let Some(body) = buf.get(FIXED_LEN..total) else {
-        return Err(ProxyProtocolError::Incomplete { needed: total, have: buf.len() });
+        return Err(ProxyProtocolError::Incomplete {
+            needed: total,
+            have: buf.len(),
+        });
     };
     let (addrs, mut rest) = body.split_at(addr_len);
     let addresses = match family {
@@ -215,23 +250,45 @@ pub fn parse(buf: &[u8]) -> Result<(Header, usize), ProxyProtocolError> {
                 dst: SocketAddr::new(ip(&addrs[16..32]), port(&addrs[34..36])),
             }
         }
-        3 => Addresses::Unix { src: addrs[..108].to_vec(), dst: addrs[108..].to_vec() },
+        3 => Addresses::Unix {
+            src: addrs[..108].to_vec(),
+            dst: addrs[108..].to_vec(),
+        },
         _ => Addresses::Unspec,
     };
     let mut tlvs = Vec::new();
     while !rest.is_empty() {
         let offset = total - rest.len();
         let Some(&[kind, hi, lo]) = rest.get(..TLV_HEADER_LEN) else {
-            return Err(ProxyProtocolError::TruncatedTlv { offset, claimed: TLV_HEADER_LEN, left: rest.len() });
+            return Err(ProxyProtocolError::TruncatedTlv {
+                offset,
+                claimed: TLV_HEADER_LEN,
+                left: rest.len(),
+            });
         };
         let len = usize::from(u16::from_be_bytes([hi, lo]));
         let Some(value) = rest.get(TLV_HEADER_LEN..TLV_HEADER_LEN + len) else {
-            return Err(ProxyProtocolError::TruncatedTlv { offset, claimed: len, left: rest.len() - TLV_HEADER_LEN });
+            return Err(ProxyProtocolError::TruncatedTlv {
+                offset,
+                claimed: len,
+                left: rest.len() - TLV_HEADER_LEN,
+            });
         };
-        tlvs.push(Tlv { kind, value: value.to_vec() });
+        tlvs.push(Tlv {
+            kind,
+            value: value.to_vec(),
+        });
         rest = &rest[TLV_HEADER_LEN + len..];
     }
-    Ok((Header { command, transport, addresses, tlvs }, total))
+    Ok((
+        Header {
+            command,
+            transport,
+            addresses,
+            tlvs,
+        },
+        total,
+    ))
 }
 
 /// Reads exactly one header from `r` (and not a byte more), for receivers and tests.

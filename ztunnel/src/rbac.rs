@@ -200,12 +200,33 @@ impl Match {
             && negative(&self.not_principals, principal, neg, |m, v| m.matches(v))
             && positive(&self.service_accounts, id, pos, sa_matches)
             && negative(&self.not_service_accounts, id, neg, sa_matches)
-            && positive(&self.source_ips, Some(conn.src_ip), pos, |c, ip| c.contains(ip))
-            && negative(&self.not_source_ips, Some(conn.src_ip), neg, |c, ip| c.contains(ip))
-            && positive(&self.destination_ips, Some(conn.dst.ip()), pos, |c, ip| c.contains(ip))
-            && negative(&self.not_destination_ips, Some(conn.dst.ip()), neg, |c, ip| c.contains(ip))
-            && positive(&self.destination_ports, Some(conn.dst.port()), pos, |p, v| *p == v)
-            && negative(&self.not_destination_ports, Some(conn.dst.port()), neg, |p, v| *p == v)
+            && positive(&self.source_ips, Some(conn.src_ip), pos, |c, ip| {
+                c.contains(ip)
+            })
+            && negative(&self.not_source_ips, Some(conn.src_ip), neg, |c, ip| {
+                c.contains(ip)
+            })
+            && positive(&self.destination_ips, Some(conn.dst.ip()), pos, |c, ip| {
+                c.contains(ip)
+            })
+            && negative(
+                &self.not_destination_ips,
+                Some(conn.dst.ip()),
+                neg,
+                |c, ip| c.contains(ip),
+            )
+            && positive(
+                &self.destination_ports,
+                Some(conn.dst.port()),
+                pos,
+                |p, v| *p == v,
+            )
+            && negative(
+                &self.not_destination_ports,
+                Some(conn.dst.port()),
+                neg,
+                |p, v| *p == v,
+            )
     }
 }
 
@@ -222,7 +243,13 @@ impl Authorization {
     /// What stands in for a policy we cannot enforce exactly: a DENY of every connection
     /// in its scope. Dropping it instead would widen access (a lost DENY, or the only
     /// ALLOW in scope). A dry-run policy stays dry-run: it never decided anything.
-    pub fn deny_all(namespace: &str, name: &str, scope: PolicyScope, dry_run: bool, reason: String) -> Authorization {
+    pub fn deny_all(
+        namespace: &str,
+        name: &str,
+        scope: PolicyScope,
+        dry_run: bool,
+        reason: String,
+    ) -> Authorization {
         Authorization {
             name: name.to_string(),
             namespace: namespace.to_string(),
@@ -239,7 +266,9 @@ impl Authorization {
     /// a clause without matches holds, an empty match is skipped (never holds).
     pub fn matches(&self, conn: &Connection) -> bool {
         self.rules.iter().any(|rule| {
-            rule.iter().all(|clause| clause.is_empty() || clause.iter().any(|m| !m.is_empty() && m.matches(conn)))
+            rule.iter().all(|clause| {
+                clause.is_empty() || clause.iter().any(|m| !m.is_empty() && m.matches(conn))
+            })
         })
     }
 }
@@ -267,7 +296,10 @@ impl fmt::Display for DenyReason {
 }
 
 /// Evaluates the policies in scope for the destination. Dry-run policies are logged, never enforced.
-pub fn evaluate<'a>(policies: impl IntoIterator<Item = &'a Authorization>, conn: &Connection) -> Decision {
+pub fn evaluate<'a>(
+    policies: impl IntoIterator<Item = &'a Authorization>,
+    conn: &Connection,
+) -> Decision {
     let mut have_allow = false;
     let mut allowed = false;
     let mut denied_by = None;

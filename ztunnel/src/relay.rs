@@ -55,7 +55,12 @@ pub async fn idle_watchdog(counters: [&AtomicU64; 2], timeout: Option<Duration>)
     let Some(timeout) = timeout.filter(|t| !t.is_zero()) else {
         return std::future::pending().await;
     };
-    let total = || counters.iter().map(|c| c.load(Ordering::Relaxed)).sum::<u64>();
+    let total = || {
+        counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
     let mut last = total();
     loop {
         tokio::time::sleep(timeout).await;
@@ -88,7 +93,10 @@ pub(crate) async fn copy_tcp(
             _ = idle_watchdog([&from_client, &to_client], idle) => Err(io::Error::other(CopyError::Idle.to_string())),
         }
     };
-    let t = Transferred { sent: from_client.into_inner(), received: to_client.into_inner() };
+    let t = Transferred {
+        sent: from_client.into_inner(),
+        received: to_client.into_inner(),
+    };
     conn.closed(t.sent, t.received);
     match r {
         Ok(()) => Ok(t),
@@ -134,20 +142,39 @@ enum Phase {
 }
 
 impl<'a> TcpTcp<'a> {
-    fn new(client: &'a mut TcpStream, upstream: &'a mut TcpStream, from_client: &'a AtomicU64, to_client: &'a AtomicU64) -> Self {
-        TcpTcp { client, upstream, from_client, to_client, up: OneWay::default(), down: OneWay::default() }
+    fn new(
+        client: &'a mut TcpStream,
+        upstream: &'a mut TcpStream,
+        from_client: &'a AtomicU64,
+        to_client: &'a AtomicU64,
+    ) -> Self {
+        TcpTcp {
+            client,
+            upstream,
+            from_client,
+            to_client,
+            up: OneWay::default(),
+            down: OneWay::default(),
+        }
     }
 }
 
 impl std::future::Future for TcpTcp<'_> {
     type Output = io::Result<()>;
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Self::Output> {
         let this = &mut *self;
         // Either side failing ends both at once (the caller resets them); a direction
         // that is done answers `Ready` again without touching its sockets.
-        let up = this.up.poll_copy(this.client, this.upstream, this.from_client, cx)?;
-        let down = this.down.poll_copy(this.upstream, this.client, this.to_client, cx)?;
+        let up = this
+            .up
+            .poll_copy(this.client, this.upstream, this.from_client, cx)?;
+        let down = this
+            .down
+            .poll_copy(this.upstream, this.client, this.to_client, cx)?;
         if up.is_ready() && down.is_ready() {
             Poll::Ready(Ok(()))
         } else {
@@ -164,11 +191,18 @@ impl OneWay {
     /// socket drained (edge-triggered epoll reports the next arrival), so the next attempt
     /// waits for readiness without a `recvfrom` that can only say `EAGAIN` (6 syscalls per
     /// request per ztunnel instead of 7).
-    fn poll_copy(&mut self, from: &mut TcpStream, to: &mut TcpStream, count: &AtomicU64, cx: &mut std::task::Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_copy(
+        &mut self,
+        from: &mut TcpStream,
+        to: &mut TcpStream,
+        count: &AtomicU64,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<io::Result<()>> {
         for _ in 0..BURST {
             // A write may take part of the chunk; the rest waits for the socket's room.
             while self.written < self.buf.len() {
-                let n = match std::pin::Pin::new(&mut *to).poll_write(cx, &self.buf[self.written..]) {
+                let n = match std::pin::Pin::new(&mut *to).poll_write(cx, &self.buf[self.written..])
+                {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                     Poll::Ready(Ok(n)) => n,
@@ -188,7 +222,11 @@ impl OneWay {
             }
             self.buf.clear();
             self.written = 0;
-            let size = if self.bulk { TCP_BULK_BUF } else { TCP_COPY_BUF };
+            let size = if self.bulk {
+                TCP_BULK_BUF
+            } else {
+                TCP_COPY_BUF
+            };
             if self.buf.capacity() == 0 {
                 // No buffer while quiet (an idle connection holds none): wait, then take one.
                 std::task::ready!(from.poll_read_ready(cx))?;
@@ -232,14 +270,25 @@ pub async fn copy_tcp_h2(
 ) -> Result<Transferred, (CopyError, Transferred)> {
     let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let res = {
-        let relay = TcpH2 { tcp, send: &mut send, recv: &mut recv, sent: &sent, received: &received, up: Up::default(), down: Down::default() };
+        let relay = TcpH2 {
+            tcp,
+            send: &mut send,
+            recv: &mut recv,
+            sent: &sent,
+            received: &received,
+            up: Up::default(),
+            down: Down::default(),
+        };
         tokio::select! {
             r = relay => r,
             _ = revoked => Err(CopyError::Revoked),
             _ = idle_watchdog([&sent, &received], idle) => Err(CopyError::Idle),
         }
     };
-    let t = Transferred { sent: sent.into_inner(), received: received.into_inner() };
+    let t = Transferred {
+        sent: sent.into_inner(),
+        received: received.into_inner(),
+    };
     match res {
         Ok(()) => Ok(t),
         Err(e) => {
@@ -291,7 +340,10 @@ struct Down {
 impl std::future::Future for TcpH2<'_> {
     type Output = Result<(), CopyError>;
 
-    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
         let this = &mut *self;
         // Either side failing ends both at once (the caller resets the other).
         if !this.up.done {
@@ -316,7 +368,10 @@ impl std::future::Future for TcpH2<'_> {
 
 impl TcpH2<'_> {
     /// TCP to the tunnel until EOF (sent as END_STREAM).
-    fn poll_up(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), CopyError>> {
+    fn poll_up(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), CopyError>> {
         for _ in 0..BURST {
             let up = &mut self.up;
             if !up.chunk.is_empty() {
@@ -326,11 +381,17 @@ impl TcpH2<'_> {
                     Poll::Ready(Some(Ok(0))) => continue,
                     Poll::Ready(Some(Ok(cap))) => {
                         let part = up.chunk.split_to(cap.min(up.chunk.len()));
-                        self.send.send_data(part, false).map_err(CopyError::Stream)?;
+                        self.send
+                            .send_data(part, false)
+                            .map_err(CopyError::Stream)?;
                         continue;
                     }
                     Poll::Ready(Some(Err(e))) => return Poll::Ready(Err(CopyError::Stream(e))),
-                    Poll::Ready(None) => return Poll::Ready(Err(CopyError::Stream(h2::Error::from(h2::Reason::CANCEL)))),
+                    Poll::Ready(None) => {
+                        return Poll::Ready(Err(CopyError::Stream(h2::Error::from(
+                            h2::Reason::CANCEL,
+                        ))))
+                    }
                 }
             }
             // Read what is there with the buffer in hand; when nothing is, give the
@@ -350,9 +411,12 @@ impl TcpH2<'_> {
             let room = up.buf.capacity() - up.buf.len();
             // Through `AsyncRead` (see `OneWay::poll_copy`): after a read that left the buffer
             // unfilled, this returns `Pending` without another `recvfrom`.
-            match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *self.tcp), cx, &mut up.buf) {
+            match tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut *self.tcp), cx, &mut up.buf)
+            {
                 Poll::Ready(Ok(0)) => {
-                    self.send.send_data(Bytes::new(), true).map_err(CopyError::Stream)?;
+                    self.send
+                        .send_data(Bytes::new(), true)
+                        .map_err(CopyError::Stream)?;
                     up.buf = BytesMut::new();
                     return Poll::Ready(Ok(()));
                 }
@@ -374,13 +438,18 @@ impl TcpH2<'_> {
 
     /// The tunnel to TCP until END_STREAM (then a write shutdown); a stream that ends
     /// with RST_STREAM is an error.
-    fn poll_down(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), CopyError>> {
+    fn poll_down(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), CopyError>> {
         for _ in 0..BURST {
             let down = &mut self.down;
             if !down.chunk.is_empty() {
                 let n = match std::pin::Pin::new(&mut *self.tcp).poll_write(cx, &down.chunk) {
                     Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(0)) => return Poll::Ready(Err(CopyError::Tcp(io::ErrorKind::WriteZero.into()))),
+                    Poll::Ready(Ok(0)) => {
+                        return Poll::Ready(Err(CopyError::Tcp(io::ErrorKind::WriteZero.into())))
+                    }
                     Poll::Ready(Ok(n)) => n,
                     Poll::Ready(Err(e)) => return Poll::Ready(Err(CopyError::Tcp(e))),
                 };
@@ -433,7 +502,10 @@ pub async fn copy_h2_h2(
             Err(h2::Error::from(h2::Reason::CANCEL))
         }
     };
-    let t = Transferred { sent: sent.into_inner(), received: received.into_inner() };
+    let t = Transferred {
+        sent: sent.into_inner(),
+        received: received.into_inner(),
+    };
     match r {
         Ok(()) => Ok(t),
         Err(e) => {
@@ -444,7 +516,11 @@ pub async fn copy_h2_h2(
     }
 }
 
-async fn h2_to_h2(recv: &mut RecvStream, send: &mut SendStream<Bytes>, count: &AtomicU64) -> Result<(), h2::Error> {
+async fn h2_to_h2(
+    recv: &mut RecvStream,
+    send: &mut SendStream<Bytes>,
+    count: &AtomicU64,
+) -> Result<(), h2::Error> {
     while let Some(chunk) = recv.data().await {
         let mut chunk = chunk?;
         let n = chunk.len();
@@ -476,15 +552,33 @@ mod tests {
         // connection's task (496 and 448 bytes in the test build; copy_tcp took 1464 as
         // two composed async fns, before its state machine).
         type Never = std::future::Pending<()>;
-        let tcp_h2 = Returns::<(&mut TcpStream, SendStream<Bytes>, RecvStream, Never, Option<Duration>)>::returned_size(&copy_tcp_h2);
-        let tcp = Returns::<(crate::metrics::OpenConnection, &mut TcpStream, &mut TcpStream, Never, Option<Duration>)>::returned_size(&copy_tcp);
+        let tcp_h2 = Returns::<(
+            &mut TcpStream,
+            SendStream<Bytes>,
+            RecvStream,
+            Never,
+            Option<Duration>,
+        )>::returned_size(&copy_tcp_h2);
+        let tcp = Returns::<(
+            crate::metrics::OpenConnection,
+            &mut TcpStream,
+            &mut TcpStream,
+            Never,
+            Option<Duration>,
+        )>::returned_size(&copy_tcp);
         let watchdog = idle_watchdog.returned_size();
-        let (relay, tcp_relay) = (std::mem::size_of::<TcpH2<'_>>(), std::mem::size_of::<TcpTcp<'_>>());
+        let (relay, tcp_relay) = (
+            std::mem::size_of::<TcpH2<'_>>(),
+            std::mem::size_of::<TcpTcp<'_>>(),
+        );
         println!(
             "copy_tcp_h2 {tcp_h2} (TcpH2 {relay}), copy_tcp {tcp} (TcpTcp {tcp_relay}), idle_watchdog {watchdog} (Sleep {})",
             std::mem::size_of::<tokio::time::Sleep>()
         );
-        assert!(tcp_h2 <= 560 && tcp <= 512, "relay futures grew: copy_tcp_h2 {tcp_h2} bytes, copy_tcp {tcp} bytes");
+        assert!(
+            tcp_h2 <= 560 && tcp <= 512,
+            "relay futures grew: copy_tcp_h2 {tcp_h2} bytes, copy_tcp {tcp} bytes"
+        );
     }
 
     use crate::metrics::{Metrics, Peer, TcpLabels};
@@ -497,20 +591,39 @@ mod tests {
     /// A client's connection and its upstream over loopback: the far ends (`client`,
     /// `upstream`) and the relay's ends (`a` from the client, `b` to the upstream).
     async fn connections() -> (TcpStream, TcpStream, TcpStream, TcpStream) {
-        let (front, back) = (TcpListener::bind("127.0.0.1:0").await.unwrap(), TcpListener::bind("127.0.0.1:0").await.unwrap());
-        let (client, (a, _)) = tokio::try_join!(TcpStream::connect(front.local_addr().unwrap()), front.accept()).unwrap();
-        let (b, (upstream, _)) = tokio::try_join!(TcpStream::connect(back.local_addr().unwrap()), back.accept()).unwrap();
+        let (front, back) = (
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+            TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        );
+        let (client, (a, _)) = tokio::try_join!(
+            TcpStream::connect(front.local_addr().unwrap()),
+            front.accept()
+        )
+        .unwrap();
+        let (b, (upstream, _)) = tokio::try_join!(
+            TcpStream::connect(back.local_addr().unwrap()),
+            back.accept()
+        )
+        .unwrap();
         (client, a, b, upstream)
     }
 
     fn opened(metrics: &Metrics) -> crate::metrics::OpenConnection {
-        metrics.opened(&TcpLabels::new("destination", Peer::default(), Peer::default(), None, true))
+        metrics.opened(&TcpLabels::new(
+            "destination",
+            Peer::default(),
+            Peer::default(),
+            None,
+            true,
+        ))
     }
 
     /// `len` bytes of a stream numbered by `seed`, from byte `from` on: no two nearby
     /// positions alike, so a lost, repeated or reordered chunk shows.
     fn pattern(seed: u64, from: usize, len: usize) -> Vec<u8> {
-        (from..from + len).map(|i| ((i as u64 ^ (seed << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8).collect()
+        (from..from + len)
+            .map(|i| ((i as u64 ^ (seed << 40)).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
+            .collect()
     }
 
     /// TCP into an HBONE-like stream: a client writing as fast as it can gets frames larger
@@ -522,7 +635,9 @@ mod tests {
         let (mut client, mut a, _b, _upstream) = connections().await;
         let (io_client, io_server) = tokio::io::duplex(1 << 20);
         let sizes = |b: &mut h2::client::Builder| {
-            b.initial_window_size(16 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
+            b.initial_window_size(16 << 20)
+                .initial_connection_window_size(16 << 20)
+                .max_frame_size(1 << 20);
         };
         let mut cb = h2::client::Builder::new();
         sizes(&mut cb);
@@ -539,7 +654,9 @@ mod tests {
                 .unwrap();
             let (req, mut respond) = conn.accept().await.unwrap().unwrap();
             tokio::spawn(async move { while conn.accept().await.is_some() {} });
-            let mut _send = respond.send_response(http::Response::new(()), false).unwrap();
+            let mut _send = respond
+                .send_response(http::Response::new(()), false)
+                .unwrap();
             let mut body = req.into_body();
             let (mut got, mut frames) = (Vec::with_capacity(LEN), Vec::new());
             while let Some(chunk) = body.data().await {
@@ -555,15 +672,26 @@ mod tests {
         });
         let (mut h2c, conn) = cb.handshake::<_, Bytes>(io_client).await.unwrap();
         tokio::spawn(conn);
-        let req = http::Request::builder().method("CONNECT").uri("127.0.0.1:8080").body(()).unwrap();
+        let req = http::Request::builder()
+            .method("CONNECT")
+            .uri("127.0.0.1:8080")
+            .body(())
+            .unwrap();
         let (resp, send) = h2c.send_request(req, false).unwrap();
         let recv = resp.await.unwrap().into_body();
-        let relay = tokio::spawn(async move { copy_tcp_h2(&mut a, send, recv, std::future::pending(), None).await.map_err(|(e, _)| e.to_string()) });
+        let relay = tokio::spawn(async move {
+            copy_tcp_h2(&mut a, send, recv, std::future::pending(), None)
+                .await
+                .map_err(|(e, _)| e.to_string())
+        });
         // A lone small write first, then as much as the socket takes.
         client.write_all(b"hello").await.unwrap();
         // The bulk only once that frame is out: written together, the two could be read
         // as one, and the test is about a lone write.
-        tokio::time::timeout(HANG, first_rx).await.expect("the small write was not relayed").unwrap();
+        tokio::time::timeout(HANG, first_rx)
+            .await
+            .expect("the small write was not relayed")
+            .unwrap();
         let data = pattern(7, 0, LEN);
         client.write_all(&data).await.unwrap();
         client.shutdown().await.unwrap();
@@ -573,14 +701,22 @@ mod tests {
         assert_same(&got, &want, "tunnelled bytes");
         assert_eq!(frames.first(), Some(&5), "the small write went out alone");
         let largest = frames.iter().copied().max().unwrap_or(0);
-        assert!(largest > COPY_BUF && largest <= BULK_BUF, "largest frame {largest} bytes: frames {frames:?}");
+        assert!(
+            largest > COPY_BUF && largest <= BULK_BUF,
+            "largest frame {largest} bytes: frames {frames:?}"
+        );
         drop(client);
         let _ = tokio::time::timeout(HANG, relay).await;
     }
 
     fn assert_same(got: &[u8], want: &[u8], what: &str) {
         let first = got.iter().zip(want).position(|(g, w)| g != w);
-        assert!(got.len() == want.len() && first.is_none(), "{what}: {} bytes of {}, first difference at {first:?}", got.len(), want.len());
+        assert!(
+            got.len() == want.len() && first.is_none(),
+            "{what}: {} bytes of {}, first difference at {first:?}",
+            got.len(),
+            want.len()
+        );
     }
 
     #[tokio::test]
@@ -605,25 +741,64 @@ mod tests {
         let upstream = tokio::spawn(async move {
             let down = pattern(2, 0, DOWN);
             let mut got = Vec::new();
-            tokio::try_join!(upstream_rx.read_to_end(&mut got), upstream_tx.write_all(&down[..DOWN / 2]))?;
+            tokio::try_join!(
+                upstream_rx.read_to_end(&mut got),
+                upstream_tx.write_all(&down[..DOWN / 2])
+            )?;
             upstream_tx.write_all(&down[DOWN / 2..]).await?;
             upstream_tx.shutdown().await?;
             io::Result::Ok((got, upstream_tx))
         });
-        let t = tokio::time::timeout(HANG, copy_tcp(opened(&metrics), &mut a, &mut b, std::future::pending(), None))
-            .await
-            .expect("the relay hung")
-            .expect("the relay failed");
-        assert_eq!(t, Transferred { sent: UP as u64, received: DOWN as u64 });
+        let t = tokio::time::timeout(
+            HANG,
+            copy_tcp(
+                opened(&metrics),
+                &mut a,
+                &mut b,
+                std::future::pending(),
+                None,
+            ),
+        )
+        .await
+        .expect("the relay hung")
+        .expect("the relay failed");
+        assert_eq!(
+            t,
+            Transferred {
+                sent: UP as u64,
+                received: DOWN as u64
+            }
+        );
         let (at_upstream, _open) = upstream.await.unwrap().unwrap();
         assert_same(&at_upstream, &pattern(1, 0, UP), "client to upstream");
-        assert_same(&client_gets.await.unwrap().unwrap(), &pattern(2, 0, DOWN), "upstream to client");
+        assert_same(
+            &client_gets.await.unwrap().unwrap(),
+            &pattern(2, 0, DOWN),
+            "upstream to client",
+        );
         client_sends.await.unwrap().unwrap();
         let text = metrics.encode();
-        let counted = |name: &str| text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).map(str::to_owned);
-        assert_eq!(counted("istio_tcp_received_bytes_total{"), Some(UP.to_string()), "{text}");
-        assert_eq!(counted("istio_tcp_sent_bytes_total{"), Some(DOWN.to_string()), "{text}");
-        assert_eq!(counted("istio_tcp_connections_closed_total{"), Some("1".into()), "{text}");
+        let counted = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.rsplit(' ').next())
+                .map(str::to_owned)
+        };
+        assert_eq!(
+            counted("istio_tcp_received_bytes_total{"),
+            Some(UP.to_string()),
+            "{text}"
+        );
+        assert_eq!(
+            counted("istio_tcp_sent_bytes_total{"),
+            Some(DOWN.to_string()),
+            "{text}"
+        );
+        assert_eq!(
+            counted("istio_tcp_connections_closed_total{"),
+            Some("1".into()),
+            "{text}"
+        );
     }
 
     #[tokio::test]
@@ -637,33 +812,82 @@ mod tests {
             crate::netns::reset(upstream);
             io::Result::Ok(())
         };
-        let (r, ends) = tokio::time::timeout(HANG, async { tokio::join!(copy_tcp(opened(&Metrics::default()), &mut a, &mut b, std::future::pending(), None), far_ends) })
-            .await
-            .expect("the relay hung");
+        let (r, ends) = tokio::time::timeout(HANG, async {
+            tokio::join!(
+                copy_tcp(
+                    opened(&Metrics::default()),
+                    &mut a,
+                    &mut b,
+                    std::future::pending(),
+                    None
+                ),
+                far_ends
+            )
+        })
+        .await
+        .expect("the relay hung");
         ends.unwrap();
         let (e, t) = r.expect_err("the upstream's reset fails the relay");
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset, "{e}");
-        assert_eq!(t, Transferred { sent: 14, received: 12 });
+        assert_eq!(
+            t,
+            Transferred {
+                sent: 14,
+                received: 12
+            }
+        );
         // The caller's end of the client connection closes with a reset too.
         drop(a);
-        let r = tokio::time::timeout(HANG, client.read(&mut [0; 16])).await.expect("the client's read hung");
-        assert_eq!(r.map_err(|e| e.kind()).err(), Some(io::ErrorKind::ConnectionReset));
+        let r = tokio::time::timeout(HANG, client.read(&mut [0; 16]))
+            .await
+            .expect("the client's read hung");
+        assert_eq!(
+            r.map_err(|e| e.kind()).err(),
+            Some(io::ErrorKind::ConnectionReset)
+        );
     }
 
     #[tokio::test]
     async fn tcp_relay_ends_on_the_idle_timeout_or_a_revocation() {
         let (mut client, mut a, mut b, mut upstream) = connections().await;
         client.write_all(b"ping").await.unwrap();
-        let relay = copy_tcp(opened(&Metrics::default()), &mut a, &mut b, std::future::pending(), Some(Duration::from_millis(50)));
+        let relay = copy_tcp(
+            opened(&Metrics::default()),
+            &mut a,
+            &mut b,
+            std::future::pending(),
+            Some(Duration::from_millis(50)),
+        );
         let mut ping = [0; 4];
-        let (r, got) = tokio::time::timeout(HANG, async { tokio::join!(relay, upstream.read_exact(&mut ping)) }).await.expect("the idle timeout never fired");
+        let (r, got) = tokio::time::timeout(HANG, async {
+            tokio::join!(relay, upstream.read_exact(&mut ping))
+        })
+        .await
+        .expect("the idle timeout never fired");
         got.unwrap();
         let (e, t) = r.expect_err("a quiet connection ends");
         assert_eq!(e.to_string(), CopyError::Idle.to_string());
-        assert_eq!(t, Transferred { sent: 4, received: 0 });
+        assert_eq!(
+            t,
+            Transferred {
+                sent: 4,
+                received: 0
+            }
+        );
 
         let (_client, mut a, mut b, _upstream) = connections().await;
-        let r = tokio::time::timeout(HANG, copy_tcp(opened(&Metrics::default()), &mut a, &mut b, std::future::ready(()), None)).await.expect("the relay hung");
+        let r = tokio::time::timeout(
+            HANG,
+            copy_tcp(
+                opened(&Metrics::default()),
+                &mut a,
+                &mut b,
+                std::future::ready(()),
+                None,
+            ),
+        )
+        .await
+        .expect("the relay hung");
         let (e, t) = r.expect_err("a revoked connection ends");
         assert_eq!(e.to_string(), CopyError::Revoked.to_string());
         assert_eq!(t, Transferred::default());
@@ -703,12 +927,17 @@ mod tests {
                 tokio::task::yield_now().await;
             }
         });
-        done.await.expect("the relay hung").expect("the relay failed");
+        done.await
+            .expect("the relay hung")
+            .expect("the relay failed");
         let _client = writer.await.unwrap().unwrap();
         let mut want = b"hello".to_vec();
         want.extend_from_slice(&pattern(9, 0, LEN));
         assert_same(&reader.await.unwrap().unwrap(), &want, "relayed bytes");
-        assert!(largest > TCP_COPY_BUF && largest <= TCP_BULK_BUF, "largest buffer {largest} bytes");
+        assert!(
+            largest > TCP_COPY_BUF && largest <= TCP_BULK_BUF,
+            "largest buffer {largest} bytes"
+        );
     }
 
     /// Polls `relay` once (its wake-ups go to the calling task) and notes the largest read
@@ -736,9 +965,17 @@ mod tests {
             // Writes until a write waits: with an upstream that reads nothing, a relay
             // that kept reading would never make it wait.
             let mut sent = 0;
-            while let Ok(n) = tokio::time::timeout(Duration::from_millis(500), client.write(&pattern(3, sent, 64 << 10))).await {
+            while let Ok(n) = tokio::time::timeout(
+                Duration::from_millis(500),
+                client.write(&pattern(3, sent, 64 << 10)),
+            )
+            .await
+            {
                 sent += n?;
-                assert!(sent < 256 << 20, "{sent} bytes went in and no write waited: the relay buffers without bound");
+                assert!(
+                    sent < 256 << 20,
+                    "{sent} bytes went in and no write waited: the relay buffers without bound"
+                );
             }
             let _ = waits_tx.send(());
             client.write_all(&pattern(3, sent, MORE)).await?;
@@ -767,13 +1004,35 @@ mod tests {
         .expect("the client's writes never waited");
         // The chunk it could not write (the read buffer, at most a bulk read's) and nothing
         // for the direction whose two bytes went through: it is quiet.
-        assert!(relay.up.buf.capacity() <= TCP_BULK_BUF, "the relay holds {} bytes", relay.up.buf.capacity());
-        assert_eq!(relay.down.buf.capacity(), 0, "a quiet direction holds no buffer");
+        assert!(
+            relay.up.buf.capacity() <= TCP_BULK_BUF,
+            "the relay holds {} bytes",
+            relay.up.buf.capacity()
+        );
+        assert_eq!(
+            relay.down.buf.capacity(),
+            0,
+            "a quiet direction holds no buffer"
+        );
         let _ = go.send(());
-        tokio::time::timeout(HANG, &mut relay).await.expect("the relay hung").expect("the relay failed");
-        assert_eq!(relay.up.buf.capacity() + relay.down.buf.capacity(), 0, "a finished relay holds no buffer");
+        tokio::time::timeout(HANG, &mut relay)
+            .await
+            .expect("the relay hung")
+            .expect("the relay failed");
+        assert_eq!(
+            relay.up.buf.capacity() + relay.down.buf.capacity(),
+            0,
+            "a finished relay holds no buffer"
+        );
         let sent = client.await.unwrap().unwrap();
-        assert_eq!((from_client.into_inner(), to_client.into_inner()), (sent as u64, 2));
-        assert_same(&upstream.await.unwrap().unwrap(), &pattern(3, 0, sent), "client to a slow upstream");
+        assert_eq!(
+            (from_client.into_inner(), to_client.into_inner()),
+            (sent as u64, 2)
+        );
+        assert_same(
+            &upstream.await.unwrap().unwrap(),
+            &pattern(3, 0, sent),
+            "client to a slow upstream",
+        );
     }
 }

@@ -11,19 +11,22 @@ use crate::identity::Identity;
 use crate::rbac::{Authorization, PolicyScope};
 
 pub mod address;
-pub mod index;
-pub mod workload;
 #[cfg(test)]
 mod inbound_service_tests;
+pub mod index;
 #[cfg(test)]
 mod network_tests;
 #[cfg(test)]
 mod waypoint_tests;
+pub mod workload;
 
 pub use self::address::{NetworkAddress, NetworkCidr, PodIps};
 pub use self::index::{MeshIndex, MeshState, Rank, StateError};
 pub use self::workload::{
-    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination, HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode, LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Visibility, WeightedWaypoint, Workload, WorkloadUid,
+    AppProtocol, ApplicationTunnel, ApplicationTunnelProtocol, GatewayAddress, GatewayDestination,
+    HealthStatus, IpFamily, LoadBalancer, LoadBalancerHealthPolicy, LoadBalancerMode,
+    LoadBalancerScope, Locality, NamespacedHostname, NetworkMode, Protocol, Service, Visibility,
+    WeightedWaypoint, Workload, WorkloadUid,
 };
 
 impl MeshState {
@@ -36,7 +39,10 @@ impl MeshState {
     ) -> Result<MeshState, StateError> {
         let mut index = MeshIndex::default();
         let mut conflicts = Vec::new();
-        let rank = |i: usize| Rank { precedence: 0, age: i as u64 };
+        let rank = |i: usize| Rank {
+            precedence: 0,
+            age: i as u64,
+        };
         for (i, svc) in services.into_iter().enumerate() {
             index.insert_service(rank(i), Arc::new(svc), &mut conflicts);
         }
@@ -70,11 +76,19 @@ impl MeshState {
     /// UID, istiod names workloads `cluster//Pod/namespace/name`), through an index, not
     /// a scan: an enrollment waits here across pushes. Should two workloads match, the
     /// lower uid, so the answer does not depend on the order they arrived in.
-    pub fn workload_for_pod(&self, uid: &WorkloadUid, pod: Option<(&str, &str)>, node: &str) -> Option<&Arc<Workload>> {
+    pub fn workload_for_pod(
+        &self,
+        uid: &WorkloadUid,
+        pod: Option<(&str, &str)>,
+        node: &str,
+    ) -> Option<&Arc<Workload>> {
         self.workloads.get(uid).or_else(|| {
             let (namespace, name) = pod?;
             let same_name = self.pods.get(&index::pod_key(namespace, name))?;
-            same_name.iter().filter(|w| w.namespace == namespace && w.name == name && w.node == node).min_by(|a, b| a.uid.cmp(&b.uid))
+            same_name
+                .iter()
+                .filter(|w| w.namespace == namespace && w.name == name && w.node == node)
+                .min_by(|a, b| a.uid.cmp(&b.uid))
         })
     }
 
@@ -108,7 +122,11 @@ impl MeshState {
             }
             GatewayDestination::Hostname(h) => self.services.get(h)?,
         };
-        let mut ids = self.endpoints.get(&svc.namespaced_hostname())?.values().map(|w| w.identity());
+        let mut ids = self
+            .endpoints
+            .get(&svc.namespaced_hostname())?
+            .values()
+            .map(|w| w.identity());
         let first = ids.next()?;
         ids.all(|i| i == first).then_some(first)
     }
@@ -129,14 +147,23 @@ impl MeshState {
         let names_me = |gw: &GatewayAddress| match &gw.destination {
             GatewayDestination::Address(a) => {
                 (a.network == me.network && me.workload_ips.contains(&a.address))
-                    || self.service_by_vip.get(&a.network, a.address).is_some_and(|s| me.services.contains_key(&s.namespaced_hostname()))
+                    || self
+                        .service_by_vip
+                        .get(&a.network, a.address)
+                        .is_some_and(|s| me.services.contains_key(&s.namespaced_hostname()))
             }
-            GatewayDestination::Hostname(h) => self.services.contains_key(h) && me.services.contains_key(h),
+            GatewayDestination::Hostname(h) => {
+                self.services.contains_key(h) && me.services.contains_key(h)
+            }
         };
         let verified = |gw: &GatewayAddress| names_me(gw) && self.is_waypoint(gw, &me.identity());
         match self.service_by_vip(network, target) {
             Some(svc) => svc.waypoints().any(verified),
-            None => self.workload_by_ip.get(network, target).and_then(|w| w.waypoint.as_ref()).is_some_and(verified),
+            None => self
+                .workload_by_ip
+                .get(network, target)
+                .and_then(|w| w.waypoint.as_ref())
+                .is_some_and(verified),
         }
     }
 
@@ -147,7 +174,11 @@ impl MeshState {
     /// waypoint is reached over HBONE on `hbone_mtls_port` and istiod describes Istio's
     /// waypoint pods, which are not captured, as TCP; an endpoint counts when the
     /// waypoint Service lists that port, or when it takes an application tunnel.
-    pub fn waypoint_workload(&self, gw: &GatewayAddress, src_network: &str) -> Option<Arc<Workload>> {
+    pub fn waypoint_workload(
+        &self,
+        gw: &GatewayAddress,
+        src_network: &str,
+    ) -> Option<Arc<Workload>> {
         let svc = match &gw.destination {
             GatewayDestination::Address(a) => {
                 if let Some(w) = self.workload_by_ip.get(&a.network, a.address) {
@@ -162,7 +193,15 @@ impl MeshState {
         } else {
             // Not a port of the Service: the ztunnel in front of an application tunnel
             // takes it (Istio's sandwich), so only such workloads qualify.
-            let all = self.endpoints.get(&svc.namespaced_hostname()).map(|v| v.values().map(|w| (w.clone(), gw.hbone_mtls_port)).collect()).unwrap_or_default();
+            let all = self
+                .endpoints
+                .get(&svc.namespaced_hostname())
+                .map(|v| {
+                    v.values()
+                        .map(|w| (w.clone(), gw.hbone_mtls_port))
+                        .collect()
+                })
+                .unwrap_or_default();
             let mut eps = self.usable(svc, all, src_network);
             eps.retain(|(w, _)| w.application_tunnel.is_some());
             eps
@@ -176,16 +215,23 @@ impl MeshState {
     /// service with that VIP or hostname (on the port `hbone_mtls_port` maps to, picked as
     /// any service endpoint is). None when it is neither: then nothing says what identity
     /// the gateway must prove, and the caller refuses.
-    pub fn network_gateway(&self, gw: &GatewayAddress, src: &Workload, dst: SocketAddr) -> Option<GatewayUpstream> {
+    pub fn network_gateway(
+        &self,
+        gw: &GatewayAddress,
+        src: &Workload,
+        dst: SocketAddr,
+    ) -> Option<GatewayUpstream> {
         let (wl, port, ip, svc) = match &gw.destination {
-            GatewayDestination::Address(a) => match self.workload_by_ip.get(&a.network, a.address) {
-                Some(w) => (w.clone(), gw.hbone_mtls_port, Some(a.address), None),
-                None => {
-                    let svc = self.service_by_vip(&a.network, a.address)?;
-                    let (w, port) = self.pick_endpoint(src, svc, gw.hbone_mtls_port)?;
-                    (w, port, None, Some(svc))
+            GatewayDestination::Address(a) => {
+                match self.workload_by_ip.get(&a.network, a.address) {
+                    Some(w) => (w.clone(), gw.hbone_mtls_port, Some(a.address), None),
+                    None => {
+                        let svc = self.service_by_vip(&a.network, a.address)?;
+                        let (w, port) = self.pick_endpoint(src, svc, gw.hbone_mtls_port)?;
+                        (w, port, None, Some(svc))
+                    }
                 }
-            },
+            }
             GatewayDestination::Hostname(h) => {
                 let svc = self.services.get(h)?;
                 let (w, port) = self.pick_endpoint(src, svc, gw.hbone_mtls_port)?;
@@ -193,10 +239,24 @@ impl MeshState {
             }
         };
         // The address the gateway was named by, else one of the client's family.
-        let ip = ip.or_else(|| wl.workload_ips.iter().find(|i| i.is_ipv4() == dst.is_ipv4()).or(wl.workload_ips.first()).copied())?;
+        let ip = ip.or_else(|| {
+            wl.workload_ips
+                .iter()
+                .find(|i| i.is_ipv4() == dst.is_ipv4())
+                .or(wl.workload_ips.first())
+                .copied()
+        })?;
         let mut identities = vec![wl.identity()];
-        identities.extend(svc.into_iter().flat_map(|s| s.subject_alt_names.iter().filter_map(|san| san.parse::<Identity>().ok())));
-        Some(GatewayUpstream { workload: wl, addr: SocketAddr::new(ip, port), identities })
+        identities.extend(svc.into_iter().flat_map(|s| {
+            s.subject_alt_names
+                .iter()
+                .filter_map(|san| san.parse::<Identity>().ok())
+        }));
+        Some(GatewayUpstream {
+            workload: wl,
+            addr: SocketAddr::new(ip, port),
+            identities,
+        })
     }
 
     /// The workload with address `ip` in `network`.
@@ -206,41 +266,74 @@ impl MeshState {
 
     /// A service by its Kubernetes name (what HTTPRoute backendRefs name).
     pub fn service_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<Service>> {
-        self.service_by_name.get(&(namespace.to_string(), name.to_string()))
+        self.service_by_name
+            .get(&(namespace.to_string(), name.to_string()))
     }
 
     /// The service with VIP `ip` in `network` (exact, else the longest range holding it).
     pub fn service_by_vip(&self, network: &str, ip: IpAddr) -> Option<&Arc<Service>> {
-        self.service_by_vip
-            .get(network, ip)
-            .or_else(|| self.service_by_cidr.iter().find(|(c, _)| c.network == network && c.cidr.contains(ip)).map(|(_, s)| s))
+        self.service_by_vip.get(network, ip).or_else(|| {
+            self.service_by_cidr
+                .iter()
+                .find(|(c, _)| c.network == network && c.cidr.contains(ip))
+                .map(|(_, s)| s)
+        })
     }
 
     /// The service with VIP `ip` in `network` as a client in namespace `client_ns` sees
     /// it, as Istio's `get_best_by_vip`: a service not visible to it (NAMESPACE
     /// visibility, another namespace) is not there, and a range holding the address may
     /// be; with neither, the address is no service's for this client.
-    pub fn service_by_vip_for(&self, network: &str, ip: IpAddr, client_ns: &str) -> Option<&Arc<Service>> {
+    pub fn service_by_vip_for(
+        &self,
+        network: &str,
+        ip: IpAddr,
+        client_ns: &str,
+    ) -> Option<&Arc<Service>> {
         self.service_by_vip
             .get(network, ip)
             .filter(|s| s.visible_to(client_ns))
-            .or_else(|| self.service_by_cidr.iter().find(|(c, s)| c.network == network && c.cidr.contains(ip) && s.visible_to(client_ns)).map(|(_, s)| s))
+            .or_else(|| {
+                self.service_by_cidr
+                    .iter()
+                    .find(|(c, s)| {
+                        c.network == network && c.cidr.contains(ip) && s.visible_to(client_ns)
+                    })
+                    .map(|(_, s)| s)
+            })
     }
 
     /// The service an inbound connection to `wl` on `target_port` was meant for, as
     /// Istio's ztunnel guesses it: among the services `wl` is an endpoint of (so a client
     /// cannot name just any), the one the client side named in `forwarded` (`host=`),
     /// else the first (by name) whose port maps to `target_port`.
-    pub fn inbound_service(&self, wl: &Workload, forwarded_host: Option<&str>, target_port: u16) -> Option<&Arc<Service>> {
-        let mut mine: Vec<(&Arc<Service>, &BTreeMap<u16, u16>)> =
-            wl.services.iter().filter_map(|(key, ports)| Some((self.services.get(key)?, ports))).collect();
-        mine.sort_by(|a, b| a.0.namespaced_hostname().0.cmp(&b.0.namespaced_hostname().0));
-        if let Some(found) = forwarded_host.and_then(|h| mine.iter().find(|(s, _)| s.hostname == h)) {
+    pub fn inbound_service(
+        &self,
+        wl: &Workload,
+        forwarded_host: Option<&str>,
+        target_port: u16,
+    ) -> Option<&Arc<Service>> {
+        let mut mine: Vec<(&Arc<Service>, &BTreeMap<u16, u16>)> = wl
+            .services
+            .iter()
+            .filter_map(|(key, ports)| Some((self.services.get(key)?, ports)))
+            .collect();
+        mine.sort_by(|a, b| {
+            a.0.namespaced_hostname()
+                .0
+                .cmp(&b.0.namespaced_hostname().0)
+        });
+        if let Some(found) = forwarded_host.and_then(|h| mine.iter().find(|(s, _)| s.hostname == h))
+        {
             return Some(found.0);
         }
         let serves = |svc: &Service, ports: &BTreeMap<u16, u16>| {
             svc.ports.iter().any(|(&sport, &tport)| {
-                let tport = ports.get(&sport).copied().filter(|&p| p != 0).unwrap_or(if tport == 0 { sport } else { tport });
+                let tport = ports
+                    .get(&sport)
+                    .copied()
+                    .filter(|&p| p != 0)
+                    .unwrap_or(if tport == 0 { sport } else { tport });
                 tport == target_port
             }) || ports.values().any(|&p| p == target_port)
         };
@@ -253,7 +346,14 @@ impl MeshState {
         let Some(eps) = self.endpoints.get(&key) else {
             return Vec::new();
         };
-        eps.values().filter_map(|wl| Some((wl.clone(), target_port(svc, wl.services.get(&key)?, service_port)?))).collect()
+        eps.values()
+            .filter_map(|wl| {
+                Some((
+                    wl.clone(),
+                    target_port(svc, wl.services.get(&key)?, service_port)?,
+                ))
+            })
+            .collect()
     }
 
     /// What a CONNECT naming a service by `hostname` and `service_port` (double HBONE,
@@ -261,12 +361,21 @@ impl MeshState {
     /// an endpoint of (one in `wl`'s namespace first, as Istio prefers), and the target
     /// port the service port maps to there. None: no such service of `wl`, or a port it
     /// does not serve; a CONNECT can never name a service the pod is not in.
-    pub fn hostname_target(&self, wl: &Workload, hostname: &str, service_port: u16) -> Option<(&Arc<Service>, u16)> {
+    pub fn hostname_target(
+        &self,
+        wl: &Workload,
+        hostname: &str,
+        service_port: u16,
+    ) -> Option<(&Arc<Service>, u16)> {
         let mut mine: Vec<(&Arc<Service>, &BTreeMap<u16, u16>)> = wl
             .services
             .iter()
             .filter_map(|(key, ports)| Some((self.services.get(key)?, ports)))
-            .filter(|(s, _)| s.hostname.trim_end_matches('.').eq_ignore_ascii_case(hostname.trim_end_matches('.')))
+            .filter(|(s, _)| {
+                s.hostname
+                    .trim_end_matches('.')
+                    .eq_ignore_ascii_case(hostname.trim_end_matches('.'))
+            })
             .collect();
         mine.sort_by_key(|(s, _)| (s.namespace != wl.namespace, s.namespaced_hostname()));
         let (svc, ports) = mine.into_iter().next()?;
@@ -278,14 +387,29 @@ impl MeshState {
     /// ALLOW_ALL) that have an IP or a hostname to resolve, or, in another network, a
     /// gateway to go through (Istio's remote endpoints have no address). One with none
     /// could never be connected to; a gateway is never used within its own network.
-    pub fn usable_endpoints(&self, svc: &Service, service_port: u16, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
+    pub fn usable_endpoints(
+        &self,
+        svc: &Service,
+        service_port: u16,
+        src_network: &str,
+    ) -> Vec<(Arc<Workload>, u16)> {
         self.usable(svc, self.endpoints_for(svc, service_port), src_network)
     }
 
     /// Of `eps` (endpoints of `svc`), the usable ones (see `usable_endpoints`).
-    fn usable(&self, svc: &Service, mut eps: Vec<(Arc<Workload>, u16)>, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
-        let allow_all = svc.load_balancer.as_ref().is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
-        let reachable = |w: &Workload| w.has_address() || (w.network != src_network && w.network_gateway.is_some());
+    fn usable(
+        &self,
+        svc: &Service,
+        mut eps: Vec<(Arc<Workload>, u16)>,
+        src_network: &str,
+    ) -> Vec<(Arc<Workload>, u16)> {
+        let allow_all = svc
+            .load_balancer
+            .as_ref()
+            .is_some_and(|lb| lb.health_policy == LoadBalancerHealthPolicy::AllowAll);
+        let reachable = |w: &Workload| {
+            w.has_address() || (w.network != src_network && w.network_gateway.is_some())
+        };
         eps.retain(|(w, _)| (allow_all || w.status == HealthStatus::Healthy) && reachable(w));
         eps
     }
@@ -293,7 +417,12 @@ impl MeshState {
     /// The endpoint of `svc` a connection from `src` to `service_port` goes to, as
     /// Istio's ztunnel picks it: one of `preferred_endpoints` at random, weighted by
     /// capacity.
-    pub fn pick_endpoint(&self, src: &Workload, svc: &Service, service_port: u16) -> Option<(Arc<Workload>, u16)> {
+    pub fn pick_endpoint(
+        &self,
+        src: &Workload,
+        svc: &Service,
+        service_port: u16,
+    ) -> Option<(Arc<Workload>, u16)> {
         pick_weighted(&self.preferred_endpoints(src, svc, service_port))
     }
 
@@ -301,19 +430,37 @@ impl MeshState {
     /// only those matching the most of the service's routing preferences in order
     /// (STRICT: all of them, else none); for the other modes all of them. (A waypoint
     /// balances over these as ztunnel picks among them.)
-    pub fn preferred_endpoints(&self, src: &Workload, svc: &Service, service_port: u16) -> Vec<(Arc<Workload>, u16)> {
-        locality_preferred(src, svc, self.usable_endpoints(svc, service_port, &src.network))
+    pub fn preferred_endpoints(
+        &self,
+        src: &Workload,
+        svc: &Service,
+        service_port: u16,
+    ) -> Vec<(Arc<Workload>, u16)> {
+        locality_preferred(
+            src,
+            svc,
+            self.usable_endpoints(svc, service_port, &src.network),
+        )
     }
 
     /// The usable endpoints of `svc` that speak HBONE (what a waypoint may tunnel to).
-    pub fn usable_hbone_endpoints(&self, svc: &Service, service_port: u16, src_network: &str) -> Vec<(Arc<Workload>, u16)> {
+    pub fn usable_hbone_endpoints(
+        &self,
+        svc: &Service,
+        service_port: u16,
+        src_network: &str,
+    ) -> Vec<(Arc<Workload>, u16)> {
         let mut eps = self.usable_endpoints(svc, service_port, src_network);
         eps.retain(|(w, _)| w.protocol == Protocol::HBONE);
         eps
     }
 
     /// L4 authorization of a connection to a local workload, under the policies in scope.
-    pub fn authorize(&self, wl: &Workload, conn: &crate::rbac::Connection) -> crate::rbac::Decision {
+    pub fn authorize(
+        &self,
+        wl: &Workload,
+        conn: &crate::rbac::Connection,
+    ) -> crate::rbac::Decision {
         crate::rbac::evaluate(self.policies_for(wl).iter().map(|p| &**p), conn)
     }
 
@@ -324,14 +471,23 @@ impl MeshState {
         if let Some(ns) = self.namespace_policies.get(&wl.namespace) {
             found.extend(ns.iter());
         }
-        found.extend(wl.authorization_policies.iter().filter_map(|k| self.policies.get_key_value(k)).filter(|(_, p)| p.scope == PolicyScope::WorkloadSelector));
+        found.extend(
+            wl.authorization_policies
+                .iter()
+                .filter_map(|k| self.policies.get_key_value(k))
+                .filter(|(_, p)| p.scope == PolicyScope::WorkloadSelector),
+        );
         found.sort_by(|a, b| a.0.cmp(b.0));
         found.dedup_by(|a, b| a.0 == b.0);
         found.into_iter().map(|(_, p)| p.clone()).collect()
     }
 
     /// Identities acceptable for a destination workload (its own, plus its services' SANs).
-    pub fn expected_identities(&self, wl: &Workload, via_service: Option<&Service>) -> Vec<Identity> {
+    pub fn expected_identities(
+        &self,
+        wl: &Workload,
+        via_service: Option<&Service>,
+    ) -> Vec<Identity> {
         let mut ids = vec![wl.identity()];
         if let Some(svc) = via_service {
             for san in &svc.subject_alt_names {
@@ -349,9 +505,17 @@ impl MeshState {
 /// Of `eps` (endpoints of `svc`), those a connection from `src` may go to: for STRICT
 /// and FAILOVER only those matching the most of the service's routing preferences in
 /// order (STRICT: all of them, else none); for the other modes all of them.
-pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>, u16)>) -> Vec<(Arc<Workload>, u16)> {
-    let Some(lb) = svc.load_balancer.as_ref().filter(|lb| matches!(lb.mode, LoadBalancerMode::Strict | LoadBalancerMode::Failover))
-    else {
+pub fn locality_preferred(
+    src: &Workload,
+    svc: &Service,
+    eps: Vec<(Arc<Workload>, u16)>,
+) -> Vec<(Arc<Workload>, u16)> {
+    let Some(lb) = svc.load_balancer.as_ref().filter(|lb| {
+        matches!(
+            lb.mode,
+            LoadBalancerMode::Strict | LoadBalancerMode::Failover
+        )
+    }) else {
         return eps;
     };
     let prefs = &lb.routing_preferences;
@@ -388,11 +552,18 @@ pub fn locality_preferred(src: &Workload, svc: &Service, eps: Vec<(Arc<Workload>
         .filter_map(|ep| {
             let (matched, adjusted) = rank(&ep.0);
             // STRICT: an endpoint short of any preference is never used.
-            (lb.mode != LoadBalancerMode::Strict || matched == prefs.len()).then_some((adjusted, ep))
+            (lb.mode != LoadBalancerMode::Strict || matched == prefs.len())
+                .then_some((adjusted, ep))
         })
         .collect();
-    let Some(best) = ranked.iter().map(|(r, _)| *r).max() else { return Vec::new() };
-    ranked.into_iter().filter(|(r, _)| *r == best).map(|(_, ep)| ep).collect()
+    let Some(best) = ranked.iter().map(|(r, _)| *r).max() else {
+        return Vec::new();
+    };
+    ranked
+        .into_iter()
+        .filter(|(r, _)| *r == best)
+        .map(|(_, ep)| ep)
+        .collect()
 }
 
 /// The port `service_port` of `svc` maps to on an endpoint with port map `ports`: the
@@ -403,7 +574,11 @@ fn target_port(svc: &Service, ports: &BTreeMap<u16, u16>, service_port: u16) -> 
         .get(&service_port)
         .copied()
         .or_else(|| svc.ports.get(&service_port).copied())
-        .or(if ports.is_empty() && svc.ports.is_empty() { Some(service_port) } else { None })?;
+        .or(if ports.is_empty() && svc.ports.is_empty() {
+            Some(service_port)
+        } else {
+            None
+        })?;
     Some(if target == 0 { service_port } else { target })
 }
 
@@ -439,8 +614,16 @@ pub fn pick_weighted(eps: &[(Arc<Workload>, u16)]) -> Option<(Arc<Workload>, u16
 /// `weighted_waypoints` at random, in proportion to the weights; with no weighted set,
 /// or one whose weights are all 0, the single `waypoint` (None: no waypoint).
 pub fn pick_waypoint(svc: &Service) -> Option<&GatewayAddress> {
-    let total: u64 = svc.weighted_waypoints.iter().map(|w| u64::from(w.weight)).sum();
-    let point = if total == 0 { 0 } else { rand::rng().random_range(0..total) };
+    let total: u64 = svc
+        .weighted_waypoints
+        .iter()
+        .map(|w| u64::from(w.weight))
+        .sum();
+    let point = if total == 0 {
+        0
+    } else {
+        rand::rng().random_range(0..total)
+    };
     pick_waypoint_at(svc, point)
 }
 
@@ -466,7 +649,10 @@ pub struct SharedState {
 
 impl SharedState {
     pub fn new(state: MeshState) -> SharedState {
-        SharedState { current: arc_swap::ArcSwap::from_pointee(state), generation: tokio::sync::watch::Sender::new(0) }
+        SharedState {
+            current: arc_swap::ArcSwap::from_pointee(state),
+            generation: tokio::sync::watch::Sender::new(0),
+        }
     }
 
     pub fn load(&self) -> arc_swap::Guard<Arc<MeshState>> {

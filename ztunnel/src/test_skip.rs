@@ -13,7 +13,11 @@ pub fn skipped(why: &str) {
     let line = format!("SKIPPED: {}: {why}\n", thread.name().unwrap_or("?"));
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
     if let Some(path) = std::env::var_os("ZTUNNEL_TEST_SKIPS") {
-        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
             let _ = f.write_all(line.as_bytes());
         }
     }

@@ -16,7 +16,9 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use rustls::{ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
+use rustls::{
+    ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme,
+};
 use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
 
 use crate::identity::{Identity, IdentityError};
@@ -48,7 +50,8 @@ pub fn provider() -> Arc<CryptoProvider> {
 /// The identity of a certificate: its first URI SAN, which must be a SPIFFE id.
 pub fn identity_from_cert(der: &CertificateDer<'_>) -> Result<Identity, TlsError> {
     use x509_parser::prelude::*;
-    let (_, cert) = X509Certificate::from_der(der.as_ref()).map_err(|e| TlsError::BadCertificate(e.to_string()))?;
+    let (_, cert) = X509Certificate::from_der(der.as_ref())
+        .map_err(|e| TlsError::BadCertificate(e.to_string()))?;
     let san = cert
         .subject_alternative_name()
         .map_err(|e| TlsError::BadCertificate(e.to_string()))?
@@ -67,10 +70,16 @@ pub fn identity_from_cert(der: &CertificateDer<'_>) -> Result<Identity, TlsError
 }
 
 /// Trust anchors parsed from root certificates (unparsable roots are skipped).
-pub fn trust_anchors(roots: &[CertificateDer<'static>]) -> Vec<rustls_pki_types::TrustAnchor<'static>> {
+pub fn trust_anchors(
+    roots: &[CertificateDer<'static>],
+) -> Vec<rustls_pki_types::TrustAnchor<'static>> {
     roots
         .iter()
-        .filter_map(|r| webpki::anchor_from_trusted_cert(r).ok().map(|a| a.to_owned()))
+        .filter_map(|r| {
+            webpki::anchor_from_trusted_cert(r)
+                .ok()
+                .map(|a| a.to_owned())
+        })
         .collect()
 }
 
@@ -78,8 +87,12 @@ pub fn trust_anchors(roots: &[CertificateDer<'static>]) -> Vec<rustls_pki_types:
 /// `Revoked`, so the peer gets the `certificate_revoked` alert and callers can tell.
 fn webpki_error(e: webpki::Error) -> rustls::Error {
     match e {
-        webpki::Error::CertRevoked => rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked),
-        e => rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))),
+        webpki::Error::CertRevoked => {
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked)
+        }
+        e => rustls::Error::InvalidCertificate(rustls::CertificateError::Other(
+            rustls::OtherError(Arc::new(e)),
+        )),
     }
 }
 
@@ -95,24 +108,35 @@ fn verify_chain(
 ) -> Result<Identity, rustls::Error> {
     let cert = webpki::EndEntityCert::try_from(end_entity).map_err(webpki_error)?;
     let verify = |revocation: Option<webpki::RevocationOptions<'_>>| {
-        cert.verify_for_usage(provider.signature_verification_algorithms.all, anchors, intermediates, now, usage, revocation, None)
-            .map(|_| ())
+        cert.verify_for_usage(
+            provider.signature_verification_algorithms.all,
+            anchors,
+            intermediates,
+            now,
+            usage,
+            revocation,
+            None,
+        )
+        .map(|_| ())
     };
     match crls {
         Some(set) => set.with_options(verify),
         None => verify(None),
     }
     .map_err(webpki_error)?;
-    identity_from_cert(end_entity)
-        .map_err(|e| rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(e)))))
+    identity_from_cert(end_entity).map_err(|e| {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+            Arc::new(e),
+        )))
+    })
 }
 
 fn identity_error(msg: String) -> rustls::Error {
     // rustls prints custom errors Debug-escaped; log the reason readably too.
     tracing::warn!(reason = %msg, "peer certificate rejected");
-    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(Arc::new(
-        std::io::Error::other(msg),
-    ))))
+    rustls::Error::InvalidCertificate(rustls::CertificateError::Other(rustls::OtherError(
+        Arc::new(std::io::Error::other(msg)),
+    )))
 }
 
 /// The mesh roots and the provider's algorithms: what both verifiers check chains with.
@@ -125,8 +149,16 @@ struct MeshRoots {
 }
 
 impl MeshRoots {
-    fn new(provider: Arc<CryptoProvider>, roots: &[CertificateDer<'static>], crls: Option<&Crls>) -> MeshRoots {
-        MeshRoots { provider, anchors: trust_anchors(roots), crls: crls.cloned() }
+    fn new(
+        provider: Arc<CryptoProvider>,
+        roots: &[CertificateDer<'static>],
+        crls: Option<&Crls>,
+    ) -> MeshRoots {
+        MeshRoots {
+            provider,
+            anchors: trust_anchors(roots),
+            crls: crls.cloned(),
+        }
     }
 
     fn verify(
@@ -149,20 +181,42 @@ impl MeshRoots {
         usage: webpki::KeyUsage,
     ) -> Result<Identity, rustls::Error> {
         let crls = self.crls.as_ref().map(Crls::current);
-        verify_chain(&self.provider, anchors, end_entity, intermediates, now, usage, crls.as_deref())
+        verify_chain(
+            &self.provider,
+            anchors,
+            end_entity,
+            intermediates,
+            now,
+            usage,
+            crls.as_deref(),
+        )
     }
 
     fn tls12_refused() -> Result<HandshakeSignatureValid, rustls::Error> {
         // TLS 1.2 is disabled in every config we build.
-        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+        Err(rustls::Error::PeerIncompatible(
+            rustls::PeerIncompatible::Tls13RequiredForQuic,
+        ))
     }
 
-    fn tls13(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    fn tls13(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
     }
 
     fn schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -182,12 +236,19 @@ impl ServerCertVerifier for ExpectedIdentityVerifier {
         _ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let id = self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::server_auth())?;
+        let id = self.roots.verify(
+            end_entity,
+            intermediates,
+            now,
+            webpki::KeyUsage::server_auth(),
+        )?;
         if self.expected.contains(&id) {
             Ok(ServerCertVerified::assertion())
         } else {
             let expected: Vec<String> = self.expected.iter().map(|i| i.to_string()).collect();
-            Err(identity_error(format!("server identity {id} is not one of the expected {expected:?}")))
+            Err(identity_error(format!(
+                "server identity {id} is not one of the expected {expected:?}"
+            )))
         }
     }
 
@@ -235,8 +296,19 @@ impl ClientCertVerifier for TrustDomainVerifier {
         now: UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
         let id = match self.current.anchors() {
-            Some(a) => self.roots.verify_with(&a, end_entity, intermediates, now, webpki::KeyUsage::client_auth())?,
-            None => self.roots.verify(end_entity, intermediates, now, webpki::KeyUsage::client_auth())?,
+            Some(a) => self.roots.verify_with(
+                &a,
+                end_entity,
+                intermediates,
+                now,
+                webpki::KeyUsage::client_auth(),
+            )?,
+            None => self.roots.verify(
+                end_entity,
+                intermediates,
+                now,
+                webpki::KeyUsage::client_auth(),
+            )?,
         };
         if id.trust_domain == self.trust_domain {
             Ok(ClientCertVerified::assertion())
@@ -288,7 +360,10 @@ pub fn client_config_with_crls(
     crls: Option<&Crls>,
 ) -> Result<ClientConfig, TlsError> {
     let provider = provider();
-    let verifier = ExpectedIdentityVerifier { roots: MeshRoots::new(provider.clone(), roots, crls), expected };
+    let verifier = ExpectedIdentityVerifier {
+        roots: MeshRoots::new(provider.clone(), roots, crls),
+        expected,
+    };
     let mut cfg = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
@@ -381,7 +456,9 @@ pub fn peer_identity(conn: &rustls::ServerConnection) -> Result<Identity, TlsErr
 pub fn is_revoked(e: &std::io::Error) -> bool {
     matches!(
         e.get_ref().and_then(|s| s.downcast_ref::<rustls::Error>()),
-        Some(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked))
+        Some(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::Revoked
+        ))
     )
 }
 
@@ -431,10 +508,15 @@ impl PeerChain {
 
     /// Whether the CRLs in force revoke a certificate of the chain.
     pub fn is_revoked(&self) -> bool {
-        let Some((leaf, intermediates)) = self.chain.split_first() else { return false };
+        let Some((leaf, intermediates)) = self.chain.split_first() else {
+            return false;
+        };
         matches!(
-            self.roots.verify(leaf, intermediates, self.established, self.usage),
-            Err(rustls::Error::InvalidCertificate(rustls::CertificateError::Revoked))
+            self.roots
+                .verify(leaf, intermediates, self.established, self.usage),
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked
+            ))
         )
     }
 
@@ -465,7 +547,9 @@ pub fn client_revoked<F: FnOnce() -> Vec<CertificateDer<'static>>>(
     chain: &[CertificateDer<'static>],
     metrics: Arc<crate::metrics::Metrics>,
 ) -> impl std::future::Future<Output = ()> + use<F> {
-    let watch = crls.zip(changes).map(|(crls, changes)| PeerChain::new(crls, changes, &roots(), chain, PeerRole::Client));
+    let watch = crls
+        .zip(changes)
+        .map(|(crls, changes)| PeerChain::new(crls, changes, &roots(), chain, PeerRole::Client));
     async move {
         match watch {
             Some(w) => {
@@ -538,18 +622,39 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let ca = Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
-        let (server_id, client_id) = (Identity::new("cluster.local", "default", "server"), Identity::new("cluster.local", "default", "client"));
-        let server = server_config(Fixed(Arc::new(certified(&ca, &server_id))), &[ca.root()], "cluster.local").unwrap();
+        let (server_id, client_id) = (
+            Identity::new("cluster.local", "default", "server"),
+            Identity::new("cluster.local", "default", "client"),
+        );
+        let server = server_config(
+            Fixed(Arc::new(certified(&ca, &server_id))),
+            &[ca.root()],
+            "cluster.local",
+        )
+        .unwrap();
         assert!(!server.ticketer.enabled());
         let server = Arc::new(server);
-        let client = Arc::new(client_config(&certified(&ca, &client_id), &[ca.root()], vec![server_id]).unwrap());
+        let client = Arc::new(
+            client_config(&certified(&ca, &client_id), &[ca.root()], vec![server_id]).unwrap(),
+        );
         assert_eq!(handshake(&client, &server), rustls::HandshakeKind::Full);
-        assert_eq!(handshake(&client, &server), rustls::HandshakeKind::Full, "the second connection resumed");
+        assert_eq!(
+            handshake(&client, &server),
+            rustls::HandshakeKind::Full,
+            "the second connection resumed"
+        );
     }
 
     /// Handshakes in memory; the first error either side hits, named by side.
-    fn try_handshake(client: &Arc<ClientConfig>, server: &Arc<ServerConfig>) -> Result<(Vec<CertificateDer<'static>>, Vec<CertificateDer<'static>>), String> {
-        let mut c = rustls::ClientConnection::new(client.clone(), ServerName::try_from("10.0.0.1").unwrap()).unwrap();
+    fn try_handshake(
+        client: &Arc<ClientConfig>,
+        server: &Arc<ServerConfig>,
+    ) -> Result<(Vec<CertificateDer<'static>>, Vec<CertificateDer<'static>>), String> {
+        let mut c = rustls::ClientConnection::new(
+            client.clone(),
+            ServerName::try_from("10.0.0.1").unwrap(),
+        )
+        .unwrap();
         let mut s = rustls::ServerConnection::new(server.clone()).unwrap();
         for _ in 0..10 {
             let mut buf = Vec::new();
@@ -560,7 +665,8 @@ mod tests {
             while !rd.is_empty() {
                 s.read_tls(&mut rd).unwrap();
             }
-            s.process_new_packets().map_err(|e| format!("server: {e:?}"))?;
+            s.process_new_packets()
+                .map_err(|e| format!("server: {e:?}"))?;
             let mut buf = Vec::new();
             while s.wants_write() {
                 s.write_tls(&mut buf).unwrap();
@@ -569,9 +675,15 @@ mod tests {
             while !rd.is_empty() {
                 c.read_tls(&mut rd).unwrap();
             }
-            c.process_new_packets().map_err(|e| format!("client: {e:?}"))?;
+            c.process_new_packets()
+                .map_err(|e| format!("client: {e:?}"))?;
         }
-        let owned = |v: Option<&[CertificateDer<'_>]>| v.unwrap_or_default().iter().map(|c| c.clone().into_owned()).collect();
+        let owned = |v: Option<&[CertificateDer<'_>]>| {
+            v.unwrap_or_default()
+                .iter()
+                .map(|c| c.clone().into_owned())
+                .collect()
+        };
         Ok((owned(s.peer_certificates()), owned(c.peer_certificates())))
     }
 
@@ -603,19 +715,41 @@ mod tests {
         };
         let (server, server_serial) = issue(&server_id);
         let (client, client_serial) = issue(&Identity::new("cluster.local", "default", "client"));
-        CrlMesh { dir, ca, server_id, server, server_serial, client, client_serial }
+        CrlMesh {
+            dir,
+            ca,
+            server_id,
+            server,
+            server_serial,
+            client,
+            client_serial,
+        }
     }
 
     impl CrlMesh {
         fn crls(&self, serials: &[&str]) -> Crls {
-            let pem = self.ca.revocation_list(serials, 1, Duration::from_secs(3600)).unwrap();
-            Crls::with_set(&self.dir.join("crl.pem"), crl::CrlSet::parse(pem.as_bytes()).unwrap())
+            let pem = self
+                .ca
+                .revocation_list(serials, 1, Duration::from_secs(3600))
+                .unwrap();
+            Crls::with_set(
+                &self.dir.join("crl.pem"),
+                crl::CrlSet::parse(pem.as_bytes()).unwrap(),
+            )
         }
 
         fn configs(&self, crls: Option<&Crls>) -> (Arc<ClientConfig>, Arc<ServerConfig>) {
             let roots = [self.ca.root()];
-            let server = server_config_with_crls(Fixed(Arc::new(self.server.clone())), &roots, "cluster.local", crls).unwrap();
-            let client = client_config_with_crls(&self.client, &roots, vec![self.server_id.clone()], crls).unwrap();
+            let server = server_config_with_crls(
+                Fixed(Arc::new(self.server.clone())),
+                &roots,
+                "cluster.local",
+                crls,
+            )
+            .unwrap();
+            let client =
+                client_config_with_crls(&self.client, &roots, vec![self.server_id.clone()], crls)
+                    .unwrap();
             (Arc::new(client), Arc::new(server))
         }
     }
@@ -645,10 +779,15 @@ mod tests {
         // the chain fail (webpki, as in Istio's ztunnel): fail closed, never ignored.
         // (Another built-in CA: a root of the same name, with another key.)
         let other = crl_mesh("refuse-other");
-        let forged = other.ca.revocation_list(&["0badc0de"], 1, Duration::from_secs(60)).unwrap();
+        let forged = other
+            .ca
+            .revocation_list(&["0badc0de"], 1, Duration::from_secs(60))
+            .unwrap();
         let forged = crl::CrlSet::parse(forged.as_bytes()).unwrap();
         let (c, s) = m.configs(Some(&Crls::with_set(&m.dir.join("x"), forged)));
-        assert!(try_handshake(&c, &s).unwrap_err().contains("InvalidCrlSignature"));
+        assert!(try_handshake(&c, &s)
+            .unwrap_err()
+            .contains("InvalidCrlSignature"));
     }
 
     /// A CRL from a CA of another key, named `org`.
@@ -656,11 +795,22 @@ mod tests {
         let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let mut p = rcgen::CertificateParams::default();
         p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        p.distinguished_name.push(rcgen::DnType::OrganizationName, org.trim_start_matches("O="));
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        p.distinguished_name.push(
+            rcgen::DnType::OrganizationName,
+            org.trim_start_matches("O="),
+        );
         let issuer = rcgen::Issuer::from_params(&p, &key);
         let now = time::OffsetDateTime::now_utc();
-        let hex = |h: &str| (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap()).collect::<Vec<u8>>();
+        let hex = |h: &str| {
+            (0..h.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
+                .collect::<Vec<u8>>()
+        };
         let crl = rcgen::CertificateRevocationListParams {
             this_update: now,
             next_update: now + time::Duration::hours(1),
@@ -668,7 +818,12 @@ mod tests {
             issuing_distribution_point: None,
             revoked_certs: serials
                 .iter()
-                .map(|s| rcgen::RevokedCertParams { serial_number: rcgen::SerialNumber::from_slice(&hex(s)), revocation_time: now, reason_code: None, invalidity_date: None })
+                .map(|s| rcgen::RevokedCertParams {
+                    serial_number: rcgen::SerialNumber::from_slice(&hex(s)),
+                    revocation_time: now,
+                    reason_code: None,
+                    invalidity_date: None,
+                })
                 .collect(),
             key_identifier_method: rcgen::KeyIdMethod::Sha256,
         }
@@ -681,9 +836,14 @@ mod tests {
     fn crl_past_next_update_still_revokes() {
         // Istio's policy: CRL expiry is not enforced, the revocations in it still count.
         let m = crl_mesh("expired");
-        let pem = m.ca.revocation_list(&[&m.server_serial], 1, Duration::ZERO).unwrap();
+        let pem =
+            m.ca.revocation_list(&[&m.server_serial], 1, Duration::ZERO)
+                .unwrap();
         std::thread::sleep(Duration::from_millis(1100));
-        let crls = Crls::with_set(&m.dir.join("crl.pem"), crl::CrlSet::parse(pem.as_bytes()).unwrap());
+        let crls = Crls::with_set(
+            &m.dir.join("crl.pem"),
+            crl::CrlSet::parse(pem.as_bytes()).unwrap(),
+        );
         let (c, s) = m.configs(Some(&crls));
         assert!(try_handshake(&c, &s).unwrap_err().contains("Revoked"));
     }
@@ -692,33 +852,79 @@ mod tests {
     async fn a_crl_reload_revoking_an_open_peer_resolves_its_watch() {
         let m = crl_mesh("reload");
         let path = m.dir.join("crl.pem");
-        std::fs::write(&path, m.ca.revocation_list(&["0badc0de"], 1, Duration::from_secs(60)).unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            m.ca.revocation_list(&["0badc0de"], 1, Duration::from_secs(60))
+                .unwrap(),
+        )
+        .unwrap();
         let crls = Crls::load(&path).unwrap();
         let changes = (crls.changes(), crls.changes());
         let (c, s) = m.configs(Some(&crls));
         let (client_chain, server_chain) = try_handshake(&c, &s).unwrap();
-        let client = PeerChain::new(&crls, changes.0, &[m.ca.root()], &client_chain, PeerRole::Client);
-        let server = PeerChain::new(&crls, changes.1, &[m.ca.root()], &server_chain, PeerRole::Server);
+        let client = PeerChain::new(
+            &crls,
+            changes.0,
+            &[m.ca.root()],
+            &client_chain,
+            PeerRole::Client,
+        );
+        let server = PeerChain::new(
+            &crls,
+            changes.1,
+            &[m.ca.root()],
+            &server_chain,
+            PeerRole::Server,
+        );
         assert!(!client.is_revoked() && !server.is_revoked());
         // Polled by hand, not spawned: once a reload has changed the generation, one poll
         // runs a watch through its check of the new set (it waits on nothing else), so
         // "not resolved" after that poll is a verdict, not a matter of timing.
-        let (mut client, mut server) = (std::pin::pin!(client.revoked()), std::pin::pin!(server.revoked()));
+        let (mut client, mut server) = (
+            std::pin::pin!(client.revoked()),
+            std::pin::pin!(server.revoked()),
+        );
         fn resolved(f: std::pin::Pin<&mut impl std::future::Future<Output = ()>>) -> bool {
-            std::future::Future::poll(f, &mut std::task::Context::from_waker(std::task::Waker::noop())).is_ready()
+            std::future::Future::poll(
+                f,
+                &mut std::task::Context::from_waker(std::task::Waker::noop()),
+            )
+            .is_ready()
         }
-        assert!(!resolved(client.as_mut()) && !resolved(server.as_mut()), "resolved with no reload");
+        assert!(
+            !resolved(client.as_mut()) && !resolved(server.as_mut()),
+            "resolved with no reload"
+        );
 
         // A reload that revokes someone else closes nothing.
-        std::fs::write(&path, m.ca.revocation_list(&["0badc0de", "0badc0df"], 2, Duration::from_secs(60)).unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            m.ca.revocation_list(&["0badc0de", "0badc0df"], 2, Duration::from_secs(60))
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(crls.poll(), crl::Reload::Reloaded(1));
-        assert!(!resolved(client.as_mut()), "a reload revoking someone else closed the client");
-        assert!(!resolved(server.as_mut()), "a reload revoking someone else closed the server");
+        assert!(
+            !resolved(client.as_mut()),
+            "a reload revoking someone else closed the client"
+        );
+        assert!(
+            !resolved(server.as_mut()),
+            "a reload revoking someone else closed the server"
+        );
 
         // One that revokes the client: only the connection holding its chain resolves.
-        std::fs::write(&path, m.ca.revocation_list(&[&m.client_serial], 3, Duration::from_secs(60)).unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            m.ca.revocation_list(&[&m.client_serial], 3, Duration::from_secs(60))
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(crls.poll(), crl::Reload::Reloaded(1));
         assert!(resolved(client.as_mut()), "revoked client not signalled");
-        assert!(!resolved(server.as_mut()), "revoking the client closed the server");
+        assert!(
+            !resolved(server.as_mut()),
+            "revoking the client closed the server"
+        );
     }
 }

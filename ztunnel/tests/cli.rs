@@ -7,15 +7,27 @@ const ZTUNNEL: &str = env!("CARGO_BIN_EXE_ztunnel");
 
 #[test]
 fn prints_its_version() {
-    let out = Command::new(ZTUNNEL).arg("--version").output().expect("run ztunnel");
+    let out = Command::new(ZTUNNEL)
+        .arg("--version")
+        .output()
+        .expect("run ztunnel");
     assert!(out.status.success());
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("ztunnel {}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("ztunnel {}", env!("CARGO_PKG_VERSION"))
+    );
 }
 
 #[test]
 fn refuses_an_unknown_flag_with_its_usage() {
-    let out = Command::new(ZTUNNEL).arg("--no-such-flag").output().expect("run ztunnel");
+    let out = Command::new(ZTUNNEL)
+        .arg("--no-such-flag")
+        .output()
+        .expect("run ztunnel");
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("'--no-such-flag'") && err.contains("Usage: ztunnel"), "{err}");
+    assert!(
+        err.contains("'--no-such-flag'") && err.contains("Usage: ztunnel"),
+        "{err}"
+    );
 }

@@ -19,7 +19,15 @@ use mesh_tests::netsim::{self, Child, Pod, Topology};
 /// and captured, then `bin` as that node's proxy; returns both once the proxy is ready
 /// (200 on :15021/healthz/ready, which Istio's ztunnel answers once the agent's
 /// snapshot is enrolled).
-pub fn start(topo: &Topology, ztunnel: &Path, bin: &Path, cfg: &Path, n: usize, pods: &[(&Pod, &str)], name: &str) -> Result<(Child, Child)> {
+pub fn start(
+    topo: &Topology,
+    ztunnel: &Path,
+    bin: &Path,
+    cfg: &Path,
+    n: usize,
+    pods: &[(&Pod, &str)],
+    name: &str,
+) -> Result<(Child, Child)> {
     let dir = topo.dir.join(format!("zds-node{n}"));
     let pods_dir = dir.join("pods");
     let socket = dir.join("ztunnel.sock");
@@ -28,23 +36,51 @@ pub fn start(topo: &Topology, ztunnel: &Path, bin: &Path, cfg: &Path, n: usize, 
     for (pod, account) in pods {
         let netns = pod.netns.path().display().to_string();
         let pods_dir = pods_dir.display().to_string();
-        let args = ["enroll", "--pods-dir", &pods_dir, "--uid", &pod.name, "--name", &pod.name, "--namespace", "default"];
-        netsim::sh(&zt, &[&args[..], &["--service-account", account, "--netns", &netns]].concat())?;
+        let args = [
+            "enroll",
+            "--pods-dir",
+            &pods_dir,
+            "--uid",
+            &pod.name,
+            "--name",
+            &pod.name,
+            "--namespace",
+            "default",
+        ];
+        netsim::sh(
+            &zt,
+            &[
+                &args[..],
+                &["--service-account", account, "--netns", &netns],
+            ]
+            .concat(),
+        )?;
         netsim::istio_cni_capture(pod)?;
     }
     let node = topo.node(n);
     let agent = node.spawn(
         &zt,
-        &["cni-server", "--socket", &socket.display().to_string(), "--pods-dir", &pods_dir.display().to_string()],
+        &[
+            "cni-server",
+            "--socket",
+            &socket.display().to_string(),
+            "--pods-dir",
+            &pods_dir.display().to_string(),
+        ],
         &[("RUST_LOG", "info")],
         &topo.dir.join(format!("cni-agent-node{n}.log")),
     )?;
     if let Some(pid) = agent.pid() {
         crate::cleanup::register_pid(pid);
     }
-    netsim::wait_for("CNI agent socket", netsim::READY, || socket.exists()).with_context(|| agent.log_text())?;
+    netsim::wait_for("CNI agent socket", netsim::READY, || socket.exists())
+        .with_context(|| agent.log_text())?;
     let state = topo.dir.join("ca").display().to_string();
-    let (cfg, socket, node_name) = (cfg.display().to_string(), socket.display().to_string(), format!("node{n}"));
+    let (cfg, socket, node_name) = (
+        cfg.display().to_string(),
+        socket.display().to_string(),
+        format!("node{n}"),
+    );
     let proxy = node.spawn(
         &bin.display().to_string(),
         &[],

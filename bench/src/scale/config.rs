@@ -36,7 +36,11 @@ impl MeshShape {
 
     /// Workload i is an endpoint of service `i % services`, in that service's namespace.
     fn namespace_of_workload(&self, i: usize) -> usize {
-        if self.services > 0 { (i % self.services) % self.namespaces } else { i % self.namespaces }
+        if self.services > 0 {
+            (i % self.services) % self.namespaces
+        } else {
+            i % self.namespaces
+        }
     }
 
     pub fn workload(&self, i: usize, revision: usize) -> pb::Workload {
@@ -47,15 +51,22 @@ impl MeshShape {
             let j = i % self.services;
             services.insert(
                 format!("{ns}/svc-{j}.{ns}.svc.cluster.local"),
-                pb::PortList { ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }] },
+                pb::PortList {
+                    ports: vec![pb::Port {
+                        service_port: 80,
+                        target_port: 8080,
+                        app_protocol: 0,
+                    }],
+                },
             );
         }
         let nsel = self.selector_policies();
-        let authorization_policies = if nsel > 0 && (i % nsel) % self.namespaces == self.namespace_of_workload(i) {
-            vec![format!("{ns}/sel-{}", i % nsel)]
-        } else {
-            vec![]
-        };
+        let authorization_policies =
+            if nsel > 0 && (i % nsel) % self.namespaces == self.namespace_of_workload(i) {
+                vec![format!("{ns}/sel-{}", i % nsel)]
+            } else {
+                vec![]
+            };
         pb::Workload {
             uid: format!("{}//Pod/{ns}/w-{i}", fake_istiod::CLUSTER_ID),
             name: format!("w-{i}"),
@@ -82,8 +93,16 @@ impl MeshShape {
             name: format!("svc-{j}"),
             namespace: ns.clone(),
             hostname: format!("svc-{j}.{ns}.svc.cluster.local"),
-            addresses: vec![pb::NetworkAddress { network: String::new(), address: vip.octets().to_vec(), length: None }],
-            ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
+            addresses: vec![pb::NetworkAddress {
+                network: String::new(),
+                address: vip.octets().to_vec(),
+                length: None,
+            }],
+            ports: vec![pb::Port {
+                service_port: 80,
+                target_port: 8080,
+                app_protocol: 0,
+            }],
             ..Default::default()
         }
     }
@@ -94,22 +113,40 @@ impl MeshShape {
         use pb_sec::string_match::MatchType;
         let nsel = self.selector_policies();
         let ns = format!("ns-{}", k % self.namespaces);
-        let (name, scope) = if k < nsel { (format!("sel-{k}"), pb_sec::Scope::WorkloadSelector) } else { (format!("nsp-{k}"), pb_sec::Scope::Namespace) };
-        let action = if k % 10 == 9 { pb_sec::Action::Deny } else { pb_sec::Action::Allow };
+        let (name, scope) = if k < nsel {
+            (format!("sel-{k}"), pb_sec::Scope::WorkloadSelector)
+        } else {
+            (format!("nsp-{k}"), pb_sec::Scope::Namespace)
+        };
+        let action = if k % 10 == 9 {
+            pb_sec::Action::Deny
+        } else {
+            pb_sec::Action::Allow
+        };
         let m = if k.is_multiple_of(2) {
             pb_sec::Match {
-                principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact(format!("cluster.local/ns/{ns}/sa/sa-{}", k % 500))) }],
+                principals: vec![pb_sec::StringMatch {
+                    match_type: Some(MatchType::Exact(format!(
+                        "cluster.local/ns/{ns}/sa/sa-{}",
+                        k % 500
+                    ))),
+                }],
                 ..Default::default()
             }
         } else {
-            pb_sec::Match { destination_ports: vec![8080 + (k % 10) as u32], ..Default::default() }
+            pb_sec::Match {
+                destination_ports: vec![8080 + (k % 10) as u32],
+                ..Default::default()
+            }
         };
         pb_sec::Authorization {
             name,
             namespace: ns,
             scope: scope as i32,
             action: action as i32,
-            rules: vec![pb_sec::Rule { clauses: vec![pb_sec::Clause { matches: vec![m] }] }],
+            rules: vec![pb_sec::Rule {
+                clauses: vec![pb_sec::Clause { matches: vec![m] }],
+            }],
             dry_run: false,
         }
     }
@@ -176,7 +213,15 @@ pub struct Plan {
 impl Plan {
     pub fn new(quick: bool) -> Plan {
         if quick {
-            Plan { sizes: vec![100, 1000], services: 100, policies: 50, namespaces: 10, pushes: 5, settle: Duration::from_millis(300), policy_counts: vec![0, 10, 100] }
+            Plan {
+                sizes: vec![100, 1000],
+                services: 100,
+                policies: 50,
+                namespaces: 10,
+                pushes: 5,
+                settle: Duration::from_millis(300),
+                policy_counts: vec![0, 10, 100],
+            }
         } else {
             Plan {
                 sizes: vec![1000, 10_000, 50_000],
@@ -193,18 +238,35 @@ impl Plan {
 
 pub fn run(plan: &Plan, ztunnel: &Path) -> Result<ConfigCurve> {
     let mut curve = ConfigCurve::default();
-    let empty = MeshShape { workloads: 0, services: 0, policies: 0, namespaces: plan.namespaces };
+    let empty = MeshShape {
+        workloads: 0,
+        services: 0,
+        policies: 0,
+        namespaces: plan.namespaces,
+    };
     let base = measure(0, empty, plan, ztunnel).context("empty mesh")?;
-    progress!("config  empty mesh: ztunnel RSS {:.1} MiB (anon {:.1}), state ACKed {:.0} ms after start", base.rss_mib, base.anon_mib, base.start_to_acked_ms);
+    progress!(
+        "config  empty mesh: ztunnel RSS {:.1} MiB (anon {:.1}), state ACKed {:.0} ms after start",
+        base.rss_mib,
+        base.anon_mib,
+        base.start_to_acked_ms
+    );
     curve.baseline_rss_mib = base.rss_mib;
     curve.baseline_anon_mib = base.anon_mib;
     for (i, &n) in plan.sizes.iter().enumerate() {
         crate::cleanup::check()?;
-        let shape = MeshShape { workloads: n, services: plan.services, policies: plan.policies, namespaces: plan.namespaces };
-        let mut p = measure(i + 1, shape, plan, ztunnel).with_context(|| format!("{n} workloads"))?;
+        let shape = MeshShape {
+            workloads: n,
+            services: plan.services,
+            policies: plan.policies,
+            namespaces: plan.namespaces,
+        };
+        let mut p =
+            measure(i + 1, shape, plan, ztunnel).with_context(|| format!("{n} workloads"))?;
         p.rss_mib_per_1k_workloads = (p.rss_mib - base.rss_mib) / (n as f64 / 1000.0);
         if let Some(prev) = curve.points.last() {
-            p.marginal_mib_per_1k_workloads = Some((p.rss_mib - prev.rss_mib) / ((n - prev.workloads) as f64 / 1000.0));
+            p.marginal_mib_per_1k_workloads =
+                Some((p.rss_mib - prev.rss_mib) / ((n - prev.workloads) as f64 / 1000.0));
         }
         progress!(
             "config  {n:>6} workloads: ACKed {:.0} ms after start (apply {:.0} ms), RSS {:.1} MiB ({:.2} MiB/1k above empty), push→ACK median {:.1} ms max {:.1} ms (apply {:.1} ms), {:.2} CPU-ms/push",
@@ -230,11 +292,17 @@ pub fn run(plan: &Plan, ztunnel: &Path) -> Result<ConfigCurve> {
 }
 
 fn ack_of<'a>(r: &'a Resources, type_url: &str, nth: usize) -> Option<&'a Seen> {
-    r.seen.iter().filter(|s| s.type_url == type_url && !s.nonce.is_empty() && s.nack.is_none()).nth(nth)
+    r.seen
+        .iter()
+        .filter(|s| s.type_url == type_url && !s.nonce.is_empty() && s.nack.is_none())
+        .nth(nth)
 }
 
 fn sent_for<'a>(r: &'a Resources, ack: &Seen) -> Option<&'a Sent> {
-    r.sent.iter().rev().find(|s| s.type_url == ack.type_url && s.nonce == ack.nonce)
+    r.sent
+        .iter()
+        .rev()
+        .find(|s| s.type_url == ack.type_url && s.nonce == ack.nonce)
 }
 
 fn ms(d: Duration) -> f64 {
@@ -242,12 +310,21 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// Waits for `f` over the fake istiod's record, failing early if ztunnel exits or NACKs.
-fn wait_istiod<T>(istiod: &FakeIstiod, z: &mut Child, what: &str, timeout: Duration, f: impl Fn(&Resources) -> Option<T>) -> Result<T> {
+fn wait_istiod<T>(
+    istiod: &FakeIstiod,
+    z: &mut Child,
+    what: &str,
+    timeout: Duration,
+    f: impl Fn(&Resources) -> Option<T>,
+) -> Result<T> {
     let deadline = Instant::now() + timeout;
     loop {
         crate::cleanup::check()?;
         {
-            let r = istiod.res.lock().map_err(|_| anyhow::anyhow!("fake istiod state poisoned"))?;
+            let r = istiod
+                .res
+                .lock()
+                .map_err(|_| anyhow::anyhow!("fake istiod state poisoned"))?;
             if let Some(nack) = r.nacks().first() {
                 bail!("ztunnel NACKed: {nack}");
             }
@@ -256,10 +333,16 @@ fn wait_istiod<T>(istiod: &FakeIstiod, z: &mut Child, what: &str, timeout: Durat
             }
         }
         if let Some(st) = z.wait_exit(Duration::ZERO) {
-            bail!("ztunnel exited ({st}) waiting for {what}; log tail:\n{}", super::log_tail(z));
+            bail!(
+                "ztunnel exited ({st}) waiting for {what}; log tail:\n{}",
+                super::log_tail(z)
+            );
         }
         if Instant::now() > deadline {
-            bail!("timed out after {timeout:?} waiting for {what}; log tail:\n{}", super::log_tail(z));
+            bail!(
+                "timed out after {timeout:?} waiting for {what}; log tail:\n{}",
+                super::log_tail(z)
+            );
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -282,18 +365,31 @@ fn measure(index: usize, shape: MeshShape, plan: &Plan, ztunnel: &Path) -> Resul
     ]);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     // No pods: this ztunnel only holds the mesh state, so no capture is set up.
-    let args = ["--node-name", "node1", "--capture", "none", "--state-dir", &topo.dir.join("state").display().to_string()];
+    let args = [
+        "--node-name",
+        "node1",
+        "--capture",
+        "none",
+        "--state-dir",
+        &topo.dir.join("state").display().to_string(),
+    ];
     let t0 = Instant::now();
-    let mut z = topo.node(1).spawn(&ztunnel.display().to_string(), &args, &env, &topo.dir.join("ztunnel.log"))?;
+    let mut z = topo.node(1).spawn(
+        &ztunnel.display().to_string(),
+        &args,
+        &env,
+        &topo.dir.join("ztunnel.log"),
+    )?;
     let pid = z.pid().context("ztunnel pid")?;
     crate::cleanup::register_pid(pid);
     // 50k workloads take a debug build minutes; a release build seconds.
     let first = Duration::from_secs(600);
-    let (addr_ack, auth_ack, addr_sent) = wait_istiod(&istiod, &mut z, "the first full state's ACKs", first, |r| {
-        let a = ack_of(r, ADDRESS_TYPE, 0)?;
-        let p = ack_of(r, AUTHORIZATION_TYPE, 0)?;
-        Some((a.at, p.at, sent_for(r, a)?.at))
-    })?;
+    let (addr_ack, auth_ack, addr_sent) =
+        wait_istiod(&istiod, &mut z, "the first full state's ACKs", first, |r| {
+            let a = ack_of(r, ADDRESS_TYPE, 0)?;
+            let p = ack_of(r, AUTHORIZATION_TYPE, 0)?;
+            Some((a.at, p.at, sent_for(r, a)?.at))
+        })?;
     let mut point = ConfigPoint {
         workloads: shape.workloads,
         services: shape.services,
@@ -313,21 +409,34 @@ fn measure(index: usize, shape: MeshShape, plan: &Plan, ztunnel: &Path) -> Resul
     let mut apply = Vec::new();
     let cpu_before = procstat::read(pid).context("ztunnel gone")?.cpu;
     for k in 0..plan.pushes {
-        let acks_before = istiod.res.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.acks(ADDRESS_TYPE);
+        let acks_before = istiod
+            .res
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .acks(ADDRESS_TYPE);
         // One workload changes (its revision label), a different one each time.
         let w = shape.workload((k * 7919) % shape.workloads, k + 1);
         let t = Instant::now();
         istiod.update(|r| r.set_workload(w));
-        let (ack, sent) = wait_istiod(&istiod, &mut z, "a push's ACK", Duration::from_secs(120), |r| {
-            let a = ack_of(r, ADDRESS_TYPE, acks_before)?;
-            Some((a.at, sent_for(r, a)?.at))
-        })?;
+        let (ack, sent) = wait_istiod(
+            &istiod,
+            &mut z,
+            "a push's ACK",
+            Duration::from_secs(120),
+            |r| {
+                let a = ack_of(r, ADDRESS_TYPE, acks_before)?;
+                Some((a.at, sent_for(r, a)?.at))
+            },
+        )?;
         to_ack.push(ms(ack - t));
         apply.push(ms(ack - sent));
         // Work after the ACK (if any) lands in this push's CPU, not in the next one's time.
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cpu = procstat::read(pid).context("ztunnel gone")?.cpu.saturating_sub(cpu_before);
+    let cpu = procstat::read(pid)
+        .context("ztunnel gone")?
+        .cpu
+        .saturating_sub(cpu_before);
     point.pushes = plan.pushes;
     point.push_to_ack_median_ms = median(&mut to_ack);
     point.push_to_ack_max_ms = to_ack.iter().copied().fold(0.0, f64::max);
@@ -343,7 +452,11 @@ pub fn median(v: &mut [f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let n = v.len();
-    if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
 }
 
 #[cfg(test)]
@@ -352,32 +465,56 @@ mod tests {
 
     #[test]
     fn every_selector_policy_a_workload_names_is_in_its_namespace() {
-        let shape = MeshShape { workloads: 1000, services: 100, policies: 50, namespaces: 10 };
+        let shape = MeshShape {
+            workloads: 1000,
+            services: 100,
+            policies: 50,
+            namespaces: 10,
+        };
         let mut named = 0;
         for i in 0..shape.workloads {
             let w = shape.workload(i, 0);
             for key in &w.authorization_policies {
                 named += 1;
-                let k: usize = key.rsplit_once("/sel-").expect("selector policy key").1.parse().expect("index");
+                let k: usize = key
+                    .rsplit_once("/sel-")
+                    .expect("selector policy key")
+                    .1
+                    .parse()
+                    .expect("index");
                 let p = shape.policy(k);
                 assert_eq!(format!("{}/{}", p.namespace, p.name), *key);
                 assert_eq!(p.namespace, w.namespace);
                 assert_eq!(p.scope, pb_sec::Scope::WorkloadSelector as i32);
             }
             for svc in w.services.keys() {
-                assert!(svc.starts_with(&format!("{}/", w.namespace)), "{svc} outside {}", w.namespace);
+                assert!(
+                    svc.starts_with(&format!("{}/", w.namespace)),
+                    "{svc} outside {}",
+                    w.namespace
+                );
             }
         }
-        assert_eq!(named, shape.workloads, "every workload is selected by one policy");
+        assert_eq!(
+            named, shape.workloads,
+            "every workload is selected by one policy"
+        );
     }
 
     #[test]
     fn a_shape_converts_without_errors() {
-        let shape = MeshShape { workloads: 20, services: 10, policies: 20, namespaces: 5 };
+        let shape = MeshShape {
+            workloads: 20,
+            services: 10,
+            policies: 20,
+            namespaces: 5,
+        };
         let mut r = Resources::default();
         shape.fill(&mut r);
         assert_eq!((r.addresses.len(), r.authorizations.len()), (30, 20));
-        let ips: std::collections::HashSet<_> = (0..shape.workloads).map(|i| shape.workload(i, 0).addresses).collect();
+        let ips: std::collections::HashSet<_> = (0..shape.workloads)
+            .map(|i| shape.workload(i, 0).addresses)
+            .collect();
         assert_eq!(ips.len(), shape.workloads);
     }
 

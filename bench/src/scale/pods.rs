@@ -15,7 +15,10 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use mesh_tests::netsim::{self, Pod, Topology};
-use ztunnel::zds::{AddWorkload, Payload, ResponsePayload, SeqPacket, SnapshotSent, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
+use ztunnel::zds::{
+    AddWorkload, Payload, ResponsePayload, SeqPacket, SnapshotSent, WorkloadInfo, WorkloadRequest,
+    WorkloadResponse, ZdsHello,
+};
 
 use crate::procstat;
 
@@ -32,9 +35,17 @@ pub struct Plan {
 impl Plan {
     pub fn new(quick: bool) -> Plan {
         if quick {
-            Plan { sizes: vec![1, 5], idle: Duration::from_secs(1), settle: Duration::from_millis(300) }
+            Plan {
+                sizes: vec![1, 5],
+                idle: Duration::from_secs(1),
+                settle: Duration::from_millis(300),
+            }
         } else {
-            Plan { sizes: vec![1, 50, 200], idle: Duration::from_secs(10), settle: Duration::from_secs(2) }
+            Plan {
+                sizes: vec![1, 50, 200],
+                idle: Duration::from_secs(10),
+                settle: Duration::from_secs(2),
+            }
         }
     }
 }
@@ -68,7 +79,12 @@ pub struct PodsCurve {
 fn config(topo: &Topology, pods: usize, server: &Pod) -> String {
     let mut cfg = String::from("workloads:\n");
     for j in 1..=pods {
-        cfg.push_str(&netsim::workload(topo, &format!("n1p{j}"), &format!("sa-{j}"), ""));
+        cfg.push_str(&netsim::workload(
+            topo,
+            &format!("n1p{j}"),
+            &format!("sa-{j}"),
+            "",
+        ));
     }
     // The server is outside the mesh (plain TCP): reached through the client pod's
     // ztunnel only, which is what the probe proves.
@@ -95,12 +111,20 @@ impl Agent {
         let _: (ZdsHello, _) = sock.recv().await?;
         let a = Agent { sock };
         // No pods at start: the snapshot is empty.
-        a.request(Payload::SnapshotSent(SnapshotSent {}), None).await?;
+        a.request(Payload::SnapshotSent(SnapshotSent {}), None)
+            .await?;
         Ok(a)
     }
 
     async fn request(&self, payload: Payload, netns: Option<&std::fs::File>) -> Result<()> {
-        self.sock.send(&WorkloadRequest { payload: Some(payload) }, netns.map(|f| f.as_raw_fd())).await?;
+        self.sock
+            .send(
+                &WorkloadRequest {
+                    payload: Some(payload),
+                },
+                netns.map(|f| f.as_raw_fd()),
+            )
+            .await?;
         let (resp, _): (WorkloadResponse, _) = self.sock.recv().await?;
         match resp.payload {
             Some(ResponsePayload::Ack(a)) if a.error.is_empty() => Ok(()),
@@ -113,7 +137,11 @@ impl Agent {
         let netns = std::fs::File::open(pod.netns.path())?;
         let add = AddWorkload {
             uid: pod.name.clone(),
-            workload_info: Some(WorkloadInfo { name: pod.name.clone(), namespace: "default".into(), service_account: sa(pod) }),
+            workload_info: Some(WorkloadInfo {
+                name: pod.name.clone(),
+                namespace: "default".into(),
+                service_account: sa(pod),
+            }),
         };
         self.request(Payload::Add(add), Some(&netns)).await
     }
@@ -133,7 +161,8 @@ fn probe(pod: &Pod, timeout: Duration) -> Result<()> {
             loop {
                 crate::cleanup::check()?;
                 let attempt = (|| -> std::io::Result<()> {
-                    let mut s = std::net::TcpStream::connect_timeout(&vip, Duration::from_millis(500))?;
+                    let mut s =
+                        std::net::TcpStream::connect_timeout(&vip, Duration::from_millis(500))?;
                     s.set_read_timeout(Some(Duration::from_secs(2)))?;
                     s.write_all(b"x")?;
                     let mut b = [0u8; 1];
@@ -141,7 +170,10 @@ fn probe(pod: &Pod, timeout: Duration) -> Result<()> {
                 })();
                 match attempt {
                     Ok(()) => return Ok(()),
-                    Err(e) if Instant::now() > deadline => bail!("no connection from {} through ztunnel in {timeout:?}: {e}", pod.name),
+                    Err(e) if Instant::now() > deadline => bail!(
+                        "no connection from {} through ztunnel in {timeout:?}: {e}",
+                        pod.name
+                    ),
                     Err(_) => std::thread::sleep(Duration::from_millis(2)),
                 }
             }
@@ -150,10 +182,16 @@ fn probe(pod: &Pod, timeout: Duration) -> Result<()> {
 }
 
 fn fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
-pub fn run(plan: &Plan, ztunnel: &std::path::Path, rt: &tokio::runtime::Runtime) -> Result<PodsCurve> {
+pub fn run(
+    plan: &Plan,
+    ztunnel: &std::path::Path,
+    rt: &tokio::runtime::Runtime,
+) -> Result<PodsCurve> {
     let max = *plan.sizes.iter().max().context("no pod counts")?;
     let prefix = netsim::prefix("scp");
     progress!("pods    building {} pod namespaces", max + 1);
@@ -183,7 +221,12 @@ pub fn run(plan: &Plan, ztunnel: &std::path::Path, rt: &tokio::runtime::Runtime)
     ];
     args.extend(topo.capture_args(1));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut z = topo.node(1).spawn(&ztunnel.display().to_string(), &args, &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")], &topo.dir.join("ztunnel.log"))?;
+    let mut z = topo.node(1).spawn(
+        &ztunnel.display().to_string(),
+        &args,
+        &[("RUST_LOG", "info"), ("RUST_BACKTRACE", "0")],
+        &topo.dir.join("ztunnel.log"),
+    )?;
     let pid = z.pid().context("ztunnel pid")?;
     crate::cleanup::register_pid(pid);
     let agent = rt
@@ -193,7 +236,11 @@ pub fn run(plan: &Plan, ztunnel: &std::path::Path, rt: &tokio::runtime::Runtime)
         .with_context(|| super::log_tail(&z))?;
     z.wait_log("ztunnel ready", netsim::READY)?;
     netsim::check_capture_mode(&z)?;
-    let mut curve = PodsCurve { capture: netsim::capture_mode(), idle_seconds: plan.idle.as_secs_f64(), points: Vec::new() };
+    let mut curve = PodsCurve {
+        capture: netsim::capture_mode(),
+        idle_seconds: plan.idle.as_secs_f64(),
+        points: Vec::new(),
+    };
     let (mut acks, mut served) = (Vec::new(), Vec::new());
     for j in 1..=max {
         crate::cleanup::check()?;
@@ -226,7 +273,8 @@ pub fn run(plan: &Plan, ztunnel: &std::path::Path, rt: &tokio::runtime::Runtime)
             enroll_ack_max_ms: acks.iter().copied().fold(0.0, f64::max),
             enroll_served_median_ms: super::config::median(&mut served),
             enroll_served_max_ms: served.iter().copied().fold(0.0, f64::max),
-            idle_cpu_ms_per_s: after.cpu.saturating_sub(before.cpu).as_secs_f64() * 1000.0 / plan.idle.as_secs_f64(),
+            idle_cpu_ms_per_s: after.cpu.saturating_sub(before.cpu).as_secs_f64() * 1000.0
+                / plan.idle.as_secs_f64(),
             ..Default::default()
         };
         if let Some(first) = curve.points.first().filter(|f| j > f.pods) {

@@ -46,7 +46,10 @@ fn policies(n: usize, in_scope: bool) -> Result<Vec<Authorization>> {
 }
 
 fn destination(n: usize, in_scope: bool) -> Result<Workload> {
-    let selected: Vec<String> = (0..n).filter(|k| k % 2 == 1 && in_scope).map(|k| format!("\"ns-0/p-{k:05}\"")).collect();
+    let selected: Vec<String> = (0..n)
+        .filter(|k| k % 2 == 1 && in_scope)
+        .map(|k| format!("\"ns-0/p-{k:05}\""))
+        .collect();
     let yaml = format!(
         "{{uid: dst, name: dst, namespace: ns-0, serviceAccount: dst, workloadIps: [10.1.0.1], protocol: HBONE, authorizationPolicies: [{}]}}",
         selected.join(", ")
@@ -61,7 +64,9 @@ fn time_calls(state: &MeshState, wl: &Workload, conn: &Connection) -> f64 {
         let (start, mut calls) = (Instant::now(), 0u64);
         while calls < 100 || start.elapsed() < Duration::from_millis(100) {
             for _ in 0..10 {
-                std::hint::black_box(state.authorize(std::hint::black_box(wl), std::hint::black_box(conn)));
+                std::hint::black_box(
+                    state.authorize(std::hint::black_box(wl), std::hint::black_box(conn)),
+                );
             }
             calls += 10;
         }
@@ -71,17 +76,32 @@ fn time_calls(state: &MeshState, wl: &Workload, conn: &Connection) -> f64 {
 }
 
 pub fn measure(n: usize) -> Result<PolicyPoint> {
-    let conn = Connection { src_identity: CLIENT.parse().ok().map(std::sync::Arc::new), src_ip: "10.1.0.2".parse()?, dst: "10.1.0.1:8080".parse()? };
-    let mut point = PolicyPoint { policies: n, ..Default::default() };
+    let conn = Connection {
+        src_identity: CLIENT.parse().ok().map(std::sync::Arc::new),
+        src_ip: "10.1.0.2".parse()?,
+        dst: "10.1.0.1:8080".parse()?,
+    };
+    let mut point = PolicyPoint {
+        policies: n,
+        ..Default::default()
+    };
     for in_scope in [true, false] {
         let wl = destination(n, in_scope)?;
-        let state = MeshState::build(vec![wl.clone()], vec![], policies(n, in_scope)?).context("mesh state")?;
+        let state = MeshState::build(vec![wl.clone()], vec![], policies(n, in_scope)?)
+            .context("mesh state")?;
         // The verdict the construction promises: only the last ALLOW matches.
         let want = Decision::Allow;
         let got = state.authorize(&wl, &conn);
-        anyhow::ensure!(got == want, "{n} policies (in scope: {in_scope}): {got:?}, expected {want:?}");
+        anyhow::ensure!(
+            got == want,
+            "{n} policies (in scope: {in_scope}): {got:?}, expected {want:?}"
+        );
         let ns = time_calls(&state, &wl, &conn);
-        if in_scope { point.in_scope_ns = ns } else { point.out_of_scope_ns = ns }
+        if in_scope {
+            point.in_scope_ns = ns
+        } else {
+            point.out_of_scope_ns = ns
+        }
     }
     Ok(point)
 }
@@ -92,16 +112,31 @@ mod tests {
 
     #[test]
     fn in_scope_policies_apply_and_out_of_scope_ones_do_not() {
-        let stranger = Connection { src_identity: "spiffe://cluster.local/ns/ns-5/sa/x".parse().ok().map(std::sync::Arc::new), src_ip: "10.1.0.3".parse().unwrap(), dst: "10.1.0.1:8080".parse().unwrap() };
+        let stranger = Connection {
+            src_identity: "spiffe://cluster.local/ns/ns-5/sa/x"
+                .parse()
+                .ok()
+                .map(std::sync::Arc::new),
+            src_ip: "10.1.0.3".parse().unwrap(),
+            dst: "10.1.0.1:8080".parse().unwrap(),
+        };
         for n in [1, 10, 25] {
             // In scope: ALLOW policies apply and none names the stranger.
             let (wl, ps) = (destination(n, true).unwrap(), policies(n, true).unwrap());
             let st = MeshState::build(vec![wl.clone()], vec![], ps).unwrap();
-            assert_ne!(st.authorize(&wl, &stranger), Decision::Allow, "{n} in scope");
+            assert_ne!(
+                st.authorize(&wl, &stranger),
+                Decision::Allow,
+                "{n} in scope"
+            );
             // Out of scope: nothing applies.
             let (wl, ps) = (destination(n, false).unwrap(), policies(n, false).unwrap());
             let st = MeshState::build(vec![wl.clone()], vec![], ps).unwrap();
-            assert_eq!(st.authorize(&wl, &stranger), Decision::Allow, "{n} out of scope");
+            assert_eq!(
+                st.authorize(&wl, &stranger),
+                Decision::Allow,
+                "{n} out of scope"
+            );
         }
         // The client is allowed either way (measure checks it before timing).
         assert!(measure(10).unwrap().in_scope_ns > 0.0);

@@ -16,7 +16,9 @@ use crate::{load, procstat};
 /// CAP_SYS_RESOURCE could raise. Each tunnel takes one in the client (the bench), one in
 /// the server app and one in each ztunnel.
 fn fd_limit() -> usize {
-    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(_, hard)| hard as usize).unwrap_or(1024)
+    nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(_, hard)| hard as usize)
+        .unwrap_or(1024)
 }
 
 /// Room each process keeps for its own files, listeners and pooled connections.
@@ -53,13 +55,31 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(quick: bool) -> Plan {
-        let wanted: Vec<usize> = if quick { vec![100, 500] } else { vec![1000, 10_000, 50_000] };
+        let wanted: Vec<usize> = if quick {
+            vec![100, 500]
+        } else {
+            vec![1000, 10_000, 50_000]
+        };
         let (limit, why) = ceiling();
         let mut sizes: Vec<usize> = wanted.iter().map(|&n| n.min(limit)).collect();
         sizes.dedup();
-        let capped = wanted.iter().copied().find(|&n| n > limit).map(|n| (n, why));
-        let (victim_duration, settle) = if quick { (Duration::from_secs(1), Duration::from_millis(500)) } else { (Duration::from_secs(5), Duration::from_secs(3)) };
-        Plan { sizes, capped, victim_rate: 200.0, victim_duration, settle }
+        let capped = wanted
+            .iter()
+            .copied()
+            .find(|&n| n > limit)
+            .map(|n| (n, why));
+        let (victim_duration, settle) = if quick {
+            (Duration::from_secs(1), Duration::from_millis(500))
+        } else {
+            (Duration::from_secs(5), Duration::from_secs(3))
+        };
+        Plan {
+            sizes,
+            capped,
+            victim_rate: 200.0,
+            victim_duration,
+            settle,
+        }
     }
 }
 
@@ -92,21 +112,42 @@ pub struct TunnelsCurve {
 }
 
 fn usage(env: &Env) -> (f64, f64) {
-    let rd: Vec<procstat::Reading> = env.proxy_pids().iter().filter_map(|(_, p)| procstat::read(*p)).collect();
-    (rd.iter().map(|r| r.rss_kib as f64 / 1024.0).sum(), rd.iter().map(|r| r.anon_kib as f64 / 1024.0).sum())
+    let rd: Vec<procstat::Reading> = env
+        .proxy_pids()
+        .iter()
+        .filter_map(|(_, p)| procstat::read(*p))
+        .collect();
+    (
+        rd.iter().map(|r| r.rss_kib as f64 / 1024.0).sum(),
+        rd.iter().map(|r| r.anon_kib as f64 / 1024.0).sum(),
+    )
 }
 
 pub fn run(plan: &Plan, bins: &Binaries) -> Result<TunnelsCurve> {
-    let mut env = Env::start(Mode::L4, 0, bins, crate::Outside::None).context("set up the L4 topology")?;
+    let mut env =
+        Env::start(Mode::L4, 0, bins, crate::Outside::None).context("set up the L4 topology")?;
     // Every tunnel joins the same two addresses (one client pod, one echo port): with the
     // default range (32768-60999, connect() preferring even ports) the kernel's search
     // for a free source port grows long past ~10,000 connections, in the client and in
     // the server pod where ztunnel delivers from the client's address. That is this
     // topology's cost, not the proxies': every netns of it gets the widest range.
-    let client = env.client_ns.file_name().and_then(|n| n.to_str()).context("client netns name")?.to_string();
-    let prefix = client.strip_suffix("-n1p1").context("client netns is n1p1")?;
+    let client = env
+        .client_ns
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("client netns name")?
+        .to_string();
+    let prefix = client
+        .strip_suffix("-n1p1")
+        .context("client netns is n1p1")?;
     for ns in ["n1p1", "n2p1", "n1", "n2"] {
-        mesh_tests::netsim::Netns { name: format!("{prefix}-{ns}") }.exec("sysctl", &["-qw", "net.ipv4.ip_local_port_range=1024 65535"])?;
+        mesh_tests::netsim::Netns {
+            name: format!("{prefix}-{ns}"),
+        }
+        .exec(
+            "sysctl",
+            &["-qw", "net.ipv4.ip_local_port_range=1024 65535"],
+        )?;
     }
     // Certificates and the pooled HBONE connection, as in the main suite.
     load::max_rate(&env.client_ns, env.http, 4, Duration::from_millis(500)).context("warm-up")?;
@@ -139,13 +180,24 @@ pub fn run(plan: &Plan, bins: &Binaries) -> Result<TunnelsCurve> {
         if n == 0 {
             base_rss = rss;
         }
-        let v = load::constant_rate(&env.client_ns, env.http, plan.victim_rate, 1, plan.victim_duration).context("victim")?;
+        let v = load::constant_rate(
+            &env.client_ns,
+            env.http,
+            plan.victim_rate,
+            1,
+            plan.victim_duration,
+        )
+        .context("victim")?;
         let p = TunnelsPoint {
             tunnels: established,
             open_seconds,
             rss_mib: rss,
             anon_mib: anon,
-            bytes_per_tunnel: if established > 0 { (rss - base_rss) * 1048576.0 / established as f64 } else { 0.0 },
+            bytes_per_tunnel: if established > 0 {
+                (rss - base_rss) * 1048576.0 / established as f64
+            } else {
+                0.0
+            },
             victim_rps: v.achieved_rps,
             victim_p50_us: v.latency.p50_us,
             victim_p99_us: v.latency.p99_us,

@@ -15,7 +15,9 @@ use socket2::{Domain, Socket, Type};
 /// One socket re-`connect()`ing to its own pod's address, port after port: every attempt
 /// is refused (nothing listens), and each one ran through connect4 and sockops.
 fn self_connect_loop(attacker: &Pod, attempts: u32) -> Result<u32> {
-    let std::net::IpAddr::V4(ip) = attacker.ip else { anyhow::bail!("this test runs on an IPv4 topology") };
+    let std::net::IpAddr::V4(ip) = attacker.ip else {
+        anyhow::bail!("this test runs on an IPv4 topology")
+    };
     attacker.netns.run(move || -> Result<u32> {
         let mut s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
         let mut refused = 0;
@@ -29,8 +31,12 @@ fn self_connect_loop(attacker: &Pod, attempts: u32) -> Result<u32> {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => refused += 1,
                 Err(e) => anyhow::bail!("connect {ip}:{port} on attempt {i}: {e}"),
                 // The kernel picked `port` as the source port too: TCP's self-connect.
-                Ok(()) if s.local_addr()?.as_socket().map(|a| a.port()) == Some(port) => s = Socket::new(Domain::IPV4, Type::STREAM, None)?,
-                Ok(()) => anyhow::bail!("{ip}:{port} accepted a connection; nothing should listen there"),
+                Ok(()) if s.local_addr()?.as_socket().map(|a| a.port()) == Some(port) => {
+                    s = Socket::new(Domain::IPV4, Type::STREAM, None)?
+                }
+                Ok(()) => {
+                    anyhow::bail!("{ip}:{port} accepted a connection; nothing should listen there")
+                }
             }
         }
         Ok(refused)
@@ -40,7 +46,15 @@ fn self_connect_loop(attacker: &Pod, attempts: u32) -> Result<u32> {
 /// Per-connection entries of node 1's pinned maps.
 fn occupancy(mesh: &Mesh) -> Result<HashMap<&'static str, usize>> {
     let seen = ztunnel_ebpf::inspect(&mesh.topo.bpffs.join("node1"))?;
-    Ok(["zt_local_conns", "zt_local_by_cookie", "zt_orig_by_cookie", "zt_orig_by_tuple"].into_iter().map(|m| (m, seen.entries(m))).collect())
+    Ok([
+        "zt_local_conns",
+        "zt_local_by_cookie",
+        "zt_orig_by_cookie",
+        "zt_orig_by_tuple",
+    ]
+    .into_iter()
+    .map(|m| (m, seen.entries(m)))
+    .collect())
 }
 
 async fn echo(from: &Pod, to: SocketAddr) -> Result<()> {
@@ -56,7 +70,11 @@ async fn traffic_works(mesh: &Mesh) -> Result<()> {
     let victim = SocketAddr::new(mesh.topo.pod("n1p2").ip, 8080);
     echo(mesh.topo.pod("n2p1"), victim).await?; // HBONE in from node 2
     echo(mesh.topo.pod("n1p3"), victim).await?; // same node
-    echo(mesh.topo.pod("n2p1"), SocketAddr::new(mesh.topo.pod("n1p1").ip, 8080)).await?;
+    echo(
+        mesh.topo.pod("n2p1"),
+        SocketAddr::new(mesh.topo.pod("n1p1").ip, 8080),
+    )
+    .await?;
     Ok(())
 }
 
@@ -73,7 +91,13 @@ async fn hostile_pod_cannot_exhaust_ebpf_maps() -> Result<()> {
         workload(&topo, "n1p3", "client", ""),
         workload(&topo, "n2p1", "client", "")
     );
-    let mut mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n1p3", "n2p1"], &HashMap::new(), &[])?;
+    let mut mesh = Mesh::start(
+        topo,
+        &cfg,
+        &["n1p1", "n1p2", "n1p3", "n2p1"],
+        &HashMap::new(),
+        &[],
+    )?;
     let _victim = EchoServer::start(&mesh.topo.pod("n1p2").netns, 8080, None)?;
     let _attacker_app = EchoServer::start(&mesh.topo.pod("n1p1").netns, 8080, None)?;
     traffic_works(&mesh).await?;
@@ -85,14 +109,23 @@ async fn hostile_pod_cannot_exhaust_ebpf_maps() -> Result<()> {
     let after = occupancy(&mesh)?;
     println!("after 70,000 self-connects: {after:?}");
     for (map, n) in &after {
-        ensure!(*n < 64, "{map} holds {n} entries after the attacker's self-connects");
+        ensure!(
+            *n < 64,
+            "{map} holds {n} entries after the attacker's self-connects"
+        );
     }
-    traffic_works(&mesh).await.map_err(|e| e.context(format!("after the self-connect flood: {}", mesh.logs())))?;
+    traffic_works(&mesh)
+        .await
+        .map_err(|e| e.context(format!("after the self-connect flood: {}", mesh.logs())))?;
 
     // A pod flooding captured connects (to an address outside the mesh, which refuses)
     // while another pod's connections through the same node proxy carry on.
     let stop = Arc::new(AtomicBool::new(false));
-    let victim = connect_loop(mesh.topo.pod("n1p3"), SocketAddr::new(mesh.topo.pod("n1p2").ip, 8080), stop.clone());
+    let victim = connect_loop(
+        mesh.topo.pod("n1p3"),
+        SocketAddr::new(mesh.topo.pod("n1p2").ip, 8080),
+        stop.clone(),
+    );
     let flooding = {
         let path = mesh.topo.pod("n1p1").netns.path();
         let stop = stop.clone();
@@ -112,20 +145,42 @@ async fn hostile_pod_cannot_exhaust_ebpf_maps() -> Result<()> {
     };
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop.store(true, Ordering::Relaxed);
-    let flooded = flooding.join().map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
-    let (ok, failed) = victim.join().map_err(|_| anyhow::anyhow!("victim thread panicked"))?;
-    println!("flood: {flooded} connects; victim: {ok} ok, {} failed", failed.len());
-    ensure!(failed.is_empty(), "the victim's connections failed during the flood: {:?}", &failed[..failed.len().min(5)]);
-    ensure!(ok > 10, "the victim made only {ok} connections during the flood");
+    let flooded = flooding
+        .join()
+        .map_err(|_| anyhow::anyhow!("flood thread panicked"))??;
+    let (ok, failed) = victim
+        .join()
+        .map_err(|_| anyhow::anyhow!("victim thread panicked"))?;
+    println!(
+        "flood: {flooded} connects; victim: {ok} ok, {} failed",
+        failed.len()
+    );
+    ensure!(
+        failed.is_empty(),
+        "the victim's connections failed during the flood: {:?}",
+        &failed[..failed.len().min(5)]
+    );
+    ensure!(
+        ok > 10,
+        "the victim made only {ok} connections during the flood"
+    );
 
     // A new ztunnel takes the pinned maps over: what it finds is bounded, and it works.
     let old = mesh.ztunnels.remove(0);
     drop(old);
     let z = mesh.spawn_ztunnel(1, "ztunnel-node1-restarted.log")?;
     mesh.ztunnels.insert(0, z);
-    wait_for("node 1's per-connection maps to drain", Duration::from_secs(10), || {
-        occupancy(&mesh).map(|o| o.values().all(|n| *n < 64)).unwrap_or(false)
-    })?;
-    traffic_works(&mesh).await.map_err(|e| e.context(format!("after a ztunnel restart: {}", mesh.logs())))?;
+    wait_for(
+        "node 1's per-connection maps to drain",
+        Duration::from_secs(10),
+        || {
+            occupancy(&mesh)
+                .map(|o| o.values().all(|n| *n < 64))
+                .unwrap_or(false)
+        },
+    )?;
+    traffic_works(&mesh)
+        .await
+        .map_err(|e| e.context(format!("after a ztunnel restart: {}", mesh.logs())))?;
     Ok(())
 }

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use mesh_tests::h2_raw::*;
-use mesh_tests::{hbone_peer, netsim};
 use mesh_tests::netsim::*;
+use mesh_tests::{hbone_peer, netsim};
 use rustls_pki_types::CertificateDer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use ztunnel::identity::Identity;
@@ -50,8 +50,15 @@ impl Hostile {
         let mesh = Mesh::start(topo, &cfg, &["n1p2", "n2p1", "n2p2"], &HashMap::new(), env)?;
         let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
         let t = &mesh.topo;
-        let echo = vec![EchoServer::start(&t.pod("n2p1").netns, 8080, None)?, EchoServer::start(&t.pod("n2p2").netns, 8080, None)?];
-        Ok(Hostile { mesh, ca, _echo: echo })
+        let echo = vec![
+            EchoServer::start(&t.pod("n2p1").netns, 8080, None)?,
+            EchoServer::start(&t.pod("n2p2").netns, 8080, None)?,
+        ];
+        Ok(Hostile {
+            mesh,
+            ca,
+            _echo: echo,
+        })
     }
 
     fn pod_addr(&self, pod: &str, port: u16) -> SocketAddr {
@@ -67,12 +74,22 @@ impl Hostile {
         let cert = self.ca.issue(&id(sa), Duration::from_secs(600))?;
         let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)?;
         let ck = rustls::sign::CertifiedKey::new(cert.chain.clone(), key);
-        Ok(ztunnel::tls::client_config(&ck, &[self.ca.root()], vec![id(server)])?)
+        Ok(ztunnel::tls::client_config(
+            &ck,
+            &[self.ca.root()],
+            vec![id(server)],
+        )?)
     }
 
     async fn metrics(&self, node: usize) -> Result<String> {
-        let mut s = self.mesh.topo.node(node).connect("127.0.0.1:15020".parse()?).await?;
-        s.write_all(b"GET /stats/prometheus HTTP/1.0\r\n\r\n").await?;
+        let mut s = self
+            .mesh
+            .topo
+            .node(node)
+            .connect("127.0.0.1:15020".parse()?)
+            .await?;
+        s.write_all(b"GET /stats/prometheus HTTP/1.0\r\n\r\n")
+            .await?;
         let mut out = String::new();
         s.read_to_string(&mut out).await?;
         Ok(out)
@@ -81,7 +98,11 @@ impl Hostile {
     async fn rejections(&self, reason: &str) -> Result<u64> {
         let text = self.metrics(2).await?;
         let prefix = format!("ztunnel_hbone_rejections_total{{reason=\"{reason}\"}} ");
-        Ok(text.lines().find_map(|l| l.strip_prefix(&prefix)).and_then(|v| v.trim().parse().ok()).unwrap_or(0))
+        Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0))
     }
 }
 
@@ -100,10 +121,20 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
         Ok(rustls::client::danger::ServerCertVerified::assertion())
     }
-    fn verify_tls12_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
-    fn verify_tls13_signature(&self, m: &[u8], c: &CertificateDer<'_>, d: &rustls::DigitallySignedStruct) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
@@ -111,7 +142,13 @@ impl rustls::client::danger::ServerCertVerifier for AnyServer {
     }
 }
 
-fn any_server_config(versions: &[&'static rustls::SupportedProtocolVersion], cert: Option<(Vec<CertificateDer<'static>>, rustls_pki_types::PrivateKeyDer<'static>)>) -> Result<rustls::ClientConfig> {
+fn any_server_config(
+    versions: &[&'static rustls::SupportedProtocolVersion],
+    cert: Option<(
+        Vec<CertificateDer<'static>>,
+        rustls_pki_types::PrivateKeyDer<'static>,
+    )>,
+) -> Result<rustls::ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let b = rustls::ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)?
@@ -124,25 +161,45 @@ fn any_server_config(versions: &[&'static rustls::SupportedProtocolVersion], cer
 }
 
 /// A leaf signed by the test mesh CA (files in `state`) with any URI SAN at all.
-fn leaf_with_san(state: &std::path::Path, san: &str) -> Result<(Vec<CertificateDer<'static>>, rustls_pki_types::PrivateKeyDer<'static>)> {
+fn leaf_with_san(
+    state: &std::path::Path,
+    san: &str,
+) -> Result<(
+    Vec<CertificateDer<'static>>,
+    rustls_pki_types::PrivateKeyDer<'static>,
+)> {
     let ca_key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(state.join("ca-key.pem"))?)?;
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&std::fs::read_to_string(state.join("ca-cert.pem"))?, ca_key)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(
+        &std::fs::read_to_string(state.join("ca-cert.pem"))?,
+        ca_key,
+    )?;
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut p = rcgen::CertificateParams::default();
     p.distinguished_name = rcgen::DistinguishedName::new();
     p.subject_alt_names = vec![rcgen::SanType::URI(san.to_string().try_into()?)];
-    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    p.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
     let cert = p.signed_by(&key, &issuer)?;
-    Ok((vec![cert.der().clone()], rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into())))
+    Ok((
+        vec![cert.der().clone()],
+        rustls_pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    ))
 }
 
 /// Sends one CONNECT on a raw connection and says whether a 200 came back.
 async fn connect_answered_200(h: &mut RawH2, authority: &str) -> bool {
-    if h.send(&frame(HEADERS, END_HEADERS, 1, &connect_block(authority))).await.is_err() {
+    if h.send(&frame(HEADERS, END_HEADERS, 1, &connect_block(authority)))
+        .await
+        .is_err()
+    {
         return false;
     }
     // HPACK static index 8 is ":status 200", sent as the single byte 0x88.
-    h.next_of(HEADERS, Duration::from_secs(3)).await.is_some_and(|f| f.3.first() == Some(&0x88))
+    h.next_of(HEADERS, Duration::from_secs(3))
+        .await
+        .is_some_and(|f| f.3.first() == Some(&0x88))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,11 +214,41 @@ async fn hostile_tls_peers_are_refused() -> Result<()> {
         (c.chain.clone(), c.key.clone_key())
     };
     let attempts: Vec<(&str, rustls::ClientConfig)> = vec![
-        ("no client certificate", any_server_config(&[&rustls::version::TLS13], None)?),
-        ("TLS 1.2 only", any_server_config(&[&rustls::version::TLS12], Some(mesh_leaf))?),
-        ("another trust domain", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "spiffe://evil.local/ns/default/sa/victim")?))?),
-        ("a SAN with an embedded NUL", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "spiffe://cluster.local/ns/default/sa/victim\0.evil")?))?),
-        ("a SAN that is no SPIFFE id", any_server_config(&[&rustls::version::TLS13], Some(leaf_with_san(&state, "https://cluster.local/victim")?))?),
+        (
+            "no client certificate",
+            any_server_config(&[&rustls::version::TLS13], None)?,
+        ),
+        (
+            "TLS 1.2 only",
+            any_server_config(&[&rustls::version::TLS12], Some(mesh_leaf))?,
+        ),
+        (
+            "another trust domain",
+            any_server_config(
+                &[&rustls::version::TLS13],
+                Some(leaf_with_san(
+                    &state,
+                    "spiffe://evil.local/ns/default/sa/victim",
+                )?),
+            )?,
+        ),
+        (
+            "a SAN with an embedded NUL",
+            any_server_config(
+                &[&rustls::version::TLS13],
+                Some(leaf_with_san(
+                    &state,
+                    "spiffe://cluster.local/ns/default/sa/victim\0.evil",
+                )?),
+            )?,
+        ),
+        (
+            "a SAN that is no SPIFFE id",
+            any_server_config(
+                &[&rustls::version::TLS13],
+                Some(leaf_with_san(&state, "https://cluster.local/victim")?),
+            )?,
+        ),
     ];
     for (what, cfg) in attempts {
         let answered = match RawH2::connect(h.attacker(), server, cfg).await {
@@ -170,10 +257,16 @@ async fn hostile_tls_peers_are_refused() -> Result<()> {
         };
         assert!(!answered, "{what}: the tunnel was opened");
     }
-    wait_for_async("TLS refusals counted", || async { Ok(h.rejections("tls_handshake").await? >= before + 5) }).await?;
+    wait_for_async("TLS refusals counted", || async {
+        Ok(h.rejections("tls_handshake").await? >= before + 5)
+    })
+    .await?;
     // A proper mesh peer on the same path works.
     let mut raw = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
-    assert!(connect_answered_200(&mut raw, &target).await, "a valid mesh client was refused");
+    assert!(
+        connect_answered_200(&mut raw, &target).await,
+        "a valid mesh client was refused"
+    );
     Ok(())
 }
 
@@ -181,44 +274,106 @@ async fn hostile_tls_peers_are_refused() -> Result<()> {
 async fn lying_hbone_requests_are_refused() -> Result<()> {
     let h = Hostile::start("hb")?;
     let attacker = id("attacker");
-    let n2p1 = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("server"), h.pod_addr("n2p1", 15008)).await?;
+    let n2p1 = hbone_peer::connect(
+        h.attacker(),
+        &h.ca,
+        &attacker,
+        id("server"),
+        h.pod_addr("n2p1", 15008),
+    )
+    .await?;
     let bad = |a: SocketAddr| hbone_peer::connect_req(&a.to_string());
     let before = h.rejections("bad_request").await?;
     // The CONNECT target must be the pod the connection reached, never a proxy port, never
     // a pod elsewhere.
-    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n2p2", 8080))).await?, 400, "another pod on the node");
-    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n1p2", 8080))).await?, 400, "a pod on another node");
-    assert_eq!(hbone_peer::status(&n2p1, bad(h.pod_addr("n2p1", 15001))).await?, 400, "the proxy's own port");
-    assert_eq!(hbone_peer::status(&n2p1, hbone_peer::connect_req("echo.default.svc:8080")).await?, 400, "a hostname");
+    assert_eq!(
+        hbone_peer::status(&n2p1, bad(h.pod_addr("n2p2", 8080))).await?,
+        400,
+        "another pod on the node"
+    );
+    assert_eq!(
+        hbone_peer::status(&n2p1, bad(h.pod_addr("n1p2", 8080))).await?,
+        400,
+        "a pod on another node"
+    );
+    assert_eq!(
+        hbone_peer::status(&n2p1, bad(h.pod_addr("n2p1", 15001))).await?,
+        400,
+        "the proxy's own port"
+    );
+    assert_eq!(
+        hbone_peer::status(&n2p1, hbone_peer::connect_req("echo.default.svc:8080")).await?,
+        400,
+        "a hostname"
+    );
     // A service's hostname (double HBONE's target) reaches only a pod of that service,
     // on the port the service maps it to; a network claim changes nothing of that.
-    let (status, back) = hbone_peer::roundtrip(&n2p1, "server.default.svc.cluster.local:80", b"by name").await?;
+    let (status, back) =
+        hbone_peer::roundtrip(&n2p1, "server.default.svc.cluster.local:80", b"by name").await?;
     assert_eq!((status.as_u16(), back.as_slice()), (200, &b"by name"[..]));
-    let n2p2_as_server = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("guarded"), h.pod_addr("n2p2", 15008)).await?;
+    let n2p2_as_server = hbone_peer::connect(
+        h.attacker(),
+        &h.ca,
+        &attacker,
+        id("guarded"),
+        h.pod_addr("n2p2", 15008),
+    )
+    .await?;
     let other_pods_service = http::Request::builder()
         .method("CONNECT")
         .uri("server.default.svc.cluster.local:80")
         .header("x-forwarded-network", "elsewhere")
         .body(())?;
-    assert_eq!(hbone_peer::status(&n2p2_as_server, other_pods_service).await?, 400, "another pod's service");
-    assert_eq!(hbone_peer::status(&n2p1, hbone_peer::connect_req("server.default.svc.cluster.local:81")).await?, 400, "a port the service does not have");
-    wait_for_async("bad requests counted", || async { Ok(h.rejections("bad_request").await? >= before + 6) }).await?;
+    assert_eq!(
+        hbone_peer::status(&n2p2_as_server, other_pods_service).await?,
+        400,
+        "another pod's service"
+    );
+    assert_eq!(
+        hbone_peer::status(
+            &n2p1,
+            hbone_peer::connect_req("server.default.svc.cluster.local:81")
+        )
+        .await?,
+        400,
+        "a port the service does not have"
+    );
+    wait_for_async("bad requests counted", || async {
+        Ok(h.rejections("bad_request").await? >= before + 6)
+    })
+    .await?;
 
     // Headers claiming to be the victim change nothing: identity comes from the certificate.
-    let n2p2 = hbone_peer::connect(h.attacker(), &h.ca, &attacker, id("guarded"), h.pod_addr("n2p2", 15008)).await?;
+    let n2p2 = hbone_peer::connect(
+        h.attacker(),
+        &h.ca,
+        &attacker,
+        id("guarded"),
+        h.pod_addr("n2p2", 15008),
+    )
+    .await?;
     let victim_ip = h.mesh.topo.pod("n1p2").ip;
     let lying = http::Request::builder()
         .method("CONNECT")
         .uri(h.pod_addr("n2p2", 8080).to_string())
         .header("forwarded", format!("for=\"{victim_ip}:40000\""))
-        .header("baggage", "k8s.namespace.name=default,k8s.pod.name=n1p2,service.name=victim")
-        .header("x-forwarded-client-cert", "URI=spiffe://cluster.local/ns/default/sa/victim")
+        .header(
+            "baggage",
+            "k8s.namespace.name=default,k8s.pod.name=n1p2,service.name=victim",
+        )
+        .header(
+            "x-forwarded-client-cert",
+            "URI=spiffe://cluster.local/ns/default/sa/victim",
+        )
         .body(())?;
     assert_eq!(hbone_peer::status(&n2p2, lying).await?, 401);
 
     // Data sent before the answer to a denied CONNECT never reaches the app.
     let mut send = n2p2.clone().ready().await?;
-    let (resp, mut body) = send.send_request(hbone_peer::connect_req(&h.pod_addr("n2p2", 8080).to_string()), false)?;
+    let (resp, mut body) = send.send_request(
+        hbone_peer::connect_req(&h.pod_addr("n2p2", 8080).to_string()),
+        false,
+    )?;
     let _ = body.send_data(bytes::Bytes::from_static(b"smuggled bytes"), false);
     let resp = tokio::time::timeout(Duration::from_secs(5), resp).await??;
     assert_eq!(resp.status(), 401);
@@ -227,9 +382,16 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
     // the denied CONNECT made (with its bytes) would have been there first.
     let victim = h.mesh.topo.pod("n1p2");
     let mut s = victim.netns.connect(h.pod_addr("n2p2", 8080)).await?;
-    assert_eq!(tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"allowed")).await??, b"allowed");
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"allowed")).await??,
+        b"allowed"
+    );
     let peers: Vec<_> = h._echo[1].peers().iter().map(|p| p.ip()).collect();
-    assert_eq!(peers, [victim.ip], "only the allowed victim reached the guarded app");
+    assert_eq!(
+        peers,
+        [victim.ip],
+        "only the allowed victim reached the guarded app"
+    );
     Ok(())
 }
 
@@ -257,12 +419,16 @@ async fn a_spoofed_source_ip_gains_nothing() -> Result<()> {
         Ok(out)
     })?;
     let spoofed_ip = std::net::IpAddr::from(spoofed);
-    assert!(!h._echo[0].peers().iter().any(|p| p.ip() == spoofed_ip), "the app saw the spoofed address");
+    assert!(
+        !h._echo[0].peers().iter().any(|p| p.ip() == spoofed_ip),
+        "the app saw the spoofed address"
+    );
     if let Ok(out) = attempt {
         if out == b"who am i" {
             // It went through: as the victim pod, from its real address.
             assert_eq!(h._echo[0].peers().last().map(|p| p.ip()), Some(victim.ip));
-            h.mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/victim"])?;
+            h.mesh
+                .wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/victim"])?;
         }
     }
     // The guarded pod admits only sa/victim: an unenrolled host claiming the victim's
@@ -271,21 +437,33 @@ async fn a_spoofed_source_ip_gains_nothing() -> Result<()> {
         let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
         s.set_freebind_v4(true)?;
         s.bind(&SocketAddr::from((std::net::Ipv4Addr::new(10, 10, 1, 12), 0)).into())?;
-        s.connect_timeout(&SocketAddr::from((std::net::Ipv4Addr::new(10, 10, 2, 12), 8080)).into(), Duration::from_secs(3))
+        s.connect_timeout(
+            &SocketAddr::from((std::net::Ipv4Addr::new(10, 10, 2, 12), 8080)).into(),
+            Duration::from_secs(3),
+        )
     })?;
     let _ = spoof_host;
-    assert!(h._echo[1].peers().is_empty(), "a spoofed host reached the guarded app");
+    assert!(
+        h._echo[1].peers().is_empty(),
+        "a spoofed host reached the guarded app"
+    );
     Ok(())
 }
 
 /// The victim's round trips on one open connection until `stop`: (latencies, failures).
-fn victim_loop(pod: &Pod, to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(Vec<Duration>, usize)> {
+fn victim_loop(
+    pod: &Pod,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<Duration>, usize)> {
     let path = pod.netns.path();
     std::thread::spawn(move || {
         use std::io::{Read, Write};
         let mut lat = Vec::new();
         let mut failed = 0;
-        let Ok(ns) = std::fs::File::open(&path) else { return (lat, 1) };
+        let Ok(ns) = std::fs::File::open(&path) else {
+            return (lat, 1);
+        };
         if nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).is_err() {
             return (lat, 1);
         }
@@ -320,7 +498,9 @@ fn victim_loop(pod: &Pod, to: SocketAddr, stop: Arc<AtomicBool>) -> std::thread:
 
 fn percentile(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
-    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1))).copied().unwrap_or_default()
+    v.get(((v.len() as f64 * p) as usize).min(v.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
 }
 
 async fn wait_for_async<F, Fut>(what: &str, mut f: F) -> Result<()>
@@ -357,7 +537,11 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
     assert_eq!(failed, 0);
     assert!(!base.is_empty(), "the victim made no round trip");
     let base_p50 = percentile(&mut base, 0.5);
-    println!("victim baseline: {} round trips, p50 {base_p50:?}, p99 {:?}", base.len(), percentile(&mut base, 0.99));
+    println!(
+        "victim baseline: {} round trips, p50 {base_p50:?}, p99 {:?}",
+        base.len(),
+        percentile(&mut base, 0.99)
+    );
     // What "keeps flowing" means: the victim's median round trip during an attack stays
     // within 10x the baseline median measured above, or 5 ms if more (this machine:
     // baseline ~0.3 ms, attacks ~0.3-0.4 ms). Generous because the suites run side by
@@ -373,10 +557,15 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
         ("too many streams", ""),
     ];
     for (name, reason) in attacks {
-        let before = if reason.is_empty() { 0 } else { h.rejections(reason).await? };
+        let before = if reason.is_empty() {
+            0
+        } else {
+            h.rejections(reason).await?
+        };
         let stop = Arc::new(AtomicBool::new(false));
         let v = victim_loop(victim, victim_to, stop.clone());
-        let mut raw = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
+        let mut raw =
+            RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
         let started = Instant::now();
         match name {
             "rapid reset" => {
@@ -392,15 +581,21 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
             }
             "CONTINUATION flood" => {
                 let junk = header_block(&[("x-junk", &"a".repeat(100))]);
-                let _ = raw.send(&frame(HEADERS, 0, 1, &connect_block(&target))).await;
+                let _ = raw
+                    .send(&frame(HEADERS, 0, 1, &connect_block(&target)))
+                    .await;
                 for _ in 0..100_000 {
-                    if raw.send(&frame(CONTINUATION, 0, 1, &junk)).await.is_err() || raw.is_closed() {
+                    if raw.send(&frame(CONTINUATION, 0, 1, &junk)).await.is_err() || raw.is_closed()
+                    {
                         break;
                     }
                 }
             }
             "empty DATA flood" => {
-                assert!(connect_answered_200(&mut raw, &target).await, "the flood's stream was not opened");
+                assert!(
+                    connect_answered_200(&mut raw, &target).await,
+                    "the flood's stream was not opened"
+                );
                 let burst: Vec<u8> = (0..1000).flat_map(|_| frame(DATA, 0, 1, &[])).collect();
                 for _ in 0..1000 {
                     if raw.send(&burst).await.is_err() || raw.is_closed() {
@@ -412,7 +607,12 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
                 // 300 concurrent CONNECTs on one connection; the server allows 200.
                 let mut all = Vec::new();
                 for i in 0..300u32 {
-                    all.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &connect_block(&target)));
+                    all.extend(frame(
+                        HEADERS,
+                        END_HEADERS,
+                        2 * i + 1,
+                        &connect_block(&target),
+                    ));
                 }
                 raw.send(&all).await?;
             }
@@ -435,8 +635,14 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
             assert_eq!(refused, 100, "{name}: {opened} opened");
             assert!(opened <= 200, "{name}: {opened} streams opened");
         } else {
-            assert!(raw.wait_closed(Duration::from_secs(10)).await, "{name}: the attacker's connection was not closed");
-            wait_for_async(&format!("{name} counted"), || async { Ok(h.rejections(reason).await? > before) }).await?;
+            assert!(
+                raw.wait_closed(Duration::from_secs(10)).await,
+                "{name}: the attacker's connection was not closed"
+            );
+            wait_for_async(&format!("{name} counted"), || async {
+                Ok(h.rejections(reason).await? > before)
+            })
+            .await?;
         }
         let took = started.elapsed();
         // The victim's figures cover the attack and its aftermath: at least a second.
@@ -446,7 +652,11 @@ async fn http2_floods_are_cut_off_while_other_tenants_keep_flowing() -> Result<(
         assert_eq!(failed, 0, "{name}: the victim's round trips failed");
         assert!(!lat.is_empty(), "{name}: the victim made no round trip");
         let p50 = percentile(&mut lat, 0.5);
-        println!("{name}: attack ended in {took:?}; victim {} round trips, p50 {p50:?}, p99 {:?}", lat.len(), percentile(&mut lat, 0.99));
+        println!(
+            "{name}: attack ended in {took:?}; victim {} round trips, p50 {p50:?}, p99 {:?}",
+            lat.len(),
+            percentile(&mut lat, 0.99)
+        );
         assert!(p50 <= p50_bound, "{name}: the victim's median round trip {p50:?} exceeds {p50_bound:?} (baseline median {base_p50:?})");
     }
     Ok(())
@@ -484,14 +694,25 @@ async fn a_forged_proxy_header_in_plaintext_carries_no_identity() -> Result<()> 
     s.write_all(&forged).await?;
     s.write_all(b"hello").await?;
     s.shutdown().await?;
-    let (first, rest) = tokio::time::timeout(Duration::from_secs(10), app).await??.map_err(|e| anyhow::anyhow!("app: {e:#}"))?;
-    assert_eq!(first.peer_identity(), None, "the app was handed an identity from a plaintext client: {first:?}");
+    let (first, rest) = tokio::time::timeout(Duration::from_secs(10), app)
+        .await??
+        .map_err(|e| anyhow::anyhow!("app: {e:#}"))?;
+    assert_eq!(
+        first.peer_identity(),
+        None,
+        "the app was handed an identity from a plaintext client: {first:?}"
+    );
     assert!(first.tlv(TLV_PEER_IDENTITY).is_none());
-    let Addresses::Ip { src, .. } = first.addresses else { panic!("no addresses in {first:?}") };
+    let Addresses::Ip { src, .. } = first.addresses else {
+        panic!("no addresses in {first:?}")
+    };
     assert_eq!(src.ip(), outsider.ip, "the header names the real client");
     let mut expected = forged.clone();
     expected.extend_from_slice(b"hello");
-    assert_eq!(rest, expected, "the client's bytes, its forged header included, arrive as payload");
+    assert_eq!(
+        rest, expected,
+        "the client's bytes, its forged header included, arrive as payload"
+    );
     Ok(())
 }
 
@@ -504,7 +725,11 @@ async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
     let topo = Topology::build(&prefix("hs"), &[1, 1])?;
     // n1p1 is not enrolled (no capture): its process speaks HBONE by hand from its address,
     // which the mesh knows as `sa/owner`'s.
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "owner", ""), workload(&topo, "n2p1", "server", ""));
+    let cfg = format!(
+        "workloads:\n{}{}",
+        workload(&topo, "n1p1", "owner", ""),
+        workload(&topo, "n2p1", "server", "")
+    );
     let mesh = Mesh::start(topo, &cfg, &["n2p1"], &HashMap::new(), &[])?;
     let ca = hbone_peer::load_ca(&mesh.topo.dir.join("ca"))?;
     let _echo = EchoServer::start(&mesh.topo.pod("n2p1").netns, 8080, None)?;
@@ -512,9 +737,17 @@ async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
     let hbone = SocketAddr::new(server.ip, 15008);
     let target = SocketAddr::new(server.ip, 8080).to_string();
     let impostor = hbone_peer::connect(from, &ca, &id("attacker"), id("server"), hbone).await?;
-    assert_eq!(hbone_peer::status(&impostor, hbone_peer::connect_req(&target)).await?, 401, "another identity from sa/owner's address");
+    assert_eq!(
+        hbone_peer::status(&impostor, hbone_peer::connect_req(&target)).await?,
+        401,
+        "another identity from sa/owner's address"
+    );
     let owner = hbone_peer::connect(from, &ca, &id("owner"), id("server"), hbone).await?;
-    assert_eq!(hbone_peer::status(&owner, hbone_peer::connect_req(&target)).await?, 200, "the address's own identity");
+    assert_eq!(
+        hbone_peer::status(&owner, hbone_peer::connect_req(&target)).await?,
+        200,
+        "the address's own identity"
+    );
     mesh.wait_logs(&["source address belongs to another workload"])?;
     Ok(())
 }
@@ -529,18 +762,30 @@ async fn a_source_address_of_another_identity_is_refused() -> Result<()> {
 async fn a_handshake_flood_from_one_source_does_not_starve_others() -> Result<()> {
     const PER_IP: usize = 4;
     const FLOOD: usize = 100;
-    let h = Hostile::start_with("he", &[("HBONE_MAX_HANDSHAKES", "16"), ("HBONE_MAX_HANDSHAKES_PER_IP", "4")])?;
+    let h = Hostile::start_with(
+        "he",
+        &[
+            ("HBONE_MAX_HANDSHAKES", "16"),
+            ("HBONE_MAX_HANDSHAKES_PER_IP", "4"),
+        ],
+    )?;
     let server = h.pod_addr("n2p1", 15008);
     let before = h.rejections("handshake_limit").await?;
     // A TLS record header announcing a 512-byte ClientHello, then its first bytes only.
-    let partial_hello: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+    let partial_hello: &[u8] = &[
+        0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
+    ];
     let mut flood = Vec::new();
     for i in 0..FLOOD {
         let opened = Instant::now();
         let mut s = match h.attacker().connect(server).await {
             Ok(s) => s,
             // Reset before connect(2) even returned: closed at once.
-            Err(e) if e.root_cause().downcast_ref::<std::io::Error>().is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) => {
+            Err(e)
+                if e.root_cause()
+                    .downcast_ref::<std::io::Error>()
+                    .is_some_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset) =>
+            {
                 flood.push(tokio::spawn(async { Some(Duration::ZERO) }));
                 continue;
             }
@@ -564,22 +809,45 @@ async fn a_handshake_flood_from_one_source_does_not_starve_others() -> Result<()
     let victim = h.mesh.topo.pod("n1p2");
     let t = Instant::now();
     let mut s = victim.netns.connect(h.pod_addr("n2p1", 8080)).await?;
-    let echoed = tokio::time::timeout(Duration::from_secs(3), echo_roundtrip(&mut s, b"still here")).await;
+    let echoed = tokio::time::timeout(
+        Duration::from_secs(3),
+        echo_roundtrip(&mut s, b"still here"),
+    )
+    .await;
     let took = t.elapsed();
-    assert_eq!(echoed.map_err(|_| anyhow::anyhow!("the victim got no answer within 3 s"))??, b"still here");
+    assert_eq!(
+        echoed.map_err(|_| anyhow::anyhow!("the victim got no answer within 3 s"))??,
+        b"still here"
+    );
     println!("victim's request during the flood: {took:?}");
     let mut closed = Vec::new();
     for f in flood {
-        closed.push(f.await?.ok_or_else(|| anyhow::anyhow!("a flooding connection was still open after 15 s"))?);
+        closed.push(
+            f.await?.ok_or_else(|| {
+                anyhow::anyhow!("a flooding connection was still open after 15 s")
+            })?,
+        );
     }
     closed.sort();
     let slowest = closed[FLOOD - 1];
-    let at_once = closed.iter().filter(|d| **d < Duration::from_secs(1)).count();
+    let at_once = closed
+        .iter()
+        .filter(|d| **d < Duration::from_secs(1))
+        .count();
     println!("flood: {at_once} of {FLOOD} closed within 1 s, the slowest after {slowest:?}");
-    assert!(at_once >= FLOOD - PER_IP, "only {at_once} of {FLOOD} over-limit connections were closed at once: {closed:?}");
-    assert!(slowest <= Duration::from_millis(6500), "a stalled handshake was held {slowest:?}, past the 5 s deadline");
+    assert!(
+        at_once >= FLOOD - PER_IP,
+        "only {at_once} of {FLOOD} over-limit connections were closed at once: {closed:?}"
+    );
+    assert!(
+        slowest <= Duration::from_millis(6500),
+        "a stalled handshake was held {slowest:?}, past the 5 s deadline"
+    );
     let counted = h.rejections("handshake_limit").await? - before;
-    assert!(counted >= (FLOOD - PER_IP) as u64, "{counted} refusals counted");
+    assert!(
+        counted >= (FLOOD - PER_IP) as u64,
+        "{counted} refusals counted"
+    );
     Ok(())
 }
 
@@ -595,20 +863,43 @@ async fn an_hbone_connection_without_streams_is_closed_when_idle() -> Result<()>
 
     let t = Instant::now();
     let mut idle = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
-    assert!(idle.wait_closed(Duration::from_secs(5)).await, "an HBONE connection without streams stayed open");
+    assert!(
+        idle.wait_closed(Duration::from_secs(5)).await,
+        "an HBONE connection without streams stayed open"
+    );
     let took = t.elapsed();
-    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the idle timeout"
+    );
     let g = goaway(idle.drain()).ok_or_else(|| anyhow::anyhow!("closed without GOAWAY"))?;
-    assert_eq!(g.3.get(4..8), Some(&0u32.to_be_bytes()[..]), "GOAWAY carries NO_ERROR");
+    assert_eq!(
+        g.3.get(4..8),
+        Some(&0u32.to_be_bytes()[..]),
+        "GOAWAY carries NO_ERROR"
+    );
     println!("idle connection closed after {took:?}");
 
     let mut busy = RawH2::connect(h.attacker(), server, h.mesh_tls("attacker", "server")?).await?;
-    assert!(connect_answered_200(&mut busy, &target).await, "the stream was not opened");
+    assert!(
+        connect_answered_200(&mut busy, &target).await,
+        "the stream was not opened"
+    );
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(!busy.is_closed(), "a connection with an open stream was closed as idle");
-    assert!(goaway(busy.drain()).is_none(), "GOAWAY on a connection with an open stream");
-    busy.send(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes())).await?;
-    assert!(busy.wait_closed(Duration::from_secs(5)).await, "the connection stayed open after its last stream ended");
+    assert!(
+        !busy.is_closed(),
+        "a connection with an open stream was closed as idle"
+    );
+    assert!(
+        goaway(busy.drain()).is_none(),
+        "GOAWAY on a connection with an open stream"
+    );
+    busy.send(&frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()))
+        .await?;
+    assert!(
+        busy.wait_closed(Duration::from_secs(5)).await,
+        "the connection stayed open after its last stream ended"
+    );
     Ok(())
 }
 
@@ -622,8 +913,18 @@ async fn a_silent_hbone_peer_fails_every_waiting_client_within_the_connect_timeo
     let topo = Topology::build(&prefix("hz"), &[1, 1])?;
     // n2p1 is in the mesh as an HBONE workload but not enrolled: what listens on its
     // 15008 is the silent peer below.
-    let cfg = format!("workloads:\n{}{}", workload(&topo, "n1p1", "client", ""), workload(&topo, "n2p1", "silent", ""));
-    let mesh = Mesh::start(topo, &cfg, &["n1p1"], &HashMap::new(), &[("CONNECT_TIMEOUT_MS", "1500")])?;
+    let cfg = format!(
+        "workloads:\n{}{}",
+        workload(&topo, "n1p1", "client", ""),
+        workload(&topo, "n2p1", "silent", "")
+    );
+    let mesh = Mesh::start(
+        topo,
+        &cfg,
+        &["n1p1"],
+        &HashMap::new(),
+        &[("CONNECT_TIMEOUT_MS", "1500")],
+    )?;
     let silent = mesh.topo.pod("n2p1").netns.listen(15008)?;
     let held = tokio::spawn(async move {
         let mut held = Vec::new();
@@ -655,9 +956,15 @@ async fn a_silent_hbone_peer_fails_every_waiting_client_within_the_connect_timeo
     }
     for w in waits {
         let (ended, took) = w.await?;
-        assert!(ended, "a client connection to a silent HBONE peer was still open after 8 s");
+        assert!(
+            ended,
+            "a client connection to a silent HBONE peer was still open after 8 s"
+        );
         println!("client released after {took:?}");
-        assert!(took <= TIMEOUT + Duration::from_millis(1500), "released after {took:?}, long past the {TIMEOUT:?} connect timeout");
+        assert!(
+            took <= TIMEOUT + Duration::from_millis(1500),
+            "released after {took:?}, long past the {TIMEOUT:?} connect timeout"
+        );
     }
     mesh.wait_logs(&["did not complete within the connect timeout"])?;
     held.abort();

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use mesh_tests::jwt::{b64url, es256_key, rs256_key, sign};
-use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
 use mesh_tests::netsim::*;
+use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
 
 mod crl;
 mod idle;
@@ -43,10 +43,18 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     let data = pattern(256 * 1024, 5);
     let mut s = client.netns.connect("10.96.0.10:80".parse()?).await?;
     assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
-    wait_for("waypoint log", Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
+    wait_for("waypoint log", Duration::from_secs(5), || {
+        waypoint.log_text().contains("connection complete")
+    })?;
     let wl = waypoint.log_text();
-    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"), "{wl}");
-    assert!(wl.contains("dst.workload=n2p1") && wl.contains("bytes_sent=262144"), "{wl}");
+    assert!(
+        wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client"),
+        "{wl}"
+    );
+    assert!(
+        wl.contains("dst.workload=n2p1") && wl.contains("bytes_sent=262144"),
+        "{wl}"
+    );
     mesh.wait_logs(&[
         &format!("dst.addr={wp_ip}:15008"),
         "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint",
@@ -58,10 +66,16 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
 
     // Direct pod traffic has no waypoint in this config: it goes straight to node2.
     let before = waypoint.log_text().matches("connection complete").count();
-    let mut s = client.netns.connect(SocketAddr::new(server_ip, 8080)).await?;
+    let mut s = client
+        .netns
+        .connect(SocketAddr::new(server_ip, 8080))
+        .await?;
     assert_eq!(echo_roundtrip(&mut s, b"direct").await?, b"direct");
     mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/client"])?;
-    assert_eq!(waypoint.log_text().matches("connection complete").count(), before);
+    assert_eq!(
+        waypoint.log_text().matches("connection complete").count(),
+        before
+    );
 
     // A service whose waypoint is unknown fails instead of skipping the waypoint.
     let r = tokio::time::timeout(Duration::from_secs(5), async {
@@ -69,7 +83,10 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
         echo_roundtrip(&mut s, b"around?").await
     })
     .await?;
-    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "traffic went around an unknown waypoint");
+    assert!(
+        r.map(|v| v.is_empty()).unwrap_or(true),
+        "traffic went around an unknown waypoint"
+    );
     mesh.wait_logs(&["waypoint /10.10.9.9 (not a known workload)"])?;
 
     // The waypoint relays only for destinations that use it: not to itself (a loop) and
@@ -78,26 +95,61 @@ async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
     let me = ztunnel::identity::Identity::new("cluster.local", "default", "client");
     let wp_id = ztunnel::identity::Identity::new("cluster.local", "default", "waypoint");
     let h = hbone_peer::connect(t.node(1), &ca, &me, wp_id, SocketAddr::new(wp_ip, 15008)).await?;
-    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{wp_ip}:8080"))).await?, 503);
-    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&format!("{server_ip}:8080"))).await?, 503);
-    assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req("10.96.0.10:80")).await?, 200);
+    assert_eq!(
+        hbone_peer::status(&h, hbone_peer::connect_req(&format!("{wp_ip}:8080"))).await?,
+        503
+    );
+    assert_eq!(
+        hbone_peer::status(&h, hbone_peer::connect_req(&format!("{server_ip}:8080"))).await?,
+        503
+    );
+    assert_eq!(
+        hbone_peer::status(&h, hbone_peer::connect_req("10.96.0.10:80")).await?,
+        200
+    );
     let wl = waypoint.log_text();
-    assert!(wl.contains("not a service or workload that uses this waypoint"), "{wl}");
+    assert!(
+        wl.contains("not a service or workload that uses this waypoint"),
+        "{wl}"
+    );
     Ok(())
 }
 
 /// Starts our waypoint binary in `pod`'s netns on the mesh file `cfg`; waits until ready.
-fn start_waypoint(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str) -> Result<netsim::Child> {
+fn start_waypoint(
+    t: &Topology,
+    pod: &str,
+    cfg: &std::path::Path,
+    log: &str,
+) -> Result<netsim::Child> {
     start_waypoint_with(t, pod, cfg, log, &[])
 }
 
 /// `start_waypoint` with more arguments.
-fn start_waypoint_with(t: &Topology, pod: &str, cfg: &std::path::Path, log: &str, extra: &[&str]) -> Result<netsim::Child> {
+fn start_waypoint_with(
+    t: &Topology,
+    pod: &str,
+    cfg: &std::path::Path,
+    log: &str,
+    extra: &[&str],
+) -> Result<netsim::Child> {
     let state = t.dir.join("ca");
     let (cfg, state) = (cfg.display().to_string(), state.display().to_string());
-    let mut args = vec!["--local-xds-path", &cfg, "--workload-uid", pod, "--state-dir", &state];
+    let mut args = vec![
+        "--local-xds-path",
+        &cfg,
+        "--workload-uid",
+        pod,
+        "--state-dir",
+        &state,
+    ];
     args.extend_from_slice(extra);
-    let w = t.pod(pod).netns.spawn(bins::waypoint(), &args, &[("RUST_LOG", "info")], &t.dir.join(log))?;
+    let w = t.pod(pod).netns.spawn(
+        bins::waypoint(),
+        &args,
+        &[("RUST_LOG", "info")],
+        &t.dir.join(log),
+    )?;
     w.wait_log("waypoint ready", READY)?;
     Ok(w)
 }
@@ -119,16 +171,40 @@ async fn an_ipv6_only_waypoint_carries_service_traffic() -> Result<()> {
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
     let t = &mesh.topo;
     let (client, server) = (t.pod("n1p1"), t.pod("n2p1"));
-    let waypoint = start_waypoint_with(t, "n1p2", &t.dir.join("mesh-node1.yaml"), "waypoint.log", &["--listen", "[::]:15008"])?;
+    let waypoint = start_waypoint_with(
+        t,
+        "n1p2",
+        &t.dir.join("mesh-node1.yaml"),
+        "waypoint.log",
+        &["--listen", "[::]:15008"],
+    )?;
     let echo = EchoServer::serve(server.netns.listen_on("[::]:8080".parse()?)?, None)?;
     let data = pattern(64 * 1024, 6);
     let mut s = client.netns.connect("[fd00:96::10]:80".parse()?).await?;
-    assert_eq!(echo_roundtrip(&mut s, &data).await.with_context(|| mesh.logs())?, data);
-    wait_for("waypoint log", Duration::from_secs(5), || waypoint.log_text().contains("connection complete"))?;
-    mesh.wait_logs(&[&format!("dst.addr={}", SocketAddr::new(wp_ip, 15008)), "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip), "the waypoint reached the endpoint over IPv6");
+    assert_eq!(
+        echo_roundtrip(&mut s, &data)
+            .await
+            .with_context(|| mesh.logs())?,
+        data
+    );
+    wait_for("waypoint log", Duration::from_secs(5), || {
+        waypoint.log_text().contains("connection complete")
+    })?;
+    mesh.wait_logs(&[
+        &format!("dst.addr={}", SocketAddr::new(wp_ip, 15008)),
+        "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint",
+    ])?;
+    assert_eq!(
+        echo.peers().last().map(|p| p.ip()),
+        Some(wp_ip),
+        "the waypoint reached the endpoint over IPv6"
+    );
     let wl = waypoint.log_text();
-    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
+    assert!(
+        wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client")
+            && wl.contains("dst.workload=n2p1"),
+        "{wl}"
+    );
     Ok(())
 }
 
@@ -145,7 +221,12 @@ fn spiffe(sa: &str) -> ztunnel::identity::Identity {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     let topo = Topology::build(&prefix("ww"), &[2, 2])?;
-    let (client_ip, wp_ip, server_ip, locked_ip) = (topo.pod("n1p1").ip, topo.pod("n1p2").ip, topo.pod("n2p1").ip, topo.pod("n2p2").ip);
+    let (client_ip, wp_ip, server_ip, locked_ip) = (
+        topo.pod("n1p1").ip,
+        topo.pod("n1p2").ip,
+        topo.pod("n2p1").ip,
+        topo.pod("n2p2").ip,
+    );
     let behind = format!(", waypoint: {{destination: \"/{wp_ip}\"}}");
     let cfg = format!(
         "workloads:\n{}{}{}{}services:\n\
@@ -169,29 +250,61 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     let data = pattern(64 * 1024, 3);
     let mut s = client.connect(SocketAddr::new(server_ip, 8080)).await?;
     assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
-    wait_for("the waypoint's log line", Duration::from_secs(5), || relayed() == 1)?;
+    wait_for("the waypoint's log line", Duration::from_secs(5), || {
+        relayed() == 1
+    })?;
     let wl = waypoint.log_text();
-    assert!(wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client") && wl.contains("dst.workload=n2p1"), "{wl}");
-    assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip), "the pod's peer is the waypoint");
-    mesh.wait_logs(&[&format!("dst.addr={wp_ip}:15008"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+    assert!(
+        wl.contains("src.identity=spiffe://cluster.local/ns/default/sa/client")
+            && wl.contains("dst.workload=n2p1"),
+        "{wl}"
+    );
+    assert_eq!(
+        echo.peers().last().map(|p| p.ip()),
+        Some(wp_ip),
+        "the pod's peer is the waypoint"
+    );
+    mesh.wait_logs(&[
+        &format!("dst.addr={wp_ip}:15008"),
+        "src.identity=spiffe://cluster.local/ns/default/sa/waypoint",
+    ])?;
 
     // HTTP to the pod: served by the waypoint (its client-certificate header names the client).
-    let mut h = http_app::H1Client::connect(client, SocketAddr::new(server_ip, 9080), "n2p1").await?;
+    let mut h =
+        http_app::H1Client::connect(client, SocketAddr::new(server_ip, 9080), "n2p1").await?;
     let r = h.get("/hello").await?;
-    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{}", r.body);
+    assert_eq!(
+        (r.status.as_u16(), r.pod().as_str()),
+        (200, "n2p1"),
+        "{}",
+        r.body
+    );
     let xfcc = r.echoed("x-forwarded-client-cert");
-    assert!(xfcc.iter().any(|v| v.contains("URI=spiffe://cluster.local/ns/default/sa/client")), "{xfcc:?}");
-    wait_for("the waypoint's request log", Duration::from_secs(5), || waypoint.log_text().contains("request complete"))?;
+    assert!(
+        xfcc.iter()
+            .any(|v| v.contains("URI=spiffe://cluster.local/ns/default/sa/client")),
+        "{xfcc:?}"
+    );
+    wait_for("the waypoint's request log", Duration::from_secs(5), || {
+        waypoint.log_text().contains("request complete")
+    })?;
 
     // Through the service (which has no waypoint): straight to the pod, not via the waypoint.
     let mut s = client.connect("10.96.0.10:80".parse()?).await?;
     assert_eq!(echo_roundtrip(&mut s, b"by service").await?, b"by service");
     assert_eq!(echo.peers().last().map(|p| p.ip()), Some(client_ip));
-    assert_eq!(relayed(), 1, "service traffic went through the workload's waypoint");
+    assert_eq!(
+        relayed(),
+        1,
+        "service traffic went through the workload's waypoint"
+    );
 
     // A pod whose policy admits only the waypoint: reached through it.
     let mut s = client.connect(SocketAddr::new(locked_ip, 8080)).await?;
-    assert_eq!(echo_roundtrip(&mut s, b"via the waypoint").await?, b"via the waypoint");
+    assert_eq!(
+        echo_roundtrip(&mut s, b"via the waypoint").await?,
+        b"via the waypoint"
+    );
     assert_eq!(locked.peers().last().map(|p| p.ip()), Some(wp_ip));
 
     // A peer that skips the waypoint (HBONE straight to the pods, as the client):
@@ -199,11 +312,33 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
     // denied by the policy that admits only the waypoint.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
     let to = |ip: std::net::IpAddr| SocketAddr::new(ip, 15008);
-    let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("echo"), to(server_ip)).await?;
-    let (status, back) = hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
+    let direct = hbone_peer::connect(
+        t.node(1),
+        &ca,
+        &spiffe("client"),
+        spiffe("echo"),
+        to(server_ip),
+    )
+    .await?;
+    let (status, back) =
+        hbone_peer::roundtrip(&direct, &format!("{server_ip}:8080"), b"around").await?;
     assert_eq!((status.as_u16(), back.as_slice()), (200, &b"around"[..]));
-    let direct = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("locked"), to(locked_ip)).await?;
-    assert_eq!(hbone_peer::status(&direct, hbone_peer::connect_req(&format!("{locked_ip}:8080"))).await?, 401);
+    let direct = hbone_peer::connect(
+        t.node(1),
+        &ca,
+        &spiffe("client"),
+        spiffe("locked"),
+        to(locked_ip),
+    )
+    .await?;
+    assert_eq!(
+        hbone_peer::status(
+            &direct,
+            hbone_peer::connect_req(&format!("{locked_ip}:8080"))
+        )
+        .await?,
+        401
+    );
     Ok(())
 }
 
@@ -216,9 +351,14 @@ async fn workload_traffic_goes_through_its_waypoint() -> Result<()> {
 /// does not, straight to the endpoint. Both routes are accepted: the destination's
 /// ztunnel does not insist on the waypoint, as Istio's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_waypoint() -> Result<()> {
+async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_waypoint() -> Result<()>
+{
     let topo = Topology::build(&prefix("wv"), &[3, 1])?;
-    let (wp_ip, canary_ip, server_ip) = (topo.pod("n1p2").ip, topo.pod("n1p3").ip, topo.pod("n2p1").ip);
+    let (wp_ip, canary_ip, server_ip) = (
+        topo.pod("n1p2").ip,
+        topo.pod("n1p3").ip,
+        topo.pod("n2p1").ip,
+    );
     let cfg = format!(
         "workloads:\n{}{}{}{}services:\n\
          - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}},\n   \
@@ -240,20 +380,37 @@ async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_wayp
 
     const N: usize = 30;
     for i in 0..N {
-        let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
+        let mut s = t
+            .pod("n1p1")
+            .netns
+            .connect("10.96.0.10:80".parse()?)
+            .await?;
         let msg = format!("connection {i}");
-        assert_eq!(echo_roundtrip(&mut s, msg.as_bytes()).await?, msg.as_bytes());
+        assert_eq!(
+            echo_roundtrip(&mut s, msg.as_bytes()).await?,
+            msg.as_bytes()
+        );
     }
-    wait_for("both waypoints' log lines", Duration::from_secs(10), || relayed(&primary) + relayed(&canary) == N)?;
+    wait_for("both waypoints' log lines", Duration::from_secs(10), || {
+        relayed(&primary) + relayed(&canary) == N
+    })?;
     let (p, c) = (relayed(&primary), relayed(&canary));
     // 1:1 weights; both get a share (all 30 on one side: p = 2^-29).
     assert!(p > 0 && c > 0, "primary {p}, canary {c}");
-    assert!(canary.log_text().contains("src.identity=spiffe://cluster.local/ns/default/sa/client"));
+    assert!(canary
+        .log_text()
+        .contains("src.identity=spiffe://cluster.local/ns/default/sa/client"));
     mesh.wait_logs(&["dst.identity=spiffe://cluster.local/ns/default/sa/waypoint-canary"])?;
 
-    let mut admin = http_app::H1Client::connect(t.node(1), "127.0.0.1:15000".parse()?, "localhost").await?;
+    let mut admin =
+        http_app::H1Client::connect(t.node(1), "127.0.0.1:15000".parse()?, "localhost").await?;
     let dump: serde_json::Value = serde_json::from_str(&admin.get("/config_dump").await?.body)?;
-    let svc = dump["services"].as_array().context("services")?.iter().find(|s| s["name"] == "echo").context("echo in the dump")?;
+    let svc = dump["services"]
+        .as_array()
+        .context("services")?
+        .iter()
+        .find(|s| s["name"] == "echo")
+        .context("echo in the dump")?;
     assert_eq!(
         svc["weightedWaypoints"],
         serde_json::json!([
@@ -269,16 +426,41 @@ async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_wayp
     for svc in &parsed.services {
         let vip = svc.vips[0].address;
         let (status, back) = if svc.ingress_use_waypoint {
-            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("waypoint"), SocketAddr::new(wp_ip, 15008)).await?;
+            let gw = hbone_peer::connect(
+                t.node(1),
+                &ca,
+                &spiffe("ingress"),
+                spiffe("waypoint"),
+                SocketAddr::new(wp_ip, 15008),
+            )
+            .await?;
             hbone_peer::roundtrip(&gw, &format!("{vip}:80"), svc.name.as_bytes()).await?
         } else {
-            let gw = hbone_peer::connect(t.node(1), &ca, &spiffe("ingress"), spiffe("echo"), SocketAddr::new(server_ip, 15008)).await?;
+            let gw = hbone_peer::connect(
+                t.node(1),
+                &ca,
+                &spiffe("ingress"),
+                spiffe("echo"),
+                SocketAddr::new(server_ip, 15008),
+            )
+            .await?;
             hbone_peer::roundtrip(&gw, &format!("{server_ip}:8080"), svc.name.as_bytes()).await?
         };
-        assert_eq!((status.as_u16(), back.as_slice()), (200, svc.name.as_bytes()), "{}", svc.name);
+        assert_eq!(
+            (status.as_u16(), back.as_slice()),
+            (200, svc.name.as_bytes()),
+            "{}",
+            svc.name
+        );
     }
-    wait_for("the ingress connection at the waypoint", Duration::from_secs(5), || relayed(&primary) == before + 1)?;
-    assert!(primary.log_text().contains("src.identity=spiffe://cluster.local/ns/default/sa/ingress"));
+    wait_for(
+        "the ingress connection at the waypoint",
+        Duration::from_secs(5),
+        || relayed(&primary) == before + 1,
+    )?;
+    assert!(primary
+        .log_text()
+        .contains("src.identity=spiffe://cluster.local/ns/default/sa/ingress"));
     assert_eq!(echo.peers().len(), N + 2);
     mesh.wait_logs(&["src.identity=spiffe://cluster.local/ns/default/sa/ingress"])?;
     Ok(())
@@ -295,7 +477,12 @@ async fn weighted_waypoints_share_a_service_and_ingress_follows_ingress_use_wayp
 async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
     use ztunnel::proxy_protocol::{self, Addresses};
     let topo = Topology::build(&prefix("ws"), &[2, 2])?;
-    let (client_ip, wp_ip, server_ip, db_ip) = (topo.pod("n1p1").ip, topo.pod("n1p2").ip, topo.pod("n2p1").ip, topo.pod("n2p2").ip);
+    let (client_ip, wp_ip, server_ip, db_ip) = (
+        topo.pod("n1p1").ip,
+        topo.pod("n1p2").ip,
+        topo.pod("n2p1").ip,
+        topo.pod("n2p2").ip,
+    );
     let cfg = format!(
         "workloads:\n{}{}{}{}services:\n\
          - {{name: waypoint, namespace: default, hostname: waypoint.default.svc.cluster.local, vips: [\"/10.96.0.99\"], ports: {{15008: 15008}}}}\n\
@@ -306,7 +493,13 @@ async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
         workload(&topo, "n2p1", "echo", ", services: {default/echo.default.svc.cluster.local: {80: 8080}, default/other.default.svc.cluster.local: {80: 8080}}"),
         workload(&topo, "n2p2", "db", &format!(", waypoint: {{destination: \"/{wp_ip}\"}}")),
     );
-    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p2", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let mesh = Mesh::start(
+        topo,
+        &cfg,
+        &["n1p1", "n1p2", "n2p1", "n2p2"],
+        &HashMap::new(),
+        &[],
+    )?;
     let t = &mesh.topo;
     let echo = EchoServer::start(&t.pod("n2p1").netns, 8080, None)?;
     let db = EchoServer::start(&t.pod("n2p2").netns, 5432, None)?;
@@ -323,8 +516,12 @@ async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
         while let Ok((mut down, peer)) = listener.accept().await {
             let (record, ns) = (record.clone(), wp_ns.clone());
             tokio::spawn(async move {
-                let Ok(header) = proxy_protocol::read_header(&mut down).await else { return };
-                let Addresses::Ip { dst, .. } = header.addresses else { return };
+                let Ok(header) = proxy_protocol::read_header(&mut down).await else {
+                    return;
+                };
+                let Addresses::Ip { dst, .. } = header.addresses else {
+                    return;
+                };
                 record.lock().unwrap().push((peer, header));
                 if let Ok(mut up) = ns.connect(dst).await {
                     let _ = tokio::io::copy_bidirectional(&mut down, &mut up).await;
@@ -335,31 +532,73 @@ async fn a_sandwiched_waypoint_gets_what_it_is_the_waypoint_of() -> Result<()> {
 
     // To the service through the sandwiched waypoint, and to the workload behind it.
     let data = pattern(64 * 1024, 9);
-    let mut s = t.pod("n1p1").netns.connect("10.96.0.10:80".parse()?).await?;
+    let mut s = t
+        .pod("n1p1")
+        .netns
+        .connect("10.96.0.10:80".parse()?)
+        .await?;
     assert_eq!(echo_roundtrip(&mut s, &data).await?, data);
-    let mut s = t.pod("n1p1").netns.connect(SocketAddr::new(db_ip, 5432)).await?;
+    let mut s = t
+        .pod("n1p1")
+        .netns
+        .connect(SocketAddr::new(db_ip, 5432))
+        .await?;
     assert_eq!(echo_roundtrip(&mut s, b"to the db").await?, b"to the db");
     let got = seen.lock().unwrap().clone();
     assert_eq!(got.len(), 2, "{got:?}");
-    for ((peer, header), target) in got.iter().zip([SocketAddr::from(([10, 96, 0, 10], 80)), SocketAddr::new(db_ip, 5432)]) {
-        assert!(peer.ip().is_loopback(), "LOCALHOST_APP_TUNNEL: delivered from {peer}");
-        let Addresses::Ip { src, dst } = header.addresses else { panic!("{header:?}") };
+    for ((peer, header), target) in got.iter().zip([
+        SocketAddr::from(([10, 96, 0, 10], 80)),
+        SocketAddr::new(db_ip, 5432),
+    ]) {
+        assert!(
+            peer.ip().is_loopback(),
+            "LOCALHOST_APP_TUNNEL: delivered from {peer}"
+        );
+        let Addresses::Ip { src, dst } = header.addresses else {
+            panic!("{header:?}")
+        };
         assert_eq!((src.ip(), dst), (client_ip, target), "{header:?}");
-        assert_eq!(header.peer_identity(), Some("spiffe://cluster.local/ns/default/sa/client"));
+        assert_eq!(
+            header.peer_identity(),
+            Some("spiffe://cluster.local/ns/default/sa/client")
+        );
     }
     // The waypoint's own connections left from its pod to the endpoints, not back to it.
     assert_eq!(echo.peers().last().map(|p| p.ip()), Some(wp_ip));
     assert_eq!(db.peers().last().map(|p| p.ip()), Some(wp_ip));
-    mesh.wait_logs(&[&format!("dst.hbone_addr={server_ip}:8080"), "src.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+    mesh.wait_logs(&[
+        &format!("dst.hbone_addr={server_ip}:8080"),
+        "src.identity=spiffe://cluster.local/ns/default/sa/waypoint",
+    ])?;
 
     // Targets this pod is not the waypoint of (a pod without one, a service with another
     // waypoint) and proxy ports are refused; its own service's VIP is taken.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
-    let h = hbone_peer::connect(t.node(1), &ca, &spiffe("client"), spiffe("waypoint"), SocketAddr::new(wp_ip, 15008)).await?;
-    for (target, want) in [(format!("{server_ip}:8080"), 400), ("10.96.0.11:80".into(), 400), ("10.96.0.10:15008".into(), 400), ("10.96.0.10:80".into(), 200)] {
-        assert_eq!(hbone_peer::status(&h, hbone_peer::connect_req(&target)).await?.as_u16(), want, "{target}");
+    let h = hbone_peer::connect(
+        t.node(1),
+        &ca,
+        &spiffe("client"),
+        spiffe("waypoint"),
+        SocketAddr::new(wp_ip, 15008),
+    )
+    .await?;
+    for (target, want) in [
+        (format!("{server_ip}:8080"), 400),
+        ("10.96.0.11:80".into(), 400),
+        ("10.96.0.10:15008".into(), 400),
+        ("10.96.0.10:80".into(), 200),
+    ] {
+        assert_eq!(
+            hbone_peer::status(&h, hbone_peer::connect_req(&target))
+                .await?
+                .as_u16(),
+            want,
+            "{target}"
+        );
     }
-    mesh.wait_logs(&["CONNECT target is neither this pod nor a destination it is the waypoint of"])?;
+    mesh.wait_logs(&[
+        "CONNECT target is neither this pod nor a destination it is the waypoint of",
+    ])?;
     app.abort();
     Ok(())
 }
@@ -464,11 +703,23 @@ impl L7Mesh {
     }
 
     /// As `start`, with more workloads and services in the mesh config (YAML list items).
-    async fn start_with(tag: &str, l7: &str, waypoint_env: &[(&str, &str)], extra_workloads: &str, extra_services: &str) -> Result<L7Mesh> {
+    async fn start_with(
+        tag: &str,
+        l7: &str,
+        waypoint_env: &[(&str, &str)],
+        extra_workloads: &str,
+        extra_services: &str,
+    ) -> Result<L7Mesh> {
         let topo = Topology::build(&prefix(tag), &[3, 2])?;
         let base = L7Mesh::mesh_config(&topo, extra_workloads, extra_services);
         let cfg = format!("{base}{l7}");
-        let mesh = Mesh::start(topo, &cfg, &["n1p1", "n1p3", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+        let mesh = Mesh::start(
+            topo,
+            &cfg,
+            &["n1p1", "n1p3", "n2p1", "n2p2"],
+            &HashMap::new(),
+            &[],
+        )?;
         let t = &mesh.topo;
         let cfg_path = t.dir.join("waypoint.yaml");
         std::fs::write(&cfg_path, &cfg)?;
@@ -477,7 +728,14 @@ impl L7Mesh {
         env.extend_from_slice(waypoint_env);
         let waypoint = t.pod("n1p2").netns.spawn(
             bins::waypoint(),
-            &["--local-xds-path", &cfg_path.display().to_string(), "--workload-uid", "n1p2", "--state-dir", &state.display().to_string()],
+            &[
+                "--local-xds-path",
+                &cfg_path.display().to_string(),
+                "--workload-uid",
+                "n1p2",
+                "--state-dir",
+                &state.display().to_string(),
+            ],
             &env,
             &t.dir.join("waypoint.log"),
         )?;
@@ -485,10 +743,20 @@ impl L7Mesh {
         let mut apps = HashMap::new();
         let mut tcp = Vec::new();
         for (pod, flaky) in [("n1p3", false), ("n2p1", false), ("n2p2", true)] {
-            apps.insert(pod, http_app::HttpApp::start(&t.pod(pod).netns, 8080, pod, flaky)?);
+            apps.insert(
+                pod,
+                http_app::HttpApp::start(&t.pod(pod).netns, 8080, pod, flaky)?,
+            );
             tcp.push(EchoServer::start(&t.pod(pod).netns, 9000, Some(pod))?);
         }
-        Ok(L7Mesh { mesh, waypoint, apps, _tcp: tcp, cfg_path, base })
+        Ok(L7Mesh {
+            mesh,
+            waypoint,
+            apps,
+            _tcp: tcp,
+            cfg_path,
+            base,
+        })
     }
 
     fn client(&self) -> &netsim::Netns {
@@ -496,7 +764,12 @@ impl L7Mesh {
     }
 
     async fn h1(&self) -> Result<http_app::H1Client> {
-        http_app::H1Client::connect(self.client(), format!("{ECHO_VIP}:80").parse()?, "echo.default.svc.cluster.local").await
+        http_app::H1Client::connect(
+            self.client(),
+            format!("{ECHO_VIP}:80").parse()?,
+            "echo.default.svc.cluster.local",
+        )
+        .await
     }
 
     fn log(&self) -> String {
@@ -506,7 +779,8 @@ impl L7Mesh {
     /// Scrapes the waypoint's Prometheus endpoint from inside its pod.
     async fn metrics(&self) -> Result<String> {
         let ns = &self.mesh.topo.pod("n1p2").netns;
-        let mut c = http_app::H1Client::connect(ns, "127.0.0.1:15020".parse()?, "localhost").await?;
+        let mut c =
+            http_app::H1Client::connect(ns, "127.0.0.1:15020".parse()?, "localhost").await?;
         Ok(c.get("/stats/prometheus").await?.body)
     }
 }
@@ -535,30 +809,66 @@ async fn l7_routes_by_header_and_weight_over_keepalive() -> Result<()> {
         }
     }
     // Binomial(1000, 0.1): sd 9.5; 60..140 is beyond 4 sd either way.
-    assert!((60..=140).contains(&v2), "echo-v2 got {v2} of 1000, expected about 100");
+    assert!(
+        (60..=140).contains(&v2),
+        "echo-v2 got {v2} of 1000, expected about 100"
+    );
     // The waypoint reuses its upstream HTTP connections too.
-    let conns: u64 = m.apps.values().map(|a| *a.connections.lock().unwrap()).sum();
-    assert!(conns <= 10, "{conns} upstream connections for 1002 requests");
+    let conns: u64 = m
+        .apps
+        .values()
+        .map(|a| *a.connections.lock().unwrap())
+        .sum();
+    assert!(
+        conns <= 10,
+        "{conns} upstream connections for 1002 requests"
+    );
 
     // Istio request metrics, reporter=waypoint, with the standard labels.
     let text = m.metrics().await?;
     let line = text
         .lines()
-        .find(|l| l.starts_with("istio_requests_total{") && l.contains("destination_workload=\"n1p3\"") && l.contains("response_code=\"200\""))
+        .find(|l| {
+            l.starts_with("istio_requests_total{")
+                && l.contains("destination_workload=\"n1p3\"")
+                && l.contains("response_code=\"200\"")
+        })
         .with_context(|| text.clone())?;
-    for label in ["reporter=\"waypoint\"", "source_workload=\"n1p1\"", "source_principal=\"spiffe://cluster.local/ns/default/sa/client\"",
-                  "destination_service=\"echo-v2.default.svc.cluster.local\"", "request_protocol=\"http\"", "connection_security_policy=\"mutual_tls\""] {
+    for label in [
+        "reporter=\"waypoint\"",
+        "source_workload=\"n1p1\"",
+        "source_principal=\"spiffe://cluster.local/ns/default/sa/client\"",
+        "destination_service=\"echo-v2.default.svc.cluster.local\"",
+        "request_protocol=\"http\"",
+        "connection_security_policy=\"mutual_tls\"",
+    ] {
         assert!(line.contains(label), "{label} missing in {line}");
     }
     let count: f64 = line.rsplit(' ').next().unwrap_or("0").parse()?;
-    assert!((count - (v2 as f64 + 1.0)).abs() < 0.5, "{line}: expected {} requests", v2 + 1);
-    for name in ["istio_request_duration_milliseconds_bucket{", "istio_request_bytes_bucket{", "istio_response_bytes_bucket{"] {
+    assert!(
+        (count - (v2 as f64 + 1.0)).abs() < 0.5,
+        "{line}: expected {} requests",
+        v2 + 1
+    );
+    for name in [
+        "istio_request_duration_milliseconds_bucket{",
+        "istio_request_bytes_bucket{",
+        "istio_response_bytes_bucket{",
+    ] {
         assert!(text.contains(name), "{name} missing");
     }
     // One access log line per request.
-    wait_for("access log", Duration::from_secs(5), || m.log().matches("request complete").count() >= 1002)?;
+    wait_for("access log", Duration::from_secs(5), || {
+        m.log().matches("request complete").count() >= 1002
+    })?;
     let log = m.log();
-    assert!(log.contains("path=/split") && log.contains("status=200") && log.contains("route=\"default/echo#1\""), "{}", &log[log.len().saturating_sub(3000)..]);
+    assert!(
+        log.contains("path=/split")
+            && log.contains("status=200")
+            && log.contains("route=\"default/echo#1\""),
+        "{}",
+        &log[log.len().saturating_sub(3000)..]
+    );
     Ok(())
 }
 
@@ -576,14 +886,25 @@ async fn l7_retries_eject_and_time_out() -> Result<()> {
     assert!(log.contains("attempts=2"), "no request was retried: {log}");
     // After 3 failures in a row n2p2 is ejected: later requests go straight to n2p1.
     assert!(log.contains("endpoint ejected"), "{log}");
-    let flaky_hits = m.apps["n2p2"].seen().iter().filter(|s| s.path == "/flaky").count();
-    assert!(flaky_hits <= 6, "ejected endpoint still got {flaky_hits} requests");
+    let flaky_hits = m.apps["n2p2"]
+        .seen()
+        .iter()
+        .filter(|s| s.path == "/flaky")
+        .count();
+    assert!(
+        flaky_hits <= 6,
+        "ejected endpoint still got {flaky_hits} requests"
+    );
 
     // backendRequest timeout 300 ms: a 2 s response becomes a 504, fast.
     let start = std::time::Instant::now();
     let r = c.get("/delay/2000").await?;
     assert_eq!(r.status, 504, "{r:?}");
-    assert!(start.elapsed() < Duration::from_millis(1900), "timeout took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(1900),
+        "timeout took {:?}",
+        start.elapsed()
+    );
     let r = c.get("/delay/10").await?;
     assert_eq!(r.status, 200, "{r:?}");
     // A 503 without a retry policy reaches the client as is.
@@ -596,7 +917,16 @@ async fn l7_retries_eject_and_time_out() -> Result<()> {
 async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers() -> Result<()> {
     let m = L7Mesh::start("l7a", L7_ROUTES, &[]).await?;
     let mut c = m.h1().await?;
-    for path in ["/admin", "/admin/x", "/x/../admin", "/%61dmin", "//admin", "/admin/.", "/./admin/", "/x/%2e%2e/admin"] {
+    for path in [
+        "/admin",
+        "/admin/x",
+        "/x/../admin",
+        "/%61dmin",
+        "//admin",
+        "/admin/.",
+        "/./admin/",
+        "/x/%2e%2e/admin",
+    ] {
         let r = c.get(path).await?;
         assert_eq!(r.status, 403, "{path}: {r:?}");
         assert_eq!(r.body.trim(), "RBAC: access denied", "{path}");
@@ -609,9 +939,13 @@ async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers
     let r = c.request("GET", "/thing", &[]).await?;
     assert_eq!(r.status, 200, "{r:?}");
     // Header values are matched one by one: `x-block: no` plus `x-block: yes` is denied.
-    let r = c.request("GET", "/thing", &[("x-block", "no"), ("x-block", "yes")]).await?;
+    let r = c
+        .request("GET", "/thing", &[("x-block", "no"), ("x-block", "yes")])
+        .await?;
     assert_eq!(r.status, 403, "{r:?}");
-    let r = c.request("GET", "/thing", &[("x-block", "no, yes")]).await?;
+    let r = c
+        .request("GET", "/thing", &[("x-block", "no, yes")])
+        .await?;
     assert_eq!(r.status, 200, "a single value is not split: {r:?}");
 
     // Spoofed identity and origin headers are replaced, and do not sway policy.
@@ -628,16 +962,31 @@ async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers
     // As Envoy does: the peer the waypoint saw is appended (the last entry is the one
     // to trust), and a forwarded protocol is kept.
     let client_ip = m.mesh.topo.pod("n1p1").ip.to_string();
-    assert_eq!(r.echoed("x-forwarded-for"), [format!("1.2.3.4, {client_ip}")]);
+    assert_eq!(
+        r.echoed("x-forwarded-for"),
+        [format!("1.2.3.4, {client_ip}")]
+    );
     assert_eq!(r.echoed("x-forwarded-proto"), ["https"]);
     let r = c.request("GET", "/whoami", &[]).await?;
-    assert_eq!(r.echoed("x-forwarded-for"), std::slice::from_ref(&client_ip));
+    assert_eq!(
+        r.echoed("x-forwarded-for"),
+        std::slice::from_ref(&client_ip)
+    );
     assert_eq!(r.echoed("x-forwarded-proto"), ["http"]);
     assert_eq!(r.echoed("x-forwarded-client-cert"), ["By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client"]);
     assert!(r.echoed("forwarded").is_empty(), "{r:?}");
-    assert!(m.log().contains("authz.denied_by=\"default/deny-admin\""), "{}", m.log());
+    assert!(
+        m.log().contains("authz.denied_by=\"default/deny-admin\""),
+        "{}",
+        m.log()
+    );
     let text = m.metrics().await?;
-    assert!(text.lines().any(|l| l.starts_with("istio_requests_total{") && l.contains("response_code=\"403\"") && l.contains("response_flags=\"DENY\"")), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("istio_requests_total{")
+            && l.contains("response_code=\"403\"")
+            && l.contains("response_flags=\"DENY\"")),
+        "{text}"
+    );
     Ok(())
 }
 
@@ -645,13 +994,24 @@ async fn l7_authorization_denies_by_path_and_method_and_trusts_no_client_headers
 async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     let m = L7Mesh::start("l7h", L7_ROUTES, &[]).await?;
     // 50 concurrent requests multiplexed on one HTTP/2 connection.
-    let h2 = http_app::H2Client::connect(m.client(), format!("{ECHO_VIP}:80").parse()?, "echo.default.svc.cluster.local").await?;
+    let h2 = http_app::H2Client::connect(
+        m.client(),
+        format!("{ECHO_VIP}:80").parse()?,
+        "echo.default.svc.cluster.local",
+    )
+    .await?;
     let mut tasks = Vec::new();
     for i in 0..50 {
         let h2 = h2.clone();
         tasks.push(tokio::spawn(async move {
-            let hdrs: &[(&str, &str)] = if i % 2 == 0 { &[("x-version", "v2")] } else { &[] };
-            h2.request("GET", &format!("/mux/{i}"), hdrs, bytes::Bytes::new()).await.map(|r| (i, r))
+            let hdrs: &[(&str, &str)] = if i % 2 == 0 {
+                &[("x-version", "v2")]
+            } else {
+                &[]
+            };
+            h2.request("GET", &format!("/mux/{i}"), hdrs, bytes::Bytes::new())
+                .await
+                .map(|r| (i, r))
         }));
     }
     for t in tasks {
@@ -669,8 +1029,17 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.pod(), "n1p3");
     assert_eq!(&msg[..], b"\x0a\x05hello");
-    assert_eq!(r.trailers.as_ref().and_then(|t| t.get("grpc-status")).map(|v| v.as_bytes()), Some(&b"0"[..]), "{r:?}");
-    wait_for("grpc log", Duration::from_secs(5), || m.log().contains("protocol=\"grpc\"") || m.log().contains("protocol=grpc"))?;
+    assert_eq!(
+        r.trailers
+            .as_ref()
+            .and_then(|t| t.get("grpc-status"))
+            .map(|v| v.as_bytes()),
+        Some(&b"0"[..]),
+        "{r:?}"
+    );
+    wait_for("grpc log", Duration::from_secs(5), || {
+        m.log().contains("protocol=\"grpc\"") || m.log().contains("protocol=grpc")
+    })?;
     // GRPCRoute: by service and method, or a method pattern with a header, to echo-v2
     // with its filter; other methods fall to the HTTPRoute's catch-all (echo-v1).
     let grpc = |path: &'static str, canary: bool| {
@@ -680,14 +1049,28 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
             if canary {
                 hdrs.push(("x-canary", "yes"));
             }
-            h2.request("POST", path, &hdrs, bytes::Bytes::from_static(b"\0\0\0\0\0")).await
+            h2.request(
+                "POST",
+                path,
+                &hdrs,
+                bytes::Bytes::from_static(b"\0\0\0\0\0"),
+            )
+            .await
         }
     };
     let r = grpc("/echo.Health/Check", false).await?;
     assert_eq!(r.pod(), "n1p3", "{r:?}");
     let seen = m.apps["n1p3"].seen();
-    let check = seen.iter().rev().find(|s| s.path.ends_with("/echo.Health/Check")).context("echo-v2 got the call")?;
-    assert_eq!(check.headers.get("x-route").map(|v| v.as_bytes()), Some(&b"grpc"[..]), "the GRPCRoute's filter applies");
+    let check = seen
+        .iter()
+        .rev()
+        .find(|s| s.path.ends_with("/echo.Health/Check"))
+        .context("echo-v2 got the call")?;
+    assert_eq!(
+        check.headers.get("x-route").map(|v| v.as_bytes()),
+        Some(&b"grpc"[..]),
+        "the GRPCRoute's filter applies"
+    );
     assert_eq!(grpc("/any.Svc/CanaryRelease", true).await?.pod(), "n1p3");
     assert_ne!(grpc("/any.Svc/CanaryRelease", false).await?.pod(), "n1p3");
     assert_ne!(grpc("/echo.Health/Watch", false).await?.pod(), "n1p3");
@@ -696,46 +1079,118 @@ async fn l7_http2_multiplexing_grpc_filters_and_l4_passthrough() -> Result<()> {
     let mut c = m.h1().await?;
     let r = c.get("/old?q=1").await?;
     assert_eq!(r.status, 301);
-    assert_eq!(r.headers.get("location").and_then(|v| v.to_str().ok()), Some("http://echo.default.svc.cluster.local/new?q=1"));
-    let r = c.request("GET", "/api/items?x=1", &[("x-drop", "1"), ("x-route", "client")]).await?;
+    assert_eq!(
+        r.headers.get("location").and_then(|v| v.to_str().ok()),
+        Some("http://echo.default.svc.cluster.local/new?q=1")
+    );
+    let r = c
+        .request(
+            "GET",
+            "/api/items?x=1",
+            &[("x-drop", "1"), ("x-route", "client")],
+        )
+        .await?;
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.field("path").as_deref(), Some("/v2/items?x=1"), "{r:?}");
     assert_eq!(r.echoed("x-route"), ["api"]);
     assert!(r.echoed("x-drop").is_empty());
     // A client's Connection header cannot remove what the route set.
-    let r = c.request("GET", "/api/items", &[("connection", "x-route")]).await?;
+    let r = c
+        .request("GET", "/api/items", &[("connection", "x-route")])
+        .await?;
     assert_eq!(r.echoed("x-route"), ["api"], "{r:?}");
-    assert_eq!(r.headers.get("x-served-by").and_then(|v| v.to_str().ok()), Some("waypoint"));
+    assert_eq!(
+        r.headers.get("x-served-by").and_then(|v| v.to_str().ok()),
+        Some("waypoint")
+    );
     wait_for("mirrored request", Duration::from_secs(5), || {
-        m.apps["n1p3"].seen().iter().any(|s| s.path.ends_with("/v2/items?x=1") && s.headers.get("host").is_some_and(|h| h == "echo.default.svc.cluster.local-shadow"))
+        m.apps["n1p3"].seen().iter().any(|s| {
+            s.path.ends_with("/v2/items?x=1")
+                && s.headers
+                    .get("host")
+                    .is_some_and(|h| h == "echo.default.svc.cluster.local-shadow")
+        })
     })?;
 
     // An HTTP request after an empty line is still HTTP (and still authorized).
-    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
-    tokio::io::AsyncWriteExt::write_all(&mut s, b"\r\nGET /admin HTTP/1.1\r\nhost: echo\r\nconnection: close\r\n\r\n").await?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:80").parse()?)
+        .await?;
+    tokio::io::AsyncWriteExt::write_all(
+        &mut s,
+        b"\r\nGET /admin HTTP/1.1\r\nhost: echo\r\nconnection: close\r\n\r\n",
+    )
+    .await?;
     let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)).await??;
-    assert!(got.starts_with(b"HTTP/1.1 403"), "{:?}", String::from_utf8_lossy(&got));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got),
+    )
+    .await??;
+    assert!(
+        got.starts_with(b"HTTP/1.1 403"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
     // A request without Host has no host for policy or routes: 400.
-    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:80").parse()?)
+        .await?;
     tokio::io::AsyncWriteExt::write_all(&mut s, b"GET /hello HTTP/1.0\r\n\r\n").await?;
     let mut got = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got)).await??;
-    assert!(got.starts_with(b"HTTP/1.0 400") || got.starts_with(b"HTTP/1.1 400"), "{:?}", String::from_utf8_lossy(&got));
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut s, &mut got),
+    )
+    .await??;
+    assert!(
+        got.starts_with(b"HTTP/1.0 400") || got.starts_with(b"HTTP/1.1 400"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
     // Non-HTTP bytes to a port with HTTPRoutes are refused, not relayed around them.
-    let mut s = m.client().connect(format!("{ECHO_VIP}:80").parse()?).await?;
-    let r = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"\x16\x03\x01 not http")).await?;
-    assert!(r.map(|v| v.is_empty()).unwrap_or(true), "opaque bytes got through a port with routes");
-    wait_for("refusal log", Duration::from_secs(5), || m.log().contains("non-HTTP traffic to a target with HTTPRoutes"))?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:80").parse()?)
+        .await?;
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        echo_roundtrip(&mut s, b"\x16\x03\x01 not http"),
+    )
+    .await?;
+    assert!(
+        r.map(|v| v.is_empty()).unwrap_or(true),
+        "opaque bytes got through a port with routes"
+    );
+    wait_for("refusal log", Duration::from_secs(5), || {
+        m.log()
+            .contains("non-HTTP traffic to a target with HTTPRoutes")
+    })?;
 
     // Non-HTTP bytes pass at L4 (port 9000), whole and in order.
     let data = pattern(64 * 1024, 9);
-    let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:9000").parse()?)
+        .await?;
     let got = echo_roundtrip(&mut s, &data).await?;
-    let (greeting, rest) = got.split_at(got.iter().position(|b| *b == b'\n').map(|i| i + 1).unwrap_or(0));
-    assert!(greeting.starts_with(b"n"), "{:?}", String::from_utf8_lossy(greeting));
+    let (greeting, rest) = got.split_at(
+        got.iter()
+            .position(|b| *b == b'\n')
+            .map(|i| i + 1)
+            .unwrap_or(0),
+    );
+    assert!(
+        greeting.starts_with(b"n"),
+        "{:?}",
+        String::from_utf8_lossy(greeting)
+    );
     assert_eq!(rest, &data[..]);
-    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("protocol=\"TCP\"") && m.log().contains("direction=\"waypoint\""))?;
+    wait_for("L4 log", Duration::from_secs(5), || {
+        m.log().contains("protocol=\"TCP\"") && m.log().contains("direction=\"waypoint\"")
+    })?;
     Ok(())
 }
 
@@ -749,13 +1204,18 @@ async fn l7_config_reloads_without_dropping_connections() -> Result<()> {
     let tmp = m.cfg_path.with_extension("tmp");
     std::fs::write(&tmp, format!("{}{all_v2}", m.base))?;
     std::fs::rename(&tmp, &m.cfg_path)?;
-    m.waypoint.wait_log("config reloaded", Duration::from_secs(5))?;
+    m.waypoint
+        .wait_log("config reloaded", Duration::from_secs(5))?;
     let r = c.get("/after").await?;
     assert_eq!(r.pod(), "n1p3", "{r:?}");
     // A broken file is refused with the field named; the last good config stays.
-    std::fs::write(&tmp, format!("{}{}", m.base, all_v2.replace("backendRefs", "backendRef")))?;
+    std::fs::write(
+        &tmp,
+        format!("{}{}", m.base, all_v2.replace("backendRefs", "backendRef")),
+    )?;
     std::fs::rename(&tmp, &m.cfg_path)?;
-    m.waypoint.wait_log("config change rejected", Duration::from_secs(5))?;
+    m.waypoint
+        .wait_log("config change rejected", Duration::from_secs(5))?;
     assert!(m.log().contains("backendRef"), "{}", m.log());
     let r = c.get("/still").await?;
     assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n1p3"));
@@ -767,35 +1227,75 @@ async fn l7_config_reloads_without_dropping_connections() -> Result<()> {
 /// does (open tunnels finish) and the process exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() -> Result<()> {
-    let mut m = L7Mesh::start("adm", L7_ROUTES, &[("TERMINATION_GRACE_PERIOD_SECONDS", "10")]).await?;
+    let mut m = L7Mesh::start(
+        "adm",
+        L7_ROUTES,
+        &[("TERMINATION_GRACE_PERIOD_SECONDS", "10")],
+    )
+    .await?;
     let wp_ns = m.mesh.topo.pod("n1p2").netns.clone();
     let admin: SocketAddr = "127.0.0.1:15000".parse()?;
     let mut a = http_app::H1Client::connect(&wp_ns, admin, "localhost").await?;
     let r = a.get("/config_dump").await?;
     assert_eq!(r.status, 200, "{r:?}");
     let d: serde_json::Value = serde_json::from_str(&r.body)?;
-    assert_eq!(d["waypoint"]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
+    assert_eq!(
+        d["waypoint"]["identity"],
+        "spiffe://cluster.local/ns/default/sa/waypoint"
+    );
     // Without --gateway-name: its workload name.
     assert_eq!(d["waypoint"]["gateway"], "default/n1p2");
     assert_eq!(d["waypoint"]["workloadUid"], "n1p2");
-    assert!(d["waypoint"]["configSource"].as_str().is_some_and(|s| s.ends_with("waypoint.yaml")), "{}", r.body);
+    assert!(
+        d["waypoint"]["configSource"]
+            .as_str()
+            .is_some_and(|s| s.ends_with("waypoint.yaml")),
+        "{}",
+        r.body
+    );
     assert_eq!(d["httpRoutes"][0]["name"], "echo");
     assert_eq!(d["httpRoutes"][0]["parentRefs"][0]["name"], "echo");
-    let policies: Vec<&str> = d["authorizationPolicies"].as_array().into_iter().flatten().filter_map(|p| p["name"].as_str()).collect();
+    let policies: Vec<&str> = d["authorizationPolicies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
     assert_eq!(policies, ["deny-admin", "allow-client"]);
     // ztunnel's shapes for what it knows and holds.
-    assert!(d["workloads"].as_array().is_some_and(|w| w.iter().any(|w| w["uid"] == "n1p1")), "{}", r.body);
-    assert!(d["services"].as_array().is_some_and(|s| s.iter().any(|s| s["hostname"] == "echo.default.svc.cluster.local")));
-    assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/default/sa/waypoint");
+    assert!(
+        d["workloads"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["uid"] == "n1p1")),
+        "{}",
+        r.body
+    );
+    assert!(d["services"].as_array().is_some_and(|s| s
+        .iter()
+        .any(|s| s["hostname"] == "echo.default.svc.cluster.local")));
+    assert_eq!(
+        d["certificates"][0]["identity"],
+        "spiffe://cluster.local/ns/default/sa/waypoint"
+    );
     assert_eq!(d["certificates"][0]["state"], "Available");
-    assert_eq!(d["config"]["adminAddr"], serde_json::json!({"Localhost": [false, 15000]}));
+    assert_eq!(
+        d["config"]["adminAddr"],
+        serde_json::json!({"Localhost": [false, 15000]})
+    );
     // One version for the whole workspace (Cargo.toml), the waypoint's included.
     assert_eq!(d["version"]["version"], env!("CARGO_PKG_VERSION"));
 
     // Logging: at warn, requests log nothing; back at info they do.
-    assert_eq!(a.get("/logging").await?.body.trim(), "current log level is info");
+    assert_eq!(
+        a.get("/logging").await?.body.trim(),
+        "current log level is info"
+    );
     let r = a.request("POST", "/logging?level=warn", &[]).await?;
-    assert_eq!((r.status.as_u16(), r.body.trim()), (200, "current log level is warn"), "{r:?}");
+    assert_eq!(
+        (r.status.as_u16(), r.body.trim()),
+        (200, "current log level is warn"),
+        "{r:?}"
+    );
     let mut c = m.h1().await?;
     let logged = || m.log().matches("request complete").count();
     let before = logged();
@@ -803,38 +1303,71 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     // its log line would be written (the same call).
     let requests = || async {
         let text = m.metrics().await?;
-        anyhow::Ok(text.lines().filter(|l| l.starts_with("istio_requests_total{")).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum::<f64>())
+        anyhow::Ok(
+            text.lines()
+                .filter(|l| l.starts_with("istio_requests_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>(),
+        )
     };
     let counted = requests().await?;
     assert_eq!(c.get("/quiet").await?.status, 200);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while requests().await? < counted + 1.0 {
-        anyhow::ensure!(std::time::Instant::now() < deadline, "the waypoint never counted GET /quiet");
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the waypoint never counted GET /quiet"
+        );
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(logged(), before, "a request was logged at level warn");
     let r = a.request("POST", "/logging?reset", &[]).await?;
     assert_eq!(r.body.trim(), "current log level is info", "{r:?}");
     assert_eq!(c.get("/loud").await?.status, 200);
-    wait_for("request log at info", Duration::from_secs(5), || m.log().contains("path=/loud"))?;
-    assert!(!m.log().contains("path=/quiet"), "GET /quiet was logged at level warn");
+    wait_for("request log at info", Duration::from_secs(5), || {
+        m.log().contains("path=/loud")
+    })?;
+    assert!(
+        !m.log().contains("path=/quiet"),
+        "GET /quiet was logged at level warn"
+    );
     let r = a.request("POST", "/logging?level=loud", &[]).await?;
     assert_eq!(r.status, 400, "{r:?}");
 
     // Drain: an open tunnel keeps working, then the waypoint exits 0. (HTTP keep-alive
     // tunnels also run until they end: close ours.)
     drop(c);
-    let mut tunnel = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let mut tunnel = m
+        .client()
+        .connect(format!("{ECHO_VIP}:9000").parse()?)
+        .await?;
     let greeting = read_line(&mut tunnel).await?;
     let r = a.request("POST", "/quitquitquit", &[]).await?;
-    assert_eq!((r.status.as_u16(), r.body.trim()), (200, "draining"), "{r:?}");
-    m.waypoint.wait_log("drain requested through /quitquitquit", Duration::from_secs(5))?;
-    m.waypoint.wait_log("draining: listener closed", Duration::from_secs(5))?;
-    assert_eq!(echo_roundtrip(&mut tunnel, b"still here").await?, b"still here", "after {greeting:?}");
+    assert_eq!(
+        (r.status.as_u16(), r.body.trim()),
+        (200, "draining"),
+        "{r:?}"
+    );
+    m.waypoint.wait_log(
+        "drain requested through /quitquitquit",
+        Duration::from_secs(5),
+    )?;
+    m.waypoint
+        .wait_log("draining: listener closed", Duration::from_secs(5))?;
+    assert_eq!(
+        echo_roundtrip(&mut tunnel, b"still here").await?,
+        b"still here",
+        "after {greeting:?}"
+    );
     drop(tunnel);
-    let status = tokio::task::block_in_place(|| m.waypoint.wait_exit(Duration::from_secs(15))).context("the waypoint did not exit")?;
+    let status = tokio::task::block_in_place(|| m.waypoint.wait_exit(Duration::from_secs(15)))
+        .context("the waypoint did not exit")?;
     assert!(status.success(), "{status:?}\n{}", m.log());
-    assert!(!m.log().contains("drain deadline reached"), "the tunnel's end should have ended the drain:\n{}", m.log());
+    assert!(
+        !m.log().contains("drain deadline reached"),
+        "the tunnel's end should have ended the drain:\n{}",
+        m.log()
+    );
     Ok(())
 }
 
@@ -854,18 +1387,50 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     std::fs::write(&token, TOKEN)?;
     let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
     let kube = fake_kube::FakeKube::start(topo.node(1), "10.0.0.1:6443".parse()?)?;
-    let (echo, v1, v2, wp) = ("echo.default.svc.cluster.local", "echo-v1.default.svc.cluster.local", "echo-v2.default.svc.cluster.local", "waypoint.default.svc.cluster.local");
+    let (echo, v1, v2, wp) = (
+        "echo.default.svc.cluster.local",
+        "echo-v1.default.svc.cluster.local",
+        "echo-v2.default.svc.cluster.local",
+        "waypoint.default.svc.cluster.local",
+    );
     let cart = "cart.shop.svc.cluster.local";
     istiod.update(|r| {
         r.set_workload(pod_workload("n1p1", topo.pod("n1p1").ip, 1, "sleep", &[]));
         // As istiod describes Istio's waypoint pod: not captured, so TCP.
-        let mut w = pod_workload("n1p2", topo.pod("n1p2").ip, 1, "waypoint", &[(wp, 15008, 15008)]);
+        let mut w = pod_workload(
+            "n1p2",
+            topo.pod("n1p2").ip,
+            1,
+            "waypoint",
+            &[(wp, 15008, 15008)],
+        );
         w.tunnel_protocol = pb::TunnelProtocol::None as i32;
         r.set_workload(w);
-        r.set_workload(pod_workload("n1p3", topo.pod("n1p3").ip, 1, "echo", &[(echo, 80, 8080), (v2, 80, 8080)]));
-        r.set_workload(pod_workload("n2p1", topo.pod("n2p1").ip, 2, "echo", &[(echo, 80, 8080), (v1, 80, 8080), (&format!("shop/{cart}"), 80, 8080)]));
+        r.set_workload(pod_workload(
+            "n1p3",
+            topo.pod("n1p3").ip,
+            1,
+            "echo",
+            &[(echo, 80, 8080), (v2, 80, 8080)],
+        ));
+        r.set_workload(pod_workload(
+            "n2p1",
+            topo.pod("n2p1").ip,
+            2,
+            "echo",
+            &[
+                (echo, 80, 8080),
+                (v1, 80, 8080),
+                (&format!("shop/{cart}"), 80, 8080),
+            ],
+        ));
         let via_waypoint = Some(pb::GatewayAddress {
-            destination: Some(pb::gateway_address::Destination::Hostname(pb::NamespacedHostname { namespace: "default".into(), hostname: wp.into() })),
+            destination: Some(pb::gateway_address::Destination::Hostname(
+                pb::NamespacedHostname {
+                    namespace: "default".into(),
+                    hostname: wp.into(),
+                },
+            )),
             hbone_mtls_port: 15008,
         });
         let mut s = service("echo", [10, 96, 0, 10], 80, 8080);
@@ -883,7 +1448,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("gateways", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway", "metadata": {"name": "waypoint"},
         "spec": {"gatewayClassName": "istio-waypoint", "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE", "allowedRoutes": {"namespaces": {"from": "All"}}}]}}));
     for ns in ["default", "shop", "istio-system"] {
-        kube.apply("namespaces", json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+        kube.apply(
+            "namespaces",
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        );
     }
     // Istio's labels for a Service that uses a waypoint of another namespace.
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop",
@@ -899,16 +1467,37 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "mesh-deny", "namespace": "istio-system"},
         "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}], "action": "DENY",
                  "rules": [{"to": [{"operation": {"paths": ["/root-denied"]}}]}]}}));
-    let route = |v2_rule: serde_json::Value| json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "echo"},
+    let route = |v2_rule: serde_json::Value| {
+        json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "echo"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 80}],
-                 "rules": [v2_rule, {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v1", "port": 80, "weight": 1}]}]}});
+                 "rules": [v2_rule, {"matches": [{"path": {"type": "PathPrefix", "value": "/"}}], "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v1", "port": 80, "weight": 1}]}]}})
+    };
     kube.apply("httproutes", route(json!({"matches": [{"headers": [{"type": "Exact", "name": "x-version", "value": "v2"}]}],
         "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v2", "port": 80, "weight": 1}]})));
     let env = istiod.env(&token);
     let node_args = [
-        vec!["--pod".into(), format!("{}={}", pod_uid("n1p1"), topo.pod("n1p1").netns.path().display()),
-             "--pod".into(), format!("{}={}", pod_uid("n1p3"), topo.pod("n1p3").netns.path().display())],
-        vec!["--pod".into(), format!("{}={}", pod_uid("n2p1"), topo.pod("n2p1").netns.path().display())],
+        vec![
+            "--pod".into(),
+            format!(
+                "{}={}",
+                pod_uid("n1p1"),
+                topo.pod("n1p1").netns.path().display()
+            ),
+            "--pod".into(),
+            format!(
+                "{}={}",
+                pod_uid("n1p3"),
+                topo.pod("n1p3").netns.path().display()
+            ),
+        ],
+        vec![
+            "--pod".into(),
+            format!(
+                "{}={}",
+                pod_uid("n2p1"),
+                topo.pod("n2p1").netns.path().display()
+            ),
+        ],
     ];
     let mesh = Mesh::start_with_istiod(topo, &node_args, &env)?;
     let t = &mesh.topo;
@@ -925,46 +1514,129 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         ("KUBECONFIG".into(), kubeconfig.display().to_string()),
     ]);
     let wenv: Vec<(&str, &str)> = wenv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let waypoint = t.pod("n1p2").netns.spawn(bins::waypoint(), &[], &wenv, &t.dir.join("waypoint.log"))?;
+    let waypoint =
+        t.pod("n1p2")
+            .netns
+            .spawn(bins::waypoint(), &[], &wenv, &t.dir.join("waypoint.log"))?;
     waypoint.wait_log("waypoint ready", READY)?;
-    let _apps = [http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?, http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?];
+    let _apps = [
+        http_app::HttpApp::start(&t.pod("n1p3").netns, 8080, "n1p3", false)?,
+        http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?,
+    ];
     // Ready once istiod's state and the Kubernetes objects are in.
     let ready_at: SocketAddr = SocketAddr::new(t.pod("n1p2").ip, 15021);
-    wait_for_ready(t.node(1), ready_at).await.with_context(|| waypoint.log_text())?;
+    wait_for_ready(t.node(1), ready_at)
+        .await
+        .with_context(|| waypoint.log_text())?;
     // Its certificate came from the Istio CA, for its own identity.
     let wp_id = "spiffe://cluster.local/ns/default/sa/waypoint";
-    istiod.wait("the waypoint's certificate", Duration::from_secs(5), |r| r.issued.iter().any(|i| i.identity == wp_id && i.impersonated.is_none())).await?;
-    istiod.wait("the waypoint's subscription", Duration::from_secs(5), |r| {
-        r.seen.iter().any(|s| s.node_id.as_deref() == Some("router~10.10.1.12~n1p2.default~default.svc.cluster.local"))
-    }).await?;
+    istiod
+        .wait("the waypoint's certificate", Duration::from_secs(5), |r| {
+            r.issued
+                .iter()
+                .any(|i| i.identity == wp_id && i.impersonated.is_none())
+        })
+        .await?;
+    istiod
+        .wait("the waypoint's subscription", Duration::from_secs(5), |r| {
+            r.seen.iter().any(|s| {
+                s.node_id.as_deref()
+                    == Some("router~10.10.1.12~n1p2.default~default.svc.cluster.local")
+            })
+        })
+        .await?;
 
     // Routing from the HTTPRoute: header to v2, default to v1.
-    let mut c = http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.10:80".parse()?, echo).await?;
+    let mut c =
+        http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.10:80".parse()?, echo).await?;
     let r = c.get("/x").await.with_context(|| waypoint.log_text())?;
-    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", waypoint.log_text());
-    assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
-    assert_eq!(r.echoed("x-forwarded-client-cert"), [format!("By={wp_id};URI=spiffe://cluster.local/ns/default/sa/sleep")]);
+    assert_eq!(
+        (r.status.as_u16(), r.pod().as_str()),
+        (200, "n2p1"),
+        "{r:?}\n{}",
+        waypoint.log_text()
+    );
+    assert_eq!(
+        c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(),
+        "n1p3"
+    );
+    assert_eq!(
+        r.echoed("x-forwarded-client-cert"),
+        [format!(
+            "By={wp_id};URI=spiffe://cluster.local/ns/default/sa/sleep"
+        )]
+    );
 
     // Namespace shop's route applies to its Service; the root namespace's DENY to both.
-    let mut shop = http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.20:80".parse()?, cart).await?;
+    let mut shop =
+        http_app::H1Client::connect(&t.pod("n1p1").netns, "10.96.0.20:80".parse()?, cart).await?;
     let r = shop.get("/x").await?;
-    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", waypoint.log_text());
+    assert_eq!(
+        (r.status.as_u16(), r.pod().as_str()),
+        (200, "n2p1"),
+        "{r:?}\n{}",
+        waypoint.log_text()
+    );
     assert_eq!(r.echoed("x-route"), ["shop/cart"], "{r:?}");
     assert_eq!(shop.get("/root-denied").await?.status, 403);
     assert_eq!(c.get("/root-denied").await?.status, 403);
-    assert!(waypoint.log_text().contains("authz.denied_by=\"istio-system/mesh-deny\""), "{}", waypoint.log_text());
+    assert!(
+        waypoint
+            .log_text()
+            .contains("authz.denied_by=\"istio-system/mesh-deny\""),
+        "{}",
+        waypoint.log_text()
+    );
     // The admin endpoint names what was taken from where, and why.
-    let (code, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+    let (code, body) = fake_istiod::http_get(
+        &t.pod("n1p2").netns,
+        "127.0.0.1:15000".parse()?,
+        "/config_dump",
+    )
+    .await?;
     assert_eq!(code, 200, "{body}");
     let d: serde_json::Value = serde_json::from_str(&body)?;
-    let names = |k: &str| d[k].as_array().into_iter().flatten().map(|o| format!("{}/{}", o["namespace"].as_str().unwrap_or("?"), o["name"].as_str().unwrap_or("?"))).collect::<Vec<_>>();
+    let names = |k: &str| {
+        d[k].as_array()
+            .into_iter()
+            .flatten()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["namespace"].as_str().unwrap_or("?"),
+                    o["name"].as_str().unwrap_or("?")
+                )
+            })
+            .collect::<Vec<_>>()
+    };
     assert_eq!(names("httpRoutes"), ["default/echo", "shop/cart"], "{body}");
-    assert_eq!(names("authorizationPolicies"), ["istio-system/mesh-deny"], "{body}");
+    assert_eq!(
+        names("authorizationPolicies"),
+        ["istio-system/mesh-deny"],
+        "{body}"
+    );
     assert_eq!(d["waypoint"]["configSource"], "kubernetes");
-    assert_eq!(d["waypoint"]["scope"]["labelledServices"], json!(["shop/cart"]), "{body}");
-    assert_eq!(d["waypoint"]["scope"]["servicesFromIstiod"], json!(["default/echo", "shop/cart"]), "{body}");
-    assert_eq!(d["waypoint"]["rejected"], json!([]), "blog's route is not ours to reject: {body}");
-    assert!(d["services"].as_array().is_some_and(|s| s.iter().any(|s| s["hostname"] == cart)), "{body}");
+    assert_eq!(
+        d["waypoint"]["scope"]["labelledServices"],
+        json!(["shop/cart"]),
+        "{body}"
+    );
+    assert_eq!(
+        d["waypoint"]["scope"]["servicesFromIstiod"],
+        json!(["default/echo", "shop/cart"]),
+        "{body}"
+    );
+    assert_eq!(
+        d["waypoint"]["rejected"],
+        json!([]),
+        "blog's route is not ours to reject: {body}"
+    );
+    assert!(
+        d["services"]
+            .as_array()
+            .is_some_and(|s| s.iter().any(|s| s["hostname"] == cart)),
+        "{body}"
+    );
 
     // A GRPCRoute arrives from Kubernetes: one method to v2.
     kube.apply("grpcroutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "GRPCRoute", "metadata": {"name": "echo-grpc"},
@@ -980,7 +1652,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(to_v2, "{}", waypoint.log_text());
-    assert_eq!(c.request("POST", "/echo.Health/Watch", &[]).await?.pod(), "n2p1");
+    assert_eq!(
+        c.request("POST", "/echo.Health/Watch", &[]).await?.pod(),
+        "n2p1"
+    );
 
     // DestinationRule subsets in a cluster: endpoints by their Pods' labels (read from
     // the API). Until n1p3's labels are known no endpoint is in subset v2 (503); then it is.
@@ -988,12 +1663,21 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         "spec": {"host": echo, "subsets": [{"name": "v2", "labels": {"version": "v2"}}]}}));
     kube.apply("virtualservices", json!({"apiVersion": "networking.istio.io/v1", "kind": "VirtualService", "metadata": {"name": "echo"},
         "spec": {"hosts": [echo], "http": [{"match": [{"headers": {"x-subset": {"exact": "v2"}}}], "route": [{"destination": {"host": "echo", "subset": "v2"}}]}]}}));
-    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 503).await.with_context(|| waypoint.log_text())?;
+    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 503)
+        .await
+        .with_context(|| waypoint.log_text())?;
     kube.apply("pods", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "n1p3", "namespace": "default", "labels": {"app": "echo", "version": "v2"}}}));
     kube.apply("pods", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "n2p1", "namespace": "default", "labels": {"app": "echo", "version": "v1"}}}));
-    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 200).await.with_context(|| waypoint.log_text())?;
+    wait_for_status_with(&mut c, "/subset", &[("x-subset", "v2")], 200)
+        .await
+        .with_context(|| waypoint.log_text())?;
     for _ in 0..5 {
-        assert_eq!(c.request("GET", "/subset", &[("x-subset", "v2")]).await?.pod(), "n1p3");
+        assert_eq!(
+            c.request("GET", "/subset", &[("x-subset", "v2")])
+                .await?
+                .pod(),
+            "n1p3"
+        );
     }
     kube.delete("virtualservices", "echo");
     kube.delete("destinationrules", "echo");
@@ -1004,7 +1688,12 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         "spec": {"accessLogging": [{"providers": [{"name": "envoy"}], "filter": {"expression": "request.headers['x-debug'] == 'on'"}}]}}));
     let mut listed = false;
     for _ in 0..50 {
-        let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        let (_, body) = fake_istiod::http_get(
+            &t.pod("n1p2").netns,
+            "127.0.0.1:15000".parse()?,
+            "/config_dump",
+        )
+        .await?;
         if body.contains("mesh-default") {
             listed = true;
             break;
@@ -1013,9 +1702,20 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     }
     assert!(listed, "{}", waypoint.log_text());
     assert_eq!(c.get("/k8s-quiet").await?.status, 200);
-    assert_eq!(c.request("GET", "/k8s-logged", &[("x-debug", "on")]).await?.status, 200);
-    wait_for("the debug line", Duration::from_secs(5), || waypoint.log_text().contains("path=/k8s-logged"))?;
-    assert!(!waypoint.log_text().contains("path=/k8s-quiet"), "{}", waypoint.log_text());
+    assert_eq!(
+        c.request("GET", "/k8s-logged", &[("x-debug", "on")])
+            .await?
+            .status,
+        200
+    );
+    wait_for("the debug line", Duration::from_secs(5), || {
+        waypoint.log_text().contains("path=/k8s-logged")
+    })?;
+    assert!(
+        !waypoint.log_text().contains("path=/k8s-quiet"),
+        "{}",
+        waypoint.log_text()
+    );
     kube.delete_in("telemetries", "istio-system", "mesh-default");
 
     // A backend in another namespace: 500 until a ReferenceGrant there allows it.
@@ -1023,17 +1723,26 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}],
                  "rules": [{"matches": [{"headers": [{"type": "Exact", "name": "x-shop", "value": "yes"}]}],
                             "backendRefs": [{"group": "", "kind": "Service", "name": "cart", "namespace": "shop", "port": 80, "weight": 1}]}]}}));
-    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 500).await.with_context(|| waypoint.log_text())?;
+    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 500)
+        .await
+        .with_context(|| waypoint.log_text())?;
     kube.apply("referencegrants", json!({"apiVersion": "gateway.networking.k8s.io/v1beta1", "kind": "ReferenceGrant", "metadata": {"name": "routes-from-default", "namespace": "shop"},
         "spec": {"from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "default"}], "to": [{"group": "", "kind": "Service", "name": "cart"}]}}));
-    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 200).await.with_context(|| waypoint.log_text())?;
-    assert_eq!(c.request("GET", "/cart", &[("x-shop", "yes")]).await?.pod(), "n2p1");
+    wait_for_status_with(&mut c, "/cart", &[("x-shop", "yes")], 200)
+        .await
+        .with_context(|| waypoint.log_text())?;
+    assert_eq!(
+        c.request("GET", "/cart", &[("x-shop", "yes")]).await?.pod(),
+        "n2p1"
+    );
     kube.delete("httproutes", "to-shop");
 
     // An AuthorizationPolicy arrives from Kubernetes: denied by path.
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "deny-admin"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "DENY", "rules": [{"to": [{"operation": {"paths": ["/admin*"]}}]}]}}));
-    wait_for_status(&mut c, "/admin", 403).await.with_context(|| waypoint.log_text())?;
+    wait_for_status(&mut c, "/admin", 403)
+        .await
+        .with_context(|| waypoint.log_text())?;
     assert_eq!(c.get("/x").await?.status, 200);
 
     // The route changes: everything to v2. A broken route is refused and changes nothing.
@@ -1041,7 +1750,9 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         "backendRefs": [{"group": "", "kind": "Service", "name": "echo-v2", "port": 80, "weight": 1}]})));
     kube.apply("httproutes", json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "broken"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}], "rules": [{"backendRefs": [{"name": "echo-v1"}]}]}}));
-    wait_for("route change", Duration::from_secs(10), || waypoint.log_text().contains("object rejected"))?;
+    wait_for("route change", Duration::from_secs(10), || {
+        waypoint.log_text().contains("object rejected")
+    })?;
     let mut all_v2 = false;
     for _ in 0..50 {
         if c.get("/y").await?.pod() == "n1p3" {
@@ -1059,11 +1770,28 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     // request to its target instead of vanishing (which would allow everyone).
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "jwt-only"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "ALLOW", "rules": [{"when": [{"key": "connection.sni", "values": ["x"]}]}]}}));
-    wait_for_status(&mut c, "/x", 403).await.with_context(|| waypoint.log_text())?;
-    assert!(waypoint.log_text().contains("denying every request to its targets"), "{}", waypoint.log_text());
-    let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
+    wait_for_status(&mut c, "/x", 403)
+        .await
+        .with_context(|| waypoint.log_text())?;
+    assert!(
+        waypoint
+            .log_text()
+            .contains("denying every request to its targets"),
+        "{}",
+        waypoint.log_text()
+    );
+    let mut mc = http_app::H1Client::connect(
+        &t.pod("n1p2").netns,
+        "127.0.0.1:15020".parse()?,
+        "localhost",
+    )
+    .await?;
     let text = mc.get("/stats/prometheus").await?.body;
-    assert!(text.lines().any(|l| l == "ztunnel_unenforceable_policies{source=\"kubernetes\"} 1"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "ztunnel_unenforceable_policies{source=\"kubernetes\"} 1"),
+        "{text}"
+    );
     kube.delete("authorizationpolicies", "jwt-only");
     wait_for_status(&mut c, "/x", 200).await?;
 
@@ -1071,10 +1799,18 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     let jwk = json!({"keys": [{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0"}]});
     kube.apply("requestauthentications", json!({"apiVersion": "security.istio.io/v1", "kind": "RequestAuthentication", "metadata": {"name": "jwt"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "jwtRules": [{"issuer": "https://idp.example", "jwks": jwk.to_string()}]}}));
-    let other = format!("Bearer {}.{}.AAAA", b64url(br#"{"alg":"ES256"}"#), b64url(br#"{"iss":"https://other.example","sub":"x"}"#));
+    let other = format!(
+        "Bearer {}.{}.AAAA",
+        b64url(br#"{"alg":"ES256"}"#),
+        b64url(br#"{"iss":"https://other.example","sub":"x"}"#)
+    );
     let mut got = 0;
     for _ in 0..50 {
-        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        got = c
+            .request("GET", "/x", &[("authorization", &other)])
+            .await?
+            .status
+            .as_u16();
         if got == 401 {
             break;
         }
@@ -1084,7 +1820,11 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(c.get("/x").await?.status, 200, "no token: passes on");
     kube.delete("requestauthentications", "jwt");
     for _ in 0..50 {
-        got = c.request("GET", "/x", &[("authorization", &other)]).await?.status.as_u16();
+        got = c
+            .request("GET", "/x", &[("authorization", &other)])
+            .await?
+            .status
+            .as_u16();
         if got == 200 {
             break;
         }
@@ -1098,13 +1838,25 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "ext"},
         "spec": {"targetRefs": [{"group": "", "kind": "Service", "name": "echo"}], "action": "CUSTOM", "provider": {"name": "open"},
                  "rules": [{"to": [{"operation": {"paths": ["/ext*"]}}]}]}}));
-    wait_for_status(&mut c, "/ext", 403).await.with_context(|| waypoint.log_text())?;
+    wait_for_status(&mut c, "/ext", 403)
+        .await
+        .with_context(|| waypoint.log_text())?;
     assert_eq!(c.get("/x").await?.status, 200);
     kube.apply("configmaps", json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "istio", "namespace": "istio-system"},
         "data": {"mesh": "extensionProviders:\n- {name: open, envoyExtAuthzHttp: {service: nowhere.default.svc.cluster.local, port: 80, failOpen: true}}\n"}}));
-    wait_for_status(&mut c, "/ext", 200).await.with_context(|| waypoint.log_text())?;
-    let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
-    assert!(body.contains("envoyExtAuthzHttp"), "the dump names the provider: {body}");
+    wait_for_status(&mut c, "/ext", 200)
+        .await
+        .with_context(|| waypoint.log_text())?;
+    let (_, body) = fake_istiod::http_get(
+        &t.pod("n1p2").netns,
+        "127.0.0.1:15000".parse()?,
+        "/config_dump",
+    )
+    .await?;
+    assert!(
+        body.contains("envoyExtAuthzHttp"),
+        "the dump names the provider: {body}"
+    );
     kube.delete("authorizationpolicies", "ext");
 
     // shop/cart drops its labels: the label watch loses it (istiod still routes it here,
@@ -1112,7 +1864,12 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("services", json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cart", "namespace": "shop"}, "spec": {"ports": [{"port": 80}]}}));
     let mut scope = serde_json::Value::Null;
     for _ in 0..50 {
-        let (_, body) = fake_istiod::http_get(&t.pod("n1p2").netns, "127.0.0.1:15000".parse()?, "/config_dump").await?;
+        let (_, body) = fake_istiod::http_get(
+            &t.pod("n1p2").netns,
+            "127.0.0.1:15000".parse()?,
+            "/config_dump",
+        )
+        .await?;
         scope = serde_json::from_str::<serde_json::Value>(&body)?["waypoint"]["scope"].take();
         if scope["labelledServices"] == json!([]) {
             break;
@@ -1126,7 +1883,10 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
 
 async fn wait_for_ready(ns: &netsim::Netns, addr: SocketAddr) -> Result<()> {
     for _ in 0..100 {
-        if fake_istiod::readiness(ns, addr).await.is_ok_and(|(c, _)| c == 200) {
+        if fake_istiod::readiness(ns, addr)
+            .await
+            .is_ok_and(|(c, _)| c == 200)
+        {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1138,7 +1898,12 @@ async fn wait_for_status(c: &mut http_app::H1Client, path: &str, status: u16) ->
     wait_for_status_with(c, path, &[], status).await
 }
 
-async fn wait_for_status_with(c: &mut http_app::H1Client, path: &str, headers: &[(&str, &str)], status: u16) -> Result<()> {
+async fn wait_for_status_with(
+    c: &mut http_app::H1Client,
+    path: &str,
+    headers: &[(&str, &str)],
+    status: u16,
+) -> Result<()> {
     for _ in 0..100 {
         if c.request("GET", path, headers).await?.status.as_u16() == status {
             return Ok(());
@@ -1155,7 +1920,15 @@ async fn wait_for_status_with(c: &mut http_app::H1Client, path: &str, headers: &
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connections() -> Result<()> {
     const FLOOD: usize = 20;
-    let m = L7Mesh::start("l7hl", "", &[("HBONE_MAX_HANDSHAKES_PER_IP", "2"), ("HBONE_IDLE_TIMEOUT_SECONDS", "1")]).await?;
+    let m = L7Mesh::start(
+        "l7hl",
+        "",
+        &[
+            ("HBONE_MAX_HANDSHAKES_PER_IP", "2"),
+            ("HBONE_IDLE_TIMEOUT_SECONDS", "1"),
+        ],
+    )
+    .await?;
     let t = &m.mesh.topo;
     let hbone = SocketAddr::new(t.pod("n1p2").ip, 15008);
     // From the node's netns: a source outside the mesh that stalls in the handshake.
@@ -1169,43 +1942,81 @@ async fn the_waypoints_hbone_server_limits_handshakes_and_closes_idle_connection
         flood.push(tokio::spawn(async move {
             use tokio::io::AsyncReadExt;
             let mut buf = [0u8; 256];
-            let r = tokio::time::timeout(Duration::from_secs(15), async { while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {} }).await;
+            let r = tokio::time::timeout(Duration::from_secs(15), async {
+                while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+            })
+            .await;
             r.ok().map(|_| opened.elapsed())
         }));
     }
     let r = m.h1().await?.get("/hello").await?;
-    assert_eq!(r.status, 200, "a request through the waypoint during the flood: {r:?}\n{}", m.log());
+    assert_eq!(
+        r.status,
+        200,
+        "a request through the waypoint during the flood: {r:?}\n{}",
+        m.log()
+    );
     let mut closed = Vec::new();
     for f in flood {
-        closed.push(f.await?.context("a flooding connection was still open after 15 s")?);
+        closed.push(
+            f.await?
+                .context("a flooding connection was still open after 15 s")?,
+        );
     }
-    let at_once = closed.iter().filter(|d| **d < Duration::from_secs(1)).count();
-    assert!(at_once >= FLOOD - 2, "{at_once} of {FLOOD} closed at once: {closed:?}");
-    assert!(closed.iter().all(|d| *d <= Duration::from_millis(6500)), "held past the 5 s deadline: {closed:?}");
+    let at_once = closed
+        .iter()
+        .filter(|d| **d < Duration::from_secs(1))
+        .count();
+    assert!(
+        at_once >= FLOOD - 2,
+        "{at_once} of {FLOOD} closed at once: {closed:?}"
+    );
+    assert!(
+        closed.iter().all(|d| *d <= Duration::from_millis(6500)),
+        "held past the 5 s deadline: {closed:?}"
+    );
     let text = m.metrics().await?;
     let counted: u64 = text
         .lines()
         .find_map(|l| l.strip_prefix("ztunnel_hbone_rejections_total{reason=\"handshake_limit\"} "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
-    assert!(counted >= (FLOOD - 2) as u64, "{counted} refusals counted:\n{text}");
+    assert!(
+        counted >= (FLOOD - 2) as u64,
+        "{counted} refusals counted:\n{text}"
+    );
 
     // A mesh peer that completes the handshakes and opens nothing.
     let ca = hbone_peer::load_ca(&t.dir.join("ca"))?;
     let id = |sa: &str| ztunnel::identity::Identity::new("cluster.local", "default", sa);
     let cert = ca.issue(&id("client"), Duration::from_secs(600))?;
     let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)?;
-    let cfg = ztunnel::tls::client_config(&rustls::sign::CertifiedKey::new(cert.chain.clone(), key), &[ca.root()], vec![id("waypoint")])?;
+    let cfg = ztunnel::tls::client_config(
+        &rustls::sign::CertifiedKey::new(cert.chain.clone(), key),
+        &[ca.root()],
+        vec![id("waypoint")],
+    )?;
     let tcp = t.node(1).connect(hbone).await?;
     let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg))
-        .connect(rustls_pki_types::ServerName::IpAddress(hbone.ip().into()), tcp)
+        .connect(
+            rustls_pki_types::ServerName::IpAddress(hbone.ip().into()),
+            tcp,
+        )
         .await?;
     let started = std::time::Instant::now();
     let (_send, conn) = h2::client::handshake(tls).await?;
-    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await.context("an HBONE connection without streams stayed open")?;
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .context("an HBONE connection without streams stayed open")?;
     let took = started.elapsed();
-    assert!(ended.is_ok(), "closed with an error, not GOAWAY NO_ERROR: {ended:?}");
-    assert!(took >= Duration::from_millis(900), "closed after {took:?}, before the idle timeout");
+    assert!(
+        ended.is_ok(),
+        "closed with an error, not GOAWAY NO_ERROR: {ended:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "closed after {took:?}, before the idle timeout"
+    );
     Ok(())
 }
 
@@ -1235,9 +2046,16 @@ const WAYPOINT_EVENT_ONLY: &[&str] = &[
 fn library_scrape() -> String {
     let m = ztunnel::metrics::Metrics::default();
     m.xds.terminated("closed");
-    m.xds.message("type.googleapis.com/istio.workload.Address", 100, 0);
+    m.xds
+        .message("type.googleapis.com/istio.workload.Address", 100, 0);
     m.connection_refused("pod_limit");
-    let peers = ztunnel::metrics::TcpLabels::new("waypoint", Default::default(), Default::default(), None, true);
+    let peers = ztunnel::metrics::TcpLabels::new(
+        "waypoint",
+        Default::default(),
+        Default::default(),
+        None,
+        true,
+    );
     m.failed(&peers, "CONNECT");
     m.encode()
 }
@@ -1246,18 +2064,25 @@ fn library_scrape() -> String {
 /// before its `{` selector (scripts/dashboards.py checks that every query has one).
 fn dashboard_metrics(path: &std::path::Path) -> Result<std::collections::BTreeSet<String>> {
     let text = std::fs::read_to_string(path).with_context(|| path.display().to_string())?;
-    let d: serde_json::Value = serde_json::from_str(&text).with_context(|| path.display().to_string())?;
+    let d: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| path.display().to_string())?;
     let mut exprs: Vec<&str> = Vec::new();
     for p in d["panels"].as_array().context("no panels")? {
         for t in p["targets"].as_array().into_iter().flatten() {
             exprs.extend(t["expr"].as_str());
         }
     }
-    for v in d["templating"]["list"].as_array().context("no templating")? {
+    for v in d["templating"]["list"]
+        .as_array()
+        .context("no templating")?
+    {
         exprs.extend(v["definition"].as_str());
     }
     let re = regex::Regex::new(r"(?:^|[^A-Za-z0-9_:$])([A-Za-z_:][A-Za-z0-9_:]*)\{")?;
-    let names: std::collections::BTreeSet<String> = exprs.iter().flat_map(|e| re.captures_iter(e).map(|c| c[1].to_string())).collect();
+    let names: std::collections::BTreeSet<String> = exprs
+        .iter()
+        .flat_map(|e| re.captures_iter(e).map(|c| c[1].to_string()))
+        .collect();
     anyhow::ensure!(names.len() > 5, "{}: only {names:?}", path.display());
     Ok(names)
 }
@@ -1274,9 +2099,19 @@ fn exported(scrapes: &[&str], sample: &str) -> bool {
             })
         };
         let typed = declared(sample, &["gauge", "unknown"])
-            || sample.strip_suffix("_total").is_some_and(|f| declared(f, &["counter"]))
-            || ["_bucket", "_sum", "_count"].iter().any(|sfx| sample.strip_suffix(sfx).is_some_and(|f| declared(f, &["histogram"])));
-        typed && s.lines().any(|l| l.strip_prefix(sample).is_some_and(|r| r.starts_with('{') || r.starts_with(' ')))
+            || sample
+                .strip_suffix("_total")
+                .is_some_and(|f| declared(f, &["counter"]))
+            || ["_bucket", "_sum", "_count"].iter().any(|sfx| {
+                sample
+                    .strip_suffix(sfx)
+                    .is_some_and(|f| declared(f, &["histogram"]))
+            });
+        typed
+            && s.lines().any(|l| {
+                l.strip_prefix(sample)
+                    .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+            })
     })
 }
 
@@ -1294,7 +2129,11 @@ fn dns_answers(pod: &Pod, name: &str) -> Result<u16> {
         s.send_to(&q, "127.0.0.1:15053")?;
         let mut buf = [0u8; 512];
         let n = s.recv(&mut buf)?;
-        anyhow::ensure!(n >= 12 && buf[..2] == [0x12, 0x34] && buf[3] & 0x0f == 0, "bad DNS answer {:?}", &buf[..n]);
+        anyhow::ensure!(
+            n >= 12 && buf[..2] == [0x12, 0x34] && buf[3] & 0x0f == 0,
+            "bad DNS answer {:?}",
+            &buf[..n]
+        );
         Ok(u16::from_be_bytes([buf[6], buf[7]]))
     })?
 }
@@ -1308,33 +2147,61 @@ async fn dashboards_query_only_exported_metrics() -> Result<()> {
     assert_eq!(c.get("/hello").await?.status, 200);
     assert_eq!(c.get("/admin").await?.status, 403);
     drop(c);
-    let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:9000").parse()?)
+        .await?;
     assert!(!echo_roundtrip(&mut s, b"opaque").await?.is_empty());
     let client = m.mesh.topo.pod("n1p1");
     assert!(dns_answers(client, "echo.default.svc.cluster.local")? >= 1);
-    wait_for("L4 log", Duration::from_secs(5), || m.log().contains("direction=\"waypoint\""))?;
+    wait_for("L4 log", Duration::from_secs(5), || {
+        m.log().contains("direction=\"waypoint\"")
+    })?;
     // Failures: a name outside the mesh (forwarded upstream, whatever the answer), a port
     // nothing listens on, and bytes that are not TLS on a pod's HBONE port.
-    let q = [0x43, 0x21, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 7, b'e', b'x', b'a', b'm', b'p', b'l', b'e', 3, b'c', b'o', b'm', 0, 0, 1, 0, 1];
-    client.netns.run(|| std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.send_to(&q, "127.0.0.1:15053")))??;
+    let q = [
+        0x43, 0x21, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0, 7, b'e', b'x', b'a', b'm', b'p', b'l',
+        b'e', 3, b'c', b'o', b'm', 0, 0, 1, 0, 1,
+    ];
+    client.netns.run(|| {
+        std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.send_to(&q, "127.0.0.1:15053"))
+    })??;
     let server = m.mesh.topo.pod("n2p1").ip;
     if let Ok(mut s) = client.netns.connect(SocketAddr::new(server, 7777)).await {
-        let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"anyone?")).await;
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"anyone?")).await;
     }
-    let mut s = m.mesh.topo.node(1).connect(SocketAddr::new(server, 15008)).await?;
-    let _ = tokio::time::timeout(Duration::from_secs(5), echo_roundtrip(&mut s, b"GET / HTTP/1.1\r\n\r\n")).await;
+    let mut s = m
+        .mesh
+        .topo
+        .node(1)
+        .connect(SocketAddr::new(server, 15008))
+        .await?;
+    let _ = tokio::time::timeout(
+        Duration::from_secs(5),
+        echo_roundtrip(&mut s, b"GET / HTTP/1.1\r\n\r\n"),
+    )
+    .await;
 
     // Counters are updated as connections end: wait for the failures to be counted.
     let mut ztunnels = Vec::new();
     for _ in 0..100 {
         ztunnels.clear();
         for n in 1..=2 {
-            let mut mc = http_app::H1Client::connect(m.mesh.topo.node(n), "127.0.0.1:15020".parse()?, "localhost").await?;
+            let mut mc = http_app::H1Client::connect(
+                m.mesh.topo.node(n),
+                "127.0.0.1:15020".parse()?,
+                "localhost",
+            )
+            .await?;
             ztunnels.push(mc.get("/stats/prometheus").await?.body);
         }
         let z: Vec<&str> = ztunnels.iter().map(String::as_str).collect();
         let counted = |name| exported(&z, name);
-        if counted("istio_tcp_connections_failed_total") && counted("ztunnel_hbone_rejections_total") && counted("istio_dns_upstream_requests_total") {
+        if counted("istio_tcp_connections_failed_total")
+            && counted("ztunnel_hbone_rejections_total")
+            && counted("istio_dns_upstream_requests_total")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1345,18 +2212,36 @@ async fn dashboards_query_only_exported_metrics() -> Result<()> {
     let mut problems = Vec::new();
     let z: Vec<&str> = ztunnels.iter().map(String::as_str).collect();
     for (dashboard, scrapes, event_only) in [
-        ("charts/ztunnel/files/dashboards/ztunnel.json", z.clone(), ZTUNNEL_EVENT_ONLY),
-        ("charts/waypoint/files/dashboards/waypoint.json", vec![waypoint.as_str()], WAYPOINT_EVENT_ONLY),
+        (
+            "charts/ztunnel/files/dashboards/ztunnel.json",
+            z.clone(),
+            ZTUNNEL_EVENT_ONLY,
+        ),
+        (
+            "charts/waypoint/files/dashboards/waypoint.json",
+            vec![waypoint.as_str()],
+            WAYPOINT_EVENT_ONLY,
+        ),
     ] {
-        let others: Vec<&str> = z.iter().copied().chain([waypoint.as_str(), library.as_str()]).collect();
+        let others: Vec<&str> = z
+            .iter()
+            .copied()
+            .chain([waypoint.as_str(), library.as_str()])
+            .collect();
         for name in dashboard_metrics(&root.join(dashboard))? {
-            let ok = exported(&scrapes, &name) || (event_only.contains(&name.as_str()) && exported(&others, &name));
+            let ok = exported(&scrapes, &name)
+                || (event_only.contains(&name.as_str()) && exported(&others, &name));
             if !ok {
                 problems.push(format!("{dashboard}: {name} is not exported (no sample of a family of that type) after traffic"));
             }
         }
     }
-    assert!(problems.is_empty(), "{}\n--- ztunnel node1:\n{}\n--- waypoint:\n{waypoint}", problems.join("\n"), ztunnels[0]);
+    assert!(
+        problems.is_empty(),
+        "{}\n--- ztunnel node1:\n{}\n--- waypoint:\n{waypoint}",
+        problems.join("\n"),
+        ztunnels[0]
+    );
     Ok(())
 }
 
@@ -1369,7 +2254,12 @@ fn start_nginx(pod: &Pod, dir: &std::path::Path) -> Result<netsim::Child> {
 }
 
 /// nginx in `ns` with these `server` blocks, its files in `dir`; waits for `ports`.
-fn start_nginx_in(ns: &netsim::Netns, dir: &std::path::Path, servers: &str, ports: &[u16]) -> Result<netsim::Child> {
+fn start_nginx_in(
+    ns: &netsim::Netns,
+    dir: &std::path::Path,
+    servers: &str,
+    ports: &[u16],
+) -> Result<netsim::Child> {
     std::fs::create_dir_all(dir)?;
     let p = dir.display();
     let conf = format!(
@@ -1384,10 +2274,16 @@ http {{
     );
     std::fs::write(dir.join("nginx.conf"), conf)?;
     let conf_path = dir.join("nginx.conf").display().to_string();
-    let child = ns.spawn("nginx", &["-p", &p.to_string(), "-c", &conf_path], &[], &dir.join("stdout.log"))?;
+    let child = ns.spawn(
+        "nginx",
+        &["-p", &p.to_string(), "-c", &conf_path],
+        &[],
+        &dir.join("stdout.log"),
+    )?;
     for &port in ports {
         wait_for(&format!("nginx on {port}"), Duration::from_secs(5), || {
-            ns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
+            ns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())
+                .unwrap_or(false)
         })?;
     }
     Ok(child)
@@ -1400,7 +2296,10 @@ http {{
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Result<()> {
     for tool in ["nginx", "curl", "h2load"] {
-        anyhow::ensure!(sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(), "{tool} is needed (scripts/deps.sh installs it)");
+        anyhow::ensure!(
+            sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(),
+            "{tool} is needed (scripts/deps.sh installs it)"
+        );
     }
     let topo = Topology::build(&prefix("wproto"), &[2, 1])?;
     let wp_ip = topo.pod("n1p2").ip;
@@ -1420,23 +2319,57 @@ async fn l7_upstream_protocol_follows_the_service_port_with_real_clients() -> Re
     let _nginx = start_nginx(t.pod("n2p1"), &t.dir)?;
     let client = &t.pod("n1p1").netns;
     let curl = |args: &[&str]| -> Result<String> {
-        let mut all = vec!["-sS", "--max-time", "10", "-w", " %{http_version} %{http_code}"];
+        let mut all = vec![
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            " %{http_version} %{http_code}",
+        ];
         all.extend_from_slice(args);
-        client.exec("curl", &all).with_context(|| waypoint.log_text())
+        client
+            .exec("curl", &all)
+            .with_context(|| waypoint.log_text())
     };
     // The client's protocol is what the client sees; the backend's is what the port says.
-    assert_eq!(curl(&["--http2-prior-knowledge", "http://10.96.0.30/"])?, "proto=HTTP/1.1\n 2 200");
-    assert_eq!(curl(&["--http1.1", "http://10.96.0.30/"])?, "proto=HTTP/1.1\n 1.1 200");
-    assert_eq!(curl(&["--http1.1", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 1.1 200");
-    assert_eq!(curl(&["--http2-prior-knowledge", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 2 200");
+    assert_eq!(
+        curl(&["--http2-prior-knowledge", "http://10.96.0.30/"])?,
+        "proto=HTTP/1.1\n 2 200"
+    );
+    assert_eq!(
+        curl(&["--http1.1", "http://10.96.0.30/"])?,
+        "proto=HTTP/1.1\n 1.1 200"
+    );
+    assert_eq!(
+        curl(&["--http1.1", "http://10.96.0.31/"])?,
+        "proto=HTTP/2.0\n 1.1 200"
+    );
+    assert_eq!(
+        curl(&["--http2-prior-knowledge", "http://10.96.0.31/"])?,
+        "proto=HTTP/2.0\n 2 200"
+    );
     // curl --http2 offers an h2c upgrade; the waypoint answers in HTTP/1.1 (as Envoy does
     // without upgrade config) and the backend still gets HTTP/2.
-    assert_eq!(curl(&["--http2", "http://10.96.0.31/"])?, "proto=HTTP/2.0\n 1.1 200");
+    assert_eq!(
+        curl(&["--http2", "http://10.96.0.31/"])?,
+        "proto=HTTP/2.0\n 1.1 200"
+    );
     // h2load: many multiplexed HTTP/2 requests, every one answered by the HTTP/1.1 backend.
-    let out = client.exec("h2load", &["-n", "400", "-c", "4", "-m", "10", "http://10.96.0.30/"])?;
-    let line = out.lines().find(|l| l.starts_with("requests:")).context("no h2load summary")?.to_string();
+    let out = client.exec(
+        "h2load",
+        &["-n", "400", "-c", "4", "-m", "10", "http://10.96.0.30/"],
+    )?;
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("requests:"))
+        .context("no h2load summary")?
+        .to_string();
     assert!(line.contains("400 succeeded, 0 failed"), "{line}\n{out}");
-    let codes = out.lines().find(|l| l.starts_with("status codes:")).unwrap_or_default().to_string();
+    let codes = out
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .unwrap_or_default()
+        .to_string();
     assert!(codes.starts_with("status codes: 400 2xx"), "{codes}");
     Ok(())
 }
@@ -1569,20 +2502,35 @@ async fn l7_request_authentication_with_jwt() -> Result<()> {
              \x20 rules: [{{to: [{{operation: {{paths: [/premium]}}}}], when: [{{key: 'request.auth.claims[plan][tier]', notValues: [gold]}}]}}]\n"
         )
     };
-    let m = L7Mesh::start("l7j", &policies(""), &[("JWKS_REFRESH_INTERVAL_SECONDS", "1")]).await?;
+    let m = L7Mesh::start(
+        "l7j",
+        &policies(""),
+        &[("JWKS_REFRESH_INTERVAL_SECONDS", "1")],
+    )
+    .await?;
     let mut c = m.h1().await?;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
     let claims = |iss: &str, tier: &str| json!({"iss": iss, "sub": "alice", "exp": now + 3600, "plan": {"tier": tier}});
     let bearer = |t: &str| format!("Bearer {t}");
 
     let good = sign(&rsa, claims("https://rsa.example", "gold"))?;
-    let r = c.request("GET", "/x", &[("authorization", &bearer(&good))]).await?;
+    let r = c
+        .request("GET", "/x", &[("authorization", &bearer(&good))])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
-    assert!(r.echoed("authorization").is_empty(), "the token reached the backend: {r:?}");
+    assert!(
+        r.echoed("authorization").is_empty(),
+        "the token reached the backend: {r:?}"
+    );
     assert_eq!(r.echoed("x-jwt-sub"), ["alice"]);
     // No token: not authenticated, so the ALLOW on requestPrincipals denies.
     let r = c.get("/x").await?;
-    assert_eq!((r.status.as_u16(), r.body.trim()), (403, "RBAC: access denied"));
+    assert_eq!(
+        (r.status.as_u16(), r.body.trim()),
+        (403, "RBAC: access denied")
+    );
     // A bad signature, an expired token, an unknown issuer: 401 whatever the policies.
     // The good token with its payload swapped for another subject's.
     let mut parts: Vec<String> = good.split('.').map(str::to_string).collect();
@@ -1594,28 +2542,63 @@ async fn l7_request_authentication_with_jwt() -> Result<()> {
     old["exp"] = json!(now - 3600);
     let expired = sign(&rsa, old)?;
     let unknown = sign(&rsa, claims("https://other.example", "gold"))?;
-    for (t, body) in [(&forged, "Jwt verification fails"), (&expired, "Jwt is expired"), (&unknown, "Jwt issuer is not configured")] {
-        let r = c.request("GET", "/x", &[("authorization", &bearer(t))]).await?;
+    for (t, body) in [
+        (&forged, "Jwt verification fails"),
+        (&expired, "Jwt is expired"),
+        (&unknown, "Jwt issuer is not configured"),
+    ] {
+        let r = c
+            .request("GET", "/x", &[("authorization", &bearer(t))])
+            .await?;
         assert_eq!((r.status.as_u16(), r.body.trim()), (401, body), "{r:?}");
-        assert_eq!(r.headers.get("www-authenticate").and_then(|v| v.to_str().ok()), Some("Bearer realm=\"http://echo.default.svc.cluster.local/x\", error=\"invalid_token\""));
+        assert_eq!(
+            r.headers
+                .get("www-authenticate")
+                .and_then(|v| v.to_str().ok()),
+            Some(
+                "Bearer realm=\"http://echo.default.svc.cluster.local/x\", error=\"invalid_token\""
+            )
+        );
     }
     // The claim-based DENY.
     let silver = sign(&rsa, claims("https://rsa.example", "silver"))?;
-    let r = c.request("GET", "/premium", &[("authorization", &bearer(&silver))]).await?;
+    let r = c
+        .request("GET", "/premium", &[("authorization", &bearer(&silver))])
+        .await?;
     assert_eq!(r.status, 403, "{r:?}");
-    let r = c.request("GET", "/premium", &[("authorization", &bearer(&good))]).await?;
+    let r = c
+        .request("GET", "/premium", &[("authorization", &bearer(&good))])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}");
 
     // ES256 keys from a jwksUri: a small HTTP server in the waypoint's pod.
     let pod = &m.mesh.topo.pod("n1p2");
     let www = m.mesh.topo.dir.join("jwks");
     std::fs::create_dir_all(&www)?;
-    std::fs::write(www.join("jwks.json"), json!({"keys": [ec.jwk.clone()]}).to_string())?;
+    std::fs::write(
+        www.join("jwks.json"),
+        json!({"keys": [ec.jwk.clone()]}).to_string(),
+    )?;
     let www_s = www.display().to_string();
-    let mut server = pod.netns.spawn("python3", &["-m", "http.server", "18080", "--bind", "127.0.0.1", "--directory", &www_s], &[], &m.mesh.topo.dir.join("jwks-server.log"))?;
+    let mut server = pod.netns.spawn(
+        "python3",
+        &[
+            "-m",
+            "http.server",
+            "18080",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            &www_s,
+        ],
+        &[],
+        &m.mesh.topo.dir.join("jwks-server.log"),
+    )?;
     let mut up = false;
     for _ in 0..100 {
-        if let Ok(mut h) = http_app::H1Client::connect(&pod.netns, "127.0.0.1:18080".parse()?, "localhost").await {
+        if let Ok(mut h) =
+            http_app::H1Client::connect(&pod.netns, "127.0.0.1:18080".parse()?, "localhost").await
+        {
             if h.get("/jwks.json").await.is_ok_and(|r| r.status == 200) {
                 up = true;
                 break;
@@ -1628,20 +2611,34 @@ async fn l7_request_authentication_with_jwt() -> Result<()> {
     let tmp = m.cfg_path.with_extension("tmp");
     std::fs::write(&tmp, format!("{}{}", m.base, policies(ec_rule)))?;
     std::fs::rename(&tmp, &m.cfg_path)?;
-    m.waypoint.wait_log("JWKS fetched", Duration::from_secs(10))?;
+    m.waypoint
+        .wait_log("JWKS fetched", Duration::from_secs(10))?;
     let ec_good = sign(&ec, claims("https://ec.example", "gold"))?;
-    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_good))]).await?;
+    let r = c
+        .request("GET", "/x", &[("authorization", &bearer(&ec_good))])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     let ec_forged = sign(&stranger, claims("https://ec.example", "gold"))?;
-    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_forged))]).await?;
+    let r = c
+        .request("GET", "/x", &[("authorization", &bearer(&ec_forged))])
+        .await?;
     assert_eq!(r.status, 401, "{r:?}");
     // The server goes away: refreshes fail, the last good keys stay in force.
     server.stop();
-    m.waypoint.wait_log("JWKS fetch failed", Duration::from_secs(10))?;
+    m.waypoint
+        .wait_log("JWKS fetch failed", Duration::from_secs(10))?;
     assert!(m.log().contains("kept_last_good_keys=true"), "{}", m.log());
-    let r = c.request("GET", "/x", &[("authorization", &bearer(&ec_good))]).await?;
+    let r = c
+        .request("GET", "/x", &[("authorization", &bearer(&ec_good))])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}");
-    assert!(m.log().contains("authn.principal=https://ec.example/alice") || m.log().contains("authn.principal=\"https://ec.example/alice\""), "{}", m.log());
+    assert!(
+        m.log().contains("authn.principal=https://ec.example/alice")
+            || m.log()
+                .contains("authn.principal=\"https://ec.example/alice\""),
+        "{}",
+        m.log()
+    );
     Ok(())
 }
 
@@ -1658,7 +2655,10 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
         sh("python3", &["-c", "import websockets, h2, hypercorn"]).is_ok(),
         "python3 with the websockets, h2 and hypercorn packages is needed (scripts/deps.sh installs them)"
     );
-    let peers = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ws_peers.py").display().to_string();
+    let peers = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/ws_peers.py")
+        .display()
+        .to_string();
     let topo = Topology::build(&prefix("wws"), &[2, 1])?;
     let wp_ip = topo.pod("n1p2").ip;
     let cfg = format!(
@@ -1679,12 +2679,29 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
     std::fs::write(&cfg_path, format!("{cfg}{deny}{route}"))?;
     let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
     let server = t.pod("n2p1");
-    let h1 = server.netns.spawn("python3", &[&peers, "serve-h1", "8080"], &[], &t.dir.join("ws-h1.log"))?;
-    let h2 = server.netns.spawn("python3", &[&peers, "serve-h2", "8081"], &[], &t.dir.join("ws-h2.log"))?;
+    let h1 = server.netns.spawn(
+        "python3",
+        &[&peers, "serve-h1", "8080"],
+        &[],
+        &t.dir.join("ws-h1.log"),
+    )?;
+    let h2 = server.netns.spawn(
+        "python3",
+        &[&peers, "serve-h2", "8081"],
+        &[],
+        &t.dir.join("ws-h2.log"),
+    )?;
     for (port, child) in [(8080, &h1), (8081, &h2)] {
-        wait_for(&format!("websocket server on {port}"), Duration::from_secs(15), || {
-            server.netns.run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()).unwrap_or(false)
-        })
+        wait_for(
+            &format!("websocket server on {port}"),
+            Duration::from_secs(15),
+            || {
+                server
+                    .netns
+                    .run(move || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())
+                    .unwrap_or(false)
+            },
+        )
         .with_context(|| child.log_text())?;
     }
     let client = &t.pod("n1p1").netns;
@@ -1692,60 +2709,134 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
         let mut all = vec![peers.as_str()];
         all.extend_from_slice(args);
         let out = client.exec("timeout", &[&["60", "python3"][..], &all].concat());
-        out.map(|s| s.trim().to_string())
-            .with_context(|| format!("{}\n--- h1 server:\n{}\n--- h2 server:\n{}", waypoint.log_text(), h1.log_text(), h2.log_text()))
+        out.map(|s| s.trim().to_string()).with_context(|| {
+            format!(
+                "{}\n--- h1 server:\n{}\n--- h2 server:\n{}",
+                waypoint.log_text(),
+                h1.log_text(),
+                h2.log_text()
+            )
+        })
     };
     // HTTP/1.1 client -> HTTP/1.1 backend: the upgrade passes as is.
     assert_eq!(run(&["client", "ws://10.96.0.40/chat"])?, "ok 3 echoes");
     // The upgrade request is authorized like any other.
     assert_eq!(run(&["status", "ws://10.96.0.40/private"])?, "status 403");
     // HTTP/2 extended CONNECT -> HTTP/1.1 backend: 200 <-> 101.
-    assert_eq!(run(&["client-h2", "10.96.0.40", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
+    assert_eq!(
+        run(&["client-h2", "10.96.0.40", "80", "/chat"])?,
+        "ok 3 echoes over extended CONNECT"
+    );
     // HTTP/1.1 client -> HTTP/2 backend (port says HTTP2): extended CONNECT upstream,
     // the waypoint answers the client's key.
     assert_eq!(run(&["client", "ws://10.96.0.41/chat"])?, "ok 3 echoes");
     // HTTP/2 to HTTP/2: extended CONNECT both ways.
-    assert_eq!(run(&["client-h2", "10.96.0.41", "80", "/chat"])?, "ok 3 echoes over extended CONNECT");
-    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 2, "{}", h2.log_text());
+    assert_eq!(
+        run(&["client-h2", "10.96.0.41", "80", "/chat"])?,
+        "ok 3 echoes over extended CONNECT"
+    );
+    assert_eq!(
+        h2.log_text().matches("websocket over HTTP/2").count(),
+        2,
+        "{}",
+        h2.log_text()
+    );
     // Routes apply to the upgrade: ws's /to-h2 is served by hypercorn, over HTTP/2.
     assert_eq!(run(&["client", "ws://10.96.0.40/to-h2"])?, "ok 3 echoes");
-    assert_eq!(h2.log_text().matches("websocket over HTTP/2").count(), 3, "{}", h2.log_text());
-    assert!(waypoint.log_text().contains("route=\"default/ws#0\""), "{}", waypoint.log_text());
+    assert_eq!(
+        h2.log_text().matches("websocket over HTTP/2").count(),
+        3,
+        "{}",
+        h2.log_text()
+    );
+    assert!(
+        waypoint.log_text().contains("route=\"default/ws#0\""),
+        "{}",
+        waypoint.log_text()
+    );
 
     // One log line per WebSocket once both sides closed, with the relayed bytes (each
     // way over 1 MB: the 1 MB message and its echo).
     wait_for("websocket log lines", Duration::from_secs(10), || {
-        waypoint.log_text().lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).count() >= 4
+        waypoint
+            .log_text()
+            .lines()
+            .filter(|l| l.contains("request complete") && l.contains("path=/chat"))
+            .count()
+            >= 4
     })
     .with_context(|| waypoint.log_text())?;
     let wl = waypoint.log_text();
-    let lines: Vec<&str> = wl.lines().filter(|l| l.contains("request complete") && l.contains("path=/chat")).collect();
+    let lines: Vec<&str> = wl
+        .lines()
+        .filter(|l| l.contains("request complete") && l.contains("path=/chat"))
+        .collect();
     let field = |l: &str, k: &str| -> u64 {
-        l.split_whitespace().find_map(|w| w.strip_prefix(k)).and_then(|v| v.parse().ok()).unwrap_or(0)
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     };
     for l in &lines {
-        assert!(field(l, "bytes_recv=") > 1_000_000 && field(l, "bytes_sent=") > 1_000_000, "{l}");
+        assert!(
+            field(l, "bytes_recv=") > 1_000_000 && field(l, "bytes_sent=") > 1_000_000,
+            "{l}"
+        );
         // hypercorn ends its streams only by closing its connection (tests/ws_peers.py).
-        assert!(!l.contains("error=") || l.contains("dst.service=\"ws-h2."), "{l}");
+        assert!(
+            !l.contains("error=") || l.contains("dst.service=\"ws-h2."),
+            "{l}"
+        );
     }
     // The status and method the client saw: 101 to a GET, 200 to an extended CONNECT.
-    assert_eq!(lines.iter().filter(|l| l.contains("status=101") && l.contains("method=GET")).count(), 2, "{wl}");
-    assert_eq!(lines.iter().filter(|l| l.contains("status=200") && l.contains("method=CONNECT")).count(), 2, "{wl}");
-    assert!(wl.contains("status=403") && wl.contains("authz.denied_by=\"default/no-private\""), "{wl}");
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("status=101") && l.contains("method=GET"))
+            .count(),
+        2,
+        "{wl}"
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.contains("status=200") && l.contains("method=CONNECT"))
+            .count(),
+        2,
+        "{wl}"
+    );
+    assert!(
+        wl.contains("status=403") && wl.contains("authz.denied_by=\"default/no-private\""),
+        "{wl}"
+    );
     // The request metrics count them (the routed one too) with the relayed bytes.
-    let mut mc = http_app::H1Client::connect(&t.pod("n1p2").netns, "127.0.0.1:15020".parse()?, "localhost").await?;
+    let mut mc = http_app::H1Client::connect(
+        &t.pod("n1p2").netns,
+        "127.0.0.1:15020".parse()?,
+        "localhost",
+    )
+    .await?;
     let metrics = mc.get("/stats/prometheus").await?.body;
     let count = |code: &str| -> u64 {
         metrics
             .lines()
-            .filter(|l| l.starts_with("istio_requests_total{") && l.contains(&format!("response_code=\"{code}\"")))
+            .filter(|l| {
+                l.starts_with("istio_requests_total{")
+                    && l.contains(&format!("response_code=\"{code}\""))
+            })
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
             .sum()
     };
-    assert_eq!((count("101"), count("200"), count("403")), (3, 2, 1), "{metrics}");
+    assert_eq!(
+        (count("101"), count("200"), count("403")),
+        (3, 2, 1),
+        "{metrics}"
+    );
     let sent: f64 = metrics
         .lines()
-        .filter(|l| l.starts_with("istio_response_bytes_sum{") && l.contains("response_code=\"101\""))
+        .filter(|l| {
+            l.starts_with("istio_response_bytes_sum{") && l.contains("response_code=\"101\"")
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(sent > 2_000_000.0, "{metrics}");
@@ -1757,7 +2848,11 @@ async fn l7_websockets_pass_with_real_clients_and_servers() -> Result<()> {
             let before = waypoint.cpu_time().context("waypoint CPU time")?;
             let out = run(&["bulk", url, "200"])?;
             let cpu = waypoint.cpu_time().context("waypoint CPU time")? - before;
-            println!("{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed", cpu.as_secs_f64(), cpu.as_secs_f64() * 1000.0 / 400.0);
+            println!(
+                "{url}: {out}; waypoint CPU {:.2} s, {:.2} ms per MiB relayed",
+                cpu.as_secs_f64(),
+                cpu.as_secs_f64() * 1000.0 / 400.0
+            );
         }
     }
     Ok(())
@@ -1813,78 +2908,189 @@ async fn l7_custom_policies_ask_http_and_grpc_authorizers() -> Result<()> {
     let mut c = m.h1().await?;
 
     // HTTP provider. Paths the rules don't match are never checked.
-    let r = c.request("GET", "/public", &[("x-ext-authz", "deny")]).await?;
+    let r = c
+        .request("GET", "/public", &[("x-ext-authz", "deny")])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     assert!(http_checks.lock().unwrap().is_empty());
-    let r = c.request("GET", "/private/a?q=1", &[("x-ext-authz", "allow"), ("x-other", "o")]).await?;
+    let r = c
+        .request(
+            "GET",
+            "/private/a?q=1",
+            &[("x-ext-authz", "allow"), ("x-other", "o")],
+        )
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
-    assert_eq!(r.echoed("x-user"), ["alice"], "headersToUpstreamOnAllow reach the backend");
-    assert_eq!(r.headers.get("x-authz-said").map(|v| v.as_bytes()), Some(&b"ok"[..]), "headersToDownstreamOnAllow reach the client");
+    assert_eq!(
+        r.echoed("x-user"),
+        ["alice"],
+        "headersToUpstreamOnAllow reach the backend"
+    );
+    assert_eq!(
+        r.headers.get("x-authz-said").map(|v| v.as_bytes()),
+        Some(&b"ok"[..]),
+        "headersToDownstreamOnAllow reach the client"
+    );
     assert!(r.echoed("x-unlisted").is_empty() && r.headers.get("x-unlisted").is_none());
     {
         let seen = http_checks.lock().unwrap();
         let check = seen.last().context("checked")?;
         // Envoy's check request: the method, pathPrefix + path, Host, no body, and only the listed headers.
-        assert_eq!((check.method.as_str(), check.path.as_str()), ("GET", "/check/private/a?q=1"));
-        assert_eq!(check.headers.get("host").map(String::as_str), Some("echo.default.svc.cluster.local"));
-        assert_eq!(check.headers.get("content-length").map(String::as_str), Some("0"));
-        assert!(check.headers.contains_key("x-ext-authz") && !check.headers.contains_key("x-other"), "{check:?}");
+        assert_eq!(
+            (check.method.as_str(), check.path.as_str()),
+            ("GET", "/check/private/a?q=1")
+        );
+        assert_eq!(
+            check.headers.get("host").map(String::as_str),
+            Some("echo.default.svc.cluster.local")
+        );
+        assert_eq!(
+            check.headers.get("content-length").map(String::as_str),
+            Some("0")
+        );
+        assert!(
+            check.headers.contains_key("x-ext-authz") && !check.headers.contains_key("x-other"),
+            "{check:?}"
+        );
     }
-    let r = c.request("GET", "/private", &[("x-ext-authz", "deny")]).await?;
-    assert_eq!((r.status.as_u16(), r.body.as_str()), (403, "denied by the authorizer"), "{r:?}");
-    assert_eq!(r.headers.get("x-reason").map(|v| v.as_bytes()), Some(&b"nope"[..]));
-    assert!(r.headers.get("x-secret").is_none(), "only headersToDownstreamOnDeny reach the client");
-    wait_for("deny log", Duration::from_secs(5), || m.log().contains("response_flags=\"UAEX\""))?;
+    let r = c
+        .request("GET", "/private", &[("x-ext-authz", "deny")])
+        .await?;
+    assert_eq!(
+        (r.status.as_u16(), r.body.as_str()),
+        (403, "denied by the authorizer"),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.headers.get("x-reason").map(|v| v.as_bytes()),
+        Some(&b"nope"[..])
+    );
+    assert!(
+        r.headers.get("x-secret").is_none(),
+        "only headersToDownstreamOnDeny reach the client"
+    );
+    wait_for("deny log", Duration::from_secs(5), || {
+        m.log().contains("response_flags=\"UAEX\"")
+    })?;
 
-    let reloads = |n: usize| wait_for("config reloaded", Duration::from_secs(5), || m.log().matches("config reloaded").count() >= n);
+    let reloads = |n: usize| {
+        wait_for("config reloaded", Duration::from_secs(5), || {
+            m.log().matches("config reloaded").count() >= n
+        })
+    };
     let reload = |provider: &str, n: usize| -> Result<()> {
         let tmp = m.cfg_path.with_extension("tmp");
-        std::fs::write(&tmp, format!("{}{EXT_AUTHZ_PROVIDERS}{}", m.base, custom_policy(provider)))?;
+        std::fs::write(
+            &tmp,
+            format!("{}{EXT_AUTHZ_PROVIDERS}{}", m.base, custom_policy(provider)),
+        )?;
         std::fs::rename(&tmp, &m.cfg_path)?;
         reloads(n)
     };
 
     // gRPC provider: the CheckRequest names both peers; answers set and remove headers.
     reload("grpc-authz", 1)?;
-    let r = c.request("POST", "/private/g", &[("x-ext-authz", "allow")]).await?;
+    let r = c
+        .request("POST", "/private/g", &[("x-ext-authz", "allow")])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     assert_eq!(r.echoed("x-user"), ["grpc-alice"]);
-    assert!(r.echoed("x-ext-authz").is_empty(), "headers_to_remove is applied");
-    assert_eq!(r.headers.get("x-grpc-said").map(|v| v.as_bytes()), Some(&b"ok"[..]));
+    assert!(
+        r.echoed("x-ext-authz").is_empty(),
+        "headers_to_remove is applied"
+    );
+    assert_eq!(
+        r.headers.get("x-grpc-said").map(|v| v.as_bytes()),
+        Some(&b"ok"[..])
+    );
     {
         let seen = grpc_checks.lock().unwrap();
         let check = seen.last().context("checked")?;
-        assert_eq!((check.method.as_str(), check.path.as_str()), ("POST", "/private/g"));
-        assert_eq!(check.source_principal, "spiffe://cluster.local/ns/default/sa/client");
-        assert_eq!(check.destination_principal, "spiffe://cluster.local/ns/default/sa/waypoint");
-        assert_eq!(check.headers.get(":authority").map(String::as_str), Some("echo.default.svc.cluster.local"));
+        assert_eq!(
+            (check.method.as_str(), check.path.as_str()),
+            ("POST", "/private/g")
+        );
+        assert_eq!(
+            check.source_principal,
+            "spiffe://cluster.local/ns/default/sa/client"
+        );
+        assert_eq!(
+            check.destination_principal,
+            "spiffe://cluster.local/ns/default/sa/waypoint"
+        );
+        assert_eq!(
+            check.headers.get(":authority").map(String::as_str),
+            Some("echo.default.svc.cluster.local")
+        );
     }
-    let r = c.request("GET", "/private", &[("x-ext-authz", "deny")]).await?;
-    assert_eq!((r.status.as_u16(), r.body.as_str()), (429, "the gRPC authorizer says no"), "{r:?}");
-    assert_eq!(r.headers.get("x-reason").map(|v| v.as_bytes()), Some(&b"grpc-nope"[..]));
-    assert_eq!(c.request("GET", "/private", &[("x-ext-authz", "unauth")]).await?.status, 401);
+    let r = c
+        .request("GET", "/private", &[("x-ext-authz", "deny")])
+        .await?;
+    assert_eq!(
+        (r.status.as_u16(), r.body.as_str()),
+        (429, "the gRPC authorizer says no"),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.headers.get("x-reason").map(|v| v.as_bytes()),
+        Some(&b"grpc-nope"[..])
+    );
+    assert_eq!(
+        c.request("GET", "/private", &[("x-ext-authz", "unauth")])
+            .await?
+            .status,
+        401
+    );
     assert_eq!(c.request("GET", "/public", &[]).await?.status, 200);
 
     // Nobody listens on 8001: statusOnError, or an allow when the provider fails open.
     reload("down", 2)?;
-    let r = c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?;
+    let r = c
+        .request("GET", "/private", &[("x-ext-authz", "allow")])
+        .await?;
     assert_eq!(r.status, 503, "{r:?}\n{}", m.log());
     reload("down-open", 3)?;
-    let r = c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?;
+    let r = c
+        .request("GET", "/private", &[("x-ext-authz", "allow")])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
 
     // Not an authorizer, or not there: what the policy matches is denied, the rest passes.
     for (provider, n) in [("zipkin", 4), ("missing", 5)] {
         reload(provider, n)?;
-        assert_eq!(c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?.status, 403, "{provider}");
-        assert_eq!(c.request("GET", "/public", &[]).await?.status, 200, "{provider}");
+        assert_eq!(
+            c.request("GET", "/private", &[("x-ext-authz", "allow")])
+                .await?
+                .status,
+            403,
+            "{provider}"
+        );
+        assert_eq!(
+            c.request("GET", "/public", &[]).await?.status,
+            200,
+            "{provider}"
+        );
     }
     // A bad provider in the file is refused with the field named; the last config stays.
     let tmp = m.cfg_path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{}{}{}", m.base, EXT_AUTHZ_PROVIDERS.replace("port: 9100", "port: 0"), custom_policy("http-authz")))?;
+    std::fs::write(
+        &tmp,
+        format!(
+            "{}{}{}",
+            m.base,
+            EXT_AUTHZ_PROVIDERS.replace("port: 9100", "port: 0"),
+            custom_policy("http-authz")
+        ),
+    )?;
     std::fs::rename(&tmp, &m.cfg_path)?;
-    m.waypoint.wait_log("config change rejected", Duration::from_secs(5))?;
-    assert!(m.log().contains("meshConfig.extensionProviders[1].envoyExtAuthzGrpc.port"), "{}", m.log());
+    m.waypoint
+        .wait_log("config change rejected", Duration::from_secs(5))?;
+    assert!(
+        m.log()
+            .contains("meshConfig.extensionProviders[1].envoyExtAuthzGrpc.port"),
+        "{}",
+        m.log()
+    );
     Ok(())
 }
 
@@ -1897,11 +3103,16 @@ async fn l7_tcp_routes_split_connections_by_weight() -> Result<()> {
     let m = L7Mesh::start("l7p", l7, &[]).await?;
     let (mut v1, mut v2) = (0, 0);
     for i in 0..40 {
-        let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+        let mut s = m
+            .client()
+            .connect(format!("{ECHO_VIP}:9000").parse()?)
+            .await?;
         // HTTP bytes are not served as HTTP: they come back as the echo server sent them.
         let req = format!("GET /{i} HTTP/1.1\r\nhost: echo\r\n\r\n");
         let out = String::from_utf8(echo_roundtrip(&mut s, req.as_bytes()).await?)?;
-        let (pod, rest) = out.split_once('\n').with_context(|| format!("{out:?}\n{}", m.log()))?;
+        let (pod, rest) = out
+            .split_once('\n')
+            .with_context(|| format!("{out:?}\n{}", m.log()))?;
         assert_eq!(rest, req, "connection {i}");
         match pod {
             "n1p3" => v2 += 1,
@@ -1909,7 +3120,10 @@ async fn l7_tcp_routes_split_connections_by_weight() -> Result<()> {
             other => anyhow::bail!("connection {i} reached {other}"),
         }
     }
-    assert!(v1 > 0 && v2 > 0, "1:1 weights over 40 connections gave v1 {v1}, v2 {v2}");
+    assert!(
+        v1 > 0 && v2 > 0,
+        "1:1 weights over 40 connections gave v1 {v1}, v2 {v2}"
+    );
     // Port 80 is untouched: HTTP as before.
     assert_eq!(m.h1().await?.get("/x").await?.status, 200);
     Ok(())
@@ -1926,7 +3140,9 @@ async fn l7_destination_rules_hash_and_break_circuits() -> Result<()> {
     let mut by_user = HashMap::new();
     for i in 0..60 {
         let user = format!("user-{}", i % 6);
-        let r = c.request("GET", "/hash", &[("x-user", user.as_str())]).await?;
+        let r = c
+            .request("GET", "/hash", &[("x-user", user.as_str())])
+            .await?;
         assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
         let pod = by_user.entry(user.clone()).or_insert_with(|| r.pod());
         assert_eq!(*pod, r.pod(), "{user} moved");
@@ -1946,10 +3162,16 @@ async fn l7_destination_rules_hash_and_break_circuits() -> Result<()> {
             break;
         }
     }
-    assert!(overflowed, "no request overflowed while one was in flight\n{}", m.log());
+    assert!(
+        overflowed,
+        "no request overflowed while one was in flight\n{}",
+        m.log()
+    );
     assert_eq!(in_flight.await??.status, 200);
     assert_eq!(c.get("/x").await?.status, 200);
-    wait_for("UO log", Duration::from_secs(5), || m.log().contains("response_flags=\"UO\""))?;
+    wait_for("UO log", Duration::from_secs(5), || {
+        m.log().contains("response_flags=\"UO\"")
+    })?;
     Ok(())
 }
 
@@ -1979,9 +3201,16 @@ async fn l7_virtual_services_route_and_inject_faults() -> Result<()> {
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     assert!(["n2p1", "n2p2"].contains(&r.pod().as_str()), "{r:?}");
     assert_eq!(r.echoed("x-vs"), ["applied"]);
-    assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
+    assert_eq!(
+        c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(),
+        "n1p3"
+    );
     let r = c.get("/abort/now").await?;
-    assert_eq!((r.status.as_u16(), r.body.trim()), (429, "fault filter abort"), "{r:?}");
+    assert_eq!(
+        (r.status.as_u16(), r.body.trim()),
+        (429, "fault filter abort"),
+        "{r:?}"
+    );
     let r = c.get("/slow").await?;
     assert_eq!(r.status, 200, "{r:?}");
     wait_for("fault logs", Duration::from_secs(5), || {
@@ -2004,17 +3233,34 @@ async fn l7_endpoints_outside_the_mesh_are_reached_in_plaintext() -> Result<()> 
          ports: {{80: 8090, 9000: 9090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
     );
     let m = L7Mesh::start_with("l7e", "", &[], workloads, &services).await?;
-    assert_eq!(m.mesh.topo.pod("n1p2").ip.to_string(), wp_ip, "the test names the waypoint's address");
+    assert_eq!(
+        m.mesh.topo.pod("n1p2").ip.to_string(),
+        wp_ip,
+        "the test names the waypoint's address"
+    );
     let node2 = m.mesh.topo.node(2);
     let app = http_app::HttpApp::start(node2, 8090, "ext", false)?;
     let _tcp = EchoServer::start(node2, 9090, Some("ext"))?;
-    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.40:80".parse()?, "external.default.svc.cluster.local").await?;
+    let mut c = http_app::H1Client::connect(
+        m.client(),
+        "10.96.0.40:80".parse()?,
+        "external.default.svc.cluster.local",
+    )
+    .await?;
     let r = c.get("/plain").await?;
-    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "ext"), "{r:?}\n{}", m.log());
+    assert_eq!(
+        (r.status.as_u16(), r.pod().as_str()),
+        (200, "ext"),
+        "{r:?}\n{}",
+        m.log()
+    );
     // Plain HTTP from the waypoint: no HBONE, and the waypoint's own headers on it.
     let seen = app.seen();
     let last = seen.last().context("the server got the request")?;
-    assert!(last.headers.contains_key("x-forwarded-client-cert"), "{last:?}");
+    assert!(
+        last.headers.contains_key("x-forwarded-client-cert"),
+        "{last:?}"
+    );
     // Non-HTTP bytes: a plain TCP relay.
     let mut s = m.client().connect("10.96.0.40:9000".parse()?).await?;
     let out = echo_roundtrip(&mut s, b"not http").await?;
@@ -2041,14 +3287,27 @@ async fn l7_session_persistence_keeps_a_session_on_its_endpoint() -> Result<()> 
     let m = L7Mesh::start("l7s", l7, &[("WAYPOINT_LB_POLICY", "round-robin")]).await?;
     let mut c = m.h1().await?;
     let r = c.get("/cookie").await?;
-    let set = r.headers.get("set-cookie").and_then(|v| v.to_str().ok()).with_context(|| format!("{r:?}\n{}", m.log()))?.to_string();
+    let set = r
+        .headers
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .with_context(|| format!("{r:?}\n{}", m.log()))?
+        .to_string();
     let cookie = set.split(';').next().context("cookie")?.to_string();
-    assert!(cookie.starts_with("session=") && set.contains("HttpOnly"), "{set}");
+    assert!(
+        cookie.starts_with("session=") && set.contains("HttpOnly"),
+        "{set}"
+    );
     let first = r.pod();
     for _ in 0..10 {
-        let r = c.request("GET", "/cookie", &[("cookie", cookie.as_str())]).await?;
+        let r = c
+            .request("GET", "/cookie", &[("cookie", cookie.as_str())])
+            .await?;
         assert_eq!(r.pod(), first, "a session stays on its endpoint");
-        assert!(r.headers.get("set-cookie").is_none(), "the session is kept: no new cookie");
+        assert!(
+            r.headers.get("set-cookie").is_none(),
+            "the session is kept: no new cookie"
+        );
     }
     // Without the cookie round robin spreads the requests.
     let mut spread = std::collections::HashSet::new();
@@ -2058,15 +3317,30 @@ async fn l7_session_persistence_keeps_a_session_on_its_endpoint() -> Result<()> 
     assert_eq!(spread.len(), 2, "{spread:?}");
     // Header sessions: the response names the endpoint in the header, echoed back.
     let r = c.get("/header").await?;
-    let id = r.headers.get("x-session").and_then(|v| v.to_str().ok()).context("x-session header")?.to_string();
+    let id = r
+        .headers
+        .get("x-session")
+        .and_then(|v| v.to_str().ok())
+        .context("x-session header")?
+        .to_string();
     let first = r.pod();
     for _ in 0..6 {
-        assert_eq!(c.request("GET", "/header", &[("x-session", id.as_str())]).await?.pod(), first);
+        assert_eq!(
+            c.request("GET", "/header", &[("x-session", id.as_str())])
+                .await?
+                .pod(),
+            first
+        );
     }
     // A session naming an endpoint that is not the backend's is not followed.
-    let bogus = c.request("GET", "/header", &[("x-session", "MTAuOTkuOTkuOTk6ODA")]).await?;
+    let bogus = c
+        .request("GET", "/header", &[("x-session", "MTAuOTkuOTkuOTk6ODA")])
+        .await?;
     assert_eq!(bogus.status, 200);
-    assert!(bogus.headers.get("x-session").is_some(), "a new session replaces a bogus one");
+    assert!(
+        bogus.headers.get("x-session").is_some(),
+        "a new session replaces a bogus one"
+    );
     Ok(())
 }
 
@@ -2084,23 +3358,44 @@ async fn l7_requests_are_traced_to_an_otlp_collector() -> Result<()> {
 "#;
     let m = L7Mesh::start("l7q", l7, &[]).await?;
     let spans = test_servers::Spans::default();
-    let _collector = test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let _collector =
+        test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
     let mut c = m.h1().await?;
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
-    let r = c.request("GET", "/traced", &[("traceparent", parent)]).await?;
+    let r = c
+        .request("GET", "/traced", &[("traceparent", parent)])
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     let upstream = r.echoed("traceparent");
-    let [tp] = upstream.as_slice() else { anyhow::bail!("the backend got no traceparent: {r:?}") };
-    assert!(tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && !tp.contains("b7ad6b7169203331"), "{tp}");
+    let [tp] = upstream.as_slice() else {
+        anyhow::bail!("the backend got no traceparent: {r:?}")
+    };
+    assert!(
+        tp.starts_with("00-0af7651916cd43dd8448eb211c80319c-") && !tp.contains("b7ad6b7169203331"),
+        "{tp}"
+    );
     let waypoint_span = tp.split('-').nth(2).context("span id")?.to_string();
     let _ = c.get("/untraced-client").await?;
-    wait_for("spans exported", Duration::from_secs(10), || spans.lock().unwrap().len() >= 2)?;
+    wait_for("spans exported", Duration::from_secs(10), || {
+        spans.lock().unwrap().len() >= 2
+    })?;
     let seen = spans.lock().unwrap().clone();
     let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
-    let joined = seen.iter().find(|s| hex(&s.0) == "0af7651916cd43dd8448eb211c80319c").with_context(|| format!("{seen:?}"))?;
-    assert_eq!((hex(&joined.1), hex(&joined.2)), (waypoint_span, "b7ad6b7169203331".to_string()), "the span is the client's child and the backend's parent");
+    let joined = seen
+        .iter()
+        .find(|s| hex(&s.0) == "0af7651916cd43dd8448eb211c80319c")
+        .with_context(|| format!("{seen:?}"))?;
+    assert_eq!(
+        (hex(&joined.1), hex(&joined.2)),
+        (waypoint_span, "b7ad6b7169203331".to_string()),
+        "the span is the client's child and the backend's parent"
+    );
     assert_eq!(joined.3, "echo.default.svc.cluster.local:80/*");
-    assert!(seen.iter().any(|s| hex(&s.0) != "0af7651916cd43dd8448eb211c80319c" && s.2.is_empty()), "a request without a trace starts one: {seen:?}");
+    assert!(
+        seen.iter()
+            .any(|s| hex(&s.0) != "0af7651916cd43dd8448eb211c80319c" && s.2.is_empty()),
+        "a request without a trace starts one: {seen:?}"
+    );
     Ok(())
 }
 
@@ -2113,15 +3408,31 @@ struct CurlReply {
 
 impl CurlReply {
     fn parse(out: &str) -> Result<CurlReply> {
-        let (head, body) = out.split_once("\r\n\r\n").with_context(|| format!("no header end in {out:?}"))?;
+        let (head, body) = out
+            .split_once("\r\n\r\n")
+            .with_context(|| format!("no header end in {out:?}"))?;
         let mut lines = head.lines();
-        let status = lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|c| c.parse().ok()).with_context(|| format!("no status in {out:?}"))?;
-        let headers = lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())).collect();
-        Ok(CurlReply { status, headers, body: body.to_string() })
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .with_context(|| format!("no status in {out:?}"))?;
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        Ok(CurlReply {
+            status,
+            headers,
+            body: body.to_string(),
+        })
     }
 
     fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }
 
@@ -2132,7 +3443,10 @@ impl CurlReply {
 /// response; a rule without the filter is untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_cors_preflights_and_actual_requests_with_curl() -> Result<()> {
-    anyhow::ensure!(sh("sh", &["-c", "command -v curl"]).is_ok(), "curl is needed (scripts/deps.sh installs it)");
+    anyhow::ensure!(
+        sh("sh", &["-c", "command -v curl"]).is_ok(),
+        "curl is needed (scripts/deps.sh installs it)"
+    );
     let l7 = r#"
 httpRoutes:
 - name: echo
@@ -2162,41 +3476,121 @@ httpRoutes:
     let url = format!("http://{ECHO_VIP}/api/items");
     let preflight = |origin: &str, version: &'static str| {
         let origin = format!("Origin: {origin}");
-        curl(&[version, "-X", "OPTIONS", "-H", &origin, "-H", "Access-Control-Request-Method: PUT", "-H", "Access-Control-Request-Headers: x-token", &url])
+        curl(&[
+            version,
+            "-X",
+            "OPTIONS",
+            "-H",
+            &origin,
+            "-H",
+            "Access-Control-Request-Method: PUT",
+            "-H",
+            "Access-Control-Request-Headers: x-token",
+            &url,
+        ])
     };
 
     for version in ["--http1.1", "--http2-prior-knowledge"] {
         let r = preflight("https://app.example.com", version)?;
         assert_eq!(r.status, 200, "{version}: {:?}", r.headers);
-        assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example.com"), "{version}");
+        assert_eq!(
+            r.header("access-control-allow-origin"),
+            Some("https://app.example.com"),
+            "{version}"
+        );
         assert_eq!(r.header("access-control-allow-methods"), Some("GET,PUT"));
-        assert_eq!(r.header("access-control-allow-headers"), Some("x-token,content-type"));
+        assert_eq!(
+            r.header("access-control-allow-headers"),
+            Some("x-token,content-type")
+        );
         assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
         assert_eq!(r.header("access-control-max-age"), Some("600"));
-        assert_eq!((r.header("x-pod"), r.body.as_str()), (None, ""), "{version}: answered by the waypoint");
+        assert_eq!(
+            (r.header("x-pod"), r.body.as_str()),
+            (None, ""),
+            "{version}: answered by the waypoint"
+        );
     }
     let r = preflight("https://shop.eu.example.org", "--http1.1")?;
-    assert_eq!(r.header("access-control-allow-origin"), Some("https://shop.eu.example.org"), "wildcard origin");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://shop.eu.example.org"),
+        "wildcard origin"
+    );
     // Another origin's preflight: 200 from the waypoint, no allow-origin (the browser fails it).
     let r = preflight("https://evil.example.com", "--http1.1")?;
-    assert_eq!((r.status, r.header("access-control-allow-origin"), r.header("x-pod")), (200, None, None), "{:?}", r.headers);
+    assert_eq!(
+        (
+            r.status,
+            r.header("access-control-allow-origin"),
+            r.header("x-pod")
+        ),
+        (200, None, None),
+        "{:?}",
+        r.headers
+    );
     let apps = || m.apps.values().flat_map(|a| a.seen()).collect::<Vec<_>>();
-    assert!(apps().iter().all(|s| s.method != "OPTIONS"), "a preflight reached a backend");
+    assert!(
+        apps().iter().all(|s| s.method != "OPTIONS"),
+        "a preflight reached a backend"
+    );
 
     // Actual requests: the backend answers, the waypoint adds the CORS headers.
-    let r = curl(&["-X", "PUT", "-H", "Origin: https://app.example.com", "-H", "x-token: t", &url])?;
-    assert_eq!((r.status, r.header("x-pod").is_some()), (200, true), "{}", r.body);
-    assert!(r.body.contains("method=PUT") && r.body.contains("origin: https://app.example.com"), "{}", r.body);
-    assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example.com"));
+    let r = curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "Origin: https://app.example.com",
+        "-H",
+        "x-token: t",
+        &url,
+    ])?;
+    assert_eq!(
+        (r.status, r.header("x-pod").is_some()),
+        (200, true),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body.contains("method=PUT") && r.body.contains("origin: https://app.example.com"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
     assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
     assert_eq!(r.header("access-control-expose-headers"), Some("x-pod"));
-    assert_eq!(r.header("access-control-allow-methods"), None, "preflight headers only on preflights");
+    assert_eq!(
+        r.header("access-control-allow-methods"),
+        None,
+        "preflight headers only on preflights"
+    );
     let r = curl(&["-H", "Origin: https://evil.example.com", &url])?;
-    assert_eq!((r.status, r.header("access-control-allow-origin"), r.header("access-control-allow-credentials")), (200, None, None));
+    assert_eq!(
+        (
+            r.status,
+            r.header("access-control-allow-origin"),
+            r.header("access-control-allow-credentials")
+        ),
+        (200, None, None)
+    );
     // A rule without the filter: an OPTIONS preflight goes to the backend, no CORS headers.
     let other = format!("http://{ECHO_VIP}/other");
-    let r = curl(&["-X", "OPTIONS", "-H", "Origin: https://app.example.com", "-H", "Access-Control-Request-Method: PUT", &other])?;
-    assert_eq!((r.status, r.header("access-control-allow-origin")), (200, None));
+    let r = curl(&[
+        "-X",
+        "OPTIONS",
+        "-H",
+        "Origin: https://app.example.com",
+        "-H",
+        "Access-Control-Request-Method: PUT",
+        &other,
+    ])?;
+    assert_eq!(
+        (r.status, r.header("access-control-allow-origin")),
+        (200, None)
+    );
     assert!(r.body.contains("method=OPTIONS"), "{}", r.body);
     assert_eq!(apps().iter().filter(|s| s.method == "OPTIONS").count(), 1);
     Ok(())
@@ -2218,11 +3612,19 @@ impl TestPki {
         let ca_key = KeyPair::generate()?;
         let mut ca = CertificateParams::new(Vec::<String>::new())?;
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name.push(DnType::CommonName, "egress test CA");
+        ca.distinguished_name
+            .push(DnType::CommonName, "egress test CA");
         let ca_cert = ca.self_signed(&ca_key)?;
         std::fs::write(pki.dir.join("ca.pem"), ca_cert.pem())?;
         let issuer = Issuer::from_ca_cert_pem(&ca_cert.pem(), ca_key)?;
-        for (file, cn, sans) in [("server", "server", names.iter().map(|n| n.to_string()).collect::<Vec<_>>()), ("client", "waypoint-egress", vec![])] {
+        for (file, cn, sans) in [
+            (
+                "server",
+                "server",
+                names.iter().map(|n| n.to_string()).collect::<Vec<_>>(),
+            ),
+            ("client", "waypoint-egress", vec![]),
+        ] {
             let key = KeyPair::generate()?;
             let mut p = CertificateParams::new(sans)?;
             p.distinguished_name.push(DnType::CommonName, cn);
@@ -2254,9 +3656,20 @@ impl Drop for TestPki {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
     for tool in ["nginx", "curl", "openssl"] {
-        anyhow::ensure!(sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(), "{tool} is needed (scripts/deps.sh installs it)");
+        anyhow::ensure!(
+            sh("sh", &["-c", &format!("command -v {tool}")]).is_ok(),
+            "{tool} is needed (scripts/deps.sh installs it)"
+        );
     }
-    let pki = TestPki::new("egress", &["api.example.com", "h2.example.com", "mtls.example.com", "tcp.example.com"])?;
+    let pki = TestPki::new(
+        "egress",
+        &[
+            "api.example.com",
+            "h2.example.com",
+            "mtls.example.com",
+            "tcp.example.com",
+        ],
+    )?;
     let wp_ip = "10.10.1.12";
     let workloads = "- {uid: ext, name: ext, namespace: default, workloadIps: [10.0.0.2], protocol: TCP, services: {\
                      default/api.example.com: {80: 8443}, default/h2.example.com: {80: 8445}, default/mtls.example.com: {80: 8444}, \
@@ -2266,7 +3679,12 @@ async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
     };
     let services = [
         svc("api.example.com", "10.96.0.50", "80: 8443", ""),
-        svc("h2.example.com", "10.96.0.51", "80: 8445", ", appProtocols: {80: HTTP2}"),
+        svc(
+            "h2.example.com",
+            "10.96.0.51",
+            "80: 8445",
+            ", appProtocols: {80: HTTP2}",
+        ),
         svc("mtls.example.com", "10.96.0.52", "80: 8444", ""),
         svc("simple-to-mtls.example.com", "10.96.0.53", "80: 8444", ""),
         svc("wrong.example.com", "10.96.0.54", "80: 8443", ""),
@@ -2275,7 +3693,11 @@ async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
     .concat();
     let ca = pki.path("ca.pem");
     let simple = format!("{{mode: SIMPLE, caCertificates: {ca}}}");
-    let mutual = format!("{{mode: MUTUAL, caCertificates: {ca}, clientCertificate: {}, privateKey: {}}}", pki.path("client.pem"), pki.path("client-key.pem"));
+    let mutual = format!(
+        "{{mode: MUTUAL, caCertificates: {ca}, clientCertificate: {}, privateKey: {}}}",
+        pki.path("client.pem"),
+        pki.path("client-key.pem")
+    );
     let l7 = format!(
         "destinationRules:\n\
          - {{name: api, namespace: default, host: api.example.com, trafficPolicy: {{portLevelSettings: [{{port: {{number: 80}}, tls: {simple}}}]}}}}\n\
@@ -2295,43 +3717,105 @@ async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
   server {{ listen 8445 ssl http2; ssl_protocols TLSv1.3; location / {{ {answer} }} }}
   server {{ listen 8444 ssl; ssl_protocols TLSv1.3; ssl_client_certificate {ca}; ssl_verify_client on; location / {{ {answer} }} }}"
     );
-    let _nginx = start_nginx_in(node2, &m.mesh.topo.dir.join("nginx-egress"), &servers, &[8443, 8444, 8445])?;
-    let _s_server = node2.spawn("openssl", &["s_server", "-accept", "9443", "-cert", &cert, "-key", &key, "-rev", "-quiet"], &[], &m.mesh.topo.dir.join("s_server.log"))?;
-    wait_for("s_server on 9443", Duration::from_secs(5), || node2.run(|| std::net::TcpStream::connect(("127.0.0.1", 9443)).is_ok()).unwrap_or(false))?;
+    let _nginx = start_nginx_in(
+        node2,
+        &m.mesh.topo.dir.join("nginx-egress"),
+        &servers,
+        &[8443, 8444, 8445],
+    )?;
+    let _s_server = node2.spawn(
+        "openssl",
+        &[
+            "s_server", "-accept", "9443", "-cert", &cert, "-key", &key, "-rev", "-quiet",
+        ],
+        &[],
+        &m.mesh.topo.dir.join("s_server.log"),
+    )?;
+    wait_for("s_server on 9443", Duration::from_secs(5), || {
+        node2
+            .run(|| std::net::TcpStream::connect(("127.0.0.1", 9443)).is_ok())
+            .unwrap_or(false)
+    })?;
 
     let curl = |host: &str, vip: &str| -> Result<CurlReply> {
-        let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", &format!("host: {host}"), &format!("http://{vip}/egress")]).with_context(|| m.log())?;
+        let out = m
+            .client()
+            .exec(
+                "curl",
+                &[
+                    "-sS",
+                    "-i",
+                    "--max-time",
+                    "10",
+                    "-H",
+                    &format!("host: {host}"),
+                    &format!("http://{vip}/egress"),
+                ],
+            )
+            .with_context(|| m.log())?;
         CurlReply::parse(&out)
     };
     // SIMPLE: plain HTTP from the client, TLS from the waypoint with the host as SNI
     // (this server speaks TLS 1.2 only, the others 1.3 only: both are Envoy's defaults).
     let r = curl("api.example.com", "10.96.0.50")?;
     assert_eq!(r.status, 200, "{}\n{}", r.body, m.log());
-    assert_eq!(r.body.trim(), "proto=HTTP/1.1 tls=TLSv1.2 sni=api.example.com alpn= client=", "{}", m.log());
+    assert_eq!(
+        r.body.trim(),
+        "proto=HTTP/1.1 tls=TLSv1.2 sni=api.example.com alpn= client=",
+        "{}",
+        m.log()
+    );
     // An HTTP/2 port: h2 negotiated by ALPN inside the TLS.
     let r = curl("h2.example.com", "10.96.0.51")?;
-    assert_eq!(r.body.trim(), "proto=HTTP/2.0 tls=TLSv1.3 sni=h2.example.com alpn=h2 client=", "{}", m.log());
+    assert_eq!(
+        r.body.trim(),
+        "proto=HTTP/2.0 tls=TLSv1.3 sni=h2.example.com alpn=h2 client=",
+        "{}",
+        m.log()
+    );
     // MUTUAL: the server required and got the waypoint's client certificate.
     let r = curl("mtls.example.com", "10.96.0.52")?;
-    assert_eq!((r.status, r.body.trim()), (200, "proto=HTTP/1.1 tls=TLSv1.3 sni=mtls.example.com alpn= client=CN=waypoint-egress"), "{}", m.log());
+    assert_eq!(
+        (r.status, r.body.trim()),
+        (
+            200,
+            "proto=HTTP/1.1 tls=TLSv1.3 sni=mtls.example.com alpn= client=CN=waypoint-egress"
+        ),
+        "{}",
+        m.log()
+    );
     // SIMPLE to that server: no client certificate, nginx says so.
     let r = curl("simple-to-mtls.example.com", "10.96.0.53")?;
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("No required SSL certificate was sent"), "{}", r.body);
+    assert!(
+        r.body.contains("No required SSL certificate was sent"),
+        "{}",
+        r.body
+    );
     // A certificate that does not name the host: nothing is sent, 503.
     let r = curl("wrong.example.com", "10.96.0.54")?;
     assert_eq!(r.status, 503, "{}", r.body);
-    assert!(r.body.contains("TLS to 10.0.0.2:8443") && r.body.contains("NotValidForName"), "{}", r.body);
-    wait_for("UF log", Duration::from_secs(5), || m.log().contains("response_flags=\"UF\""))?;
+    assert!(
+        r.body.contains("TLS to 10.0.0.2:8443") && r.body.contains("NotValidForName"),
+        "{}",
+        r.body
+    );
+    wait_for("UF log", Duration::from_secs(5), || {
+        m.log().contains("response_flags=\"UF\"")
+    })?;
     // Opaque TCP: the client's bytes inside the waypoint's TLS, with the rule's sni.
     let mut s = m.client().connect("10.96.0.55:9000".parse()?).await?;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     s.write_all(b"hello egress\n").await?;
     let mut buf = vec![0u8; 13];
-    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut buf)).await.context("no answer")??;
+    tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut buf))
+        .await
+        .context("no answer")??;
     assert_eq!(buf, b"sserge olleh\n", "{}", m.log());
     drop(s);
-    wait_for("L4 TLS log", Duration::from_secs(5), || m.log().contains("tls=\"originated\""))?;
+    wait_for("L4 TLS log", Duration::from_secs(5), || {
+        m.log().contains("tls=\"originated\"")
+    })?;
     Ok(())
 }
 
@@ -2351,31 +3835,67 @@ async fn l7_hostname_endpoints_are_resolved_by_the_waypoint() -> Result<()> {
         "- {{name: api, namespace: default, hostname: api.external.test, vips: [\"/10.96.0.60\"], ports: {{80: 8090, 9000: 9090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
          - {{name: gone, namespace: default, hostname: gone.external.test, vips: [\"/10.96.0.61\"], ports: {{80: 8090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
     );
-    let m = L7Mesh::start_with("l7h", "", &[("WAYPOINT_DNS_UPSTREAM", "10.0.0.2")], workloads, &services).await?;
+    let m = L7Mesh::start_with(
+        "l7h",
+        "",
+        &[("WAYPOINT_DNS_UPSTREAM", "10.0.0.2")],
+        workloads,
+        &services,
+    )
+    .await?;
     let node2 = m.mesh.topo.node(2);
     let dns = DnsResponder::start(node2, &[("api.external.test", &["10.0.0.2".parse()?])])?;
     let _app = http_app::HttpApp::start(node2, 8090, "external", false)?;
     let _tcp = EchoServer::start(node2, 9090, Some("external"))?;
 
-    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.60:80".parse()?, "api.external.test").await?;
+    let mut c =
+        http_app::H1Client::connect(m.client(), "10.96.0.60:80".parse()?, "api.external.test")
+            .await?;
     for i in 0..3 {
         let r = c.get("/resolved").await?;
-        assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "external"), "request {i}: {r:?}\n{}", m.log());
+        assert_eq!(
+            (r.status.as_u16(), r.pod().as_str()),
+            (200, "external"),
+            "request {i}: {r:?}\n{}",
+            m.log()
+        );
     }
-    assert_eq!(dns.asked("api.external.test"), 1, "resolved once, then from the cache");
-    wait_for("log", Duration::from_secs(5), || m.log().contains("dst.addr=\"10.0.0.2:8090\""))?;
+    assert_eq!(
+        dns.asked("api.external.test"),
+        1,
+        "resolved once, then from the cache"
+    );
+    wait_for("log", Duration::from_secs(5), || {
+        m.log().contains("dst.addr=\"10.0.0.2:8090\"")
+    })?;
     // Opaque TCP to the same host.
     let mut s = m.client().connect("10.96.0.60:9000".parse()?).await?;
-    assert_eq!(echo_roundtrip(&mut s, b"not http").await?, b"external\nnot http", "{}", m.log());
+    assert_eq!(
+        echo_roundtrip(&mut s, b"not http").await?,
+        b"external\nnot http",
+        "{}",
+        m.log()
+    );
     // A name that does not resolve: 503, and why.
-    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.61:80".parse()?, "gone.external.test").await?;
+    let mut c =
+        http_app::H1Client::connect(m.client(), "10.96.0.61:80".parse()?, "gone.external.test")
+            .await?;
     let r = c.get("/").await?;
     assert_eq!(r.status, 503, "{r:?}");
     assert!(r.body.contains("endpoint gone.external.test: no address for gone.external.test (upstream answered Non-Existent Domain"), "{}", r.body);
     // Istio's on-demand DNS metric, with the waypoint as the source.
     let text = m.metrics().await?;
-    let line = text.lines().find(|l| l.starts_with("istio_on_demand_dns_total{") && l.contains("hostname=\"api.external.test\"")).with_context(|| text.clone())?;
-    assert!(line.contains("source_workload=\"n1p2\"") && line.ends_with(" 4"), "{line}");
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("istio_on_demand_dns_total{")
+                && l.contains("hostname=\"api.external.test\"")
+        })
+        .with_context(|| text.clone())?;
+    assert!(
+        line.contains("source_workload=\"n1p2\"") && line.ends_with(" 4"),
+        "{line}"
+    );
     Ok(())
 }
 
@@ -2384,7 +3904,10 @@ async fn l7_hostname_endpoints_are_resolved_by_the_waypoint() -> Result<()> {
 /// own, the rule's apply to both; curl as the client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_backend_ref_filters_modify_headers_per_backend() -> Result<()> {
-    anyhow::ensure!(sh("sh", &["-c", "command -v curl"]).is_ok(), "curl is needed (scripts/deps.sh installs it)");
+    anyhow::ensure!(
+        sh("sh", &["-c", "command -v curl"]).is_ok(),
+        "curl is needed (scripts/deps.sh installs it)"
+    );
     let l7 = r#"
 httpRoutes:
 - name: echo
@@ -2406,24 +3929,64 @@ httpRoutes:
     let m = L7Mesh::start("l7b", l7, &[]).await?;
     let (mut v1, mut v2) = (0, 0);
     for i in 0..30 {
-        let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", "x-secret: s", &format!("http://{ECHO_VIP}/b{i}")]).with_context(|| m.log())?;
+        let out = m
+            .client()
+            .exec(
+                "curl",
+                &[
+                    "-sS",
+                    "-i",
+                    "--max-time",
+                    "10",
+                    "-H",
+                    "x-secret: s",
+                    &format!("http://{ECHO_VIP}/b{i}"),
+                ],
+            )
+            .with_context(|| m.log())?;
         let r = CurlReply::parse(&out)?;
         assert_eq!(r.status, 200, "{}", r.body);
-        let echoed = |name: &str| r.body.lines().find_map(|l| l.strip_prefix(&format!("{name}: "))).map(str::to_string);
+        let echoed = |name: &str| {
+            r.body
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                .map(str::to_string)
+        };
         assert_eq!(echoed("x-rule").as_deref(), Some("applied"), "{}", r.body);
         match r.header("x-pod") {
             Some("n1p3") => {
                 v2 += 1;
-                assert_eq!((echoed("x-backend").as_deref(), echoed("x-secret").as_deref(), r.header("x-served-by")), (Some("v2"), Some("s"), None), "{}", r.body);
+                assert_eq!(
+                    (
+                        echoed("x-backend").as_deref(),
+                        echoed("x-secret").as_deref(),
+                        r.header("x-served-by")
+                    ),
+                    (Some("v2"), Some("s"), None),
+                    "{}",
+                    r.body
+                );
             }
             Some("n2p1" | "n2p2") => {
                 v1 += 1;
-                assert_eq!((echoed("x-backend").as_deref(), echoed("x-secret"), r.header("x-served-by")), (Some("v1"), None, Some("v1")), "{}", r.body);
+                assert_eq!(
+                    (
+                        echoed("x-backend").as_deref(),
+                        echoed("x-secret"),
+                        r.header("x-served-by")
+                    ),
+                    (Some("v1"), None, Some("v1")),
+                    "{}",
+                    r.body
+                );
             }
             other => anyhow::bail!("request {i} answered by {other:?}"),
         }
     }
-    assert!(v1 > 0 && v2 > 0, "1:1 weights over 30 requests gave v1 {v1}, v2 {v2}");
+    assert!(
+        v1 > 0 && v2 > 0,
+        "1:1 weights over 30 requests gave v1 {v1}, v2 {v2}"
+    );
     Ok(())
 }
 
@@ -2456,15 +4019,32 @@ virtualServices:
     for i in 0..10 {
         let r = c.get("/x").await?;
         assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
-        assert!(["n2p1", "n2p2"].contains(&r.pod().as_str()), "request {i} went to {}", r.pod());
+        assert!(
+            ["n2p1", "n2p2"].contains(&r.pod().as_str()),
+            "request {i} went to {}",
+            r.pod()
+        );
         v1_pods.insert(r.pod());
-        assert_eq!(c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(), "n1p3");
+        assert_eq!(
+            c.request("GET", "/x", &[("x-version", "v2")]).await?.pod(),
+            "n1p3"
+        );
     }
-    assert_eq!(v1_pods.len(), 2, "the v1 subset's round robin uses both v1 pods");
+    assert_eq!(
+        v1_pods.len(),
+        2,
+        "the v1 subset's round robin uses both v1 pods"
+    );
     let r = c.get("/missing").await?;
     assert_eq!(r.status, 503, "{r:?}");
-    assert!(r.body.contains("no DestinationRule defines subset \"v3\""), "{}", r.body);
-    wait_for("NC log", Duration::from_secs(5), || m.log().contains("response_flags=\"NC\""))?;
+    assert!(
+        r.body.contains("no DestinationRule defines subset \"v3\""),
+        "{}",
+        r.body
+    );
+    wait_for("NC log", Duration::from_secs(5), || {
+        m.log().contains("response_flags=\"NC\"")
+    })?;
     Ok(())
 }
 
@@ -2474,19 +4054,50 @@ virtualServices:
 /// with 503 `UO` at once; nothing hangs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_pending_requests_wait_in_a_bounded_queue() -> Result<()> {
-    anyhow::ensure!(sh("sh", &["-c", "command -v h2load"]).is_ok(), "h2load is needed (scripts/deps.sh installs it)");
+    anyhow::ensure!(
+        sh("sh", &["-c", "command -v h2load"]).is_ok(),
+        "h2load is needed (scripts/deps.sh installs it)"
+    );
     let l7 = "destinationRules:\n- {name: v1, namespace: default, host: echo-v1, trafficPolicy: {connectionPool: {tcp: {maxConnections: 1}, http: {http1MaxPendingRequests: 1}}}}\n\
               httpRoutes:\n- {name: echo, namespace: default, parentRefs: [{group: '', kind: Service, name: echo, port: 80}], rules: [{backendRefs: [{name: echo-v1, port: 80}]}]}\n";
     let m = L7Mesh::start("l7w", l7, &[]).await?;
-    let out = m.client().exec("h2load", &["--h1", "-n", "6", "-c", "6", &format!("http://{ECHO_VIP}/delay/1000")]).with_context(|| m.log())?;
-    let codes = out.lines().find(|l| l.starts_with("status codes:")).with_context(|| out.clone())?.to_string();
+    let out = m
+        .client()
+        .exec(
+            "h2load",
+            &[
+                "--h1",
+                "-n",
+                "6",
+                "-c",
+                "6",
+                &format!("http://{ECHO_VIP}/delay/1000"),
+            ],
+        )
+        .with_context(|| m.log())?;
+    let codes = out
+        .lines()
+        .find(|l| l.starts_with("status codes:"))
+        .with_context(|| out.clone())?
+        .to_string();
     // "status codes: A 2xx, 0 3xx, 0 4xx, B 5xx"
-    let count = |class: &str| codes.split(',').find(|c| c.trim().ends_with(class)).and_then(|c| c.split_whitespace().rev().nth(1)).and_then(|n| n.parse::<u32>().ok());
+    let count = |class: &str| {
+        codes
+            .split(',')
+            .find(|c| c.trim().ends_with(class))
+            .and_then(|c| c.split_whitespace().rev().nth(1))
+            .and_then(|n| n.parse::<u32>().ok())
+    };
     let (ok, overflowed) = (count("2xx").unwrap_or(0), count("5xx").unwrap_or(0));
     assert_eq!(ok + overflowed, 6, "every request answered: {codes}\n{out}");
-    assert!(ok >= 2, "the one in flight and the one waiting are served: {codes}");
+    assert!(
+        ok >= 2,
+        "the one in flight and the one waiting are served: {codes}"
+    );
     assert!(overflowed >= 1, "a full queue overflows: {codes}");
-    wait_for("UO log", Duration::from_secs(5), || m.log().contains("response_flags=\"UO\""))?;
+    wait_for("UO log", Duration::from_secs(5), || {
+        m.log().contains("response_flags=\"UO\"")
+    })?;
     Ok(())
 }
 
@@ -2509,17 +4120,42 @@ async fn l7_service_load_balancing_modes_pick_the_endpoints() -> Result<()> {
     let cfg = std::fs::read_to_string(&m.cfg_path)?;
     let cfg = cfg.replace("default/echo.default.svc.cluster.local: {80: 8080}", "default/echo.default.svc.cluster.local: {80: 8080}, default/near.default.svc.cluster.local: {80: 8080}");
     std::fs::write(&m.cfg_path, &cfg)?;
-    wait_for("reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 1)?;
-    let mut c = http_app::H1Client::connect(m.client(), "10.96.0.70:80".parse()?, "near.default.svc.cluster.local").await?;
+    wait_for("reload", Duration::from_secs(10), || {
+        m.log().matches("config reloaded").count() >= 1
+    })?;
+    let mut c = http_app::H1Client::connect(
+        m.client(),
+        "10.96.0.70:80".parse()?,
+        "near.default.svc.cluster.local",
+    )
+    .await?;
     for i in 0..10 {
         let r = c.get("/near").await?;
-        assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n1p3"), "request {i}: {r:?}\n{}", m.log());
+        assert_eq!(
+            (r.status.as_u16(), r.pod().as_str()),
+            (200, "n1p3"),
+            "request {i}: {r:?}\n{}",
+            m.log()
+        );
     }
     // PASSTHROUGH: the original destination (the address the client dialed), n2p1 here.
-    let mut c = http_app::H1Client::connect(m.client(), "10.10.2.11:8080".parse()?, "direct.default.svc.cluster.local").await?;
+    let mut c = http_app::H1Client::connect(
+        m.client(),
+        "10.10.2.11:8080".parse()?,
+        "direct.default.svc.cluster.local",
+    )
+    .await?;
     let r = c.get("/direct").await?;
-    assert_eq!((r.status.as_u16(), r.pod().as_str()), (200, "n2p1"), "{r:?}\n{}", m.log());
-    wait_for("log", Duration::from_secs(5), || m.log().contains("dst.service=\"direct.default.svc.cluster.local\""))?;
+    assert_eq!(
+        (r.status.as_u16(), r.pod().as_str()),
+        (200, "n2p1"),
+        "{r:?}\n{}",
+        m.log()
+    );
+    wait_for("log", Duration::from_secs(5), || {
+        m.log()
+            .contains("dst.service=\"direct.default.svc.cluster.local\"")
+    })?;
     Ok(())
 }
 
@@ -2554,39 +4190,81 @@ telemetries:
 "#;
     let m = L7Mesh::start("l7y", l7, &[]).await?;
     let spans = test_servers::Spans::default();
-    let _collector = test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
+    let _collector =
+        test_servers::start_otlp_collector(m.mesh.topo.pod("n2p1"), 9100, spans.clone())?;
     let mut c = m.h1().await?;
     assert_eq!(c.get("/quiet").await?.status, 200);
     assert_eq!(c.get("/status/404").await?.status, 404);
-    assert_eq!(c.request("GET", "/debugged", &[("x-debug", "on")]).await?.status, 200);
-    wait_for("filtered log lines", Duration::from_secs(5), || m.log().contains("path=/debugged"))?;
+    assert_eq!(
+        c.request("GET", "/debugged", &[("x-debug", "on")])
+            .await?
+            .status,
+        200
+    );
+    wait_for("filtered log lines", Duration::from_secs(5), || {
+        m.log().contains("path=/debugged")
+    })?;
     let log = m.log();
-    assert!(log.contains("path=/status/404") && !log.contains("path=/quiet"), "{log}");
+    assert!(
+        log.contains("path=/status/404") && !log.contains("path=/quiet"),
+        "{log}"
+    );
     // Metrics: the count without source_principal (exported empty), no duration series.
     let text = m.metrics().await?;
-    let count = text.lines().find(|l| l.starts_with("istio_requests_total{") && l.contains("response_code=\"404\"")).with_context(|| text.clone())?;
-    assert!(count.contains("source_principal=\"\"") && count.contains("source_workload=\"n1p1\""), "{count}");
-    assert!(!text.contains("istio_request_duration_milliseconds_bucket{"), "REQUEST_DURATION is dropped");
-    let bytes = text.lines().find(|l| l.starts_with("istio_request_bytes_count{")).with_context(|| text.clone())?;
-    assert!(bytes.contains("source_principal=\"spiffe://cluster.local/ns/default/sa/client\""), "other metrics keep it: {bytes}");
+    let count = text
+        .lines()
+        .find(|l| l.starts_with("istio_requests_total{") && l.contains("response_code=\"404\""))
+        .with_context(|| text.clone())?;
+    assert!(
+        count.contains("source_principal=\"\"") && count.contains("source_workload=\"n1p1\""),
+        "{count}"
+    );
+    assert!(
+        !text.contains("istio_request_duration_milliseconds_bucket{"),
+        "REQUEST_DURATION is dropped"
+    );
+    let bytes = text
+        .lines()
+        .find(|l| l.starts_with("istio_request_bytes_count{"))
+        .with_context(|| text.clone())?;
+    assert!(
+        bytes.contains("source_principal=\"spiffe://cluster.local/ns/default/sa/client\""),
+        "other metrics keep it: {bytes}"
+    );
     // Traced although the mesh samples 0%: the Telemetry's 100% wins.
-    wait_for("spans", Duration::from_secs(10), || spans.lock().unwrap().len() >= 3)?;
+    wait_for("spans", Duration::from_secs(10), || {
+        spans.lock().unwrap().len() >= 3
+    })?;
 
     // A Telemetry on the Service: its access log off, whatever the mesh says.
     let cfg = std::fs::read_to_string(&m.cfg_path)?;
     let off = "- name: echo-quiet\n  namespace: default\n  targetRefs: [{kind: Service, group: \"\", name: echo}]\n  accessLogging: [{providers: [{name: envoy}], disabled: true}]\n";
     std::fs::write(&m.cfg_path, format!("{cfg}{off}"))?;
-    wait_for("reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 1)?;
+    wait_for("reload", Duration::from_secs(10), || {
+        m.log().matches("config reloaded").count() >= 1
+    })?;
     assert_eq!(c.get("/status/500").await?.status, 500);
-    assert_eq!(c.request("GET", "/debugged-again", &[("x-debug", "on")]).await?.status, 200);
+    assert_eq!(
+        c.request("GET", "/debugged-again", &[("x-debug", "on")])
+            .await?
+            .status,
+        200
+    );
     // A line for a request after these would show up; none for them does.
     let mut later = m.h1().await?;
     std::fs::write(&m.cfg_path, &cfg)?;
-    wait_for("second reload", Duration::from_secs(10), || m.log().matches("config reloaded").count() >= 2)?;
+    wait_for("second reload", Duration::from_secs(10), || {
+        m.log().matches("config reloaded").count() >= 2
+    })?;
     assert_eq!(later.get("/status/503").await?.status, 503);
-    wait_for("the later line", Duration::from_secs(5), || m.log().contains("path=/status/503"))?;
+    wait_for("the later line", Duration::from_secs(5), || {
+        m.log().contains("path=/status/503")
+    })?;
     let log = m.log();
-    assert!(!log.contains("path=/status/500") && !log.contains("path=/debugged-again"), "{log}");
+    assert!(
+        !log.contains("path=/status/500") && !log.contains("path=/debugged-again"),
+        "{log}"
+    );
     Ok(())
 }
 
@@ -2600,7 +4278,11 @@ fn trace_ids(log: &str, span: &str, needle: &str) -> Vec<String> {
         .filter_map(|l| {
             let fields = l.split_once(open.as_str())?.1.split('}').next()?;
             let id = fields.split(' ').find_map(|f| f.strip_prefix("id="))?;
-            Some(id.chars().take_while(char::is_ascii_hexdigit).collect::<String>())
+            Some(
+                id.chars()
+                    .take_while(char::is_ascii_hexdigit)
+                    .collect::<String>(),
+            )
         })
         .collect()
 }
@@ -2620,23 +4302,58 @@ async fn ztunnel_joins_the_trace_of_the_connect() -> Result<()> {
     let mut s = m.client().connect("10.10.2.11:9000".parse()?).await?;
     assert_eq!(echo_roundtrip(&mut s, b"direct").await?, b"n2p1\ndirect");
     wait_for("both ends logged", Duration::from_secs(5), || {
-        !trace_ids(&node1.log_text(), "outbound", "dst.addr=10.10.2.11:15008").is_empty() && !trace_ids(&node2.log_text(), "stream", "connection complete").is_empty()
+        !trace_ids(&node1.log_text(), "outbound", "dst.addr=10.10.2.11:15008").is_empty()
+            && !trace_ids(&node2.log_text(), "stream", "connection complete").is_empty()
     })?;
     let out = trace_ids(&node1.log_text(), "outbound", "dst.addr=10.10.2.11:15008");
     let inb = trace_ids(&node2.log_text(), "stream", "connection complete");
-    assert!(out[0].len() == 32 && inb.contains(&out[0]), "node1 {out:?}, node2 {inb:?}\n{}", m.mesh.logs());
+    assert!(
+        out[0].len() == 32 && inb.contains(&out[0]),
+        "node1 {out:?}, node2 {inb:?}\n{}",
+        m.mesh.logs()
+    );
 
     // Opaque TCP through the waypoint: one trace from the client's ztunnel, through the
     // waypoint, to the backend's.
-    let mut s = m.client().connect(format!("{ECHO_VIP}:9000").parse()?).await?;
+    let mut s = m
+        .client()
+        .connect(format!("{ECHO_VIP}:9000").parse()?)
+        .await?;
     let out = echo_roundtrip(&mut s, b"not http").await?;
-    let pod = String::from_utf8_lossy(&out).lines().next().unwrap_or_default().to_string();
+    let pod = String::from_utf8_lossy(&out)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     let wp_ip = m.mesh.topo.pod("n1p2").ip;
-    wait_for("the client's ztunnel logged it", Duration::from_secs(5), || !trace_ids(&node1.log_text(), "outbound", &format!("dst.addr={wp_ip}:15008")).is_empty())?;
-    let id = trace_ids(&node1.log_text(), "outbound", &format!("dst.addr={wp_ip}:15008")).pop().context("id")?;
-    wait_for("the waypoint joined it", Duration::from_secs(5), || trace_ids(&m.log(), "stream", "connection complete").contains(&id))?;
+    wait_for(
+        "the client's ztunnel logged it",
+        Duration::from_secs(5),
+        || {
+            !trace_ids(
+                &node1.log_text(),
+                "outbound",
+                &format!("dst.addr={wp_ip}:15008"),
+            )
+            .is_empty()
+        },
+    )?;
+    let id = trace_ids(
+        &node1.log_text(),
+        "outbound",
+        &format!("dst.addr={wp_ip}:15008"),
+    )
+    .pop()
+    .context("id")?;
+    wait_for("the waypoint joined it", Duration::from_secs(5), || {
+        trace_ids(&m.log(), "stream", "connection complete").contains(&id)
+    })?;
     let backend = if pod == "n1p3" { node1 } else { node2 };
-    wait_for("the backend's ztunnel joined it", Duration::from_secs(5), || trace_ids(&backend.log_text(), "stream", "").contains(&id))?;
+    wait_for(
+        "the backend's ztunnel joined it",
+        Duration::from_secs(5),
+        || trace_ids(&backend.log_text(), "stream", "").contains(&id),
+    )?;
     Ok(())
 }
 
@@ -2648,7 +4365,10 @@ async fn ztunnel_joins_the_trace_of_the_connect() -> Result<()> {
 /// backend gets every byte either way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_ext_authz_checks_the_request_body() -> Result<()> {
-    anyhow::ensure!(sh("sh", &["-c", "command -v curl"]).is_ok(), "curl is needed (scripts/deps.sh installs it)");
+    anyhow::ensure!(
+        sh("sh", &["-c", "command -v curl"]).is_ok(),
+        "curl is needed (scripts/deps.sh installs it)"
+    );
     let providers = r#"
 meshConfig:
   extensionProviders:
@@ -2664,21 +4384,64 @@ meshConfig:
       port: 9100
       includeRequestBodyInCheck: {maxRequestBytes: 8, allowPartialMessage: true, packAsBytes: true}
 "#;
-    let m = L7Mesh::start("l7k", &format!("{providers}{}", custom_policy("http-body")), &[]).await?;
-    let (http_checks, grpc_checks) = (test_servers::Checks::default(), test_servers::Checks::default());
+    let m = L7Mesh::start(
+        "l7k",
+        &format!("{providers}{}", custom_policy("http-body")),
+        &[],
+    )
+    .await?;
+    let (http_checks, grpc_checks) = (
+        test_servers::Checks::default(),
+        test_servers::Checks::default(),
+    );
     let authz = m.mesh.topo.pod("n2p1");
     let _h = test_servers::start_http_authorizer(authz, 8000, http_checks.clone())?;
     let _g = test_servers::start_grpc_authorizer(authz, 9100, grpc_checks.clone())?;
     let post = |path: &str, body: &str| -> Result<CurlReply> {
         let url = format!("http://{ECHO_VIP}{path}");
-        let out = m.client().exec("curl", &["-sS", "-i", "--max-time", "10", "-H", "x-ext-authz: allow", "-H", "content-type: text/plain", "--data-binary", body, &url]).with_context(|| m.log())?;
+        let out = m
+            .client()
+            .exec(
+                "curl",
+                &[
+                    "-sS",
+                    "-i",
+                    "--max-time",
+                    "10",
+                    "-H",
+                    "x-ext-authz: allow",
+                    "-H",
+                    "content-type: text/plain",
+                    "--data-binary",
+                    body,
+                    &url,
+                ],
+            )
+            .with_context(|| m.log())?;
         CurlReply::parse(&out)
     };
     let r = post("/private/upload", "hello authz")?;
     assert_eq!(r.status, 200, "{}\n{}", r.body, m.log());
-    assert!(r.body.contains("body_len=11"), "the backend got it all: {}", r.body);
-    let seen = http_checks.lock().unwrap().last().cloned().context("checked")?;
-    assert_eq!((seen.body.as_slice(), seen.headers.get("x-envoy-auth-partial-body").map(String::as_str)), (&b"hello authz"[..], Some("false")));
+    assert!(
+        r.body.contains("body_len=11"),
+        "the backend got it all: {}",
+        r.body
+    );
+    let seen = http_checks
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .context("checked")?;
+    assert_eq!(
+        (
+            seen.body.as_slice(),
+            seen.headers
+                .get("x-envoy-auth-partial-body")
+                .map(String::as_str)
+        ),
+        (&b"hello authz"[..], Some("false"))
+    );
     // Longer than maxRequestBytes without allowPartialMessage: 413, no check.
     let before = http_checks.lock().unwrap().len();
     let r = post("/private/upload", "twenty bytes of body")?;
@@ -2688,11 +4451,30 @@ meshConfig:
     // The gRPC provider: partial, as bytes.
     let cfg = std::fs::read_to_string(&m.cfg_path)?.replace("name: http-body}", "name: grpc-body}");
     std::fs::write(&m.cfg_path, cfg)?;
-    wait_for("reload", Duration::from_secs(10), || m.log().contains("config reloaded"))?;
+    wait_for("reload", Duration::from_secs(10), || {
+        m.log().contains("config reloaded")
+    })?;
     let r = post("/private/upload", "0123456789abcdef")?;
     assert_eq!(r.status, 200, "{}\n{}", r.body, m.log());
-    assert!(r.body.contains("body_len=16"), "the backend got it all: {}", r.body);
-    let seen = grpc_checks.lock().unwrap().last().cloned().context("checked over gRPC")?;
-    assert_eq!((seen.body.as_slice(), seen.headers.get("x-envoy-auth-partial-body").map(String::as_str)), (&b"01234567"[..], Some("true")));
+    assert!(
+        r.body.contains("body_len=16"),
+        "the backend got it all: {}",
+        r.body
+    );
+    let seen = grpc_checks
+        .lock()
+        .unwrap()
+        .last()
+        .cloned()
+        .context("checked over gRPC")?;
+    assert_eq!(
+        (
+            seen.body.as_slice(),
+            seen.headers
+                .get("x-envoy-auth-partial-body")
+                .map(String::as_str)
+        ),
+        (&b"01234567"[..], Some("true"))
+    );
     Ok(())
 }

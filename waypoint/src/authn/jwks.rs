@@ -51,7 +51,10 @@ pub struct JwksSettings {
 
 impl Default for JwksSettings {
     fn default() -> Self {
-        JwksSettings { refresh: Duration::from_secs(20 * 60), retry: Duration::from_secs(1) }
+        JwksSettings {
+            refresh: Duration::from_secs(20 * 60),
+            retry: Duration::from_secs(1),
+        }
     }
 }
 
@@ -69,7 +72,10 @@ pub struct JwksStore {
 
 impl JwksStore {
     pub fn new(settings: JwksSettings) -> Arc<JwksStore> {
-        Arc::new(JwksStore { settings, entries: Mutex::new(HashMap::new()) })
+        Arc::new(JwksStore {
+            settings,
+            entries: Mutex::new(HashMap::new()),
+        })
     }
 
     /// The last good key set of `uri`; None before the first fetch succeeded (or for a
@@ -96,21 +102,39 @@ impl JwksStore {
                 continue;
             }
             let keys = Arc::new(ArcSwapOption::empty());
-            let task = tokio::spawn(refresh(uri.clone(), timeout, self.settings, keys.clone())).abort_handle();
-            entries.insert(uri, Entry { keys, timeout, task });
+            let task = tokio::spawn(refresh(uri.clone(), timeout, self.settings, keys.clone()))
+                .abort_handle();
+            entries.insert(
+                uri,
+                Entry {
+                    keys,
+                    timeout,
+                    task,
+                },
+            );
         }
     }
 }
 
 impl Drop for JwksStore {
     fn drop(&mut self) {
-        for e in self.entries.get_mut().unwrap_or_else(|e| e.into_inner()).values() {
+        for e in self
+            .entries
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+        {
             e.task.abort();
         }
     }
 }
 
-async fn refresh(uri: String, timeout: Duration, settings: JwksSettings, keys: Arc<ArcSwapOption<JwkSet>>) {
+async fn refresh(
+    uri: String,
+    timeout: Duration,
+    settings: JwksSettings,
+    keys: Arc<ArcSwapOption<JwkSet>>,
+) {
     let mut retry = settings.retry;
     loop {
         let fetched = match uri.strip_prefix(DISCOVERY_PREFIX) {
@@ -141,7 +165,10 @@ pub async fn discover(issuer: &str, timeout: Duration) -> Result<JwkSet, JwksErr
     struct OpenIdConfiguration {
         jwks_uri: String,
     }
-    let url = format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
+    let url = format!(
+        "{}/.well-known/openid-configuration",
+        issuer.trim_end_matches('/')
+    );
     let cfg: OpenIdConfiguration = serde_json::from_slice(&get_url(&url, timeout).await?)?;
     fetch(&cfg.jwks_uri, timeout).await
 }
@@ -159,15 +186,29 @@ async fn get_url(uri: &str, timeout: Duration) -> Result<Bytes, JwksError> {
         Some("http") => false,
         _ => return Err(bad()),
     };
-    let host = parsed.host().ok_or_else(bad)?.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = parsed
+        .host()
+        .ok_or_else(bad)?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     let port = parsed.port_u16().unwrap_or(if https { 443 } else { 80 });
     let authority = parsed.authority().ok_or_else(bad)?.as_str().to_string();
-    let path = parsed.path_and_query().map_or("/", |p| p.as_str()).to_string();
+    let path = parsed
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
     let body = tokio::time::timeout(timeout, async {
-        let tcp = tokio::net::TcpStream::connect((host.as_str(), port)).await.map_err(JwksError::Connect)?;
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(JwksError::Connect)?;
         if https {
-            let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| JwksError::Tls(e.to_string()))?;
-            let tls = tokio_rustls::TlsConnector::from(client_config()?).connect(name, tcp).await.map_err(|e| JwksError::Tls(e.to_string()))?;
+            let name = rustls::pki_types::ServerName::try_from(host.clone())
+                .map_err(|e| JwksError::Tls(e.to_string()))?;
+            let tls = tokio_rustls::TlsConnector::from(client_config()?)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| JwksError::Tls(e.to_string()))?;
             get(tls, &authority, &path).await
         } else {
             get(tcp, &authority, &path).await
@@ -178,7 +219,11 @@ async fn get_url(uri: &str, timeout: Duration) -> Result<Bytes, JwksError> {
     Ok(body)
 }
 
-async fn get<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: IO, authority: &str, path: &str) -> Result<Bytes, JwksError> {
+async fn get<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    io: IO,
+    authority: &str,
+    path: &str,
+) -> Result<Bytes, JwksError> {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
@@ -194,7 +239,10 @@ async fn get<IO: AsyncRead + AsyncWrite + Unpin + Send + 'static>(io: IO, author
     if resp.status() != http::StatusCode::OK {
         return Err(JwksError::Status(resp.status().as_u16()));
     }
-    let body = Limited::new(resp.into_body(), MAX_JWKS_BYTES).collect().await.map_err(|e| JwksError::Body(e.to_string()))?;
+    let body = Limited::new(resp.into_body(), MAX_JWKS_BYTES)
+        .collect()
+        .await
+        .map_err(|e| JwksError::Body(e.to_string()))?;
     Ok(body.to_bytes())
 }
 
@@ -212,11 +260,13 @@ fn client_config() -> Result<Arc<rustls::ClientConfig>, JwksError> {
             if added == 0 {
                 return Err("no system root certificates".to_string());
             }
-            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
+            let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
             cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
             Ok(Arc::new(cfg))
         })
@@ -257,7 +307,10 @@ mod tests {
     async fn fetches_and_keeps_the_last_good_keys() {
         let (addr, hits) = server(1).await;
         let uri = format!("http://{addr}/jwks.json");
-        let store = JwksStore::new(JwksSettings { refresh: Duration::from_millis(50), retry: Duration::from_millis(20) });
+        let store = JwksStore::new(JwksSettings {
+            refresh: Duration::from_millis(50),
+            retry: Duration::from_millis(20),
+        });
         assert!(store.keys(&uri).is_none());
         store.sync([(uri.clone(), Duration::from_secs(2))]);
         for _ in 0..100 {
@@ -266,7 +319,10 @@ mod tests {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert!(hits.load(std::sync::atomic::Ordering::SeqCst) >= 3, "refreshed and retried");
+        assert!(
+            hits.load(std::sync::atomic::Ordering::SeqCst) >= 3,
+            "refreshed and retried"
+        );
         // Refreshes fail from the second on: the first key set stays.
         assert_eq!(store.keys(&uri).map(|k| k.keys.len()), Some(1));
         // No longer in the config: forgotten.
@@ -292,14 +348,26 @@ mod tests {
                 } else {
                     String::new()
                 };
-                let status = if body.is_empty() { "404 Not Found" } else { "200 OK" };
-                let resp = format!("HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}", body.len());
+                let status = if body.is_empty() {
+                    "404 Not Found"
+                } else {
+                    "200 OK"
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
                 let _ = s.write_all(resp.as_bytes()).await;
             }
         });
-        let set = discover(&format!("http://{addr}/idp/"), Duration::from_secs(2)).await.unwrap();
+        let set = discover(&format!("http://{addr}/idp/"), Duration::from_secs(2))
+            .await
+            .unwrap();
         assert_eq!(set.keys.len(), 1);
-        assert!(matches!(discover(&format!("http://{addr}/other"), Duration::from_secs(2)).await, Err(JwksError::Status(404))));
+        assert!(matches!(
+            discover(&format!("http://{addr}/other"), Duration::from_secs(2)).await,
+            Err(JwksError::Status(404))
+        ));
     }
 
     #[tokio::test]
@@ -308,13 +376,20 @@ mod tests {
         let addr = l.local_addr().unwrap();
         // Accepts and never answers.
         let start = std::time::Instant::now();
-        let e = fetch(&format!("http://{addr}/"), Duration::from_millis(200)).await.unwrap_err();
+        let e = fetch(&format!("http://{addr}/"), Duration::from_millis(200))
+            .await
+            .unwrap_err();
         assert!(matches!(e, JwksError::Timeout(_)), "{e}");
         assert!(start.elapsed() < Duration::from_secs(2));
         drop(l);
         let (addr, _) = server(0).await;
-        let e = fetch(&format!("http://{addr}/"), Duration::from_secs(2)).await.unwrap_err();
+        let e = fetch(&format!("http://{addr}/"), Duration::from_secs(2))
+            .await
+            .unwrap_err();
         assert!(matches!(e, JwksError::Status(503)), "{e}");
-        assert!(matches!(fetch("ftp://x/", Duration::from_secs(1)).await, Err(JwksError::Uri(_))));
+        assert!(matches!(
+            fetch("ftp://x/", Duration::from_secs(1)).await,
+            Err(JwksError::Uri(_))
+        ));
     }
 }

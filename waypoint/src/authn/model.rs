@@ -74,7 +74,8 @@ impl<'de> Deserialize<'de> for InlineJwks {
         if s.is_empty() {
             return Ok(InlineJwks(None));
         }
-        let set: JwkSet = serde_json::from_str(&s).map_err(|e| serde::de::Error::custom(format!("not a JSON Web Key Set: {e}")))?;
+        let set: JwkSet = serde_json::from_str(&s)
+            .map_err(|e| serde::de::Error::custom(format!("not a JSON Web Key Set: {e}")))?;
         Ok(InlineJwks(Some(Arc::new(set))))
     }
 }
@@ -139,7 +140,13 @@ impl RequestAuthentication {
     /// Targets are placed as for an unenforceable AuthorizationPolicy.
     pub fn reject_all(namespace: &str, name: &str, refs: &[ObjectRef]) -> RequestAuthentication {
         let (target_refs, unplaced) = place_widely(namespace, refs);
-        RequestAuthentication { name: name.into(), namespace: namespace.into(), target_refs, jwt_rules: Vec::new(), reject_tokens: true, unplaced }
+        RequestAuthentication {
+            name: name.into(),
+            namespace: namespace.into(),
+            target_refs,
+            jwt_rules: Vec::new(),
+            reject_tokens: true,
+            unplaced,
+        }
     }
-
 }

@@ -82,12 +82,16 @@ impl JwtRule {
             }
         }
         if !self.output_payload_to_header.is_empty() {
-            check_header(&self.output_payload_to_header).map_err(|e| format!("outputPayloadToHeader: {e}"))?;
+            check_header(&self.output_payload_to_header)
+                .map_err(|e| format!("outputPayloadToHeader: {e}"))?;
         }
         for (i, c) in self.output_claim_to_headers.iter().enumerate() {
-            check_header(&c.header).map_err(|e| format!("outputClaimToHeaders[{i}].header: {e}"))?;
+            check_header(&c.header)
+                .map_err(|e| format!("outputClaimToHeaders[{i}].header: {e}"))?;
             if c.claim.is_empty() {
-                return Err(format!("outputClaimToHeaders[{i}].claim: must not be empty"));
+                return Err(format!(
+                    "outputClaimToHeaders[{i}].claim: must not be empty"
+                ));
             }
         }
         if let Some(t) = &self.timeout {
@@ -98,7 +102,10 @@ impl JwtRule {
 
     /// The jwksUri fetch timeout: the rule's, else Istio's 5 s.
     pub fn fetch_timeout(&self) -> std::time::Duration {
-        self.timeout.as_deref().and_then(|t| parse_timeout(t).ok()).unwrap_or(std::time::Duration::from_secs(5))
+        self.timeout
+            .as_deref()
+            .and_then(|t| parse_timeout(t).ok())
+            .unwrap_or(std::time::Duration::from_secs(5))
     }
 }
 
@@ -106,7 +113,9 @@ fn check_uri(v: &str) -> Result<(), String> {
     let uri: http::Uri = v.parse().map_err(|e| format!("{v:?} is not a URI: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") if uri.host().is_some_and(|h| !h.is_empty()) => Ok(()),
-        _ => Err(format!("{v:?} must be an http:// or https:// URL with a host")),
+        _ => Err(format!(
+            "{v:?} must be an http:// or https:// URL with a host"
+        )),
     }
 }
 
@@ -115,13 +124,19 @@ fn check_header(name: &str) -> Result<(), String> {
     if name.starts_with(':') {
         return Err(format!("{name:?}: pseudo-headers are not supported"));
     }
-    http::HeaderName::from_bytes(name.as_bytes()).map(|_| ()).map_err(|_| format!("{name:?} is not a valid header name"))
+    http::HeaderName::from_bytes(name.as_bytes())
+        .map(|_| ())
+        .map_err(|_| format!("{name:?} is not a valid header name"))
 }
 
 /// `1.5s`, `500ms`, `2m` as in Istio (protobuf Duration in YAML).
 fn parse_timeout(v: &str) -> Result<std::time::Duration, String> {
-    let (num, unit) = v.find(|c: char| !(c.is_ascii_digit() || c == '.')).map_or((v, ""), |i| v.split_at(i));
-    let n: f64 = num.parse().map_err(|_| format!("{v:?} is not a duration such as \"5s\""))?;
+    let (num, unit) = v
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .map_or((v, ""), |i| v.split_at(i));
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("{v:?} is not a duration such as \"5s\""))?;
     let secs = match unit {
         "s" => n,
         "ms" => n / 1000.0,

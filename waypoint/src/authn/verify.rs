@@ -81,8 +81,18 @@ pub enum Claim<'a> {
 
 impl RequestAuth {
     pub fn new(claims: Value, space_delimited: Vec<String>) -> RequestAuth {
-        let s = |k: &str| claims.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-        RequestAuth { principal: format!("{}/{}", s("iss"), s("sub")), claims, space_delimited }
+        let s = |k: &str| {
+            claims
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        RequestAuth {
+            principal: format!("{}/{}", s("iss"), s("sub")),
+            claims,
+            space_delimited,
+        }
     }
 
     /// `request.auth.claims[a][b]...`: `path` is `["a", "b"]`.
@@ -96,9 +106,15 @@ impl RequestAuth {
         }
         let split = path.len() == 1 && self.space_delimited.iter().any(|c| c == path[0]);
         match v {
-            Value::String(s) if split => Claim::Values(s.split(' ').filter(|p| !p.is_empty()).collect()),
+            Value::String(s) if split => {
+                Claim::Values(s.split(' ').filter(|p| !p.is_empty()).collect())
+            }
             Value::String(s) => Claim::Values(vec![s.as_str()]),
-            Value::Array(items) => items.iter().map(Value::as_str).collect::<Option<Vec<_>>>().map_or(Claim::Unsupported, Claim::Values),
+            Value::Array(items) => items
+                .iter()
+                .map(Value::as_str)
+                .collect::<Option<Vec<_>>>()
+                .map_or(Claim::Unsupported, Claim::Values),
             _ => Claim::Unsupported,
         }
     }
@@ -113,11 +129,24 @@ enum Location<'a> {
 }
 
 fn locations(rule: &JwtRule) -> Vec<Location<'_>> {
-    let mut l: Vec<Location> = rule.from_headers.iter().map(|h| Location::Header { name: &h.name, prefix: &h.prefix }).collect();
+    let mut l: Vec<Location> = rule
+        .from_headers
+        .iter()
+        .map(|h| Location::Header {
+            name: &h.name,
+            prefix: &h.prefix,
+        })
+        .collect();
     l.extend(rule.from_params.iter().map(|p| Location::Param(p)));
     l.extend(rule.from_cookies.iter().map(|c| Location::Cookie(c)));
     if l.is_empty() {
-        l = vec![Location::Header { name: DEFAULT_HEADER, prefix: DEFAULT_PREFIX }, Location::Param(DEFAULT_PARAM)];
+        l = vec![
+            Location::Header {
+                name: DEFAULT_HEADER,
+                prefix: DEFAULT_PREFIX,
+            },
+            Location::Param(DEFAULT_PARAM),
+        ];
     }
     l
 }
@@ -134,9 +163,13 @@ fn extract(loc: &Location, headers: &HeaderMap, query: Option<&str>) -> Vec<Stri
                 let rest = if prefix.is_empty() {
                     Some(v)
                 } else {
-                    v.get(..prefix.len()).filter(|p| p.eq_ignore_ascii_case(prefix)).map(|_| &v[prefix.len()..])
+                    v.get(..prefix.len())
+                        .filter(|p| p.eq_ignore_ascii_case(prefix))
+                        .map(|_| &v[prefix.len()..])
                 };
-                rest.map(str::trim).filter(|t| !t.is_empty()).map(str::to_string)
+                rest.map(str::trim)
+                    .filter(|t| !t.is_empty())
+                    .map(str::to_string)
             })
             .collect(),
         Location::Param(name) => query
@@ -171,7 +204,9 @@ pub fn authenticate(
 ) -> Result<Option<RequestAuth>, Failure> {
     let rules: Vec<&JwtRule> = policies.iter().flat_map(|p| p.jwt_rules.iter()).collect();
     for r in &rules {
-        for h in std::iter::once(r.output_payload_to_header.as_str()).chain(r.output_claim_to_headers.iter().map(|c| c.header.as_str())) {
+        for h in std::iter::once(r.output_payload_to_header.as_str())
+            .chain(r.output_claim_to_headers.iter().map(|c| c.header.as_str()))
+        {
             if !h.is_empty() {
                 headers.remove(h);
             }
@@ -179,8 +214,17 @@ pub fn authenticate(
     }
     // A stand-in for an unreadable RequestAuthentication: no token can be trusted.
     if policies.iter().any(|p| p.reject_tokens) {
-        let defaults = [Location::Header { name: DEFAULT_HEADER, prefix: DEFAULT_PREFIX }, Location::Param(DEFAULT_PARAM)];
-        if defaults.iter().any(|l| !extract(l, headers, query).is_empty()) {
+        let defaults = [
+            Location::Header {
+                name: DEFAULT_HEADER,
+                prefix: DEFAULT_PREFIX,
+            },
+            Location::Param(DEFAULT_PARAM),
+        ];
+        if defaults
+            .iter()
+            .any(|l| !extract(l, headers, query).is_empty())
+        {
             return Err(Failure::Signature);
         }
     }
@@ -207,7 +251,10 @@ pub fn authenticate(
         space_delimited.extend(rule.space_delimited_claims.iter().cloned());
         if !rule.output_payload_to_header.is_empty() {
             // The payload as the token carries it: base64url.
-            if let (Ok(n), Some(Ok(v))) = (HeaderName::from_bytes(rule.output_payload_to_header.as_bytes()), token.split('.').nth(1).map(HeaderValue::from_str)) {
+            if let (Ok(n), Some(Ok(v))) = (
+                HeaderName::from_bytes(rule.output_payload_to_header.as_bytes()),
+                token.split('.').nth(1).map(HeaderValue::from_str),
+            ) {
                 outputs.push((n, v));
             }
         }
@@ -227,7 +274,10 @@ pub fn authenticate(
                 Value::Bool(b) => Some(b.to_string()),
                 _ => None,
             };
-            if let (Ok(n), Some(Ok(v))) = (HeaderName::from_bytes(c.header.as_bytes()), text.map(|t| HeaderValue::from_str(&t))) {
+            if let (Ok(n), Some(Ok(v))) = (
+                HeaderName::from_bytes(c.header.as_bytes()),
+                text.map(|t| HeaderValue::from_str(&t)),
+            ) {
                 outputs.push((n, v));
             }
         }
@@ -249,17 +299,30 @@ pub fn authenticate(
 
 /// A token found at `loc`: verified by the first provider of its issuer that reads
 /// that location and accepts it.
-fn verify_token<'r>(rules: &[&'r JwtRule], loc: &Location, token: &str, store: &JwksStore) -> Result<(&'r JwtRule, Value), Failure> {
+fn verify_token<'r>(
+    rules: &[&'r JwtRule],
+    loc: &Location,
+    token: &str,
+    store: &JwksStore,
+) -> Result<(&'r JwtRule, Value), Failure> {
     let parts: Vec<&str> = token.split('.').collect();
     if parts.len() != 3 {
         return Err(Failure::BadFormat);
     }
-    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(parts[1].trim_end_matches('=')).map_err(|_| Failure::BadFormat)?;
+    let payload = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(parts[1].trim_end_matches('='))
+        .map_err(|_| Failure::BadFormat)?;
     let unverified: Value = serde_json::from_slice(&payload).map_err(|_| Failure::BadFormat)?;
     check_claim_types(&unverified)?;
-    let iss = unverified.get("iss").and_then(Value::as_str).unwrap_or_default();
+    let iss = unverified
+        .get("iss")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let mut last = Failure::UnknownIssuer;
-    for rule in rules.iter().filter(|r| r.issuer == iss && locations(r).contains(loc)) {
+    for rule in rules
+        .iter()
+        .filter(|r| r.issuer == iss && locations(r).contains(loc))
+    {
         match verify_with(rule, token, store) {
             Ok(claims) => return Ok((rule, claims)),
             Err(e) => last = e,
@@ -272,13 +335,22 @@ fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, 
     let header = jsonwebtoken::decode_header(token).map_err(|_| Failure::BadFormat)?;
     let set: std::sync::Arc<JwkSet> = match &rule.jwks.0 {
         Some(set) => set.clone(),
-        None => rule.jwks_source().and_then(|src| store.keys(&src)).ok_or(Failure::JwksNotFetched)?,
+        None => rule
+            .jwks_source()
+            .and_then(|src| store.keys(&src))
+            .ok_or(Failure::JwksNotFetched)?,
     };
     let keys: Vec<&Jwk> = set
         .keys
         .iter()
-        .filter(|k| header.kid.is_none() || k.common.key_id.is_none() || k.common.key_id == header.kid)
-        .filter(|k| k.common.key_algorithm.is_none_or(|a| format!("{a:?}") == format!("{:?}", header.alg)))
+        .filter(|k| {
+            header.kid.is_none() || k.common.key_id.is_none() || k.common.key_id == header.kid
+        })
+        .filter(|k| {
+            k.common
+                .key_algorithm
+                .is_none_or(|a| format!("{a:?}") == format!("{:?}", header.alg))
+        })
         .collect();
     if keys.is_empty() {
         return Err(Failure::NoMatchingKey);
@@ -293,11 +365,17 @@ fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, 
     v.validate_aud = false;
     let mut last = Failure::Signature;
     for k in keys {
-        let Ok(dk) = DecodingKey::from_jwk(k) else { continue };
+        let Ok(dk) = DecodingKey::from_jwk(k) else {
+            continue;
+        };
         match jsonwebtoken::decode::<Value>(token, &dk, &v) {
             Ok(data) => return check_claims(rule, data.claims, now_seconds()),
             Err(e) => match e.kind() {
-                ErrorKind::InvalidSignature | ErrorKind::InvalidAlgorithm | ErrorKind::InvalidKeyFormat | ErrorKind::InvalidRsaKey(_) | ErrorKind::InvalidEcdsaKey => last = Failure::Signature,
+                ErrorKind::InvalidSignature
+                | ErrorKind::InvalidAlgorithm
+                | ErrorKind::InvalidKeyFormat
+                | ErrorKind::InvalidRsaKey(_)
+                | ErrorKind::InvalidEcdsaKey => last = Failure::Signature,
                 _ => last = Failure::BadFormat,
             },
         }
@@ -306,7 +384,10 @@ fn verify_with(rule: &JwtRule, token: &str, store: &JwksStore) -> Result<Value, 
 }
 
 fn now_seconds() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default()
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
 }
 
 /// Envoy's payload parse (jwt_verify_lib `Jwt::parseFromString`): `iss`, `sub`, `jti`
@@ -369,7 +450,11 @@ fn check_claims(rule: &JwtRule, claims: Value, now: u64) -> Result<Value, Failur
             Some(Value::Array(a)) => a.iter().filter_map(Value::as_str).collect(),
             _ => Vec::new(),
         };
-        if !named.iter().any(|a| rule.audiences.iter().any(|want| sanitize_audience(want) == sanitize_audience(a))) {
+        if !named.iter().any(|a| {
+            rule.audiences
+                .iter()
+                .any(|want| sanitize_audience(want) == sanitize_audience(a))
+        }) {
             return Err(Failure::Audience);
         }
     }
@@ -379,6 +464,9 @@ fn check_claims(rule: &JwtRule, claims: Value, now: u64) -> Result<Value, Failur
 /// Envoy compares audiences without an `http://` or `https://` prefix and one trailing
 /// slash (jwt_verify_lib `CheckAudience`).
 fn sanitize_audience(aud: &str) -> &str {
-    let a = aud.strip_prefix("http://").or_else(|| aud.strip_prefix("https://")).unwrap_or(aud);
+    let a = aud
+        .strip_prefix("http://")
+        .or_else(|| aud.strip_prefix("https://"))
+        .unwrap_or(aud);
     a.strip_suffix('/').unwrap_or(a)
 }

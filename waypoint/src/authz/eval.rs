@@ -2,7 +2,9 @@
 
 use std::net::IpAddr;
 
-use super::model::{parse_key, parse_port, Action, AuthorizationPolicy, Condition, Key, Operation, Rule, Source};
+use super::model::{
+    parse_key, parse_port, Action, AuthorizationPolicy, Condition, Key, Operation, Rule, Source,
+};
 use ztunnel::cidr::Cidr;
 use ztunnel::identity::Identity;
 use ztunnel::rbac::field::{negative, positive};
@@ -37,7 +39,10 @@ pub struct Verdict {
 }
 
 /// Decides a request under the policies that apply to its target (see `applies_to`).
-pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>, req: &Request) -> Verdict {
+pub fn evaluate<'p>(
+    policies: impl IntoIterator<Item = &'p AuthorizationPolicy>,
+    req: &Request,
+) -> Verdict {
     let attrs = Attrs::new(req);
     let mut have_allow = false;
     let mut allow_matched = false;
@@ -64,14 +69,25 @@ pub fn evaluate<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>,
         }
     }
     let allowed = denied_by.is_none() && (!have_allow || allow_matched);
-    Verdict { allowed, denied_by, audited_by }
+    Verdict {
+        allowed,
+        denied_by,
+        audited_by,
+    }
 }
 
 /// The CUSTOM policies among `policies` and, for each, whether it matches the request
 /// (its rules read as a DENY's: doubt counts for the match, so for a check).
-pub fn custom_matches<'p>(policies: impl IntoIterator<Item = &'p AuthorizationPolicy>, req: &Request) -> Vec<(&'p AuthorizationPolicy, bool)> {
+pub fn custom_matches<'p>(
+    policies: impl IntoIterator<Item = &'p AuthorizationPolicy>,
+    req: &Request,
+) -> Vec<(&'p AuthorizationPolicy, bool)> {
     let attrs = Attrs::new(req);
-    policies.into_iter().filter(|p| p.action == Action::Custom).map(|p| (p, p.matches(&attrs))).collect()
+    policies
+        .into_iter()
+        .filter(|p| p.action == Action::Custom)
+        .map(|p| (p, p.matches(&attrs)))
+        .collect()
 }
 
 impl AuthorizationPolicy {
@@ -166,7 +182,8 @@ impl Condition {
             Key::Header(name) => {
                 let values = a.req.headers.get_all(name);
                 let values = || values.iter().map(|v| v.as_bytes());
-                header_values_hold(&self.values, values, pol) && header_not_values_hold(&self.not_values, values, pol)
+                header_values_hold(&self.values, values, pol)
+                    && header_not_values_hold(&self.not_values, values, pol)
             }
             Key::SourceIp => {
                 cidrs_hold(&self.values, a.req.source_ip, false, pol)
@@ -178,15 +195,18 @@ impl Condition {
             }
             Key::SourceNamespace => {
                 let ns = a.req.source_principal.map(|i| i.namespace.as_bytes());
-                positive(&self.values, ns, missing, string) && negative(&self.not_values, ns, missing, string)
+                positive(&self.values, ns, missing, string)
+                    && negative(&self.not_values, ns, missing, string)
             }
             Key::SourcePrincipal => {
                 let principal = a.principal.as_deref().map(str::as_bytes);
-                positive(&self.values, principal, missing, string) && negative(&self.not_values, principal, missing, string)
+                positive(&self.values, principal, missing, string)
+                    && negative(&self.not_values, principal, missing, string)
             }
             Key::AuthPrincipal => {
                 let principal = a.req.auth.map(|r| r.principal.as_bytes());
-                positive(&self.values, principal, false, string) && negative(&self.not_values, principal, true, string)
+                positive(&self.values, principal, false, string)
+                    && negative(&self.not_values, principal, true, string)
             }
             Key::AuthAudiences => claim_holds(self, a.req.auth.map(|r| r.claim(&["aud"])), pol),
             Key::AuthPresenter => claim_holds(self, a.req.auth.map(|r| r.claim(&["azp"])), pol),
@@ -204,7 +224,13 @@ fn claim_holds(c: &Condition, claim: Option<Claim>, pol: Polarity) -> bool {
         Some(Claim::Values(v)) => v,
         Some(Claim::Unsupported) => return pol == Polarity::Deny,
     };
-    let any = |patterns: &[String]| values.iter().any(|v| patterns.iter().any(|p| wildcard_match(p, v.as_bytes(), false)));
+    let any = |patterns: &[String]| {
+        values.iter().any(|v| {
+            patterns
+                .iter()
+                .any(|p| wildcard_match(p, v.as_bytes(), false))
+        })
+    };
     (c.values.is_empty() || any(&c.values)) && (c.not_values.is_empty() || !any(&c.not_values))
 }
 
@@ -234,7 +260,11 @@ struct Attrs<'r, 'a> {
 
 impl<'r, 'a> Attrs<'r, 'a> {
     fn new(req: &'r Request<'a>) -> Self {
-        Attrs { req, principal: req.source_principal.map(Identity::principal), host: normalize_host(req.host) }
+        Attrs {
+            req,
+            principal: req.source_principal.map(Identity::principal),
+            host: normalize_host(req.host),
+        }
     }
 }
 
@@ -252,7 +282,9 @@ fn normalize_host(host: &str) -> String {
 }
 
 fn service_account_match(pattern: &str, id: &Identity) -> bool {
-    pattern.split_once('/').is_some_and(|(ns, sa)| ns == id.namespace && sa == id.service_account)
+    pattern
+        .split_once('/')
+        .is_some_and(|(ns, sa)| ns == id.namespace && sa == id.service_account)
 }
 
 /// `values` on a header, each of its values matched alone (never joined): for DENY one
@@ -311,7 +343,13 @@ fn cidrs_hold(list: &[String], ip: IpAddr, negate: bool, pol: Polarity) -> bool 
 
 /// Istio's string match: `*` any non-empty value, `abc*` prefix, `*abc` suffix, else exact.
 fn wildcard_match(pattern: &str, value: &[u8], ignore_case: bool) -> bool {
-    let eq = |a: &[u8], b: &[u8]| if ignore_case { a.eq_ignore_ascii_case(b) } else { a == b };
+    let eq = |a: &[u8], b: &[u8]| {
+        if ignore_case {
+            a.eq_ignore_ascii_case(b)
+        } else {
+            a == b
+        }
+    };
     if pattern == "*" {
         return !value.is_empty();
     }

@@ -177,32 +177,61 @@ impl AuthorizationPolicy {
     /// (a client cannot dodge an HTTP deny by not speaking HTTP); an ALLOW rule that
     /// needs them is dropped, so it can never allow.
     pub fn for_tcp(&self) -> AuthorizationPolicy {
-        let http_only_op = |o: &Operation| Operation { ports: o.ports.clone(), not_ports: o.not_ports.clone(), ..Default::default() };
+        let http_only_op = |o: &Operation| Operation {
+            ports: o.ports.clone(),
+            not_ports: o.not_ports.clone(),
+            ..Default::default()
+        };
         let rules = self
             .rules
             .iter()
             .filter_map(|r| {
                 // A request principal (JWT) is HTTP-only as well.
-                let http_only_src = |s: &Source| Source { request_principals: Vec::new(), not_request_principals: Vec::new(), ..s.clone() };
-                let needs_http = r.to.iter().any(|t| http_only_op(&t.operation) != t.operation)
-                    || r.from.iter().any(|f| http_only_src(&f.source) != f.source)
-                    || r.when.iter().any(|c| c.key.starts_with("request."));
+                let http_only_src = |s: &Source| Source {
+                    request_principals: Vec::new(),
+                    not_request_principals: Vec::new(),
+                    ..s.clone()
+                };
+                let needs_http =
+                    r.to.iter()
+                        .any(|t| http_only_op(&t.operation) != t.operation)
+                        || r.from.iter().any(|f| http_only_src(&f.source) != f.source)
+                        || r.when.iter().any(|c| c.key.starts_with("request."));
                 match (self.action, needs_http) {
                     (_, false) => Some(r.clone()),
                     (Action::Allow, true) => None,
                     (_, true) => Some(Rule {
                         // A source left with no field matches any peer.
-                        from: r.from.iter().map(|f| From { source: http_only_src(&f.source) }).collect(),
+                        from: r
+                            .from
+                            .iter()
+                            .map(|f| From {
+                                source: http_only_src(&f.source),
+                            })
+                            .collect(),
                         // An operation left with no field matches any connection.
-                        to: r.to.iter().map(|t| To { operation: http_only_op(&t.operation) }).collect(),
-                        when: r.when.iter().filter(|c| !c.key.starts_with("request.")).cloned().collect(),
+                        to: r
+                            .to
+                            .iter()
+                            .map(|t| To {
+                                operation: http_only_op(&t.operation),
+                            })
+                            .collect(),
+                        when: r
+                            .when
+                            .iter()
+                            .filter(|c| !c.key.starts_with("request."))
+                            .cloned()
+                            .collect(),
                     }),
                 }
             })
             .collect();
-        AuthorizationPolicy { rules, ..self.clone() }
+        AuthorizationPolicy {
+            rules,
+            ..self.clone()
+        }
     }
-
 }
 
 /// A supported `when` key.
@@ -222,7 +251,10 @@ pub(super) enum Key<'a> {
 }
 
 pub(super) fn parse_key(key: &str) -> Result<Key<'_>, String> {
-    if let Some(name) = key.strip_prefix("request.headers[").and_then(|k| k.strip_suffix(']')) {
+    if let Some(name) = key
+        .strip_prefix("request.headers[")
+        .and_then(|k| k.strip_suffix(']'))
+    {
         return match http::HeaderName::from_bytes(name.as_bytes()) {
             Ok(_) => Ok(Key::Header(name)),
             Err(_) => Err(format!("{name:?} in {key:?} is not a valid header name")),
@@ -242,10 +274,11 @@ pub(super) fn parse_key(key: &str) -> Result<Key<'_>, String> {
         "destination.port" => Ok(Key::DestinationPort),
         "source.namespace" => Ok(Key::SourceNamespace),
         "source.principal" => Ok(Key::SourcePrincipal),
-        _ => Err(format!("{key:?} is not supported; supported keys: {SUPPORTED_KEYS}")),
+        _ => Err(format!(
+            "{key:?} is not supported; supported keys: {SUPPORTED_KEYS}"
+        )),
     }
 }
-
 
 pub(super) fn parse_port(s: &str) -> Option<u16> {
     if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {

@@ -13,11 +13,14 @@ struct File {
 }
 
 fn parse(yaml: &str) -> Result<Vec<AuthorizationPolicy>, String> {
-    serde_yaml::from_str::<File>(yaml).map(|f| f.authorization_policies).map_err(|e| e.to_string())
+    serde_yaml::from_str::<File>(yaml)
+        .map(|f| f.authorization_policies)
+        .map_err(|e| e.to_string())
 }
 
 fn policy(yaml: &str) -> AuthorizationPolicy {
-    let head = "name: p\nnamespace: default\ntargetRefs: [{kind: Service, group: \"\", name: echo}]\n";
+    let head =
+        "name: p\nnamespace: default\ntargetRefs: [{kind: Service, group: \"\", name: echo}]\n";
     let p: AuthorizationPolicy = serde_yaml::from_str(&format!("{head}{yaml}")).unwrap();
     p.validate().unwrap();
     p
@@ -73,7 +76,8 @@ impl Req {
         self
     }
     fn header(mut self, name: &'static str, value: &[u8]) -> Self {
-        self.headers.append(name, http::HeaderValue::from_bytes(value).unwrap());
+        self.headers
+            .append(name, http::HeaderValue::from_bytes(value).unwrap());
         self
     }
     /// A verified JWT with these claims.
@@ -160,9 +164,18 @@ fn parses_example() {
     assert_eq!(p.key(), "default/deny-admin");
     assert_eq!(p.action, Action::Deny);
     let src = &p.rules[0].from[0].source;
-    assert_eq!(src.ip_blocks, vec!["10.10.1.0/24".parse().unwrap(), "10.10.2.5/32".parse().unwrap()]);
+    assert_eq!(
+        src.ip_blocks,
+        vec![
+            "10.10.1.0/24".parse().unwrap(),
+            "10.10.2.5/32".parse().unwrap()
+        ]
+    );
     assert_eq!(src.remote_ip_blocks, vec!["fd00::/8".parse().unwrap()]);
-    assert_eq!(p.rules[0].to[0].operation.paths, ["/admin", "/admin/*", "*/info"]);
+    assert_eq!(
+        p.rules[0].to[0].operation.paths,
+        ["/admin", "/admin/*", "*/info"]
+    );
     assert_eq!(p.rules[0].when.len(), 6);
     assert_eq!(ps[1].action, Action::Allow, "ALLOW is the default");
 }
@@ -279,11 +292,29 @@ fn validation_accepts() {
 #[test]
 fn applies_to() {
     let ps = parse(EXAMPLE).unwrap();
-    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-    let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
-    let other_ns = ObjectName { namespace: "prod".into(), name: "echo".into() };
-    let other_gw = ObjectName { namespace: "prod".into(), name: "waypoint".into() };
-    let t = |gateway, service| Target { gateway, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+    let gw = ObjectName {
+        namespace: "default".into(),
+        name: "waypoint".into(),
+    };
+    let echo = ObjectName {
+        namespace: "default".into(),
+        name: "echo".into(),
+    };
+    let other_ns = ObjectName {
+        namespace: "prod".into(),
+        name: "echo".into(),
+    };
+    let other_gw = ObjectName {
+        namespace: "prod".into(),
+        name: "waypoint".into(),
+    };
+    let t = |gateway, service| Target {
+        gateway,
+        service,
+        service_kind: Default::default(),
+        root_namespace: "istio-system",
+        port: 80,
+    };
     assert!(ps[0].applies_to(&t(&gw, Some(&echo))));
     assert!(!ps[0].applies_to(&t(&gw, Some(&other_ns))));
     assert!(!ps[0].applies_to(&t(&gw, None)));
@@ -294,9 +325,21 @@ fn applies_to() {
 
 #[test]
 fn applies_to_refs() {
-    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-    let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
-    let t = Target { gateway: &gw, service: Some(&echo), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+    let gw = ObjectName {
+        namespace: "default".into(),
+        name: "waypoint".into(),
+    };
+    let echo = ObjectName {
+        namespace: "default".into(),
+        name: "echo".into(),
+    };
+    let t = Target {
+        gateway: &gw,
+        service: Some(&echo),
+        service_kind: Default::default(),
+        root_namespace: "istio-system",
+        port: 80,
+    };
     let p = |refs: &str| -> AuthorizationPolicy {
         serde_yaml::from_str(&format!("name: p\nnamespace: default\ntargetRefs: {refs}")).unwrap()
     };
@@ -314,55 +357,144 @@ fn applies_to_refs() {
 /// `istio-waypoint` covers every waypoint; from elsewhere it covers nothing.
 #[test]
 fn root_namespace_policies_target_every_waypoint() {
-    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-    let cart = ObjectName { namespace: "shop".into(), name: "cart".into() };
+    let gw = ObjectName {
+        namespace: "default".into(),
+        name: "waypoint".into(),
+    };
+    let cart = ObjectName {
+        namespace: "shop".into(),
+        name: "cart".into(),
+    };
     let p = |ns: &str, refs: &str| -> AuthorizationPolicy {
-        let p: AuthorizationPolicy = serde_yaml::from_str(&format!("name: p\nnamespace: {ns}\ntargetRefs: {refs}")).unwrap();
+        let p: AuthorizationPolicy =
+            serde_yaml::from_str(&format!("name: p\nnamespace: {ns}\ntargetRefs: {refs}")).unwrap();
         p.validate().unwrap();
         p
     };
     let class = "[{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]";
     for service in [None, Some(&cart)] {
-        let t = Target { gateway: &gw, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+        let t = Target {
+            gateway: &gw,
+            service,
+            service_kind: Default::default(),
+            root_namespace: "istio-system",
+            port: 80,
+        };
         assert!(p("istio-system", class).applies_to(&t));
-        assert!(!p("default", class).applies_to(&t), "only from the root namespace");
-        assert!(!p("istio-system", "[{kind: GatewayClass, name: istio}]").applies_to(&t), "another class");
+        assert!(
+            !p("default", class).applies_to(&t),
+            "only from the root namespace"
+        );
+        assert!(
+            !p("istio-system", "[{kind: GatewayClass, name: istio}]").applies_to(&t),
+            "another class"
+        );
     }
-    let t = Target { gateway: &gw, service: None, service_kind: Default::default(), root_namespace: "mesh-root", port: 80 };
-    assert!(!p("istio-system", class).applies_to(&t), "the root namespace is configurable");
+    let t = Target {
+        gateway: &gw,
+        service: None,
+        service_kind: Default::default(),
+        root_namespace: "mesh-root",
+        port: 80,
+    };
+    assert!(
+        !p("istio-system", class).applies_to(&t),
+        "the root namespace is configurable"
+    );
     assert!(p("mesh-root", class).applies_to(&t));
     // A policy of another namespace reaches only its own Services.
-    let t = Target { gateway: &gw, service: Some(&cart), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+    let t = Target {
+        gateway: &gw,
+        service: Some(&cart),
+        service_kind: Default::default(),
+        root_namespace: "istio-system",
+        port: 80,
+    };
     assert!(p("shop", "[{kind: Service, name: cart}]").applies_to(&t));
-    assert!(!p("shop", "[{kind: Gateway, name: waypoint}]").applies_to(&t), "the Gateway is default's");
+    assert!(
+        !p("shop", "[{kind: Gateway, name: waypoint}]").applies_to(&t),
+        "the Gateway is default's"
+    );
 }
 
 /// A deny-all stand-in that cannot be placed covers what its namespace could target.
 #[test]
 fn unplaced_deny_all_stays_in_its_namespace() {
-    let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-    let cart = ObjectName { namespace: "shop".into(), name: "cart".into() };
-    let echo = ObjectName { namespace: "default".into(), name: "echo".into() };
+    let gw = ObjectName {
+        namespace: "default".into(),
+        name: "waypoint".into(),
+    };
+    let cart = ObjectName {
+        namespace: "shop".into(),
+        name: "cart".into(),
+    };
+    let echo = ObjectName {
+        namespace: "default".into(),
+        name: "echo".into(),
+    };
     // A kind Istio does not attach to waypoints.
-    let se = [ObjectRef { group: Some("apps".into()), kind: Some("Deployment".into()), name: "x".into(), ..ObjectRef::default() }];
-    let t = |service| Target { gateway: &gw, service, service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+    let se = [ObjectRef {
+        group: Some("apps".into()),
+        kind: Some("Deployment".into()),
+        name: "x".into(),
+        ..ObjectRef::default()
+    }];
+    let t = |service| Target {
+        gateway: &gw,
+        service,
+        service_kind: Default::default(),
+        root_namespace: "istio-system",
+        port: 80,
+    };
     let own = AuthorizationPolicy::deny_all("default", "p", &se);
-    assert!(own.applies_to(&t(None)) && own.applies_to(&t(Some(&cart))), "the waypoint's namespace: everything");
+    assert!(
+        own.applies_to(&t(None)) && own.applies_to(&t(Some(&cart))),
+        "the waypoint's namespace: everything"
+    );
     let root = AuthorizationPolicy::deny_all("istio-system", "p", &se);
-    assert!(root.applies_to(&t(None)) && root.applies_to(&t(Some(&cart))), "the root namespace: everything");
+    assert!(
+        root.applies_to(&t(None)) && root.applies_to(&t(Some(&cart))),
+        "the root namespace: everything"
+    );
     let shop = AuthorizationPolicy::deny_all("shop", "p", &se);
     assert!(shop.applies_to(&t(Some(&cart))));
-    assert!(!shop.applies_to(&t(Some(&echo))) && !shop.applies_to(&t(None)), "shop's policy never denies default's traffic");
-    let placed = AuthorizationPolicy::deny_all("shop", "p", &[ObjectRef { kind: Some("Service".into()), name: "cart".into(), ..ObjectRef::default() }]);
+    assert!(
+        !shop.applies_to(&t(Some(&echo))) && !shop.applies_to(&t(None)),
+        "shop's policy never denies default's traffic"
+    );
+    let placed = AuthorizationPolicy::deny_all(
+        "shop",
+        "p",
+        &[ObjectRef {
+            kind: Some("Service".into()),
+            name: "cart".into(),
+            ..ObjectRef::default()
+        }],
+    );
     assert!(!placed.unplaced && placed.applies_to(&t(Some(&cart))));
     // A ServiceEntry ref is placed: its stand-in denies that ServiceEntry's hosts only,
     // not the whole waypoint (nor a Kubernetes Service of the same name).
-    let se_ref = [ObjectRef { group: Some("networking.istio.io".into()), kind: Some("ServiceEntry".into()), name: "ext".into(), ..ObjectRef::default() }];
+    let se_ref = [ObjectRef {
+        group: Some("networking.istio.io".into()),
+        kind: Some("ServiceEntry".into()),
+        name: "ext".into(),
+        ..ObjectRef::default()
+    }];
     let own = AuthorizationPolicy::deny_all("default", "p", &se_ref);
-    let ext = ObjectName { namespace: "default".into(), name: "ext".into() };
-    let entry = Target { service_kind: ServiceKind::ServiceEntry, ..t(Some(&ext)) };
+    let ext = ObjectName {
+        namespace: "default".into(),
+        name: "ext".into(),
+    };
+    let entry = Target {
+        service_kind: ServiceKind::ServiceEntry,
+        ..t(Some(&ext))
+    };
     assert!(!own.unplaced && own.applies_to(&entry));
-    assert!(!own.applies_to(&t(Some(&ext))) && !own.applies_to(&t(Some(&echo))) && !own.applies_to(&t(None)));
+    assert!(
+        !own.applies_to(&t(Some(&ext)))
+            && !own.applies_to(&t(Some(&echo)))
+            && !own.applies_to(&t(None))
+    );
 }
 
 /// The policies of the waypoint end-to-end test (tests/tests/e2e/waypoint.rs).
@@ -398,25 +530,57 @@ authorizationPolicies:
     }
     let all: Vec<&AuthorizationPolicy> = ps.iter().collect();
     assert!(req().path("/hello").allowed(&all));
-    let v = req().path(&crate::path::normalize("/x/%2e%2e/admin").unwrap()).verdict(&all);
+    let v = req()
+        .path(&crate::path::normalize("/x/%2e%2e/admin").unwrap())
+        .verdict(&all);
     assert_eq!(v.denied_by.as_deref(), Some("default/deny-admin"));
     assert!(!req().path("/admin/x").allowed(&all));
-    assert!(req().port(8080).path("/admin").allowed(&all), "the DENY rules name port 80");
+    assert!(
+        req().port(8080).path("/admin").allowed(&all),
+        "the DENY rules name port 80"
+    );
     assert!(!req().method("DELETE").allowed(&all));
-    assert!(!req().header("x-block", b"no").header("x-block", b"yes").allowed(&all));
+    assert!(!req()
+        .header("x-block", b"no")
+        .header("x-block", b"yes")
+        .allowed(&all));
     let v = req().path("/admin-only").verdict(&all);
-    assert_eq!(v, Verdict { allowed: false, denied_by: None, audited_by: vec![] });
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: false,
+            denied_by: None,
+            audited_by: vec![]
+        }
+    );
     assert!(req().port(9000).path("/admin-only").allowed(&all));
-    assert!(req().id(Some(("default", "admin"))).path("/admin-only").allowed(&all));
+    assert!(req()
+        .id(Some(("default", "admin")))
+        .path("/admin-only")
+        .allowed(&all));
     assert!(!req().id(Some(("default", "other"))).allowed(&all));
     // Opaque TCP: the DENY rules keep only their ports (port 80 is denied outright),
     // and the ALLOW rules that need paths are gone (port 9000 stays allowed).
     let tcp: Vec<AuthorizationPolicy> = ps.iter().map(AuthorizationPolicy::for_tcp).collect();
     let tcp: Vec<&AuthorizationPolicy> = tcp.iter().collect();
-    let opaque = |port: u16, sa: &str| req().id(Some(("default", sa))).port(port).method("").path("").host("").allowed(&tcp);
-    assert!(!opaque(80, "client"), "HTTP-only DENY fields must not let TCP through");
+    let opaque = |port: u16, sa: &str| {
+        req()
+            .id(Some(("default", sa)))
+            .port(port)
+            .method("")
+            .path("")
+            .host("")
+            .allowed(&tcp)
+    };
+    assert!(
+        !opaque(80, "client"),
+        "HTTP-only DENY fields must not let TCP through"
+    );
     assert!(opaque(9000, "client"));
-    assert!(!opaque(8080, "client"), "the client's other ALLOW rule needs HTTP");
+    assert!(
+        !opaque(8080, "client"),
+        "the client's other ALLOW rule needs HTTP"
+    );
     assert!(!opaque(80, "admin") && opaque(8080, "admin"));
 }
 
@@ -424,21 +588,46 @@ authorizationPolicies:
 fn deny_by_path_and_method() {
     let deny = policy("action: DENY\nrules:\n- to: [{operation: {paths: ['/admin', '/admin/*']}}]\n- to: [{operation: {methods: [DELETE]}}]");
     let v = req().path("/admin").verdict(&[&deny]);
-    assert_eq!(v, Verdict { allowed: false, denied_by: Some("default/p".into()), audited_by: vec![] });
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: false,
+            denied_by: Some("default/p".into()),
+            audited_by: vec![]
+        }
+    );
     assert!(!req().path("/admin/x/y").allowed(&[&deny]));
-    assert!(req().path("/administrator").allowed(&[&deny]), "'/admin/*' is the prefix '/admin/'");
+    assert!(
+        req().path("/administrator").allowed(&[&deny]),
+        "'/admin/*' is the prefix '/admin/'"
+    );
     assert!(req().path("/x").allowed(&[&deny]));
     assert!(!req().method("DELETE").allowed(&[&deny]));
-    assert!(req().method("delete").allowed(&[&deny]), "methods are case-sensitive, as in Istio");
+    assert!(
+        req().method("delete").allowed(&[&deny]),
+        "methods are case-sensitive, as in Istio"
+    );
 }
 
 #[test]
 fn allow_principal_only() {
-    let allow = policy("rules:\n- from: [{source: {principals: ['cluster.local/ns/default/sa/client']}}]");
-    assert_eq!(req().verdict(&[&allow]), Verdict { allowed: true, denied_by: None, audited_by: vec![] });
+    let allow =
+        policy("rules:\n- from: [{source: {principals: ['cluster.local/ns/default/sa/client']}}]");
+    assert_eq!(
+        req().verdict(&[&allow]),
+        Verdict {
+            allowed: true,
+            denied_by: None,
+            audited_by: vec![]
+        }
+    );
     assert_eq!(
         req().id(Some(("default", "other"))).verdict(&[&allow]),
-        Verdict { allowed: false, denied_by: None, audited_by: vec![] }
+        Verdict {
+            allowed: false,
+            denied_by: None,
+            audited_by: vec![]
+        }
     );
     // A dot in a principal is a dot, never a regex wildcard.
     assert!(!req().id(Some(("defaultX", "client"))).allowed(&[&allow]));
@@ -448,26 +637,48 @@ fn allow_principal_only() {
 fn decisions_without_and_with_allow() {
     assert!(req().allowed(&[]), "no policy: allowed");
     let deny = policy("action: DENY\nrules: [{to: [{operation: {paths: ['/admin']}}]}]");
-    assert!(req().allowed(&[&deny]), "no ALLOW policy and no DENY match: allowed");
+    assert!(
+        req().allowed(&[&deny]),
+        "no ALLOW policy and no DENY match: allowed"
+    );
     let allow = policy("rules: [{to: [{operation: {paths: ['/public*']}}]}]");
-    assert!(!req().path("/x").allowed(&[&deny, &allow]), "an ALLOW exists but none matches");
+    assert!(
+        !req().path("/x").allowed(&[&deny, &allow]),
+        "an ALLOW exists but none matches"
+    );
     assert!(req().path("/public/a").allowed(&[&deny, &allow]));
     let allow_nothing = policy("rules: []");
-    assert!(!req().allowed(&[&allow_nothing]), "ALLOW without rules matches nothing");
+    assert!(
+        !req().allowed(&[&allow_nothing]),
+        "ALLOW without rules matches nothing"
+    );
     let deny_nothing = policy("action: DENY\nrules: []");
     assert!(req().allowed(&[&deny_nothing]));
     let allow_all = policy("rules: [{}]");
     assert!(req().allowed(&[&allow_all]));
     let deny_all = policy("action: DENY\nrules: [{}]");
-    assert!(!req().allowed(&[&allow_all, &deny_all]), "DENY wins over ALLOW");
+    assert!(
+        !req().allowed(&[&allow_all, &deny_all]),
+        "DENY wins over ALLOW"
+    );
 }
 
 #[test]
 fn audit_does_not_decide() {
     let audit = policy("action: AUDIT\nrules: [{to: [{operation: {paths: ['/secret*']}}]}]");
     let v = req().path("/secret/x").verdict(&[&audit]);
-    assert_eq!(v, Verdict { allowed: true, denied_by: None, audited_by: vec!["default/p".into()] });
-    assert_eq!(req().path("/x").verdict(&[&audit]).audited_by, Vec::<String>::new());
+    assert_eq!(
+        v,
+        Verdict {
+            allowed: true,
+            denied_by: None,
+            audited_by: vec!["default/p".into()]
+        }
+    );
+    assert_eq!(
+        req().path("/x").verdict(&[&audit]).audited_by,
+        Vec::<String>::new()
+    );
     let allow = policy("rules: [{to: [{operation: {paths: ['/public']}}]}]");
     let v = req().path("/secret/x").verdict(&[&audit, &allow]);
     assert!(!v.allowed, "an AUDIT match doesn't allow");
@@ -501,10 +712,14 @@ fn ip_blocks() {
     );
     assert!(req().ip("10.10.1.7").allowed(&[&allow]));
     assert!(req().ip("10.10.2.5").allowed(&[&allow]));
-    assert!(req().ip("::ffff:10.10.2.5").allowed(&[&allow]), "IPv4-mapped peers compare as IPv4");
+    assert!(
+        req().ip("::ffff:10.10.2.5").allowed(&[&allow]),
+        "IPv4-mapped peers compare as IPv4"
+    );
     assert!(!req().ip("10.10.2.6").allowed(&[&allow]));
     assert!(!req().ip("10.10.1.200").allowed(&[&allow]));
-    let deny = policy("action: DENY\nrules: [{from: [{source: {remoteIpBlocks: ['192.168.0.0/16']}}]}]");
+    let deny =
+        policy("action: DENY\nrules: [{from: [{source: {remoteIpBlocks: ['192.168.0.0/16']}}]}]");
     assert!(!req().ip("::ffff:192.168.3.4").allowed(&[&deny]));
     assert!(req().ip("10.0.0.1").allowed(&[&deny]));
     let when = policy(
@@ -518,11 +733,20 @@ fn ip_blocks() {
 #[test]
 fn ipv4_mapped_ip_blocks_match_ipv4_peers() {
     // `::ffff:10.0.0.0/104` names the IPv4 peers 10.0.0.0/8, as in L4 policies.
-    let deny = policy("action: DENY\nrules: [{from: [{source: {ipBlocks: ['::ffff:10.0.0.0/104']}}]}]");
-    assert!(!req().ip("10.1.2.3").allowed(&[&deny]), "an IPv4 peer in the mapped block is denied");
-    assert!(!req().ip("::ffff:10.1.2.3").allowed(&[&deny]), "so is its IPv4-mapped form");
+    let deny =
+        policy("action: DENY\nrules: [{from: [{source: {ipBlocks: ['::ffff:10.0.0.0/104']}}]}]");
+    assert!(
+        !req().ip("10.1.2.3").allowed(&[&deny]),
+        "an IPv4 peer in the mapped block is denied"
+    );
+    assert!(
+        !req().ip("::ffff:10.1.2.3").allowed(&[&deny]),
+        "so is its IPv4-mapped form"
+    );
     assert!(req().ip("11.1.2.3").allowed(&[&deny]));
-    let when = policy("action: DENY\nrules: [{when: [{key: source.ip, values: ['::ffff:10.0.0.0/104']}]}]");
+    let when = policy(
+        "action: DENY\nrules: [{when: [{key: source.ip, values: ['::ffff:10.0.0.0/104']}]}]",
+    );
     assert!(!req().ip("10.1.2.3").allowed(&[&when]));
     let allow = policy("rules: [{from: [{source: {remoteIpBlocks: ['::ffff:192.168.0.0/112']}}]}]");
     assert!(req().ip("192.168.4.5").allowed(&[&allow]));
@@ -535,12 +759,18 @@ fn a_request_without_host_is_missing_the_host() {
     // no ALLOW field about hosts (not even notHosts) and triggers any host DENY.
     let not_evil = policy("rules: [{to: [{operation: {notHosts: ['evil.com']}}]}]");
     assert!(req().host("echo").allowed(&[&not_evil]));
-    assert!(!req().host("").allowed(&[&not_evil]), "a missing host passed an ALLOW notHosts");
+    assert!(
+        !req().host("").allowed(&[&not_evil]),
+        "a missing host passed an ALLOW notHosts"
+    );
     let deny = policy("action: DENY\nrules: [{to: [{operation: {notHosts: ['echo']}}]}]");
     assert!(req().host("echo").allowed(&[&deny]));
     assert!(!req().host("").allowed(&[&deny]));
     let deny_hosts = policy("action: DENY\nrules: [{to: [{operation: {hosts: ['evil.com']}}]}]");
-    assert!(!req().host("").allowed(&[&deny_hosts]), "doubt counts for a DENY");
+    assert!(
+        !req().host("").allowed(&[&deny_hosts]),
+        "doubt counts for a DENY"
+    );
 }
 
 #[test]
@@ -558,22 +788,46 @@ fn hosts_ignore_port_and_case() {
     ] {
         assert!(req().host(host).allowed(&[&allow]), "{host}");
     }
-    for host in
-        ["example.com", "echo", "", "evil.com:80", "echo.default.svc.cluster.local.evil.com", "x.example.com.evil"]
-    {
+    for host in [
+        "example.com",
+        "echo",
+        "",
+        "evil.com:80",
+        "echo.default.svc.cluster.local.evil.com",
+        "x.example.com.evil",
+    ] {
         assert!(!req().host(host).allowed(&[&allow]), "{host}");
     }
     let deny = policy("action: DENY\nrules: [{to: [{operation: {hosts: ['evil.com']}}]}]");
-    assert!(!req().host("EVIL.com:1234").allowed(&[&deny]), "a port can't dodge a DENY");
-    assert!(!req().host("evil.com.").allowed(&[&deny]), "a trailing dot can't dodge a DENY");
-    assert!(!req().host("[::1]:80").allowed(&[&policy("rules: [{to: [{operation: {hosts: ['[::2]']}}]}]")]));
-    assert!(req().host("[::1]:80").allowed(&[&policy("rules: [{to: [{operation: {hosts: ['[::1]']}}]}]")]));
+    assert!(
+        !req().host("EVIL.com:1234").allowed(&[&deny]),
+        "a port can't dodge a DENY"
+    );
+    assert!(
+        !req().host("evil.com.").allowed(&[&deny]),
+        "a trailing dot can't dodge a DENY"
+    );
+    assert!(!req()
+        .host("[::1]:80")
+        .allowed(&[&policy("rules: [{to: [{operation: {hosts: ['[::2]']}}]}]")]));
+    assert!(req()
+        .host("[::1]:80")
+        .allowed(&[&policy("rules: [{to: [{operation: {hosts: ['[::1]']}}]}]")]));
 }
 
 #[test]
 fn paths_prefix_suffix_any() {
-    let allow = policy("rules: [{to: [{operation: {paths: ['/exact', '/api/*', '/pre*', '*/info']}}]}]");
-    for path in ["/exact", "/api/", "/api/v1/x", "/pre", "/prefix/a", "/info", "/a/b/info"] {
+    let allow =
+        policy("rules: [{to: [{operation: {paths: ['/exact', '/api/*', '/pre*', '*/info']}}]}]");
+    for path in [
+        "/exact",
+        "/api/",
+        "/api/v1/x",
+        "/pre",
+        "/prefix/a",
+        "/info",
+        "/a/b/info",
+    ] {
         assert!(req().path(path).allowed(&[&allow]), "{path}");
     }
     for path in ["/exact/", "/Exact", "/api", "/info/", "/xinfo", "/", "/ex"] {
@@ -598,13 +852,25 @@ fn ports() {
 fn repeated_headers_allow() {
     let allow = policy("rules: [{when: [{key: 'request.headers[X-Role]', values: [good]}]}]");
     assert!(req().header("x-role", b"good").allowed(&[&allow]));
-    assert!(req().header("x-role", b"good").header("x-role", b"good").allowed(&[&allow]));
+    assert!(req()
+        .header("x-role", b"good")
+        .header("x-role", b"good")
+        .allowed(&[&allow]));
     assert!(
-        !req().header("x-role", b"good").header("x-role", b"evil").allowed(&[&allow]),
+        !req()
+            .header("x-role", b"good")
+            .header("x-role", b"evil")
+            .allowed(&[&allow]),
         "every value must match"
     );
-    assert!(!req().header("x-role", b"evil").header("x-role", b"good").allowed(&[&allow]));
-    assert!(!req().allowed(&[&allow]), "an absent header matches no value");
+    assert!(!req()
+        .header("x-role", b"evil")
+        .header("x-role", b"good")
+        .allowed(&[&allow]));
+    assert!(
+        !req().allowed(&[&allow]),
+        "an absent header matches no value"
+    );
     // Never joined: "good,good" is one value and not "good".
     assert!(!req().header("x-role", b"good,good").allowed(&[&allow]));
     // Bytes that aren't UTF-8 compare as bytes and match no plain pattern.
@@ -612,27 +878,51 @@ fn repeated_headers_allow() {
     let not = policy("rules: [{when: [{key: 'request.headers[x-role]', notValues: [evil]}]}]");
     assert!(req().allowed(&[&not]), "absent header: notValues hold");
     assert!(req().header("x-role", b"good").allowed(&[&not]));
-    assert!(!req().header("x-role", b"good").header("x-role", b"evil").allowed(&[&not]));
+    assert!(!req()
+        .header("x-role", b"good")
+        .header("x-role", b"evil")
+        .allowed(&[&not]));
     let presence = policy("rules: [{when: [{key: 'request.headers[x-token]', values: ['*']}]}]");
     assert!(req().header("x-token", b"t").allowed(&[&presence]));
-    assert!(!req().header("x-token", b"").allowed(&[&presence]), "'*' needs a non-empty value");
-    assert!(!req().header("x-token", b"t").header("x-token", b"").allowed(&[&presence]));
+    assert!(
+        !req().header("x-token", b"").allowed(&[&presence]),
+        "'*' needs a non-empty value"
+    );
+    assert!(!req()
+        .header("x-token", b"t")
+        .header("x-token", b"")
+        .allowed(&[&presence]));
 }
 
 #[test]
 fn repeated_headers_deny() {
-    let deny = policy("action: DENY\nrules: [{when: [{key: 'request.headers[x-role]', values: [evil]}]}]");
-    assert!(!req().header("x-role", b"good").header("x-role", b"evil").allowed(&[&deny]), "one value is enough");
+    let deny =
+        policy("action: DENY\nrules: [{when: [{key: 'request.headers[x-role]', values: [evil]}]}]");
+    assert!(
+        !req()
+            .header("x-role", b"good")
+            .header("x-role", b"evil")
+            .allowed(&[&deny]),
+        "one value is enough"
+    );
     assert!(!req().header("X-Role", b"evil").allowed(&[&deny]));
     assert!(req().header("x-role", b"good").allowed(&[&deny]));
     assert!(req().allowed(&[&deny]));
-    let not = policy("action: DENY\nrules: [{when: [{key: 'request.headers[x-role]', notValues: [good]}]}]");
+    let not = policy(
+        "action: DENY\nrules: [{when: [{key: 'request.headers[x-role]', notValues: [good]}]}]",
+    );
     assert!(req().header("x-role", b"good").allowed(&[&not]));
     assert!(
-        !req().header("x-role", b"good").header("x-role", b"evil").allowed(&[&not]),
+        !req()
+            .header("x-role", b"good")
+            .header("x-role", b"evil")
+            .allowed(&[&not]),
         "an innocent value can't hide another"
     );
-    assert!(!req().allowed(&[&not]), "absent header: a DENY notValues holds");
+    assert!(
+        !req().allowed(&[&not]),
+        "absent header: a DENY notValues holds"
+    );
     let prefix =
         policy("action: DENY\nrules: [{when: [{key: 'request.headers[user-agent]', values: ['curl*', '*bot']}]}]");
     assert!(!req().header("user-agent", b"curl/8").allowed(&[&prefix]));
@@ -645,12 +935,20 @@ fn unknown_principal() {
     let anon = || req().id(None);
     // ALLOW: a missing identity satisfies no identity field, negative ones included,
     // or "anyone but the attacker" would let in someone we know nothing about.
-    let not = policy("rules: [{from: [{source: {notPrincipals: ['cluster.local/ns/default/sa/evil']}}]}]");
+    let not = policy(
+        "rules: [{from: [{source: {notPrincipals: ['cluster.local/ns/default/sa/evil']}}]}]",
+    );
     assert!(!anon().allowed(&[&not]));
     assert!(!anon().allowed(&[&policy("rules: [{from: [{source: {principals: ['*']}}]}]")]));
-    assert!(!anon().allowed(&[&policy("rules: [{from: [{source: {notNamespaces: [evil]}}]}]")]));
-    assert!(!anon().allowed(&[&policy("rules: [{from: [{source: {notServiceAccounts: [default/evil]}}]}]")]));
-    assert!(!anon().allowed(&[&policy("rules: [{when: [{key: source.namespace, notValues: [evil]}]}]")]));
+    assert!(!anon().allowed(&[&policy(
+        "rules: [{from: [{source: {notNamespaces: [evil]}}]}]"
+    )]));
+    assert!(!anon().allowed(&[&policy(
+        "rules: [{from: [{source: {notServiceAccounts: [default/evil]}}]}]"
+    )]));
+    assert!(!anon().allowed(&[&policy(
+        "rules: [{when: [{key: source.namespace, notValues: [evil]}]}]"
+    )]));
     // DENY principals ["*"]: Istio would NOT deny here ('*' is a presence match and
     // the principal is absent). We deny: a missing attribute counts for a DENY
     // match, so presenting no identity can never dodge a DENY; the doubt is
@@ -659,13 +957,17 @@ fn unknown_principal() {
     let deny_any = policy("action: DENY\nrules: [{from: [{source: {principals: ['*']}}]}]");
     let v = anon().verdict(&[&deny_any]);
     assert_eq!(v.denied_by.as_deref(), Some("default/p"));
-    assert!(!req().allowed(&[&deny_any]), "and any known principal is denied too");
+    assert!(
+        !req().allowed(&[&deny_any]),
+        "and any known principal is denied too"
+    );
     // The usual Istio "deny unauthenticated" policy still denies the anonymous peer
     // and lets known ones through.
     let deny_anon = policy("action: DENY\nrules: [{from: [{source: {notPrincipals: ['*']}}]}]");
     assert!(!anon().allowed(&[&deny_anon]));
     assert!(req().allowed(&[&deny_anon]));
-    let deny_ns = policy("action: DENY\nrules: [{when: [{key: source.principal, values: ['*/sa/evil']}]}]");
+    let deny_ns =
+        policy("action: DENY\nrules: [{when: [{key: source.principal, values: ['*/sa/evil']}]}]");
     assert!(!anon().allowed(&[&deny_ns]));
     assert!(req().allowed(&[&deny_ns]));
 }
@@ -680,8 +982,15 @@ fn rule_and_or_semantics() {
     assert!(ok().path("/read/a").allowed(&[&allow]));
     assert!(ok().method("POST").path("/write").allowed(&[&allow]));
     assert!(!ok().method("POST").path("/read").allowed(&[&allow]));
-    assert!(!req().path("/read").allowed(&[&allow]), "when must hold too");
-    assert!(req().id(Some(("ops", "admin"))).method("PUT").path("/x").allowed(&[&allow]));
+    assert!(
+        !req().path("/read").allowed(&[&allow]),
+        "when must hold too"
+    );
+    assert!(req()
+        .id(Some(("ops", "admin")))
+        .method("PUT")
+        .path("/x")
+        .allowed(&[&allow]));
 }
 
 #[test]
@@ -703,11 +1012,19 @@ fn unvalidated_values_fail_closed() {
         unplaced: false,
     };
     assert!(!req().allowed(&[&bad_allow]));
-    let bad_deny = AuthorizationPolicy { action: Action::Deny, ..bad_allow.clone() };
+    let bad_deny = AuthorizationPolicy {
+        action: Action::Deny,
+        ..bad_allow.clone()
+    };
     assert!(!req().allowed(&[&bad_deny]));
     let mut ports = bad_deny.clone();
     ports.rules[0] = Rule {
-        to: vec![To { operation: Operation { not_ports: vec!["http".into()], ..Operation::default() } }],
+        to: vec![To {
+            operation: Operation {
+                not_ports: vec!["http".into()],
+                ..Operation::default()
+            },
+        }],
         ..Rule::default()
     };
     assert!(!req().allowed(&[&ports]));
@@ -719,31 +1036,72 @@ fn unvalidated_values_fail_closed() {
 #[test]
 fn request_principals_and_jwt_claims() {
     use serde_json::json;
-    let alice = || req().jwt(json!({"iss": "https://idp", "sub": "alice", "aud": ["web", "api"], "azp": "cli",
-        "groups": ["dev", "ops"], "org": {"team": "core"}, "scope": "read write", "level": 3}));
+    let alice = || {
+        req().jwt(
+            json!({"iss": "https://idp", "sub": "alice", "aud": ["web", "api"], "azp": "cli",
+        "groups": ["dev", "ops"], "org": {"team": "core"}, "scope": "read write", "level": 3}),
+        )
+    };
     let allow = policy("rules: [{from: [{source: {requestPrincipals: ['https://idp/*']}}]}]");
     assert!(alice().allowed(&[&allow]));
     assert!(!req().allowed(&[&allow]), "no token, no principal");
-    assert!(!req().jwt(json!({"iss": "other", "sub": "alice"})).allowed(&[&allow]));
+    assert!(!req()
+        .jwt(json!({"iss": "other", "sub": "alice"}))
+        .allowed(&[&allow]));
     // Require a token: DENY notRequestPrincipals ['*'].
-    let require = policy("action: DENY\nrules: [{from: [{source: {notRequestPrincipals: ['*']}}]}]");
+    let require =
+        policy("action: DENY\nrules: [{from: [{source: {notRequestPrincipals: ['*']}}]}]");
     assert!(!req().allowed(&[&require]));
     assert!(alice().allowed(&[&require]));
     // A DENY on a principal does not catch requests without a token.
-    let deny_alice = policy("action: DENY\nrules: [{from: [{source: {requestPrincipals: ['https://idp/alice']}}]}]");
+    let deny_alice = policy(
+        "action: DENY\nrules: [{from: [{source: {requestPrincipals: ['https://idp/alice']}}]}]",
+    );
     assert!(!alice().allowed(&[&deny_alice]));
     assert!(req().allowed(&[&deny_alice]));
     let when = |cond: &str| policy(&format!("rules: [{{when: [{cond}]}}]"));
     let cases = [
-        ("{key: request.auth.principal, values: ['https://idp/alice']}", true, false),
+        (
+            "{key: request.auth.principal, values: ['https://idp/alice']}",
+            true,
+            false,
+        ),
         ("{key: request.auth.audiences, values: [api]}", true, false),
-        ("{key: request.auth.presenter, values: ['cl*']}", true, false),
-        ("{key: 'request.auth.claims[groups]', values: [ops]}", true, false),
-        ("{key: 'request.auth.claims[groups]', notValues: [ops]}", false, true),
-        ("{key: 'request.auth.claims[org][team]', values: [core]}", true, false),
-        ("{key: 'request.auth.claims[org][team]', values: [other]}", false, false),
-        ("{key: 'request.auth.claims[scope]', values: [write]}", true, false),
-        ("{key: 'request.auth.claims[missing]', notValues: [x]}", true, true),
+        (
+            "{key: request.auth.presenter, values: ['cl*']}",
+            true,
+            false,
+        ),
+        (
+            "{key: 'request.auth.claims[groups]', values: [ops]}",
+            true,
+            false,
+        ),
+        (
+            "{key: 'request.auth.claims[groups]', notValues: [ops]}",
+            false,
+            true,
+        ),
+        (
+            "{key: 'request.auth.claims[org][team]', values: [core]}",
+            true,
+            false,
+        ),
+        (
+            "{key: 'request.auth.claims[org][team]', values: [other]}",
+            false,
+            false,
+        ),
+        (
+            "{key: 'request.auth.claims[scope]', values: [write]}",
+            true,
+            false,
+        ),
+        (
+            "{key: 'request.auth.claims[missing]', notValues: [x]}",
+            true,
+            true,
+        ),
     ];
     for (cond, with_alice, without) in cases {
         let p = when(cond);
@@ -752,7 +1110,9 @@ fn request_principals_and_jwt_claims() {
     }
     // A claim that is no string (a number): doubt, against an ALLOW and for a DENY.
     assert!(!alice().allowed(&[&when("{key: 'request.auth.claims[level]', values: ['3']}")]));
-    let deny = policy("action: DENY\nrules: [{when: [{key: 'request.auth.claims[level]', notValues: ['3']}]}]");
+    let deny = policy(
+        "action: DENY\nrules: [{when: [{key: 'request.auth.claims[level]', notValues: ['3']}]}]",
+    );
     assert!(!alice().allowed(&[&deny]));
     // On opaque TCP there is no JWT: an ALLOW needing one never allows, a DENY loses the field.
     let tcp = allow.for_tcp();
@@ -772,7 +1132,10 @@ fn istios_target_ref_forms_validate() {
         "[{kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]",
         "[{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]",
     ] {
-        let p: AuthorizationPolicy = serde_yaml::from_str(&format!("name: p\nnamespace: default\ntargetRefs: {refs}\naction: DENY\nrules: [{{}}]")).expect(refs);
+        let p: AuthorizationPolicy = serde_yaml::from_str(&format!(
+            "name: p\nnamespace: default\ntargetRefs: {refs}\naction: DENY\nrules: [{{}}]"
+        ))
+        .expect(refs);
         assert_eq!(p.validate(), Ok(()), "{refs}");
     }
 }

@@ -3,7 +3,10 @@
 //! Errors start with the field path relative to the policy, e.g.
 //! `rules[0].to[1].operation.ports[0]: ...`.
 
-use super::model::{parse_key, parse_port, ref_kind, Action, AuthorizationPolicy, Condition, Key, Operation, Rule, Source};
+use super::model::{
+    parse_key, parse_port, ref_kind, Action, AuthorizationPolicy, Condition, Key, Operation, Rule,
+    Source,
+};
 use ztunnel::cidr::Cidr;
 
 use crate::object::ObjectRef;
@@ -41,7 +44,10 @@ impl AuthorizationPolicy {
 }
 
 fn validate_target_ref(r: &ObjectRef, namespace: &str) -> Result<(), String> {
-    let kind = r.kind.as_deref().ok_or("kind: required (Service, ServiceEntry, Gateway or GatewayClass)")?;
+    let kind = r
+        .kind
+        .as_deref()
+        .ok_or("kind: required (Service, ServiceEntry, Gateway or GatewayClass)")?;
     match kind {
         "Service" | "ServiceEntry" | "Gateway" | "GatewayClass" if ref_kind(r).is_none() => {
             let want = match kind {
@@ -70,7 +76,9 @@ fn validate_target_ref(r: &ObjectRef, namespace: &str) -> Result<(), String> {
         ));
     }
     if r.port.is_some() {
-        return Err("port: AuthorizationPolicy targetRefs have no port; use to.operation.ports".into());
+        return Err(
+            "port: AuthorizationPolicy targetRefs have no port; use to.operation.ports".into(),
+        );
     }
     if r.section_name.is_some() {
         return Err("sectionName: AuthorizationPolicy targetRefs have no sectionName".into());
@@ -91,45 +99,62 @@ impl Rule {
         }
         Ok(())
     }
-
 }
 
 impl Source {
     fn validate(&self, at: &str) -> Result<(), String> {
         if *self == Source::default() {
-            return Err(format!("{at}: must set at least one field; to match any source, leave `from` out"));
+            return Err(format!(
+                "{at}: must set at least one field; to match any source, leave `from` out"
+            ));
         }
-        let identity_fields = [&self.principals, &self.not_principals, &self.namespaces, &self.not_namespaces];
+        let identity_fields = [
+            &self.principals,
+            &self.not_principals,
+            &self.namespaces,
+            &self.not_namespaces,
+        ];
         if identity_fields.iter().any(|l| !l.is_empty())
             && !(self.service_accounts.is_empty() && self.not_service_accounts.is_empty())
         {
-            return Err(format!("{at}: cannot set serviceAccounts with namespaces or principals (as in Istio)"));
+            return Err(format!(
+                "{at}: cannot set serviceAccounts with namespaces or principals (as in Istio)"
+            ));
         }
-        for (field, list) in [("principals", &self.principals), ("notPrincipals", &self.not_principals)] {
+        for (field, list) in [
+            ("principals", &self.principals),
+            ("notPrincipals", &self.not_principals),
+        ] {
             check_list(at, field, list, check_principal)?;
         }
-        for (field, list) in
-            [("requestPrincipals", &self.request_principals), ("notRequestPrincipals", &self.not_request_principals)]
-        {
+        for (field, list) in [
+            ("requestPrincipals", &self.request_principals),
+            ("notRequestPrincipals", &self.not_request_principals),
+        ] {
             check_list(at, field, list, check_wildcard)?;
         }
-        for (field, list) in [("namespaces", &self.namespaces), ("notNamespaces", &self.not_namespaces)] {
+        for (field, list) in [
+            ("namespaces", &self.namespaces),
+            ("notNamespaces", &self.not_namespaces),
+        ] {
             check_list(at, field, list, check_wildcard)?;
         }
-        for (field, list) in
-            [("serviceAccounts", &self.service_accounts), ("notServiceAccounts", &self.not_service_accounts)]
-        {
+        for (field, list) in [
+            ("serviceAccounts", &self.service_accounts),
+            ("notServiceAccounts", &self.not_service_accounts),
+        ] {
             check_list(at, field, list, check_service_account)?;
         }
         Ok(())
     }
-
 }
 
 impl Operation {
     fn validate(&self, at: &str) -> Result<(), String> {
         if *self == Operation::default() {
-            return Err(format!("{at}: must set at least one field; to match any operation, leave `to` out"));
+            return Err(format!(
+                "{at}: must set at least one field; to match any operation, leave `to` out"
+            ));
         }
         for (field, list) in [("hosts", &self.hosts), ("notHosts", &self.not_hosts)] {
             check_list(at, field, list, check_host)?;
@@ -137,7 +162,10 @@ impl Operation {
         for (field, list) in [("ports", &self.ports), ("notPorts", &self.not_ports)] {
             check_list(at, field, list, check_port)?;
         }
-        for (field, list) in [("methods", &self.methods), ("notMethods", &self.not_methods)] {
+        for (field, list) in [
+            ("methods", &self.methods),
+            ("notMethods", &self.not_methods),
+        ] {
             check_list(at, field, list, check_method)?;
         }
         for (field, list) in [("paths", &self.paths), ("notPaths", &self.not_paths)] {
@@ -145,7 +173,6 @@ impl Operation {
         }
         Ok(())
     }
-
 }
 
 impl Condition {
@@ -155,11 +182,16 @@ impl Condition {
         }
         let key = parse_key(&self.key).map_err(|e| format!("{at}.key: {e}"))?;
         if self.values.is_empty() && self.not_values.is_empty() {
-            return Err(format!("{at}: at least one of values or notValues must be set for key {:?}", self.key));
+            return Err(format!(
+                "{at}: at least one of values or notValues must be set for key {:?}",
+                self.key
+            ));
         }
         let check: fn(&str) -> Result<(), String> = match key {
             Key::Header(_) | Key::SourceNamespace => check_wildcard,
-            Key::AuthPrincipal | Key::AuthAudiences | Key::AuthPresenter | Key::AuthClaim(_) => check_wildcard,
+            Key::AuthPrincipal | Key::AuthAudiences | Key::AuthPresenter | Key::AuthClaim(_) => {
+                check_wildcard
+            }
             Key::SourcePrincipal => check_principal,
             Key::SourceIp => |v| v.parse::<Cidr>().map(|_| ()),
             Key::DestinationPort => check_port,
@@ -167,7 +199,6 @@ impl Condition {
         check_list(at, "values", &self.values, check)?;
         check_list(at, "notValues", &self.not_values, check)
     }
-
 }
 
 fn check_list(
@@ -177,7 +208,11 @@ fn check_list(
     check: impl Fn(&str) -> Result<(), String>,
 ) -> Result<(), String> {
     for (i, v) in list.iter().enumerate() {
-        let r = if v.is_empty() { Err("must not be empty".to_string()) } else { check(v) };
+        let r = if v.is_empty() {
+            Err("must not be empty".to_string())
+        } else {
+            check(v)
+        };
         r.map_err(|e| format!("{at}.{field}[{i}]: {e}"))?;
     }
     Ok(())
@@ -206,29 +241,44 @@ fn check_principal(v: &str) -> Result<(), String> {
 
 fn check_service_account(v: &str) -> Result<(), String> {
     match v.split_once('/') {
-        Some((ns, sa)) if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') && !v.contains('*') => Ok(()),
-        _ => Err(format!("{v:?} is not \"<namespace>/<service account>\" (matched exactly, without wildcards)")),
+        Some((ns, sa))
+            if !ns.is_empty() && !sa.is_empty() && !sa.contains('/') && !v.contains('*') =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
+            "{v:?} is not \"<namespace>/<service account>\" (matched exactly, without wildcards)"
+        )),
     }
 }
 
 fn check_host(v: &str) -> Result<(), String> {
     check_wildcard(v)?;
-    if v.rsplit_once(':').is_some_and(|(_, port)| port.bytes().all(|b| b.is_ascii_digit())) {
-        return Err(format!("{v:?}: the port in Host is ignored for matching; write the host alone and use ports"));
+    if v.rsplit_once(':')
+        .is_some_and(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!(
+            "{v:?}: the port in Host is ignored for matching; write the host alone and use ports"
+        ));
     }
     if v.ends_with('.') {
-        return Err(format!("{v:?}: write the host without the trailing dot (the request's is ignored)"));
+        return Err(format!(
+            "{v:?}: write the host without the trailing dot (the request's is ignored)"
+        ));
     }
     Ok(())
 }
 
 fn check_port(v: &str) -> Result<(), String> {
-    parse_port(v).map(|_| ()).ok_or_else(|| format!("{v:?} is not a port number (0-65535)"))
+    parse_port(v)
+        .map(|_| ())
+        .ok_or_else(|| format!("{v:?} is not a port number (0-65535)"))
 }
 
 fn check_method(v: &str) -> Result<(), String> {
     let token = v.bytes().next().is_some_and(|b| b.is_ascii_uppercase())
-        && v.bytes().all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        && v.bytes()
+            .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
     if token {
         return Ok(());
     }
@@ -240,7 +290,9 @@ fn check_method(v: &str) -> Result<(), String> {
 /// would be a bypass).
 fn check_path(v: &str) -> Result<(), String> {
     if v.contains('{') || v.contains('}') {
-        return Err(format!("{v:?}: path templates ({{*}}, {{**}}) are not supported"));
+        return Err(format!(
+            "{v:?}: path templates ({{*}}, {{**}}) are not supported"
+        ));
     }
     check_wildcard(v)?;
     if !(v.starts_with('/') || v.starts_with('*')) {

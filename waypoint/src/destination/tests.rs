@@ -9,7 +9,9 @@ use crate::lb::{Balancer, Choice, Circuits, LbPolicy, Limit, OutlierConfig};
 
 fn rules(yaml: &str) -> Result<Vec<(DestinationRule, Resolved)>, String> {
     let rs: Vec<DestinationRule> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
-    rs.into_iter().map(|r| r.resolve().map(|p| (r, p))).collect()
+    rs.into_iter()
+        .map(|r| r.resolve().map(|p| (r, p)))
+        .collect()
 }
 
 /// The rule's policy for any port of the Service itself.
@@ -18,7 +20,8 @@ fn base(r: &Resolved) -> &Policy {
 }
 
 fn service(ns: &str, host: &str) -> Service {
-    serde_yaml::from_str(&format!("{{name: x, namespace: {ns}, hostname: {host}}}")).expect("service")
+    serde_yaml::from_str(&format!("{{name: x, namespace: {ns}, hostname: {host}}}"))
+        .expect("service")
 }
 
 #[test]
@@ -31,15 +34,27 @@ fn traffic_policies_parse_as_istio_writes_them() {
     )
     .expect("valid");
     let p = base(&rs[0].1);
-    assert_eq!(p.pick, Some(Pick::HashHeader(http::HeaderName::from_static("x-user"))));
-    assert_eq!((p.max_connections, p.max_requests, p.max_retries), (Some(10), Some(5), Some(1)));
+    assert_eq!(
+        p.pick,
+        Some(Pick::HashHeader(http::HeaderName::from_static("x-user")))
+    );
+    assert_eq!(
+        (p.max_connections, p.max_requests, p.max_retries),
+        (Some(10), Some(5), Some(1))
+    );
     assert_eq!(p.outlier, Some((2, Duration::from_secs(10))));
-    for (simple, want) in [("ROUND_ROBIN", Pick::RoundRobin), ("LEAST_REQUEST", Pick::LeastRequest), ("RANDOM", Pick::Random)] {
+    for (simple, want) in [
+        ("ROUND_ROBIN", Pick::RoundRobin),
+        ("LEAST_REQUEST", Pick::LeastRequest),
+        ("RANDOM", Pick::Random),
+    ] {
         let r = rules(&format!("- {{name: a, namespace: default, host: a, trafficPolicy: {{loadBalancer: {{simple: {simple}}}}}}}\n")).expect(simple);
         assert_eq!(base(&r[0].1).pick, Some(want));
     }
     // Istio's outlier defaults: 5 consecutive errors, 30 s.
-    let r = rules("- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: {}}}\n").expect("defaults");
+    let r =
+        rules("- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: {}}}\n")
+            .expect("defaults");
     assert_eq!(base(&r[0].1).outlier, Some((5, Duration::from_secs(30))));
 }
 
@@ -77,21 +92,56 @@ fn the_best_matching_rule_applies() {
     )
     .expect("valid");
     // The waypoint is in `other`: its own namespace's rules come first.
-    let client = Client { namespace: "other", root_namespace: "istio-system" };
-    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
-    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("other/fqdn-elsewhere"), "the waypoint's namespace first");
-    assert_eq!(rule("shop", "cart.shop.svc.cluster.local").as_deref(), Some("other/wild"));
+    let client = Client {
+        namespace: "other",
+        root_namespace: "istio-system",
+    };
+    let rule = |ns: &str, host: &str| {
+        for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone())
+    };
+    assert_eq!(
+        rule("default", "ratings.default.svc.cluster.local").as_deref(),
+        Some("other/fqdn-elsewhere"),
+        "the waypoint's namespace first"
+    );
+    assert_eq!(
+        rule("shop", "cart.shop.svc.cluster.local").as_deref(),
+        Some("other/wild")
+    );
     // A short name means the rule's own namespace.
-    assert_eq!(rule("shop", "reviews.shop.svc.cluster.local").as_deref(), Some("other/wild"));
+    assert_eq!(
+        rule("shop", "reviews.shop.svc.cluster.local").as_deref(),
+        Some("other/wild")
+    );
     assert_eq!(rule("x", "api.example.com"), None);
     // Within the waypoint's namespace: exact beats wildcard, the longer wildcard wins.
-    let client = Client { namespace: "default", root_namespace: "istio-system" };
-    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
-    assert_eq!(rule("default", "reviews.default.svc.cluster.local").as_deref(), Some("default/short"), "exact beats wildcard");
-    assert_eq!(rule("default", "ratings.default.svc.cluster.local").as_deref(), Some("default/fqdn-own"));
-    assert_eq!(rule("default", "details.default.svc.cluster.local").as_deref(), Some("default/ns-wild"), "the longer wildcard");
+    let client = Client {
+        namespace: "default",
+        root_namespace: "istio-system",
+    };
+    let rule = |ns: &str, host: &str| {
+        for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone())
+    };
+    assert_eq!(
+        rule("default", "reviews.default.svc.cluster.local").as_deref(),
+        Some("default/short"),
+        "exact beats wildcard"
+    );
+    assert_eq!(
+        rule("default", "ratings.default.svc.cluster.local").as_deref(),
+        Some("default/fqdn-own")
+    );
+    assert_eq!(
+        rule("default", "details.default.svc.cluster.local").as_deref(),
+        Some("default/ns-wild"),
+        "the longer wildcard"
+    );
     // `other` is neither the waypoint's, the Service's nor the root namespace.
-    assert_eq!(rule("shop", "cart.shop.svc.cluster.local"), None, "a third namespace's rule never applies");
+    assert_eq!(
+        rule("shop", "cart.shop.svc.cluster.local"),
+        None,
+        "a third namespace's rule never applies"
+    );
 }
 
 /// Another tenant's rules never reach a waypoint's traffic: a `host: "*"` throttle and
@@ -109,28 +159,68 @@ fn another_namespaces_rules_do_not_apply() {
          - {name: mesh, namespace: istio-system, host: '*.svc.cluster.local', trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n",
     )
     .expect("valid");
-    let client = Client { namespace: "waypoints", root_namespace: "istio-system" };
-    let rule = |ns: &str, host: &str| for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone());
+    let client = Client {
+        namespace: "waypoints",
+        root_namespace: "istio-system",
+    };
+    let rule = |ns: &str, host: &str| {
+        for_service(&rs, client, &service(ns, host), 80, None).map(|p| p.rule.clone())
+    };
     // Exported to the waypoint's namespace by name.
-    assert_eq!(rule("team", "web.team.svc.cluster.local").as_deref(), Some("team/shared"));
+    assert_eq!(
+        rule("team", "web.team.svc.cluster.local").as_deref(),
+        Some("team/shared")
+    );
     // Private to `team`, or exported elsewhere: the root namespace's rule, never aaa-tenant's.
-    assert_eq!(rule("team", "api.team.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
-    assert_eq!(rule("team", "db.team.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
-    assert_eq!(rule("other", "x.other.svc.cluster.local").as_deref(), Some("istio-system/mesh"));
+    assert_eq!(
+        rule("team", "api.team.svc.cluster.local").as_deref(),
+        Some("istio-system/mesh")
+    );
+    assert_eq!(
+        rule("team", "db.team.svc.cluster.local").as_deref(),
+        Some("istio-system/mesh")
+    );
+    assert_eq!(
+        rule("other", "x.other.svc.cluster.local").as_deref(),
+        Some("istio-system/mesh")
+    );
     // Nothing for an external host: the tenant's `*` does not apply.
     assert_eq!(rule("ext", "api.example.com"), None);
     // A waypoint in aaa-tenant takes its own namespace's rules, as Istio's proxies do.
-    let own = Client { namespace: "aaa-tenant", root_namespace: "istio-system" };
-    assert_eq!(for_service(&rs, own, &service("team", "api.team.svc.cluster.local"), 80, None).map(|p| p.rule.as_str()), Some("aaa-tenant/hijack"));
+    let own = Client {
+        namespace: "aaa-tenant",
+        root_namespace: "istio-system",
+    };
+    assert_eq!(
+        for_service(
+            &rs,
+            own,
+            &service("team", "api.team.svc.cluster.local"),
+            80,
+            None
+        )
+        .map(|p| p.rule.as_str()),
+        Some("aaa-tenant/hijack")
+    );
     // A root-namespace rule exported only elsewhere does not apply.
     let rs = rules("- {name: mesh, namespace: istio-system, host: '*', exportTo: [team], trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n").expect("valid");
-    assert!(for_service(&rs, client, &service("other", "x.other.svc.cluster.local"), 80, None).is_none());
+    assert!(for_service(
+        &rs,
+        client,
+        &service("other", "x.other.svc.cluster.local"),
+        80,
+        None
+    )
+    .is_none());
 }
 
 fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {
     (1..=n)
         .map(|i| {
-            let w: Workload = serde_yaml::from_str(&format!("{{uid: w{i}, name: w{i}, namespace: default, workloadIps: [10.0.0.{i}]}}")).expect("workload");
+            let w: Workload = serde_yaml::from_str(&format!(
+                "{{uid: w{i}, name: w{i}, namespace: default, workloadIps: [10.0.0.{i}]}}"
+            ))
+            .expect("workload");
             (format!("10.0.0.{i}:80").parse().expect("addr"), Arc::new(w))
         })
         .collect()
@@ -138,12 +228,25 @@ fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {
 
 #[test]
 fn a_consistent_hash_keeps_a_key_on_its_endpoint() {
-    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let b = Balancer::new(
+        LbPolicy::RoundRobin,
+        OutlierConfig {
+            consecutive_5xx: 0,
+            base_ejection: Duration::from_secs(1),
+        },
+    );
     let eps = endpoints(5);
-    let hashed = |key: u64| Choice { pick: Some(Pick::HashSourceIp), hash: Some(key), ..Choice::default() };
+    let hashed = |key: u64| Choice {
+        pick: Some(Pick::HashSourceIp),
+        hash: Some(key),
+        ..Choice::default()
+    };
     let first = b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr;
     for _ in 0..20 {
-        assert_eq!(b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr, first);
+        assert_eq!(
+            b.pick_with(&eps, &[], &hashed(7)).expect("pick").addr,
+            first
+        );
     }
     // Keys spread over the endpoints.
     let mut seen = std::collections::HashSet::new();
@@ -155,37 +258,81 @@ fn a_consistent_hash_keeps_a_key_on_its_endpoint() {
     let other = eps.iter().position(|(a, _)| *a != first).expect("another");
     let mut fewer = eps.clone();
     fewer.remove(other);
-    assert_eq!(b.pick_with(&fewer, &[], &hashed(7)).expect("pick").addr, first);
+    assert_eq!(
+        b.pick_with(&fewer, &[], &hashed(7)).expect("pick").addr,
+        first
+    );
 }
 
 #[test]
 fn circuits_limit_what_is_in_flight() {
     let c = Circuits::default();
-    let a = c.take("default/reviews", Limit::Requests, 2).expect("first");
-    let _b = c.take("default/reviews", Limit::Requests, 2).expect("second");
-    assert!(c.take("default/reviews", Limit::Requests, 2).is_none(), "the third overflows");
-    assert!(c.take("default/reviews", Limit::Retries, 2).is_some(), "limits are counted apart");
-    assert!(c.take("default/ratings", Limit::Requests, 2).is_some(), "and per Service");
+    let a = c
+        .take("default/reviews", Limit::Requests, 2)
+        .expect("first");
+    let _b = c
+        .take("default/reviews", Limit::Requests, 2)
+        .expect("second");
+    assert!(
+        c.take("default/reviews", Limit::Requests, 2).is_none(),
+        "the third overflows"
+    );
+    assert!(
+        c.take("default/reviews", Limit::Retries, 2).is_some(),
+        "limits are counted apart"
+    );
+    assert!(
+        c.take("default/ratings", Limit::Requests, 2).is_some(),
+        "and per Service"
+    );
     drop(a);
-    assert!(c.take("default/reviews", Limit::Requests, 2).is_some(), "a finished request frees its slot");
-    assert!(c.take("default/x", Limit::Retries, 0).is_none(), "maxRetries 0: no retry");
+    assert!(
+        c.take("default/reviews", Limit::Requests, 2).is_some(),
+        "a finished request frees its slot"
+    );
+    assert!(
+        c.take("default/x", Limit::Retries, 0).is_none(),
+        "maxRetries 0: no retry"
+    );
 }
 
 #[test]
 fn a_rules_outlier_detection_replaces_the_waypoints() {
     // The waypoint's own flags: never eject. The rule's: eject after one failure.
-    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let b = Balancer::new(
+        LbPolicy::RoundRobin,
+        OutlierConfig {
+            consecutive_5xx: 0,
+            base_ejection: Duration::from_secs(1),
+        },
+    );
     let eps = endpoints(2);
-    let rule = Choice { outlier: Some(OutlierConfig { consecutive_5xx: 1, base_ejection: Duration::from_secs(60) }), ..Choice::default() };
+    let rule = Choice {
+        outlier: Some(OutlierConfig {
+            consecutive_5xx: 1,
+            base_ejection: Duration::from_secs(60),
+        }),
+        ..Choice::default()
+    };
     let bad = b.pick_with(&eps, &[], &rule).expect("pick");
     let bad_addr = bad.addr;
     bad.report(false);
     drop(bad);
     for _ in 0..10 {
-        assert_ne!(b.pick_with(&eps, &[], &rule).expect("pick").addr, bad_addr, "ejected by the rule's settings");
+        assert_ne!(
+            b.pick_with(&eps, &[], &rule).expect("pick").addr,
+            bad_addr,
+            "ejected by the rule's settings"
+        );
     }
     // Without the rule the same failures never eject.
-    let b = Balancer::new(LbPolicy::RoundRobin, OutlierConfig { consecutive_5xx: 0, base_ejection: Duration::from_secs(1) });
+    let b = Balancer::new(
+        LbPolicy::RoundRobin,
+        OutlierConfig {
+            consecutive_5xx: 0,
+            base_ejection: Duration::from_secs(1),
+        },
+    );
     let p = b.pick(&eps, &[]).expect("pick");
     let addr = p.addr;
     p.report(false);
@@ -210,19 +357,48 @@ fn port_level_settings_and_subsets_merge_as_istio_merges_them() {
     .expect("valid");
     let r = &rs[0].1;
     let at = |subset: Option<&str>, port: u16| r.policy(subset, port).expect("policy");
-    assert_eq!((at(None, 80).pick.clone(), at(None, 80).max_requests), (Some(Pick::Random), Some(7)));
+    assert_eq!(
+        (at(None, 80).pick.clone(), at(None, 80).max_requests),
+        (Some(Pick::Random), Some(7))
+    );
     // Port 9000: its own entry, whole; the rule's connection pool is not inherited.
-    assert_eq!((at(None, 9000).pick.clone(), at(None, 9000).max_requests), (Some(Pick::RoundRobin), None));
+    assert_eq!(
+        (at(None, 9000).pick.clone(), at(None, 9000).max_requests),
+        (Some(Pick::RoundRobin), None)
+    );
     // v1 overrides the load balancer only.
-    assert_eq!((at(Some("v1"), 80).pick.clone(), at(Some("v1"), 80).max_requests), (Some(Pick::LeastRequest), Some(7)));
+    assert_eq!(
+        (
+            at(Some("v1"), 80).pick.clone(),
+            at(Some("v1"), 80).max_requests
+        ),
+        (Some(Pick::LeastRequest), Some(7))
+    );
     // ... and on 9000 the rule's port entry is what it merges over.
-    assert_eq!((at(Some("v1"), 9000).pick.clone(), at(Some("v1"), 9000).max_requests), (Some(Pick::LeastRequest), None));
+    assert_eq!(
+        (
+            at(Some("v1"), 9000).pick.clone(),
+            at(Some("v1"), 9000).max_requests
+        ),
+        (Some(Pick::LeastRequest), None)
+    );
     // v2's port 80 entry replaces everything there; other ports keep the rule's policy.
     let v2 = at(Some("v2"), 80);
-    assert_eq!((v2.pick.clone(), v2.max_requests, v2.outlier), (None, None, Some((5, Duration::from_secs(30)))));
+    assert_eq!(
+        (v2.pick.clone(), v2.max_requests, v2.outlier),
+        (None, None, Some((5, Duration::from_secs(30))))
+    );
     assert_eq!(at(Some("v2"), 81).pick, Some(Pick::Random));
-    assert!(r.policy(Some("v3"), 80).is_none(), "a subset the rule does not define");
-    assert_eq!(r.subset("v2").and_then(|l| l.get("version")).map(String::as_str), Some("v2"));
+    assert!(
+        r.policy(Some("v3"), 80).is_none(),
+        "a subset the rule does not define"
+    );
+    assert_eq!(
+        r.subset("v2")
+            .and_then(|l| l.get("version"))
+            .map(String::as_str),
+        Some("v2")
+    );
     // ISTIO_MUTUAL and DISABLE ask for nothing (HBONE is the mesh's mTLS).
     let rs = rules("- {name: a, namespace: default, host: a, trafficPolicy: {tls: {mode: ISTIO_MUTUAL, sni: x.example.com}}}\n").expect("valid");
     assert!(base(&rs[0].1).tls.is_none());
@@ -233,9 +409,13 @@ fn port_level_settings_and_subsets_merge_as_istio_merges_them() {
 #[tokio::test]
 async fn requests_wait_for_a_connection_in_a_bounded_queue() {
     let c = Arc::new(Circuits::default());
-    let first = c.connection("default/r", 1, Some(1)).await.expect("a connection");
+    let first = c
+        .connection("default/r", 1, Some(1))
+        .await
+        .expect("a connection");
     let c2 = c.clone();
-    let waiter = tokio::spawn(async move { c2.connection("default/r", 1, Some(1)).await.map(|_| ()) });
+    let waiter =
+        tokio::spawn(async move { c2.connection("default/r", 1, Some(1)).await.map(|_| ()) });
     // Let the waiter queue up, then the queue is full.
     let mut full = false;
     for _ in 0..100 {
@@ -246,11 +426,17 @@ async fn requests_wait_for_a_connection_in_a_bounded_queue() {
         }
     }
     assert!(full, "a second waiter overflowed");
-    assert!(!waiter.is_finished(), "the waiter waits while the connection is in use");
+    assert!(
+        !waiter.is_finished(),
+        "the waiter waits while the connection is in use"
+    );
     drop(first);
     assert_eq!(waiter.await.expect("task"), Ok(()));
     // No queue allowed: overflow at once; another Service is counted apart.
-    let _busy = c.connection("default/r", 1, Some(0)).await.expect("free again");
+    let _busy = c
+        .connection("default/r", 1, Some(0))
+        .await
+        .expect("free again");
     assert!(c.connection("default/r", 1, Some(0)).await.is_err());
     assert!(c.connection("default/other", 1, Some(0)).await.is_ok());
 }

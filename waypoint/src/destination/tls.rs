@@ -28,7 +28,9 @@ use std::time::{Duration, Instant, SystemTime};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
 use rustls::{CertificateError, DigitallySignedStruct, Error as TlsError, SignatureScheme};
 use serde::Deserialize;
 
@@ -78,7 +80,11 @@ pub struct Origination {
 
 impl fmt::Debug for Origination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Origination").field("mode", &self.mode).field("sni", &self.sni).field("subject_alt_names", &self.subject_alt_names).finish()
+        f.debug_struct("Origination")
+            .field("mode", &self.mode)
+            .field("sni", &self.sni)
+            .field("subject_alt_names", &self.subject_alt_names)
+            .finish()
     }
 }
 
@@ -111,7 +117,10 @@ impl Files {
     }
 
     fn stamps(&self) -> Vec<Option<SystemTime>> {
-        self.paths().into_iter().map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok()).collect()
+        self.paths()
+            .into_iter()
+            .map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+            .collect()
     }
 }
 
@@ -145,7 +154,11 @@ impl ClientTls {
             "DISABLE" | "ISTIO_MUTUAL" => return Ok(None),
             "SIMPLE" => TlsMode::Simple,
             "MUTUAL" => TlsMode::Mutual,
-            other => return Err(format!("mode: {other:?} is not one of DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL")),
+            other => {
+                return Err(format!(
+                    "mode: {other:?} is not one of DISABLE, SIMPLE, MUTUAL, ISTIO_MUTUAL"
+                ))
+            }
         };
         if self.credential_name.is_some() {
             return Err("credentialName: the waypoint has no SDS to fetch a Secret from; mount the secret in the waypoint's pod \
@@ -159,10 +172,23 @@ impl ClientTls {
                 Some(p) => Err(format!("{field}: {p:?} is not an absolute file path")),
             }
         };
-        let client = match (mode, path("clientCertificate", &self.client_certificate)?, path("privateKey", &self.private_key)?) {
+        let client = match (
+            mode,
+            path("clientCertificate", &self.client_certificate)?,
+            path("privateKey", &self.private_key)?,
+        ) {
             (TlsMode::Mutual, Some(c), Some(k)) => Some((c, k)),
-            (TlsMode::Mutual, None, _) => return Err("clientCertificate: required for MUTUAL (a PEM file in the waypoint's pod)".into()),
-            (TlsMode::Mutual, _, None) => return Err("privateKey: required for MUTUAL (a PEM file in the waypoint's pod)".into()),
+            (TlsMode::Mutual, None, _) => {
+                return Err(
+                    "clientCertificate: required for MUTUAL (a PEM file in the waypoint's pod)"
+                        .into(),
+                )
+            }
+            (TlsMode::Mutual, _, None) => {
+                return Err(
+                    "privateKey: required for MUTUAL (a PEM file in the waypoint's pod)".into(),
+                )
+            }
             // SIMPLE presents no certificate (Istio ignores these fields then).
             (TlsMode::Simple, ..) => None,
         };
@@ -173,7 +199,8 @@ impl ClientTls {
             client,
         };
         if let Some(sni) = &self.sni {
-            ServerName::try_from(sni.as_str()).map_err(|_| format!("sni: {sni:?} is not a DNS name or IP address"))?;
+            ServerName::try_from(sni.as_str())
+                .map_err(|_| format!("sni: {sni:?} is not a DNS name or IP address"))?;
         }
         for (i, san) in self.subject_alt_names.iter().enumerate() {
             if san.is_empty() {
@@ -181,7 +208,12 @@ impl ClientTls {
             }
         }
         let material = Arc::new(files.load()?);
-        let loaded = Loaded { checked: Instant::now(), stamps: files.stamps(), material, configs: Default::default() };
+        let loaded = Loaded {
+            checked: Instant::now(),
+            stamps: files.stamps(),
+            material,
+            configs: Default::default(),
+        };
         Ok(Some(Arc::new(Origination {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             mode,
@@ -196,7 +228,9 @@ impl ClientTls {
 impl Files {
     /// Reads and checks the files; errors name the field.
     fn load(&self) -> Result<Material, String> {
-        let read = |field: &str, p: &Path| std::fs::read(p).map_err(|e| format!("{field}: cannot read {}: {e}", p.display()));
+        let read = |field: &str, p: &Path| {
+            std::fs::read(p).map_err(|e| format!("{field}: cannot read {}: {e}", p.display()))
+        };
         let verifier = if self.insecure {
             None
         } else {
@@ -205,11 +239,18 @@ impl Files {
                 Some(p) => {
                     let pem = read("caCertificates", p)?;
                     for c in CertificateDer::pem_slice_iter(&pem) {
-                        let c = c.map_err(|e| format!("caCertificates: {} is not PEM: {e}", p.display()))?;
-                        roots.add(c).map_err(|e| format!("caCertificates: {}: {e}", p.display()))?;
+                        let c = c.map_err(|e| {
+                            format!("caCertificates: {} is not PEM: {e}", p.display())
+                        })?;
+                        roots
+                            .add(c)
+                            .map_err(|e| format!("caCertificates: {}: {e}", p.display()))?;
                     }
                     if roots.is_empty() {
-                        return Err(format!("caCertificates: {} holds no certificate", p.display()));
+                        return Err(format!(
+                            "caCertificates: {} holds no certificate",
+                            p.display()
+                        ));
                     }
                 }
                 None => {
@@ -244,13 +285,23 @@ impl Files {
                 let pem = read("clientCertificate", cert)?;
                 let chain = CertificateDer::pem_slice_iter(&pem)
                     .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| format!("clientCertificate: {} is not PEM: {e}", cert.display()))?;
+                    .map_err(|e| {
+                        format!("clientCertificate: {} is not PEM: {e}", cert.display())
+                    })?;
                 if chain.is_empty() {
-                    return Err(format!("clientCertificate: {} holds no certificate", cert.display()));
+                    return Err(format!(
+                        "clientCertificate: {} holds no certificate",
+                        cert.display()
+                    ));
                 }
                 let k = read("privateKey", key)?;
-                let k = PrivateKeyDer::from_pem_slice(&k).map_err(|e| format!("privateKey: {} holds no private key: {e}", key.display()))?;
-                provider().key_provider.load_private_key(k.clone_key()).map_err(|e| format!("privateKey: {}: {e}", key.display()))?;
+                let k = PrivateKeyDer::from_pem_slice(&k).map_err(|e| {
+                    format!("privateKey: {} holds no private key: {e}", key.display())
+                })?;
+                provider()
+                    .key_provider
+                    .load_private_key(k.clone_key())
+                    .map_err(|e| format!("privateKey: {}: {e}", key.display()))?;
                 Some((chain, Arc::new(k)))
             }
         };
@@ -272,7 +323,11 @@ pub struct TlsTarget {
 
 impl PartialEq for TlsTarget {
     fn eq(&self, o: &Self) -> bool {
-        self.origination.id == o.origination.id && self.server_name == o.server_name && self.send_sni == o.send_sni && self.check_name == o.check_name && self.h2 == o.h2
+        self.origination.id == o.origination.id
+            && self.server_name == o.server_name
+            && self.send_sni == o.send_sni
+            && self.check_name == o.check_name
+            && self.h2 == o.h2
     }
 }
 
@@ -289,16 +344,32 @@ impl std::hash::Hash for TlsTarget {
 impl Origination {
     /// A connection for a request to `host` (None: opaque TCP), in HTTP/2 or not.
     /// `endpoint` names the connection when nothing else does (no SNI is sent then).
-    pub fn target(self: &Arc<Self>, host: Option<&str>, endpoint: std::net::IpAddr, h2: bool) -> TlsTarget {
+    pub fn target(
+        self: &Arc<Self>,
+        host: Option<&str>,
+        endpoint: std::net::IpAddr,
+        h2: bool,
+    ) -> TlsTarget {
         let host = host.map(host_name);
         let named = |n: &str| ServerName::try_from(n.to_string()).ok();
-        let (server_name, send_sni, check_name) = match (&self.sni, host.as_deref().and_then(named)) {
-            (Some(sni), _) => (named(sni).unwrap_or(ServerName::IpAddress(endpoint.into())), true, false),
+        let (server_name, send_sni, check_name) = match (&self.sni, host.as_deref().and_then(named))
+        {
+            (Some(sni), _) => (
+                named(sni).unwrap_or(ServerName::IpAddress(endpoint.into())),
+                true,
+                false,
+            ),
             // Envoy's auto_sni and auto_san_validation.
             (None, Some(h)) => (h, true, self.subject_alt_names.is_empty()),
             (None, None) => (ServerName::IpAddress(endpoint.into()), false, false),
         };
-        TlsTarget { origination: self.clone(), server_name, send_sni, check_name, h2 }
+        TlsTarget {
+            origination: self.clone(),
+            server_name,
+            send_sni,
+            check_name,
+            h2,
+        }
     }
 
     /// The client config for a connection like `t`, rebuilt when a file changed.
@@ -315,7 +386,9 @@ impl Origination {
                         loaded.configs = Default::default();
                     }
                     // The last good files stay in use, as a bad config file keeps the last config.
-                    Err(e) => tracing::warn!(error = %e, "TLS origination files changed but cannot be used; keeping the last good ones"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TLS origination files changed but cannot be used; keeping the last good ones")
+                    }
                 }
                 loaded.stamps = stamps;
             }
@@ -325,14 +398,20 @@ impl Origination {
             return Ok(c.clone());
         }
         let m = loaded.material.clone();
-        let verifier = Arc::new(Verifier { inner: m.verifier.clone(), sans: self.subject_alt_names.clone(), check_name: t.check_name });
+        let verifier = Arc::new(Verifier {
+            inner: m.verifier.clone(),
+            sans: self.subject_alt_names.clone(),
+            check_name: t.check_name,
+        });
         let builder = rustls::ClientConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .dangerous()
             .with_custom_certificate_verifier(verifier);
         let mut cfg = match &m.client {
-            Some((chain, key)) => builder.with_client_auth_cert(chain.clone(), key.clone_key()).map_err(|e| format!("clientCertificate / privateKey: {e}"))?,
+            Some((chain, key)) => builder
+                .with_client_auth_cert(chain.clone(), key.clone_key())
+                .map_err(|e| format!("clientCertificate / privateKey: {e}"))?,
             None => builder.with_no_client_auth(),
         };
         if t.h2 {
@@ -349,7 +428,10 @@ impl Origination {
 fn host_name(authority: &str) -> String {
     let host = match authority.strip_prefix('[') {
         Some(v6) => v6.split_once(']').map_or(v6, |(h, _)| h),
-        None => authority.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(authority, |(h, _)| h),
+        None => authority
+            .rsplit_once(':')
+            .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
+            .map_or(authority, |(h, _)| h),
     };
     host.to_ascii_lowercase()
 }
@@ -371,34 +453,71 @@ impl ServerCertVerifier for Verifier {
         ocsp: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, TlsError> {
-        let Some(inner) = &self.inner else { return Ok(ServerCertVerified::assertion()) };
-        // webpki checks the chain before the name: a name error means the chain is good.
-        let name_ok = match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
-            Ok(_) => true,
-            Err(TlsError::InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. })) => false,
-            Err(e) => return Err(e),
+        let Some(inner) = &self.inner else {
+            return Ok(ServerCertVerified::assertion());
         };
+        // webpki checks the chain before the name: a name error means the chain is good.
+        let name_ok =
+            match inner.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+                Ok(_) => true,
+                Err(TlsError::InvalidCertificate(
+                    CertificateError::NotValidForName
+                    | CertificateError::NotValidForNameContext { .. },
+                )) => false,
+                Err(e) => return Err(e),
+            };
         if !self.sans.is_empty() {
-            let names = cert_sans(end_entity).map_err(|_| TlsError::InvalidCertificate(CertificateError::BadEncoding))?;
-            if !self.sans.iter().any(|want| names.iter().any(|have| have.matches(want))) {
-                return Err(TlsError::InvalidCertificate(CertificateError::NotValidForName));
+            let names = cert_sans(end_entity)
+                .map_err(|_| TlsError::InvalidCertificate(CertificateError::BadEncoding))?;
+            if !self
+                .sans
+                .iter()
+                .any(|want| names.iter().any(|have| have.matches(want)))
+            {
+                return Err(TlsError::InvalidCertificate(
+                    CertificateError::NotValidForName,
+                ));
             }
         } else if self.check_name && !name_ok {
-            return Err(TlsError::InvalidCertificate(CertificateError::NotValidForName));
+            return Err(TlsError::InvalidCertificate(
+                CertificateError::NotValidForName,
+            ));
         }
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &provider().signature_verification_algorithms)
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, TlsError> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &provider().signature_verification_algorithms)
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, TlsError> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        provider().signature_verification_algorithms.supported_schemes()
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -432,7 +551,9 @@ impl San {
 fn cert_sans(der: &CertificateDer<'_>) -> Result<Vec<San>, ()> {
     use x509_parser::prelude::*;
     let (_, cert) = X509Certificate::from_der(der.as_ref()).map_err(|_| ())?;
-    let Ok(Some(ext)) = cert.subject_alternative_name() else { return Ok(Vec::new()) };
+    let Ok(Some(ext)) = cert.subject_alternative_name() else {
+        return Ok(Vec::new());
+    };
     Ok(ext
         .value
         .general_names
@@ -442,8 +563,12 @@ fn cert_sans(der: &CertificateDer<'_>) -> Result<Vec<San>, ()> {
             GeneralName::URI(u) => Some(San::Other(u.to_string())),
             GeneralName::RFC822Name(e) => Some(San::Other(e.to_string())),
             GeneralName::IPAddress(b) => match b.len() {
-                4 => <[u8; 4]>::try_from(*b).ok().map(|a| San::Other(std::net::IpAddr::from(a).to_string())),
-                16 => <[u8; 16]>::try_from(*b).ok().map(|a| San::Other(std::net::IpAddr::from(a).to_string())),
+                4 => <[u8; 4]>::try_from(*b)
+                    .ok()
+                    .map(|a| San::Other(std::net::IpAddr::from(a).to_string())),
+                16 => <[u8; 16]>::try_from(*b)
+                    .ok()
+                    .map(|a| San::Other(std::net::IpAddr::from(a).to_string())),
                 _ => None,
             },
             _ => None,
@@ -480,7 +605,10 @@ mod tests {
         let issuer = Issuer::from_ca_cert_pem(&ca_cert.pem(), ca_key).unwrap();
         let leaf = |names: Vec<String>| {
             let key = KeyPair::generate().unwrap();
-            let cert = CertificateParams::new(names).unwrap().signed_by(&key, &issuer).unwrap();
+            let cert = CertificateParams::new(names)
+                .unwrap()
+                .signed_by(&key, &issuer)
+                .unwrap();
             (cert, key)
         };
         let (server, server_key) = leaf(names.iter().map(|n| n.to_string()).collect());
@@ -488,8 +616,15 @@ mod tests {
         std::fs::write(dir.join("ca.pem"), ca_cert.pem()).unwrap();
         std::fs::write(dir.join("client.pem"), client.pem()).unwrap();
         std::fs::write(dir.join("client-key.pem"), client_key.serialize_pem()).unwrap();
-        let server = (vec![server.der().clone()], PrivateKeyDer::Pkcs8(server_key.serialize_der().into()));
-        Pki { dir, server, ca: ca_cert.der().clone() }
+        let server = (
+            vec![server.der().clone()],
+            PrivateKeyDer::Pkcs8(server_key.serialize_der().into()),
+        );
+        Pki {
+            dir,
+            server,
+            ca: ca_cert.der().clone(),
+        }
     }
 
     fn origination(p: &Pki, yaml: &str) -> Arc<Origination> {
@@ -500,25 +635,50 @@ mod tests {
 
     /// One handshake against the PKI's server (asking for a client certificate when
     /// `mutual`); Ok with the SNI the server saw and whether a client certificate came.
-    async fn handshake(p: &Pki, t: &TlsTarget, mutual: bool) -> Result<(Option<String>, bool), String> {
+    async fn handshake(
+        p: &Pki,
+        t: &TlsTarget,
+        mutual: bool,
+    ) -> Result<(Option<String>, bool), String> {
         let provider = provider();
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone()).with_safe_default_protocol_versions().unwrap();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
         let builder = if mutual {
             let mut roots = rustls::RootCertStore::empty();
             roots.add(p.ca.clone()).unwrap();
-            builder.with_client_cert_verifier(rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build().unwrap())
+            builder.with_client_cert_verifier(
+                rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .build()
+                .unwrap(),
+            )
         } else {
             builder.with_no_client_auth()
         };
-        let server = Arc::new(builder.with_single_cert(p.server.0.clone(), p.server.1.clone_key()).unwrap());
+        let server = Arc::new(
+            builder
+                .with_single_cert(p.server.0.clone(), p.server.1.clone_key())
+                .unwrap(),
+        );
         let (a, b) = tokio::io::duplex(64 * 1024);
         let accept = tokio::spawn(async move {
-            let s = tokio_rustls::TlsAcceptor::from(server).accept(b).await.map_err(|e| e.to_string())?;
+            let s = tokio_rustls::TlsAcceptor::from(server)
+                .accept(b)
+                .await
+                .map_err(|e| e.to_string())?;
             let (_, conn) = s.get_ref();
-            Ok::<_, String>((conn.server_name().map(str::to_string), conn.peer_certificates().is_some()))
+            Ok::<_, String>((
+                conn.server_name().map(str::to_string),
+                conn.peer_certificates().is_some(),
+            ))
         });
         let cfg = t.origination.client_config(t)?;
-        let client = tokio_rustls::TlsConnector::from(cfg).connect(t.server_name.clone(), a).await;
+        let client = tokio_rustls::TlsConnector::from(cfg)
+            .connect(t.server_name.clone(), a)
+            .await;
         let server = accept.await.unwrap();
         client.map_err(|e| e.to_string())?;
         server
@@ -530,31 +690,75 @@ mod tests {
         let ip: std::net::IpAddr = "10.0.0.1".parse().unwrap();
         // SIMPLE without sni: the request's host is the SNI and the name checked.
         let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem}");
-        assert_eq!(handshake(&p, &o.target(Some("api.example.com:443"), ip, false), false).await, Ok((Some("api.example.com".into()), false)));
-        assert_eq!(handshake(&p, &o.target(Some("x.wild.example.com"), ip, false), false).await.map(|r| r.0), Ok(Some("x.wild.example.com".into())));
-        let e = handshake(&p, &o.target(Some("other.example.com"), ip, false), false).await.expect_err("another name");
+        assert_eq!(
+            handshake(&p, &o.target(Some("api.example.com:443"), ip, false), false).await,
+            Ok((Some("api.example.com".into()), false))
+        );
+        assert_eq!(
+            handshake(&p, &o.target(Some("x.wild.example.com"), ip, false), false)
+                .await
+                .map(|r| r.0),
+            Ok(Some("x.wild.example.com".into()))
+        );
+        let e = handshake(&p, &o.target(Some("other.example.com"), ip, false), false)
+            .await
+            .expect_err("another name");
         assert!(e.contains("NotValidForName"), "{e}");
         // subjectAltNames: one of them must be the certificate's, whatever the host.
         let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem, subjectAltNames: [nope.example.com, a.wild.example.com]}");
-        assert!(handshake(&p, &o.target(Some("other.example.com"), ip, false), false).await.is_ok());
-        let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem, subjectAltNames: [nope.example.com]}");
-        assert!(handshake(&p, &o.target(Some("api.example.com"), ip, false), false).await.is_err());
+        assert!(
+            handshake(&p, &o.target(Some("other.example.com"), ip, false), false)
+                .await
+                .is_ok()
+        );
+        let o = origination(
+            &p,
+            "{mode: SIMPLE, caCertificates: $DIR/ca.pem, subjectAltNames: [nope.example.com]}",
+        );
+        assert!(
+            handshake(&p, &o.target(Some("api.example.com"), ip, false), false)
+                .await
+                .is_err()
+        );
         // sni without subjectAltNames: that SNI, the chain only (Envoy's).
-        let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem, sni: unrelated.example.org}");
-        assert_eq!(handshake(&p, &o.target(Some("api.example.com"), ip, false), false).await, Ok((Some("unrelated.example.org".into()), false)));
+        let o = origination(
+            &p,
+            "{mode: SIMPLE, caCertificates: $DIR/ca.pem, sni: unrelated.example.org}",
+        );
+        assert_eq!(
+            handshake(&p, &o.target(Some("api.example.com"), ip, false), false).await,
+            Ok((Some("unrelated.example.org".into()), false))
+        );
         // Opaque TCP without sni: no SNI, the chain only.
         let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem}");
-        assert_eq!(handshake(&p, &o.target(None, ip, false), false).await, Ok((None, false)));
+        assert_eq!(
+            handshake(&p, &o.target(None, ip, false), false).await,
+            Ok((None, false))
+        );
         // Another CA's roots (here: the system's) refuse the chain; insecureSkipVerify takes anything.
         let o = origination(&p, "{mode: SIMPLE}");
-        assert!(handshake(&p, &o.target(Some("api.example.com"), ip, false), false).await.is_err());
+        assert!(
+            handshake(&p, &o.target(Some("api.example.com"), ip, false), false)
+                .await
+                .is_err()
+        );
         let o = origination(&p, "{mode: SIMPLE, insecureSkipVerify: true}");
-        assert!(handshake(&p, &o.target(Some("whatever"), ip, false), false).await.is_ok());
+        assert!(handshake(&p, &o.target(Some("whatever"), ip, false), false)
+            .await
+            .is_ok());
         // MUTUAL presents the client certificate.
         let o = origination(&p, "{mode: MUTUAL, caCertificates: $DIR/ca.pem, clientCertificate: $DIR/client.pem, privateKey: $DIR/client-key.pem}");
-        assert_eq!(handshake(&p, &o.target(Some("api.example.com"), ip, false), true).await, Ok((Some("api.example.com".into()), true)));
+        assert_eq!(
+            handshake(&p, &o.target(Some("api.example.com"), ip, false), true).await,
+            Ok((Some("api.example.com".into()), true))
+        );
         let o = origination(&p, "{mode: SIMPLE, caCertificates: $DIR/ca.pem}");
-        assert!(handshake(&p, &o.target(Some("api.example.com"), ip, false), true).await.is_err(), "SIMPLE has no certificate to present");
+        assert!(
+            handshake(&p, &o.target(Some("api.example.com"), ip, false), true)
+                .await
+                .is_err(),
+            "SIMPLE has no certificate to present"
+        );
     }
 
     #[test]
@@ -564,7 +768,10 @@ mod tests {
         let t = o.target(Some("api.example.com"), "10.0.0.1".parse().unwrap(), true);
         let first = o.client_config(&t).unwrap();
         assert_eq!(first.alpn_protocols, vec![b"h2".to_vec()]);
-        assert!(Arc::ptr_eq(&first, &o.client_config(&t).unwrap()), "built once");
+        assert!(
+            Arc::ptr_eq(&first, &o.client_config(&t).unwrap()),
+            "built once"
+        );
         // A broken file a second later: the last good config stays.
         std::fs::write(p.dir.join("ca.pem"), "not pem").unwrap();
         o.loaded.lock().unwrap().checked -= RECHECK;
@@ -583,7 +790,11 @@ mod tests {
     fn san_matching_is_envoys() {
         let dns = San::Dns("*.example.com".into());
         assert!(dns.matches("api.example.com") && dns.matches("API.example.com"));
-        assert!(!dns.matches("example.com") && !dns.matches("a.b.example.com") && !dns.matches(".example.com"));
+        assert!(
+            !dns.matches("example.com")
+                && !dns.matches("a.b.example.com")
+                && !dns.matches(".example.com")
+        );
         assert!(San::Dns("api.example.com".into()).matches("api.example.com"));
         assert!(San::Other("spiffe://td/ns/a/sa/b".into()).matches("spiffe://td/ns/a/sa/b"));
         assert!(!San::Other("10.0.0.1".into()).matches("10.0.0.2"));

@@ -81,7 +81,11 @@ impl HeaderMode {
     fn of(o: &core::HeaderValueOption) -> HeaderMode {
         use core::header_value_option::HeaderAppendAction as A;
         if let Some(append) = o.append {
-            return if append { HeaderMode::Append } else { HeaderMode::Overwrite };
+            return if append {
+                HeaderMode::Append
+            } else {
+                HeaderMode::Overwrite
+            };
         }
         match A::try_from(o.append_action) {
             Ok(A::AddIfAbsent) => HeaderMode::AddIfAbsent,
@@ -120,24 +124,28 @@ pub struct Denied {
     pub error: Option<String>,
 }
 
-
 /// The CheckRequest Envoy sends for an HTTP request.
 pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
     let addr = |a: SocketAddr| core::Address {
         address: Some(core::address::Address::SocketAddress(core::SocketAddress {
             protocol: core::socket_address::Protocol::Tcp as i32,
             address: a.ip().to_string(),
-            port_specifier: Some(core::socket_address::PortSpecifier::PortValue(u32::from(a.port()))),
+            port_specifier: Some(core::socket_address::PortSpecifier::PortValue(u32::from(
+                a.port(),
+            ))),
         })),
     };
     // Header values of one name are joined with "," (Envoy's merge); keys lowercase.
     let mut headers: HashMap<String, String> = HashMap::new();
     for (name, value) in &req.parts.headers {
         let v = String::from_utf8_lossy(value.as_bytes()).into_owned();
-        headers.entry(name.as_str().to_string()).and_modify(|e| {
-            e.push(',');
-            e.push_str(&v);
-        }).or_insert(v);
+        headers
+            .entry(name.as_str().to_string())
+            .and_modify(|e| {
+                e.push(',');
+                e.push_str(&v);
+            })
+            .or_insert(v);
     }
     if let Some(b) = &req.body {
         headers.insert(PARTIAL_BODY_HEADER.into(), b.partial.to_string());
@@ -152,7 +160,13 @@ pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<i64>().ok())
         .unwrap_or(-1);
-    let id = req.parts.headers.get("x-request-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    let id = req
+        .parts
+        .headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
     auth::CheckRequest {
         attributes: Some(auth::AttributeContext {
             source: Some(auth::attribute_context::Peer {
@@ -175,12 +189,27 @@ pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
                     host: req.host.to_string(),
                     scheme: "http".into(),
                     size,
-                    protocol: if req.client_http2 { "HTTP/2" } else { "HTTP/1.1" }.into(),
+                    protocol: if req.client_http2 {
+                        "HTTP/2"
+                    } else {
+                        "HTTP/1.1"
+                    }
+                    .into(),
                     // Envoy puts the body in `body` as text (bytes that are not UTF-8
                     // replaced here: a protobuf string must be UTF-8) or, packed as
                     // bytes, in `raw_body`.
-                    body: req.body.as_ref().filter(|b| !b.as_bytes).map(|b| String::from_utf8_lossy(&b.data).into_owned()).unwrap_or_default(),
-                    raw_body: req.body.as_ref().filter(|b| b.as_bytes).map(|b| b.data.to_vec()).unwrap_or_default(),
+                    body: req
+                        .body
+                        .as_ref()
+                        .filter(|b| !b.as_bytes)
+                        .map(|b| String::from_utf8_lossy(&b.data).into_owned())
+                        .unwrap_or_default(),
+                    raw_body: req
+                        .body
+                        .as_ref()
+                        .filter(|b| b.as_bytes)
+                        .map(|b| b.data.to_vec())
+                        .unwrap_or_default(),
                     ..Default::default()
                 }),
             }),
@@ -218,7 +247,11 @@ pub fn decision(answer: auth::CheckResponse) -> Decision {
     let option = |o: &core::HeaderValueOption| {
         let h = o.header.as_ref()?;
         let name = HeaderName::from_bytes(h.key.as_bytes()).ok()?;
-        let raw = if h.raw_value.is_empty() { h.value.as_bytes() } else { &h.raw_value };
+        let raw = if h.raw_value.is_empty() {
+            h.value.as_bytes()
+        } else {
+            &h.raw_value
+        };
         let value = HeaderValue::from_bytes(raw).ok()?;
         (!value.is_empty() || o.keep_empty_value).then_some((name, value, HeaderMode::of(o)))
     };
@@ -226,17 +259,34 @@ pub fn decision(answer: auth::CheckResponse) -> Decision {
         let mut allowed = Allowed::default();
         if let Some(auth::check_response::HttpResponse::OkResponse(ok)) = &answer.http_response {
             allowed.upstream = ok.headers.iter().filter_map(option).collect();
-            allowed.remove = ok.headers_to_remove.iter().filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok()).collect();
-            allowed.downstream = ok.response_headers_to_add.iter().filter_map(option).map(|(n, v, _)| (n, v)).collect();
+            allowed.remove = ok
+                .headers_to_remove
+                .iter()
+                .filter_map(|h| HeaderName::from_bytes(h.as_bytes()).ok())
+                .collect();
+            allowed.downstream = ok
+                .response_headers_to_add
+                .iter()
+                .filter_map(option)
+                .map(|(n, v, _)| (n, v))
+                .collect();
         }
         return Decision::Allow(allowed);
     }
     // UNAUTHENTICATED answers 401, any other denial 403, unless the answer says.
-    let mut status = if code == 16 { StatusCode::UNAUTHORIZED } else { StatusCode::FORBIDDEN };
+    let mut status = if code == 16 {
+        StatusCode::UNAUTHORIZED
+    } else {
+        StatusCode::FORBIDDEN
+    };
     let mut headers = HeaderMap::new();
     let mut body = Bytes::new();
     if let Some(auth::check_response::HttpResponse::DeniedResponse(d)) = answer.http_response {
-        if let Some(s) = d.status.as_ref().and_then(|s| StatusCode::from_u16(u16::try_from(s.code).ok()?).ok()) {
+        if let Some(s) = d
+            .status
+            .as_ref()
+            .and_then(|s| StatusCode::from_u16(u16::try_from(s.code).ok()?).ok())
+        {
             status = s;
         }
         for (name, value, mode) in d.headers.iter().filter_map(option) {
@@ -244,5 +294,10 @@ pub fn decision(answer: auth::CheckResponse) -> Decision {
         }
         body = Bytes::from(d.body);
     }
-    Decision::Deny(Denied { status, headers, body, error: None })
+    Decision::Deny(Denied {
+        status,
+        headers,
+        body,
+        error: None,
+    })
 }

@@ -132,7 +132,9 @@ pub fn any_match(list: &[HeaderMatch], name: &str) -> bool {
 fn check_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= 63
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-');
     if ok {
@@ -148,7 +150,9 @@ pub fn parse_all(list: &[Value]) -> Result<BTreeMap<String, Checked>, String> {
     let mut out = BTreeMap::new();
     for (i, v) in list.iter().enumerate() {
         let Some(obj) = v.as_object() else {
-            return Err(format!("extensionProviders[{i}]: expected a map with name and one provider"));
+            return Err(format!(
+                "extensionProviders[{i}]: expected a map with name and one provider"
+            ));
         };
         let name = obj.get("name").and_then(Value::as_str).unwrap_or_default();
         check_name(name).map_err(|e| format!("extensionProviders[{i}].{e}"))?;
@@ -163,17 +167,31 @@ pub fn parse_all(list: &[Value]) -> Result<BTreeMap<String, Checked>, String> {
 fn parse_one(obj: &serde_json::Map<String, Value>) -> Result<Provider, String> {
     let kinds: Vec<&String> = obj.keys().filter(|k| *k != "name").collect();
     let [kind] = kinds.as_slice() else {
-        return Err(format!("{}: exactly one provider kind per entry, found {}", kinds.iter().map(|k| k.as_str()).collect::<Vec<_>>().join(", "), kinds.len()));
+        return Err(format!(
+            "{}: exactly one provider kind per entry, found {}",
+            kinds
+                .iter()
+                .map(|k| k.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            kinds.len()
+        ));
     };
     let body = &obj[kind.as_str()];
     match kind.as_str() {
         "envoyExtAuthzHttp" => {
-            let raw: RawHttp = serde_json::from_value(body.clone()).map_err(|e| format!("envoyExtAuthzHttp: {e}"))?;
-            raw.check().map(Provider::Http).map_err(|e| format!("envoyExtAuthzHttp.{e}"))
+            let raw: RawHttp = serde_json::from_value(body.clone())
+                .map_err(|e| format!("envoyExtAuthzHttp: {e}"))?;
+            raw.check()
+                .map(Provider::Http)
+                .map_err(|e| format!("envoyExtAuthzHttp.{e}"))
         }
         "envoyExtAuthzGrpc" => {
-            let raw: RawGrpc = serde_json::from_value(body.clone()).map_err(|e| format!("envoyExtAuthzGrpc: {e}"))?;
-            raw.check().map(Provider::Grpc).map_err(|e| format!("envoyExtAuthzGrpc.{e}"))
+            let raw: RawGrpc = serde_json::from_value(body.clone())
+                .map_err(|e| format!("envoyExtAuthzGrpc: {e}"))?;
+            raw.check()
+                .map(Provider::Grpc)
+                .map_err(|e| format!("envoyExtAuthzGrpc.{e}"))
         }
         other => Ok(Provider::NotAuthz(other.to_string())),
     }
@@ -272,7 +290,9 @@ struct RawGrpc {
 impl RawCommon {
     fn check(self) -> Result<Common, String> {
         if self.service.is_empty() {
-            return Err("service: required ([<namespace>/]<hostname> of the authorizer's Service)".into());
+            return Err(
+                "service: required ([<namespace>/]<hostname> of the authorizer's Service)".into(),
+            );
         }
         let port = match &self.port {
             RawPort::Number(n) => u16::try_from(*n).ok(),
@@ -304,10 +324,21 @@ impl RawCommon {
                 if b.max_request_bytes == 0 || b.max_request_bytes > MAX_CHECK_BODY {
                     return Err(format!("includeRequestBodyInCheck.maxRequestBytes: must be 1 to {MAX_CHECK_BODY} (the bytes of the body the check carries)"));
                 }
-                Some(BodySettings { max: b.max_request_bytes as usize, allow_partial: b.allow_partial_message, as_bytes: b.pack_as_bytes })
+                Some(BodySettings {
+                    max: b.max_request_bytes as usize,
+                    allow_partial: b.allow_partial_message,
+                    as_bytes: b.pack_as_bytes,
+                })
             }
         };
-        Ok(Common { service: self.service, port, timeout, fail_open: self.fail_open, status_on_error, body })
+        Ok(Common {
+            service: self.service,
+            port,
+            timeout,
+            fail_open: self.fail_open,
+            status_on_error,
+            body,
+        })
     }
 }
 
@@ -322,18 +353,35 @@ impl RawHttp {
             include_request_body_in_check: self.include_request_body_in_check,
         }
         .check()?;
-        if !self.path_prefix.is_empty() && (!self.path_prefix.starts_with('/') || self.path_prefix.parse::<http::uri::PathAndQuery>().is_err()) {
-            return Err(format!("pathPrefix: must be a path beginning with `/`, found {:?}", self.path_prefix));
+        if !self.path_prefix.is_empty()
+            && (!self.path_prefix.starts_with('/')
+                || self.path_prefix.parse::<http::uri::PathAndQuery>().is_err())
+        {
+            return Err(format!(
+                "pathPrefix: must be a path beginning with `/`, found {:?}",
+                self.path_prefix
+            ));
         }
-        let list = |field: &str, v: &[String]| v.iter().map(|s| HeaderMatch::parse(field, s)).collect::<Result<Vec<_>, _>>();
+        let list = |field: &str, v: &[String]| {
+            v.iter()
+                .map(|s| HeaderMatch::parse(field, s))
+                .collect::<Result<Vec<_>, _>>()
+        };
         let include = if self.include_request_headers_in_check.is_empty() {
             list("includeHeadersInCheck", &self.include_headers_in_check)?
         } else {
-            list("includeRequestHeadersInCheck", &self.include_request_headers_in_check)?
+            list(
+                "includeRequestHeadersInCheck",
+                &self.include_request_headers_in_check,
+            )?
         };
         for (k, v) in &self.include_additional_headers_in_check {
-            if http::HeaderName::from_bytes(k.as_bytes()).is_err() || http::HeaderValue::from_str(v).is_err() {
-                return Err(format!("includeAdditionalHeadersInCheck: {k:?}: {v:?} is not a valid header"));
+            if http::HeaderName::from_bytes(k.as_bytes()).is_err()
+                || http::HeaderValue::from_str(v).is_err()
+            {
+                return Err(format!(
+                    "includeAdditionalHeadersInCheck: {k:?}: {v:?} is not a valid header"
+                ));
             }
         }
         Ok(HttpProvider {
@@ -341,9 +389,18 @@ impl RawHttp {
             path_prefix: self.path_prefix,
             include_request_headers: include,
             include_additional_headers: self.include_additional_headers_in_check,
-            headers_to_upstream_on_allow: list("headersToUpstreamOnAllow", &self.headers_to_upstream_on_allow)?,
-            headers_to_downstream_on_deny: list("headersToDownstreamOnDeny", &self.headers_to_downstream_on_deny)?,
-            headers_to_downstream_on_allow: list("headersToDownstreamOnAllow", &self.headers_to_downstream_on_allow)?,
+            headers_to_upstream_on_allow: list(
+                "headersToUpstreamOnAllow",
+                &self.headers_to_upstream_on_allow,
+            )?,
+            headers_to_downstream_on_deny: list(
+                "headersToDownstreamOnDeny",
+                &self.headers_to_downstream_on_deny,
+            )?,
+            headers_to_downstream_on_allow: list(
+                "headersToDownstreamOnAllow",
+                &self.headers_to_downstream_on_allow,
+            )?,
         })
     }
 }
@@ -358,7 +415,9 @@ impl RawGrpc {
             status_on_error: self.status_on_error,
             include_request_body_in_check: self.include_request_body_in_check,
         };
-        Ok(GrpcProvider { common: common.check()? })
+        Ok(GrpcProvider {
+            common: common.check()?,
+        })
     }
 }
 

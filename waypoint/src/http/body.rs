@@ -32,7 +32,14 @@ pub struct Metered {
 impl Metered {
     /// `picked` (the endpoint's active-request slot) is held until the body ends.
     pub fn new(inner: Body, log: RequestLog, picked: Option<Picked>) -> Self {
-        Metered { inner, bytes: 0, log: Some(log), _picked: picked, idle: StreamIdle::default(), timer: None }
+        Metered {
+            inner,
+            bytes: 0,
+            log: Some(log),
+            _picked: picked,
+            idle: StreamIdle::default(),
+            timer: None,
+        }
     }
 
     /// The same, ended with an error when the stream has been idle for `idle`'s timeout.
@@ -53,7 +60,10 @@ impl http_body::Body for Metered {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let r = Pin::new(&mut this.inner).poll_frame(cx);
         match &r {
@@ -71,7 +81,9 @@ impl http_body::Body for Metered {
                 if let Some(log) = this.log.as_mut() {
                     // The request body's timer ended the upstream request.
                     if this.idle.fired() {
-                        log.error = Some(format!("stream idle timeout: the request body stalled ({e})"));
+                        log.error = Some(format!(
+                            "stream idle timeout: the request body stalled ({e})"
+                        ));
                         log.response_flags = "SI";
                     } else {
                         log.error = Some(format!("response body: {e}"));
@@ -145,7 +157,12 @@ where
         if body.is_end_stream() {
             idle.request_ended();
         }
-        Downstream { ahead: std::collections::VecDeque::new(), rest: Some(body), idle, timer: None }
+        Downstream {
+            ahead: std::collections::VecDeque::new(),
+            rest: Some(body),
+            idle,
+            timer: None,
+        }
     }
 
     /// Notes a frame read: activity, and maybe the body's end.
@@ -161,9 +178,16 @@ where
     /// ended within it.
     pub async fn read_ahead(&mut self, until: usize) -> Result<(Bytes, bool), BoxError> {
         use http_body_util::BodyExt;
-        let mut buffered: usize = self.ahead.iter().filter_map(|f| f.data_ref()).map(Bytes::len).sum();
+        let mut buffered: usize = self
+            .ahead
+            .iter()
+            .filter_map(|f| f.data_ref())
+            .map(Bytes::len)
+            .sum();
         while buffered < until {
-            let Some(rest) = self.rest.as_mut() else { break };
+            let Some(rest) = self.rest.as_mut() else {
+                break;
+            };
             match rest.frame().await {
                 Some(Ok(f)) => {
                     buffered += f.data_ref().map_or(0, Bytes::len);
@@ -194,12 +218,17 @@ where
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let Some(f) = this.ahead.pop_front() {
             return Poll::Ready(Some(Ok(f)));
         }
-        let Some(rest) = this.rest.as_mut() else { return Poll::Ready(None) };
+        let Some(rest) = this.rest.as_mut() else {
+            return Poll::Ready(None);
+        };
         match Pin::new(rest).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
                 this.read();
@@ -233,8 +262,18 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let ahead: u64 = self.ahead.iter().filter_map(|f| f.data_ref()).map(|d| d.len() as u64).sum();
-        with_ahead(self.rest.as_ref().map_or_else(|| SizeHint::with_exact(0), |r| r.size_hint()), ahead)
+        let ahead: u64 = self
+            .ahead
+            .iter()
+            .filter_map(|f| f.data_ref())
+            .map(|d| d.len() as u64)
+            .sum();
+        with_ahead(
+            self.rest
+                .as_ref()
+                .map_or_else(|| SizeHint::with_exact(0), |r| r.size_hint()),
+            ahead,
+        )
     }
 }
 
@@ -245,7 +284,11 @@ fn with_ahead(rest: SizeHint, ahead: u64) -> SizeHint {
     if let Some(u) = rest.upper() {
         h.set_upper(u.saturating_add(ahead));
     }
-    h.set_lower(rest.lower().saturating_add(ahead).min(h.upper().unwrap_or(u64::MAX)));
+    h.set_lower(
+        rest.lower()
+            .saturating_add(ahead)
+            .min(h.upper().unwrap_or(u64::MAX)),
+    );
     h
 }
 
@@ -265,7 +308,10 @@ impl http_body::Body for Counted {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match Pin::new(&mut self.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(f))) => {
                 if let Some(d) = f.data_ref() {
@@ -293,7 +339,9 @@ pub fn full(b: impl Into<Bytes>) -> Body {
 }
 
 pub fn empty() -> Body {
-    Empty::<Bytes>::new().map_err(|never| match never {}).boxed()
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// A request body that may be sent more than once (retries, mirrors) or only once.
@@ -311,7 +359,6 @@ impl RequestBody {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,7 +370,10 @@ mod tests {
     impl http_body::Body for Chan {
         type Data = Bytes;
         type Error = BoxError;
-        fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
             self.0.poll_recv(cx).map(|d| d.map(|d| Ok(Frame::data(d))))
         }
     }
@@ -344,7 +394,9 @@ mod tests {
     }
 
     /// Reads `body` to its end: the bytes, or the error and when it came.
-    async fn drain<B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin>(mut body: B) -> Result<usize, (BoxError, Duration)> {
+    async fn drain<B: http_body::Body<Data = Bytes, Error = BoxError> + Unpin>(
+        mut body: B,
+    ) -> Result<usize, (BoxError, Duration)> {
         let start = Instant::now();
         let mut n = 0;
         while let Some(f) = body.frame().await {
@@ -361,7 +413,14 @@ mod tests {
     const T: Duration = Duration::from_millis(400);
 
     fn metered(inner: Chan, idle: StreamIdle) -> Metered {
-        Metered { inner: inner.boxed(), bytes: 0, log: None, _picked: None, idle, timer: None }
+        Metered {
+            inner: inner.boxed(),
+            bytes: 0,
+            log: None,
+            _picked: None,
+            idle,
+            timer: None,
+        }
     }
 
     #[tokio::test]
@@ -372,7 +431,10 @@ mod tests {
         tx.send(Bytes::from_static(b"first")).await.unwrap();
         let (e, after) = drain(body).await.expect_err("a stalled body never ended");
         assert_eq!(e.to_string(), "stream timeout");
-        assert!(after >= T - Duration::from_millis(50) && after < T * 10, "ended after {after:?}");
+        assert!(
+            after >= T - Duration::from_millis(50) && after < T * 10,
+            "ended after {after:?}"
+        );
         assert!(idle.fired());
         drop(tx);
     }
@@ -392,17 +454,29 @@ mod tests {
     #[tokio::test]
     async fn a_stalled_response_body_errors_and_a_trickling_one_does_not() {
         let (_tx, rx) = chan();
-        let (e, after) = drain(metered(rx, StreamIdle::new(Some(T)))).await.expect_err("a stalled response never ended");
+        let (e, after) = drain(metered(rx, StreamIdle::new(Some(T))))
+            .await
+            .expect_err("a stalled response never ended");
         assert_eq!(e.to_string(), "stream timeout");
-        assert!(after >= T - Duration::from_millis(50) && after < T * 10, "ended after {after:?}");
+        assert!(
+            after >= T - Duration::from_millis(50) && after < T * 10,
+            "ended after {after:?}"
+        );
 
         let (tx, rx) = chan();
-        let (read, ()) = tokio::join!(drain(metered(rx, StreamIdle::new(Some(T)))), trickle(tx, 50));
+        let (read, ()) = tokio::join!(
+            drain(metered(rx, StreamIdle::new(Some(T)))),
+            trickle(tx, 50)
+        );
         assert_eq!(read.map_err(|(e, _)| e.to_string()).unwrap(), 50);
 
         // Without a timeout, a stall is no error.
         let (_tx, rx) = chan();
-        assert!(tokio::time::timeout(T * 2, drain(metered(rx, StreamIdle::new(None)))).await.is_err());
+        assert!(
+            tokio::time::timeout(T * 2, drain(metered(rx, StreamIdle::new(None))))
+                .await
+                .is_err()
+        );
     }
 
     /// The clock is the stream's: a request body still moving keeps a quiet response

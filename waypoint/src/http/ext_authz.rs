@@ -16,9 +16,14 @@ use super::grpc::{service_endpoint, unary, CallError, MAX_RESPONSE_BYTES};
 use super::plan::set_head_for;
 use crate::config::Config;
 use crate::context::Waypoint;
-use crate::extauthz::check::{check_message, decision, Allowed, CheckBody, CheckRequest, Decision, Denied, HeaderMode, PARTIAL_BODY_HEADER};
+use crate::extauthz::check::{
+    check_message, decision, Allowed, CheckBody, CheckRequest, Decision, Denied, HeaderMode,
+    PARTIAL_BODY_HEADER,
+};
 use crate::extauthz::proto::envoy::service::auth::v3 as auth;
-use crate::extauthz::provider::{any_match, BodySettings, Common, GrpcProvider, HttpProvider, Provider};
+use crate::extauthz::provider::{
+    any_match, BodySettings, Common, GrpcProvider, HttpProvider, Provider,
+};
 use crate::upstream::Endpoint;
 
 /// The gRPC method, exactly Envoy's.
@@ -38,7 +43,12 @@ pub enum CheckError {
 /// Checks one request with `provider` (an authorizer: the caller never passes
 /// `Provider::NotAuthz`). A failed check gives `statusOnError`, or an allow when the
 /// provider fails open.
-pub async fn check(wp: &Waypoint, cfg: &Config, provider: &Provider, req: &CheckRequest<'_>) -> Decision {
+pub async fn check(
+    wp: &Waypoint,
+    cfg: &Config,
+    provider: &Provider,
+    req: &CheckRequest<'_>,
+) -> Decision {
     let Some(common) = provider.common() else {
         return error_reply(403, "not an ext_authz provider".into());
     };
@@ -46,14 +56,19 @@ pub async fn check(wp: &Waypoint, cfg: &Config, provider: &Provider, req: &Check
         match provider {
             Provider::Http(h) => check_http(wp, cfg, h, req).await,
             Provider::Grpc(g) => check_grpc(wp, cfg, g, req).await,
-            Provider::NotAuthz(_) => Err(CallError::Build("not an ext_authz provider".into()).into()),
+            Provider::NotAuthz(_) => {
+                Err(CallError::Build("not an ext_authz provider".into()).into())
+            }
         }
     })
     .await
     .unwrap_or(Err(CheckError::Timeout(common.timeout)));
     match result {
         Ok(d) => d,
-        Err(e) if common.fail_open => Decision::Allow(Allowed { failed_open: Some(e.to_string()), ..Allowed::default() }),
+        Err(e) if common.fail_open => Decision::Allow(Allowed {
+            failed_open: Some(e.to_string()),
+            ..Allowed::default()
+        }),
         Err(e) => error_reply(common.status_on_error, e.to_string()),
     }
 }
@@ -68,11 +83,20 @@ fn error_reply(status: u16, error: String) -> Decision {
 }
 
 /// The endpoint a check goes to, and the HTTP version its port declares.
-async fn endpoint(wp: &Waypoint, cfg: &Config, common: &Common) -> Result<(Endpoint, Option<bool>), CheckError> {
+async fn endpoint(
+    wp: &Waypoint,
+    cfg: &Config,
+    common: &Common,
+) -> Result<(Endpoint, Option<bool>), CheckError> {
     Ok(service_endpoint(wp, cfg, &common.service, common.port).await?)
 }
 
-async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
+async fn check_http(
+    wp: &Waypoint,
+    cfg: &Config,
+    p: &HttpProvider,
+    req: &CheckRequest<'_>,
+) -> Result<Decision, CheckError> {
     let (ep, http2) = endpoint(wp, cfg, &p.common).await?;
     // Envoy's HTTP check: the request's method and path (after the prefix), its Host,
     // the body when the provider includes it (else none), Authorization and the listed
@@ -87,14 +111,20 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
         }
     }
     for (k, v) in &p.include_additional_headers {
-        if let (Ok(k), Ok(v)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
             headers.insert(k, v);
         }
     }
     headers.remove(header::HOST);
     let body = match &req.body {
         Some(b) => {
-            headers.insert(PARTIAL_BODY_HEADER, HeaderValue::from_static(if b.partial { "true" } else { "false" }));
+            headers.insert(
+                PARTIAL_BODY_HEADER,
+                HeaderValue::from_static(if b.partial { "true" } else { "false" }),
+            );
             headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.data.len()));
             full(b.data.clone())
         }
@@ -107,22 +137,39 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
     let authority = Authority::parse(req.host).map_err(|e| CallError::Build(e.to_string()))?;
     set_head_for(&mut parts, &authority, &path, http2)
         .map_err(|e| CallError::Build(e.to_string()))?;
-    let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, body)).await.map_err(|e| CallError::Upstream(Box::new(e)))?;
+    let resp = wp
+        .upstreams
+        .send(&ep, http2, Request::from_parts(parts, body))
+        .await
+        .map_err(|e| CallError::Upstream(Box::new(e)))?;
     let (rparts, body) = resp.into_parts();
-    let body = Limited::new(body, MAX_RESPONSE_BYTES).collect().await.map_err(|e| CallError::Body(e.to_string()))?.to_bytes();
+    let body = Limited::new(body, MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|e| CallError::Body(e.to_string()))?
+        .to_bytes();
     if rparts.status == StatusCode::OK {
         let mut allowed = Allowed::default();
         for (name, value) in &rparts.headers {
             if any_match(&p.headers_to_upstream_on_allow, name.as_str()) {
-                allowed.upstream.push((name.clone(), value.clone(), HeaderMode::Overwrite));
+                allowed
+                    .upstream
+                    .push((name.clone(), value.clone(), HeaderMode::Overwrite));
             }
             if any_match(&p.headers_to_downstream_on_allow, name.as_str()) {
                 allowed.downstream.push((name.clone(), value.clone()));
             }
         }
         // Envoy's way for an HTTP authorizer to consume headers (as gRPC's headers_to_remove).
-        if let Some(list) = rparts.headers.get("x-envoy-auth-headers-to-remove").and_then(|v| v.to_str().ok()) {
-            allowed.remove.extend(list.split(',').filter_map(|h| HeaderName::from_bytes(h.trim().as_bytes()).ok()));
+        if let Some(list) = rparts
+            .headers
+            .get("x-envoy-auth-headers-to-remove")
+            .and_then(|v| v.to_str().ok())
+        {
+            allowed.remove.extend(
+                list.split(',')
+                    .filter_map(|h| HeaderName::from_bytes(h.trim().as_bytes()).ok()),
+            );
         }
         return Ok(Decision::Allow(allowed));
     }
@@ -131,7 +178,10 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
     let mut headers = HeaderMap::new();
     for (name, value) in &rparts.headers {
         let keep = if p.headers_to_downstream_on_deny.is_empty() {
-            !matches!(name.as_str(), "content-length" | "transfer-encoding" | "connection" | "host")
+            !matches!(
+                name.as_str(),
+                "content-length" | "transfer-encoding" | "connection" | "host"
+            )
         } else {
             any_match(&p.headers_to_downstream_on_deny, name.as_str())
         };
@@ -139,12 +189,30 @@ async fn check_http(wp: &Waypoint, cfg: &Config, p: &HttpProvider, req: &CheckRe
             headers.append(name.clone(), value.clone());
         }
     }
-    Ok(Decision::Deny(Denied { status: rparts.status, headers, body, error: None }))
+    Ok(Decision::Deny(Denied {
+        status: rparts.status,
+        headers,
+        body,
+        error: None,
+    }))
 }
 
-async fn check_grpc(wp: &Waypoint, cfg: &Config, p: &GrpcProvider, req: &CheckRequest<'_>) -> Result<Decision, CheckError> {
+async fn check_grpc(
+    wp: &Waypoint,
+    cfg: &Config,
+    p: &GrpcProvider,
+    req: &CheckRequest<'_>,
+) -> Result<Decision, CheckError> {
     let (ep, _) = endpoint(wp, cfg, &p.common).await?;
-    let answer = unary(wp, &ep, &p.common.service, CHECK_PATH, &check_message(req), Some(p.common.timeout)).await?;
+    let answer = unary(
+        wp,
+        &ep,
+        &p.common.service,
+        CHECK_PATH,
+        &check_message(req),
+        Some(p.common.timeout),
+    )
+    .await?;
     Ok(decision(auth::CheckResponse::decode(answer)?))
 }
 
@@ -170,7 +238,11 @@ pub async fn run(
         Custom::Deny { policy, reason } => {
             tracing::warn!(policy = %policy, reason = %reason, "CUSTOM policy cannot be enforced; denying what it matches");
             notes.denied_by = Some(policy.clone());
-            return Err(LocalReply::new(StatusCode::FORBIDDEN, "DENY", "RBAC: access denied"));
+            return Err(LocalReply::new(
+                StatusCode::FORBIDDEN,
+                "DENY",
+                "RBAC: access denied",
+            ));
         }
         Custom::Check { provider, policy } => (*provider, policy.clone()),
     };
@@ -179,11 +251,20 @@ pub async fn run(
         None => admitted.norm_path.clone(),
     };
     let body = match provider.common() {
-        Some(common @ Common { body: Some(settings), .. }) => match check_body(downstream, common, *settings).await {
+        Some(
+            common @ Common {
+                body: Some(settings),
+                ..
+            },
+        ) => match check_body(downstream, common, *settings).await {
             Ok(b) => Some(b),
             Err(BodyFailure::TooLarge) => {
                 notes.denied_by = Some(policy.clone());
-                return Err(LocalReply::new(StatusCode::PAYLOAD_TOO_LARGE, "-", "Payload Too Large"));
+                return Err(LocalReply::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "-",
+                    "Payload Too Large",
+                ));
             }
             Err(BodyFailure::Unread(e)) => {
                 if common.fail_open {
@@ -192,8 +273,13 @@ pub async fn run(
                 }
                 tracing::warn!(policy = %policy, error = %e, "ext_authz check failed");
                 notes.denied_by = Some(policy.clone());
-                let status = StatusCode::from_u16(common.status_on_error).unwrap_or(StatusCode::FORBIDDEN);
-                return Err(LocalReply::new(status, "UAEX", format!("ext_authz error: {e}")));
+                let status =
+                    StatusCode::from_u16(common.status_on_error).unwrap_or(StatusCode::FORBIDDEN);
+                return Err(LocalReply::new(
+                    status,
+                    "UAEX",
+                    format!("ext_authz error: {e}"),
+                ));
             }
         },
         _ => None,
@@ -217,7 +303,12 @@ pub async fn run(
             apply(allowed, parts, admitted);
             Ok(())
         }
-        Decision::Deny(Denied { status, headers, body, error }) => {
+        Decision::Deny(Denied {
+            status,
+            headers,
+            body,
+            error,
+        }) => {
             notes.denied_by = Some(policy.clone());
             let message = match &error {
                 Some(e) => {
@@ -226,7 +317,10 @@ pub async fn run(
                 }
                 None => "denied by ext_authz".to_string(),
             };
-            Err(LocalReply { external: Some(Box::new((headers, body))), ..LocalReply::new(status, "UAEX", message) })
+            Err(LocalReply {
+                external: Some(Box::new((headers, body))),
+                ..LocalReply::new(status, "UAEX", message)
+            })
         }
     }
 }
@@ -245,21 +339,43 @@ enum BodyFailure {
 /// all of it up to `maxRequestBytes`; a longer one is refused, or with
 /// `allowPartialMessage` checked by its first `maxRequestBytes`. All of it is still sent
 /// on to the backend. Bounded by the provider's timeout.
-async fn check_body(downstream: &mut Downstream, common: &Common, s: BodySettings) -> Result<CheckBody, BodyFailure> {
+async fn check_body(
+    downstream: &mut Downstream,
+    common: &Common,
+    s: BodySettings,
+) -> Result<CheckBody, BodyFailure> {
     let until = if s.allow_partial { s.max } else { s.max + 1 };
-    let (data, ended) = match tokio::time::timeout(common.timeout, downstream.read_ahead(until)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(BodyFailure::Unread(format!("reading the request body failed: {e}"))),
-        Err(_) => return Err(BodyFailure::Unread(format!("the request body did not arrive within {:?}", common.timeout))),
-    };
+    let (data, ended) =
+        match tokio::time::timeout(common.timeout, downstream.read_ahead(until)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                return Err(BodyFailure::Unread(format!(
+                    "reading the request body failed: {e}"
+                )))
+            }
+            Err(_) => {
+                return Err(BodyFailure::Unread(format!(
+                    "the request body did not arrive within {:?}",
+                    common.timeout
+                )))
+            }
+        };
     if data.len() > s.max && !s.allow_partial {
         return Err(BodyFailure::TooLarge);
     }
     let partial = !ended || data.len() > s.max;
-    Ok(CheckBody { data: data.slice(..data.len().min(s.max)), partial, as_bytes: s.as_bytes })
+    Ok(CheckBody {
+        data: data.slice(..data.len().min(s.max)),
+        partial,
+        as_bytes: s.as_bytes,
+    })
 }
 
-fn apply(allowed: Allowed, parts: &mut http::request::Parts, admitted: &mut super::plan::Admitted<'_>) {
+fn apply(
+    allowed: Allowed,
+    parts: &mut http::request::Parts,
+    admitted: &mut super::plan::Admitted<'_>,
+) {
     for (name, value, mode) in allowed.upstream {
         // The authorizer may not rewrite where the request goes.
         if name != header::HOST {

@@ -78,13 +78,20 @@ impl<'a> Attempts<'a> {
                 _ => 0,
             },
             codes: retry.map(|r| r.codes.as_slice()).unwrap_or(&[]),
-            backoff: retry.and_then(|r| r.backoff).unwrap_or(Duration::from_millis(25)),
+            backoff: retry
+                .and_then(|r| r.backoff)
+                .unwrap_or(Duration::from_millis(25)),
             per_try_timeout: plan.timeouts.backend,
             choice: Choice {
                 prefer: plan.session.and_then(|(_, addr)| addr),
                 pick: traffic.and_then(|t| t.pick.clone()),
                 hash: plan.hash,
-                outlier: traffic.and_then(|t| t.outlier).map(|(consecutive_5xx, base_ejection)| OutlierConfig { consecutive_5xx, base_ejection }),
+                outlier: traffic
+                    .and_then(|t| t.outlier)
+                    .map(|(consecutive_5xx, base_ejection)| OutlierConfig {
+                        consecutive_5xx,
+                        base_ejection,
+                    }),
             },
             service,
             max_retries: traffic.and_then(|t| t.max_retries),
@@ -94,8 +101,16 @@ impl<'a> Attempts<'a> {
 
 /// The request body, counted into the log; buffered when a copy is wanted and it is
 /// small enough, else streamed (and then sent once).
-async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog, idle: &StreamIdle) -> Result<RequestBody, LocalReply> {
-    let small = body.size_hint().upper().is_some_and(|n| n <= MAX_BUFFERED_BODY);
+async fn request_body(
+    body: Downstream,
+    want_copy: bool,
+    log: &RequestLog,
+    idle: &StreamIdle,
+) -> Result<RequestBody, LocalReply> {
+    let small = body
+        .size_hint()
+        .upper()
+        .is_some_and(|n| n <= MAX_BUFFERED_BODY);
     let counted = Counted::new(body, log.request_bytes.clone());
     if !(want_copy && small) {
         return Ok(RequestBody::Streaming(Some(counted.boxed())));
@@ -103,7 +118,11 @@ async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog, idle:
     match idle.within(counted.collect()).await {
         Ok(Ok(c)) => Ok(RequestBody::Buffered(c.to_bytes())),
         Ok(Err(_)) | Err(_) if idle.fired() => Err(idle.reply()),
-        Ok(Err(e)) => Err(LocalReply::new(StatusCode::BAD_REQUEST, "DC", format!("reading the request body failed: {e}"))),
+        Ok(Err(e)) => Err(LocalReply::new(
+            StatusCode::BAD_REQUEST,
+            "DC",
+            format!("reading the request body failed: {e}"),
+        )),
         Err(_) => Err(idle.reply()),
     }
 }
@@ -111,28 +130,56 @@ async fn request_body(body: Downstream, want_copy: bool, log: &RequestLog, idle:
 type Outcome = Result<(Response<Incoming>, Picked), LocalReply>;
 
 fn idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE)
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
 }
 
 /// Sends the request as planned; the response is the backend's, or a local reply when
 /// no attempt got one.
-pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstream>) -> Response<Body> {
-    let Exchange { wp, cfg, mut log, grpc, trace, idle } = x;
+pub async fn forward(
+    x: Exchange<'_>,
+    mut plan: Plan<'_>,
+    req: Request<Downstream>,
+) -> Response<Body> {
+    let Exchange {
+        wp,
+        cfg,
+        mut log,
+        grpc,
+        trace,
+        idle,
+    } = x;
     // Endpoints known by hostname (DNS ServiceEntries): their addresses, from the cache
     // or asked now.
-    let resolved = match idle.within(plan.backend.resolve(&wp.resolver, &wp.me)).await {
+    let resolved = match idle
+        .within(plan.backend.resolve(&wp.resolver, &wp.me))
+        .await
+    {
         Ok(r) => r,
-        Err(_) => return idle.reply().with_headers(plan.cors.as_ref()).send(log, grpc),
+        Err(_) => {
+            return idle
+                .reply()
+                .with_headers(plan.cors.as_ref())
+                .send(log, grpc)
+        }
     };
     if let Err(why) = resolved {
-        let reply = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", format!("no healthy upstream ({why})"));
+        let reply = LocalReply::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UH",
+            format!("no healthy upstream ({why})"),
+        );
         log.error = Some(reply.message.clone());
         return reply.with_headers(plan.cors.as_ref()).send(log, grpc);
     }
     // DestinationRule http2MaxRequests: over the limit, Envoy's overflow (503 UO).
     let policy = plan.backend.policy.as_deref();
     // The circuits' key, only formatted when a limit needs it (not per request otherwise).
-    let limited = policy.is_some_and(|t| t.max_requests.is_some() || t.max_connections.is_some() || t.max_retries.is_some());
+    let limited = policy.is_some_and(|t| {
+        t.max_requests.is_some() || t.max_connections.is_some() || t.max_retries.is_some()
+    });
     let service_key = match plan.backend.service.as_deref() {
         Some(s) if limited => s.namespaced_hostname().to_string(),
         _ => String::new(),
@@ -147,7 +194,10 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
     if let Some(d) = plan.fault_delay {
         log.response_flags = "DI";
         if idle.within(tokio::time::sleep(d)).await.is_err() {
-            return idle.reply().with_headers(plan.cors.as_ref()).send(log, grpc);
+            return idle
+                .reply()
+                .with_headers(plan.cors.as_ref())
+                .send(log, grpc);
         }
     }
     let (mut parts, body) = req.into_parts();
@@ -168,13 +218,27 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
         // Service's connections, or waits in the http1MaxPendingRequests queue (within the
         // request timeout); a full queue overflows.
         let connection = match (plan.http2, policy.and_then(|t| t.max_connections)) {
-            (false, Some(max)) => match wp.circuits.connection(&service_key, max, policy.and_then(|t| t.max_pending)).await {
+            (false, Some(max)) => match wp
+                .circuits
+                .connection(&service_key, max, policy.and_then(|t| t.max_pending))
+                .await
+            {
                 Ok(slot) => Some(slot),
                 Err(_) => return Err(overflow_reply(policy)),
             },
             _ => None,
         };
-        let (resp, mut picked) = attempt_loop(wp, &plan.backend, plan.http2, &parts, &mut req_body, &attempts, &mut log, trace).await?;
+        let (resp, mut picked) = attempt_loop(
+            wp,
+            &plan.backend,
+            plan.http2,
+            &parts,
+            &mut req_body,
+            &attempts,
+            &mut log,
+            trace,
+        )
+        .await?;
         if let Some(slot) = connection {
             picked.hold(slot);
         }
@@ -184,7 +248,11 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
         match plan.timeouts.request {
             Some(t) => match tokio::time::timeout(t, exchange).await {
                 Ok(o) => o,
-                Err(_) => Err(LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", "upstream request timeout")),
+                Err(_) => Err(LocalReply::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "UT",
+                    "upstream request timeout",
+                )),
             },
             None => exchange.await,
         }
@@ -219,7 +287,13 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
             if let Some((sp, _)) = plan.session.filter(|(_, had)| *had != Some(picked.addr)) {
                 set_session(&mut rparts.headers, sp, picked.addr);
             }
-            let ups = ws.and_then(|ws| Some((ws, parts.extensions.remove::<OnUpgrade>()?, rparts.extensions.remove::<OnUpgrade>()?)));
+            let ups = ws.and_then(|ws| {
+                Some((
+                    ws,
+                    parts.extensions.remove::<OnUpgrade>()?,
+                    rparts.extensions.remove::<OnUpgrade>()?,
+                ))
+            });
             if let Some((ws, client, backend)) = ups {
                 return upgrade::relay(client, backend, rparts, ws, log, picked);
             }
@@ -227,7 +301,8 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
             if let Some(v) = rparts.headers.get("grpc-status") {
                 log.grpc_status = Some(grpc_status_label(v));
             }
-            let body = Metered::new(rbody.map_err(BoxError::from).boxed(), log, Some(picked)).with_idle(idle);
+            let body = Metered::new(rbody.map_err(BoxError::from).boxed(), log, Some(picked))
+                .with_idle(idle);
             Response::from_parts(rparts, body.boxed())
         }
         Err(reply) => {
@@ -239,20 +314,34 @@ pub async fn forward(x: Exchange<'_>, mut plan: Plan<'_>, req: Request<Downstrea
 
 /// Names the session's endpoint in the response: a cookie (Max-Age from absoluteTimeout
 /// for a Permanent one) or the header.
-fn set_session(headers: &mut http::HeaderMap, sp: &crate::route::SessionPersistence, addr: std::net::SocketAddr) {
+fn set_session(
+    headers: &mut http::HeaderMap,
+    sp: &crate::route::SessionPersistence,
+    addr: std::net::SocketAddr,
+) {
     let value = super::plan::session_value(addr);
     let v = match sp.kind {
         crate::route::SessionKind::Header => value,
         crate::route::SessionKind::Cookie => {
-            let permanent = sp.cookie_config.as_ref().and_then(|c| c.lifetime_type.as_deref()) == Some("Permanent");
+            let permanent = sp
+                .cookie_config
+                .as_ref()
+                .and_then(|c| c.lifetime_type.as_deref())
+                == Some("Permanent");
             match sp.absolute_timeout.filter(|_| permanent) {
-                Some(t) => format!("{}={value}; Path=/; HttpOnly; Max-Age={}", sp.name(), t.0.as_secs()),
+                Some(t) => format!(
+                    "{}={value}; Path=/; HttpOnly; Max-Age={}",
+                    sp.name(),
+                    t.0.as_secs()
+                ),
                 None => format!("{}={value}; Path=/; HttpOnly", sp.name()),
             }
         }
     };
     let name = match sp.kind {
-        crate::route::SessionKind::Header => http::HeaderName::from_bytes(sp.name().as_bytes()).ok(),
+        crate::route::SessionKind::Header => {
+            http::HeaderName::from_bytes(sp.name().as_bytes()).ok()
+        }
         crate::route::SessionKind::Cookie => Some(http::header::SET_COOKIE),
     };
     if let (Some(name), Ok(v)) = (name, http::HeaderValue::from_str(&v)) {
@@ -261,14 +350,25 @@ fn set_session(headers: &mut http::HeaderMap, sp: &crate::route::SessionPersiste
 }
 
 /// Envoy's reply when a DestinationRule's connection pool limit is reached.
-fn overflow(log: RequestLog, grpc: bool, traffic: Option<&crate::destination::Policy>) -> Response<Body> {
+fn overflow(
+    log: RequestLog,
+    grpc: bool,
+    traffic: Option<&crate::destination::Policy>,
+) -> Response<Body> {
     overflow_reply(traffic).send(log, grpc)
 }
 
 fn overflow_reply(traffic: Option<&crate::destination::Policy>) -> LocalReply {
     let rule = traffic.map(|t| t.rule.as_str()).unwrap_or("-");
-    tracing::debug!(destination_rule = rule, "circuit open: too many requests in flight or waiting for the backend");
-    LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UO", "upstream connect error or disconnect/reset before headers. reset reason: overflow")
+    tracing::debug!(
+        destination_rule = rule,
+        "circuit open: too many requests in flight or waiting for the backend"
+    );
+    LocalReply::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "UO",
+        "upstream connect error or disconnect/reset before headers. reset reason: overflow",
+    )
 }
 
 // The request's parts are borrowed apart (several mutably), so they cannot travel as one.
@@ -283,12 +383,26 @@ async fn attempt_loop(
     log: &mut RequestLog,
     tunnel_trace: ztunnel::hbone::TraceParent,
 ) -> Outcome {
-    let Attempts { count: attempts, codes, backoff, per_try_timeout: backend_timeout, ref choice, ref service, max_retries } = *attempts;
+    let Attempts {
+        count: attempts,
+        codes,
+        backoff,
+        per_try_timeout: backend_timeout,
+        ref choice,
+        ref service,
+        max_retries,
+    } = *attempts;
     let mut tried = Vec::new();
     let mut last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
     // A new upstream CONNECT joins the request's trace (the waypoint's span, or the
     // client's), else its tunnel's.
-    let trace = parts.headers.get("traceparent").and_then(|v| v.to_str().ok()).and_then(ztunnel::hbone::TraceParent::parse).unwrap_or(tunnel_trace).child();
+    let trace = parts
+        .headers
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .and_then(ztunnel::hbone::TraceParent::parse)
+        .unwrap_or(tunnel_trace)
+        .child();
     for attempt in 0..attempts.max(1) {
         // DestinationRule maxRetries: retries in flight to the Service; over it, no retry.
         let _retry_slot = match (attempt > 0, max_retries) {
@@ -319,7 +433,12 @@ async fn attempt_loop(
             return Err(last);
         };
         let req = Request::from_parts(clone_parts(parts), b);
-        let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        let mut ep = Endpoint::of(
+            &wp.config.load().state,
+            picked.addr,
+            &picked.workload,
+            backend.service.as_deref(),
+        );
         ep.tls = backend.tls_target(Some(&authority(parts)), picked.addr.ip(), http2);
         ep.trace = trace;
         let send = wp.upstreams.send(&ep, http2, req);
@@ -331,7 +450,11 @@ async fn attempt_loop(
         match r {
             None => {
                 picked.report(false);
-                last = LocalReply::new(StatusCode::GATEWAY_TIMEOUT, "UT", format!("upstream request timeout ({})", picked.addr));
+                last = LocalReply::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "UT",
+                    format!("upstream request timeout ({})", picked.addr),
+                );
                 if !(more && codes.contains(&504)) {
                     return Err(last);
                 }
@@ -351,7 +474,9 @@ async fn attempt_loop(
             Some(Ok(resp)) => {
                 let status = resp.status();
                 picked.report(!status.is_server_error());
-                if more && (codes.contains(&status.as_u16()) || grpc_unavailable_or_cancelled(&resp)) {
+                if more
+                    && (codes.contains(&status.as_u16()) || grpc_unavailable_or_cancelled(&resp))
+                {
                     last = LocalReply::new(status, "URX", format!("upstream answered {status}"));
                     continue;
                 }
@@ -368,5 +493,7 @@ async fn attempt_loop(
 /// Envoy's `unavailable` and `cancelled` retry conditions: a gRPC answer whose status
 /// (in the headers: a trailers-only response) is UNAVAILABLE (14) or CANCELLED (1).
 fn grpc_unavailable_or_cancelled<B>(resp: &Response<B>) -> bool {
-    resp.headers().get("grpc-status").is_some_and(|v| v == "14" || v == "1")
+    resp.headers()
+        .get("grpc-status")
+        .is_some_and(|v| v == "14" || v == "1")
 }

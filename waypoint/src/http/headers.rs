@@ -16,7 +16,13 @@ pub fn authority(parts: &http::request::Parts) -> String {
         .uri
         .authority()
         .map(|a| a.as_str().to_string())
-        .or_else(|| parts.headers.get(header::HOST).and_then(|v| v.to_str().ok()).map(str::to_string))
+        .or_else(|| {
+            parts
+                .headers
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
         .unwrap_or_default()
 }
 
@@ -32,7 +38,15 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
     for n in named {
         h.remove(n);
     }
-    for n in ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "proxy-authenticate", "proxy-authorization"] {
+    for n in [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    ] {
         h.remove(n);
     }
     // gRPC needs `te: trailers`; any other te value is hop-by-hop.
@@ -47,12 +61,20 @@ pub fn strip_hop_by_hop(h: &mut HeaderMap) {
 /// is always the one the waypoint saw; `x-forwarded-proto` is kept (an ingress gateway
 /// may have terminated TLS) or set to `http`. Unverifiable claims (`forwarded`,
 /// `x-real-ip`) and Envoy-internal `x-envoy-*` headers are dropped.
-pub fn set_trusted_headers(h: &mut HeaderMap, waypoint: &Identity, src_identity: &Identity, src_ip: IpAddr) {
+pub fn set_trusted_headers(
+    h: &mut HeaderMap,
+    waypoint: &Identity,
+    src_identity: &Identity,
+    src_ip: IpAddr,
+) {
     let client_set: Vec<HeaderName> = h
         .keys()
         .filter(|k| {
             let k = k.as_str();
-            k.starts_with("x-envoy-") || k == "x-forwarded-client-cert" || k == "forwarded" || k == "x-real-ip"
+            k.starts_with("x-envoy-")
+                || k == "x-forwarded-client-cert"
+                || k == "forwarded"
+                || k == "x-real-ip"
         })
         .cloned()
         .collect();
@@ -60,8 +82,16 @@ pub fn set_trusted_headers(h: &mut HeaderMap, waypoint: &Identity, src_identity:
         h.remove(k);
     }
     // Several x-forwarded-for lines are one list (RFC 9110 5.3); join them first.
-    let prior: Vec<&str> = h.get_all("x-forwarded-for").iter().filter_map(|v| v.to_str().ok()).collect();
-    let xff = if prior.is_empty() { src_ip.to_string() } else { format!("{}, {src_ip}", prior.join(", ")) };
+    let prior: Vec<&str> = h
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let xff = if prior.is_empty() {
+        src_ip.to_string()
+    } else {
+        format!("{}, {src_ip}", prior.join(", "))
+    };
     match HeaderValue::from_str(&xff) {
         Ok(v) => {
             h.insert("x-forwarded-for", v);
@@ -85,7 +115,9 @@ pub fn set_trusted_headers(h: &mut HeaderMap, waypoint: &Identity, src_identity:
 }
 
 pub fn header_bytes(h: &HeaderMap) -> u64 {
-    h.iter().map(|(k, v)| (k.as_str().len() + v.len() + 4) as u64).sum()
+    h.iter()
+        .map(|(k, v)| (k.as_str().len() + v.len() + 4) as u64)
+        .sum()
 }
 
 /// A copy of a request head, without its extensions but an extended CONNECT's

@@ -66,28 +66,60 @@ pub struct RequestLog {
 
 impl RequestLog {
     /// The log of a request just received: who sent it, and where to.
-    pub fn start(wp: Arc<Waypoint>, tunnel: &Tunnel, cfg: &Config, parts: &http::request::Parts, grpc: bool) -> RequestLog {
+    pub fn start(
+        wp: Arc<Waypoint>,
+        tunnel: &Tunnel,
+        cfg: &Config,
+        parts: &http::request::Parts,
+        grpc: bool,
+    ) -> RequestLog {
         let src_workload = cfg
             .state
             .workload_by_ip(crate::network::get(), tunnel.src_addr.ip())
             .filter(|w| w.identity() == tunnel.src_identity)
             .cloned();
-        let dst_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
+        let dst_service = cfg
+            .state
+            .service_by_vip(crate::network::get(), tunnel.target.ip())
+            .cloned();
         let telemetry = if cfg.telemetry.is_empty() {
             crate::telemetry::Applied::defaults()
         } else {
-            let svc = dst_service.as_deref().map(|s| ObjectName { namespace: s.namespace.clone(), name: s.name.clone() });
-            let service_kind = dst_service.as_deref().map(crate::object::ServiceKind::of).unwrap_or_default();
-            cfg.telemetry.for_target(&Target { gateway: &wp.gateway, root_namespace: &wp.root_namespace, service: svc.as_ref(), service_kind, port: tunnel.target.port() })
+            let svc = dst_service.as_deref().map(|s| ObjectName {
+                namespace: s.namespace.clone(),
+                name: s.name.clone(),
+            });
+            let service_kind = dst_service
+                .as_deref()
+                .map(crate::object::ServiceKind::of)
+                .unwrap_or_default();
+            cfg.telemetry.for_target(&Target {
+                gateway: &wp.gateway,
+                root_namespace: &wp.root_namespace,
+                service: svc.as_ref(),
+                service_kind,
+                port: tunnel.target.port(),
+            })
         };
         let filter_headers = telemetry
             .filter_headers()
-            .filter_map(|name| Some((name.clone(), parts.headers.get(name)?.to_str().ok()?.to_string())))
+            .filter_map(|name| {
+                Some((
+                    name.clone(),
+                    parts.headers.get(name)?.to_str().ok()?.to_string(),
+                ))
+            })
             .collect();
         // Only an access-log filter reads it.
-        let query = matches!(&telemetry.log, LogPolicy::Filtered(f) if !f.is_empty()).then(|| parts.uri.query().map(str::to_string)).flatten();
+        let query = matches!(&telemetry.log, LogPolicy::Filtered(f) if !f.is_empty())
+            .then(|| parts.uri.query().map(str::to_string))
+            .flatten();
         let span = match cfg.tracing.as_ref().filter(|_| !telemetry.spans_off) {
-            Some(t) => crate::trace::start(&parts.headers, telemetry.sampling.unwrap_or(t.sampling), rand::random()),
+            Some(t) => crate::trace::start(
+                &parts.headers,
+                telemetry.sampling.unwrap_or(t.sampling),
+                rand::random(),
+            ),
             None => None,
         };
         RequestLog {
@@ -134,7 +166,8 @@ impl Drop for RequestLog {
     fn drop(&mut self) {
         if !self.finished {
             self.response_flags = "DC";
-            self.error.get_or_insert_with(|| "client went away before the response".into());
+            self.error
+                .get_or_insert_with(|| "client went away before the response".into());
             self.status = 0;
             self.write(0);
         }
@@ -152,8 +185,14 @@ impl RequestLog {
         let dst_identity = self.dst_workload.as_ref().map(|w| w.identity());
         let mut peers = TcpLabels::new(
             "waypoint",
-            Peer { workload: self.src_workload.as_deref(), identity: Some(&self.src_identity) },
-            Peer { workload: self.dst_workload.as_deref(), identity: dst_identity.as_ref() },
+            Peer {
+                workload: self.src_workload.as_deref(),
+                identity: Some(&self.src_identity),
+            },
+            Peer {
+                workload: self.dst_workload.as_deref(),
+                identity: dst_identity.as_ref(),
+            },
             self.dst_service.as_deref(),
             true,
         );
@@ -167,8 +206,19 @@ impl RequestLog {
         let duration = self.start.elapsed();
         let request_bytes = self.request_header_bytes + self.request_bytes.load(Ordering::Relaxed);
         match &self.telemetry.http {
-            None => wp.http_metrics.record(&labels, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes),
-            Some(o) => wp.http_metrics.record_overridden(&labels, o, duration.as_secs_f64() * 1000.0, request_bytes, response_bytes),
+            None => wp.http_metrics.record(
+                &labels,
+                duration.as_secs_f64() * 1000.0,
+                request_bytes,
+                response_bytes,
+            ),
+            Some(o) => wp.http_metrics.record_overridden(
+                &labels,
+                o,
+                duration.as_secs_f64() * 1000.0,
+                request_bytes,
+                response_bytes,
+            ),
         }
         if self.logged() {
             self.log_line(request_bytes, response_bytes, duration);
@@ -192,7 +242,11 @@ impl RequestLog {
             path: &self.path,
             query: self.query.as_deref(),
             host: &self.host,
-            protocol: if self.version == http::Version::HTTP_2 { "HTTP/2" } else { "HTTP/1.1" },
+            protocol: if self.version == http::Version::HTTP_2 {
+                "HTTP/2"
+            } else {
+                "HTTP/1.1"
+            },
             headers: &self.filter_headers,
             source: self.src_addr,
             destination: self.target,
@@ -234,7 +288,10 @@ impl RequestLog {
     fn export_span(&mut self) {
         let wp = &self.wp;
         if let Some(ctx) = self.span.take() {
-            let host = self.dst_service.as_ref().map_or(self.host.as_str(), |s| s.hostname.as_str());
+            let host = self
+                .dst_service
+                .as_ref()
+                .map_or(self.host.as_str(), |s| s.hostname.as_str());
             let mut attributes = vec![
                 ("component", "proxy".to_string()),
                 ("node_id", format!("waypoint~{}", wp.gateway.name)),
@@ -292,7 +349,8 @@ impl RequestLog {
 
 /// The backend's `grpc-status` as a metric label (bounded: 0-16 or `other`).
 pub fn grpc_status_label(v: &HeaderValue) -> &'static str {
-    v.to_str().map_or("other", ztunnel::metrics::http::grpc_status)
+    v.to_str()
+        .map_or("other", ztunnel::metrics::http::grpc_status)
 }
 
 #[cfg(test)]
@@ -304,8 +362,15 @@ mod tests {
         assert_eq!(grpc_status_label(&HeaderValue::from_static("14")), "14");
         assert_eq!(grpc_status_label(&HeaderValue::from_static("0")), "0");
         for v in ["17", "deadbeef", "1 ", "00"] {
-            assert_eq!(grpc_status_label(&HeaderValue::from_static(v)), "other", "{v}");
+            assert_eq!(
+                grpc_status_label(&HeaderValue::from_static(v)),
+                "other",
+                "{v}"
+            );
         }
-        assert_eq!(grpc_status_label(&HeaderValue::from_bytes(b"\xff").unwrap()), "other");
+        assert_eq!(
+            grpc_status_label(&HeaderValue::from_bytes(b"\xff").unwrap()),
+            "other"
+        );
     }
 }

@@ -25,7 +25,13 @@ const MIRROR_TIMEOUT: Duration = Duration::from_secs(10);
 const MIRROR_MAX_RESPONSE: usize = 1 << 20;
 
 /// Sends the request (head as planned, `body` buffered) to every mirror of the plan.
-pub fn mirror_all(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, parts: &http::request::Parts, body: &Bytes) {
+pub fn mirror_all(
+    wp: &Arc<Waypoint>,
+    cfg: &Config,
+    mirrors: &Mirrors<'_>,
+    parts: &http::request::Parts,
+    body: &Bytes,
+) {
     for m in &mirrors.to {
         mirror(wp, cfg, mirrors, m, parts, body.clone());
     }
@@ -33,8 +39,22 @@ pub fn mirror_all(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, parts
 
 /// Sends a copy of the request to the mirror backend and forgets it (Envoy's shadowing:
 /// the Host gets a `-shadow` suffix, the response is dropped).
-fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::RequestMirror, parts: &http::request::Parts, body: Bytes) {
-    let &Mirrors { ref host, port, route_ns, route_kind, client_http2, .. } = mirrors;
+fn mirror(
+    wp: &Arc<Waypoint>,
+    cfg: &Config,
+    mirrors: &Mirrors<'_>,
+    m: &route::RequestMirror,
+    parts: &http::request::Parts,
+    body: Bytes,
+) {
+    let &Mirrors {
+        ref host,
+        port,
+        route_ns,
+        route_kind,
+        client_http2,
+        ..
+    } = mirrors;
     if !m.sampled(rand::random::<f64>()) {
         return;
     }
@@ -45,12 +65,20 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
     let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
     };
-    let from = Origin { me: wp.me_in(cfg), target: Some(mirrors.target), root_namespace: &wp.root_namespace };
+    let from = Origin {
+        me: wp.me_in(cfg),
+        target: Some(mirrors.target),
+        root_namespace: &wp.root_namespace,
+    };
     let mut backend = Backend::service(cfg, &from, svc, m.backend_ref.port.unwrap_or(port), None);
     let http2 = backend.http2.unwrap_or(client_http2);
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");
-    let pq = parts.uri.path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
     if backend.policy.as_ref().is_some_and(|p| p.refused.is_some()) {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror skipped: its DestinationRule cannot be applied");
     }
@@ -70,11 +98,21 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
         if let Err(e) = backend.resolve(&wp.resolver, &wp.me).await {
             return tracing::debug!(error = %e, "mirror skipped: no endpoint");
         }
-        let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else { return };
-        let mut ep = Endpoint::of(&wp.config.load().state, picked.addr, &picked.workload, backend.service.as_deref());
+        let Some(picked) = wp.balancer.pick(&backend.endpoints, &[]) else {
+            return;
+        };
+        let mut ep = Endpoint::of(
+            &wp.config.load().state,
+            picked.addr,
+            &picked.workload,
+            backend.service.as_deref(),
+        );
         ep.tls = backend.tls_target(Some(shadow.as_str()), picked.addr.ip(), http2);
         let exchange = async {
-            let resp = wp.upstreams.send(&ep, http2, Request::from_parts(parts, full(body))).await?;
+            let resp = wp
+                .upstreams
+                .send(&ep, http2, Request::from_parts(parts, full(body)))
+                .await?;
             // Read (and drop) the response so the connection can be reused, up to a cap.
             let mut body = resp.into_body();
             let mut read = 0usize;
@@ -93,4 +131,3 @@ fn mirror(wp: &Arc<Waypoint>, cfg: &Config, mirrors: &Mirrors<'_>, m: &route::Re
         }
     });
 }
-

@@ -18,16 +18,19 @@ use super::log::Notes;
 use super::reply::LocalReply;
 use super::tunnel::Tunnel;
 use super::upgrade::{self, WebSocket};
-use crate::config::Config;
-use crate::detect::Protocol;
-use crate::object::{ObjectName, ServiceKind, Target};
-use crate::route::{self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected, SessionKind, SessionPersistence};
 use crate::authn;
 use crate::authz;
+use crate::config::Config;
 use crate::destination::{self, Pick};
+use crate::detect::Protocol;
 use crate::extauthz;
 use crate::grant;
+use crate::object::{ObjectName, ServiceKind, Target};
 use crate::path;
+use crate::route::{
+    self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected,
+    SessionKind, SessionPersistence,
+};
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
 pub struct Inbound<'a> {
@@ -72,23 +75,33 @@ pub struct Plan<'c> {
 
 /// The endpoint a session cookie or header names (the base64url of `ip:port` the
 /// waypoint set), if the request has a valid one.
-fn session_endpoint(sp: &SessionPersistence, headers: &http::HeaderMap) -> Option<std::net::SocketAddr> {
+fn session_endpoint(
+    sp: &SessionPersistence,
+    headers: &http::HeaderMap,
+) -> Option<std::net::SocketAddr> {
     use base64::Engine;
     let name = sp.name();
     let value = match sp.kind {
         SessionKind::Header => headers.get(name)?.to_str().ok()?.trim(),
         SessionKind::Cookie => cookie(headers, name)?,
     };
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(value.as_bytes()).ok()?;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(value.as_bytes())
+        .ok()?;
     std::str::from_utf8(&raw).ok()?.parse().ok()
 }
 
 /// The value of the request's cookie `name` (the first, in any `Cookie` header).
 fn cookie<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
-    headers.get_all(header::COOKIE).iter().filter_map(|v| v.to_str().ok()).flat_map(|v| v.split(';')).find_map(|c| {
-        let (k, v) = c.trim().split_once('=')?;
-        (k == name).then_some(v)
-    })
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == name).then_some(v)
+        })
 }
 
 /// The value that names `addr` as a session's endpoint.
@@ -99,7 +112,12 @@ pub fn session_value(addr: std::net::SocketAddr) -> String {
 
 /// The request's key for a consistent hash: the header's value (all of them), the
 /// cookie's, the query parameter's, or the client's address.
-fn hash_key(pick: Option<&Pick>, parts: &http::request::Parts, query: Option<&str>, src: std::net::IpAddr) -> Option<u64> {
+fn hash_key(
+    pick: Option<&Pick>,
+    parts: &http::request::Parts,
+    query: Option<&str>,
+    src: std::net::IpAddr,
+) -> Option<u64> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     match pick? {
@@ -111,9 +129,7 @@ fn hash_key(pick: Option<&Pick>, parts: &http::request::Parts, query: Option<&st
             }
             any.then_some(())?
         }
-        Pick::HashCookie(name) => {
-            cookie(&parts.headers, name)?.hash(&mut h)
-        }
+        Pick::HashCookie(name) => cookie(&parts.headers, name)?.hash(&mut h),
         Pick::HashQuery(name) => {
             let value = query?.split('&').find_map(|kv| {
                 let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -173,12 +189,19 @@ pub fn set_head_for(
         let host = HeaderValue::from_str(authority.as_str())?;
         parts.headers.insert(header::HOST, host);
     }
-    parts.version = if http2 { http::Version::HTTP_2 } else { http::Version::HTTP_11 };
+    parts.version = if http2 {
+        http::Version::HTTP_2
+    } else {
+        http::Version::HTTP_11
+    };
     Ok(())
 }
 
 fn object_name(s: &Service) -> ObjectName {
-    ObjectName { namespace: s.namespace.clone(), name: s.name.clone() }
+    ObjectName {
+        namespace: s.namespace.clone(),
+        name: s.name.clone(),
+    }
 }
 
 /// A request admitted by the first half of the plan step: its head checked, normalized
@@ -204,14 +227,25 @@ pub struct Admitted<'c> {
 /// Checks, normalizes and authenticates the request head (`parts`), and decides whether
 /// a CUSTOM policy sends it to an external authorizer; or says which local reply it
 /// gets. `notes` gets what the log line reports.
-pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Admitted<'c>, LocalReply> {
+pub fn admit<'c>(
+    inb: &Inbound<'c>,
+    parts: &mut http::request::Parts,
+    notes: &mut Notes,
+) -> Result<Admitted<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
-    let target_service = cfg.state.service_by_vip(crate::network::get(), tunnel.target.ip()).cloned();
+    let target_service = cfg
+        .state
+        .service_by_vip(crate::network::get(), tunnel.target.ip())
+        .cloned();
     // A WebSocket is planned as a GET with `upgrade: websocket`, whatever the version.
     let websocket = upgrade::detect(parts);
     // Tunnelling inside a tunnel is not proxied: CONNECT's target is no path to authorize.
     if parts.method == Method::CONNECT {
-        return Err(LocalReply::new(StatusCode::METHOD_NOT_ALLOWED, "-", "CONNECT is not supported through the waypoint"));
+        return Err(LocalReply::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "-",
+            "CONNECT is not supported through the waypoint",
+        ));
     }
     // Host policies and routes need a host: without Host or :authority (HTTP/1.0, or an
     // HTTP/2 request without it) there is none to check, so the request is refused. One
@@ -222,10 +256,20 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
         Err(e) => return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", e.to_string())),
     };
     // One normalized path for policy, routing and the backend alike.
-    let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
     let (norm_path, query) = match path::normalize_path_and_query(pq) {
         Ok(x) => x,
-        Err(e) => return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", format!("bad request path: {e}"))),
+        Err(e) => {
+            return Err(LocalReply::new(
+                StatusCode::BAD_REQUEST,
+                "-",
+                format!("bad request path: {e}"),
+            ))
+        }
     };
     notes.path = Some(norm_path.clone());
     let host = authority.host().to_ascii_lowercase();
@@ -233,47 +277,104 @@ pub fn admit<'c>(inb: &Inbound<'c>, parts: &mut http::request::Parts, notes: &mu
     // client's `Connection: x-foo` must not remove a header after it was authorized or
     // set by a route, and identity headers are the waypoint's.
     strip_hop_by_hop(&mut parts.headers);
-    set_trusted_headers(&mut parts.headers, inb.identity, &tunnel.src_identity, tunnel.src_addr.ip());
+    set_trusted_headers(
+        &mut parts.headers,
+        inb.identity,
+        &tunnel.src_identity,
+        tunnel.src_addr.ip(),
+    );
     if websocket {
         upgrade::mark(&mut parts.headers);
     }
 
     let target_name = target_service.as_deref().map(object_name);
-    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
+    let target = inb.target(
+        target_name.as_ref(),
+        target_service
+            .as_deref()
+            .map(ServiceKind::of)
+            .unwrap_or_default(),
+    );
 
     // RequestAuthentication before AuthorizationPolicy: a bad token is refused whatever
     // the policies say; a good one gives them the request principal and claims.
-    let authns: Vec<&authn::RequestAuthentication> = cfg.authentications.iter().filter(|a| a.applies_to(&target)).collect();
+    let authns: Vec<&authn::RequestAuthentication> = cfg
+        .authentications
+        .iter()
+        .filter(|a| a.applies_to(&target))
+        .collect();
     let auth = if authns.is_empty() {
         None
     } else {
         match authn::authenticate(&authns, inb.jwks, &mut parts.headers, query.as_deref()) {
             Ok(a) => a,
             Err(f) => {
-                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| format!("Bearer realm=\"http://{authority}{norm_path}\", error=\"invalid_token\""));
-                return Err(LocalReply { www_authenticate: challenge, ..LocalReply::new(f.status(), "-", f.to_string()) });
+                let challenge = (f.status() == StatusCode::UNAUTHORIZED).then(|| {
+                    format!(
+                        "Bearer realm=\"http://{authority}{norm_path}\", error=\"invalid_token\""
+                    )
+                });
+                return Err(LocalReply {
+                    www_authenticate: challenge,
+                    ..LocalReply::new(f.status(), "-", f.to_string())
+                });
             }
         }
     };
     notes.request_principal = auth.as_ref().map(|a| a.principal.clone());
 
     let custom = {
-        let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target) && p.action == authz::Action::Custom).collect();
+        let policies: Vec<&authz::AuthorizationPolicy> = cfg
+            .policies
+            .iter()
+            .filter(|p| p.applies_to(&target) && p.action == authz::Action::Custom)
+            .collect();
         if policies.is_empty() {
             extauthz::Custom::Skip
         } else {
-            extauthz::decide(&cfg.providers, &policies, &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()))
+            extauthz::decide(
+                &cfg.providers,
+                &policies,
+                &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()),
+            )
         }
     };
-    Ok(Admitted { target_service, target_name, authority, host, norm_path, query, websocket, auth, custom, response_headers: Vec::new() })
+    Ok(Admitted {
+        target_service,
+        target_name,
+        authority,
+        host,
+        norm_path,
+        query,
+        websocket,
+        auth,
+        custom,
+        response_headers: Vec::new(),
+    })
 }
 
 impl Inbound<'_> {
-    fn target<'t>(&'t self, service: Option<&'t ObjectName>, service_kind: ServiceKind) -> Target<'t> {
-        Target { gateway: self.gateway, service, service_kind, root_namespace: self.root_namespace, port: self.tunnel.target.port() }
+    fn target<'t>(
+        &'t self,
+        service: Option<&'t ObjectName>,
+        service_kind: ServiceKind,
+    ) -> Target<'t> {
+        Target {
+            gateway: self.gateway,
+            service,
+            service_kind,
+            root_namespace: self.root_namespace,
+            port: self.tunnel.target.port(),
+        }
     }
 
-    fn authz_request<'r>(&'r self, parts: &'r http::request::Parts, authority: &'r str, norm_path: &'r str, auth: Option<&'r authn::RequestAuth>) -> authz::Request<'r> {
+    fn authz_request<'r>(
+        &'r self,
+        parts: &'r http::request::Parts,
+        authority: &'r str,
+        norm_path: &'r str,
+        auth: Option<&'r authn::RequestAuth>,
+    ) -> authz::Request<'r> {
         authz::Request {
             source_principal: Some(&self.tunnel.src_identity),
             source_ip: self.tunnel.src_addr.ip(),
@@ -289,7 +390,12 @@ impl Inbound<'_> {
 
 /// Authorizes, routes and rewrites an admitted request head (`parts`) for its backend
 /// and plans its sending, or says which local reply it gets.
-pub fn build<'c>(inb: &Inbound<'c>, admitted: Admitted<'c>, parts: &mut http::request::Parts, notes: &mut Notes) -> Result<Plan<'c>, LocalReply> {
+pub fn build<'c>(
+    inb: &Inbound<'c>,
+    admitted: Admitted<'c>,
+    parts: &mut http::request::Parts,
+    notes: &mut Notes,
+) -> Result<Plan<'c>, LocalReply> {
     // An allowed origin's CORS headers go on whatever answers the request once the rule's
     // CORS filter has seen it: the backend's response or a later local reply.
     let mut cors = None;
@@ -307,27 +413,70 @@ fn plan_request<'c>(
     cors: &mut Option<HeaderMap>,
 ) -> Result<Plan<'c>, LocalReply> {
     let (cfg, tunnel) = (inb.cfg, inb.tunnel);
-    let Admitted { target_service, target_name, authority, host, norm_path, query, websocket, auth, response_headers, .. } = admitted;
-    let target = inb.target(target_name.as_ref(), target_service.as_deref().map(ServiceKind::of).unwrap_or_default());
-    let policies: Vec<&authz::AuthorizationPolicy> = cfg.policies.iter().filter(|p| p.applies_to(&target)).collect();
+    let Admitted {
+        target_service,
+        target_name,
+        authority,
+        host,
+        norm_path,
+        query,
+        websocket,
+        auth,
+        response_headers,
+        ..
+    } = admitted;
+    let target = inb.target(
+        target_name.as_ref(),
+        target_service
+            .as_deref()
+            .map(ServiceKind::of)
+            .unwrap_or_default(),
+    );
+    let policies: Vec<&authz::AuthorizationPolicy> = cfg
+        .policies
+        .iter()
+        .filter(|p| p.applies_to(&target))
+        .collect();
     if !policies.is_empty() {
-        let verdict = authz::evaluate(policies, &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()));
+        let verdict = authz::evaluate(
+            policies,
+            &inb.authz_request(parts, authority.as_str(), &norm_path, auth.as_ref()),
+        );
         notes.audited_by = verdict.audited_by;
         if !verdict.allowed {
             notes.denied_by = verdict.denied_by;
-            return Err(LocalReply::new(StatusCode::FORBIDDEN, "DENY", "RBAC: access denied"));
+            return Err(LocalReply::new(
+                StatusCode::FORBIDDEN,
+                "DENY",
+                "RBAC: access denied",
+            ));
         }
     }
 
     let routes: Vec<&route::HttpRoute> = cfg.routes.iter().collect();
-    let rreq = RouteRequest { method: &parts.method, path: &norm_path, query: query.as_deref(), headers: &parts.headers, host: &host };
+    let rreq = RouteRequest {
+        method: &parts.method,
+        path: &norm_path,
+        query: query.as_deref(),
+        headers: &parts.headers,
+        host: &host,
+    };
     let selected = match route::select(&routes, &target, &rreq) {
         route::Selection::NoRoutes => None,
-        route::Selection::NoMatch => return Err(LocalReply::new(StatusCode::NOT_FOUND, "NR", "no route matched")),
+        route::Selection::NoMatch => {
+            return Err(LocalReply::new(
+                StatusCode::NOT_FOUND,
+                "NR",
+                "no route matched",
+            ))
+        }
         route::Selection::Matched(s) => Some(s),
     };
     if let Some(s) = &selected {
-        notes.route = Some(format!("{}/{}#{}", s.route.namespace, s.route.name, s.rule_index));
+        notes.route = Some(format!(
+            "{}/{}#{}",
+            s.route.namespace, s.route.name, s.rule_index
+        ));
     }
 
     // Envoy's CORS filter runs after authorization, on the matched route, before the
@@ -342,10 +491,19 @@ fn plan_request<'c>(
 
     // The rule's weighted backend, picked first: its own header modifiers apply before the
     // rule's (Envoy's weighted-cluster headers come before the route's).
-    let picked_ref = match selected.as_ref().filter(|s| !s.rule.backend_refs.is_empty()) {
+    let picked_ref = match selected
+        .as_ref()
+        .filter(|s| !s.rule.backend_refs.is_empty())
+    {
         Some(s) => match s.rule.pick_backend(rand::random()) {
             Some(b) => Some(b),
-            None => return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "NR", "route has no backend with weight")),
+            None => {
+                return Err(LocalReply::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "NR",
+                    "route has no backend with weight",
+                ))
+            }
         },
         None => None,
     };
@@ -359,7 +517,12 @@ fn plan_request<'c>(
         }
         response_modifiers.extend(b.response_modifier());
     }
-    if let Some(Selected { rule, matched_prefix, .. }) = &selected {
+    if let Some(Selected {
+        rule,
+        matched_prefix,
+        ..
+    }) = &selected
+    {
         for f in &rule.filters {
             match f {
                 Filter::RequestHeaderModifier(m) => m.apply(&mut parts.headers),
@@ -371,8 +534,18 @@ fn plan_request<'c>(
                 Filter::RequestRedirect(r) => {
                     // The request's port: from Host, else the service port it was sent to.
                     let port = authority.port().or(Some(tunnel.target.port()));
-                    let (status, location) = r.location("http", &host, port, &norm_path, query.as_deref(), *matched_prefix);
-                    return Err(LocalReply { redirect: Some(location), ..LocalReply::new(status, "-", "") });
+                    let (status, location) = r.location(
+                        "http",
+                        &host,
+                        port,
+                        &norm_path,
+                        query.as_deref(),
+                        *matched_prefix,
+                    );
+                    return Err(LocalReply {
+                        redirect: Some(location),
+                        ..LocalReply::new(status, "-", "")
+                    });
                 }
             }
         }
@@ -386,11 +559,18 @@ fn plan_request<'c>(
         return Err(LocalReply::new(status, "FI", "fault filter abort"));
     }
     let fault_delay = fault.and_then(|f| f.delay_for(rand::random()));
-    let session = selected.as_ref().and_then(|s| s.rule.session_persistence.as_ref()).map(|sp| (sp, session_endpoint(sp, &parts.headers)));
+    let session = selected
+        .as_ref()
+        .and_then(|s| s.rule.session_persistence.as_ref())
+        .map(|sp| (sp, session_endpoint(sp, &parts.headers)));
 
     // The backend: the route's weighted pick, else (no route, or a rule without
     // backendRefs) the service or workload the client addressed.
-    let from = Origin { me: inb.me, target: Some(tunnel.target), root_namespace: inb.root_namespace };
+    let from = Origin {
+        me: inb.me,
+        target: Some(tunnel.target),
+        root_namespace: inb.root_namespace,
+    };
     let backend = match selected.as_ref().zip(picked_ref) {
         Some((s, b)) => {
             let name = b.service(&s.route.namespace);
@@ -408,31 +588,65 @@ fn plan_request<'c>(
                     format!("backend service {}/{} not found", name.namespace, name.name),
                 ));
             };
-            if let Some(ss) = b.subset.as_deref().filter(|ss| destination::rule_for(&cfg.destination_rules, from.client(), svc).and_then(|r| r.subset(ss)).is_none()) {
+            if let Some(ss) = b.subset.as_deref().filter(|ss| {
+                destination::rule_for(&cfg.destination_rules, from.client(), svc)
+                    .and_then(|r| r.subset(ss))
+                    .is_none()
+            }) {
                 return Err(LocalReply::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "NC",
-                    format!("no DestinationRule defines subset {ss:?} of {}", svc.hostname),
+                    format!(
+                        "no DestinationRule defines subset {ss:?} of {}",
+                        svc.hostname
+                    ),
                 ));
             }
-            Backend::service(cfg, &from, svc, b.backend.port.unwrap_or(tunnel.target.port()), b.subset.as_deref())
+            Backend::service(
+                cfg,
+                &from,
+                svc,
+                b.backend.port.unwrap_or(tunnel.target.port()),
+                b.subset.as_deref(),
+            )
         }
         None => match &target_service {
             Some(svc) => Backend::service(cfg, &from, svc, tunnel.target.port(), None),
-            None => match cfg.state.workload_by_ip(crate::network::get(), tunnel.target.ip()) {
+            None => match cfg
+                .state
+                .workload_by_ip(crate::network::get(), tunnel.target.ip())
+            {
                 Some(w) => Backend::workload(tunnel.target, w.clone()),
-                None => return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no mesh workload at the target address")),
+                None => {
+                    return Err(LocalReply::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "UH",
+                        "no mesh workload at the target address",
+                    ))
+                }
             },
         },
     };
     notes.backend_service = backend.service.clone();
     // A DestinationRule that asked for TLS origination and cannot be applied: failing
     // beats sending in plaintext what was meant to be encrypted.
-    if let Some(why) = backend.policy.as_ref().and_then(|p| p.refused.as_ref().map(|r| (p.rule.as_str(), r))) {
-        return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UF", format!("DestinationRule {} cannot be applied: {}", why.0, why.1)));
+    if let Some(why) = backend
+        .policy
+        .as_ref()
+        .and_then(|p| p.refused.as_ref().map(|r| (p.rule.as_str(), r)))
+    {
+        return Err(LocalReply::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UF",
+            format!("DestinationRule {} cannot be applied: {}", why.0, why.1),
+        ));
     }
     if backend.is_empty() {
-        return Err(LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream"));
+        return Err(LocalReply::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "UH",
+            "no healthy upstream",
+        ));
     }
 
     // Upstream request head: the normalized (maybe rewritten) path.
@@ -461,21 +675,33 @@ fn plan_request<'c>(
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", why));
     }
     let websocket = websocket.then(|| upgrade::set_upstream_head(parts, client_http2, http2));
-    let hash = hash_key(backend.policy.as_ref().and_then(|t| t.pick.as_ref()), parts, query.as_deref(), tunnel.src_addr.ip());
+    let hash = hash_key(
+        backend.policy.as_ref().and_then(|t| t.pick.as_ref()),
+        parts,
+        query.as_deref(),
+        tunnel.src_addr.ip(),
+    );
 
     let rule = selected.as_ref().map(|s| s.rule);
     Ok(Plan {
         backend,
         http2,
         retry: rule.and_then(|r| r.retry.as_ref()),
-        timeouts: rule.map(|r| Timeouts { request: r.request_timeout(), backend: r.backend_timeout() }).unwrap_or_default(),
+        timeouts: rule
+            .map(|r| Timeouts {
+                request: r.request_timeout(),
+                backend: r.backend_timeout(),
+            })
+            .unwrap_or_default(),
         mirrors: Mirrors {
             to: mirrors,
             host,
             port: tunnel.target.port(),
             target: tunnel.target,
             route_ns: selected.as_ref().map(|s| s.route.namespace.as_str()),
-            route_kind: selected.as_ref().map_or("HTTPRoute", |s| s.route.kind.name()),
+            route_kind: selected
+                .as_ref()
+                .map_or("HTTPRoute", |s| s.route.kind.name()),
             client_http2,
         },
         response_modifiers,
@@ -508,63 +734,129 @@ mod tests {
     }
 
     /// The plan for `req` from a client speaking `proto`: whether it goes upstream as HTTP/2.
-    fn plan_as(mesh: &str, proto: Protocol, l7: &str, req: Request<()>) -> (Result<bool, LocalReply>, Notes, http::request::Parts) {
+    fn plan_as(
+        mesh: &str,
+        proto: Protocol,
+        l7: &str,
+        req: Request<()>,
+    ) -> (Result<bool, LocalReply>, Notes, http::request::Parts) {
         plan_with(mesh, proto, l7, req, |p| p.http2)
     }
 
     /// The plan for `req`, `f` reading what a test wants of it.
-    fn plan_with<T>(mesh: &str, proto: Protocol, l7: &str, req: Request<()>, f: impl FnOnce(Plan) -> T) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
+    fn plan_with<T>(
+        mesh: &str,
+        proto: Protocol,
+        l7: &str,
+        req: Request<()>,
+        f: impl FnOnce(Plan) -> T,
+    ) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
         plan_any(mesh, proto, l7, req, |p| {
             assert_eq!(p.backend.endpoints.len(), 1);
-            assert_eq!(p.backend.endpoints[0].0, "10.0.0.2:8080".parse().expect("addr"));
+            assert_eq!(
+                p.backend.endpoints[0].0,
+                "10.0.0.2:8080".parse().expect("addr")
+            );
             f(p)
         })
     }
 
     /// The plan as made for `me` (the waypoint's own workload, default: one with no
     /// locality), whatever its backend.
-    fn plan_any<T>(mesh: &str, proto: Protocol, l7: &str, req: Request<()>, f: impl FnOnce(Plan) -> T) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
+    fn plan_any<T>(
+        mesh: &str,
+        proto: Protocol,
+        l7: &str,
+        req: Request<()>,
+        f: impl FnOnce(Plan) -> T,
+    ) -> (Result<T, LocalReply>, Notes, http::request::Parts) {
         let cfg = Config::parse(Path::new("t.yaml"), &format!("{mesh}{l7}")).expect("test config");
-        let gateway = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-        let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint".parse().expect("identity");
+        let gateway = ObjectName {
+            namespace: "default".into(),
+            name: "waypoint".into(),
+        };
+        let identity: Identity = "spiffe://cluster.local/ns/default/sa/waypoint"
+            .parse()
+            .expect("identity");
         let tunnel = Tunnel {
-            src_identity: "spiffe://cluster.local/ns/default/sa/client".parse().expect("identity"),
+            src_identity: "spiffe://cluster.local/ns/default/sa/client"
+                .parse()
+                .expect("identity"),
             src_addr: "10.0.0.1:40000".parse().expect("addr"),
             target: "10.96.0.10:80".parse().expect("addr"),
             trace: ztunnel::hbone::TraceParent::new(),
         };
         let jwks = authn::JwksStore::new(authn::JwksSettings::default());
-        let me = cfg.state.workload_by_uid(&ztunnel::state::WorkloadUid("waypoint".into())).map(|w| (**w).clone()).unwrap_or_else(|| ztunnel::state::Workload::new("waypoint", "waypoint", "default"));
-        let inb = Inbound { me: &me, gateway: &gateway, root_namespace: "istio-system", identity: &identity, tunnel: &tunnel, cfg: &cfg, proto, jwks: &jwks };
+        let me = cfg
+            .state
+            .workload_by_uid(&ztunnel::state::WorkloadUid("waypoint".into()))
+            .map(|w| (**w).clone())
+            .unwrap_or_else(|| ztunnel::state::Workload::new("waypoint", "waypoint", "default"));
+        let inb = Inbound {
+            me: &me,
+            gateway: &gateway,
+            root_namespace: "istio-system",
+            identity: &identity,
+            tunnel: &tunnel,
+            cfg: &cfg,
+            proto,
+            jwks: &jwks,
+        };
         let (mut parts, ()) = req.into_parts();
         let mut notes = Notes::default();
-        let r = admit(&inb, &mut parts, &mut notes).and_then(|a| build(&inb, a, &mut parts, &mut notes)).map(f);
+        let r = admit(&inb, &mut parts, &mut notes)
+            .and_then(|a| build(&inb, a, &mut parts, &mut notes))
+            .map(f);
         (r, notes, parts)
     }
 
     #[test]
     fn the_service_port_protocol_picks_the_upstream_http_version() {
-        let with = |proto: &str| MESH.replace("ports: {80: 8080}}\n", &format!("ports: {{80: 8080}}, appProtocols: {{80: {proto}}}}}\n"));
+        let with = |proto: &str| {
+            MESH.replace(
+                "ports: {80: 8080}}\n",
+                &format!("ports: {{80: 8080}}, appProtocols: {{80: {proto}}}}}\n"),
+            )
+        };
         // A port named http: HTTP/1.1 upstream even for an HTTP/2 client (nginx on a plain port).
         let (r, _, parts) = plan_as(&with("HTTP11"), Protocol::Http2, "", get("/x"));
         assert_eq!(r.ok(), Some(false));
-        assert_eq!((parts.version, parts.uri.to_string()), (http::Version::HTTP_11, "/x".to_string()));
-        assert_eq!(parts.headers.get("host").map(|v| v.as_bytes()), Some(&b"echo.default.svc.cluster.local"[..]));
+        assert_eq!(
+            (parts.version, parts.uri.to_string()),
+            (http::Version::HTTP_11, "/x".to_string())
+        );
+        assert_eq!(
+            parts.headers.get("host").map(|v| v.as_bytes()),
+            Some(&b"echo.default.svc.cluster.local"[..])
+        );
         // http2 / grpc / h2c ports: HTTP/2 with prior knowledge even for an HTTP/1.1 client.
         for proto in ["HTTP2", "GRPC"] {
             let (r, _, parts) = plan_as(&with(proto), Protocol::Http1, "", get("/x"));
             assert_eq!(r.ok(), Some(true), "{proto}");
-            assert_eq!(parts.uri.to_string(), "http://echo.default.svc.cluster.local/x");
-            assert!(parts.headers.get("host").is_none(), "{proto}: HTTP/2 carries :authority, not Host");
+            assert_eq!(
+                parts.uri.to_string(),
+                "http://echo.default.svc.cluster.local/x"
+            );
+            assert!(
+                parts.headers.get("host").is_none(),
+                "{proto}: HTTP/2 carries :authority, not Host"
+            );
         }
         // Unknown (an unnamed port), TCP, TLS: the client's version, as Istio's waypoint.
-        for (mesh, client, want) in [(MESH.to_string(), Protocol::Http2, true), (MESH.to_string(), Protocol::Http1, false), (with("TCP"), Protocol::Http2, true)] {
+        for (mesh, client, want) in [
+            (MESH.to_string(), Protocol::Http2, true),
+            (MESH.to_string(), Protocol::Http1, false),
+            (with("TCP"), Protocol::Http2, true),
+        ] {
             assert_eq!(plan_as(&mesh, client, "", get("/x")).0.ok(), Some(want));
         }
     }
 
     fn get(path: &str) -> Request<()> {
-        Request::get(path).header("host", "echo.default.svc.cluster.local").body(()).expect("request")
+        Request::get(path)
+            .header("host", "echo.default.svc.cluster.local")
+            .body(())
+            .expect("request")
     }
 
     fn status(r: &Result<(), LocalReply>) -> Option<(u16, &'static str)> {
@@ -577,7 +869,10 @@ mod tests {
         assert!(r.is_ok(), "{r:?}");
         assert_eq!(parts.uri, "/a/c?x=1");
         assert_eq!(notes.path.as_deref(), Some("/a/c"));
-        assert_eq!(notes.backend_service.map(|s| s.name.clone()).as_deref(), Some("echo"));
+        assert_eq!(
+            notes.backend_service.map(|s| s.name.clone()).as_deref(),
+            Some("echo")
+        );
         assert!(parts.headers.contains_key("x-forwarded-client-cert"));
     }
 
@@ -602,12 +897,21 @@ mod tests {
         assert_eq!(status(&r), Some((403, "DENY")));
         // iss "iss", signed by no key of the set.
         let bad = "eyJhbGciOiJFUzI1NiIsImtpZCI6ImEifQ.eyJpc3MiOiJpc3MiLCJzdWIiOiJ4In0.AAAA";
-        let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("authorization", format!("Bearer {bad}")).body(()).expect("request");
+        let req = Request::get("/")
+            .header("host", "echo.default.svc.cluster.local")
+            .header("authorization", format!("Bearer {bad}"))
+            .body(())
+            .expect("request");
         let (r, _, _) = plan(&l7, req);
         assert_eq!(status(&r), Some((401, "-")));
         let e = r.expect_err("refused");
         assert_eq!(e.message, "Jwt verification fails");
-        assert_eq!(e.www_authenticate.as_deref(), Some("Bearer realm=\"http://echo.default.svc.cluster.local/\", error=\"invalid_token\""));
+        assert_eq!(
+            e.www_authenticate.as_deref(),
+            Some(
+                "Bearer realm=\"http://echo.default.svc.cluster.local/\", error=\"invalid_token\""
+            )
+        );
     }
 
     #[test]
@@ -617,7 +921,10 @@ mod tests {
         assert_eq!(status(&r), Some((404, "NR")));
         let (r, notes_api, _) = plan(&l7, get("/api/x"));
         assert!(r.is_ok(), "{r:?}");
-        assert_eq!((notes.route, notes_api.route.as_deref()), (None, Some("default/echo#0")));
+        assert_eq!(
+            (notes.route, notes_api.route.as_deref()),
+            (None, Some("default/echo#0"))
+        );
     }
 
     fn ws_get(path: &str) -> Request<()> {
@@ -635,41 +942,82 @@ mod tests {
         let l7 = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {paths: [/private]}}]}]}\n";
         let (r, _, parts) = plan(l7, ws_get("/chat"));
         assert!(r.is_ok(), "{r:?}");
-        assert_eq!(parts.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
-        assert_eq!(parts.headers.get("connection").map(|v| v.as_bytes()), Some(&b"upgrade"[..]));
+        assert_eq!(
+            parts.headers.get("upgrade").map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            parts.headers.get("connection").map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
+        );
         assert!(parts.headers.contains_key("sec-websocket-key"));
         assert_eq!(status(&plan(l7, ws_get("/private")).0), Some((403, "DENY")));
         // Any other upgrade is dropped, as Envoy without upgrade config (h2c included).
-        let h2c = Request::get("/").header("host", "echo").header("connection", "upgrade, http2-settings").header("upgrade", "h2c").body(()).expect("request");
+        let h2c = Request::get("/")
+            .header("host", "echo")
+            .header("connection", "upgrade, http2-settings")
+            .header("upgrade", "h2c")
+            .body(())
+            .expect("request");
         let (r, _, parts) = plan("", h2c);
         assert!(r.is_ok());
-        assert!(parts.headers.get("upgrade").is_none() && parts.headers.get("connection").is_none());
+        assert!(
+            parts.headers.get("upgrade").is_none() && parts.headers.get("connection").is_none()
+        );
     }
 
     #[test]
     fn an_extended_connect_goes_to_each_backend_in_its_version() {
         let connect = || {
-            let mut r = Request::connect("http://echo.default.svc.cluster.local/chat").version(http::Version::HTTP_2).body(()).expect("request");
-            r.extensions_mut().insert(hyper::ext::Protocol::from_static("websocket"));
+            let mut r = Request::connect("http://echo.default.svc.cluster.local/chat")
+                .version(http::Version::HTTP_2)
+                .body(())
+                .expect("request");
+            r.extensions_mut()
+                .insert(hyper::ext::Protocol::from_static("websocket"));
             r
         };
         // HTTP/1.1 backend (port of unknown protocol: an HTTP/2 client would get h2, so
         // name it http): an upgrade GET.
-        let h1 = MESH.replace("ports: {80: 8080}}\n", "ports: {80: 8080}, appProtocols: {80: HTTP11}}\n");
+        let h1 = MESH.replace(
+            "ports: {80: 8080}}\n",
+            "ports: {80: 8080}, appProtocols: {80: HTTP11}}\n",
+        );
         let (r, _, parts) = plan_as(&h1, Protocol::Http2, "", connect());
         assert_eq!(r.ok(), Some(false));
-        assert_eq!((parts.method.as_str(), parts.uri.to_string()), ("GET", "/chat".to_string()));
-        assert_eq!(parts.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+        assert_eq!(
+            (parts.method.as_str(), parts.uri.to_string()),
+            ("GET", "/chat".to_string())
+        );
+        assert_eq!(
+            parts.headers.get("upgrade").map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
         // HTTP/2 backend: extended CONNECT again.
-        let h2 = MESH.replace("ports: {80: 8080}}\n", "ports: {80: 8080}, appProtocols: {80: HTTP2}}\n");
+        let h2 = MESH.replace(
+            "ports: {80: 8080}}\n",
+            "ports: {80: 8080}, appProtocols: {80: HTTP2}}\n",
+        );
         let (r, _, parts) = plan_as(&h2, Protocol::Http2, "", connect());
         assert_eq!(r.ok(), Some(true));
         assert_eq!(parts.method, Method::CONNECT);
-        assert_eq!(parts.extensions.get::<hyper::ext::Protocol>().map(|p| p.as_str()), Some("websocket"));
+        assert_eq!(
+            parts
+                .extensions
+                .get::<hyper::ext::Protocol>()
+                .map(|p| p.as_str()),
+            Some("websocket")
+        );
         assert!(parts.headers.get("upgrade").is_none());
         // Policies see the GET whatever the client's version.
         let deny_get = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {methods: [GET]}}]}]}\n";
-        assert_eq!(plan_as(&h2, Protocol::Http2, deny_get, connect()).0.err().map(|e| e.status.as_u16()), Some(403));
+        assert_eq!(
+            plan_as(&h2, Protocol::Http2, deny_get, connect())
+                .0
+                .err()
+                .map(|e| e.status.as_u16()),
+            Some(403)
+        );
     }
 
     /// A backend in another namespace is resolved only with a ReferenceGrant there for
@@ -687,10 +1035,47 @@ mod tests {
         let grant = |kind: &str, name: &str| {
             format!("referenceGrants:\n- {{name: g, namespace: shop, from: [{{group: gateway.networking.k8s.io, kind: {kind}, namespace: default}}], to: [{{group: '', kind: Service{name}}}]}}\n")
         };
-        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", ", name: api")), get("/")).0.is_ok());
-        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", "")), get("/")).0.is_ok(), "every Service");
-        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("GRPCRoute", "")), get("/")).0.is_err(), "another route kind");
-        assert!(plan_as(&mesh, Protocol::Http1, &format!("{route}{}", grant("HTTPRoute", ", name: db")), get("/")).0.is_err(), "another Service");
+        assert!(plan_as(
+            &mesh,
+            Protocol::Http1,
+            &format!("{route}{}", grant("HTTPRoute", ", name: api")),
+            get("/")
+        )
+        .0
+        .is_ok());
+        assert!(
+            plan_as(
+                &mesh,
+                Protocol::Http1,
+                &format!("{route}{}", grant("HTTPRoute", "")),
+                get("/")
+            )
+            .0
+            .is_ok(),
+            "every Service"
+        );
+        assert!(
+            plan_as(
+                &mesh,
+                Protocol::Http1,
+                &format!("{route}{}", grant("GRPCRoute", "")),
+                get("/")
+            )
+            .0
+            .is_err(),
+            "another route kind"
+        );
+        assert!(
+            plan_as(
+                &mesh,
+                Protocol::Http1,
+                &format!("{route}{}", grant("HTTPRoute", ", name: db")),
+                get("/")
+            )
+            .0
+            .is_err(),
+            "another Service"
+        );
     }
 
     /// A backendRef's header modifiers apply to requests sent to it, before the rule's
@@ -706,24 +1091,52 @@ mod tests {
                {{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-both, value: backend}}, {{name: x-backend, value: echo}}], remove: [x-drop]}}}}, \
                {{type: ResponseHeaderModifier, responseHeaderModifier: {{add: [{{name: x-resp, value: backend}}]}}}}]}}]}}]}}\n"
         );
-        let req = Request::get("/").header("host", "echo.default.svc.cluster.local").header("x-drop", "1").body(()).expect("request");
+        let req = Request::get("/")
+            .header("host", "echo.default.svc.cluster.local")
+            .header("x-drop", "1")
+            .body(())
+            .expect("request");
         let (r, _, parts) = plan_with(MESH, Protocol::Http1, &l7, req, |p| {
             let mut h = HeaderMap::new();
             for m in &p.response_modifiers {
                 m.apply(&mut h);
             }
-            h.get_all("x-resp").iter().map(|v| v.to_str().unwrap_or_default().to_string()).collect::<Vec<_>>()
+            h.get_all("x-resp")
+                .iter()
+                .map(|v| v.to_str().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
         });
         assert_eq!(r.expect("planned"), ["backend", "rule"]);
-        let h = |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-        assert_eq!((h("x-both").as_deref(), h("x-backend").as_deref(), h("x-drop")), (Some("rule"), Some("echo"), None));
+        let h = |n: &str| {
+            parts
+                .headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        assert_eq!(
+            (
+                h("x-both").as_deref(),
+                h("x-backend").as_deref(),
+                h("x-drop")
+            ),
+            (Some("rule"), Some("echo"), None)
+        );
     }
 
     /// Endpoints as the plan has them, for a request to the echo VIP.
     fn endpoints(mesh: &str, l7: &str, path: &str) -> Result<Vec<String>, LocalReply> {
-        let req = Request::get(path).header("host", "echo.default.svc.cluster.local").body(()).expect("request");
+        let req = Request::get(path)
+            .header("host", "echo.default.svc.cluster.local")
+            .body(())
+            .expect("request");
         let (r, _, _) = plan_any(mesh, Protocol::Http1, l7, req, |p| {
-            let mut v: Vec<String> = p.backend.endpoints.iter().map(|(a, _)| a.to_string()).collect();
+            let mut v: Vec<String> = p
+                .backend
+                .endpoints
+                .iter()
+                .map(|(a, _)| a.to_string())
+                .collect();
             v.sort();
             v
         });
@@ -751,7 +1164,11 @@ mod tests {
                   {match: [{uri: {prefix: /v3}}], route: [{destination: {host: echo, subset: v3}}]}]}\n";
         assert_eq!(endpoints(&mesh, l7, "/v1").expect("v1"), ["10.0.0.2:8080"]);
         assert_eq!(endpoints(&mesh, l7, "/v2").expect("v2"), ["10.0.0.3:8080"]);
-        assert_eq!(endpoints(&mesh, l7, "/all").expect("all").len(), 3, "an empty selector takes every endpoint");
+        assert_eq!(
+            endpoints(&mesh, l7, "/all").expect("all").len(),
+            3,
+            "an empty selector takes every endpoint"
+        );
         let e = endpoints(&mesh, l7, "/v3").expect_err("no such subset");
         assert_eq!((e.status.as_u16(), e.flags), (503, "NC"));
         assert!(e.message.contains("subset \"v3\""), "{}", e.message);
@@ -762,14 +1179,25 @@ mod tests {
     /// PASSTHROUGH goes to the original destination.
     #[test]
     fn the_services_load_balancing_mode_picks_the_endpoints() {
-        let svc = |lb: &str| format!("{SPREAD}- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{lb}}}\n");
+        let svc = |lb: &str| {
+            format!("{SPREAD}- {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"], ports: {{80: 8080}}{lb}}}\n")
+        };
         assert_eq!(endpoints(&svc(""), "", "/").expect("all").len(), 3);
         let failover = svc(", loadBalancer: {mode: Failover, routingPreferences: [Region, Zone]}");
-        assert_eq!(endpoints(&failover, "", "/").expect("failover"), ["10.0.0.2:8080"]);
+        assert_eq!(
+            endpoints(&failover, "", "/").expect("failover"),
+            ["10.0.0.2:8080"]
+        );
         let strict = svc(", loadBalancer: {mode: Strict, routingPreferences: [Region]}");
-        assert_eq!(endpoints(&strict, "", "/").expect("strict"), ["10.0.0.2:8080", "10.0.0.3:8080"]);
+        assert_eq!(
+            endpoints(&strict, "", "/").expect("strict"),
+            ["10.0.0.2:8080", "10.0.0.3:8080"]
+        );
         let passthrough = svc(", loadBalancer: {mode: Passthrough}");
-        assert_eq!(endpoints(&passthrough, "", "/").expect("passthrough"), ["10.96.0.10:80"]);
+        assert_eq!(
+            endpoints(&passthrough, "", "/").expect("passthrough"),
+            ["10.96.0.10:80"]
+        );
     }
 
     #[test]
@@ -778,7 +1206,10 @@ mod tests {
         assert_eq!(status(&plan("", connect).0), Some((405, "-")));
         let no_host = Request::get("/").body(()).expect("request");
         assert_eq!(status(&plan("", no_host).0), Some((400, "-")));
-        let userinfo = Request::get("/").header("host", "u@echo").body(()).expect("request");
+        let userinfo = Request::get("/")
+            .header("host", "u@echo")
+            .body(())
+            .expect("request");
         assert_eq!(status(&plan("", userinfo).0), Some((400, "-")));
         let two_hosts = Request::get("/")
             .header("host", "echo")
@@ -908,9 +1339,15 @@ mod tests {
     }
 
     fn cors_req(method: Method, origin: &str, request_method: Option<&str>) -> Request<()> {
-        let mut b = Request::builder().method(method).uri("/api").header("host", "echo.default.svc.cluster.local").header("origin", origin);
+        let mut b = Request::builder()
+            .method(method)
+            .uri("/api")
+            .header("host", "echo.default.svc.cluster.local")
+            .header("origin", origin);
         if let Some(m) = request_method {
-            b = b.header("access-control-request-method", m).header("access-control-request-headers", "x-token,content-type");
+            b = b
+                .header("access-control-request-method", m)
+                .header("access-control-request-headers", "x-token,content-type");
         }
         b.body(()).expect("request")
     }
@@ -927,63 +1364,139 @@ mod tests {
     #[test]
     fn a_cors_preflight_is_answered_by_the_waypoint() {
         let l7 = cors_route("{allowOrigins: ['https://app.example.com'], allowMethods: [GET, PUT], allowHeaders: [x-token], exposeHeaders: [x-trace, x-id], maxAge: 600}");
-        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("PUT"))).expect_err("answered here");
+        let e = cors_of(
+            &l7,
+            cors_req(Method::OPTIONS, "https://app.example.com", Some("PUT")),
+        )
+        .expect_err("answered here");
         assert_eq!((e.status.as_u16(), e.plain), (200, true));
         let h = e.headers.as_deref().expect("cors headers");
-        assert_eq!(hv(h, "access-control-allow-origin"), Some("https://app.example.com"));
+        assert_eq!(
+            hv(h, "access-control-allow-origin"),
+            Some("https://app.example.com")
+        );
         assert_eq!(hv(h, "access-control-allow-methods"), Some("GET,PUT"));
         assert_eq!(hv(h, "access-control-allow-headers"), Some("x-token"));
         assert_eq!(hv(h, "access-control-max-age"), Some("600"));
         assert_eq!(hv(h, "access-control-allow-credentials"), None);
-        assert_eq!(hv(h, "access-control-expose-headers"), None, "exposed on actual responses only");
+        assert_eq!(
+            hv(h, "access-control-expose-headers"),
+            None,
+            "exposed on actual responses only"
+        );
 
         // Another origin's preflight is answered too (istiod: unmatchedPreflights IGNORE),
         // without Access-Control-Allow-Origin, so the browser fails it.
-        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://evil.example.org", Some("PUT"))).expect_err("answered here");
+        let e = cors_of(
+            &l7,
+            cors_req(Method::OPTIONS, "https://evil.example.org", Some("PUT")),
+        )
+        .expect_err("answered here");
         assert_eq!(e.status.as_u16(), 200);
-        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), None);
+        assert_eq!(
+            hv(
+                e.headers.as_deref().expect("headers"),
+                "access-control-allow-origin"
+            ),
+            None
+        );
 
         // A bad origin is refused when the file loads, the field named.
-        let bad = Config::parse(Path::new("t.yaml"), &format!("{MESH}{}", cors_route("{allowOrigins: [app.example.com]}"))).err().expect("refused");
+        let bad = Config::parse(
+            Path::new("t.yaml"),
+            &format!("{MESH}{}", cors_route("{allowOrigins: [app.example.com]}")),
+        )
+        .err()
+        .expect("refused");
         let want = "httpRoutes[0].rules[0].filters[0].cors.allowOrigins[0]: \"app.example.com\" is not an origin (no scheme); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com (HTTPRoute default/echo)";
         assert!(bad.to_string().contains(want), "{bad}");
 
         // OPTIONS without Access-Control-Request-Method is no preflight: it goes on.
-        let h = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", None)).expect("forwarded").expect("allowed origin");
-        assert_eq!(hv(&h, "access-control-allow-origin"), Some("https://app.example.com"));
+        let h = cors_of(
+            &l7,
+            cors_req(Method::OPTIONS, "https://app.example.com", None),
+        )
+        .expect("forwarded")
+        .expect("allowed origin");
+        assert_eq!(
+            hv(&h, "access-control-allow-origin"),
+            Some("https://app.example.com")
+        );
     }
 
     #[test]
     fn an_allowed_origin_gets_cors_headers_on_the_response() {
         let l7 = cors_route("{allowOrigins: ['https://*.example.com'], allowCredentials: true, exposeHeaders: [x-trace, x-id]}");
-        let h = cors_of(&l7, cors_req(Method::POST, "https://a.b.example.com", None)).expect("forwarded").expect("allowed origin");
-        assert_eq!(hv(&h, "access-control-allow-origin"), Some("https://a.b.example.com"));
+        let h = cors_of(&l7, cors_req(Method::POST, "https://a.b.example.com", None))
+            .expect("forwarded")
+            .expect("allowed origin");
+        assert_eq!(
+            hv(&h, "access-control-allow-origin"),
+            Some("https://a.b.example.com")
+        );
         assert_eq!(hv(&h, "access-control-allow-credentials"), Some("true"));
-        assert_eq!(hv(&h, "access-control-expose-headers"), Some("x-trace,x-id"));
+        assert_eq!(
+            hv(&h, "access-control-expose-headers"),
+            Some("x-trace,x-id")
+        );
         assert_eq!(h.len(), 3);
         // Not allowed, or no Origin: the response is left alone.
-        assert!(cors_of(&l7, cors_req(Method::POST, "https://example.org", None)).expect("forwarded").is_none());
-        assert!(cors_of(&l7, cors_req(Method::POST, "http://a.example.com", None)).expect("forwarded").is_none());
+        assert!(
+            cors_of(&l7, cors_req(Method::POST, "https://example.org", None))
+                .expect("forwarded")
+                .is_none()
+        );
+        assert!(
+            cors_of(&l7, cors_req(Method::POST, "http://a.example.com", None))
+                .expect("forwarded")
+                .is_none()
+        );
         assert!(cors_of(&l7, get("/api")).expect("forwarded").is_none());
         // A rule without the filter: nothing either.
-        assert!(cors_of("", cors_req(Method::POST, "https://a.example.com", None)).expect("forwarded").is_none());
+        assert!(
+            cors_of("", cors_req(Method::POST, "https://a.example.com", None))
+                .expect("forwarded")
+                .is_none()
+        );
     }
 
     #[test]
     fn wildcards_echo_what_the_browser_asks() {
         let l7 = cors_route("{allowOrigins: ['*'], allowCredentials: true, allowMethods: ['*'], allowHeaders: ['*']}");
-        let e = cors_of(&l7, cors_req(Method::OPTIONS, "http://localhost:3000", Some("DELETE"))).expect_err("answered here");
+        let e = cors_of(
+            &l7,
+            cors_req(Method::OPTIONS, "http://localhost:3000", Some("DELETE")),
+        )
+        .expect_err("answered here");
         let h = e.headers.as_deref().expect("headers");
         // With credentials Gateway API forbids `*`; Envoy echoes in every case.
-        assert_eq!(hv(h, "access-control-allow-origin"), Some("http://localhost:3000"));
+        assert_eq!(
+            hv(h, "access-control-allow-origin"),
+            Some("http://localhost:3000")
+        );
         assert_eq!(hv(h, "access-control-allow-methods"), Some("DELETE"));
-        assert_eq!(hv(h, "access-control-allow-headers"), Some("x-token,content-type"));
+        assert_eq!(
+            hv(h, "access-control-allow-headers"),
+            Some("x-token,content-type")
+        );
         assert_eq!(hv(h, "access-control-allow-credentials"), Some("true"));
-        assert_eq!(hv(h, "access-control-max-age"), Some("5"), "Gateway API's default");
+        assert_eq!(
+            hv(h, "access-control-max-age"),
+            Some("5"),
+            "Gateway API's default"
+        );
         // `*` takes any serialized origin, not `null` or a URL with a path.
         for bad in ["null", "https://a.example.com/x", "file://"] {
-            let e = cors_of(&l7, cors_req(Method::OPTIONS, bad, Some("GET"))).expect_err("answered here");
-            assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), None, "{bad}");
+            let e = cors_of(&l7, cors_req(Method::OPTIONS, bad, Some("GET")))
+                .expect_err("answered here");
+            assert_eq!(
+                hv(
+                    e.headers.as_deref().expect("headers"),
+                    "access-control-allow-origin"
+                ),
+                None,
+                "{bad}"
+            );
         }
     }
 
@@ -991,19 +1504,49 @@ mod tests {
     fn cors_runs_after_authorization_and_before_redirects() {
         // Denied by policy: 403, no preflight answer (RBAC runs first in Envoy too).
         let deny = "authorizationPolicies:\n- {name: p, namespace: default, targetRefs: [{kind: Service, name: echo}], action: DENY, rules: [{to: [{operation: {methods: [OPTIONS]}}]}]}\n";
-        let l7 = format!("{deny}{}", cors_route("{allowOrigins: ['https://app.example.com']}"));
-        assert_eq!(status(&plan(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("GET"))).0), Some((403, "DENY")));
+        let l7 = format!(
+            "{deny}{}",
+            cors_route("{allowOrigins: ['https://app.example.com']}")
+        );
+        assert_eq!(
+            status(
+                &plan(
+                    &l7,
+                    cors_req(Method::OPTIONS, "https://app.example.com", Some("GET"))
+                )
+                .0
+            ),
+            Some((403, "DENY"))
+        );
         // A redirect rule: its preflight is still answered; its redirect carries the headers.
         let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{filters: [{{type: RequestRedirect, requestRedirect: {{hostname: other.example.com}}}}, {{type: CORS, cors: {{allowOrigins: ['https://app.example.com']}}}}]}}]}}\n");
-        let e = cors_of(&l7, cors_req(Method::OPTIONS, "https://app.example.com", Some("GET"))).expect_err("preflight");
+        let e = cors_of(
+            &l7,
+            cors_req(Method::OPTIONS, "https://app.example.com", Some("GET")),
+        )
+        .expect_err("preflight");
         assert_eq!((e.status.as_u16(), e.redirect.as_deref()), (200, None));
-        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("redirect");
+        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None))
+            .expect_err("redirect");
         assert_eq!(e.status.as_u16(), 302);
-        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
+        assert_eq!(
+            hv(
+                e.headers.as_deref().expect("headers"),
+                "access-control-allow-origin"
+            ),
+            Some("https://app.example.com")
+        );
         // So does a local reply after routing (here: a backend that does not exist).
         let l7 = format!("httpRoutes:\n- {{name: echo, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: gone, port: 80}}], filters: [{{type: CORS, cors: {{allowOrigins: ['*']}}}}]}}]}}\n");
-        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None)).expect_err("no backend");
+        let e = cors_of(&l7, cors_req(Method::GET, "https://app.example.com", None))
+            .expect_err("no backend");
         assert_eq!(e.status.as_u16(), 500);
-        assert_eq!(hv(e.headers.as_deref().expect("headers"), "access-control-allow-origin"), Some("https://app.example.com"));
+        assert_eq!(
+            hv(
+                e.headers.as_deref().expect("headers"),
+                "access-control-allow-origin"
+            ),
+            Some("https://app.example.com")
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! Replies the waypoint makes itself (denied, no route, no upstream, timeout...), as
 //! plain text or, to gRPC clients, as a gRPC status.
 
+use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
-use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use super::body::{empty, full, Metered};
@@ -41,7 +41,16 @@ impl super::stream_idle::StreamIdle {
 
 impl LocalReply {
     pub fn new(status: StatusCode, flags: &'static str, message: impl Into<String>) -> Self {
-        LocalReply { status, flags, message: message.into(), redirect: None, www_authenticate: None, external: None, headers: None, plain: false }
+        LocalReply {
+            status,
+            flags,
+            message: message.into(),
+            redirect: None,
+            www_authenticate: None,
+            external: None,
+            headers: None,
+            plain: false,
+        }
     }
 
     /// A CORS preflight's answer: 200, no body, `headers` (plain HTTP even to a gRPC
@@ -87,7 +96,8 @@ impl LocalReply {
                 log.response_flags = self.flags;
                 let mut r = Response::new(full(body.clone()));
                 *r.status_mut() = self.status;
-                r.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+                r.headers_mut()
+                    .insert(header::CONTENT_LENGTH, HeaderValue::from(body.len()));
                 r.map(|b| Metered::new(b, log, None).boxed())
             };
             for (name, value) in &headers {
@@ -99,7 +109,10 @@ impl LocalReply {
         }
         let Some(location) = self.redirect else {
             let mut resp = local_reply(log, grpc, self.status, self.flags, &self.message);
-            if let Some(v) = self.www_authenticate.and_then(|c| HeaderValue::from_str(&c).ok()) {
+            if let Some(v) = self
+                .www_authenticate
+                .and_then(|c| HeaderValue::from_str(&c).ok())
+            {
                 resp.headers_mut().insert(header::WWW_AUTHENTICATE, v);
             }
             return resp;
@@ -133,7 +146,13 @@ fn grpc_status_for(status: StatusCode) -> u8 {
 }
 
 /// A reply made by the waypoint itself (denied, no route, no upstream, timeout...).
-fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'static str, message: &str) -> Response<Body> {
+fn local_reply(
+    mut log: RequestLog,
+    grpc: bool,
+    status: StatusCode,
+    flags: &'static str,
+    message: &str,
+) -> Response<Body> {
     log.status = status.as_u16();
     log.response_flags = flags;
     let mut resp = if grpc {
@@ -143,8 +162,12 @@ fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'sta
         log.grpc_status = Some(ztunnel::metrics::http::grpc_status(&code.to_string()));
         log.status = 200;
         let mut r = Response::new(empty());
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-        r.headers_mut().insert("grpc-status", HeaderValue::from(u16::from(code)));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        r.headers_mut()
+            .insert("grpc-status", HeaderValue::from(u16::from(code)));
         if let Ok(v) = HeaderValue::from_str(message) {
             r.headers_mut().insert("grpc-message", v);
         }
@@ -152,17 +175,18 @@ fn local_reply(mut log: RequestLog, grpc: bool, status: StatusCode, flags: &'sta
     } else {
         let mut r = Response::new(full(format!("{message}\n")));
         *r.status_mut() = status;
-        r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        r.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
         r
     };
     let bytes = if grpc { 0 } else { message.len() as u64 + 1 };
-    resp.headers_mut().insert(header::CONTENT_LENGTH, HeaderValue::from(bytes));
+    resp.headers_mut()
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(bytes));
     if grpc {
         resp.headers_mut().remove(header::CONTENT_LENGTH);
     }
     resp.map(|b| Metered::new(b, log, None).boxed())
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -45,7 +45,13 @@ pub struct Expired;
 impl StreamIdle {
     pub fn new(timeout: Option<Duration>) -> StreamIdle {
         StreamIdle(timeout.map(|timeout| {
-            Arc::new(Clock { timeout, start: Instant::now(), last_ms: AtomicU64::new(0), request_ended: AtomicBool::new(false), fired: AtomicBool::new(false) })
+            Arc::new(Clock {
+                timeout,
+                start: Instant::now(),
+                last_ms: AtomicU64::new(0),
+                request_ended: AtomicBool::new(false),
+                fired: AtomicBool::new(false),
+            })
         }))
     }
 
@@ -65,7 +71,9 @@ impl StreamIdle {
 
     /// Whether a body wrapper's timer fired (an error of the exchange then means this).
     pub fn fired(&self) -> bool {
-        self.0.as_ref().is_some_and(|c| c.fired.load(Ordering::Relaxed))
+        self.0
+            .as_ref()
+            .is_some_and(|c| c.fired.load(Ordering::Relaxed))
     }
 
     pub fn timeout(&self) -> Option<Duration> {
@@ -76,7 +84,10 @@ impl StreamIdle {
     /// while the request was still arriving (the client stalled), 504 once it had all
     /// arrived (the backend did).
     pub fn status(&self) -> StatusCode {
-        let ended = self.0.as_ref().is_none_or(|c| c.request_ended.load(Ordering::Relaxed));
+        let ended = self
+            .0
+            .as_ref()
+            .is_none_or(|c| c.request_ended.load(Ordering::Relaxed));
         if ended {
             StatusCode::GATEWAY_TIMEOUT
         } else {
@@ -87,7 +98,9 @@ impl StreamIdle {
     /// `f`, unless the stream goes idle first (then `f` is dropped, and with it whatever
     /// it had upstream).
     pub async fn within<F: Future>(&self, f: F) -> Result<F::Output, Expired> {
-        let Some(mut timer) = self.timer() else { return Ok(f.await) };
+        let Some(mut timer) = self.timer() else {
+            return Ok(f.await);
+        };
         let mut f = std::pin::pin!(f);
         std::future::poll_fn(|cx| {
             if let Poll::Ready(out) = f.as_mut().poll(cx) {
@@ -154,14 +167,22 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
         // Without a timeout, never.
         let off = StreamIdle::new(None);
-        assert!(tokio::time::timeout(Duration::from_millis(100), off.within(std::future::pending::<()>())).await.is_err());
+        assert!(tokio::time::timeout(
+            Duration::from_millis(100),
+            off.within(std::future::pending::<()>())
+        )
+        .await
+        .is_err());
     }
 
     #[test]
     fn the_reply_is_envoys() {
         let idle = StreamIdle::new(Some(Duration::from_secs(1)));
         let r = idle.reply();
-        assert_eq!((r.status, r.flags, r.message.as_str()), (StatusCode::REQUEST_TIMEOUT, "SI", "stream timeout"));
+        assert_eq!(
+            (r.status, r.flags, r.message.as_str()),
+            (StatusCode::REQUEST_TIMEOUT, "SI", "stream timeout")
+        );
         idle.request_ended();
         assert_eq!(idle.reply().status, StatusCode::GATEWAY_TIMEOUT);
     }

@@ -41,8 +41,13 @@ pub async fn run(wp: Arc<Waypoint>, mut rx: mpsc::Receiver<FinishedSpan>) {
 
 async fn export(wp: &Waypoint, service_name: &str, spans: Vec<FinishedSpan>) -> Result<(), String> {
     let cfg = wp.config.load_full();
-    let t = cfg.tracing.clone().ok_or("tracing is off in the current config")?;
-    let (ep, _) = service_endpoint(wp, &cfg, &t.service, t.port).await.map_err(|e| format!("tracing {e}"))?;
+    let t = cfg
+        .tracing
+        .clone()
+        .ok_or("tracing is off in the current config")?;
+    let (ep, _) = service_endpoint(wp, &cfg, &t.service, t.port)
+        .await
+        .map_err(|e| format!("tracing {e}"))?;
     let message = export_request(service_name, spans);
     let call = unary(wp, &ep, &t.service, EXPORT_PATH, &message, None);
     match tokio::time::timeout(EXPORT_TIMEOUT, call).await {

@@ -56,7 +56,10 @@ fn has_token(h: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
 /// hop-by-hop headers are stripped.
 pub fn detect(parts: &mut http::request::Parts) -> bool {
     if parts.method == Method::CONNECT {
-        let ws = parts.extensions.get::<Protocol>().is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
+        let ws = parts
+            .extensions
+            .get::<Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"));
         if ws {
             parts.method = Method::GET;
             parts.extensions.remove::<Protocol>();
@@ -77,8 +80,16 @@ pub fn mark(h: &mut HeaderMap) {
 /// Rewrites the planned head for the upstream's version: an HTTP/1.1 upgrade (with a
 /// key when the HTTP/2 client sent none: RFC 8441 clients don't, RFC 6455 servers
 /// require one) or an extended CONNECT.
-pub fn set_upstream_head(parts: &mut http::request::Parts, client_http2: bool, upstream_http2: bool) -> WebSocket {
-    let client_key = if client_http2 { None } else { parts.headers.get(SEC_KEY).cloned() };
+pub fn set_upstream_head(
+    parts: &mut http::request::Parts,
+    client_http2: bool,
+    upstream_http2: bool,
+) -> WebSocket {
+    let client_key = if client_http2 {
+        None
+    } else {
+        parts.headers.get(SEC_KEY).cloned()
+    };
     if upstream_http2 {
         parts.method = Method::CONNECT;
         parts.extensions.insert(Protocol::from_static("websocket"));
@@ -87,16 +98,26 @@ pub fn set_upstream_head(parts: &mut http::request::Parts, client_http2: bool, u
         }
     } else {
         parts.method = Method::GET;
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         if !parts.headers.contains_key(SEC_KEY) {
             let key: [u8; 16] = rand::random();
-            if let Ok(v) = HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(key)) {
+            if let Ok(v) =
+                HeaderValue::from_str(&base64::engine::general_purpose::STANDARD.encode(key))
+            {
                 parts.headers.insert(SEC_KEY, v);
             }
         }
     }
-    WebSocket { client_http2, upstream_http2, client_key }
+    WebSocket {
+        client_http2,
+        upstream_http2,
+        client_key,
+    }
 }
 
 /// RFC 6455 4.2.2: base64(SHA-1(key + GUID)).
@@ -113,7 +134,8 @@ impl WebSocket {
         if self.upstream_http2 {
             resp.status().is_success() && resp.extensions().get::<OnUpgrade>().is_some()
         } else {
-            resp.status() == StatusCode::SWITCHING_PROTOCOLS && resp.extensions().get::<OnUpgrade>().is_some()
+            resp.status() == StatusCode::SWITCHING_PROTOCOLS
+                && resp.extensions().get::<OnUpgrade>().is_some()
         }
     }
 
@@ -127,10 +149,18 @@ impl WebSocket {
             return;
         }
         parts.status = StatusCode::SWITCHING_PROTOCOLS;
-        parts.headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        parts.headers.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        parts
+            .headers
+            .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
         if self.upstream_http2 {
-            match self.client_key.as_ref().and_then(|k| HeaderValue::from_str(&accept_for(k.as_bytes())).ok()) {
+            match self
+                .client_key
+                .as_ref()
+                .and_then(|k| HeaderValue::from_str(&accept_for(k.as_bytes())).ok())
+            {
                 Some(v) => {
                     parts.headers.insert(SEC_ACCEPT, v);
                 }
@@ -163,14 +193,22 @@ pub fn relay(
             (c, b) => {
                 // Envoy's flags: the client went away (DC), else the backend's side (UC).
                 log.response_flags = if c.is_err() { "DC" } else { "UC" };
-                let e = c.err().or(b.err()).map(|e| e.to_string()).unwrap_or_default();
+                let e = c
+                    .err()
+                    .or(b.err())
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
                 tracing::debug!(error = %e, "upgrade did not complete");
                 log.error = Some(format!("upgrade failed: {e}"));
                 return log.finish(0);
             }
         };
-        let ((mut c_read, mut c_write), (mut b_read, mut b_write)) = (tokio::io::split(c), tokio::io::split(b));
-        let (up, down) = tokio::join!(pipe(&mut c_read, &mut b_write), pipe(&mut b_read, &mut c_write));
+        let ((mut c_read, mut c_write), (mut b_read, mut b_write)) =
+            (tokio::io::split(c), tokio::io::split(b));
+        let (up, down) = tokio::join!(
+            pipe(&mut c_read, &mut b_write),
+            pipe(&mut b_read, &mut c_write)
+        );
         if let Some(e) = up.1.or(down.1) {
             tracing::debug!(error = %e, "upgraded connection ended with an error");
             log.error = Some(format!("upgraded connection: {e}"));
@@ -184,7 +222,10 @@ pub fn relay(
 /// One direction of the relay, until its reader ends; then the writer is shut down (a
 /// half-close), also after a read error, so what was relayed is delivered rather than
 /// reset. Returns the bytes relayed and the error that ended it, if any.
-async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(r: &mut R, w: &mut W) -> (u64, Option<io::Error>) {
+async fn pipe<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    r: &mut R,
+    w: &mut W,
+) -> (u64, Option<io::Error>) {
     let mut buf = vec![0u8; RELAY_BUFFER];
     let mut n = 0u64;
     let err = loop {
@@ -246,26 +287,50 @@ mod tests {
     #[test]
     fn the_rfc_6455_accept_hash() {
         // RFC 6455 1.3's example.
-        assert_eq!(accept_for(b"dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert_eq!(
+            accept_for(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
     }
 
     #[test]
     fn only_websocket_upgrades_are_detected() {
         let ws = |conn: &str, up: &str| {
-            let mut p = parts(Request::get("/").header("connection", conn).header("upgrade", up).body(()).expect("request"));
+            let mut p = parts(
+                Request::get("/")
+                    .header("connection", conn)
+                    .header("upgrade", up)
+                    .body(())
+                    .expect("request"),
+            );
             detect(&mut p)
         };
         assert!(ws("Upgrade", "websocket"));
         assert!(ws("keep-alive, upgrade", "WebSocket"));
         assert!(!ws("upgrade", "h2c"), "h2c stays ignored");
-        assert!(!ws("keep-alive", "websocket"), "no upgrade without Connection: upgrade");
-        let mut h10 = parts(Request::get("/").version(http::Version::HTTP_10).header("connection", "upgrade").header("upgrade", "websocket").body(()).expect("request"));
+        assert!(
+            !ws("keep-alive", "websocket"),
+            "no upgrade without Connection: upgrade"
+        );
+        let mut h10 = parts(
+            Request::get("/")
+                .version(http::Version::HTTP_10)
+                .header("connection", "upgrade")
+                .header("upgrade", "websocket")
+                .body(())
+                .expect("request"),
+        );
         assert!(!detect(&mut h10));
     }
 
     #[test]
     fn an_extended_connect_is_seen_as_a_get() {
-        let mut p = parts(Request::connect("http://echo/chat").version(http::Version::HTTP_2).body(()).expect("request"));
+        let mut p = parts(
+            Request::connect("http://echo/chat")
+                .version(http::Version::HTTP_2)
+                .body(())
+                .expect("request"),
+        );
         p.extensions.insert(Protocol::from_static("websocket"));
         assert!(detect(&mut p));
         assert_eq!(p.method, Method::GET);
@@ -274,7 +339,9 @@ mod tests {
         let mut plain = parts(Request::connect("echo:80").body(()).expect("request"));
         assert!(!detect(&mut plain));
         let mut other = parts(Request::connect("http://echo/").body(()).expect("request"));
-        other.extensions.insert(Protocol::from_static("connect-udp"));
+        other
+            .extensions
+            .insert(Protocol::from_static("connect-udp"));
         assert!(!detect(&mut other));
         assert_eq!(other.method, Method::CONNECT);
     }
@@ -284,25 +351,59 @@ mod tests {
         // HTTP/2 client -> HTTP/1.1 backend: an upgrade with a fresh key.
         let mut p = parts(Request::get("/chat").body(()).expect("request"));
         let ws = set_upstream_head(&mut p, true, false);
-        assert_eq!(p.headers.get("upgrade").map(|v| v.as_bytes()), Some(&b"websocket"[..]));
-        assert_eq!(p.headers.get("connection").map(|v| v.as_bytes()), Some(&b"upgrade"[..]));
+        assert_eq!(
+            p.headers.get("upgrade").map(|v| v.as_bytes()),
+            Some(&b"websocket"[..])
+        );
+        assert_eq!(
+            p.headers.get("connection").map(|v| v.as_bytes()),
+            Some(&b"upgrade"[..])
+        );
         let key = p.headers.get(SEC_KEY).map(|v| v.as_bytes().len());
         assert_eq!(key, Some(24), "16 random bytes, base64");
         assert!(ws.client_key.is_none());
         // HTTP/1.1 client -> HTTP/2 backend: extended CONNECT; the key is kept for the accept.
-        let mut p = parts(Request::get("/chat").header("upgrade", "websocket").header(SEC_KEY, "dGhlIHNhbXBsZSBub25jZQ==").body(()).expect("request"));
+        let mut p = parts(
+            Request::get("/chat")
+                .header("upgrade", "websocket")
+                .header(SEC_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+                .body(())
+                .expect("request"),
+        );
         let ws = set_upstream_head(&mut p, false, true);
         assert_eq!(p.method, Method::CONNECT);
-        assert_eq!(p.extensions.get::<Protocol>().map(|p| p.as_str()), Some("websocket"));
+        assert_eq!(
+            p.extensions.get::<Protocol>().map(|p| p.as_str()),
+            Some("websocket")
+        );
         assert!(p.headers.get("upgrade").is_none() && p.headers.get(SEC_KEY).is_none());
-        let mut r = Response::builder().status(200).header("content-length", "0").body(()).expect("response").into_parts().0;
+        let mut r = Response::builder()
+            .status(200)
+            .header("content-length", "0")
+            .body(())
+            .expect("response")
+            .into_parts()
+            .0;
         ws.client_head(&mut r);
         assert_eq!(r.status, StatusCode::SWITCHING_PROTOCOLS);
-        assert_eq!(r.headers.get(SEC_ACCEPT).map(|v| v.as_bytes()), Some(&b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="[..]));
+        assert_eq!(
+            r.headers.get(SEC_ACCEPT).map(|v| v.as_bytes()),
+            Some(&b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="[..])
+        );
         assert!(r.headers.get("content-length").is_none());
         // HTTP/1.1 backend's 101 -> HTTP/2 client's 200, without the accept hash.
-        let ws = WebSocket { client_http2: true, upstream_http2: false, client_key: None };
-        let mut r = Response::builder().status(101).header(SEC_ACCEPT, "x").body(()).expect("response").into_parts().0;
+        let ws = WebSocket {
+            client_http2: true,
+            upstream_http2: false,
+            client_key: None,
+        };
+        let mut r = Response::builder()
+            .status(101)
+            .header(SEC_ACCEPT, "x")
+            .body(())
+            .expect("response")
+            .into_parts()
+            .0;
         ws.client_head(&mut r);
         assert_eq!(r.status, StatusCode::OK);
         assert!(r.headers.get(SEC_ACCEPT).is_none());

@@ -30,7 +30,11 @@ impl LabelSelector {
         let match_labels = v
             .get("matchLabels")
             .and_then(Value::as_object)
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
             .unwrap_or_default();
         let match_expressions = v
             .get("matchExpressions")
@@ -38,26 +42,43 @@ impl LabelSelector {
             .map(|a| {
                 a.iter()
                     .map(|e| {
-                        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or_default().to_string();
-                        let values = e.get("values").and_then(Value::as_array).map(|v| v.iter().filter_map(|x| x.as_str().map(String::from)).collect());
+                        let s = |k: &str| {
+                            e.get(k)
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_string()
+                        };
+                        let values = e.get("values").and_then(Value::as_array).map(|v| {
+                            v.iter()
+                                .filter_map(|x| x.as_str().map(String::from))
+                                .collect()
+                        });
                         (s("key"), s("operator"), values.unwrap_or_default())
                     })
                     .collect()
             })
             .unwrap_or_default();
-        LabelSelector { match_labels, match_expressions }
+        LabelSelector {
+            match_labels,
+            match_expressions,
+        }
     }
 
     /// Kubernetes' semantics; an operator it does not know matches nothing.
     pub fn matches(&self, labels: &Labels) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-            && self.match_expressions.iter().all(|(k, op, values)| match op.as_str() {
-                "In" => labels.get(k).is_some_and(|v| values.contains(v)),
-                "NotIn" => labels.get(k).is_none_or(|v| !values.contains(v)),
-                "Exists" => labels.contains_key(k),
-                "DoesNotExist" => !labels.contains_key(k),
-                _ => false,
-            })
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
+            && self
+                .match_expressions
+                .iter()
+                .all(|(k, op, values)| match op.as_str() {
+                    "In" => labels.get(k).is_some_and(|v| values.contains(v)),
+                    "NotIn" => labels.get(k).is_none_or(|v| !values.contains(v)),
+                    "Exists" => labels.contains_key(k),
+                    "DoesNotExist" => !labels.contains_key(k),
+                    _ => false,
+                })
     }
 }
 
@@ -74,14 +95,23 @@ impl AllowedNamespaces {
     /// From the Gateway object: the listener on 15008 with protocol HBONE (as istiod
     /// picks it); none, or no `allowedRoutes`, is `Same`.
     pub fn from_gateway(gateway: &Value) -> AllowedNamespaces {
-        let listeners = gateway.pointer("/spec/listeners").and_then(Value::as_array).cloned().unwrap_or_default();
+        let listeners = gateway
+            .pointer("/spec/listeners")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let hbone = listeners.iter().find(|l| {
-            l.get("protocol").and_then(Value::as_str) == Some("HBONE") && l.get("port").and_then(Value::as_u64) == Some(15008)
+            l.get("protocol").and_then(Value::as_str) == Some("HBONE")
+                && l.get("port").and_then(Value::as_u64) == Some(15008)
         });
-        let Some(ns) = hbone.and_then(|l| l.pointer("/allowedRoutes/namespaces")) else { return AllowedNamespaces::Same };
+        let Some(ns) = hbone.and_then(|l| l.pointer("/allowedRoutes/namespaces")) else {
+            return AllowedNamespaces::Same;
+        };
         match ns.get("from").and_then(Value::as_str) {
             Some("All") => AllowedNamespaces::All,
-            Some("Selector") => AllowedNamespaces::Selector(LabelSelector::parse(ns.get("selector").unwrap_or(&Value::Null))),
+            Some("Selector") => AllowedNamespaces::Selector(LabelSelector::parse(
+                ns.get("selector").unwrap_or(&Value::Null),
+            )),
             _ => AllowedNamespaces::Same,
         }
     }
@@ -111,7 +141,10 @@ fn use_waypoint(labels: &Labels, default_ns: &str) -> UseWaypoint {
         None => UseWaypoint::Unset,
         Some("none") => UseWaypoint::Opted,
         Some(name) => UseWaypoint::Waypoint(ObjectName {
-            namespace: labels.get(USE_WAYPOINT_NAMESPACE).cloned().unwrap_or_else(|| default_ns.to_string()),
+            namespace: labels
+                .get(USE_WAYPOINT_NAMESPACE)
+                .cloned()
+                .unwrap_or_else(|| default_ns.to_string()),
             name: name.to_string(),
         }),
     }
@@ -142,9 +175,15 @@ impl Scope {
 
     /// Whether the labels make `svc` use this waypoint.
     pub fn labelled(&self, svc: &ObjectName) -> bool {
-        let own = self.services.get(svc).map_or(UseWaypoint::Unset, |l| use_waypoint(l, &svc.namespace));
+        let own = self
+            .services
+            .get(svc)
+            .map_or(UseWaypoint::Unset, |l| use_waypoint(l, &svc.namespace));
         let chosen = match own {
-            UseWaypoint::Unset => self.namespaces.get(&svc.namespace).map_or(UseWaypoint::Unset, |l| use_waypoint(l, &svc.namespace)),
+            UseWaypoint::Unset => self
+                .namespaces
+                .get(&svc.namespace)
+                .map_or(UseWaypoint::Unset, |l| use_waypoint(l, &svc.namespace)),
             other => other,
         };
         chosen == UseWaypoint::Waypoint(self.gateway.clone()) && self.admits(&svc.namespace)
@@ -159,7 +198,10 @@ impl Scope {
     fn labelled_namespaces(&self) -> Vec<&str> {
         self.namespaces
             .iter()
-            .filter(|(ns, l)| use_waypoint(l, ns) == UseWaypoint::Waypoint(self.gateway.clone()) && self.admits(ns))
+            .filter(|(ns, l)| {
+                use_waypoint(l, ns) == UseWaypoint::Waypoint(self.gateway.clone())
+                    && self.admits(ns)
+            })
             .map(|(ns, _)| ns.as_str())
             .collect()
     }
@@ -167,16 +209,30 @@ impl Scope {
     /// Labels that ask for this waypoint from a namespace its Gateway does not admit
     /// (istiod refuses those attachments too): `namespace` or `namespace/service`.
     pub fn refused(&self) -> Vec<String> {
-        let wants = |l: &Labels, ns: &str| use_waypoint(l, ns) == UseWaypoint::Waypoint(self.gateway.clone()) && !self.admits(ns);
-        let ns = self.namespaces.iter().filter(|(ns, l)| wants(l, ns)).map(|(ns, _)| ns.clone());
-        let svcs = self.services.iter().filter(|(s, l)| wants(l, &s.namespace)).map(|(s, _)| format!("{}/{}", s.namespace, s.name));
+        let wants = |l: &Labels, ns: &str| {
+            use_waypoint(l, ns) == UseWaypoint::Waypoint(self.gateway.clone()) && !self.admits(ns)
+        };
+        let ns = self
+            .namespaces
+            .iter()
+            .filter(|(ns, l)| wants(l, ns))
+            .map(|(ns, _)| ns.clone());
+        let svcs = self
+            .services
+            .iter()
+            .filter(|(s, l)| wants(l, &s.namespace))
+            .map(|(s, _)| format!("{}/{}", s.namespace, s.name));
         ns.chain(svcs).collect()
     }
 
     /// For the admin dump.
     pub fn dump(&self) -> Value {
-        let labelled: Vec<String> =
-            self.services.keys().filter(|s| self.labelled(s)).map(|s| format!("{}/{}", s.namespace, s.name)).collect();
+        let labelled: Vec<String> = self
+            .services
+            .keys()
+            .filter(|s| self.labelled(s))
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect();
         json!({
             "allowedNamespaces": self.allowed.name(),
             "labelledNamespaces": self.labelled_namespaces(),
@@ -192,37 +248,78 @@ mod tests {
     use super::*;
 
     fn labels(kv: &[(&str, &str)]) -> Labels {
-        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn name(ns: &str, n: &str) -> ObjectName {
-        ObjectName { namespace: ns.into(), name: n.into() }
+        ObjectName {
+            namespace: ns.into(),
+            name: n.into(),
+        }
     }
 
     fn scope(allowed: AllowedNamespaces) -> Scope {
-        let mut s = Scope { gateway: name("infra", "waypoint"), allowed, ..Scope::default() };
-        s.namespaces.insert("infra".into(), labels(&[(USE_WAYPOINT, "waypoint")]));
-        s.namespaces.insert("shop".into(), labels(&[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "infra"), ("team", "a")]));
+        let mut s = Scope {
+            gateway: name("infra", "waypoint"),
+            allowed,
+            ..Scope::default()
+        };
+        s.namespaces
+            .insert("infra".into(), labels(&[(USE_WAYPOINT, "waypoint")]));
+        s.namespaces.insert(
+            "shop".into(),
+            labels(&[
+                (USE_WAYPOINT, "waypoint"),
+                (USE_WAYPOINT_NAMESPACE, "infra"),
+                ("team", "a"),
+            ]),
+        );
         s.namespaces.insert("blog".into(), labels(&[("team", "b")]));
-        s.namespaces.insert("elsewhere".into(), labels(&[(USE_WAYPOINT, "waypoint")]));
+        s.namespaces
+            .insert("elsewhere".into(), labels(&[(USE_WAYPOINT, "waypoint")]));
         // shop/legacy opts out; blog/api asks for us by its own labels; shop/pay names
         // a waypoint of its own namespace.
-        s.services.insert(name("shop", "legacy"), labels(&[(USE_WAYPOINT, "none")]));
-        s.services.insert(name("blog", "api"), labels(&[(USE_WAYPOINT, "waypoint"), (USE_WAYPOINT_NAMESPACE, "infra")]));
-        s.services.insert(name("shop", "pay"), labels(&[(USE_WAYPOINT, "waypoint")]));
+        s.services
+            .insert(name("shop", "legacy"), labels(&[(USE_WAYPOINT, "none")]));
+        s.services.insert(
+            name("blog", "api"),
+            labels(&[
+                (USE_WAYPOINT, "waypoint"),
+                (USE_WAYPOINT_NAMESPACE, "infra"),
+            ]),
+        );
+        s.services
+            .insert(name("shop", "pay"), labels(&[(USE_WAYPOINT, "waypoint")]));
         s
     }
 
     #[test]
     fn labels_as_istio_reads_them() {
         let s = scope(AllowedNamespaces::All);
-        assert!(s.uses(&name("infra", "echo")), "our namespace's label, our namespace by default");
-        assert!(s.uses(&name("shop", "cart")), "inherited from a namespace naming us with use-waypoint-namespace");
-        assert!(!s.uses(&name("shop", "legacy")), "none opts the Service out");
-        assert!(!s.uses(&name("shop", "pay")), "its own label wins: shop/waypoint, not ours");
+        assert!(
+            s.uses(&name("infra", "echo")),
+            "our namespace's label, our namespace by default"
+        );
+        assert!(
+            s.uses(&name("shop", "cart")),
+            "inherited from a namespace naming us with use-waypoint-namespace"
+        );
+        assert!(
+            !s.uses(&name("shop", "legacy")),
+            "none opts the Service out"
+        );
+        assert!(
+            !s.uses(&name("shop", "pay")),
+            "its own label wins: shop/waypoint, not ours"
+        );
         assert!(s.uses(&name("blog", "api")), "its own labels name us");
         assert!(!s.uses(&name("blog", "web")), "no label anywhere");
-        assert!(!s.uses(&name("elsewhere", "x")), "names elsewhere/waypoint (its own namespace by default)");
+        assert!(
+            !s.uses(&name("elsewhere", "x")),
+            "names elsewhere/waypoint (its own namespace by default)"
+        );
         assert!(!s.uses(&name("nowhere", "x")), "an unknown namespace");
         assert_eq!(s.labelled_namespaces(), ["infra", "shop"]);
     }
@@ -231,20 +328,36 @@ mod tests {
     fn the_gateway_decides_which_namespaces_may_attach() {
         let s = scope(AllowedNamespaces::Same);
         assert!(s.uses(&name("infra", "echo")));
-        assert!(!s.uses(&name("shop", "cart")) && !s.uses(&name("blog", "api")), "Gateway API's default is Same");
+        assert!(
+            !s.uses(&name("shop", "cart")) && !s.uses(&name("blog", "api")),
+            "Gateway API's default is Same"
+        );
         assert_eq!(s.refused(), ["shop", "blog/api"]);
         let gw = json!({"spec": {"listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
             "allowedRoutes": {"namespaces": {"from": "Selector", "selector": {"matchExpressions": [{"key": "team", "operator": "In", "values": ["a"]}]}}}}]}});
         let mut s = scope(AllowedNamespaces::from_gateway(&gw));
-        assert!(s.uses(&name("shop", "cart")) && !s.uses(&name("blog", "api")), "team=a only");
-        assert!(!s.uses(&name("infra", "echo")), "the selector applies to our own namespace too");
+        assert!(
+            s.uses(&name("shop", "cart")) && !s.uses(&name("blog", "api")),
+            "team=a only"
+        );
+        assert!(
+            !s.uses(&name("infra", "echo")),
+            "the selector applies to our own namespace too"
+        );
         // istiod's word counts even where the labels say no.
         s.from_istiod.insert(name("blog", "api"));
         assert!(s.uses(&name("blog", "api")));
         let all = json!({"spec": {"listeners": [{"port": 15008, "protocol": "HBONE", "allowedRoutes": {"namespaces": {"from": "All"}}}]}});
-        assert_eq!(AllowedNamespaces::from_gateway(&all), AllowedNamespaces::All);
+        assert_eq!(
+            AllowedNamespaces::from_gateway(&all),
+            AllowedNamespaces::All
+        );
         let other = json!({"spec": {"listeners": [{"port": 80, "protocol": "HTTP", "allowedRoutes": {"namespaces": {"from": "All"}}}]}});
-        assert_eq!(AllowedNamespaces::from_gateway(&other), AllowedNamespaces::Same, "only the HBONE listener counts");
+        assert_eq!(
+            AllowedNamespaces::from_gateway(&other),
+            AllowedNamespaces::Same,
+            "only the HBONE listener counts"
+        );
     }
 
     #[test]
@@ -256,7 +369,13 @@ mod tests {
         assert!(!sel.matches(&labels(&[("a", "1"), ("b", "x")])));
         assert!(!sel.matches(&labels(&[("a", "1"), ("c", "")])));
         assert!(!sel.matches(&labels(&[("a", "2")])));
-        assert!(LabelSelector::parse(&json!({})).matches(&labels(&[])), "the empty selector matches everything");
-        assert!(!LabelSelector::parse(&json!({"matchExpressions": [{"key": "a", "operator": "Gt"}]})).matches(&labels(&[("a", "1")])));
+        assert!(
+            LabelSelector::parse(&json!({})).matches(&labels(&[])),
+            "the empty selector matches everything"
+        );
+        assert!(!LabelSelector::parse(
+            &json!({"matchExpressions": [{"key": "a", "operator": "Gt"}]})
+        )
+        .matches(&labels(&[("a", "1")])));
     }
 }

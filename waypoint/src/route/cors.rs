@@ -42,7 +42,10 @@ enum OriginMatch {
     Any,
     Exact(String),
     /// One `*`: the text around it, anything (maybe nothing) in its place.
-    Wildcard { prefix: String, suffix: String },
+    Wildcard {
+        prefix: String,
+        suffix: String,
+    },
 }
 
 #[derive(Deserialize)]
@@ -67,14 +70,30 @@ impl<'de> Deserialize<'de> for Cors {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawCors::deserialize(d)?;
         // Values `validate` refuses compile to nothing here; the route never loads.
-        let joined = |v: &[String]| (!v.is_empty()).then(|| HeaderValue::from_str(&v.join(",")).ok()).flatten();
+        let joined = |v: &[String]| {
+            (!v.is_empty())
+                .then(|| HeaderValue::from_str(&v.join(",")).ok())
+                .flatten()
+        };
         let any = |v: &[String]| v.len() == 1 && v[0] == "*";
         let max_age = raw.max_age.unwrap_or(DEFAULT_MAX_AGE);
         Ok(Cors {
-            origins: raw.allow_origins.iter().map(|o| OriginMatch::new(o)).collect(),
-            methods: if any(&raw.allow_methods) { None } else { joined(&raw.allow_methods) },
+            origins: raw
+                .allow_origins
+                .iter()
+                .map(|o| OriginMatch::new(o))
+                .collect(),
+            methods: if any(&raw.allow_methods) {
+                None
+            } else {
+                joined(&raw.allow_methods)
+            },
             methods_any: any(&raw.allow_methods),
-            headers: if any(&raw.allow_headers) { None } else { joined(&raw.allow_headers) },
+            headers: if any(&raw.allow_headers) {
+                None
+            } else {
+                joined(&raw.allow_headers)
+            },
             headers_any: any(&raw.allow_headers),
             expose: joined(&raw.expose_headers),
             max_age_value: HeaderValue::from(max_age),
@@ -94,7 +113,10 @@ impl OriginMatch {
             return OriginMatch::Any;
         }
         match o.split_once('*') {
-            Some((prefix, suffix)) => OriginMatch::Wildcard { prefix: prefix.into(), suffix: suffix.into() },
+            Some((prefix, suffix)) => OriginMatch::Wildcard {
+                prefix: prefix.into(),
+                suffix: suffix.into(),
+            },
             None => OriginMatch::Exact(o.into()),
         }
     }
@@ -104,7 +126,9 @@ impl OriginMatch {
             OriginMatch::Any => is_serialized_origin(origin),
             OriginMatch::Exact(e) => e == origin,
             OriginMatch::Wildcard { prefix, suffix } => {
-                origin.len() >= prefix.len() + suffix.len() && origin.starts_with(prefix.as_str()) && origin.ends_with(suffix.as_str())
+                origin.len() >= prefix.len() + suffix.len()
+                    && origin.starts_with(prefix.as_str())
+                    && origin.ends_with(suffix.as_str())
             }
         }
     }
@@ -114,12 +138,16 @@ impl OriginMatch {
 /// non-empty authority without `/`, `?`, `#` or whitespace (the origin istiod allows
 /// for `*`; `null` and URLs with a path are not origins).
 fn is_serialized_origin(o: &str) -> bool {
-    let Some((scheme, rest)) = o.split_once("://") else { return false };
+    let Some((scheme, rest)) = o.split_once("://") else {
+        return false;
+    };
     let mut s = scheme.bytes();
     s.next().is_some_and(|b| b.is_ascii_alphabetic())
         && s.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
         && !rest.is_empty()
-        && !rest.bytes().any(|b| matches!(b, b'/' | b'?' | b'#') || b.is_ascii_whitespace())
+        && !rest
+            .bytes()
+            .any(|b| matches!(b, b'/' | b'?' | b'#') || b.is_ascii_whitespace())
 }
 
 /// What a rule's CORS policy makes of a request.
@@ -140,14 +168,21 @@ impl Cors {
         let Some(origin) = req.get(header::ORIGIN).filter(|v| !v.is_empty()) else {
             return CorsOutcome::NotCors;
         };
-        let allowed = origin.to_str().is_ok_and(|o| self.origins.iter().any(|m| m.matches(o)));
-        let request_method = req.get(header::ACCESS_CONTROL_REQUEST_METHOD).filter(|v| !v.is_empty());
+        let allowed = origin
+            .to_str()
+            .is_ok_and(|o| self.origins.iter().any(|m| m.matches(o)));
+        let request_method = req
+            .get(header::ACCESS_CONTROL_REQUEST_METHOD)
+            .filter(|v| !v.is_empty());
         let mut h = HeaderMap::new();
         if allowed {
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());
         }
         if self.allow_credentials {
-            h.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, HeaderValue::from_static("true"));
+            h.insert(
+                header::ACCESS_CONTROL_ALLOW_CREDENTIALS,
+                HeaderValue::from_static("true"),
+            );
         }
         let Some(request_method) = request_method.filter(|_| method == Method::OPTIONS) else {
             if !allowed {
@@ -166,7 +201,10 @@ impl Cors {
             h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, m.clone());
         }
         if self.headers_any {
-            if let Some(asked) = req.get(header::ACCESS_CONTROL_REQUEST_HEADERS).filter(|v| !v.is_empty()) {
+            if let Some(asked) = req
+                .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+                .filter(|v| !v.is_empty())
+            {
                 h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked.clone());
             }
         } else if let Some(a) = &self.headers {

@@ -12,7 +12,11 @@ pub struct GatewayDuration(pub Duration);
 impl std::str::FromStr for GatewayDuration {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("{s:?} is not a duration like \"10s\", \"500ms\" or \"1h30m\" (units h, m, s, ms)");
+        let bad = || {
+            format!(
+                "{s:?} is not a duration like \"10s\", \"500ms\" or \"1h30m\" (units h, m, s, ms)"
+            )
+        };
         let mut total = Duration::ZERO;
         let mut rest = s;
         let mut parts = 0;
@@ -46,7 +50,9 @@ impl std::str::FromStr for GatewayDuration {
 
 impl<'de> Deserialize<'de> for GatewayDuration {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 

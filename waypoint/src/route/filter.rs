@@ -27,13 +27,19 @@ impl PathModifier {
         match self {
             PathModifier::ReplaceFullPath(p) => p.clone(),
             PathModifier::ReplacePrefixMatch(replacement) => {
-                let rest = matched_prefix.and_then(|p| path.strip_prefix(p)).unwrap_or(path);
+                let rest = matched_prefix
+                    .and_then(|p| path.strip_prefix(p))
+                    .unwrap_or(path);
                 if rest.is_empty() {
                     return replacement.clone();
                 }
                 // `rest` starts with '/': join without doubling the slash.
                 let joined = format!("{}{rest}", replacement.trim_end_matches('/'));
-                if joined.is_empty() { "/".into() } else { joined }
+                if joined.is_empty() {
+                    "/".into()
+                } else {
+                    joined
+                }
             }
         }
     }
@@ -58,9 +64,16 @@ impl RequestRedirect {
             "http" => Some(80),
             _ => None,
         };
-        let port = self.port.or(if self.scheme.is_some() { well_known(scheme) } else { port });
+        let port = self.port.or(if self.scheme.is_some() {
+            well_known(scheme)
+        } else {
+            port
+        });
         let host = self.hostname.as_deref().unwrap_or(host);
-        let path = self.path.as_ref().map_or_else(|| path.to_string(), |m| m.apply(path, matched_prefix));
+        let path = self
+            .path
+            .as_ref()
+            .map_or_else(|| path.to_string(), |m| m.apply(path, matched_prefix));
         let mut loc = format!("{scheme}://{host}");
         if let Some(p) = port.filter(|p| Some(*p) != well_known(scheme)) {
             loc.push_str(&format!(":{p}"));
@@ -70,7 +83,8 @@ impl RequestRedirect {
             loc.push('?');
             loc.push_str(q);
         }
-        let status = StatusCode::from_u16(self.status_code.unwrap_or(302)).unwrap_or(StatusCode::FOUND);
+        let status =
+            StatusCode::from_u16(self.status_code.unwrap_or(302)).unwrap_or(StatusCode::FOUND);
         (status, loc)
     }
 }

@@ -6,7 +6,9 @@
 
 use serde::Deserialize;
 
-use super::model::{RouteKind, BackendRef, Filter, HeaderMatch, HttpRoute, PathMatch, RouteMatch, RouteRule};
+use super::model::{
+    BackendRef, Filter, HeaderMatch, HttpRoute, PathMatch, RouteKind, RouteMatch, RouteRule,
+};
 use crate::object::ObjectRef;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -58,28 +60,40 @@ fn exact() -> String {
 impl MethodMatch {
     /// The path match Istio makes of it.
     fn path(&self) -> Result<PathMatch, String> {
-        let (service, method) = (self.service.as_deref().filter(|s| !s.is_empty()), self.method.as_deref().filter(|m| !m.is_empty()));
+        let (service, method) = (
+            self.service.as_deref().filter(|s| !s.is_empty()),
+            self.method.as_deref().filter(|m| !m.is_empty()),
+        );
         match self.kind.as_str() {
             "Exact" => {
                 for (field, v) in [("service", service), ("method", method)] {
                     if v.is_some_and(|v| v.contains('/') || v.chars().any(char::is_whitespace)) {
-                        return Err(format!("{field}: {v:?} is not a gRPC name (no '/' or spaces)", v = v.unwrap_or_default()));
+                        return Err(format!(
+                            "{field}: {v:?} is not a gRPC name (no '/' or spaces)",
+                            v = v.unwrap_or_default()
+                        ));
                     }
                 }
                 match (service, method) {
                     (Some(s), Some(m)) => PathMatch::new("Exact", &format!("/{s}/{m}")),
                     (Some(s), None) => PathMatch::new("PathPrefix", &format!("/{s}/")),
-                    (None, Some(m)) => PathMatch::new("RegularExpression", &format!("/[^/]+/{}", regex::escape(m))),
+                    (None, Some(m)) => {
+                        PathMatch::new("RegularExpression", &format!("/[^/]+/{}", regex::escape(m)))
+                    }
                     (None, None) => Err("needs a service or a method (or both)".into()),
                 }
             }
             "RegularExpression" => match (service, method) {
-                (Some(s), Some(m)) => PathMatch::new("RegularExpression", &format!("/(?:{s})/(?:{m})")),
+                (Some(s), Some(m)) => {
+                    PathMatch::new("RegularExpression", &format!("/(?:{s})/(?:{m})"))
+                }
                 (Some(s), None) => PathMatch::new("RegularExpression", &format!("/(?:{s})/.+")),
                 (None, Some(m)) => PathMatch::new("RegularExpression", &format!("/[^/]+/(?:{m})")),
                 (None, None) => Err("needs a service or a method (or both)".into()),
             },
-            other => Err(format!("type {other:?} is not one of Exact, RegularExpression")),
+            other => Err(format!(
+                "type {other:?} is not one of Exact, RegularExpression"
+            )),
         }
     }
 }
@@ -90,7 +104,10 @@ impl GrpcRoute {
         let mut rules = Vec::with_capacity(self.rules.len());
         for (i, r) in self.rules.iter().enumerate() {
             for (j, f) in r.filters.iter().enumerate() {
-                if matches!(f, Filter::RequestRedirect(_) | Filter::UrlRewrite(_) | Filter::Cors(_)) {
+                if matches!(
+                    f,
+                    Filter::RequestRedirect(_) | Filter::UrlRewrite(_) | Filter::Cors(_)
+                ) {
                     return Err(format!(
                         "rules[{i}].filters[{j}]: GRPCRoute filters are RequestHeaderModifier, ResponseHeaderModifier and RequestMirror"
                     ));
@@ -99,10 +116,17 @@ impl GrpcRoute {
             let mut matches = Vec::with_capacity(r.matches.len());
             for (j, m) in r.matches.iter().enumerate() {
                 let path = match &m.method {
-                    Some(mm) => Some(mm.path().map_err(|e| format!("rules[{i}].matches[{j}].method: {e}"))?),
+                    Some(mm) => Some(
+                        mm.path()
+                            .map_err(|e| format!("rules[{i}].matches[{j}].method: {e}"))?,
+                    ),
                     None => None,
                 };
-                matches.push(RouteMatch { path, headers: m.headers.clone(), ..RouteMatch::default() });
+                matches.push(RouteMatch {
+                    path,
+                    headers: m.headers.clone(),
+                    ..RouteMatch::default()
+                });
             }
             rules.push(RouteRule {
                 name: r.name.clone(),

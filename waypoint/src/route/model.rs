@@ -200,7 +200,9 @@ impl PathMatch {
                 }
             }
             "RegularExpression" => Ok(PathMatch::Regex(full_match_regex(value)?)),
-            _ => Err(format!("path type {kind:?} is not one of Exact, PathPrefix, RegularExpression")),
+            _ => Err(format!(
+                "path type {kind:?} is not one of Exact, PathPrefix, RegularExpression"
+            )),
         }
     }
 }
@@ -225,7 +227,9 @@ impl ValueMatch {
         match kind {
             "Exact" => Ok(ValueMatch::Exact(value.to_string())),
             "RegularExpression" => Ok(ValueMatch::Regex(full_match_regex(value)?)),
-            _ => Err(format!("match type {kind:?} is not one of Exact, RegularExpression")),
+            _ => Err(format!(
+                "match type {kind:?} is not one of Exact, RegularExpression"
+            )),
         }
     }
 }
@@ -254,9 +258,13 @@ pub struct HeaderMatch {
 impl<'de> Deserialize<'de> for HeaderMatch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawNameValueMatch::deserialize(d)?;
-        let name = HeaderName::from_bytes(raw.name.as_bytes())
-            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name)))?;
-        Ok(HeaderMatch { name, value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)? })
+        let name = HeaderName::from_bytes(raw.name.as_bytes()).map_err(|_| {
+            serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name))
+        })?;
+        Ok(HeaderMatch {
+            name,
+            value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)?,
+        })
     }
 }
 
@@ -272,9 +280,14 @@ impl<'de> Deserialize<'de> for QueryParamMatch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawNameValueMatch::deserialize(d)?;
         if raw.name.is_empty() {
-            return Err(serde::de::Error::custom("query parameter name must not be empty"));
+            return Err(serde::de::Error::custom(
+                "query parameter name must not be empty",
+            ));
         }
-        Ok(QueryParamMatch { name: raw.name, value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)? })
+        Ok(QueryParamMatch {
+            name: raw.name,
+            value: ValueMatch::new(&raw.kind, &raw.value).map_err(serde::de::Error::custom)?,
+        })
     }
 }
 
@@ -284,12 +297,19 @@ pub struct MethodMatch(pub Method);
 
 impl<'de> Deserialize<'de> for MethodMatch {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const METHODS: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+        const METHODS: [&str; 9] = [
+            "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH",
+        ];
         let s = String::deserialize(d)?;
         if !METHODS.contains(&s.as_str()) {
-            return Err(serde::de::Error::custom(format!("method {s:?} is not one of {}", METHODS.join(", "))));
+            return Err(serde::de::Error::custom(format!(
+                "method {s:?} is not one of {}",
+                METHODS.join(", ")
+            )));
         }
-        Method::from_bytes(s.as_bytes()).map(MethodMatch).map_err(serde::de::Error::custom)
+        Method::from_bytes(s.as_bytes())
+            .map(MethodMatch)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -387,10 +407,12 @@ struct RawHttpHeader {
 impl<'de> Deserialize<'de> for HttpHeader {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawHttpHeader::deserialize(d)?;
-        let name = HeaderName::from_bytes(raw.name.as_bytes())
-            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name)))?;
-        let value = HeaderValue::from_str(&raw.value)
-            .map_err(|_| serde::de::Error::custom(format!("{:?} is not a valid header value", raw.value)))?;
+        let name = HeaderName::from_bytes(raw.name.as_bytes()).map_err(|_| {
+            serde::de::Error::custom(format!("{:?} is not a valid header name", raw.name))
+        })?;
+        let value = HeaderValue::from_str(&raw.value).map_err(|_| {
+            serde::de::Error::custom(format!("{:?} is not a valid header value", raw.value))
+        })?;
         Ok(HttpHeader { name, value })
     }
 }
@@ -425,12 +447,24 @@ struct RawPathModifier {
 impl<'de> Deserialize<'de> for PathModifier {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = RawPathModifier::deserialize(d)?;
-        let (m, value) = match (raw.kind.as_str(), raw.replace_full_path, raw.replace_prefix_match) {
+        let (m, value) = match (
+            raw.kind.as_str(),
+            raw.replace_full_path,
+            raw.replace_prefix_match,
+        ) {
             ("ReplaceFullPath", Some(p), None) => (PathModifier::ReplaceFullPath(p.clone()), p),
-            ("ReplacePrefixMatch", None, Some(p)) => (PathModifier::ReplacePrefixMatch(p.clone()), p),
-            ("ReplaceFullPath", ..) => return Err(serde::de::Error::custom("type ReplaceFullPath needs replaceFullPath, and only that")),
+            ("ReplacePrefixMatch", None, Some(p)) => {
+                (PathModifier::ReplacePrefixMatch(p.clone()), p)
+            }
+            ("ReplaceFullPath", ..) => {
+                return Err(serde::de::Error::custom(
+                    "type ReplaceFullPath needs replaceFullPath, and only that",
+                ))
+            }
             ("ReplacePrefixMatch", ..) => {
-                return Err(serde::de::Error::custom("type ReplacePrefixMatch needs replacePrefixMatch, and only that"))
+                return Err(serde::de::Error::custom(
+                    "type ReplacePrefixMatch needs replacePrefixMatch, and only that",
+                ))
             }
             (other, ..) => {
                 return Err(serde::de::Error::custom(format!(
@@ -441,7 +475,9 @@ impl<'de> Deserialize<'de> for PathModifier {
         // The result goes upstream as is: it must already be a clean path.
         match crate::path::normalize(&value) {
             Ok(n) if n == value => Ok(m),
-            Ok(n) => Err(serde::de::Error::custom(format!("path {value:?} is not in normalized form; write {n:?}"))),
+            Ok(n) => Err(serde::de::Error::custom(format!(
+                "path {value:?} is not in normalized form; write {n:?}"
+            ))),
             Err(e) => Err(serde::de::Error::custom(format!("path {value:?}: {e}"))),
         }
     }
@@ -557,8 +593,28 @@ impl RequestMirror {
 
 impl<'de> Deserialize<'de> for BackendRef {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let RawBackendRef { group, kind, name, namespace, port, weight, filters } = RawBackendRef::deserialize(d)?;
-        Ok(BackendRef { backend: ObjectRef { group, kind, name, namespace, port, section_name: None }, weight, filters, subset: None })
+        let RawBackendRef {
+            group,
+            kind,
+            name,
+            namespace,
+            port,
+            weight,
+            filters,
+        } = RawBackendRef::deserialize(d)?;
+        Ok(BackendRef {
+            backend: ObjectRef {
+                group,
+                kind,
+                name,
+                namespace,
+                port,
+                section_name: None,
+            },
+            weight,
+            filters,
+            subset: None,
+        })
     }
 }
 
@@ -595,11 +651,17 @@ fn opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duratio
 
 impl RouteRule {
     pub fn request_timeout(&self) -> Option<Duration> {
-        self.timeouts.as_ref().and_then(|t| t.request).and_then(GatewayDuration::as_timeout)
+        self.timeouts
+            .as_ref()
+            .and_then(|t| t.request)
+            .and_then(GatewayDuration::as_timeout)
     }
 
     pub fn backend_timeout(&self) -> Option<Duration> {
-        self.timeouts.as_ref().and_then(|t| t.backend_request).and_then(GatewayDuration::as_timeout)
+        self.timeouts
+            .as_ref()
+            .and_then(|t| t.backend_request)
+            .and_then(GatewayDuration::as_timeout)
     }
 
     /// The rule's CORS policy (validation allows one).

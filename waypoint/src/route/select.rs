@@ -5,16 +5,18 @@
 use http::header::HeaderMap;
 use http::Method;
 
-use super::model::{parent_kind, Attachment, BackendRef, HttpRoute, PathMatch, RouteMatch, RouteRule, ValueMatch};
+use super::model::{
+    parent_kind, Attachment, BackendRef, HttpRoute, PathMatch, RouteMatch, RouteRule, ValueMatch,
+};
 use crate::object::Target;
 
 impl PathMatch {
     fn matches(&self, path: &str) -> bool {
         match self {
             PathMatch::Exact(v) => path == v,
-            PathMatch::Prefix(p) => {
-                path.strip_prefix(p.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
-            }
+            PathMatch::Prefix(p) => path
+                .strip_prefix(p.as_str())
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with('/')),
             PathMatch::Regex(r) => r.is_match(path),
         }
     }
@@ -70,23 +72,40 @@ impl RouteMatch {
     fn matches(&self, req: &RouteRequest) -> bool {
         self.path().is_none_or(|p| p.matches(req.path))
             && self.method.as_ref().is_none_or(|m| m.0 == *req.method)
-            && self.headers.iter().all(|h| req.headers.get_all(&h.name).iter().any(|v| h.value.matches(v.as_bytes())))
-            && self.query_params.iter().all(|q| query_values(req.query, &q.name).any(|v| q.value.matches(&v)))
+            && self.headers.iter().all(|h| {
+                req.headers
+                    .get_all(&h.name)
+                    .iter()
+                    .any(|v| h.value.matches(v.as_bytes()))
+            })
+            && self
+                .query_params
+                .iter()
+                .all(|q| query_values(req.query, &q.name).any(|v| q.value.matches(&v)))
     }
 
     /// Gateway API precedence, higher first.
     fn precedence(&self) -> Precedence {
         let (kind, len) = self.path().map_or((1, 0), PathMatch::rank);
-        (kind, len, self.method.is_some(), self.headers.len(), self.query_params.len())
+        (
+            kind,
+            len,
+            self.method.is_some(),
+            self.headers.len(),
+            self.query_params.len(),
+        )
     }
 }
 
 /// The values of query parameter `name`, percent-decoded.
 fn query_values<'q>(query: Option<&'q str>, name: &'q str) -> impl Iterator<Item = Vec<u8>> + 'q {
-    query.into_iter().flat_map(|q| q.split('&')).filter_map(move |pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k.as_bytes()) == name.as_bytes()).then(|| percent_decode(v.as_bytes()))
-    })
+    query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter_map(move |pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k.as_bytes()) == name.as_bytes()).then(|| percent_decode(v.as_bytes()))
+        })
 }
 
 fn percent_decode(s: &[u8]) -> Vec<u8> {
@@ -95,7 +114,10 @@ fn percent_decode(s: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < s.len() {
         if s[i] == b'%' {
-            if let (Some(h), Some(l)) = (s.get(i + 1).and_then(|c| hex(*c)), s.get(i + 2).and_then(|c| hex(*c))) {
+            if let (Some(h), Some(l)) = (
+                s.get(i + 1).and_then(|c| hex(*c)),
+                s.get(i + 2).and_then(|c| hex(*c)),
+            ) {
                 out.push(h << 4 | l);
                 i += 3;
                 continue;
@@ -142,7 +164,8 @@ pub struct Selected<'a> {
 impl HttpRoute {
     fn attachment(&self, target: &Target) -> Option<Attachment> {
         // A VirtualService not exported to the waypoint's namespace is not in its scope.
-        if !crate::object::exported_to(&self.export_to, &self.namespace, &target.gateway.namespace) {
+        if !crate::object::exported_to(&self.export_to, &self.namespace, &target.gateway.namespace)
+        {
             return None;
         }
         let mut via_gateway = false;
@@ -150,7 +173,9 @@ impl HttpRoute {
             let ns = r.namespace.as_deref().unwrap_or(&self.namespace);
             match parent_kind(r) {
                 Some(Attachment::Service) => {
-                    let svc = target.service.is_some_and(|s| s.name == r.name && s.namespace == ns);
+                    let svc = target
+                        .service
+                        .is_some_and(|s| s.name == r.name && s.namespace == ns);
                     if svc && r.port.is_none_or(|p| p == target.port) {
                         return Some(Attachment::Service);
                     }
@@ -173,21 +198,32 @@ impl HttpRoute {
         self.hostnames.is_empty()
             || self.hostnames.iter().any(|h| match h.strip_prefix('*') {
                 // `*.example.com` matches one or more labels in front of `.example.com`.
-                Some(suffix) => host.len() > suffix.len() && host.ends_with(&suffix.to_ascii_lowercase()),
+                Some(suffix) => {
+                    host.len() > suffix.len() && host.ends_with(&suffix.to_ascii_lowercase())
+                }
                 None => host.eq_ignore_ascii_case(h),
             })
     }
 }
 
 /// A rule without matches matches every path.
-static DEFAULT_MATCH: RouteMatch = RouteMatch { path: None, headers: Vec::new(), query_params: Vec::new(), method: None };
+static DEFAULT_MATCH: RouteMatch = RouteMatch {
+    path: None,
+    headers: Vec::new(),
+    query_params: Vec::new(),
+    method: None,
+};
 
 /// The rule for a request among `routes`, by Gateway API precedence (see `route`).
 /// Routes on the Gateway whose `hostnames` don't cover the request's host don't apply.
 pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest) -> Selection<'a> {
-    let attached: Vec<(&HttpRoute, Attachment)> =
-        routes.iter().filter_map(|r| r.attachment(target).map(|a| (*r, a))).collect();
-    let service_routes = attached.iter().any(|(_, a)| matches!(a, Attachment::Service));
+    let attached: Vec<(&HttpRoute, Attachment)> = routes
+        .iter()
+        .filter_map(|r| r.attachment(target).map(|a| (*r, a)))
+        .collect();
+    let service_routes = attached
+        .iter()
+        .any(|(_, a)| matches!(a, Attachment::Service));
     let applying = attached.into_iter().filter(|(route, att)| match att {
         Attachment::Service => true,
         Attachment::Gateway => !service_routes && route.host_matches(req.host),
@@ -197,7 +233,11 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
     for (route, _) in applying {
         any = true;
         for (rule_index, rule) in route.rules.iter().enumerate() {
-            let matches = if rule.matches.is_empty() { std::slice::from_ref(&DEFAULT_MATCH) } else { &rule.matches };
+            let matches = if rule.matches.is_empty() {
+                std::slice::from_ref(&DEFAULT_MATCH)
+            } else {
+                &rule.matches
+            };
             for m in matches {
                 if !m.matches(req) {
                     continue;
@@ -211,7 +251,15 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
                     None => Some(""),
                     _ => None,
                 };
-                best = Some((p, Selected { route, rule, rule_index, matched_prefix }));
+                best = Some((
+                    p,
+                    Selected {
+                        route,
+                        rule,
+                        rule_index,
+                        matched_prefix,
+                    },
+                ));
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use serde::Deserialize;
 
-use super::model::{RouteKind, BackendRef, HttpRoute, RouteRule};
+use super::model::{BackendRef, HttpRoute, RouteKind, RouteRule};
 use crate::object::ObjectRef;
 
 #[derive(Clone, Debug, Deserialize)]
@@ -39,7 +39,9 @@ impl TcpRoute {
             return Err("rules[0].backendRefs: required (where the connections go)".into());
         }
         if let Some(i) = rule.backend_refs.iter().position(|b| !b.filters.is_empty()) {
-            return Err(format!("rules[0].backendRefs[{i}].filters: a TCPRoute's backends have no filters"));
+            return Err(format!(
+                "rules[0].backendRefs[{i}].filters: a TCPRoute's backends have no filters"
+            ));
         }
         let route = HttpRoute {
             name: self.name.clone(),
@@ -47,7 +49,11 @@ impl TcpRoute {
             parent_refs: self.parent_refs.clone(),
             kind: RouteKind::Tcp,
             hostnames: Vec::new(),
-            rules: vec![RouteRule { name: rule.name.clone(), backend_refs: rule.backend_refs.clone(), ..RouteRule::default() }],
+            rules: vec![RouteRule {
+                name: rule.name.clone(),
+                backend_refs: rule.backend_refs.clone(),
+                ..RouteRule::default()
+            }],
             export_to: Vec::new(),
         };
         route.validate()?;

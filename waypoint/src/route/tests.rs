@@ -17,7 +17,10 @@ fn routes(yaml: &str) -> Vec<HttpRoute> {
 fn err(yaml: &str) -> String {
     match serde_yaml::from_str::<Vec<HttpRoute>>(yaml) {
         Err(e) => e.to_string(),
-        Ok(rs) => rs.iter().find_map(|r| r.validate().err()).expect("route must be refused"),
+        Ok(rs) => rs
+            .iter()
+            .find_map(|r| r.validate().err())
+            .expect("route must be refused"),
     }
 }
 
@@ -34,7 +37,13 @@ fn req(path: &str) -> Req {
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (path.to_string(), None),
     };
-    Req { method: Method::GET, path, query, headers: HeaderMap::new(), host: "echo.default.svc.cluster.local".into() }
+    Req {
+        method: Method::GET,
+        path,
+        query,
+        headers: HeaderMap::new(),
+        host: "echo.default.svc.cluster.local".into(),
+    }
 }
 
 impl Req {
@@ -52,9 +61,21 @@ impl Req {
     }
     /// `route#rule` chosen for the echo service on port 80.
     fn pick(&self, routes: &[HttpRoute]) -> Option<String> {
-        let gw = ObjectName { namespace: "default".into(), name: "waypoint".into() };
-        let svc = ObjectName { namespace: "default".into(), name: "echo".into() };
-        let target = Target { gateway: &gw, service: Some(&svc), service_kind: Default::default(), root_namespace: "istio-system", port: 80 };
+        let gw = ObjectName {
+            namespace: "default".into(),
+            name: "waypoint".into(),
+        };
+        let svc = ObjectName {
+            namespace: "default".into(),
+            name: "echo".into(),
+        };
+        let target = Target {
+            gateway: &gw,
+            service: Some(&svc),
+            service_kind: Default::default(),
+            root_namespace: "istio-system",
+            port: 80,
+        };
         let refs: Vec<&HttpRoute> = routes.iter().collect();
         let r = RouteRequest {
             method: &self.method,
@@ -90,17 +111,62 @@ fn precedence_follows_gateway_api() {
     assert_eq!(req("/other").pick(&rs).as_deref(), Some("a#0"));
     assert_eq!(req("/api").pick(&rs).as_deref(), Some("a#1"));
     assert_eq!(req("/api/").pick(&rs).as_deref(), Some("a#1"));
-    assert_eq!(req("/apix").pick(&rs).as_deref(), Some("a#0"), "prefixes match whole segments");
-    assert_eq!(req("/api/v1").pick(&rs).as_deref(), Some("a#2"), "'/api/v1/' is the prefix /api/v1");
-    assert_eq!(req("/api/v1/x").pick(&rs).as_deref(), Some("a#3"), "exact beats everything");
-    assert_eq!(req("/api/v1/yes").pick(&rs).as_deref(), Some("a#4"), "regex beats a prefix");
-    assert_eq!(req("/api/v1/nope/y").pick(&rs).as_deref(), Some("a#2"), "regexes match the whole path");
-    assert_eq!(req("/api/z").method(Method::POST).pick(&rs).as_deref(), Some("a#5"), "method beats headers");
-    assert_eq!(req("/api/z").header("x-a", "1").pick(&rs).as_deref(), Some("a#6"));
-    assert_eq!(req("/api/z").header("x-a", "1").header("x-b", "1").pick(&rs).as_deref(), Some("a#7"));
-    assert_eq!(req("/api/z?q=a%20b").pick(&rs).as_deref(), Some("a#8"), "query values are decoded");
-    assert_eq!(req("/api/z?x=1&q=a%20b&q=c").pick(&rs).as_deref(), Some("a#8"));
-    assert_eq!(req("/api/z?Q=a%20b").pick(&rs).as_deref(), Some("a#1"), "names are case-sensitive");
+    assert_eq!(
+        req("/apix").pick(&rs).as_deref(),
+        Some("a#0"),
+        "prefixes match whole segments"
+    );
+    assert_eq!(
+        req("/api/v1").pick(&rs).as_deref(),
+        Some("a#2"),
+        "'/api/v1/' is the prefix /api/v1"
+    );
+    assert_eq!(
+        req("/api/v1/x").pick(&rs).as_deref(),
+        Some("a#3"),
+        "exact beats everything"
+    );
+    assert_eq!(
+        req("/api/v1/yes").pick(&rs).as_deref(),
+        Some("a#4"),
+        "regex beats a prefix"
+    );
+    assert_eq!(
+        req("/api/v1/nope/y").pick(&rs).as_deref(),
+        Some("a#2"),
+        "regexes match the whole path"
+    );
+    assert_eq!(
+        req("/api/z").method(Method::POST).pick(&rs).as_deref(),
+        Some("a#5"),
+        "method beats headers"
+    );
+    assert_eq!(
+        req("/api/z").header("x-a", "1").pick(&rs).as_deref(),
+        Some("a#6")
+    );
+    assert_eq!(
+        req("/api/z")
+            .header("x-a", "1")
+            .header("x-b", "1")
+            .pick(&rs)
+            .as_deref(),
+        Some("a#7")
+    );
+    assert_eq!(
+        req("/api/z?q=a%20b").pick(&rs).as_deref(),
+        Some("a#8"),
+        "query values are decoded"
+    );
+    assert_eq!(
+        req("/api/z?x=1&q=a%20b&q=c").pick(&rs).as_deref(),
+        Some("a#8")
+    );
+    assert_eq!(
+        req("/api/z?Q=a%20b").pick(&rs).as_deref(),
+        Some("a#1"),
+        "names are case-sensitive"
+    );
 }
 
 #[test]
@@ -110,12 +176,37 @@ fn header_values_match_one_by_one() {
          \x20 - matches: [{{headers: [{{name: X-Version, value: v2}}]}}]\n\
          \x20 - matches: [{{headers: [{{type: RegularExpression, name: x-user, value: 'adm.n'}}]}}]\n"
     ));
-    assert_eq!(req("/").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
-    assert_eq!(req("/").header("x-version", "v1").header("x-version", "v2").pick(&rs).as_deref(), Some("a#0"));
-    assert_eq!(req("/").header("x-version", "v1,v2").pick(&rs).as_deref(), Some("404"), "never split or joined");
-    assert_eq!(req("/").header("x-version", "V2").pick(&rs).as_deref(), Some("404"), "values are case-sensitive");
-    assert_eq!(req("/").header("x-user", "admin").pick(&rs).as_deref(), Some("a#1"));
-    assert_eq!(req("/").header("x-user", "xadmin").pick(&rs).as_deref(), Some("404"), "regexes are anchored");
+    assert_eq!(
+        req("/").header("x-version", "v2").pick(&rs).as_deref(),
+        Some("a#0")
+    );
+    assert_eq!(
+        req("/")
+            .header("x-version", "v1")
+            .header("x-version", "v2")
+            .pick(&rs)
+            .as_deref(),
+        Some("a#0")
+    );
+    assert_eq!(
+        req("/").header("x-version", "v1,v2").pick(&rs).as_deref(),
+        Some("404"),
+        "never split or joined"
+    );
+    assert_eq!(
+        req("/").header("x-version", "V2").pick(&rs).as_deref(),
+        Some("404"),
+        "values are case-sensitive"
+    );
+    assert_eq!(
+        req("/").header("x-user", "admin").pick(&rs).as_deref(),
+        Some("a#1")
+    );
+    assert_eq!(
+        req("/").header("x-user", "xadmin").pick(&rs).as_deref(),
+        Some("404"),
+        "regexes are anchored"
+    );
 }
 
 #[test]
@@ -135,8 +226,15 @@ fn attachment_by_service_port_and_gateway() {
          - name: other\n  namespace: default\n  parentRefs: [{group: '', kind: Service, name: other}]\n",
     );
     // Port 80: the Service route is for port 81, so the Gateway route applies, by host.
-    assert_eq!(req("/").host("a.example.com").pick(&rs).as_deref(), Some("gw#0"));
-    assert_eq!(req("/").host("example.com").pick(&rs), None, "a Gateway route for other hosts does not apply");
+    assert_eq!(
+        req("/").host("a.example.com").pick(&rs).as_deref(),
+        Some("gw#0")
+    );
+    assert_eq!(
+        req("/").host("example.com").pick(&rs),
+        None,
+        "a Gateway route for other hosts does not apply"
+    );
     assert_eq!(req("/").pick(&rs), None);
     // A Service route for the request's port takes precedence over Gateway routes.
     let rs = routes(&format!(
@@ -144,7 +242,11 @@ fn attachment_by_service_port_and_gateway() {
          - name: svc\n  namespace: default\n  {SVC}\n  rules: [{{matches: [{{path: {{type: Exact, value: /only}}}}]}}]\n"
     ));
     assert_eq!(req("/only").pick(&rs).as_deref(), Some("svc#0"));
-    assert_eq!(req("/x").pick(&rs).as_deref(), Some("404"), "Gateway routes don't apply to a Service with routes");
+    assert_eq!(
+        req("/x").pick(&rs).as_deref(),
+        Some("404"),
+        "Gateway routes don't apply to a Service with routes"
+    );
 }
 
 #[test]
@@ -157,13 +259,24 @@ fn weighted_backends() {
     let rule = &rs[0].rules[0];
     let mut counts = std::collections::HashMap::new();
     for roll in 0..1000u64 {
-        *counts.entry(rule.pick_backend(roll).map(|b| b.backend.name.clone())).or_insert(0) += 1;
+        *counts
+            .entry(rule.pick_backend(roll).map(|b| b.backend.name.clone()))
+            .or_insert(0) += 1;
     }
     assert_eq!(counts[&Some("v1".to_string())], 900);
     assert_eq!(counts[&Some("v2".to_string())], 100);
     assert!(!counts.contains_key(&Some("v3".to_string())));
-    assert!(rs[0].rules[1].pick_backend(7).is_none(), "all weights 0: no backend");
-    assert_eq!(rule.backend_refs[0].service("default"), ObjectName { namespace: "default".into(), name: "v1".into() });
+    assert!(
+        rs[0].rules[1].pick_backend(7).is_none(),
+        "all weights 0: no backend"
+    );
+    assert_eq!(
+        rule.backend_refs[0].service("default"),
+        ObjectName {
+            namespace: "default".into(),
+            name: "v1".into()
+        }
+    );
 }
 
 #[test]
@@ -171,47 +284,87 @@ fn filters_rewrite_and_redirect() {
     let rw = |kind: &str, value: &str, path: &str, prefix: Option<&str>| {
         let m: PathModifier = serde_yaml::from_str(&format!(
             "{{type: {kind}, {}: '{value}'}}",
-            if kind == "ReplaceFullPath" { "replaceFullPath" } else { "replacePrefixMatch" }
+            if kind == "ReplaceFullPath" {
+                "replaceFullPath"
+            } else {
+                "replacePrefixMatch"
+            }
         ))
         .expect("modifier");
         m.apply(path, prefix)
     };
-    assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api/items", Some("/api")), "/v2/items");
+    assert_eq!(
+        rw("ReplacePrefixMatch", "/v2", "/api/items", Some("/api")),
+        "/v2/items"
+    );
     assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api", Some("/api")), "/v2");
-    assert_eq!(rw("ReplacePrefixMatch", "/v2", "/api/", Some("/api")), "/v2/");
-    assert_eq!(rw("ReplacePrefixMatch", "/", "/api/items", Some("/api")), "/items");
+    assert_eq!(
+        rw("ReplacePrefixMatch", "/v2", "/api/", Some("/api")),
+        "/v2/"
+    );
+    assert_eq!(
+        rw("ReplacePrefixMatch", "/", "/api/items", Some("/api")),
+        "/items"
+    );
     assert_eq!(rw("ReplacePrefixMatch", "/", "/api", Some("/api")), "/");
-    assert_eq!(rw("ReplacePrefixMatch", "/v2/", "/api/x", Some("/api")), "/v2/x");
-    assert_eq!(rw("ReplacePrefixMatch", "/pre", "/x", Some("")), "/pre/x", "prefix '/' keeps the whole path");
+    assert_eq!(
+        rw("ReplacePrefixMatch", "/v2/", "/api/x", Some("/api")),
+        "/v2/x"
+    );
+    assert_eq!(
+        rw("ReplacePrefixMatch", "/pre", "/x", Some("")),
+        "/pre/x",
+        "prefix '/' keeps the whole path"
+    );
     assert_eq!(rw("ReplaceFullPath", "/new", "/old/x", None), "/new");
 
-    let redirect: RequestRedirect = serde_yaml::from_str("{path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}").expect("redirect");
+    let redirect: RequestRedirect = serde_yaml::from_str(
+        "{path: {type: ReplaceFullPath, replaceFullPath: /new}, statusCode: 301}",
+    )
+    .expect("redirect");
     let (s, l) = redirect.location("http", "echo", Some(80), "/old", Some("q=1"), None);
     assert_eq!((s.as_u16(), l.as_str()), (301, "http://echo/new?q=1"));
     let (s, l) = redirect.location("http", "echo", Some(8080), "/old", None, None);
     assert_eq!((s.as_u16(), l.as_str()), (301, "http://echo:8080/new"));
-    let https: RequestRedirect = serde_yaml::from_str("{scheme: https, hostname: secure.example.com}").expect("redirect");
+    let https: RequestRedirect =
+        serde_yaml::from_str("{scheme: https, hostname: secure.example.com}").expect("redirect");
     let (s, l) = https.location("http", "echo", Some(8080), "/a", None, None);
-    assert_eq!((s.as_u16(), l.as_str()), (302, "https://secure.example.com/a"), "the scheme's own port");
-    let port: RequestRedirect = serde_yaml::from_str("{scheme: https, port: 8443}").expect("redirect");
-    assert_eq!(port.location("http", "h", None, "/", None, None).1, "https://h:8443/");
+    assert_eq!(
+        (s.as_u16(), l.as_str()),
+        (302, "https://secure.example.com/a"),
+        "the scheme's own port"
+    );
+    let port: RequestRedirect =
+        serde_yaml::from_str("{scheme: https, port: 8443}").expect("redirect");
+    assert_eq!(
+        port.location("http", "h", None, "/", None, None).1,
+        "https://h:8443/"
+    );
 
     let mut h = HeaderMap::new();
     h.insert("x-a", HeaderValue::from_static("old"));
     h.append("x-b", HeaderValue::from_static("1"));
     h.insert("x-gone", HeaderValue::from_static("1"));
-    let m: HeaderModifier =
-        serde_yaml::from_str("{set: [{name: X-A, value: new}], add: [{name: x-b, value: '2'}], remove: [X-Gone]}").expect("modifier");
+    let m: HeaderModifier = serde_yaml::from_str(
+        "{set: [{name: X-A, value: new}], add: [{name: x-b, value: '2'}], remove: [X-Gone]}",
+    )
+    .expect("modifier");
     m.apply(&mut h);
     assert_eq!(h.get_all("x-a").iter().collect::<Vec<_>>(), ["new"]);
     assert_eq!(h.get_all("x-b").iter().collect::<Vec<_>>(), ["1", "2"]);
     assert!(!h.contains_key("x-gone"));
 
-    let mirror: RequestMirror = serde_yaml::from_str("{backendRef: {name: shadow, port: 80}, percent: 25}").expect("mirror");
+    let mirror: RequestMirror =
+        serde_yaml::from_str("{backendRef: {name: shadow, port: 80}, percent: 25}")
+            .expect("mirror");
     assert!(mirror.sampled(0.2) && !mirror.sampled(0.3));
-    let all: RequestMirror = serde_yaml::from_str("{backendRef: {name: shadow, port: 80}}").expect("mirror");
+    let all: RequestMirror =
+        serde_yaml::from_str("{backendRef: {name: shadow, port: 80}}").expect("mirror");
     assert!(all.sampled(0.999));
-    let frac: RequestMirror = serde_yaml::from_str("{backendRef: {name: s, port: 80}, fraction: {numerator: 1, denominator: 1000}}").expect("mirror");
+    let frac: RequestMirror = serde_yaml::from_str(
+        "{backendRef: {name: s, port: 80}, fraction: {numerator: 1, denominator: 1000}}",
+    )
+    .expect("mirror");
     assert!(frac.sampled(0.0005) && !frac.sampled(0.002));
 }
 
@@ -223,7 +376,17 @@ fn durations() {
     assert_eq!(d("1h30m"), Ok(Duration::from_secs(5400)));
     assert_eq!(d("1m0s500ms"), Ok(Duration::from_millis(60_500)));
     assert_eq!(d("0s"), Ok(Duration::ZERO));
-    for bad in ["", "10", "1.5s", "s", "10us", "-1s", "1h1m1s1ms1ms", "123456s", " 1s"] {
+    for bad in [
+        "",
+        "10",
+        "1.5s",
+        "s",
+        "10us",
+        "-1s",
+        "1h1m1s1ms1ms",
+        "123456s",
+        " 1s",
+    ] {
         assert!(d(bad).is_err(), "{bad:?}");
     }
     let rs = routes(&format!(
@@ -231,11 +394,24 @@ fn durations() {
          \x20 - timeouts: {{request: 3s, backendRequest: 300ms}}\n    retry: {{attempts: 2, backoff: 10ms}}\n\
          \x20 - timeouts: {{request: 0s}}\n"
     ));
-    assert_eq!(rs[0].rules[0].request_timeout(), Some(Duration::from_secs(3)));
-    assert_eq!(rs[0].rules[0].backend_timeout(), Some(Duration::from_millis(300)));
+    assert_eq!(
+        rs[0].rules[0].request_timeout(),
+        Some(Duration::from_secs(3))
+    );
+    assert_eq!(
+        rs[0].rules[0].backend_timeout(),
+        Some(Duration::from_millis(300))
+    );
     let retry = rs[0].rules[0].retry.as_ref().expect("retry");
-    assert_eq!((retry.attempts, retry.codes.as_slice(), retry.backoff), (Some(2), &[503][..], Some(Duration::from_millis(10))));
-    assert_eq!(rs[0].rules[1].request_timeout(), None, "0s disables the timeout");
+    assert_eq!(
+        (retry.attempts, retry.codes.as_slice(), retry.backoff),
+        (Some(2), &[503][..], Some(Duration::from_millis(10)))
+    );
+    assert_eq!(
+        rs[0].rules[1].request_timeout(),
+        None,
+        "0s disables the timeout"
+    );
 }
 
 #[test]
@@ -313,20 +489,53 @@ fn grpc_routes_match_services_and_methods() {
     let post = |p: &str| req(p).method(Method::POST);
     assert_eq!(post("/echo.Echo/Say").pick(&rs).as_deref(), Some("g#0"));
     assert_eq!(post("/echo.Echo/Other").pick(&rs).as_deref(), Some("g#1"));
-    assert_eq!(post("/grpc.health.v1.Health/Health").pick(&rs).as_deref(), Some("g#2"));
-    assert_eq!(post("/admin.Users/GetUser").pick(&rs).as_deref(), Some("g#3"));
-    assert_eq!(post("/admin.Users/DeleteUser").pick(&rs).as_deref(), Some("404"));
-    assert_eq!(post("/other.Svc/Call").header("x-canary", "yes").pick(&rs).as_deref(), Some("g#4"));
+    assert_eq!(
+        post("/grpc.health.v1.Health/Health").pick(&rs).as_deref(),
+        Some("g#2")
+    );
+    assert_eq!(
+        post("/admin.Users/GetUser").pick(&rs).as_deref(),
+        Some("g#3")
+    );
+    assert_eq!(
+        post("/admin.Users/DeleteUser").pick(&rs).as_deref(),
+        Some("404")
+    );
+    assert_eq!(
+        post("/other.Svc/Call")
+            .header("x-canary", "yes")
+            .pick(&rs)
+            .as_deref(),
+        Some("g#4")
+    );
     // "echo.Echo" is not a prefix of "echo.EchoV2".
     assert_eq!(post("/echo.EchoV2/Say").pick(&rs).as_deref(), Some("404"));
     for (yaml, want) in [
-        ("rules: [{matches: [{method: {}}]}]", "rules[0].matches[0].method: needs a service or a method"),
-        ("rules: [{matches: [{method: {service: 'a/b'}}]}]", "is not a gRPC name"),
-        ("rules: [{matches: [{method: {type: Prefix, service: a}}]}]", "type \"Prefix\""),
-        ("rules: [{filters: [{type: URLRewrite, urlRewrite: {hostname: x}}]}]", "rules[0].filters[0]: GRPCRoute filters are"),
-        ("rules: [{matches: [{path: {value: /a}}]}]", "unknown field `path`"),
+        (
+            "rules: [{matches: [{method: {}}]}]",
+            "rules[0].matches[0].method: needs a service or a method",
+        ),
+        (
+            "rules: [{matches: [{method: {service: 'a/b'}}]}]",
+            "is not a gRPC name",
+        ),
+        (
+            "rules: [{matches: [{method: {type: Prefix, service: a}}]}]",
+            "type \"Prefix\"",
+        ),
+        (
+            "rules: [{filters: [{type: URLRewrite, urlRewrite: {hostname: x}}]}]",
+            "rules[0].filters[0]: GRPCRoute filters are",
+        ),
+        (
+            "rules: [{matches: [{path: {value: /a}}]}]",
+            "unknown field `path`",
+        ),
     ] {
-        let e = grpc_routes(&format!("- name: g\n  namespace: default\n  {SVC}\n  {yaml}\n")).expect_err(yaml);
+        let e = grpc_routes(&format!(
+            "- name: g\n  namespace: default\n  {SVC}\n  {yaml}\n"
+        ))
+        .expect_err(yaml);
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
 }
@@ -340,33 +549,59 @@ fn backend_ref_filters_are_header_modifiers() {
          {{name: v2, port: 80}}]}}]}}"
     ));
     let b = &rs[0].rules[0].backend_refs;
-    assert_eq!(b[0].request_modifier().map(|m| m.set[0].name.as_str()), Some("x-backend"));
-    assert_eq!(b[0].response_modifier().map(|m| m.add[0].value.as_bytes()), Some(&b"v1"[..]));
+    assert_eq!(
+        b[0].request_modifier().map(|m| m.set[0].name.as_str()),
+        Some("x-backend")
+    );
+    assert_eq!(
+        b[0].response_modifier().map(|m| m.add[0].value.as_bytes()),
+        Some(&b"v1"[..])
+    );
     assert!(b[1].filters.is_empty());
     // A TCPRoute's backends have none.
     let tcp: Vec<TcpRoute> = serde_yaml::from_str(&format!(
         "- {{name: t, namespace: default, {SVC}, rules: [{{backendRefs: [{{name: v1, port: 80, filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{remove: [a]}}}}]}}]}}]}}"
     ))
     .expect("yaml");
-    assert!(tcp[0].to_http().expect_err("filters").contains("rules[0].backendRefs[0].filters"));
+    assert!(tcp[0]
+        .to_http()
+        .expect_err("filters")
+        .contains("rules[0].backendRefs[0].filters"));
 }
 
 #[test]
 fn tcp_routes_have_one_rule_with_backends() {
     let one = |yaml: &str| -> Result<HttpRoute, String> {
-        let r: TcpRoute = serde_yaml::from_str(&format!("name: t\nnamespace: default\n{SVC}\n{yaml}")).map_err(|e| e.to_string())?;
+        let r: TcpRoute =
+            serde_yaml::from_str(&format!("name: t\nnamespace: default\n{SVC}\n{yaml}"))
+                .map_err(|e| e.to_string())?;
         r.to_http()
     };
-    let r = one("rules: [{backendRefs: [{name: a, port: 9000, weight: 3}, {name: b, port: 9000}]}]").expect("valid");
+    let r =
+        one("rules: [{backendRefs: [{name: a, port: 9000, weight: 3}, {name: b, port: 9000}]}]")
+            .expect("valid");
     assert_eq!(r.rules[0].backend_refs.len(), 2);
-    assert!(one("rules: [{backendRefs: [{name: a, port: 1}]}, {backendRefs: [{name: b, port: 1}]}]").expect_err("two rules").contains("exactly one"));
-    assert!(one("rules: [{backendRefs: []}]").expect_err("no backends").contains("rules[0].backendRefs: required"));
-    assert!(one("rules: [{backendRefs: [{name: a}]}]").expect_err("no port").contains("port: required"));
-    assert!(one("rules: [{matches: []}]").expect_err("no matches in TCPRoute").contains("unknown field `matches`"));
+    assert!(one(
+        "rules: [{backendRefs: [{name: a, port: 1}]}, {backendRefs: [{name: b, port: 1}]}]"
+    )
+    .expect_err("two rules")
+    .contains("exactly one"));
+    assert!(one("rules: [{backendRefs: []}]")
+        .expect_err("no backends")
+        .contains("rules[0].backendRefs: required"));
+    assert!(one("rules: [{backendRefs: [{name: a}]}]")
+        .expect_err("no port")
+        .contains("port: required"));
+    assert!(one("rules: [{matches: []}]")
+        .expect_err("no matches in TCPRoute")
+        .contains("unknown field `matches`"));
 }
 
 fn vs(yaml: &str) -> Result<HttpRoute, String> {
-    let v: VirtualService = serde_yaml::from_str(&format!("name: v\nnamespace: default\nhosts: [echo]\n{yaml}")).map_err(|e| e.to_string())?;
+    let v: VirtualService = serde_yaml::from_str(&format!(
+        "name: v\nnamespace: default\nhosts: [echo]\n{yaml}"
+    ))
+    .map_err(|e| e.to_string())?;
     v.to_http()
 }
 
@@ -374,9 +609,25 @@ fn vs(yaml: &str) -> Result<HttpRoute, String> {
 /// (the waypoint here is in `default`; the file path, as the cluster's).
 #[test]
 fn virtual_services_honour_export_to() {
-    let with = |export: &str| vs(&format!("exportTo: {export}\nhttp: [{{route: [{{destination: {{host: echo}}}}]}}]")).expect(export);
-    for (export, applies) in [("[]", true), ("['*']", true), ("['.']", true), ("[default]", true), ("[shop]", false), ("[shop, '.']", true)] {
-        assert_eq!(req("/").pick(&[with(export)]).is_some(), applies, "exportTo {export}");
+    let with = |export: &str| {
+        vs(&format!(
+            "exportTo: {export}\nhttp: [{{route: [{{destination: {{host: echo}}}}]}}]"
+        ))
+        .expect(export)
+    };
+    for (export, applies) in [
+        ("[]", true),
+        ("['*']", true),
+        ("['.']", true),
+        ("[default]", true),
+        ("[shop]", false),
+        ("[shop, '.']", true),
+    ] {
+        assert_eq!(
+            req("/").pick(&[with(export)]).is_some(),
+            applies,
+            "exportTo {export}"
+        );
     }
     // From another namespace, `.` is that namespace's own.
     let mut other = with("['.']");
@@ -402,26 +653,69 @@ fn virtual_services_route_and_inject_faults() {
     .expect("converts");
     assert_eq!(r.kind, RouteKind::Virtual);
     let rs = vec![r];
-    assert_eq!(req("/apix").header("x-user", "jason").pick(&rs).as_deref(), Some("v#0"), "a string prefix");
-    assert_eq!(req("/api").pick(&rs).as_deref(), Some("v#2"), "the header must match");
+    assert_eq!(
+        req("/apix").header("x-user", "jason").pick(&rs).as_deref(),
+        Some("v#0"),
+        "a string prefix"
+    );
+    assert_eq!(
+        req("/api").pick(&rs).as_deref(),
+        Some("v#2"),
+        "the header must match"
+    );
     assert_eq!(req("/abort").pick(&rs).as_deref(), Some("v#1"));
     let rule0 = &rs[0].rules[0];
-    assert_eq!((rule0.request_timeout(), rule0.backend_timeout()), (Some(Duration::from_secs(2)), Some(Duration::from_millis(500))));
+    assert_eq!(
+        (rule0.request_timeout(), rule0.backend_timeout()),
+        (
+            Some(Duration::from_secs(2)),
+            Some(Duration::from_millis(500))
+        )
+    );
     let retry = rule0.retry.as_ref().expect("retry");
-    assert_eq!((retry.attempts, retry.codes.clone()), (Some(3), vec![502, 503, 504]));
+    assert_eq!(
+        (retry.attempts, retry.codes.clone()),
+        (Some(3), vec![502, 503, 504])
+    );
     let fault = rs[0].rules[1].fault.expect("fault");
-    assert_eq!((fault.abort_for(0.99), fault.delay_for(0.0)), (Some(418), None));
+    assert_eq!(
+        (fault.abort_for(0.99), fault.delay_for(0.0)),
+        (Some(418), None)
+    );
     let half = vs("http: [{fault: {delay: {fixedDelay: 1s, percentage: {value: 50}}}, route: [{destination: {host: echo}}]}]").expect("delay");
     let f = half.rules[0].fault.expect("fault");
-    assert_eq!((f.delay_for(0.2), f.delay_for(0.7)), (Some(Duration::from_secs(1)), None));
-    assert_eq!(rs[0].rules[2].backend_refs.iter().map(|b| b.weight).collect::<Vec<_>>(), [80, 20]);
+    assert_eq!(
+        (f.delay_for(0.2), f.delay_for(0.7)),
+        (Some(Duration::from_secs(1)), None)
+    );
+    assert_eq!(
+        rs[0].rules[2]
+            .backend_refs
+            .iter()
+            .map(|b| b.weight)
+            .collect::<Vec<_>>(),
+        [80, 20]
+    );
     let sub = vs("http: [{route: [{destination: {host: echo, subset: v1}, weight: 90}, {destination: {host: echo, subset: v2}, weight: 10}]}]").expect("subsets");
-    assert_eq!(sub.rules[0].backend_refs.iter().map(|b| b.subset.as_deref()).collect::<Vec<_>>(), [Some("v1"), Some("v2")]);
+    assert_eq!(
+        sub.rules[0]
+            .backend_refs
+            .iter()
+            .map(|b| b.subset.as_deref())
+            .collect::<Vec<_>>(),
+        [Some("v1"), Some("v2")]
+    );
     // Per-destination headers are that backend's header modifiers.
     let d = vs("http: [{route: [{destination: {host: echo-v1}, headers: {request: {set: {x-v: '1'}}, response: {add: {x-from: v1}}}}, {destination: {host: echo-v2}}]}]").expect("headers");
     let b = &d.rules[0].backend_refs;
-    assert_eq!(b[0].request_modifier().map(|m| m.set[0].value.as_bytes()), Some(&b"1"[..]));
-    assert_eq!(b[0].response_modifier().map(|m| m.add[0].name.as_str()), Some("x-from"));
+    assert_eq!(
+        b[0].request_modifier().map(|m| m.set[0].value.as_bytes()),
+        Some(&b"1"[..])
+    );
+    assert_eq!(
+        b[0].response_modifier().map(|m| m.add[0].name.as_str()),
+        Some("x-from")
+    );
     assert!(b[1].request_modifier().is_none() && b[1].response_modifier().is_none());
     for (yaml, want) in [
         ("http: [{route: [{destination: {host: echo, subset: ''}}]}]", "http[0].route[0].destination.subset: must not be empty"),
@@ -440,15 +734,23 @@ fn virtual_services_route_and_inject_faults() {
 #[test]
 fn session_persistence_is_checked_when_it_loads() {
     let ok = routes(&format!("- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {{sessionName: s, absoluteTimeout: 1h, cookieConfig: {{lifetimeType: Permanent}}}}}}]}}"));
-    let sp = ok[0].rules[0].session_persistence.as_ref().expect("session");
+    let sp = ok[0].rules[0]
+        .session_persistence
+        .as_ref()
+        .expect("session");
     assert_eq!((sp.name(), sp.kind), ("s", SessionKind::Cookie));
     for (yaml, want) in [
         ("{sessionName: 'a b'}", "sessionName"),
         ("{idleTimeout: 1m}", "idleTimeout: not supported"),
-        ("{cookieConfig: {lifetimeType: Permanent}}", "absoluteTimeout: required"),
+        (
+            "{cookieConfig: {lifetimeType: Permanent}}",
+            "absoluteTimeout: required",
+        ),
         ("{type: Query}", "unknown variant"),
     ] {
-        let e = err(&format!("- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {yaml}}}]}}"));
+        let e = err(&format!(
+            "- {{name: a, namespace: default, {SVC}, rules: [{{sessionPersistence: {yaml}}}]}}"
+        ));
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
 }
@@ -468,7 +770,10 @@ fn cors_filters_load_with_gateway_api_defaults() {
         matches!(cors.on_request(&Method::GET, &h), CorsOutcome::Response(_))
     };
     assert!(origin("https://app.example.com"));
-    assert!(!origin("https://APP.EXAMPLE.COM"), "exact origins are case-sensitive (Envoy's exact match)");
+    assert!(
+        !origin("https://APP.EXAMPLE.COM"),
+        "exact origins are case-sensitive (Envoy's exact match)"
+    );
     assert!(origin("https://x.y.example.com"), "`*` spans labels");
     assert!(!origin("https://example.com"), "`*.` needs a label");
     assert!(origin("http://anything:8080") && !origin("http://anything:8081"));

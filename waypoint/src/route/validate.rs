@@ -6,8 +6,8 @@ use http::header::HeaderName;
 
 use super::cors::Cors;
 use super::model::{
-    parent_kind, Attachment, Filter, HeaderModifier, HttpRoute, PathMatch, PathModifier, RequestMirror, RequestRedirect,
-    RouteRule,
+    parent_kind, Attachment, Filter, HeaderModifier, HttpRoute, PathMatch, PathModifier,
+    RequestMirror, RequestRedirect, RouteRule,
 };
 use crate::object::{ObjectRef, GATEWAY_GROUP};
 
@@ -50,13 +50,19 @@ impl HttpRoute {
             }
             match kind {
                 Attachment::Service if r.section_name.is_some() => {
-                    return Err(format!("{at}.sectionName: select a Service port with `port`"))
+                    return Err(format!(
+                        "{at}.sectionName: select a Service port with `port`"
+                    ))
                 }
                 Attachment::Gateway if r.port.is_some() => {
-                    return Err(format!("{at}.port: a waypoint Gateway has one listener; leave port out"))
+                    return Err(format!(
+                        "{at}.port: a waypoint Gateway has one listener; leave port out"
+                    ))
                 }
                 Attachment::Gateway if r.section_name.as_deref().is_some_and(|s| s != "mesh") => {
-                    return Err(format!("{at}.sectionName: the waypoint's only listener is \"mesh\""))
+                    return Err(format!(
+                        "{at}.sectionName: the waypoint's only listener is \"mesh\""
+                    ))
                 }
                 _ => {}
             }
@@ -80,13 +86,19 @@ impl RouteRule {
             let mut names = std::collections::HashSet::new();
             for (j, h) in m.headers.iter().enumerate() {
                 if !names.insert(h.name.clone()) {
-                    return Err(format!("{at}.matches[{i}].headers[{j}]: header {} is matched twice", h.name));
+                    return Err(format!(
+                        "{at}.matches[{i}].headers[{j}]: header {} is matched twice",
+                        h.name
+                    ));
                 }
             }
             let mut params = std::collections::HashSet::new();
             for (j, q) in m.query_params.iter().enumerate() {
                 if !params.insert(q.name.clone()) {
-                    return Err(format!("{at}.matches[{i}].queryParams[{j}]: parameter {} is matched twice", q.name));
+                    return Err(format!(
+                        "{at}.matches[{i}].queryParams[{j}]: parameter {} is matched twice",
+                        q.name
+                    ));
                 }
             }
         }
@@ -103,13 +115,20 @@ impl RouteRule {
             ));
         }
         if redirects > 0 && rewrites > 0 {
-            return Err(format!("{at}.filters: RequestRedirect and URLRewrite cannot be combined"));
+            return Err(format!(
+                "{at}.filters: RequestRedirect and URLRewrite cannot be combined"
+            ));
         }
         if redirects > 0 && !self.backend_refs.is_empty() {
-            return Err(format!("{at}: a rule with a RequestRedirect answers itself; remove its backendRefs"));
+            return Err(format!(
+                "{at}: a rule with a RequestRedirect answers itself; remove its backendRefs"
+            ));
         }
         let all_prefix = !self.matches.is_empty()
-            && self.matches.iter().all(|m| matches!(m.path, None | Some(PathMatch::Prefix(_))));
+            && self
+                .matches
+                .iter()
+                .all(|m| matches!(m.path, None | Some(PathMatch::Prefix(_))));
         for (i, f) in self.filters.iter().enumerate() {
             let fat = format!("{at}.filters[{i}]");
             let path_mod = match f {
@@ -127,7 +146,8 @@ impl RouteRule {
                 }
                 Filter::UrlRewrite(r) => {
                     if let Some(h) = &r.hostname {
-                        check_hostname(h, false).map_err(|e| format!("{fat}.urlRewrite.hostname: {e}"))?;
+                        check_hostname(h, false)
+                            .map_err(|e| format!("{fat}.urlRewrite.hostname: {e}"))?;
                     }
                     r.path.as_ref()
                 }
@@ -179,19 +199,34 @@ impl RouteRule {
         }
         if let Some(sp) = &self.session_persistence {
             let at = format!("{at}.sessionPersistence");
-            if http::HeaderName::from_bytes(sp.name().as_bytes()).is_err() || sp.name().contains(['=', ';', ',']) {
-                return Err(format!("{at}.sessionName: {:?} is not a cookie or header name", sp.name()));
+            if http::HeaderName::from_bytes(sp.name().as_bytes()).is_err()
+                || sp.name().contains(['=', ';', ','])
+            {
+                return Err(format!(
+                    "{at}.sessionName: {:?} is not a cookie or header name",
+                    sp.name()
+                ));
             }
             if sp.idle_timeout.is_some() {
                 return Err(format!("{at}.idleTimeout: not supported (sessions end with absoluteTimeout or the browser session)"));
             }
-            let permanent = match sp.cookie_config.as_ref().and_then(|c| c.lifetime_type.as_deref()) {
+            let permanent = match sp
+                .cookie_config
+                .as_ref()
+                .and_then(|c| c.lifetime_type.as_deref())
+            {
                 None | Some("Session") => false,
                 Some("Permanent") => true,
-                Some(other) => return Err(format!("{at}.cookieConfig.lifetimeType: {other:?} is not Session or Permanent")),
+                Some(other) => {
+                    return Err(format!(
+                        "{at}.cookieConfig.lifetimeType: {other:?} is not Session or Permanent"
+                    ))
+                }
             };
             if permanent && sp.absolute_timeout.is_none() {
-                return Err(format!("{at}.absoluteTimeout: required for a Permanent cookie (its Max-Age)"));
+                return Err(format!(
+                    "{at}.absoluteTimeout: required for a Permanent cookie (its Max-Age)"
+                ));
             }
         }
         if let (Some(req), Some(backend)) = (self.request_timeout(), self.backend_timeout()) {
@@ -202,7 +237,9 @@ impl RouteRule {
         if let Some(r) = &self.retry {
             for (i, c) in r.codes.iter().enumerate() {
                 if !(400..=599).contains(c) {
-                    return Err(format!("{at}.retry.codes[{i}]: {c} is not an HTTP error status (400-599)"));
+                    return Err(format!(
+                        "{at}.retry.codes[{i}]: {c} is not an HTTP error status (400-599)"
+                    ));
                 }
             }
             if r.attempts.is_some_and(|a| a > 10) {
@@ -216,15 +253,23 @@ impl RouteRule {
 impl HeaderModifier {
     fn validate(&self, at: &str) -> Result<(), String> {
         let mut seen = std::collections::HashSet::new();
-        let names = self.set.iter().map(|h| h.name.as_str().to_string()).chain(self.add.iter().map(|h| h.name.as_str().to_string()));
+        let names = self
+            .set
+            .iter()
+            .map(|h| h.name.as_str().to_string())
+            .chain(self.add.iter().map(|h| h.name.as_str().to_string()));
         for (i, r) in self.remove.iter().enumerate() {
             if HeaderName::from_bytes(r.as_bytes()).is_err() {
-                return Err(format!("{at}.remove[{i}]: {r:?} is not a valid header name"));
+                return Err(format!(
+                    "{at}.remove[{i}]: {r:?} is not a valid header name"
+                ));
             }
         }
         for n in names.chain(self.remove.iter().map(|r| r.to_ascii_lowercase())) {
             if !seen.insert(n.clone()) {
-                return Err(format!("{at}: header {n:?} appears more than once across set, add and remove"));
+                return Err(format!(
+                    "{at}: header {n:?} appears more than once across set, add and remove"
+                ));
             }
         }
         if self.set.is_empty() && self.add.is_empty() && self.remove.is_empty() {
@@ -267,7 +312,9 @@ impl RequestMirror {
         }
         if let Some(f) = &self.fraction {
             if f.denominator == 0 || f.numerator > f.denominator {
-                return Err(format!("{at}.fraction: needs 0 <= numerator <= denominator and denominator > 0"));
+                return Err(format!(
+                    "{at}.fraction: needs 0 <= numerator <= denominator and denominator > 0"
+                ));
             }
         }
         Ok(())
@@ -277,7 +324,9 @@ impl RequestMirror {
 /// Gateway API's list limits for `HTTPCORSFilter`.
 const CORS_MAX_ORIGINS: usize = 64;
 const CORS_MAX_HEADERS: usize = 64;
-const CORS_METHODS: [&str; 10] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*"];
+const CORS_METHODS: [&str; 10] = [
+    "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "*",
+];
 
 impl Cors {
     /// Gateway API's CRD rules: origins `*` or `http(s)://host[:port]` (the host may
@@ -285,20 +334,38 @@ impl Cors {
     /// alone in a list, no repeats, `maxAge` at least 1.
     fn validate(&self, at: &str) -> Result<(), String> {
         if self.allow_origins.len() > CORS_MAX_ORIGINS {
-            return Err(format!("{at}.allowOrigins: at most {CORS_MAX_ORIGINS} origins"));
+            return Err(format!(
+                "{at}.allowOrigins: at most {CORS_MAX_ORIGINS} origins"
+            ));
         }
         for (i, o) in self.allow_origins.iter().enumerate() {
             check_origin(o).map_err(|e| format!("{at}.allowOrigins[{i}]: {e}"))?;
         }
-        set_of(&format!("{at}.allowOrigins"), &self.allow_origins, false, true)?;
+        set_of(
+            &format!("{at}.allowOrigins"),
+            &self.allow_origins,
+            false,
+            true,
+        )?;
         for (i, m) in self.allow_methods.iter().enumerate() {
             if !CORS_METHODS.contains(&m.as_str()) {
-                return Err(format!("{at}.allowMethods[{i}]: {m:?} is not one of {}", CORS_METHODS.join(", ")));
+                return Err(format!(
+                    "{at}.allowMethods[{i}]: {m:?} is not one of {}",
+                    CORS_METHODS.join(", ")
+                ));
             }
         }
-        set_of(&format!("{at}.allowMethods"), &self.allow_methods, false, true)?;
+        set_of(
+            &format!("{at}.allowMethods"),
+            &self.allow_methods,
+            false,
+            true,
+        )?;
         // `*` in exposeHeaders may come with other names (Gateway API sets no rule there).
-        for (field, list, lone_star) in [("allowHeaders", &self.allow_headers, true), ("exposeHeaders", &self.expose_headers, false)] {
+        for (field, list, lone_star) in [
+            ("allowHeaders", &self.allow_headers, true),
+            ("exposeHeaders", &self.expose_headers, false),
+        ] {
             if list.len() > CORS_MAX_HEADERS {
                 return Err(format!("{at}.{field}: at most {CORS_MAX_HEADERS} headers"));
             }
@@ -310,7 +377,11 @@ impl Cors {
             set_of(&format!("{at}.{field}"), list, true, lone_star)?;
         }
         if self.max_age < 1 || self.max_age > i64::from(i32::MAX) {
-            return Err(format!("{at}.maxAge: {} is not 1-{} seconds", self.max_age, i32::MAX));
+            return Err(format!(
+                "{at}.maxAge: {} is not 1-{} seconds",
+                self.max_age,
+                i32::MAX
+            ));
         }
         Ok(())
     }
@@ -322,8 +393,12 @@ fn check_origin(o: &str) -> Result<(), String> {
     if o == "*" {
         return Ok(());
     }
-    let bad = |why: &str| Err(format!("{o:?} is not an origin ({why}); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com"));
-    let Some((scheme, authority)) = o.split_once("://") else { return bad("no scheme") };
+    let bad = |why: &str| {
+        Err(format!("{o:?} is not an origin ({why}); write \"*\" or scheme://host[:port], e.g. https://app.example.com, https://*.example.com"))
+    };
+    let Some((scheme, authority)) = o.split_once("://") else {
+        return bad("no scheme");
+    };
     if scheme != "http" && scheme != "https" {
         return bad("the scheme is http or https");
     }
@@ -336,8 +411,13 @@ fn check_origin(o: &str) -> Result<(), String> {
             return bad("the port is 1-65535");
         }
     }
-    let name = if host == "*" { "" } else { host.strip_prefix("*.").unwrap_or(host) };
-    let label_ok = |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    let name = if host == "*" {
+        ""
+    } else {
+        host.strip_prefix("*.").unwrap_or(host)
+    };
+    let label_ok =
+        |l: &str| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     if host != "*" && (name.is_empty() || !name.split('.').all(label_ok)) {
         return bad("the host is DNS labels, maybe after `*.`, or `*`; no path");
     }
@@ -349,16 +429,27 @@ fn check_origin(o: &str) -> Result<(), String> {
 
 /// A Gateway API set: no value twice (header names compared case-insensitively), and
 /// `*` only on its own where `lone_star`.
-fn set_of(at: &str, list: &[String], case_insensitive: bool, lone_star: bool) -> Result<(), String> {
+fn set_of(
+    at: &str,
+    list: &[String],
+    case_insensitive: bool,
+    lone_star: bool,
+) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
     for (i, v) in list.iter().enumerate() {
-        let key = if case_insensitive { v.to_ascii_lowercase() } else { v.clone() };
+        let key = if case_insensitive {
+            v.to_ascii_lowercase()
+        } else {
+            v.clone()
+        };
         if !seen.insert(key) {
             return Err(format!("{at}[{i}]: {v:?} is listed twice"));
         }
     }
     if lone_star && list.len() > 1 && list.iter().any(|v| v == "*") {
-        return Err(format!("{at}: `*` allows everything; it cannot be listed with other values"));
+        return Err(format!(
+            "{at}: `*` allows everything; it cannot be listed with other values"
+        ));
     }
     Ok(())
 }
@@ -366,11 +457,17 @@ fn set_of(at: &str, list: &[String], case_insensitive: bool, lone_star: bool) ->
 /// A backend (weighted or a mirror's): a Service, and its port. One in another namespace
 /// is resolved only with a ReferenceGrant there (checked per request, `grant`).
 fn validate_backend(at: &str, r: &ObjectRef, route_ns: &str) -> Result<(), String> {
-    if !matches!(r.group.as_deref(), None | Some("")) || !matches!(r.kind.as_deref(), None | Some("Service")) {
-        return Err(format!("{at}: only Services (group \"\", kind Service) can be backends"));
+    if !matches!(r.group.as_deref(), None | Some(""))
+        || !matches!(r.kind.as_deref(), None | Some("Service"))
+    {
+        return Err(format!(
+            "{at}: only Services (group \"\", kind Service) can be backends"
+        ));
     }
     if r.section_name.is_some() {
-        return Err(format!("{at}.sectionName: a backend reference has none; name the Service port with `port`"));
+        return Err(format!(
+            "{at}.sectionName: a backend reference has none; name the Service port with `port`"
+        ));
     }
     if r.name.is_empty() {
         return Err(format!("{at}.name: must not be empty"));
@@ -379,29 +476,46 @@ fn validate_backend(at: &str, r: &ObjectRef, route_ns: &str) -> Result<(), Strin
         return Err(format!("{at}.namespace: must not be empty (leave it out for the route's namespace {route_ns:?})"));
     }
     match r.port {
-        None => Err(format!("{at}.port: required for a Service backend (the service port to send to)")),
+        None => Err(format!(
+            "{at}.port: required for a Service backend (the service port to send to)"
+        )),
         Some(0) => Err(format!("{at}.port: must be 1-65535")),
         Some(_) => Ok(()),
     }
 }
 
 fn check_hostname(h: &str, wildcard: bool) -> Result<(), String> {
-    let name = if wildcard { h.strip_prefix("*.").unwrap_or(h) } else { h };
+    let name = if wildcard {
+        h.strip_prefix("*.").unwrap_or(h)
+    } else {
+        h
+    };
     let label_ok = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && l.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             && !l.starts_with('-')
             && !l.ends_with('-')
     };
     if name.is_empty() || h.len() > 253 || !name.split('.').all(label_ok) {
         return Err(format!(
             "{h:?} is not a lowercase DNS name{}",
-            if wildcard { " (a leading \"*.\" is allowed)" } else { "" }
+            if wildcard {
+                " (a leading \"*.\" is allowed)"
+            } else {
+                ""
+            }
         ));
     }
-    if name.parse::<std::net::IpAddr>().is_ok() || name.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit())) {
-        return Err(format!("{h:?}: IP addresses are not allowed, only host names"));
+    if name.parse::<std::net::IpAddr>().is_ok()
+        || name
+            .split('.')
+            .all(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!(
+            "{h:?}: IP addresses are not allowed, only host names"
+        ));
     }
     Ok(())
 }

@@ -141,12 +141,24 @@ struct NoValue;
 impl Expr {
     pub fn compile(text: &str) -> Result<Expr, String> {
         let tokens = lex(text)?;
-        let mut p = Parser { tokens, pos: 0, depth: 0, headers: Vec::new() };
+        let mut p = Parser {
+            tokens,
+            pos: 0,
+            depth: 0,
+            headers: Vec::new(),
+        };
         let root = p.or()?;
         if p.pos != p.tokens.len() {
-            return Err(format!("{text:?}: unexpected {:?} after the expression", p.tokens[p.pos]));
+            return Err(format!(
+                "{text:?}: unexpected {:?} after the expression",
+                p.tokens[p.pos]
+            ));
         }
-        Ok(Expr { root, source: text.to_string(), headers: p.headers })
+        Ok(Expr {
+            root,
+            source: text.to_string(),
+            headers: p.headers,
+        })
     }
 
     pub fn source(&self) -> &str {
@@ -167,7 +179,9 @@ impl Expr {
 fn eval(n: &Node, a: &Attributes<'_>) -> Result<Value, NoValue> {
     Ok(match n {
         Node::Lit(v) => v.clone(),
-        Node::List(items) => Value::List(items.iter().map(|i| eval(i, a)).collect::<Result<_, _>>()?),
+        Node::List(items) => {
+            Value::List(items.iter().map(|i| eval(i, a)).collect::<Result<_, _>>()?)
+        }
         Node::Attr(attr) => attribute(attr, a)?,
         Node::Not(x) => match eval(x, a)? {
             Value::Bool(b) => Value::Bool(!b),
@@ -229,7 +243,9 @@ fn compare(op: Cmp, x: &Value, y: &Value) -> Result<bool, NoValue> {
 fn attribute(attr: &Attr, a: &Attributes<'_>) -> Result<Value, NoValue> {
     Ok(match attr {
         Attr::ResponseCode => Value::Int(i64::from(a.code)),
-        Attr::ResponseGrpcStatus => Value::Int(a.grpc_status.and_then(|s| s.parse().ok()).ok_or(NoValue)?),
+        Attr::ResponseGrpcStatus => {
+            Value::Int(a.grpc_status.and_then(|s| s.parse().ok()).ok_or(NoValue)?)
+        }
         Attr::RequestMethod => Value::Str(a.method.to_string()),
         Attr::RequestPath => Value::Str(match a.query {
             Some(q) => format!("{}?{q}", a.path),
@@ -239,7 +255,13 @@ fn attribute(attr: &Attr, a: &Attributes<'_>) -> Result<Value, NoValue> {
         Attr::RequestHost => Value::Str(a.host.to_string()),
         Attr::RequestProtocol => Value::Str(a.protocol.to_string()),
         Attr::RequestScheme => Value::Str("http".into()),
-        Attr::RequestHeader(name) => Value::Str(a.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).ok_or(NoValue)?),
+        Attr::RequestHeader(name) => Value::Str(
+            a.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.clone())
+                .ok_or(NoValue)?,
+        ),
         Attr::SourceAddress => Value::Str(a.source.to_string()),
         Attr::SourcePort => Value::Int(i64::from(a.source.port())),
         Attr::DestinationAddress => Value::Str(a.destination.to_string()),
@@ -271,7 +293,9 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
             while i < b.len() && b[i].is_ascii_digit() {
                 i += 1;
             }
-            let n = text[start..i].parse().map_err(|_| format!("{text:?}: the number {:?} is too large", &text[start..i]))?;
+            let n = text[start..i]
+                .parse()
+                .map_err(|_| format!("{text:?}: the number {:?} is too large", &text[start..i]))?;
             out.push(Token::Int(n));
         } else if c.is_ascii_alphabetic() || c == b'_' {
             let start = i;
@@ -280,7 +304,11 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
             }
             out.push(Token::Ident(text[start..i].to_string()));
         } else if c == b'\'' || c == b'"' {
-            let end = text[i + 1..].find(c as char).ok_or_else(|| format!("{text:?}: a string is not closed"))? + i + 1;
+            let end = text[i + 1..]
+                .find(c as char)
+                .ok_or_else(|| format!("{text:?}: a string is not closed"))?
+                + i
+                + 1;
             let s = &text[i + 1..end];
             if s.contains('\\') {
                 return Err(format!("{text:?}: escapes in strings are not supported"));
@@ -289,15 +317,21 @@ fn lex(text: &str) -> Result<Vec<Token>, String> {
             i = end + 1;
         } else {
             let two = text.get(i..i + 2).unwrap_or("");
-            let op = ["==", "!=", "<=", ">=", "&&", "||"].into_iter().find(|o| *o == two);
+            let op = ["==", "!=", "<=", ">=", "&&", "||"]
+                .into_iter()
+                .find(|o| *o == two);
             match op {
                 Some(o) => {
                     out.push(Token::Op(o));
                     i += 2;
                 }
                 None => {
-                    let one = ["<", ">", "!", "(", ")", "[", "]", ".", ","].into_iter().find(|o| o.as_bytes()[0] == c);
-                    out.push(Token::Op(one.ok_or_else(|| format!("{text:?}: {:?} is not supported", c as char))?));
+                    let one = ["<", ">", "!", "(", ")", "[", "]", ".", ","]
+                        .into_iter()
+                        .find(|o| o.as_bytes()[0] == c);
+                    out.push(Token::Op(one.ok_or_else(|| {
+                        format!("{text:?}: {:?} is not supported", c as char)
+                    })?));
                     i += 1;
                 }
             }
@@ -330,7 +364,11 @@ impl Parser {
         if self.eat(op) {
             return Ok(());
         }
-        Err(format!("expected {op:?}, found {}", self.peek().map_or("the end".to_string(), |t| format!("{t:?}"))))
+        Err(format!(
+            "expected {op:?}, found {}",
+            self.peek()
+                .map_or("the end".to_string(), |t| format!("{t:?}"))
+        ))
     }
 
     fn nested<T>(&mut self, f: impl FnOnce(&mut Parser) -> Result<T, String>) -> Result<T, String> {
@@ -388,7 +426,9 @@ impl Parser {
     fn postfix(&mut self) -> Result<Node, String> {
         let mut n = self.primary()?;
         while self.eat(".") {
-            let Some(Token::Ident(m)) = self.peek().cloned() else { return Err("expected a method name after '.'".into()) };
+            let Some(Token::Ident(m)) = self.peek().cloned() else {
+                return Err("expected a method name after '.'".into());
+            };
             self.pos += 1;
             let method = match m.as_str() {
                 "startsWith" => Some(Method::StartsWith),
@@ -403,8 +443,13 @@ impl Parser {
             n = match method {
                 Some(method) => Node::Call(method, Box::new(n), Box::new(arg)),
                 None => {
-                    let Node::Lit(Value::Str(pattern)) = arg else { return Err("matches: the pattern must be a string literal".into()) };
-                    let re = regex::RegexBuilder::new(&pattern).size_limit(REGEX_SIZE_LIMIT).build().map_err(|e| format!("matches: {e}"))?;
+                    let Node::Lit(Value::Str(pattern)) = arg else {
+                        return Err("matches: the pattern must be a string literal".into());
+                    };
+                    let re = regex::RegexBuilder::new(&pattern)
+                        .size_limit(REGEX_SIZE_LIMIT)
+                        .build()
+                        .map_err(|e| format!("matches: {e}"))?;
                     Node::Matches(Box::new(n), re)
                 }
             };
@@ -413,7 +458,9 @@ impl Parser {
     }
 
     fn primary(&mut self) -> Result<Node, String> {
-        let Some(t) = self.peek().cloned() else { return Err("the expression ends too early".into()) };
+        let Some(t) = self.peek().cloned() else {
+            return Err("the expression ends too early".into());
+        };
         self.pos += 1;
         match t {
             Token::Int(n) => Ok(Node::Lit(Value::Int(n))),
@@ -436,7 +483,9 @@ impl Parser {
                 }
                 Ok(Node::List(items))
             }),
-            Token::Ident(i) if i == "true" || i == "false" => Ok(Node::Lit(Value::Bool(i == "true"))),
+            Token::Ident(i) if i == "true" || i == "false" => {
+                Ok(Node::Lit(Value::Bool(i == "true")))
+            }
             Token::Ident(first) => self.attribute(first),
             other => Err(format!("unexpected {other:?}")),
         }
@@ -446,22 +495,29 @@ impl Parser {
     fn attribute(&mut self, first: String) -> Result<Node, String> {
         let mut path = first;
         if self.eat(".") {
-            let Some(Token::Ident(second)) = self.peek().cloned() else { return Err(format!("expected a name after {path}.")) };
+            let Some(Token::Ident(second)) = self.peek().cloned() else {
+                return Err(format!("expected a name after {path}."));
+            };
             self.pos += 1;
             path = format!("{path}.{second}");
         }
         if path == "request.headers" {
             self.expect("[")?;
-            let Some(Token::Str(name)) = self.peek().cloned() else { return Err("request.headers[...] takes a string".into()) };
+            let Some(Token::Str(name)) = self.peek().cloned() else {
+                return Err("request.headers[...] takes a string".into());
+            };
             self.pos += 1;
             self.expect("]")?;
-            let h = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name"))?;
+            let h = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|_| format!("{name:?} is not a header name"))?;
             if !self.headers.contains(&h) {
                 self.headers.push(h.clone());
             }
             return Ok(Node::Attr(Attr::RequestHeader(h)));
         }
-        Attr::named(&path).map(Node::Attr).ok_or_else(|| format!("the attribute {path} is not supported; the waypoint knows {SUPPORTED}"))
+        Attr::named(&path).map(Node::Attr).ok_or_else(|| {
+            format!("the attribute {path} is not supported; the waypoint knows {SUPPORTED}")
+        })
     }
 }
 
@@ -488,19 +544,39 @@ mod tests {
 
     fn check(text: &str, code: u16) -> bool {
         let h = [(HeaderName::from_static("x-debug"), "on".to_string())];
-        Expr::compile(text).unwrap_or_else(|e| panic!("{text}: {e}")).matches(&attrs(code, &h))
+        Expr::compile(text)
+            .unwrap_or_else(|e| panic!("{text}: {e}"))
+            .matches(&attrs(code, &h))
     }
 
     #[test]
     fn istios_examples_evaluate() {
         assert!(check("response.code >= 400", 503) && !check("response.code >= 400", 200));
-        assert!(check("response.code == 200 && request.method == 'GET'", 200));
-        assert!(check("request.url_path.startsWith('/api') || response.code >= 500", 200));
-        assert!(check("request.path == '/api/items?x=1' && request.url_path.endsWith('items')", 200));
+        assert!(check(
+            "response.code == 200 && request.method == 'GET'",
+            200
+        ));
+        assert!(check(
+            "request.url_path.startsWith('/api') || response.code >= 500",
+            200
+        ));
+        assert!(check(
+            "request.path == '/api/items?x=1' && request.url_path.endsWith('items')",
+            200
+        ));
         assert!(check("request.headers['x-debug'] == \"on\"", 200));
-        assert!(check("!(response.code in [200, 204])", 404) && !check("response.code in [200, 204]", 503));
-        assert!(check("request.host.contains('default') && connection.mtls", 200));
-        assert!(check("connection.uri_san_peer_certificate.matches('^spiffe://cluster.local/ns/default/')", 200));
+        assert!(
+            check("!(response.code in [200, 204])", 404)
+                && !check("response.code in [200, 204]", 503)
+        );
+        assert!(check(
+            "request.host.contains('default') && connection.mtls",
+            200
+        ));
+        assert!(check(
+            "connection.uri_san_peer_certificate.matches('^spiffe://cluster.local/ns/default/')",
+            200
+        ));
         assert!(check("source.port > 1024 && destination.port == 80", 200));
     }
 
@@ -509,20 +585,45 @@ mod tests {
         // A missing header is an error: not logged, unless `||` has a true side.
         assert!(!check("request.headers['x-missing'] == 'a'", 200));
         assert!(!check("request.headers['x-missing'] != 'a'", 200));
-        assert!(check("request.headers['x-missing'] == 'a' || response.code == 200", 200));
-        assert!(!check("request.headers['x-missing'] == 'a' && response.code == 200", 200));
-        assert!(!check("request.headers['x-missing'] == 'a' && response.code == 500", 200), "false && error is false, not logged");
+        assert!(check(
+            "request.headers['x-missing'] == 'a' || response.code == 200",
+            200
+        ));
+        assert!(!check(
+            "request.headers['x-missing'] == 'a' && response.code == 200",
+            200
+        ));
+        assert!(
+            !check(
+                "request.headers['x-missing'] == 'a' && response.code == 500",
+                200
+            ),
+            "false && error is false, not logged"
+        );
         // Mixed types and non-boolean results are not true.
-        assert!(!check("response.code == '200'", 200) && !check("response.code", 200) && !check("response.grpc_status == 0", 200));
+        assert!(
+            !check("response.code == '200'", 200)
+                && !check("response.code", 200)
+                && !check("response.grpc_status == 0", 200)
+        );
     }
 
     #[test]
     fn what_is_not_supported_is_refused_by_name() {
         for (text, want) in [
-            ("xds.cluster_name == 'x'", "the attribute xds.cluster_name is not supported"),
+            (
+                "xds.cluster_name == 'x'",
+                "the attribute xds.cluster_name is not supported",
+            ),
             ("response.flags > 0", "response.flags is not supported"),
-            ("size(request.path) > 1", "the attribute size is not supported"),
-            ("request.path.lowerAscii() == 'x'", "the method lowerAscii() is not supported"),
+            (
+                "size(request.path) > 1",
+                "the attribute size is not supported",
+            ),
+            (
+                "request.path.lowerAscii() == 'x'",
+                "the method lowerAscii() is not supported",
+            ),
             ("response.code >= ", "ends too early"),
             ("response.code >= 400 400", "unexpected Int(400)"),
             ("request.headers[1] == 'x'", "takes a string"),
@@ -534,6 +635,8 @@ mod tests {
             assert!(e.contains(want), "{text}: {e}");
         }
         let deep = format!("{}true{}", "(".repeat(100), ")".repeat(100));
-        assert!(Expr::compile(&deep).expect_err("deep").contains("nested deeper"));
+        assert!(Expr::compile(&deep)
+            .expect_err("deep")
+            .contains("nested deeper"));
     }
 }

@@ -7,25 +7,43 @@ fn mesh(yaml: &str) -> MeshProviders {
 
 fn telemetries(yaml: &str, mesh: &MeshProviders) -> Result<Telemetries, String> {
     let list: Vec<Telemetry> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
-    let compiled = list.iter().map(|t| t.compile(mesh)).collect::<Result<Vec<_>, _>>()?;
+    let compiled = list
+        .iter()
+        .map(|t| t.compile(mesh))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Telemetries::new(compiled, mesh.clone()))
 }
 
 fn gateway() -> ObjectName {
-    ObjectName { namespace: "waypoints".into(), name: "waypoint".into() }
+    ObjectName {
+        namespace: "waypoints".into(),
+        name: "waypoint".into(),
+    }
 }
 
 fn applied(t: &Telemetries, svc: Option<(&str, &str)>) -> Arc<Applied> {
     let gw = gateway();
-    let svc = svc.map(|(ns, n)| ObjectName { namespace: ns.into(), name: n.into() });
-    t.for_target(&Target { gateway: &gw, root_namespace: "istio-system", service: svc.as_ref(), service_kind: Default::default(), port: 80 })
+    let svc = svc.map(|(ns, n)| ObjectName {
+        namespace: ns.into(),
+        name: n.into(),
+    });
+    t.for_target(&Target {
+        gateway: &gw,
+        root_namespace: "istio-system",
+        service: svc.as_ref(),
+        service_kind: Default::default(),
+        port: 80,
+    })
 }
 
 fn log_of(a: &Applied) -> String {
     match &a.log {
         LogPolicy::Always => "always".into(),
         LogPolicy::Off => "off".into(),
-        LogPolicy::Filtered(f) => format!("on{:?}", f.iter().map(|e| e.source().to_string()).collect::<Vec<_>>()),
+        LogPolicy::Filtered(f) => format!(
+            "on{:?}",
+            f.iter().map(|e| e.source().to_string()).collect::<Vec<_>>()
+        ),
     }
 }
 
@@ -33,7 +51,13 @@ fn log_of(a: &Applied) -> String {
 fn access_logging_follows_the_telemetries_in_force() {
     let m = mesh("{}");
     // Nothing configured: every request, as before.
-    assert_eq!(log_of(&applied(&telemetries("[]", &m).unwrap(), Some(("shop", "cart")))), "always");
+    assert_eq!(
+        log_of(&applied(
+            &telemetries("[]", &m).unwrap(),
+            Some(("shop", "cart"))
+        )),
+        "always"
+    );
     let t = telemetries(
         "- {name: mesh, namespace: istio-system, accessLogging: [{providers: [{name: envoy}], filter: {expression: 'response.code >= 400'}}]}\n\
          - {name: off, namespace: shop, accessLogging: [{providers: [{name: envoy}], disabled: true}]}\n\
@@ -43,7 +67,10 @@ fn access_logging_follows_the_telemetries_in_force() {
     )
     .unwrap();
     // Mesh-wide: only errors.
-    assert_eq!(log_of(&applied(&t, Some(("books", "details")))), "on[\"response.code >= 400\"]");
+    assert_eq!(
+        log_of(&applied(&t, Some(("books", "details")))),
+        "on[\"response.code >= 400\"]"
+    );
     // The Service's namespace turns it off.
     assert_eq!(log_of(&applied(&t, Some(("shop", "cart")))), "off");
     // A Telemetry on the Service: every request.
@@ -54,8 +81,15 @@ fn access_logging_follows_the_telemetries_in_force() {
     assert_eq!(log_of(&applied(&t, None)), "off");
     // A default provider alone turns the log on; an entry without providers inherits it.
     let d = mesh("{defaultProviders: {accessLogging: [envoy]}}");
-    assert_eq!(log_of(&applied(&telemetries("[]", &d).unwrap(), None)), "on[]");
-    let t = telemetries("- {name: mesh, namespace: istio-system, accessLogging: [{disabled: true}]}\n", &d).unwrap();
+    assert_eq!(
+        log_of(&applied(&telemetries("[]", &d).unwrap(), None)),
+        "on[]"
+    );
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, accessLogging: [{disabled: true}]}\n",
+        &d,
+    )
+    .unwrap();
     assert_eq!(log_of(&applied(&t, None)), "off");
     // A stdout envoyFileAccessLog provider is the same log.
     let f = mesh("{extensionProviders: [{name: stdout, envoyFileAccessLog: {path: /dev/stdout}}]}");
@@ -77,17 +111,35 @@ fn metric_overrides_remove_tags_and_drop_metrics() {
     .unwrap();
     let a = applied(&t, Some(("books", "details")));
     let http = a.http.as_ref().expect("overrides");
-    assert_eq!(http.requests.remove, ["source_principal"], "a CLIENT override does not apply to a waypoint");
+    assert_eq!(
+        http.requests.remove,
+        ["source_principal"],
+        "a CLIENT override does not apply to a waypoint"
+    );
     assert!(http.duration.disabled && !http.requests.disabled);
     assert_eq!(a.tcp.as_ref().expect("tcp")[0].remove, ["source_principal"]);
     let a = applied(&t, Some(("shop", "cart")));
-    assert_eq!(a.http.as_ref().expect("overrides").requests.remove, ["source_principal", "destination_workload"]);
+    assert_eq!(
+        a.http.as_ref().expect("overrides").requests.remove,
+        ["source_principal", "destination_workload"]
+    );
     // ALL_METRICS disabled: nothing is recorded.
-    let t = telemetries("- {name: mesh, namespace: istio-system, metrics: [{overrides: [{disabled: true}]}]}\n", &m).unwrap();
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, metrics: [{overrides: [{disabled: true}]}]}\n",
+        &m,
+    )
+    .unwrap();
     let a = applied(&t, None);
-    assert!(a.http.as_ref().is_some_and(|h| h.requests.disabled && h.response_bytes.disabled) && a.tcp.as_ref().is_some_and(|t| t.iter().all(|o| o.disabled)));
+    assert!(
+        a.http
+            .as_ref()
+            .is_some_and(|h| h.requests.disabled && h.response_bytes.disabled)
+            && a.tcp.as_ref().is_some_and(|t| t.iter().all(|o| o.disabled))
+    );
     // No overrides: the fast path.
-    assert!(applied(&telemetries("[]", &m).unwrap(), None).http.is_none());
+    assert!(applied(&telemetries("[]", &m).unwrap(), None)
+        .http
+        .is_none());
 }
 
 #[test]

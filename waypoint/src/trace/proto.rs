@@ -6,12 +6,18 @@ pub mod opentelemetry {
     pub mod proto {
         pub mod common {
             pub mod v1 {
-                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.common.v1.rs"));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/opentelemetry.proto.common.v1.rs"
+                ));
             }
         }
         pub mod resource {
             pub mod v1 {
-                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.resource.v1.rs"));
+                include!(concat!(
+                    env!("OUT_DIR"),
+                    "/opentelemetry.proto.resource.v1.rs"
+                ));
             }
         }
         pub mod trace {
@@ -22,7 +28,10 @@ pub mod opentelemetry {
         pub mod collector {
             pub mod trace {
                 pub mod v1 {
-                    include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.collector.trace.v1.rs"));
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/opentelemetry.proto.collector.trace.v1.rs"
+                    ));
                 }
             }
         }

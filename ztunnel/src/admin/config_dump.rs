@@ -6,7 +6,9 @@ use serde_json::{json, Map, Value};
 
 use crate::identity::manager::CertManager;
 use crate::rbac::{Authorization, Match, PolicyAction, PolicyScope, StringMatch};
-use crate::state::{GatewayAddress, GatewayDestination, HealthStatus, MeshState, Service, Workload};
+use crate::state::{
+    GatewayAddress, GatewayDestination, HealthStatus, MeshState, Service, Workload,
+};
 
 /// Istio's GatewayAddress: `destination` is one string, `network/ip` or
 /// `namespace/hostname` (upstream's untagged enum; istioctl decodes a string).
@@ -52,9 +54,24 @@ pub fn workload(w: &Workload) -> Value {
     let mut services: Vec<&str> = w.services.keys().map(|k| k.0.as_str()).collect();
     services.sort_unstable();
     let mut m = Map::new();
-    m.insert("workloadIps".into(), json!(w.workload_ips.iter().map(|i| i.to_string()).collect::<Vec<_>>()));
-    insert_unless_default(&mut m, "waypoint", w.waypoint.as_ref().map_or(Value::Null, gateway));
-    insert_unless_default(&mut m, "networkGateway", w.network_gateway.as_ref().map_or(Value::Null, gateway));
+    m.insert(
+        "workloadIps".into(),
+        json!(w
+            .workload_ips
+            .iter()
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()),
+    );
+    insert_unless_default(
+        &mut m,
+        "waypoint",
+        w.waypoint.as_ref().map_or(Value::Null, gateway),
+    );
+    insert_unless_default(
+        &mut m,
+        "networkGateway",
+        w.network_gateway.as_ref().map_or(Value::Null, gateway),
+    );
     m.insert("protocol".into(), json!(w.protocol.as_str()));
     m.insert("networkMode".into(), json!("Standard"));
     insert_unless_default(&mut m, "uid", json!(w.uid.0));
@@ -71,9 +88,16 @@ pub fn workload(w: &Workload) -> Value {
     insert_unless_default(&mut m, "node", json!(w.node));
     // Istio's dump shape: {"protocol": "PROXY", "port": N} (port null when unset).
     if let Some(t) = crate::state::ApplicationTunnel::effective(w.application_tunnel) {
-        m.insert("applicationTunnel".into(), json!({"protocol": "PROXY", "port": t.port}));
+        m.insert(
+            "applicationTunnel".into(),
+            json!({"protocol": "PROXY", "port": t.port}),
+        );
     }
-    insert_unless_default(&mut m, "authorizationPolicies", json!(w.authorization_policies));
+    insert_unless_default(
+        &mut m,
+        "authorizationPolicies",
+        json!(w.authorization_policies),
+    );
     m.insert("status".into(), json!(health(w.status)));
     m.insert(
         "networkMode".into(),
@@ -85,7 +109,10 @@ pub fn workload(w: &Workload) -> Value {
     m.insert("clusterId".into(), json!(w.cluster_id));
     if w.locality != crate::state::Locality::default() {
         let l = &w.locality;
-        m.insert("locality".into(), json!({ "region": l.region, "zone": l.zone, "subzone": l.subzone }));
+        m.insert(
+            "locality".into(),
+            json!({ "region": l.region, "zone": l.zone, "subzone": l.subzone }),
+        );
     }
     insert_unless_default(&mut m, "services", json!(services));
     m.insert("capacity".into(), json!(w.capacity));
@@ -98,7 +125,10 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     let mut endpoints = Map::new();
     for w in state.workloads() {
         if let Some(p) = w.services.get(&key) {
-            endpoints.insert(w.uid.0.clone(), json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }));
+            endpoints.insert(
+                w.uid.0.clone(),
+                json!({ "workloadUid": w.uid.0, "port": ports(p), "status": health(w.status) }),
+            );
         }
     }
     // As istiod sent it (or the local config set it); unset (istiod's AUTOMATIC) is left
@@ -108,18 +138,41 @@ pub fn service(state: &MeshState, s: &Service) -> Value {
     m.insert("name".into(), json!(s.name));
     m.insert("namespace".into(), json!(s.namespace));
     m.insert("hostname".into(), json!(s.hostname));
-    m.insert("vips".into(), json!(s.vips.iter().map(|v| v.to_string()).collect::<Vec<_>>()));
+    m.insert(
+        "vips".into(),
+        json!(s.vips.iter().map(|v| v.to_string()).collect::<Vec<_>>()),
+    );
     m.insert("ports".into(), ports(&s.ports));
     m.insert("endpoints".into(), Value::Object(endpoints));
     m.insert("subjectAltNames".into(), json!(s.subject_alt_names));
-    insert_unless_default(&mut m, "waypoint", s.waypoint.as_ref().map_or(Value::Null, gateway));
-    let weighted: Vec<Value> = s.weighted_waypoints.iter().map(|w| json!({ "destination": gateway(&w.destination), "weight": w.weight })).collect();
+    insert_unless_default(
+        &mut m,
+        "waypoint",
+        s.waypoint.as_ref().map_or(Value::Null, gateway),
+    );
+    let weighted: Vec<Value> = s
+        .weighted_waypoints
+        .iter()
+        .map(|w| json!({ "destination": gateway(&w.destination), "weight": w.weight }))
+        .collect();
     insert_unless_default(&mut m, "weightedWaypoints", Value::Array(weighted));
     insert_unless_default(&mut m, "ipFamilies", ip_families);
-    insert_unless_default(&mut m, "cidrVips", json!(s.cidr_vips.iter().map(|c| c.to_string()).collect::<Vec<_>>()));
+    insert_unless_default(
+        &mut m,
+        "cidrVips",
+        json!(s
+            .cidr_vips
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()),
+    );
     if let Some(lb) = &s.load_balancer {
         // Istio's serde shape: variant names as strings.
-        let scopes: Vec<String> = lb.routing_preferences.iter().map(|p| format!("{p:?}")).collect();
+        let scopes: Vec<String> = lb
+            .routing_preferences
+            .iter()
+            .map(|p| format!("{p:?}"))
+            .collect();
         m.insert(
             "loadBalancer".into(),
             json!({ "routingPreferences": scopes, "mode": format!("{:?}", lb.mode), "healthPolicy": format!("{:?}", lb.health_policy) }),
@@ -145,9 +198,13 @@ fn strings(v: &[StringMatch]) -> Value {
 
 /// Istio's `RbacMatch`: empty lists are left out (an empty match dumps as `{}`).
 fn rbac_match(m: &Match) -> Value {
-    let cidrs = |v: &[crate::rbac::Cidr]| json!(v.iter().map(|c| c.0.to_string()).collect::<Vec<_>>());
+    let cidrs =
+        |v: &[crate::rbac::Cidr]| json!(v.iter().map(|c| c.0.to_string()).collect::<Vec<_>>());
     let sas = |v: &[crate::rbac::ServiceAccountMatch]| {
-        json!(v.iter().map(|s| json!({ "namespace": s.namespace, "serviceAccount": s.service_account })).collect::<Vec<_>>())
+        json!(v
+            .iter()
+            .map(|s| json!({ "namespace": s.namespace, "serviceAccount": s.service_account }))
+            .collect::<Vec<_>>())
     };
     let mut o = Map::new();
     insert_unless_default(&mut o, "namespaces", strings(&m.namespaces));
@@ -161,7 +218,11 @@ fn rbac_match(m: &Match) -> Value {
     insert_unless_default(&mut o, "destinationIps", cidrs(&m.destination_ips));
     insert_unless_default(&mut o, "notDestinationIps", cidrs(&m.not_destination_ips));
     insert_unless_default(&mut o, "destinationPorts", json!(m.destination_ports));
-    insert_unless_default(&mut o, "notDestinationPorts", json!(m.not_destination_ports));
+    insert_unless_default(
+        &mut o,
+        "notDestinationPorts",
+        json!(m.not_destination_ports),
+    );
     Value::Object(o)
 }
 
@@ -169,7 +230,13 @@ pub fn policy(p: &Authorization) -> Value {
     let rules: Vec<Value> = p
         .rules
         .iter()
-        .map(|r| Value::Array(r.iter().map(|c| Value::Array(c.iter().map(rbac_match).collect())).collect()))
+        .map(|r| {
+            Value::Array(
+                r.iter()
+                    .map(|c| Value::Array(c.iter().map(rbac_match).collect()))
+                    .collect(),
+            )
+        })
         .collect();
     let mut v = json!({
         "name": p.name,
@@ -187,10 +254,16 @@ pub fn policy(p: &Authorization) -> Value {
 }
 
 fn rfc3339(t: std::time::SystemTime) -> String {
-    let secs = t.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     time::OffsetDateTime::from_unix_timestamp(secs)
         .ok()
-        .and_then(|d| d.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|d| {
+            d.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_default()
 }
 
@@ -212,7 +285,10 @@ fn cert_dump(der: &rustls_pki_types::CertificateDer<'_>) -> Value {
     let pem = base64(pem(der.as_ref()).as_bytes());
     match X509Certificate::from_der(der.as_ref()) {
         Ok((_, c)) => {
-            let t = |secs: i64| std::time::UNIX_EPOCH + std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0));
+            let t = |secs: i64| {
+                std::time::UNIX_EPOCH
+                    + std::time::Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+            };
             json!({
                 "pem": pem,
                 // Decimal, as Istio's ztunnel prints it.
@@ -230,7 +306,11 @@ fn base64(data: &[u8]) -> String {
     const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for chunk in data.chunks(3) {
-        let b = [chunk[0], *chunk.get(1).unwrap_or(&0), *chunk.get(2).unwrap_or(&0)];
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
         let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
         for i in 0..4 {
             if i <= chunk.len() {
@@ -293,7 +373,14 @@ pub fn workload_state(states: &[crate::proxy::states::ProxyStateView]) -> Value 
     let mut m = Map::new();
     for st in states {
         let mut e = Map::new();
-        e.insert("state".into(), json!(if st.connections.is_some() { "Up" } else { "Pending" }));
+        e.insert(
+            "state".into(),
+            json!(if st.connections.is_some() {
+                "Up"
+            } else {
+                "Pending"
+            }),
+        );
         if let Some((inbound, outbound)) = &st.connections {
             let inbound: Vec<Value> = inbound
                 .iter()
@@ -305,7 +392,10 @@ pub fn workload_state(states: &[crate::proxy::states::ProxyStateView]) -> Value 
                     json!({ "src": c.src.to_string(), "originalDst": c.original_dst.to_string(), "actualDst": c.actual_dst.to_string(), "protocol": c.protocol.as_str() })
                 })
                 .collect();
-            e.insert("connections".into(), json!({ "inbound": inbound, "outbound": outbound }));
+            e.insert(
+                "connections".into(),
+                json!({ "inbound": inbound, "outbound": outbound }),
+            );
         }
         let i = &st.info;
         e.insert("info".into(), json!({ "name": i.name, "namespace": i.namespace, "serviceAccount": i.service_account }));
@@ -349,7 +439,10 @@ mod tests {
 
     // Shared with the end-to-end tests (tests/src/json_schema.rs; ztunnel cannot depend on them).
     mod json_schema {
-        include!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/src/json_schema.rs"));
+        include!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/src/json_schema.rs"
+        ));
     }
 
     const SCHEMA: &str = include_str!("../../tests/data/config_dump.schema.json");
@@ -359,15 +452,30 @@ mod tests {
     /// (the config section is checked end to end, with the binary's real config).
     /// The state of `cfg` and a certificate manager on a throw-away CA holding a
     /// certificate for `ns/sa`.
-    fn fixture(cfg: crate::config::LocalConfig, tag: &str) -> (crate::state::MeshState, std::sync::Arc<CertManager>, std::sync::Arc<crate::identity::manager::CertState>) {
+    fn fixture(
+        cfg: crate::config::LocalConfig,
+        tag: &str,
+    ) -> (
+        crate::state::MeshState,
+        std::sync::Arc<CertManager>,
+        std::sync::Arc<crate::identity::manager::CertState>,
+    ) {
         let state = cfg.into_state(std::path::Path::new("t.yaml")).unwrap();
         let dir = std::env::temp_dir().join(format!("zt-{tag}-{}", std::process::id()));
         let ca = crate::identity::ca::Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
-        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) }));
+        let certs = CertManager::new(std::sync::Arc::new(crate::identity::manager::LocalCa {
+            ca,
+            ttl: std::time::Duration::from_secs(3600),
+        }));
         let id = crate::identity::Identity::new("cluster.local", "ns", "sa");
         certs.allow(&id);
-        let issued = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(certs.fetch(&id)).unwrap();
+        let issued = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(certs.fetch(&id))
+            .unwrap();
         (state, certs, issued)
     }
 
@@ -385,13 +493,23 @@ mod tests {
         )
         .unwrap();
         let (state, certs, _) = fixture(cfg, "schema");
-        certs.allow(&crate::identity::Identity::new("cluster.local", "ns", "pending"));
+        certs.allow(&crate::identity::Identity::new(
+            "cluster.local",
+            "ns",
+            "pending",
+        ));
         let schema: Value = serde_json::from_str(SCHEMA).unwrap();
         let mut d = dump(&state, &certs, json!({}));
         d["workloadState"] = workload_state(&proxy_states());
-        let bad: Vec<String> = json_schema::violations(&schema, &d).into_iter().filter(|v| !v.starts_with("$.config")).collect();
+        let bad: Vec<String> = json_schema::violations(&schema, &d)
+            .into_iter()
+            .filter(|v| !v.starts_with("$.config"))
+            .collect();
         assert!(bad.is_empty(), "{bad:#?}\n{d:#}");
-        assert_eq!(d["workloads"][0]["waypoint"]["destination"], "ns/wp.ns.svc.cluster.local");
+        assert_eq!(
+            d["workloads"][0]["waypoint"]["destination"],
+            "ns/wp.ns.svc.cluster.local"
+        );
         assert_eq!(d["services"][0]["waypoint"]["destination"], "/10.0.0.9");
         // The weighted set in upstream's shape; ingress_use_waypoint is not in upstream's
         // dump (its ztunnel does not keep it), so not in ours either.
@@ -401,23 +519,61 @@ mod tests {
                    {"destination": {"destination": "ns/canary.ns.svc.cluster.local", "hboneMtlsPort": 15009}, "weight": 1}])
         );
         assert!(d["services"][0].get("ingressUseWaypoint").is_none());
-        assert_eq!(d["workloads"][0]["applicationTunnel"], json!({"protocol": "PROXY", "port": null}));
+        assert_eq!(
+            d["workloads"][0]["applicationTunnel"],
+            json!({"protocol": "PROXY", "port": null})
+        );
         // A hostname workload: the name, no IPs; left out where it is empty (as upstream).
-        assert_eq!((&d["workloads"][2]["hostname"], &d["workloads"][2]["workloadIps"]), (&json!("api.example.com"), &json!([])));
+        assert_eq!(
+            (
+                &d["workloads"][2]["hostname"],
+                &d["workloads"][2]["workloadIps"]
+            ),
+            (&json!("api.example.com"), &json!([]))
+        );
         assert!(d["workloads"][0].get("hostname").is_none());
         // A remote network's endpoint: its network and the gateway to it, as upstream
         // names them; VIPs and ranges with their network.
-        assert_eq!((&d["workloads"][3]["network"], &d["workloads"][3]["networkGateway"]), (&json!("net-b"), &json!({"destination": "net-b/172.18.0.9", "hboneMtlsPort": 15008})));
-        assert!(d["workloads"][0].get("networkGateway").is_none() && d["workloads"][0].get("network").is_none());
-        assert_eq!((&d["services"][0]["vips"], &d["services"][0]["cidrVips"]), (&json!(["/10.96.0.1", "net-b/10.96.9.1"]), &json!(["net-b/10.200.0.0/16"])));
+        assert_eq!(
+            (
+                &d["workloads"][3]["network"],
+                &d["workloads"][3]["networkGateway"]
+            ),
+            (
+                &json!("net-b"),
+                &json!({"destination": "net-b/172.18.0.9", "hboneMtlsPort": 15008})
+            )
+        );
+        assert!(
+            d["workloads"][0].get("networkGateway").is_none()
+                && d["workloads"][0].get("network").is_none()
+        );
+        assert_eq!(
+            (&d["services"][0]["vips"], &d["services"][0]["cidrVips"]),
+            (
+                &json!(["/10.96.0.1", "net-b/10.96.9.1"]),
+                &json!(["net-b/10.200.0.0/16"])
+            )
+        );
         // The shapes this dump had before (istioctl could not decode them) are caught.
         let mut old = d.clone();
-        old["workloads"][0]["waypoint"]["destination"] = json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});
+        old["workloads"][0]["waypoint"]["destination"] =
+            json!({"Hostname": {"namespace": "ns", "hostname": "wp"}});
         old["workloads"][0]["services"] = json!({"ns/s.ns.svc": {"80": 8080}});
-        old["certificates"][0].as_object_mut().unwrap().remove("rootCerts");
+        old["certificates"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("rootCerts");
         let found = json_schema::violations(&schema, &old);
-        for want in ["$.workloads[0].waypoint.destination", "$.workloads[0].services", "$.certificates[0]: missing required field \"rootCerts\""] {
-            assert!(found.iter().any(|v| v.starts_with(want)), "{want}: {found:#?}");
+        for want in [
+            "$.workloads[0].waypoint.destination",
+            "$.workloads[0].services",
+            "$.certificates[0]: missing required field \"rootCerts\"",
+        ] {
+            assert!(
+                found.iter().any(|v| v.starts_with(want)),
+                "{want}: {found:#?}"
+            );
         }
     }
 
@@ -425,18 +581,36 @@ mod tests {
     fn proxy_states() -> Vec<crate::proxy::states::ProxyStateView> {
         use crate::proxy::pod::{InboundView, OutboundView};
         use crate::proxy::states::{ProxyInfo, ProxyStateView};
-        let info = |n: &str| ProxyInfo { name: n.into(), namespace: "ns".into(), service_account: "sa".into() };
+        let info = |n: &str| ProxyInfo {
+            name: n.into(),
+            namespace: "ns".into(),
+            service_account: "sa".into(),
+        };
         let a = |s: &str| s.parse().unwrap();
         vec![
             ProxyStateView {
                 uid: crate::state::WorkloadUid("u1".into()),
                 info: info("a"),
                 connections: Some((
-                    vec![InboundView { src: a("10.0.0.2:40000"), service: Some("s.ns.svc".into()), dst: a("10.0.0.1:8080"), protocol: crate::state::Protocol::HBONE }],
-                    vec![OutboundView { src: a("10.0.0.1:41000"), original_dst: a("10.96.0.1:80"), actual_dst: a("10.0.0.3:15008"), protocol: crate::state::Protocol::HBONE }],
+                    vec![InboundView {
+                        src: a("10.0.0.2:40000"),
+                        service: Some("s.ns.svc".into()),
+                        dst: a("10.0.0.1:8080"),
+                        protocol: crate::state::Protocol::HBONE,
+                    }],
+                    vec![OutboundView {
+                        src: a("10.0.0.1:41000"),
+                        original_dst: a("10.96.0.1:80"),
+                        actual_dst: a("10.0.0.3:15008"),
+                        protocol: crate::state::Protocol::HBONE,
+                    }],
                 )),
             },
-            ProxyStateView { uid: crate::state::WorkloadUid("u3".into()), info: info("c"), connections: None },
+            ProxyStateView {
+                uid: crate::state::WorkloadUid("u3".into()),
+                info: info("c"),
+                connections: None,
+            },
         ]
     }
 
@@ -444,14 +618,23 @@ mod tests {
     fn workload_state_as_upstream() {
         let d = workload_state(&proxy_states());
         assert_eq!(d["u1"]["state"], "Up");
-        assert_eq!(d["u1"]["info"], json!({"name": "a", "namespace": "ns", "serviceAccount": "sa"}));
+        assert_eq!(
+            d["u1"]["info"],
+            json!({"name": "a", "namespace": "ns", "serviceAccount": "sa"})
+        );
         assert_eq!(
             d["u1"]["connections"]["inbound"][0],
             json!({"src": "10.0.0.2:40000", "originalDst": "s.ns.svc", "actualDst": "10.0.0.1:8080", "protocol": "HBONE"})
         );
-        assert_eq!(d["u1"]["connections"]["outbound"][0]["actualDst"], "10.0.0.3:15008");
+        assert_eq!(
+            d["u1"]["connections"]["outbound"][0]["actualDst"],
+            "10.0.0.3:15008"
+        );
         assert_eq!(d["u3"]["state"], "Pending");
-        assert!(d["u3"].get("connections").is_none(), "a pending proxy has no connections, as upstream");
+        assert!(
+            d["u3"].get("connections").is_none(),
+            "a pending proxy has no connections, as upstream"
+        );
     }
 
     #[test]
@@ -461,10 +644,16 @@ mod tests {
         assert_eq!(base64(b"fo"), "Zm8=");
         assert_eq!(base64(b"foo"), "Zm9v");
         assert_eq!(base64(b"foobar"), "Zm9vYmFy");
-        assert!(!base64(&[0u8; 300]).contains('\n'), "one line, as Istio's STANDARD engine");
+        assert!(
+            !base64(&[0u8; 300]).contains('\n'),
+            "one line, as Istio's STANDARD engine"
+        );
         // PEM lines are 60 columns as Istio's der_to_pem writes them.
         let p = pem(&[0u8; 60]);
-        assert_eq!(p.lines().map(str::len).collect::<Vec<_>>(), [27, 60, 20, 25]);
+        assert_eq!(
+            p.lines().map(str::len).collect::<Vec<_>>(),
+            [27, 60, 20, 25]
+        );
     }
 
     #[test]
@@ -476,7 +665,8 @@ mod tests {
         let headless = "{name: s, namespace: ns, hostname: s.ns.svc, ipFamilies: IPv4}";
         assert_eq!(service(&st, &svc(headless))["ipFamilies"], "IPv4");
         // Unset (istiod's AUTOMATIC): left out as Istio's ztunnel does, whatever the VIPs.
-        let unset = "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
+        let unset =
+            "{name: s, namespace: ns, hostname: s.ns.svc, vips: [/10.96.0.1, \"/fd00::1\"]}";
         assert!(service(&st, &svc(unset)).get("ipFamilies").is_none());
     }
 
@@ -488,16 +678,27 @@ mod tests {
         // Issues only for "ok": the other identity's fetch fails as a CA error would.
         struct OnlyOk(crate::identity::manager::LocalCa);
         impl crate::identity::manager::CaClient for OnlyOk {
-            fn sign<'a>(&'a self, id: &'a crate::identity::Identity) -> crate::identity::manager::SignFuture<'a> {
+            fn sign<'a>(
+                &'a self,
+                id: &'a crate::identity::Identity,
+            ) -> crate::identity::manager::SignFuture<'a> {
                 if id.service_account == "ok" {
                     return self.0.sign(id);
                 }
                 Box::pin(async move {
-                    Err(crate::identity::manager::CertError::Remote { identity: id.clone(), reason: "CSR rejected".into() })
+                    Err(crate::identity::manager::CertError::Remote {
+                        identity: id.clone(),
+                        reason: "CSR rejected".into(),
+                    })
                 })
             }
         }
-        let certs = CertManager::new(std::sync::Arc::new(OnlyOk(crate::identity::manager::LocalCa { ca, ttl: std::time::Duration::from_secs(3600) })));
+        let certs = CertManager::new(std::sync::Arc::new(OnlyOk(
+            crate::identity::manager::LocalCa {
+                ca,
+                ttl: std::time::Duration::from_secs(3600),
+            },
+        )));
         let (ok, bad, pending) = (
             crate::identity::Identity::new("cluster.local", "ns", "ok"),
             crate::identity::Identity::new("cluster.local", "ns", "bad"),
@@ -509,11 +710,30 @@ mod tests {
         certs.fetch(&ok).await.unwrap();
         assert!(certs.fetch(&bad).await.is_err());
         let d = certificates(&certs);
-        let by_id = |sa: &str| d.as_array().unwrap().iter().find(|c| c["identity"].as_str().unwrap().ends_with(sa)).unwrap().clone();
+        let by_id = |sa: &str| {
+            d.as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["identity"].as_str().unwrap().ends_with(sa))
+                .unwrap()
+                .clone()
+        };
         let bad_dump = by_id("/sa/bad");
-        assert!(bad_dump["state"].as_str().unwrap().starts_with("Unavailable: "), "{bad_dump}");
-        assert!(bad_dump["state"].as_str().unwrap().contains("CSR rejected"), "{bad_dump}");
-        assert_eq!((&bad_dump["certChain"], &bad_dump["rootCerts"]), (&json!([]), &json!([])));
+        assert!(
+            bad_dump["state"]
+                .as_str()
+                .unwrap()
+                .starts_with("Unavailable: "),
+            "{bad_dump}"
+        );
+        assert!(
+            bad_dump["state"].as_str().unwrap().contains("CSR rejected"),
+            "{bad_dump}"
+        );
+        assert_eq!(
+            (&bad_dump["certChain"], &bad_dump["rootCerts"]),
+            (&json!([]), &json!([]))
+        );
         assert_eq!(by_id("/sa/pending")["state"], "Initializing");
         assert_eq!(by_id("/sa/ok")["state"], "Available");
         let schema: Value = serde_json::from_str(SCHEMA).unwrap();
@@ -535,15 +755,34 @@ mod tests {
         .unwrap();
         let (state, certs, issued) = fixture(cfg, "dump");
         let d = dump(&state, &certs, json!({}));
-        assert_eq!(d["certificates"][0]["identity"], "spiffe://cluster.local/ns/ns/sa/sa");
+        assert_eq!(
+            d["certificates"][0]["identity"],
+            "spiffe://cluster.local/ns/ns/sa/sa"
+        );
         assert_eq!(d["certificates"][0]["state"], "Available");
-        let serial = u128::from_str_radix(&issued.cert.serial, 16).unwrap().to_string();
-        assert_eq!(d["certificates"][0]["certChain"][0]["serialNumber"], serial.as_str());
+        let serial = u128::from_str_radix(&issued.cert.serial, 16)
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            d["certificates"][0]["certChain"][0]["serialNumber"],
+            serial.as_str()
+        );
         // Base64 of the PEM text, as Istio's ztunnel dumps it.
-        let pem_b64 = d["certificates"][0]["certChain"][0]["pem"].as_str().unwrap();
-        assert_eq!(pem_b64, base64(pem(issued.cert.chain[0].as_ref()).as_bytes()));
-        assert!(pem_b64.starts_with(&base64(b"-----BEGIN CERTIFICATE-----\nMII")[..40]), "{pem_b64}");
-        assert!(d["certificates"][0]["certChain"][0]["expirationTime"].as_str().unwrap().ends_with('Z'));
+        let pem_b64 = d["certificates"][0]["certChain"][0]["pem"]
+            .as_str()
+            .unwrap();
+        assert_eq!(
+            pem_b64,
+            base64(pem(issued.cert.chain[0].as_ref()).as_bytes())
+        );
+        assert!(
+            pem_b64.starts_with(&base64(b"-----BEGIN CERTIFICATE-----\nMII")[..40]),
+            "{pem_b64}"
+        );
+        assert!(d["certificates"][0]["certChain"][0]["expirationTime"]
+            .as_str()
+            .unwrap()
+            .ends_with('Z'));
         assert_eq!(d["workloads"][0]["uid"], "u1");
         assert_eq!(d["workloads"][0]["workloadIps"][0], "10.0.0.1");
         assert_eq!(d["workloads"][0]["protocol"], "HBONE");
@@ -552,14 +791,41 @@ mod tests {
         assert_eq!(d["services"][0]["vips"][0], "/10.96.0.1");
         assert_eq!(d["services"][0]["endpoints"]["u1"]["workloadUid"], "u1");
         assert_eq!(d["services"][0]["endpoints"]["u1"]["port"]["80"], 8080);
-        assert!(d["services"][0].get("ipFamilies").is_none(), "unset: left out as upstream");
-        assert!(d["services"][0].get("waypoint").is_none(), "no waypoint: left out as upstream");
-        assert!(d["services"][0].get("weightedWaypoints").is_none(), "an empty set: left out as upstream");
-        assert_eq!(d["certificates"][0]["certChain"].as_array().unwrap().len(), 1, "the leaf; the root is in rootCerts");
-        assert_eq!(d["certificates"][0]["rootCerts"].as_array().unwrap().len(), 1);
+        assert!(
+            d["services"][0].get("ipFamilies").is_none(),
+            "unset: left out as upstream"
+        );
+        assert!(
+            d["services"][0].get("waypoint").is_none(),
+            "no waypoint: left out as upstream"
+        );
+        assert!(
+            d["services"][0].get("weightedWaypoints").is_none(),
+            "an empty set: left out as upstream"
+        );
+        assert_eq!(
+            d["certificates"][0]["certChain"].as_array().unwrap().len(),
+            1,
+            "the leaf; the root is in rootCerts"
+        );
+        assert_eq!(
+            d["certificates"][0]["rootCerts"].as_array().unwrap().len(),
+            1
+        );
         assert_eq!(d["policies"][0]["action"], "Deny");
-        assert_eq!(d["policies"][0]["rules"][0][0][0]["principals"][0]["Exact"], "td/ns/x/sa/y");
-        assert_eq!(d["policies"][0]["rules"][0][0][0]["destinationPorts"][0], 80);
-        assert!(d["policies"][0]["rules"][0][0][0].get("notPrincipals").is_none(), "empty lists left out as upstream");
+        assert_eq!(
+            d["policies"][0]["rules"][0][0][0]["principals"][0]["Exact"],
+            "td/ns/x/sa/y"
+        );
+        assert_eq!(
+            d["policies"][0]["rules"][0][0][0]["destinationPorts"][0],
+            80
+        );
+        assert!(
+            d["policies"][0]["rules"][0][0][0]
+                .get("notPrincipals")
+                .is_none(),
+            "empty lists left out as upstream"
+        );
     }
 }

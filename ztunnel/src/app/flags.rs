@@ -15,22 +15,47 @@ pub fn table(cmd: &clap::Command) -> String {
         if arg.is_hide_set() || matches!(long, "help" | "version") {
             continue;
         }
-        let env = arg.get_env().map(|e| format!("`{}`", e.to_string_lossy())).unwrap_or_default();
-        let defaults: Vec<String> = arg.get_default_values().iter().map(|v| v.to_string_lossy().into_owned()).collect();
-        let default = if defaults.is_empty() { String::new() } else { format!("`{}`", defaults.join(",")) };
+        let env = arg
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_default();
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let default = if defaults.is_empty() {
+            String::new()
+        } else {
+            format!("`{}`", defaults.join(","))
+        };
         let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values());
-        let choices: Vec<String> = arg.get_possible_values().iter().map(|v| v.get_name().to_string()).collect();
+        let choices: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .map(|v| v.get_name().to_string())
+            .collect();
         let value = if !takes_value {
             String::new()
         } else if !choices.is_empty() {
             format!(" {}", choices.join("\\|"))
         } else {
-            let names = arg.get_value_names().map(|v| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "));
+            let names = arg
+                .get_value_names()
+                .map(|v| v.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(" "));
             format!(" {}", names.unwrap_or_else(|| long.to_uppercase()))
         };
         let flag = format!("`--{long}{value}`");
-        let help = arg.get_long_help().or(arg.get_help()).map(|h| h.to_string()).unwrap_or_default();
-        let help = help.split_whitespace().collect::<Vec<_>>().join(" ").replace('|', "\\|");
+        let help = arg
+            .get_long_help()
+            .or(arg.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let help = help
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .replace('|', "\\|");
         let _ = writeln!(out, "| {flag} | {env} | {default} | {help} |");
     }
     out
@@ -49,9 +74,14 @@ pub fn with_section(doc: &str, name: &str, body: &str) -> Option<String> {
 /// Checks (or, with `UPDATE_DOCS=1`, rewrites) `cmd`'s table in the flag reference;
 /// for the binaries' tests. Err says how to regenerate.
 pub fn check_reference(doc_path: &Path, name: &str, cmd: &clap::Command) -> Result<(), String> {
-    let doc = std::fs::read_to_string(doc_path).map_err(|e| format!("{}: {e}", doc_path.display()))?;
-    let want = with_section(&doc, name, &table(cmd))
-        .ok_or_else(|| format!("{}: no <!-- BEGIN {name} --> / <!-- END {name} --> markers", doc_path.display()))?;
+    let doc =
+        std::fs::read_to_string(doc_path).map_err(|e| format!("{}: {e}", doc_path.display()))?;
+    let want = with_section(&doc, name, &table(cmd)).ok_or_else(|| {
+        format!(
+            "{}: no <!-- BEGIN {name} --> / <!-- END {name} --> markers",
+            doc_path.display()
+        )
+    })?;
     if want == doc {
         return Ok(());
     }
@@ -71,11 +101,25 @@ mod tests {
     #[test]
     fn a_table_row_per_visible_option() {
         let cmd = clap::Command::new("x")
-            .arg(clap::Arg::new("port").long("port").env("X_PORT").default_value("80").help("The port | a pipe"))
+            .arg(
+                clap::Arg::new("port")
+                    .long("port")
+                    .env("X_PORT")
+                    .default_value("80")
+                    .help("The port | a pipe"),
+            )
             .arg(clap::Arg::new("secret").long("secret").hide(true))
-            .arg(clap::Arg::new("on").long("on").action(clap::ArgAction::SetTrue).help("A switch."));
+            .arg(
+                clap::Arg::new("on")
+                    .long("on")
+                    .action(clap::ArgAction::SetTrue)
+                    .help("A switch."),
+            );
         let t = table(&cmd);
-        assert!(t.contains("| `--port PORT` | `X_PORT` | `80` | The port \\| a pipe |"), "{t}");
+        assert!(
+            t.contains("| `--port PORT` | `X_PORT` | `80` | The port \\| a pipe |"),
+            "{t}"
+        );
         assert!(t.contains("| `--on` |"), "{t}");
         assert!(!t.contains("secret"), "{t}");
     }
@@ -83,7 +127,10 @@ mod tests {
     #[test]
     fn sections_are_replaced_between_their_markers() {
         let doc = "a\n<!-- BEGIN z -->\nold\n<!-- END z -->\nb\n";
-        assert_eq!(with_section(doc, "z", "new\n").as_deref(), Some("a\n<!-- BEGIN z -->\nnew\n<!-- END z -->\nb\n"));
+        assert_eq!(
+            with_section(doc, "z", "new\n").as_deref(),
+            Some("a\n<!-- BEGIN z -->\nnew\n<!-- END z -->\nb\n")
+        );
         assert_eq!(with_section(doc, "w", "new\n"), None);
     }
 }

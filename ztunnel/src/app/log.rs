@@ -39,16 +39,34 @@ pub fn init_logging(format: &str) -> ReloadableLog {
     let filter = EnvFilter::try_new(&initial).unwrap_or_else(|_| EnvFilter::new("info"));
     let (filter, handle) = reload::Layer::new(filter);
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let fmt = tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
     // Each after the fmt layer: see `CompactSpanFields`.
     if format == "json" {
         use tracing_subscriber::fmt::format::JsonFields;
-        let fmt = fmt.event_format(crate::logging::IstioJson).fmt_fields(JsonFields::new());
+        let fmt = fmt
+            .event_format(crate::logging::IstioJson)
+            .fmt_fields(JsonFields::new());
         let compact = crate::logging::CompactSpanFields::<JsonFields>::default();
-        tracing_subscriber::registry().with(filter).with(fmt).with(compact).init();
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt)
+            .with(compact)
+            .init();
     } else {
-        let compact = crate::logging::CompactSpanFields::<tracing_subscriber::fmt::format::DefaultFields>::default();
-        tracing_subscriber::registry().with(filter).with(fmt.event_format(crate::logging::IstioText)).with(compact).init();
+        let compact = crate::logging::CompactSpanFields::<
+            tracing_subscriber::fmt::format::DefaultFields,
+        >::default();
+        tracing_subscriber::registry()
+            .with(filter)
+            .with(fmt.event_format(crate::logging::IstioText))
+            .with(compact)
+            .init();
     }
-    ReloadableLog { handle, current: Mutex::new(initial.clone()), initial }
+    ReloadableLog {
+        handle,
+        current: Mutex::new(initial.clone()),
+        initial,
+    }
 }

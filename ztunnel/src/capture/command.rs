@@ -8,18 +8,35 @@ use tokio::io::AsyncWriteExt;
 use super::error::CaptureError;
 use crate::netns::InPodNetns;
 
-pub(crate) async fn run_in(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<(), CaptureError> {
+pub(crate) async fn run_in(
+    netns: &InPodNetns,
+    program: &'static str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<(), CaptureError> {
     run_capturing(netns, program, args, stdin).await.map(|_| ())
 }
 
-pub(crate) async fn run_in_output(netns: &InPodNetns, program: &'static str, args: &[&str]) -> Result<String, CaptureError> {
+pub(crate) async fn run_in_output(
+    netns: &InPodNetns,
+    program: &'static str,
+    args: &[&str],
+) -> Result<String, CaptureError> {
     run_capturing(netns, program, args, None).await
 }
 
-async fn run_capturing(netns: &InPodNetns, program: &'static str, args: &[&str], stdin: Option<&str>) -> Result<String, CaptureError> {
+async fn run_capturing(
+    netns: &InPodNetns,
+    program: &'static str,
+    args: &[&str],
+    stdin: Option<&str>,
+) -> Result<String, CaptureError> {
     let fd = netns.fd().as_raw_fd();
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     // SAFETY: setns is async-signal-safe and only touches the child after fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -29,7 +46,11 @@ async fn run_capturing(netns: &InPodNetns, program: &'static str, args: &[&str],
             Ok(())
         });
     }
-    let spawn_err = |source| CaptureError::Spawn { program, netns: netns.name().to_string(), source };
+    let spawn_err = |source| CaptureError::Spawn {
+        program,
+        netns: netns.name().to_string(),
+        source,
+    };
     let mut child = cmd.spawn().map_err(spawn_err)?;
     if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(input.as_bytes()).await.map_err(spawn_err)?;

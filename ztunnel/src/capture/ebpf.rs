@@ -16,7 +16,11 @@ use crate::state::PodIps;
 /// Sets tcp_fwmark_accept (one switch for both families) and fwmark_reflect (one per family).
 fn sysctl(netns: &InPodNetns, value: &str, ipv6: bool) -> Result<(), CaptureError> {
     let what = "setting net.ipv4.tcp_fwmark_accept and net.ipv{4,6}.fwmark_reflect";
-    let err = |source| CaptureError::Netns { netns: netns.name().to_string(), what, source };
+    let err = |source| CaptureError::Netns {
+        netns: netns.name().to_string(),
+        what,
+        source,
+    };
     let r = netns
         .run(|| {
             std::fs::write("/proc/sys/net/ipv4/tcp_fwmark_accept", value)?;
@@ -31,14 +35,21 @@ fn sysctl(netns: &InPodNetns, value: &str, ipv6: bool) -> Result<(), CaptureErro
 }
 
 fn cookie(netns: &InPodNetns) -> Result<ztunnel_ebpf::NetnsCookie, CaptureError> {
-    netns.cookie().map(ztunnel_ebpf::NetnsCookie).map_err(|e| CaptureError::Netns {
-        netns: netns.name().to_string(),
-        what: "reading the netns cookie",
-        source: std::io::Error::other(e.to_string()),
-    })
+    netns
+        .cookie()
+        .map(ztunnel_ebpf::NetnsCookie)
+        .map_err(|e| CaptureError::Netns {
+            netns: netns.name().to_string(),
+            what: "reading the netns cookie",
+            source: std::io::Error::other(e.to_string()),
+        })
 }
 
-pub async fn install(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, inbound: &[(IpAddr, &tokio::net::TcpListener)]) -> Result<(), CaptureError> {
+pub async fn install(
+    capture: &ztunnel_ebpf::Capture,
+    netns: &InPodNetns,
+    inbound: &[(IpAddr, &tokio::net::TcpListener)],
+) -> Result<(), CaptureError> {
     let cookie = cookie(netns)?;
     let ipv6 = inbound.iter().any(|(ip, _)| ip.is_ipv6());
     local_route::install(netns, ipv6).await?;
@@ -48,14 +59,24 @@ pub async fn install(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, inboun
         cookie,
         addresses: inbound.iter().map(|(ip, l)| (*ip, l.as_fd())).collect(),
     };
-    capture.enroll(&pod).map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
+    capture.enroll(&pod).map_err(|source| CaptureError::Ebpf {
+        netns: netns.name().to_string(),
+        source,
+    })
 }
 
-pub async fn stop_steering(capture: &ztunnel_ebpf::Capture, netns: &InPodNetns, ips: PodIps) -> Result<(), CaptureError> {
+pub async fn stop_steering(
+    capture: &ztunnel_ebpf::Capture,
+    netns: &InPodNetns,
+    ips: PodIps,
+) -> Result<(), CaptureError> {
     let cookie = cookie(netns)?;
     capture
         .remove(cookie, &ips.iter().collect::<Vec<_>>())
-        .map_err(|source| CaptureError::Ebpf { netns: netns.name().to_string(), source })
+        .map_err(|source| CaptureError::Ebpf {
+            netns: netns.name().to_string(),
+            source,
+        })
 }
 
 /// `ipv6`: the pod had IPv6 capture (what `install` set up for IPv6 goes too).

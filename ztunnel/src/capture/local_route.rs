@@ -7,8 +7,8 @@
 
 use super::command::{run_in, run_in_output};
 use super::error::CaptureError;
-use crate::netns::InPodNetns;
 use crate::marks::DELIVERY_MARK;
+use crate::netns::InPodNetns;
 
 pub const ROUTE_TABLE: &str = "133";
 const RULE_PREF: &str = "32764";
@@ -29,16 +29,66 @@ async fn install_family(netns: &InPodNetns, family: &str, all: &str) -> Result<(
     // delete-and-add, which would briefly misroute the old proxy's replies.
     let existing = run_in_output(netns, "ip", &[family, "rule", "show", "pref", RULE_PREF]).await?;
     if !existing.contains(&format!("lookup {ROUTE_TABLE}")) {
-        let _ = run_in(netns, "ip", &[family, "rule", "del", "pref", RULE_PREF], None).await;
-        run_in(netns, "ip", &[family, "rule", "add", "fwmark", &mark, "pref", RULE_PREF, "lookup", ROUTE_TABLE], None).await?;
+        let _ = run_in(
+            netns,
+            "ip",
+            &[family, "rule", "del", "pref", RULE_PREF],
+            None,
+        )
+        .await;
+        run_in(
+            netns,
+            "ip",
+            &[
+                family,
+                "rule",
+                "add",
+                "fwmark",
+                &mark,
+                "pref",
+                RULE_PREF,
+                "lookup",
+                ROUTE_TABLE,
+            ],
+            None,
+        )
+        .await?;
     }
-    run_in(netns, "ip", &[family, "route", "replace", "local", all, "dev", "lo", "table", ROUTE_TABLE], None).await
+    run_in(
+        netns,
+        "ip",
+        &[
+            family,
+            "route",
+            "replace",
+            "local",
+            all,
+            "dev",
+            "lo",
+            "table",
+            ROUTE_TABLE,
+        ],
+        None,
+    )
+    .await
 }
 
 /// Removes what `install` added, IPv6 too when `ipv6`.
 pub async fn remove(netns: &InPodNetns, ipv6: bool) {
     for family in ["-4", "-6"].into_iter().take(if ipv6 { 2 } else { 1 }) {
-        let _ = run_in(netns, "ip", &[family, "rule", "del", "pref", RULE_PREF], None).await;
-        let _ = run_in(netns, "ip", &[family, "route", "flush", "table", ROUTE_TABLE], None).await;
+        let _ = run_in(
+            netns,
+            "ip",
+            &[family, "rule", "del", "pref", RULE_PREF],
+            None,
+        )
+        .await;
+        let _ = run_in(
+            netns,
+            "ip",
+            &[family, "route", "flush", "table", ROUTE_TABLE],
+            None,
+        )
+        .await;
     }
 }

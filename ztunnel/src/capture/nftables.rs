@@ -18,8 +18,8 @@
 use super::command::run_in;
 use super::error::CaptureError;
 use super::local_route;
-use crate::netns::InPodNetns;
 use crate::marks::{DELIVERY_MARK, PROXY_MARK};
+use crate::netns::InPodNetns;
 use crate::ports;
 
 /// kubelet health probes arrive from this address in Istio's ambient mode; never capture them.
@@ -34,7 +34,10 @@ fn ruleset(exempt_inbound_ports: &[u16], capture_dns: bool, ipv6: bool) -> Strin
         String::new()
     } else {
         let ports: Vec<String> = exempt_inbound_ports.iter().map(u16::to_string).collect();
-        format!("meta l4proto tcp tcp dport {{ {} }} return", ports.join(", "))
+        format!(
+            "meta l4proto tcp tcp dport {{ {} }} return",
+            ports.join(", ")
+        )
     };
     let dns = match (capture_dns, ipv6) {
         (false, _) => String::new(),
@@ -82,9 +85,20 @@ table inet {TABLE} {{
 }
 
 /// `ipv6`: the pod has IPv6 capture (listeners on its IPv6 address and `[::1]`).
-pub async fn install(netns: &InPodNetns, exempt_inbound_ports: &[u16], capture_dns: bool, ipv6: bool) -> Result<(), CaptureError> {
+pub async fn install(
+    netns: &InPodNetns,
+    exempt_inbound_ports: &[u16],
+    capture_dns: bool,
+    ipv6: bool,
+) -> Result<(), CaptureError> {
     local_route::install(netns, ipv6).await?;
-    run_in(netns, "nft", &["-f", "-"], Some(&ruleset(exempt_inbound_ports, capture_dns, ipv6))).await
+    run_in(
+        netns,
+        "nft",
+        &["-f", "-"],
+        Some(&ruleset(exempt_inbound_ports, capture_dns, ipv6)),
+    )
+    .await
 }
 
 /// Empties the redirecting chains. The chains themselves stay until `finish_removal`:
@@ -109,11 +123,22 @@ mod tests {
     #[test]
     fn dns_rules_only_when_asked() {
         let on = ruleset(&[], true, false);
-        assert!(on.contains("meta nfproto ipv4 udp dport 53 redirect to :15053"), "{on}");
-        assert!(on.contains("meta nfproto ipv4 tcp dport 53 tcp flags & (syn | ack) == syn redirect to :15053"), "{on}");
+        assert!(
+            on.contains("meta nfproto ipv4 udp dport 53 redirect to :15053"),
+            "{on}"
+        );
+        assert!(
+            on.contains(
+                "meta nfproto ipv4 tcp dport 53 tcp flags & (syn | ack) == syn redirect to :15053"
+            ),
+            "{on}"
+        );
         // After the proxy's own marks and loopback are let through, before the TCP catch-all.
         let at = |needle: &str| on.find(needle).unwrap();
-        assert!(at("meta mark") < at("udp dport 53") && at("oifname \"lo\" return") < at("udp dport 53"));
+        assert!(
+            at("meta mark") < at("udp dport 53")
+                && at("oifname \"lo\" return") < at("udp dport 53")
+        );
         assert!(at("tcp dport 53") < at("redirect to :15001"));
         assert!(!ruleset(&[], false, false).contains("dport 53"));
         assert!(!ruleset(&[], false, true).contains("dport 53"));
@@ -124,11 +149,17 @@ mod tests {
         // With IPv6 capture, DNS of both families goes to the proxy (`[::1]:15053` for IPv6).
         let on = ruleset(&[], true, true);
         assert!(on.contains("\n    udp dport 53 redirect to :15053"), "{on}");
-        assert!(on.contains("\n    tcp dport 53 tcp flags & (syn | ack) == syn redirect to :15053"), "{on}");
+        assert!(
+            on.contains("\n    tcp dport 53 tcp flags & (syn | ack) == syn redirect to :15053"),
+            "{on}"
+        );
         assert!(!on.contains("nfproto"), "{on}");
         // Both families' kubelet probe sources are let through, before the inbound redirect.
         let at = |needle: &str| on.find(needle).unwrap();
-        assert!(at("ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return") < at("redirect to :15006"));
+        assert!(
+            at("ip6 saddr fd16:9254:7127:1337:ffff:ffff:ffff:ffff return")
+                < at("redirect to :15006")
+        );
         assert!(at("ip saddr 169.254.7.127 return") < at("redirect to :15006"));
     }
 }

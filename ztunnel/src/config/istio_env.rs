@@ -12,11 +12,19 @@ pub use crate::netns::Keepalive;
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EnvError {
     #[error("invalid {name}={value:?}: {reason}")]
-    Invalid { name: String, value: String, reason: String },
+    Invalid {
+        name: String,
+        value: String,
+        reason: String,
+    },
     /// A setting we cannot honour and whose silent omission would weaken security or
     /// break traffic: the proxy refuses to start rather than run differently.
     #[error("{name}={value:?} is not supported by this ztunnel: {reason}; unset it to start")]
-    Refused { name: String, value: String, reason: String },
+    Refused {
+        name: String,
+        value: String,
+        reason: String,
+    },
 }
 
 /// The process environment at start, as UTF-8 pairs (a variable that is not UTF-8 is
@@ -26,11 +34,16 @@ pub struct Env(BTreeMap<String, String>);
 
 impl Env {
     pub fn from_process() -> Env {
-        Env(std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))).collect())
+        Env(std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect())
     }
 
     pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Env {
-        Env(pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect())
+        Env(pairs
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect())
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
@@ -43,21 +56,37 @@ impl Env {
     }
 
     /// `(name without the prefix, value)` of every variable named `<prefix>...`.
-    pub fn with_prefix<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
-        self.0.range(prefix.to_string()..).take_while(move |(k, _)| k.starts_with(prefix)).map(move |(k, v)| (&k[prefix.len()..], v.as_str()))
+    pub fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
+        self.0
+            .range(prefix.to_string()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(move |(k, v)| (&k[prefix.len()..], v.as_str()))
     }
 
     fn invalid(&self, name: &str, reason: impl Into<String>) -> EnvError {
-        EnvError::Invalid { name: name.into(), value: self.get(name).unwrap_or_default().into(), reason: reason.into() }
+        EnvError::Invalid {
+            name: name.into(),
+            value: self.get(name).unwrap_or_default().into(),
+            reason: reason.into(),
+        }
     }
 
     fn refused(&self, name: &str, reason: impl Into<String>) -> EnvError {
-        EnvError::Refused { name: name.into(), value: self.get(name).unwrap_or_default().into(), reason: reason.into() }
+        EnvError::Refused {
+            name: name.into(),
+            value: self.get(name).unwrap_or_default().into(),
+            reason: reason.into(),
+        }
     }
 
     /// A duration in Istio's format ("24h", "1h30m", "500ms", a bare number of seconds).
     pub fn duration(&self, name: &str) -> Result<Option<Duration>, EnvError> {
-        self.get(name).map(|v| parse_duration(v).map_err(|e| self.invalid(name, e))).transpose()
+        self.get(name)
+            .map(|v| parse_duration(v).map_err(|e| self.invalid(name, e)))
+            .transpose()
     }
 
     /// `true` / `false`, as Rust's (and Istio's) bool parsing.
@@ -69,7 +98,13 @@ impl Env {
     where
         T::Err: std::fmt::Display,
     {
-        self.get(name).map(|v| v.trim().parse::<T>().map_err(|e| self.invalid(name, e.to_string()))).transpose()
+        self.get(name)
+            .map(|v| {
+                v.trim()
+                    .parse::<T>()
+                    .map_err(|e| self.invalid(name, e.to_string()))
+            })
+            .transpose()
     }
 }
 
@@ -87,13 +122,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let num_len = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         if num_len == 0 {
-            return Err(format!("{s:?}: expected a number before {rest:?} (e.g. \"24h\", \"1h30m\", \"500ms\")"));
+            return Err(format!(
+                "{s:?}: expected a number before {rest:?} (e.g. \"24h\", \"1h30m\", \"500ms\")"
+            ));
         }
-        let value: f64 = rest[..num_len].parse().map_err(|_| format!("{s:?}: bad number {:?}", &rest[..num_len]))?;
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("{s:?}: bad number {:?}", &rest[..num_len]))?;
         rest = &rest[num_len..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace()).unwrap_or(rest.len());
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.' || c.is_whitespace())
+            .unwrap_or(rest.len());
         let unit = &rest[..unit_len];
         rest = rest[unit_len..].trim_start();
         let scale = match unit {
@@ -104,11 +147,21 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" => 60.0,
             "h" => 3600.0,
             "d" => 86400.0,
-            "" => return Err(format!("{s:?}: a unit is needed after {value} (ns, us, ms, s, m, h, d)")),
-            other => return Err(format!("{s:?}: unknown unit {other:?} (ns, us, ms, s, m, h, d)")),
+            "" => {
+                return Err(format!(
+                    "{s:?}: a unit is needed after {value} (ns, us, ms, s, m, h, d)"
+                ))
+            }
+            other => {
+                return Err(format!(
+                    "{s:?}: unknown unit {other:?} (ns, us, ms, s, m, h, d)"
+                ))
+            }
         };
         let term = Duration::try_from_secs_f64(value * scale).map_err(|e| format!("{s:?}: {e}"))?;
-        total = total.checked_add(term).ok_or_else(|| format!("{s:?}: too long"))?;
+        total = total
+            .checked_add(term)
+            .ok_or_else(|| format!("{s:?}: too long"))?;
     }
     Ok(total)
 }
@@ -121,17 +174,27 @@ pub const ISTIO_PACKET_MARK: u32 = 1337;
 /// container's CPU resources (`ZTUNNEL_RESOURCE_CPU_*`), else `default`.
 pub fn worker_threads(env: &Env, value: Option<&str>, default: usize) -> Result<usize, EnvError> {
     const NAME: &str = "ZTUNNEL_WORKER_THREADS";
-    let invalid = |reason: String| EnvError::Invalid { name: NAME.into(), value: value.unwrap_or_default().into(), reason };
+    let invalid = |reason: String| EnvError::Invalid {
+        name: NAME.into(),
+        value: value.unwrap_or_default().into(),
+        reason,
+    };
     let threads = match value.map(str::trim) {
         Some(v) => match v.strip_suffix('%') {
             Some(p) => {
-                let percent: f64 = p.trim().parse().map_err(|e| invalid(format!("invalid percentage: {e}")))?;
+                let percent: f64 = p
+                    .trim()
+                    .parse()
+                    .map_err(|e| invalid(format!("invalid percentage: {e}")))?;
                 if !(percent > 0.0 && percent <= 100.0) {
                     return Err(invalid("percentage must be above 0 and at most 100".into()));
                 }
                 ((cpu_count(env)? as f64 * percent / 100.0).ceil() as usize).max(1)
             }
-            None => match v.parse::<usize>().map_err(|e| invalid(format!("invalid number: {e}")))? {
+            None => match v
+                .parse::<usize>()
+                .map_err(|e| invalid(format!("invalid number: {e}")))?
+            {
                 0 => cpu_count(env)?,
                 n => n,
             },
@@ -144,7 +207,9 @@ pub fn worker_threads(env: &Env, value: Option<&str>, default: usize) -> Result<
                 // Istio: an explicit limit wins (the request can raise it) ...
                 (Some(limit), request) => limit.max(request.unwrap_or(0)),
                 // ... otherwise a quarter of the CPUs, at least the request and 2.
-                (None, Some(request)) => ((cpu_count(env)? as f64 * 0.25).ceil() as usize).max(request).max(2),
+                (None, Some(request)) => ((cpu_count(env)? as f64 * 0.25).ceil() as usize)
+                    .max(request)
+                    .max(2),
             }
         }
     };
@@ -166,7 +231,9 @@ pub fn cpu_count(env: &Env) -> Result<usize, EnvError> {
 
 /// A Kubernetes CPU quantity ("2", "1.5", "500m") rounded up to whole CPUs.
 fn cpu_quantity(env: &Env, name: &str) -> Result<Option<usize>, EnvError> {
-    let Some(raw) = env.non_empty(name) else { return Ok(None) };
+    let Some(raw) = env.non_empty(name) else {
+        return Ok(None);
+    };
     let cores = match raw.strip_suffix('m') {
         Some(milli) => milli.parse::<f64>().map(|m| m / 1000.0),
         None => raw.parse::<f64>(),
@@ -180,13 +247,28 @@ fn cpu_quantity(env: &Env, name: &str) -> Result<Option<usize>, EnvError> {
 
 /// gRPC headers from `<prefix><NAME>=<value>` variables (Istio's XDS_HEADER_* and
 /// CA_HEADER_*): names are lowercased, both must be valid ASCII metadata.
-pub fn headers(env: &Env, prefix: &str) -> Result<Vec<(tonic::metadata::AsciiMetadataKey, tonic::metadata::AsciiMetadataValue)>, EnvError> {
+pub fn headers(
+    env: &Env,
+    prefix: &str,
+) -> Result<
+    Vec<(
+        tonic::metadata::AsciiMetadataKey,
+        tonic::metadata::AsciiMetadataValue,
+    )>,
+    EnvError,
+> {
     env.with_prefix(prefix)
         .map(|(key, value)| {
             let name = format!("{prefix}{key}");
-            let bad = |reason: &str| EnvError::Invalid { name: name.clone(), value: value.into(), reason: reason.into() };
-            let k = tonic::metadata::AsciiMetadataKey::from_bytes(key.as_bytes()).map_err(|_| bad("not a valid gRPC header name"))?;
-            let v = tonic::metadata::AsciiMetadataValue::try_from(value).map_err(|_| bad("not a valid gRPC header value"))?;
+            let bad = |reason: &str| EnvError::Invalid {
+                name: name.clone(),
+                value: value.into(),
+                reason: reason.into(),
+            };
+            let k = tonic::metadata::AsciiMetadataKey::from_bytes(key.as_bytes())
+                .map_err(|_| bad("not a valid gRPC header name"))?;
+            let v = tonic::metadata::AsciiMetadataValue::try_from(value)
+                .map_err(|_| bad("not a valid gRPC header value"))?;
             Ok((k, v))
         })
         .collect()
@@ -197,15 +279,23 @@ pub fn headers(env: &Env, prefix: &str) -> Result<Vec<(tonic::metadata::AsciiMet
 /// parsed JSON (overriding). A JSON value that does not parse is left out with a warning,
 /// as upstream does. Returns the metadata and the warnings.
 pub fn node_metadata(env: &Env) -> (BTreeMap<String, serde_json::Value>, Vec<String>) {
-    let mut meta: BTreeMap<String, serde_json::Value> =
-        env.with_prefix("ISTIO_META_").filter(|(k, _)| !k.is_empty()).map(|(k, v)| (k.to_string(), serde_json::Value::String(v.into()))).collect();
+    let mut meta: BTreeMap<String, serde_json::Value> = env
+        .with_prefix("ISTIO_META_")
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.into())))
+        .collect();
     let mut warnings = Vec::new();
-    for (k, v) in env.with_prefix("ISTIO_METAJSON_").filter(|(k, _)| !k.is_empty()) {
+    for (k, v) in env
+        .with_prefix("ISTIO_METAJSON_")
+        .filter(|(k, _)| !k.is_empty())
+    {
         match serde_json::from_str(v) {
             Ok(json) => {
                 meta.insert(k.to_string(), json);
             }
-            Err(e) => warnings.push(format!("ISTIO_METAJSON_{k} is not valid JSON ({e}); left out of the xDS node metadata")),
+            Err(e) => warnings.push(format!(
+                "ISTIO_METAJSON_{k} is not valid JSON ({e}); left out of the xDS node metadata"
+            )),
         }
     }
     (meta, warnings)
@@ -216,15 +306,26 @@ pub fn node_metadata(env: &Env) -> (BTreeMap<String, serde_json::Value>, Vec<Str
 /// or break traffic refuse the start. Returns the warnings.
 pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     let mut warnings = Vec::new();
-    let mut warn = |name: &str, what: &str| warnings.push(format!("{name}={:?} ignored: {what}", env.get(name).unwrap_or_default()));
+    let mut warn = |name: &str, what: &str| {
+        warnings.push(format!(
+            "{name}={:?} ignored: {what}",
+            env.get(name).unwrap_or_default()
+        ))
+    };
 
     if let Some(mode) = env.get("PROXY_MODE") {
         if !mode.eq_ignore_ascii_case("shared") {
-            return Err(env.refused("PROXY_MODE", "only the shared node proxy mode exists (PROXY_MODE=shared)"));
+            return Err(env.refused(
+                "PROXY_MODE",
+                "only the shared node proxy mode exists (PROXY_MODE=shared)",
+            ));
         }
     }
     if env.bool("ENABLE_PROXY")? == Some(false) {
-        return Err(env.refused("ENABLE_PROXY", "a DNS-only ztunnel does not exist; the proxy always runs"));
+        return Err(env.refused(
+            "ENABLE_PROXY",
+            "a DNS-only ztunnel does not exist; the proxy always runs",
+        ));
     }
     if let Some(mark) = env.number::<u32>("PACKET_MARK")? {
         if mark != ISTIO_PACKET_MARK {
@@ -260,15 +361,26 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     // IPV6_ENABLED is honoured (main.rs); parsed here so a bad value is refused early.
     env.bool("IPV6_ENABLED")?;
     if env.bool("ENABLE_ORIG_SRC")? == Some(false) {
-        warn("ENABLE_ORIG_SRC", "inbound deliveries always keep the client's source address");
+        warn(
+            "ENABLE_ORIG_SRC",
+            "inbound deliveries always keep the client's source address",
+        );
     }
     if env.bool("XDS_ON_DEMAND")? == Some(true) {
-        warn("XDS_ON_DEMAND", "the xDS client always subscribes to every resource");
+        warn(
+            "XDS_ON_DEMAND",
+            "the xDS client always subscribes to every resource",
+        );
     }
     if env.bool("UNSTABLE_ENABLE_SOCKS5")? == Some(true) {
         warn("UNSTABLE_ENABLE_SOCKS5", "there is no SOCKS5 listener");
     }
-    for name in ["PREFERED_SERVICE_NAMESPACE", "PROXY_CONFIG", "ENABLE_RESPONSE_BAGGAGE", "AUTHZ_POLICY_INFO_LOGGING"] {
+    for name in [
+        "PREFERED_SERVICE_NAMESPACE",
+        "PROXY_CONFIG",
+        "ENABLE_RESPONSE_BAGGAGE",
+        "AUTHZ_POLICY_INFO_LOGGING",
+    ] {
         if env.non_empty(name).is_some() {
             warn(name, "not implemented");
         }
@@ -286,14 +398,24 @@ pub fn h2_sizes(env: &Env) -> Result<crate::hbone::H2Sizes, EnvError> {
             None => Ok(default),
             // Below the protocol's initial 65,535 a peer could not even send its first frame.
             Some(v) if (65_535..=MAX_WINDOW).contains(&v) => Ok(v),
-            Some(_) => Err(env.invalid(name, format!("must be between 65535 and {MAX_WINDOW} bytes"))),
+            Some(_) => Err(env.invalid(
+                name,
+                format!("must be between 65535 and {MAX_WINDOW} bytes"),
+            )),
         }
     };
     let max_frame = match env.number::<u32>("HTTP2_FRAME_SIZE")? {
         None => d.max_frame,
         Some(v) if FRAME_RANGE.contains(&v) => v,
         Some(_) => {
-            return Err(env.invalid("HTTP2_FRAME_SIZE", format!("must be between {} and {} bytes (HTTP/2's range)", FRAME_RANGE.start(), FRAME_RANGE.end())))
+            return Err(env.invalid(
+                "HTTP2_FRAME_SIZE",
+                format!(
+                    "must be between {} and {} bytes (HTTP/2's range)",
+                    FRAME_RANGE.start(),
+                    FRAME_RANGE.end()
+                ),
+            ))
         }
     };
     Ok(crate::hbone::H2Sizes {
@@ -315,7 +437,10 @@ impl Keepalive {
             user_timeout: env.bool("USER_TIMEOUT_ENABLED")?.unwrap_or(d.user_timeout),
         };
         // The kernel takes whole seconds (at least 1) for these.
-        for (name, v) in [("KEEPALIVE_TIME", k.time), ("KEEPALIVE_INTERVAL", k.interval)] {
+        for (name, v) in [
+            ("KEEPALIVE_TIME", k.time),
+            ("KEEPALIVE_INTERVAL", k.interval),
+        ] {
             if k.enabled && v < Duration::from_secs(1) {
                 return Err(env.invalid(name, "must be at least 1s"));
             }
@@ -349,9 +474,15 @@ mod tests {
             assert!(parse_duration(bad).is_err(), "{bad:?} parsed");
         }
         let env = Env::from_pairs([("SECRET_TTL", "12h"), ("BAD", "12 hours")]);
-        assert_eq!(env.duration("SECRET_TTL"), Ok(Some(Duration::from_secs(43200))));
+        assert_eq!(
+            env.duration("SECRET_TTL"),
+            Ok(Some(Duration::from_secs(43200)))
+        );
         let err = env.duration("BAD").unwrap_err().to_string();
-        assert!(err.contains("BAD=\"12 hours\"") && err.contains("unit"), "{err}");
+        assert!(
+            err.contains("BAD=\"12 hours\"") && err.contains("unit"),
+            "{err}"
+        );
         assert_eq!(env.duration("UNSET"), Ok(None));
     }
 
@@ -369,10 +500,16 @@ mod tests {
             assert!(err.contains("ZTUNNEL_WORKER_THREADS"), "{bad}: {err}");
         }
         // The chart's resource fields: Istio's default from the limit and request.
-        let env = Env::from_pairs([("ZTUNNEL_RESOURCE_CPU_LIMIT", "500m"), ("ZTUNNEL_CPU_LIMIT", "1")]);
+        let env = Env::from_pairs([
+            ("ZTUNNEL_RESOURCE_CPU_LIMIT", "500m"),
+            ("ZTUNNEL_CPU_LIMIT", "1"),
+        ]);
         assert_eq!(worker_threads(&env, None, 2), Ok(1));
         assert_eq!(worker_threads(&env, Some("100%"), 2), Ok(1));
-        let env = Env::from_pairs([("ZTUNNEL_RESOURCE_CPU_REQUEST", "3"), ("ZTUNNEL_CPU_LIMIT", "16")]);
+        let env = Env::from_pairs([
+            ("ZTUNNEL_RESOURCE_CPU_REQUEST", "3"),
+            ("ZTUNNEL_CPU_LIMIT", "16"),
+        ]);
         assert_eq!(worker_threads(&env, None, 2), Ok(4));
         let env = Env::from_pairs([("ZTUNNEL_RESOURCE_CPU_LIMIT", "-1")]);
         assert!(worker_threads(&env, None, 2).is_err());
@@ -380,15 +517,35 @@ mod tests {
 
     #[test]
     fn headers_from_prefixed_variables() {
-        let env = Env::from_pairs([("XDS_HEADER_X-Tenant", "a"), ("XDS_HEADER_foo", "b"), ("CA_HEADER_bar", "c"), ("XDS_HEADERX", "no")]);
-        let h: Vec<(String, String)> =
-            headers(&env, "XDS_HEADER_").unwrap().into_iter().map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string())).collect();
-        assert_eq!(h, vec![("x-tenant".to_string(), "a".to_string()), ("foo".to_string(), "b".to_string())]);
+        let env = Env::from_pairs([
+            ("XDS_HEADER_X-Tenant", "a"),
+            ("XDS_HEADER_foo", "b"),
+            ("CA_HEADER_bar", "c"),
+            ("XDS_HEADERX", "no"),
+        ]);
+        let h: Vec<(String, String)> = headers(&env, "XDS_HEADER_")
+            .unwrap()
+            .into_iter()
+            .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap().to_string()))
+            .collect();
+        assert_eq!(
+            h,
+            vec![
+                ("x-tenant".to_string(), "a".to_string()),
+                ("foo".to_string(), "b".to_string())
+            ]
+        );
         assert_eq!(headers(&env, "CA_HEADER_").unwrap().len(), 1);
         let bad = Env::from_pairs([("XDS_HEADER_a b", "x")]);
-        assert!(headers(&bad, "XDS_HEADER_").unwrap_err().to_string().contains("XDS_HEADER_a b"));
+        assert!(headers(&bad, "XDS_HEADER_")
+            .unwrap_err()
+            .to_string()
+            .contains("XDS_HEADER_a b"));
         let bad = Env::from_pairs([("CA_HEADER_ok", "line\nbreak")]);
-        assert!(headers(&bad, "CA_HEADER_").unwrap_err().to_string().contains("header value"));
+        assert!(headers(&bad, "CA_HEADER_")
+            .unwrap_err()
+            .to_string()
+            .contains("header value"));
     }
 
     #[test]
@@ -406,19 +563,41 @@ mod tests {
         assert_eq!(meta["CLUSTER_ID"], serde_json::json!("c1"));
         assert_eq!(meta["LABELS"], serde_json::json!({"app": "ztunnel"}));
         assert_eq!(meta.len(), 3, "{meta:?}");
-        assert!(warnings.len() == 1 && warnings[0].contains("ISTIO_METAJSON_BROKEN"), "{warnings:?}");
+        assert!(
+            warnings.len() == 1 && warnings[0].contains("ISTIO_METAJSON_BROKEN"),
+            "{warnings:?}"
+        );
     }
 
     #[test]
     fn http2_sizes_are_istios_and_checked() {
-        assert_eq!(h2_sizes(&Env::default()), Ok(crate::hbone::H2Sizes::default()));
-        let env = Env::from_pairs([("HTTP2_STREAM_WINDOW_SIZE", "65535"), ("HTTP2_CONNECTION_WINDOW_SIZE", "1048576"), ("HTTP2_FRAME_SIZE", "16384")]);
+        assert_eq!(
+            h2_sizes(&Env::default()),
+            Ok(crate::hbone::H2Sizes::default())
+        );
+        let env = Env::from_pairs([
+            ("HTTP2_STREAM_WINDOW_SIZE", "65535"),
+            ("HTTP2_CONNECTION_WINDOW_SIZE", "1048576"),
+            ("HTTP2_FRAME_SIZE", "16384"),
+        ]);
         assert_eq!(
             h2_sizes(&env),
-            Ok(crate::hbone::H2Sizes { stream_window: 65_535, connection_window: 1_048_576, max_frame: 16_384 })
+            Ok(crate::hbone::H2Sizes {
+                stream_window: 65_535,
+                connection_window: 1_048_576,
+                max_frame: 16_384
+            })
         );
-        for (name, bad) in [("HTTP2_FRAME_SIZE", "1024"), ("HTTP2_FRAME_SIZE", "16777216"), ("HTTP2_STREAM_WINDOW_SIZE", "100"), ("HTTP2_CONNECTION_WINDOW_SIZE", "4294967295"), ("HTTP2_STREAM_WINDOW_SIZE", "big")] {
-            let e = h2_sizes(&Env::from_pairs([(name, bad)])).unwrap_err().to_string();
+        for (name, bad) in [
+            ("HTTP2_FRAME_SIZE", "1024"),
+            ("HTTP2_FRAME_SIZE", "16777216"),
+            ("HTTP2_STREAM_WINDOW_SIZE", "100"),
+            ("HTTP2_CONNECTION_WINDOW_SIZE", "4294967295"),
+            ("HTTP2_STREAM_WINDOW_SIZE", "big"),
+        ] {
+            let e = h2_sizes(&Env::from_pairs([(name, bad)]))
+                .unwrap_err()
+                .to_string();
             assert!(e.contains(name), "{name}={bad}: {e}");
         }
     }
@@ -440,15 +619,31 @@ mod tests {
         ]);
         assert_eq!(unsupported(&same), Ok(vec![]));
         // IPV6_ENABLED is honoured either way; a value that is not a bool is refused.
-        assert_eq!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "true")])), Ok(vec![]));
-        assert!(matches!(unsupported(&Env::from_pairs([("IPV6_ENABLED", "yes")])), Err(EnvError::Invalid { .. })));
+        assert_eq!(
+            unsupported(&Env::from_pairs([("IPV6_ENABLED", "true")])),
+            Ok(vec![])
+        );
+        assert!(matches!(
+            unsupported(&Env::from_pairs([("IPV6_ENABLED", "yes")])),
+            Err(EnvError::Invalid { .. })
+        ));
         let harmless = Env::from_pairs([("XDS_ON_DEMAND", "true"), ("TLS12_ENABLED", "true")]);
         let w = unsupported(&harmless).unwrap();
         for name in ["XDS_ON_DEMAND", "TLS12_ENABLED"] {
             assert!(w.iter().any(|w| w.starts_with(name)), "{name}: {w:?}");
         }
-        assert_eq!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "false"), ("COMPLIANCE_POLICY", "")])), Ok(vec![]));
-        assert_eq!(unsupported(&Env::from_pairs([("TLS12_ENABLED", "maybe")])), Ok(vec![]), "ignored, as by Istio's ztunnel");
+        assert_eq!(
+            unsupported(&Env::from_pairs([
+                ("TLS12_ENABLED", "false"),
+                ("COMPLIANCE_POLICY", "")
+            ])),
+            Ok(vec![])
+        );
+        assert_eq!(
+            unsupported(&Env::from_pairs([("TLS12_ENABLED", "maybe")])),
+            Ok(vec![]),
+            "ignored, as by Istio's ztunnel"
+        );
         for (name, value) in [
             ("PROXY_MODE", "dedicated"),
             ("PACKET_MARK", "7"),
@@ -461,15 +656,34 @@ mod tests {
             assert!(matches!(err, EnvError::Refused { .. }), "{name}: {err}");
             assert!(err.to_string().contains(name), "{err}");
         }
-        assert!(matches!(unsupported(&Env::from_pairs([("PACKET_MARK", "x")])), Err(EnvError::Invalid { .. })));
+        assert!(matches!(
+            unsupported(&Env::from_pairs([("PACKET_MARK", "x")])),
+            Err(EnvError::Invalid { .. })
+        ));
     }
 
     #[test]
     fn keepalive_from_istio_variables() {
-        assert_eq!(Keepalive::from_env(&Env::default()), Ok(Keepalive::default()));
-        let k = Keepalive::from_env(&Env::from_pairs([("KEEPALIVE_TIME", "30s"), ("KEEPALIVE_INTERVAL", "10s"), ("KEEPALIVE_RETRIES", "3"), ("USER_TIMEOUT_ENABLED", "true")])).unwrap();
-        assert_eq!((k.time, k.interval, k.retries, k.user_timeout), (Duration::from_secs(30), Duration::from_secs(10), 3, true));
-        assert!(!Keepalive::from_env(&Env::from_pairs([("KEEPALIVE_ENABLED", "false")])).unwrap().enabled);
+        assert_eq!(
+            Keepalive::from_env(&Env::default()),
+            Ok(Keepalive::default())
+        );
+        let k = Keepalive::from_env(&Env::from_pairs([
+            ("KEEPALIVE_TIME", "30s"),
+            ("KEEPALIVE_INTERVAL", "10s"),
+            ("KEEPALIVE_RETRIES", "3"),
+            ("USER_TIMEOUT_ENABLED", "true"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            (k.time, k.interval, k.retries, k.user_timeout),
+            (Duration::from_secs(30), Duration::from_secs(10), 3, true)
+        );
+        assert!(
+            !Keepalive::from_env(&Env::from_pairs([("KEEPALIVE_ENABLED", "false")]))
+                .unwrap()
+                .enabled
+        );
         assert!(Keepalive::from_env(&Env::from_pairs([("KEEPALIVE_TIME", "100ms")])).is_err());
         assert!(Keepalive::from_env(&Env::from_pairs([("KEEPALIVE_ENABLED", "yes")])).is_err());
     }

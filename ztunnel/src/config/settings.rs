@@ -82,7 +82,9 @@ pub fn redacted_args(args: impl IntoIterator<Item = String>) -> String {
             continue;
         }
         match a.split_once('=') {
-            Some((flag, _)) if SECRET_FLAGS.contains(&flag) => out.push(format!("{flag}=<redacted>")),
+            Some((flag, _)) if SECRET_FLAGS.contains(&flag) => {
+                out.push(format!("{flag}=<redacted>"))
+            }
             _ => {
                 hide_next = SECRET_FLAGS.contains(&a.as_str());
                 out.push(a);
@@ -206,9 +208,15 @@ mod tests {
     #[test]
     fn credentials_in_the_command_line_are_redacted() {
         let args = |v: &[&str]| super::redacted_args(v.iter().map(|s| s.to_string()));
-        assert_eq!(args(&["--auth-token", "s3cret", "--node-name", "n1"]), "--auth-token <redacted> --node-name n1");
+        assert_eq!(
+            args(&["--auth-token", "s3cret", "--node-name", "n1"]),
+            "--auth-token <redacted> --node-name n1"
+        );
         assert_eq!(args(&["--auth-token=s3cret"]), "--auth-token=<redacted>");
-        assert_eq!(args(&["--node-name", "--auth-token"]), "--node-name --auth-token");
+        assert_eq!(
+            args(&["--node-name", "--auth-token"]),
+            "--node-name --auth-token"
+        );
         assert_eq!(args(&["--auth-token-file", "x"]), "--auth-token-file x");
     }
 
@@ -221,12 +229,30 @@ mod tests {
     #[test]
     fn istios_serde_shapes() {
         let a = |s: &str| ListenAddress::from(s.parse::<SocketAddr>().unwrap());
-        assert_eq!(j(a("127.0.0.1:15000")), serde_json::json!({"Localhost": [false, 15000]}));
-        assert_eq!(j(a("[::1]:15000")), serde_json::json!({"Localhost": [true, 15000]}));
-        assert_eq!(j(a("0.0.0.0:15020")), serde_json::json!({"SocketAddr": "0.0.0.0:15020"}));
-        assert_eq!(j(RootCertSource::File("/a.pem".into())), serde_json::json!({"File": "/a.pem"}));
+        assert_eq!(
+            j(a("127.0.0.1:15000")),
+            serde_json::json!({"Localhost": [false, 15000]})
+        );
+        assert_eq!(
+            j(a("[::1]:15000")),
+            serde_json::json!({"Localhost": [true, 15000]})
+        );
+        assert_eq!(
+            j(a("0.0.0.0:15020")),
+            serde_json::json!({"SocketAddr": "0.0.0.0:15020"})
+        );
+        assert_eq!(
+            j(RootCertSource::File("/a.pem".into())),
+            serde_json::json!({"File": "/a.pem"})
+        );
         assert_eq!(j(RootCertSource::Static), serde_json::json!("Static"));
-        assert_eq!(j(Duration::from_millis(1500)), serde_json::json!({"secs": 1, "nanos": 500_000_000}));
-        assert_eq!(j(RedactedHeader("x-tenant".into())), serde_json::json!(["x-tenant", "<redacted>"]));
+        assert_eq!(
+            j(Duration::from_millis(1500)),
+            serde_json::json!({"secs": 1, "nanos": 500_000_000})
+        );
+        assert_eq!(
+            j(RedactedHeader("x-tenant".into())),
+            serde_json::json!(["x-tenant", "<redacted>"])
+        );
     }
 }

@@ -61,7 +61,11 @@ pub struct Hit {
 impl Cache {
     /// `max_entries` 0 disables caching.
     pub fn new(max_entries: usize, max_bytes: usize) -> Cache {
-        Cache { inner: Mutex::new(Inner::default()), max_entries, max_bytes }
+        Cache {
+            inner: Mutex::new(Inner::default()),
+            max_entries,
+            max_bytes,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -84,7 +88,10 @@ impl Cache {
         entry.seq = inner.next;
         inner.next += 1;
         inner.order.insert(entry.seq, key.clone());
-        Some(Hit { wire: entry.wire.clone(), age: now.saturating_duration_since(entry.stored) })
+        Some(Hit {
+            wire: entry.wire.clone(),
+            age: now.saturating_duration_since(entry.stored),
+        })
     }
 
     /// Stores `wire` (the upstream answer) for `ttl` seconds.
@@ -100,7 +107,9 @@ impl Cache {
             inner.bytes -= old.size;
         }
         while inner.map.len() >= self.max_entries || inner.bytes + size > self.max_bytes {
-            let Some((_, oldest)) = inner.order.pop_first() else { break };
+            let Some((_, oldest)) = inner.order.pop_first() else {
+                break;
+            };
             if let Some(e) = inner.map.remove(&oldest) {
                 inner.bytes -= e.size;
             }
@@ -110,7 +119,16 @@ impl Cache {
         let expires = now + Duration::from_secs(u64::from(ttl.min(MAX_TTL)));
         inner.order.insert(seq, key.clone());
         inner.bytes += size;
-        inner.map.insert(key, Entry { wire, stored: now, expires, seq, size });
+        inner.map.insert(
+            key,
+            Entry {
+                wire,
+                stored: now,
+                expires,
+                seq,
+                size,
+            },
+        );
     }
 
     /// (entries, bytes) held.
@@ -126,7 +144,8 @@ pub fn cache_ttl(msg: &Message) -> Option<u32> {
         return None;
     }
     let code = msg.metadata.response_code;
-    let negative = code == ResponseCode::NXDomain || (code == ResponseCode::NoError && msg.answers.is_empty());
+    let negative =
+        code == ResponseCode::NXDomain || (code == ResponseCode::NoError && msg.answers.is_empty());
     if negative {
         // RFC 2308: the SOA's TTL, at most its MINIMUM field. No SOA, no caching.
         return msg.authorities.iter().find_map(|r| match &r.data {
@@ -137,13 +156,22 @@ pub fn cache_ttl(msg: &Message) -> Option<u32> {
     if code != ResponseCode::NoError {
         return None;
     }
-    msg.answers.iter().chain(msg.authorities.iter()).map(|r| r.ttl).min()
+    msg.answers
+        .iter()
+        .chain(msg.authorities.iter())
+        .map(|r| r.ttl)
+        .min()
 }
 
 /// Counts the TTLs of a cached answer down by its age.
 pub fn age_ttls(msg: &mut Message, age: Duration) {
     let secs = u32::try_from(age.as_secs()).unwrap_or(u32::MAX);
-    for r in msg.answers.iter_mut().chain(msg.authorities.iter_mut()).chain(msg.additionals.iter_mut()) {
+    for r in msg
+        .answers
+        .iter_mut()
+        .chain(msg.authorities.iter_mut())
+        .chain(msg.additionals.iter_mut())
+    {
         r.ttl = r.ttl.saturating_sub(secs);
     }
 }
@@ -153,7 +181,13 @@ mod tests {
     use super::*;
 
     fn key(n: &str) -> CacheKey {
-        CacheKey { name: format!("{n}."), qtype: RecordType::A, qclass: DNSClass::IN, dnssec_ok: false, checking_disabled: false }
+        CacheKey {
+            name: format!("{n}."),
+            qtype: RecordType::A,
+            qclass: DNSClass::IN,
+            dnssec_ok: false,
+            checking_disabled: false,
+        }
     }
 
     #[test]
@@ -164,11 +198,16 @@ mod tests {
         let hit = c.get(&key("a"), t0 + Duration::from_secs(3)).unwrap();
         assert_eq!(hit.wire, vec![1; 40]);
         assert_eq!(hit.age, Duration::from_secs(3));
-        assert!(c.get(&key("a"), t0 + Duration::from_secs(5)).is_none(), "expired at its TTL");
+        assert!(
+            c.get(&key("a"), t0 + Duration::from_secs(5)).is_none(),
+            "expired at its TTL"
+        );
         assert_eq!(c.usage(), (0, 0), "an expired entry is dropped when met");
         // A TTL over the cap is cut to it; zero is not cached.
         c.insert(key("b"), vec![1; 40], 86400, t0);
-        assert!(c.get(&key("b"), t0 + Duration::from_secs(u64::from(MAX_TTL))).is_none());
+        assert!(c
+            .get(&key("b"), t0 + Duration::from_secs(u64::from(MAX_TTL)))
+            .is_none());
         c.insert(key("z"), vec![1; 40], 0, t0);
         assert!(c.get(&key("z"), t0).is_none());
     }
@@ -183,7 +222,10 @@ mod tests {
         assert!(c.get(&key("a"), t0).is_some()); // a is now the most recent
         c.insert(key("d"), vec![0; 10], 60, t0);
         assert_eq!(c.usage().0, 3);
-        assert!(c.get(&key("b"), t0).is_none(), "b was the least recently used");
+        assert!(
+            c.get(&key("b"), t0).is_none(),
+            "b was the least recently used"
+        );
         for n in ["a", "c", "d"] {
             assert!(c.get(&key(n), t0).is_some(), "{n}");
         }
@@ -219,8 +261,16 @@ mod tests {
         use hickory_proto::rr::{Name, Record};
         let name = Name::from_ascii("x.example.").unwrap();
         let mut m = Message::new(1, MessageType::Response, OpCode::Query);
-        m.answers.push(Record::from_rdata(name.clone(), 120, RData::A(A::new(1, 2, 3, 4))));
-        m.answers.push(Record::from_rdata(name.clone(), 60, RData::A(A::new(1, 2, 3, 5))));
+        m.answers.push(Record::from_rdata(
+            name.clone(),
+            120,
+            RData::A(A::new(1, 2, 3, 4)),
+        ));
+        m.answers.push(Record::from_rdata(
+            name.clone(),
+            60,
+            RData::A(A::new(1, 2, 3, 5)),
+        ));
         assert_eq!(cache_ttl(&m), Some(60));
         m.metadata.truncation = true;
         assert_eq!(cache_ttl(&m), None);
@@ -228,12 +278,16 @@ mod tests {
         nx.metadata.response_code = ResponseCode::NXDomain;
         assert_eq!(cache_ttl(&nx), None, "no SOA: not cached");
         let soa = SOA::new(name.clone(), name.clone(), 1, 2, 3, 4, 10);
-        nx.authorities.push(Record::from_rdata(name.clone(), 900, RData::SOA(soa)));
+        nx.authorities
+            .push(Record::from_rdata(name.clone(), 900, RData::SOA(soa)));
         assert_eq!(cache_ttl(&nx), Some(10));
         let mut fail = Message::new(1, MessageType::Response, OpCode::Query);
         fail.metadata.response_code = ResponseCode::ServFail;
         assert_eq!(cache_ttl(&fail), None);
         age_ttls(&mut m, Duration::from_secs(100));
-        assert_eq!(m.answers.iter().map(|r| r.ttl).collect::<Vec<_>>(), vec![20, 0]);
+        assert_eq!(
+            m.answers.iter().map(|r| r.ttl).collect::<Vec<_>>(),
+            vec![20, 0]
+        );
     }
 }

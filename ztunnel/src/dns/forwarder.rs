@@ -43,8 +43,19 @@ pub struct Forwarder {
 }
 
 impl Forwarder {
-    pub fn new(upstreams: Vec<SocketAddr>, attempt_timeout: Duration, total_timeout: Duration, max_in_flight: usize) -> Forwarder {
-        Forwarder { upstreams, attempt_timeout, total_timeout, in_flight: tokio::sync::Semaphore::new(max_in_flight), max_in_flight }
+    pub fn new(
+        upstreams: Vec<SocketAddr>,
+        attempt_timeout: Duration,
+        total_timeout: Duration,
+        max_in_flight: usize,
+    ) -> Forwarder {
+        Forwarder {
+            upstreams,
+            attempt_timeout,
+            total_timeout,
+            in_flight: tokio::sync::Semaphore::new(max_in_flight),
+            max_in_flight,
+        }
     }
 
     pub fn upstreams(&self) -> &[SocketAddr] {
@@ -52,7 +63,12 @@ impl Forwarder {
     }
 
     /// Asks the upstream servers `q`; the first valid answer wins.
-    pub async fn ask(&self, q: &Query, dnssec_ok: bool, checking_disabled: bool) -> Result<Answer, DnsError> {
+    pub async fn ask(
+        &self,
+        q: &Query,
+        dnssec_ok: bool,
+        checking_disabled: bool,
+    ) -> Result<Answer, DnsError> {
         let Ok(_permit) = self.in_flight.try_acquire() else {
             return Err(DnsError::Overloaded(self.max_in_flight));
         };
@@ -64,7 +80,12 @@ impl Forwarder {
                 break;
             }
             let timeout = left.min(self.attempt_timeout);
-            match tokio::time::timeout(timeout, self.try_server(server, q, dnssec_ok, checking_disabled)).await {
+            match tokio::time::timeout(
+                timeout,
+                self.try_server(server, q, dnssec_ok, checking_disabled),
+            )
+            .await
+            {
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(e)) => last = e,
                 Err(_) => last = DnsError::Timeout { server, timeout },
@@ -74,7 +95,13 @@ impl Forwarder {
         Err(last)
     }
 
-    async fn try_server(&self, server: SocketAddr, q: &Query, dnssec_ok: bool, cd: bool) -> Result<Answer, DnsError> {
+    async fn try_server(
+        &self,
+        server: SocketAddr,
+        q: &Query,
+        dnssec_ok: bool,
+        cd: bool,
+    ) -> Result<Answer, DnsError> {
         let answer = exchange_udp(server, q, dnssec_ok, cd).await?;
         if !answer.message.metadata.truncation {
             return Ok(answer);
@@ -115,8 +142,13 @@ pub fn accept(wire: &[u8], id: u16, q: &Query) -> Result<Message, &'static str> 
         return Err("not a response to one question");
     }
     let m = Message::from_vec(wire).map_err(|_| "malformed")?;
-    let Some(rq) = m.queries.first() else { return Err("no question") };
-    let same_name = rq.name().to_ascii().eq_ignore_ascii_case(&q.name().to_ascii());
+    let Some(rq) = m.queries.first() else {
+        return Err("no question");
+    };
+    let same_name = rq
+        .name()
+        .to_ascii()
+        .eq_ignore_ascii_case(&q.name().to_ascii());
     if !same_name || rq.query_type() != q.query_type() || rq.query_class() != q.query_class() {
         return Err("another question");
     }
@@ -129,12 +161,21 @@ pub fn accept(wire: &[u8], id: u16, q: &Query) -> Result<Message, &'static str> 
 /// A socket of ours towards `server`: in ztunnel's own netns (callers never run this
 /// inside a pod's), carrying the proxy mark.
 fn upstream_socket(server: SocketAddr, ty: Type, proto: Protocol) -> io::Result<Socket> {
-    let s = Socket::new(Domain::for_address(server), ty.nonblocking().cloexec(), Some(proto))?;
+    let s = Socket::new(
+        Domain::for_address(server),
+        ty.nonblocking().cloexec(),
+        Some(proto),
+    )?;
     s.set_mark(crate::marks::PROXY_MARK)?;
     Ok(s)
 }
 
-async fn exchange_udp(server: SocketAddr, q: &Query, dnssec_ok: bool, cd: bool) -> Result<Answer, DnsError> {
+async fn exchange_udp(
+    server: SocketAddr,
+    q: &Query,
+    dnssec_ok: bool,
+    cd: bool,
+) -> Result<Answer, DnsError> {
     let io_err = |source| DnsError::Upstream { server, source };
     let s = upstream_socket(server, Type::DGRAM, Protocol::UDP).map_err(io_err)?;
     s.connect(&server.into()).map_err(io_err)?;
@@ -146,13 +187,26 @@ async fn exchange_udp(server: SocketAddr, q: &Query, dnssec_ok: bool, cd: bool) 
         // A connected socket only receives from the server; ICMP unreachable ends the wait.
         let n = sock.recv(&mut buf).await.map_err(io_err)?;
         match accept(&buf[..n], id, q) {
-            Ok(message) => return Ok(Answer { message, wire: buf[..n].to_vec(), server }),
-            Err(reason) => tracing::debug!(upstream = %server, reason, "ignoring a datagram that does not answer our query"),
+            Ok(message) => {
+                return Ok(Answer {
+                    message,
+                    wire: buf[..n].to_vec(),
+                    server,
+                })
+            }
+            Err(reason) => {
+                tracing::debug!(upstream = %server, reason, "ignoring a datagram that does not answer our query")
+            }
         }
     }
 }
 
-async fn exchange_tcp(server: SocketAddr, q: &Query, dnssec_ok: bool, cd: bool) -> Result<Answer, DnsError> {
+async fn exchange_tcp(
+    server: SocketAddr,
+    q: &Query,
+    dnssec_ok: bool,
+    cd: bool,
+) -> Result<Answer, DnsError> {
     let io_err = |source| DnsError::Upstream { server, source };
     let s = upstream_socket(server, Type::STREAM, Protocol::TCP).map_err(io_err)?;
     let sock = tokio::net::TcpSocket::from_std_stream(std::net::TcpStream::from(s));
@@ -166,8 +220,13 @@ async fn exchange_tcp(server: SocketAddr, q: &Query, dnssec_ok: bool, cd: bool) 
     let len = stream.read_u16().await.map_err(io_err)?;
     let mut buf = vec![0u8; usize::from(len)];
     stream.read_exact(&mut buf).await.map_err(io_err)?;
-    let message = accept(&buf, id, q).map_err(|reason| DnsError::InvalidAnswer { server, reason })?;
-    Ok(Answer { message, wire: buf, server })
+    let message =
+        accept(&buf, id, q).map_err(|reason| DnsError::InvalidAnswer { server, reason })?;
+    Ok(Answer {
+        message,
+        wire: buf,
+        server,
+    })
 }
 
 /// The nameservers of a resolv.conf, port 53.
@@ -184,7 +243,10 @@ pub fn parse_resolv_conf(text: &str) -> Vec<SocketAddr> {
 }
 
 pub fn read_resolv_conf(path: &Path) -> Result<Vec<SocketAddr>, DnsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DnsError::ResolvConf { path: path.to_path_buf(), source })?;
+    let text = std::fs::read_to_string(path).map_err(|source| DnsError::ResolvConf {
+        path: path.to_path_buf(),
+        source,
+    })?;
     Ok(parse_resolv_conf(&text))
 }
 
@@ -204,10 +266,25 @@ mod tests {
     #[test]
     fn resolv_conf_and_upstream_addresses() {
         let conf = "# comment\nsearch default.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver fe80::1%eth0\nnameserver  2001:db8::53 \noptions ndots:5\nnameserver\n";
-        assert_eq!(parse_resolv_conf(conf), vec!["10.96.0.10:53".parse().unwrap(), "[2001:db8::53]:53".parse().unwrap()]);
-        assert_eq!(parse_upstream("10.0.0.9").unwrap(), "10.0.0.9:53".parse().unwrap());
-        assert_eq!(parse_upstream("10.0.0.9:5353").unwrap(), "10.0.0.9:5353".parse().unwrap());
-        assert_eq!(parse_upstream("[::1]:5353").unwrap(), "[::1]:5353".parse().unwrap());
+        assert_eq!(
+            parse_resolv_conf(conf),
+            vec![
+                "10.96.0.10:53".parse().unwrap(),
+                "[2001:db8::53]:53".parse().unwrap()
+            ]
+        );
+        assert_eq!(
+            parse_upstream("10.0.0.9").unwrap(),
+            "10.0.0.9:53".parse().unwrap()
+        );
+        assert_eq!(
+            parse_upstream("10.0.0.9:5353").unwrap(),
+            "10.0.0.9:5353".parse().unwrap()
+        );
+        assert_eq!(
+            parse_upstream("[::1]:5353").unwrap(),
+            "[::1]:5353".parse().unwrap()
+        );
         assert!(parse_upstream("dns.example:53").is_err());
     }
 
@@ -216,7 +293,9 @@ mod tests {
         // SO_MARK needs CAP_NET_ADMIN; the e2e tests (root) always get here.
         match upstream_socket("127.0.0.1:53".parse().unwrap(), Type::DGRAM, Protocol::UDP) {
             Ok(s) => assert_eq!(s.mark().unwrap(), crate::marks::PROXY_MARK),
-            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => crate::test_skip::skipped(&format!("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root): {e}")),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => crate::test_skip::skipped(
+                &format!("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root): {e}"),
+            ),
             Err(e) => panic!("{e}"),
         }
     }
@@ -233,7 +312,10 @@ mod tests {
         // Case differences (0x20) are fine; another id or question is not.
         let lower = Query::query(Name::from_ascii("example.com.").unwrap(), RecordType::A);
         assert!(accept(&ok, id, &lower).is_ok());
-        assert_eq!(accept(&ok, id.wrapping_add(1), &q).unwrap_err(), "another query's id");
+        assert_eq!(
+            accept(&ok, id.wrapping_add(1), &q).unwrap_err(),
+            "another query's id"
+        );
         let other = Query::query(Name::from_ascii("example.org.").unwrap(), RecordType::A);
         assert_eq!(accept(&ok, id, &other).unwrap_err(), "another question");
         let aaaa = Query::query(Name::from_ascii("example.com.").unwrap(), RecordType::AAAA);

@@ -57,7 +57,9 @@ pub enum Incoming {
 }
 
 pub fn classify(wire: &[u8]) -> Incoming {
-    let Some(h) = Header::parse(wire) else { return Incoming::Drop("shorter than a DNS header") };
+    let Some(h) = Header::parse(wire) else {
+        return Incoming::Drop("shorter than a DNS header");
+    };
     if h.response {
         return Incoming::Drop("a response, not a query");
     }
@@ -109,12 +111,21 @@ pub fn mesh_response(req: &Message, answer: &MeshAnswer) -> Message {
     let mut m = response_to(req, ResponseCode::NoError);
     m.metadata.authoritative = true;
     // No address of the asked family: the name exists, with no records (no CNAME either).
-    let Some(q) = req.queries.first().filter(|_| !answer.addrs.is_empty()) else { return m };
+    let Some(q) = req.queries.first().filter(|_| !answer.addrs.is_empty()) else {
+        return m;
+    };
     let asked = q.name().clone();
-    let canonical = answer.canonical.as_ref().and_then(|c| Name::from_ascii(format!("{c}.")).ok());
+    let canonical = answer
+        .canonical
+        .as_ref()
+        .and_then(|c| Name::from_ascii(format!("{c}.")).ok());
     let owner = match canonical {
         Some(target) => {
-            m.answers.push(Record::from_rdata(asked, MESH_TTL, RData::CNAME(CNAME(target.clone()))));
+            m.answers.push(Record::from_rdata(
+                asked,
+                MESH_TTL,
+                RData::CNAME(CNAME(target.clone())),
+            ));
             target
         }
         None => asked,
@@ -124,7 +135,8 @@ pub fn mesh_response(req: &Message, answer: &MeshAnswer) -> Message {
             std::net::IpAddr::V4(v4) => RData::A(A(*v4)),
             std::net::IpAddr::V6(v6) => RData::AAAA(AAAA(*v6)),
         };
-        m.answers.push(Record::from_rdata(owner.clone(), MESH_TTL, rdata));
+        m.answers
+            .push(Record::from_rdata(owner.clone(), MESH_TTL, rdata));
     }
     m
 }
@@ -148,7 +160,9 @@ pub fn forwarded_response(req: &Message, mut up: Message) -> Message {
 /// How large a UDP response to `req` may be: 512 bytes, or what its EDNS record says
 /// (at most 4096).
 pub fn udp_limit(req: &Message) -> usize {
-    req.edns.as_ref().map_or(512, |e| usize::from(e.max_payload()).clamp(512, 4096))
+    req.edns
+        .as_ref()
+        .map_or(512, |e| usize::from(e.max_payload()).clamp(512, 4096))
 }
 
 /// `m` on the wire, at most `limit` bytes: when larger, the header, question and OPT
@@ -159,7 +173,8 @@ pub fn encode(m: &Message, limit: usize) -> Vec<u8> {
         Ok(_) => {}
         Err(e) => {
             tracing::warn!(error = %e, "cannot encode a DNS response; answering SERVFAIL");
-            let mut fail = Message::error_msg(m.metadata.id, m.metadata.op_code, ResponseCode::ServFail);
+            let mut fail =
+                Message::error_msg(m.metadata.id, m.metadata.op_code, ResponseCode::ServFail);
             fail.queries = m.queries.clone();
             return fail.to_vec().unwrap_or_default();
         }
@@ -177,12 +192,19 @@ mod tests {
     fn query(name: &str, t: RecordType) -> Message {
         let mut m = Message::new(0x1234, MessageType::Query, OpCode::Query);
         m.metadata.recursion_desired = true;
-        m.queries.push(Query::query(Name::from_ascii(name).unwrap(), t));
+        m.queries
+            .push(Query::query(Name::from_ascii(name).unwrap(), t));
         m
     }
 
     fn mesh_answer(addrs: Vec<std::net::IpAddr>) -> MeshAnswer {
-        MeshAnswer { service: crate::state::NamespacedHostname("default/echo.default.svc.cluster.local".into()), canonical: None, addrs }
+        MeshAnswer {
+            service: crate::state::NamespacedHostname(
+                "default/echo.default.svc.cluster.local".into(),
+            ),
+            canonical: None,
+            addrs,
+        }
     }
 
     fn reject_code(wire: &[u8]) -> u8 {
@@ -210,7 +232,11 @@ mod tests {
             }
         }
         assert!(matches!(classify(&good[..11]), Incoming::Drop(_)));
-        assert_eq!(reject_code(&good[..good.len() - 1]), 1, "truncated question: FORMERR");
+        assert_eq!(
+            reject_code(&good[..good.len() - 1]),
+            1,
+            "truncated question: FORMERR"
+        );
         // A compression pointer loop in the name.
         let mut looped = good[..12].to_vec();
         looped.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1]);
@@ -234,8 +260,13 @@ mod tests {
     #[test]
     fn counts_opcodes_responses_and_edns_versions() {
         let mut m = query("a.", RecordType::A);
-        m.queries.push(Query::query(Name::from_ascii("b.").unwrap(), RecordType::A));
-        assert_eq!(reject_code(&m.to_vec().unwrap()), 1, "two questions: FORMERR");
+        m.queries
+            .push(Query::query(Name::from_ascii("b.").unwrap(), RecordType::A));
+        assert_eq!(
+            reject_code(&m.to_vec().unwrap()),
+            1,
+            "two questions: FORMERR"
+        );
         // 65535 questions claimed in a 12-byte message: refused before parsing.
         let mut claim = query("a.", RecordType::A).to_vec().unwrap()[..12].to_vec();
         claim[4] = 0xff;
@@ -246,15 +277,26 @@ mod tests {
         assert_eq!(reject_code(&notify.to_vec().unwrap()), 4, "NOTIMP");
         let mut resp = query("a.", RecordType::A);
         resp.metadata.message_type = MessageType::Response;
-        assert!(matches!(classify(&resp.to_vec().unwrap()), Incoming::Drop(_)));
+        assert!(matches!(
+            classify(&resp.to_vec().unwrap()),
+            Incoming::Drop(_)
+        ));
         let mut v1 = query("a.", RecordType::A);
         let mut e = Edns::new();
         e.set_version(1);
         v1.edns = Some(e);
-        let Incoming::Reject(r, _) = classify(&v1.to_vec().unwrap()) else { panic!() };
+        let Incoming::Reject(r, _) = classify(&v1.to_vec().unwrap()) else {
+            panic!()
+        };
         let r = Message::from_vec(&r).unwrap();
         // BADVERS and BADSIG share code 16.
-        assert_eq!((r.metadata.response_code.high(), r.metadata.response_code.low()), (1, 0));
+        assert_eq!(
+            (
+                r.metadata.response_code.high(),
+                r.metadata.response_code.low()
+            ),
+            (1, 0)
+        );
         assert_eq!(r.edns.unwrap().version(), 0);
     }
 
@@ -263,20 +305,41 @@ mod tests {
         let req = query("Echo.default.svc.cluster.local.", RecordType::A);
         let ans = mesh_answer(vec!["10.96.0.10".parse().unwrap()]);
         let r = Message::from_vec(&encode(&mesh_response(&req, &ans), 512)).unwrap();
-        assert!(r.metadata.authoritative && r.metadata.recursion_available && r.metadata.recursion_desired);
+        assert!(
+            r.metadata.authoritative
+                && r.metadata.recursion_available
+                && r.metadata.recursion_desired
+        );
         assert_eq!(r.metadata.id, 0x1234);
-        assert_eq!(r.queries[0].name().to_ascii(), "Echo.default.svc.cluster.local.", "the question's case is kept");
+        assert_eq!(
+            r.queries[0].name().to_ascii(),
+            "Echo.default.svc.cluster.local.",
+            "the question's case is kept"
+        );
         assert_eq!(r.answers.len(), 1);
         assert_eq!(r.answers[0].ttl, 30);
         assert_eq!(r.answers[0].data, RData::A(A::new(10, 96, 0, 10)));
-        let via = MeshAnswer { canonical: Some("echo.default".into()), ..ans };
+        let via = MeshAnswer {
+            canonical: Some("echo.default".into()),
+            ..ans
+        };
         let req = query("echo.default.default.svc.cluster.local.", RecordType::A);
         let r = Message::from_vec(&encode(&mesh_response(&req, &via), 512)).unwrap();
-        assert_eq!(r.answers[0].data, RData::CNAME(CNAME(Name::from_ascii("echo.default.").unwrap())));
+        assert_eq!(
+            r.answers[0].data,
+            RData::CNAME(CNAME(Name::from_ascii("echo.default.").unwrap()))
+        );
         assert_eq!(r.answers[1].name.to_ascii(), "echo.default.");
         // No address of the family: NOERROR, empty.
-        let none = MeshAnswer { addrs: vec![], ..via };
-        let r = Message::from_vec(&encode(&mesh_response(&query("echo.", RecordType::AAAA), &none), 512)).unwrap();
+        let none = MeshAnswer {
+            addrs: vec![],
+            ..via
+        };
+        let r = Message::from_vec(&encode(
+            &mesh_response(&query("echo.", RecordType::AAAA), &none),
+            512,
+        ))
+        .unwrap();
         assert_eq!(r.metadata.response_code, ResponseCode::NoError);
         assert!(r.answers.is_empty());
     }
@@ -284,7 +347,11 @@ mod tests {
     #[test]
     fn large_responses_are_truncated_to_the_limit() {
         let req = query("many.example.", RecordType::A);
-        let ans = mesh_answer((0..100u8).map(|i| std::net::IpAddr::from([10, 0, 0, i])).collect());
+        let ans = mesh_answer(
+            (0..100u8)
+                .map(|i| std::net::IpAddr::from([10, 0, 0, i]))
+                .collect(),
+        );
         let full = mesh_response(&req, &ans);
         let wire = encode(&full, udp_limit(&req));
         assert!(wire.len() <= 512);
@@ -300,14 +367,22 @@ mod tests {
         e.set_max_payload(4096);
         big.edns = Some(e);
         assert_eq!(udp_limit(&big), 4096);
-        assert!(!Message::from_vec(&encode(&mesh_response(&big, &ans), udp_limit(&big))).unwrap().metadata.truncation);
+        assert!(
+            !Message::from_vec(&encode(&mesh_response(&big, &ans), udp_limit(&big)))
+                .unwrap()
+                .metadata
+                .truncation
+        );
     }
 
     #[test]
     fn forwarded_responses_take_the_clients_id_and_question() {
         let req = query("WWW.example.com.", RecordType::A);
         let mut up = Message::new(999, MessageType::Response, OpCode::Query);
-        up.queries.push(Query::query(Name::from_ascii("www.example.com.").unwrap(), RecordType::A));
+        up.queries.push(Query::query(
+            Name::from_ascii("www.example.com.").unwrap(),
+            RecordType::A,
+        ));
         up.metadata.response_code = ResponseCode::NXDomain;
         up.edns = Some(Edns::new());
         let r = forwarded_response(&req, up.clone());
@@ -316,6 +391,9 @@ mod tests {
         assert_eq!(r.metadata.response_code, ResponseCode::NXDomain);
         assert!(r.edns.is_none(), "no OPT for a client that sent none");
         up.metadata.response_code = ResponseCode::BADCOOKIE;
-        assert_eq!(forwarded_response(&req, up).metadata.response_code, ResponseCode::ServFail);
+        assert_eq!(
+            forwarded_response(&req, up).metadata.response_code,
+            ResponseCode::ServFail
+        );
     }
 }

@@ -27,7 +27,11 @@ pub struct Alias {
 
 /// The Kubernetes search domains of a pod in `namespace`, most specific first.
 pub fn search_domains(namespace: &str, cluster_domain: &str) -> [String; 3] {
-    [format!("{namespace}.svc.{cluster_domain}"), format!("svc.{cluster_domain}"), cluster_domain.to_string()]
+    [
+        format!("{namespace}.svc.{cluster_domain}"),
+        format!("svc.{cluster_domain}"),
+        cluster_domain.to_string(),
+    ]
 }
 
 /// The Kubernetes service FQDNs a short name can expand to, from a pod in `namespace`.
@@ -53,7 +57,10 @@ pub fn aliases(name: &str, namespace: &str, cluster_domain: &str) -> Vec<Alias> 
     let mut out: Vec<Alias> = Vec::new();
     let mut add = |host: String, stripped: Option<&str>| {
         if !out.iter().any(|a| a.host == host) {
-            out.push(Alias { host, stripped: stripped.map(str::to_string) });
+            out.push(Alias {
+                host,
+                stripped: stripped.map(str::to_string),
+            });
         }
     };
     add(name.to_string(), None);
@@ -87,7 +94,10 @@ mod tests {
     use super::*;
 
     fn hosts(name: &str, ns: &str) -> Vec<(String, Option<String>)> {
-        aliases(name, ns, "cluster.local").into_iter().map(|a| (a.host, a.stripped)).collect()
+        aliases(name, ns, "cluster.local")
+            .into_iter()
+            .map(|a| (a.host, a.stripped))
+            .collect()
     }
 
     fn plain(h: &str) -> (String, Option<String>) {
@@ -100,12 +110,30 @@ mod tests {
 
     #[test]
     fn short_names_expand_with_the_pods_namespace() {
-        assert_eq!(hosts("echo", "default"), vec![plain("echo"), plain("echo.default.svc.cluster.local")]);
-        assert_eq!(hosts("echo", "ns1"), vec![plain("echo"), plain("echo.ns1.svc.cluster.local")]);
-        assert_eq!(hosts("echo.other", "default"), vec![plain("echo.other"), plain("echo.other.svc.cluster.local")]);
-        assert_eq!(hosts("echo.other.svc", "default"), vec![plain("echo.other.svc"), plain("echo.other.svc.cluster.local")]);
+        assert_eq!(
+            hosts("echo", "default"),
+            vec![plain("echo"), plain("echo.default.svc.cluster.local")]
+        );
+        assert_eq!(
+            hosts("echo", "ns1"),
+            vec![plain("echo"), plain("echo.ns1.svc.cluster.local")]
+        );
+        assert_eq!(
+            hosts("echo.other", "default"),
+            vec![plain("echo.other"), plain("echo.other.svc.cluster.local")]
+        );
+        assert_eq!(
+            hosts("echo.other.svc", "default"),
+            vec![
+                plain("echo.other.svc"),
+                plain("echo.other.svc.cluster.local")
+            ]
+        );
         // Three labels not ending in svc, and four or more: taken as they are.
-        assert_eq!(hosts("www.example.com", "default"), vec![plain("www.example.com")]);
+        assert_eq!(
+            hosts("www.example.com", "default"),
+            vec![plain("www.example.com")]
+        );
         assert_eq!(hosts("a.b.c.svc", "default"), vec![plain("a.b.c.svc")]);
     }
 
@@ -128,10 +156,16 @@ mod tests {
         // glibc with ndots:5 tries "www.example.com.default.svc.cluster.local" first.
         let a = hosts("www.example.com.default.svc.cluster.local", "default");
         assert_eq!(a[0], plain("www.example.com.default.svc.cluster.local"));
-        assert!(a.contains(&via("www.example.com", "www.example.com")), "{a:?}");
+        assert!(
+            a.contains(&via("www.example.com", "www.example.com")),
+            "{a:?}"
+        );
         // echo.other + the pod's first search domain.
         let a = hosts("echo.other.default.svc.cluster.local", "default");
-        assert!(a.contains(&via("echo.other.svc.cluster.local", "echo.other")), "{a:?}");
+        assert!(
+            a.contains(&via("echo.other.svc.cluster.local", "echo.other")),
+            "{a:?}"
+        );
         // Another namespace's search domain is not the pod's: nothing stripped but svc.cluster.local.
         let a = hosts("echo.ns2.svc.cluster.local", "default");
         assert!(!a.iter().any(|(h, _)| h == "echo"), "{a:?}");
@@ -150,7 +184,13 @@ mod tests {
         assert_eq!(wildcards("svc1"), vec!["svc1"]);
         assert_eq!(
             wildcards("svc1.ns1.svc.cluster.local"),
-            vec!["svc1.ns1.svc.cluster.local", "*.ns1.svc.cluster.local", "*.svc.cluster.local", "*.cluster.local", "*.local"]
+            vec![
+                "svc1.ns1.svc.cluster.local",
+                "*.ns1.svc.cluster.local",
+                "*.svc.cluster.local",
+                "*.cluster.local",
+                "*.local"
+            ]
         );
     }
 }

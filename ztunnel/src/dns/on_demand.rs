@@ -89,28 +89,52 @@ pub struct OnDemandResolver {
 impl OnDemandResolver {
     pub fn new(cfg: OnDemandConfig, metrics: OnDemandDnsMetrics) -> OnDemandResolver {
         let inner = Inner {
-            forwarder: Forwarder::new(cfg.upstreams, cfg.attempt_timeout, cfg.total_timeout, MAX_IN_FLIGHT),
+            forwarder: Forwarder::new(
+                cfg.upstreams,
+                cfg.attempt_timeout,
+                cfg.total_timeout,
+                MAX_IN_FLIGHT,
+            ),
             cache: Cache::new(cfg.cache_entries, cfg.cache_bytes),
             flights: Mutex::new(HashMap::new()),
         };
-        OnDemandResolver { inner: Arc::new(inner), ipv6: cfg.ipv6, metrics }
+        OnDemandResolver {
+            inner: Arc::new(inner),
+            ipv6: cfg.ipv6,
+            metrics,
+        }
     }
 
     /// The address a connection from `src`, originally to `original`, goes to for a
     /// workload known by `hostname`; counted in `istio_on_demand_dns_total`.
-    pub async fn resolve(&self, src: &Workload, hostname: &str, original: IpAddr) -> Result<IpAddr, OnDemandError> {
+    pub async fn resolve(
+        &self,
+        src: &Workload,
+        hostname: &str,
+        original: IpAddr,
+    ) -> Result<IpAddr, OnDemandError> {
         self.metrics.request(src, hostname);
         let addrs = self.addresses(hostname).await?;
-        pick(&addrs, original.is_ipv6()).ok_or_else(|| OnDemandError::NoAddress { name: hostname.into(), rcode: ResponseCode::NoError })
+        pick(&addrs, original.is_ipv6()).ok_or_else(|| OnDemandError::NoAddress {
+            name: hostname.into(),
+            rcode: ResponseCode::NoError,
+        })
     }
 
     /// Every address of `hostname`, for a proxy that balances over all of them (the
     /// waypoint, as Envoy's STRICT_DNS clusters do); counted as `resolve` is.
-    pub async fn resolve_all(&self, src: &Workload, hostname: &str) -> Result<Vec<IpAddr>, OnDemandError> {
+    pub async fn resolve_all(
+        &self,
+        src: &Workload,
+        hostname: &str,
+    ) -> Result<Vec<IpAddr>, OnDemandError> {
         self.metrics.request(src, hostname);
         let addrs = self.addresses(hostname).await?;
         if addrs.is_empty() {
-            return Err(OnDemandError::NoAddress { name: hostname.into(), rcode: ResponseCode::NoError });
+            return Err(OnDemandError::NoAddress {
+                name: hostname.into(),
+                rcode: ResponseCode::NoError,
+            });
         }
         Ok(addrs)
     }
@@ -124,8 +148,15 @@ impl OnDemandResolver {
         let name = Name::from_ascii(hostname).map_err(|_| bad())?;
         let mut name = name.to_lowercase();
         name.set_fqdn(true);
-        let types: &[RecordType] = if self.ipv6 { &[RecordType::A, RecordType::AAAA] } else { &[RecordType::A] };
-        let answers = futures_util::future::join_all(types.iter().map(|t| lookup(&self.inner, key(&name, *t)))).await;
+        let types: &[RecordType] = if self.ipv6 {
+            &[RecordType::A, RecordType::AAAA]
+        } else {
+            &[RecordType::A]
+        };
+        let answers = futures_util::future::join_all(
+            types.iter().map(|t| lookup(&self.inner, key(&name, *t))),
+        )
+        .await;
         // Any family that answered will do; else the first failure says why.
         let mut first_err = None;
         let mut out = Vec::new();
@@ -150,7 +181,13 @@ impl OnDemandResolver {
 }
 
 fn key(name: &Name, qtype: RecordType) -> CacheKey {
-    CacheKey { name: name.to_ascii(), qtype, qclass: DNSClass::IN, dnssec_ok: false, checking_disabled: false }
+    CacheKey {
+        name: name.to_ascii(),
+        qtype,
+        qclass: DNSClass::IN,
+        dnssec_ok: false,
+        checking_disabled: false,
+    }
 }
 
 /// One question, from the cache, from a lookup already under way, or asked upstream.
@@ -172,11 +209,16 @@ async fn lookup(inner: &Arc<Inner>, key: CacheKey) -> Addresses {
                 let (i, k) = (inner.clone(), key.clone());
                 let task = tokio::spawn(async move {
                     let r = ask(&i, &k).await;
-                    i.flights.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+                    i.flights
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&k);
                     r
                 });
                 let name = key.name.clone();
-                let f = async move { task.await.unwrap_or(Err(OnDemandError::Aborted(name))) }.boxed().shared();
+                let f = async move { task.await.unwrap_or(Err(OnDemandError::Aborted(name))) }
+                    .boxed()
+                    .shared();
                 flights.insert(key.clone(), f.clone());
                 f
             }
@@ -189,9 +231,15 @@ async fn lookup(inner: &Arc<Inner>, key: CacheKey) -> Addresses {
 async fn ask(inner: &Inner, key: &CacheKey) -> Addresses {
     let name = Name::from_ascii(&key.name).map_err(|_| OnDemandError::BadName(key.name.clone()))?;
     let q = Query::query(name, key.qtype);
-    let answer = inner.forwarder.ask(&q, false, false).await.map_err(|e| OnDemandError::Upstream(Arc::new(e)))?;
+    let answer = inner
+        .forwarder
+        .ask(&q, false, false)
+        .await
+        .map_err(|e| OnDemandError::Upstream(Arc::new(e)))?;
     if let Some(ttl) = cache::cache_ttl(&answer.message) {
-        inner.cache.insert(key.clone(), answer.wire, ttl, Instant::now());
+        inner
+            .cache
+            .insert(key.clone(), answer.wire, ttl, Instant::now());
     }
     tracing::debug!(hostname = %key.name.trim_end_matches('.'), query = %key.qtype, upstream = %answer.server,
         answers = answer.message.answers.len(), "on-demand DNS lookup");
@@ -225,7 +273,10 @@ fn addresses_in(m: &Message, key: &CacheKey) -> Result<Vec<IpAddr>, OnDemandErro
         .collect();
     if addrs.is_empty() {
         let name = key.name.trim_end_matches('.').to_string();
-        return Err(OnDemandError::NoAddress { name, rcode: m.metadata.response_code });
+        return Err(OnDemandError::NoAddress {
+            name,
+            rcode: m.metadata.response_code,
+        });
     }
     Ok(addrs)
 }
@@ -233,7 +284,11 @@ fn addresses_in(m: &Message, key: &CacheKey) -> Result<Vec<IpAddr>, OnDemandErro
 /// One of `addrs` at random, of the family asked for if there is one (a v4 client on a
 /// v6 address fails in a v4-only network, and the other way round).
 pub fn pick(addrs: &[IpAddr], prefer_v6: bool) -> Option<IpAddr> {
-    let same: Vec<IpAddr> = addrs.iter().copied().filter(|a| a.is_ipv6() == prefer_v6).collect();
+    let same: Vec<IpAddr> = addrs
+        .iter()
+        .copied()
+        .filter(|a| a.is_ipv6() == prefer_v6)
+        .collect();
     let from = if same.is_empty() { addrs } else { &same[..] };
     from.choose(&mut rand::rng()).copied()
 }
@@ -257,30 +312,63 @@ mod tests {
         tokio::spawn(async move {
             let mut buf = [0u8; 1500];
             while let Ok((len, peer)) = sock.recv_from(&mut buf).await {
-                let Ok(req) = Message::from_vec(&buf[..len]) else { continue };
+                let Ok(req) = Message::from_vec(&buf[..len]) else {
+                    continue;
+                };
                 n.fetch_add(1, Ordering::SeqCst);
                 let q = req.queries[0].clone();
                 let mut r = Message::new(req.metadata.id, MessageType::Response, OpCode::Query);
                 r.queries = req.queries.clone();
                 let host = Name::from_ascii("host.example.").unwrap();
-                match (q.name().to_ascii().to_ascii_lowercase().as_str(), q.query_type()) {
+                match (
+                    q.name().to_ascii().to_ascii_lowercase().as_str(),
+                    q.query_type(),
+                ) {
                     ("host.example.", RecordType::A) => {
-                        r.answers.push(Record::from_rdata(host.clone(), ttl, RData::A(A::new(192, 0, 2, 1))));
-                        r.answers.push(Record::from_rdata(host.clone(), ttl, RData::A(A::new(192, 0, 2, 2))));
+                        r.answers.push(Record::from_rdata(
+                            host.clone(),
+                            ttl,
+                            RData::A(A::new(192, 0, 2, 1)),
+                        ));
+                        r.answers.push(Record::from_rdata(
+                            host.clone(),
+                            ttl,
+                            RData::A(A::new(192, 0, 2, 2)),
+                        ));
                     }
                     ("host.example.", RecordType::AAAA) => {
-                        r.answers.push(Record::from_rdata(host.clone(), ttl, RData::AAAA(AAAA::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1))));
+                        r.answers.push(Record::from_rdata(
+                            host.clone(),
+                            ttl,
+                            RData::AAAA(AAAA::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+                        ));
                     }
                     ("alias.example.", RecordType::A) => {
                         // A stray record for another name must not be taken.
-                        r.answers.push(Record::from_rdata(Name::from_ascii("other.example.").unwrap(), ttl, RData::A(A::new(198, 51, 100, 9))));
-                        r.answers.push(Record::from_rdata(q.name().clone(), ttl, RData::CNAME(CNAME(host.clone()))));
-                        r.answers.push(Record::from_rdata(host.clone(), ttl, RData::A(A::new(192, 0, 2, 1))));
+                        r.answers.push(Record::from_rdata(
+                            Name::from_ascii("other.example.").unwrap(),
+                            ttl,
+                            RData::A(A::new(198, 51, 100, 9)),
+                        ));
+                        r.answers.push(Record::from_rdata(
+                            q.name().clone(),
+                            ttl,
+                            RData::CNAME(CNAME(host.clone())),
+                        ));
+                        r.answers.push(Record::from_rdata(
+                            host.clone(),
+                            ttl,
+                            RData::A(A::new(192, 0, 2, 1)),
+                        ));
                     }
                     _ => {
                         r.metadata.response_code = ResponseCode::NXDomain;
                         let zone = Name::from_ascii("example.").unwrap();
-                        r.authorities.push(Record::from_rdata(zone.clone(), 1, RData::SOA(SOA::new(zone.clone(), zone, 1, 1, 1, 1, 1))));
+                        r.authorities.push(Record::from_rdata(
+                            zone.clone(),
+                            1,
+                            RData::SOA(SOA::new(zone.clone(), zone, 1, 1, 1, 1, 1)),
+                        ));
                     }
                 }
                 // Slow enough that concurrent lookups overlap.
@@ -292,7 +380,12 @@ mod tests {
     }
 
     fn resolver(up: SocketAddr, ipv6: bool, cache_entries: usize) -> OnDemandResolver {
-        let cfg = OnDemandConfig { upstreams: vec![up], ipv6, cache_entries, ..Default::default() };
+        let cfg = OnDemandConfig {
+            upstreams: vec![up],
+            ipv6,
+            cache_entries,
+            ..Default::default()
+        };
         OnDemandResolver::new(cfg, OnDemandDnsMetrics::default())
     }
 
@@ -310,31 +403,52 @@ mod tests {
     #[tokio::test]
     async fn answers_are_cached_for_their_ttl() {
         if !can_mark() {
-            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
+            return crate::test_skip::skipped(
+                "cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)",
+            );
         }
         let (up, asked) = upstream(1).await;
         let r = resolver(up, false, 16);
-        assert_eq!(sorted(r.addresses("Host.Example").await.unwrap()), ["192.0.2.1", "192.0.2.2"]);
-        assert_eq!(sorted(r.addresses("host.example.").await.unwrap()), ["192.0.2.1", "192.0.2.2"]);
-        assert_eq!(asked.load(Ordering::SeqCst), 1, "the second lookup came from the cache");
+        assert_eq!(
+            sorted(r.addresses("Host.Example").await.unwrap()),
+            ["192.0.2.1", "192.0.2.2"]
+        );
+        assert_eq!(
+            sorted(r.addresses("host.example.").await.unwrap()),
+            ["192.0.2.1", "192.0.2.2"]
+        );
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            1,
+            "the second lookup came from the cache"
+        );
         // Past the TTL it is asked again.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         r.addresses("host.example").await.unwrap();
         assert_eq!(asked.load(Ordering::SeqCst), 2);
         // Negative answers are cached too (for their SOA's TTL), and say why.
         let e = r.addresses("missing.example").await.unwrap_err();
-        assert!(e.to_string().contains("no address for missing.example (upstream answered Non-Existent Domain"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no address for missing.example (upstream answered Non-Existent Domain"),
+            "{e}"
+        );
         r.addresses("missing.example").await.unwrap_err();
         assert_eq!(asked.load(Ordering::SeqCst), 3);
         // IP literals need no lookup.
-        assert_eq!(r.addresses("192.0.2.77").await.unwrap(), vec!["192.0.2.77".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            r.addresses("192.0.2.77").await.unwrap(),
+            vec!["192.0.2.77".parse::<IpAddr>().unwrap()]
+        );
         assert_eq!(asked.load(Ordering::SeqCst), 3);
     }
 
     #[tokio::test]
     async fn the_cache_is_bounded() {
         if !can_mark() {
-            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
+            return crate::test_skip::skipped(
+                "cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)",
+            );
         }
         let (up, asked) = upstream(60).await;
         let r = resolver(up, false, 2);
@@ -353,44 +467,74 @@ mod tests {
     #[tokio::test]
     async fn concurrent_lookups_share_one_question() {
         if !can_mark() {
-            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
+            return crate::test_skip::skipped(
+                "cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)",
+            );
         }
         let (up, asked) = upstream(60).await;
         let r = Arc::new(resolver(up, false, 16));
-        let tasks: Vec<_> = (0..20).map(|_| {
-            let r = r.clone();
-            tokio::spawn(async move { r.addresses("host.example").await })
-        }).collect();
+        let tasks: Vec<_> = (0..20)
+            .map(|_| {
+                let r = r.clone();
+                tokio::spawn(async move { r.addresses("host.example").await })
+            })
+            .collect();
         for t in tasks {
             assert_eq!(t.await.unwrap().unwrap().len(), 2);
         }
         assert_eq!(asked.load(Ordering::SeqCst), 1);
-        assert!(r.inner.flights.lock().unwrap().is_empty(), "finished lookups leave nothing behind");
+        assert!(
+            r.inner.flights.lock().unwrap().is_empty(),
+            "finished lookups leave nothing behind"
+        );
     }
 
     #[tokio::test]
     async fn cname_chains_families_and_the_original_destinations_family() {
         if !can_mark() {
-            return crate::test_skip::skipped("cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)");
+            return crate::test_skip::skipped(
+                "cannot set SO_MARK (needs CAP_NET_ADMIN: run as root)",
+            );
         }
         let (up, _) = upstream(60).await;
         let v4 = resolver(up, false, 16);
-        assert_eq!(sorted(v4.addresses("alias.example").await.unwrap()), ["192.0.2.1"], "through the CNAME, not the stray record");
+        assert_eq!(
+            sorted(v4.addresses("alias.example").await.unwrap()),
+            ["192.0.2.1"],
+            "through the CNAME, not the stray record"
+        );
         let dual = resolver(up, true, 16);
-        assert_eq!(sorted(dual.addresses("host.example").await.unwrap()), ["192.0.2.1", "192.0.2.2", "2001:db8::1"]);
+        assert_eq!(
+            sorted(dual.addresses("host.example").await.unwrap()),
+            ["192.0.2.1", "192.0.2.2", "2001:db8::1"]
+        );
         let src = Workload::new("c", "client", "default");
         let v6: IpAddr = "fd00::1".parse().unwrap();
-        assert!(dual.resolve(&src, "host.example", v6).await.unwrap().is_ipv6());
+        assert!(dual
+            .resolve(&src, "host.example", v6)
+            .await
+            .unwrap()
+            .is_ipv6());
         for _ in 0..10 {
-            assert!(dual.resolve(&src, "host.example", "10.0.0.1".parse().unwrap()).await.unwrap().is_ipv4());
+            assert!(dual
+                .resolve(&src, "host.example", "10.0.0.1".parse().unwrap())
+                .await
+                .unwrap()
+                .is_ipv4());
         }
         // An A-only name still answers (the AAAA failure is not the connection's).
-        assert_eq!(sorted(dual.addresses("alias.example").await.unwrap()), ["192.0.2.1"]);
+        assert_eq!(
+            sorted(dual.addresses("alias.example").await.unwrap()),
+            ["192.0.2.1"]
+        );
     }
 
     #[test]
     fn picks_the_asked_family_when_it_can() {
-        let addrs: Vec<IpAddr> = ["192.0.2.1", "2001:db8::1"].iter().map(|a| a.parse().unwrap()).collect();
+        let addrs: Vec<IpAddr> = ["192.0.2.1", "2001:db8::1"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
         for _ in 0..20 {
             assert_eq!(pick(&addrs, false), Some(addrs[0]));
             assert_eq!(pick(&addrs, true), Some(addrs[1]));
@@ -399,14 +543,18 @@ mod tests {
         assert_eq!(pick(&addrs[..1], true), Some(addrs[0]));
         assert_eq!(pick(&[], false), None);
         let many: Vec<IpAddr> = (1..=4).map(|i| IpAddr::from([192, 0, 2, i])).collect();
-        let seen: std::collections::BTreeSet<_> = (0..200).filter_map(|_| pick(&many, false)).collect();
+        let seen: std::collections::BTreeSet<_> =
+            (0..200).filter_map(|_| pick(&many, false)).collect();
         assert_eq!(seen.len(), 4, "spread over every address");
     }
 
     #[tokio::test]
     async fn names_that_cannot_be_asked() {
         let r = resolver("127.0.0.1:9".parse().unwrap(), false, 16);
-        assert!(matches!(r.addresses("bad name").await, Err(OnDemandError::BadName(_))));
+        assert!(matches!(
+            r.addresses("bad name").await,
+            Err(OnDemandError::BadName(_))
+        ));
         let none = OnDemandResolver::new(OnDemandConfig::default(), OnDemandDnsMetrics::default());
         let e = none.addresses("host.example").await.unwrap_err();
         assert!(e.to_string().contains("no upstream DNS server"), "{e}");

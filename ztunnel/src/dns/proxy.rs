@@ -73,9 +73,17 @@ impl DnsProxy {
         tracing::info!(upstreams = ?cfg.upstreams, cluster_domain = %cfg.cluster_domain, cache_entries = cfg.cache_entries, "DNS proxy configured");
         DnsProxy {
             state,
-            cluster_domain: cfg.cluster_domain.trim_end_matches('.').to_ascii_lowercase(),
+            cluster_domain: cfg
+                .cluster_domain
+                .trim_end_matches('.')
+                .to_ascii_lowercase(),
             ipv6: cfg.ipv6,
-            forwarder: forwarder::Forwarder::new(cfg.upstreams, cfg.attempt_timeout, cfg.total_timeout, MAX_UPSTREAM_IN_FLIGHT),
+            forwarder: forwarder::Forwarder::new(
+                cfg.upstreams,
+                cfg.attempt_timeout,
+                cfg.total_timeout,
+                MAX_UPSTREAM_IN_FLIGHT,
+            ),
             cache: cache::Cache::new(cfg.cache_entries, cfg.cache_bytes),
             metrics,
             index: Mutex::new(None),
@@ -91,13 +99,19 @@ impl DnsProxy {
                 return idx.clone();
             }
         }
-        let idx = Arc::new(resolver::MeshIndex::build(state, &self.cluster_domain).with_ipv6(self.ipv6));
+        let idx =
+            Arc::new(resolver::MeshIndex::build(state, &self.cluster_domain).with_ipv6(self.ipv6));
         *slot = Some((state.clone(), idx.clone()));
         idx
     }
 
     /// The response to one message from `pod`, if it deserves one.
-    pub async fn handle(&self, pod: &LocalPod, wire: &[u8], transport: Transport) -> Option<Vec<u8>> {
+    pub async fn handle(
+        &self,
+        pod: &LocalPod,
+        wire: &[u8],
+        transport: Transport,
+    ) -> Option<Vec<u8>> {
         let state = self.state.load_full();
         let client = pod.workload_in(&state).clone();
         match answer_locally(&self.index(&state), &client, wire, transport) {
@@ -110,10 +124,18 @@ impl DnsProxy {
                 Some(resp)
             }
             Local::Mesh { response, query } => {
-                self.metrics.request(&DnsLabels::new(query.query_type(), transport.label(), Some(&client)));
+                self.metrics.request(&DnsLabels::new(
+                    query.query_type(),
+                    transport.label(),
+                    Some(&client),
+                ));
                 Some(response)
             }
-            Local::Forward { request, query, limit } => {
+            Local::Forward {
+                request,
+                query,
+                limit,
+            } => {
                 let labels = DnsLabels::new(query.query_type(), transport.label(), Some(&client));
                 self.metrics.request(&labels);
                 let resp = self.forward(&request, &query, &labels, &client).await;
@@ -123,7 +145,13 @@ impl DnsProxy {
     }
 
     /// Answers from the cache or the upstream resolvers; SERVFAIL when they fail.
-    async fn forward(&self, req: &Message, q: &Query, labels: &DnsLabels, client: &crate::state::Workload) -> Message {
+    async fn forward(
+        &self,
+        req: &Message,
+        q: &Query,
+        labels: &DnsLabels,
+        client: &crate::state::Workload,
+    ) -> Message {
         let dnssec_ok = message::dnssec_ok(req);
         let cd = req.metadata.checking_disabled;
         let key = cache::CacheKey {
@@ -151,7 +179,8 @@ impl DnsProxy {
         match r {
             Ok(answer) => {
                 if let Some(ttl) = cache::cache_ttl(&answer.message) {
-                    self.cache.insert(key.clone(), answer.wire, ttl, std::time::Instant::now());
+                    self.cache
+                        .insert(key.clone(), answer.wire, ttl, std::time::Instant::now());
                 }
                 log("forwarded", answer.message.answers.len());
                 message::forwarded_response(req, answer.message)
@@ -194,19 +223,30 @@ mod tests {
             "workloads:\n- {{uid: c, name: client, namespace: default, workloadIps: [10.10.1.11], protocol: HBONE, node: n1, canonicalName: sleep}}\nservices:\n{services}"
         );
         let path = std::path::Path::new("t.yaml");
-        crate::config::LocalConfig::parse(path, &yaml).unwrap().into_state(path).unwrap()
+        crate::config::LocalConfig::parse(path, &yaml)
+            .unwrap()
+            .into_state(path)
+            .unwrap()
     }
 
     const ECHO: &str = "- {name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/10.96.0.10\"]}\n";
     const NEW: &str = "- {name: new, namespace: default, hostname: new.default.svc.cluster.local, vips: [\"/10.96.0.20\"]}\n";
 
     fn pod(state: &SharedState) -> LocalPod {
-        let workload = state.load().workload_by_uid(&crate::state::WorkloadUid("c".into())).unwrap().clone();
+        let workload = state
+            .load()
+            .workload_by_uid(&crate::state::WorkloadUid("c".into()))
+            .unwrap()
+            .clone();
         LocalPod {
             identity: workload.identity(),
-            ips: crate::state::PodIps { v4: Some("10.10.1.11".parse().unwrap()), v6: None },
+            ips: crate::state::PodIps {
+                v4: Some("10.10.1.11".parse().unwrap()),
+                v6: None,
+            },
             workload,
-            netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net")).unwrap(),
+            netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))
+                .unwrap(),
             active: Default::default(),
             inbound: Default::default(),
             outbound: Default::default(),
@@ -215,8 +255,12 @@ mod tests {
 
     async fn ask(proxy: &DnsProxy, pod: &LocalPod, name: &str) -> Message {
         let mut q = Message::new(7, MessageType::Query, OpCode::Query);
-        q.queries.push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
-        let wire = proxy.handle(pod, &q.to_vec().unwrap(), Transport::Udp).await.expect("an answer");
+        q.queries
+            .push(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+        let wire = proxy
+            .handle(pod, &q.to_vec().unwrap(), Transport::Udp)
+            .await
+            .expect("an answer");
         Message::from_vec(&wire).unwrap()
     }
 
@@ -224,18 +268,35 @@ mod tests {
     async fn answers_follow_the_mesh_state_and_fail_without_upstream() {
         let state = Arc::new(SharedState::new(mesh(ECHO)));
         let mut registry = prometheus_client::registry::Registry::default();
-        let proxy = DnsProxy::new(DnsConfig::default(), state.clone(), DnsMetrics::register(&mut registry));
+        let proxy = DnsProxy::new(
+            DnsConfig::default(),
+            state.clone(),
+            DnsMetrics::register(&mut registry),
+        );
         let pod = pod(&state);
         let r = ask(&proxy, &pod, "echo.").await;
-        assert_eq!(r.answers[0].data, RData::A("10.96.0.10".parse::<std::net::Ipv4Addr>().unwrap().into()));
+        assert_eq!(
+            r.answers[0].data,
+            RData::A("10.96.0.10".parse::<std::net::Ipv4Addr>().unwrap().into())
+        );
         // Not a mesh name (yet), and no upstream: SERVFAIL, counted as a failure.
-        assert_eq!(ask(&proxy, &pod, "new.").await.metadata.response_code, ResponseCode::ServFail);
+        assert_eq!(
+            ask(&proxy, &pod, "new.").await.metadata.response_code,
+            ResponseCode::ServFail
+        );
         // A service pushed later is answered at once (the index follows the state).
         state.store(mesh(&format!("{ECHO}{NEW}")));
         let r = ask(&proxy, &pod, "new.default.").await;
-        assert_eq!(r.answers[0].data, RData::A("10.96.0.20".parse::<std::net::Ipv4Addr>().unwrap().into()));
+        assert_eq!(
+            r.answers[0].data,
+            RData::A("10.96.0.20".parse::<std::net::Ipv4Addr>().unwrap().into())
+        );
         state.store(mesh(NEW));
-        assert_eq!(ask(&proxy, &pod, "echo.").await.metadata.response_code, ResponseCode::ServFail, "removed service");
+        assert_eq!(
+            ask(&proxy, &pod, "echo.").await.metadata.response_code,
+            ResponseCode::ServFail,
+            "removed service"
+        );
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         let labels = "{request_query_type=\"a\",request_protocol=\"udp\",source_canonical_service=\"sleep\",source_canonical_revision=\"unknown\"}";

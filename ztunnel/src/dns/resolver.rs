@@ -66,10 +66,15 @@ impl MeshIndex {
         }
         for list in hosts.values_mut() {
             // A Kubernetes Service's own name before ServiceEntries sharing it.
-            list.sort_by(|a, b| (a.precedence(), &a.namespace).cmp(&(b.precedence(), &b.namespace)));
+            list.sort_by(|a, b| {
+                (a.precedence(), &a.namespace).cmp(&(b.precedence(), &b.namespace))
+            });
         }
         if !headless.is_empty() {
-            for w in state.workloads().filter(|w| w.status == HealthStatus::Healthy) {
+            for w in state
+                .workloads()
+                .filter(|w| w.status == HealthStatus::Healthy)
+            {
                 for key in w.services.keys() {
                     if let Some(eps) = headless.get_mut(key) {
                         eps.push(w.clone());
@@ -77,7 +82,12 @@ impl MeshIndex {
                 }
             }
         }
-        MeshIndex { hosts, headless, cluster_domain: cluster_domain.to_string(), ipv6: true }
+        MeshIndex {
+            hosts,
+            headless,
+            cluster_domain: cluster_domain.to_string(),
+            ipv6: true,
+        }
     }
 
     /// With IPv6 off (IPV6_ENABLED=false), mesh names answer AAAA with no records.
@@ -91,12 +101,21 @@ impl MeshIndex {
     pub fn lookup(&self, name: &str, client: &Workload, qtype: RecordType) -> Option<MeshAnswer> {
         for alias in name::aliases(name, &client.namespace, &self.cluster_domain) {
             for candidate in name::wildcards(&alias.host) {
-                let Some(list) = self.hosts.get(&candidate) else { continue };
+                let Some(list) = self.hosts.get(&candidate) else {
+                    continue;
+                };
                 // As Istio's `get_best_by_host`: only services visible to the client; its
                 // own namespace's wins, else the one istiod marks canonical, else the first.
                 let mut visible = list.iter().filter(|s| s.visible_to(&client.namespace));
                 let first = visible.clone().next();
-                let Some(svc) = visible.clone().find(|s| s.namespace == client.namespace).or_else(|| visible.find(|s| s.canonical)).or(first) else { continue };
+                let Some(svc) = visible
+                    .clone()
+                    .find(|s| s.namespace == client.namespace)
+                    .or_else(|| visible.find(|s| s.canonical))
+                    .or(first)
+                else {
+                    continue;
+                };
                 let wildcard = candidate.starts_with("*.");
                 return Some(MeshAnswer {
                     service: svc.namespaced_hostname(),
@@ -113,18 +132,34 @@ impl MeshIndex {
         // no records of the other family, and none of IPv6 when IPv6 is off.
         let allowed = match (qtype, svc.ip_families) {
             (RecordType::AAAA, _) if !self.ipv6 => false,
-            (RecordType::AAAA, Some(IpFamily::IPv4)) | (RecordType::A, Some(IpFamily::IPv6)) => false,
+            (RecordType::AAAA, Some(IpFamily::IPv4)) | (RecordType::A, Some(IpFamily::IPv6)) => {
+                false
+            }
             _ => true,
         };
         if !allowed {
             return Vec::new();
         }
-        let family = |ip: &IpAddr| matches!((ip, qtype), (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA));
+        let family = |ip: &IpAddr| {
+            matches!(
+                (ip, qtype),
+                (IpAddr::V4(_), RecordType::A) | (IpAddr::V6(_), RecordType::AAAA)
+            )
+        };
         let mut addrs: Vec<IpAddr> = match self.headless.get(&svc.namespaced_hostname()) {
             // Only endpoints in the client's network: another's addresses are not its own.
-            Some(eps) => eps.iter().filter(|w| w.network == client.network).filter_map(|w| w.workload_ips.iter().copied().find(family)).collect(),
+            Some(eps) => eps
+                .iter()
+                .filter(|w| w.network == client.network)
+                .filter_map(|w| w.workload_ips.iter().copied().find(family))
+                .collect(),
             // Only VIPs reachable from the client's network.
-            None => svc.vips.iter().filter(|v| v.network == client.network && family(&v.address)).map(|v| v.address).collect(),
+            None => svc
+                .vips
+                .iter()
+                .filter(|v| v.network == client.network && family(&v.address))
+                .map(|v| v.address)
+                .collect(),
         };
         addrs.shuffle(&mut rand::rng());
         addrs
@@ -161,48 +196,85 @@ services:
 "#;
 
     fn setup() -> (Arc<MeshState>, MeshIndex) {
-        let st = LocalConfig::parse(std::path::Path::new("t.yaml"), MESH).unwrap().into_state(std::path::Path::new("t.yaml")).unwrap();
+        let st = LocalConfig::parse(std::path::Path::new("t.yaml"), MESH)
+            .unwrap()
+            .into_state(std::path::Path::new("t.yaml"))
+            .unwrap();
         let idx = MeshIndex::build(&st, "cluster.local");
         (Arc::new(st), idx)
     }
 
     fn ask(name: &str, from: &str, qtype: RecordType) -> Option<MeshAnswer> {
         let (st, idx) = setup();
-        let client = st.workload_by_uid(&crate::state::WorkloadUid(from.into())).unwrap().clone();
+        let client = st
+            .workload_by_uid(&crate::state::WorkloadUid(from.into()))
+            .unwrap()
+            .clone();
         idx.lookup(name, &client, qtype)
     }
 
     fn ips(a: &Option<MeshAnswer>) -> Vec<String> {
-        let mut v: Vec<String> = a.as_ref().map(|a| a.addrs.iter().map(|i| i.to_string()).collect()).unwrap_or_default();
+        let mut v: Vec<String> = a
+            .as_ref()
+            .map(|a| a.addrs.iter().map(|i| i.to_string()).collect())
+            .unwrap_or_default();
         v.sort();
         v
     }
 
     #[test]
     fn service_names_from_the_pods_namespace() {
-        for name in ["echo", "echo.default", "echo.default.svc", "echo.default.svc.cluster.local"] {
+        for name in [
+            "echo",
+            "echo.default",
+            "echo.default.svc",
+            "echo.default.svc.cluster.local",
+        ] {
             let a = ask(name, "client", RecordType::A);
             assert_eq!(ips(&a), vec!["10.96.0.10"], "{name}");
             assert_eq!(a.unwrap().canonical, None, "{name}");
         }
         // The same short name from another namespace is that namespace's service.
-        assert_eq!(ips(&ask("echo", "other-client", RecordType::A)), vec!["10.96.1.10"]);
-        assert_eq!(ips(&ask("echo.default", "other-client", RecordType::A)), vec!["10.96.0.10"]);
+        assert_eq!(
+            ips(&ask("echo", "other-client", RecordType::A)),
+            vec!["10.96.1.10"]
+        );
+        assert_eq!(
+            ips(&ask("echo.default", "other-client", RecordType::A)),
+            vec!["10.96.0.10"]
+        );
     }
 
     #[test]
     fn search_domain_appended_gives_a_cname() {
-        let a = ask("echo.default.default.svc.cluster.local", "client", RecordType::A).unwrap();
+        let a = ask(
+            "echo.default.default.svc.cluster.local",
+            "client",
+            RecordType::A,
+        )
+        .unwrap();
         assert_eq!(a.canonical.as_deref(), Some("echo.default"));
         assert_eq!(a.addrs, vec!["10.96.0.10".parse::<IpAddr>().unwrap()]);
-        let a = ask("api.example.com.default.svc.cluster.local", "client", RecordType::A).unwrap();
+        let a = ask(
+            "api.example.com.default.svc.cluster.local",
+            "client",
+            RecordType::A,
+        )
+        .unwrap();
         assert_eq!(a.canonical.as_deref(), Some("api.example.com"));
     }
 
     #[test]
     fn families_and_networks() {
-        assert_eq!(ips(&ask("dual", "client", RecordType::A)), vec!["10.96.0.11"], "VIPs of other networks are left out");
-        assert_eq!(ips(&ask("dual", "client", RecordType::AAAA)), vec!["fd00::11"]);
+        assert_eq!(
+            ips(&ask("dual", "client", RecordType::A)),
+            vec!["10.96.0.11"],
+            "VIPs of other networks are left out"
+        );
+        assert_eq!(
+            ips(&ask("dual", "client", RecordType::AAAA)),
+            vec!["fd00::11"]
+        );
         // An IPv4-only service asked for AAAA: the name is ours, with no records.
         let a = ask("echo", "client", RecordType::AAAA).expect("a mesh name");
         assert!(a.addrs.is_empty());
@@ -220,8 +292,14 @@ services:
 - {name: hl6, namespace: default, hostname: hl6.default.svc.cluster.local, ipFamilies: IPv6}
 "#;
         let path = std::path::Path::new("t.yaml");
-        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
-        let client = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let st = LocalConfig::parse(path, yaml)
+            .unwrap()
+            .into_state(path)
+            .unwrap();
+        let client = st
+            .workload_by_uid(&crate::state::WorkloadUid("client".into()))
+            .unwrap()
+            .clone();
         let idx = MeshIndex::build(&st, "cluster.local");
         let ask = |idx: &MeshIndex, n: &str, t| ips(&idx.lookup(n, &client, t));
         assert_eq!(ask(&idx, "dual", RecordType::AAAA), ["fd00:96::11"]);
@@ -232,22 +310,43 @@ services:
         assert!(ask(&idx, "hl6", RecordType::A).is_empty());
         // IPV6_ENABLED=false: no AAAA records for mesh names (the name still ours).
         let off = MeshIndex::build(&st, "cluster.local").with_ipv6(false);
-        assert!(off.lookup("dual", &client, RecordType::AAAA).is_some_and(|a| a.addrs.is_empty()));
+        assert!(off
+            .lookup("dual", &client, RecordType::AAAA)
+            .is_some_and(|a| a.addrs.is_empty()));
         assert_eq!(ask(&off, "dual", RecordType::A), ["10.96.0.11"]);
     }
 
     #[test]
     fn svc_names_of_another_namespace_are_not_shadowed() {
         // A ServiceEntry in `aaa` (sorting before `prod`) claims prod's Kubernetes name.
-        assert_eq!(ips(&ask("db.prod.svc.cluster.local", "client", RecordType::A)), vec!["10.96.2.10"]);
-        assert_eq!(ips(&ask("db.prod", "other-client", RecordType::A)), vec!["10.96.2.10"]);
-        assert_eq!(ips(&ask("echo.default.svc.cluster.local", "other-client", RecordType::A)), vec!["10.96.0.10"]);
+        assert_eq!(
+            ips(&ask("db.prod.svc.cluster.local", "client", RecordType::A)),
+            vec!["10.96.2.10"]
+        );
+        assert_eq!(
+            ips(&ask("db.prod", "other-client", RecordType::A)),
+            vec!["10.96.2.10"]
+        );
+        assert_eq!(
+            ips(&ask(
+                "echo.default.svc.cluster.local",
+                "other-client",
+                RecordType::A
+            )),
+            vec!["10.96.0.10"]
+        );
     }
 
     #[test]
     fn same_host_in_several_namespaces_prefers_the_clients() {
-        assert_eq!(ips(&ask("api.example.com", "client", RecordType::A)), vec!["240.240.0.1"]);
-        assert_eq!(ips(&ask("api.example.com", "other-client", RecordType::A)), vec!["240.240.0.2"]);
+        assert_eq!(
+            ips(&ask("api.example.com", "client", RecordType::A)),
+            vec!["240.240.0.1"]
+        );
+        assert_eq!(
+            ips(&ask("api.example.com", "other-client", RecordType::A)),
+            vec!["240.240.0.2"]
+        );
     }
 
     /// As Istio's `get_best_by_host`: a NAMESPACE-visible entry only for its namespace
@@ -267,17 +366,40 @@ services:
 - {name: q, namespace: zzz, hostname: both.example.com, vips: ["/240.240.3.2"]}
 "#;
         let path = std::path::Path::new("t.yaml");
-        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
+        let st = LocalConfig::parse(path, yaml)
+            .unwrap()
+            .into_state(path)
+            .unwrap();
         let idx = MeshIndex::build(&st, "cluster.local");
         let ask = |from: &str, n: &str| {
-            let client = st.workload_by_uid(&crate::state::WorkloadUid(from.into())).unwrap().clone();
+            let client = st
+                .workload_by_uid(&crate::state::WorkloadUid(from.into()))
+                .unwrap()
+                .clone();
             ips(&idx.lookup(n, &client, RecordType::A))
         };
-        assert_eq!(ask("client", "shared.example.com"), ["240.240.1.2"], "the canonical entry, not the first");
+        assert_eq!(
+            ask("client", "shared.example.com"),
+            ["240.240.1.2"],
+            "the canonical entry, not the first"
+        );
         assert_eq!(ask("client", "private.example.com"), ["240.240.2.1"]);
-        assert!(idx.lookup("private.example.com", st.workload_by_uid(&crate::state::WorkloadUid("other-client".into())).unwrap(), RecordType::A).is_none(), "not a mesh name for another namespace");
+        assert!(
+            idx.lookup(
+                "private.example.com",
+                st.workload_by_uid(&crate::state::WorkloadUid("other-client".into()))
+                    .unwrap(),
+                RecordType::A
+            )
+            .is_none(),
+            "not a mesh name for another namespace"
+        );
         assert_eq!(ask("other-client", "both.example.com"), ["240.240.3.1"]);
-        assert_eq!(ask("client", "both.example.com"), ["240.240.3.2"], "the visible one");
+        assert_eq!(
+            ask("client", "both.example.com"),
+            ["240.240.3.2"],
+            "the visible one"
+        );
     }
 
     #[test]
@@ -285,14 +407,23 @@ services:
         let a = ask("x.wild.example", "client", RecordType::A).unwrap();
         assert_eq!(ips(&Some(a)), vec!["240.240.0.3"]);
         // Found through a search domain but as a wildcard: no CNAME (as Istio).
-        assert_eq!(ask("x.wild.example.svc.cluster.local", "client", RecordType::A).unwrap().canonical, None);
+        assert_eq!(
+            ask("x.wild.example.svc.cluster.local", "client", RecordType::A)
+                .unwrap()
+                .canonical,
+            None
+        );
         // Headless: the healthy endpoints of the client's network.
         assert_eq!(ips(&ask("db", "client", RecordType::A)), vec!["10.10.2.21"]);
         // Not ours: forwarded.
         assert_eq!(ask("novip.example.com", "client", RecordType::A), None);
         assert_eq!(ask("www.example.com", "client", RecordType::A), None);
         assert_eq!(ask("echo.nowhere", "client", RecordType::A), None);
-        assert_eq!(ask("wild.example", "client", RecordType::A), None, "*.wild.example does not cover wild.example");
+        assert_eq!(
+            ask("wild.example", "client", RecordType::A),
+            None,
+            "*.wild.example does not cover wild.example"
+        );
     }
 
     #[test]
@@ -310,9 +441,15 @@ services:
 - {name: hl, namespace: default, hostname: hl.default.svc.cluster.local, ports: {80: 80}}
 "#;
         let path = std::path::Path::new("t.yaml");
-        let st = LocalConfig::parse(path, yaml).unwrap().into_state(path).unwrap();
+        let st = LocalConfig::parse(path, yaml)
+            .unwrap()
+            .into_state(path)
+            .unwrap();
         let idx = MeshIndex::build(&st, "cluster.local");
-        let client = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let client = st
+            .workload_by_uid(&crate::state::WorkloadUid("client".into()))
+            .unwrap()
+            .clone();
         let ask = |n: &str| idx.lookup(n, &client, RecordType::A);
         // With a VIP: the VIP, whose connections resolve the endpoint's name (on demand).
         assert_eq!(ips(&ask("db.external.example")), vec!["240.240.0.5"]);

@@ -40,31 +40,62 @@ pub struct Listeners {
 
 /// Binds the DNS listeners inside the pod: on 127.0.0.1, and on `[::1]` with `ipv6`.
 pub fn bind(netns: &InPodNetns, ipv6: bool) -> Result<Listeners, DnsError> {
-    let mut out = Listeners { udp: Vec::new(), tcp: Vec::new() };
-    let loopbacks = [IpAddr::V4(Ipv4Addr::LOCALHOST), IpAddr::V6(Ipv6Addr::LOCALHOST)];
+    let mut out = Listeners {
+        udp: Vec::new(),
+        tcp: Vec::new(),
+    };
+    let loopbacks = [
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(Ipv6Addr::LOCALHOST),
+    ];
     for ip in loopbacks.into_iter().take(if ipv6 { 2 } else { 1 }) {
         let addr = SocketAddr::new(ip, ports::DNS);
-        let err = |source| DnsError::Bind { pod: netns.name().to_string(), addr, source };
-        let domain = if ip.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+        let err = |source| DnsError::Bind {
+            pod: netns.name().to_string(),
+            addr,
+            source,
+        };
+        let domain = if ip.is_ipv4() {
+            Domain::IPV4
+        } else {
+            Domain::IPV6
+        };
         let s = netns
-            .run(|| Socket::new(domain, Type::DGRAM.nonblocking().cloexec(), Some(Protocol::UDP)))
+            .run(|| {
+                Socket::new(
+                    domain,
+                    Type::DGRAM.nonblocking().cloexec(),
+                    Some(Protocol::UDP),
+                )
+            })
             .map_err(|e| err(io::Error::other(e)))?
             .map_err(err)?;
         s.set_reuse_address(true).map_err(err)?;
-        s.set_reuse_port(!crate::netns::socket_options().no_port_reuse).map_err(err)?;
+        s.set_reuse_port(!crate::netns::socket_options().no_port_reuse)
+            .map_err(err)?;
         if ip.is_ipv6() {
             s.set_only_v6(true).map_err(err)?;
         }
         s.bind(&addr.into()).map_err(err)?;
-        out.udp.push(UdpSocket::from_std(std::net::UdpSocket::from(s)).map_err(err)?);
-        out.tcp.push(netns.listen(addr, false).map_err(|e| err(io::Error::other(e)))?);
+        out.udp
+            .push(UdpSocket::from_std(std::net::UdpSocket::from(s)).map_err(err)?);
+        out.tcp.push(
+            netns
+                .listen(addr, false)
+                .map_err(|e| err(io::Error::other(e)))?,
+        );
     }
     Ok(out)
 }
 
 /// Serves the pod's DNS listeners until draining starts (or the task is dropped, which
 /// also drops every question in progress).
-pub async fn serve(proxy: Arc<DnsProxy>, pod: LocalPod, listeners: Listeners, drain: Arc<crate::drain::Drain>) {
+pub async fn serve(
+    proxy: Arc<DnsProxy>,
+    pod: LocalPod,
+    listeners: Listeners,
+    drain: Arc<crate::drain::Drain>,
+) {
     let mut all = JoinSet::new();
     for sock in listeners.udp {
         all.spawn(serve_udp(proxy.clone(), pod.clone(), sock));
@@ -144,18 +175,29 @@ async fn serve_tcp_conn(proxy: &DnsProxy, pod: &LocalPod, mut stream: TcpStream)
     }
     let timed_out = |_| io::Error::new(io::ErrorKind::TimedOut, "idle");
     loop {
-        let len = match tokio::time::timeout(TCP_IDLE, stream.read_u16()).await.map_err(timed_out)? {
+        let len = match tokio::time::timeout(TCP_IDLE, stream.read_u16())
+            .await
+            .map_err(timed_out)?
+        {
             Ok(len) => len,
             Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
             Err(e) => return Err(e),
         };
         let mut buf = vec![0u8; usize::from(len)];
-        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut buf)).await.map_err(timed_out)??;
-        let Some(resp) = proxy.handle(pod, &buf, Transport::Tcp).await else { return Ok(()) };
-        let Ok(rlen) = u16::try_from(resp.len()) else { return Ok(()) };
+        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut buf))
+            .await
+            .map_err(timed_out)??;
+        let Some(resp) = proxy.handle(pod, &buf, Transport::Tcp).await else {
+            return Ok(());
+        };
+        let Ok(rlen) = u16::try_from(resp.len()) else {
+            return Ok(());
+        };
         let mut out = Vec::with_capacity(resp.len() + 2);
         out.extend_from_slice(&rlen.to_be_bytes());
         out.extend_from_slice(&resp);
-        tokio::time::timeout(TCP_IDLE, stream.write_all(&out)).await.map_err(timed_out)??;
+        tokio::time::timeout(TCP_IDLE, stream.write_all(&out))
+            .await
+            .map_err(timed_out)??;
     }
 }

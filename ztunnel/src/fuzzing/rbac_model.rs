@@ -10,7 +10,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use arbitrary::{Arbitrary, Unstructured};
 
 use crate::identity::Identity;
-use crate::rbac::{self, Authorization, Cidr, Decision, DenyReason, PolicyAction, PolicyScope, ServiceAccountMatch, StringMatch};
+use crate::rbac::{
+    self, Authorization, Cidr, Decision, DenyReason, PolicyAction, PolicyScope,
+    ServiceAccountMatch, StringMatch,
+};
 use crate::state::{MeshState, Protocol, Workload};
 
 const NAMESPACES: [&str; 4] = ["default", "kube-system", "other", "default2"];
@@ -122,15 +125,26 @@ fn cidr(n: &Net) -> Cidr {
 }
 
 fn sa(&(ns, sa): &(u8, u8)) -> ServiceAccountMatch {
-    ServiceAccountMatch { namespace: pick(&NAMESPACES, ns).into(), service_account: pick(&ACCOUNTS, sa).into() }
+    ServiceAccountMatch {
+        namespace: pick(&NAMESPACES, ns).into(),
+        service_account: pick(&ACCOUNTS, sa).into(),
+    }
 }
 
 fn policy(p: &P) -> Authorization {
     Authorization {
         name: pick(&POLICY_NAMES, p.name).into(),
         namespace: pick(&NAMESPACES, p.namespace).into(),
-        scope: [PolicyScope::Global, PolicyScope::Namespace, PolicyScope::WorkloadSelector][usize::from(p.scope % 3)],
-        action: if p.deny { PolicyAction::Deny } else { PolicyAction::Allow },
+        scope: [
+            PolicyScope::Global,
+            PolicyScope::Namespace,
+            PolicyScope::WorkloadSelector,
+        ][usize::from(p.scope % 3)],
+        action: if p.deny {
+            PolicyAction::Deny
+        } else {
+            PolicyAction::Allow
+        },
         dry_run: p.dry_run,
         rules: p
             .rules
@@ -147,11 +161,27 @@ fn policy(p: &P) -> Authorization {
                                 source_ips: m.source_ips.iter().map(cidr).collect(),
                                 not_source_ips: m.not_source_ips.iter().map(cidr).collect(),
                                 destination_ips: m.destination_ips.iter().map(cidr).collect(),
-                                not_destination_ips: m.not_destination_ips.iter().map(cidr).collect(),
-                                destination_ports: m.destination_ports.iter().map(|p| pick(&PORTS, *p)).collect(),
-                                not_destination_ports: m.not_destination_ports.iter().map(|p| pick(&PORTS, *p)).collect(),
+                                not_destination_ips: m
+                                    .not_destination_ips
+                                    .iter()
+                                    .map(cidr)
+                                    .collect(),
+                                destination_ports: m
+                                    .destination_ports
+                                    .iter()
+                                    .map(|p| pick(&PORTS, *p))
+                                    .collect(),
+                                not_destination_ports: m
+                                    .not_destination_ports
+                                    .iter()
+                                    .map(|p| pick(&PORTS, *p))
+                                    .collect(),
                                 service_accounts: m.service_accounts.iter().map(sa).collect(),
-                                not_service_accounts: m.not_service_accounts.iter().map(sa).collect(),
+                                not_service_accounts: m
+                                    .not_service_accounts
+                                    .iter()
+                                    .map(sa)
+                                    .collect(),
                             })
                             .collect()
                     })
@@ -203,14 +233,20 @@ fn model_contains(n: &Net, ip: IpAddr) -> bool {
     // (::ffff:10.0.0.0/104 is 10.0.0.0/8); a shorter one stays an IPv6 CIDR.
     let (net_v4, net_bits, len) = match net_ip {
         IpAddr::V4(v4) => (true, u128::from(u32::from(v4)) << 96, len),
-        IpAddr::V6(v6) if len >= 96 && u128::from(v6) >> 32 == 0xffff => (true, (u128::from(v6) & 0xffff_ffff) << 96, len - 96),
+        IpAddr::V6(v6) if len >= 96 && u128::from(v6) >> 32 == 0xffff => {
+            (true, (u128::from(v6) & 0xffff_ffff) << 96, len - 96)
+        }
         IpAddr::V6(v6) => (false, u128::from(v6), len),
     };
     let (ip_v4, ip_bits) = bits(ip);
     if net_v4 != ip_v4 {
         return false;
     }
-    let mask = if len == 0 { 0 } else { u128::MAX << (128 - u32::from(len)) };
+    let mask = if len == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(len))
+    };
     net_bits & mask == ip_bits & mask
 }
 
@@ -238,18 +274,34 @@ fn model_match(m: &M, r: &Req) -> bool {
     // Istio's ztunnel: an anonymous peer's namespace is "".
     let anon_ns = r.id.map_or("", |(_, ns, _)| ns);
     let ns_f = Some(move |s: &Sm| model_string(s, anon_ns));
-    let pr_f = principal.as_deref().map(|p| move |s: &Sm| model_string(s, p));
-    let sa_f = r.id.map(|(_, ns, sa)| move |&(mns, msa): &(u8, u8)| pick(&NAMESPACES, mns) == ns && pick(&ACCOUNTS, msa) == sa);
+    let pr_f = principal
+        .as_deref()
+        .map(|p| move |s: &Sm| model_string(s, p));
+    let sa_f = r.id.map(|(_, ns, sa)| {
+        move |&(mns, msa): &(u8, u8)| pick(&NAMESPACES, mns) == ns && pick(&ACCOUNTS, msa) == sa
+    });
     let src = |n: &Net| model_contains(n, r.src_ip);
     let dst = |n: &Net| model_contains(n, r.dst_ip);
     let port = |p: &u8| pick(&PORTS, *p) == r.dst_port;
-    pos(&m.namespaces, ns_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool))
-        && neg(&m.not_namespaces, ns_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool))
-        && pos(&m.principals, pr_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool))
-        && neg(&m.not_principals, pr_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool))
-        && pos(&m.service_accounts, sa_f.as_ref().map(|f| f as &dyn Fn(&(u8, u8)) -> bool))
-        && neg(&m.not_service_accounts, sa_f.as_ref().map(|f| f as &dyn Fn(&(u8, u8)) -> bool))
-        && pos(&m.source_ips, Some(&src))
+    pos(
+        &m.namespaces,
+        ns_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool),
+    ) && neg(
+        &m.not_namespaces,
+        ns_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool),
+    ) && pos(
+        &m.principals,
+        pr_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool),
+    ) && neg(
+        &m.not_principals,
+        pr_f.as_ref().map(|f| f as &dyn Fn(&Sm) -> bool),
+    ) && pos(
+        &m.service_accounts,
+        sa_f.as_ref().map(|f| f as &dyn Fn(&(u8, u8)) -> bool),
+    ) && neg(
+        &m.not_service_accounts,
+        sa_f.as_ref().map(|f| f as &dyn Fn(&(u8, u8)) -> bool),
+    ) && pos(&m.source_ips, Some(&src))
         && neg(&m.not_source_ips, Some(&src))
         && pos(&m.destination_ips, Some(&dst))
         && neg(&m.not_destination_ips, Some(&dst))
@@ -272,7 +324,22 @@ fn model_empty(m: &M) -> bool {
         service_accounts: k,
         not_service_accounts: l,
     } = m;
-    [a.len(), b.len(), c.len(), d.len(), e.len(), f.len(), g.len(), h.len(), i.len(), j.len(), k.len(), l.len()].iter().all(|n| *n == 0)
+    [
+        a.len(),
+        b.len(),
+        c.len(),
+        d.len(),
+        e.len(),
+        f.len(),
+        g.len(),
+        h.len(),
+        i.len(),
+        j.len(),
+        k.len(),
+        l.len(),
+    ]
+    .iter()
+    .all(|n| *n == 0)
 }
 
 fn model_policy_matches(p: &P, r: &Req) -> bool {
@@ -307,14 +374,21 @@ fn model_policy_matches(p: &P, r: &Req) -> bool {
 }
 
 fn key(p: &P) -> String {
-    format!("{}/{}", pick(&NAMESPACES, p.namespace), pick(&POLICY_NAMES, p.name))
+    format!(
+        "{}/{}",
+        pick(&NAMESPACES, p.namespace),
+        pick(&POLICY_NAMES, p.name)
+    )
 }
 
 /// Ok(None) allow; Ok(Some(keys)) deny by one of these DENY policies; Err(()) no ALLOW matched.
 fn model(input: &Input, r: &Req) -> Result<Option<Vec<String>>, ()> {
     let dst_ns = pick(&NAMESPACES, input.dst_namespace);
-    let selected: Vec<String> =
-        input.selected.iter().map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n))).collect();
+    let selected: Vec<String> = input
+        .selected
+        .iter()
+        .map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n)))
+        .collect();
     // One policy per key: the first keeps it (`MeshState::build` ranks a config's
     // entries by order, the lower rank holding a contested key).
     let mut by_key: Vec<(String, &P)> = Vec::new();
@@ -366,22 +440,39 @@ fn workload(namespace: &str, selected: Vec<String>, ip: IpAddr) -> Workload {
 /// The `rbac_model` target: `data` is read as an [`Input`] the way cargo-fuzz reads a
 /// typed target's input (`arbitrary_take_rest`); bytes that do not make one are skipped.
 pub fn rbac_model(data: &[u8]) {
-    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else { return };
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
     let r = Req {
-        id: input.src.map(|(td, ns, sa)| (pick(&TRUST_DOMAINS, td), pick(&NAMESPACES, ns), pick(&ACCOUNTS, sa))),
+        id: input.src.map(|(td, ns, sa)| {
+            (
+                pick(&TRUST_DOMAINS, td),
+                pick(&NAMESPACES, ns),
+                pick(&ACCOUNTS, sa),
+            )
+        }),
         src_ip: pick(&IPS, input.src_ip),
         dst_ip: pick(&IPS, input.dst_ip),
         dst_port: pick(&PORTS, input.dst_port),
     };
-    let selected: Vec<String> =
-        input.selected.iter().map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n))).collect();
+    let selected: Vec<String> = input
+        .selected
+        .iter()
+        .map(|&(ns, n)| format!("{}/{}", pick(&NAMESPACES, ns), pick(&POLICY_NAMES, n)))
+        .collect();
     let wl = workload(pick(&NAMESPACES, input.dst_namespace), selected, r.dst_ip);
-    let state = match MeshState::build(vec![wl.clone()], vec![], input.policies.iter().map(policy).collect()) {
+    let state = match MeshState::build(
+        vec![wl.clone()],
+        vec![],
+        input.policies.iter().map(policy).collect(),
+    ) {
         Ok(s) => s,
         Err(e) => panic!("a state with one workload cannot conflict: {e}"),
     };
     let conn = rbac::Connection {
-        src_identity: r.id.map(|(td, ns, sa)| std::sync::Arc::new(Identity::new(td, ns, sa))),
+        src_identity: r
+            .id
+            .map(|(td, ns, sa)| std::sync::Arc::new(Identity::new(td, ns, sa))),
         src_ip: r.src_ip,
         dst: SocketAddr::new(r.dst_ip, r.dst_port),
     };

@@ -115,16 +115,27 @@ fn xds(dir: &Path) {
         node: "node2".into(),
         services: [(
             "default/echo.default.svc.cluster.local".to_string(),
-            pb::PortList { ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }] },
+            pb::PortList {
+                ports: vec![pb::Port {
+                    service_port: 80,
+                    target_port: 8080,
+                    app_protocol: 0,
+                }],
+            },
         )]
         .into(),
-        application_tunnel: Some(pb::ApplicationTunnel { protocol: 1, port: 15088 }),
+        application_tunnel: Some(pb::ApplicationTunnel {
+            protocol: 1,
+            port: 15088,
+        }),
         waypoint: Some(pb::GatewayAddress {
-            destination: Some(pb::gateway_address::Destination::Address(pb::NetworkAddress {
-                network: String::new(),
-                address: vec![10, 10, 1, 99],
-                length: None,
-            })),
+            destination: Some(pb::gateway_address::Destination::Address(
+                pb::NetworkAddress {
+                    network: String::new(),
+                    address: vec![10, 10, 1, 99],
+                    length: None,
+                },
+            )),
             hbone_mtls_port: 15008,
         }),
         authorization_policies: vec!["default/p".into()],
@@ -134,16 +145,34 @@ fn xds(dir: &Path) {
         name: "echo".into(),
         namespace: "default".into(),
         hostname: "echo.default.svc.cluster.local".into(),
-        addresses: vec![pb::NetworkAddress { network: String::new(), address: vec![10, 96, 0, 10], length: None }],
-        ports: vec![pb::Port { service_port: 80, target_port: 8080, app_protocol: 0 }],
+        addresses: vec![pb::NetworkAddress {
+            network: String::new(),
+            address: vec![10, 96, 0, 10],
+            length: None,
+        }],
+        ports: vec![pb::Port {
+            service_port: 80,
+            target_port: 8080,
+            app_protocol: 0,
+        }],
         subject_alt_names: vec!["spiffe://cluster.local/ns/default/sa/echo".into()],
         ..Default::default()
     };
     let addr = |t| pb::Address { r#type: Some(t) }.encode_to_vec();
     let wl = addr(pb::address::Type::Workload(w));
     let svc = addr(pb::address::Type::Service(s));
-    write(dir, "xds_resources", "workload", &framed(0, std::slice::from_ref(&wl)));
-    write(dir, "xds_resources", "workload_and_service", &framed(0, &[wl, svc]));
+    write(
+        dir,
+        "xds_resources",
+        "workload",
+        &framed(0, std::slice::from_ref(&wl)),
+    );
+    write(
+        dir,
+        "xds_resources",
+        "workload_and_service",
+        &framed(0, &[wl, svc]),
+    );
     use pb_sec::string_match::MatchType;
     let a = pb_sec::Authorization {
         name: "p".into(),
@@ -153,18 +182,35 @@ fn xds(dir: &Path) {
         rules: vec![pb_sec::Rule {
             clauses: vec![pb_sec::Clause {
                 matches: vec![pb_sec::Match {
-                    principals: vec![pb_sec::StringMatch { match_type: Some(MatchType::Exact("cluster.local/ns/default/sa/sleep".into())) }],
-                    not_namespaces: vec![pb_sec::StringMatch { match_type: Some(MatchType::Prefix("kube".into())) }],
-                    source_ips: vec![pb_sec::Address { address: vec![10, 0, 0, 0], length: 8 }],
+                    principals: vec![pb_sec::StringMatch {
+                        match_type: Some(MatchType::Exact(
+                            "cluster.local/ns/default/sa/sleep".into(),
+                        )),
+                    }],
+                    not_namespaces: vec![pb_sec::StringMatch {
+                        match_type: Some(MatchType::Prefix("kube".into())),
+                    }],
+                    source_ips: vec![pb_sec::Address {
+                        address: vec![10, 0, 0, 0],
+                        length: 8,
+                    }],
                     destination_ports: vec![8080],
-                    service_accounts: vec![pb_sec::ServiceAccountMatch { namespace: "default".into(), service_account: "sleep".into() }],
+                    service_accounts: vec![pb_sec::ServiceAccountMatch {
+                        namespace: "default".into(),
+                        service_account: "sleep".into(),
+                    }],
                     ..Default::default()
                 }],
             }],
         }],
         dry_run: true,
     };
-    write(dir, "xds_resources", "authorization", &framed(1, &[a.encode_to_vec()]));
+    write(
+        dir,
+        "xds_resources",
+        "authorization",
+        &framed(1, &[a.encode_to_vec()]),
+    );
 }
 
 fn zds(dir: &Path) {
@@ -172,15 +218,56 @@ fn zds(dir: &Path) {
     let add = WorkloadRequest {
         payload: Some(Payload::Add(AddWorkload {
             uid: "u".into(),
-            workload_info: Some(WorkloadInfo { name: "pod".into(), namespace: "ns".into(), service_account: "sa".into() }),
+            workload_info: Some(WorkloadInfo {
+                name: "pod".into(),
+                namespace: "ns".into(),
+                service_account: "sa".into(),
+            }),
         })),
     };
     write(dir, "zds_message", "add", &add.encode_to_vec());
-    write(dir, "zds_message", "del", &WorkloadRequest { payload: Some(Payload::Del(DelWorkload { uid: "u".into() })) }.encode_to_vec());
-    write(dir, "zds_message", "keep", &WorkloadRequest { payload: Some(Payload::Keep(KeepWorkload { uid: "u".into() })) }.encode_to_vec());
-    write(dir, "zds_message", "snapshot", &WorkloadRequest { payload: Some(Payload::SnapshotSent(SnapshotSent {})) }.encode_to_vec());
-    write(dir, "zds_message", "hello", &ZdsHello { version: Version::V1 as i32 }.encode_to_vec());
-    write(dir, "zds_message", "ack", &WorkloadResponse::ack(Some("no such pod".into())).encode_to_vec());
+    write(
+        dir,
+        "zds_message",
+        "del",
+        &WorkloadRequest {
+            payload: Some(Payload::Del(DelWorkload { uid: "u".into() })),
+        }
+        .encode_to_vec(),
+    );
+    write(
+        dir,
+        "zds_message",
+        "keep",
+        &WorkloadRequest {
+            payload: Some(Payload::Keep(KeepWorkload { uid: "u".into() })),
+        }
+        .encode_to_vec(),
+    );
+    write(
+        dir,
+        "zds_message",
+        "snapshot",
+        &WorkloadRequest {
+            payload: Some(Payload::SnapshotSent(SnapshotSent {})),
+        }
+        .encode_to_vec(),
+    );
+    write(
+        dir,
+        "zds_message",
+        "hello",
+        &ZdsHello {
+            version: Version::V1 as i32,
+        }
+        .encode_to_vec(),
+    );
+    write(
+        dir,
+        "zds_message",
+        "ack",
+        &WorkloadResponse::ack(Some("no such pod".into())).encode_to_vec(),
+    );
 }
 
 fn dns(dir: &Path) {
@@ -189,7 +276,8 @@ fn dns(dir: &Path) {
     let q = |name: &str, t: RecordType, edns: bool| {
         let mut m = Dns::new(0x1234, MessageType::Query, OpCode::Query);
         m.metadata.recursion_desired = true;
-        m.queries.push(Query::query(Name::from_ascii(name).unwrap(), t));
+        m.queries
+            .push(Query::query(Name::from_ascii(name).unwrap(), t));
         if edns {
             let mut e = Edns::new();
             e.set_max_payload(1232);
@@ -201,8 +289,18 @@ fn dns(dir: &Path) {
     for (file, name, t, edns) in [
         ("echo_a", "echo.", RecordType::A, false),
         ("echo_ns_aaaa", "echo.default.", RecordType::AAAA, true),
-        ("echo_fqdn", "echo.default.svc.cluster.local.", RecordType::A, false),
-        ("headless", "headless.default.svc.cluster.local.", RecordType::A, true),
+        (
+            "echo_fqdn",
+            "echo.default.svc.cluster.local.",
+            RecordType::A,
+            false,
+        ),
+        (
+            "headless",
+            "headless.default.svc.cluster.local.",
+            RecordType::A,
+            true,
+        ),
         ("wildcard", "x.wild.example.com.", RecordType::A, false),
         ("external", "www.example.org.", RecordType::A, false),
         ("txt", "echo.default.", RecordType::TXT, false),
@@ -214,12 +312,22 @@ fn dns(dir: &Path) {
 fn proxy_protocol(dir: &Path) {
     use crate::proxy_protocol::{encode, SIGNATURE, TLV_PEER_IDENTITY};
     let id = b"spiffe://cluster.local/ns/default/sa/client";
-    let v4 = encode("10.10.1.11:40000".parse().unwrap(), "10.10.2.11:8080".parse().unwrap(), &[(TLV_PEER_IDENTITY, id)]).unwrap();
+    let v4 = encode(
+        "10.10.1.11:40000".parse().unwrap(),
+        "10.10.2.11:8080".parse().unwrap(),
+        &[(TLV_PEER_IDENTITY, id)],
+    )
+    .unwrap();
     let mut with_payload = v4.clone();
     with_payload.extend_from_slice(b"GET / HTTP/1.1\r\n\r\n");
     write(dir, "proxy_protocol", "v4_identity", &v4);
     write(dir, "proxy_protocol", "v4_payload", &with_payload);
-    let v6 = encode("[fd00::1]:1".parse().unwrap(), "[fd00::2]:2".parse().unwrap(), &[(TLV_PEER_IDENTITY, id), (0x04, b"")]).unwrap();
+    let v6 = encode(
+        "[fd00::1]:1".parse().unwrap(),
+        "[fd00::2]:2".parse().unwrap(),
+        &[(TLV_PEER_IDENTITY, id), (0x04, b"")],
+    )
+    .unwrap();
     write(dir, "proxy_protocol", "v6_two_tlvs", &v6);
     let mut local = SIGNATURE.to_vec();
     local.extend_from_slice(&[0x20, 0x00, 0, 0]);
@@ -245,7 +353,9 @@ fn rbac(dir: &Path) {
 #[test]
 #[ignore = "writes files; run by hand to refresh fuzz/corpus"]
 fn write_seeds() {
-    let Ok(dir) = std::env::var("ZTUNNEL_FUZZ_SEEDS") else { panic!("set ZTUNNEL_FUZZ_SEEDS to the corpus directory") };
+    let Ok(dir) = std::env::var("ZTUNNEL_FUZZ_SEEDS") else {
+        panic!("set ZTUNNEL_FUZZ_SEEDS to the corpus directory")
+    };
     let dir = Path::new(&dir);
     hbone(dir);
     config(dir);
@@ -288,7 +398,10 @@ fn seeds_pass_the_targets() {
     // The config seeds are valid configs (a fuzzer starting from errors learns less).
     for e in std::fs::read_dir(dir.join("config_yaml")).unwrap() {
         let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
-        crate::config::LocalConfig::parse(Path::new("seed.yaml"), &text).unwrap().into_state(Path::new("seed.yaml")).unwrap();
+        crate::config::LocalConfig::parse(Path::new("seed.yaml"), &text)
+            .unwrap()
+            .into_state(Path::new("seed.yaml"))
+            .unwrap();
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -299,6 +412,13 @@ fn seeds_pass_the_targets() {
 #[test]
 fn committed_inputs_pass_the_targets() {
     let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
-    let replayed: usize = TARGETS.iter().map(|&(target, f)| super::replay_committed(&fuzz, target, f)).sum();
-    assert!(replayed >= 30, "only {replayed} committed inputs under {}", fuzz.display());
+    let replayed: usize = TARGETS
+        .iter()
+        .map(|&(target, f)| super::replay_committed(&fuzz, target, f))
+        .sum();
+    assert!(
+        replayed >= 30,
+        "only {replayed} committed inputs under {}",
+        fuzz.display()
+    );
 }

@@ -72,7 +72,13 @@ impl BatchedTcp {
             #[cfg(test)]
             socket_writes: 0,
         }));
-        (BatchedTcp { read, write: write.clone() }, Flusher(write))
+        (
+            BatchedTcp {
+                read,
+                write: write.clone(),
+            },
+            Flusher(write),
+        )
     }
 
     fn writer(&self) -> MutexGuard<'_, Writer> {
@@ -99,7 +105,10 @@ impl Writer {
 
     fn check(&self) -> io::Result<()> {
         match self.failed {
-            Some(kind) => Err(io::Error::new(kind, "an earlier batched write to this HBONE connection failed")),
+            Some(kind) => Err(io::Error::new(
+                kind,
+                "an earlier batched write to this HBONE connection failed",
+            )),
             None => Ok(()),
         }
     }
@@ -136,17 +145,29 @@ impl Writer {
 }
 
 impl AsyncRead for BatchedTcp {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         Pin::new(&mut self.read).poll_read(cx, buf)
     }
 }
 
 impl AsyncWrite for BatchedTcp {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         self.poll_write_vectored(cx, &[IoSlice::new(buf)])
     }
 
-    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         let mut w = self.writer();
         w.check()?;
         let len: usize = bufs.iter().map(|b| b.len()).sum();
@@ -202,7 +223,13 @@ impl AsyncWrite for BatchedTcp {
 pub fn flushing<F: Future>(connection: F, flusher: Flusher) -> Flushing<F> {
     lock(&flusher.0).batching = true;
     let turn = Arc::new(TurnEnd::default());
-    Flushing { connection, flusher, turn_waker: Waker::from(turn.clone()), turn, batch: Batch::default() }
+    Flushing {
+        connection,
+        flusher,
+        turn_waker: Waker::from(turn.clone()),
+        turn,
+        batch: Batch::default(),
+    }
 }
 
 pin_project_lite::pin_project! {
@@ -252,11 +279,17 @@ impl<F: Future> Future for Flushing<F> {
         } else if batch.skip > 0 {
             batch.skip -= 1;
         } else {
-            *batch = Batch { open: true, kept, writes: 1, skip: 0 };
+            *batch = Batch {
+                open: true,
+                kept,
+                writes: 1,
+                skip: 0,
+            };
             turn.over.store(false, Ordering::Release);
             turn.task.register(cx.waker());
             // Its first poll hands `turn_waker` to the runtime to wake at the turn's end.
-            let _ = std::pin::pin!(tokio::task::yield_now()).poll(&mut Context::from_waker(this.turn_waker));
+            let _ = std::pin::pin!(tokio::task::yield_now())
+                .poll(&mut Context::from_waker(this.turn_waker));
             return Poll::Pending;
         }
         if let Poll::Ready(Err(_)) = w.poll_drain(cx) {
@@ -305,14 +338,19 @@ mod tests {
 
     async fn pair() -> (BatchedTcp, Flusher, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
         let (server, _) = listener.accept().await.unwrap();
         let (io, flusher) = BatchedTcp::new(client);
         (io, flusher, server)
     }
 
     /// A stand-in for an HTTP/2 connection: writes (and flushes) each chunk it is sent.
-    async fn connection(mut io: BatchedTcp, mut chunks: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) -> BatchedTcp {
+    async fn connection(
+        mut io: BatchedTcp,
+        mut chunks: tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>,
+    ) -> BatchedTcp {
         while let Some(c) = chunks.recv().await {
             io.write_all(&c).await.unwrap();
             io.flush().await.unwrap();
@@ -334,7 +372,12 @@ mod tests {
         let counter = Arc::clone(&flusher.0);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let conn = tokio::spawn(flushing(connection(io, rx), flusher));
-        Driven { tx, peer, counter, conn }
+        Driven {
+            tx,
+            peer,
+            counter,
+            conn,
+        }
     }
 
     fn socket_writes(f: &Flusher) -> usize {
@@ -354,7 +397,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn writes_of_streams_woken_in_one_turn_leave_in_one_socket_write() {
-        let Driven { tx, mut peer, counter, conn } = driven().await;
+        let Driven {
+            tx,
+            mut peer,
+            counter,
+            conn,
+        } = driven().await;
         // Three "streams", each woken by the same task in one poll (as one read of the
         // pods' sockets wakes several relays), each handing the connection its chunk.
         let mut wakers = Vec::new();
@@ -378,17 +426,29 @@ mod tests {
         let mut got = vec![0; 3000];
         peer.read_exact(&mut got).await.unwrap();
         let mut firsts: Vec<u8> = got.chunks(1000).map(|c| c[0]).collect();
-        assert!(got.chunks(1000).all(|c| c.iter().all(|b| *b == c[0])), "chunks interleaved");
+        assert!(
+            got.chunks(1000).all(|c| c.iter().all(|b| *b == c[0])),
+            "chunks interleaved"
+        );
         firsts.sort();
         assert_eq!(firsts, vec![0, 1, 2]);
-        assert_eq!(lock(&counter).socket_writes, 1, "one socket write for the three chunks");
+        assert_eq!(
+            lock(&counter).socket_writes,
+            1,
+            "one socket write for the three chunks"
+        );
         drop(tx);
         conn.await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_lone_write_per_turn_stops_waiting_for_the_turns_end() {
-        let Driven { tx, mut peer, counter, conn } = driven().await;
+        let Driven {
+            tx,
+            mut peer,
+            counter,
+            conn,
+        } = driven().await;
         // One request at a time (one busy stream): each batch gathers one write, and every
         // chunk still goes out, in order, before the next is sent.
         for i in 0..40u8 {
@@ -404,7 +464,12 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_peer_that_does_not_read_holds_the_writer_at_the_limit() {
-        let Driven { tx, mut peer, counter, conn } = driven().await;
+        let Driven {
+            tx,
+            mut peer,
+            counter,
+            conn,
+        } = driven().await;
         const CHUNK: usize = 1000;
         let total = 40 * 1024 * 1024 / CHUNK;
         for i in 0..total {
@@ -412,11 +477,20 @@ mod tests {
         }
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         // Stuck behind the socket's buffers, never more than the limit kept here.
-        assert!(lock(&counter).kept() <= LIMIT, "kept {} bytes", lock(&counter).kept());
+        assert!(
+            lock(&counter).kept() <= LIMIT,
+            "kept {} bytes",
+            lock(&counter).kept()
+        );
         assert!(!conn.is_finished());
         let mut got = vec![0; total * CHUNK];
         peer.read_exact(&mut got).await.unwrap();
-        assert!(got.chunks(CHUNK).enumerate().all(|(i, c)| c.iter().all(|b| *b == (i % 251) as u8)), "bytes lost or out of order");
+        assert!(
+            got.chunks(CHUNK)
+                .enumerate()
+                .all(|(i, c)| c.iter().all(|b| *b == (i % 251) as u8)),
+            "bytes lost or out of order"
+        );
         drop(tx);
         conn.await.unwrap();
     }

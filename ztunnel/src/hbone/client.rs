@@ -34,25 +34,52 @@ pub struct Handshaken<IO> {
 /// mTLS as `cert`'s identity over `io` to a server proving one of `expected` (`peer`
 /// names it in errors), then the HTTP/2 handshake. With `crls`, a server whose chain
 /// they revoke is refused (and counted).
-pub async fn handshake<IO>(io: IO, peer: &str, server_ip: IpAddr, cert: &CertState, expected: Vec<Identity>, crls: Option<&CrlCheck>) -> Result<Handshaken<IO>, HboneError>
+pub async fn handshake<IO>(
+    io: IO,
+    peer: &str,
+    server_ip: IpAddr,
+    cert: &CertState,
+    expected: Vec<Identity>,
+    crls: Option<&CrlCheck>,
+) -> Result<Handshaken<IO>, HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let cfg = crate::tls::client_config_with_crls(&cert.certified_key, &cert.cert.roots, expected, crls.map(|(c, _)| c))?;
+    let cfg = crate::tls::client_config_with_crls(
+        &cert.certified_key,
+        &cert.cert.roots,
+        expected,
+        crls.map(|(c, _)| c),
+    )?;
     // Taken before the handshake: a CRL reload during it is checked against this server too.
     let changes = crls.map(|(c, _)| c.changes());
-    let mut tls = match tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(ServerName::IpAddress(server_ip.into()), io).await {
+    let mut tls = match tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(ServerName::IpAddress(server_ip.into()), io)
+        .await
+    {
         Ok(t) => t,
         Err(source) => {
             if let Some((_, metrics)) = crls.filter(|_| crate::tls::is_revoked(&source)) {
                 metrics.crl_rejected("source");
             }
-            return Err(HboneError::Tls { peer: peer.to_string(), source });
+            return Err(HboneError::Tls {
+                peer: peer.to_string(),
+                source,
+            });
         }
     };
     let revoked = crls.zip(changes).map(|((c, metrics), changes)| {
         let chain = tls.get_ref().1.peer_certificates().unwrap_or_default();
-        (crate::tls::PeerChain::new(c, changes, &cert.cert.roots, chain, crate::tls::PeerRole::Server), metrics.clone())
+        (
+            crate::tls::PeerChain::new(
+                c,
+                changes,
+                &cert.cert.roots,
+                chain,
+                crate::tls::PeerRole::Server,
+            ),
+            metrics.clone(),
+        )
     });
     tune_tls(tls.get_mut().1);
     let sizes = h2_sizes();
@@ -62,12 +89,21 @@ where
         .max_frame_size(sizes.max_frame)
         .handshake::<_, Bytes>(tls)
         .await
-        .map_err(|source| HboneError::H2 { peer: peer.to_string(), source })?;
-    Ok(Handshaken { send, connection, revoked })
+        .map_err(|source| HboneError::H2 {
+            peer: peer.to_string(),
+            source,
+        })?;
+    Ok(Handshaken {
+        send,
+        connection,
+        revoked,
+    })
 }
 
 /// Resolves once a CRL reload revokes the server's chain (never without CRLs).
-pub async fn revoked_server(watch: Option<(crate::tls::PeerChain, Arc<crate::metrics::Metrics>)>) -> Arc<crate::metrics::Metrics> {
+pub async fn revoked_server(
+    watch: Option<(crate::tls::PeerChain, Arc<crate::metrics::Metrics>)>,
+) -> Arc<crate::metrics::Metrics> {
     match watch {
         Some((chain, metrics)) => {
             chain.revoked().await;
@@ -102,7 +138,11 @@ pub async fn connect_once<IO>(
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let Handshaken { send, connection, revoked } = handshake(io, peer, server_ip, cert, expected, crls).await?;
+    let Handshaken {
+        send,
+        connection,
+        revoked,
+    } = handshake(io, peer, server_ip, cert, expected, crls).await?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = peer.to_string();
     tokio::spawn(
@@ -127,12 +167,18 @@ where
         .instrument(tracing::debug_span!("hbone_inner_conn", dst = %peer)),
     );
     let authority = request.uri().to_string();
-    let h2err = |source| HboneError::H2 { peer: peer.to_string(), source };
+    let h2err = |source| HboneError::H2 {
+        peer: peer.to_string(),
+        source,
+    };
     let mut send = send.ready().await.map_err(h2err)?;
     let (response, stream) = send.send_request(request, false).map_err(h2err)?;
     let response = response.await.map_err(h2err)?;
     if response.status() != http::StatusCode::OK {
-        return Err(HboneError::Status { authority, status: response.status() });
+        return Err(HboneError::Status {
+            authority,
+            status: response.status(),
+        });
     }
     Ok((stream, response.into_body(), OnceGuard { _done: done_tx }))
 }

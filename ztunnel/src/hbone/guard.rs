@@ -60,7 +60,13 @@ impl<T> FrameGuard<T> {
     }
 
     pub fn with_limit(inner: T, limit: u32) -> FrameGuard<T> {
-        FrameGuard { inner, parse: Parse::Preface(PREFACE_LEN), empty: 0, window_start: None, limit }
+        FrameGuard {
+            inner,
+            parse: Parse::Preface(PREFACE_LEN),
+            empty: 0,
+            window_start: None,
+            limit,
+        }
     }
 
     pub fn get_ref(&self) -> &T {
@@ -99,7 +105,10 @@ impl<T> FrameGuard<T> {
                     *left -= n;
                     bytes = &bytes[n..];
                     if *left == 0 {
-                        self.parse = Parse::Header { buf: [0; 9], have: 0 };
+                        self.parse = Parse::Header {
+                            buf: [0; 9],
+                            have: 0,
+                        };
                     }
                 }
                 Parse::Header { buf, have } => {
@@ -110,20 +119,35 @@ impl<T> FrameGuard<T> {
                     if *have < 9 {
                         continue;
                     }
-                    let len = (usize::from(buf[0]) << 16) | (usize::from(buf[1]) << 8) | usize::from(buf[2]);
+                    let len = (usize::from(buf[0]) << 16)
+                        | (usize::from(buf[1]) << 8)
+                        | usize::from(buf[2]);
                     let (kind, flags) = (buf[3], buf[4]);
                     let end_stream = flags & FLAG_END_STREAM != 0;
                     if kind == FRAME_DATA && flags & FLAG_PADDED != 0 && len > 0 {
                         // The data length is known once the pad length byte is read.
-                        self.parse = Parse::PadLength { frame_len: len, end_stream };
+                        self.parse = Parse::PadLength {
+                            frame_len: len,
+                            end_stream,
+                        };
                         continue;
                     }
                     if kind == FRAME_DATA {
                         self.data_frame(len, end_stream, now)?;
                     }
-                    self.parse = if len == 0 { Parse::Header { buf: [0; 9], have: 0 } } else { Parse::Payload(len) };
+                    self.parse = if len == 0 {
+                        Parse::Header {
+                            buf: [0; 9],
+                            have: 0,
+                        }
+                    } else {
+                        Parse::Payload(len)
+                    };
                 }
-                Parse::PadLength { frame_len, end_stream } => {
+                Parse::PadLength {
+                    frame_len,
+                    end_stream,
+                } => {
                     let (frame_len, end_stream) = (*frame_len, *end_stream);
                     let pad = usize::from(bytes[0]);
                     bytes = &bytes[1..];
@@ -131,14 +155,24 @@ impl<T> FrameGuard<T> {
                     let data_len = frame_len.saturating_sub(1 + pad);
                     self.data_frame(data_len, end_stream, now)?;
                     let left = frame_len - 1;
-                    self.parse = if left == 0 { Parse::Header { buf: [0; 9], have: 0 } } else { Parse::Payload(left) };
+                    self.parse = if left == 0 {
+                        Parse::Header {
+                            buf: [0; 9],
+                            have: 0,
+                        }
+                    } else {
+                        Parse::Payload(left)
+                    };
                 }
                 Parse::Payload(left) => {
                     let n = (*left).min(bytes.len());
                     *left -= n;
                     bytes = &bytes[n..];
                     if *left == 0 {
-                        self.parse = Parse::Header { buf: [0; 9], have: 0 };
+                        self.parse = Parse::Header {
+                            buf: [0; 9],
+                            have: 0,
+                        };
                     }
                 }
             }
@@ -148,7 +182,11 @@ impl<T> FrameGuard<T> {
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for FrameGuard<T> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
@@ -162,11 +200,19 @@ impl<T: AsyncRead + Unpin> AsyncRead for FrameGuard<T> {
 }
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for FrameGuard<T> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -247,7 +293,10 @@ mod tests {
                 }
                 g.observe_at(&between, t0).unwrap();
             }
-            assert!(tripped, "empty DATA frames with other frames between them never tripped the guard");
+            assert!(
+                tripped,
+                "empty DATA frames with other frames between them never tripped the guard"
+            );
         }
     }
 
@@ -272,8 +321,13 @@ mod tests {
         // END_STREAM on an empty frame (padded or not) is the normal end of a stream.
         let mut g = guard();
         for _ in 0..10 {
-            g.observe_at(&frame(FRAME_DATA, FLAG_END_STREAM, 1, b""), t0).unwrap();
-            g.observe_at(&frame(FRAME_DATA, FLAG_END_STREAM | FLAG_PADDED, 1, &[2, 0, 0]), t0).unwrap();
+            g.observe_at(&frame(FRAME_DATA, FLAG_END_STREAM, 1, b""), t0)
+                .unwrap();
+            g.observe_at(
+                &frame(FRAME_DATA, FLAG_END_STREAM | FLAG_PADDED, 1, &[2, 0, 0]),
+                t0,
+            )
+            .unwrap();
         }
     }
 }

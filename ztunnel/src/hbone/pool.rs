@@ -30,10 +30,20 @@ pub struct PoolKey {
 }
 
 impl PoolKey {
-    pub fn new(src_identity: Identity, mut dst_identities: Vec<Identity>, dst: SocketAddr, src_ip: IpAddr) -> Self {
+    pub fn new(
+        src_identity: Identity,
+        mut dst_identities: Vec<Identity>,
+        dst: SocketAddr,
+        src_ip: IpAddr,
+    ) -> Self {
         dst_identities.sort();
         dst_identities.dedup();
-        PoolKey { src_identity, dst_identities, dst, src_ip }
+        PoolKey {
+            src_identity,
+            dst_identities,
+            dst,
+            src_ip,
+        }
     }
 }
 
@@ -90,7 +100,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Pool {
-    pub fn new(certs: Arc<CertManager>, max_streams: usize, idle_timeout: Duration, connect_timeout: Duration) -> Pool {
+    pub fn new(
+        certs: Arc<CertManager>,
+        max_streams: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Pool {
         Pool::with_crls(certs, max_streams, idle_timeout, connect_timeout, None)
     }
 
@@ -122,7 +137,10 @@ impl Pool {
         for c in &st.conns {
             let mut cur = c.streams.load(Ordering::Acquire);
             while cur < self.inner.max_streams {
-                match c.streams.compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire) {
+                match c
+                    .streams
+                    .compare_exchange(cur, cur + 1, Ordering::AcqRel, Ordering::Acquire)
+                {
                     Ok(_) => return Ok(StreamGuard { conn: c.clone() }),
                     Err(now) => cur = now,
                 }
@@ -137,10 +155,18 @@ impl Pool {
     }
 
     fn timed_out(&self, key: &PoolKey) -> HboneError {
-        HboneError::Timeout { peer: key.dst.to_string(), after: self.inner.connect_timeout }
+        HboneError::Timeout {
+            peer: key.dst.to_string(),
+            after: self.inner.connect_timeout,
+        }
     }
 
-    async fn checkout(&self, key: &PoolKey, netns: &InPodNetns, deadline: tokio::time::Instant) -> Result<StreamGuard, HboneError> {
+    async fn checkout(
+        &self,
+        key: &PoolKey,
+        netns: &InPodNetns,
+        deadline: tokio::time::Instant,
+    ) -> Result<StreamGuard, HboneError> {
         let dial_lock = match self.try_checkout(key) {
             Ok(g) => return Ok(g),
             Err(l) => l,
@@ -152,12 +178,17 @@ impl Pool {
         }
         if let Some((at, err)) = last_failure.as_ref() {
             if *at >= queued_at {
-                return Err(HboneError::DialFailed { peer: key.dst.to_string(), reason: err.clone() });
+                return Err(HboneError::DialFailed {
+                    peer: key.dst.to_string(),
+                    reason: err.clone(),
+                });
             }
         }
         // The dial has its own deadline (the caller's) so that, when it expires, the failure
         // is recorded for the requests queued behind this one and they leave at once.
-        let dialed = tokio::time::timeout_at(deadline, self.dial(key, netns)).await.unwrap_or_else(|_| Err(self.timed_out(key)));
+        let dialed = tokio::time::timeout_at(deadline, self.dial(key, netns))
+            .await
+            .unwrap_or_else(|_| Err(self.timed_out(key)));
         let conn = match dialed {
             Ok(c) => {
                 *last_failure = None;
@@ -169,7 +200,11 @@ impl Pool {
             }
         };
         let guard = StreamGuard { conn: conn.clone() };
-        lock(&self.inner.keys).entry(key.clone()).or_default().conns.push(conn);
+        lock(&self.inner.keys)
+            .entry(key.clone())
+            .or_default()
+            .conns
+            .push(conn);
         Ok(guard)
     }
 
@@ -179,10 +214,24 @@ impl Pool {
         let tcp = netns
             .connect(key.dst, None, self.inner.connect_timeout)
             .await
-            .map_err(|source| HboneError::Connect { peer: peer.clone(), source })?;
+            .map_err(|source| HboneError::Connect {
+                peer: peer.clone(),
+                source,
+            })?;
         let (tcp, flusher) = super::batch::BatchedTcp::new(tcp);
-        let Handshaken { send, mut connection, revoked } =
-            super::client::handshake(tcp, &peer, key.dst.ip(), &cert, key.dst_identities.clone(), self.inner.crls.as_ref()).await?;
+        let Handshaken {
+            send,
+            mut connection,
+            revoked,
+        } = super::client::handshake(
+            tcp,
+            &peer,
+            key.dst.ip(),
+            &cert,
+            key.dst_identities.clone(),
+            self.inner.crls.as_ref(),
+        )
+        .await?;
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Arc::new(Conn {
             id,
@@ -262,9 +311,25 @@ impl Pool {
         let after = self.inner.connect_timeout;
         let connect = async {
             let cert = self.inner.certs.fetch(src).await?;
-            super::client::connect_once(outer, &peer, gateway.ip(), &cert, expected, self.inner.crls.as_ref(), request).await
+            super::client::connect_once(
+                outer,
+                &peer,
+                gateway.ip(),
+                &cert,
+                expected,
+                self.inner.crls.as_ref(),
+                request,
+            )
+            .await
         };
-        tokio::time::timeout(after, connect).await.unwrap_or_else(|_| Err(HboneError::Timeout { peer: peer.clone(), after }))
+        tokio::time::timeout(after, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(HboneError::Timeout {
+                    peer: peer.clone(),
+                    after,
+                })
+            })
     }
 
     /// Opens one CONNECT stream; the tunnel is established once the peer answers 200.
@@ -318,16 +383,27 @@ impl Pool {
         request: http::Request<()>,
     ) -> Result<(SendStream<Bytes>, RecvStream), StreamError> {
         let h2err = |source: h2::Error| {
-            let unprocessed = source.is_go_away() || source.reason() == Some(h2::Reason::REFUSED_STREAM);
-            let e = HboneError::H2 { peer: key.dst.to_string(), source };
-            if unprocessed { StreamError::Unprocessed(e) } else { StreamError::Failed(e) }
+            let unprocessed =
+                source.is_go_away() || source.reason() == Some(h2::Reason::REFUSED_STREAM);
+            let e = HboneError::H2 {
+                peer: key.dst.to_string(),
+                source,
+            };
+            if unprocessed {
+                StreamError::Unprocessed(e)
+            } else {
+                StreamError::Failed(e)
+            }
         };
         let authority = request.uri().to_string();
         let mut send = guard.conn.send.clone().ready().await.map_err(h2err)?;
         let (response, stream) = send.send_request(request, false).map_err(h2err)?;
         let response = response.await.map_err(h2err)?;
         if response.status() != http::StatusCode::OK {
-            return Err(StreamError::Failed(HboneError::Status { authority, status: response.status() }));
+            return Err(StreamError::Failed(HboneError::Status {
+                authority,
+                status: response.status(),
+            }));
         }
         Ok((stream, response.into_body()))
     }

@@ -63,7 +63,10 @@ pub fn connect_authority<B>(req: &http::Request<B>) -> Result<HboneAddress, BadC
     let (host, port) = authority.rsplit_once(':').ok_or_else(bad)?;
     let port: u16 = port.parse().map_err(|_| bad())?;
     // An IP that did not parse with its port above, or anything but a DNS name: refused.
-    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') || crate::state::workload::validate_hostname(host).is_err() {
+    if host.parse::<std::net::IpAddr>().is_ok()
+        || host.starts_with('[')
+        || crate::state::workload::validate_hostname(host).is_err()
+    {
         return Err(bad());
     }
     Ok(HboneAddress::Host(host.to_ascii_lowercase(), port))
@@ -119,7 +122,10 @@ pub fn protocol_abuse(e: &h2::Error) -> Option<&'static str> {
 
 /// Answers a CONNECT stream with a bodyless status (400/401/503...).
 pub fn respond_status(mut tx: h2::server::SendResponse<Bytes>, status: http::StatusCode) {
-    let resp = http::Response::builder().status(status).body(()).unwrap_or_default();
+    let resp = http::Response::builder()
+        .status(status)
+        .body(())
+        .unwrap_or_default();
     let _ = tx.send_response(resp, true);
 }
 
@@ -129,40 +135,124 @@ mod tests {
 
     #[test]
     fn connect_targets() {
-        let req = |m: &str, uri: &str| http::Request::builder().method(m).uri(uri).body(()).unwrap();
-        assert_eq!(connect_target(&req("CONNECT", "10.0.0.1:8080")), Ok("10.0.0.1:8080".parse().unwrap()));
-        assert_eq!(connect_target(&req("CONNECT", "[fd00::1]:80")), Ok("[fd00::1]:80".parse().unwrap()));
-        assert!(matches!(connect_target(&req("GET", "http://10.0.0.1:80/")), Err(BadConnect::NotConnect(_))));
-        for bad in ["echo.default:80", "10.0.0.1", "10.0.0.1:99999", "user@10.0.0.1:80"] {
-            assert!(matches!(connect_target(&req("CONNECT", bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
+        let req = |m: &str, uri: &str| {
+            http::Request::builder()
+                .method(m)
+                .uri(uri)
+                .body(())
+                .unwrap()
+        };
+        assert_eq!(
+            connect_target(&req("CONNECT", "10.0.0.1:8080")),
+            Ok("10.0.0.1:8080".parse().unwrap())
+        );
+        assert_eq!(
+            connect_target(&req("CONNECT", "[fd00::1]:80")),
+            Ok("[fd00::1]:80".parse().unwrap())
+        );
+        assert!(matches!(
+            connect_target(&req("GET", "http://10.0.0.1:80/")),
+            Err(BadConnect::NotConnect(_))
+        ));
+        for bad in [
+            "echo.default:80",
+            "10.0.0.1",
+            "10.0.0.1:99999",
+            "user@10.0.0.1:80",
+        ] {
+            assert!(
+                matches!(
+                    connect_target(&req("CONNECT", bad)),
+                    Err(BadConnect::BadAuthority(_))
+                ),
+                "{bad}"
+            );
         }
     }
 
     #[test]
     fn connect_authorities_may_name_a_service() {
-        let req = |uri: &str| http::Request::builder().method("CONNECT").uri(uri).body(()).unwrap();
+        let req = |uri: &str| {
+            http::Request::builder()
+                .method("CONNECT")
+                .uri(uri)
+                .body(())
+                .unwrap()
+        };
         let host = |h: &str, p| Ok(HboneAddress::Host(h.into(), p));
-        assert_eq!(connect_authority(&req("10.0.0.1:8080")), Ok(HboneAddress::Addr("10.0.0.1:8080".parse().unwrap())));
-        assert_eq!(connect_authority(&req("echo.default.svc.cluster.local:80")), host("echo.default.svc.cluster.local", 80));
-        assert_eq!(connect_authority(&req("Echo.Default:80")), host("echo.default", 80));
-        assert_eq!(connect_authority(&req("echo.default:80")).unwrap().to_string(), "echo.default:80");
-        for bad in ["echo.default", "echo.default:99999", "user@echo.default:80", "10.0.0.1:99999", "[fd00::1]:x", "*.default:80", "a..b:80"] {
-            assert!(matches!(connect_authority(&req(bad)), Err(BadConnect::BadAuthority(_))), "{bad}");
+        assert_eq!(
+            connect_authority(&req("10.0.0.1:8080")),
+            Ok(HboneAddress::Addr("10.0.0.1:8080".parse().unwrap()))
+        );
+        assert_eq!(
+            connect_authority(&req("echo.default.svc.cluster.local:80")),
+            host("echo.default.svc.cluster.local", 80)
+        );
+        assert_eq!(
+            connect_authority(&req("Echo.Default:80")),
+            host("echo.default", 80)
+        );
+        assert_eq!(
+            connect_authority(&req("echo.default:80"))
+                .unwrap()
+                .to_string(),
+            "echo.default:80"
+        );
+        for bad in [
+            "echo.default",
+            "echo.default:99999",
+            "user@echo.default:80",
+            "10.0.0.1:99999",
+            "[fd00::1]:x",
+            "*.default:80",
+            "a..b:80",
+        ] {
+            assert!(
+                matches!(
+                    connect_authority(&req(bad)),
+                    Err(BadConnect::BadAuthority(_))
+                ),
+                "{bad}"
+            );
         }
-        let get = http::Request::builder().method("GET").uri("http://echo.default:80/").body(()).unwrap();
-        assert!(matches!(connect_authority(&get), Err(BadConnect::NotConnect(_))));
+        let get = http::Request::builder()
+            .method("GET")
+            .uri("http://echo.default:80/")
+            .body(())
+            .unwrap();
+        assert!(matches!(
+            connect_authority(&get),
+            Err(BadConnect::NotConnect(_))
+        ));
     }
 
     #[test]
     fn forwarded_names_the_client_and_the_service() {
         let client = "10.0.0.1:4000".parse().unwrap();
         assert_eq!(forwarded(client, None), r#"for="10.0.0.1:4000""#);
-        assert_eq!(forwarded("[fd00::1]:80".parse().unwrap(), None), r#"for="[fd00::1]:80""#);
+        assert_eq!(
+            forwarded("[fd00::1]:80".parse().unwrap(), None),
+            r#"for="[fd00::1]:80""#
+        );
         let v = forwarded(client, Some("echo.default.svc.cluster.local"));
-        assert_eq!(v, r#"for="10.0.0.1:4000";host=echo.default.svc.cluster.local"#);
-        let req = |f: &str| http::Request::builder().header("forwarded", f).body(()).unwrap();
-        assert_eq!(forwarded_host(&req(&v)).as_deref(), Some("echo.default.svc.cluster.local"));
-        assert_eq!(forwarded_host(&req(r#"for="1.2.3.4:5"; host="a.b""#)).as_deref(), Some("a.b"));
+        assert_eq!(
+            v,
+            r#"for="10.0.0.1:4000";host=echo.default.svc.cluster.local"#
+        );
+        let req = |f: &str| {
+            http::Request::builder()
+                .header("forwarded", f)
+                .body(())
+                .unwrap()
+        };
+        assert_eq!(
+            forwarded_host(&req(&v)).as_deref(),
+            Some("echo.default.svc.cluster.local")
+        );
+        assert_eq!(
+            forwarded_host(&req(r#"for="1.2.3.4:5"; host="a.b""#)).as_deref(),
+            Some("a.b")
+        );
         assert_eq!(forwarded_host(&req(r#"for="1.2.3.4:5""#)), None);
         assert_eq!(forwarded_host(&req("host=")), None);
         assert_eq!(forwarded_host(&http::Request::new(())), None);

@@ -39,7 +39,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(1);
 const REVOKED_FLUSH: Duration = Duration::from_millis(100);
 
 /// HTTP/2 over TLS over the batched socket.
-type H2Connection = h2::server::Connection<FrameGuard<tokio_rustls::server::TlsStream<BatchedTcp>>, Bytes>;
+type H2Connection =
+    h2::server::Connection<FrameGuard<tokio_rustls::server::TlsStream<BatchedTcp>>, Bytes>;
 
 /// The connection a peer gets once both handshakes are done, and what writes out its batches.
 pub struct Connection {
@@ -90,7 +91,11 @@ fn source_key(ip: IpAddr) -> IpAddr {
 impl HandshakeLimiter {
     /// `max` in total and `max_per_source` per source (0: no limit).
     pub fn new(max: usize, max_per_source: usize) -> Arc<HandshakeLimiter> {
-        Arc::new(HandshakeLimiter { max, max_per_source, in_flight: Mutex::default() })
+        Arc::new(HandshakeLimiter {
+            max,
+            max_per_source,
+            in_flight: Mutex::default(),
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, InFlight> {
@@ -109,7 +114,10 @@ impl HandshakeLimiter {
         }
         f.by_source.insert(source, n + 1);
         f.total += 1;
-        Ok(HandshakePermit { limiter: self.clone(), source })
+        Ok(HandshakePermit {
+            limiter: self.clone(),
+            source,
+        })
     }
 
     /// Handshakes in flight (total, sources).
@@ -148,7 +156,11 @@ impl Server {
     /// A place for the handshake of a just-accepted connection, or None: then the
     /// connection was reset (no TIME_WAIT left behind by a flood) and counted
     /// (`handshake_limit`).
-    pub fn admit(&self, stream: TcpStream, peer: SocketAddr) -> Option<(TcpStream, HandshakePermit)> {
+    pub fn admit(
+        &self,
+        stream: TcpStream,
+        peer: SocketAddr,
+    ) -> Option<(TcpStream, HandshakePermit)> {
         match self.handshakes.try_acquire(peer.ip()) {
             Ok(p) => Some((stream, p)),
             Err(e) => {
@@ -170,7 +182,9 @@ impl Server {
         stream: TcpStream,
         permit: HandshakePermit,
     ) -> Option<(Connection, Identity)> {
-        self.handshake_with(acceptor, stream, permit, false).await.map(|(c, id, _)| (c, id))
+        self.handshake_with(acceptor, stream, permit, false)
+            .await
+            .map(|(c, id, _)| (c, id))
     }
 
     /// [`Server::handshake`], also returning the peer's certificate chain (leaf first)
@@ -210,12 +224,20 @@ impl Server {
             }
         };
         let chain = match keep_chain {
-            true => tls.get_ref().1.peer_certificates().unwrap_or_default().iter().map(|c| c.clone().into_owned()).collect(),
+            true => tls
+                .get_ref()
+                .1
+                .peer_certificates()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.clone().into_owned())
+                .collect(),
             false => Vec::new(),
         };
         super::tuning::tune_tls(tls.get_mut().1);
         let guarded = FrameGuard::new(tls);
-        let h2 = super::tuning::server_builder(self.max_streams, self.max_header_bytes).handshake::<_, Bytes>(guarded);
+        let h2 = super::tuning::server_builder(self.max_streams, self.max_header_bytes)
+            .handshake::<_, Bytes>(guarded);
         let conn = match tokio::time::timeout_at(deadline, h2).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
@@ -238,7 +260,13 @@ impl Server {
     /// idle timeout it sends GOAWAY and closes. Protocol abuse is logged and counted.
     // Not `async fn`s, here and in `serve_with`: those would keep the connection, their
     // argument, beside the future it moves into (twice its HTTP/2 and TLS state).
-    pub fn serve<'a, F>(&'a self, conn: Connection, drain: &'a crate::drain::Drain, src_identity: &'a Identity, on_stream: F) -> impl Future<Output = ()> + 'a
+    pub fn serve<'a, F>(
+        &'a self,
+        conn: Connection,
+        drain: &'a crate::drain::Drain,
+        src_identity: &'a Identity,
+        on_stream: F,
+    ) -> impl Future<Output = ()> + 'a
     where
         F: FnMut(Request<RecvStream>, SendResponse<Bytes>) + 'a,
     {
@@ -260,7 +288,10 @@ impl Server {
         F: FnMut(Request<RecvStream>, SendResponse<Bytes>) + 'a,
     {
         let Connection { h2, flusher } = conn;
-        super::batch::flushing(self.serve_h2(h2, drain, src_identity, revoked, on_stream), flusher)
+        super::batch::flushing(
+            self.serve_h2(h2, drain, src_identity, revoked, on_stream),
+            flusher,
+        )
     }
 
     async fn serve_h2<F>(
@@ -371,11 +402,19 @@ mod tests {
         let l = HandshakeLimiter::new(5, 2);
         let a1 = l.try_acquire(ip("10.0.0.1")).unwrap();
         let a2 = l.try_acquire(ip("10.0.0.1")).unwrap();
-        assert_eq!(l.try_acquire(ip("10.0.0.1")).unwrap_err(), LimitExceeded::PerSource(2));
+        assert_eq!(
+            l.try_acquire(ip("10.0.0.1")).unwrap_err(),
+            LimitExceeded::PerSource(2)
+        );
         // Another source is not held back by the first one's flood.
-        let b: Vec<_> = (0..2).map(|_| l.try_acquire(ip("10.0.0.2")).unwrap()).collect();
+        let b: Vec<_> = (0..2)
+            .map(|_| l.try_acquire(ip("10.0.0.2")).unwrap())
+            .collect();
         let c = l.try_acquire(ip("10.0.0.3")).unwrap();
-        assert_eq!(l.try_acquire(ip("10.0.0.4")).unwrap_err(), LimitExceeded::Total(5));
+        assert_eq!(
+            l.try_acquire(ip("10.0.0.4")).unwrap_err(),
+            LimitExceeded::Total(5)
+        );
         assert_eq!(l.in_flight(), (5, 3));
         drop(a1);
         let a3 = l.try_acquire(ip("10.0.0.1")).unwrap();
@@ -388,16 +427,24 @@ mod tests {
     fn ipv6_counts_by_64_and_mapped_ipv4_as_ipv4() {
         let l = HandshakeLimiter::new(0, 1);
         let _a = l.try_acquire(ip("2001:db8:1:2::1")).unwrap();
-        assert!(l.try_acquire(ip("2001:db8:1:2:ffff::9")).is_err(), "same /64");
+        assert!(
+            l.try_acquire(ip("2001:db8:1:2:ffff::9")).is_err(),
+            "same /64"
+        );
         let _b = l.try_acquire(ip("2001:db8:1:3::1")).unwrap();
         let _c = l.try_acquire(ip("10.1.1.1")).unwrap();
-        assert!(l.try_acquire(ip("::ffff:10.1.1.1")).is_err(), "IPv4-mapped is the same source");
+        assert!(
+            l.try_acquire(ip("::ffff:10.1.1.1")).is_err(),
+            "IPv4-mapped is the same source"
+        );
     }
 
     #[test]
     fn zero_means_no_limit() {
         let l = HandshakeLimiter::new(0, 0);
-        let held: Vec<_> = (0..10_000).map(|_| l.try_acquire(ip("10.0.0.1")).unwrap()).collect();
+        let held: Vec<_> = (0..10_000)
+            .map(|_| l.try_acquire(ip("10.0.0.1")).unwrap())
+            .collect();
         assert_eq!(l.in_flight(), (10_000, 1));
         drop(held);
         assert_eq!(l.in_flight(), (0, 0));

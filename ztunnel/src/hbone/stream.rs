@@ -29,7 +29,15 @@ pub struct H2Stream {
 
 impl H2Stream {
     pub fn new(send: SendStream<Bytes>, recv: RecvStream, guard: Option<StreamGuard>) -> H2Stream {
-        H2Stream { send, recv, pending: Bytes::new(), unread: Bytes::new(), recv_done: false, shut_down: false, _guard: guard }
+        H2Stream {
+            send,
+            recv,
+            pending: Bytes::new(),
+            unread: Bytes::new(),
+            recv_done: false,
+            shut_down: false,
+            _guard: guard,
+        }
     }
 
     /// Puts bytes already read back in front of the stream (after sniffing a protocol).
@@ -46,13 +54,19 @@ impl H2Stream {
 
 fn to_io(e: h2::Error) -> io::Error {
     if e.is_io() {
-        return e.into_io().unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
+        return e
+            .into_io()
+            .unwrap_or_else(|| io::Error::other("HTTP/2 I/O error"));
     }
     io::Error::new(io::ErrorKind::ConnectionReset, e)
 }
 
 impl AsyncRead for H2Stream {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, out: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let this = &mut *self;
         loop {
             for buf in [&mut this.unread, &mut this.pending] {
@@ -81,7 +95,11 @@ impl AsyncRead for H2Stream {
 }
 
 impl AsyncWrite for H2Stream {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         if buf.is_empty() {
             return Poll::Ready(Ok(0));
         }
@@ -93,7 +111,9 @@ impl AsyncWrite for H2Stream {
                 Some(Ok(0)) => continue,
                 Some(Ok(cap)) => {
                     let n = cap.min(want);
-                    this.send.send_data(Bytes::copy_from_slice(&buf[..n]), false).map_err(to_io)?;
+                    this.send
+                        .send_data(Bytes::copy_from_slice(&buf[..n]), false)
+                        .map_err(to_io)?;
                     return Poll::Ready(Ok(n));
                 }
                 Some(Err(e)) => return Poll::Ready(Err(to_io(e))),

@@ -18,7 +18,11 @@ pub struct H2Sizes {
 
 impl Default for H2Sizes {
     fn default() -> Self {
-        H2Sizes { stream_window: STREAM_WINDOW, connection_window: CONNECTION_WINDOW, max_frame: MAX_FRAME }
+        H2Sizes {
+            stream_window: STREAM_WINDOW,
+            connection_window: CONNECTION_WINDOW,
+            max_frame: MAX_FRAME,
+        }
     }
 }
 

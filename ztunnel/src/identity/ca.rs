@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-    KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
@@ -16,15 +16,24 @@ use super::spiffe::Identity;
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
     #[error("cannot read CA file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot write CA file {path}: {source}; check that the state directory is writable")]
-    Write { path: PathBuf, source: std::io::Error },
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("CA file {path} is not a valid PEM certificate or key: {source}")]
     Parse { path: PathBuf, source: rcgen::Error },
     #[error("certificate serial {0:?} is not hexadecimal")]
     BadSerial(String),
     #[error("cannot sign a certificate for {identity}: {source}")]
-    Sign { identity: String, source: rcgen::Error },
+    Sign {
+        identity: String,
+        source: rcgen::Error,
+    },
     #[error("--ca-cert and --ca-key must be given together")]
     HalfGiven,
     #[error("CA key {path} is readable or writable by others (mode {mode:03o}); run `chmod 600 {path}` (for a Kubernetes Secret volume, set defaultMode: 0400)")]
@@ -77,22 +86,35 @@ impl Ca {
 
     pub fn from_files(cert: &Path, key: &Path) -> Result<Ca, CaError> {
         let read = |p: &Path| {
-            std::fs::read_to_string(p).map_err(|source| CaError::Read { path: p.to_path_buf(), source })
+            std::fs::read_to_string(p).map_err(|source| CaError::Read {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         check_key_mode(key)?;
         let key_pem = read(key)?;
         let cert_pem = read(cert)?;
-        KeyPair::from_pem(&key_pem).map_err(|source| CaError::Parse { path: key.to_path_buf(), source })?;
+        KeyPair::from_pem(&key_pem).map_err(|source| CaError::Parse {
+            path: key.to_path_buf(),
+            source,
+        })?;
         Ca::from_pem(&cert_pem, &key_pem, cert)
     }
 
     /// A fresh root, as PEM (certificate, PKCS#8 key).
     pub fn generate_root_pem() -> Result<(String, String), CaError> {
-        let sign_err = |source| CaError::Sign { identity: "root".into(), source };
+        let sign_err = |source| CaError::Sign {
+            identity: "root".into(),
+            source,
+        };
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
         let mut params = CertificateParams::default();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let mut dn = DistinguishedName::new();
         dn.push(DnType::OrganizationName, "ztunnel-rs standalone mesh");
         params.distinguished_name = dn;
@@ -104,7 +126,10 @@ impl Ca {
     }
 
     fn from_pem(cert_pem: &str, key_pem: &str, cert_path: &Path) -> Result<Ca, CaError> {
-        let parse_err = |source| CaError::Parse { path: cert_path.to_path_buf(), source };
+        let parse_err = |source| CaError::Parse {
+            path: cert_path.to_path_buf(),
+            source,
+        };
         let key = KeyPair::from_pem(key_pem).map_err(parse_err)?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, key).map_err(parse_err)?;
         let root_der = pem_to_der(cert_pem).ok_or(CaError::Parse {
@@ -120,15 +145,24 @@ impl Ca {
 
     /// Issues a leaf for `identity`: URI SAN only, no CN, EKU serverAuth + clientAuth.
     pub fn issue(&self, identity: &Identity, ttl: Duration) -> Result<WorkloadCert, CaError> {
-        let sign_err = |source| CaError::Sign { identity: identity.to_string(), source };
+        let sign_err = |source| CaError::Sign {
+            identity: identity.to_string(),
+            source,
+        };
         let key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(sign_err)?;
         let uri = identity.to_string().try_into().map_err(sign_err)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params.subject_alt_names = vec![SanType::URI(uri)];
         params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
         params.use_authority_key_identifier_extension = true;
         let serial: [u8; 16] = rand::random();
         params.serial_number = Some(SerialNumber::from_slice(&serial));
@@ -153,15 +187,26 @@ impl Ca {
     /// A CRL (PEM) signed by this root revoking the certificates with these serials (hex,
     /// as [`WorkloadCert::serial`]); `number` is its CRL number. For operators feeding
     /// `CRL_PATH`, and for tests.
-    pub fn revocation_list(&self, serials: &[&str], number: u64, next_update: Duration) -> Result<String, CaError> {
-        let sign_err = |source| CaError::Sign { identity: "a CRL".into(), source };
+    pub fn revocation_list(
+        &self,
+        serials: &[&str],
+        number: u64,
+        next_update: Duration,
+    ) -> Result<String, CaError> {
+        let sign_err = |source| CaError::Sign {
+            identity: "a CRL".into(),
+            source,
+        };
         let now = time::OffsetDateTime::now_utc();
         let revoked_certs = serials
             .iter()
             .map(|hex| {
                 let bytes = (0..hex.len())
                     .step_by(2)
-                    .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                    .map(|i| {
+                        hex.get(i..i + 2)
+                            .and_then(|b| u8::from_str_radix(b, 16).ok())
+                    })
                     .collect::<Option<Vec<u8>>>()
                     .filter(|b| !b.is_empty() && hex.len() % 2 == 0)
                     .ok_or_else(|| CaError::BadSerial(hex.to_string()))?;
@@ -181,7 +226,11 @@ impl Ca {
             revoked_certs,
             key_identifier_method: rcgen::KeyIdMethod::Sha256,
         };
-        params.signed_by(&self.issuer).map_err(sign_err)?.pem().map_err(sign_err)
+        params
+            .signed_by(&self.issuer)
+            .map_err(sign_err)?
+            .pem()
+            .map_err(sign_err)
     }
 }
 
@@ -191,7 +240,10 @@ impl Ca {
 fn write_new(path: &Path, contents: &str, mode: u32) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let written = (|| {
@@ -216,10 +268,16 @@ fn write_new(path: &Path, contents: &str, mode: u32) -> std::io::Result<()> {
 /// A CA key anyone else on the node can read is a compromised mesh: refuse to use it.
 fn check_key_mode(key: &Path) -> Result<(), CaError> {
     use std::os::unix::fs::PermissionsExt;
-    let meta = std::fs::metadata(key).map_err(|source| CaError::Read { path: key.to_path_buf(), source })?;
+    let meta = std::fs::metadata(key).map_err(|source| CaError::Read {
+        path: key.to_path_buf(),
+        source,
+    })?;
     let mode = meta.permissions().mode() & 0o777;
     if mode & 0o077 != 0 {
-        return Err(CaError::KeyPermissions { path: key.to_path_buf(), mode });
+        return Err(CaError::KeyPermissions {
+            path: key.to_path_buf(),
+            mode,
+        });
     }
     Ok(())
 }
@@ -262,14 +320,20 @@ mod tests {
         // The cert is a dangling-or-not symlink and the key exists: `exists()` follows the
         // link, so both exist and the load is tried; the wide key mode refuses it.
         let e = Ca::load_or_create(&dir, None, None).unwrap_err();
-        assert!(matches!(e, CaError::KeyPermissions { mode: 0o644, .. }), "{e}");
+        assert!(
+            matches!(e, CaError::KeyPermissions { mode: 0o644, .. }),
+            "{e}"
+        );
         assert!(e.to_string().contains("chmod 600"), "{e}");
         // A fresh state directory with the planted links: written, not followed.
         std::fs::remove_file(&key).unwrap();
         std::os::unix::fs::symlink(&victim, &key).unwrap();
         std::fs::remove_file(dir.join(ROOT_CERT_FILE)).unwrap();
         let ca = Ca::load_or_create(&dir, None, None).unwrap();
-        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "do not overwrite");
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "do not overwrite"
+        );
         let meta = std::fs::symlink_metadata(&key).unwrap();
         assert!(meta.file_type().is_file(), "the key replaced the symlink");
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
@@ -281,7 +345,8 @@ mod tests {
 
     #[test]
     fn half_given_files_are_rejected() {
-        let e = Ca::load_or_create(Path::new("/nonexistent"), Some(Path::new("/x")), None).unwrap_err();
+        let e =
+            Ca::load_or_create(Path::new("/nonexistent"), Some(Path::new("/x")), None).unwrap_err();
         assert!(matches!(e, CaError::HalfGiven));
     }
 }

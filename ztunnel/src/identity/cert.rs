@@ -30,7 +30,6 @@ impl WorkloadCert {
         let left = self.not_after.duration_since(from).unwrap_or_default();
         received + (from.duration_since(received).unwrap_or_default() + left / 2).max(MIN_REFRESH)
     }
-
 }
 
 /// The shortest time between receiving a certificate and asking for the next one.

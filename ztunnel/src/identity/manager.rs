@@ -16,7 +16,9 @@ use super::spiffe::Identity;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
-    #[error("refusing a certificate for {0}: no workload with that identity is enrolled on this node")]
+    #[error(
+        "refusing a certificate for {0}: no workload with that identity is enrolled on this node"
+    )]
     NotLocal(Identity),
     #[error(transparent)]
     Ca(#[from] CaError),
@@ -43,7 +45,8 @@ pub enum HeldCert {
     Unavailable(String),
 }
 
-pub type SignFuture<'a> = Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
+pub type SignFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<WorkloadCert, CertError>> + Send + 'a>>;
 
 /// Where certificates come from: the built-in CA, or (later) the Istio CA.
 pub trait CaClient: Send + Sync + 'static {
@@ -104,7 +107,12 @@ impl CertManager {
     pub fn allow(&self, id: &Identity) {
         self.lock()
             .entry(id.clone())
-            .or_insert(Entry { refs: 0, current: None, failed: None, rotation: None })
+            .or_insert(Entry {
+                refs: 0,
+                current: None,
+                failed: None,
+                rotation: None,
+            })
             .refs += 1;
     }
 
@@ -151,7 +159,8 @@ impl CertManager {
         }
         entry.current = Some(state.clone());
         entry.failed = None;
-        entry.rotation = Some(tokio::spawn(rotate(self.clone(), id.clone(), state.clone())).abort_handle());
+        entry.rotation =
+            Some(tokio::spawn(rotate(self.clone(), id.clone(), state.clone())).abort_handle());
         Ok(state.load_full())
     }
 
@@ -168,8 +177,11 @@ impl CertManager {
 
     /// Identities with a certificate, and the certificate (for config dumps).
     pub fn snapshot(&self) -> Vec<(Identity, Option<Arc<CertState>>)> {
-        let mut v: Vec<_> =
-            self.lock().iter().map(|(id, e)| (id.clone(), e.current.as_ref().map(|c| c.load_full()))).collect();
+        let mut v: Vec<_> = self
+            .lock()
+            .iter()
+            .map(|(id, e)| (id.clone(), e.current.as_ref().map(|c| c.load_full())))
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -194,7 +206,9 @@ impl CertManager {
 
     /// The current certificate without issuing one (for TLS handshakes, which are synchronous).
     pub fn current(&self, id: &Identity) -> Option<Arc<CertState>> {
-        self.lock().get(id).and_then(|e| e.current.as_ref().map(|c| c.load_full()))
+        self.lock()
+            .get(id)
+            .and_then(|e| e.current.as_ref().map(|c| c.load_full()))
     }
 
     async fn issue(&self, id: &Identity) -> Result<CertState, CertError> {
@@ -214,14 +228,25 @@ impl CertManager {
                 reason: format!("the CA returned a leaf for {leaf_id:?}"),
             });
         }
-        let key = rustls::crypto::ring::sign::any_supported_type(&cert.key)
-            .map_err(|e| CertError::Unusable { identity: id.clone(), reason: e.to_string() })?;
+        let key = rustls::crypto::ring::sign::any_supported_type(&cert.key).map_err(|e| {
+            CertError::Unusable {
+                identity: id.clone(),
+                reason: e.to_string(),
+            }
+        })?;
         let certified_key = Arc::new(CertifiedKey::new(cert.chain.clone(), key));
         certified_key
             .keys_match()
-            .map_err(|e| CertError::Unusable { identity: id.clone(), reason: format!("certificate and key disagree: {e}") })?;
+            .map_err(|e| CertError::Unusable {
+                identity: id.clone(),
+                reason: format!("certificate and key disagree: {e}"),
+            })?;
         let anchors = Arc::new(crate::tls::trust_anchors(&cert.roots));
-        Ok(CertState { cert, certified_key, anchors })
+        Ok(CertState {
+            cert,
+            certified_key,
+            anchors,
+        })
     }
 }
 
@@ -241,11 +266,15 @@ impl std::fmt::Debug for IdentityCert {
 
 impl crate::tls::CurrentCert for IdentityCert {
     fn current(&self) -> Option<Arc<CertifiedKey>> {
-        self.certs.current(&self.identity).map(|c| c.certified_key.clone())
+        self.certs
+            .current(&self.identity)
+            .map(|c| c.certified_key.clone())
     }
 
     fn anchors(&self) -> Option<Arc<Vec<rustls_pki_types::TrustAnchor<'static>>>> {
-        self.certs.current(&self.identity).map(|c| c.anchors.clone())
+        self.certs
+            .current(&self.identity)
+            .map(|c| c.anchors.clone())
     }
 }
 
@@ -287,7 +316,8 @@ mod tests {
     use rustls_pki_types::PrivateKeyDer;
 
     fn manager(ttl: Duration) -> Arc<CertManager> {
-        let dir = std::env::temp_dir().join(format!("zt-mgr-{}-{}", std::process::id(), ttl.as_millis()));
+        let dir =
+            std::env::temp_dir().join(format!("zt-mgr-{}-{}", std::process::id(), ttl.as_millis()));
         let _ = std::fs::remove_dir_all(&dir);
         let ca = Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
@@ -317,9 +347,18 @@ mod tests {
     impl CaClient for Flaky {
         fn sign<'a>(&'a self, id: &'a Identity) -> SignFuture<'a> {
             use std::sync::atomic::Ordering;
-            if self.fails.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            if self
+                .fails
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
                 let reason = "istiod unreachable".to_string();
-                return Box::pin(async move { Err(CertError::Remote { identity: id.clone(), reason }) });
+                return Box::pin(async move {
+                    Err(CertError::Remote {
+                        identity: id.clone(),
+                        reason,
+                    })
+                });
             }
             self.ca.sign(id)
         }
@@ -330,7 +369,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("zt-mgr-flaky-{}", std::process::id()));
         let ca = Ca::load_or_create(&dir, None, None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
-        let flaky = Flaky { fails: 1.into(), ca: LocalCa { ca, ttl: Duration::from_secs(3600) } };
+        let flaky = Flaky {
+            fails: 1.into(),
+            ca: LocalCa {
+                ca,
+                ttl: Duration::from_secs(3600),
+            },
+        };
         let mgr = CertManager::new(Arc::new(flaky));
         let id = Identity::new("cluster.local", "default", "a");
         mgr.allow(&id);
@@ -359,7 +404,10 @@ mod tests {
                 assert!(now.cert.not_after > first.cert.not_after);
                 break;
             }
-            assert!(start.elapsed() < Duration::from_secs(5), "certificate was not rotated at half-life");
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "certificate was not rotated at half-life"
+            );
         }
     }
 
@@ -377,7 +425,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             serials.insert(mgr.current(&id).unwrap().cert.serial.clone());
         }
-        assert!((2..=4).contains(&serials.len()), "{} certificates in 3.5 s", serials.len());
+        assert!(
+            (2..=4).contains(&serials.len()),
+            "{} certificates in 3.5 s",
+            serials.len()
+        );
     }
 
     #[test]
@@ -398,6 +450,9 @@ mod tests {
         assert_eq!(cert(60, 10).refresh_at(t), t + Duration::from_secs(5));
         // Already expired, or valid from the future: not before the floor.
         assert_eq!(cert(60, 0).refresh_at(t), t + MIN_REFRESH);
-        assert_eq!(cert(60, 10).refresh_at(t - Duration::from_secs(100)), t - Duration::from_secs(60) + Duration::from_secs(35));
+        assert_eq!(
+            cert(60, 10).refresh_at(t - Duration::from_secs(100)),
+            t - Duration::from_secs(60) + Duration::from_secs(35)
+        );
     }
 }

@@ -34,7 +34,10 @@ impl Identity {
 
     /// The identity without the `spiffe://` scheme, as AuthorizationPolicy principals are written.
     pub fn principal(&self) -> String {
-        format!("{}/ns/{}/sa/{}", self.trust_domain, self.namespace, self.service_account)
+        format!(
+            "{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
     }
 }
 
@@ -49,7 +52,9 @@ impl FromStr for Identity {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         if s.chars().any(|c| c.is_control()) {
-            return Err(IdentityError::ControlCharacter(s.escape_debug().to_string()));
+            return Err(IdentityError::ControlCharacter(
+                s.escape_debug().to_string(),
+            ));
         }
         let malformed = || IdentityError::Malformed(s.to_string());
         let rest = s.strip_prefix(SPIFFE_PREFIX).ok_or_else(malformed)?;
@@ -69,9 +74,14 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let id: Identity = "spiffe://cluster.local/ns/default/sa/client".parse().unwrap();
+        let id: Identity = "spiffe://cluster.local/ns/default/sa/client"
+            .parse()
+            .unwrap();
         assert_eq!(id, Identity::new("cluster.local", "default", "client"));
-        assert_eq!(id.to_string(), "spiffe://cluster.local/ns/default/sa/client");
+        assert_eq!(
+            id.to_string(),
+            "spiffe://cluster.local/ns/default/sa/client"
+        );
         assert_eq!(id.principal(), "cluster.local/ns/default/sa/client");
     }
 
@@ -84,7 +94,10 @@ mod tests {
             "spiffe://cluster.local/namespace/a/sa/b",
             "spiffe:///ns/a/sa/b",
         ] {
-            assert!(matches!(bad.parse::<Identity>(), Err(IdentityError::Malformed(_))), "{bad}");
+            assert!(
+                matches!(bad.parse::<Identity>(), Err(IdentityError::Malformed(_))),
+                "{bad}"
+            );
         }
         assert!(matches!(
             "spiffe://cluster.local/ns/a/sa/b\0evil".parse::<Identity>(),

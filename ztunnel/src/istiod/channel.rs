@@ -43,7 +43,9 @@ impl RootCert {
             RootCert::File(path) => read_roots(path),
             RootCert::Pem(pem) => {
                 use rustls_pki_types::pem::PemObject;
-                let roots: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes()).filter_map(Result::ok).collect();
+                let roots: Vec<_> = CertificateDer::pem_slice_iter(pem.as_bytes())
+                    .filter_map(Result::ok)
+                    .collect();
                 if roots.is_empty() {
                     return Err(IstiodError::NoInlineRootCert);
                 }
@@ -52,7 +54,14 @@ impl RootCert {
             RootCert::System => {
                 let found = rustls_native_certs::load_native_certs();
                 if found.certs.is_empty() {
-                    return Err(IstiodError::NoSystemRoots(found.errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ")));
+                    return Err(IstiodError::NoSystemRoots(
+                        found
+                            .errors
+                            .iter()
+                            .map(|e| e.to_string())
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    ));
                 }
                 Ok(found.certs)
             }
@@ -90,7 +99,9 @@ pub fn normalize_address(address: &str) -> String {
 
 #[derive(Debug, thiserror::Error)]
 pub enum IstiodError {
-    #[error("invalid istiod address {address:?}: {reason} (expected host:port or https://host:port)")]
+    #[error(
+        "invalid istiod address {address:?}: {reason} (expected host:port or https://host:port)"
+    )]
     Address { address: String, reason: String },
     #[error("{0}")]
     Env(#[from] EnvError),
@@ -101,15 +112,27 @@ pub enum IstiodError {
     #[error("XDS_ROOT_CA=SYSTEM: no certificate in the system trust store ({0})")]
     NoSystemRoots(String),
     #[error("cannot read the istiod root certificate {path}: {source}; mount the istio-ca-root-cert ConfigMap there or set it with the root certificate option")]
-    RootCert { path: PathBuf, source: std::io::Error },
+    RootCert {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the istiod root certificate file {0} holds no PEM certificate")]
     NoRootCert(PathBuf),
     #[error("cannot resolve istiod host {host}: {source}")]
-    Resolve { host: String, source: std::io::Error },
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
     #[error("cannot connect to istiod at {addr}: {source}")]
-    Connect { addr: SocketAddr, source: std::io::Error },
+    Connect {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("TLS to istiod ({server_name}) failed: {source}")]
-    Tls { server_name: String, source: std::io::Error },
+    Tls {
+        server_name: String,
+        source: std::io::Error,
+    },
     #[error("cannot build the TLS config for istiod: {0}")]
     TlsConfig(#[from] rustls::Error),
 }
@@ -141,7 +164,14 @@ impl std::fmt::Debug for IstiodConfig {
             .field("root_cert", &self.root_cert)
             .field("token", &self.token)
             .field("cluster_id", &self.cluster_id)
-            .field("headers", &self.headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>())
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(k, _)| k.as_str())
+                    .collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -149,8 +179,13 @@ impl std::fmt::Debug for IstiodConfig {
 /// The roots in a PEM file (re-read on every connection, so a rotated root applies).
 pub fn read_roots(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>, IstiodError> {
     use rustls_pki_types::pem::PemObject;
-    let pem = std::fs::read(path).map_err(|source| IstiodError::RootCert { path: path.to_path_buf(), source })?;
-    let roots: Vec<_> = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok).collect();
+    let pem = std::fs::read(path).map_err(|source| IstiodError::RootCert {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let roots: Vec<_> = CertificateDer::pem_slice_iter(&pem)
+        .filter_map(Result::ok)
+        .collect();
     if roots.is_empty() {
         return Err(IstiodError::NoRootCert(path.to_path_buf()));
     }
@@ -161,7 +196,11 @@ pub fn read_roots(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>
 struct ClientCert(Arc<dyn CurrentCert>);
 
 impl rustls::client::ResolvesClientCert for ClientCert {
-    fn resolve(&self, _hints: &[&[u8]], _schemes: &[rustls::SignatureScheme]) -> Option<Arc<rustls::sign::CertifiedKey>> {
+    fn resolve(
+        &self,
+        _hints: &[&[u8]],
+        _schemes: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
         self.0.current()
     }
 
@@ -172,12 +211,21 @@ impl rustls::client::ResolvesClientCert for ClientCert {
 
 impl IstiodConfig {
     pub fn host_port(&self) -> Result<(String, u16), IstiodError> {
-        let bad = |reason: &str| IstiodError::Address { address: self.address.clone(), reason: reason.into() };
-        let uri: Uri = normalize_address(&self.address).parse().map_err(|_| bad("not a URI"))?;
+        let bad = |reason: &str| IstiodError::Address {
+            address: self.address.clone(),
+            reason: reason.into(),
+        };
+        let uri: Uri = normalize_address(&self.address)
+            .parse()
+            .map_err(|_| bad("not a URI"))?;
         if uri.scheme_str() != Some("https") {
             return Err(bad("istiod is reached over TLS: use https:// or no scheme"));
         }
-        let host = uri.host().ok_or_else(|| bad("no host"))?.trim_matches(|c| c == '[' || c == ']').to_string();
+        let host = uri
+            .host()
+            .ok_or_else(|| bad("no host"))?
+            .trim_matches(|c| c == '[' || c == ']')
+            .to_string();
         Ok((host, uri.port_u16().unwrap_or(443)))
     }
 
@@ -187,9 +235,11 @@ impl IstiodConfig {
             // A root that doesn't parse is skipped; an empty store fails every handshake.
             let _ = store.add(r);
         }
-        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(store);
+        let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(store);
         let mut cfg = match &self.client_cert {
             Some(c) => builder.with_client_cert_resolver(Arc::new(ClientCert(c.clone()))),
             None => builder.with_no_client_auth(),
@@ -207,7 +257,10 @@ impl IstiodConfig {
         let cfg = self.clone();
         // tonic sees plain http:// and leaves TLS to the connector.
         let endpoint = Endpoint::from_shared(format!("http://{host}:{port}"))
-            .map_err(|e| IstiodError::Address { address: self.address.clone(), reason: e.to_string() })?
+            .map_err(|e| IstiodError::Address {
+                address: self.address.clone(),
+                reason: e.to_string(),
+            })?
             .connect_timeout(Duration::from_secs(10))
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_timeout(Duration::from_secs(10));
@@ -217,19 +270,31 @@ impl IstiodConfig {
                 let tls = cfg.tls()?;
                 let addr = tokio::net::lookup_host((host.as_str(), port))
                     .await
-                    .map_err(|source| IstiodError::Resolve { host: host.clone(), source })?
+                    .map_err(|source| IstiodError::Resolve {
+                        host: host.clone(),
+                        source,
+                    })?
                     .next()
-                    .ok_or_else(|| IstiodError::Resolve { host: host.clone(), source: std::io::ErrorKind::NotFound.into() })?;
-                let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|source| IstiodError::Connect { addr, source })?;
+                    .ok_or_else(|| IstiodError::Resolve {
+                        host: host.clone(),
+                        source: std::io::ErrorKind::NotFound.into(),
+                    })?;
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|source| IstiodError::Connect { addr, source })?;
                 let _ = tcp.set_nodelay(true);
-                let name = ServerName::try_from(server_name.clone()).map_err(|e| IstiodError::Tls {
-                    server_name: server_name.clone(),
-                    source: std::io::Error::other(e),
-                })?;
+                let name =
+                    ServerName::try_from(server_name.clone()).map_err(|e| IstiodError::Tls {
+                        server_name: server_name.clone(),
+                        source: std::io::Error::other(e),
+                    })?;
                 let stream = tokio_rustls::TlsConnector::from(Arc::new(tls))
                     .connect(name, tcp)
                     .await
-                    .map_err(|source| IstiodError::Tls { server_name: server_name.clone(), source })?;
+                    .map_err(|source| IstiodError::Tls {
+                        server_name: server_name.clone(),
+                        source,
+                    })?;
                 Ok::<_, IstiodError>(TokioIo::new(stream))
             }
         });
@@ -257,9 +322,13 @@ impl IstiodConfig {
                     Ok(v) => {
                         req.metadata_mut().insert("authorization", v);
                     }
-                    Err(_) => tracing::warn!(path = %path.display(), "service-account token is not a valid header value; sent without it"),
+                    Err(_) => {
+                        tracing::warn!(path = %path.display(), "service-account token is not a valid header value; sent without it")
+                    }
                 },
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot read the service-account token; calling istiod without it"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read the service-account token; calling istiod without it")
+                }
             }
         }
         if let Ok(v) = self.cluster_id.parse() {
@@ -287,9 +356,24 @@ mod address_tests {
 
     #[test]
     fn istio_form_without_a_scheme_and_https_both_work() {
-        assert_eq!(cfg("istiod.istio-system.svc:15012").host_port().unwrap(), ("istiod.istio-system.svc".into(), 15012));
-        assert_eq!(cfg("https://istiod-1-24.istio-system.svc:15012").host_port().unwrap(), ("istiod-1-24.istio-system.svc".into(), 15012));
-        assert_eq!(cfg("[fd00::1]:15012").host_port().unwrap(), ("fd00::1".into(), 15012));
-        assert!(cfg("http://istiod:15012").host_port().unwrap_err().to_string().contains("https"));
+        assert_eq!(
+            cfg("istiod.istio-system.svc:15012").host_port().unwrap(),
+            ("istiod.istio-system.svc".into(), 15012)
+        );
+        assert_eq!(
+            cfg("https://istiod-1-24.istio-system.svc:15012")
+                .host_port()
+                .unwrap(),
+            ("istiod-1-24.istio-system.svc".into(), 15012)
+        );
+        assert_eq!(
+            cfg("[fd00::1]:15012").host_port().unwrap(),
+            ("fd00::1".into(), 15012)
+        );
+        assert!(cfg("http://istiod:15012")
+            .host_port()
+            .unwrap_err()
+            .to_string()
+            .contains("https"));
     }
 }

@@ -48,10 +48,26 @@ pub struct XdsMetrics {
 impl XdsMetrics {
     pub fn register(registry: &mut Registry) -> XdsMetrics {
         let m = XdsMetrics::default();
-        registry.register("istio_xds_connection_terminations", "xDS connections to istiod that ended, by reason", m.terminations.clone());
-        registry.register("istio_xds_message", "xDS responses received, by type", m.messages.clone());
-        registry.register("istio_xds_message_bytes", "Bytes of xDS resources received, by type", m.message_bytes.clone());
-        registry.register("ztunnel_xds_rejected_resources", "xDS resources NACKed (not applied), by type", m.rejected.clone());
+        registry.register(
+            "istio_xds_connection_terminations",
+            "xDS connections to istiod that ended, by reason",
+            m.terminations.clone(),
+        );
+        registry.register(
+            "istio_xds_message",
+            "xDS responses received, by type",
+            m.messages.clone(),
+        );
+        registry.register(
+            "istio_xds_message_bytes",
+            "Bytes of xDS resources received, by type",
+            m.message_bytes.clone(),
+        );
+        registry.register(
+            "ztunnel_xds_rejected_resources",
+            "xDS resources NACKed (not applied), by type",
+            m.rejected.clone(),
+        );
         registry.register(
             "ztunnel_unenforceable_policies",
             "Authorization policies that could not be converted exactly and are enforced as deny-all in their scope, by config source",
@@ -61,7 +77,9 @@ impl XdsMetrics {
     }
 
     pub fn message(&self, url: &str, bytes: u64, rejected: u64) {
-        let l = UrlLabel { url: url.to_string() };
+        let l = UrlLabel {
+            url: url.to_string(),
+        };
         self.messages.get_or_create(&l).inc();
         self.message_bytes.get_or_create(&l).inc_by(bytes);
         if rejected > 0 {
@@ -72,12 +90,16 @@ impl XdsMetrics {
     /// How many policies from `source` (`xds`, `kubernetes`) are deny-alls in place of ones
     /// that did not convert.
     pub fn set_unenforceable(&self, source: &'static str, n: usize) {
-        self.unenforceable.get_or_create(&SourceLabel { source }).set(i64::try_from(n).unwrap_or(i64::MAX));
+        self.unenforceable
+            .get_or_create(&SourceLabel { source })
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// `reason`: `error` (the stream failed) or `closed` (istiod ended it).
     pub fn terminated(&self, reason: &'static str) {
-        self.terminations.get_or_create(&ReasonLabel { reason }).inc();
+        self.terminations
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
     }
 }
 
@@ -90,11 +112,19 @@ pub struct CertMetrics {
 impl CertMetrics {
     pub fn register(registry: &mut Registry) -> CertMetrics {
         let m = CertMetrics::default();
-        registry.register("ztunnel_certificate_requests", "Certificate requests to the CA, by result", m.requests.clone());
+        registry.register(
+            "ztunnel_certificate_requests",
+            "Certificate requests to the CA, by result",
+            m.requests.clone(),
+        );
         m
     }
 
     pub fn request(&self, ok: bool) {
-        self.requests.get_or_create(&ResultLabel { result: if ok { "success" } else { "failure" } }).inc();
+        self.requests
+            .get_or_create(&ResultLabel {
+                result: if ok { "success" } else { "failure" },
+            })
+            .inc();
     }
 }

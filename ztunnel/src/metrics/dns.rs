@@ -23,13 +23,27 @@ pub struct DnsLabels {
 }
 
 impl DnsLabels {
-    pub fn new(query_type: RecordType, protocol: &'static str, source: Option<&Workload>) -> DnsLabels {
-        let or_unknown = |s: &str| if s.is_empty() { "unknown".to_string() } else { s.to_string() };
+    pub fn new(
+        query_type: RecordType,
+        protocol: &'static str,
+        source: Option<&Workload>,
+    ) -> DnsLabels {
+        let or_unknown = |s: &str| {
+            if s.is_empty() {
+                "unknown".to_string()
+            } else {
+                s.to_string()
+            }
+        };
         DnsLabels {
             request_query_type: query_type_label(query_type),
             request_protocol: protocol,
-            source_canonical_service: source.map(|w| or_unknown(&w.canonical_name)).unwrap_or_else(|| "unknown".into()),
-            source_canonical_revision: source.map(|w| or_unknown(&w.canonical_revision)).unwrap_or_else(|| "unknown".into()),
+            source_canonical_service: source
+                .map(|w| or_unknown(&w.canonical_name))
+                .unwrap_or_else(|| "unknown".into()),
+            source_canonical_revision: source
+                .map(|w| or_unknown(&w.canonical_revision))
+                .unwrap_or_else(|| "unknown".into()),
         }
     }
 }
@@ -81,7 +95,11 @@ impl DnsMetrics {
             upstream_duration: Family::new_with_constructor(upstream_histogram),
         };
         // The text encoder appends `_total` to counters and the unit to the histogram.
-        registry.register("istio_dns_requests", "Total number of DNS requests", m.requests.clone());
+        registry.register(
+            "istio_dns_requests",
+            "Total number of DNS requests",
+            m.requests.clone(),
+        );
         registry.register(
             "istio_dns_upstream_requests",
             "Total number of DNS requests forwarded to upstream",
@@ -114,7 +132,9 @@ impl DnsMetrics {
     }
 
     pub fn upstream_duration(&self, l: &DnsLabels, d: std::time::Duration) {
-        self.upstream_duration.get_or_create(l).observe(d.as_secs_f64());
+        self.upstream_duration
+            .get_or_create(l)
+            .observe(d.as_secs_f64());
     }
 }
 

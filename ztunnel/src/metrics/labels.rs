@@ -42,7 +42,11 @@ pub struct TcpLabels {
 const UNKNOWN: &str = "unknown";
 
 fn or_unknown(s: &str) -> String {
-    if s.is_empty() { UNKNOWN.to_string() } else { s.to_string() }
+    if s.is_empty() {
+        UNKNOWN.to_string()
+    } else {
+        s.to_string()
+    }
 }
 
 /// One side of a connection as the labels describe it.
@@ -61,12 +65,26 @@ impl TcpLabels {
         service: Option<&Service>,
         mtls: bool,
     ) -> TcpLabels {
-        let wl = |p: &Peer<'_>, f: fn(&Workload) -> &str| p.workload.map(|w| or_unknown(f(w))).unwrap_or_else(|| UNKNOWN.into());
+        let wl = |p: &Peer<'_>, f: fn(&Workload) -> &str| {
+            p.workload
+                .map(|w| or_unknown(f(w)))
+                .unwrap_or_else(|| UNKNOWN.into())
+        };
         // Only a verified identity names a principal; a config entry alone does not.
-        let principal = |p: &Peer<'_>| p.identity.map(|i| i.to_string()).unwrap_or_else(|| UNKNOWN.into());
+        let principal = |p: &Peer<'_>| {
+            p.identity
+                .map(|i| i.to_string())
+                .unwrap_or_else(|| UNKNOWN.into())
+        };
         TcpLabels {
             reporter,
-            source_workload: wl(&src, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            source_workload: wl(&src, |w| {
+                if w.workload_name.is_empty() {
+                    &w.name
+                } else {
+                    &w.workload_name
+                }
+            }),
             source_canonical_service: wl(&src, |w| &w.canonical_name),
             source_canonical_revision: wl(&src, |w| &w.canonical_revision),
             source_workload_namespace: wl(&src, |w| &w.namespace),
@@ -75,7 +93,13 @@ impl TcpLabels {
             source_app: wl(&src, |w| &w.canonical_name),
             source_version: wl(&src, |w| &w.canonical_revision),
             source_cluster: wl(&src, |w| &w.cluster_id),
-            destination_workload: wl(&dst, |w| if w.workload_name.is_empty() { &w.name } else { &w.workload_name }),
+            destination_workload: wl(&dst, |w| {
+                if w.workload_name.is_empty() {
+                    &w.name
+                } else {
+                    &w.workload_name
+                }
+            }),
             destination_canonical_service: wl(&dst, |w| &w.canonical_name),
             destination_canonical_revision: wl(&dst, |w| &w.canonical_revision),
             destination_workload_namespace: wl(&dst, |w| &w.namespace),
@@ -83,9 +107,15 @@ impl TcpLabels {
             destination_app: wl(&dst, |w| &w.canonical_name),
             destination_version: wl(&dst, |w| &w.canonical_revision),
             destination_cluster: wl(&dst, |w| &w.cluster_id),
-            destination_service: service.map(|s| s.hostname.clone()).unwrap_or_else(|| UNKNOWN.into()),
-            destination_service_name: service.map(|s| s.name.clone()).unwrap_or_else(|| UNKNOWN.into()),
-            destination_service_namespace: service.map(|s| s.namespace.clone()).unwrap_or_else(|| UNKNOWN.into()),
+            destination_service: service
+                .map(|s| s.hostname.clone())
+                .unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_name: service
+                .map(|s| s.name.clone())
+                .unwrap_or_else(|| UNKNOWN.into()),
+            destination_service_namespace: service
+                .map(|s| s.namespace.clone())
+                .unwrap_or_else(|| UNKNOWN.into()),
             request_protocol: "tcp",
             response_flags: "-",
             connection_security_policy: if mtls { "mutual_tls" } else { UNKNOWN },

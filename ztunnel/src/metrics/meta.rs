@@ -28,7 +28,12 @@ impl Build {
     /// Names the binary reporting (`ztunnel`, `waypoint`).
     pub fn set_component(&self, component: &str) {
         self.0.clear();
-        self.0.get_or_create(&BuildLabels { component: component.into(), tag: env!("CARGO_PKG_VERSION").into() }).set(1);
+        self.0
+            .get_or_create(&BuildLabels {
+                component: component.into(),
+                tag: env!("CARGO_PKG_VERSION").into(),
+            })
+            .set(1);
     }
 }
 
@@ -44,10 +49,26 @@ pub struct WorkloadManager {
 impl WorkloadManager {
     pub fn register(registry: &mut Registry) -> WorkloadManager {
         let m = WorkloadManager::default();
-        registry.register("workload_manager_active_proxy_count", "Workloads with a running proxy", m.active.clone());
-        registry.register("workload_manager_pending_proxy_count", "Workloads whose proxy is being set up", m.pending.clone());
-        registry.register("workload_manager_proxies_started", "Proxies started", m.started.clone());
-        registry.register("workload_manager_proxies_stopped", "Proxies stopped", m.stopped.clone());
+        registry.register(
+            "workload_manager_active_proxy_count",
+            "Workloads with a running proxy",
+            m.active.clone(),
+        );
+        registry.register(
+            "workload_manager_pending_proxy_count",
+            "Workloads whose proxy is being set up",
+            m.pending.clone(),
+        );
+        registry.register(
+            "workload_manager_proxies_started",
+            "Proxies started",
+            m.started.clone(),
+        );
+        registry.register(
+            "workload_manager_proxies_stopped",
+            "Proxies stopped",
+            m.stopped.clone(),
+        );
         m
     }
 
@@ -99,11 +120,29 @@ mod tests {
         b.set_component("waypoint");
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
-        assert!(out.contains(&format!("istio_build{{component=\"waypoint\",tag=\"{}\"}} 1", env!("CARGO_PKG_VERSION"))), "{out}");
+        assert!(
+            out.contains(&format!(
+                "istio_build{{component=\"waypoint\",tag=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{out}"
+        );
         assert!(!out.contains("component=\"ztunnel\""), "{out}");
-        assert!(out.contains("workload_manager_active_proxy_count 1\n"), "{out}");
-        assert!(out.contains("workload_manager_pending_proxy_count 0\n"), "{out}");
-        assert!(out.contains("workload_manager_proxies_started_total 2\n"), "{out}");
-        assert!(out.contains("workload_manager_proxies_stopped_total 1\n"), "{out}");
+        assert!(
+            out.contains("workload_manager_active_proxy_count 1\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("workload_manager_pending_proxy_count 0\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("workload_manager_proxies_started_total 2\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("workload_manager_proxies_stopped_total 1\n"),
+            "{out}"
+        );
     }
 }

@@ -26,9 +26,19 @@ pub struct OnDemandDnsLabels {
 
 impl OnDemandDnsLabels {
     pub fn new(src: &Workload, hostname: &str) -> OnDemandDnsLabels {
-        let or_unknown = |s: &str| if s.is_empty() { "unknown".to_string() } else { s.to_string() };
+        let or_unknown = |s: &str| {
+            if s.is_empty() {
+                "unknown".to_string()
+            } else {
+                s.to_string()
+            }
+        };
         // Named as the TCP metrics name the same pod (workload name, else the pod's).
-        let workload = if src.workload_name.is_empty() { &src.name } else { &src.workload_name };
+        let workload = if src.workload_name.is_empty() {
+            &src.name
+        } else {
+            &src.workload_name
+        };
         OnDemandDnsLabels {
             source_workload: or_unknown(workload),
             source_canonical_service: or_unknown(&src.canonical_name),
@@ -53,13 +63,19 @@ impl OnDemandDnsMetrics {
     pub fn register(registry: &mut Registry) -> OnDemandDnsMetrics {
         let m = OnDemandDnsMetrics::default();
         // The text encoder appends `_total`.
-        registry.register("istio_on_demand_dns", "The total number of requests that used on-demand DNS (unstable)", m.requests.clone());
+        registry.register(
+            "istio_on_demand_dns",
+            "The total number of requests that used on-demand DNS (unstable)",
+            m.requests.clone(),
+        );
         m
     }
 
     /// A connection from `src` that needed `hostname` resolved.
     pub fn request(&self, src: &Workload, hostname: &str) {
-        self.requests.get_or_create(&OnDemandDnsLabels::new(src, hostname)).inc();
+        self.requests
+            .get_or_create(&OnDemandDnsLabels::new(src, hostname))
+            .inc();
     }
 }
 
@@ -71,7 +87,11 @@ mod tests {
     fn istio_name_and_labels() {
         let mut r = Registry::default();
         let m = OnDemandDnsMetrics::register(&mut r);
-        let src = Workload { canonical_name: "sleep".into(), cluster_id: "c1".into(), ..Workload::new("u", "sleep-1", "default") };
+        let src = Workload {
+            canonical_name: "sleep".into(),
+            cluster_id: "c1".into(),
+            ..Workload::new("u", "sleep-1", "default")
+        };
         m.request(&src, "api.example.com");
         m.request(&src, "api.example.com");
         let mut text = String::new();

@@ -32,14 +32,27 @@ fn read_process() -> Option<Process> {
     // Fields after the parenthesised command name (which may contain spaces).
     let f: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().filter(|t| *t > 0)? as f64;
-    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().unwrap_or(4096) as i64;
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)? as f64;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as i64;
     let boot = std::fs::read_to_string("/proc/stat")
         .ok()?
         .lines()
-        .find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok()))?;
-    let open_fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as i64).unwrap_or(0);
-    let max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE).map(|(soft, _)| soft as i64).unwrap_or(0);
+        .find_map(|l| {
+            l.strip_prefix("btime ")
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })?;
+    let open_fds = std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count() as i64)
+        .unwrap_or(0);
+    let max_fds = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map(|(soft, _)| soft as i64)
+        .unwrap_or(0);
     Some(Process {
         cpu_seconds: (num(11)? + num(12)?) as f64 / tick,
         threads: num(17)? as i64,
@@ -51,7 +64,12 @@ fn read_process() -> Option<Process> {
     })
 }
 
-fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(e: &mut DescriptorEncoder, name: &str, help: &str, v: N) -> std::fmt::Result
+fn gauge<N: prometheus_client::encoding::EncodeGaugeValue>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    v: N,
+) -> std::fmt::Result
 where
     ConstGauge<N>: EncodeMetric,
 {
@@ -63,17 +81,52 @@ impl Collector for ProcessCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
         if let Some(p) = read_process() {
             let c = ConstCounter::new(p.cpu_seconds);
-            c.encode(e.encode_descriptor("process_cpu_seconds", "User and system CPU time spent, in seconds", None, c.metric_type())?)?;
-            gauge(&mut e, "process_resident_memory_bytes", "Resident memory size in bytes", p.resident_bytes)?;
-            gauge(&mut e, "process_virtual_memory_bytes", "Virtual memory size in bytes", p.virtual_bytes)?;
+            c.encode(e.encode_descriptor(
+                "process_cpu_seconds",
+                "User and system CPU time spent, in seconds",
+                None,
+                c.metric_type(),
+            )?)?;
+            gauge(
+                &mut e,
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes",
+                p.resident_bytes,
+            )?;
+            gauge(
+                &mut e,
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes",
+                p.virtual_bytes,
+            )?;
             gauge(&mut e, "process_threads", "Number of OS threads", p.threads)?;
-            gauge(&mut e, "process_open_fds", "Number of open file descriptors", p.open_fds)?;
-            gauge(&mut e, "process_max_fds", "Maximum number of open file descriptors", p.max_fds)?;
-            gauge(&mut e, "process_start_time_seconds", "Start time of the process since the Unix epoch, in seconds", p.start_time)?;
+            gauge(
+                &mut e,
+                "process_open_fds",
+                "Number of open file descriptors",
+                p.open_fds,
+            )?;
+            gauge(
+                &mut e,
+                "process_max_fds",
+                "Maximum number of open file descriptors",
+                p.max_fds,
+            )?;
+            gauge(
+                &mut e,
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch, in seconds",
+                p.start_time,
+            )?;
         }
         // Scrapes are served on the runtime, so its task count is at hand (leak detector).
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            gauge(&mut e, "ztunnel_tokio_alive_tasks", "Tasks alive on the proxy's runtime", rt.metrics().num_alive_tasks() as i64)?;
+            gauge(
+                &mut e,
+                "ztunnel_tokio_alive_tasks",
+                "Tasks alive on the proxy's runtime",
+                rt.metrics().num_alive_tasks() as i64,
+            )?;
         }
         if let Some(certs) = self.certs.get() {
             let held = certs.snapshot();
@@ -81,11 +134,27 @@ impl Collector for ProcessCollector {
             let nearest = held
                 .iter()
                 .filter_map(|(_, c)| c.as_ref())
-                .map(|c| c.cert.not_after.duration_since(now).map(|d| d.as_secs_f64()).unwrap_or(0.0))
+                .map(|c| {
+                    c.cert
+                        .not_after
+                        .duration_since(now)
+                        .map(|d| d.as_secs_f64())
+                        .unwrap_or(0.0)
+                })
                 .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.min(v))));
-            gauge(&mut e, "ztunnel_certificates", "Certificates held (one per local identity)", held.iter().filter(|(_, c)| c.is_some()).count() as i64)?;
+            gauge(
+                &mut e,
+                "ztunnel_certificates",
+                "Certificates held (one per local identity)",
+                held.iter().filter(|(_, c)| c.is_some()).count() as i64,
+            )?;
             if let Some(n) = nearest {
-                gauge(&mut e, "ztunnel_certificate_nearest_expiry_seconds", "Seconds until the first held certificate expires", n)?;
+                gauge(
+                    &mut e,
+                    "ztunnel_certificate_nearest_expiry_seconds",
+                    "Seconds until the first held certificate expires",
+                    n,
+                )?;
             }
         }
         Ok(())

@@ -47,7 +47,10 @@ pub struct SourcePorts {
 impl Default for SourcePorts {
     /// The kernel's default range, nothing reserved.
     fn default() -> Self {
-        SourcePorts { range: 32768..=60999, reserved: Vec::new() }
+        SourcePorts {
+            range: 32768..=60999,
+            reserved: Vec::new(),
+        }
     }
 }
 
@@ -65,19 +68,28 @@ impl SourcePorts {
     /// `range`: "low high"; `reserved`: "a,b-c,..." (either may be empty of ports).
     pub fn parse(range: &str, reserved: &str) -> Option<SourcePorts> {
         let mut bounds = range.split_whitespace().map(str::parse::<u16>);
-        let (Some(Ok(low)), Some(Ok(high)), None) = (bounds.next(), bounds.next(), bounds.next()) else {
+        let (Some(Ok(low)), Some(Ok(high)), None) = (bounds.next(), bounds.next(), bounds.next())
+        else {
             return None;
         };
         if low == 0 || low > high {
             return None;
         }
         let mut kept = Vec::new();
-        for item in reserved.trim().split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        for item in reserved
+            .trim()
+            .split(',')
+            .map(str::trim)
+            .filter(|i| !i.is_empty())
+        {
             let (a, b) = item.split_once('-').unwrap_or((item, item));
             let (a, b) = (a.trim().parse::<u16>().ok()?, b.trim().parse::<u16>().ok()?);
             kept.push(a..=b);
         }
-        Some(SourcePorts { range: low..=high, reserved: kept })
+        Some(SourcePorts {
+            range: low..=high,
+            reserved: kept,
+        })
     }
 
     /// A random port from [`LOWEST`] up, outside the ephemeral range, neither reserved nor
@@ -91,7 +103,13 @@ impl SourcePorts {
             return None;
         }
         let mut rng = rand::rng();
-        let port = |r: u32| if r < below { u32::from(LOWEST) + r } else { high + 1 + (r - below) };
+        let port = |r: u32| {
+            if r < below {
+                u32::from(LOWEST) + r
+            } else {
+                high + 1 + (r - below)
+            }
+        };
         (0..DRAWS)
             .filter_map(|_| u16::try_from(port(rng.random_range(0..below + above))).ok())
             .find(|p| !self.reserved.iter().any(|r| r.contains(p)) && !avoid(*p))
@@ -155,7 +173,15 @@ mod tests {
         assert_eq!(p, SourcePorts::default());
         let p = SourcePorts::parse("1024 1030", "1024-1028,1030\n").unwrap();
         assert_eq!(p.reserved, vec![1024..=1028, 1030..=1030]);
-        for bad in ["", "1024", "2000 1000", "0 10", "1 2 3", "a b", "1024 70000"] {
+        for bad in [
+            "",
+            "1024",
+            "2000 1000",
+            "0 10",
+            "1 2 3",
+            "a b",
+            "1024 70000",
+        ] {
             assert_eq!(SourcePorts::parse(bad, ""), None, "{bad:?}");
         }
         assert_eq!(SourcePorts::parse("1024 2000", "12x"), None);
@@ -169,17 +195,33 @@ mod tests {
         let mut seen = std::collections::BTreeSet::new();
         for _ in 0..200 {
             let port = p.pick(|_| false);
-            assert!(matches!(port, None | Some(1029) | Some(65534) | Some(65535)), "{port:?}");
+            assert!(
+                matches!(port, None | Some(1029) | Some(65534) | Some(65535)),
+                "{port:?}"
+            );
             seen.extend(port);
-            assert!(matches!(p.pick(|p| p == 1029), None | Some(65534) | Some(65535)), "a port to avoid is never picked");
+            assert!(
+                matches!(p.pick(|p| p == 1029), None | Some(65534) | Some(65535)),
+                "a port to avoid is never picked"
+            );
         }
         assert_eq!(seen.len(), 3, "both sides of the range are used: {seen:?}");
         let default = SourcePorts::default();
-        assert!((0..200).filter_map(|_| default.pick(|_| false)).all(|p| p >= 1024 && !(32768..=60999).contains(&p)));
+        assert!((0..200)
+            .filter_map(|_| default.pick(|_| false))
+            .all(|p| p >= 1024 && !(32768..=60999).contains(&p)));
         let none = SourcePorts::parse("1024 65535", "").unwrap();
-        assert_eq!(none.pick(|_| false), None, "nothing outside the range: the kernel chooses");
+        assert_eq!(
+            none.pick(|_| false),
+            None,
+            "nothing outside the range: the kernel chooses"
+        );
         let all = SourcePorts::parse("1026 65535", "1024-1025").unwrap();
-        assert_eq!(all.pick(|_| false), None, "all reserved: the kernel chooses");
+        assert_eq!(
+            all.pick(|_| false),
+            None,
+            "all reserved: the kernel chooses"
+        );
         let low = SourcePorts::parse("1000 65534", "").unwrap();
         assert_eq!(low.pick(|_| false), Some(65535), "never below 1024");
     }
@@ -187,15 +229,24 @@ mod tests {
     #[test]
     fn a_held_tuple_stays_until_its_last_guard_drops() {
         let tuples = Arc::new(AcceptedTuples::default());
-        let (client, local): (SocketAddr, SocketAddr) = ("10.0.0.1:40000".parse().unwrap(), "10.0.0.2:8080".parse().unwrap());
+        let (client, local): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:40000".parse().unwrap(),
+            "10.0.0.2:8080".parse().unwrap(),
+        );
         let first = tuples.hold(client, local);
         let again = tuples.hold(client, local);
         assert!(tuples.holds(client, local));
         assert!(!tuples.holds(client, "10.0.0.2:8081".parse().unwrap()));
         drop(first);
-        assert!(tuples.holds(client, local), "the second connection on the tuple still holds it");
+        assert!(
+            tuples.holds(client, local),
+            "the second connection on the tuple still holds it"
+        );
         drop(again);
         assert!(!tuples.holds(client, local));
-        assert!(tuples.lock().is_empty(), "nothing kept of closed connections");
+        assert!(
+            tuples.lock().is_empty(),
+            "nothing kept of closed connections"
+        );
     }
 }

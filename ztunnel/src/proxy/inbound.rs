@@ -21,18 +21,37 @@ use crate::metrics::{Peer, TcpLabels};
 use crate::netns::reset;
 use crate::ports;
 use crate::rbac::Decision;
-use crate::state::Protocol;
 use crate::relay::{copy_tcp_h2, CopyError};
+use crate::state::Protocol;
 
-pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener, tls: Arc<rustls::ServerConfig>) {
+pub async fn serve(
+    inputs: Arc<ProxyInputs>,
+    pod: LocalPod,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+) {
     // Shared by the connections and their streams (see outbound::serve).
     let pod = Arc::new(pod);
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound").await {
+    while let Some((stream, peer)) =
+        accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound").await
+    {
         // Before a task exists for it: a flood over the limit costs one reset each.
-        let Some((stream, permit)) = inputs.hbone_server.admit(stream, peer) else { continue };
+        let Some((stream, permit)) = inputs.hbone_server.admit(stream, peer) else {
+            continue;
+        };
         let span = tracing::info_span!("inbound", peer = %peer, pod = %pod.workload.name, src.identity = tracing::field::Empty);
-        tokio::spawn(handle_connection(inputs.clone(), pod.clone(), stream, permit, peer, acceptor.clone()).instrument(span));
+        tokio::spawn(
+            handle_connection(
+                inputs.clone(),
+                pod.clone(),
+                stream,
+                permit,
+                peer,
+                acceptor.clone(),
+            )
+            .instrument(span),
+        );
     }
 }
 
@@ -54,33 +73,68 @@ async fn handle_connection(
     let server = &inputs.hbone_server;
     // Taken before the handshake: a CRL reload during it is checked against this peer too.
     let changes = inputs.crls.as_ref().map(|c| c.changes());
-    let Some((conn, src_identity, chain)) = server.handshake_with(&acceptor, stream, permit, changes.is_some()).await else { return };
+    let Some((conn, src_identity, chain)) = server
+        .handshake_with(&acceptor, stream, permit, changes.is_some())
+        .await
+    else {
+        return;
+    };
     // Shared by the connection's streams: each would otherwise hold its own copy (three strings).
     let src_identity = Arc::new(src_identity);
     // On the connection's span, not each stream's: formatted once per connection, where
     // every stream's span would keep its own copy of the text for the tunnel's life.
     tracing::Span::current().record("src.identity", tracing::field::display(&*src_identity));
-    let origin = Arc::new(Origin { peer, local, identity: src_identity.clone() });
-    let roots = || inputs.certs.current(&pod.identity).map(|c| c.cert.roots.clone()).unwrap_or_default();
-    let revoked = crate::tls::client_revoked(inputs.crls.as_ref(), changes, roots, &chain, inputs.metrics.clone());
+    let origin = Arc::new(Origin {
+        peer,
+        local,
+        identity: src_identity.clone(),
+    });
+    let roots = || {
+        inputs
+            .certs
+            .current(&pod.identity)
+            .map(|c| c.cert.roots.clone())
+            .unwrap_or_default()
+    };
+    let revoked = crate::tls::client_revoked(
+        inputs.crls.as_ref(),
+        changes,
+        roots,
+        &chain,
+        inputs.metrics.clone(),
+    );
     server
-        .serve_with(conn, &inputs.drain, &src_identity, revoked, |req, respond| {
-            // The CONNECT's trace (a new one without): its id names this stream's lines, as
-            // the client side's name the connection (Istio's).
-            let trace = hbone::TraceParent::of_request(&req);
-            let span = tracing::info_span!("stream", id = %trace.trace_id());
-            // What the stream needs of the request head is read here, so the head (a few
-            // hundred bytes) is not kept in the stream's task for its life.
-            let (head, body) = req.into_parts();
-            let head = Request::from_parts(head, ());
-            let connect = Connect {
-                target: hbone::connect_authority(&head),
-                claimed_service: hbone::request::forwarded_host(&head),
-                origin_network: hbone::request::forwarded_network(&head),
-                body,
-            };
-            tokio::spawn(handle_stream(inputs.clone(), pod.clone(), Box::new((connect, respond)), origin.clone()).instrument(span));
-        })
+        .serve_with(
+            conn,
+            &inputs.drain,
+            &src_identity,
+            revoked,
+            |req, respond| {
+                // The CONNECT's trace (a new one without): its id names this stream's lines, as
+                // the client side's name the connection (Istio's).
+                let trace = hbone::TraceParent::of_request(&req);
+                let span = tracing::info_span!("stream", id = %trace.trace_id());
+                // What the stream needs of the request head is read here, so the head (a few
+                // hundred bytes) is not kept in the stream's task for its life.
+                let (head, body) = req.into_parts();
+                let head = Request::from_parts(head, ());
+                let connect = Connect {
+                    target: hbone::connect_authority(&head),
+                    claimed_service: hbone::request::forwarded_host(&head),
+                    origin_network: hbone::request::forwarded_network(&head),
+                    body,
+                };
+                tokio::spawn(
+                    handle_stream(
+                        inputs.clone(),
+                        pod.clone(),
+                        Box::new((connect, respond)),
+                        origin.clone(),
+                    )
+                    .instrument(span),
+                );
+            },
+        )
         .await;
 }
 
@@ -116,52 +170,81 @@ fn handle_stream(
     origin: Arc<Origin>,
 ) -> impl std::future::Future<Output = ()> {
     async move {
-    let Some(_active) = track(&inputs, &pod) else {
-        return respond(request.1, StatusCode::SERVICE_UNAVAILABLE);
-    };
-    let start = Instant::now();
-    // Boxed: the checks, the policy decision and the connect to the app need their locals
-    // only until the tunnel opens; inline, every open tunnel's task would keep room for them.
-    // Destructured from the temporary: a named `Tunnel` would keep its room beside its fields.
-    let Some(Tunnel { mut upstream, send, recv, registration, conn, target, src_wl, service }) =
-        Box::pin(open_tunnel(&inputs, &pod, request, origin.peer, origin.local, &origin.identity)).await
-    else {
-        return;
-    };
-    let r = copy_tcp_h2(&mut upstream, send, recv, registration.revocation.revoked(), inputs.cfg.idle_timeout).await;
-    let t = match &r {
-        Ok(t) | Err((_, t)) => *t,
-    };
-    // From the app's side: t.received went to the app (the client sent it), t.sent came back.
-    conn.closed(t.received, t.sent);
-    let (t, err) = match r {
-        Ok(t) => (t, None),
-        Err((CopyError::Stream(e), t)) => {
-            reset(upstream);
-            (t, Some(format!("tunnel reset: {e}")))
+        let Some(_active) = track(&inputs, &pod) else {
+            return respond(request.1, StatusCode::SERVICE_UNAVAILABLE);
+        };
+        let start = Instant::now();
+        // Boxed: the checks, the policy decision and the connect to the app need their locals
+        // only until the tunnel opens; inline, every open tunnel's task would keep room for them.
+        // Destructured from the temporary: a named `Tunnel` would keep its room beside its fields.
+        let Some(Tunnel {
+            mut upstream,
+            send,
+            recv,
+            registration,
+            conn,
+            target,
+            src_wl,
+            service,
+        }) = Box::pin(open_tunnel(
+            &inputs,
+            &pod,
+            request,
+            origin.peer,
+            origin.local,
+            &origin.identity,
+        ))
+        .await
+        else {
+            return;
+        };
+        let r = copy_tcp_h2(
+            &mut upstream,
+            send,
+            recv,
+            registration.revocation.revoked(),
+            inputs.cfg.idle_timeout,
+        )
+        .await;
+        let t = match &r {
+            Ok(t) | Err((_, t)) => *t,
+        };
+        // From the app's side: t.received went to the app (the client sent it), t.sent came back.
+        conn.closed(t.received, t.sent);
+        let (t, err) = match r {
+            Ok(t) => (t, None),
+            Err((CopyError::Stream(e), t)) => {
+                reset(upstream);
+                (t, Some(format!("tunnel reset: {e}")))
+            }
+            Err((e @ (CopyError::Revoked | CopyError::Idle), t)) => {
+                reset(upstream);
+                (t, Some(e.to_string()))
+            }
+            Err((e, t)) => (t, Some(e.to_string())),
+        };
+        let state = inputs.state.load();
+        ConnectionLog {
+            direction: "inbound",
+            protocol: "HBONE",
+            src_addr: origin.peer,
+            src: Side {
+                workload: src_wl.as_deref(),
+                identity: Some(&*origin.identity),
+            },
+            dst_addr: origin.local,
+            dst_hbone_addr: Some(target),
+            dst_service: service.as_deref(),
+            dst: Side {
+                workload: Some(pod.workload_in(&state)),
+                identity: Some(&pod.identity),
+            },
+            bytes_sent: t.received,
+            bytes_recv: t.sent,
+            duration: start.elapsed(),
+            error: err,
         }
-        Err((e @ (CopyError::Revoked | CopyError::Idle), t)) => {
-            reset(upstream);
-            (t, Some(e.to_string()))
-        }
-        Err((e, t)) => (t, Some(e.to_string())),
-    };
-    let state = inputs.state.load();
-    ConnectionLog {
-        direction: "inbound",
-        protocol: "HBONE",
-        src_addr: origin.peer,
-        src: Side { workload: src_wl.as_deref(), identity: Some(&*origin.identity) },
-        dst_addr: origin.local,
-        dst_hbone_addr: Some(target),
-        dst_service: service.as_deref(),
-        dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
-        bytes_sent: t.received,
-        bytes_recv: t.sent,
-        duration: start.elapsed(),
-        error: err,
-    }
-    .write();
+        .write();
     }
 }
 
@@ -189,7 +272,15 @@ async fn open_tunnel(
     local: SocketAddr,
     src_identity: &Arc<Identity>,
 ) -> Option<Tunnel> {
-    let (Connect { target, claimed_service, origin_network, body: recv }, tx) = *request;
+    let (
+        Connect {
+            target,
+            claimed_service,
+            origin_network,
+            body: recv,
+        },
+        tx,
+    ) = *request;
     let hbone_target = match target {
         Ok(t) => t,
         Err(e) => {
@@ -206,15 +297,19 @@ async fn open_tunnel(
     // service this pod is an endpoint of.
     let (target, named_service) = match &hbone_target {
         HboneAddress::Addr(a) => (*a, None),
-        HboneAddress::Host(host, port) => match state.hostname_target(pod.workload_in(&state), host, *port) {
-            Some((svc, target_port)) => (SocketAddr::new(local.ip(), target_port), Some(svc.clone())),
-            None => {
-                tracing::warn!(target = %hbone_target, "CONNECT names no service of this pod on that port");
-                inputs.metrics.hbone_rejected("bad_request");
-                respond(tx, StatusCode::BAD_REQUEST);
-                return None;
+        HboneAddress::Host(host, port) => {
+            match state.hostname_target(pod.workload_in(&state), host, *port) {
+                Some((svc, target_port)) => {
+                    (SocketAddr::new(local.ip(), target_port), Some(svc.clone()))
+                }
+                None => {
+                    tracing::warn!(target = %hbone_target, "CONNECT names no service of this pod on that port");
+                    inputs.metrics.hbone_rejected("bad_request");
+                    respond(tx, StatusCode::BAD_REQUEST);
+                    return None;
+                }
             }
-        },
+        }
     };
     // The tunnel may only reach the pod it arrived at (the L3 destination), never a proxy
     // port. Its target is this pod, or (Istio's sandwich: a waypoint behind ztunnel) a
@@ -233,7 +328,9 @@ async fn open_tunnel(
     // From another network (its client's network named, not ours): through that
     // network's east-west gateway, so the source address is the gateway's, and the
     // client is known by its identity (the inner TLS, end to end) alone.
-    let from_gateway = origin_network.as_deref().is_some_and(|n| !n.eq_ignore_ascii_case(network));
+    let from_gateway = origin_network
+        .as_deref()
+        .is_some_and(|n| !n.eq_ignore_ascii_case(network));
     // Delivered to the address the tunnel arrived at (as Istio), so the client's address
     // is always of the app address's family.
     let app_addr = SocketAddr::new(local.ip(), target.port());
@@ -242,7 +339,10 @@ async fn open_tunnel(
     // identity, else one identity could act as another workload's IP.
     // A gateway forwards for others: its address comes with their identities.
     let forwarder = |w: &crate::state::Workload| from_gateway && state.is_network_gateway(w);
-    if let Some(owner) = state.workload_by_ip(network, peer.ip()).filter(|w| w.identity() != **src_identity && !forwarder(w)) {
+    if let Some(owner) = state
+        .workload_by_ip(network, peer.ip())
+        .filter(|w| w.identity() != **src_identity && !forwarder(w))
+    {
         tracing::warn!(src.addr = %peer, src.identity = %src_identity, ip_owner = %owner.identity(),
             "HBONE peer's source address belongs to another workload's identity");
         inputs.metrics.hbone_rejected("source_mismatch");
@@ -252,20 +352,40 @@ async fn open_tunnel(
     let workload = pod.workload_in(&state);
     // Describe the source from config only if config agrees with its verified identity
     // (through a gateway the address is the gateway's: the source is not looked up).
-    let src_wl = state.workload_by_ip(network, peer.ip()).filter(|w| !from_gateway && w.identity() == **src_identity).cloned();
-    let service = named_service.or_else(|| state.inbound_service(workload, claimed_service.as_deref(), target.port()).cloned());
+    let src_wl = state
+        .workload_by_ip(network, peer.ip())
+        .filter(|w| !from_gateway && w.identity() == **src_identity)
+        .cloned();
+    let service = named_service.or_else(|| {
+        state
+            .inbound_service(workload, claimed_service.as_deref(), target.port())
+            .cloned()
+    });
     let labels = TcpLabels::new(
         "destination",
-        Peer { workload: src_wl.as_deref(), identity: Some(&**src_identity) },
-        Peer { workload: Some(workload), identity: Some(&pod.identity) },
+        Peer {
+            workload: src_wl.as_deref(),
+            identity: Some(&**src_identity),
+        },
+        Peer {
+            workload: Some(workload),
+            identity: Some(&pod.identity),
+        },
         service.as_deref(),
         true,
     );
     // Registered before the decision, so a policy change in between is not missed.
     // Authorized on the inputs the registration re-checks: the peer's identity and address,
     // and the app address (the pod's, on the target's port).
-    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst: target, protocol: Protocol::HBONE };
-    let (registration, conn) = pod.inbound.register(view, Some(src_identity.clone()), app_addr.ip());
+    let view = InboundView {
+        src: peer,
+        service: service.as_ref().map(|s| s.hostname.clone()),
+        dst: target,
+        protocol: Protocol::HBONE,
+    };
+    let (registration, conn) =
+        pod.inbound
+            .register(view, Some(src_identity.clone()), app_addr.ip());
     let decision = state.authorize(workload, &conn);
     let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
     drop(state);
@@ -287,7 +407,11 @@ async fn open_tunnel(
         respond(tx, StatusCode::SERVICE_UNAVAILABLE);
         return None;
     }
-    let mut upstream = match pod.netns.connect(deliver_to, from, inputs.cfg.connect_timeout).await {
+    let mut upstream = match pod
+        .netns
+        .connect(deliver_to, from, inputs.cfg.connect_timeout)
+        .await
+    {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot reach the application");
@@ -302,7 +426,8 @@ async fn open_tunnel(
         let named = match &hbone_target {
             HboneAddress::Host(_, port) => service.as_ref().and_then(|s| {
                 let ours = s.vips.iter().filter(|v| v.network == network);
-                ours.max_by_key(|v| v.address.is_ipv4()).map(|v| SocketAddr::new(v.address, *port))
+                ours.max_by_key(|v| v.address.is_ipv4())
+                    .map(|v| SocketAddr::new(v.address, *port))
             }),
             HboneAddress::Addr(a) => Some(*a),
         };
@@ -313,7 +438,8 @@ async fn open_tunnel(
             respond(tx, StatusCode::SERVICE_UNAVAILABLE);
             return None;
         };
-        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(&**src_identity)).await {
+        if let Err(e) = write_proxy_header(&mut upstream, peer, named, Some(&**src_identity)).await
+        {
             tracing::warn!(dst.addr = %deliver_to, error = %e, response_flags = "CONNECT", "cannot send the PROXY protocol header to the application");
             inputs.metrics.failed(&labels, "CONNECT");
             reset(upstream);
@@ -330,7 +456,16 @@ async fn open_tunnel(
         }
     };
     let conn = inputs.metrics.opened(&labels);
-    Some(Tunnel { upstream, send, recv, registration, conn, target: hbone_target, src_wl, service })
+    Some(Tunnel {
+        upstream,
+        send,
+        recv,
+        registration,
+        conn,
+        target: hbone_target,
+        src_wl,
+        service,
+    })
 }
 
 /// Where an inbound connection for the app at `app` is delivered, and from which source
@@ -339,14 +474,26 @@ async fn open_tunnel(
 /// `localhost` (Istio's LOCALHOST_APP_TUNNEL) on loopback from loopback, so the app's
 /// tunnel port can listen on loopback only and nothing reaches it around ztunnel; the
 /// client is in the PROXY header either way.
-fn delivery(app: SocketAddr, tunnel: Option<crate::state::ApplicationTunnel>, localhost: bool, client: SocketAddr) -> (SocketAddr, Option<SocketAddr>) {
+fn delivery(
+    app: SocketAddr,
+    tunnel: Option<crate::state::ApplicationTunnel>,
+    localhost: bool,
+    client: SocketAddr,
+) -> (SocketAddr, Option<SocketAddr>) {
     match tunnel {
         None => (app, Some(client)),
         Some(t) if localhost => {
-            let lo: std::net::IpAddr = if app.is_ipv4() { std::net::Ipv4Addr::LOCALHOST.into() } else { std::net::Ipv6Addr::LOCALHOST.into() };
+            let lo: std::net::IpAddr = if app.is_ipv4() {
+                std::net::Ipv4Addr::LOCALHOST.into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            };
             (SocketAddr::new(lo, t.port_for(app.port())), None)
         }
-        Some(t) => (SocketAddr::new(app.ip(), t.port_for(app.port())), Some(client)),
+        Some(t) => (
+            SocketAddr::new(app.ip(), t.port_for(app.port())),
+            Some(client),
+        ),
     }
 }
 
@@ -361,11 +508,19 @@ pub(super) enum AppTunnelError {
 /// Istio's PROXY v2 header for an app tunnel: the client as source, the target as
 /// destination, the peer's verified SPIFFE id in TLV 0xD0 (none for a plaintext client:
 /// the app then sees a header without an identity, never one the client wrote).
-pub(super) async fn write_proxy_header(upstream: &mut TcpStream, src: SocketAddr, dst: SocketAddr, id: Option<&Identity>) -> Result<(), AppTunnelError> {
+pub(super) async fn write_proxy_header(
+    upstream: &mut TcpStream,
+    src: SocketAddr,
+    dst: SocketAddr,
+    id: Option<&Identity>,
+) -> Result<(), AppTunnelError> {
     use tokio::io::AsyncWriteExt;
     let (src, dst) = crate::proxy_protocol::same_family(src, dst);
     let id = id.map(|i| i.to_string());
-    let tlvs: Vec<(u8, &[u8])> = id.iter().map(|i| (crate::proxy_protocol::TLV_PEER_IDENTITY, i.as_bytes())).collect();
+    let tlvs: Vec<(u8, &[u8])> = id
+        .iter()
+        .map(|i| (crate::proxy_protocol::TLV_PEER_IDENTITY, i.as_bytes()))
+        .collect();
     let header = crate::proxy_protocol::encode(src, dst, &tlvs)?;
     upstream.write_all(&header).await?;
     Ok(())
@@ -387,24 +542,50 @@ mod tests {
         // request boxed and its tunnel destructured from a temporary,
         // 1512 before its set-up moved into the boxed `open_tunnel`; the connection's
         // includes its HTTP/2 state, shared by up to 200 streams).
-        let (stream, conn) = (handle_stream.returned_size(), handle_connection.returned_size());
+        let (stream, conn) = (
+            handle_stream.returned_size(),
+            handle_connection.returned_size(),
+        );
         println!("inbound handle_stream future: {stream} bytes, handle_connection: {conn} bytes");
-        assert!(stream <= 752, "inbound stream future grew to {stream} bytes: box the set-up step that grew it");
-        assert!(conn <= 8000, "inbound connection future grew to {conn} bytes");
+        assert!(
+            stream <= 752,
+            "inbound stream future grew to {stream} bytes: box the set-up step that grew it"
+        );
+        assert!(
+            conn <= 8000,
+            "inbound connection future grew to {conn} bytes"
+        );
     }
     use crate::state::{ApplicationTunnel, ApplicationTunnelProtocol};
 
     #[test]
     fn deliveries_with_and_without_an_application_tunnel() {
-        let (app, client): (SocketAddr, SocketAddr) = ("10.0.0.2:8080".parse().unwrap(), "10.0.0.1:40000".parse().unwrap());
-        let proxy = |port| Some(ApplicationTunnel { protocol: ApplicationTunnelProtocol::PROXY, port });
+        let (app, client): (SocketAddr, SocketAddr) = (
+            "10.0.0.2:8080".parse().unwrap(),
+            "10.0.0.1:40000".parse().unwrap(),
+        );
+        let proxy = |port| {
+            Some(ApplicationTunnel {
+                protocol: ApplicationTunnelProtocol::PROXY,
+                port,
+            })
+        };
         let at = |s: &str| s.parse::<SocketAddr>().unwrap();
         // No tunnel: the target port, from the client (LOCALHOST_APP_TUNNEL is for tunnels only).
         assert_eq!(delivery(app, None, true, client), (app, Some(client)));
         // PROXY: the tunnel port (or the target's), on loopback from loopback by default ...
-        assert_eq!(delivery(app, proxy(Some(15088)), true, client), (at("127.0.0.1:15088"), None));
-        assert_eq!(delivery(app, proxy(None), true, client), (at("127.0.0.1:8080"), None));
+        assert_eq!(
+            delivery(app, proxy(Some(15088)), true, client),
+            (at("127.0.0.1:15088"), None)
+        );
+        assert_eq!(
+            delivery(app, proxy(None), true, client),
+            (at("127.0.0.1:8080"), None)
+        );
         // ... or on the pod's address from the client's with LOCALHOST_APP_TUNNEL=false.
-        assert_eq!(delivery(app, proxy(Some(15088)), false, client), (at("10.0.0.2:15088"), Some(client)));
+        assert_eq!(
+            delivery(app, proxy(Some(15088)), false, client),
+            (at("10.0.0.2:15088"), Some(client))
+        );
     }
 }

@@ -17,19 +17,31 @@ use crate::listen::accept_until_drain;
 use crate::metrics::{Peer, TcpLabels};
 use crate::netns::{captured_destination, reset};
 use crate::rbac::Decision;
-use crate::state::Protocol;
 use crate::relay::copy_tcp;
+use crate::state::Protocol;
 
 pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListener) {
     // Shared by the connections (see outbound::serve).
     let pod = Arc::new(pod);
-    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "inbound plaintext").await {
+    while let Some((stream, peer)) = accept_until_drain(
+        &inputs.drain,
+        &inputs.metrics,
+        &listener,
+        "inbound plaintext",
+    )
+    .await
+    {
         let span = tracing::info_span!("inbound_plaintext", src = %peer, pod = %pod.workload.name);
         tokio::spawn(handle(inputs.clone(), pod.clone(), stream, peer).instrument(span));
     }
 }
 
-async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, peer: SocketAddr) {
+async fn handle(
+    inputs: Arc<ProxyInputs>,
+    pod: Arc<LocalPod>,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+) {
     let _socket = inputs.metrics.socket_open("destination");
     let Some(_active) = track(&inputs, &pod) else {
         return reset(stream);
@@ -52,13 +64,26 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
         "destination",
-        Peer { workload: state.workload_by_ip(&inputs.cfg.network, peer.ip()).map(|w| &**w), identity: None },
-        Peer { workload: Some(workload), identity: Some(&pod.identity) },
+        Peer {
+            workload: state
+                .workload_by_ip(&inputs.cfg.network, peer.ip())
+                .map(|w| &**w),
+            identity: None,
+        },
+        Peer {
+            workload: Some(workload),
+            identity: Some(&pod.identity),
+        },
         service.as_deref(),
         false,
     ));
     // Authorized on the inputs the registration re-checks (no identity: plaintext).
-    let view = InboundView { src: peer, service: service.as_ref().map(|s| s.hostname.clone()), dst, protocol: Protocol::TCP };
+    let view = InboundView {
+        src: peer,
+        service: service.as_ref().map(|s| s.hostname.clone()),
+        dst,
+        protocol: Protocol::TCP,
+    };
     let (registration, conn) = pod.inbound.register(view, None, dst.ip());
     let decision = state.authorize(workload, &conn);
     // The registration keeps its own; this one would live in the task till the end.
@@ -71,7 +96,13 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         inputs.metrics.failed(&labels, "DENY");
         return reset(stream);
     }
-    let mut upstream = match Box::pin(pod.netns.connect(dst, Some(peer), inputs.cfg.connect_timeout)).await {
+    let mut upstream = match Box::pin(pod.netns.connect(
+        dst,
+        Some(peer),
+        inputs.cfg.connect_timeout,
+    ))
+    .await
+    {
         Ok(u) => u,
         Err(e) => {
             tracing::warn!(dst.addr = %dst, error = %e, response_flags = "CONNECT", "cannot reach the application");
@@ -92,7 +123,14 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
     }
     let conn = inputs.metrics.opened(&labels);
     drop(labels);
-    let r = copy_tcp(conn, &mut stream, &mut upstream, registration.revocation.revoked(), inputs.cfg.idle_timeout).await;
+    let r = copy_tcp(
+        conn,
+        &mut stream,
+        &mut upstream,
+        registration.revocation.revoked(),
+        inputs.cfg.idle_timeout,
+    )
+    .await;
     let (t, error) = match r {
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),
@@ -102,11 +140,19 @@ async fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStr
         direction: "inbound",
         protocol: "TCP",
         src_addr: peer,
-        src: Side { workload: state.workload_by_ip(&inputs.cfg.network, peer.ip()).map(|w| &**w), identity: None },
+        src: Side {
+            workload: state
+                .workload_by_ip(&inputs.cfg.network, peer.ip())
+                .map(|w| &**w),
+            identity: None,
+        },
         dst_addr: dst,
         dst_hbone_addr: None,
         dst_service: service.as_deref(),
-        dst: Side { workload: Some(pod.workload_in(&state)), identity: Some(&pod.identity) },
+        dst: Side {
+            workload: Some(pod.workload_in(&state)),
+            identity: Some(&pod.identity),
+        },
         bytes_sent: t.sent,
         bytes_recv: t.received,
         duration: start.elapsed(),
@@ -126,6 +172,9 @@ mod tests {
         // build; 1920 before the TCP relay became a state machine).
         let size = handle.returned_size();
         println!("inbound passthrough handle future: {size} bytes");
-        assert!(size <= 968, "inbound passthrough future grew to {size} bytes: box the set-up step that grew it");
+        assert!(
+            size <= 968,
+            "inbound passthrough future grew to {size} bytes: box the set-up step that grew it"
+        );
     }
 }

@@ -25,7 +25,9 @@ pub async fn serve(inputs: Arc<ProxyInputs>, pod: LocalPod, listener: TcpListene
     // Shared by the connections: a clone per connection would copy its identity (three
     // strings) into every connection's task.
     let pod = Arc::new(pod);
-    while let Some((stream, peer)) = accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await {
+    while let Some((stream, peer)) =
+        accept_until_drain(&inputs.drain, &inputs.metrics, &listener, "outbound").await
+    {
         let _ = stream.set_nodelay(true);
         // One trace per connection, as Istio's: its id names the connection's log lines
         // here and, through the CONNECT, at the other end.
@@ -51,7 +53,11 @@ enum Route {
     NoHealthyEndpoint(String),
     /// `service`'s endpoint `peer` has a hostname and no IP: its name is resolved
     /// (`resolve`), then the connection goes to the address found on `port`.
-    Resolve { peer: Arc<Workload>, port: u16, service: Arc<Service> },
+    Resolve {
+        peer: Arc<Workload>,
+        port: u16,
+        service: Arc<Service>,
+    },
     /// Double HBONE, to an endpoint (or waypoint) of `service` in another network: an
     /// outer CONNECT `target` to that network's east-west `gateway` on `gateway_addr`
     /// (the gateway proving one of `gateway_ids`), and inside that stream a TLS session
@@ -68,8 +74,13 @@ enum Route {
     },
 }
 
-
-fn hbone_at(state: &MeshState, wl: &Arc<Workload>, ip: IpAddr, port: u16, service: Option<&Arc<Service>>) -> Route {
+fn hbone_at(
+    state: &MeshState,
+    wl: &Arc<Workload>,
+    ip: IpAddr,
+    port: u16,
+    service: Option<&Arc<Service>>,
+) -> Route {
     Route::Hbone {
         peer: wl.clone(),
         target: SocketAddr::new(ip, port),
@@ -99,7 +110,11 @@ async fn resolve(
                 Protocol::TCP => Route::Passthrough(SocketAddr::new(ip, port)),
             }
         }
-        Err(e) => Route::NoHealthyEndpoint(format!("{} (endpoint {}: {e})", service.namespaced_hostname(), peer.hostname)),
+        Err(e) => Route::NoHealthyEndpoint(format!(
+            "{} (endpoint {}: {e})",
+            service.namespaced_hostname(),
+            peer.hostname
+        )),
     }
 }
 
@@ -107,13 +122,28 @@ async fn resolve(
 /// through the east-west gateway `peer` names (Istio's double HBONE): the inner tunnel is
 /// verified against `expected`. No gateway, a gateway we do not know (nothing to verify
 /// it by) or nothing to verify the far side by: refused, never sent around.
-fn via_gateway(state: &MeshState, src_wl: &Workload, peer: &Workload, service: &Arc<Service>, dst: SocketAddr, expected: Vec<Identity>) -> Route {
-    let refuse = |why: String| Route::NoHealthyEndpoint(format!("{} ({why})", service.namespaced_hostname()));
+fn via_gateway(
+    state: &MeshState,
+    src_wl: &Workload,
+    peer: &Workload,
+    service: &Arc<Service>,
+    dst: SocketAddr,
+    expected: Vec<Identity>,
+) -> Route {
+    let refuse = |why: String| {
+        Route::NoHealthyEndpoint(format!("{} ({why})", service.namespaced_hostname()))
+    };
     let Some(gw) = &peer.network_gateway else {
-        return refuse(format!("endpoint {} is in network {:?} and names no gateway to it", peer.uid, peer.network));
+        return refuse(format!(
+            "endpoint {} is in network {:?} and names no gateway to it",
+            peer.uid, peer.network
+        ));
     };
     let Some(up) = state.network_gateway(gw, src_wl, dst) else {
-        return refuse(format!("network gateway {} of network {:?} is not a known workload or service", gw.destination, peer.network));
+        return refuse(format!(
+            "network gateway {} of network {:?} is not a known workload or service",
+            gw.destination, peer.network
+        ));
     };
     if expected.is_empty() {
         return refuse(format!(
@@ -133,7 +163,10 @@ fn via_gateway(state: &MeshState, src_wl: &Workload, peer: &Workload, service: &
 
 /// The SANs a service names (what its endpoints behind a gateway must prove).
 fn service_sans(svc: &Service) -> Vec<Identity> {
-    svc.subject_alt_names.iter().filter_map(|s| s.parse().ok()).collect()
+    svc.subject_alt_names
+        .iter()
+        .filter_map(|s| s.parse().ok())
+        .collect()
 }
 
 /// Through the destination's waypoint: CONNECT to the original destination (VIP:port
@@ -156,18 +189,27 @@ fn via_waypoint(
         } else {
             "its workloads have different identities, so none can be told to be the waypoint"
         };
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} ({why})", gw.destination)));
+        return Some(Route::NoHealthyEndpoint(format!(
+            "waypoint {} ({why})",
+            gw.destination
+        )));
     };
     if identity == *src {
         return None;
     }
     let Some(wp) = state.waypoint_workload(gw, &src_wl.network) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (no healthy workload)", gw.destination)));
+        return Some(Route::NoHealthyEndpoint(format!(
+            "waypoint {} (no healthy workload)",
+            gw.destination
+        )));
     };
     if wp.network != src_wl.network {
         return Some(match service {
             Some(svc) => via_gateway(state, src_wl, &wp, svc, dst, vec![identity]),
-            None => Route::NoHealthyEndpoint(format!("waypoint {} (in network {:?}; only service traffic crosses networks)", gw.destination, wp.network)),
+            None => Route::NoHealthyEndpoint(format!(
+                "waypoint {} (in network {:?}; only service traffic crosses networks)",
+                gw.destination, wp.network
+            )),
         });
     }
     // As Istio: a waypoint named by address is reached at (the family of) that address,
@@ -177,7 +219,10 @@ fn via_waypoint(
         crate::state::GatewayDestination::Hostname(_) => dst.ip(),
     };
     let Some(ip) = wp.address_for(preferred, None) else {
-        return Some(Route::NoHealthyEndpoint(format!("waypoint {} (workload {} has no IP address)", gw.destination, wp.uid)));
+        return Some(Route::NoHealthyEndpoint(format!(
+            "waypoint {} (workload {} has no IP address)",
+            gw.destination, wp.uid
+        )));
     };
     Some(Route::Hbone {
         expected: vec![identity],
@@ -192,15 +237,25 @@ fn via_waypoint(
 /// (`pick_waypoint`); None: no waypoint, or the source is one of them (its own traffic
 /// goes on direct, and a canary's is never sent to the primary). A weighted set with
 /// nothing to pick (all weights 0, no primary) refuses rather than skip the waypoints.
-fn service_waypoint(state: &MeshState, src_wl: &Workload, src: &Identity, svc: &Arc<Service>, dst: SocketAddr) -> Option<Route> {
-    if svc.waypoints().any(|gw| state.waypoint_identity(gw).as_ref() == Some(src)) {
+fn service_waypoint(
+    state: &MeshState,
+    src_wl: &Workload,
+    src: &Identity,
+    svc: &Arc<Service>,
+    dst: SocketAddr,
+) -> Option<Route> {
+    if svc
+        .waypoints()
+        .any(|gw| state.waypoint_identity(gw).as_ref() == Some(src))
+    {
         return None;
     }
     match crate::state::pick_waypoint(svc) {
         Some(gw) => via_waypoint(state, src_wl, src, gw, dst, Some(svc)),
-        None if !svc.weighted_waypoints.is_empty() => {
-            Some(Route::NoHealthyEndpoint(format!("{} (its weighted waypoints all weigh 0)", svc.namespaced_hostname())))
-        }
+        None if !svc.weighted_waypoints.is_empty() => Some(Route::NoHealthyEndpoint(format!(
+            "{} (its weighted waypoints all weigh 0)",
+            svc.namespaced_hostname()
+        ))),
         None => None,
     }
 }
@@ -208,7 +263,13 @@ fn service_waypoint(state: &MeshState, src_wl: &Workload, src: &Identity, svc: &
 /// `src_wl` as the current state has it (its locality and network pick endpoints);
 /// `src` the identity the pod was enrolled with (its certificate); `network` the
 /// proxy's (NETWORK), where `dst` is looked up.
-fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, dst: SocketAddr) -> Route {
+fn route(
+    state: &MeshState,
+    network: &str,
+    src_wl: &Workload,
+    src: &Identity,
+    dst: SocketAddr,
+) -> Route {
     if let Some(svc) = state.service_by_vip_for(network, dst.ip(), &src_wl.namespace) {
         if let Some(r) = service_waypoint(state, src_wl, src, svc, dst) {
             return r;
@@ -230,12 +291,20 @@ fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, ds
         let ip = wl.address_for(dst.ip(), svc.ip_families);
         // Known by name only (a DNS-resolved ServiceEntry endpoint): resolved per connection.
         if ip.is_none() && !wl.hostname.is_empty() {
-            return Route::Resolve { peer: wl, port, service: svc.clone() };
+            return Route::Resolve {
+                peer: wl,
+                port,
+                service: svc.clone(),
+            };
         }
         return match (wl.protocol, ip) {
             (Protocol::HBONE, Some(ip)) => hbone_at(state, &wl, ip, port, Some(svc)),
             (Protocol::TCP, Some(ip)) => Route::Passthrough(SocketAddr::new(ip, port)),
-            (_, None) => Route::NoHealthyEndpoint(format!("{} (endpoint {} has no address of the service's IP families)", svc.namespaced_hostname(), wl.uid)),
+            (_, None) => Route::NoHealthyEndpoint(format!(
+                "{} (endpoint {} has no address of the service's IP families)",
+                svc.namespaced_hostname(),
+                wl.uid
+            )),
         };
     }
     let Some(wl) = state.workload_by_ip(network, dst.ip()) else {
@@ -243,7 +312,11 @@ fn route(state: &MeshState, network: &str, src_wl: &Workload, src: &Identity, ds
     };
     // A workload's waypoint whatever the workload's protocol, as Istio's ztunnel: one
     // that is not captured (TCP) is still behind it.
-    if let Some(r) = wl.waypoint.as_ref().and_then(|gw| via_waypoint(state, src_wl, src, gw, dst, None)) {
+    if let Some(r) = wl
+        .waypoint
+        .as_ref()
+        .and_then(|gw| via_waypoint(state, src_wl, src, gw, dst, None))
+    {
         return r;
     }
     match wl.protocol {
@@ -269,7 +342,10 @@ fn connect_request(
     let mut req = http::Request::builder()
         .method(http::Method::CONNECT)
         .uri(target.to_string())
-        .header("forwarded", hbone::request::forwarded(peer, service.map(|s| s.hostname.as_str())))
+        .header(
+            "forwarded",
+            hbone::request::forwarded(peer, service.map(|s| s.hostname.as_str())),
+        )
         .header("traceparent", trace.header());
     let baggage = src.baggage();
     if !baggage.is_empty() {
@@ -285,112 +361,174 @@ fn connect_request(
 /// async fn's future keeps its arguments twice (as given and moved into the body), which
 /// every open tunnel would pay for.
 #[allow(clippy::manual_async_fn)]
-fn handle(inputs: Arc<ProxyInputs>, pod: Arc<LocalPod>, mut stream: TcpStream, mut peer: SocketAddr) -> impl std::future::Future<Output = ()> {
+fn handle(
+    inputs: Arc<ProxyInputs>,
+    pod: Arc<LocalPod>,
+    mut stream: TcpStream,
+    mut peer: SocketAddr,
+) -> impl std::future::Future<Output = ()> {
     async move {
-    let trace = hbone::TraceParent::new();
-    tracing::Span::current().record("id", tracing::field::display(trace.trace_id()));
-    // eBPF capture hands the app's connection over loopback; the client is still the pod
-    // (same port), and that is what logs, the dump and the peer's `forwarded` name.
-    if let Some(ip) = pod.ips.of_family(peer.ip()).filter(|_| peer.ip().is_loopback()) {
-        peer = SocketAddr::new(ip, peer.port());
-    }
-    let _socket = inputs.metrics.socket_open("source");
-    let Some(_active) = track(&inputs, &pod) else {
-        return reset(stream);
-    };
-    let start = Instant::now();
-    let Some(dst) = captured_destination(&stream) else {
-        return reset(stream);
-    };
-    if is_self_call(&pod, dst) {
-        tracing::warn!(dst = %dst, "refusing a connection to the proxy's own port (loop)");
-        return reset(stream);
-    }
-    // Decided in a boxed future of its own, so its locals (the state, the route, on-demand
-    // DNS) take no room in the connection's; the result is matched as a temporary.
-    let Tunnel { peer: workload, target, hbone_addr, service, dial } = match Box::pin(plan(&inputs, &pod, dst)).await {
-        Plan::Tunnel(t) => *t,
-        // Boxed: its locals (the upstream socket, the TCP relay) would otherwise take room
-        // in every connection's future, tunnels too.
-        Plan::Passthrough(to) => return Box::pin(passthrough(&inputs, &pod, stream, peer, dst, to, start)).await,
-        Plan::Refuse => return reset(stream),
-    };
-    // The tunnel in place (not a function of its own: its future would keep its arguments
-    // twice, which every open tunnel would pay for).
-    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: hbone_addr, protocol: Protocol::HBONE });
-    // The identity the proxy behind a gateway proves, kept for the log line (a direct
-    // peer's is made only then: held for the tunnel's life it would cost every connection
-    // its three strings).
-    let inner_identity: Option<Box<Identity>> = dial.inner.as_ref().and_then(|i| i.first().cloned().map(Box::new));
-    // Boxed: the label set (~1 KB) is needed only until the connection's counters
-    // are fetched; inline it would stay in the connection's future for its life.
-    let labels = Box::new(TcpLabels::new(
-        "source",
-        Peer { workload: Some(&pod.workload), identity: Some(&pod.identity) },
-        Peer { workload: Some(&workload), identity: dial.inner.as_ref().unwrap_or(&dial.expected).first() },
-        service.as_deref(),
-        true,
-    ));
-    // The tunnel leaves from the pod's address of the peer's family.
-    let Some(src_ip) = pod.ips.of_family(hbone_addr.ip()) else {
-        tracing::warn!(dst = %hbone_addr, pod.ips = %pod.ips, "the pod has no address of the destination's family; closing");
-        inputs.metrics.failed(&labels, "CONNECT");
-        return reset(stream);
-    };
-    let (result, t) = 'relay: {
-        // Boxed: the requests, the pool key and the connects need room only until the
-        // tunnel is open. Matched as a temporary, so the result takes no room in the relay's
-        // state either.
-        let (send, recv, hold) = match Box::pin(open(&inputs, &pod, hbone_addr, src_ip, &target.address(hbone_addr), peer, service.as_deref(), dial, &trace)).await {
-            Some(Ok(opened)) => opened,
-            Some(Err(e)) => {
-                reset(stream);
-                let flag = match &e {
-                    hbone::HboneError::Status { status, .. } if *status == http::StatusCode::UNAUTHORIZED => "DENY",
-                    hbone::HboneError::Tls { .. } | hbone::HboneError::TlsConfig(_) => "TLS_FAILURE",
-                    _ => "CONNECT",
-                };
-                inputs.metrics.failed(&labels, flag);
-                break 'relay (Some(e.to_string()), Default::default());
-            }
-            None => return reset(stream),
-        };
-        let conn = inputs.metrics.opened(&labels);
-        drop(labels);
-        let r = copy_tcp_h2(&mut stream, send, recv, std::future::pending(), inputs.cfg.idle_timeout).await;
-        drop(hold);
-        let t = match &r {
-            Ok(t) | Err((_, t)) => *t,
-        };
-        conn.closed(t.sent, t.received);
-        match r {
-            Ok(t) => (None, t),
-            Err((CopyError::Stream(e), t)) => {
-                reset(stream);
-                (Some(format!("tunnel reset: {e}")), t)
-            }
-            Err((e @ CopyError::Idle, t)) => {
-                reset(stream);
-                (Some(e.to_string()), t)
-            }
-            Err((e, t)) => (Some(e.to_string()), t),
+        let trace = hbone::TraceParent::new();
+        tracing::Span::current().record("id", tracing::field::display(trace.trace_id()));
+        // eBPF capture hands the app's connection over loopback; the client is still the pod
+        // (same port), and that is what logs, the dump and the peer's `forwarded` name.
+        if let Some(ip) = pod
+            .ips
+            .of_family(peer.ip())
+            .filter(|_| peer.ip().is_loopback())
+        {
+            peer = SocketAddr::new(ip, peer.port());
         }
-    };
-    ConnectionLog {
-        direction: "outbound",
-        protocol: "HBONE",
-        src_addr: peer,
-        src: Side { workload: Some(&pod.workload), identity: Some(&pod.identity) },
-        dst_addr: hbone_addr,
-        dst_hbone_addr: Some(target.address(hbone_addr)),
-        dst_service: service.as_deref(),
-        dst: Side { workload: Some(&workload), identity: Some(&inner_identity.map_or_else(|| workload.identity(), |i| *i)) },
-        bytes_sent: t.sent,
-        bytes_recv: t.received,
-        duration: start.elapsed(),
-        error: result,
-    }
-    .write();
+        let _socket = inputs.metrics.socket_open("source");
+        let Some(_active) = track(&inputs, &pod) else {
+            return reset(stream);
+        };
+        let start = Instant::now();
+        let Some(dst) = captured_destination(&stream) else {
+            return reset(stream);
+        };
+        if is_self_call(&pod, dst) {
+            tracing::warn!(dst = %dst, "refusing a connection to the proxy's own port (loop)");
+            return reset(stream);
+        }
+        // Decided in a boxed future of its own, so its locals (the state, the route, on-demand
+        // DNS) take no room in the connection's; the result is matched as a temporary.
+        let Tunnel {
+            peer: workload,
+            target,
+            hbone_addr,
+            service,
+            dial,
+        } = match Box::pin(plan(&inputs, &pod, dst)).await {
+            Plan::Tunnel(t) => *t,
+            // Boxed: its locals (the upstream socket, the TCP relay) would otherwise take room
+            // in every connection's future, tunnels too.
+            Plan::Passthrough(to) => {
+                return Box::pin(passthrough(&inputs, &pod, stream, peer, dst, to, start)).await
+            }
+            Plan::Refuse => return reset(stream),
+        };
+        // The tunnel in place (not a function of its own: its future would keep its arguments
+        // twice, which every open tunnel would pay for).
+        let _listed = pod.outbound.register(OutboundView {
+            src: peer,
+            original_dst: dst,
+            actual_dst: hbone_addr,
+            protocol: Protocol::HBONE,
+        });
+        // The identity the proxy behind a gateway proves, kept for the log line (a direct
+        // peer's is made only then: held for the tunnel's life it would cost every connection
+        // its three strings).
+        let inner_identity: Option<Box<Identity>> = dial
+            .inner
+            .as_ref()
+            .and_then(|i| i.first().cloned().map(Box::new));
+        // Boxed: the label set (~1 KB) is needed only until the connection's counters
+        // are fetched; inline it would stay in the connection's future for its life.
+        let labels = Box::new(TcpLabels::new(
+            "source",
+            Peer {
+                workload: Some(&pod.workload),
+                identity: Some(&pod.identity),
+            },
+            Peer {
+                workload: Some(&workload),
+                identity: dial.inner.as_ref().unwrap_or(&dial.expected).first(),
+            },
+            service.as_deref(),
+            true,
+        ));
+        // The tunnel leaves from the pod's address of the peer's family.
+        let Some(src_ip) = pod.ips.of_family(hbone_addr.ip()) else {
+            tracing::warn!(dst = %hbone_addr, pod.ips = %pod.ips, "the pod has no address of the destination's family; closing");
+            inputs.metrics.failed(&labels, "CONNECT");
+            return reset(stream);
+        };
+        let (result, t) = 'relay: {
+            // Boxed: the requests, the pool key and the connects need room only until the
+            // tunnel is open. Matched as a temporary, so the result takes no room in the relay's
+            // state either.
+            let (send, recv, hold) = match Box::pin(open(
+                &inputs,
+                &pod,
+                hbone_addr,
+                src_ip,
+                &target.address(hbone_addr),
+                peer,
+                service.as_deref(),
+                dial,
+                &trace,
+            ))
+            .await
+            {
+                Some(Ok(opened)) => opened,
+                Some(Err(e)) => {
+                    reset(stream);
+                    let flag = match &e {
+                        hbone::HboneError::Status { status, .. }
+                            if *status == http::StatusCode::UNAUTHORIZED =>
+                        {
+                            "DENY"
+                        }
+                        hbone::HboneError::Tls { .. } | hbone::HboneError::TlsConfig(_) => {
+                            "TLS_FAILURE"
+                        }
+                        _ => "CONNECT",
+                    };
+                    inputs.metrics.failed(&labels, flag);
+                    break 'relay (Some(e.to_string()), Default::default());
+                }
+                None => return reset(stream),
+            };
+            let conn = inputs.metrics.opened(&labels);
+            drop(labels);
+            let r = copy_tcp_h2(
+                &mut stream,
+                send,
+                recv,
+                std::future::pending(),
+                inputs.cfg.idle_timeout,
+            )
+            .await;
+            drop(hold);
+            let t = match &r {
+                Ok(t) | Err((_, t)) => *t,
+            };
+            conn.closed(t.sent, t.received);
+            match r {
+                Ok(t) => (None, t),
+                Err((CopyError::Stream(e), t)) => {
+                    reset(stream);
+                    (Some(format!("tunnel reset: {e}")), t)
+                }
+                Err((e @ CopyError::Idle, t)) => {
+                    reset(stream);
+                    (Some(e.to_string()), t)
+                }
+                Err((e, t)) => (Some(e.to_string()), t),
+            }
+        };
+        ConnectionLog {
+            direction: "outbound",
+            protocol: "HBONE",
+            src_addr: peer,
+            src: Side {
+                workload: Some(&pod.workload),
+                identity: Some(&pod.identity),
+            },
+            dst_addr: hbone_addr,
+            dst_hbone_addr: Some(target.address(hbone_addr)),
+            dst_service: service.as_deref(),
+            dst: Side {
+                workload: Some(&workload),
+                identity: Some(&inner_identity.map_or_else(|| workload.identity(), |i| *i)),
+            },
+            bytes_sent: t.sent,
+            bytes_recv: t.received,
+            duration: start.elapsed(),
+            error: result,
+        }
+        .write();
     }
 }
 
@@ -411,7 +549,22 @@ async fn plan(inputs: &ProxyInputs, pod: &LocalPod, dst: SocketAddr) -> Plan {
     let network = inputs.cfg.network.as_str();
     let decided = match route(&state, network, src_wl, &pod.identity, dst) {
         // Boxed: resolving is rare, and its future (DNS) is large.
-        Route::Resolve { peer, port, service } => Box::pin(resolve(&inputs.on_demand_dns, &state, src_wl, dst, peer, port, service)).await,
+        Route::Resolve {
+            peer,
+            port,
+            service,
+        } => {
+            Box::pin(resolve(
+                &inputs.on_demand_dns,
+                &state,
+                src_wl,
+                dst,
+                peer,
+                port,
+                service,
+            ))
+            .await
+        }
         r => r,
     };
     match decided {
@@ -422,34 +575,76 @@ async fn plan(inputs: &ProxyInputs, pod: &LocalPod, dst: SocketAddr) -> Plan {
         // resolve() always decides; never connect on an unresolved name.
         Route::Resolve { .. } => Plan::Refuse,
         Route::Passthrough(to) => Plan::Passthrough(to),
-        Route::Hbone { peer: workload, target, hbone_addr, expected, service } => {
-            Plan::Tunnel(Box::new(Tunnel { peer: workload, target: KeptTarget::new(target.into(), hbone_addr), hbone_addr, service, dial: Box::new(Dial { expected, inner: None }) }))
-        }
-        Route::DoubleHbone { gateway, gateway_addr, gateway_ids, target, expected, service } => {
-            Plan::Tunnel(Box::new(Tunnel {
-                peer: gateway,
-                target: KeptTarget::new(target, gateway_addr),
-                hbone_addr: gateway_addr,
-                service: Some(service),
-                dial: Box::new(Dial { expected: gateway_ids, inner: Some(expected) }),
-            }))
-        }
+        Route::Hbone {
+            peer: workload,
+            target,
+            hbone_addr,
+            expected,
+            service,
+        } => Plan::Tunnel(Box::new(Tunnel {
+            peer: workload,
+            target: KeptTarget::new(target.into(), hbone_addr),
+            hbone_addr,
+            service,
+            dial: Box::new(Dial {
+                expected,
+                inner: None,
+            }),
+        })),
+        Route::DoubleHbone {
+            gateway,
+            gateway_addr,
+            gateway_ids,
+            target,
+            expected,
+            service,
+        } => Plan::Tunnel(Box::new(Tunnel {
+            peer: gateway,
+            target: KeptTarget::new(target, gateway_addr),
+            hbone_addr: gateway_addr,
+            service: Some(service),
+            dial: Box::new(Dial {
+                expected: gateway_ids,
+                inner: Some(expected),
+            }),
+        })),
     }
 }
 
 /// A connection to a destination outside the mesh (or one without HBONE): plain TCP from
 /// the pod's network namespace.
-async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream, peer: SocketAddr, dst: SocketAddr, to: SocketAddr, start: Instant) {
+async fn passthrough(
+    inputs: &ProxyInputs,
+    pod: &LocalPod,
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    to: SocketAddr,
+    start: Instant,
+) {
     let state = inputs.state.load_full();
     let network = inputs.cfg.network.as_str();
-    let _listed = pod.outbound.register(OutboundView { src: peer, original_dst: dst, actual_dst: to, protocol: Protocol::TCP });
+    let _listed = pod.outbound.register(OutboundView {
+        src: peer,
+        original_dst: dst,
+        actual_dst: to,
+        protocol: Protocol::TCP,
+    });
     // Boxed: the label set (~1 KB) is needed only until the connection's counters
     // are fetched; inline it would stay in the connection's future for its life.
     let labels = Box::new(TcpLabels::new(
         "source",
-        Peer { workload: Some(&pod.workload), identity: None },
-        Peer { workload: state.workload_by_ip(network, to.ip()).map(|w| &**w), identity: None },
-        state.service_by_vip_for(network, dst.ip(), &pod.workload.namespace).map(|s| &**s),
+        Peer {
+            workload: Some(&pod.workload),
+            identity: None,
+        },
+        Peer {
+            workload: state.workload_by_ip(network, to.ip()).map(|w| &**w),
+            identity: None,
+        },
+        state
+            .service_by_vip_for(network, dst.ip(), &pod.workload.namespace)
+            .map(|s| &**s),
         false,
     ));
     let upstream = Box::pin(pod.netns.connect(to, None, inputs.cfg.connect_timeout)).await;
@@ -463,7 +658,14 @@ async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream
     };
     let conn = inputs.metrics.opened(&labels);
     drop(labels);
-    let r = copy_tcp(conn, &mut stream, &mut upstream, std::future::pending(), inputs.cfg.idle_timeout).await;
+    let r = copy_tcp(
+        conn,
+        &mut stream,
+        &mut upstream,
+        std::future::pending(),
+        inputs.cfg.idle_timeout,
+    )
+    .await;
     let (t, error) = match r {
         Ok(t) => (t, None),
         Err((e, t)) => (t, Some(e.to_string())),
@@ -472,11 +674,19 @@ async fn passthrough(inputs: &ProxyInputs, pod: &LocalPod, mut stream: TcpStream
         direction: "outbound",
         protocol: "TCP",
         src_addr: peer,
-        src: Side { workload: Some(&pod.workload), identity: None },
+        src: Side {
+            workload: Some(&pod.workload),
+            identity: None,
+        },
         dst_addr: to,
         dst_hbone_addr: None,
-        dst_service: state.service_by_vip_for(network, dst.ip(), &pod.workload.namespace).map(|s| &**s),
-        dst: Side { workload: state.workload_by_ip(network, to.ip()).map(|w| &**w), identity: None },
+        dst_service: state
+            .service_by_vip_for(network, dst.ip(), &pod.workload.namespace)
+            .map(|s| &**s),
+        dst: Side {
+            workload: state.workload_by_ip(network, to.ip()).map(|w| &**w),
+            identity: None,
+        },
         bytes_sent: t.sent,
         bytes_recv: t.received,
         duration: start.elapsed(),
@@ -554,8 +764,16 @@ async fn open(
 ) -> Option<Result<(h2::SendStream<bytes::Bytes>, h2::RecvStream, TunnelHold), hbone::HboneError>> {
     let Dial { expected, inner } = *dial;
     let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, src_ip);
-    let request = |origin_network| connect_request(target, peer, service, &pod.workload, trace, origin_network);
-    let (req, inner_req) = match (request(None), inner.as_ref().map(|_| request(Some(&inputs.cfg.network))).transpose()) {
+    let request = |origin_network| {
+        connect_request(target, peer, service, &pod.workload, trace, origin_network)
+    };
+    let (req, inner_req) = match (
+        request(None),
+        inner
+            .as_ref()
+            .map(|_| request(Some(&inputs.cfg.network)))
+            .transpose(),
+    ) {
         (Ok(r), Ok(i)) => (r, i),
         (Err(e), _) | (_, Err(e)) => {
             tracing::warn!(error = %e, "cannot build CONNECT request");
@@ -567,7 +785,11 @@ async fn open(
         (Ok((send, recv, guard)), None) => Ok((send, recv, TunnelHold::Pooled { _slot: guard })),
         (Ok((send, recv, guard)), Some((inner, req))) => {
             let outer = hbone::H2Stream::new(send, recv, Some(guard));
-            inputs.pool.connect_through(outer, &pod.identity, inner, key.dst, req).await.map(|(s, r, g)| (s, r, TunnelHold::Inner { _conn: g }))
+            inputs
+                .pool
+                .connect_through(outer, &pod.identity, inner, key.dst, req)
+                .await
+                .map(|(s, r, g)| (s, r, TunnelHold::Inner { _conn: g }))
         }
         (Err(e), _) => Err(e),
     })
@@ -589,10 +811,26 @@ mod tests {
         let size = handle.returned_size();
         // The passthrough path, boxed by `handle`, holds the TCP relay for the connection's
         // life (928 bytes in the test build; 1944 before the relay became a state machine).
-        let passthrough = Returns::<(&ProxyInputs, &LocalPod, TcpStream, SocketAddr, SocketAddr, SocketAddr, Instant)>::returned_size(&passthrough);
-        println!("outbound handle future: {size} bytes, its boxed passthrough: {passthrough} bytes");
-        assert!(size <= 880, "outbound connection future grew to {size} bytes: box the set-up step that grew it");
-        assert!(passthrough <= 992, "outbound passthrough future grew to {passthrough} bytes");
+        let passthrough = Returns::<(
+            &ProxyInputs,
+            &LocalPod,
+            TcpStream,
+            SocketAddr,
+            SocketAddr,
+            SocketAddr,
+            Instant,
+        )>::returned_size(&passthrough);
+        println!(
+            "outbound handle future: {size} bytes, its boxed passthrough: {passthrough} bytes"
+        );
+        assert!(
+            size <= 880,
+            "outbound connection future grew to {size} bytes: box the set-up step that grew it"
+        );
+        assert!(
+            passthrough <= 992,
+            "outbound passthrough future grew to {passthrough} bytes"
+        );
     }
 
     #[test]
@@ -601,9 +839,15 @@ mod tests {
         // Straight to the workload: only the port is kept.
         let direct = KeptTarget::new(HboneAddress::Addr("10.0.0.2:8080".parse().unwrap()), hbone);
         assert!(matches!(direct, KeptTarget::Port(8080)));
-        assert_eq!(direct.address(hbone), HboneAddress::Addr("10.0.0.2:8080".parse().unwrap()));
+        assert_eq!(
+            direct.address(hbone),
+            HboneAddress::Addr("10.0.0.2:8080".parse().unwrap())
+        );
         // Through a waypoint (a service VIP) or a gateway (a hostname): kept whole.
-        for t in [HboneAddress::Addr("10.96.0.1:80".parse().unwrap()), HboneAddress::Host("echo.default.svc.cluster.local".into(), 80)] {
+        for t in [
+            HboneAddress::Addr("10.96.0.1:80".parse().unwrap()),
+            HboneAddress::Host("echo.default.svc.cluster.local".into(), 80),
+        ] {
             let kept = KeptTarget::new(t.clone(), hbone);
             assert!(matches!(kept, KeptTarget::Other(_)));
             assert_eq!(kept.address(hbone), t);
@@ -632,8 +876,17 @@ mod tests {
     }
 
     fn route_from(st: &MeshState, uid: &str, dst: &str) -> Route {
-        let src = st.workload_by_uid(&crate::state::WorkloadUid(uid.into())).unwrap().clone();
-        route(st, &src.network, &src, &src.identity(), dst.parse().unwrap())
+        let src = st
+            .workload_by_uid(&crate::state::WorkloadUid(uid.into()))
+            .unwrap()
+            .clone();
+        route(
+            st,
+            &src.network,
+            &src,
+            &src.identity(),
+            dst.parse().unwrap(),
+        )
     }
 
     fn peer(r: &Route) -> String {
@@ -641,17 +894,27 @@ mod tests {
             Route::Hbone { peer, target, .. } => format!("hbone {} {target}", peer.uid),
             Route::Passthrough(to) => format!("passthrough {to}"),
             Route::NoHealthyEndpoint(why) => format!("refused: {why}"),
-            Route::Resolve { peer, port, .. } => format!("resolve {}:{port} ({})", peer.hostname, peer.uid),
-            Route::DoubleHbone { gateway, target, .. } => format!("gateway {} {target}", gateway.uid),
+            Route::Resolve { peer, port, .. } => {
+                format!("resolve {}:{port} ({})", peer.hostname, peer.uid)
+            }
+            Route::DoubleHbone {
+                gateway, target, ..
+            } => format!("gateway {} {target}", gateway.uid),
         }
     }
 
     #[test]
     fn service_traffic_goes_through_its_waypoint() {
         let st = state("[10.0.0.9]", "");
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.10:80")), "hbone wp 10.96.0.10:80");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.10:80")),
+            "hbone wp 10.96.0.10:80"
+        );
         // The waypoint's own traffic goes to the service's endpoints.
-        assert_eq!(peer(&route_from(&st, "wp", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+        assert_eq!(
+            peer(&route_from(&st, "wp", "10.96.0.10:80")),
+            "hbone echo 10.0.0.2:8080"
+        );
     }
 
     #[test]
@@ -662,7 +925,10 @@ mod tests {
         assert_eq!(tunnel(&route_from(&st, "client", "10.96.0.10:80")), "hbone wp 10.96.0.10:80 via [fd00::9]:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint");
         let st = state("[]", "");
         let r = peer(&route_from(&st, "client", "10.96.0.10:80"));
-        assert!(r.starts_with("refused:"), "traffic went around the waypoint: {r}");
+        assert!(
+            r.starts_with("refused:"),
+            "traffic went around the waypoint: {r}"
+        );
     }
 
     #[test]
@@ -715,11 +981,17 @@ mod tests {
         );
         let st = state("[10.0.0.9]", &intruder);
         let r = peer(&route_from(&st, "intruder", "10.96.0.10:80"));
-        assert!(!r.starts_with("hbone echo"), "the intruder went straight to the destination: {r}");
+        assert!(
+            !r.starts_with("hbone echo"),
+            "the intruder went straight to the destination: {r}"
+        );
         // A pod with the waypoint's identity is the waypoint (same principal), member or not.
         let twin = "- {uid: twin, name: twin, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.4], protocol: HBONE}";
         let st = state("[10.0.0.9]", twin);
-        assert_eq!(peer(&route_from(&st, "twin", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+        assert_eq!(
+            peer(&route_from(&st, "twin", "10.96.0.10:80")),
+            "hbone echo 10.0.0.2:8080"
+        );
     }
 
     /// A mesh for the route decision: `client` (the source), mesh workloads `echo` (a
@@ -752,13 +1024,40 @@ mod tests {
     /// The whole tunnel a route asks for: peer, CONNECT target, where it dials, whom it expects.
     fn tunnel(r: &Route) -> String {
         match r {
-            Route::Hbone { peer, target, hbone_addr, expected, .. } => {
+            Route::Hbone {
+                peer,
+                target,
+                hbone_addr,
+                expected,
+                ..
+            } => {
                 let ids: Vec<String> = expected.iter().map(|i| i.to_string()).collect();
-                format!("hbone {} {target} via {hbone_addr} expecting {}", peer.uid, ids.join(","))
+                format!(
+                    "hbone {} {target} via {hbone_addr} expecting {}",
+                    peer.uid,
+                    ids.join(",")
+                )
             }
-            Route::DoubleHbone { gateway, gateway_addr, gateway_ids, target, expected, .. } => {
-                let ids = |v: &[Identity]| v.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(",");
-                format!("gateway {} {target} via {gateway_addr} expecting {}, then {}", gateway.uid, ids(gateway_ids), ids(expected))
+            Route::DoubleHbone {
+                gateway,
+                gateway_addr,
+                gateway_ids,
+                target,
+                expected,
+                ..
+            } => {
+                let ids = |v: &[Identity]| {
+                    v.iter()
+                        .map(|i| i.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                };
+                format!(
+                    "gateway {} {target} via {gateway_addr} expecting {}, then {}",
+                    gateway.uid,
+                    ids(gateway_ids),
+                    ids(expected)
+                )
             }
             other => peer(other),
         }
@@ -788,8 +1087,14 @@ mod tests {
     #[test]
     fn a_service_without_a_healthy_endpoint_is_refused() {
         let st = mesh();
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.11:80")), "refused: default/sick.default.svc.cluster.local");
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.12:80")), "refused: default/empty.default.svc.cluster.local");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.11:80")),
+            "refused: default/sick.default.svc.cluster.local"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.12:80")),
+            "refused: default/empty.default.svc.cluster.local"
+        );
     }
 
     #[test]
@@ -797,9 +1102,18 @@ mod tests {
         let st = mesh();
         // Unknown to the mesh, a plaintext workload, and a service of plaintext endpoints
         // (to the endpoint picked, on its target port).
-        assert_eq!(peer(&route_from(&st, "client", "192.0.2.1:443")), "passthrough 192.0.2.1:443");
-        assert_eq!(peer(&route_from(&st, "client", "10.0.0.5:9090")), "passthrough 10.0.0.5:9090");
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.13:80")), "passthrough 10.0.0.5:9090");
+        assert_eq!(
+            peer(&route_from(&st, "client", "192.0.2.1:443")),
+            "passthrough 192.0.2.1:443"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.0.0.5:9090")),
+            "passthrough 10.0.0.5:9090"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.13:80")),
+            "passthrough 10.0.0.5:9090"
+        );
     }
 
     #[test]
@@ -840,15 +1154,26 @@ mod tests {
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
         let mut seen = std::collections::BTreeMap::new();
         for _ in 0..400 {
-            *seen.entry(tunnel(&route_from(&st, "client", "10.96.0.10:80"))).or_insert(0) += 1;
+            *seen
+                .entry(tunnel(&route_from(&st, "client", "10.96.0.10:80")))
+                .or_insert(0) += 1;
         }
         let primary = "hbone wp 10.96.0.10:80 via 10.0.0.9:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint";
         let canary = "hbone wp2 10.96.0.10:80 via 10.0.0.8:15008 expecting spiffe://cluster.local/ns/default/sa/waypoint-canary";
         assert_eq!(seen.len(), 2, "{seen:?}");
-        assert!((50..=150).contains(&seen[canary]) && seen[primary] + seen[canary] == 400, "about 1 in 4 to the canary: {seen:?}");
+        assert!(
+            (50..=150).contains(&seen[canary]) && seen[primary] + seen[canary] == 400,
+            "about 1 in 4 to the canary: {seen:?}"
+        );
         // Either waypoint's own traffic goes to the endpoint, never to the other waypoint.
-        assert_eq!(peer(&route_from(&st, "wp", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
-        assert_eq!(peer(&route_from(&st, "wp2", "10.96.0.10:80")), "hbone echo 10.0.0.2:8080");
+        assert_eq!(
+            peer(&route_from(&st, "wp", "10.96.0.10:80")),
+            "hbone echo 10.0.0.2:8080"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "wp2", "10.96.0.10:80")),
+            "hbone echo 10.0.0.2:8080"
+        );
         // A set of waypoints none of which may take traffic, and no primary: refused.
         let r = peer(&route_from(&st, "client", "10.96.0.11:80"));
         assert!(r.starts_with("refused: default/off.default.svc.cluster.local (its weighted waypoints all weigh 0)"), "{r}");
@@ -869,10 +1194,20 @@ mod tests {
         )
         .unwrap();
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
-        assert!(st.workload_by_ip("", "10.0.0.50".parse().unwrap()).is_none(), "the node's IP is no workload's");
+        assert!(
+            st.workload_by_ip("", "10.0.0.50".parse().unwrap())
+                .is_none(),
+            "the node's IP is no workload's"
+        );
         // The service still reaches its host-network endpoint; the node IP itself passes through.
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.50:80")), "passthrough 10.0.0.50:8080");
-        assert_eq!(peer(&route_from(&st, "client", "10.0.0.50:9000")), "passthrough 10.0.0.50:9000");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.50:80")),
+            "passthrough 10.0.0.50:8080"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.0.0.50:9000")),
+            "passthrough 10.0.0.50:9000"
+        );
     }
 
     /// A NAMESPACE-visible service is routed only for clients of its namespace; for
@@ -892,12 +1227,26 @@ mod tests {
         )
         .unwrap();
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.80:80")), "hbone srv 10.0.0.3:8080");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.80:80")),
+            "hbone srv 10.0.0.3:8080"
+        );
         // From namespace other the VIP falls to the range that holds it.
-        assert_eq!(peer(&route_from(&st, "other", "10.96.0.80:80")), "hbone srv 10.0.0.3:9090");
+        assert_eq!(
+            peer(&route_from(&st, "other", "10.96.0.80:80")),
+            "hbone srv 10.0.0.3:9090"
+        );
         let ip = "10.96.0.80".parse().unwrap();
-        assert_eq!(st.service_by_vip_for("", ip, "default").map(|s| s.name.as_str()), Some("private"));
-        assert_eq!(st.service_by_vip_for("", ip, "other").map(|s| s.name.as_str()), Some("range"));
+        assert_eq!(
+            st.service_by_vip_for("", ip, "default")
+                .map(|s| s.name.as_str()),
+            Some("private")
+        );
+        assert_eq!(
+            st.service_by_vip_for("", ip, "other")
+                .map(|s| s.name.as_str()),
+            Some("range")
+        );
     }
 
     #[test]
@@ -919,14 +1268,34 @@ mod tests {
         .unwrap();
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
         // A CIDR VIP is the service's for every address in it; the longest range wins.
-        assert_eq!(st.service_by_vip("", "10.200.3.4".parse().unwrap()).map(|s| s.name.as_str()), Some("range"));
-        assert_eq!(st.service_by_vip("", "10.200.7.9".parse().unwrap()).map(|s| s.name.as_str()), Some("narrow"));
-        assert_eq!(peer(&route_from(&st, "client", "10.200.3.4:80")), "refused: default/range.default.svc.cluster.local");
+        assert_eq!(
+            st.service_by_vip("", "10.200.3.4".parse().unwrap())
+                .map(|s| s.name.as_str()),
+            Some("range")
+        );
+        assert_eq!(
+            st.service_by_vip("", "10.200.7.9".parse().unwrap())
+                .map(|s| s.name.as_str()),
+            Some("narrow")
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.200.3.4:80")),
+            "refused: default/range.default.svc.cluster.local"
+        );
         // PASSTHROUGH goes to the original destination, in a range or at a VIP.
-        assert_eq!(peer(&route_from(&st, "client", "10.200.7.9:443")), "passthrough 10.200.7.9:443");
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.70:443")), "passthrough 10.96.0.70:443");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.200.7.9:443")),
+            "passthrough 10.200.7.9:443"
+        );
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.70:443")),
+            "passthrough 10.96.0.70:443"
+        );
         // ALLOW_ALL uses an unhealthy endpoint; the default (ONLY_HEALTHY) does not.
-        assert_eq!(peer(&route_from(&st, "client", "10.96.0.71:80")), "passthrough 10.0.0.3:8080");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.96.0.71:80")),
+            "passthrough 10.0.0.3:8080"
+        );
     }
 
     #[test]
@@ -951,10 +1320,16 @@ mod tests {
         // Only the healthy hostname endpoint: the unhealthy one and the one with neither IP
         // nor hostname are never picked.
         for _ in 0..20 {
-            assert_eq!(peer(&route_from(&st, "client", "240.240.0.5:80")), "resolve db.external.example:8080 (se-ext)");
+            assert_eq!(
+                peer(&route_from(&st, "client", "240.240.0.5:80")),
+                "resolve db.external.example:8080 (se-ext)"
+            );
         }
         // An IP wins over a hostname (no lookup).
-        assert_eq!(peer(&route_from(&st, "client", "240.240.0.6:80")), "passthrough 10.0.0.7:8080");
+        assert_eq!(
+            peer(&route_from(&st, "client", "240.240.0.6:80")),
+            "passthrough 10.0.0.7:8080"
+        );
     }
 
     #[tokio::test]
@@ -977,15 +1352,25 @@ mod tests {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = crate::metrics::on_demand_dns::OnDemandDnsMetrics::register(&mut registry);
         let resolver = OnDemandResolver::new(Default::default(), metrics);
-        let src = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let src = st
+            .workload_by_uid(&crate::state::WorkloadUid("client".into()))
+            .unwrap()
+            .clone();
         let decide = |dst: &str| {
             let dst: SocketAddr = dst.parse().unwrap();
             match route(&st, &src.network, &src, &src.identity(), dst) {
-                Route::Resolve { peer, port, service } => resolve(&resolver, &st, &src, dst, peer, port, service),
+                Route::Resolve {
+                    peer,
+                    port,
+                    service,
+                } => resolve(&resolver, &st, &src, dst, peer, port, service),
                 other => panic!("not a hostname endpoint: {}", tunnel(&other)),
             }
         };
-        assert_eq!(peer(&decide("240.240.0.7:80").await), "passthrough 192.0.2.5:8080");
+        assert_eq!(
+            peer(&decide("240.240.0.7:80").await),
+            "passthrough 192.0.2.5:8080"
+        );
         assert_eq!(
             tunnel(&decide("240.240.0.8:80").await),
             "hbone mesh 192.0.2.6:8080 via 192.0.2.6:15008 expecting spiffe://cluster.local/ns/default/sa/remote,spiffe://cluster.local/ns/default/sa/other"
@@ -1009,9 +1394,19 @@ mod tests {
         let st = MeshState::build(workloads, services, Vec::new()).unwrap();
         // No upstream resolver at all.
         let resolver = OnDemandResolver::new(Default::default(), Default::default());
-        let src = st.workload_by_uid(&crate::state::WorkloadUid("client".into())).unwrap().clone();
+        let src = st
+            .workload_by_uid(&crate::state::WorkloadUid("client".into()))
+            .unwrap()
+            .clone();
         let dst: SocketAddr = "240.240.0.5:80".parse().unwrap();
-        let Route::Resolve { peer: p, port, service } = route(&st, &src.network, &src, &src.identity(), dst) else { panic!("not resolved") };
+        let Route::Resolve {
+            peer: p,
+            port,
+            service,
+        } = route(&st, &src.network, &src, &src.identity(), dst)
+        else {
+            panic!("not resolved")
+        };
         let r = peer(&resolve(&resolver, &st, &src, dst, p, port, service).await);
         assert!(r.starts_with("refused: default/db.external.example (endpoint db.external.example: lookup failed: no upstream DNS server"), "{r}");
     }
@@ -1063,7 +1458,10 @@ mod tests {
             "gateway gw waypointed.default.svc.cluster.local:80 via 172.18.0.9:15008 expecting spiffe://cluster.local/ns/istio-system/sa/eastwest, then spiffe://cluster.local/ns/default/sa/waypoint"
         );
         // Another network's pod address means nothing here: passed through as unknown.
-        assert_eq!(peer(&route_from(&st, "client", "10.1.0.5:80")), "passthrough 10.1.0.5:80");
+        assert_eq!(
+            peer(&route_from(&st, "client", "10.1.0.5:80")),
+            "passthrough 10.1.0.5:80"
+        );
     }
 
     #[test]
@@ -1086,16 +1484,34 @@ mod tests {
         };
         let pick = |wls: &[Workload], mode: &str, prefs: &str| {
             let st = MeshState::build(wls.to_vec(), svc(mode, prefs), Vec::new()).unwrap();
-            (0..20).map(|_| peer(&route_from(&st, "client", "10.96.0.80:80"))).collect::<std::collections::BTreeSet<_>>()
+            (0..20)
+                .map(|_| peer(&route_from(&st, "client", "10.96.0.80:80")))
+                .collect::<std::collections::BTreeSet<_>>()
         };
         let one = |s: &str| std::collections::BTreeSet::from([s.to_string()]);
         // Same zone first; both without preferences (STANDARD picks among all).
-        assert_eq!(pick(&workloads, "Failover", "Region, Zone"), one("passthrough 10.0.0.2:8080"));
-        assert_eq!(pick(&workloads, "Strict", "Node"), one("passthrough 10.0.0.2:8080"));
+        assert_eq!(
+            pick(&workloads, "Failover", "Region, Zone"),
+            one("passthrough 10.0.0.2:8080")
+        );
+        assert_eq!(
+            pick(&workloads, "Strict", "Node"),
+            one("passthrough 10.0.0.2:8080")
+        );
         assert_eq!(pick(&workloads, "Standard", "Zone").len(), 2);
         // The near endpoint gone: FAILOVER moves on, STRICT refuses.
-        let without_near: Vec<Workload> = workloads.iter().filter(|w| w.uid.0 != "near").cloned().collect();
-        assert_eq!(pick(&without_near, "Failover", "Region, Zone"), one("passthrough 10.0.0.3:8080"));
-        assert_eq!(pick(&without_near, "Strict", "Region, Zone"), one("refused: default/s.default.svc.cluster.local"));
+        let without_near: Vec<Workload> = workloads
+            .iter()
+            .filter(|w| w.uid.0 != "near")
+            .cloned()
+            .collect();
+        assert_eq!(
+            pick(&without_near, "Failover", "Region, Zone"),
+            one("passthrough 10.0.0.3:8080")
+        );
+        assert_eq!(
+            pick(&without_near, "Strict", "Region, Zone"),
+            one("refused: default/s.default.svc.cluster.local")
+        );
     }
 }

@@ -29,7 +29,9 @@ impl LocalPod {
     /// The pod's workload as the current state has it (policies and labels may have
     /// changed since enrollment); the enrolled one if the state no longer lists it.
     pub fn workload_in<'a>(&'a self, state: &'a MeshState) -> &'a Arc<Workload> {
-        state.workload_by_uid(&self.workload.uid).unwrap_or(&self.workload)
+        state
+            .workload_by_uid(&self.workload.uid)
+            .unwrap_or(&self.workload)
     }
 }
 
@@ -54,7 +56,10 @@ pub struct Registry<T> {
 
 impl<T> Default for Registry<T> {
     fn default() -> Self {
-        Registry { next: Default::default(), open: Default::default() }
+        Registry {
+            next: Default::default(),
+            open: Default::default(),
+        }
     }
 }
 
@@ -78,7 +83,10 @@ impl<T> Registry<T> {
     fn insert(self: &Arc<Self>, entry: T) -> Listed<T> {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.lock().insert(id, Box::new(entry));
-        Listed { registry: self.clone(), id }
+        Listed {
+            registry: self.clone(),
+            id,
+        }
     }
 }
 
@@ -115,7 +123,8 @@ pub struct Revocation {
 
 impl Revocation {
     fn revoke(&self) {
-        self.revoked.store(true, std::sync::atomic::Ordering::Release);
+        self.revoked
+            .store(true, std::sync::atomic::Ordering::Release);
         self.waker.wake();
     }
 
@@ -160,10 +169,21 @@ impl Registry<OpenInbound> {
         app_ip: std::net::IpAddr,
     ) -> (InboundGuard, crate::rbac::Connection) {
         let revocation = Arc::new(Revocation::default());
-        let open = OpenInbound { view, src_identity, app_ip, revocation: revocation.clone() };
+        let open = OpenInbound {
+            view,
+            src_identity,
+            app_ip,
+            revocation: revocation.clone(),
+        };
         let conn = open.connection();
         let _listed = self.insert(open);
-        (InboundGuard { _listed, revocation }, conn)
+        (
+            InboundGuard {
+                _listed,
+                revocation,
+            },
+            conn,
+        )
     }
 
     /// The open connections, oldest first.
@@ -228,7 +248,8 @@ pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
     while changes.changed().await.is_ok() {
         let state = state.load_full();
         let now = in_scope(&state);
-        if now.len() == in_force.len() && now.iter().zip(&in_force).all(|(a, b)| Arc::ptr_eq(a, b)) {
+        if now.len() == in_force.len() && now.iter().zip(&in_force).all(|(a, b)| Arc::ptr_eq(a, b))
+        {
             continue;
         }
         in_force = now;
@@ -241,7 +262,8 @@ pub(crate) async fn recheck_on_change(state: Arc<SharedState>, pod: LocalPod) {
 
 /// Whether an original destination points back at this pod's proxy listeners.
 pub(crate) fn is_self_call(pod: &LocalPod, dst: SocketAddr) -> bool {
-    crate::ports::is_proxy_port(dst.port()) && (pod.ips.contains(dst.ip()) || dst.ip().is_loopback() || dst.ip().is_unspecified())
+    crate::ports::is_proxy_port(dst.port())
+        && (pod.ips.contains(dst.ip()) || dst.ip().is_loopback() || dst.ip().is_unspecified())
 }
 
 #[cfg(test)]
@@ -253,7 +275,9 @@ mod tests {
         // Before the wait starts: stored, so the relay that polls later still ends.
         let early = Revocation::default();
         early.revoke();
-        tokio::time::timeout(std::time::Duration::from_secs(5), early.revoked()).await.expect("stored revocation");
+        tokio::time::timeout(std::time::Duration::from_secs(5), early.revoked())
+            .await
+            .expect("stored revocation");
 
         // While waiting: the waker is woken.
         let late = Arc::new(Revocation::default());
@@ -264,6 +288,9 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());
         late.revoke();
-        tokio::time::timeout(std::time::Duration::from_secs(5), waiter).await.expect("woken").expect("task");
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .expect("task");
     }
 }

@@ -22,7 +22,11 @@ impl Pods {
 
     /// For an enrolled pod, whether it was enrolled in `netns`; None if not enrolled.
     pub async fn enrolled_in(&self, uid: &WorkloadUid, netns: &InPodNetns) -> Option<bool> {
-        self.0.lock().await.get(uid).map(|p| p.pod.netns.same_as(netns))
+        self.0
+            .lock()
+            .await
+            .get(uid)
+            .map(|p| p.pod.netns.same_as(netns))
     }
 
     pub async fn insert(&self, uid: WorkloadUid, pod: EnrolledPod) {

@@ -57,28 +57,50 @@ impl WorkloadStates {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn entry<'a>(map: &'a mut HashMap<WorkloadUid, Entry>, uid: &WorkloadUid, info: ProxyInfo) -> &'a mut Entry {
-        map.entry(uid.clone()).or_insert_with(|| Entry { info, pending: 0, up: Vec::new() })
+    fn entry<'a>(
+        map: &'a mut HashMap<WorkloadUid, Entry>,
+        uid: &WorkloadUid,
+        info: ProxyInfo,
+    ) -> &'a mut Entry {
+        map.entry(uid.clone()).or_insert_with(|| Entry {
+            info,
+            pending: 0,
+            up: Vec::new(),
+        })
     }
 
     pub fn pending(self: &Arc<Self>, uid: &WorkloadUid, info: ProxyInfo) -> PendingGuard {
         Self::entry(&mut self.lock(), uid, info).pending += 1;
-        PendingGuard { states: self.clone(), uid: uid.clone() }
+        PendingGuard {
+            states: self.clone(),
+            uid: uid.clone(),
+        }
     }
 
     pub fn up(self: &Arc<Self>, pod: &LocalPod) -> UpGuard {
         let w = &pod.workload;
-        let info = ProxyInfo { name: w.name.clone(), namespace: w.namespace.clone(), service_account: w.service_account.clone() };
+        let info = ProxyInfo {
+            name: w.name.clone(),
+            namespace: w.namespace.clone(),
+            service_account: w.service_account.clone(),
+        };
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut map = self.lock();
         let e = Self::entry(&mut map, &w.uid, info.clone());
         e.info = info;
         e.up.push((id, pod.clone()));
-        UpGuard { states: self.clone(), uid: w.uid.clone(), id }
+        UpGuard {
+            states: self.clone(),
+            uid: w.uid.clone(),
+            id,
+        }
     }
 
     fn settle(map: &mut HashMap<WorkloadUid, Entry>, uid: &WorkloadUid) {
-        if map.get(uid).is_some_and(|e| e.pending == 0 && e.up.is_empty()) {
+        if map
+            .get(uid)
+            .is_some_and(|e| e.pending == 0 && e.up.is_empty())
+        {
             map.remove(uid);
         }
     }
@@ -91,7 +113,10 @@ impl WorkloadStates {
             .map(|(uid, e)| ProxyStateView {
                 uid: uid.clone(),
                 info: e.info.clone(),
-                connections: e.up.last().map(|(_, pod)| (pod.inbound.snapshot(), pod.outbound.snapshot())),
+                connections: e
+                    .up
+                    .last()
+                    .map(|(_, pod)| (pod.inbound.snapshot(), pod.outbound.snapshot())),
             })
             .collect();
         out.sort_by(|a, b| a.uid.cmp(&b.uid));
@@ -128,9 +153,13 @@ mod tests {
         w.service_account = "sa".into();
         LocalPod {
             identity: w.identity(),
-            ips: crate::state::PodIps { v4: Some("10.0.0.1".parse().unwrap()), v6: None },
+            ips: crate::state::PodIps {
+                v4: Some("10.0.0.1".parse().unwrap()),
+                v6: None,
+            },
             workload: Arc::new(w),
-            netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net")).unwrap(),
+            netns: crate::netns::InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))
+                .unwrap(),
             active: Default::default(),
             inbound: Default::default(),
             outbound: Default::default(),
@@ -141,7 +170,13 @@ mod tests {
     fn pending_then_up_then_gone() {
         let states = Arc::new(WorkloadStates::default());
         let uid = WorkloadUid("u1".into());
-        let pending = states.pending(&uid, ProxyInfo { name: "a".into(), ..Default::default() });
+        let pending = states.pending(
+            &uid,
+            ProxyInfo {
+                name: "a".into(),
+                ..Default::default()
+            },
+        );
         let snap = states.snapshot();
         assert_eq!(snap.len(), 1);
         assert!(snap[0].connections.is_none(), "pending");
@@ -158,7 +193,10 @@ mod tests {
         let (inbound, outbound) = snap[0].connections.clone().expect("up");
         assert!(inbound.is_empty());
         assert_eq!(outbound.len(), 1);
-        assert_eq!(snap[0].info.service_account, "sa", "the workload's own info once up");
+        assert_eq!(
+            snap[0].info.service_account, "sa",
+            "the workload's own info once up"
+        );
         drop(up);
         assert!(states.snapshot().is_empty());
     }

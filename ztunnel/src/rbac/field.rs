@@ -7,12 +7,22 @@
 
 /// Empty list: no constraint. A missing value gives `if_missing`; a present one must
 /// match one entry.
-pub fn positive<M, V: Copy>(list: &[M], value: Option<V>, if_missing: bool, f: impl Fn(&M, V) -> bool) -> bool {
+pub fn positive<M, V: Copy>(
+    list: &[M],
+    value: Option<V>,
+    if_missing: bool,
+    f: impl Fn(&M, V) -> bool,
+) -> bool {
     list.is_empty() || value.map_or(if_missing, |v| list.iter().any(|m| f(m, v)))
 }
 
 /// Empty list: no constraint. A missing value gives `if_missing`; a present one must
 /// match no entry.
-pub fn negative<M, V: Copy>(list: &[M], value: Option<V>, if_missing: bool, f: impl Fn(&M, V) -> bool) -> bool {
+pub fn negative<M, V: Copy>(
+    list: &[M],
+    value: Option<V>,
+    if_missing: bool,
+    f: impl Fn(&M, V) -> bool,
+) -> bool {
     list.is_empty() || value.map_or(if_missing, |v| !list.iter().any(|m| f(m, v)))
 }

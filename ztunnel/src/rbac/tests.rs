@@ -17,7 +17,10 @@ const OTHER: &str = "spiffe://cluster.local/ns/other/sa/evil";
 
 #[test]
 fn no_policies_allow() {
-    assert_eq!(evaluate([], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    assert_eq!(
+        evaluate([], &conn(None, "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
 }
 
 #[test]
@@ -26,7 +29,10 @@ fn allow_by_principal_without_scheme() {
         "{name: a, namespace: default, scope: Namespace, action: Allow,
           rules: [[[{principals: [{Exact: cluster.local/ns/default/sa/client}]}]]]}",
     );
-    assert_eq!(evaluate([&p], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    assert_eq!(
+        evaluate([&p], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
     assert_eq!(
         evaluate([&p], &conn(Some(OTHER), "10.0.0.1", "10.0.0.2:80")),
         Decision::Deny(DenyReason::NoAllowMatch)
@@ -45,9 +51,18 @@ fn deny_wins_over_allow() {
         "{name: d, namespace: default, scope: Global, action: Deny,
           rules: [[[{namespaces: [{Exact: other}]}]]]}",
     );
-    assert_eq!(evaluate([&allow, &deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
     assert_eq!(
-        evaluate([&allow, &deny], &conn(Some(OTHER), "10.0.0.1", "10.0.0.2:80")),
+        evaluate(
+            [&allow, &deny],
+            &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")
+        ),
+        Decision::Allow
+    );
+    assert_eq!(
+        evaluate(
+            [&allow, &deny],
+            &conn(Some(OTHER), "10.0.0.1", "10.0.0.2:80")
+        ),
         Decision::Deny(DenyReason::DenyPolicy("default/d".into()))
     );
 }
@@ -83,12 +98,30 @@ fn match_fields_and_not_forms() {
     )
     .unwrap();
     assert!(m.matches(&conn(Some(CLIENT), "10.0.0.1", "10.1.1.1:80")));
-    assert!(!m.matches(&conn(Some(CLIENT), "10.9.0.1", "10.1.1.1:80")), "notSourceIps");
-    assert!(!m.matches(&conn(Some(CLIENT), "11.0.0.1", "10.1.1.1:80")), "sourceIps");
-    assert!(!m.matches(&conn(Some(CLIENT), "10.0.0.1", "10.1.1.2:80")), "destinationIps");
-    assert!(!m.matches(&conn(Some(CLIENT), "10.0.0.1", "10.1.1.1:22")), "notDestinationPorts");
-    assert!(!m.matches(&conn(Some(OTHER), "10.0.0.1", "10.1.1.1:80")), "serviceAccounts");
-    assert!(!m.matches(&conn(None, "10.0.0.1", "10.1.1.1:80")), "no identity");
+    assert!(
+        !m.matches(&conn(Some(CLIENT), "10.9.0.1", "10.1.1.1:80")),
+        "notSourceIps"
+    );
+    assert!(
+        !m.matches(&conn(Some(CLIENT), "11.0.0.1", "10.1.1.1:80")),
+        "sourceIps"
+    );
+    assert!(
+        !m.matches(&conn(Some(CLIENT), "10.0.0.1", "10.1.1.2:80")),
+        "destinationIps"
+    );
+    assert!(
+        !m.matches(&conn(Some(CLIENT), "10.0.0.1", "10.1.1.1:22")),
+        "notDestinationPorts"
+    );
+    assert!(
+        !m.matches(&conn(Some(OTHER), "10.0.0.1", "10.1.1.1:80")),
+        "serviceAccounts"
+    );
+    assert!(
+        !m.matches(&conn(None, "10.0.0.1", "10.1.1.1:80")),
+        "no identity"
+    );
 }
 
 #[test]
@@ -97,9 +130,18 @@ fn negative_identity_fields_hold_for_anonymous_peers() {
         "{name: d, namespace: default, scope: Global, action: Deny,
           rules: [[[{notPrincipals: [{Exact: cluster.local/ns/default/sa/client}]}]]]}",
     );
-    assert_eq!(evaluate([&deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
-    assert!(matches!(evaluate([&deny], &conn(Some(OTHER), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(_)));
-    assert!(matches!(evaluate([&deny], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Deny(_)));
+    assert_eq!(
+        evaluate([&deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
+    assert!(matches!(
+        evaluate([&deny], &conn(Some(OTHER), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Deny(_)
+    ));
+    assert!(matches!(
+        evaluate([&deny], &conn(None, "10.0.0.1", "10.0.0.2:80")),
+        Decision::Deny(_)
+    ));
 }
 
 #[test]
@@ -114,22 +156,37 @@ fn string_match_kinds() {
 
 #[test]
 fn dry_run_is_not_enforced_and_not_counted() {
-    let p = policy("{name: a, namespace: default, scope: Global, action: Deny, dryRun: true, rules: [[]]}");
-    assert_eq!(evaluate([&p], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
-    let p = policy("{name: a, namespace: default, scope: Global, action: Allow, dryRun: true, rules: []}");
-    assert_eq!(evaluate([&p], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    let p = policy(
+        "{name: a, namespace: default, scope: Global, action: Deny, dryRun: true, rules: [[]]}",
+    );
+    assert_eq!(
+        evaluate([&p], &conn(None, "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
+    let p = policy(
+        "{name: a, namespace: default, scope: Global, action: Allow, dryRun: true, rules: []}",
+    );
+    assert_eq!(
+        evaluate([&p], &conn(None, "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
 }
 
 #[test]
 fn allow_with_no_rules_allows_nothing() {
     let p = policy("{name: a, namespace: default, scope: Global, action: Allow}");
-    assert!(matches!(evaluate([&p], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(_)));
+    assert!(matches!(
+        evaluate([&p], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Deny(_)
+    ));
 }
 
 #[test]
 fn rejects_bad_cidr_and_unknown_field() {
     assert!(serde_yaml::from_str::<Match>("{sourceIps: [10.0.0.0/99]}").is_err());
-    let e = serde_yaml::from_str::<Match>("{principal: []}").unwrap_err().to_string();
+    let e = serde_yaml::from_str::<Match>("{principal: []}")
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("unknown field `principal`"), "{e}");
 }
 
@@ -138,25 +195,45 @@ fn rejects_bad_cidr_and_unknown_field() {
 /// no-op at L4; taking it as match-all reset every connection to the workload.
 #[test]
 fn deny_with_only_http_attributes_denies_nothing() {
-    let deny = policy("{name: d, namespace: default, scope: Namespace, action: Deny, rules: [[[{}]]]}");
-    assert_eq!(evaluate([&deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
-    assert_eq!(evaluate([&deny], &conn(None, "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    let deny =
+        policy("{name: d, namespace: default, scope: Namespace, action: Deny, rules: [[[{}]]]}");
+    assert_eq!(
+        evaluate([&deny], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
+    assert_eq!(
+        evaluate([&deny], &conn(None, "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
     // `from` with a principal and `to` with only methods: the `to` clause never holds.
     let mixed = policy(
         "{name: d, namespace: default, scope: Namespace, action: Deny,
           rules: [[[{}], [{principals: [{Exact: cluster.local/ns/default/sa/client}]}]]]}",
     );
-    assert_eq!(evaluate([&mixed], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Allow);
+    assert_eq!(
+        evaluate([&mixed], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Allow
+    );
     // An empty match beside a real one: the real one decides.
     let beside = policy(
         "{name: d, namespace: default, scope: Namespace, action: Deny,
           rules: [[[{}, {destinationPorts: [80]}]]]}",
     );
-    assert!(matches!(evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(_)));
-    assert_eq!(evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:81")), Decision::Allow);
+    assert!(matches!(
+        evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Deny(_)
+    ));
+    assert_eq!(
+        evaluate([&beside], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:81")),
+        Decision::Allow
+    );
     // The same empty match in an ALLOW matches nothing either: the ALLOW in scope denies.
-    let allow = policy("{name: a, namespace: default, scope: Namespace, action: Allow, rules: [[[{}]]]}");
-    assert_eq!(evaluate([&allow], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")), Decision::Deny(DenyReason::NoAllowMatch));
+    let allow =
+        policy("{name: a, namespace: default, scope: Namespace, action: Allow, rules: [[[{}]]]}");
+    assert_eq!(
+        evaluate([&allow], &conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80")),
+        Decision::Deny(DenyReason::NoAllowMatch)
+    );
 }
 
 /// Istio's ztunnel: no rules match nothing (even for DENY); a rule with no clauses and a
@@ -164,9 +241,18 @@ fn deny_with_only_http_attributes_denies_nothing() {
 #[test]
 fn empty_rules_and_clauses_as_istio() {
     let c = conn(Some(CLIENT), "10.0.0.1", "10.0.0.2:80");
-    assert!(!policy("{name: d, namespace: default, scope: Global, action: Deny, rules: []}").matches(&c));
-    assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[]]}").matches(&c));
-    assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[[]]]}").matches(&c));
+    assert!(
+        !policy("{name: d, namespace: default, scope: Global, action: Deny, rules: []}")
+            .matches(&c)
+    );
+    assert!(
+        policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[]]}")
+            .matches(&c)
+    );
+    assert!(
+        policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[[]]]}")
+            .matches(&c)
+    );
     assert!(policy("{name: d, namespace: default, scope: Global, action: Deny, rules: [[[], [{destinationPorts: [80]}]]]}").matches(&c));
     // What stands in for an unenforceable policy still denies everything in its scope.
     let d = Authorization::deny_all("default", "x", PolicyScope::Global, false, "test".into());

@@ -20,7 +20,9 @@ impl<'de> Deserialize<'de> for NetworkAddress {
             None => (String::new(), s.as_str()),
         };
         let address = ip.parse().map_err(|_| {
-            serde::de::Error::custom(format!("invalid address {s:?}: expected \"<network>/<ip>\" or \"<ip>\""))
+            serde::de::Error::custom(format!(
+                "invalid address {s:?}: expected \"<network>/<ip>\" or \"<ip>\""
+            ))
         })?;
         Ok(NetworkAddress { network, address })
     }
@@ -44,9 +46,17 @@ impl<'de> Deserialize<'de> for NetworkCidr {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
         if let Ok(cidr) = s.parse() {
-            return Ok(NetworkCidr { network: String::new(), cidr });
+            return Ok(NetworkCidr {
+                network: String::new(),
+                cidr,
+            });
         }
-        let parsed = s.split_once('/').and_then(|(network, rest)| Some(NetworkCidr { network: network.to_string(), cidr: rest.parse().ok()? }));
+        let parsed = s.split_once('/').and_then(|(network, rest)| {
+            Some(NetworkCidr {
+                network: network.to_string(),
+                cidr: rest.parse().ok()?,
+            })
+        });
         parsed.ok_or_else(|| serde::de::Error::custom(format!("invalid VIP range {s:?}: expected \"<network>/<ip>/<length>\" or \"<ip>/<length>\"")))
     }
 }
@@ -105,7 +115,10 @@ impl PodIps {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = IpAddr> {
-        self.v4.map(IpAddr::V4).into_iter().chain(self.v6.map(IpAddr::V6))
+        self.v4
+            .map(IpAddr::V4)
+            .into_iter()
+            .chain(self.v6.map(IpAddr::V6))
     }
 }
 
@@ -123,16 +136,24 @@ mod tests {
     #[test]
     fn addresses_and_ranges_name_their_network() {
         let a: NetworkAddress = serde_yaml::from_str("net-b/10.0.0.1").unwrap();
-        assert_eq!((a.network.as_str(), a.to_string().as_str()), ("net-b", "net-b/10.0.0.1"));
+        assert_eq!(
+            (a.network.as_str(), a.to_string().as_str()),
+            ("net-b", "net-b/10.0.0.1")
+        );
         let a: NetworkAddress = serde_yaml::from_str("10.0.0.1").unwrap();
         assert_eq!(a.to_string(), "/10.0.0.1");
         let r: NetworkCidr = serde_yaml::from_str("10.200.0.0/16").unwrap();
-        assert_eq!((r.network.as_str(), r.to_string().as_str()), ("", "/10.200.0.0/16"));
+        assert_eq!(
+            (r.network.as_str(), r.to_string().as_str()),
+            ("", "/10.200.0.0/16")
+        );
         let r: NetworkCidr = serde_yaml::from_str("net-b/10.200.0.0/16").unwrap();
         assert_eq!(r.to_string(), "net-b/10.200.0.0/16");
         assert!(r.cidr.contains("10.200.9.9".parse().unwrap()));
         for bad in ["net-b/10.200.0.0/40", "10.200.0.0/x", "net/b/10.0.0.0/8"] {
-            let e = serde_yaml::from_str::<NetworkCidr>(bad).unwrap_err().to_string();
+            let e = serde_yaml::from_str::<NetworkCidr>(bad)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("invalid VIP range"), "{bad}: {e}");
         }
     }
@@ -142,9 +163,14 @@ mod tests {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let dual = [ip("10.0.0.1"), ip("fd00::1"), ip("10.0.0.2"), ip("fd00::2")];
         let p = PodIps::of(&dual, true).unwrap();
-        assert_eq!(p.iter().collect::<Vec<_>>(), [ip("10.0.0.1"), ip("fd00::1")]);
+        assert_eq!(
+            p.iter().collect::<Vec<_>>(),
+            [ip("10.0.0.1"), ip("fd00::1")]
+        );
         assert_eq!(p.to_string(), "10.0.0.1,fd00::1");
-        assert!(p.contains(ip("fd00::1")) && !p.contains(ip("fd00::2")) && !p.contains(ip("10.0.0.2")));
+        assert!(
+            p.contains(ip("fd00::1")) && !p.contains(ip("fd00::2")) && !p.contains(ip("10.0.0.2"))
+        );
         assert_eq!(p.of_family(ip("fd00:96::1")), Some(ip("fd00::1")));
         assert_eq!(p.of_family(ip("127.0.0.1")), Some(ip("10.0.0.1")));
         assert_eq!(p.primary(), ip("10.0.0.1"));
@@ -152,7 +178,10 @@ mod tests {
         assert_eq!(PodIps::of(&dual, false).unwrap().v6, None);
         assert_eq!(PodIps::of(&[ip("fd00::1")], false), None);
         let v6 = PodIps::of(&[ip("fd00::1")], true).unwrap();
-        assert_eq!((v6.primary(), v6.of_family(ip("10.0.0.9"))), (ip("fd00::1"), None));
+        assert_eq!(
+            (v6.primary(), v6.of_family(ip("10.0.0.9"))),
+            (ip("fd00::1"), None)
+        );
         assert_eq!(PodIps::of(&[], true), None);
     }
 }

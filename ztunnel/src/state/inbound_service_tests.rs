@@ -28,11 +28,21 @@ fn the_service_the_client_named_wins_among_the_workloads_own() {
     let st = state();
     let echo = st.workload_by_uid(&WorkloadUid("echo".into())).unwrap();
     // Both of echo's services serve 8080; the client side said which one it meant.
-    assert_eq!(name(st.inbound_service(echo, Some("echo.default.svc.cluster.local"), 8080)), Some("echo"));
-    assert_eq!(name(st.inbound_service(echo, Some("admin.default.svc.cluster.local"), 8080)), Some("admin"));
+    assert_eq!(
+        name(st.inbound_service(echo, Some("echo.default.svc.cluster.local"), 8080)),
+        Some("echo")
+    );
+    assert_eq!(
+        name(st.inbound_service(echo, Some("admin.default.svc.cluster.local"), 8080)),
+        Some("admin")
+    );
     // Without a claim: the first by name whose port maps to the target port.
     assert_eq!(name(st.inbound_service(echo, None, 8080)), Some("admin"));
-    assert_eq!(name(st.inbound_service(echo, None, 9000)), Some("admin"), "target port 0 means the service port");
+    assert_eq!(
+        name(st.inbound_service(echo, None, 9000)),
+        Some("admin"),
+        "target port 0 means the service port"
+    );
     assert_eq!(name(st.inbound_service(echo, None, 7000)), None);
 }
 
@@ -40,6 +50,12 @@ fn the_service_the_client_named_wins_among_the_workloads_own() {
 fn a_claimed_service_the_workload_is_not_in_is_not_believed() {
     let st = state();
     let echo = st.workload_by_uid(&WorkloadUid("echo".into())).unwrap();
-    assert_eq!(name(st.inbound_service(echo, Some("other.default.svc.cluster.local"), 7000)), None);
-    assert_eq!(name(st.inbound_service(echo, Some("other.default.svc.cluster.local"), 8080)), Some("admin"));
+    assert_eq!(
+        name(st.inbound_service(echo, Some("other.default.svc.cluster.local"), 7000)),
+        None
+    );
+    assert_eq!(
+        name(st.inbound_service(echo, Some("other.default.svc.cluster.local"), 8080)),
+        Some("admin")
+    );
 }

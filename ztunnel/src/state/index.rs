@@ -18,7 +18,9 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use super::address::{NetworkAddress, NetworkCidr};
-use super::workload::{GatewayDestination, NamespacedHostname, NetworkMode, Service, Workload, WorkloadUid};
+use super::workload::{
+    GatewayDestination, NamespacedHostname, NetworkMode, Service, Workload, WorkloadUid,
+};
 use crate::rbac::{Authorization, PolicyScope};
 
 /// Who keeps a contested key: the lower rank. Unique per object held (the xDS store
@@ -40,7 +42,12 @@ enum Claimed<T> {
     Lost(Arc<T>),
 }
 
-fn claim<K: Hash + Eq, T>(claims: &mut HashMap<K, Claims<T>>, key: K, rank: Rank, value: &Arc<T>) -> Claimed<T> {
+fn claim<K: Hash + Eq, T>(
+    claims: &mut HashMap<K, Claims<T>>,
+    key: K,
+    rank: Rank,
+    value: &Arc<T>,
+) -> Claimed<T> {
     let c = claims.entry(key).or_insert_with(|| Claims(SmallVec::new()));
     let at = c.0.partition_point(|(r, _)| *r < rank);
     c.0.insert(at, (rank, value.clone()));
@@ -52,7 +59,11 @@ fn claim<K: Hash + Eq, T>(claims: &mut HashMap<K, Claims<T>>, key: K, rank: Rank
 
 /// Releases `rank`'s claim. `Some(next)` when it was the holder (`next`: who holds the
 /// key now, if anyone), `None` when it was not.
-fn unclaim<K: Hash + Eq, T>(claims: &mut HashMap<K, Claims<T>>, key: &K, rank: Rank) -> Option<Option<(Rank, Arc<T>)>> {
+fn unclaim<K: Hash + Eq, T>(
+    claims: &mut HashMap<K, Claims<T>>,
+    key: &K,
+    rank: Rank,
+) -> Option<Option<(Rank, Arc<T>)>> {
     let c = claims.get_mut(key)?;
     let at = c.0.iter().position(|(r, _)| *r == rank)?;
     c.0.remove(at);
@@ -94,7 +105,8 @@ impl<T: Clone> ByAddress<T> {
                 by_ip.insert(ip, value);
             }
             None => {
-                self.0.insert(network.to_string(), imbl::HashMap::unit(ip, value));
+                self.0
+                    .insert(network.to_string(), imbl::HashMap::unit(ip, value));
             }
         }
     }
@@ -123,7 +135,8 @@ pub struct MeshState {
     pub(super) service_by_name: imbl::HashMap<(String, String), Arc<Service>>,
     /// Endpoints of each service by workload uid (the port map, service port -> target
     /// port, is the workload's `services` entry).
-    pub(super) endpoints: imbl::HashMap<NamespacedHostname, imbl::OrdMap<WorkloadUid, Arc<Workload>>>,
+    pub(super) endpoints:
+        imbl::HashMap<NamespacedHostname, imbl::OrdMap<WorkloadUid, Arc<Workload>>>,
     /// Every policy by key, and those of global and namespace scope again by scope, so a
     /// connection's evaluation looks at the policies in its scope only.
     pub(super) policies: imbl::OrdMap<String, Arc<Authorization>>,
@@ -154,26 +167,39 @@ pub enum StateError {
     #[error("workload uid {0:?} appears twice; every workload needs a unique uid")]
     DuplicateWorkload(String),
     #[error("workload IP {addr} (network/ip) is claimed by both {first} and {second}; an IP must map to one identity in its network")]
-    DuplicateIp { addr: NetworkAddress, first: String, second: String },
+    DuplicateIp {
+        addr: NetworkAddress,
+        first: String,
+        second: String,
+    },
     #[error("service VIP {addr} (network/ip) is claimed by both {first} and {second}")]
-    DuplicateVip { addr: NetworkAddress, first: String, second: String },
+    DuplicateVip {
+        addr: NetworkAddress,
+        first: String,
+        second: String,
+    },
     #[error("service {0} appears twice")]
     DuplicateService(String),
 }
 
 impl MeshState {
     /// The uids of the workloads behind the network gateways `named` (each looked up once).
-    fn gateway_workloads<'a>(&self, named: impl Iterator<Item = &'a GatewayDestination>) -> HashSet<WorkloadUid> {
+    fn gateway_workloads<'a>(
+        &self,
+        named: impl Iterator<Item = &'a GatewayDestination>,
+    ) -> HashSet<WorkloadUid> {
         let mut uids = HashSet::new();
         for dest in named {
             let svc = match dest {
-                GatewayDestination::Address(a) => match self.workload_by_ip.get(&a.network, a.address) {
-                    Some(w) => {
-                        uids.insert(w.uid.clone());
-                        continue;
+                GatewayDestination::Address(a) => {
+                    match self.workload_by_ip.get(&a.network, a.address) {
+                        Some(w) => {
+                            uids.insert(w.uid.clone());
+                            continue;
+                        }
+                        None => self.service_by_vip(&a.network, a.address),
                     }
-                    None => self.service_by_vip(&a.network, a.address),
-                },
+                }
                 GatewayDestination::Hostname(h) => self.services.get(h),
             };
             let eps = svc.and_then(|s| self.endpoints.get(&s.namespaced_hostname()));
@@ -181,7 +207,6 @@ impl MeshState {
         }
         uids
     }
-
 }
 
 #[derive(Default)]
@@ -204,7 +229,11 @@ impl MeshIndex {
     /// The state as of now: clones of persistent maps, so it costs the number of maps.
     pub fn snapshot(&mut self) -> MeshState {
         if self.cidr_changed {
-            let mut cidrs: Vec<_> = self.cidr_services.values().flat_map(|s| s.cidr_vips.iter().map(move |c| (c.clone(), s.clone()))).collect();
+            let mut cidrs: Vec<_> = self
+                .cidr_services
+                .values()
+                .flat_map(|s| s.cidr_vips.iter().map(move |c| (c.clone(), s.clone())))
+                .collect();
             // Stable: among equal prefixes, the earlier (stronger) service wins.
             cidrs.sort_by_key(|(c, _)| std::cmp::Reverse(c.cidr.0.prefix_len()));
             self.state.service_by_cidr = Arc::new(cidrs);
@@ -215,7 +244,12 @@ impl MeshIndex {
         self.state.clone()
     }
 
-    pub fn insert_workload(&mut self, rank: Rank, wl: Arc<Workload>, conflicts: &mut Vec<StateError>) {
+    pub fn insert_workload(
+        &mut self,
+        rank: Rank,
+        wl: Arc<Workload>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         match claim(&mut self.workload_claims, wl.uid.clone(), rank, &wl) {
             Claimed::Won(displaced) => {
                 if let Some(old) = displaced {
@@ -228,7 +262,12 @@ impl MeshIndex {
         }
     }
 
-    pub fn remove_workload(&mut self, rank: Rank, wl: &Arc<Workload>, conflicts: &mut Vec<StateError>) {
+    pub fn remove_workload(
+        &mut self,
+        rank: Rank,
+        wl: &Arc<Workload>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         if let Some(next) = unclaim(&mut self.workload_claims, &wl.uid, rank) {
             self.deactivate_workload(wl);
             if let Some((rank, next)) = next {
@@ -237,28 +276,53 @@ impl MeshIndex {
         }
     }
 
-    fn activate_workload(&mut self, rank: Rank, wl: &Arc<Workload>, conflicts: &mut Vec<StateError>) {
+    fn activate_workload(
+        &mut self,
+        rank: Rank,
+        wl: &Arc<Workload>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         self.state.workloads.insert(wl.uid.clone(), wl.clone());
         for ip in addresses(wl) {
             match claim(&mut self.ip_claims, (wl.network.clone(), *ip), rank, wl) {
                 Claimed::Won(displaced) => {
-                    self.state.workload_by_ip.insert(&wl.network, *ip, wl.clone());
+                    self.state
+                        .workload_by_ip
+                        .insert(&wl.network, *ip, wl.clone());
                     if let Some(d) = displaced {
-                        conflicts.push(StateError::DuplicateIp { addr: NetworkAddress { network: wl.network.clone(), address: *ip }, first: wl.uid.to_string(), second: d.uid.to_string() });
+                        conflicts.push(StateError::DuplicateIp {
+                            addr: NetworkAddress {
+                                network: wl.network.clone(),
+                                address: *ip,
+                            },
+                            first: wl.uid.to_string(),
+                            second: d.uid.to_string(),
+                        });
                     }
                 }
                 Claimed::Lost(holder) => conflicts.push(StateError::DuplicateIp {
-                    addr: NetworkAddress { network: wl.network.clone(), address: *ip },
+                    addr: NetworkAddress {
+                        network: wl.network.clone(),
+                        address: *ip,
+                    },
                     first: holder.uid.to_string(),
                     second: wl.uid.to_string(),
                 }),
             }
         }
         for svc in wl.services.keys() {
-            self.state.endpoints.entry(svc.clone()).or_default().insert(wl.uid.clone(), wl.clone());
+            self.state
+                .endpoints
+                .entry(svc.clone())
+                .or_default()
+                .insert(wl.uid.clone(), wl.clone());
         }
         if !wl.node.is_empty() {
-            self.state.pods.entry(pod_key(&wl.namespace, &wl.name)).or_default().push(wl.clone());
+            self.state
+                .pods
+                .entry(pod_key(&wl.namespace, &wl.name))
+                .or_default()
+                .push(wl.clone());
         }
         if let Some(gw) = &wl.network_gateway {
             *self.gateway_refs.entry(gw.destination.clone()).or_default() += 1;
@@ -270,7 +334,12 @@ impl MeshIndex {
         self.state.workloads.remove(&wl.uid);
         for ip in addresses(wl) {
             let key = (wl.network.clone(), *ip);
-            let Some(rank) = self.ip_claims.get(&key).and_then(|c| c.0.iter().find(|(_, w)| Arc::ptr_eq(w, wl))).map(|(r, _)| *r) else {
+            let Some(rank) = self
+                .ip_claims
+                .get(&key)
+                .and_then(|c| c.0.iter().find(|(_, w)| Arc::ptr_eq(w, wl)))
+                .map(|(r, _)| *r)
+            else {
                 continue;
             };
             match unclaim(&mut self.ip_claims, &key, rank) {
@@ -308,7 +377,12 @@ impl MeshIndex {
         }
     }
 
-    pub fn insert_service(&mut self, rank: Rank, svc: Arc<Service>, conflicts: &mut Vec<StateError>) {
+    pub fn insert_service(
+        &mut self,
+        rank: Rank,
+        svc: Arc<Service>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         let key = svc.namespaced_hostname();
         match claim(&mut self.service_claims, key.clone(), rank, &svc) {
             Claimed::Won(displaced) => {
@@ -322,7 +396,12 @@ impl MeshIndex {
         }
     }
 
-    pub fn remove_service(&mut self, rank: Rank, svc: &Arc<Service>, conflicts: &mut Vec<StateError>) {
+    pub fn remove_service(
+        &mut self,
+        rank: Rank,
+        svc: &Arc<Service>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         if let Some(next) = unclaim(&mut self.service_claims, &svc.namespaced_hostname(), rank) {
             self.deactivate_service(svc);
             if let Some((rank, next)) = next {
@@ -331,22 +410,49 @@ impl MeshIndex {
         }
     }
 
-    fn activate_service(&mut self, rank: Rank, svc: &Arc<Service>, conflicts: &mut Vec<StateError>) {
+    fn activate_service(
+        &mut self,
+        rank: Rank,
+        svc: &Arc<Service>,
+        conflicts: &mut Vec<StateError>,
+    ) {
         let key = svc.namespaced_hostname();
         self.state.services.insert(key.clone(), svc.clone());
         for vip in &svc.vips {
-            match claim(&mut self.vip_claims, (vip.network.clone(), vip.address), rank, svc) {
+            match claim(
+                &mut self.vip_claims,
+                (vip.network.clone(), vip.address),
+                rank,
+                svc,
+            ) {
                 Claimed::Won(displaced) => {
-                    self.state.service_by_vip.insert(&vip.network, vip.address, svc.clone());
+                    self.state
+                        .service_by_vip
+                        .insert(&vip.network, vip.address, svc.clone());
                     if let Some(d) = displaced {
-                        conflicts.push(StateError::DuplicateVip { addr: vip.clone(), first: key.to_string(), second: d.namespaced_hostname().to_string() });
+                        conflicts.push(StateError::DuplicateVip {
+                            addr: vip.clone(),
+                            first: key.to_string(),
+                            second: d.namespaced_hostname().to_string(),
+                        });
                     }
                 }
-                Claimed::Lost(holder) => conflicts.push(StateError::DuplicateVip { addr: vip.clone(), first: holder.namespaced_hostname().to_string(), second: key.to_string() }),
+                Claimed::Lost(holder) => conflicts.push(StateError::DuplicateVip {
+                    addr: vip.clone(),
+                    first: holder.namespaced_hostname().to_string(),
+                    second: key.to_string(),
+                }),
             }
         }
-        if let Claimed::Won(_) = claim(&mut self.name_claims, (svc.namespace.clone(), svc.name.clone()), rank, svc) {
-            self.state.service_by_name.insert((svc.namespace.clone(), svc.name.clone()), svc.clone());
+        if let Claimed::Won(_) = claim(
+            &mut self.name_claims,
+            (svc.namespace.clone(), svc.name.clone()),
+            rank,
+            svc,
+        ) {
+            self.state
+                .service_by_name
+                .insert((svc.namespace.clone(), svc.name.clone()), svc.clone());
         }
         if !svc.cidr_vips.is_empty() {
             self.cidr_services.insert(rank, svc.clone());
@@ -356,13 +462,23 @@ impl MeshIndex {
 
     fn deactivate_service(&mut self, svc: &Arc<Service>) {
         self.state.services.remove(&svc.namespaced_hostname());
-        let rank_in = |claims: &Claims<Service>| claims.0.iter().find(|(_, s)| Arc::ptr_eq(s, svc)).map(|(r, _)| *r);
+        let rank_in = |claims: &Claims<Service>| {
+            claims
+                .0
+                .iter()
+                .find(|(_, s)| Arc::ptr_eq(s, svc))
+                .map(|(r, _)| *r)
+        };
         for vip in &svc.vips {
             let key = (vip.network.clone(), vip.address);
-            let Some(rank) = self.vip_claims.get(&key).and_then(rank_in) else { continue };
+            let Some(rank) = self.vip_claims.get(&key).and_then(rank_in) else {
+                continue;
+            };
             match unclaim(&mut self.vip_claims, &key, rank) {
                 Some(Some((_, next))) => {
-                    self.state.service_by_vip.insert(&vip.network, vip.address, next);
+                    self.state
+                        .service_by_vip
+                        .insert(&vip.network, vip.address, next);
                 }
                 Some(None) => self.state.service_by_vip.remove(&vip.network, vip.address),
                 None => {}
@@ -412,7 +528,11 @@ impl MeshIndex {
                 self.state.global_policies.insert(key, p.clone());
             }
             PolicyScope::Namespace => {
-                self.state.namespace_policies.entry(p.namespace.clone()).or_default().insert(key, p.clone());
+                self.state
+                    .namespace_policies
+                    .entry(p.namespace.clone())
+                    .or_default()
+                    .insert(key, p.clone());
             }
             // Looked up by key from the workloads that name it.
             PolicyScope::WorkloadSelector => {}
@@ -449,7 +569,10 @@ mod tests {
 
     impl Lcg {
         fn below(&mut self, n: u64) -> u64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (self.0 >> 33) % n
         }
     }
@@ -470,7 +593,11 @@ mod tests {
                     1 => "Kubernetes//Pod/ns/b".to_string(),
                     n => format!("Kubernetes/networking.istio.io/WorkloadEntry/ns/e{n}"),
                 };
-                let ips = if g.below(2) == 0 { ip(g) } else { format!("{}, {}", ip(g), ip(g)) };
+                let ips = if g.below(2) == 0 {
+                    ip(g)
+                } else {
+                    format!("{}, {}", ip(g), ip(g))
+                };
                 let network = if g.below(4) == 0 { "net-b" } else { "" };
                 let svc = format!("ns/s{}.ns.svc.cluster.local", g.below(2));
                 let policies = if g.below(2) == 0 { "[ns/p0]" } else { "[]" };
@@ -482,14 +609,32 @@ mod tests {
             }
             1 => {
                 let host = format!("s{}.ns.svc.cluster.local", g.below(2));
-                let name = if g.below(3) == 0 { "other".to_string() } else { host[..2].to_string() };
+                let name = if g.below(3) == 0 {
+                    "other".to_string()
+                } else {
+                    host[..2].to_string()
+                };
                 let yaml = format!("{{name: {name}, namespace: ns, hostname: '{host}', vips: [/10.96.0.{}], ports: {{80: 8080}}}}", 1 + g.below(3));
                 Object::Service(Arc::new(serde_yaml::from_str(&yaml).unwrap()))
             }
             _ => {
-                let scope = [PolicyScope::Global, PolicyScope::Namespace, PolicyScope::WorkloadSelector][g.below(3) as usize];
-                let mut p = Authorization::deny_all("ns", &format!("p{}", g.below(2)), scope, false, format!("v{tag}"));
-                p.action = if g.below(2) == 0 { PolicyAction::Allow } else { PolicyAction::Deny };
+                let scope = [
+                    PolicyScope::Global,
+                    PolicyScope::Namespace,
+                    PolicyScope::WorkloadSelector,
+                ][g.below(3) as usize];
+                let mut p = Authorization::deny_all(
+                    "ns",
+                    &format!("p{}", g.below(2)),
+                    scope,
+                    false,
+                    format!("v{tag}"),
+                );
+                p.action = if g.below(2) == 0 {
+                    PolicyAction::Allow
+                } else {
+                    PolicyAction::Deny
+                };
                 Object::Policy(Arc::new(p))
             }
         }
@@ -510,8 +655,17 @@ mod tests {
             }
         }
         for s in st.services() {
-            out.push(format!("service {} {} {:?}", s.namespaced_hostname(), s.name, s.vips));
-            let eps: Vec<String> = st.endpoints_for(s, 80).iter().map(|(w, p)| format!("{} {} {p}", w.uid, w.name)).collect();
+            out.push(format!(
+                "service {} {} {:?}",
+                s.namespaced_hostname(),
+                s.name,
+                s.vips
+            ));
+            let eps: Vec<String> = st
+                .endpoints_for(s, 80)
+                .iter()
+                .map(|(w, p)| format!("{} {} {p}", w.uid, w.name))
+                .collect();
             out.push(format!("endpoints {} {eps:?}", s.namespaced_hostname()));
         }
         for i in 1..=3 {
@@ -528,16 +682,31 @@ mod tests {
         let unknown = WorkloadUid("not-a-uid".into());
         for w in st.workloads() {
             for node in ["n0", "n1"] {
-                if let Some(found) = st.workload_for_pod(&unknown, Some((&w.namespace, &w.name)), node) {
-                    out.push(format!("pod {}/{} on {node} {}", w.namespace, w.name, found.uid));
+                if let Some(found) =
+                    st.workload_for_pod(&unknown, Some((&w.namespace, &w.name)), node)
+                {
+                    out.push(format!(
+                        "pod {}/{} on {node} {}",
+                        w.namespace, w.name, found.uid
+                    ));
                 }
             }
         }
         for p in st.policies() {
-            out.push(format!("policy {} {:?} {:?} {:?}", p.key(), p.scope, p.action, p.unenforceable));
+            out.push(format!(
+                "policy {} {:?} {:?} {:?}",
+                p.key(),
+                p.scope,
+                p.action,
+                p.unenforceable
+            ));
         }
         for w in st.workloads() {
-            let keys: Vec<String> = st.policies_for(w).iter().map(|p| format!("{}:{:?}", p.key(), p.unenforceable)).collect();
+            let keys: Vec<String> = st
+                .policies_for(w)
+                .iter()
+                .map(|p| format!("{}:{:?}", p.key(), p.unenforceable))
+                .collect();
             out.push(format!("policies for {} {keys:?}", w.uid));
         }
         out.sort();
@@ -599,7 +768,11 @@ mod tests {
                     insert(&mut index, rank_of(&o, next_age), &o);
                     held.insert(slot, (next_age, o));
                 }
-                assert_eq!(observe(&index.snapshot()), rebuilt(&held), "seed {seed} step {step}");
+                assert_eq!(
+                    observe(&index.snapshot()),
+                    rebuilt(&held),
+                    "seed {seed} step {step}"
+                );
             }
             // And everything removed leaves nothing behind.
             for (age, o) in std::mem::take(&mut held).into_values() {
@@ -607,14 +780,25 @@ mod tests {
             }
             assert!(observe(&index.snapshot()).is_empty());
             assert!(index.snapshot().pods.is_empty());
-            assert!(index.workload_claims.is_empty() && index.ip_claims.is_empty() && index.service_claims.is_empty());
-            assert!(index.vip_claims.is_empty() && index.name_claims.is_empty() && index.policy_claims.is_empty());
+            assert!(
+                index.workload_claims.is_empty()
+                    && index.ip_claims.is_empty()
+                    && index.service_claims.is_empty()
+            );
+            assert!(
+                index.vip_claims.is_empty()
+                    && index.name_claims.is_empty()
+                    && index.policy_claims.is_empty()
+            );
             assert!(index.cidr_services.is_empty() && index.gateway_refs.is_empty());
         }
     }
 
     fn rebuilt(held: &BTreeMap<u64, (u64, Object)>) -> Vec<String> {
-        let mut all: Vec<(Rank, &Object)> = held.values().map(|(age, o)| (rank_of(o, *age), o)).collect();
+        let mut all: Vec<(Rank, &Object)> = held
+            .values()
+            .map(|(age, o)| (rank_of(o, *age), o))
+            .collect();
         all.sort_by_key(|(r, _)| *r);
         let mut index = MeshIndex::default();
         for (rank, o) in all {
@@ -628,28 +812,69 @@ mod tests {
     #[test]
     fn a_pod_finds_its_workload_by_name_on_its_node() {
         let wl = |uid: &str, name: &str, node: &str| -> Arc<Workload> {
-            Arc::new(serde_yaml::from_str(&format!("{{uid: '{uid}', name: {name}, namespace: ns, node: '{node}'}}")).unwrap())
+            Arc::new(
+                serde_yaml::from_str(&format!(
+                    "{{uid: '{uid}', name: {name}, namespace: ns, node: '{node}'}}"
+                ))
+                .unwrap(),
+            )
         };
-        let (a, b, elsewhere, no_node) = (wl("c//Pod/ns/a", "a", "n1"), wl("c//Pod/ns/a2", "a", "n1"), wl("c//Pod/ns/x", "x", "n2"), wl("c//WE/ns/y", "y", ""));
+        let (a, b, elsewhere, no_node) = (
+            wl("c//Pod/ns/a", "a", "n1"),
+            wl("c//Pod/ns/a2", "a", "n1"),
+            wl("c//Pod/ns/x", "x", "n2"),
+            wl("c//WE/ns/y", "y", ""),
+        );
         for order in [[&b, &a], [&a, &b]] {
             let mut index = MeshIndex::default();
             for (age, w) in order.into_iter().chain([&elsewhere, &no_node]).enumerate() {
-                index.insert_workload(Rank { precedence: 0, age: age as u64 }, w.clone(), &mut Vec::new());
+                index.insert_workload(
+                    Rank {
+                        precedence: 0,
+                        age: age as u64,
+                    },
+                    w.clone(),
+                    &mut Vec::new(),
+                );
             }
             let st = index.snapshot();
             let k8s_uid = WorkloadUid("0b5c6f3e-kubernetes-pod-uid".into());
-            let find = |name: &str, node: &str| st.workload_for_pod(&k8s_uid, Some(("ns", name)), node).map(|w| w.uid.to_string());
+            let find = |name: &str, node: &str| {
+                st.workload_for_pod(&k8s_uid, Some(("ns", name)), node)
+                    .map(|w| w.uid.to_string())
+            };
             assert_eq!(find("a", "n1").as_deref(), Some("c//Pod/ns/a"));
             assert_eq!(find("a", "n2"), None, "a pod on another node");
             assert_eq!(find("x", "n2").as_deref(), Some("c//Pod/ns/x"));
             assert_eq!(find("y", ""), None, "a workload without a node is no pod");
-            assert_eq!(st.workload_for_pod(&k8s_uid, Some(("other", "a")), "n1").map(|w| w.uid.to_string()), None);
+            assert_eq!(
+                st.workload_for_pod(&k8s_uid, Some(("other", "a")), "n1")
+                    .map(|w| w.uid.to_string()),
+                None
+            );
             // By uid first, as local config names pods.
-            assert_eq!(st.workload_for_pod(&b.uid, Some(("ns", "a")), "n1").map(|w| w.uid.to_string()).as_deref(), Some("c//Pod/ns/a2"));
+            assert_eq!(
+                st.workload_for_pod(&b.uid, Some(("ns", "a")), "n1")
+                    .map(|w| w.uid.to_string())
+                    .as_deref(),
+                Some("c//Pod/ns/a2")
+            );
             let age_of_a = order.iter().position(|w| Arc::ptr_eq(w, &a)).unwrap() as u64;
-            index.remove_workload(Rank { precedence: 0, age: age_of_a }, &a, &mut Vec::new());
+            index.remove_workload(
+                Rank {
+                    precedence: 0,
+                    age: age_of_a,
+                },
+                &a,
+                &mut Vec::new(),
+            );
             let st = index.snapshot();
-            assert_eq!(st.workload_for_pod(&k8s_uid, Some(("ns", "a")), "n1").map(|w| w.uid.to_string()).as_deref(), Some("c//Pod/ns/a2"));
+            assert_eq!(
+                st.workload_for_pod(&k8s_uid, Some(("ns", "a")), "n1")
+                    .map(|w| w.uid.to_string())
+                    .as_deref(),
+                Some("c//Pod/ns/a2")
+            );
         }
     }
 
@@ -658,14 +883,45 @@ mod tests {
     fn a_snapshot_does_not_change_after_it_is_taken() {
         let mut index = MeshIndex::default();
         let w: Workload = serde_yaml::from_str("{uid: a, name: a, namespace: ns, workloadIps: [10.0.0.1], services: {ns/s.ns.svc.cluster.local: {80: 80}}}").unwrap();
-        index.insert_workload(Rank { precedence: 0, age: 1 }, Arc::new(w), &mut Vec::new());
+        index.insert_workload(
+            Rank {
+                precedence: 0,
+                age: 1,
+            },
+            Arc::new(w),
+            &mut Vec::new(),
+        );
         let before = index.snapshot();
         let seen = observe(&before);
         let w: Workload = serde_yaml::from_str("{uid: b, name: b, namespace: ns, workloadIps: [10.0.0.2], services: {ns/s.ns.svc.cluster.local: {80: 80}}}").unwrap();
-        index.insert_workload(Rank { precedence: 0, age: 2 }, Arc::new(w), &mut Vec::new());
-        let wa = before.workload_by_uid(&WorkloadUid("a".into())).unwrap().clone();
-        index.remove_workload(Rank { precedence: 0, age: 1 }, &wa, &mut Vec::new());
+        index.insert_workload(
+            Rank {
+                precedence: 0,
+                age: 2,
+            },
+            Arc::new(w),
+            &mut Vec::new(),
+        );
+        let wa = before
+            .workload_by_uid(&WorkloadUid("a".into()))
+            .unwrap()
+            .clone();
+        index.remove_workload(
+            Rank {
+                precedence: 0,
+                age: 1,
+            },
+            &wa,
+            &mut Vec::new(),
+        );
         assert_eq!(observe(&before), seen);
-        assert_eq!(index.snapshot().workloads().map(|w| w.uid.to_string()).collect::<Vec<_>>(), ["b"]);
+        assert_eq!(
+            index
+                .snapshot()
+                .workloads()
+                .map(|w| w.uid.to_string())
+                .collect::<Vec<_>>(),
+            ["b"]
+        );
     }
 }

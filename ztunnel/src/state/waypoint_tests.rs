@@ -29,9 +29,16 @@ fn wl<'a>(st: &'a MeshState, uid: &str) -> &'a Arc<Workload> {
 #[test]
 fn the_waypoint_is_known_by_its_identity() {
     let st = state("");
-    for d in ["default/waypoint.default.svc.cluster.local", "/10.96.0.99", "/10.0.0.9"] {
+    for d in [
+        "default/waypoint.default.svc.cluster.local",
+        "/10.96.0.99",
+        "/10.0.0.9",
+    ] {
         assert!(st.is_waypoint(&gw(d), &wl(&st, "wp").identity()), "{d}");
-        assert!(!st.is_waypoint(&gw(d), &wl(&st, "client").identity()), "{d}");
+        assert!(
+            !st.is_waypoint(&gw(d), &wl(&st, "client").identity()),
+            "{d}"
+        );
     }
 }
 
@@ -42,7 +49,10 @@ fn a_member_of_the_waypoint_service_with_another_identity_is_not_the_waypoint() 
    services: {default/waypoint.default.svc.cluster.local: {15008: 15008}}}",
     );
     for d in ["default/waypoint.default.svc.cluster.local", "/10.96.0.99"] {
-        assert!(!st.is_waypoint(&gw(d), &wl(&st, "intruder").identity()), "{d}: selector membership made a pod the waypoint");
+        assert!(
+            !st.is_waypoint(&gw(d), &wl(&st, "intruder").identity()),
+            "{d}: selector membership made a pod the waypoint"
+        );
         // Two identities behind one waypoint: which is the waypoint cannot be told.
         assert_eq!(st.waypoint_identity(&gw(d)), None, "{d}");
     }
@@ -87,7 +97,9 @@ fn a_pod_is_the_waypoint_of_what_names_it() {
     assert!(st.is_waypoint_of("", ip("10.96.0.10"), wp));
     assert!(st.is_waypoint_of("", ip("10.0.0.4"), wp));
     // Both of a weighted set serve it, the canary too (named only in the set).
-    assert!(st.is_waypoint_of("", ip("10.96.0.12"), wp) && st.is_waypoint_of("", ip("10.96.0.12"), wp2));
+    assert!(
+        st.is_waypoint_of("", ip("10.96.0.12"), wp) && st.is_waypoint_of("", ip("10.96.0.12"), wp2)
+    );
     // Not: another waypoint's destinations, destinations without a waypoint, unknown ones.
     assert!(!st.is_waypoint_of("", ip("10.96.0.10"), wp2));
     assert!(!st.is_waypoint_of("", ip("10.0.0.4"), wp2));
@@ -119,22 +131,45 @@ fn a_weighted_set_is_picked_by_weight_else_the_primary() {
     // Points 0..90 are the primary's, 90..100 the canary's.
     assert_eq!(at(0).as_deref(), Some("/10.96.0.99"));
     assert_eq!(at(89).as_deref(), Some("/10.96.0.99"));
-    assert_eq!(at(90).as_deref(), Some("default/canary.default.svc.cluster.local"));
-    assert_eq!(at(99).as_deref(), Some("default/canary.default.svc.cluster.local"));
+    assert_eq!(
+        at(90).as_deref(),
+        Some("default/canary.default.svc.cluster.local")
+    );
+    assert_eq!(
+        at(99).as_deref(),
+        Some("default/canary.default.svc.cluster.local")
+    );
     // At random: about 10% to the canary.
-    let canary = (0..2000).filter(|_| pick_waypoint(split).is_some_and(|g| g.destination.to_string().starts_with("default/canary"))).count();
-    assert!((100..=320).contains(&canary), "{canary} of 2000 to the canary");
+    let canary = (0..2000)
+        .filter(|_| {
+            pick_waypoint(split)
+                .is_some_and(|g| g.destination.to_string().starts_with("default/canary"))
+        })
+        .count();
+    assert!(
+        (100..=320).contains(&canary),
+        "{canary} of 2000 to the canary"
+    );
     // Weight 0 is never picked; all 0 (or no set) is the single waypoint; no waypoint at all is none.
     let mut s = (**split).clone();
     s.weighted_waypoints[0].weight = 0;
-    assert!((0..200).all(|_| pick_waypoint(&s).is_some_and(|g| g.destination.to_string().starts_with("default/canary"))));
+    assert!((0..200).all(|_| pick_waypoint(&s)
+        .is_some_and(|g| g.destination.to_string().starts_with("default/canary"))));
     s.weighted_waypoints[1].weight = 0;
-    assert_eq!(pick_waypoint(&s).map(|g| g.destination.to_string()).as_deref(), Some("/10.96.0.99"));
+    assert_eq!(
+        pick_waypoint(&s)
+            .map(|g| g.destination.to_string())
+            .as_deref(),
+        Some("/10.96.0.99")
+    );
     s.waypoint = None;
     assert_eq!(pick_waypoint(&s), None);
     let echo = st.service_by_vip("", ip("10.96.0.10")).unwrap();
     assert_eq!(pick_waypoint(echo), echo.waypoint.as_ref());
-    assert_eq!(pick_waypoint(st.service_by_vip("", ip("10.96.0.11")).unwrap()), None);
+    assert_eq!(
+        pick_waypoint(st.service_by_vip("", ip("10.96.0.11")).unwrap()),
+        None
+    );
 }
 
 /// Istio's waypoint as istiod describes it: its pod is not captured, so its workload is
@@ -157,10 +192,20 @@ fn istio_waypoint(wp_extra: &str, extra: &str, svc_ports: &str) -> MeshState {
 #[test]
 fn a_waypoint_is_reached_whatever_its_workloads_protocol() {
     let st = istio_waypoint("", "", "{15008: 15008, 15021: 15021}");
-    for d in ["default/waypoint.default.svc.cluster.local", "/10.96.0.99", "/10.0.0.9"] {
+    for d in [
+        "default/waypoint.default.svc.cluster.local",
+        "/10.96.0.99",
+        "/10.0.0.9",
+    ] {
         let mut g = gw(d);
         g.hbone_mtls_port = 15008;
-        assert_eq!(st.waypoint_workload(&g, "").map(|w| w.uid.0.clone()).as_deref(), Some("wp"), "{d}");
+        assert_eq!(
+            st.waypoint_workload(&g, "")
+                .map(|w| w.uid.0.clone())
+                .as_deref(),
+            Some("wp"),
+            "{d}"
+        );
         assert!(st.is_waypoint(&g, &wl(&st, "wp").identity()), "{d}");
     }
 }
@@ -175,6 +220,15 @@ fn an_unhealthy_waypoint_or_one_its_service_gives_no_hbone_port_is_not_picked() 
     // application tunnel qualifies (Istio's `load_balance` in waypoint mode).
     let st = istio_waypoint("", "", "{15021: 15021}");
     assert!(st.waypoint_workload(&by_name, "").is_none());
-    let st = istio_waypoint(", applicationTunnel: {protocol: PROXY, port: 15088}", "", "{15021: 15021}");
-    assert_eq!(st.waypoint_workload(&by_name, "").map(|w| w.uid.0.clone()).as_deref(), Some("wp"));
+    let st = istio_waypoint(
+        ", applicationTunnel: {protocol: PROXY, port: 15088}",
+        "",
+        "{15021: 15021}",
+    );
+    assert_eq!(
+        st.waypoint_workload(&by_name, "")
+            .map(|w| w.uid.0.clone())
+            .as_deref(),
+        Some("wp")
+    );
 }

@@ -260,7 +260,11 @@ impl Workload {
     /// A workload with Istio's defaults for everything but its names (service account
     /// `default`, trust domain `cluster.local`, capacity 1, healthy, plaintext, no
     /// addresses); set the rest with struct update syntax.
-    pub fn new(uid: impl Into<String>, name: impl Into<String>, namespace: impl Into<String>) -> Workload {
+    pub fn new(
+        uid: impl Into<String>,
+        name: impl Into<String>,
+        namespace: impl Into<String>,
+    ) -> Workload {
         Workload {
             uid: WorkloadUid(uid.into()),
             name: name.into(),
@@ -305,7 +309,11 @@ impl Workload {
     /// fields only): cluster, namespace, `k8s.<type>.name`, canonical service and
     /// revision, region and zone.
     pub fn baggage(&self) -> String {
-        let kind = if self.workload_type.is_empty() { "deployment" } else { self.workload_type.as_str() };
+        let kind = if self.workload_type.is_empty() {
+            "deployment"
+        } else {
+            self.workload_type.as_str()
+        };
         let kind_key = format!("k8s.{kind}.name");
         [
             ("k8s.cluster.name", self.cluster_id.as_str()),
@@ -341,7 +349,9 @@ impl Workload {
             return Some(original);
         }
         let first = ips.clone().next().copied();
-        ips.find(|ip| ip.is_ipv6() == original.is_ipv6()).copied().or(first)
+        ips.find(|ip| ip.is_ipv6() == original.is_ipv6())
+            .copied()
+            .or(first)
     }
 }
 
@@ -395,7 +405,9 @@ pub fn validate_hostname(h: &str) -> Result<(), String> {
         return Err(format!("{h:?} must be a DNS name of 1 to 253 characters"));
     }
     for label in name.split('.') {
-        let ok_chars = label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let ok_chars = label
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
         if label.is_empty() || label.len() > 63 || !ok_chars {
             return Err(format!(
                 "{h:?} is not a DNS name (label {label:?}: 1 to 63 letters, digits, '-' or '_'; wildcards cannot be resolved)"
@@ -497,7 +509,10 @@ pub enum AppProtocol {
 impl Service {
     /// The protocol of `service_port` (unknown when istiod did not say).
     pub fn app_protocol(&self, service_port: u16) -> AppProtocol {
-        self.app_protocols.get(&service_port).copied().unwrap_or_default()
+        self.app_protocols
+            .get(&service_port)
+            .copied()
+            .unwrap_or_default()
     }
 }
 
@@ -556,11 +571,16 @@ impl Service {
     /// Every waypoint the service names: the primary, then the weighted set. A proxy
     /// that is any of them serves the service (and its own traffic to it goes direct).
     pub fn waypoints(&self) -> impl Iterator<Item = &GatewayAddress> {
-        self.waypoint.iter().chain(self.weighted_waypoints.iter().map(|w| &w.destination))
+        self.waypoint
+            .iter()
+            .chain(self.weighted_waypoints.iter().map(|w| &w.destination))
     }
 
     pub fn lb_mode(&self) -> LoadBalancerMode {
-        self.load_balancer.as_ref().map(|lb| lb.mode).unwrap_or_default()
+        self.load_balancer
+            .as_ref()
+            .map(|lb| lb.mode)
+            .unwrap_or_default()
     }
 
     pub fn namespaced_hostname(&self) -> NamespacedHostname {
@@ -583,7 +603,8 @@ impl Service {
     /// A `*.svc.*` hostname claimed from another namespace (a ServiceEntry in `evil`
     /// naming `db.prod.svc.cluster.local`): never allowed to shadow the real one.
     pub fn claims_foreign_namespace(&self) -> bool {
-        self.svc_namespace().is_some_and(|ns| !ns.eq_ignore_ascii_case(&self.namespace))
+        self.svc_namespace()
+            .is_some_and(|ns| !ns.eq_ignore_ascii_case(&self.namespace))
     }
 
     /// Who keeps a contested VIP or hostname (lower wins): a Kubernetes Service's own
@@ -592,7 +613,9 @@ impl Service {
     pub fn precedence(&self) -> u8 {
         if self.claims_foreign_namespace() {
             2
-        } else if self.svc_namespace().is_some() && self.hostname.split('.').next() == Some(self.name.as_str()) {
+        } else if self.svc_namespace().is_some()
+            && self.hostname.split('.').next() == Some(self.name.as_str())
+        {
             0
         } else {
             1
@@ -613,7 +636,11 @@ mod tests {
         w.workload_type = "deployment".into();
         w.canonical_name = "echo".into();
         w.canonical_revision = "v1".into();
-        w.locality = Locality { region: "r1".into(), zone: "z1".into(), subzone: String::new() };
+        w.locality = Locality {
+            region: "r1".into(),
+            zone: "z1".into(),
+            subzone: String::new(),
+        };
         assert_eq!(
             w.baggage(),
             "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=echo,service.name=echo,service.version=v1,cloud.region=r1,cloud.availability_zone=z1"
@@ -632,9 +659,18 @@ mod tests {
         assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("10.0.0.1")));
         assert_eq!(w.address_for(ip("fd00:96::1"), None), Some(ip("fd00::1")));
         // The families a service allows come first, even over the dialed address.
-        assert_eq!(w.address_for(ip("fd00::2"), Some(IpFamily::IPv4)), Some(ip("10.0.0.1")));
-        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::IPv6)), Some(ip("fd00::1")));
-        assert_eq!(w.address_for(ip("10.0.0.2"), Some(IpFamily::Dual)), Some(ip("10.0.0.2")));
+        assert_eq!(
+            w.address_for(ip("fd00::2"), Some(IpFamily::IPv4)),
+            Some(ip("10.0.0.1"))
+        );
+        assert_eq!(
+            w.address_for(ip("10.0.0.2"), Some(IpFamily::IPv6)),
+            Some(ip("fd00::1"))
+        );
+        assert_eq!(
+            w.address_for(ip("10.0.0.2"), Some(IpFamily::Dual)),
+            Some(ip("10.0.0.2"))
+        );
         // Single stack: its address, whatever the family asked for; nothing allowed: none.
         w.workload_ips = vec![ip("fd00::1")];
         assert_eq!(w.address_for(ip("10.96.0.1"), None), Some(ip("fd00::1")));

@@ -24,7 +24,10 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum CrlError {
     #[error("cannot read the CRL file {path} (CRL_PATH): {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("the CRL file {path} (CRL_PATH) is not valid: {reason}")]
     Parse { path: PathBuf, reason: String },
 }
@@ -54,16 +57,18 @@ impl CrlSet {
         if data.iter().all(u8::is_ascii_whitespace) {
             return Ok(CrlSet::default());
         }
-        let ders: Vec<CertificateRevocationListDer<'static>> = if data.trim_ascii_start().starts_with(b"-----BEGIN") {
-            CertificateRevocationListDer::pem_slice_iter(data)
-                .collect::<Result<_, _>>()
-                .map_err(|e| format!("bad PEM: {e}"))?
-        } else {
-            vec![CertificateRevocationListDer::from(data.to_vec())]
-        };
+        let ders: Vec<CertificateRevocationListDer<'static>> =
+            if data.trim_ascii_start().starts_with(b"-----BEGIN") {
+                CertificateRevocationListDer::pem_slice_iter(data)
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| format!("bad PEM: {e}"))?
+            } else {
+                vec![CertificateRevocationListDer::from(data.to_vec())]
+            };
         let mut set = CrlSet::default();
         for (i, der) in ders.iter().enumerate() {
-            let owned = webpki::OwnedCertRevocationList::from_der(der.as_ref()).map_err(|e| format!("CRL {} of {}: {e:?}", i + 1, ders.len()))?;
+            let owned = webpki::OwnedCertRevocationList::from_der(der.as_ref())
+                .map_err(|e| format!("CRL {} of {}: {e:?}", i + 1, ders.len()))?;
             set.summary.push(summary(der.as_ref()));
             set.lists.push(owned.into());
         }
@@ -99,7 +104,11 @@ impl CrlSet {
 /// Issuer, dates and entry count for the dump; webpki already validated the DER.
 fn summary(der: &[u8]) -> CrlSummary {
     use x509_parser::prelude::FromDer;
-    let rfc3339 = |t: x509_parser::time::ASN1Time| t.to_datetime().format(&time::format_description::well_known::Rfc3339).unwrap_or_default();
+    let rfc3339 = |t: x509_parser::time::ASN1Time| {
+        t.to_datetime()
+            .format(&time::format_description::well_known::Rfc3339)
+            .unwrap_or_default()
+    };
     match x509_parser::revocation_list::CertificateRevocationList::from_der(der) {
         Ok((_, crl)) => CrlSummary {
             issuer: crl.issuer().to_string(),
@@ -107,7 +116,12 @@ fn summary(der: &[u8]) -> CrlSummary {
             next_update: crl.next_update().map(rfc3339),
             revoked: crl.iter_revoked_certificates().count(),
         },
-        Err(_) => CrlSummary { issuer: "<unparsed>".into(), this_update: String::new(), next_update: None, revoked: 0 },
+        Err(_) => CrlSummary {
+            issuer: "<unparsed>".into(),
+            this_update: String::new(),
+            next_update: None,
+            revoked: 0,
+        },
     }
 }
 
@@ -125,7 +139,13 @@ impl Stamp {
     fn of(path: &Path) -> std::io::Result<Stamp> {
         use std::os::unix::fs::MetadataExt;
         let m = std::fs::metadata(path)?;
-        Ok(Stamp { dev: m.dev(), ino: m.ino(), len: m.len(), mtime: (m.mtime(), m.mtime_nsec()), ctime: (m.ctime(), m.ctime_nsec()) })
+        Ok(Stamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
     }
 }
 
@@ -163,7 +183,10 @@ pub struct Crls(Arc<Inner>);
 
 impl std::fmt::Debug for Crls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Crls").field("path", &self.0.path).field("loaded", &self.current().len()).finish()
+        f.debug_struct("Crls")
+            .field("path", &self.0.path)
+            .field("loaded", &self.current().len())
+            .finish()
     }
 }
 
@@ -179,7 +202,12 @@ impl Crls {
                 tracing::warn!(path = %path.display(), "CRL file (CRL_PATH) does not exist yet; no certificate is revoked until it appears");
                 return Ok(crls);
             }
-            Err(source) => return Err(CrlError::Read { path: path.into(), source }),
+            Err(source) => {
+                return Err(CrlError::Read {
+                    path: path.into(),
+                    source,
+                })
+            }
         };
         let set = read(path)?;
         tracing::info!(path = %path.display(), crls = set.len(), "loaded certificate revocation lists");
@@ -231,7 +259,10 @@ impl Crls {
         }
         f.stamp = now;
         let r = match stamp {
-            Err(e) => Err(CrlError::Read { path: path.clone(), source: e }),
+            Err(e) => Err(CrlError::Read {
+                path: path.clone(),
+                source: e,
+            }),
             Ok(_) => read(path),
         };
         match r {
@@ -262,7 +293,10 @@ impl Crls {
             tick.tick().await;
             // The read is small and rare (only on change), but it is file I/O.
             let crls = self.clone();
-            if tokio::task::spawn_blocking(move || crls.poll()).await.is_err() {
+            if tokio::task::spawn_blocking(move || crls.poll())
+                .await
+                .is_err()
+            {
                 tracing::warn!("CRL poll task failed");
             }
         }
@@ -271,9 +305,11 @@ impl Crls {
     /// For `/config_dump`: the file, the CRLs in force and the last reload error.
     pub fn dump(&self) -> serde_json::Value {
         let f = self.file();
-        let loaded_at = f
-            .loaded_at
-            .map(|t| time::OffsetDateTime::from(t).format(&time::format_description::well_known::Rfc3339).unwrap_or_default());
+        let loaded_at = f.loaded_at.map(|t| {
+            time::OffsetDateTime::from(t)
+                .format(&time::format_description::well_known::Rfc3339)
+                .unwrap_or_default()
+        });
         serde_json::json!({
             "path": self.0.path,
             "loadedAt": loaded_at,
@@ -284,8 +320,14 @@ impl Crls {
 }
 
 fn read(path: &Path) -> Result<CrlSet, CrlError> {
-    let data = std::fs::read(path).map_err(|source| CrlError::Read { path: path.into(), source })?;
-    CrlSet::parse(&data).map_err(|reason| CrlError::Parse { path: path.into(), reason })
+    let data = std::fs::read(path).map_err(|source| CrlError::Read {
+        path: path.into(),
+        source,
+    })?;
+    CrlSet::parse(&data).map_err(|reason| CrlError::Parse {
+        path: path.into(),
+        reason,
+    })
 }
 
 #[cfg(test)]
@@ -313,28 +355,49 @@ mod tests {
     }
 
     fn der_of(pem: &str) -> Vec<u8> {
-        CertificateRevocationListDer::from_pem_slice(pem.as_bytes()).unwrap().as_ref().to_vec()
+        CertificateRevocationListDer::from_pem_slice(pem.as_bytes())
+            .unwrap()
+            .as_ref()
+            .to_vec()
     }
 
     #[test]
     fn parses_pem_with_several_crls_der_and_empty_files() {
         let d = dir("parse");
         let ca = ca(&d);
-        let one = ca.revocation_list(&["0102"], 1, Duration::from_secs(3600)).unwrap();
-        let two = ca.revocation_list(&["03", "04"], 2, Duration::from_secs(3600)).unwrap();
+        let one = ca
+            .revocation_list(&["0102"], 1, Duration::from_secs(3600))
+            .unwrap();
+        let two = ca
+            .revocation_list(&["03", "04"], 2, Duration::from_secs(3600))
+            .unwrap();
         // Other PEM blocks (a certificate bundled in) are skipped, as Istio's ztunnel does.
         let cert = "-----BEGIN CERTIFICATE-----\nMAA=\n-----END CERTIFICATE-----\n";
         let set = CrlSet::parse(format!("\n{one}{cert}{two}").as_bytes()).unwrap();
         assert_eq!(set.len(), 2);
-        assert_eq!(set.summary().iter().map(|s| s.revoked).collect::<Vec<_>>(), vec![1, 2]);
-        assert!(set.summary()[0].issuer.contains("ztunnel-rs standalone mesh"), "{:?}", set.summary());
+        assert_eq!(
+            set.summary().iter().map(|s| s.revoked).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
+        assert!(
+            set.summary()[0]
+                .issuer
+                .contains("ztunnel-rs standalone mesh"),
+            "{:?}",
+            set.summary()
+        );
         assert!(set.summary()[0].next_update.is_some());
         assert_eq!(CrlSet::parse(&der_of(&one)).unwrap().len(), 1, "DER");
         assert!(CrlSet::parse(b"").unwrap().is_empty());
         assert!(CrlSet::parse(b" \n").unwrap().is_empty());
-        assert!(CrlSet::parse(cert.as_bytes()).unwrap().is_empty(), "PEM without a CRL block");
+        assert!(
+            CrlSet::parse(cert.as_bytes()).unwrap().is_empty(),
+            "PEM without a CRL block"
+        );
         assert!(CrlSet::parse(b"not a CRL").is_err());
-        assert!(CrlSet::parse(b"-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n").is_err());
+        assert!(
+            CrlSet::parse(b"-----BEGIN X509 CRL-----\nMAA=\n-----END X509 CRL-----\n").is_err()
+        );
         assert!(CrlSet::parse(b"-----BEGIN X509 CRL-----\nnot base64").is_err());
     }
 
@@ -344,16 +407,31 @@ mod tests {
         let bad = d.0.join("bad.pem");
         std::fs::write(&bad, "garbage").unwrap();
         let e = Crls::load(&bad).unwrap_err().to_string();
-        assert!(e.contains(&bad.display().to_string()) && e.contains("CRL_PATH"), "{e}");
+        assert!(
+            e.contains(&bad.display().to_string()) && e.contains("CRL_PATH"),
+            "{e}"
+        );
         let unreadable = d.0.join("dir-not-file");
         std::fs::create_dir(&unreadable).unwrap();
-        assert!(matches!(Crls::load(&unreadable), Err(CrlError::Read { .. })));
+        assert!(matches!(
+            Crls::load(&unreadable),
+            Err(CrlError::Read { .. })
+        ));
         // Istio's chart mounts the CRL ConfigMap as optional: not there yet is no CRL yet.
         let missing = Crls::load(&d.0.join("missing.pem")).unwrap();
         assert!(missing.current().is_empty());
         let ca = ca(&d);
-        std::fs::write(d.0.join("missing.pem"), ca.revocation_list(&["01"], 1, Duration::from_secs(60)).unwrap()).unwrap();
-        assert_eq!(missing.poll(), Reload::Reloaded(1), "picked up once it appears");
+        std::fs::write(
+            d.0.join("missing.pem"),
+            ca.revocation_list(&["01"], 1, Duration::from_secs(60))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            missing.poll(),
+            Reload::Reloaded(1),
+            "picked up once it appears"
+        );
     }
 
     #[test]
@@ -364,7 +442,12 @@ mod tests {
         let version = |n: u64, serials: &[&str]| {
             let v = d.0.join(format!("..v{n}"));
             std::fs::create_dir(&v).unwrap();
-            std::fs::write(v.join("ca-crl.pem"), ca.revocation_list(serials, n, Duration::from_secs(60)).unwrap()).unwrap();
+            std::fs::write(
+                v.join("ca-crl.pem"),
+                ca.revocation_list(serials, n, Duration::from_secs(60))
+                    .unwrap(),
+            )
+            .unwrap();
             let tmp = d.0.join("..data_tmp");
             std::os::unix::fs::symlink(format!("..v{n}"), &tmp).unwrap();
             std::fs::rename(&tmp, d.0.join("..data")).unwrap();
@@ -393,8 +476,16 @@ mod tests {
         assert!(matches!(crls.poll(), Reload::Kept(_)));
         assert_eq!(crls.current().summary()[0].revoked, 2);
         assert!(!changes.has_changed().unwrap());
-        assert!(crls.dump()["error"].as_str().unwrap().contains("not valid"), "{}", crls.dump());
-        assert_eq!(crls.poll(), Reload::Unchanged, "a broken version is reported once");
+        assert!(
+            crls.dump()["error"].as_str().unwrap().contains("not valid"),
+            "{}",
+            crls.dump()
+        );
+        assert_eq!(
+            crls.poll(),
+            Reload::Unchanged,
+            "a broken version is reported once"
+        );
 
         // So does the file going away; a good version afterwards is taken again.
         std::fs::remove_file(&path).unwrap();

@@ -12,12 +12,12 @@ use prost_types::{Struct, Value};
 use tokio::sync::mpsc;
 
 use super::proto::envoy::service::discovery::v3::{
-    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest, DeltaDiscoveryResponse,
-    Node,
+    aggregated_discovery_service_client::AggregatedDiscoveryServiceClient, DeltaDiscoveryRequest,
+    DeltaDiscoveryResponse, Node,
 };
 use super::proto::google::rpc::Status;
-use super::store::{Incoming, Store};
 use super::proto::{ADDRESS_TYPE, AUTHORIZATION_TYPE};
+use super::store::{Incoming, Store};
 use crate::istiod::channel::{IstiodConfig, IstiodError};
 
 /// `ISTIO_VERSION` in the xDS node metadata unless ISTIO_META_ISTIO_VERSION sets it (as
@@ -71,8 +71,15 @@ fn json_to_value(v: &serde_json::Value) -> Value {
         J::Bool(b) => Kind::BoolValue(*b),
         J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
         J::String(s) => Kind::StringValue(s.clone()),
-        J::Array(a) => Kind::ListValue(prost_types::ListValue { values: a.iter().map(json_to_value).collect() }),
-        J::Object(o) => Kind::StructValue(Struct { fields: o.iter().map(|(k, v)| (k.clone(), json_to_value(v))).collect() }),
+        J::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
+        J::Object(o) => Kind::StructValue(Struct {
+            fields: o
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v)))
+                .collect(),
+        }),
     };
     Value { kind: Some(kind) }
 }
@@ -87,7 +94,9 @@ impl NodeInfo {
     }
 
     fn node(&self) -> Node {
-        let s = |v: &str| Value { kind: Some(Kind::StringValue(v.to_string())) };
+        let s = |v: &str| Value {
+            kind: Some(Kind::StringValue(v.to_string())),
+        };
         let fields = [
             ("NAME", s(&self.pod_name)),
             ("NAMESPACE", s(&self.pod_namespace)),
@@ -100,9 +109,17 @@ impl NodeInfo {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
-        .chain(self.metadata.iter().map(|(k, v)| (k.clone(), json_to_value(v))))
+        .chain(
+            self.metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), json_to_value(v))),
+        )
         .collect();
-        Node { id: self.id(), cluster: String::new(), metadata: Some(Struct { fields }) }
+        Node {
+            id: self.id(),
+            cluster: String::new(),
+            metadata: Some(Struct { fields }),
+        }
     }
 }
 
@@ -121,7 +138,10 @@ struct Readiness<F: FnOnce()> {
 
 impl<F: FnOnce()> Readiness<F> {
     fn new(ready: F) -> Self {
-        Readiness { waiting: TYPES.into_iter().collect(), ready: Some(ready) }
+        Readiness {
+            waiting: TYPES.into_iter().collect(),
+            ready: Some(ready),
+        }
     }
 
     /// A response of `type_url` was applied and answered (`acked`: without a NACK).
@@ -167,9 +187,13 @@ pub async fn run(cfg: XdsConfig, store: Arc<Store>, ready: impl FnOnce() + Send 
             m.terminated(if r.is_ok() { "closed" } else { "error" });
         }
         match r {
-            Ok(()) => tracing::info!(retry_in = ?backoff, "istiod closed the xDS stream; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, retry_in = ?backoff, workloads = w, services = s, policies = p,
-                "xDS stream to istiod lost; serving the last known state"),
+            Ok(()) => {
+                tracing::info!(retry_in = ?backoff, "istiod closed the xDS stream; reconnecting")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, workloads = w, services = s, policies = p,
+                "xDS stream to istiod lost; serving the last known state")
+            }
         }
         // Full jitter keeps a fleet of proxies from reconnecting in lockstep.
         let jittered = backoff.mul_f64(0.5 + rand::random::<f64>() / 2.0);
@@ -185,7 +209,8 @@ async fn session(
     on_applied: &mut (dyn FnMut(&str, bool) + Send),
 ) -> Result<(), XdsError> {
     let (tx, rx) = mpsc::channel::<DeltaDiscoveryRequest>(16);
-    let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let requests =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let node = cfg.node.node();
     for type_url in TYPES {
         // Wildcard subscription (no names); what we hold is announced so istiod sends
@@ -200,12 +225,20 @@ async fn session(
     }
     let mut client = AggregatedDiscoveryServiceClient::new(channel.clone())
         .max_decoding_message_size(MAX_DECODING_MESSAGE_SIZE);
-    let mut responses = client.delta_aggregated_resources(cfg.istiod.request(requests)).await?.into_inner();
+    let mut responses = client
+        .delta_aggregated_resources(cfg.istiod.request(requests))
+        .await?
+        .into_inner();
     tracing::info!(address = %cfg.istiod.address, node = %node.id, "xDS stream to istiod open");
     while let Some(resp) = responses.message().await? {
         let errors = apply(store, &resp);
         if let Some(m) = &cfg.metrics {
-            let bytes = resp.resources.iter().filter_map(|r| r.resource.as_ref()).map(|a| a.value.len() as u64).sum();
+            let bytes = resp
+                .resources
+                .iter()
+                .filter_map(|r| r.resource.as_ref())
+                .map(|a| a.value.len() as u64)
+                .sum();
             m.message(&resp.type_url, bytes, errors.len() as u64);
             m.set_unenforceable("xds", store.unenforceable_policies());
         }
@@ -233,17 +266,31 @@ fn apply(store: &Store, resp: &DeltaDiscoveryResponse) -> Vec<String> {
     let mut incoming = Vec::with_capacity(resp.resources.len());
     for r in &resp.resources {
         match &r.resource {
-            Some(any) if any.type_url == resp.type_url => {
-                incoming.push(Incoming { name: &r.name, version: &r.version, bytes: &any.value })
-            }
-            Some(any) => errors.push(format!("{}: resource of type {} in a {} response", r.name, any.type_url, resp.type_url)),
+            Some(any) if any.type_url == resp.type_url => incoming.push(Incoming {
+                name: &r.name,
+                version: &r.version,
+                bytes: &any.value,
+            }),
+            Some(any) => errors.push(format!(
+                "{}: resource of type {} in a {} response",
+                r.name, any.type_url, resp.type_url
+            )),
             None => errors.push(format!("{}: resource without a body", r.name)),
         }
     }
     errors.extend(store.apply(&resp.type_url, &incoming, &resp.removed_resources));
-    let kind = if resp.type_url == ADDRESS_TYPE { "addresses" } else { "authorizations" };
+    let kind = if resp.type_url == ADDRESS_TYPE {
+        "addresses"
+    } else {
+        "authorizations"
+    };
     if errors.is_empty() {
-        tracing::info!(kind, updated = incoming.len(), removed = resp.removed_resources.len(), "xDS update applied (ACK)");
+        tracing::info!(
+            kind,
+            updated = incoming.len(),
+            removed = resp.removed_resources.len(),
+            "xDS update applied (ACK)"
+        );
     } else {
         tracing::warn!(kind, updated = incoming.len(), removed = resp.removed_resources.len(), rejected = errors.len(),
             errors = %errors.join("; "), "xDS update applied without rejected resources (NACK)");
@@ -264,21 +311,54 @@ mod tests {
             node_name: "node1".into(),
             cluster_id: "Kubernetes".into(),
             proxy_type: "ztunnel".into(),
-            metadata: [("DNS_CAPTURE".to_string(), serde_json::json!("true")), ("LABELS".to_string(), serde_json::json!({"app": "ztunnel", "n": 2}))].into(),
+            metadata: [
+                ("DNS_CAPTURE".to_string(), serde_json::json!("true")),
+                (
+                    "LABELS".to_string(),
+                    serde_json::json!({"app": "ztunnel", "n": 2}),
+                ),
+            ]
+            .into(),
         };
-        assert_eq!(n.id(), "ztunnel~10.244.1.5~ztunnel-abcde.istio-system~istio-system.svc.cluster.local");
+        assert_eq!(
+            n.id(),
+            "ztunnel~10.244.1.5~ztunnel-abcde.istio-system~istio-system.svc.cluster.local"
+        );
         let node = n.node();
         let md = node.metadata.unwrap().fields;
-        assert_eq!(md["NODE_NAME"].kind, Some(Kind::StringValue("node1".into())));
-        assert_eq!(md["INSTANCE_IPS"].kind, Some(Kind::StringValue("10.244.1.5".into())));
-        assert_eq!(md["ISTIO_VERSION"].kind, Some(Kind::StringValue(ISTIO_VERSION.into())));
+        assert_eq!(
+            md["NODE_NAME"].kind,
+            Some(Kind::StringValue("node1".into()))
+        );
+        assert_eq!(
+            md["INSTANCE_IPS"].kind,
+            Some(Kind::StringValue("10.244.1.5".into()))
+        );
+        assert_eq!(
+            md["ISTIO_VERSION"].kind,
+            Some(Kind::StringValue(ISTIO_VERSION.into()))
+        );
         // ISTIO_META_ISTIO_VERSION (as Istio's image sets it) wins over ours.
-        let own = NodeInfo { metadata: [("ISTIO_VERSION".to_string(), serde_json::json!("1.29.1"))].into(), ..n.clone() };
-        assert_eq!(own.node().metadata.unwrap().fields["ISTIO_VERSION"].kind, Some(Kind::StringValue("1.29.1".into())));
+        let own = NodeInfo {
+            metadata: [("ISTIO_VERSION".to_string(), serde_json::json!("1.29.1"))].into(),
+            ..n.clone()
+        };
+        assert_eq!(
+            own.node().metadata.unwrap().fields["ISTIO_VERSION"].kind,
+            Some(Kind::StringValue("1.29.1".into()))
+        );
         // ISTIO_META_* as strings, ISTIO_METAJSON_* as structured values.
-        assert_eq!(md["DNS_CAPTURE"].kind, Some(Kind::StringValue("true".into())));
-        let Some(Kind::StructValue(labels)) = &md["LABELS"].kind else { panic!("{:?}", md["LABELS"]) };
-        assert_eq!(labels.fields["app"].kind, Some(Kind::StringValue("ztunnel".into())));
+        assert_eq!(
+            md["DNS_CAPTURE"].kind,
+            Some(Kind::StringValue("true".into()))
+        );
+        let Some(Kind::StructValue(labels)) = &md["LABELS"].kind else {
+            panic!("{:?}", md["LABELS"])
+        };
+        assert_eq!(
+            labels.fields["app"].kind,
+            Some(Kind::StringValue("ztunnel".into()))
+        );
         assert_eq!(labels.fields["n"].kind, Some(Kind::NumberValue(2.0)));
     }
 

@@ -10,7 +10,9 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 
 use super::error::ZdsError;
-use super::messages::{Payload, Version, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello};
+use super::messages::{
+    Payload, Version, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello,
+};
 use super::seqpacket::SeqPacket;
 use crate::netns::InPodNetns;
 use crate::proxy::inputs::ProxyInputs;
@@ -34,9 +36,19 @@ pub async fn run(path: PathBuf, inputs: Arc<ProxyInputs>, pods: Pods) {
     }
 }
 
-async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods) -> Result<(), ZdsError> {
+async fn session(
+    path: &std::path::Path,
+    inputs: &Arc<ProxyInputs>,
+    pods: &Pods,
+) -> Result<(), ZdsError> {
     let sock = SeqPacket::connect(path)?;
-    sock.send(&ZdsHello { version: Version::V1 as i32 }, None).await?;
+    sock.send(
+        &ZdsHello {
+            version: Version::V1 as i32,
+        },
+        None,
+    )
+    .await?;
     tracing::info!(path = %path.display(), "connected to the CNI agent (ZDS)");
     let mut in_snapshot: HashSet<WorkloadUid> = HashSet::new();
     // Adds in flight, in request order: one pod waiting for its workload or certificate
@@ -68,10 +80,14 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
                 let uid = WorkloadUid(add.uid.clone());
                 in_snapshot.insert(uid.clone());
                 let task = match fd {
-                    None => tokio::spawn(std::future::ready(Err(ZdsError::MissingNetns(add.uid).to_string()))),
+                    None => tokio::spawn(std::future::ready(Err(
+                        ZdsError::MissingNetns(add.uid).to_string()
+                    ))),
                     Some(fd) => {
                         let (inputs, pods, uid) = (inputs.clone(), pods.clone(), uid.clone());
-                        tokio::spawn(async move { add_pod(&inputs, &pods, uid, add.workload_info, fd).await })
+                        tokio::spawn(async move {
+                            add_pod(&inputs, &pods, uid, add.workload_info, fd).await
+                        })
                     }
                 };
                 adds.push_back((uid, task));
@@ -80,14 +96,22 @@ async fn session(path: &std::path::Path, inputs: &Arc<ProxyInputs>, pods: &Pods)
             Some(Payload::Keep(keep)) => {
                 let uid = WorkloadUid(keep.uid);
                 in_snapshot.insert(uid.clone());
-                if pods.contains(&uid).await { Ok(()) } else { Err(format!("cannot keep {uid}: not enrolled")) }
+                if pods.contains(&uid).await {
+                    Ok(())
+                } else {
+                    Err(format!("cannot keep {uid}: not enrolled"))
+                }
             }
             Some(Payload::Del(del)) => {
                 remove_pod(pods, &WorkloadUid(del.uid)).await;
                 Ok(())
             }
             Some(Payload::SnapshotSent(_)) => {
-                let stale = pods.uids().await.into_iter().filter(|u| !in_snapshot.contains(u));
+                let stale = pods
+                    .uids()
+                    .await
+                    .into_iter()
+                    .filter(|u| !in_snapshot.contains(u));
                 for uid in stale {
                     remove_pod(pods, &uid).await;
                 }
@@ -132,21 +156,29 @@ async fn add_pod(
         }
         None => {}
     }
-    let named = info.as_ref().map(|i| (i.namespace.as_str(), i.name.as_str()));
+    let named = info
+        .as_ref()
+        .map(|i| (i.namespace.as_str(), i.name.as_str()));
     let _pending = inputs.metrics.workload_manager.pending();
     let info_view = info.as_ref().map(|i| crate::proxy::states::ProxyInfo {
         name: i.name.clone(),
         namespace: i.namespace.clone(),
         service_account: i.service_account.clone(),
     });
-    let _listed = inputs.workload_states.pending(&uid, info_view.unwrap_or_default());
-    let wl = await_workload(inputs, &uid, named, ENROLL_WAIT).await.map_err(|e| e.to_string())?;
+    let _listed = inputs
+        .workload_states
+        .pending(&uid, info_view.unwrap_or_default());
+    let wl = await_workload(inputs, &uid, named, ENROLL_WAIT)
+        .await
+        .map_err(|e| e.to_string())?;
     // The agent's view of the pod must agree with the mesh's: its identity comes from the
     // mesh state, and a disagreement means one of them is wrong about who this pod is.
     if let Some(info) = &info {
         check_workload_info(&uid, info, &wl)?;
     }
-    let pod = enroll_workload(inputs.clone(), wl, netns).await.map_err(|e| e.to_string())?;
+    let pod = enroll_workload(inputs.clone(), wl, netns)
+        .await
+        .map_err(|e| e.to_string())?;
     pods.insert(uid, pod).await;
     Ok(())
 }
@@ -155,18 +187,32 @@ pub async fn remove_pod(pods: &Pods, uid: &WorkloadUid) {
     if let Some(pod) = pods.take(uid).await {
         match pod.remove().await {
             Ok(()) => tracing::info!(uid = %uid, "pod removed"),
-            Err(e) => tracing::warn!(uid = %uid, error = %e, "pod removed, but capture cleanup failed"),
+            Err(e) => {
+                tracing::warn!(uid = %uid, error = %e, "pod removed, but capture cleanup failed")
+            }
         }
     }
 }
 
 /// The CNI agent's view of a pod must agree with the mesh's: the pod's identity comes
 /// from the mesh state, and a disagreement means one of them is wrong about who it is.
-pub fn check_workload_info(uid: &WorkloadUid, info: &WorkloadInfo, wl: &Workload) -> Result<(), String> {
-    if info.name != wl.name || info.namespace != wl.namespace || info.service_account != wl.service_account {
+pub fn check_workload_info(
+    uid: &WorkloadUid,
+    info: &WorkloadInfo,
+    wl: &Workload,
+) -> Result<(), String> {
+    if info.name != wl.name
+        || info.namespace != wl.namespace
+        || info.service_account != wl.service_account
+    {
         return Err(format!(
             "pod {uid} is {}/{} (sa {}) per the CNI agent but {}/{} (sa {}) per mesh config",
-            info.namespace, info.name, info.service_account, wl.namespace, wl.name, wl.service_account
+            info.namespace,
+            info.name,
+            info.service_account,
+            wl.namespace,
+            wl.name,
+            wl.service_account
         ));
     }
     Ok(())

@@ -84,7 +84,11 @@ pub struct WorkloadResponse {
 
 impl WorkloadResponse {
     pub fn ack(error: Option<String>) -> Self {
-        WorkloadResponse { payload: Some(ResponsePayload::Ack(Ack { error: error.unwrap_or_default() })) }
+        WorkloadResponse {
+            payload: Some(ResponsePayload::Ack(Ack {
+                error: error.unwrap_or_default(),
+            })),
+        }
     }
 }
 
@@ -99,19 +103,40 @@ mod tests {
         let req = WorkloadRequest {
             payload: Some(Payload::Add(AddWorkload {
                 uid: "u".into(),
-                workload_info: Some(WorkloadInfo { name: "n".into(), ..Default::default() }),
+                workload_info: Some(WorkloadInfo {
+                    name: "n".into(),
+                    ..Default::default()
+                }),
             })),
         };
-        assert_eq!(req.encode_to_vec(), vec![0x0a, 0x08, 0x0a, 0x01, b'u', 0x12, 0x03, 0x0a, 0x01, b'n']);
+        assert_eq!(
+            req.encode_to_vec(),
+            vec![0x0a, 0x08, 0x0a, 0x01, b'u', 0x12, 0x03, 0x0a, 0x01, b'n']
+        );
         // del(2){uid(2)="u"}
-        let del = WorkloadRequest { payload: Some(Payload::Del(DelWorkload { uid: "u".into() })) };
+        let del = WorkloadRequest {
+            payload: Some(Payload::Del(DelWorkload { uid: "u".into() })),
+        };
         assert_eq!(del.encode_to_vec(), vec![0x12, 0x03, 0x12, 0x01, b'u']);
         // keep(5){uid(1)}, snapshot_sent(3){}
-        let keep = WorkloadRequest { payload: Some(Payload::Keep(KeepWorkload { uid: "u".into() })) };
+        let keep = WorkloadRequest {
+            payload: Some(Payload::Keep(KeepWorkload { uid: "u".into() })),
+        };
         assert_eq!(keep.encode_to_vec(), vec![0x2a, 0x03, 0x0a, 0x01, b'u']);
-        let snap = WorkloadRequest { payload: Some(Payload::SnapshotSent(SnapshotSent {})) };
+        let snap = WorkloadRequest {
+            payload: Some(Payload::SnapshotSent(SnapshotSent {})),
+        };
         assert_eq!(snap.encode_to_vec(), vec![0x1a, 0x00]);
-        assert_eq!(ZdsHello { version: Version::V1 as i32 }.encode_to_vec(), vec![0x08, 0x01]);
-        assert_eq!(WorkloadResponse::ack(Some("e".into())).encode_to_vec(), vec![0x0a, 0x03, 0x0a, 0x01, b'e']);
+        assert_eq!(
+            ZdsHello {
+                version: Version::V1 as i32
+            }
+            .encode_to_vec(),
+            vec![0x08, 0x01]
+        );
+        assert_eq!(
+            WorkloadResponse::ack(Some("e".into())).encode_to_vec(),
+            vec![0x0a, 0x03, 0x0a, 0x01, b'e']
+        );
     }
 }

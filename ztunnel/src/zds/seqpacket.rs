@@ -5,7 +5,9 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 
-use nix::sys::socket::{self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr};
+use nix::sys::socket::{
+    self, ControlMessage, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr,
+};
 use prost::Message;
 use tokio::io::unix::AsyncFd;
 
@@ -27,7 +29,10 @@ pub struct SeqPacket {
 
 impl SeqPacket {
     pub fn connect(path: &Path) -> Result<SeqPacket, ZdsError> {
-        let err = |source| ZdsError::Connect { path: path.display().to_string(), source };
+        let err = |source| ZdsError::Connect {
+            path: path.display().to_string(),
+            source,
+        };
         let fd = socket::socket(
             socket::AddressFamily::Unix,
             SockType::SeqPacket,
@@ -49,10 +54,19 @@ impl SeqPacket {
         loop {
             let mut guard = self.fd.writable().await?;
             let fds = pass_fd.map(|f| [f]);
-            let cmsgs: Vec<ControlMessage<'_>> = fds.as_ref().map(|f| vec![ControlMessage::ScmRights(f)]).unwrap_or_default();
+            let cmsgs: Vec<ControlMessage<'_>> = fds
+                .as_ref()
+                .map(|f| vec![ControlMessage::ScmRights(f)])
+                .unwrap_or_default();
             let res = guard.try_io(|fd| {
-                socket::sendmsg::<()>(fd.as_raw_fd(), &[IoSlice::new(&buf)], &cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-                    .map_err(std::io::Error::from)
+                socket::sendmsg::<()>(
+                    fd.as_raw_fd(),
+                    &[IoSlice::new(&buf)],
+                    &cmsgs,
+                    MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(std::io::Error::from)
             });
             match res {
                 Ok(r) => return r.map(|_| ()).map_err(ZdsError::Io),
@@ -69,8 +83,13 @@ impl SeqPacket {
             let res = guard.try_io(|fd| {
                 let mut cmsg = nix::cmsg_space!([RawFd; 4]);
                 let mut iov = [IoSliceMut::new(&mut buf)];
-                let msg = socket::recvmsg::<()>(fd.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
-                    .map_err(std::io::Error::from)?;
+                let msg = socket::recvmsg::<()>(
+                    fd.as_raw_fd(),
+                    &mut iov,
+                    Some(&mut cmsg),
+                    MsgFlags::MSG_CMSG_CLOEXEC,
+                )
+                .map_err(std::io::Error::from)?;
                 let mut fds = Vec::new();
                 for c in msg.cmsgs().map_err(std::io::Error::from)? {
                     if let ControlMessageOwned::ScmRights(got) = c {
@@ -85,7 +104,11 @@ impl SeqPacket {
                 Ok(Ok((n, mut fds))) => {
                     let m = M::decode(&buf[..n])?;
                     // Extra fds beyond the first are closed when dropped.
-                    let first = if fds.is_empty() { None } else { Some(fds.swap_remove(0)) };
+                    let first = if fds.is_empty() {
+                        None
+                    } else {
+                        Some(fds.swap_remove(0))
+                    };
                     return Ok((m, first));
                 }
                 Ok(Err(e)) => return Err(ZdsError::Io(e)),
@@ -109,14 +132,25 @@ mod tests {
             SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
         )
         .unwrap();
-        let (a, b) = (SeqPacket::from_fd(a).unwrap(), SeqPacket::from_fd(b).unwrap());
+        let (a, b) = (
+            SeqPacket::from_fd(a).unwrap(),
+            SeqPacket::from_fd(b).unwrap(),
+        );
         let f = std::fs::File::open("/proc/self/ns/net").unwrap();
-        let req = WorkloadRequest { payload: Some(Payload::Add(AddWorkload { uid: "x".into(), workload_info: None })) };
+        let req = WorkloadRequest {
+            payload: Some(Payload::Add(AddWorkload {
+                uid: "x".into(),
+                workload_info: None,
+            })),
+        };
         a.send(&req, Some(f.as_raw_fd())).await.unwrap();
         let (got, fd): (WorkloadRequest, _) = b.recv().await.unwrap();
         assert_eq!(got, req);
         assert!(fd.is_some());
         drop(a);
-        assert!(matches!(b.recv::<WorkloadRequest>().await, Err(ZdsError::Closed)));
+        assert!(matches!(
+            b.recv::<WorkloadRequest>().await,
+            Err(ZdsError::Closed)
+        ));
     }
 }

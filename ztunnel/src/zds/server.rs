@@ -13,7 +13,8 @@ use tokio::io::unix::AsyncFd;
 
 use super::error::ZdsError;
 use super::messages::{
-    AddWorkload, DelWorkload, Payload, ResponsePayload, SnapshotSent, WorkloadInfo, WorkloadRequest, WorkloadResponse, ZdsHello,
+    AddWorkload, DelWorkload, Payload, ResponsePayload, SnapshotSent, WorkloadInfo,
+    WorkloadRequest, WorkloadResponse, ZdsHello,
 };
 use super::seqpacket::{register, SeqPacket};
 
@@ -29,7 +30,16 @@ pub struct PodSpec {
 }
 
 fn file_for(dir: &Path, uid: &str) -> PathBuf {
-    let safe: String = uid.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+    let safe: String = uid
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     dir.join(format!("{safe}.yaml"))
 }
 
@@ -49,7 +59,9 @@ pub fn remove_pod(dir: &Path, uid: &str) -> std::io::Result<()> {
 
 fn read_pods(dir: &Path) -> BTreeMap<String, PodSpec> {
     let mut out = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
     for e in entries.flatten() {
         let p = e.path();
         if p.extension().and_then(|x| x.to_str()) != Some("yaml") {
@@ -59,7 +71,9 @@ fn read_pods(dir: &Path) -> BTreeMap<String, PodSpec> {
             Ok(Ok(pod)) => {
                 out.insert(pod.uid.clone(), pod);
             }
-            Ok(Err(err)) => tracing::warn!(file = %p.display(), error = %err, "ignoring malformed pod file"),
+            Ok(Err(err)) => {
+                tracing::warn!(file = %p.display(), error = %err, "ignoring malformed pod file")
+            }
             Err(err) => tracing::warn!(file = %p.display(), error = %err, "cannot read pod file"),
         }
     }
@@ -71,13 +85,21 @@ pub struct Listener(AsyncFd<std::os::fd::OwnedFd>);
 
 /// Listens on `path` as istio-cni's agent does (replacing a stale socket file).
 pub fn listen(path: &Path) -> Result<Listener, ZdsError> {
-    let err = |source| ZdsError::Listen { path: path.display().to_string(), source };
+    let err = |source| ZdsError::Listen {
+        path: path.display().to_string(),
+        source,
+    };
     let _ = std::fs::remove_file(path);
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let fd = socket::socket(socket::AddressFamily::Unix, SockType::SeqPacket, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
-        .map_err(err)?;
+    let fd = socket::socket(
+        socket::AddressFamily::Unix,
+        SockType::SeqPacket,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
+    .map_err(err)?;
     socket::bind(fd.as_raw_fd(), &UnixAddr::new(path).map_err(err)?).map_err(err)?;
     socket::listen(&fd, socket::Backlog::new(8).map_err(err)?).map_err(err)?;
     Ok(Listener(register(fd)?))
@@ -88,7 +110,10 @@ impl Listener {
     pub async fn accept(&self) -> Result<SeqPacket, ZdsError> {
         loop {
             let mut guard = self.0.readable().await?;
-            match guard.try_io(|fd| socket::accept4(fd, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK).map_err(std::io::Error::from)) {
+            match guard.try_io(|fd| {
+                socket::accept4(fd, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK)
+                    .map_err(std::io::Error::from)
+            }) {
                 Ok(Ok(owned)) => return SeqPacket::from_fd(owned),
                 Ok(Err(e)) => return Err(ZdsError::Io(e)),
                 Err(_would_block) => continue,
@@ -125,7 +150,13 @@ async fn send(sock: &SeqPacket, payload: Payload, netns: Option<&Path>) -> Resul
         Some(p) => Some(std::fs::File::open(p)?),
         None => None,
     };
-    sock.send(&WorkloadRequest { payload: Some(payload) }, file.as_ref().map(|f| f.as_raw_fd())).await
+    sock.send(
+        &WorkloadRequest {
+            payload: Some(payload),
+        },
+        file.as_ref().map(|f| f.as_raw_fd()),
+    )
+    .await
 }
 
 async fn ack(sock: &SeqPacket) -> Result<(), ZdsError> {
@@ -170,7 +201,11 @@ async fn session(sock: SeqPacket, pods_dir: &Path) -> Result<(), ZdsError> {
                 request(&sock, Payload::Del(DelWorkload { uid: uid.clone() }), None).await?;
             }
         }
-        let new: Vec<&PodSpec> = now.iter().filter(|(uid, pod)| sent.get(*uid) != Some(*pod)).map(|(_, p)| p).collect();
+        let new: Vec<&PodSpec> = now
+            .iter()
+            .filter(|(uid, pod)| sent.get(*uid) != Some(*pod))
+            .map(|(_, p)| p)
+            .collect();
         for pod in &new {
             send(&sock, add(pod), Some(&pod.netns)).await?;
         }

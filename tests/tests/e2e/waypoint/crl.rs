@@ -18,7 +18,10 @@ const VIP: &str = "10.96.0.10:80";
 /// Whether a connection is cut (EOF or reset) within 5 s; a hang is not.
 async fn is_cut(s: &mut tokio::net::TcpStream) -> bool {
     let mut buf = [0u8; 16];
-    matches!(tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await, Ok(Ok(0)) | Ok(Err(_)))
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -39,7 +42,13 @@ async fn the_waypoint_refuses_peers_its_crl_revokes() -> Result<()> {
     let crl_arg = crl.display().to_string();
     let cfg_path = t.dir.join("mesh-node1.yaml");
     // The file appears only after the start (Istio's chart mounts it as optional).
-    let waypoint = start_waypoint_with(t, "n1p2", &cfg_path, "waypoint.log", &["--crl-path", &crl_arg])?;
+    let waypoint = start_waypoint_with(
+        t,
+        "n1p2",
+        &cfg_path,
+        "waypoint.log",
+        &["--crl-path", &crl_arg],
+    )?;
     let _echo = EchoServer::start(&t.pod("n2p1").netns, 8080, None)?;
     let client = t.pod("n1p1");
     let roundtrip = |what: &'static str| async move {
@@ -48,15 +57,36 @@ async fn the_waypoint_refuses_peers_its_crl_revokes() -> Result<()> {
     };
     assert_eq!(roundtrip("no CRL yet").await?, b"no CRL yet");
     let ca_dir = t.dir.join("ca");
-    let ca = ztunnel::identity::ca::Ca::from_files(&ca_dir.join("ca-cert.pem"), &ca_dir.join("ca-key.pem"))?;
+    let ca = ztunnel::identity::ca::Ca::from_files(
+        &ca_dir.join("ca-cert.pem"),
+        &ca_dir.join("ca-key.pem"),
+    )?;
     let admin = "127.0.0.1:15000".parse()?;
-    let client_serial = cert_serial(t.node(1), admin, "spiffe://cluster.local/ns/default/sa/client").await?;
-    let echo_serial = cert_serial(t.node(2), admin, "spiffe://cluster.local/ns/default/sa/echo").await?;
-    let reloads = || waypoint.log_text().matches("reloaded certificate revocation lists").count();
+    let client_serial = cert_serial(
+        t.node(1),
+        admin,
+        "spiffe://cluster.local/ns/default/sa/client",
+    )
+    .await?;
+    let echo_serial = cert_serial(
+        t.node(2),
+        admin,
+        "spiffe://cluster.local/ns/default/sa/echo",
+    )
+    .await?;
+    let reloads = || {
+        waypoint
+            .log_text()
+            .matches("reloaded certificate revocation lists")
+            .count()
+    };
     let ttl = Duration::from_secs(3600);
     let refused = |what: &'static str| async move {
         let r = tokio::time::timeout(Duration::from_secs(10), roundtrip(what)).await?;
-        assert!(r.as_ref().map(|v| v.is_empty()).unwrap_or(true), "{what}: got through the waypoint: {r:?}");
+        assert!(
+            r.as_ref().map(|v| v.is_empty()).unwrap_or(true),
+            "{what}: got through the waypoint: {r:?}"
+        );
         anyhow::Ok(())
     };
 
@@ -64,31 +94,72 @@ async fn the_waypoint_refuses_peers_its_crl_revokes() -> Result<()> {
     let mut open = client.netns.connect(VIP.parse()?).await?;
     assert_eq!(echo_roundtrip_open(&mut open, b"before").await?, b"before");
     write_crl(&crl, &ca.revocation_list(&["0badc0de"], 1, ttl)?)?;
-    wait_for("the waypoint to load the first CRL", Duration::from_secs(10), || reloads() >= 1)?;
-    assert_eq!(echo_roundtrip_open(&mut open, b"after").await?, b"after", "a reload that revokes no peer cut the tunnel");
+    wait_for(
+        "the waypoint to load the first CRL",
+        Duration::from_secs(10),
+        || reloads() >= 1,
+    )?;
+    assert_eq!(
+        echo_roundtrip_open(&mut open, b"after").await?,
+        b"after",
+        "a reload that revokes no peer cut the tunnel"
+    );
 
     // The client's certificate revoked: the waypoint closes its open connection and
     // refuses its next handshake.
-    write_crl(&crl, &ca.revocation_list(&["0badc0de", &client_serial], 2, ttl)?)?;
-    wait_for("the CRL revoking the client", Duration::from_secs(10), || reloads() >= 2)?;
-    assert!(is_cut(&mut open).await, "the tunnel from a revoked client stayed open at the waypoint");
-    wait_for("the waypoint to close the revoked client's connection", Duration::from_secs(5), || {
-        waypoint.log_text().contains("closing an HBONE connection: the peer's certificate is revoked")
-    })?;
+    write_crl(
+        &crl,
+        &ca.revocation_list(&["0badc0de", &client_serial], 2, ttl)?,
+    )?;
+    wait_for(
+        "the CRL revoking the client",
+        Duration::from_secs(10),
+        || reloads() >= 2,
+    )?;
+    assert!(
+        is_cut(&mut open).await,
+        "the tunnel from a revoked client stayed open at the waypoint"
+    );
+    wait_for(
+        "the waypoint to close the revoked client's connection",
+        Duration::from_secs(5),
+        || {
+            waypoint
+                .log_text()
+                .contains("closing an HBONE connection: the peer's certificate is revoked")
+        },
+    )?;
     refused("from a revoked client").await?;
 
     // Un-revoked, traffic flows; then the backend's certificate revoked: the waypoint
     // closes its pooled connection to it and dials no new one.
     write_crl(&crl, &ca.revocation_list(&["0badc0de"], 3, ttl)?)?;
-    wait_for("the CRL un-revoking the client", Duration::from_secs(10), || reloads() >= 3)?;
+    wait_for(
+        "the CRL un-revoking the client",
+        Duration::from_secs(10),
+        || reloads() >= 3,
+    )?;
     let mut open = client.netns.connect(VIP.parse()?).await?;
     assert_eq!(echo_roundtrip_open(&mut open, b"again").await?, b"again");
     write_crl(&crl, &ca.revocation_list(&[&echo_serial], 4, ttl)?)?;
-    wait_for("the CRL revoking the backend", Duration::from_secs(10), || reloads() >= 4)?;
-    assert!(is_cut(&mut open).await, "the tunnel to a revoked backend stayed open at the waypoint");
-    wait_for("the waypoint to close its pooled connection to the revoked backend", Duration::from_secs(5), || {
-        waypoint.log_text().contains("closing a pooled HBONE connection: the server's certificate is revoked")
-    })?;
+    wait_for(
+        "the CRL revoking the backend",
+        Duration::from_secs(10),
+        || reloads() >= 4,
+    )?;
+    assert!(
+        is_cut(&mut open).await,
+        "the tunnel to a revoked backend stayed open at the waypoint"
+    );
+    wait_for(
+        "the waypoint to close its pooled connection to the revoked backend",
+        Duration::from_secs(5),
+        || {
+            waypoint
+                .log_text()
+                .contains("closing a pooled HBONE connection: the server's certificate is revoked")
+        },
+    )?;
     refused("to a revoked backend").await?;
     Ok(())
 }

@@ -20,7 +20,8 @@ const WEB_VIP: &str = "10.96.0.40";
 /// own waypoint is the same one: Istio's ztunnel sends it there too, and the waypoint
 /// reaches it in plaintext.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waypoint_istiod_describes_as_tcp_carries_its_services_traffic_under_l7_policy() -> Result<()> {
+async fn a_waypoint_istiod_describes_as_tcp_carries_its_services_traffic_under_l7_policy(
+) -> Result<()> {
     let topo = Topology::build(&prefix("wtcp"), &[2, 2])?;
     let via = format!("waypoint: {{destination: \"/{WAYPOINT_VIP}\", hboneMtlsPort: 15008}}");
     let cfg = format!(
@@ -47,28 +48,59 @@ async fn a_waypoint_istiod_describes_as_tcp_carries_its_services_traffic_under_l
     let client = &t.pod("n1p1").netns;
 
     // Through the service VIP: over HBONE to the waypoint on 15008, then to web.
-    let mut c = http_app::H1Client::connect(client, format!("{WEB_VIP}:80").parse()?, "web.default.svc.cluster.local").await?;
+    let mut c = http_app::H1Client::connect(
+        client,
+        format!("{WEB_VIP}:80").parse()?,
+        "web.default.svc.cluster.local",
+    )
+    .await?;
     let r = c.get("/").await?;
     assert_eq!(r.status, 200, "{}\n{}", r.body, waypoint.log_text());
-    assert_eq!(r.headers.get("x-pod").map(|v| v.as_bytes()), Some(&b"web"[..]));
+    assert_eq!(
+        r.headers.get("x-pod").map(|v| v.as_bytes()),
+        Some(&b"web"[..])
+    );
     // The waypoint's L7 policy applies: denied with its reason, on the same connection.
     let r = c.get("/admin/keys").await?;
     assert_eq!(r.status, 403, "{}", r.body);
     assert_eq!(r.body.trim_end(), "RBAC: access denied");
-    wait_for("the waypoint's deny", std::time::Duration::from_secs(5), || waypoint.log_text().contains("authz.denied_by=\"default/deny-admin\""))?;
+    wait_for(
+        "the waypoint's deny",
+        std::time::Duration::from_secs(5),
+        || {
+            waypoint
+                .log_text()
+                .contains("authz.denied_by=\"default/deny-admin\"")
+        },
+    )?;
     // ztunnel logs the tunnel when it closes: to the waypoint's address on 15008.
     drop(c);
-    mesh.wait_logs(&[&format!("dst.addr={wp_ip}:15008"), "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint"])?;
+    mesh.wait_logs(&[
+        &format!("dst.addr={wp_ip}:15008"),
+        "dst.identity=spiffe://cluster.local/ns/default/sa/waypoint",
+    ])?;
 
     // A workload outside the mesh behind the same waypoint, by its own address: through
     // the waypoint (as Istio's ztunnel does), which reaches it in plaintext.
     let legacy = t.pod("n2p2").ip;
-    let mut c = http_app::H1Client::connect(client, std::net::SocketAddr::new(legacy, 8080), "legacy").await?;
+    let mut c =
+        http_app::H1Client::connect(client, std::net::SocketAddr::new(legacy, 8080), "legacy")
+            .await?;
     let r = c.get("/hello").await?;
     assert_eq!(r.status, 200, "{}\n{}", r.body, waypoint.log_text());
-    assert_eq!(r.headers.get("x-pod").map(|v| v.as_bytes()), Some(&b"legacy"[..]));
-    wait_for("the waypoint's log of the legacy request", std::time::Duration::from_secs(5), || {
-        waypoint.log_text().lines().any(|l| l.contains("path=/hello") && l.contains(&format!("{legacy}:8080")))
-    })?;
+    assert_eq!(
+        r.headers.get("x-pod").map(|v| v.as_bytes()),
+        Some(&b"legacy"[..])
+    );
+    wait_for(
+        "the waypoint's log of the legacy request",
+        std::time::Duration::from_secs(5),
+        || {
+            waypoint
+                .log_text()
+                .lines()
+                .any(|l| l.contains("path=/hello") && l.contains(&format!("{legacy}:8080")))
+        },
+    )?;
     Ok(())
 }

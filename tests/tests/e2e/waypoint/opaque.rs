@@ -49,10 +49,17 @@ fn paused(req: &str) -> Vec<(Duration, Vec<u8>)> {
 }
 
 fn padded(req: &str) -> Vec<(Duration, Vec<u8>)> {
-    vec![(Duration::ZERO, b"\r\n".repeat(9)), (Duration::from_millis(300), req.as_bytes().to_vec())]
+    vec![
+        (Duration::ZERO, b"\r\n".repeat(9)),
+        (Duration::from_millis(300), req.as_bytes().to_vec()),
+    ]
 }
 
-async fn attack(client: &Netns, to: SocketAddr, parts: Vec<(Duration, Vec<u8>)>) -> Result<Vec<u8>> {
+async fn attack(
+    client: &Netns,
+    to: SocketAddr,
+    parts: Vec<(Duration, Vec<u8>)>,
+) -> Result<Vec<u8>> {
     let parts: Vec<(Duration, &[u8])> = parts.iter().map(|(d, b)| (*d, &b[..])).collect();
     send(client, to, &parts).await
 }
@@ -100,14 +107,34 @@ async fn opaque_tricks_do_not_skip_a_custom_authorizer() -> Result<()> {
     let client = &t.pod("n1p1").netns;
     let web_at = |port: u16| SocketAddr::new(WEB_VIP.parse().expect("vip"), port);
     let reached = |path: &str| web.seen().iter().any(|s| s.path == path);
-    let status = |got: &[u8]| String::from_utf8_lossy(got).lines().next().unwrap_or_default().to_string();
+    let status = |got: &[u8]| {
+        String::from_utf8_lossy(got)
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
 
     // The setup works: a request the authorizer allows reaches web, with the
     // waypoint's x-forwarded-client-cert, not the client's.
-    let mut c = http_app::H1Client::connect(client, web_at(80), "web.default.svc.cluster.local").await?;
-    let r = c.request("GET", "/allowed", &[("x-ext-authz", "allow"), ("x-forwarded-client-cert", "By=spoofed")]).await?;
+    let mut c =
+        http_app::H1Client::connect(client, web_at(80), "web.default.svc.cluster.local").await?;
+    let r = c
+        .request(
+            "GET",
+            "/allowed",
+            &[
+                ("x-ext-authz", "allow"),
+                ("x-forwarded-client-cert", "By=spoofed"),
+            ],
+        )
+        .await?;
     assert_eq!(r.status, 200, "{r:?}\n{}", waypoint.log_text());
-    let xfcc = web.seen().iter().find(|s| s.path == "/allowed").and_then(|s| s.headers.get("x-forwarded-client-cert").cloned());
+    let xfcc = web
+        .seen()
+        .iter()
+        .find(|s| s.path == "/allowed")
+        .and_then(|s| s.headers.get("x-forwarded-client-cert").cloned());
     assert_eq!(
         xfcc.as_ref().and_then(|v| v.to_str().ok()),
         Some("By=spiffe://cluster.local/ns/default/sa/waypoint;URI=spiffe://cluster.local/ns/default/sa/client")
@@ -117,38 +144,108 @@ async fn opaque_tricks_do_not_skip_a_custom_authorizer() -> Result<()> {
     // Port 80 declares HTTP: the paused and the padded request are HTTP all the same,
     // so the authorizer is asked, and denies.
     let got = attack(client, web_at(80), paused(&request("/paused"))).await?;
-    assert_eq!(status(&got), "HTTP/1.1 403 Forbidden", "{:?}\n{}", String::from_utf8_lossy(&got), waypoint.log_text());
-    assert!(got.ends_with(b"denied by the authorizer"), "{:?}", String::from_utf8_lossy(&got));
+    assert_eq!(
+        status(&got),
+        "HTTP/1.1 403 Forbidden",
+        "{:?}\n{}",
+        String::from_utf8_lossy(&got),
+        waypoint.log_text()
+    );
+    assert!(
+        got.ends_with(b"denied by the authorizer"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
     let got = attack(client, web_at(80), padded(&request("/padded"))).await?;
-    assert_eq!(status(&got), "HTTP/1.1 403 Forbidden", "{:?}\n{}", String::from_utf8_lossy(&got), waypoint.log_text());
+    assert_eq!(
+        status(&got),
+        "HTTP/1.1 403 Forbidden",
+        "{:?}\n{}",
+        String::from_utf8_lossy(&got),
+        waypoint.log_text()
+    );
     {
-        let asked: Vec<String> = checks.lock().unwrap().iter().map(|c| c.path.clone()).collect();
-        assert!(asked.iter().any(|p| p == "/paused") && asked.iter().any(|p| p == "/padded"), "{asked:?}");
+        let asked: Vec<String> = checks
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.path.clone())
+            .collect();
+        assert!(
+            asked.iter().any(|p| p == "/paused") && asked.iter().any(|p| p == "/padded"),
+            "{asked:?}"
+        );
     }
     // Not HTTP at all, on a port that declares HTTP: 400 from the waypoint, never a relay
     // to the TCP echo behind it.
-    let got = send(client, web_at(9000), &[(Duration::ZERO, b"hello, not http\r\n\r\n")]).await?;
-    assert_eq!(status(&got), "HTTP/1.1 400 Bad Request", "{:?}\n{}", String::from_utf8_lossy(&got), waypoint.log_text());
-    assert!(web_echo.peers().is_empty(), "the TCP echo behind an HTTP port was reached: {:?}", web_echo.peers());
+    let got = send(
+        client,
+        web_at(9000),
+        &[(Duration::ZERO, b"hello, not http\r\n\r\n")],
+    )
+    .await?;
+    assert_eq!(
+        status(&got),
+        "HTTP/1.1 400 Bad Request",
+        "{:?}\n{}",
+        String::from_utf8_lossy(&got),
+        waypoint.log_text()
+    );
+    assert!(
+        web_echo.peers().is_empty(),
+        "the TCP echo behind an HTTP port was reached: {:?}",
+        web_echo.peers()
+    );
 
     // Port 81 declares nothing: the same tricks make the connection opaque, and the
     // CUSTOM policy in its scope denies it, naming itself and why.
-    let denied_81 = || waypoint.log_text().lines().filter(|l| l.contains("opaque connection denied") && l.contains(&format!("{WEB_VIP}:81"))).count();
+    let denied_81 = || {
+        waypoint
+            .log_text()
+            .lines()
+            .filter(|l| {
+                l.contains("opaque connection denied") && l.contains(&format!("{WEB_VIP}:81"))
+            })
+            .count()
+    };
     let got = attack(client, web_at(81), paused(&request("/paused81"))).await?;
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
-    wait_for("the paused connection's denial", Duration::from_secs(5), || denied_81() >= 1)?;
-    let line = waypoint.log_text().lines().find(|l| l.contains("opaque connection denied")).unwrap_or_default().to_string();
-    assert!(line.contains("denied by default/ext") && line.contains("cannot check opaque TCP"), "{line}");
+    wait_for(
+        "the paused connection's denial",
+        Duration::from_secs(5),
+        || denied_81() >= 1,
+    )?;
+    let line = waypoint
+        .log_text()
+        .lines()
+        .find(|l| l.contains("opaque connection denied"))
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        line.contains("denied by default/ext") && line.contains("cannot check opaque TCP"),
+        "{line}"
+    );
     let got = attack(client, web_at(81), padded(&request("/padded81"))).await?;
     assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
-    wait_for("the padded connection's denial", Duration::from_secs(5), || denied_81() >= 2)?;
+    wait_for(
+        "the padded connection's denial",
+        Duration::from_secs(5),
+        || denied_81() >= 2,
+    )?;
     for path in ["/paused", "/padded", "/paused81", "/padded81"] {
         assert!(!reached(path), "{path} reached the backend");
     }
 
     // raw's port declares nothing and no CUSTOM policy covers it: opaque TCP passes.
-    let mut s = client.connect(SocketAddr::new(RAW_VIP.parse()?, 9000)).await?;
+    let mut s = client
+        .connect(SocketAddr::new(RAW_VIP.parse()?, 9000))
+        .await?;
     let got = echo_roundtrip(&mut s, b"plain bytes\n").await?;
-    assert_eq!(String::from_utf8_lossy(&got), "raw\nplain bytes\n", "{}", waypoint.log_text());
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "raw\nplain bytes\n",
+        "{}",
+        waypoint.log_text()
+    );
     Ok(())
 }

@@ -15,7 +15,10 @@ const VIP: &str = "10.96.0.60";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_connection_is_retried_by_default_and_a_5xx_answer_is_not() -> Result<()> {
-    anyhow::ensure!(sh("sh", &["-c", "command -v h2load"]).is_ok(), "h2load is needed (scripts/deps.sh installs it)");
+    anyhow::ensure!(
+        sh("sh", &["-c", "command -v h2load"]).is_ok(),
+        "h2load is needed (scripts/deps.sh installs it)"
+    );
     let topo = Topology::build(&prefix("wretry"), &[2, 2])?;
     let wp_ip = topo.pod("n1p2").ip;
     let web = ", services: {default/web.default.svc.cluster.local: {80: 8080}, default/web-once.default.svc.cluster.local: {80: 8080}}";
@@ -37,7 +40,13 @@ async fn a_failed_connection_is_retried_by_default_and_a_5xx_answer_is_not() -> 
     let cfg_path = t.dir.join("waypoint.yaml");
     std::fs::write(&cfg_path, &cfg)?;
     // Outlier detection off, so the dead endpoint stays in the pick for the whole run.
-    let waypoint = start_waypoint_with(t, "n1p2", &cfg_path, "waypoint.log", &["--outlier-consecutive-5xx", "0"])?;
+    let waypoint = start_waypoint_with(
+        t,
+        "n1p2",
+        &cfg_path,
+        "waypoint.log",
+        &["--outlier-consecutive-5xx", "0"],
+    )?;
     let _web = http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "n2p1", false)?;
     let client = &t.pod("n1p1").netns;
 
@@ -48,17 +57,37 @@ async fn a_failed_connection_is_retried_by_default_and_a_5xx_answer_is_not() -> 
         let url = format!("http://{VIP}/");
         args.push(&url);
         let out = client.exec("h2load", &args)?;
-        let line = out.lines().find(|l| l.starts_with("requests:")).context("no h2load summary")?.to_string();
-        assert!(line.contains("200 succeeded, 0 failed"), "{method:?}: {line}\n{out}\n{}", waypoint.log_text());
-        let codes = out.lines().find(|l| l.starts_with("status codes:")).unwrap_or_default().to_string();
-        assert!(codes.starts_with("status codes: 200 2xx"), "{method:?}: {codes}");
+        let line = out
+            .lines()
+            .find(|l| l.starts_with("requests:"))
+            .context("no h2load summary")?
+            .to_string();
+        assert!(
+            line.contains("200 succeeded, 0 failed"),
+            "{method:?}: {line}\n{out}\n{}",
+            waypoint.log_text()
+        );
+        let codes = out
+            .lines()
+            .find(|l| l.starts_with("status codes:"))
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            codes.starts_with("status codes: 200 2xx"),
+            "{method:?}: {codes}"
+        );
     }
     let log = waypoint.log_text();
     assert!(log.contains("attempts=2"), "no request was retried: {log}");
     assert!(!log.contains("status=503"), "a request got a 503: {log}");
 
     // A 5xx answer is the backend's: not retried by default.
-    let mut c = http_app::H1Client::connect(client, format!("{VIP}:80").parse()?, "web.default.svc.cluster.local").await?;
+    let mut c = http_app::H1Client::connect(
+        client,
+        format!("{VIP}:80").parse()?,
+        "web.default.svc.cluster.local",
+    )
+    .await?;
     let mut fives = 0;
     for _ in 0..20 {
         let r = c.get("/status/503").await?;
@@ -69,13 +98,21 @@ async fn a_failed_connection_is_retried_by_default_and_a_5xx_answer_is_not() -> 
     assert_eq!(fives, 20, "a 503 answer was retried into a success");
 
     // retries.attempts: 0 turns them off: some requests meet the dead endpoint and fail.
-    let mut c = http_app::H1Client::connect(client, "10.96.0.61:80".parse()?, "web-once.default.svc.cluster.local").await?;
+    let mut c = http_app::H1Client::connect(
+        client,
+        "10.96.0.61:80".parse()?,
+        "web-once.default.svc.cluster.local",
+    )
+    .await?;
     let mut failed = 0;
     for _ in 0..40 {
         if c.get("/").await?.status == 503 {
             failed += 1;
         }
     }
-    assert!(failed > 0, "with retries off, no request met the refusing endpoint in 40 (1 in 2^40 by chance)");
+    assert!(
+        failed > 0,
+        "with retries off, no request met the refusing endpoint in 40 (1 in 2^40 by chance)"
+    );
     Ok(())
 }

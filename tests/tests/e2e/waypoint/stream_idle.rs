@@ -26,12 +26,23 @@ async fn a_request_with_no_activity_gets_stream_timeout() -> Result<()> {
     let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1"], &HashMap::new(), &[])?;
     let t = &mesh.topo;
     let cfg_path = t.dir.join("mesh-node1.yaml");
-    let waypoint = start_waypoint_with(t, "n1p2", &cfg_path, "waypoint.log", &["--stream-idle-timeout-seconds", "1"])?;
+    let waypoint = start_waypoint_with(
+        t,
+        "n1p2",
+        &cfg_path,
+        "waypoint.log",
+        &["--stream-idle-timeout-seconds", "1"],
+    )?;
     let _web = http_app::HttpApp::start(&t.pod("n2p1").netns, 8080, "web", false)?;
     let client = &t.pod("n1p1").netns;
 
     // One HTTP/2 connection (prior knowledge) for all of it.
-    let c = http_app::H2Client::connect(client, "10.96.0.51:80".parse()?, "web.default.svc.cluster.local").await?;
+    let c = http_app::H2Client::connect(
+        client,
+        "10.96.0.51:80".parse()?,
+        "web.default.svc.cluster.local",
+    )
+    .await?;
     let get = |path: &'static str| {
         let c = c.clone();
         async move { c.request("GET", path, &[], bytes::Bytes::new()).await }
@@ -45,27 +56,47 @@ async fn a_request_with_no_activity_gets_stream_timeout() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(ok, "the web app never answered through the waypoint\n{}", waypoint.log_text());
+    assert!(
+        ok,
+        "the web app never answered through the waypoint\n{}",
+        waypoint.log_text()
+    );
 
     // The stalled request, and meanwhile others on the same connection.
     let start = Instant::now();
     let stalled = tokio::spawn(get("/delay/5000"));
     let mut others = 0;
     while !stalled.is_finished() && start.elapsed() < Duration::from_secs(10) {
-        let r = get("/delay/200").await.context("a request next to the stalled one")?;
+        let r = get("/delay/200")
+            .await
+            .context("a request next to the stalled one")?;
         assert_eq!(r.status, 200, "{r:?}");
         assert!(r.body.contains("delayed=200"), "{r:?}");
         others += 1;
     }
     let took = start.elapsed();
     let r = stalled.await?.context("the stalled request")?;
-    assert_eq!((r.status.as_u16(), r.body.trim()), (504, "stream timeout"), "after {took:?}\n{}", waypoint.log_text());
-    assert!(took >= Duration::from_millis(900) && took < Duration::from_secs(4), "the stream timeout came after {took:?}");
-    assert!(others >= 2, "only {others} requests went through next to the stalled one");
+    assert_eq!(
+        (r.status.as_u16(), r.body.trim()),
+        (504, "stream timeout"),
+        "after {took:?}\n{}",
+        waypoint.log_text()
+    );
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_secs(4),
+        "the stream timeout came after {took:?}"
+    );
+    assert!(
+        others >= 2,
+        "only {others} requests went through next to the stalled one"
+    );
 
     // The connection still serves.
     assert_eq!(get("/delay/200").await?.status, 200);
     let log = waypoint.log_text();
-    assert!(log.contains("response_flags=\"SI\""), "no SI in the waypoint's access log\n{log}");
+    assert!(
+        log.contains("response_flags=\"SI\""),
+        "no SI in the waypoint's access log\n{log}"
+    );
     Ok(())
 }

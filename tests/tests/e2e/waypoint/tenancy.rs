@@ -41,7 +41,9 @@ async fn another_tenants_objects_neither_capture_nor_throttle_traffic() -> Resul
     // The `.svc` hostname is default's: every check reaches the real authorizer (in hash
     // order the squatter's entry, with no endpoint, was picked for some).
     for i in 0..10 {
-        let r = c.request("GET", &format!("/private/{i}"), &[("x-ext-authz", "allow")]).await?;
+        let r = c
+            .request("GET", &format!("/private/{i}"), &[("x-ext-authz", "allow")])
+            .await?;
         assert_eq!(r.status, 200, "{r:?}\n{}", m.log());
     }
     assert_eq!(checks.lock().unwrap().len(), 10);
@@ -59,16 +61,31 @@ async fn another_tenants_objects_neither_capture_nor_throttle_traffic() -> Resul
 
     // A bare hostname two namespaces declare: refused (statusOnError, 403), and the dump says why.
     let tmp = m.cfg_path.with_extension("tmp");
-    std::fs::write(&tmp, format!("{}{PROVIDERS}{}", m.base, custom_policy("bare")))?;
+    std::fs::write(
+        &tmp,
+        format!("{}{PROVIDERS}{}", m.base, custom_policy("bare")),
+    )?;
     std::fs::rename(&tmp, &m.cfg_path)?;
-    wait_for("config reloaded", Duration::from_secs(5), || m.log().contains("config reloaded"))?;
-    let r = c.request("GET", "/private", &[("x-ext-authz", "allow")]).await?;
+    wait_for("config reloaded", Duration::from_secs(5), || {
+        m.log().contains("config reloaded")
+    })?;
+    let r = c
+        .request("GET", "/private", &[("x-ext-authz", "allow")])
+        .await?;
     assert_eq!(r.status, 403, "{r:?}\n{}", m.log());
     assert_eq!(c.request("GET", "/public", &[]).await?.status, 200);
     let admin: SocketAddr = "127.0.0.1:15000".parse()?;
-    let mut a = http_app::H1Client::connect(&m.mesh.topo.pod("n1p2").netns, admin, "localhost").await?;
+    let mut a =
+        http_app::H1Client::connect(&m.mesh.topo.pod("n1p2").netns, admin, "localhost").await?;
     let d: serde_json::Value = serde_json::from_str(&a.get("/config_dump").await?.body)?;
-    let why = d["extensionProviders"]["bare"]["service"]["error"].as_str().unwrap_or_default().to_string();
-    assert!(why.contains("multiple namespaces") && why.contains("evil") && why.contains("sec"), "{}", d["extensionProviders"]);
+    let why = d["extensionProviders"]["bare"]["service"]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        why.contains("multiple namespaces") && why.contains("evil") && why.contains("sec"),
+        "{}",
+        d["extensionProviders"]
+    );
     Ok(())
 }
