@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cleanup;
 
@@ -19,7 +19,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 pub const PAYLOAD: usize = 1024;
 
 /// Latency percentiles in µs.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Percentiles {
     pub count: u64,
     pub p50_us: f64,
@@ -152,7 +153,8 @@ fn request_bytes() -> std::sync::Arc<Vec<u8>> {
     std::sync::Arc::new(r)
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RateResult {
     pub target_rps: f64,
     pub achieved_rps: f64,
@@ -219,7 +221,8 @@ pub fn constant_rate(
     })
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct MaxRateResult {
     pub connections: usize,
     pub requests: u64,
@@ -266,7 +269,8 @@ pub fn max_rate(
     })
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct BulkResult {
     pub bytes: u64,
     pub seconds: f64,
@@ -303,7 +307,8 @@ pub fn bulk(ns: &Path, to: SocketAddr, bytes: u64) -> Result<BulkResult> {
     r.into_iter().next().context("no bulk result")
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ConnRateResult {
     pub workers: usize,
     pub connections: u64,

@@ -22,13 +22,14 @@ mod procstat;
 mod report;
 mod scale;
 mod server;
+mod summary;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use modes::{Env, Mode};
 
@@ -133,9 +134,47 @@ enum Command {
         #[arg(long, value_delimiter = ',', value_parser = scale::Curve::parse)]
         curves: Option<Vec<scale::Curve>>,
     },
+    /// Print the current-results page (one table per scenario, medians over the rounds,
+    /// ours over the reference) of a stored run's results.json; every run also writes it
+    /// as summary.md. docs/benchmarks/current.md is this page.
+    Summary {
+        /// A results.json written by a run.
+        from: PathBuf,
+        /// The commit the run measured, for a run that did not record it.
+        #[arg(long)]
+        commit: Option<String>,
+        /// What a mode was, `MODE=TEXT` (repeatable), e.g.
+        /// `reference-zds-l4="Istio's ztunnel 1.28, istio-cni capture"`: printed as a legend.
+        #[arg(long = "label", value_parser = parse_label)]
+        labels: Vec<(String, String)>,
+    },
 }
 
-#[derive(Clone, Debug, Serialize)]
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(m, t)| (m.trim().to_string(), t.trim().to_string()))
+        .filter(|(m, t)| !m.is_empty() && !t.is_empty())
+        .ok_or_else(|| format!("--label wants MODE=TEXT, got {s:?}"))
+}
+
+/// `bench summary`: no root, no binaries, only the stored run.
+fn summarize(
+    from: &std::path::Path,
+    commit: Option<&str>,
+    labels: &[(String, String)],
+) -> Result<()> {
+    let text = std::fs::read_to_string(from).with_context(|| format!("read {}", from.display()))?;
+    let mut res: Results = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not a results.json written by bench", from.display()))?;
+    if let Some(c) = commit {
+        res.commit = c.to_string();
+    }
+    print!("{}", summary::with_legend(&summary::markdown(&res), labels));
+    Ok(())
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Plan {
     pub quick: bool,
     pub step_seconds: f64,
@@ -154,7 +193,7 @@ pub struct Plan {
 /// Which pod a run leaves outside the mesh: with the server outside, the client's node
 /// proxy relays plain TCP to it (outbound passthrough); with the client outside, the
 /// server's captures its plain TCP (inbound plaintext).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Outside {
     #[default]
     None,
@@ -182,7 +221,8 @@ impl Outside {
 }
 
 /// What the proxies (all ztunnels and the waypoint of a mode) used during one measurement.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Usage {
     pub wall_s: f64,
     pub cpu_s: f64,
@@ -205,7 +245,8 @@ pub struct Usage {
     pub processes: Vec<ProcUsage>,
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct ProcUsage {
     pub name: String,
     pub cpu_s: f64,
@@ -287,16 +328,18 @@ impl Meter {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Row<T> {
     pub mode: String,
     /// 0-based, see `--rounds`.
+    #[serde(default)]
     pub round: usize,
     pub result: T,
     pub usage: Usage,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct IdleResult {
     pub requested: usize,
     pub established: usize,
@@ -307,9 +350,13 @@ pub struct IdleResult {
     pub bytes_per_conn: f64,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Results {
     pub date: String,
+    /// `git describe --always --dirty` of the directory bench ran in (the binaries' source
+    /// when they were built there); empty when unknown.
+    pub commit: String,
     pub host: String,
     pub command: String,
     /// /proc/loadavg before and after: other work on the machine shows up here.
@@ -392,6 +439,14 @@ fn main() -> Result<()> {
     if let Some(ns) = &args.serve {
         return server::serve_main(ns);
     }
+    if let Some(Command::Summary {
+        from,
+        commit,
+        labels,
+    }) = &args.command
+    {
+        return summarize(from, commit.as_deref(), labels);
+    }
     if !nix::unistd::Uid::effective().is_root() {
         bail!("bench needs root (network namespaces, eBPF)");
     }
@@ -428,7 +483,7 @@ fn main() -> Result<()> {
         Some(Command::Scale { curves }) => {
             return scale::main(args.quick, curves, &args.out, &bins)
         }
-        None => {}
+        Some(Command::Summary { .. }) | None => {}
     }
     let outside = Outside::from_args(&args);
     if let Some(flag) = outside.flag().filter(|_| {
@@ -479,6 +534,7 @@ fn main() -> Result<()> {
     let _rt = rt.enter();
     let mut res = Results {
         date: sh_out("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        commit: sh_out("git", &["describe", "--always", "--dirty"]),
         host: host_info(),
         command: std::env::args().collect::<Vec<_>>().join(" "),
         loadavg_start: loadavg(),
@@ -494,7 +550,7 @@ fn main() -> Result<()> {
     res.loadavg_end = loadavg();
     report::write_all(&args.out, &res)?;
     progress!(
-        "wrote {}/results.md, results.json, latency.svg",
+        "wrote {}/results.md, summary.md, results.json, latency.svg",
         args.out.display()
     );
     run?;

@@ -16,6 +16,8 @@ pub fn write_all(out: &Path, res: &Results) -> Result<()> {
     let md = markdown(res);
     println!("\n{md}");
     std::fs::write(out.join("results.md"), &md).context("write results.md")?;
+    std::fs::write(out.join("summary.md"), crate::summary::markdown(res))
+        .context("write summary.md")?;
     let svg = crate::plot::latency_svg(res);
     let svg_path = out.join("latency.svg");
     std::fs::write(&svg_path, svg).context("write latency.svg")?;
