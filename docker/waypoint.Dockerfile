@@ -5,7 +5,7 @@
 #
 # or `bash scripts/build-images.sh`.
 
-ARG RUST_IMAGE=rust:1.95-bookworm
+ARG RUST_IMAGE=rust:1.95.0-bookworm
 # glibc 2.36 + libgcc_s, the same Debian 12 base as the builder; no shell, no package
 # manager.
 ARG RUNTIME_IMAGE=gcr.io/distroless/cc-debian12:nonroot

@@ -6,7 +6,7 @@
 #
 # or `bash scripts/build-images.sh`.
 
-ARG RUST_IMAGE=rust:1.95-bookworm
+ARG RUST_IMAGE=rust:1.95.0-bookworm
 ARG RUNTIME_IMAGE=debian:bookworm-slim
 
 FROM ${RUST_IMAGE} AS builder

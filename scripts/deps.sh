@@ -28,4 +28,17 @@ if ! python3 -c "import websockets, h2, hypercorn" 2>/dev/null; then
   python3 -m pip install -q "${py_pkgs[@]}" 2>/dev/null || python3 -m pip install -q --break-system-packages "${py_pkgs[@]}"
 fi
 command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+# The toolchain rust-toolchain.toml pins. When rustup lacks it but its stable is that very
+# release (a machine set up with stable only), stable's is used under the pinned name
+# without a download; otherwise rustup installs it.
+pin=$(sed -n 's/^channel = "\(.*\)"$/\1/p' "$(dirname "$0")/../rust-toolchain.toml")
+host=$(cd / && rustc -vV | sed -n 's/^host: //p')
+toolchains="$(cd / && rustup show home)/toolchains"
+if [ ! -e "$toolchains/$pin-$host" ]; then
+  if (cd / && rustup run stable rustc --version 2>/dev/null) | grep -q "^rustc $pin "; then
+    ln -s "$toolchains/stable-$host" "$toolchains/$pin-$host"
+  else
+    (cd / && rustup toolchain install "$pin" --profile minimal -c clippy,rustfmt)
+  fi
+fi
 [ "$(id -u)" = 0 ] || { echo "run as root: the demo and tests create network namespaces" >&2; exit 1; }
