@@ -57,6 +57,9 @@ pub struct Waypoint {
     /// A request stream with no frame of its request or response body either way for
     /// this long is ended (Envoy's stream_idle_timeout); WebSockets once upgraded aside.
     pub stream_idle_timeout: Option<Duration>,
+    /// HTTP/1.0 requests are served (PILOT_HTTP10); otherwise answered 426, as Envoy
+    /// does without `accept_http_10`.
+    pub accept_http10: bool,
 }
 
 impl Waypoint {

@@ -102,6 +102,11 @@ async fn handle(
     let mut body = body::Downstream::new(body, idle.clone());
     let grpc = reply::is_grpc(&parts.headers);
     let mut log = log::RequestLog::start(wp.clone(), &tunnel, &cfg, &parts, grpc);
+    // Envoy's HTTP/1 codec refuses HTTP/1.0 unless `accept_http_10` (PILOT_HTTP10):
+    // before any route or policy, and the connection is closed.
+    if parts.version < http::Version::HTTP_11 && !wp.accept_http10 {
+        return reply::LocalReply::http10_refused().send(log, false);
+    }
     // A traced request goes on as a child of the waypoint's span.
     if let Some(span) = log.span() {
         span.propagate(&mut parts.headers);

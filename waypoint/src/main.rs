@@ -154,6 +154,12 @@ struct Args {
     /// reload revokes are closed. The file may appear after the start.
     #[arg(long, env = "CRL_PATH")]
     crl_path: Option<PathBuf>,
+    /// Accept HTTP/1.0 requests (Envoy's `accept_http_10`), which istiod turns on for
+    /// Istio's waypoint when its PILOT_HTTP10 is true or the proxy's ISTIO_META_HTTP10 is
+    /// "1" (read here too); otherwise an HTTP/1.0 request is answered 426 Upgrade Required.
+    #[arg(long, env = "PILOT_HTTP10", default_value_t = false, action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    http10: bool,
 }
 
 /// Who this waypoint is and where its config comes from.
@@ -371,6 +377,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         // The waypoint's own.
         "crlPath": args.crl_path,
         "idleTimeout": duration(Duration::from_secs(args.idle_timeout_seconds)),
+        "acceptHttp10": args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1"),
         "localXdsPath": args.local_xds_path,
         "gatewayName": args.gateway_name,
         "rootNamespace": args.root_namespace,
@@ -555,6 +562,7 @@ async fn main() -> anyhow::Result<()> {
             .then(|| Duration::from_secs(args.idle_timeout_seconds)),
         stream_idle_timeout: (args.stream_idle_timeout_seconds > 0)
             .then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
+        accept_http10: args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1"),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -64,6 +64,18 @@ impl LocalReply {
         }
     }
 
+    /// The answer to an HTTP/1.0 request when HTTP/1.0 is not accepted (PILOT_HTTP10
+    /// unset), as Envoy's HTTP/1 codec gives it: 426 `Upgrade Required`, connection closed.
+    pub fn http10_refused() -> Self {
+        let mut close = HeaderMap::new();
+        close.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        LocalReply {
+            headers: Some(Box::new(close)),
+            plain: true,
+            ..LocalReply::new(StatusCode::UPGRADE_REQUIRED, "-", "Upgrade Required")
+        }
+    }
+
     /// The same reply with `headers` set on it too (a rule's CORS headers).
     pub fn with_headers(mut self, headers: Option<&HeaderMap>) -> Self {
         if let Some(h) = headers {
