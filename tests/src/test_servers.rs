@@ -15,6 +15,8 @@ pub struct SeenCheck {
     pub path: String,
     pub method: String,
     pub headers: HashMap<String, String>,
+    /// A connection's check (no request in it: Envoy's network ext_authz).
+    pub network: bool,
     /// The gRPC CheckRequest's peers (gRPC only).
     pub source_principal: String,
     pub destination_principal: String,
@@ -59,6 +61,7 @@ pub fn start_http_authorizer(
                                 .map(|c| c.to_bytes().to_vec())
                                 .unwrap_or_default();
                             checks.lock().unwrap().push(SeenCheck {
+                                network: false,
                                 path,
                                 method,
                                 headers,
@@ -111,9 +114,21 @@ impl waypoint::extauthz::proto::envoy::service::auth::v3::authorization_server::
         use waypoint::extauthz::proto::envoy::config::core::v3 as core;
         use waypoint::extauthz::proto::envoy::service::auth::v3 as auth;
         let attrs = req.into_inner().attributes.unwrap_or_default();
+        // A connection's check (Envoy's network ext_authz) has no request: only a
+        // source principal of service account `client` is allowed.
+        let network = attrs.request.is_none();
         let http = attrs.request.and_then(|r| r.http).unwrap_or_default();
-        let verdict = http.headers.get("x-ext-authz").cloned().unwrap_or_default();
+        let verdict = if network {
+            let ok = attrs
+                .source
+                .as_ref()
+                .is_some_and(|p| p.principal.ends_with("/sa/client"));
+            if ok { "allow" } else { "deny" }.to_string()
+        } else {
+            http.headers.get("x-ext-authz").cloned().unwrap_or_default()
+        };
         self.0.lock().unwrap().push(SeenCheck {
+            network,
             path: http.path.clone(),
             method: http.method.clone(),
             headers: http.headers.into_iter().collect(),

@@ -10,11 +10,12 @@
 //! `statusOnError` (403) unless the provider fails open.
 //!
 //! Opaque TCP (a port of unknown protocol whose bytes are not HTTP, a TCP port, a
-//! TCPRoute) cannot be checked: an HTTP provider has no request to send, and a gRPC one
-//! would need Envoy's network ext_authz, which this waypoint does not make. So a CUSTOM
-//! policy that would check the connection denies it (fail closed). Istio's waypoint
-//! instead leaves an HTTP provider out of its TCP chain; here that would let a client
-//! skip the authorizer by making its request look opaque (a pause, padding).
+//! TCPRoute): a gRPC provider checks the connection as Envoy's network ext_authz filter
+//! does, once before any byte is relayed, with the peers' addresses and principals and no
+//! request (`check::tcp_check_message`). An HTTP provider has no request to send, so a
+//! CUSTOM policy with one that would check the connection denies it (fail closed).
+//! Istio's waypoint instead leaves an HTTP provider out of its TCP chain; here that would
+//! let a client skip the authorizer by making its request look opaque (a pause, padding).
 
 pub mod check;
 pub mod proto;
@@ -99,12 +100,12 @@ fn decide_matched<'a>(
         Some(Ok(Provider::NotAuthz(kind))) => {
             Custom::Deny { policy, reason: format!("provider {provider_name:?} is a {kind} provider, not an ext_authz one") }
         }
-        // Fail closed: an opaque connection has nothing an authorizer could be asked about.
-        Some(Ok(Provider::Http(_) | Provider::Grpc(_))) if tcp => Custom::Deny {
+        // Fail closed: an HTTP authorizer has no request to be asked about.
+        Some(Ok(Provider::Http(_))) if tcp => Custom::Deny {
             policy,
             reason: format!(
-                "CUSTOM provider {provider_name:?} cannot check opaque TCP (no TCP ext_authz in this waypoint); \
-                 declare the port's protocol HTTP, or leave the port out of the policy"
+                "CUSTOM provider {provider_name:?} is an HTTP authorizer and cannot check opaque TCP; \
+                 declare the port's protocol HTTP, use an envoyExtAuthzGrpc provider, or leave the port out of the policy"
             ),
         },
         Some(Ok(p)) => Custom::Check { provider: p, policy },

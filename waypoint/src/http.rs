@@ -8,7 +8,7 @@
 pub mod authority;
 mod backend;
 mod body;
-mod ext_authz;
+pub mod ext_authz;
 mod forward;
 mod grpc;
 mod headers;

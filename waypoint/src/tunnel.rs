@@ -232,16 +232,27 @@ fn handling(tcp_routed: bool, port: AppProtocol) -> Handling {
     }
 }
 
+/// What the target's policies make of an opaque connection before a byte is relayed.
+#[derive(Debug, PartialEq)]
+struct L4Plan {
+    /// A CUSTOM policy with a gRPC provider matches: the connection is checked first, as
+    /// Envoy's network ext_authz filter (which runs before the RBAC filters) does.
+    check: Option<(extauthz::provider::GrpcProvider, String)>,
+    /// The DENY and ALLOW policies' verdict.
+    verdict: Result<(), String>,
+}
+
 /// Whether opaque (non-HTTP) traffic may pass under the target's policies, judged by
 /// their TCP form (`AuthorizationPolicy::for_tcp`): otherwise a client could dodge an
 /// HTTP deny by making its request look like something else (a bare `\n` line end, a
-/// pause before the request line). A CUSTOM policy that would check the connection
-/// denies it: no authorizer can check opaque bytes (see `extauthz`).
-fn l4_allowed(
+/// pause before the request line). A CUSTOM policy that would check the connection has
+/// it checked by its gRPC provider, or denies it when the provider cannot check TCP
+/// (see `extauthz`): `Err` is that denial.
+fn l4_plan(
     tunnel: &Tunnel,
     policies: &[&authz::AuthorizationPolicy],
     providers: &extauthz::Providers,
-) -> Result<(), String> {
+) -> Result<L4Plan, String> {
     let tcp: Vec<authz::AuthorizationPolicy> = policies.iter().map(|p| p.for_tcp()).collect();
     let headers = http::HeaderMap::new();
     let req = authz::Request {
@@ -254,18 +265,65 @@ fn l4_allowed(
         headers: &headers,
         auth: None,
     };
-    // CUSTOM first, as for HTTP: a connection it would check is denied (see `extauthz`).
-    if let extauthz::Custom::Deny { policy, reason } = extauthz::decide_tcp(providers, &tcp, &req) {
-        return Err(format!("denied by {policy}: {reason}"));
-    }
+    // CUSTOM first, as for HTTP.
+    let check = match extauthz::decide_tcp(providers, &tcp, &req) {
+        extauthz::Custom::Skip => None,
+        extauthz::Custom::Deny { policy, reason } => {
+            return Err(format!("denied by {policy}: {reason}"))
+        }
+        extauthz::Custom::Check {
+            provider: extauthz::Provider::Grpc(g),
+            policy,
+        } => Some((g.clone(), policy)),
+        // decide_tcp denies every other provider on TCP; should that change, still deny.
+        extauthz::Custom::Check { policy, .. } => {
+            return Err(format!(
+                "denied by {policy}: its provider cannot check opaque TCP"
+            ))
+        }
+    };
     let verdict = authz::evaluate(&tcp, &req);
-    if verdict.allowed {
-        return Ok(());
+    let verdict = if verdict.allowed {
+        Ok(())
+    } else {
+        Err(verdict
+            .denied_by
+            .map(|p| format!("denied by {p}"))
+            .unwrap_or_else(|| "no ALLOW policy matches TCP traffic".into()))
+    };
+    Ok(L4Plan { check, verdict })
+}
+
+/// `l4_plan`, with its check made: `Err` says why the connection is denied.
+async fn l4_allowed(
+    wp: &Waypoint,
+    cfg: &Config,
+    tunnel: &Tunnel,
+    policies: &[&authz::AuthorizationPolicy],
+) -> Result<(), String> {
+    let plan = l4_plan(tunnel, policies, &cfg.providers)?;
+    if let Some((provider, policy)) = &plan.check {
+        let msg = extauthz::check::tcp_check_message(
+            tunnel.src_addr,
+            &tunnel.src_identity,
+            tunnel.target,
+            &wp.identity,
+        );
+        match crate::http::ext_authz::check_connection(wp, cfg, provider, &msg).await {
+            extauthz::Decision::Deny(d) => {
+                return Err(match d.error {
+                    Some(e) => format!("denied by {policy}: ext_authz check failed: {e}"),
+                    None => format!("denied by {policy}: ext_authz denied the connection"),
+                })
+            }
+            extauthz::Decision::Allow(a) => {
+                if let Some(e) = a.failed_open {
+                    tracing::warn!(policy = %policy, error = %e, "ext_authz check failed; the provider fails open");
+                }
+            }
+        }
     }
-    Err(verdict
-        .denied_by
-        .map(|p| format!("denied by {p}"))
-        .unwrap_or_else(|| "no ALLOW policy matches TCP traffic".into()))
+    plan.verdict
 }
 
 async fn relay(
@@ -295,7 +353,7 @@ async fn relay(
         .filter(|p| p.applies_to(&l7_target))
         .collect();
     if !policies.is_empty() {
-        if let Err(reason) = l4_allowed(&tunnel, &policies, &cfg.providers) {
+        if let Err(reason) = l4_allowed(&wp, &cfg, &tunnel, &policies).await {
             tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "DENY", reason, "opaque connection denied");
             down_send.send_reset(h2::Reason::REFUSED_STREAM);
             return;
@@ -649,15 +707,51 @@ mod tests {
             target: SocketAddr::from(([10, 96, 0, 12], port)),
             trace: hbone::TraceParent::default(),
         };
-        let why = l4_allowed(&tunnel(80), &[&policy], &providers).unwrap_err();
+        let why = l4_plan(&tunnel(80), &[&policy], &providers).unwrap_err();
         assert!(
             why.starts_with("denied by default/ext: ") && why.contains("http-authz"),
             "{why}"
         );
         assert_eq!(
-            l4_allowed(&tunnel(9000), &[&policy], &providers),
-            Ok(()),
+            l4_plan(&tunnel(9000), &[&policy], &providers),
+            Ok(L4Plan {
+                check: None,
+                verdict: Ok(())
+            }),
             "the policy's rule is for port 80 only"
         );
+    }
+
+    /// With a gRPC provider the connection is checked (Envoy's network ext_authz) before
+    /// the DENY and ALLOW policies are applied; the plan keeps both.
+    #[test]
+    fn an_opaque_connection_under_a_grpc_custom_policy_is_checked() {
+        let providers: extauthz::Providers = Arc::new(
+            extauthz::provider::parse_all(&[serde_json::json!(
+                {"name": "grpc-authz", "envoyExtAuthzGrpc": {"service": "default/authz.default.svc.cluster.local", "port": 9000}}
+            )])
+            .unwrap(),
+        );
+        let policy = |yaml: &str| {
+            let p: authz::AuthorizationPolicy = serde_yaml::from_str(yaml).unwrap();
+            p.validate().unwrap();
+            p
+        };
+        let custom = policy("{name: ext, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: CUSTOM, provider: {name: grpc-authz}, rules: [{}]}");
+        let deny = policy("{name: no, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: DENY, rules: [{to: [{operation: {ports: [\"81\"]}}]}]}");
+        let tunnel = |port: u16| Tunnel {
+            src_identity: Identity::new("cluster.local", "default", "client"),
+            src_addr: "10.0.0.1:40000".parse().unwrap(),
+            target: SocketAddr::from(([10, 96, 0, 12], port)),
+            trace: hbone::TraceParent::default(),
+        };
+        let plan = l4_plan(&tunnel(80), &[&custom, &deny], &providers).unwrap();
+        let (provider, name) = plan.check.expect("checked");
+        assert_eq!((provider.common.port, name.as_str()), (9000, "default/ext"));
+        assert_eq!(plan.verdict, Ok(()));
+        // Checked, and denied by the DENY policy whatever the check says.
+        let plan = l4_plan(&tunnel(81), &[&custom, &deny], &providers).unwrap();
+        assert!(plan.check.is_some());
+        assert_eq!(plan.verdict, Err("denied by default/no".into()));
     }
 }

@@ -124,9 +124,8 @@ pub struct Denied {
     pub error: Option<String>,
 }
 
-/// The CheckRequest Envoy sends for an HTTP request.
-pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
-    let addr = |a: SocketAddr| core::Address {
+fn addr(a: SocketAddr) -> core::Address {
+    core::Address {
         address: Some(core::address::Address::SocketAddress(core::SocketAddress {
             protocol: core::socket_address::Protocol::Tcp as i32,
             address: a.ip().to_string(),
@@ -134,7 +133,36 @@ pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
                 a.port(),
             ))),
         })),
-    };
+    }
+}
+
+/// The CheckRequest Envoy's network ext_authz filter sends for a TCP connection: the
+/// peers (addresses and the principals of their certificates) and no request.
+pub fn tcp_check_message(
+    source: SocketAddr,
+    source_principal: &Identity,
+    destination: SocketAddr,
+    destination_principal: &Identity,
+) -> auth::CheckRequest {
+    auth::CheckRequest {
+        attributes: Some(auth::AttributeContext {
+            source: Some(auth::attribute_context::Peer {
+                address: Some(addr(source)),
+                principal: source_principal.to_string(),
+                ..Default::default()
+            }),
+            destination: Some(auth::attribute_context::Peer {
+                address: Some(addr(destination)),
+                principal: destination_principal.to_string(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The CheckRequest Envoy sends for an HTTP request.
+pub fn check_message(req: &CheckRequest<'_>) -> auth::CheckRequest {
     // Header values of one name are joined with "," (Envoy's merge); keys lowercase.
     let mut headers: HashMap<String, String> = HashMap::new();
     for (name, value) in &req.parts.headers {

@@ -205,29 +205,41 @@ fn custom_policies_pick_their_provider_or_deny() {
     assert!(with_request("/admin", |r| authz::evaluate([&admin], r)).allowed);
 }
 
-/// Opaque TCP cannot be checked by any authorizer: a CUSTOM policy that would check the
-/// connection denies it, naming itself and why (fail closed; a client must not skip the
-/// authorizer by making its request look opaque).
+/// Opaque TCP cannot be checked by an HTTP authorizer: a CUSTOM policy with one that
+/// would check the connection denies it, naming itself and why (fail closed; a client
+/// must not skip the authorizer by making its request look opaque). A gRPC authorizer
+/// checks it (Envoy's network ext_authz).
 #[test]
-fn custom_policies_deny_opaque_tcp_they_would_check() {
+fn custom_policies_deny_opaque_tcp_an_http_authorizer_would_check() {
     let all = providers(http_provider());
     let tcp = |yaml: &str| policy(yaml).for_tcp();
     let denied = |p: AuthorizationPolicy| match with_request("", |r| decide_tcp(&all, &[p], r)) {
         Custom::Deny { policy, reason } => format!("{policy}: {reason}"),
         other => panic!("{other:?}"),
     };
-    for name in ["http-authz", "grpc-authz"] {
-        let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{}}]\n")));
-        assert!(
-            why.starts_with("default/c: ")
-                && why.contains(name)
-                && why.contains("cannot check opaque TCP"),
-            "{why}"
-        );
-        // A rule on HTTP attributes has no such attributes to miss on TCP: it applies.
-        let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{to: [{{operation: {{paths: [\"/private*\"]}}}}]}}]\n")));
-        assert!(why.contains("cannot check opaque TCP"), "{why}");
-    }
+    let name = "http-authz";
+    let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{}}]\n")));
+    assert!(
+        why.starts_with("default/c: ")
+            && why.contains(name)
+            && why.contains("cannot check opaque TCP"),
+        "{why}"
+    );
+    // A rule on HTTP attributes has no such attributes to miss on TCP: it applies.
+    let why = denied(tcp(&format!("provider: {{name: {name}}}\nrules: [{{to: [{{operation: {{paths: [\"/private*\"]}}}}]}}]\n")));
+    assert!(why.contains("cannot check opaque TCP"), "{why}");
+    // A gRPC authorizer is asked.
+    assert!(matches!(
+        with_request("", |r| decide_tcp(
+            &all,
+            &[tcp("provider: {name: grpc-authz}\nrules: [{}]\n")],
+            r
+        )),
+        Custom::Check {
+            provider: super::Provider::Grpc(_),
+            ..
+        }
+    ));
     // A provider that is missing still says so.
     assert!(denied(tcp("provider: {name: missing}\nrules: [{}]\n"))
         .contains("not among meshConfig extensionProviders"));

@@ -73,6 +73,41 @@ pub async fn check(
     }
 }
 
+/// Checks one opaque TCP connection with a gRPC provider, as Envoy's network ext_authz
+/// filter: `msg` from `check::tcp_check_message`. A failed check denies unless the
+/// provider fails open (the network filter has no status to answer with).
+pub async fn check_connection(
+    wp: &Waypoint,
+    cfg: &Config,
+    provider: &GrpcProvider,
+    msg: &auth::CheckRequest,
+) -> Decision {
+    let common = &provider.common;
+    let result = tokio::time::timeout(common.timeout, async {
+        let (ep, _) = endpoint(wp, cfg, common).await?;
+        let answer = unary(
+            wp,
+            &ep,
+            &common.service,
+            CHECK_PATH,
+            msg,
+            Some(common.timeout),
+        )
+        .await?;
+        Ok::<_, CheckError>(decision(auth::CheckResponse::decode(answer)?))
+    })
+    .await
+    .unwrap_or(Err(CheckError::Timeout(common.timeout)));
+    match result {
+        Ok(d) => d,
+        Err(e) if common.fail_open => Decision::Allow(Allowed {
+            failed_open: Some(e.to_string()),
+            ..Allowed::default()
+        }),
+        Err(e) => error_reply(403, e.to_string()),
+    }
+}
+
 fn error_reply(status: u16, error: String) -> Decision {
     Decision::Deny(Denied {
         status: StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN),

@@ -249,3 +249,86 @@ async fn opaque_tricks_do_not_skip_a_custom_authorizer() -> Result<()> {
     );
     Ok(())
 }
+
+/// With a gRPC provider a CUSTOM policy checks opaque TCP as Envoy's network ext_authz
+/// does: one check per connection before a byte is relayed, carrying the peers and no
+/// request. The authorizer allows service account `client` and denies `intruder`;
+/// a denied connection is reset with the policy named in the log, and never reaches raw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_authorizer_checks_each_opaque_connection() -> Result<()> {
+    let topo = Topology::build(&prefix("wopg"), &[2, 2])?;
+    let wp_ip = topo.pod("n1p2").ip;
+    let via = format!("waypoint: {{destination: \"/{wp_ip}\"}}");
+    let cfg = format!(
+        "workloads:\n{}{}{}{}services:\n\
+         - {{name: raw, namespace: default, hostname: raw.default.svc.cluster.local, vips: [\"/{RAW_VIP}\"], ports: {{9000: 9000}}, appProtocols: {{9000: TCP}}, {via}}}\n\
+         - {{name: authz, namespace: default, hostname: authz.default.svc.cluster.local, vips: [\"/{AUTHZ_VIP}\"], ports: {{9100: 9100}}, appProtocols: {{9100: GRPC}}}}\n\
+         meshConfig:\n  extensionProviders:\n\
+         \x20 - name: grpc-authz\n    envoyExtAuthzGrpc: {{service: default/authz.default.svc.cluster.local, port: 9100}}\n\
+         authorizationPolicies:\n\
+         - {{name: ext, namespace: default, targetRefs: [{{kind: Service, group: \"\", name: raw}}], action: CUSTOM, provider: {{name: grpc-authz}}, rules: [{{}}]}}\n",
+        workload(&topo, "n1p1", "client", ""),
+        waypoint_workload(&topo, "n1p2", "waypoint", ""),
+        workload(
+            &topo,
+            "n2p1",
+            "raw",
+            ", services: {default/raw.default.svc.cluster.local: {9000: 9000}, default/authz.default.svc.cluster.local: {9100: 9100}}"
+        ),
+        workload(&topo, "n2p2", "intruder", ""),
+    );
+    let mesh = Mesh::start(topo, &cfg, &["n1p1", "n2p1", "n2p2"], &HashMap::new(), &[])?;
+    let t = &mesh.topo;
+    let cfg_path = t.dir.join("waypoint.yaml");
+    std::fs::write(&cfg_path, &cfg)?;
+    let waypoint = start_waypoint(t, "n1p2", &cfg_path, "waypoint.log")?;
+    let raw = EchoServer::start(&t.pod("n2p1").netns, 9000, Some("raw"))?;
+    let checks = test_servers::Checks::default();
+    let _authz = test_servers::start_grpc_authorizer(t.pod("n2p1"), 9100, checks.clone())?;
+    let to = SocketAddr::new(RAW_VIP.parse()?, 9000);
+
+    // Allowed: the greeting comes back, the bytes echo.
+    let mut s = t.pod("n1p1").netns.connect(to).await?;
+    let greeting = tokio::time::timeout(Duration::from_secs(10), read_line(&mut s)).await;
+    assert!(
+        matches!(&greeting, Ok(Ok(g)) if g == "raw"),
+        "{greeting:?}\n{}",
+        waypoint.log_text()
+    );
+    s.write_all(b"ping\n").await?;
+    assert_eq!(read_line(&mut s).await?, "ping");
+    drop(s);
+    {
+        let seen = checks.lock().unwrap();
+        let check = seen.first().expect("the connection was checked");
+        assert!(check.network && check.path.is_empty(), "{check:?}");
+        assert_eq!(
+            (
+                check.source_principal.as_str(),
+                check.destination_principal.as_str()
+            ),
+            (
+                "spiffe://cluster.local/ns/default/sa/client",
+                "spiffe://cluster.local/ns/default/sa/waypoint"
+            )
+        );
+    }
+    let reached = raw.peers().len();
+
+    // Denied: reset before a byte of raw's, the policy named, raw never reached.
+    let got = send(&t.pod("n2p2").netns, to, &[(Duration::ZERO, b"ping\n")]).await?;
+    assert!(got.is_empty(), "{:?}", String::from_utf8_lossy(&got));
+    waypoint.wait_log(
+        "denied by default/ext: ext_authz denied the connection",
+        Duration::from_secs(5),
+    )?;
+    assert_eq!(
+        raw.peers().len(),
+        reached,
+        "a denied connection reached raw"
+    );
+    assert!(checks.lock().unwrap().iter().any(
+        |c| c.network && c.source_principal == "spiffe://cluster.local/ns/default/sa/intruder"
+    ));
+    Ok(())
+}
