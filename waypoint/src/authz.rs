@@ -18,6 +18,7 @@
 
 mod eval;
 mod model;
+pub mod trust_domain;
 mod validate;
 
 #[cfg(test)]

@@ -213,6 +213,11 @@ impl Config {
             Some(v) => serde_json::from_value(v.clone())
                 .map_err(|e| invalid(format!("meshConfig: {e}")))?,
         };
+        // Principals follow meshConfig.trustDomain and its aliases, as istiod writes them.
+        let trust_domains = mesh_config.trust_domain_bundle();
+        for p in &mut l7.authorization_policies {
+            trust_domains.apply(p);
+        }
         // In the file every provider must be valid: a typo is the author's to fix now,
         // not a deny at the first request.
         let providers = extauthz::provider::parse_all(&mesh_config.extension_providers)

@@ -729,6 +729,12 @@ impl Store {
             mesh_value.as_ref(),
             cfg.tracing.as_ref().map(|t| t.provider.as_str()),
         );
+        // Principals follow meshConfig.trustDomain and its aliases, as istiod writes them.
+        let trust_domains = mesh_value
+            .clone()
+            .and_then(|v| serde_json::from_value::<crate::extauthz::MeshConfig>(v).ok())
+            .unwrap_or_default()
+            .trust_domain_bundle();
         let (mut telemetries, mut telemetries_read) = (Vec::new(), Vec::new());
         let (mut routes, mut policies, mut authns, mut rejected) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -782,7 +788,9 @@ impl Store {
                     rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e, "effect": effect}));
                 }
                 Converted::Policy(Ok(Some(p))) => {
-                    cfg.policies.push(p.clone());
+                    let mut p = p.clone();
+                    trust_domains.apply(&mut p);
+                    cfg.policies.push(p);
                     policies.push(as_read);
                 }
                 Converted::Policy(Ok(None)) | Converted::Authentication(Ok(None)) => {}
@@ -1187,6 +1195,28 @@ mod tests {
             .as_str()
             .unwrap_or_default()
             .contains("not found"));
+    }
+
+    /// The mesh ConfigMap's trustDomainAliases rewrite policies' principals, as istiod
+    /// writes them for Istio's waypoint.
+    #[test]
+    fn policy_principals_follow_the_mesh_config_trust_domain_aliases() {
+        let mesh = "trustDomain: new-td\ntrustDomainAliases: [old-td]\n";
+        let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "istio", "namespace": "istio-system", "resourceVersion": "7"}, "data": {"mesh": mesh}})).unwrap();
+        let p = object(
+            "AuthorizationPolicy",
+            "p",
+            json!({"targetRefs": [{"group": "", "kind": "Service", "name": "web"}], "action": "ALLOW",
+                   "rules": [{"from": [{"source": {"principals": ["old-td/ns/a/sa/b", "other/ns/a/sa/b"]}}]}]}),
+        );
+        let cfg = store(vec![(Kind::MeshConfig, cm), (Kind::AuthorizationPolicy, p)])
+            .publish(&settings())
+            .unwrap();
+        assert_eq!(
+            cfg.policies[0].rules[0].from[0].source.principals,
+            ["new-td/ns/a/sa/b", "old-td/ns/a/sa/b", "other/ns/a/sa/b"]
+        );
     }
 
     /// DestinationRules, GRPCRoutes, TCPRoutes and ReferenceGrants from the API, each as

@@ -21,6 +21,24 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 pub struct MeshConfig {
     #[serde(default)]
     pub extension_providers: Vec<Value>,
+    /// The mesh's trust domain (Istio's default `cluster.local`) and its aliases, which
+    /// policies' principals are rewritten with (`authz::trust_domain`).
+    #[serde(default)]
+    pub trust_domain: Option<String>,
+    #[serde(default)]
+    pub trust_domain_aliases: Vec<String>,
+}
+
+impl MeshConfig {
+    pub fn trust_domain_bundle(&self) -> crate::authz::trust_domain::Bundle {
+        crate::authz::trust_domain::Bundle::new(
+            self.trust_domain
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .unwrap_or(crate::authz::trust_domain::CLUSTER_LOCAL),
+            &self.trust_domain_aliases,
+        )
+    }
 }
 
 /// One provider, checked; `Err` says what is wrong with it (CUSTOM policies that name
