@@ -72,7 +72,23 @@ pub struct Settings {
     /// The ConfigMap of the root namespace with Istio's MeshConfig (key `mesh`), for
     /// its extensionProviders: `istio`, or `istio-<revision>`.
     pub mesh_config_map: String,
+    /// The Istio revision this waypoint belongs to: config labelled `istio.io/rev` for
+    /// another is ignored (Istio's `LabelsInRevision`). None: all of it applies.
+    pub revision: Option<String>,
 }
+
+/// Istio's `config.LabelsInRevision`: an object without `istio.io/rev` is global; with
+/// it, it belongs to that revision only (when this proxy has one).
+fn in_revision(obj: &DynamicObject, revision: Option<&str>) -> bool {
+    let Some(rev) = revision else { return true };
+    match obj.metadata.labels.as_ref().and_then(|l| l.get(REV_LABEL)) {
+        None => true,
+        Some(r) => r == rev,
+    }
+}
+
+/// The label of an object's (or a proxy's) Istio revision.
+const REV_LABEL: &str = "istio.io/rev";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Kind {
@@ -619,6 +635,18 @@ impl Store {
 
     fn apply(&mut self, kind: Kind, obj: DynamicObject, settings: &Settings) {
         let k = key(kind, &obj);
+        // Config of another revision is not ours (dropped if it was ours before a relabel).
+        // Services, Namespaces and the mesh ConfigMap are not filtered, nor is a Gateway:
+        // istiod admits a Gateway by revision or tag, and a tag is not known here.
+        let config = !matches!(
+            kind,
+            Kind::Service | Kind::Namespace | Kind::MeshConfig | Kind::Gateway
+        );
+        if config && !in_revision(&obj, settings.revision.as_deref()) {
+            tracing::debug!(kind = ?kind, namespace = %k.1, name = %k.2, "labelled istio.io/rev for another revision; ignored");
+            self.objects.remove(&k);
+            return;
+        }
         if kind == Kind::Gateway
             && k.1 == settings.gateway.namespace
             && k.2 == settings.gateway.name
@@ -1134,6 +1162,7 @@ mod tests {
             root_namespace: "istio-system".into(),
             identity: Identity::new("cluster.local", "default", "waypoint"),
             mesh_config_map: "istio".into(),
+            revision: None,
         }
     }
 
@@ -1217,6 +1246,67 @@ mod tests {
             cfg.policies[0].rules[0].from[0].source.principals,
             ["new-td/ns/a/sa/b", "old-td/ns/a/sa/b", "other/ns/a/sa/b"]
         );
+    }
+
+    /// With a revision, config labelled `istio.io/rev` for another revision is ignored
+    /// (and dropped when relabelled away); unlabelled config applies; without one, all of
+    /// it applies (Istio's `LabelsInRevision`).
+    #[test]
+    fn config_of_another_revision_is_ignored() {
+        let policy = |name: &str, rev: Option<&str>| {
+            let mut o = object(
+                "AuthorizationPolicy",
+                name,
+                json!({"targetRefs": [{"group": "", "kind": "Service", "name": "web"}], "action": "DENY", "rules": [{}]}),
+            );
+            if let Some(r) = rev {
+                o.metadata.labels = Some([(REV_LABEL.to_string(), r.to_string())].into());
+            }
+            o
+        };
+        let names = |settings: &Settings, objects: Vec<DynamicObject>| {
+            let mut s = Store::default();
+            for kind in KINDS {
+                s.event(kind, Event::Init, settings);
+                if kind == Kind::AuthorizationPolicy {
+                    for o in &objects {
+                        s.event(kind, Event::InitApply(o.clone()), settings);
+                    }
+                }
+                s.event(kind, Event::InitDone, settings);
+            }
+            let cfg = s.publish(settings).unwrap();
+            let mut n: Vec<String> = cfg.policies.iter().map(|p| p.name.clone()).collect();
+            n.sort();
+            (s, n)
+        };
+        let objects = vec![
+            policy("global", None),
+            policy("mine", Some("canary")),
+            policy("theirs", Some("stable")),
+        ];
+        let canary = Settings {
+            revision: Some("canary".into()),
+            ..settings()
+        };
+        let (mut s, got) = names(&canary, objects.clone());
+        assert_eq!(got, ["global", "mine"]);
+        // Relabelled to another revision: gone.
+        s.event(
+            Kind::AuthorizationPolicy,
+            Event::Apply(policy("mine", Some("stable"))),
+            &canary,
+        );
+        let cfg = s.publish(&canary).unwrap();
+        assert_eq!(
+            cfg.policies
+                .iter()
+                .map(|p| p.name.as_str())
+                .collect::<Vec<_>>(),
+            ["global"]
+        );
+        // No revision: everything.
+        assert_eq!(names(&settings(), objects).1, ["global", "mine", "theirs"]);
     }
 
     /// DestinationRules, GRPCRoutes, TCPRoutes and ReferenceGrants from the API, each as

@@ -59,10 +59,15 @@ struct Args {
     #[arg(long, env = "ROOT_NAMESPACE", default_value = waypoint::object::DEFAULT_ROOT_NAMESPACE)]
     root_namespace: String,
     /// In a cluster: the root namespace's ConfigMap holding Istio's MeshConfig (key
-    /// `mesh`), whose extensionProviders CUSTOM AuthorizationPolicies name (Istio's
-    /// `istio`, or `istio-<revision>`).
-    #[arg(long, env = "MESH_CONFIG_MAP", default_value = "istio")]
-    mesh_config_map: String,
+    /// `mesh`), whose extensionProviders CUSTOM AuthorizationPolicies name. Default:
+    /// Istio's `istio`, or `istio-<revision>` with REVISION (as istiod of that revision).
+    #[arg(long, env = "MESH_CONFIG_MAP")]
+    mesh_config_map: Option<String>,
+    /// In a cluster: the Istio revision (`istio.io/rev`) this waypoint belongs to. Config
+    /// objects labelled `istio.io/rev` for another revision are ignored, as istiod of this
+    /// revision ignores them; unlabelled objects apply. Unset: every object applies.
+    #[arg(long, env = "REVISION")]
+    revision: Option<String>,
     /// Where HBONE is accepted; `0.0.0.0` means both families (`[::]`) with Istio's
     /// IPV6_ENABLED (default true).
     #[arg(long, default_value = "0.0.0.0:15008")]
@@ -160,6 +165,16 @@ struct Args {
     #[arg(long, env = "PILOT_HTTP10", default_value_t = false, action = clap::ArgAction::Set,
           value_parser = clap::builder::BoolishValueParser::new())]
     http10: bool,
+}
+
+/// MESH_CONFIG_MAP, or istiod's name for its revision's: `istio` for the default revision,
+/// `istio-<revision>` for another.
+fn mesh_config_map(args: &Args) -> String {
+    match (&args.mesh_config_map, args.revision.as_deref()) {
+        (Some(m), _) => m.clone(),
+        (None, Some(r)) if !r.is_empty() && r != "default" => format!("istio-{r}"),
+        (None, _) => "istio".into(),
+    }
 }
 
 /// Who this waypoint is and where its config comes from.
@@ -304,7 +319,8 @@ async fn cluster_setup(
         gateway: gateway.clone(),
         root_namespace: args.root_namespace.clone(),
         identity: identity.clone(),
-        mesh_config_map: args.mesh_config_map.clone(),
+        mesh_config_map: mesh_config_map(&args),
+        revision: args.revision.clone().filter(|r| !r.is_empty()),
     };
     let labels = Arc::new(waypoint::labels::Labels::default());
     tokio::spawn(k8s::watch_pod_labels(
@@ -381,6 +397,8 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "localXdsPath": args.local_xds_path,
         "gatewayName": args.gateway_name,
         "rootNamespace": args.root_namespace,
+        "revision": args.revision,
+        "meshConfigMap": mesh_config_map(args),
         "connectTimeout": duration(Duration::from_millis(args.connect_timeout_ms)),
         "lbPolicy": format!("{:?}", args.lb_policy),
         "outlierConsecutive5xx": args.outlier_consecutive_5xx,

@@ -1474,6 +1474,14 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy", "metadata": {"name": "mesh-deny", "namespace": "istio-system"},
         "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}], "action": "DENY",
                  "rules": [{"to": [{"operation": {"paths": ["/root-denied"]}}]}]}}));
+    // Revisions: the waypoint is of revision canary (REVISION below): a policy labelled
+    // for revision stable is istiod-stable's, not ours; one labelled canary is ours.
+    for (rev, path) in [("stable", "/rev-stable"), ("canary", "/rev-canary")] {
+        kube.apply("authorizationpolicies", json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+            "metadata": {"name": format!("deny-{rev}"), "namespace": "istio-system", "labels": {"istio.io/rev": rev}},
+            "spec": {"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "GatewayClass", "name": "istio-waypoint"}], "action": "DENY",
+                     "rules": [{"to": [{"operation": {"paths": [path]}}]}]}}));
+    }
     let route = |v2_rule: serde_json::Value| {
         json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "HTTPRoute", "metadata": {"name": "echo"},
         "spec": {"parentRefs": [{"group": "", "kind": "Service", "name": "echo", "port": 80}],
@@ -1519,6 +1527,9 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
         ("SERVICE_ACCOUNT".into(), "waypoint".into()),
         ("WAYPOINT_GATEWAY_NAME".into(), "waypoint".into()),
         ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+        ("REVISION".into(), "canary".into()),
+        // The revision's own would be istio-canary; this test's is Istio's default name.
+        ("MESH_CONFIG_MAP".into(), "istio".into()),
     ]);
     let wenv: Vec<(&str, &str)> = wenv.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let waypoint =
@@ -1587,10 +1598,17 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(r.echoed("x-route"), ["shop/cart"], "{r:?}");
     assert_eq!(shop.get("/root-denied").await?.status, 403);
     assert_eq!(c.get("/root-denied").await?.status, 403);
+    // Only our revision's policy applies.
+    assert_eq!(c.get("/rev-stable").await?.status, 200);
+    let r = c.get("/rev-canary").await?;
+    assert_eq!(r.status, 403, "{r:?}");
     assert!(
         waypoint
             .log_text()
-            .contains("authz.denied_by=\"istio-system/mesh-deny\""),
+            .contains("authz.denied_by=\"istio-system/mesh-deny\"")
+            && waypoint
+                .log_text()
+                .contains("authz.denied_by=\"istio-system/deny-canary\""),
         "{}",
         waypoint.log_text()
     );
@@ -1619,9 +1637,11 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     assert_eq!(names("httpRoutes"), ["default/echo", "shop/cart"], "{body}");
     assert_eq!(
         names("authorizationPolicies"),
-        ["istio-system/mesh-deny"],
-        "{body}"
+        ["istio-system/deny-canary", "istio-system/mesh-deny"],
+        "only this revision's and unlabelled policies: {body}"
     );
+    assert_eq!(d["config"]["revision"], "canary", "{body}");
+    assert_eq!(names("authorizationPolicies").len(), 2, "{body}");
     assert_eq!(d["waypoint"]["configSource"], "kubernetes");
     assert_eq!(
         d["waypoint"]["scope"]["labelledServices"],
