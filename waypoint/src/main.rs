@@ -319,7 +319,7 @@ async fn cluster_setup(
         gateway: gateway.clone(),
         root_namespace: args.root_namespace.clone(),
         identity: identity.clone(),
-        mesh_config_map: mesh_config_map(&args),
+        mesh_config_map: mesh_config_map(args),
         revision: args.revision.clone().filter(|r| !r.is_empty()),
     };
     let labels = Arc::new(waypoint::labels::Labels::default());
