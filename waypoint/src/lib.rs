@@ -29,6 +29,7 @@ pub mod lookup;
 pub mod network;
 pub mod object;
 pub mod path;
+pub mod proxy_config;
 pub mod route;
 pub mod server;
 pub mod telemetry;

@@ -374,7 +374,11 @@ fn istio_args(mut argv: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
 
 /// The settings in the dump's `config`, under ztunnel's (upstream's) names and shapes
 /// where it has the setting, then the waypoint's own.
-fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
+fn settings_dump(
+    args: &Args,
+    drain_deadline: Duration,
+    proxy: &waypoint::proxy_config::ProxySettings,
+) -> serde_json::Value {
     use ztunnel::admin::config_dump::{address, duration};
     let ia = &args.istiod;
     serde_json::json!({
@@ -389,6 +393,7 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
         "poolMaxStreamsPerConn": args.pool_max_streams,
         "poolUnusedReleaseTimeout": duration(Duration::from_secs(args.pool_idle_timeout_seconds)),
         "selfTerminationDeadline": duration(drain_deadline),
+        "workerThreads": proxy.worker_threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         "proxyArgs": ztunnel::config::settings::redacted_args(std::env::args().skip(1)),
         // The waypoint's own.
         "crlPath": args.crl_path,
@@ -412,9 +417,22 @@ fn settings_dump(args: &Args, drain_deadline: Duration) -> serde_json::Value {
     })
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let mut args = Args::parse_from(istio_args(std::env::args_os().collect()));
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse_from(istio_args(std::env::args_os().collect()));
+    // Istio's ProxyConfig as pilot-agent reads it for its waypoint: worker threads first.
+    let var = |name: &str| std::env::var(name).ok();
+    let proxy = waypoint::proxy_config::ProxySettings::from_env(
+        var("PROXY_CONFIG").as_deref(),
+        var("ISTIO_CPU_LIMIT").as_deref(),
+    )?;
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = proxy.worker_threads {
+        rt.worker_threads(n);
+    }
+    rt.enable_all().build()?.block_on(run(args, proxy))
+}
+
+async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> anyhow::Result<()> {
     // As ztunnel: with Istio's IPV6_ENABLED (default true) the wildcard takes both families.
     let ipv6 = ztunnel::config::istio_env::Env::from_process()
         .bool("IPV6_ENABLED")?
@@ -467,9 +485,12 @@ async fn main() -> anyhow::Result<()> {
         None => cluster_setup(&args, ttl, &metrics, &jwks).await?,
     };
     // The admin endpoint serves from here on, also while the certificate is on its way.
-    let drain_deadline = ztunnel::drain::deadline_for_grace_period(Duration::from_secs(
-        args.termination_grace_period_seconds,
-    ));
+    // ProxyConfig's terminationDrainDuration when it sets one.
+    let drain_deadline = proxy.drain.unwrap_or_else(|| {
+        ztunnel::drain::deadline_for_grace_period(Duration::from_secs(
+            args.termination_grace_period_seconds,
+        ))
+    });
     let quit = Arc::new(tokio::sync::Notify::new());
     let config_dump = {
         let who = waypoint::dump::Me {
@@ -482,7 +503,7 @@ async fn main() -> anyhow::Result<()> {
         let (config, certs, settings) = (
             config.clone(),
             certs.clone(),
-            settings_dump(&args, drain_deadline),
+            settings_dump(&args, drain_deadline, &proxy),
         );
         Box::new(move || {
             waypoint::dump::config_dump(&who, &config.load(), &certs, settings.clone())

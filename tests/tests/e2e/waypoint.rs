@@ -1237,7 +1237,14 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     let mut m = L7Mesh::start(
         "adm",
         L7_ROUTES,
-        &[("TERMINATION_GRACE_PERIOD_SECONDS", "10")],
+        &[
+            ("TERMINATION_GRACE_PERIOD_SECONDS", "10"),
+            // Istio's ProxyConfig, as istiod renders it for its waypoint.
+            (
+                "PROXY_CONFIG",
+                r#"{"concurrency": 1, "terminationDrainDuration": "4s", "proxyMetadata": {"X": "y"}}"#,
+            ),
+        ],
     )
     .await?;
     let wp_ns = m.mesh.topo.pod("n1p2").netns.clone();
@@ -1288,6 +1295,12 @@ async fn the_waypoints_admin_endpoint_dumps_config_changes_logging_and_drains() 
     assert_eq!(
         d["config"]["adminAddr"],
         serde_json::json!({"Localhost": [false, 15000]})
+    );
+    // ProxyConfig's concurrency and terminationDrainDuration, not the grace period's 9 s.
+    assert_eq!(d["config"]["workerThreads"], 1, "{}", r.body);
+    assert_eq!(
+        d["config"]["selfTerminationDeadline"],
+        serde_json::json!({"secs": 4, "nanos": 0})
     );
     // One version for the whole workspace (Cargo.toml), the waypoint's included.
     assert_eq!(d["version"]["version"], env!("CARGO_PKG_VERSION"));
