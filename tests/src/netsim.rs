@@ -1204,6 +1204,18 @@ impl Mesh {
         per_node: &HashMap<usize, String>,
         env: &[(&str, &str)],
     ) -> Result<Mesh> {
+        Mesh::start_with_node_env(topo, config, enrolled, per_node, env, &HashMap::new())
+    }
+
+    /// [`Mesh::start`], with `node_env[n]` added to node n's environment (after `env`).
+    pub fn start_with_node_env(
+        topo: Topology,
+        config: &str,
+        enrolled: &[&str],
+        per_node: &HashMap<usize, String>,
+        env: &[(&str, &str)],
+        node_env: &HashMap<usize, Vec<(&str, &str)>>,
+    ) -> Result<Mesh> {
         let state = topo.dir.join("ca");
         let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
@@ -1236,6 +1248,13 @@ impl Mesh {
                     .map(|net| ("NETWORK".to_string(), net.clone())),
             );
             full_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            full_env.extend(
+                node_env
+                    .get(&n)
+                    .into_iter()
+                    .flatten()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
             commands.push((args, full_env));
         }
         let mut mesh = Mesh {

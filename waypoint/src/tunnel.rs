@@ -519,6 +519,7 @@ async fn relay(
         src: Side {
             workload: src_wl.as_deref(),
             identity: Some(&tunnel.src_identity),
+            baggage: None,
         },
         dst_addr: key.dst,
         dst_hbone_addr: Some(upstream_target.into()),
@@ -526,6 +527,7 @@ async fn relay(
         dst: Side {
             workload: Some(&endpoint),
             identity: Some(&dst_identity),
+            baggage: None,
         },
         bytes_sent: t.sent + sniffed,
         bytes_recv: t.received,

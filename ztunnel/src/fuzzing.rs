@@ -66,6 +66,7 @@ pub fn hbone_connect(data: &[u8]) {
         }
     }
     let Ok(req) = b.body(()) else { return };
+    check_baggage(req.headers());
     check_connect(&req);
     // h2 builds a CONNECT request's URI from :authority alone.
     if let Ok(uri) = http::Uri::try_from(target) {
@@ -77,6 +78,31 @@ pub fn hbone_connect(data: &[u8]) {
             check_connect(&req);
         }
     }
+}
+
+/// A peer's baggage (request or response): either refused whole, or fields within the
+/// bounds that print back as a header parsing to the same.
+fn check_baggage(headers: &http::HeaderMap) {
+    use crate::baggage::{Baggage, MAX_VALUE_BYTES};
+    let Ok(b) = Baggage::of(headers) else { return };
+    let fields = [
+        &b.cluster_id,
+        &b.namespace,
+        &b.workload_name,
+        &b.service_name,
+        &b.revision,
+        &b.region,
+        &b.zone,
+    ];
+    for v in fields.into_iter().flatten() {
+        assert!(!v.is_empty() && v.len() <= MAX_VALUE_BYTES, "{v:?}");
+        assert!(!v.contains(',') && !v.contains('='), "{v:?}");
+    }
+    let mut again = http::HeaderMap::new();
+    let value = http::HeaderValue::try_from(b.header_value("deployment"))
+        .expect("parsed baggage prints as a header value");
+    again.insert(crate::baggage::HEADER, value);
+    assert_eq!(Baggage::of(&again).as_ref(), Ok(&b));
 }
 
 fn check_connect(req: &http::Request<()>) {

@@ -9,6 +9,7 @@
 pub mod access_log;
 pub mod admin;
 pub mod app;
+pub mod baggage;
 pub mod capture;
 pub mod cidr;
 pub mod config;

@@ -293,6 +293,8 @@ struct IstioSettings {
     crl_path: Option<std::path::PathBuf>,
     /// IPV6_ENABLED (Istio's default: true).
     ipv6_enabled: bool,
+    /// ENABLE_RESPONSE_BAGGAGE (Istio's default: true).
+    response_baggage: bool,
     /// Messages for the log, gathered before logging exists.
     warnings: Vec<String>,
     infos: Vec<String>,
@@ -385,6 +387,7 @@ fn apply_istio_env(
         localhost_app_tunnel: env.bool("LOCALHOST_APP_TUNNEL")?.unwrap_or(true),
         crl_path: env.non_empty("CRL_PATH").map(std::path::PathBuf::from),
         ipv6_enabled,
+        response_baggage: env.bool("ENABLE_RESPONSE_BAGGAGE")?.unwrap_or(true),
         warnings,
         infos,
     })
@@ -518,6 +521,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
         localhost_app_tunnel: istio.localhost_app_tunnel,
         network: istio.network.clone(),
         ipv6_enabled: istio.ipv6_enabled,
+        response_baggage: istio.response_baggage,
     };
     let mut metrics = ztunnel::metrics::Metrics::default();
     let upstreams = args.dns.upstreams()?;
@@ -643,6 +647,7 @@ async fn run(args: Args, istio: IstioSettings, log: ReloadableLog) -> anyhow::Re
             .map(|_| ia.own_identity().to_string()),
         ipv6_enabled: istio.ipv6_enabled,
         crl_path: istio.crl_path.clone(),
+        enable_enhanced_baggage: istio.response_baggage,
         proxy_config: pcfg,
         local_xds_path: args.local_xds_path.clone(),
         capture_mode: format!("{:?}", args.capture).to_lowercase(),
@@ -929,6 +934,20 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("LOCALHOST_APP_TUNNEL"));
+        // ENABLE_RESPONSE_BAGGAGE: the same (Istio's default true), and no longer warned
+        // about as unsupported.
+        let (_, on) = parse(BASE, &[]).unwrap();
+        assert!(on.response_baggage);
+        let (_, off) = parse(BASE, &[("ENABLE_RESPONSE_BAGGAGE", "false")]).unwrap();
+        assert!(!off.response_baggage);
+        assert!(!off
+            .warnings
+            .iter()
+            .any(|w| w.contains("ENABLE_RESPONSE_BAGGAGE")));
+        assert!(parse(BASE, &[("ENABLE_RESPONSE_BAGGAGE", "maybe")])
+            .unwrap_err()
+            .to_string()
+            .contains("ENABLE_RESPONSE_BAGGAGE"));
     }
 
     #[test]

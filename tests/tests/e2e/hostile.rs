@@ -395,6 +395,100 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
     Ok(())
 }
 
+/// HBONE baggage is what a peer says of itself: believed only for the metric labels of a
+/// source config does not describe (as Istio's ztunnel does; the principal stays the
+/// certificate's), and bounded. Oversize, non-ASCII or garbled baggage is ignored (the
+/// labels stay `unknown`) and the tunnel opens all the same; every 200 carries the
+/// destination pod's own baggage (Istio's response baggage), whatever the request said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_baggage_is_bounded_and_never_fatal() -> Result<()> {
+    let h = Hostile::start("hb")?;
+    let n2p1 = hbone_peer::connect(
+        h.attacker(),
+        &h.ca,
+        &id("attacker"),
+        id("server"),
+        h.pod_addr("n2p1", 15008),
+    )
+    .await?;
+    let target = h.pod_addr("n2p1", 8080).to_string();
+    let hostile: [(&str, Vec<Vec<u8>>); 5] = [
+        (
+            "over 8 KiB",
+            vec![format!("k8s.deployment.name={}", "a".repeat(9000)).into_bytes()],
+        ),
+        (
+            "over 8 KiB in several headers",
+            vec![format!("x={}", "a".repeat(5000)).into_bytes(); 2],
+        ),
+        (
+            "a value over 253 bytes",
+            vec![format!("k8s.namespace.name={}", "n".repeat(300)).into_bytes()],
+        ),
+        (
+            "not visible ASCII",
+            vec![b"k8s.deployment.name=caf\xc3\xa9".to_vec()],
+        ),
+        ("garbage", vec![b"=,==,,;;,k8s.namespace.name".to_vec()]),
+    ];
+    let claim = vec![b"k8s.deployment.name=claimed,k8s.namespace.name=elsewhere".to_vec()];
+    let mut streams = Vec::new();
+    for (what, values) in hostile.iter().chain([&("a claim", claim)]) {
+        let mut req = http::Request::builder().method("CONNECT").uri(&target);
+        for v in values {
+            req = req.header("baggage", http::HeaderValue::from_bytes(v)?);
+        }
+        let mut send = n2p1.clone().ready().await?;
+        let (resp, stream) = send.send_request(req.body(())?, false)?;
+        let resp = tokio::time::timeout(Duration::from_secs(10), resp).await??;
+        assert_eq!(resp.status(), 200, "{what}");
+        assert_eq!(
+            resp.headers().get("baggage").and_then(|v| v.to_str().ok()),
+            Some("k8s.namespace.name=default"),
+            "{what}: the 200 describes n2p1"
+        );
+        streams.push(stream);
+    }
+    // Counted as each tunnel opened: the hostile ones as `unknown`, the claim as claimed,
+    // all with the certificate's principal.
+    let opened = |text: &str, workload: &str| {
+        let want = format!("source_workload=\"{workload}\"");
+        text.lines()
+            .filter(|l| l.starts_with("istio_tcp_connections_opened_total{"))
+            .filter(|l| {
+                l.contains("reporter=\"destination\"")
+                    && l.contains(
+                        "source_principal=\"spiffe://cluster.local/ns/default/sa/attacker\"",
+                    )
+                    && l.contains(&want)
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    wait_for_async("the six tunnels counted", || async {
+        let text = h.metrics(2).await?;
+        Ok(opened(&text, "unknown") == 5 && opened(&text, "claimed") == 1)
+    })
+    .await?;
+    let text = h.metrics(2).await?;
+    assert!(
+        text.lines()
+            .any(|l| l.contains("source_workload=\"claimed\"")
+                && l.contains("source_workload_namespace=\"elsewhere\"")),
+        "{text}"
+    );
+    assert!(
+        !text.contains("source_workload=\"caf"),
+        "non-ASCII baggage reached a label"
+    );
+    assert!(
+        !text.contains("aaaaaaaa"),
+        "oversize baggage reached a label"
+    );
+    drop(streams);
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spoofed_source_ip_gains_nothing() -> Result<()> {
     let h = Hostile::start("hc")?;

@@ -2397,7 +2397,10 @@ services:\n{}{}{}{}{ALLOW_ONLY_CLIENT}",
             client_id,
             hbone_addr,
             format!("dst.addr={gw_net0}:15008"),
-            "dst.workload=eastwest".into(),
+            // The destination is the one that answered (its response baggage and the
+            // identity it proved), not the gateway (response_baggage_labels_...).
+            "dst.namespace=default".into(),
+            "dst.identity=spiffe://cluster.local/ns/default/sa/echo".into(),
         ],
     )?;
 
@@ -2459,5 +2462,214 @@ services:\n{}{}{}{}{ALLOW_ONLY_CLIENT}",
         before,
         "the gateway was asked for an endpoint it does not serve"
     );
+    Ok(())
+}
+
+/// Response baggage (Istio's `ENABLE_RESPONSE_BAGGAGE`, on by default) through an
+/// east-west gateway, where neither end can look the other up: the client's ztunnel
+/// labels the destination by the baggage on the inner tunnel's 200 (not as the gateway
+/// it dialed), and the destination's ztunnel labels the source by the CONNECT's baggage
+/// (the source address is the gateway's). Network net0: node 1 (client n1p1); net1:
+/// node 2 (n2p1, service echo-a) and node 3 (n3p1, service echo-b), node 3's ztunnel
+/// with `ENABLE_RESPONSE_BAGGAGE=false`: its 200 carries no baggage, so the client
+/// labels that destination `unknown` but for the principal it proved, and it ignores
+/// the request's baggage (source `unknown` but for the principal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_baggage_labels_the_peer_behind_an_east_west_gateway() -> Result<()> {
+    if ip_family() != IpFamily::V4 {
+        return skipped("the multi-network topology is IPv4 only");
+    }
+    use ztunnel::identity::Identity;
+    let topo = Topology::build_networks(&prefix("rb"), &[&[1], &[1, 1]])?;
+    let gw_net0 = Topology::gateway_ip(0);
+    let gw_net1 = Topology::gateway_ip(1);
+    let meta = |name: &str, rev: &str, cluster: &str, zone: &str| {
+        format!(
+            ", workloadName: {name}, workloadType: deployment, canonicalName: {name}-svc, canonicalRevision: {rev}, clusterId: {cluster}, locality: {{region: r1, zone: {zone}}}"
+        )
+    };
+    let endpoint_of = |svc: &str| {
+        format!(
+            ", networkGateway: {{destination: net1/{gw_net0}}}, services: {{default/{svc}.default.svc.cluster.local: {{80: 8080}}}}"
+        )
+    };
+    let service = |name: &str, vip: u8| {
+        format!(
+            "- {{name: {name}, namespace: default, hostname: {name}.default.svc.cluster.local, vips: [net0/10.96.0.{vip}, net1/10.96.1.{vip}], ports: {{80: 8080}},
+   subjectAltNames: [spiffe://cluster.local/ns/default/sa/echo]}}\n"
+        )
+    };
+    let cfg = format!(
+        "workloads:\n{}{}{}\
+- {{uid: eastwest, name: eastwest, namespace: istio-system, serviceAccount: eastwest, workloadIps: [{gw_net0}, {gw_net1}], network: net1}}
+services:\n{}{}",
+        workload(&topo, "n1p1", "client", &meta("sleep", "v0", "west", "z0")),
+        workload(
+            &topo,
+            "n2p1",
+            "echo",
+            &format!("{}{}", endpoint_of("echo-a"), meta("echo-a", "v1", "east", "z1"))
+        ),
+        workload(
+            &topo,
+            "n3p1",
+            "echo",
+            &format!("{}{}", endpoint_of("echo-b"), meta("echo-b", "v2", "east", "z2"))
+        ),
+        service("echo-a", 60),
+        service("echo-b", 61),
+    );
+    let node_env = HashMap::from([(3, vec![("ENABLE_RESPONSE_BAGGAGE", "false")])]);
+    let mesh = Mesh::start_with_node_env(
+        topo,
+        &cfg,
+        &["n1p1", "n2p1", "n3p1"],
+        &HashMap::new(),
+        &[],
+        &node_env,
+    )?;
+    let topo = &mesh.topo;
+    let ca = hbone_peer::load_ca(&topo.dir.join("ca"))?;
+    let state = ztunnel::config::LocalConfig::parse(std::path::Path::new("mesh.yaml"), &cfg)?
+        .into_state(std::path::Path::new("mesh.yaml"))?;
+    let _gateway = hbone_peer::EastWestGateway::start(
+        topo.gateway.as_ref().context("no gateway netns")?,
+        &ca,
+        &Identity::new("cluster.local", "istio-system", "eastwest"),
+        state,
+        "net1",
+    )
+    .await?;
+    let _echoes = [
+        EchoServer::start(&topo.pod("n2p1").netns, 8080, Some("n2p1"))?,
+        EchoServer::start(&topo.pod("n3p1").netns, 8080, Some("n3p1"))?,
+    ];
+    let client = topo.pod("n1p1");
+    for (vip, pod) in [("10.96.0.60:80", "n2p1"), ("10.96.0.61:80", "n3p1")] {
+        let mut s = client.netns.connect(vip.parse()?).await?;
+        assert_eq!(read_line(&mut s).await?, pod);
+        assert_eq!(echo_roundtrip(&mut s, b"hello").await?, b"hello");
+    }
+
+    // Each side counts the connection as it opens (before any byte is relayed).
+    let opened = "istio_tcp_connections_opened_total";
+    let client_id = "spiffe://cluster.local/ns/default/sa/client";
+    let echo_id = "spiffe://cluster.local/ns/default/sa/echo";
+    let scrape = |n: usize| http_get(topo.node(n), 15020, "/metrics");
+    let (node1, node2, node3) = (scrape(1).await?, scrape(2).await?, scrape(3).await?);
+    // The client's ztunnel: echo-a's destination as its 200 described it (Istio's
+    // derived destination: app is the workload name), with the identity it proved.
+    let echo_a = format!(
+        "reporter=\"source\",source_workload=\"sleep\",source_canonical_service=\"sleep-svc\",source_canonical_revision=\"v0\",source_workload_namespace=\"default\",source_principal=\"{client_id}\",source_app=\"sleep-svc\",source_version=\"v0\",source_cluster=\"west\",\
+destination_workload=\"echo-a\",destination_canonical_service=\"echo-a-svc\",destination_canonical_revision=\"v1\",destination_workload_namespace=\"default\",destination_principal=\"{echo_id}\",destination_app=\"echo-a\",destination_version=\"v1\",destination_cluster=\"east\",\
+destination_service=\"echo-a.default.svc.cluster.local\""
+    );
+    assert_eq!(
+        series(
+            &node1,
+            opened,
+            &[&echo_a, "destination_region=\"r1\",destination_zone=\"z1\""]
+        ),
+        Some(1),
+        "{node1}"
+    );
+    // echo-b's said nothing (ENABLE_RESPONSE_BAGGAGE=false there): unknown, not the gateway.
+    let echo_b = format!(
+        "destination_workload=\"unknown\",destination_canonical_service=\"unknown\",destination_canonical_revision=\"unknown\",destination_workload_namespace=\"unknown\",destination_principal=\"{echo_id}\",destination_app=\"unknown\",destination_version=\"unknown\",destination_cluster=\"unknown\",\
+destination_service=\"echo-b.default.svc.cluster.local\""
+    );
+    assert_eq!(
+        series(&node1, opened, &["reporter=\"source\"", &echo_b]),
+        Some(1),
+        "{node1}"
+    );
+    assert!(
+        !node1.contains("destination_workload=\"eastwest\""),
+        "a destination labelled as the gateway:\n{node1}"
+    );
+    // Node 2: the source as its request baggage describes it.
+    let from_baggage = format!(
+        "reporter=\"destination\",source_workload=\"sleep\",source_canonical_service=\"sleep-svc\",source_canonical_revision=\"v0\",source_workload_namespace=\"default\",source_principal=\"{client_id}\",source_app=\"sleep\",source_version=\"v0\",source_cluster=\"west\",destination_workload=\"echo-a\""
+    );
+    assert_eq!(
+        series(
+            &node2,
+            opened,
+            &[&from_baggage, "source_region=\"r1\",source_zone=\"z0\""]
+        ),
+        Some(1),
+        "{node2}"
+    );
+    // Node 3 ignores it: only the verified identity.
+    let unknown_source = format!(
+        "reporter=\"destination\",source_workload=\"unknown\",source_canonical_service=\"unknown\",source_canonical_revision=\"unknown\",source_workload_namespace=\"unknown\",source_principal=\"{client_id}\",source_app=\"unknown\",source_version=\"unknown\",source_cluster=\"unknown\",destination_workload=\"echo-b\""
+    );
+    assert_eq!(
+        series(&node3, opened, &[&unknown_source]),
+        Some(1),
+        "{node3}"
+    );
+
+    // The access logs say the same (Istio's fields: the destination's workload name, the
+    // source's canonical service).
+    let line_with = |node: usize, needles: &[&str], absent: &str| {
+        let z = &mesh.ztunnels[node - 1];
+        wait_for(
+            &format!("a node{node} log line with {needles:?} and without {absent:?}"),
+            Duration::from_secs(5),
+            || {
+                z.log_text()
+                    .lines()
+                    .any(|l| needles.iter().all(|n| l.contains(n)) && !l.contains(absent))
+            },
+        )
+        .with_context(|| z.log_text())
+    };
+    let dst_id = format!("dst.identity={echo_id}");
+    let gw = format!("dst.addr={gw_net0}:15008");
+    line_with(
+        1,
+        &[
+            "direction=\"outbound\"",
+            "dst.hbone_addr=echo-a.default.svc.cluster.local:80",
+            &gw,
+            "dst.workload=echo-a",
+            "dst.namespace=default",
+            "dst.cluster=east",
+            &dst_id,
+        ],
+        "dst.workload=eastwest",
+    )?;
+    line_with(
+        1,
+        &[
+            "direction=\"outbound\"",
+            "dst.hbone_addr=echo-b.default.svc.cluster.local:80",
+            &gw,
+            &dst_id,
+        ],
+        "dst.workload",
+    )?;
+    let src_id = format!("src.identity={client_id}");
+    line_with(
+        2,
+        &[
+            "direction=\"inbound\"",
+            "src.workload=sleep-svc",
+            "src.namespace=default",
+            "src.cluster=west",
+            &src_id,
+        ],
+        "src.workload=n1p1",
+    )?;
+    line_with(3, &["direction=\"inbound\"", &src_id], "src.workload")?;
+
+    // The dumps show each node's setting under Istio's name.
+    for (n, on) in [(1, true), (3, false)] {
+        let text = http_get(topo.node(n), 15000, "/config_dump").await?;
+        let d: serde_json::Value =
+            serde_json::from_str(text.split("\r\n\r\n").nth(1).context("no body")?)?;
+        assert_eq!(d["config"]["enableEnhancedBaggage"], on, "node{n}");
+    }
     Ok(())
 }

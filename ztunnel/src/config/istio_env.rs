@@ -378,7 +378,6 @@ pub fn unsupported(env: &Env) -> Result<Vec<String>, EnvError> {
     for name in [
         "PREFERED_SERVICE_NAMESPACE",
         "PROXY_CONFIG",
-        "ENABLE_RESPONSE_BAGGAGE",
         "AUTHZ_POLICY_INFO_LOGGING",
     ] {
         if env.non_empty(name).is_some() {

@@ -143,6 +143,8 @@ pub struct Settings {
     pub ztunnel_identity: Option<String>,
     pub ipv6_enabled: bool,
     pub crl_path: Option<PathBuf>,
+    /// Istio's ENABLE_RESPONSE_BAGGAGE, under Istio's name in its dump.
+    pub enable_enhanced_baggage: bool,
     /// What the per-pod proxies run with (Istio's `localNode`, `poolMaxStreamsPerConn`,
     /// `poolUnusedReleaseTimeout`, and our own limits).
     #[serde(flatten)]
@@ -201,6 +203,14 @@ pub struct ProxyConfig {
     /// records. Dumped as Istio's `ipv6Enabled` by [`Settings`].
     #[serde(skip)]
     pub ipv6_enabled: bool,
+    /// Istio's ENABLE_RESPONSE_BAGGAGE (default true): the 200 that opens an inbound
+    /// tunnel carries the destination workload's baggage, and an inbound tunnel's source
+    /// that config does not describe (behind an east-west gateway) is labelled by its
+    /// request baggage. Off: neither (the client's own reading of response baggage does
+    /// not depend on it, as in Istio). Dumped as Istio's `enableEnhancedBaggage` by
+    /// [`Settings`].
+    #[serde(skip)]
+    pub response_baggage: bool,
 }
 
 #[cfg(test)]

@@ -24,11 +24,13 @@ use crate::identity::Identity;
 pub type CrlCheck = (crate::tls::Crls, Arc<crate::metrics::Metrics>);
 
 /// A connection after its handshakes: the handle to open streams on, the connection to
-/// drive, and (with CRLs) the server's chain to watch for a later revocation.
+/// drive, (with CRLs) the server's chain to watch for a later revocation, and the
+/// identity the server's certificate proved (one of those expected).
 pub struct Handshaken<IO> {
     pub send: SendRequest<Bytes>,
     pub connection: Connection<TlsStream<IO>, Bytes>,
     pub revoked: Option<(crate::tls::PeerChain, Arc<crate::metrics::Metrics>)>,
+    pub server_identity: Option<Identity>,
 }
 
 /// mTLS as `cert`'s identity over `io` to a server proving one of `expected` (`peer`
@@ -81,6 +83,12 @@ where
             metrics.clone(),
         )
     });
+    let server_identity = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .and_then(|leaf| crate::tls::identity_from_cert(leaf).ok());
     tune_tls(tls.get_mut().1);
     let sizes = h2_sizes();
     let (send, connection) = h2::client::Builder::new()
@@ -97,6 +105,7 @@ where
         send,
         connection,
         revoked,
+        server_identity,
     })
 }
 
@@ -123,9 +132,18 @@ pub struct OnceGuard {
     _done: tokio::sync::oneshot::Sender<()>,
 }
 
+/// Who answered a CONNECT through a gateway: the identity its certificate proved, and
+/// what its 200 said of the destination workload (Istio's response baggage; None when
+/// the baggage was malformed, all fields absent when there was none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    pub identity: Option<Identity>,
+    pub baggage: Option<crate::baggage::Baggage>,
+}
+
 /// A connection of its own over `io` carrying one CONNECT `request` (double HBONE's
 /// inner tunnel: a pooled one would always reach the same proxy behind the gateway).
-/// Answered 200: the stream and the guard that keeps the connection.
+/// Answered 200: the stream, the guard that keeps the connection, and who answered.
 pub async fn connect_once<IO>(
     io: IO,
     peer: &str,
@@ -134,7 +152,7 @@ pub async fn connect_once<IO>(
     expected: Vec<Identity>,
     crls: Option<&CrlCheck>,
     request: http::Request<()>,
-) -> Result<(SendStream<Bytes>, RecvStream, OnceGuard), HboneError>
+) -> Result<(SendStream<Bytes>, RecvStream, OnceGuard, Answered), HboneError>
 where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -142,6 +160,7 @@ where
         send,
         connection,
         revoked,
+        server_identity,
     } = handshake(io, peer, server_ip, cert, expected, crls).await?;
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let server = peer.to_string();
@@ -180,5 +199,19 @@ where
             status: response.status(),
         });
     }
-    Ok((stream, response.into_body(), OnceGuard { _done: done_tx }))
+    // Istio's ztunnel reads the baggage of the inner 200 whatever its own
+    // ENABLE_RESPONSE_BAGGAGE (that one decides what it sends); malformed is ignored.
+    let baggage = crate::baggage::Baggage::of(response.headers())
+        .inspect_err(|e| tracing::debug!(error = %e, "ignoring the response's baggage"))
+        .ok();
+    let answered = Answered {
+        identity: server_identity,
+        baggage,
+    };
+    Ok((
+        stream,
+        response.into_body(),
+        OnceGuard { _done: done_tx },
+        answered,
+    ))
 }

@@ -223,6 +223,7 @@ impl Pool {
             send,
             mut connection,
             revoked,
+            ..
         } = super::client::handshake(
             tcp,
             &peer,
@@ -298,7 +299,8 @@ impl Pool {
     /// gateway at `gateway`, as an `H2Stream`), a TLS session and HTTP/2 connection of its own as `src` to
     /// the proxy the gateway forwards to, which must prove one of `expected`, carrying
     /// `request`. Not pooled (each connection may reach another proxy behind the
-    /// gateway); within the connect timeout, as the outer CONNECT was.
+    /// gateway); within the connect timeout, as the outer CONNECT was. Also says who
+    /// answered (identity, response baggage).
     pub async fn connect_through(
         &self,
         outer: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -306,7 +308,15 @@ impl Pool {
         expected: Vec<Identity>,
         gateway: SocketAddr,
         request: http::Request<()>,
-    ) -> Result<(SendStream<Bytes>, RecvStream, super::client::OnceGuard), HboneError> {
+    ) -> Result<
+        (
+            SendStream<Bytes>,
+            RecvStream,
+            super::client::OnceGuard,
+            super::client::Answered,
+        ),
+        HboneError,
+    > {
         let peer = format!("{} through gateway {gateway}", request.uri());
         let after = self.inner.connect_timeout;
         let connect = async {

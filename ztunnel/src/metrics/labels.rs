@@ -2,6 +2,7 @@
 
 use prometheus_client::encoding::EncodeLabelSet;
 
+use crate::baggage::Baggage;
 use crate::identity::Identity;
 use crate::state::{Service, Workload};
 
@@ -124,6 +125,48 @@ impl TcpLabels {
             destination_region: wl(&dst, |w| &w.locality.region),
             destination_zone: wl(&dst, |w| &w.locality.zone),
         }
+    }
+}
+
+/// A field a peer's baggage carries, or `unknown`.
+fn claimed(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| UNKNOWN.into())
+}
+
+impl TcpLabels {
+    /// The source as its baggage describes it (Istio's `with_derived_source`), for a
+    /// source config does not describe: every source label but the principal (the
+    /// verified identity stays), `unknown` where the baggage says nothing. As Istio's,
+    /// `source_app` is the workload name and `source_version` the revision.
+    pub fn with_derived_source(&mut self, b: &Baggage) {
+        self.source_workload = claimed(&b.workload_name);
+        self.source_canonical_service = claimed(&b.service_name);
+        self.source_canonical_revision = claimed(&b.revision);
+        self.source_workload_namespace = claimed(&b.namespace);
+        self.source_app = claimed(&b.workload_name);
+        self.source_version = claimed(&b.revision);
+        self.source_cluster = claimed(&b.cluster_id);
+        self.source_region = claimed(&b.region);
+        self.source_zone = claimed(&b.zone);
+    }
+
+    /// The destination as its response baggage describes it (Istio's
+    /// `with_derived_destination`: behind an east-west gateway, where the labels were the
+    /// gateway's): every destination label but the service ones, the principal being
+    /// the identity the destination proved (`unknown` without one).
+    pub fn with_derived_destination(&mut self, b: &Baggage, identity: Option<&Identity>) {
+        self.destination_workload = claimed(&b.workload_name);
+        self.destination_canonical_service = claimed(&b.service_name);
+        self.destination_canonical_revision = claimed(&b.revision);
+        self.destination_workload_namespace = claimed(&b.namespace);
+        self.destination_principal = identity
+            .map(|i| i.to_string())
+            .unwrap_or_else(|| UNKNOWN.into());
+        self.destination_app = claimed(&b.workload_name);
+        self.destination_version = claimed(&b.revision);
+        self.destination_cluster = claimed(&b.cluster_id);
+        self.destination_region = claimed(&b.region);
+        self.destination_zone = claimed(&b.zone);
     }
 }
 
@@ -250,5 +293,90 @@ impl TcpLabels {
             destination_zone: u(),
             ..self.clone()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn derived_peers_are_labelled_as_istios() {
+        let client = Identity::new("cluster.local", "default", "client");
+        let echo = Identity::new("cluster.local", "default", "echo");
+        let gateway = Workload::new("gw", "eastwest", "istio-system");
+        let mut l = TcpLabels::new(
+            "source",
+            Peer {
+                workload: None,
+                identity: Some(&client),
+            },
+            Peer {
+                workload: Some(&gateway),
+                identity: None,
+            },
+            None,
+            true,
+        );
+        assert_eq!(l.destination_workload, "eastwest");
+        let b = Baggage {
+            cluster_id: Some("east".into()),
+            namespace: Some("default".into()),
+            workload_name: Some("echo".into()),
+            service_name: Some("echo-svc".into()),
+            revision: Some("v1".into()),
+            region: Some("r1".into()),
+            zone: None,
+        };
+        l.with_derived_destination(&b, Some(&echo));
+        assert_eq!(
+            (
+                l.destination_workload.as_str(),
+                l.destination_canonical_service.as_str(),
+                l.destination_canonical_revision.as_str(),
+                l.destination_workload_namespace.as_str(),
+                l.destination_principal.as_str(),
+                // Istio's derived app is the workload name, its version the revision.
+                l.destination_app.as_str(),
+                l.destination_version.as_str(),
+                l.destination_cluster.as_str(),
+                l.destination_region.as_str(),
+                l.destination_zone.as_str(),
+            ),
+            (
+                "echo",
+                "echo-svc",
+                "v1",
+                "default",
+                "spiffe://cluster.local/ns/default/sa/echo",
+                "echo",
+                "v1",
+                "east",
+                "r1",
+                "unknown"
+            )
+        );
+        // Nothing said, nothing proved: unknown (not the gateway).
+        l.with_derived_destination(&Baggage::default(), None);
+        assert_eq!(l.destination_workload, "unknown");
+        assert_eq!(l.destination_principal, "unknown");
+        // The source side: every label but the principal, which stays the verified one.
+        l.with_derived_source(&b);
+        assert_eq!(
+            (
+                l.source_workload.as_str(),
+                l.source_canonical_service.as_str(),
+                l.source_app.as_str(),
+                l.source_cluster.as_str(),
+                l.source_principal.as_str(),
+            ),
+            (
+                "echo",
+                "echo-svc",
+                "echo",
+                "east",
+                "spiffe://cluster.local/ns/default/sa/client"
+            )
+        );
     }
 }

@@ -122,6 +122,7 @@ async fn handle_connection(
                     target: hbone::connect_authority(&head),
                     claimed_service: hbone::request::forwarded_host(&head),
                     origin_network: hbone::request::forwarded_network(&head),
+                    headers: head.into_parts().0.headers,
                     body,
                 };
                 tokio::spawn(
@@ -154,6 +155,8 @@ struct Connect {
     claimed_service: Option<String>,
     /// The client's network, when it says (`x-forwarded-network`, double HBONE).
     origin_network: Option<String>,
+    /// The rest of the request's headers (its `baggage`), until the tunnel opens.
+    headers: http::HeaderMap,
     body: h2::RecvStream,
 }
 
@@ -185,6 +188,7 @@ fn handle_stream(
             conn,
             target,
             src_wl,
+            src_baggage,
             service,
         }) = Box::pin(open_tunnel(
             &inputs,
@@ -231,6 +235,7 @@ fn handle_stream(
             src: Side {
                 workload: src_wl.as_deref(),
                 identity: Some(&*origin.identity),
+                baggage: src_baggage.as_deref(),
             },
             dst_addr: origin.local,
             dst_hbone_addr: Some(target),
@@ -238,6 +243,7 @@ fn handle_stream(
             dst: Side {
                 workload: Some(pod.workload_in(&state)),
                 identity: Some(&pod.identity),
+                baggage: None,
             },
             bytes_sent: t.received,
             bytes_recv: t.sent,
@@ -259,6 +265,9 @@ struct Tunnel {
     /// cell's size class, and a box would cost an allocation per stream.
     target: HboneAddress,
     src_wl: Option<Arc<crate::state::Workload>>,
+    /// A source config does not describe, as its request baggage does (Istio's derived
+    /// source, with ENABLE_RESPONSE_BAGGAGE).
+    src_baggage: Option<Box<crate::baggage::Baggage>>,
     service: Option<Arc<crate::state::Service>>,
 }
 
@@ -277,6 +286,7 @@ async fn open_tunnel(
             target,
             claimed_service,
             origin_network,
+            headers,
             body: recv,
         },
         tx,
@@ -361,7 +371,7 @@ async fn open_tunnel(
             .inbound_service(workload, claimed_service.as_deref(), target.port())
             .cloned()
     });
-    let labels = TcpLabels::new(
+    let mut labels = TcpLabels::new(
         "destination",
         Peer {
             workload: src_wl.as_deref(),
@@ -374,6 +384,21 @@ async fn open_tunnel(
         service.as_deref(),
         true,
     );
+    // A source config does not describe (behind a gateway, or an address it does not
+    // know) is labelled by what its request baggage says, as Istio's ztunnel does with
+    // ENABLE_RESPONSE_BAGGAGE; its principal stays the verified identity. Malformed
+    // baggage is ignored (`unknown`), never the tunnel.
+    let src_baggage = match (&src_wl, inputs.cfg.response_baggage) {
+        (None, true) => crate::baggage::Baggage::of(&headers)
+            .inspect_err(|e| tracing::debug!(error = %e, "ignoring the request's baggage"))
+            .ok()
+            .map(Box::new),
+        _ => None,
+    };
+    drop(headers);
+    if let Some(b) = &src_baggage {
+        labels.with_derived_source(b);
+    }
     // Registered before the decision, so a policy change in between is not missed.
     // Authorized on the inputs the registration re-checks: the peer's identity and address,
     // and the app address (the pod's, on the target's port).
@@ -388,6 +413,10 @@ async fn open_tunnel(
             .register(view, Some(src_identity.clone()), app_addr.ip());
     let decision = state.authorize(workload, &conn);
     let app_tunnel = crate::state::ApplicationTunnel::effective(workload.application_tunnel);
+    // The 200, made while the state is at hand: with Istio's response baggage about this
+    // pod's workload, which the client's proxy labels the destination by when it cannot
+    // look this pod up itself (behind an east-west gateway).
+    let opened = opened_response(workload, inputs.cfg.response_baggage);
     drop(state);
     if let Decision::Deny(reason) = decision {
         tracing::warn!(direction = "inbound", src.addr = %peer, src.identity = %src_identity, dst.addr = %target,
@@ -448,7 +477,7 @@ async fn open_tunnel(
         }
     }
     let mut tx = tx;
-    let send = match tx.send_response(Response::new(()), false) {
+    let send = match tx.send_response(opened, false) {
         Ok(s) => s,
         Err(e) => {
             tracing::debug!(error = %e, "client went away before the tunnel opened");
@@ -464,8 +493,28 @@ async fn open_tunnel(
         conn,
         target: hbone_target,
         src_wl,
+        src_baggage,
         service,
     })
+}
+
+/// The 200 that opens a tunnel to `workload` (this pod), as Istio's `build_response`:
+/// with `baggage` (ENABLE_RESPONSE_BAGGAGE) a `baggage` header describing the workload.
+/// Refusals (400, 401, 503) never carry one, as in Istio. A value that cannot be a
+/// header (control characters in config) is left out rather than failing the tunnel.
+fn opened_response(workload: &crate::state::Workload, baggage: bool) -> Response<()> {
+    let mut r = Response::new(());
+    if baggage {
+        match http::HeaderValue::try_from(workload.baggage_header()) {
+            Ok(v) => {
+                r.headers_mut().insert(crate::baggage::HEADER, v);
+            }
+            Err(_) => {
+                tracing::debug!(workload = %workload.uid, "the workload's baggage is not a valid header value; not sent")
+            }
+        }
+    }
+    r
 }
 
 /// Where an inbound connection for the app at `app` is delivered, and from which source
@@ -557,6 +606,32 @@ mod tests {
         );
     }
     use crate::state::{ApplicationTunnel, ApplicationTunnelProtocol};
+
+    #[test]
+    fn the_200_carries_the_workloads_baggage_unless_turned_off() {
+        let mut w = crate::state::Workload::new("u", "echo-1", "default");
+        w.cluster_id = "Kubernetes".into();
+        w.workload_name = "echo".into();
+        w.workload_type = "deployment".into();
+        w.canonical_name = "echo".into();
+        w.canonical_revision = "v1".into();
+        let r = opened_response(&w, true);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            r.headers().get("baggage").and_then(|v| v.to_str().ok()),
+            Some("k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=echo,service.name=echo,service.version=v1")
+        );
+        assert_eq!(
+            crate::baggage::Baggage::of(r.headers()),
+            Ok(w.baggage()),
+            "the client side reads back the workload"
+        );
+        // ENABLE_RESPONSE_BAGGAGE=false: a bare 200, as Istio's.
+        assert!(opened_response(&w, false).headers().is_empty());
+        // A value config should never hold does not fail the tunnel: no header.
+        w.namespace = "bad\nns".into();
+        assert!(opened_response(&w, true).headers().get("baggage").is_none());
+    }
 
     #[test]
     fn deliveries_with_and_without_an_application_tunnel() {

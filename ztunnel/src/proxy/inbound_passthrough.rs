@@ -145,6 +145,7 @@ async fn handle(
                 .workload_by_ip(&inputs.cfg.network, peer.ip())
                 .map(|w| &**w),
             identity: None,
+            baggage: None,
         },
         dst_addr: dst,
         dst_hbone_addr: None,
@@ -152,6 +153,7 @@ async fn handle(
         dst: Side {
             workload: Some(pod.workload_in(&state)),
             identity: Some(&pod.identity),
+            baggage: None,
         },
         bytes_sent: t.sent,
         bytes_recv: t.received,

@@ -347,9 +347,14 @@ fn connect_request(
             hbone::request::forwarded(peer, service.map(|s| s.hostname.as_str())),
         )
         .header("traceparent", trace.header());
-    let baggage = src.baggage();
-    if !baggage.is_empty() {
-        req = req.header("baggage", baggage);
+    // Always, as Istio's (empty when config knows nothing of the source); a value that
+    // cannot be a header (control characters in config) is left out rather than refusing
+    // the connection.
+    match http::HeaderValue::try_from(src.baggage_header()) {
+        Ok(v) => req = req.header(crate::baggage::HEADER, v),
+        Err(_) => {
+            tracing::debug!(src = %src.uid, "the source's baggage is not a valid header value; not sent")
+        }
     }
     if let Some(network) = origin_network {
         req = req.header(hbone::request::FORWARDED_NETWORK, network);
@@ -416,16 +421,21 @@ fn handle(
             actual_dst: hbone_addr,
             protocol: Protocol::HBONE,
         });
-        // The identity the proxy behind a gateway proves, kept for the log line (a direct
-        // peer's is made only then: held for the tunnel's life it would cost every connection
-        // its three strings).
-        let inner_identity: Option<Box<Identity>> = dial
-            .inner
-            .as_ref()
-            .and_then(|i| i.first().cloned().map(Box::new));
+        // The destination behind a gateway, kept for the log line: the identity it must
+        // prove, then what it proved and its response baggage (a direct peer's identity is
+        // made only then: held for the tunnel's life it would cost every connection its
+        // three strings).
+        let mut behind: Option<Box<Behind>> = dial.inner.as_ref().and_then(|i| {
+            i.first().cloned().map(|identity| {
+                Box::new(Behind {
+                    identity,
+                    baggage: None,
+                })
+            })
+        });
         // Boxed: the label set (~1 KB) is needed only until the connection's counters
         // are fetched; inline it would stay in the connection's future for its life.
-        let labels = Box::new(TcpLabels::new(
+        let mut labels = Box::new(TcpLabels::new(
             "source",
             Peer {
                 workload: Some(&pod.workload),
@@ -448,7 +458,7 @@ fn handle(
             // Boxed: the requests, the pool key and the connects need room only until the
             // tunnel is open. Matched as a temporary, so the result takes no room in the relay's
             // state either.
-            let (send, recv, hold) = match Box::pin(open(
+            let (send, recv, hold, answered) = match Box::pin(open(
                 &inputs,
                 &pod,
                 hbone_addr,
@@ -480,6 +490,19 @@ fn handle(
                 }
                 None => return reset(stream),
             };
+            // Behind a gateway (Istio's double HBONE), the destination is the one that
+            // answered: labelled as its response baggage says, with the identity it proved.
+            if let Some(a) = answered {
+                if let Some(b) = &a.baggage {
+                    labels.with_derived_destination(b, a.identity.as_ref());
+                }
+                if let Some(behind) = behind.as_mut() {
+                    if let Some(id) = a.identity {
+                        behind.identity = id;
+                    }
+                    behind.baggage = a.baggage;
+                }
+            }
             let conn = inputs.metrics.opened(&labels);
             drop(labels);
             let r = copy_tcp_h2(
@@ -508,6 +531,7 @@ fn handle(
                 Err((e, t)) => (Some(e.to_string()), t),
             }
         };
+        let direct_identity = behind.is_none().then(|| workload.identity());
         ConnectionLog {
             direction: "outbound",
             protocol: "HBONE",
@@ -515,13 +539,31 @@ fn handle(
             src: Side {
                 workload: Some(&pod.workload),
                 identity: Some(&pod.identity),
+                baggage: None,
             },
             dst_addr: hbone_addr,
             dst_hbone_addr: Some(target.address(hbone_addr)),
             dst_service: service.as_deref(),
-            dst: Side {
-                workload: Some(&workload),
-                identity: Some(&inner_identity.map_or_else(|| workload.identity(), |i| *i)),
+            dst: match behind.as_deref() {
+                // Described by its response baggage (Istio): not the gateway.
+                Some(Behind {
+                    identity,
+                    baggage: Some(b),
+                }) => Side {
+                    workload: None,
+                    identity: Some(identity),
+                    baggage: Some(b),
+                },
+                Some(Behind { identity, .. }) => Side {
+                    workload: Some(&workload),
+                    identity: Some(identity),
+                    baggage: None,
+                },
+                None => Side {
+                    workload: Some(&workload),
+                    identity: direct_identity.as_ref(),
+                    baggage: None,
+                },
             },
             bytes_sent: t.sent,
             bytes_recv: t.received,
@@ -677,6 +719,7 @@ async fn passthrough(
         src: Side {
             workload: Some(&pod.workload),
             identity: None,
+            baggage: None,
         },
         dst_addr: to,
         dst_hbone_addr: None,
@@ -686,6 +729,7 @@ async fn passthrough(
         dst: Side {
             workload: state.workload_by_ip(network, to.ip()).map(|w| &**w),
             identity: None,
+            baggage: None,
         },
         bytes_sent: t.sent,
         bytes_recv: t.received,
@@ -739,6 +783,22 @@ struct Dial {
     inner: Option<Vec<Identity>>,
 }
 
+/// An open tunnel: its stream, what keeps its connection, and (double HBONE) who answered.
+type Opened = (
+    h2::SendStream<bytes::Bytes>,
+    h2::RecvStream,
+    TunnelHold,
+    Option<Box<hbone::client::Answered>>,
+);
+
+/// The destination behind an east-west gateway (double HBONE), for the log line.
+struct Behind {
+    /// The identity it must prove; once it answered, the one it proved.
+    identity: Identity,
+    /// What its 200 said of it (Istio's response baggage), when it said anything usable.
+    baggage: Option<crate::baggage::Baggage>,
+}
+
 /// What keeps a tunnel's connection while its stream is in use (held, never read).
 enum TunnelHold {
     Pooled { _slot: hbone::StreamGuard },
@@ -746,8 +806,9 @@ enum TunnelHold {
 }
 
 /// Connects the tunnel: a pooled stream to the peer `key` names, and with `inner` (double
-/// HBONE) the inner connection inside it. None when the CONNECT request cannot be built
-/// (logged).
+/// HBONE) the inner connection inside it, saying who answered it. None when the CONNECT
+/// request cannot be built (logged). (A direct peer's response baggage is not read, as
+/// Istio's ztunnel does not: config describes that peer.)
 // The tunnel's parts, each borrowed from `handle` (a struct of them would be built there
 // and kept in its state for the connection's life).
 #[allow(clippy::too_many_arguments)]
@@ -761,7 +822,7 @@ async fn open(
     service: Option<&Service>,
     dial: Box<Dial>,
     trace: &hbone::TraceParent,
-) -> Option<Result<(h2::SendStream<bytes::Bytes>, h2::RecvStream, TunnelHold), hbone::HboneError>> {
+) -> Option<Result<Opened, hbone::HboneError>> {
     let Dial { expected, inner } = *dial;
     let key = PoolKey::new(pod.identity.clone(), expected, hbone_addr, src_ip);
     let request = |origin_network| {
@@ -782,14 +843,16 @@ async fn open(
     };
     let outer = inputs.pool.connect(&key, &pod.netns, req).await;
     Some(match (outer, inner.zip(inner_req)) {
-        (Ok((send, recv, guard)), None) => Ok((send, recv, TunnelHold::Pooled { _slot: guard })),
+        (Ok((send, recv, guard)), None) => {
+            Ok((send, recv, TunnelHold::Pooled { _slot: guard }, None))
+        }
         (Ok((send, recv, guard)), Some((inner, req))) => {
             let outer = hbone::H2Stream::new(send, recv, Some(guard));
             inputs
                 .pool
                 .connect_through(outer, &pod.identity, inner, key.dst, req)
                 .await
-                .map(|(s, r, g)| (s, r, TunnelHold::Inner { _conn: g }))
+                .map(|(s, r, g, a)| (s, r, TunnelHold::Inner { _conn: g }, Some(Box::new(a))))
         }
         (Err(e), _) => Err(e),
     })

@@ -305,30 +305,32 @@ impl Workload {
         Identity::new(&self.trust_domain, &self.namespace, &self.service_account)
     }
 
-    /// The W3C baggage Istio's ztunnel sends about a source on each CONNECT (known
-    /// fields only): cluster, namespace, `k8s.<type>.name`, canonical service and
-    /// revision, region and zone.
-    pub fn baggage(&self) -> String {
+    /// What Istio's ztunnel says about this workload in HBONE baggage (Istio's
+    /// `Workload::baggage`): cluster, namespace, workload name, canonical service and
+    /// revision, region and zone, each when known.
+    pub fn baggage(&self) -> crate::baggage::Baggage {
+        let known = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        crate::baggage::Baggage {
+            cluster_id: known(&self.cluster_id),
+            namespace: known(&self.namespace),
+            workload_name: known(&self.workload_name),
+            service_name: known(&self.canonical_name),
+            revision: known(&self.canonical_revision),
+            region: known(&self.locality.region),
+            zone: known(&self.locality.zone),
+        }
+    }
+
+    /// The `baggage` header about this workload, as Istio's ztunnel sends it on each
+    /// CONNECT (request) and, at the destination, on each 200 (response): the workload
+    /// key names its kind (`k8s.deployment.name`; `deployment` when config names none).
+    pub fn baggage_header(&self) -> String {
         let kind = if self.workload_type.is_empty() {
             "deployment"
         } else {
             self.workload_type.as_str()
         };
-        let kind_key = format!("k8s.{kind}.name");
-        [
-            ("k8s.cluster.name", self.cluster_id.as_str()),
-            ("k8s.namespace.name", self.namespace.as_str()),
-            (kind_key.as_str(), self.workload_name.as_str()),
-            ("service.name", self.canonical_name.as_str()),
-            ("service.version", self.canonical_revision.as_str()),
-            ("cloud.region", self.locality.region.as_str()),
-            ("cloud.availability_zone", self.locality.zone.as_str()),
-        ]
-        .iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect::<Vec<_>>()
-        .join(",")
+        self.baggage().header_value(kind)
     }
 
     /// Whether a connection can be sent to this workload at all: it has an IP, or a
@@ -630,7 +632,7 @@ mod tests {
     #[test]
     fn baggage_as_istios_ztunnel_sends_it() {
         let mut w = Workload::new("u", "echo-7d9f-abc", "default");
-        assert_eq!(w.baggage(), "k8s.namespace.name=default");
+        assert_eq!(w.baggage_header(), "k8s.namespace.name=default");
         w.cluster_id = "Kubernetes".into();
         w.workload_name = "echo".into();
         w.workload_type = "deployment".into();
@@ -642,11 +644,15 @@ mod tests {
             subzone: String::new(),
         };
         assert_eq!(
-            w.baggage(),
+            w.baggage_header(),
             "k8s.cluster.name=Kubernetes,k8s.namespace.name=default,k8s.deployment.name=echo,service.name=echo,service.version=v1,cloud.region=r1,cloud.availability_zone=z1"
         );
         w.workload_type = "cronjob".into();
-        assert!(w.baggage().contains("k8s.cronjob.name=echo"));
+        assert!(w.baggage_header().contains("k8s.cronjob.name=echo"));
+        // What the other end parses back is the workload's.
+        let mut h = http::HeaderMap::new();
+        h.insert("baggage", w.baggage_header().parse().unwrap());
+        assert_eq!(crate::baggage::Baggage::of(&h), Ok(w.baggage()));
     }
 
     #[test]
