@@ -1258,6 +1258,17 @@ impl Mesh {
         node_args: &[Vec<String>],
         env: &[(String, String)],
     ) -> Result<Mesh> {
+        Mesh::start_with_istiod_per_node(topo, node_args, env, &[])
+    }
+
+    /// As `start_with_istiod`, with `node_env[n - 1]` added to node n's environment after
+    /// `env` (each node agent's own token, say).
+    pub fn start_with_istiod_per_node(
+        topo: Topology,
+        node_args: &[Vec<String>],
+        env: &[(String, String)],
+        node_env: &[Vec<(String, String)>],
+    ) -> Result<Mesh> {
         let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
             let mut args = vec!["--node-name".to_string(), format!("node{n}")];
@@ -1270,6 +1281,7 @@ impl Mesh {
                 ("INSTANCE_IP".into(), node_ip(n).to_string()),
             ];
             full_env.extend(env.iter().cloned());
+            full_env.extend(node_env.get(n - 1).into_iter().flatten().cloned());
             commands.push((args, full_env));
         }
         let mut mesh = Mesh {
