@@ -128,47 +128,41 @@ fn echo_service(extra_labels: &str) -> String {
 /// the gateway controller leaves it, the pod n1p2 from Istio's waypoint template (not
 /// captured, so istiod describes it as a TCP workload) and its Service.
 fn waypoint_objects(t: &Topology) -> Vec<String> {
-    let mut o = Vec::new();
-    o.push(
+    vec![
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: istio-waypoint}\n\
          spec: {controllerName: istio.io/mesh-controller}\n"
             .into(),
-    );
-    // As the gateway controller leaves it once the deployment is ready: its address
-    // is the Service's hostname.
-    o.push(
+        // As the gateway controller leaves it once the deployment is ready: its address
+        // is the Service's hostname.
         "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: waypoint, namespace: default}\n\
          spec:\n  gatewayClassName: istio-waypoint\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
          status:\n  addresses: [{type: Hostname, value: waypoint.default.svc.cluster.local}]\n"
             .into(),
-    );
-    // Istio's waypoint template (manifests/.../files/waypoint.yaml): the pod's labels,
-    // the Service's ports (status-port 15021/tcp, the listener mesh 15008/hbone).
-    o.push(pod_yaml(
-        t.pod("n1p2"),
-        "default",
-        "waypoint",
-        &[
-            ("gateway.networking.k8s.io/gateway-name", "waypoint"),
-            (
-                "gateway.networking.k8s.io/gateway-class-name",
-                "istio-waypoint",
-            ),
-            ("istio.io/dataplane-mode", "none"),
-            ("sidecar.istio.io/inject", "false"),
-            ("service.istio.io/canonical-name", "waypoint"),
-            ("service.istio.io/canonical-revision", "latest"),
-        ],
-        &[],
-    ));
-    o.push(
+        // Istio's waypoint template (manifests/.../files/waypoint.yaml): the pod's labels,
+        // the Service's ports (status-port 15021/tcp, the listener mesh 15008/hbone).
+        pod_yaml(
+            t.pod("n1p2"),
+            "default",
+            "waypoint",
+            &[
+                ("gateway.networking.k8s.io/gateway-name", "waypoint"),
+                (
+                    "gateway.networking.k8s.io/gateway-class-name",
+                    "istio-waypoint",
+                ),
+                ("istio.io/dataplane-mode", "none"),
+                ("sidecar.istio.io/inject", "false"),
+                ("service.istio.io/canonical-name", "waypoint"),
+                ("service.istio.io/canonical-revision", "latest"),
+            ],
+            &[],
+        ),
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: default\n\
          \x20 labels: {gateway.networking.k8s.io/gateway-name: waypoint, gateway.networking.k8s.io/gateway-class-name: istio-waypoint}\n\
          spec:\n  clusterIP: 10.96.0.15\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n\
          \x20 ports:\n  - {name: status-port, port: 15021, protocol: TCP, appProtocol: tcp}\n  - {name: mesh, port: 15008, protocol: TCP, appProtocol: hbone}\n"
             .into(),
-    );
-    o
+    ]
 }
 
 /// Connects from `from` to `to` and reads the echo server's greeting; None when the
