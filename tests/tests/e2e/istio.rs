@@ -845,7 +845,8 @@ async fn start_refused(
 /// refused echo's, Istio logging why ("no instances of default/echo found on node
 /// node1"); our ztunnel then fails the enrollment, naming the CA's answer. With the
 /// token of a workload (sleep's pod, not a trusted node account) instead, even sleep's
-/// own identity is refused as an impersonation ("not allowed to impersonate").
+/// own identity is refused as an impersonation ("not allowed to impersonate"); with a
+/// token the cluster does not know, the caller is not authenticated at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istios_ca_refuses_identities_not_on_the_node() -> Result<()> {
     let refusal = "request impersonation authentication failure (Unauthenticated)";
@@ -884,6 +885,27 @@ async fn istios_ca_refuses_identities_not_on_the_node() -> Result<()> {
         istio_log.lines().any(|l| l.contains(&format!(
             "impersonation failed for identity {SLEEP_ID}, error: caller"
         )) && l.contains("is not allowed to impersonate")),
+        "{istio_log}"
+    );
+
+    // A token the cluster does not know: Istio's authenticator refuses the caller.
+    let (err, istio_log) = start_refused("ii", |i| {
+        let p = i.root_path.with_file_name("unknown-token");
+        std::fs::write(&p, "istio-token-of-nobody")?;
+        Ok(p)
+    })
+    .await?;
+    assert!(
+        err.contains(&format!(
+            "the Istio CA gave no usable certificate for {SLEEP_ID}: request authenticate failure (Unauthenticated)"
+        )),
+        "{err}"
+    );
+    assert!(
+        istio_log
+            .lines()
+            .any(|l| l.contains("Failed to authenticate client")
+                && l.contains("the token is not authenticated")),
         "{istio_log}"
     );
     Ok(())
