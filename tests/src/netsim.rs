@@ -132,13 +132,39 @@ impl Child {
             .unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
     }
 
+    /// Waits for `needle` in the log; fails at once, with the log, if the process exits
+    /// before writing it (a start that failed need not wait out the timeout).
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
         wait_for(
             &format!("{needle:?} in {}", self.log.display()),
             timeout,
-            || self.log_text().contains(needle),
+            || self.log_text().contains(needle) || self.exited(),
         )
-        .with_context(|| format!("log:\n{}", self.log_text()))
+        .with_context(|| format!("log:\n{}", self.log_text()))?;
+        // Read again after the exit was seen: its last lines are written by then.
+        if !self.log_text().contains(needle) {
+            anyhow::bail!(
+                "the process exited before {needle:?} in {}; log:\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the process has exited (a zombie not yet reaped, or gone), from /proc:
+    /// the state after the command name in `/proc/<pid>/stat`.
+    pub fn exited(&self) -> bool {
+        let Some(pid) = self.pid() else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X"),
+            Err(_) => true,
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
