@@ -134,17 +134,20 @@ stage "allocator features" bash -c "cargo clippy -p ztunnel --lib --bins --featu
 # ~40% of 2 cores) start as soon as what they run exists, while the compiler builds the
 # rest. First the binaries under test (the `cli` tests make cargo build them) and the
 # e2e and soak test binaries; their paths come from cargo's JSON messages.
-# Beside it, the Go program the istio:: suite runs (Istio's own discovery server on
-# Istio's Go module, tests/istio; its first build fetches and compiles Istio's
-# dependencies, minutes; later ones come from Go's cache): built here, not by the first
-# istio:: test in the middle of the timing-sensitive suites.
+# Beside it, the Go programs the istio:: suite runs, from Istio's Go module pinned in
+# tests/istio: istio-xds (Istio's own discovery server and CA) and Istio's istioctl
+# (the go.mod's `tool` line). The first build fetches and compiles Istio's dependencies,
+# minutes (istioctl adds its own: docs/testing.md has the cold times); later ones come
+# from Go's cache. Built here, not by the first istio:: test in the middle of the
+# timing-sensitive suites.
 command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "go not found: install Go 1.26 (the istio:: tests run Istio's discovery server, tests/istio)" >&2; exit 1; }
 target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export ZTUNNEL_TEST_ISTIO_XDS="$target_dir/debug/istio-xds"
+export ZTUNNEL_TEST_ISTIOCTL="$target_dir/debug/istioctl"
 stage "build the binaries and the end-to-end tests" together \
   "cargo" "cargo test --workspace --no-run --test e2e --test soak --test cli --message-format=json-render-diagnostics >'$exes'" \
-  "Istio's discovery server (tests/istio)" "cd tests/istio && GOFLAGS=-buildvcs=false GOTOOLCHAIN=local go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds"
+  "Istio's discovery server and CA, istioctl (tests/istio)" "cd tests/istio && export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local && go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds && go build -o '$ZTUNNEL_TEST_ISTIOCTL' istio.io/istio/istioctl/cmd/istioctl"
 exe() {
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):

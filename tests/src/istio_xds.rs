@@ -14,8 +14,14 @@
 //! builds it beside the Rust build). Without Go, or without the module, tests fail
 //! saying so: nothing passes by skipping.
 //!
-//! Istio's CA is not run: workload certificates still come from the fake istiod's CA
-//! (`CA_ADDRESS`), so [`IstioXds::env`] combines the two.
+//! The same program serves Istio's CA ([`ISTIO_CA`], as istiod does beside its xDS):
+//! Istio's `IstioCertificateService` with an IstioCA signing with the test's root, Istio's
+//! Kubernetes JWT authenticator and its node authorizer (`CA_TRUSTED_NODE_ACCOUNTS`:
+//! `istio-system/ztunnel`). The one stand-in is the API server's TokenReview, answered
+//! from a table of tokens this harness writes ([`IstioXds::token`]): a token names a
+//! service account and, bound to a pod, the pod, as a projected service-account token
+//! does. Ztunnels authenticate as the pod `istio-system/ztunnel-node<n>`
+//! ([`ztunnel_pod_yaml`] in the cluster; [`IstioXds::ztunnel_env`]).
 
 use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
@@ -31,18 +37,24 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose,
 };
 
-use crate::fake_istiod::{FakeIstiod, ISTIOD_SAN};
+use crate::fake_istiod::ISTIOD_SAN;
 use crate::netsim::{Netns, Pod};
 
-/// Where tests run Istio's discovery server: node 1, beside the fake istiod (15012),
-/// which keeps serving the CA.
+/// Where tests run Istio's discovery server: node 1.
 pub const ISTIO_XDS: &str = "10.0.0.1:15010";
+/// Where the same program serves Istio's CA (istiod's port).
+pub const ISTIO_CA: &str = "10.0.0.1:15012";
+/// The node agents' service account, the one `CA_TRUSTED_NODE_ACCOUNTS` trusts (as in
+/// Istio's charts).
+pub const ZTUNNEL_SA: &str = "istio-system/ztunnel";
 
 /// How long Istio's server may take to start (its informers sync, a first push).
 const START: Duration = Duration::from_secs(60);
 
 /// The built program, or why it could not be built.
 static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+/// `istioctl`, built from the same module, or why it could not be.
+static ISTIOCTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
 
 /// The Go module's directory (`tests/istio`).
 pub fn module_dir() -> PathBuf {
@@ -52,7 +64,10 @@ pub fn module_dir() -> PathBuf {
 /// The `istio-xds` program, built on first use into the target directory the test
 /// binary runs from (`target/<profile>/istio-xds`).
 pub fn binary() -> Result<&'static Path> {
-    match BINARY.get_or_init(|| build().map_err(|e| format!("{e:#}"))) {
+    match BINARY.get_or_init(|| {
+        build("ZTUNNEL_TEST_ISTIO_XDS", "istio-xds", "./cmd/istio-xds")
+            .map_err(|e| format!("{e:#}"))
+    }) {
         Ok(p) => Ok(p.as_path()),
         Err(e) => {
             bail!("Istio's discovery server (tests/istio, a Go program) could not be built: {e}")
@@ -74,16 +89,52 @@ fn go_command() -> String {
     "go".into()
 }
 
-fn build() -> Result<PathBuf> {
+/// Istio's `istioctl` from the same module (the go.mod's `tool` line pins it with
+/// Istio), built on first use like [`binary`], or taken from `ZTUNNEL_TEST_ISTIOCTL`.
+pub fn istioctl_binary() -> Result<&'static Path> {
+    match ISTIOCTL.get_or_init(|| {
+        build(
+            "ZTUNNEL_TEST_ISTIOCTL",
+            "istioctl",
+            "istio.io/istio/istioctl/cmd/istioctl",
+        )
+        .map_err(|e| format!("{e:#}"))
+    }) {
+        Ok(p) => Ok(p.as_path()),
+        Err(e) => bail!("istioctl (Istio's module, tests/istio) could not be built: {e}"),
+    }
+}
+
+/// Runs `istioctl args` (no cluster: `-f` dump files only); its standard output, or an
+/// error with its standard error when it fails.
+pub fn istioctl(args: &[&str]) -> Result<String> {
+    let bin = istioctl_binary()?;
+    let out = Command::new(bin)
+        .args(args)
+        // No cluster to find: a kubeconfig that does not exist, a home of its own.
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    if !out.status.success() {
+        bail!(
+            "istioctl {args:?} failed ({}):\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// `package` of the Go module built to `<target>/<profile>/<name>`, unless `var` names
+/// a ready-built one.
+fn build(var: &str, name: &str, package: &str) -> Result<PathBuf> {
     // Built already (scripts/test.sh builds it beside the Rust build, not in the middle
     // of timing-sensitive tests): used as is.
-    if let Some(p) = std::env::var_os("ZTUNNEL_TEST_ISTIO_XDS") {
+    if let Some(p) = std::env::var_os(var) {
         let p = PathBuf::from(p);
         if !p.is_file() {
-            bail!(
-                "ZTUNNEL_TEST_ISTIO_XDS names {}, which is not a file",
-                p.display()
-            );
+            bail!("{var} names {}, which is not a file", p.display());
         }
         return Ok(p);
     }
@@ -94,7 +145,7 @@ fn build() -> Result<PathBuf> {
     } else {
         dir
     };
-    let out = dir.join("istio-xds");
+    let out = dir.join(name);
     let go = go_command();
     let started = Instant::now();
     let res = Command::new(&go)
@@ -105,12 +156,12 @@ fn build() -> Result<PathBuf> {
         .env("GOTOOLCHAIN", "local")
         .args(["build", "-o"])
         .arg(&out)
-        .arg("./cmd/istio-xds")
+        .arg(package)
         .output()
         .with_context(|| format!("running `{go} build` (is Go installed and on PATH? the e2e tests against Istio need Go 1.26)"))?;
     if !res.status.success() {
         bail!(
-            "`go build ./cmd/istio-xds` in {} failed:\n{}",
+            "`go build {package}` in {} failed:\n{}",
             module_dir().display(),
             String::from_utf8_lossy(&res.stderr)
         );
@@ -123,9 +174,10 @@ fn build() -> Result<PathBuf> {
     Ok(out)
 }
 
-/// The server certificate for `istiod.istio-system.svc` and its own root, written to
-/// files: (root, certificate, key).
-fn server_pki(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
+/// The mesh root (Istio's CA signs workload certificates with it) and the server
+/// certificate for `istiod.istio-system.svc` it signs, written to files: (root, root
+/// key, certificate, key).
+fn server_pki(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf, PathBuf)> {
     let root_key = KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)?;
     let mut root_params = CertificateParams::default();
     root_params.distinguished_name = DistinguishedName::new();
@@ -142,12 +194,14 @@ fn server_pki(dir: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
     let cert = sp.signed_by(&key, &issuer)?;
     let paths = (
         dir.join("istio-xds-root.pem"),
+        dir.join("istio-xds-root-key.pem"),
         dir.join("istio-xds-cert.pem"),
         dir.join("istio-xds-key.pem"),
     );
     std::fs::write(&paths.0, root.pem())?;
-    std::fs::write(&paths.1, cert.pem())?;
-    std::fs::write(&paths.2, key.serialize_pem())?;
+    std::fs::write(&paths.1, root_key.serialize_pem())?;
+    std::fs::write(&paths.2, cert.pem())?;
+    std::fs::write(&paths.3, key.serialize_pem())?;
     Ok(paths)
 }
 
@@ -156,8 +210,13 @@ pub struct IstioXds {
     child: Mutex<std::process::Child>,
     stdin: Mutex<std::process::ChildStdin>,
     pub addr: SocketAddr,
-    /// The root its serving certificate chains to (ztunnel's XDS_ROOT_CA).
+    /// Where Istio's CA is served.
+    pub ca_addr: SocketAddr,
+    /// The mesh root: its serving certificate chains to it (ztunnel's XDS_ROOT_CA and
+    /// CA_ROOT_CA) and Istio's CA signs with it.
     pub root_path: PathBuf,
+    /// The token table the fake cluster's TokenReviews answer from.
+    tokens: PathBuf,
     /// Its output (Istio's log, and the answers to changes).
     pub log: PathBuf,
     dir: PathBuf,
@@ -196,7 +255,10 @@ impl IstioXds {
             }
             None => Vec::new(),
         };
-        let (root_path, cert, key) = server_pki(dir)?;
+        let (root_path, root_key, cert, key) = server_pki(dir)?;
+        let tokens = dir.join("istio-tokens.txt");
+        std::fs::write(&tokens, "")?;
+        let ca_addr: SocketAddr = ISTIO_CA.parse()?;
         let objects_path = dir.join("istio-objects.yaml");
         std::fs::write(&objects_path, objects)?;
         let log = dir.join("istio-xds.log");
@@ -213,8 +275,19 @@ impl IstioXds {
             .arg("--key")
             .arg(&key)
             .args(&mesh_args)
+            .arg("--ca-listen")
+            .arg(ca_addr.to_string())
+            .arg("--ca-cert")
+            .arg(&root_path)
+            .arg("--ca-key")
+            .arg(&root_key)
+            .arg("--tokens")
+            .arg(&tokens)
             // Istio derives its ambient flags from this when its packages load.
             .env("PILOT_ENABLE_AMBIENT", "true")
+            // Node agents allowed to ask for their pods' identities (Istio's chart sets
+            // this for the ztunnel service account).
+            .env("CA_TRUSTED_NODE_ACCOUNTS", ZTUNNEL_SA)
             .stdin(Stdio::piped())
             .stdout(f.try_clone()?)
             .stderr(f)
@@ -225,12 +298,15 @@ impl IstioXds {
             child: Mutex::new(child),
             stdin: Mutex::new(stdin),
             addr,
+            ca_addr,
             root_path,
+            tokens,
             log,
             dir: dir.to_path_buf(),
             changes: AtomicUsize::new(0),
         };
         x.wait_log_line(&format!("listening on {addr}"), START)?;
+        x.wait_log_line(&format!("CA listening on {ca_addr}"), START)?;
         Ok(x)
     }
 
@@ -306,25 +382,74 @@ impl IstioXds {
         self.change("delete", yaml)
     }
 
+    /// A bearer token for service account `sa` of namespace `ns`, bound to pod `pod`
+    /// if given (the pod's name and uid then come with the review, as for a projected
+    /// token), written to a file of the test directory; returns the file.
+    pub fn token(&self, ns: &str, sa: &str, pod: Option<&str>) -> Result<PathBuf> {
+        let name = format!("{ns}-{sa}-{}", pod.unwrap_or("unbound"));
+        let token = format!("istio-token-{name}");
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&self.tokens)
+            .context("the token table")?;
+        writeln!(f, "{token} {ns}/{sa} {}", pod.unwrap_or(""))?;
+        let path = self.dir.join(format!("token-{name}"));
+        std::fs::write(&path, token)?;
+        Ok(path)
+    }
+
+    /// Environment for a proxy taking certificates from Istio's CA with the token in
+    /// file `token`: the CA's address, its root (the mesh root), cluster id Kubernetes.
+    pub fn ca_env(&self, token: &Path) -> Vec<(String, String)> {
+        let root = self.root_path.display().to_string();
+        vec![
+            ("CA_ADDRESS".into(), format!("https://{}", self.ca_addr)),
+            ("ALT_CA_HOSTNAME".into(), ISTIOD_SAN.into()),
+            ("CA_ROOT_CA".into(), root),
+            ("ISTIO_TOKEN_PATH".into(), token.display().to_string()),
+            ("ISTIO_META_CLUSTER_ID".into(), "Kubernetes".into()),
+        ]
+    }
+
     /// Environment for a ztunnel: xDS from this server (verified against its root as
-    /// `istiod.istio-system.svc`), certificates from `ca`'s CA, `token` as the
+    /// `istiod.istio-system.svc`) and certificates from its CA, `token` as the
     /// service-account token, cluster id Kubernetes.
-    pub fn env(&self, ca: &FakeIstiod, token: &Path) -> Vec<(String, String)> {
-        let mut env: Vec<(String, String)> = ca
-            .env(token)
-            .into_iter()
-            .filter(|(k, _)| {
-                !matches!(
-                    k.as_str(),
-                    "XDS_ADDRESS" | "XDS_ROOT_CA" | "ALT_XDS_HOSTNAME"
-                )
-            })
-            .collect();
+    pub fn env(&self, token: &Path) -> Vec<(String, String)> {
+        let mut env = self.ca_env(token);
         env.push(("XDS_ADDRESS".into(), format!("https://{}", self.addr)));
         env.push(("ALT_XDS_HOSTNAME".into(), ISTIOD_SAN.into()));
         env.push(("XDS_ROOT_CA".into(), self.root_path.display().to_string()));
         env
     }
+
+    /// Node `n`'s ztunnel as Istio deploys it: pod `ztunnel-node<n>` of istio-system
+    /// ([`ztunnel_pod_yaml`]), service account ztunnel, with a token bound to that pod.
+    pub fn ztunnel_env(&self, n: usize) -> Result<Vec<(String, String)>> {
+        let (ns, sa) = ZTUNNEL_SA.split_once('/').context("ZTUNNEL_SA")?;
+        let pod = format!("ztunnel-node{n}");
+        let token = self.token(ns, sa, Some(&pod))?;
+        let mut env = self.env(&token);
+        env.push(("POD_NAME".into(), pod));
+        env.push(("POD_NAMESPACE".into(), ns.into()));
+        env.push(("SERVICE_ACCOUNT".into(), sa.into()));
+        Ok(env)
+    }
+}
+
+/// Namespace istio-system (not in ambient).
+pub fn istio_system_yaml() -> String {
+    "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n".into()
+}
+
+/// Node `n`'s ztunnel pod (istio-system/ztunnel-node<n>, service account ztunnel, uid
+/// `ztunnel-node<n>-uid`), as the node authorizer looks it up. It has no IP in the
+/// cluster (ours run in the node's netns, not as host-network pods istiod would list).
+pub fn ztunnel_pod_yaml(n: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ztunnel-node{n}\n  namespace: istio-system\n  uid: ztunnel-node{n}-uid\n  labels: {{app: ztunnel}}\n\
+         spec:\n  nodeName: node{n}\n  serviceAccountName: ztunnel\n  containers: [{{name: istio-proxy, image: ztunnel}}]\n\
+         status:\n  phase: Running\n"
+    )
 }
 
 /// istiod's uid for pod `name` of namespace `ns` in cluster Kubernetes.

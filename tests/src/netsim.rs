@@ -132,13 +132,39 @@ impl Child {
             .unwrap_or_else(|e| format!("<cannot read {}: {e}>", self.log.display()))
     }
 
+    /// Waits for `needle` in the log; fails at once, with the log, if the process exits
+    /// before writing it (a start that failed need not wait out the timeout).
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Result<()> {
         wait_for(
             &format!("{needle:?} in {}", self.log.display()),
             timeout,
-            || self.log_text().contains(needle),
+            || self.log_text().contains(needle) || self.exited(),
         )
-        .with_context(|| format!("log:\n{}", self.log_text()))
+        .with_context(|| format!("log:\n{}", self.log_text()))?;
+        // Read again after the exit was seen: its last lines are written by then.
+        if !self.log_text().contains(needle) {
+            anyhow::bail!(
+                "the process exited before {needle:?} in {}; log:\n{}",
+                self.log.display(),
+                self.log_text()
+            );
+        }
+        Ok(())
+    }
+
+    /// Whether the process has exited (a zombie not yet reaped, or gone), from /proc:
+    /// the state after the command name in `/proc/<pid>/stat`.
+    pub fn exited(&self) -> bool {
+        let Some(pid) = self.pid() else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state == "Z" || state == "X"),
+            Err(_) => true,
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -1277,6 +1303,17 @@ impl Mesh {
         node_args: &[Vec<String>],
         env: &[(String, String)],
     ) -> Result<Mesh> {
+        Mesh::start_with_istiod_per_node(topo, node_args, env, &[])
+    }
+
+    /// As `start_with_istiod`, with `node_env[n - 1]` added to node n's environment after
+    /// `env` (each node agent's own token, say).
+    pub fn start_with_istiod_per_node(
+        topo: Topology,
+        node_args: &[Vec<String>],
+        env: &[(String, String)],
+        node_env: &[Vec<(String, String)>],
+    ) -> Result<Mesh> {
         let mut commands = Vec::new();
         for n in 1..=topo.nodes.len() {
             let mut args = vec!["--node-name".to_string(), format!("node{n}")];
@@ -1289,6 +1326,7 @@ impl Mesh {
                 ("INSTANCE_IP".into(), node_ip(n).to_string()),
             ];
             full_env.extend(env.iter().cloned());
+            full_env.extend(node_env.get(n - 1).into_iter().flatten().cloned());
             commands.push((args, full_env));
         }
         let mut mesh = Mesh {

@@ -227,8 +227,15 @@ async fn local_setup(
             }
         }),
     };
+    // With the Istio CA, this waypoint asks for its own identity, its workload's, not
+    // the environment's (POD_NAMESPACE, SERVICE_ACCOUNT): any other would go as an
+    // impersonation, which Istio's CA allows node agents only.
+    let mut istiod = args.istiod.clone();
+    istiod.trust_domain = me.trust_domain.clone();
+    istiod.pod_namespace = me.namespace.clone();
+    istiod.service_account = me.service_account.clone();
     let certs = cert_manager(
-        &args.istiod,
+        &istiod,
         ttl,
         BuiltinCa::Shared {
             state_dir: &args.state_dir,

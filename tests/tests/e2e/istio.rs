@@ -1,16 +1,18 @@
 //! Our ztunnel under Istio's own control plane: istiod's discovery server with its
 //! ambient index (tests/src/istio_xds.rs, a Go program on Istio's module) turns
 //! Kubernetes objects (Pods, Services, a Gateway, AuthorizationPolicies) into the
-//! workloads, services and policies our ztunnels receive. The fake istiod
-//! (tests/src/fake_istiod.rs) serves only the CA here. What this catches that the xds
-//! suite cannot: resources istiod really sends (and how: uids, TCP waypoints, hostname
-//! waypoint addresses, policy names) that our own fake never would.
+//! workloads, services and policies our ztunnels receive, and the same program serves
+//! Istio's CA, from which the ztunnels (each as its node's ztunnel pod, impersonating
+//! the pods of its node) and the waypoint get their certificates. What this catches that
+//! the xds suite cannot: resources istiod really sends (and how: uids, TCP waypoints,
+//! hostname waypoint addresses, policy names) that our own fake never would, and what
+//! Istio's CA and its node authorizer accept and refuse.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use mesh_tests::fake_istiod::{http_get, FakeIstiod, ISTIOD, TOKEN};
+use mesh_tests::fake_istiod::http_get;
 use mesh_tests::istio_xds::*;
 use mesh_tests::netsim::*;
 use mesh_tests::{bins, http_app};
@@ -18,6 +20,7 @@ use mesh_tests::{bins, http_app};
 const SLEEP_ID: &str = "spiffe://cluster.local/ns/default/sa/sleep";
 const ECHO_ID: &str = "spiffe://cluster.local/ns/default/sa/echo";
 const WAYPOINT_ID: &str = "spiffe://cluster.local/ns/default/sa/waypoint";
+const ZTUNNEL_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/ztunnel";
 const ECHO_VIP: &str = "10.96.0.10";
 /// Pods in the mesh carry this (istio-cni sets it once it captured the pod): istiod
 /// then describes them as HBONE workloads.
@@ -25,17 +28,16 @@ const CAPTURED: (&str, &str) = ("ambient.istio.io/redirection", "enabled");
 
 /// A topology whose ztunnels take their state from Istio's discovery server.
 struct IstioMesh {
-    // Dropped in this order: Istio's server, then the CA, then the ztunnels and the
-    // topology (whose netns the two servers run in).
+    // Dropped in this order: Istio's server, then the ztunnels and the topology (whose
+    // netns the server runs in).
     istio: IstioXds,
-    ca: FakeIstiod,
     mesh: Mesh,
 }
 
 impl IstioMesh {
-    /// Builds the topology, starts Istio's discovery server on node 1 with the objects
-    /// `objects` makes for it, the fake istiod's CA beside it, and a ztunnel per node
-    /// with `enrolled` pods enrolled at start (by istiod's pod uid).
+    /// Builds the topology, starts Istio's discovery server and CA on node 1 with the
+    /// objects `objects` makes for it (and istio-system's ztunnel pods), and a ztunnel
+    /// per node with `enrolled` pods enrolled at start (by istiod's pod uid).
     fn start(
         tag: &str,
         pods_per_node: &[usize],
@@ -56,17 +58,18 @@ impl IstioMesh {
     ) -> Result<IstioMesh> {
         // IPv4 whatever ZTUNNEL_TEST_IP_FAMILY says: the servers' addresses and the VIPs are.
         let topo = Topology::build_family(&prefix(tag), pods_per_node, IpFamily::V4)?;
-        let token = topo.dir.join("istio-token");
-        std::fs::write(&token, TOKEN)?;
-        let ca = FakeIstiod::start(topo.node(1), ISTIOD.parse()?, &topo.dir)?;
-        let istio = IstioXds::start_with_mesh(
-            topo.node(1),
-            ISTIO_XDS.parse()?,
-            &topo.dir,
-            &objects(&topo),
-            mesh,
-        )?;
-        let env = istio.env(&ca, &token);
+        let mut all = objects(&topo);
+        all.push_str("---\n");
+        all.push_str(&docs(
+            &std::iter::once(istio_system_yaml())
+                .chain((1..=topo.nodes.len()).map(ztunnel_pod_yaml))
+                .collect::<Vec<_>>(),
+        ));
+        let istio =
+            IstioXds::start_with_mesh(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &all, mesh)?;
+        let node_env = (1..=topo.nodes.len())
+            .map(|n| istio.ztunnel_env(n))
+            .collect::<Result<Vec<_>>>()?;
         let node_args: Vec<Vec<String>> = (1..=topo.nodes.len())
             .map(|n| {
                 enrolled
@@ -83,9 +86,9 @@ impl IstioMesh {
                     .collect()
             })
             .collect();
-        let mesh = Mesh::start_with_istiod(topo, &node_args, &env)
+        let mesh = Mesh::start_with_istiod_per_node(topo, &node_args, &[], &node_env)
             .with_context(|| format!("istio-xds log:\n{}", istio.log_text()))?;
-        Ok(IstioMesh { istio, ca, mesh })
+        Ok(IstioMesh { istio, mesh })
     }
 
     /// Fails naming the resources if a ztunnel NACKed anything istiod sent.
@@ -119,6 +122,47 @@ fn echo_service(extra_labels: &str) -> String {
         "apiVersion: v1\nkind: Service\nmetadata:\n  name: echo\n  namespace: default\n  labels: {{{extra_labels}}}\n\
          spec:\n  clusterIP: {ECHO_VIP}\n  selector: {{app: echo}}\n  ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]\n"
     )
+}
+
+/// Istio's waypoint `waypoint` for namespace default: the GatewayClass, the Gateway as
+/// the gateway controller leaves it, the pod n1p2 from Istio's waypoint template (not
+/// captured, so istiod describes it as a TCP workload) and its Service.
+fn waypoint_objects(t: &Topology) -> Vec<String> {
+    vec![
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: istio-waypoint}\n\
+         spec: {controllerName: istio.io/mesh-controller}\n"
+            .into(),
+        // As the gateway controller leaves it once the deployment is ready: its address
+        // is the Service's hostname.
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: waypoint, namespace: default}\n\
+         spec:\n  gatewayClassName: istio-waypoint\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
+         status:\n  addresses: [{type: Hostname, value: waypoint.default.svc.cluster.local}]\n"
+            .into(),
+        // Istio's waypoint template (manifests/.../files/waypoint.yaml): the pod's labels,
+        // the Service's ports (status-port 15021/tcp, the listener mesh 15008/hbone).
+        pod_yaml(
+            t.pod("n1p2"),
+            "default",
+            "waypoint",
+            &[
+                ("gateway.networking.k8s.io/gateway-name", "waypoint"),
+                (
+                    "gateway.networking.k8s.io/gateway-class-name",
+                    "istio-waypoint",
+                ),
+                ("istio.io/dataplane-mode", "none"),
+                ("sidecar.istio.io/inject", "false"),
+                ("service.istio.io/canonical-name", "waypoint"),
+                ("service.istio.io/canonical-revision", "latest"),
+            ],
+            &[],
+        ),
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: default\n\
+         \x20 labels: {gateway.networking.k8s.io/gateway-name: waypoint, gateway.networking.k8s.io/gateway-class-name: istio-waypoint}\n\
+         spec:\n  clusterIP: 10.96.0.15\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n\
+         \x20 ports:\n  - {name: status-port, port: 15021, protocol: TCP, appProtocol: tcp}\n  - {name: mesh, port: 15008, protocol: TCP, appProtocol: hbone}\n"
+            .into(),
+    ]
 }
 
 /// Connects from `from` to `to` and reads the echo server's greeting; None when the
@@ -291,45 +335,7 @@ async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<(
             &[CAPTURED],
         ));
         o.push(echo_service("istio.io/use-waypoint: waypoint"));
-        o.push(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: istio-waypoint}\n\
-             spec: {controllerName: istio.io/mesh-controller}\n"
-                .into(),
-        );
-        // As the gateway controller leaves it once the deployment is ready: its address
-        // is the Service's hostname.
-        o.push(
-            "apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {name: waypoint, namespace: default}\n\
-             spec:\n  gatewayClassName: istio-waypoint\n  listeners: [{name: mesh, port: 15008, protocol: HBONE}]\n\
-             status:\n  addresses: [{type: Hostname, value: waypoint.default.svc.cluster.local}]\n"
-                .into(),
-        );
-        // Istio's waypoint template (manifests/.../files/waypoint.yaml): the pod's labels,
-        // the Service's ports (status-port 15021/tcp, the listener mesh 15008/hbone).
-        o.push(pod_yaml(
-            t.pod("n1p2"),
-            "default",
-            "waypoint",
-            &[
-                ("gateway.networking.k8s.io/gateway-name", "waypoint"),
-                (
-                    "gateway.networking.k8s.io/gateway-class-name",
-                    "istio-waypoint",
-                ),
-                ("istio.io/dataplane-mode", "none"),
-                ("sidecar.istio.io/inject", "false"),
-                ("service.istio.io/canonical-name", "waypoint"),
-                ("service.istio.io/canonical-revision", "latest"),
-            ],
-            &[],
-        ));
-        o.push(
-            "apiVersion: v1\nkind: Service\nmetadata:\n  name: waypoint\n  namespace: default\n\
-             \x20 labels: {gateway.networking.k8s.io/gateway-name: waypoint, gateway.networking.k8s.io/gateway-class-name: istio-waypoint}\n\
-             spec:\n  clusterIP: 10.96.0.15\n  selector: {gateway.networking.k8s.io/gateway-name: waypoint}\n\
-             \x20 ports:\n  - {name: status-port, port: 15021, protocol: TCP, appProtocol: tcp}\n  - {name: mesh, port: 15008, protocol: TCP, appProtocol: hbone}\n"
-                .into(),
-        );
+        o.extend(waypoint_objects(t));
         docs(&o)
     })?;
     let t = &m.mesh.topo;
@@ -358,8 +364,9 @@ async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<(
         "{echo}"
     );
 
-    // Our waypoint in the waypoint pod: certificates from the same CA as the ztunnels,
-    // its L7 config (routes, policy) from a local file.
+    // Our waypoint in the waypoint pod: certificates from Istio's CA as the ztunnels'
+    // (its own identity, with its own token: no impersonation), its L7 config (routes,
+    // policy) from a local file.
     let cfg = format!(
         "workloads:\n{}{}{}services:\n\
          - {{name: echo, namespace: default, hostname: echo.default.svc.cluster.local, vips: [\"/{ECHO_VIP}\"], ports: {{80: 8080}}, waypoint: {{destination: \"/{}\"}}}}\n\
@@ -372,13 +379,8 @@ async fn istios_waypoint_as_istiod_describes_it_serves_its_service() -> Result<(
     );
     let cfg_path = t.dir.join("waypoint.yaml");
     std::fs::write(&cfg_path, cfg)?;
-    let token = t.dir.join("istio-token");
-    let ca_env: Vec<(String, String)> = m
-        .istio
-        .env(&m.ca, &token)
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with("XDS_") && k != "ALT_XDS_HOSTNAME")
-        .collect();
+    let token = m.istio.token("default", "waypoint", Some("n1p2"))?;
+    let ca_env = m.istio.ca_env(&token);
     let mut env: Vec<(&str, &str)> = ca_env
         .iter()
         .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -772,5 +774,433 @@ async fn service_entry_visibility_and_canonical_from_istiod() -> Result<()> {
         "another namespace reached a NAMESPACE-visible service:\n{}",
         m.mesh.logs()
     );
+    m.no_nacks()
+}
+
+/// Node1's ztunnel, with the token `token` makes (from Istio's token table), started
+/// with a local state claiming that both sleep's pod (n1p1) and echo's pod (n1p2) run on
+/// node1, while the cluster has echo's on node2, and asked to enroll both. Returns the
+/// start's error (with the ztunnel's log) and Istio's log; fails if the ztunnel started.
+async fn start_refused(
+    tag: &str,
+    token: impl FnOnce(&IstioXds) -> Result<std::path::PathBuf>,
+) -> Result<(String, String)> {
+    let topo = Topology::build_family(&prefix(tag), &[2], IpFamily::V4)?;
+    let mut o = base_objects();
+    o.push(pod_yaml(
+        topo.pod("n1p1"),
+        "default",
+        "sleep",
+        &[("app", "sleep")],
+        &[CAPTURED],
+    ));
+    let on_node2 = pod_yaml(
+        topo.pod("n1p2"),
+        "default",
+        "echo",
+        &[("app", "echo")],
+        &[CAPTURED],
+    )
+    .replace("nodeName: node1", "nodeName: node2");
+    anyhow::ensure!(on_node2.contains("nodeName: node2"), "{on_node2}");
+    o.push(on_node2);
+    o.push(istio_system_yaml());
+    o.push(ztunnel_pod_yaml(1));
+    o.push(ztunnel_pod_yaml(2));
+    let istio = IstioXds::start(topo.node(1), ISTIO_XDS.parse()?, &topo.dir, &docs(&o))?;
+    let config = format!(
+        "workloads:\n{}{}",
+        workload(&topo, "n1p1", "sleep", ""),
+        workload(&topo, "n1p2", "echo", "")
+    );
+    let env = istio.ca_env(&token(&istio)?);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    // Istio's log lives in the topology's directory, which a failed start removes: read
+    // it through a handle opened before.
+    let mut istio_log = std::fs::File::open(&istio.log)?;
+    let mut read_log = move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut istio_log, &mut text).map(|_| text)
+    };
+    match Mesh::start(
+        topo,
+        &config,
+        &["n1p1", "n1p2"],
+        &std::collections::HashMap::new(),
+        &env,
+    ) {
+        Ok(m) => anyhow::bail!(
+            "the ztunnel started, both pods enrolled:\n{}\nistio-xds:\n{}",
+            m.logs(),
+            istio.log_text()
+        ),
+        Err(e) => Ok((format!("{e:#}"), read_log()?)),
+    }
+}
+
+/// Istio's CA with its node authorizer (`CA_TRUSTED_NODE_ACCOUNTS`) refuses a node agent
+/// that asks for an identity no pod of its node runs as. Node1's ztunnel, authenticated
+/// as node1's ztunnel pod, believes echo's pod is on node1 (the cluster has it on
+/// node2): it gets sleep's certificate (its pod is on node1) and enrolls it, and is
+/// refused echo's, Istio logging why ("no instances of default/echo found on node
+/// node1"); our ztunnel then fails the enrollment, naming the CA's answer. With the
+/// token of a workload (sleep's pod, not a trusted node account) instead, even sleep's
+/// own identity is refused as an impersonation ("not allowed to impersonate"); with a
+/// token the cluster does not know, the caller is not authenticated at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istios_ca_refuses_identities_not_on_the_node() -> Result<()> {
+    let refusal = "request impersonation authentication failure (Unauthenticated)";
+    let (err, istio_log) = start_refused("if", |i| {
+        i.token("istio-system", "ztunnel", Some("ztunnel-node1"))
+    })
+    .await?;
+    assert!(
+        err.contains(&format!("pod enrolled\tuid=n1p1 identity={SLEEP_ID}")),
+        "sleep's pod was not enrolled:\n{err}"
+    );
+    assert!(
+        err.contains(&format!(
+            "the Istio CA gave no usable certificate for {ECHO_ID}: {refusal}"
+        )),
+        "{err}"
+    );
+    assert!(
+        istio_log.contains(&format!("impersonation failed for identity {ECHO_ID}, error: no instances of \"default/echo\" found on node \"node1\"")),
+        "{istio_log}"
+    );
+    assert!(
+        !istio_log.contains(&format!("impersonation failed for identity {SLEEP_ID}")),
+        "{istio_log}"
+    );
+
+    let (err, istio_log) =
+        start_refused("ih", |i| i.token("default", "sleep", Some("n1p1"))).await?;
+    assert!(
+        err.contains(&format!(
+            "the Istio CA gave no usable certificate for {SLEEP_ID}: {refusal}"
+        )),
+        "{err}"
+    );
+    assert!(
+        istio_log.lines().any(|l| l.contains(&format!(
+            "impersonation failed for identity {SLEEP_ID}, error: caller"
+        )) && l.contains("is not allowed to impersonate")),
+        "{istio_log}"
+    );
+
+    // A token the cluster does not know: Istio's authenticator refuses the caller.
+    let (err, istio_log) = start_refused("ii", |i| {
+        let p = i.root_path.with_file_name("unknown-token");
+        std::fs::write(&p, "istio-token-of-nobody")?;
+        Ok(p)
+    })
+    .await?;
+    assert!(
+        err.contains(&format!(
+            "the Istio CA gave no usable certificate for {SLEEP_ID}: request authenticate failure (Unauthenticated)"
+        )),
+        "{err}"
+    );
+    assert!(
+        istio_log
+            .lines()
+            .any(|l| l.contains("Failed to authenticate client")
+                && l.contains("the token is not authenticated")),
+        "{istio_log}"
+    );
+    Ok(())
+}
+
+/// The first certificate in `pem`, DER.
+fn first_der(pem: &str) -> Result<Vec<u8>> {
+    use rustls_pki_types::pem::PemObject;
+    let der = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .next()
+        .context("no certificate")?
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(der.as_ref().to_vec())
+}
+
+/// The rows of an `istioctl` table (header dropped), each split at whitespace.
+fn rows(table: &str) -> Vec<Vec<String>> {
+    table
+        .lines()
+        .skip(1)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+/// Whether `v` is what Go's encoder writes for a zero value (istioctl re-encodes the
+/// dump through its structs: a field we leave out comes back as its zero value).
+fn go_zero(v: &serde_json::Value) -> bool {
+    match v {
+        serde_json::Value::Null => true,
+        serde_json::Value::Bool(b) => !b,
+        serde_json::Value::Number(n) => n.as_f64() == Some(0.0),
+        serde_json::Value::String(s) => s.is_empty(),
+        serde_json::Value::Array(a) => a.is_empty(),
+        serde_json::Value::Object(o) => o.values().all(go_zero),
+    }
+}
+
+/// Every field istioctl read from `ours` (its `-o json` value `theirs`) has our value, at
+/// every depth: a field it does not know by our name would come back zero while ours is
+/// not (and one of the wrong type fails its whole parse).
+fn same_fields(what: &str, ours: &serde_json::Value, theirs: &serde_json::Value) {
+    use serde_json::Value;
+    match theirs {
+        v if go_zero(v) => assert!(go_zero(ours), "{what}: istioctl read {v}, ours is {ours}"),
+        Value::Object(o) => {
+            for (k, v) in o {
+                same_fields(
+                    &format!("{what}.{k}"),
+                    ours.get(k).unwrap_or(&Value::Null),
+                    v,
+                );
+            }
+        }
+        Value::Array(a) => {
+            let mine = ours.as_array().cloned().unwrap_or_default();
+            assert_eq!(
+                mine.len(),
+                a.len(),
+                "{what}: ours {ours}, istioctl's {theirs}"
+            );
+            for (n, (m, t)) in mine.iter().zip(a).enumerate() {
+                same_fields(&format!("{what}[{n}]"), m, t);
+            }
+        }
+        v => assert_eq!(ours, v, "{what}"),
+    }
+}
+
+/// `istioctl ztunnel-config` (Istio's own, from the pinned module) reads our ztunnel's
+/// `/config_dump` as it reads Istio's ztunnel's: the workload, service, policy,
+/// certificate and connection tables show the mesh istiod described (pods with their
+/// node, protocol and waypoint, services with their VIP, waypoint and healthy
+/// endpoints, an ALLOW and a DENY with their scope, the certificates Istio's CA issued,
+/// a live connection from both ends), `all` shows every table, and `-o json` gives back
+/// every field we dump under Istio's names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn istioctl_reads_our_config_dump() -> Result<()> {
+    let m = IstioMesh::start("ig", &[2, 1], &["n1p1", "n2p1"], |t| {
+        let mut o = base_objects();
+        o.push(pod_yaml(
+            t.pod("n1p1"),
+            "default",
+            "sleep",
+            &[("app", "sleep")],
+            &[CAPTURED],
+        ));
+        o.push(pod_yaml(
+            t.pod("n2p1"),
+            "default",
+            "echo",
+            &[("app", "echo")],
+            &[CAPTURED],
+        ));
+        o.push(echo_service("istio.io/use-waypoint: waypoint"));
+        o.extend(waypoint_objects(t));
+        o.push(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: allow-sleep, namespace: default}\n\
+             spec:\n  selector: {matchLabels: {app: echo}}\n  action: ALLOW\n  rules:\n  - from: [{source: {principals: [\"cluster.local/ns/default/sa/sleep\"]}}]\n"
+                .into(),
+        );
+        o.push(
+            "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-intruder, namespace: default}\n\
+             spec:\n  action: DENY\n  rules:\n  - from: [{source: {principals: [\"cluster.local/ns/default/sa/intruder\"]}}]\n"
+                .into(),
+        );
+        docs(&o)
+    })?;
+    let t = &m.mesh.topo;
+    let (client, server, wp) = (t.pod("n1p1"), t.pod("n2p1"), t.pod("n1p2"));
+    let _echo = EchoServer::start(&server.netns, 8080, Some("n2p1"))?;
+    // A connection held open while the dumps are taken (to the pod: echo's service
+    // would go through its waypoint, which this test does not run).
+    let mut conn = client
+        .netns
+        .connect(SocketAddr::new(server.ip, 8080))
+        .await?;
+    let who = tokio::time::timeout(Duration::from_secs(5), read_line(&mut conn))
+        .await
+        .context("no greeting")?
+        .with_context(|| m.mesh.logs())?;
+    assert_eq!(who, "n2p1");
+    let up = |d: &serde_json::Value, uid: &str, dir: &str| {
+        d["workloadState"][uid]["connections"][dir]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    };
+    let policies = |d: &serde_json::Value| {
+        policy_in(d, "allow-sleep").is_some() && policy_in(d, "deny-intruder").is_some()
+    };
+    let sleep_uid = pod_uid("default", "n1p1");
+    let echo_uid = pod_uid("default", "n2p1");
+    let d1 = dump_when(&m, 1, "the outbound connection", |d| {
+        up(d, &sleep_uid, "outbound") && policies(d)
+    })
+    .await?;
+    let d2 = dump_when(&m, 2, "the inbound connection", |d| {
+        up(d, &echo_uid, "inbound") && policies(d)
+    })
+    .await?;
+    let f1 = t.dir.join("dump-node1.json");
+    let f2 = t.dir.join("dump-node2.json");
+    std::fs::write(&f1, serde_json::to_string_pretty(&d1)?)?;
+    std::fs::write(&f2, serde_json::to_string_pretty(&d2)?)?;
+    let (f1, f2) = (f1.display().to_string(), f2.display().to_string());
+    let ctl = |cmd: &str, file: &str| istioctl(&["ztunnel-config", cmd, "-f", file]);
+
+    // Workloads: every pod with its address, node, waypoint and protocol.
+    let w = ctl("workload", &f1)?;
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let (ip1, ip2, ipw) = (
+        client.ip.to_string(),
+        server.ip.to_string(),
+        wp.ip.to_string(),
+    );
+    assert_eq!(
+        rows(&w),
+        vec![
+            s(&["default", "n1p1", &ip1, "node1", "None", "HBONE"]),
+            s(&["default", "n1p2", &ipw, "node1", "None", "TCP"]),
+            s(&["default", "n2p1", &ip2, "node2", "None", "HBONE"]),
+        ],
+        "{w}"
+    );
+    // Services: VIP, waypoint by name, healthy endpoints of all.
+    let sv = ctl("service", &f1)?;
+    assert_eq!(
+        rows(&sv),
+        vec![
+            s(&["default", "echo", ECHO_VIP, "waypoint", "1/1"]),
+            s(&["default", "waypoint", "10.96.0.15", "None", "1/1"]),
+        ],
+        "{sv}"
+    );
+    // Policies: the ALLOW on echo's pods, the namespace-wide DENY.
+    let p = ctl("policy", &f2)?;
+    assert_eq!(
+        rows(&p),
+        vec![
+            s(&["default", "allow-sleep", "Allow", "WorkloadSelector"]),
+            s(&["default", "deny-intruder", "Deny", "Namespace"]),
+        ],
+        "{p}"
+    );
+    // Certificates: node1 holds sleep's and its own (the ztunnel's, for its xDS
+    // client certificate), each a leaf and Istio's root, valid, Available; the root is
+    // the one Istio's CA signs with.
+    let root = d1["certificates"][0]["rootCerts"][0]["pem"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(
+        first_der(&String::from_utf8(
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, root)
+                .with_context(|| format!("root pem not base64: {root}"))?
+        )?)?,
+        first_der(&std::fs::read_to_string(&m.istio.root_path)?)?,
+    );
+    let c = ctl("certificate", &f1)?;
+    let cr = rows(&c);
+    assert_eq!(
+        cr.iter()
+            .map(|r| r.iter().take(4).cloned().collect::<Vec<_>>())
+            .collect::<Vec<_>>(),
+        vec![
+            s(&[SLEEP_ID, "Leaf", "Available", "true"]),
+            s(&[SLEEP_ID, "Root", "Available", "true"]),
+            s(&[ZTUNNEL_ID, "Leaf", "Available", "true"]),
+            s(&[ZTUNNEL_ID, "Root", "Available", "true"]),
+        ],
+        "{c}"
+    );
+    // Connections: the open one, from both ends, with the pods' names.
+    let c1 = ctl("connections", &f1)?;
+    let out = rows(&c1);
+    // (Outbound: the remote is the HBONE address, the target the pod's port.)
+    assert!(
+        out.iter().any(|r| r[0] == "n1p1.default"
+            && r[1] == "Outbound"
+            && r[2].starts_with("n1p1.default:")
+            && r[3] == "n2p1.default:15008"
+            && r[4] == "n2p1.default:8080"
+            && r[5] == "HBONE"),
+        "{c1}"
+    );
+    let c2 = ctl("connections", &f2)?;
+    let inb = rows(&c2);
+    assert!(
+        inb.iter().any(|r| r[0] == "n2p1.default"
+            && r[1] == "Inbound"
+            && r[2] == "n2p1.default:8080"
+            && r[3].starts_with("n1p1.default:")
+            && r[5] == "HBONE"),
+        "{c2}"
+    );
+    // `all`: every table.
+    let all = ctl("all", &f1)?;
+    for header in [
+        "NAMESPACE   POD NAME",
+        "SERVICE NAME",
+        "POLICY NAME",
+        "CERTIFICATE NAME",
+    ] {
+        assert!(
+            all.split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+                .contains(&header.split_whitespace().collect::<Vec<_>>().join(" ")),
+            "no {header:?} in:\n{all}"
+        );
+    }
+
+    // -o json: what istioctl read is what we dumped, field by field.
+    let json = |cmd: &str, file: &str| -> Result<serde_json::Value> {
+        let out = istioctl(&["ztunnel-config", cmd, "-f", file, "-o", "json"])?;
+        serde_json::from_str(&out).with_context(|| format!("istioctl {cmd} -o json: {out}"))
+    };
+    let by = |list: &serde_json::Value, key: &str, val: &serde_json::Value| {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .find(|x| &x[key] == val)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let theirs = json("workload", &f1)?;
+    assert_eq!(theirs.as_array().map(Vec::len), Some(3), "{theirs:#}");
+    for w in theirs.as_array().into_iter().flatten() {
+        same_fields("workload", &by(&d1["workloads"], "uid", &w["uid"]), w);
+    }
+    let theirs = json("service", &f1)?;
+    assert_eq!(theirs.as_array().map(Vec::len), Some(2), "{theirs:#}");
+    for sv in theirs.as_array().into_iter().flatten() {
+        same_fields(
+            "service",
+            &by(&d1["services"], "hostname", &sv["hostname"]),
+            sv,
+        );
+    }
+    let theirs = json("policy", &f2)?;
+    for p in theirs.as_array().into_iter().flatten() {
+        same_fields("policy", &by(&d2["policies"], "name", &p["name"]), p);
+    }
+    let theirs = json("certificate", &f1)?;
+    for c in theirs.as_array().into_iter().flatten() {
+        same_fields(
+            "certificate",
+            &by(&d1["certificates"], "identity", &c["identity"]),
+            c,
+        );
+    }
+    let theirs = json("connections", &f1)?;
+    assert!(
+        theirs.as_array().is_some_and(|a| !a.is_empty()),
+        "{theirs:#}"
+    );
+    drop(conn);
     m.no_nacks()
 }

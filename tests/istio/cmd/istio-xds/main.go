@@ -10,8 +10,11 @@
 //
 // It serves gRPC over TLS (a server certificate the test makes, for
 // istiod.istio-system.svc) and, like istiod on a connection whose client certificate it
-// does not check, accepts any bearer token. Istio's CA is not served: the tests keep
-// their own CA for workload certificates.
+// does not check, accepts any bearer token. With --ca-listen it also serves Istio's CA
+// (ca.go): workload certificates signed with the test's root (--ca-cert, --ca-key) for
+// the bearer tokens listed in --tokens, impersonation by the service accounts in
+// CA_TRUSTED_NODE_ACCOUNTS checked by Istio's node authorizer. It prints
+// "CA listening on <addr>" once that serves.
 //
 // Changes at run time come as lines on stdin:
 //
@@ -189,6 +192,10 @@ func main() {
 	certFile := flag.String("cert", "", "server certificate chain (PEM)")
 	keyFile := flag.String("key", "", "server private key (PEM)")
 	meshFile := flag.String("mesh", "", "MeshConfig YAML applied over Istio's defaults (as istiod's mesh ConfigMap)")
+	caListen := flag.String("ca-listen", "", "address to serve Istio's CA on (gRPC over TLS, the same serving certificate); none if empty")
+	caCert := flag.String("ca-cert", "", "the CA's root certificate, which signs workload certificates (PEM)")
+	caKey := flag.String("ca-key", "", "the root's private key (PEM)")
+	tokens := flag.String("tokens", "", "the token table the fake cluster's TokenReviews answer from (see ca.go)")
 	flag.Parse()
 
 	// Istio reads PILOT_ENABLE_AMBIENT when its packages initialise and derives the
@@ -249,6 +256,25 @@ func main() {
 	}
 	s := xds.NewFakeDiscoveryServer(t, opts)
 	ap := appliers(s.KubeClient())
+	if *caListen != "" {
+		if *caCert == "" || *caKey == "" || *tokens == "" {
+			t.Fatal("--ca-listen needs --ca-cert, --ca-key and --tokens")
+		}
+		if len(features.CATrustedNodeAccounts) == 0 {
+			t.Fatal("CA_TRUSTED_NODE_ACCOUNTS is not set: the CA would refuse every impersonated request")
+		}
+		m := opts.MeshConfig
+		if m == nil {
+			m = mesh.DefaultMeshConfig()
+		}
+		addr, err := serveCA(t, s.KubeClient(), m, caOptions{
+			listen: *caListen, rootCert: *caCert, rootKey: *caKey, tokens: *tokens, serving: cert,
+		})
+		if err != nil {
+			t.Fatal("Istio's CA: ", err)
+		}
+		fmt.Printf("CA listening on %s\n", addr)
+	}
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
