@@ -266,21 +266,32 @@ async fn pods_enroll_and_leave_over_zds() -> Result<()> {
             1,
             "one pod, one sk_lookup link: {after:?}"
         );
-        // Per-connection state goes with the sockets (sock_release), on both nodes.
+        // Per-connection state goes with the sockets (sock_release), on both nodes: once
+        // ztunnel has closed its side too, which may come after the client saw the echo.
         for node in ["node1", "node2"] {
-            let seen = ztunnel_ebpf::inspect(&topo.bpffs.join(node))?;
-            for map in [
+            let maps = [
                 "zt_orig_by_cookie",
                 "zt_orig_by_tuple",
                 "zt_local_conns",
                 "zt_local_by_cookie",
-            ] {
-                assert_eq!(
-                    seen.entries(map),
-                    0,
-                    "{node}: {map} keeps entries of closed connections: {seen:?}"
-                );
-            }
+            ];
+            let mut seen = None;
+            let drained = wait_for(
+                &format!("{node}'s per-connection maps to empty"),
+                Duration::from_secs(10),
+                || {
+                    let s = ztunnel_ebpf::inspect(&topo.bpffs.join(node)).ok();
+                    let empty = s
+                        .as_ref()
+                        .is_some_and(|s| maps.iter().all(|m| s.entries(m) == 0));
+                    seen = s;
+                    empty
+                },
+            );
+            assert!(
+                drained.is_ok(),
+                "{node}: per-connection maps keep entries of closed connections: {seen:?}"
+            );
         }
     }
 
