@@ -331,6 +331,19 @@ async fn waypoint_with_its_charts_rbac_on_a_real_api_server() -> Result<()> {
         watches(&d).contains(&"HTTPRoute=listed@gateway.networking.k8s.io/v1".to_string()),
         "{d}"
     );
+    // Forbidden by RBAC, for the chart's ServiceAccount (the token's user), as the API
+    // server says it.
+    for kind in ["DestinationRule", "AuthorizationPolicy"] {
+        let e = d["waypoint"]["kubernetes"][kind]["error"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            e.contains("forbidden")
+                && e.contains("system:serviceaccount:default:waypoint")
+                && e.contains("cannot list resource"),
+            "{kind}: {e}"
+        );
+    }
     let log = waypoint.log_text();
     for kind in ["Telemetry", "DestinationRule", "AuthorizationPolicy"] {
         assert!(
