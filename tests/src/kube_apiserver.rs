@@ -1,4 +1,5 @@
-//! A real Kubernetes API server for end-to-end tests: kube-apiserver v1.37.2 and etcd,
+//! A real Kubernetes API server for end-to-end tests: kube-apiserver v1.37.2 and etcd
+//! (and kube-controller-manager for EndpointSlices, `start_controller_manager`),
 //! built from their Go modules (`k8s.io/kubernetes`, `go.etcd.io/etcd/server/v3`) as one
 //! program, `tests/kube` (`cmd/kube-harness`: `kube-harness etcd ...`,
 //! `kube-harness kube-apiserver ...`). Where `fake_kube` answers what we believe the API
@@ -283,10 +284,12 @@ struct Resource {
 
 /// A running etcd and kube-apiserver; stopped on drop.
 pub struct KubeApiServer {
-    // The API server first: dropped (stopped) before etcd.
+    // The controller manager, then the API server: dropped (stopped) before etcd.
+    controller_manager: Option<Child>,
     apiserver: Child,
     etcd: Child,
     netns: Netns,
+    dir: PathBuf,
     pub addr: SocketAddr,
     /// The root the serving certificate chains to, PEM.
     pub ca_pem: String,
@@ -363,9 +366,11 @@ impl KubeApiServer {
         .with_root_certificates(roots)
         .with_no_client_auth();
         let mut server = KubeApiServer {
+            controller_manager: None,
             apiserver,
             etcd,
             netns: netns.clone(),
+            dir: dir.clone(),
             addr,
             ca_pem: pki.ca_pem,
             tls: Arc::new(tls),
@@ -373,6 +378,88 @@ impl KubeApiServer {
         };
         server.wait_ready().await?;
         Ok(server)
+    }
+
+    /// Starts kube-controller-manager with only the EndpointSlice controllers (what
+    /// istiod reads endpoints from; there are no kubelets, so no node or pod lifecycle
+    /// controllers, which would evict the pods tests write), as the admin. Returns once
+    /// it serves `/healthz`.
+    pub async fn start_controller_manager(&mut self) -> Result<()> {
+        let bin = binary()?.display().to_string();
+        let kubeconfig = self.dir.join("admin.kubeconfig");
+        self.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
+        let k = format!("{}", kubeconfig.display());
+        let child = self.netns.spawn(
+            &bin,
+            &[
+                "kube-controller-manager",
+                &format!("--kubeconfig={k}"),
+                &format!("--authentication-kubeconfig={k}"),
+                &format!("--authorization-kubeconfig={k}"),
+                // No client CA or request-header config to look up: its own endpoints are
+                // not used.
+                "--authentication-skip-lookup=true",
+                "--controllers=endpointslice-controller,endpointslice-mirroring-controller",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--bind-address=127.0.0.1",
+                "--secure-port=10257",
+                "--v=1",
+            ],
+            &[],
+            &self.dir.join("kube-controller-manager.log"),
+        )?;
+        self.controller_manager = Some(child);
+        let deadline = Instant::now() + START;
+        loop {
+            if let Some(st) = self
+                .controller_manager
+                .as_mut()
+                .and_then(|c| c.wait_exit(Duration::ZERO))
+            {
+                bail!(
+                    "kube-controller-manager exited ({st}):\n{}",
+                    self.controller_manager
+                        .as_ref()
+                        .map(|c| tail(&c.log_text(), 40))
+                        .unwrap_or_default()
+                );
+            }
+            // The EndpointSlice controller started (it then lists and reconciles).
+            let log = self
+                .controller_manager
+                .as_ref()
+                .map(|c| c.log_text())
+                .unwrap_or_default();
+            if log.contains("\"Controller starting...\" controller=\"endpointslice-controller\"") {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("kube-controller-manager did not start:\n{}", tail(&log, 40));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Writes a pod's status (what its kubelet would): Running, Ready, with `ip`.
+    pub async fn set_pod_running(&self, namespace: &str, name: &str, ip: &str) -> Result<()> {
+        let status = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True"}, {"type": "ContainersReady", "status": "True"},
+                               {"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"}]}});
+        let r = self
+            .request_as(
+                None,
+                "PATCH",
+                &format!("/api/v1/namespaces/{namespace}/pods/{name}/status?fieldManager=ztunnel-tests-kubelet&force=true"),
+                Some("application/apply-patch+yaml"),
+                Some(status.to_string().into_bytes()),
+            )
+            .await?;
+        if r.status != 200 {
+            bail!("pod {namespace}/{name} status: {} {}", r.status, r.body);
+        }
+        Ok(())
     }
 
     /// Both logs, for a failing test's message.

@@ -388,9 +388,17 @@ async fn waypoint_with_its_charts_rbac_on_a_real_api_server() -> Result<()> {
     // The experimental channel over the standard one: TCPRoute still read at v1.
     kube.install_crds(&kube_apiserver::gateway_api_crds("experimental")?)
         .await?;
-    let r = kube
-        .get("/apis/gateway.networking.k8s.io/v1alpha2/tcproutes")
-        .await?;
+    // (An updated CRD's storage answers 429 "storage is (re)initializing" for a moment.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let r = loop {
+        let r = kube
+            .get("/apis/gateway.networking.k8s.io/v1alpha2/tcproutes")
+            .await?;
+        if r.status != 429 || std::time::Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         r.status, 200,
         "experimental serves v1alpha2 too: {}",
@@ -473,5 +481,68 @@ async fn the_charts_pass_a_real_api_servers_dry_run() -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// What istiod needs of a cluster without kubelets: kube-controller-manager's EndpointSlice
+/// controller turns a Service and the pods a test creates (with `nodeName`, their status
+/// written as a kubelet would) into EndpointSlices: ready endpoints with the pods' IPs
+/// and their node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoint_slices_for_pods_without_kubelets() -> Result<()> {
+    let topo = Topology::build(&prefix("kcm"), &[1])?;
+    let mut kube = KubeApiServer::start(topo.node(1), API.parse()?, &topo.dir).await?;
+    kube.start_controller_manager().await?;
+    kube.apply(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node1"}}))
+        .await?;
+    // No ServiceAccount controller: the namespace's default account, as it would make it.
+    kube.apply(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "default"}}))
+        .await?;
+    kube.apply(&json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "echo", "namespace": "default"},
+        "spec": {"selector": {"app": "echo"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}))
+        .await?;
+    for (name, ip) in [("echo-1", "10.10.1.11"), ("echo-2", "10.10.1.12")] {
+        kube.apply(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "labels": {"app": "echo"}},
+            "spec": {"nodeName": "node1", "containers": [{"name": "app", "image": "echo"}]}}))
+            .await?;
+        kube.set_pod_running("default", name, ip).await?;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let endpoints = loop {
+        let r = kube
+            .get("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Decho")
+            .await?;
+        let v = r.json()?;
+        let mut eps: Vec<String> = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|s| s["endpoints"].as_array().cloned().unwrap_or_default())
+            .map(|e| {
+                format!(
+                    "{} {} ready={}",
+                    e["addresses"][0].as_str().unwrap_or("?"),
+                    e["nodeName"].as_str().unwrap_or("?"),
+                    e["conditions"]["ready"]
+                )
+            })
+            .collect();
+        eps.sort();
+        if eps.len() == 2 {
+            break eps;
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "no EndpointSlice with both pods: {}\n{}",
+                r.body,
+                kube.logs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        endpoints,
+        ["10.10.1.11 node1 ready=true", "10.10.1.12 node1 ready=true"]
+    );
     Ok(())
 }
