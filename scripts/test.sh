@@ -142,7 +142,7 @@ command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "go not found: install Go 1.26 (the istio:: tests run Istio's discovery server, tests/istio)" >&2; exit 1; }
 target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export ZTUNNEL_TEST_ISTIO_XDS="$target_dir/debug/istio-xds"
-# And after it (one Go build at a time on 2 cores), kube-apiserver and etcd for the
+# And after it (one Go build at a time on 2 cores), kube-apiserver, kube-controller-manager and etcd for the
 # kube_apiserver:: suite (tests/kube, one program; its own module: its Kubernetes
 # versions are not tests/istio's). Cold, it compiles most of Kubernetes: minutes.
 export ZTUNNEL_TEST_KUBE_HARNESS="$target_dir/debug/kube-harness"
@@ -151,7 +151,7 @@ export ZTUNNEL_TEST_KUBE_HARNESS="$target_dir/debug/kube-harness"
 CHECK_CHARTS_HELM_ONLY=1 bash scripts/check-charts.sh >/dev/null
 stage "build the binaries and the end-to-end tests" together \
   "cargo" "cargo test --workspace --no-run --test e2e --test soak --test cli --message-format=json-render-diagnostics >'$exes'" \
-  "Go harnesses: Istio's discovery server (tests/istio), kube-apiserver and etcd (tests/kube)" "export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+  "Go harnesses: Istio's discovery server (tests/istio), kube-apiserver, kube-controller-manager and etcd (tests/kube)" "export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
     t=\$SECONDS; (cd tests/istio && go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds) || exit 1
     echo \"tests/istio built in \$((SECONDS - t))s\"; t=\$SECONDS
     (cd tests/kube && go build -o '$ZTUNNEL_TEST_KUBE_HARNESS' ./cmd/kube-harness) || exit 1
