@@ -145,9 +145,20 @@ command -v go >/dev/null || { echo "go not found: install Go 1.26 (the istio:: t
 target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export ZTUNNEL_TEST_ISTIO_XDS="$target_dir/debug/istio-xds"
 export ZTUNNEL_TEST_ISTIOCTL="$target_dir/debug/istioctl"
+# And after them (one Go build at a time on 2 cores), kube-apiserver, kube-controller-manager
+# and etcd for the kube_apiserver:: suite (tests/kube, one program; its own module: its
+# Kubernetes versions are not tests/istio's). Cold, it compiles most of Kubernetes: minutes.
+export ZTUNNEL_TEST_KUBE_HARNESS="$target_dir/debug/kube-harness"
+# helm for the same suite (the charts' dry run, the waypoint's RBAC), where
+# check-charts.sh keeps it; installed now if missing, as check-charts.sh does.
+CHECK_CHARTS_HELM_ONLY=1 bash scripts/check-charts.sh >/dev/null
 stage "build the binaries and the end-to-end tests" together \
   "cargo" "cargo test --workspace --no-run --test e2e --test soak --test cli --message-format=json-render-diagnostics >'$exes'" \
-  "Istio's discovery server and CA, istioctl (tests/istio)" "cd tests/istio && export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local && go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds && go build -o '$ZTUNNEL_TEST_ISTIOCTL' istio.io/istio/istioctl/cmd/istioctl"
+  "Go harnesses: Istio's discovery server and CA, istioctl (tests/istio), kube-apiserver, kube-controller-manager and etcd (tests/kube)" "export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+    t=\$SECONDS; (cd tests/istio && go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds && go build -o '$ZTUNNEL_TEST_ISTIOCTL' istio.io/istio/istioctl/cmd/istioctl) || exit 1
+    echo \"tests/istio built in \$((SECONDS - t))s\"; t=\$SECONDS
+    (cd tests/kube && go build -o '$ZTUNNEL_TEST_KUBE_HARNESS' ./cmd/kube-harness) || exit 1
+    echo \"tests/kube built in \$((SECONDS - t))s\""
 exe() {
   python3 -c 'import json,sys
 for l in open(sys.argv[1]):

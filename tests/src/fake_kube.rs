@@ -4,8 +4,10 @@
 //! itself is cluster-scoped), list and watch (a chunked stream of JSON events, replaying
 //! what happened after the requested resourceVersion), with `labelSelector` (`k`, `!k`,
 //! `k=v`, `k!=v`: an object that stops matching is DELETED for that watch, as the API
-//! server does), as kube's watcher uses them. Objects are JSON values the test applies and
-//! deletes.
+//! server does), as kube's watcher uses them, and discovery of the CRD kinds the waypoint
+//! watches (`/apis/<group>/<version>`, a fixed list). Objects are JSON values the test
+//! applies and deletes. It checks nothing (no RBAC, no schema): `kube_apiserver` is the
+//! real API server.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -273,11 +275,74 @@ impl FakeKube {
     }
 }
 
+/// The API groups' resources this fake serves, for discovery (`GET /apis/<group>/<version>`,
+/// which clients ask before watching a kind of a CRD): (group/version, plural, kind).
+const DISCOVERY: &[(&str, &str, &str)] = &[
+    ("gateway.networking.k8s.io/v1", "gateways", "Gateway"),
+    ("gateway.networking.k8s.io/v1", "httproutes", "HTTPRoute"),
+    ("gateway.networking.k8s.io/v1", "grpcroutes", "GRPCRoute"),
+    ("gateway.networking.k8s.io/v1", "tcproutes", "TCPRoute"),
+    (
+        "gateway.networking.k8s.io/v1beta1",
+        "referencegrants",
+        "ReferenceGrant",
+    ),
+    (
+        "networking.istio.io/v1",
+        "destinationrules",
+        "DestinationRule",
+    ),
+    (
+        "networking.istio.io/v1",
+        "virtualservices",
+        "VirtualService",
+    ),
+    (
+        "security.istio.io/v1",
+        "authorizationpolicies",
+        "AuthorizationPolicy",
+    ),
+    (
+        "security.istio.io/v1",
+        "requestauthentications",
+        "RequestAuthentication",
+    ),
+    ("telemetry.istio.io/v1", "telemetries", "Telemetry"),
+];
+
 fn handle(
     store: &Arc<Mutex<Store>>,
     tick: &watch::Sender<u64>,
     req: http::Request<hyper::body::Incoming>,
 ) -> http::Response<Body> {
+    if let ["apis", group, version] = req
+        .uri()
+        .path()
+        .trim_start_matches('/')
+        .split('/')
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        let gv = format!("{group}/{version}");
+        let resources: Vec<Value> = DISCOVERY
+            .iter()
+            .filter(|(g, _, _)| *g == gv)
+            .map(|(_, plural, kind)| {
+                json!({"name": plural, "singularName": "", "namespaced": true, "kind": kind,
+                "verbs": ["get", "list", "watch"]})
+            })
+            .collect();
+        if resources.is_empty() {
+            return json_response(
+                404,
+                &json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}),
+            );
+        }
+        return json_response(
+            200,
+            &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+        );
+    }
     let Some((api_version, plural, namespace)) = parse_path(req.uri().path()) else {
         return json_response(
             404,

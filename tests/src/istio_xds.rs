@@ -77,7 +77,7 @@ pub fn binary() -> Result<&'static Path> {
 
 /// The Go toolchain: `GO`, else `go` on PATH, else Go's usual install place (CI's
 /// shell may not have it on PATH).
-fn go_command() -> String {
+pub fn go_command() -> String {
     if let Ok(go) = std::env::var("GO") {
         return go;
     }

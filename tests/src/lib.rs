@@ -12,5 +12,6 @@ pub mod http_app;
 pub mod istio_xds;
 pub mod json_schema;
 pub mod jwt;
+pub mod kube_apiserver;
 pub mod netsim;
 pub mod test_servers;

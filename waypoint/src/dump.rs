@@ -35,7 +35,7 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
         "configSource": l7.get("source").cloned().unwrap_or(Value::Null),
     });
     // In a cluster: what was rejected and who uses the waypoint (see `k8s`).
-    for k in ["scope", "rejected"] {
+    for k in ["scope", "rejected", "kubernetes"] {
         if let Some(v) = l7.get(k) {
             who[k] = v.clone();
         }

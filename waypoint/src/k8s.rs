@@ -130,8 +130,9 @@ fn resource(kind: Kind) -> ApiResource {
         Kind::Gateway => (GATEWAY_GROUP, "v1", "Gateway", "gateways"),
         Kind::HttpRoute => (GATEWAY_GROUP, "v1", "HTTPRoute", "httproutes"),
         Kind::GrpcRoute => (GATEWAY_GROUP, "v1", "GRPCRoute", "grpcroutes"),
-        // Still experimental in Gateway API: v1alpha2.
-        Kind::TcpRoute => (GATEWAY_GROUP, "v1alpha2", "TCPRoute", "tcproutes"),
+        // `v1` since Gateway API v1.6.0 (standard channel); `v1alpha2` before (see
+        // `versions`: the one served is watched).
+        Kind::TcpRoute => (GATEWAY_GROUP, "v1", "TCPRoute", "tcproutes"),
         Kind::ReferenceGrant => (
             GATEWAY_GROUP,
             "v1beta1",
@@ -609,9 +610,92 @@ struct Store {
     /// The selected objects' versions and the scope, last published.
     published: Option<Vec<String>>,
     refused: Vec<String>,
+    /// The apiVersion each kind is watched at (see `versions`).
+    served: BTreeMap<Kind, String>,
+    /// Kinds not served, or not readable: the rest is served without them.
+    unavailable: BTreeMap<Kind, Unavailable>,
+    /// The last failure of each kind's watch since it was last listed.
+    failed: BTreeMap<Kind, String>,
 }
 
+/// What an AuthorizationPolicy or RequestAuthentication the waypoint cannot list may
+/// hide is denied (`Store::unreadable`): these stand-ins, named so.
+const UNREADABLE_POLICIES: &str = "authorizationpolicies-unreadable";
+const UNREADABLE_AUTHENTICATIONS: &str = "requestauthentications-unreadable";
+
 impl Store {
+    fn update(&mut self, kind: Kind, update: Update, settings: &Settings) {
+        let name = resource(kind).kind;
+        match update {
+            Update::Served(v) => {
+                self.served.insert(kind, v);
+            }
+            Update::Event(e) => {
+                if matches!(*e, Event::InitDone) {
+                    let was_unavailable = self.unavailable.remove(&kind).is_some();
+                    if self.failed.remove(&kind).is_some() || was_unavailable {
+                        tracing::info!(kind = %name, "Kubernetes kind listed again");
+                    }
+                }
+                self.event(kind, *e, settings)
+            }
+            Update::Unavailable(u) => {
+                if self.unavailable.get(&kind).map(Unavailable::state) != Some(u.state()) {
+                    let effect = effect_without(kind, &u, self.synced.contains(&kind));
+                    let hint = matches!(u, Unavailable::Forbidden(_)).then_some(
+                        "the waypoint's service account needs get/list/watch on it across namespaces (the ClusterRole of charts/waypoint)",
+                    );
+                    tracing::warn!(kind = %name, reason = %u, effect, hint, "Kubernetes kind unavailable; serving without it");
+                }
+                if matches!(u, Unavailable::NotServed(_)) {
+                    // Not served: there are no such objects (a deleted CRD deletes them).
+                    self.objects.retain(|k, _| k.0 != kind);
+                    self.buffers.remove(&kind);
+                    self.synced.remove(&kind);
+                    self.served.remove(&kind);
+                }
+                self.unavailable.insert(kind, u);
+            }
+            Update::Failed(e) => {
+                tracing::warn!(kind = %name, error = %e, "Kubernetes watch failed; retrying");
+                self.failed.insert(kind, e);
+            }
+        }
+    }
+
+    /// Whether `kind` may hide objects the waypoint must enforce: it was never listed
+    /// and listing it is forbidden (a kind that is not served has no objects).
+    fn unreadable(&self, kind: Kind) -> bool {
+        matches!(self.unavailable.get(&kind), Some(Unavailable::Forbidden(_)))
+            && !self.synced.contains(&kind)
+    }
+
+    /// Each kind's watch, for the admin endpoint.
+    fn watches_dump(&self) -> Value {
+        let mut m = Map::new();
+        for kind in KINDS {
+            let mut v = json!({});
+            if let Some(av) = self.served.get(&kind) {
+                v["apiVersion"] = json!(av);
+            }
+            v["state"] = json!(
+                match (self.synced.contains(&kind), self.unavailable.get(&kind)) {
+                    (_, Some(u)) => u.state(),
+                    (true, None) => "listed",
+                    (false, None) => "waiting",
+                }
+            );
+            if let Some(u) = self.unavailable.get(&kind) {
+                v["error"] = json!(u.to_string());
+                v["effect"] = json!(effect_without(kind, u, self.synced.contains(&kind)));
+            } else if let Some(e) = self.failed.get(&kind) {
+                v["error"] = json!(e);
+            }
+            m.insert(resource(kind).kind, v);
+        }
+        Value::Object(m)
+    }
+
     fn event(&mut self, kind: Kind, event: Event<DynamicObject>, settings: &Settings) {
         match event {
             Event::Init => {
@@ -698,10 +782,9 @@ impl Store {
     /// The converted config, once every kind is listed and when it differs from what
     /// was published last.
     fn publish(&mut self, settings: &Settings) -> Option<L7Config> {
-        if !KINDS
-            .iter()
-            .all(|k| *k == Kind::MeshConfig || self.synced.contains(k))
-        {
+        if !KINDS.iter().all(|k| {
+            *k == Kind::MeshConfig || self.synced.contains(k) || self.unavailable.contains_key(k)
+        }) {
             return None;
         }
         let scope = self.scope(settings);
@@ -733,9 +816,11 @@ impl Store {
             settings.root_namespace.clone(),
             settings.mesh_config_map.clone(),
         ));
+        let watches = self.watches_dump();
         let mut fingerprint = vec![
             scope_dump.to_string(),
             mesh.map(version).unwrap_or_default(),
+            watches.to_string(),
         ];
         fingerprint.extend(
             taken
@@ -854,6 +939,29 @@ impl Store {
                 }
             }
         }
+        // A kind that may hide a policy is not taken as empty: everything the waypoint
+        // serves is denied (AuthorizationPolicy), every token refused
+        // (RequestAuthentication), until it can be listed.
+        if self.unreadable(Kind::AuthorizationPolicy) {
+            cfg.policies.push(AuthorizationPolicy::deny_all(
+                &settings.root_namespace,
+                UNREADABLE_POLICIES,
+                &[],
+            ));
+            cfg.unenforceable += 1;
+            policies.push(json!({"namespace": settings.root_namespace, "name": UNREADABLE_POLICIES,
+                "unenforceable": "AuthorizationPolicies cannot be listed (forbidden): every request to this waypoint is denied"}));
+        }
+        if self.unreadable(Kind::RequestAuthentication) {
+            cfg.authentications.push(RequestAuthentication::reject_all(
+                &settings.root_namespace,
+                UNREADABLE_AUTHENTICATIONS,
+                &[],
+            ));
+            cfg.unenforceable += 1;
+            authns.push(json!({"namespace": settings.root_namespace, "name": UNREADABLE_AUTHENTICATIONS,
+                "unenforceable": "RequestAuthentications cannot be listed (forbidden): every token is refused"}));
+        }
         let keep: BTreeSet<&Key> = taken.iter().map(|(k, _)| *k).collect();
         self.converted.retain(|k, _| keep.contains(k));
         self.published = Some(fingerprint);
@@ -881,8 +989,26 @@ impl Store {
             "rejected": rejected,
             "scope": scope_dump,
             "extensionProviders": providers_dump,
+            "kubernetes": watches,
         }));
         Some(cfg)
+    }
+}
+
+/// What serving without `kind` means (logged, and in the admin endpoint).
+fn effect_without(kind: Kind, u: &Unavailable, listed_before: bool) -> &'static str {
+    let forbidden = matches!(u, Unavailable::Forbidden(_));
+    match kind {
+        _ if forbidden && listed_before => "the objects listed before are kept until it can be listed again",
+        Kind::AuthorizationPolicy if forbidden => {
+            "fail closed: every request to this waypoint is denied until AuthorizationPolicies can be listed"
+        }
+        Kind::RequestAuthentication if forbidden => {
+            "fail closed: every request token is refused until RequestAuthentications can be listed"
+        }
+        Kind::MeshConfig => "no mesh config: CUSTOM policies deny what they match, no tracing",
+        _ if forbidden => "served without it: objects of this kind may exist and are not applied",
+        _ => "served without it: there can be no objects of this kind",
     }
 }
 
@@ -971,52 +1097,202 @@ pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<Object
         .collect()
 }
 
-fn stream(
+/// The versions of `kind` the waypoint can read, in the order it prefers them: the first
+/// one the API server serves is watched (as Istio does, which reads TCPRoute at `v1`;
+/// Gateway API v1.6.0's standard channel no longer serves `v1alpha2`).
+fn versions(kind: Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::TcpRoute => &["v1", "v1alpha2"],
+        Kind::ReferenceGrant => &["v1beta1", "v1"],
+        _ => &[],
+    }
+}
+
+/// Why a kind is not watched; the rest is served without it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum Unavailable {
+    /// The API server does not serve it (its CRD is not installed, or not at a version
+    /// the waypoint reads): there can be no such objects.
+    #[error("not served by the API server ({0})")]
+    NotServed(String),
+    /// The waypoint's service account may not list it: there may be objects it cannot see.
+    #[error("forbidden ({0})")]
+    Forbidden(String),
+}
+
+impl Unavailable {
+    fn state(&self) -> &'static str {
+        match self {
+            Unavailable::NotServed(_) => "notServed",
+            Unavailable::Forbidden(_) => "forbidden",
+        }
+    }
+}
+
+/// What a kind's watch reports.
+enum Update {
+    /// Watching it at this apiVersion.
+    Served(String),
+    Event(Box<Event<DynamicObject>>),
+    Unavailable(Unavailable),
+    /// Any other failure (the API server unreachable, a 5xx): retried; until the kind is
+    /// first listed, the waypoint waits for it.
+    Failed(String),
+}
+
+/// The HTTP status of an API error, if the server answered.
+fn status_code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
+fn watch_status(e: &watcher::Error) -> Option<u16> {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => status_code(e),
+        watcher::Error::WatchError(s) => Some(s.code),
+        watcher::Error::NoResourceVersion => None,
+    }
+}
+
+/// The resource to watch for `kind`: the first of its versions the server serves.
+async fn discover(client: &kube::Client, kind: Kind) -> Result<ApiResource, Update> {
+    let base = resource(kind);
+    let candidates = versions(kind);
+    if candidates.is_empty() && base.group.is_empty() {
+        return Ok(base);
+    }
+    let candidates: Vec<&str> = if candidates.is_empty() {
+        vec![base.version.as_str()]
+    } else {
+        candidates.to_vec()
+    };
+    for v in &candidates {
+        let api_version = format!("{}/{v}", base.group);
+        match client.list_api_group_resources(&api_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == base.plural) => {
+                return Ok(ApiResource {
+                    version: (*v).to_string(),
+                    api_version,
+                    ..base
+                });
+            }
+            Ok(_) => {}
+            Err(e) if status_code(&e) == Some(404) => {}
+            Err(e) if status_code(&e) == Some(403) => {
+                return Err(Update::Unavailable(Unavailable::Forbidden(e.to_string())))
+            }
+            Err(e) => return Err(Update::Failed(e.to_string())),
+        }
+    }
+    Err(Update::Unavailable(Unavailable::NotServed(format!(
+        "{} at {}/{}",
+        base.plural,
+        base.group,
+        candidates.join(", ")
+    ))))
+}
+
+fn api_and_config(
     client: &kube::Client,
     kind: Kind,
+    ar: &ApiResource,
     settings: &Settings,
-) -> futures_util::stream::BoxStream<'static, (Kind, Result<Event<DynamicObject>, watcher::Error>)>
-{
-    let ar = resource(kind);
-    let (api, config) = match kind {
+) -> (kube::Api<DynamicObject>, watcher::Config) {
+    match kind {
         // Only our own Gateway matters: its namespace's.
         Kind::Gateway => (
-            kube::Api::<DynamicObject>::namespaced_with(
-                client.clone(),
-                &settings.gateway.namespace,
-                &ar,
-            ),
+            kube::Api::namespaced_with(client.clone(), &settings.gateway.namespace, ar),
             watcher::Config::default(),
         ),
         // Only Services with the label can differ from their namespace.
         Kind::Service => (
-            kube::Api::all_with(client.clone(), &ar),
+            kube::Api::all_with(client.clone(), ar),
             watcher::Config::default().labels(USE_WAYPOINT),
         ),
         // One ConfigMap, by name (RBAC grants that one only).
         Kind::MeshConfig => (
-            kube::Api::<DynamicObject>::namespaced_with(
-                client.clone(),
-                &settings.root_namespace,
-                &ar,
-            ),
+            kube::Api::namespaced_with(client.clone(), &settings.root_namespace, ar),
             watcher::Config::default()
                 .fields(&format!("metadata.name={}", settings.mesh_config_map)),
         ),
         _ => (
-            kube::Api::all_with(client.clone(), &ar),
+            kube::Api::all_with(client.clone(), ar),
             watcher::Config::default(),
         ),
-    };
-    watcher::watcher(api, config)
-        .default_backoff()
-        .map(move |e| (kind, e))
-        .boxed()
+    }
+}
+
+/// Watches one kind and reports to `tx` until the receiver is gone: finds the version
+/// the server serves, lists and watches it; a kind not served or forbidden is reported
+/// and looked for again with backoff (a CRD installed later, RBAC granted later, is
+/// picked up), as is a watch that fails.
+async fn watch_kind(
+    client: kube::Client,
+    kind: Kind,
+    settings: Settings,
+    tx: tokio::sync::mpsc::Sender<(Kind, Update)>,
+) {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(10);
+    let mut delay = FIRST;
+    loop {
+        let ar = match discover(&client, kind).await {
+            Ok(ar) => ar,
+            Err(u) => {
+                if tx.send((kind, u)).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX);
+                continue;
+            }
+        };
+        if tx
+            .send((kind, Update::Served(ar.api_version.clone())))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let (api, config) = api_and_config(&client, kind, &ar, &settings);
+        let mut events = watcher::watcher(api, config).boxed();
+        while let Some(e) = events.next().await {
+            let update = match e {
+                Ok(ev) => {
+                    delay = FIRST;
+                    Update::Event(Box::new(ev))
+                }
+                Err(e) => match watch_status(&e) {
+                    Some(404) => Update::Unavailable(Unavailable::NotServed(e.to_string())),
+                    Some(403) => Update::Unavailable(Unavailable::Forbidden(e.to_string())),
+                    _ => Update::Failed(e.to_string()),
+                },
+            };
+            let failed = !matches!(update, Update::Event(_));
+            let gone = matches!(update, Update::Unavailable(Unavailable::NotServed(_)));
+            if tx.send((kind, update)).await.is_err() {
+                return;
+            }
+            if failed {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX);
+            }
+            // Its CRD was removed (or its version no longer served): find it again.
+            if gone {
+                break;
+            }
+        }
+    }
 }
 
 /// Watches the Kubernetes API (and istiod's state, for which Services use the waypoint)
 /// and publishes the converted config each time it changes, once every kind has been
-/// listed. Runs until the process ends (the watchers retry with backoff on their own).
+/// listed or found unavailable (not served, or forbidden: the rest is served without
+/// it, with a warning naming it). Runs until the process ends.
 pub async fn watch(
     client: kube::Client,
     settings: Settings,
@@ -1024,7 +1300,16 @@ pub async fn watch(
     out: watch::Sender<Option<Arc<L7Config>>>,
     metrics: XdsMetrics,
 ) {
-    let mut events = futures_util::stream::select_all(KINDS.map(|k| stream(&client, k, &settings)));
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    for kind in KINDS {
+        tokio::spawn(watch_kind(
+            client.clone(),
+            kind,
+            settings.clone(),
+            tx.clone(),
+        ));
+    }
+    drop(tx);
     let mut changes = state.changes();
     let mut store = Store {
         from_istiod: services_from_istiod(&state.load_full(), &settings.identity),
@@ -1032,16 +1317,9 @@ pub async fn watch(
     };
     loop {
         tokio::select! {
-            e = events.next() => match e {
+            e = rx.recv() => match e {
                 None => return,
-                Some((kind, Err(e))) => {
-                    let e = e.to_string();
-                    let hint = (e.contains("403") || e.to_lowercase().contains("forbidden"))
-                        .then_some("the waypoint's service account needs get/list/watch on it across namespaces (the ClusterRole of charts/waypoint)");
-                    tracing::warn!(kind = ?kind, error = %e, hint, "Kubernetes watch failed; retrying");
-                    continue;
-                }
-                Some((kind, Ok(event))) => store.event(kind, event, &settings),
+                Some((kind, update)) => store.update(kind, update, &settings),
             },
             r = changes.changed() => {
                 if r.is_err() {
@@ -1611,6 +1889,104 @@ mod tests {
             auth: None,
         };
         authz::evaluate(cfg.policies.iter().filter(|p| p.applies_to(&target)), &req)
+    }
+
+    /// A kind answered with 404 (its CRD not installed) or 403 (not listable) does not
+    /// hold the config back: it publishes without it, and the dump names its state.
+    /// AuthorizationPolicies that cannot be listed deny every request (a forbidden list
+    /// may hide a DENY), RequestAuthentications refuse every token; not served, there
+    /// are none, and nothing is denied for them.
+    #[test]
+    fn unavailable_kinds_do_not_block_and_unreadable_policies_fail_closed() {
+        let settings = settings();
+        let without = |gone: &[(Kind, Unavailable)]| {
+            let mut s = Store::default();
+            for kind in KINDS {
+                if let Some((_, u)) = gone.iter().find(|(k, _)| *k == kind) {
+                    s.update(kind, Update::Unavailable(u.clone()), &settings);
+                    continue;
+                }
+                s.update(kind, Update::Served("v1".into()), &settings);
+                for e in [Event::Init, Event::InitDone] {
+                    s.update(kind, Update::Event(Box::new(e)), &settings);
+                }
+            }
+            s
+        };
+        let not_served = || Unavailable::NotServed("404".into());
+        let forbidden = || Unavailable::Forbidden("403".into());
+        // Waiting for one kind that failed otherwise (unreachable): nothing published.
+        let mut s = without(&[]);
+        s.synced.remove(&Kind::Telemetry);
+        s.update(
+            Kind::Telemetry,
+            Update::Failed("connection refused".into()),
+            &settings,
+        );
+        assert!(s.publish(&settings).is_none());
+
+        let cfg = without(&[
+            (Kind::TcpRoute, not_served()),
+            (Kind::Telemetry, forbidden()),
+            (Kind::AuthorizationPolicy, not_served()),
+        ])
+        .publish(&settings)
+        .expect("published without the unavailable kinds");
+        assert!(verdict(&cfg, Some(("default", "echo"))).allowed);
+        assert_eq!(cfg.unenforceable, 0);
+        let w = &cfg.dump["kubernetes"];
+        assert_eq!(w["TCPRoute"]["state"], "notServed", "{w}");
+        assert_eq!(w["Telemetry"]["state"], "forbidden", "{w}");
+        assert_eq!(w["HTTPRoute"]["state"], "listed", "{w}");
+
+        let cfg = without(&[
+            (Kind::AuthorizationPolicy, forbidden()),
+            (Kind::RequestAuthentication, forbidden()),
+        ])
+        .publish(&settings)
+        .unwrap();
+        for svc in [("default", "echo"), ("other", "svc")] {
+            let v = verdict(&cfg, Some(svc));
+            assert!(!v.allowed, "{svc:?}");
+            assert_eq!(
+                v.denied_by.as_deref(),
+                Some("istio-system/authorizationpolicies-unreadable")
+            );
+        }
+        assert_eq!(cfg.unenforceable, 2);
+        assert!(cfg.authentications.iter().any(|a| a.reject_tokens));
+        assert!(
+            cfg.dump["kubernetes"]["AuthorizationPolicy"]["effect"]
+                .as_str()
+                .is_some_and(|e| e.contains("fail closed")),
+            "{}",
+            cfg.dump
+        );
+
+        // Listed once, then forbidden: what was listed stays.
+        let mut s = without(&[]);
+        s.update(
+            Kind::AuthorizationPolicy,
+            Update::Unavailable(forbidden()),
+            &settings,
+        );
+        assert!(!s.unreadable(Kind::AuthorizationPolicy));
+        // A CRD deleted: its objects go with it.
+        let mut s = store(vec![(
+            Kind::HttpRoute,
+            object(
+                "HTTPRoute",
+                "r",
+                json!({"parentRefs": [{"group": "", "kind": "Service", "name": "echo"}], "rules": [{}]}),
+            ),
+        )]);
+        assert_eq!(s.publish(&settings).unwrap().routes.len(), 1);
+        s.update(
+            Kind::HttpRoute,
+            Update::Unavailable(not_served()),
+            &settings,
+        );
+        assert!(s.publish(&settings).unwrap().routes.is_empty());
     }
 
     #[test]

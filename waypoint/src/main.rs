@@ -259,6 +259,16 @@ async fn local_setup(
     })
 }
 
+/// Marks `part` of readiness done (`Metrics::wait_for`); logs "waypoint ready" when the
+/// last one is, so that the log says it when `/healthz/ready` does.
+fn part_ready(m: &Metrics, part: &'static str) {
+    static ANNOUNCED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    m.ready_part(part);
+    if m.is_ready() && !ANNOUNCED.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        tracing::info!("waypoint ready");
+    }
+}
+
 /// In a cluster: mesh state from istiod, L7 config from the Kubernetes API, certificates
 /// from the Istio CA; readiness waits for the first full state of both.
 async fn cluster_setup(
@@ -314,7 +324,7 @@ async fn cluster_setup(
     let m = metrics.clone();
     // Istio's proxy type for gateways and waypoints.
     ia.start_xds("router", "", &certs, state.clone(), metrics, move || {
-        m.ready_part("xds")
+        part_ready(&m, "xds")
     })
     .await?;
     metrics.wait_for("kubernetes");
@@ -346,7 +356,7 @@ async fn cluster_setup(
     let mut ready_rx = rx.clone();
     tokio::spawn(async move {
         if ready_rx.wait_for(Option::is_some).await.is_ok() {
-            m.ready_part("kubernetes");
+            part_ready(&m, "kubernetes");
         }
     });
     rx.mark_changed();
@@ -614,9 +624,12 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
-    metrics.set_ready();
+    tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint listening");
     tokio::spawn(ztunnel::memory::release_periodically());
-    tracing::info!(identity = %identity, gateway = %format!("{}/{}", wp.gateway.namespace, wp.gateway.name), listen = %args.listen, "waypoint ready");
+    part_ready(&metrics, "startup");
+    if !metrics.is_ready() {
+        tracing::info!(reason = %metrics.not_ready_reason(), "waypoint not ready yet");
+    }
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     // ztunnel's HBONE server limits, counted in the same metric.
     let hbone_server = Arc::new(hbone::server::Server {
