@@ -17,6 +17,7 @@ mod opaque;
 mod retries;
 mod stream_idle;
 mod tenancy;
+mod virtual_service;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
