@@ -10,6 +10,7 @@ use mesh_tests::jwt::{b64url, es256_key, rs256_key, sign};
 use mesh_tests::netsim::*;
 use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
 
+mod connection_pool;
 mod crl;
 mod idle;
 mod istio_shape;
