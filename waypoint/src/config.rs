@@ -19,7 +19,7 @@ use crate::extauthz::{self, MeshConfig, Providers};
 use crate::grant::ReferenceGrant;
 use crate::k8s::L7Config;
 use crate::labels::Labels;
-use crate::route::{GrpcRoute, HttpRoute, TcpRoute, VirtualService};
+use crate::route::{GrpcRoute, HttpRoute, MeshRetry, TcpRoute, VirtualService};
 use crate::telemetry::{MeshProviders, Telemetries, Telemetry};
 use crate::trace::TraceSettings;
 
@@ -53,6 +53,9 @@ pub struct Config {
     pub providers: Providers,
     /// Request tracing (meshConfig defaultProviders.tracing), None when off.
     pub tracing: Option<Arc<TraceSettings>>,
+    /// meshConfig.defaultHttpRetryPolicy: the retry policy of routes that set none (None:
+    /// Istio's own default, `http::forward`).
+    pub default_retry: Option<MeshRetry>,
     /// Workload labels (DestinationRule subsets): the file's, or the Pods' in a cluster.
     pub labels: Arc<Labels>,
     /// Telemetry API objects (access logging, metric and tracing overrides), compiled.
@@ -228,6 +231,8 @@ impl Config {
                 .map(Arc::new),
             None => None,
         };
+        let default_retry = crate::route::mesh_default_retry(l7.mesh_config.as_ref())
+            .map_err(|e| invalid(format!("meshConfig.{e}")))?;
         if let Some((name, Err(e))) = providers.iter().find(|(_, p)| p.is_err()) {
             return Err(invalid(format!(
                 "meshConfig.{e} (extensionProvider {name})"
@@ -277,6 +282,7 @@ impl Config {
             authentications: l7.request_authentications,
             providers: Arc::new(providers),
             tracing,
+            default_retry,
             labels: Arc::new(
                 Labels::from_file(text).map_err(|source| ConfigError::Parse {
                     path: path.to_path_buf(),
@@ -310,6 +316,7 @@ impl Config {
             authentications: Vec::new(),
             providers: Providers::default(),
             tracing: None,
+            default_retry: None,
             labels: Arc::default(),
             telemetry: Arc::default(),
             dump: Arc::new(dump),
@@ -367,6 +374,7 @@ pub async fn combine(
             authentications: l.authentications.clone(),
             providers: l.providers.clone(),
             tracing: l.tracing.clone(),
+            default_retry: l.default_retry.clone(),
             labels: labels.clone(),
             telemetry: l.telemetry.clone(),
             dump,
@@ -392,6 +400,66 @@ mod tests {
         match Config::parse(Path::new("/etc/mesh/l7.yaml"), &format!("{MESH}{l7}")) {
             Ok(_) => panic!("accepted: {l7}"),
             Err(e) => e.to_string(),
+        }
+    }
+
+    /// meshConfig.defaultHttpRetryPolicy: Istio's HTTPRetry, the policy of routes that
+    /// set none; `attempts: 0` turns retries off; a bad one refuses the file, named.
+    #[test]
+    fn mesh_default_retry_policy() {
+        let cfg = Config::parse(
+            Path::new("f.yaml"),
+            &format!("{MESH}meshConfig:\n  defaultHttpRetryPolicy: {{attempts: 3, retryOn: 'gateway-error,429', perTryTimeout: 2s, backoff: 50ms}}\n"),
+        )
+        .unwrap();
+        let d = cfg.default_retry.expect("policy");
+        assert_eq!(
+            (
+                d.retry.attempts,
+                d.retry.codes.clone(),
+                d.retry.backoff,
+                d.per_try_timeout
+            ),
+            (
+                Some(3),
+                vec![429, 502, 503, 504],
+                Some(Duration::from_millis(50)),
+                Some(Duration::from_secs(2))
+            )
+        );
+        let off = Config::parse(
+            Path::new("f.yaml"),
+            &format!("{MESH}meshConfig: {{defaultHttpRetryPolicy: {{attempts: 0}}}}\n"),
+        )
+        .unwrap();
+        assert_eq!(off.default_retry.map(|d| d.retry.attempts), Some(Some(0)));
+        let unset =
+            Config::parse(Path::new("f.yaml"), &format!("{MESH}meshConfig: {{}}\n")).unwrap();
+        assert!(unset.default_retry.is_none(), "Istio's own default");
+        // retryOn unset: Istio's defaultRetryOn (a failed connection; no 5xx answer).
+        let dflt = Config::parse(
+            Path::new("f.yaml"),
+            &format!("{MESH}meshConfig: {{defaultHttpRetryPolicy: {{attempts: 1}}}}\n"),
+        )
+        .unwrap();
+        assert_eq!(dflt.default_retry.map(|d| d.retry.codes), Some(vec![503]));
+        for (bad, want) in [
+            (
+                "{attempts: 2, retryOn: sometimes}",
+                "meshConfig.defaultHttpRetryPolicy.retryOn: \"sometimes\"",
+            ),
+            (
+                "{attempts: 2, perTryTimeout: soon}",
+                "defaultHttpRetryPolicy.perTryTimeout",
+            ),
+            (
+                "{attempts: 2, retryRemoteLocalities: true}",
+                "retryRemoteLocalities",
+            ),
+            ("{attempts: 2, tries: 3}", "unknown field `tries`"),
+        ] {
+            let e = err(&format!("meshConfig: {{defaultHttpRetryPolicy: {bad}}}\n"));
+            assert!(e.contains(want), "{bad}: {e}");
         }
     }
 

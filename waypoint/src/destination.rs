@@ -187,6 +187,15 @@ pub struct OutlierDetection {
     pub max_ejection_percent: Option<u32>,
 }
 
+/// A DestinationRule's `connectionPool.http.maxRequestsPerConnection` (a connection
+/// takes no request past that many) and `idleTimeout` (a connection without a request in
+/// flight that long is closed; default: the waypoint's own limits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Reuse {
+    pub max_requests: Option<u32>,
+    pub idle: Option<std::time::Duration>,
+}
+
 /// How endpoints are picked for one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Pick {
@@ -213,6 +222,9 @@ pub struct Policy {
     pub max_connections: Option<u32>,
     /// Requests that may wait for one of `max_connections` HTTP/1.1 connections.
     pub max_pending: Option<u32>,
+    /// `http.maxRequestsPerConnection` and `http.idleTimeout`: how the Service's upstream
+    /// HTTP connections are reused.
+    pub reuse: Reuse,
     /// TLS from the waypoint to the endpoint (SIMPLE or MUTUAL).
     pub tls: Option<Arc<Origination>>,
     /// The rule, `namespace/name`, for logs.
@@ -498,8 +510,19 @@ fn policy(
             p.max_requests = http.http2_max_requests.filter(|n| *n > 0);
             p.max_retries = http.max_retries;
             p.max_pending = http.http1_max_pending_requests;
+            // Istio: 0 (or unset) is no limit.
+            p.reuse.max_requests = http.max_requests_per_connection.filter(|n| *n > 0);
             if let Some(t) = &http.idle_timeout {
-                parse_duration(t).map_err(|e| format!("connectionPool.http.idleTimeout: {e}"))?;
+                // Istio: 0s turns the idle timeout off.
+                let zero = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+                p.reuse.idle = if !zero.is_empty() && zero.chars().all(|c| c == '0' || c == '.') {
+                    None
+                } else {
+                    Some(
+                        parse_duration(t)
+                            .map_err(|e| format!("connectionPool.http.idleTimeout: {e}"))?,
+                    )
+                };
             }
         }
     }

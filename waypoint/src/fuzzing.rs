@@ -56,6 +56,7 @@ pub fn config_yaml(data: &[u8]) {
                 query: Some("a=b"),
                 headers: &headers,
                 host: "echo.default.svc.cluster.local",
+                authority: "echo.default.svc.cluster.local",
             };
             if let route::Selection::Matched(s) = route::select(&routes, &target, &req) {
                 let _ = (

@@ -12,6 +12,7 @@
 //! Everything is parsed and compiled when the config loads (regexes, header names and
 //! values, durations), so a request never meets a config error.
 
+mod action;
 mod cors;
 mod duration;
 mod filter;
@@ -25,6 +26,7 @@ mod virtual_service;
 #[cfg(test)]
 mod tests;
 
+pub use action::{Answer, Matched, UriRewrite};
 pub use cors::{Cors, CorsOutcome};
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
@@ -36,4 +38,6 @@ pub use model::{
 };
 pub use select::{select, RouteRequest, Selected, Selection};
 pub use tcp::TcpRoute;
-pub use virtual_service::{host_service, VirtualService};
+pub use virtual_service::{
+    host_service, mesh_default as mesh_default_retry, MeshRetry, VirtualService,
+};

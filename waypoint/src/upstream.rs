@@ -17,6 +17,8 @@ use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tracing::Instrument;
 use ztunnel::hbone::{self, H2Stream, HboneError, Pool, PoolKey};
+
+use crate::destination::Reuse;
 use ztunnel::identity::Identity;
 use ztunnel::netns::InPodNetns;
 use ztunnel::state::{MeshState, Protocol as MeshProtocol, Service, Workload};
@@ -112,6 +114,8 @@ pub struct Endpoint {
     /// The `traceparent` of a CONNECT this attempt opens (the request's trace when it has
     /// one, else its tunnel's), so the endpoint's ztunnel joins it.
     pub trace: hbone::TraceParent,
+    /// How its HTTP connections are reused (a DestinationRule's connectionPool.http).
+    pub reuse: Reuse,
 }
 
 impl Endpoint {
@@ -129,6 +133,7 @@ impl Endpoint {
                 plaintext: false,
                 tls: None,
                 trace: hbone::TraceParent::new(),
+                reuse: Reuse::default(),
             }
         } else {
             Endpoint {
@@ -137,6 +142,7 @@ impl Endpoint {
                 plaintext: true,
                 tls: None,
                 trace: hbone::TraceParent::new(),
+                reuse: Reuse::default(),
             }
         }
     }
@@ -150,6 +156,7 @@ struct ConnKey {
     identities: Vec<Identity>,
     plaintext: bool,
     tls: Option<TlsTarget>,
+    reuse: Reuse,
 }
 
 impl ConnKey {
@@ -161,6 +168,7 @@ impl ConnKey {
             identities,
             plaintext: ep.plaintext,
             tls: ep.tls.clone(),
+            reuse: ep.reuse,
         }
     }
 }
@@ -173,6 +181,8 @@ struct H1Conn {
     /// When it was last seen busy or handed out.
     since: Instant,
     sender: http1::SendRequest<Body>,
+    /// Requests it has carried.
+    served: u32,
 }
 
 /// One endpoint's HTTP/2 connection. Its own lock is held while dialling, so concurrent
@@ -181,6 +191,8 @@ struct H1Conn {
 struct H2Slot {
     conn: tokio::sync::Mutex<Option<http2::SendRequest<Body>>>,
     last_used: Mutex<Option<Instant>>,
+    /// Requests the current connection has carried.
+    served: Mutex<u32>,
 }
 
 pub struct Upstreams {
@@ -188,8 +200,20 @@ pub struct Upstreams {
     netns: InPodNetns,
     identity: Identity,
     ip: IpAddr,
-    h1: Mutex<HashMap<ConnKey, Vec<H1Conn>>>,
+    h1: Arc<Mutex<HashMap<ConnKey, Vec<H1Conn>>>>,
     h2: Mutex<HashMap<ConnKey, Arc<H2Slot>>>,
+}
+
+/// Forgets kept HTTP/1.1 connections that closed or sat idle `idle` (dropping one closes
+/// it); a busy one counts as just used.
+fn prune_h1(list: &mut Vec<H1Conn>, idle: Duration) {
+    let now = Instant::now();
+    list.retain_mut(|c| {
+        if !c.sender.is_ready() && !c.sender.is_closed() {
+            c.since = now;
+        }
+        !c.sender.is_closed() && now.duration_since(c.since) < idle
+    });
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -232,7 +256,7 @@ impl Upstreams {
             netns,
             identity,
             ip,
-            h1: Mutex::default(),
+            h1: Arc::default(),
             h2: Mutex::default(),
         }
     }
@@ -324,18 +348,29 @@ impl Upstreams {
             })
     }
 
-    fn idle_h1(&self, key: &ConnKey) -> Option<http1::SendRequest<Body>> {
+    fn idle_h1(&self, key: &ConnKey) -> Option<(http1::SendRequest<Body>, u32)> {
         let mut all = lock(&self.h1);
         let list = all.get_mut(key)?;
-        let now = Instant::now();
-        list.retain_mut(|c| {
-            if !c.sender.is_ready() && !c.sender.is_closed() {
-                c.since = now;
-            }
-            !c.sender.is_closed() && now.duration_since(c.since) < H1_IDLE
-        });
+        prune_h1(list, key.reuse.idle.unwrap_or(H1_IDLE));
         let i = list.iter().position(|c| c.sender.is_ready())?;
-        Some(list.swap_remove(i).sender)
+        let c = list.swap_remove(i);
+        Some((c.sender, c.served))
+    }
+
+    /// With a DestinationRule idleTimeout, a kept connection is closed once it has been
+    /// idle that long, whether or not another request comes.
+    fn close_when_idle(&self, key: ConnKey) {
+        let Some(idle) = key.reuse.idle else { return };
+        let h1 = Arc::downgrade(&self.h1);
+        tokio::spawn(async move {
+            // A bit past the deadline, so the connection is idle long enough by then.
+            tokio::time::sleep(idle + Duration::from_millis(10)).await;
+            if let Some(h1) = h1.upgrade() {
+                if let Some(list) = lock(&h1).get_mut(&key) {
+                    prune_h1(list, idle);
+                }
+            }
+        });
     }
 
     /// Fails with the HBONE connect timeout: whatever part of a dial stalls, the request
@@ -394,13 +429,19 @@ impl Upstreams {
         let key = ConnKey::of(ep);
         let mut stale = 0;
         loop {
-            let (mut sender, reused) = match self.idle_h1(&key) {
-                Some(s) if stale < H1_STALE_RETRIES => (s, true),
-                _ => (self.dial_h1(ep, false).await?, false),
+            let (mut sender, served, reused) = match self.idle_h1(&key) {
+                Some((s, n)) if stale < H1_STALE_RETRIES => (s, n, true),
+                _ => (self.dial_h1(ep, false).await?, 0, false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    // Kept for reuse: it turns ready again once this response body is read.
+                    // Kept for reuse: it turns ready again once this response body is read;
+                    // not past the DestinationRule's maxRequestsPerConnection (dropped, it
+                    // closes once this response is done).
+                    let served = served.saturating_add(1);
+                    if key.reuse.max_requests.is_some_and(|m| served >= m) {
+                        return Ok(resp);
+                    }
                     let mut all = lock(&self.h1);
                     make_room(
                         &mut all,
@@ -408,13 +449,16 @@ impl Upstreams {
                         |k| k.addr == key.addr,
                         |l| l.iter().map(|c| c.since).max(),
                     );
-                    let list = all.entry(key).or_default();
+                    let list = all.entry(key.clone()).or_default();
                     if list.len() < H1_MAX_IDLE {
                         list.push(H1Conn {
                             since: Instant::now(),
                             sender,
+                            served,
                         });
                     }
+                    drop(all);
+                    self.close_when_idle(key);
                     return Ok(resp);
                 }
                 Err(mut e) => match e.take_message() {
@@ -465,13 +509,28 @@ impl Upstreams {
         ep: &Endpoint,
         req: Request<Body>,
     ) -> Result<Response<Incoming>, UpstreamError> {
-        let slot = self.h2_slot(&ConnKey::of(ep));
-        *lock(&slot.last_used) = Some(Instant::now());
+        let key = ConnKey::of(ep);
+        let slot = self.h2_slot(&key);
+        // DestinationRule idleTimeout: a connection unused that long is not reused (and
+        // is closed when replaced); maxRequestsPerConnection: nor one that carried that
+        // many requests (its streams in flight finish on it).
+        let was_used = lock(&slot.last_used).replace(Instant::now());
+        let expired = key
+            .reuse
+            .idle
+            .zip(was_used)
+            .is_some_and(|(idle, t)| t.elapsed() >= idle);
         let checkout = async {
             let mut conn = slot.conn.lock().await;
+            let spent = {
+                let mut served = lock(&slot.served);
+                *served += 1;
+                key.reuse.max_requests.is_some_and(|m| *served > m)
+            };
             match conn.as_ref() {
-                Some(s) if !s.is_closed() => Ok(s.clone()),
+                Some(s) if !s.is_closed() && !expired && !spent => Ok(s.clone()),
                 _ => {
+                    *lock(&slot.served) = 1;
                     let io = TokioIo::new(self.connect_io(ep).await?);
                     let (sender, c) = http2::Builder::new(TokioExecutor::new())
                         .initial_stream_window_size(hbone::h2_sizes().stream_window)

@@ -10,6 +10,7 @@ use mesh_tests::jwt::{b64url, es256_key, rs256_key, sign};
 use mesh_tests::netsim::*;
 use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, test_servers};
 
+mod connection_pool;
 mod crl;
 mod http10;
 mod idle;
@@ -19,6 +20,7 @@ mod retries;
 mod stream_idle;
 mod tenancy;
 mod trust_domain;
+mod virtual_service;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {

@@ -58,6 +58,32 @@ fn traffic_policies_parse_as_istio_writes_them() {
     assert_eq!(base(&r[0].1).outlier, Some((5, Duration::from_secs(30))));
 }
 
+/// connectionPool.http maxRequestsPerConnection and idleTimeout: how the upstream HTTP
+/// connections are reused (0 is Istio's "no limit"; idleTimeout 0s turns it off).
+#[test]
+fn connection_reuse_limits_parse() {
+    let reuse = |http: &str| {
+        let rs = rules(&format!(
+            "- {{name: r, namespace: default, host: reviews, trafficPolicy: {{connectionPool: {{http: {http}}}}}}}"
+        ))
+        .expect("valid");
+        base(&rs[0].1).reuse
+    };
+    assert_eq!(
+        reuse("{maxRequestsPerConnection: 3, idleTimeout: 2s}"),
+        Reuse {
+            max_requests: Some(3),
+            idle: Some(Duration::from_secs(2))
+        }
+    );
+    assert_eq!(
+        reuse("{maxRequestsPerConnection: 0, idleTimeout: 0s}"),
+        Reuse::default()
+    );
+    let e = rules("- {name: r, namespace: default, host: reviews, trafficPolicy: {connectionPool: {http: {idleTimeout: soon}}}}").expect_err("refused");
+    assert!(e.contains("connectionPool.http.idleTimeout"), "{e}");
+}
+
 #[test]
 fn what_cannot_be_applied_is_refused_with_the_field_named() {
     for (yaml, want) in [

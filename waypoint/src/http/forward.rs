@@ -440,6 +440,7 @@ async fn attempt_loop(
             backend.service.as_deref(),
         );
         ep.tls = backend.tls_target(Some(&authority(parts)), picked.addr.ip(), http2);
+        ep.reuse = backend.policy.as_ref().map(|t| t.reuse).unwrap_or_default();
         ep.trace = trace;
         let send = wp.upstreams.send(&ep, http2, req);
         let r = match backend_timeout {

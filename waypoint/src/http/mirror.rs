@@ -108,6 +108,7 @@ fn mirror(
             backend.service.as_deref(),
         );
         ep.tls = backend.tls_target(Some(shadow.as_str()), picked.addr.ip(), http2);
+        ep.reuse = backend.policy.as_ref().map(|t| t.reuse).unwrap_or_default();
         let exchange = async {
             let resp = wp
                 .upstreams

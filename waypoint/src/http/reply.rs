@@ -76,6 +76,21 @@ impl LocalReply {
         }
     }
 
+    /// A VirtualService's `directResponse`: the status and body as configured
+    /// (`text/plain` when there is a body, as Envoy's local replies); a gRPC client gets
+    /// the status's gRPC code with the body as its message, as Envoy converts it.
+    pub fn direct(status: StatusCode, body: Bytes) -> Self {
+        let mut headers = HeaderMap::new();
+        if !body.is_empty() {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        }
+        let message = String::from_utf8_lossy(&body).into_owned();
+        LocalReply {
+            external: Some(Box::new((headers, body))),
+            ..LocalReply::new(status, "-", message)
+        }
+    }
+
     /// The same reply with `headers` set on it too (a rule's CORS headers).
     pub fn with_headers(mut self, headers: Option<&HeaderMap>) -> Self {
         if let Some(h) = headers {

@@ -6,16 +6,24 @@ use http::StatusCode;
 use super::model::{HeaderModifier, PathModifier, RequestMirror, RequestRedirect, UrlRewrite};
 
 impl HeaderModifier {
-    /// Gateway API order: set, add, then remove.
+    /// Gateway API order: set, add, then remove (Envoy's for a VirtualService: remove
+    /// first).
     pub fn apply(&self, h: &mut HeaderMap) {
+        if self.remove_first {
+            for r in &self.remove {
+                h.remove(r.as_str());
+            }
+        }
         for s in &self.set {
             h.insert(s.name.clone(), s.value.clone());
         }
         for a in &self.add {
             h.append(a.name.clone(), a.value.clone());
         }
-        for r in &self.remove {
-            h.remove(r.as_str());
+        if !self.remove_first {
+            for r in &self.remove {
+                h.remove(r.as_str());
+            }
         }
     }
 }

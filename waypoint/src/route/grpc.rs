@@ -133,10 +133,7 @@ impl GrpcRoute {
                 matches,
                 filters: r.filters.clone(),
                 backend_refs: r.backend_refs.clone(),
-                timeouts: None,
-                retry: None,
-                session_persistence: None,
-                fault: None,
+                ..RouteRule::default()
             });
         }
         let route = HttpRoute {

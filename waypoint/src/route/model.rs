@@ -10,6 +10,7 @@ use http::Method;
 use regex::Regex;
 use serde::Deserialize;
 
+use super::action::{Answer, Matched, UriRewrite};
 use super::cors::Cors;
 use super::duration::GatewayDuration;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP};
@@ -81,6 +82,17 @@ pub struct RouteRule {
     /// A VirtualService's fault injection (HTTPRoute has none).
     #[serde(skip)]
     pub fault: Option<Fault>,
+    /// Why the rule cannot be applied as written (a valid field the waypoint cannot
+    /// enforce): requests it matches fail closed with 503, naming it, instead of being
+    /// served otherwise than asked.
+    #[serde(skip)]
+    pub unenforceable: Option<String>,
+    /// A VirtualService's `redirect` or `directResponse`: the waypoint answers.
+    #[serde(skip)]
+    pub answer: Option<Answer>,
+    /// A VirtualService's `rewrite.uri` or `rewrite.uriRegexRewrite`.
+    #[serde(skip)]
+    pub uri_rewrite: Option<UriRewrite>,
 }
 
 /// Gateway API `SessionPersistence`: requests of one session go to the endpoint the
@@ -137,6 +149,9 @@ pub struct RouteMatch {
     pub headers: Vec<HeaderMatch>,
     pub query_params: Vec<QueryParamMatch>,
     pub method: Option<MethodMatch>,
+    /// A VirtualService match's other conditions (Gateway API has none of them).
+    #[serde(skip)]
+    pub vs: Option<Box<VsConditions>>,
 }
 
 /// A path match, compiled.
@@ -425,6 +440,9 @@ pub struct HeaderModifier {
     /// Appends a value (the header keeps the ones it had).
     pub add: Vec<HttpHeader>,
     pub remove: Vec<String>,
+    /// Envoy's order (a VirtualService's header operations): remove, then set and add.
+    #[serde(skip)]
+    pub remove_first: bool,
 }
 
 /// How a redirect or rewrite changes the path.
@@ -687,4 +705,28 @@ pub(super) fn parent_kind(r: &ObjectRef) -> Option<Attachment> {
         ("Gateway", None | Some(GATEWAY_GROUP)) => Some(Attachment::Gateway),
         _ => None,
     }
+}
+
+/// The extra conditions of one VirtualService match.
+#[derive(Clone, Debug, Default)]
+pub struct VsConditions {
+    /// How much of the path the uri match covers (for `rewrite.uri`).
+    pub matched: Matched,
+    /// The service port the request was sent to (Istio drops the match on other ports).
+    pub port: Option<u16>,
+    /// Against `:authority` as the client sent it (Host for HTTP/1.1, port included).
+    pub authority: Option<ValueMatch>,
+    /// Against `:scheme`: `http` at the waypoint (plain HTTP inside the tunnel).
+    pub scheme: Option<ValueMatch>,
+    /// Each must not match: a missing header counts as the empty value, except for a
+    /// presence-only match (`regex: ".*"`, `prefix: ""`...), which then matches only a
+    /// request without the header (Envoy's `invert_match` with
+    /// `treat_missing_header_as_empty`).
+    pub without_headers: Vec<(HeaderMatch, bool)>,
+    /// `sourceNamespace`: the match applies only when it is the waypoint's namespace
+    /// (Istio's `sourceMatchHTTP` with the waypoint as the proxy).
+    pub source_namespace: Option<String>,
+    /// A match Istio's waypoint drops (`sourceLabels`, `gateways` without `mesh`): kept
+    /// so rule numbers stay as written, never matching.
+    pub dropped: bool,
 }

@@ -6,8 +6,10 @@ use http::header::HeaderMap;
 use http::Method;
 
 use super::model::{
-    parent_kind, Attachment, BackendRef, HttpRoute, PathMatch, RouteMatch, RouteRule, ValueMatch,
+    parent_kind, Attachment, BackendRef, HttpRoute, PathMatch, RouteKind, RouteMatch, RouteRule,
+    ValueMatch,
 };
+use super::virtual_service::VsRequest;
 use crate::object::Target;
 
 impl PathMatch {
@@ -32,7 +34,7 @@ impl PathMatch {
 }
 
 impl ValueMatch {
-    fn matches(&self, v: &[u8]) -> bool {
+    pub(super) fn matches(&self, v: &[u8]) -> bool {
         match self {
             ValueMatch::Exact(e) => v == e.as_bytes(),
             ValueMatch::Regex(r) => std::str::from_utf8(v).is_ok_and(|s| r.is_match(s)),
@@ -69,8 +71,9 @@ impl RouteMatch {
         self.path.as_ref()
     }
 
-    fn matches(&self, req: &RouteRequest) -> bool {
-        self.path().is_none_or(|p| p.matches(req.path))
+    fn matches(&self, req: &RouteRequest, target: &Target) -> bool {
+        self.vs.as_ref().is_none_or(|c| c.matches(&req.vs(target)))
+            && self.path().is_none_or(|p| p.matches(req.path))
             && self.method.as_ref().is_none_or(|m| m.0 == *req.method)
             && self.headers.iter().all(|h| {
                 req.headers
@@ -139,6 +142,19 @@ pub struct RouteRequest<'a> {
     pub headers: &'a HeaderMap,
     /// Lowercase, without the port.
     pub host: &'a str,
+    /// The authority as the client sent it (VirtualService `authority` matches).
+    pub authority: &'a str,
+}
+
+impl RouteRequest<'_> {
+    fn vs<'t>(&'t self, target: &'t Target<'_>) -> VsRequest<'t> {
+        VsRequest {
+            authority: self.authority,
+            port: target.port,
+            headers: self.headers,
+            waypoint_namespace: &target.gateway.namespace,
+        }
+    }
 }
 
 /// What routing decided for a request.
@@ -159,6 +175,8 @@ pub struct Selected<'a> {
     pub rule_index: usize,
     /// The `PathPrefix` (without trailing slash) that matched, for ReplacePrefixMatch.
     pub matched_prefix: Option<&'a str>,
+    /// The match that matched (a rule without matches: the catch-all).
+    pub matched: &'a RouteMatch,
 }
 
 impl HttpRoute {
@@ -173,6 +191,11 @@ impl HttpRoute {
             let ns = r.namespace.as_deref().unwrap_or(&self.namespace);
             match parent_kind(r) {
                 Some(Attachment::Service) => {
+                    // Istio's waypoint: a VirtualService of the Service's namespace, or of
+                    // the waypoint's own, may name it (`getVirtualServiceForWaypoint`).
+                    if ns != self.namespace && target.gateway.namespace != self.namespace {
+                        continue;
+                    }
                     let svc = target
                         .service
                         .is_some_and(|s| s.name == r.name && s.namespace == ns);
@@ -212,6 +235,7 @@ static DEFAULT_MATCH: RouteMatch = RouteMatch {
     headers: Vec::new(),
     query_params: Vec::new(),
     method: None,
+    vs: None,
 };
 
 /// The rule for a request among `routes`, by Gateway API precedence (see `route`).
@@ -228,9 +252,33 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
         Attachment::Service => true,
         Attachment::Gateway => !service_routes && route.host_matches(req.host),
     });
+    let (virtual_services, routes): (Vec<_>, Vec<_>) =
+        applying.partition(|(r, _)| r.kind == RouteKind::Virtual);
     let mut any = false;
+    // VirtualServices: Istio's (Envoy's) order, before the HTTPRoutes: the first rule
+    // and match that matches wins, VirtualServices in config order; a rule without
+    // matches ends the list (`waypointInboundRoute`).
+    for (route, _) in virtual_services {
+        any = true;
+        for (rule_index, rule) in route.rules.iter().enumerate() {
+            let matches = if rule.matches.is_empty() {
+                std::slice::from_ref(&DEFAULT_MATCH)
+            } else {
+                &rule.matches
+            };
+            if let Some(m) = matches.iter().find(|m| m.matches(req, target)) {
+                return Selection::Matched(Selected {
+                    route,
+                    rule,
+                    rule_index,
+                    matched_prefix: None,
+                    matched: m,
+                });
+            }
+        }
+    }
     let mut best: Option<(Precedence, Selected<'a>)> = None;
-    for (route, _) in applying {
+    for (route, _) in routes {
         any = true;
         for (rule_index, rule) in route.rules.iter().enumerate() {
             let matches = if rule.matches.is_empty() {
@@ -239,7 +287,7 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
                 &rule.matches
             };
             for m in matches {
-                if !m.matches(req) {
+                if !m.matches(req, target) {
                     continue;
                 }
                 let p = m.precedence();
@@ -258,6 +306,7 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
                         rule,
                         rule_index,
                         matched_prefix,
+                        matched: m,
                     },
                 ));
             }

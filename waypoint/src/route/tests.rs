@@ -24,12 +24,21 @@ fn err(yaml: &str) -> String {
     }
 }
 
+mod virtual_service;
+
 struct Req {
     method: Method,
     path: String,
     query: Option<String>,
     headers: HeaderMap,
     host: String,
+    /// As sent (default: `host`).
+    authority: Option<String>,
+    port: u16,
+    /// The waypoint's namespace.
+    waypoint_ns: &'static str,
+    /// The echo Service's namespace.
+    svc_ns: &'static str,
 }
 
 fn req(path: &str) -> Req {
@@ -43,6 +52,10 @@ fn req(path: &str) -> Req {
         query,
         headers: HeaderMap::new(),
         host: "echo.default.svc.cluster.local".into(),
+        authority: None,
+        port: 80,
+        waypoint_ns: "default",
+        svc_ns: "default",
     }
 }
 
@@ -59,14 +72,30 @@ impl Req {
         self.host = h.into();
         self
     }
+    fn authority(mut self, a: &str) -> Req {
+        self.authority = Some(a.into());
+        self
+    }
+    fn port(mut self, p: u16) -> Req {
+        self.port = p;
+        self
+    }
+    fn waypoint_ns(mut self, ns: &'static str) -> Req {
+        self.waypoint_ns = ns;
+        self
+    }
+    fn svc_ns(mut self, ns: &'static str) -> Req {
+        self.svc_ns = ns;
+        self
+    }
     /// `route#rule` chosen for the echo service on port 80.
     fn pick(&self, routes: &[HttpRoute]) -> Option<String> {
         let gw = ObjectName {
-            namespace: "default".into(),
+            namespace: self.waypoint_ns.into(),
             name: "waypoint".into(),
         };
         let svc = ObjectName {
-            namespace: "default".into(),
+            namespace: self.svc_ns.into(),
             name: "echo".into(),
         };
         let target = Target {
@@ -74,7 +103,7 @@ impl Req {
             service: Some(&svc),
             service_kind: Default::default(),
             root_namespace: "istio-system",
-            port: 80,
+            port: self.port,
         };
         let refs: Vec<&HttpRoute> = routes.iter().collect();
         let r = RouteRequest {
@@ -83,6 +112,7 @@ impl Req {
             query: self.query.as_deref(),
             headers: &self.headers,
             host: &self.host,
+            authority: self.authority.as_deref().unwrap_or(&self.host),
         };
         match select(&refs, &target, &r) {
             Selection::Matched(s) => Some(format!("{}#{}", s.route.name, s.rule_index)),
@@ -595,140 +625,6 @@ fn tcp_routes_have_one_rule_with_backends() {
     assert!(one("rules: [{matches: []}]")
         .expect_err("no matches in TCPRoute")
         .contains("unknown field `matches`"));
-}
-
-fn vs(yaml: &str) -> Result<HttpRoute, String> {
-    let v: VirtualService = serde_yaml::from_str(&format!(
-        "name: v\nnamespace: default\nhosts: [echo]\n{yaml}"
-    ))
-    .map_err(|e| e.to_string())?;
-    v.to_http()
-}
-
-/// A VirtualService attaches only through a waypoint of a namespace it is exported to
-/// (the waypoint here is in `default`; the file path, as the cluster's).
-#[test]
-fn virtual_services_honour_export_to() {
-    let with = |export: &str| {
-        vs(&format!(
-            "exportTo: {export}\nhttp: [{{route: [{{destination: {{host: echo}}}}]}}]"
-        ))
-        .expect(export)
-    };
-    for (export, applies) in [
-        ("[]", true),
-        ("['*']", true),
-        ("['.']", true),
-        ("[default]", true),
-        ("[shop]", false),
-        ("[shop, '.']", true),
-    ] {
-        assert_eq!(
-            req("/").pick(&[with(export)]).is_some(),
-            applies,
-            "exportTo {export}"
-        );
-    }
-    // From another namespace, `.` is that namespace's own.
-    let mut other = with("['.']");
-    other.namespace = "shop".into();
-    other.parent_refs[0].namespace = Some("default".into());
-    assert_eq!(req("/").pick(&[other]), None);
-}
-
-/// A VirtualService as the HTTPRoute it amounts to: Istio's string prefix (not by path
-/// element), headers, weights, timeouts, retries and its fault injection.
-#[test]
-fn virtual_services_route_and_inject_faults() {
-    let r = vs("http:\n\
-        - match: [{uri: {prefix: /api}, headers: {x-user: {exact: jason}}}]\n\
-        \x20 route: [{destination: {host: echo-v2, port: {number: 80}}}]\n\
-        \x20 timeout: 2s\n\
-        \x20 retries: {attempts: 3, perTryTimeout: 500ms, retryOn: 'gateway-error,connect-failure'}\n\
-        - match: [{uri: {exact: /abort}}]\n\
-        \x20 fault: {abort: {httpStatus: 418, percentage: {value: 100}}}\n\
-        \x20 route: [{destination: {host: echo}}]\n\
-        - route: [{destination: {host: echo-v1}, weight: 80}, {destination: {host: echo-v2}, weight: 20}]\n\
-        \x20 headers: {request: {set: {x-vs: 'yes'}}}\n")
-    .expect("converts");
-    assert_eq!(r.kind, RouteKind::Virtual);
-    let rs = vec![r];
-    assert_eq!(
-        req("/apix").header("x-user", "jason").pick(&rs).as_deref(),
-        Some("v#0"),
-        "a string prefix"
-    );
-    assert_eq!(
-        req("/api").pick(&rs).as_deref(),
-        Some("v#2"),
-        "the header must match"
-    );
-    assert_eq!(req("/abort").pick(&rs).as_deref(), Some("v#1"));
-    let rule0 = &rs[0].rules[0];
-    assert_eq!(
-        (rule0.request_timeout(), rule0.backend_timeout()),
-        (
-            Some(Duration::from_secs(2)),
-            Some(Duration::from_millis(500))
-        )
-    );
-    let retry = rule0.retry.as_ref().expect("retry");
-    assert_eq!(
-        (retry.attempts, retry.codes.clone()),
-        (Some(3), vec![502, 503, 504])
-    );
-    let fault = rs[0].rules[1].fault.expect("fault");
-    assert_eq!(
-        (fault.abort_for(0.99), fault.delay_for(0.0)),
-        (Some(418), None)
-    );
-    let half = vs("http: [{fault: {delay: {fixedDelay: 1s, percentage: {value: 50}}}, route: [{destination: {host: echo}}]}]").expect("delay");
-    let f = half.rules[0].fault.expect("fault");
-    assert_eq!(
-        (f.delay_for(0.2), f.delay_for(0.7)),
-        (Some(Duration::from_secs(1)), None)
-    );
-    assert_eq!(
-        rs[0].rules[2]
-            .backend_refs
-            .iter()
-            .map(|b| b.weight)
-            .collect::<Vec<_>>(),
-        [80, 20]
-    );
-    let sub = vs("http: [{route: [{destination: {host: echo, subset: v1}, weight: 90}, {destination: {host: echo, subset: v2}, weight: 10}]}]").expect("subsets");
-    assert_eq!(
-        sub.rules[0]
-            .backend_refs
-            .iter()
-            .map(|b| b.subset.as_deref())
-            .collect::<Vec<_>>(),
-        [Some("v1"), Some("v2")]
-    );
-    // Per-destination headers are that backend's header modifiers.
-    let d = vs("http: [{route: [{destination: {host: echo-v1}, headers: {request: {set: {x-v: '1'}}, response: {add: {x-from: v1}}}}, {destination: {host: echo-v2}}]}]").expect("headers");
-    let b = &d.rules[0].backend_refs;
-    assert_eq!(
-        b[0].request_modifier().map(|m| m.set[0].value.as_bytes()),
-        Some(&b"1"[..])
-    );
-    assert_eq!(
-        b[0].response_modifier().map(|m| m.add[0].name.as_str()),
-        Some("x-from")
-    );
-    assert!(b[1].request_modifier().is_none() && b[1].response_modifier().is_none());
-    for (yaml, want) in [
-        ("http: [{route: [{destination: {host: echo, subset: ''}}]}]", "http[0].route[0].destination.subset: must not be empty"),
-        ("http: [{rewrite: {uri: /x}, route: [{destination: {host: echo}}]}]", "http[0].rewrite.uri"),
-        ("http: [{redirect: {uri: /x}}]", "unknown field `redirect`"),
-        ("http: [{route: [{destination: {host: api.example.com}}]}]", "is not a Kubernetes Service"),
-        ("http: [{fault: {abort: {percentage: {value: 10}}}, route: [{destination: {host: echo}}]}]", "fault.abort.httpStatus"),
-        ("gateways: [istio-system/ingress]\nhttp: [{route: [{destination: {host: echo}}]}]", "gateways"),
-        ("http: [{match: [{uri: {exact: /a, prefix: /b}}], route: [{destination: {host: echo}}]}]", "set exactly one of"),
-    ] {
-        let e = vs(yaml).expect_err(yaml);
-        assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
-    }
 }
 
 #[test]

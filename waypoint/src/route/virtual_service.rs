@@ -1,25 +1,33 @@
 //! Istio `VirtualService` on a waypoint (what Istio's ambient waypoints apply to the
-//! Services in `hosts`), held as the HTTPRoute it amounts to, with its fault injection:
-//! `match` (uri exact / prefix / regex, headers, method, queryParams), `route`
-//! destinations with weights, ports, DestinationRule subsets and their own `headers`,
-//! rule `headers`, `rewrite.authority`, `timeout`, `retries` and `fault` (delay and
-//! abort, by percentage). What it cannot express exactly is refused with the field named
-//! (the VirtualService then does not apply): redirects, mirrors, `rewrite.uri`, CORS,
-//! `sourceLabels`, `gateways` other than `mesh`, hosts that are not Kubernetes Services.
+//! Services in `hosts`: `listener_waypoint.go` `waypointInboundRoute`, `route.go`
+//! `TranslateRoute`), held as the HTTPRoute it amounts to, its rules tried in order
+//! (`route::select`): matches (`match.rs` conditions in `matching`), destinations with
+//! weights, ports, subsets and their own `headers`, rule `headers`, `rewrite` (authority,
+//! `uri`, `uriRegexRewrite`), `redirect` and `directResponse` (`action`), `timeout`,
+//! `retries` (`retry`) and `fault`. A match with `sourceLabels` is dropped, as Istio's
+//! waypoint drops it. Valid fields the waypoint does not apply yet (`mirror`,
+//! `corsPolicy`, `delegate`, Envoy header substitutions) make their rule fail closed
+//! (`RouteRule::unenforceable`); invalid values refuse the object with the field named.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::action::{self, Answer, UriRewrite};
 use super::duration::GatewayDuration;
 use super::model::{
-    BackendRef, Fault, Filter, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute, MethodMatch,
-    PathMatch, QueryParamMatch, Retry, RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite,
-    ValueMatch,
+    BackendRef, Fault, Filter, HeaderModifier, HttpHeader, HttpRoute, RouteKind, RouteMatch,
+    RouteRule, Timeouts, UrlRewrite, VsConditions,
 };
 use crate::extauthz::provider::parse_duration;
 use crate::object::ObjectRef;
+
+mod matching;
+mod retry;
+
+pub use matching::{VsMatch, VsRequest};
+pub use retry::{mesh_default, MeshRetry, VsRetries};
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -47,25 +55,16 @@ pub struct VsHttpRoute {
     pub retries: Option<VsRetries>,
     pub fault: Option<VsFault>,
     pub headers: Option<VsHeaders>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct VsMatch {
-    pub name: Option<String>,
-    pub uri: Option<StringMatch>,
-    pub method: Option<StringMatch>,
-    pub headers: BTreeMap<String, StringMatch>,
-    pub query_params: BTreeMap<String, StringMatch>,
-}
-
-/// Istio's StringMatch: one of exact, prefix, regex.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct StringMatch {
-    pub exact: Option<String>,
-    pub prefix: Option<String>,
-    pub regex: Option<String>,
+    pub redirect: Option<action::VsRedirect>,
+    pub direct_response: Option<action::VsDirectResponse>,
+    // Accepted, and a rule using them fails closed (`RouteRule::unenforceable`), until
+    // the waypoint applies them.
+    pub mirror: Option<serde_json::Value>,
+    pub mirrors: Option<serde_json::Value>,
+    pub mirror_percentage: Option<serde_json::Value>,
+    pub mirror_percent: Option<serde_json::Value>,
+    pub cors_policy: Option<serde_json::Value>,
+    pub delegate: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -95,18 +94,11 @@ pub struct VsPort {
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct VsRewrite {
     pub uri: Option<String>,
     pub authority: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
-pub struct VsRetries {
-    pub attempts: Option<u32>,
-    pub per_try_timeout: Option<String>,
-    pub retry_on: Option<String>,
+    pub uri_regex_rewrite: Option<action::VsRegexRewrite>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -169,71 +161,67 @@ fn service_ref(host: &str, ns: &str) -> Option<(String, String)> {
         .then(|| (name.to_string(), svc_ns.to_string()))
 }
 
-impl StringMatch {
-    /// As a full-match regex source, or an exact value.
-    fn value(&self, field: &str) -> Result<ValueMatch, String> {
-        match (&self.exact, &self.prefix, &self.regex) {
-            (Some(e), None, None) => Ok(ValueMatch::Exact(e.clone())),
-            (None, Some(p), None) => {
-                ValueMatch::new("RegularExpression", &format!("{}.*", regex::escape(p)))
-                    .map_err(|e| format!("{field}: {e}"))
-            }
-            (None, None, Some(r)) => {
-                ValueMatch::new("RegularExpression", r).map_err(|e| format!("{field}: {e}"))
-            }
-            _ => Err(format!("{field}: set exactly one of exact, prefix, regex")),
-        }
-    }
+/// Header operations as Istio's `TranslateHeadersOperations` gives them to Envoy.
+#[derive(Default)]
+struct Ops {
+    modifier: HeaderModifier,
+    /// `:authority` or `host` in `set` (else `add`): Envoy's host rewrite, not a header.
+    authority: Option<String>,
+    /// A value using Envoy's `%COMMAND%` substitution, which the waypoint does not do.
+    unsupported: Option<String>,
 }
 
-fn ops(ops: &VsHeaderOps, field: &str) -> Result<HeaderModifier, String> {
-    let header = |k: &String, v: &String| -> Result<HttpHeader, String> {
+/// `:`-headers and `host` are not headers Envoy sets or removes (Istio drops them).
+fn internal(k: &str) -> bool {
+    k.starts_with(':') || k.eq_ignore_ascii_case("host")
+}
+
+fn ops(ops: &VsHeaderOps, field: &str) -> Result<Ops, String> {
+    let mut out = Ops::default();
+    let is_authority =
+        |k: &String| k.eq_ignore_ascii_case(":authority") || k.eq_ignore_ascii_case("host");
+    out.authority = ops
+        .set
+        .iter()
+        .find(|(k, _)| is_authority(k))
+        .or_else(|| ops.add.iter().find(|(k, _)| is_authority(k)))
+        .map(|(_, v)| v.clone());
+    let mut header = |k: &String, v: &String| -> Result<Option<HttpHeader>, String> {
+        if internal(k) {
+            return Ok(None);
+        }
         let name = http::HeaderName::from_bytes(k.as_bytes())
             .map_err(|_| format!("{field}: {k:?} is not a header name"))?;
-        let value = http::HeaderValue::from_str(v)
-            .map_err(|_| format!("{field}: {v:?} is not a header value"))?;
-        Ok(HttpHeader { name, value })
-    };
-    Ok(HeaderModifier {
-        set: ops
-            .set
-            .iter()
-            .map(|(k, v)| header(k, v))
-            .collect::<Result<_, _>>()?,
-        add: ops
-            .add
-            .iter()
-            .map(|(k, v)| header(k, v))
-            .collect::<Result<_, _>>()?,
-        remove: ops.remove.clone(),
-    })
-}
-
-/// Istio's `retryOn` policies as the status codes the waypoint retries on (503 and
-/// 504 also stand for a failed connection and a timeout).
-fn retry_codes(on: &str) -> Result<Vec<u16>, String> {
-    let mut codes = Vec::new();
-    for p in on.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        match p {
-            "5xx" => codes.extend(500..=599),
-            "gateway-error" => codes.extend([502, 503, 504]),
-            "connect-failure" | "refused-stream" | "reset" | "unavailable" => codes.push(503),
-            "retriable-4xx" => codes.push(409),
-            "retriable-status-codes" | "cancelled" | "deadline-exceeded" | "resource-exhausted" => {
-            }
-            n => codes.push(
-                n.parse::<u16>()
-                    .ok()
-                    .filter(|c| (100..600).contains(c))
-                    .ok_or_else(|| {
-                        format!("retryOn: {n:?} is not a retry policy or status code")
-                    })?,
-            ),
+        // Envoy reads `%...%` in a value as a substitution, `%%` as a `%`.
+        if v.replace("%%", "").contains('%') && out.unsupported.is_none() {
+            out.unsupported = Some(format!(
+                "{field}.{k}: {v:?} uses Envoy's %COMMAND% substitution, which this waypoint does not do"
+            ));
         }
+        let value = http::HeaderValue::from_str(&v.replace("%%", "%"))
+            .map_err(|_| format!("{field}: {v:?} is not a header value"))?;
+        Ok(Some(HttpHeader { name, value }))
+    };
+    let mut set = Vec::new();
+    for (k, v) in &ops.set {
+        set.extend(header(k, v)?);
     }
-    codes.sort_unstable();
-    codes.dedup();
-    Ok(codes)
+    let mut add = Vec::new();
+    for (k, v) in &ops.add {
+        add.extend(header(k, v)?);
+    }
+    out.modifier = HeaderModifier {
+        set,
+        add,
+        remove: ops
+            .remove
+            .iter()
+            .filter(|k| !internal(k))
+            .cloned()
+            .collect(),
+        remove_first: true,
+    };
+    Ok(out)
 }
 
 fn percent(p: &Option<Percent>, legacy: Option<u32>, field: &str) -> Result<f64, String> {
@@ -260,13 +248,13 @@ impl VirtualService {
         for (i, h) in self.hosts.iter().enumerate() {
             let (name, namespace) = service_ref(h, &self.namespace)
                 .ok_or_else(|| format!("hosts[{i}]: {h:?} is not a Kubernetes Service (`name` or `name.namespace.svc.<domain>`)"))?;
-            if namespace != self.namespace {
-                return Err(format!("hosts[{i}]: {h:?} is in another namespace; the waypoint applies a VirtualService to its own namespace's Services"));
-            }
+            // A Service of another namespace: applied only by a waypoint of the
+            // VirtualService's namespace (`route::select`), as Istio's waypoint does.
             parent_refs.push(ObjectRef {
                 group: Some(String::new()),
                 kind: Some("Service".into()),
                 name,
+                namespace: (namespace != self.namespace).then_some(namespace),
                 ..ObjectRef::default()
             });
         }
@@ -301,68 +289,46 @@ impl VirtualService {
         {
             b.backend.port.get_or_insert(1);
         }
+        for p in &mut check.parent_refs {
+            p.namespace = None;
+        }
         check.validate()?;
         Ok(route)
     }
 }
 
 impl VsHttpRoute {
+    /// The rule it amounts to; when every match is one Istio's waypoint drops
+    /// (`sourceLabels`, `gateways` without `mesh`) it matches nothing, as the rule does
+    /// not exist there.
     fn to_rule(&self, ns: &str) -> Result<RouteRule, String> {
         let mut matches = Vec::new();
         for (j, m) in self.matches.iter().enumerate() {
             let at = format!("match[{j}]");
-            let path = match &m.uri {
-                None => None,
-                Some(u) => Some(
-                    match (&u.exact, &u.prefix, &u.regex) {
-                        (Some(e), None, None) => PathMatch::new("Exact", e),
-                        // Istio's prefix is a string prefix, not Gateway API's by path element.
-                        (None, Some(p), None) => {
-                            PathMatch::new("RegularExpression", &format!("{}.*", regex::escape(p)))
-                        }
-                        (None, None, Some(r)) => PathMatch::new("RegularExpression", r),
-                        _ => Err("set exactly one of exact, prefix, regex".into()),
-                    }
-                    .map_err(|e| format!("{at}.uri: {e}"))?,
-                ),
-            };
-            let method = match &m.method {
-                None => None,
-                Some(StringMatch {
-                    exact: Some(e),
-                    prefix: None,
-                    regex: None,
-                }) => Some(MethodMatch(
-                    http::Method::from_bytes(e.as_bytes())
-                        .map_err(|_| format!("{at}.method: {e:?} is not a method"))?,
-                )),
-                Some(_) => return Err(format!("{at}.method: only exact")),
-            };
-            let mut headers = Vec::new();
-            for (k, v) in &m.headers {
-                let name = http::HeaderName::from_bytes(k.as_bytes())
-                    .map_err(|_| format!("{at}.headers: {k:?} is not a header name"))?;
-                headers.push(HeaderMatch {
-                    name,
-                    value: v.value(&format!("{at}.headers.{k}"))?,
-                });
+            // Istio's waypoint drops a match with sourceLabels (`waypointInboundRoute`,
+            // istio/istio#51565) and one naming gateways other than `mesh`
+            // (`sourceMatchHTTP` with the waypoint's `mesh`).
+            if !m.source_labels.is_empty()
+                || (!m.gateways.is_empty() && !m.gateways.iter().any(|g| g == "mesh"))
+            {
+                continue;
             }
-            let mut query_params = Vec::new();
-            for (k, v) in &m.query_params {
-                query_params.push(QueryParamMatch {
-                    name: k.clone(),
-                    value: v.value(&format!("{at}.queryParams.{k}"))?,
-                });
-            }
+            matches.push(m.compile(&at)?);
+        }
+        if !self.matches.is_empty() && matches.is_empty() {
+            // Kept (rule numbers stay as written), matching nothing.
             matches.push(RouteMatch {
-                path,
-                headers,
-                query_params,
-                method,
+                vs: Some(Box::new(VsConditions {
+                    dropped: true,
+                    ..VsConditions::default()
+                })),
+                ..RouteMatch::default()
             });
         }
         let mut backend_refs = Vec::new();
         let one = self.route.len() == 1;
+        let mut unsupported: Option<String> = None;
+        let mut dest_authority = None;
         for (k, d) in self.route.iter().enumerate() {
             let at = format!("route[{k}]");
             if d.destination.subset.as_deref() == Some("") {
@@ -373,16 +339,23 @@ impl VsHttpRoute {
             let mut filters = Vec::new();
             if let Some(h) = &d.headers {
                 if let Some(req) = &h.request {
-                    filters.push(Filter::RequestHeaderModifier(ops(
-                        req,
-                        &format!("{at}.headers.request"),
-                    )?));
+                    let o = ops(req, &format!("{at}.headers.request"))?;
+                    unsupported = unsupported.or(o.unsupported);
+                    if let Some(a) = o.authority {
+                        // Istio: the destination's host rewrite (per weighted cluster);
+                        // the waypoint rewrites per rule only.
+                        if one {
+                            dest_authority = Some(a);
+                        } else {
+                            unsupported = unsupported.or(Some(format!("{at}.headers.request: an authority per weighted destination is not supported")));
+                        }
+                    }
+                    filters.push(Filter::RequestHeaderModifier(o.modifier));
                 }
                 if let Some(resp) = &h.response {
-                    filters.push(Filter::ResponseHeaderModifier(ops(
-                        resp,
-                        &format!("{at}.headers.response"),
-                    )?));
+                    let o = ops(resp, &format!("{at}.headers.response"))?;
+                    unsupported = unsupported.or(o.unsupported);
+                    filters.push(Filter::ResponseHeaderModifier(o.modifier));
                 }
             }
             let (name, namespace) = service_ref(&d.destination.host, ns).ok_or_else(|| {
@@ -408,27 +381,69 @@ impl VsHttpRoute {
             });
         }
         let mut filters = Vec::new();
+        // The host rewrite: rewrite.authority, else the rule's headers', else the one
+        // destination's (Istio's `applyHTTPRouteDestination` and `processDestination`).
+        let mut authority = None;
         if let Some(h) = &self.headers {
             if let Some(req) = &h.request {
-                filters.push(Filter::RequestHeaderModifier(ops(req, "headers.request")?));
+                let o = ops(req, "headers.request")?;
+                unsupported = unsupported.or(o.unsupported);
+                authority = o.authority;
+                filters.push(Filter::RequestHeaderModifier(o.modifier));
             }
             if let Some(resp) = &h.response {
-                filters.push(Filter::ResponseHeaderModifier(ops(
-                    resp,
-                    "headers.response",
-                )?));
+                let o = ops(resp, "headers.response")?;
+                unsupported = unsupported.or(o.unsupported);
+                filters.push(Filter::ResponseHeaderModifier(o.modifier));
             }
         }
+        let mut uri_rewrite = None;
         if let Some(rw) = &self.rewrite {
-            if rw.uri.is_some() {
-                return Err("rewrite.uri: not supported (rewrite.authority is)".into());
+            let uri = rw.uri.as_deref().filter(|u| !u.is_empty());
+            uri_rewrite = match (uri, &rw.uri_regex_rewrite) {
+                (Some(_), Some(_)) => {
+                    return Err("rewrite: set one of uri and uriRegexRewrite".into())
+                }
+                (Some(u), None) => {
+                    if u.bytes()
+                        .any(|b| b.is_ascii_control() || b == b' ' || b == b'?' || b == b'#')
+                    {
+                        return Err(format!("rewrite.uri: {u:?} is not a path"));
+                    }
+                    Some(UriRewrite::Prefix(u.to_string()))
+                }
+                (None, Some(r)) => {
+                    let re = regex::RegexBuilder::new(&r.pattern)
+                        .size_limit(1 << 20)
+                        .build()
+                        .map_err(|e| format!("rewrite.uriRegexRewrite.match: {e}"))?;
+                    let sub = action::re2_substitution(&r.rewrite, re.captures_len())
+                        .map_err(|e| format!("rewrite.uriRegexRewrite.{e}"))?;
+                    Some(UriRewrite::Regex(re, sub))
+                }
+                (None, None) => None,
+            };
+            if let Some(a) = rw.authority.as_ref().filter(|a| !a.is_empty()) {
+                authority = Some(a.clone());
             }
-            if let Some(a) = &rw.authority {
-                filters.push(Filter::UrlRewrite(UrlRewrite {
-                    hostname: Some(a.clone()),
-                    path: None,
-                }));
+        }
+        if let Some(a) = authority.or(dest_authority) {
+            if a.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+                return Err(format!("rewrite.authority: {a:?} is not an authority"));
             }
+            filters.push(Filter::UrlRewrite(UrlRewrite {
+                hostname: Some(a),
+                path: None,
+            }));
+        }
+        let answer = match (&self.redirect, &self.direct_response) {
+            (Some(_), Some(_)) => return Err("set one of redirect and directResponse".into()),
+            (Some(r), None) => Some(Answer::Redirect(r.compile()?)),
+            (None, Some(d)) => Some(Answer::Direct(d.compile()?)),
+            (None, None) => None,
+        };
+        if answer.is_some() && !self.route.is_empty() {
+            return Err("route: a rule with redirect or directResponse sends nowhere".into());
         }
         let dur = |s: &str, field: &str| {
             parse_duration(s)
@@ -440,36 +455,38 @@ impl VsHttpRoute {
             .as_deref()
             .map(|t| dur(t, "timeout"))
             .transpose()?;
-        let per_try = self
+        let converted = self
             .retries
             .as_ref()
-            .and_then(|r| r.per_try_timeout.as_deref())
-            .map(|t| dur(t, "retries.perTryTimeout"))
+            .map(|r| r.convert().map_err(|e| format!("retries.{e}")))
             .transpose()?;
+        let per_try = converted
+            .as_ref()
+            .and_then(|c| c.per_try_timeout)
+            .map(GatewayDuration);
         let timeouts = (request.is_some() || per_try.is_some()).then_some(Timeouts {
             request,
             backend_request: per_try,
         });
-        let retry = match &self.retries {
-            Some(r) if r.attempts.unwrap_or(0) > 0 => Some(Retry {
-                codes: retry_codes(
-                    r.retry_on
-                        .as_deref()
-                        .unwrap_or("connect-failure,refused-stream,unavailable,cancelled,503"),
-                )
-                .map_err(|e| format!("retries.{e}"))?,
-                attempts: r.attempts,
-                backoff: None,
-            }),
-            // `attempts` 0 or unset turns retries off, Istio's defaults included
-            // (`retry.ConvertPolicy`: attempts <= 0 is no policy at all).
-            Some(_) => Some(Retry {
-                codes: Vec::new(),
-                attempts: Some(0),
-                backoff: None,
-            }),
-            None => None,
-        };
+        let mut unenforceable = None;
+        let retry = converted.map(|c| {
+            unenforceable = c.unsupported.map(|u| format!("retries.{u}"));
+            c.retry
+        });
+        // Valid fields the waypoint does not apply yet: the rule fails closed, named.
+        unenforceable = unenforceable.or(unsupported);
+        for (set, field) in [
+            (self.mirror.is_some(), "mirror"),
+            (self.mirrors.is_some(), "mirrors"),
+            (self.mirror_percentage.is_some(), "mirrorPercentage"),
+            (self.mirror_percent.is_some(), "mirrorPercent"),
+            (self.cors_policy.is_some(), "corsPolicy"),
+            (self.delegate.is_some(), "delegate"),
+        ] {
+            if set && unenforceable.is_none() {
+                unenforceable = Some(format!("{field}: not supported by this waypoint yet"));
+            }
+        }
         let fault = match &self.fault {
             None => None,
             Some(f) => {
@@ -509,6 +526,9 @@ impl VsHttpRoute {
             retry,
             session_persistence: None,
             fault,
+            unenforceable,
+            answer,
+            uri_rewrite,
         })
     }
 }
