@@ -1,5 +1,6 @@
 //! Generates Envoy's ext_authz types and gRPC service (CUSTOM AuthorizationPolicies)
-//! and OpenTelemetry's OTLP trace export (request spans) from proto/: our own .proto
+//! and OpenTelemetry's OTLP trace and logs export (request spans, OpenTelemetry access
+//! logs) from proto/: our own .proto
 //! files, written from their names and field numbers.
 //! google.rpc.Status is ztunnel's. protox parses in Rust, so no protoc is needed.
 
@@ -9,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         [
             "proto/envoy/service/auth/v3/external_auth.proto",
             "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto",
+            "proto/opentelemetry/proto/collector/logs/v1/logs_service.proto",
         ],
         ["proto", "../ztunnel/proto"],
     )?;

@@ -505,6 +505,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
     let (spans, span_rx) = waypoint::trace::SpanQueue::new();
+    let (otel_logs, otel_log_rx) = waypoint::telemetry::otel_log::LogQueue::new();
     let dns_upstreams = if args.dns_upstream.is_empty() {
         ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "no DNS resolvers: backends' hostname endpoints cannot be resolved (set --dns-upstream)");
@@ -548,6 +549,7 @@ async fn main() -> anyhow::Result<()> {
         jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
         spans,
+        otel_logs,
         resolver,
         crls,
         certs: certs.clone(),
@@ -557,6 +559,7 @@ async fn main() -> anyhow::Result<()> {
             .then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
+    tokio::spawn(http::log_export::run(wp.clone(), otel_log_rx));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

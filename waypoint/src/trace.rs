@@ -239,7 +239,8 @@ pub struct FinishedSpan {
     pub ctx: SpanContext,
     pub name: String,
     pub end: SystemTime,
-    pub attributes: Vec<(&'static str, String)>,
+    /// Envoy's attributes, then the Telemetry's custom tags.
+    pub attributes: Vec<(std::borrow::Cow<'static, str>, String)>,
     /// 5xx (or no response): the span's status is an error.
     pub error: bool,
 }
@@ -273,7 +274,7 @@ pub fn export_request(
             kind: proto::trace::span::SpanKind::Server as i32,
             start_time_unix_nano: nanos(s.ctx.start),
             end_time_unix_nano: nanos(s.end),
-            attributes: s.attributes.into_iter().map(|(k, v)| kv(k, v)).collect(),
+            attributes: s.attributes.into_iter().map(|(k, v)| kv(&k, v)).collect(),
             dropped_attributes_count: 0,
             status: s.error.then(|| proto::trace::Status {
                 message: String::new(),

@@ -16,6 +16,7 @@ mod istio_shape;
 mod opaque;
 mod retries;
 mod stream_idle;
+mod telemetry;
 mod tenancy;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

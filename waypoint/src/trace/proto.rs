@@ -1,4 +1,4 @@
-//! OpenTelemetry's OTLP trace types and export service, generated from `proto/` (our
+//! OpenTelemetry's OTLP trace and log types and export services, generated from `proto/` (our
 //! own .proto files with OpenTelemetry's names and field numbers).
 #![allow(clippy::all, missing_docs, unreachable_pub)]
 
@@ -25,6 +25,11 @@ pub mod opentelemetry {
                 include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.trace.v1.rs"));
             }
         }
+        pub mod logs {
+            pub mod v1 {
+                include!(concat!(env!("OUT_DIR"), "/opentelemetry.proto.logs.v1.rs"));
+            }
+        }
         pub mod collector {
             pub mod trace {
                 pub mod v1 {
@@ -34,14 +39,25 @@ pub mod opentelemetry {
                     ));
                 }
             }
+            pub mod logs {
+                pub mod v1 {
+                    include!(concat!(
+                        env!("OUT_DIR"),
+                        "/opentelemetry.proto.collector.logs.v1.rs"
+                    ));
+                }
+            }
         }
     }
 }
 
+pub use opentelemetry::proto::collector::logs::v1 as logs_collector;
 pub use opentelemetry::proto::collector::trace::v1 as collector;
 pub use opentelemetry::proto::common::v1 as common;
+pub use opentelemetry::proto::logs::v1 as logs;
 pub use opentelemetry::proto::resource::v1 as resource;
 pub use opentelemetry::proto::trace::v1 as trace;
 
-/// The gRPC method, exactly OpenTelemetry's.
+/// The gRPC methods, exactly OpenTelemetry's.
 pub const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+pub const LOGS_EXPORT_PATH: &str = "/opentelemetry.proto.collector.logs.v1.LogsService/Export";
