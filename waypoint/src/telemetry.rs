@@ -351,7 +351,9 @@ impl Telemetries {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty() && self.mesh.default_access_logging.is_empty()
+        self.list.is_empty()
+            && self.mesh.default_access_logging.is_empty()
+            && self.mesh.default_tags.is_none()
     }
 
     /// What applies to a request to `target` (its Service, the waypoint's Gateway).
@@ -403,6 +405,8 @@ impl Telemetries {
         let tels = self.in_force(target);
         let mut a = Applied {
             log: self.logging(&tels),
+            // As istiod: the ProxyConfig's tags when no Telemetry sets any.
+            tags: self.mesh.default_tags.clone(),
             ..Applied::default()
         };
         self.metric_overrides(&tels, &mut a);

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::format::LogFormat;
 use super::output::Output;
+use super::tags::CustomTags;
 
 /// What the mesh config says about telemetry providers.
 #[derive(Clone, Debug, Default)]
@@ -21,6 +22,9 @@ pub struct MeshProviders {
     pub(super) default_metrics: Vec<String>,
     /// The tracing provider spans go to, if any.
     pub(super) tracing: Option<String>,
+    /// `defaultConfig.tracing.custom_tags` (ProxyConfig): the tags when no Telemetry
+    /// sets any.
+    pub(super) default_tags: Option<Arc<CustomTags>>,
     /// Access-log settings refused, the field named (those providers are not written).
     errors: Vec<String>,
 }
@@ -155,8 +159,20 @@ impl MeshProviders {
                 p.metrics.push(name.to_string());
             }
         }
+        let tags = mesh
+            .and_then(|m| m.pointer("/defaultConfig/tracing"))
+            .and_then(|t| t.get("customTags").or_else(|| t.get("custom_tags")));
+        if let Some(t) = tags {
+            match CustomTags::parse(t, |n| std::env::var(n).ok()) {
+                Ok(t) if t.is_empty() => {}
+                Ok(t) => p.default_tags = Some(Arc::new(t)),
+                Err(e) => p
+                    .errors
+                    .push(format!("meshConfig.defaultConfig.tracing.customTags.{e}")),
+            }
+        }
         for e in &p.errors {
-            tracing::warn!(error = %e, "access log provider refused");
+            tracing::warn!(error = %e, "telemetry setting refused");
         }
         let defaults = mesh.and_then(|m| m.get("defaultProviders"));
         p.default_access_logging =

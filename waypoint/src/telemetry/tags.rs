@@ -104,6 +104,10 @@ impl CustomTags {
         Ok(CustomTags(tags))
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The request headers the tags read.
     pub fn headers(&self) -> impl Iterator<Item = &HeaderName> {
         self.0.iter().filter_map(|t| match &t.kind {

@@ -199,6 +199,32 @@ fn custom_tags_come_from_the_last_telemetry_that_sets_them() {
         values(&applied(&t, Some(("shop", "cart")))),
         [pair("team", "shop")]
     );
+    // The ProxyConfig's tags (defaultConfig.tracing.custom_tags) when no Telemetry sets
+    // any, with no Telemetry at all too.
+    let m = mesh("{defaultConfig: {tracing: {custom_tags: {zone: {literal: {value: z1}}}}}}");
+    assert_eq!(
+        values(&applied(&telemetries("[]", &m).unwrap(), None)),
+        [pair("zone", "z1")]
+    );
+    let t = telemetries(
+        "- {name: ns, namespace: shop, tracing: [{customTags: {team: {literal: {value: shop}}}}]}\n",
+        &m,
+    )
+    .unwrap();
+    assert_eq!(
+        values(&applied(&t, Some(("books", "x")))),
+        [pair("zone", "z1")]
+    );
+    assert_eq!(
+        values(&applied(&t, Some(("shop", "cart")))),
+        [pair("team", "shop")]
+    );
+    let bad = mesh("{defaultConfig: {tracing: {customTags: {a: {nope: {}}}}}}");
+    assert!(
+        bad.errors()[0].starts_with("meshConfig.defaultConfig.tracing.customTags.a: not an object"),
+        "{:?}",
+        bad.errors()
+    );
 }
 
 #[test]
