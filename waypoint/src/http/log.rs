@@ -136,7 +136,9 @@ impl RequestLog {
         }
         wanted.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         wanted.dedup();
-        let filter_headers = if telemetry.filters().any(|f| f.all_headers()) {
+        let all_headers = telemetry.filters().any(|f| f.all_headers())
+            || outputs.iter().any(|o| o.all_request_headers);
+        let filter_headers = if all_headers {
             parts
                 .headers
                 .iter()

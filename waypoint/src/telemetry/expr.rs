@@ -119,6 +119,13 @@ pub struct Expr {
     all_headers: bool,
 }
 
+/// Two expressions are the same when their text is.
+impl PartialEq for Expr {
+    fn eq(&self, other: &Expr) -> bool {
+        self.source == other.source
+    }
+}
+
 /// What a finished request offers an expression.
 pub struct Attributes<'a> {
     pub code: u16,
@@ -230,6 +237,26 @@ impl Expr {
     /// Whether it reads request headers other than by a literal name (all are kept).
     pub fn all_headers(&self) -> bool {
         self.all_headers
+    }
+
+    /// The expression's value as text (a string, number or boolean), for Envoy's
+    /// `%CEL(...)%` format operator; an error or another type is no value.
+    pub fn text(&self, a: &Attributes<'_>) -> Option<String> {
+        let mut ctx = Context::with_env(env());
+        for root in &self.roots {
+            ctx.add_variable_from_value(*root, root_value(root, a));
+        }
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            match Value::resolve(&self.ast, &ctx) {
+                Ok(Value::String(s)) => Some(s.to_string()),
+                Ok(Value::Int(i)) => Some(i.to_string()),
+                Ok(Value::UInt(u)) => Some(u.to_string()),
+                Ok(Value::Float(f)) => Some(f.to_string()),
+                Ok(Value::Bool(b)) => Some(b.to_string()),
+                _ => None,
+            }
+        }))
+        .unwrap_or(None)
     }
 
     /// The same as `matches`, without its panic guard (the fuzz target's).

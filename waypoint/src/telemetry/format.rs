@@ -94,7 +94,7 @@ const SUPPORTED: &str = "START_TIME, REQ, RESP, REQ_WITHOUT_QUERY, PROTOCOL, RES
     DOWNSTREAM_REMOTE_ADDRESS, DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT, DOWNSTREAM_REMOTE_PORT, \
     DOWNSTREAM_DIRECT_REMOTE_ADDRESS, DOWNSTREAM_DIRECT_REMOTE_ADDRESS_WITHOUT_PORT, DOWNSTREAM_PEER_URI_SAN, \
     REQUESTED_SERVER_NAME, ROUTE_NAME, HOSTNAME, TRACE_ID, GRPC_STATUS_NUMBER, UPSTREAM_REQUEST_ATTEMPT_COUNT, \
-    ENVIRONMENT";
+    ENVIRONMENT, CEL";
 
 /// One command operator.
 #[derive(Clone, Debug, PartialEq)]
@@ -143,6 +143,8 @@ enum Op {
     Attempts,
     /// Read when the format loads: the process's environment does not change.
     Environment(Option<String>),
+    /// `%CEL(expr)%` (Istio adds Envoy's CEL formatter for it).
+    Cel(Box<super::expr::Expr>),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -275,6 +277,17 @@ fn op(name: &str, arg: Option<&str>, at: usize) -> Result<Op, FormatError> {
             let (main, alt) = headers_arg(arg, at)?;
             Ok(Op::Resp { main, alt })
         }
+        "CEL" => {
+            let text = arg.ok_or_else(|| FormatError::At {
+                at,
+                what: "CEL takes an expression, %CEL(expression)%".into(),
+            })?;
+            let e = super::expr::Expr::compile(text).map_err(|e| FormatError::At {
+                at,
+                what: format!("CEL: {e}"),
+            })?;
+            Ok(Op::Cel(Box::new(e)))
+        }
         "ENVIRONMENT" => {
             let var = arg.ok_or_else(|| FormatError::At {
                 at,
@@ -404,9 +417,23 @@ impl TextFormat {
         Ok(TextFormat { parts })
     }
 
+    /// Whether a `%CEL%` reads the request headers other than by name (all are kept).
+    fn all_headers(&self) -> bool {
+        self.parts
+            .iter()
+            .any(|p| matches!(p, Part::Op(Op::Cel(x), _) if x.all_headers()))
+    }
+
     /// The request and response headers it reads.
     fn headers(&self, req: &mut Vec<HeaderName>, resp: &mut Vec<HeaderName>) {
         for p in &self.parts {
+            if let Part::Op(Op::Cel(x), _) = p {
+                for h in x.headers() {
+                    if !req.contains(h) {
+                        req.push(h.clone());
+                    }
+                }
+            }
             let (list, main, alt) = match p {
                 Part::Op(Op::Req { main, alt, .. }, _) => (&mut *req, main, alt),
                 Part::Op(Op::Resp { main, alt }, _) => (&mut *resp, main, alt),
@@ -539,6 +566,31 @@ fn render_op(op: &Op, e: &Entry<'_>) -> Rendered {
             .map_or(Absent, Num),
         Op::Attempts => Num(u64::from(e.attempts)),
         Op::Environment(v) => opt(v.as_deref()),
+        Op::Cel(x) => {
+            let (path, query) = match e.path.split_once('?') {
+                Some((p, q)) => (p, Some(q)),
+                None => (e.path, None),
+            };
+            let san = e.peer_uri_san.unwrap_or_default();
+            let a = super::expr::Attributes {
+                code: e.code,
+                grpc_status: e.grpc_status,
+                method: e.method,
+                path,
+                query,
+                host: e.authority,
+                protocol: e.protocol,
+                headers: e.request_headers,
+                source: e.downstream_remote,
+                destination: e.downstream_local,
+                upstream: e.upstream,
+                peer_san: san,
+                request_size: e.bytes_received,
+                request_total_size: e.bytes_received,
+                response_size: e.bytes_sent,
+            };
+            x.text(&a).map_or(Absent, Str)
+        }
     }
 }
 
@@ -643,6 +695,21 @@ impl LogFormat {
         match self {
             LogFormat::Text(f) => f.headers(req, resp),
             LogFormat::Json(l) => walk(l, req, resp),
+        }
+    }
+
+    /// Whether it reads every request header (a `%CEL%` iterating them).
+    pub fn all_headers(&self) -> bool {
+        fn walk(l: &BTreeMap<String, Label>) -> bool {
+            l.values().any(|v| match v {
+                Label::Format(f) => f.all_headers(),
+                Label::Nested(n) => walk(n),
+                Label::Fixed(_) => false,
+            })
+        }
+        match self {
+            LogFormat::Text(f) => f.all_headers(),
+            LogFormat::Json(l) => walk(l),
         }
     }
 

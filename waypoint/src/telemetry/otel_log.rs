@@ -109,6 +109,12 @@ impl OtelLog {
         LogFormat::Json(self.attributes.clone()).headers(req, resp);
     }
 
+    /// Whether a `%CEL%` of its body or labels reads every request header.
+    pub fn all_headers(&self) -> bool {
+        LogFormat::Text(self.body.clone()).all_headers()
+            || LogFormat::Json(self.attributes.clone()).all_headers()
+    }
+
     /// One request's record.
     pub fn record(&self, e: &Entry<'_>, trace: Option<(Vec<u8>, Vec<u8>)>) -> FinishedLog {
         let mut body = String::new();

@@ -26,9 +26,11 @@ const QUEUE: usize = 4096;
 #[derive(Debug)]
 pub struct Output {
     kind: Kind,
-    /// The request and response headers its format reads.
+    /// The request and response headers its format reads (every request header when a
+    /// `%CEL%` iterates them).
     pub request_headers: Vec<HeaderName>,
     pub response_headers: Vec<HeaderName>,
+    pub all_request_headers: bool,
 }
 
 #[derive(Debug)]
@@ -53,6 +55,7 @@ impl Output {
                 kind: Kind::OwnLine,
                 request_headers: Vec::new(),
                 response_headers: Vec::new(),
+                all_request_headers: false,
             })
         })
         .clone()
@@ -62,7 +65,9 @@ impl Output {
     pub fn formatted(format: LogFormat, path: &str) -> Output {
         let (mut request_headers, mut response_headers) = (Vec::new(), Vec::new());
         format.headers(&mut request_headers, &mut response_headers);
+        let all_request_headers = format.all_headers();
         Output {
+            all_request_headers,
             kind: Kind::File {
                 format,
                 writer: FileWriter::for_path(Path::new(path)),
@@ -77,6 +82,7 @@ impl Output {
         let (mut request_headers, mut response_headers) = (Vec::new(), Vec::new());
         log.headers(&mut request_headers, &mut response_headers);
         Output {
+            all_request_headers: log.all_headers(),
             kind: Kind::Otel(log),
             request_headers,
             response_headers,

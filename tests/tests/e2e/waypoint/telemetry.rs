@@ -46,7 +46,7 @@ async fn access_log_formats_providers_cel_filters_and_custom_tags() -> Result<()
   - name: file-text
     envoyFileAccessLog:
       path: {text}
-      logFormat: {{text: '%REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "%REQ(X-TEAM?USER-AGENT)%" %UPSTREAM_CLUSTER_RAW% %START_TIME(%Y)%'}}
+      logFormat: {{text: '%REQ(:METHOD)% %REQ(:PATH)% %RESPONSE_CODE% "%REQ(X-TEAM?USER-AGENT)%" %UPSTREAM_CLUSTER_RAW% %START_TIME(%Y)% %CEL(request.headers["x-team"] == "eng-core")%'}}
   - name: file-istio
     envoyFileAccessLog: {{path: {istio}}}
   - name: otel-als
@@ -150,7 +150,7 @@ telemetries:
     assert_eq!(
         lines(&text_log),
         [format!(
-            "GET /quiet 200 \"eng-core\" inbound-vip|80|http|echo.default.svc.cluster.local {year}"
+            "GET /quiet 200 \"eng-core\" inbound-vip|80|http|echo.default.svc.cluster.local {year} true"
         )]
     );
     // file-istio: no filter, Istio's default text format, every request.
@@ -252,7 +252,7 @@ async fn hostile_filters_and_formats_are_refused_at_load() -> Result<()> {
         ),
         (
             "meshConfig:\n  accessLogFormat: '%REQ(:PATH)% %CEL(xds.node)%'\n".to_string(),
-            "meshConfig.accessLogFormat: %CEL% is not supported",
+            "meshConfig.accessLogFormat: at byte 13: CEL: the attribute xds.node is not supported",
         ),
     ];
     for (i, (l7, want)) in cases.iter().enumerate() {

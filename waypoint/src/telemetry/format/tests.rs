@@ -113,7 +113,11 @@ fn json_labels_keep_types_and_nulls() {
 fn bad_formats_are_refused_with_the_place() {
     for (f, want) in [
         ("%NOPE%", "%NOPE% is not supported"),
-        ("%CEL(response.code)%", "%CEL% is not supported"),
+        (
+            "%CEL(xds.node)%",
+            "CEL: the attribute xds.node is not supported",
+        ),
+        ("%CEL%", "CEL takes an expression"),
         ("100% sure", "at byte 3: a '%' that does not start"),
         ("%REQ(:PATH%", "no closing ')'"),
         ("%REQ%", "take a header name"),
@@ -162,4 +166,23 @@ fn hostile_formats_are_bounded() {
     ] {
         let _ = LogFormat::text(f);
     }
+}
+
+#[test]
+fn cel_operator_renders_the_expressions_value() {
+    let f = LogFormat::text(
+        "%CEL(response.code / 100)% %CEL(request.headers['user-agent'] == 'curl/8.5')% %CEL(request.url_path)% \
+%CEL(request.headers['x-none'])% %CEL(request.query):3%",
+    )
+    .unwrap();
+    let (mut rq, mut rs) = (Vec::new(), Vec::new());
+    f.headers(&mut rq, &mut rs);
+    assert!(rq.contains(&HeaderName::from_static("user-agent")) && !f.all_headers());
+    assert_eq!(f.render(&entry(&req(), &[])), "2 true /api/items - x=1\n");
+    let j = LogFormat::json(Some(&serde_json::json!({"c": "%CEL(response.code)%"}))).unwrap();
+    let v: Value = serde_json::from_str(&j.render(&entry(&req(), &[]))).unwrap();
+    assert_eq!(v["c"], "200", "ours: CEL's value as text");
+    assert!(LogFormat::text("%CEL('a' in request.headers)%")
+        .unwrap()
+        .all_headers());
 }
