@@ -230,7 +230,9 @@ pub type SpanAttributes = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<(Stri
 struct Collector(Spans, Option<SpanAttributes>);
 
 #[tonic::async_trait]
-impl waypoint::trace::proto::collector::trace_service_server::TraceService for Collector {
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
     async fn export(
         &self,
         req: tonic::Request<waypoint::trace::proto::collector::ExportTraceServiceRequest>,
@@ -271,7 +273,7 @@ pub fn start_otlp_collector(
     serve_grpc(
         pod,
         port,
-        waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(
+        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
             Collector(spans, None),
         ),
     )
@@ -287,7 +289,7 @@ pub fn start_otlp_collector_with_attributes(
     serve_grpc(
         pod,
         port,
-        waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(
+        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
             Collector(spans, Some(attributes)),
         ),
     )
@@ -302,7 +304,9 @@ pub type LogRecords =
 struct LogsCollector(LogRecords);
 
 #[tonic::async_trait]
-impl waypoint::trace::proto::logs_collector::logs_service_server::LogsService for LogsCollector {
+impl opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsService
+    for LogsCollector
+{
     async fn export(
         &self,
         req: tonic::Request<waypoint::trace::proto::logs_collector::ExportLogsServiceRequest>,
@@ -316,7 +320,7 @@ impl waypoint::trace::proto::logs_collector::logs_service_server::LogsService fo
             Some(Value::IntValue(i)) => Some(i.to_string()),
             Some(Value::BoolValue(b)) => Some(b.to_string()),
             Some(Value::DoubleValue(d)) => Some(d.to_string()),
-            None => None,
+            _ => None,
         };
         let mut seen = self.0.lock().unwrap();
         for rl in req.into_inner().resource_logs {
@@ -349,7 +353,7 @@ pub fn start_otlp_logs_collector(
     serve_grpc(
         pod,
         port,
-        waypoint::trace::proto::logs_collector::logs_service_server::LogsServiceServer::new(
+        opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsServiceServer::new(
             LogsCollector(records),
         ),
     )

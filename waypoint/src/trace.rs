@@ -262,6 +262,7 @@ pub fn export_request(
         value: Some(AnyValue {
             value: Some(any_value::Value::StringValue(v)),
         }),
+        ..Default::default()
     };
     let spans = spans
         .into_iter()
@@ -280,18 +281,20 @@ pub fn export_request(
                 message: String::new(),
                 code: proto::trace::status::StatusCode::Error as i32,
             }),
+            ..Default::default()
         })
         .collect();
     proto::collector::ExportTraceServiceRequest {
         resource_spans: vec![proto::trace::ResourceSpans {
             resource: Some(proto::resource::Resource {
                 attributes: vec![kv("service.name", service_name.to_string())],
-                dropped_attributes_count: 0,
+                ..Default::default()
             }),
             scope_spans: vec![proto::trace::ScopeSpans {
                 scope: Some(InstrumentationScope {
                     name: "waypoint".into(),
                     version: env!("CARGO_PKG_VERSION").into(),
+                    ..Default::default()
                 }),
                 spans,
                 schema_url: String::new(),

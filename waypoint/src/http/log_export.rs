@@ -60,14 +60,11 @@ pub fn export_request(logs: Vec<FinishedLog>) -> proto::logs_collector::ExportLo
         resource_logs: by_name
             .into_iter()
             .map(|(name, records)| proto::logs::ResourceLogs {
-                resource: Some(proto::resource::Resource {
-                    attributes: Vec::new(),
-                    dropped_attributes_count: 0,
-                }),
+                resource: Some(proto::resource::Resource::default()),
                 scope_logs: vec![proto::logs::ScopeLogs {
                     scope: Some(InstrumentationScope {
                         name: name.clone(),
-                        version: String::new(),
+                        ..Default::default()
                     }),
                     log_records: records,
                     schema_url: String::new(),

@@ -126,6 +126,7 @@ impl OtelLog {
                     Some(KeyValue {
                         key,
                         value: Some(any(v)?),
+                        ..Default::default()
                     })
                 })
                 .collect(),
