@@ -124,6 +124,8 @@ impl RequestLog {
             LogPolicy::Providers(p) => p.iter().map(|p| &p.output).collect(),
         };
         let formatted = outputs.iter().any(|o| !o.is_own_line());
+        // Formats and formatter tags read the start time.
+        let stamped = formatted || span.is_some();
         let mut wanted: Vec<&http::HeaderName> =
             telemetry.filters().flat_map(|f| f.headers()).collect();
         let mut response_wanted = Vec::new();
@@ -131,11 +133,14 @@ impl RequestLog {
             wanted.extend(&o.request_headers);
             response_wanted.extend(o.response_headers.iter().cloned());
         }
+        let mut tag_headers = Vec::new();
         if let (Some(tags), Some(_)) = (&telemetry.tags, &span) {
-            wanted.extend(tags.headers());
+            tags.headers(&mut tag_headers, &mut response_wanted);
         }
+        wanted.extend(&tag_headers);
         wanted.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
         wanted.dedup();
+        response_wanted.dedup();
         let all_headers = telemetry.filters().any(|f| f.all_headers())
             || outputs.iter().any(|o| o.all_request_headers);
         let filter_headers = if all_headers {
@@ -193,7 +198,7 @@ impl RequestLog {
             target: tunnel.target,
             filter_headers,
             envoy,
-            start_time: if formatted {
+            start_time: if stamped {
                 SystemTime::now()
             } else {
                 SystemTime::UNIX_EPOCH
@@ -276,7 +281,7 @@ impl RequestLog {
             ),
         }
         self.log(request_bytes, response_bytes, duration);
-        self.export_span();
+        self.export_span(request_bytes, response_bytes, duration);
     }
 
     /// Writes the request's line to each access log in force whose filter takes it.
@@ -340,6 +345,26 @@ impl RequestLog {
         if output.is_own_line() {
             return self.log_line(request_bytes, response_bytes, duration);
         }
+        let trace = self
+            .span
+            .as_ref()
+            .map(|s| (s.trace_id.to_vec(), s.span_id.to_vec()));
+        let record = self.with_entry(request_bytes, response_bytes, duration, |e| {
+            output.write(e, trace)
+        });
+        if let Some(r) = record {
+            self.wp.otel_logs.push(r);
+        }
+    }
+
+    /// The request as Envoy's format operators see it.
+    fn with_entry<R>(
+        &self,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration: std::time::Duration,
+        f: impl FnOnce(&Entry<'_>) -> R,
+    ) -> R {
         let path = match &self.query {
             Some(q) => format!("{}?{q}", self.path),
             None => self.path.clone(),
@@ -356,41 +381,31 @@ impl RequestLog {
             }
             _ => None,
         };
-        let trace = self
-            .span
-            .as_ref()
-            .map(|s| (s.trace_id.to_vec(), s.span_id.to_vec()));
-        let record = output.write(
-            &Entry {
-                start: self.start_time,
-                duration,
-                method: self.method.as_str(),
-                path: &path,
-                authority: &self.host,
-                protocol: self.http_version(),
-                code: self.status,
-                response_flags: self.response_flags,
-                code_details: details.as_deref(),
-                bytes_received: request_bytes.saturating_sub(self.request_header_bytes),
-                bytes_sent: response_bytes,
-                request_headers: &self.filter_headers,
-                response_headers: &self.response_headers,
-                upstream: self.dst_addr,
-                upstream_cluster: cluster.as_deref(),
-                downstream_local: self.target,
-                downstream_remote: self.src_addr,
-                peer_uri_san: Some(&san),
-                route: self.route.as_deref(),
-                hostname: hostname(),
-                trace_id: self.span.as_ref().map(|s| s.trace_id_hex()),
-                grpc_status: self.grpc_status,
-                attempts: self.attempts,
-            },
-            trace,
-        );
-        if let Some(r) = record {
-            self.wp.otel_logs.push(r);
-        }
+        f(&Entry {
+            start: self.start_time,
+            duration,
+            method: self.method.as_str(),
+            path: &path,
+            authority: &self.host,
+            protocol: self.http_version(),
+            code: self.status,
+            response_flags: self.response_flags,
+            code_details: details.as_deref(),
+            bytes_received: request_bytes.saturating_sub(self.request_header_bytes),
+            bytes_sent: response_bytes,
+            request_headers: &self.filter_headers,
+            response_headers: &self.response_headers,
+            upstream: self.dst_addr,
+            upstream_cluster: cluster.as_deref(),
+            downstream_local: self.target,
+            downstream_remote: self.src_addr,
+            peer_uri_san: Some(&san),
+            route: self.route.as_deref(),
+            hostname: hostname(),
+            trace_id: self.span.as_ref().map(|s| s.trace_id_hex()),
+            grpc_status: self.grpc_status,
+            attempts: self.attempts,
+        })
     }
 
     fn log_line(&self, request_bytes: u64, response_bytes: u64, duration: std::time::Duration) {
@@ -422,7 +437,12 @@ impl RequestLog {
         );
     }
 
-    fn export_span(&mut self) {
+    fn export_span(
+        &mut self,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration: std::time::Duration,
+    ) {
         let wp = &self.wp;
         if let Some(ctx) = self.span.take() {
             let host = self
@@ -447,10 +467,11 @@ impl RequestLog {
                 attributes.push(("upstream_address".into(), a.to_string()));
             }
             if let Some(tags) = &self.telemetry.tags {
-                attributes.extend(
-                    tags.values(&self.filter_headers)
-                        .map(|(k, v)| (k.into(), v)),
-                );
+                let values: Vec<(String, String)> =
+                    self.with_entry(request_bytes, response_bytes, duration, |e| {
+                        tags.values(&self.filter_headers, Some(e)).collect()
+                    });
+                attributes.extend(values.into_iter().map(|(k, v)| (k.into(), v)));
             }
             wp.spans.push(FinishedSpan {
                 ctx,

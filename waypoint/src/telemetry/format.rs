@@ -425,7 +425,7 @@ impl TextFormat {
     }
 
     /// The request and response headers it reads.
-    fn headers(&self, req: &mut Vec<HeaderName>, resp: &mut Vec<HeaderName>) {
+    pub(crate) fn headers(&self, req: &mut Vec<HeaderName>, resp: &mut Vec<HeaderName>) {
         for p in &self.parts {
             if let Part::Op(Op::Cel(x), _) = p {
                 for h in x.headers() {

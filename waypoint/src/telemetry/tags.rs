@@ -1,10 +1,12 @@
 //! Telemetry `tracing[].customTags`: span attributes from a literal, an environment
-//! variable of the waypoint, or a request header, as Envoy's custom tags (Istio's
-//! `configureCustomTags`). The last Telemetry in force that sets `customTags` gives
+//! variable of the waypoint, a request header, or an Envoy format string (`formatter`),
+//! as Envoy's custom tags (Istio's `configureCustomTags`). The last Telemetry in force that sets `customTags` gives
 //! them all (istiod's merge is shallow). Tag names are sorted, as istiod sorts them.
 
 use http::HeaderName;
 use serde_json::Value;
+
+use super::format::{Entry, TextFormat};
 
 /// Most tags, longest name or value (a span must stay small).
 const MAX_TAGS: usize = 64;
@@ -15,17 +17,17 @@ const MAX_LEN: usize = 1024;
 pub enum TagError {
     #[error("more than {MAX_TAGS} tags")]
     TooMany,
-    #[error("{0}: not an object with one of literal, environment, header")]
+    #[error("{0}: not an object with one of literal, environment, header, formatter")]
     Shape(String),
-    #[error("{0}.formatter: not supported (Envoy's substitution formatter tags, Istio 1.29)")]
-    Formatter(String),
+    #[error("{0}.formatter.value: {1}")]
+    Formatter(String, String),
     #[error("{0}: {1} longer than {MAX_LEN} bytes")]
     TooLong(String, &'static str),
     #[error("{0}.header.name: {1:?} is not a header name")]
     Header(String, String),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Kind {
     /// A literal, or an environment variable read at load (the process's does not change).
     Fixed(Option<String>),
@@ -33,17 +35,19 @@ enum Kind {
         name: HeaderName,
         default: Option<String>,
     },
+    /// An Envoy substitution format (`%REQ(:PATH)%`...), rendered for the request.
+    Formatter(TextFormat),
 }
 
 /// One custom tag.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct CustomTag {
     pub name: String,
     kind: Kind,
 }
 
 /// A Telemetry's `customTags`, checked.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct CustomTags(Vec<CustomTag>);
 
 fn text(v: Option<&Value>, tag: &str, what: &'static str) -> Result<Option<String>, TagError> {
@@ -90,8 +94,12 @@ impl CustomTags {
                     name: header,
                     default: text(h.get("defaultValue"), name, "the default")?,
                 }
-            } else if o.contains_key("formatter") {
-                return Err(TagError::Formatter(name.clone()));
+            } else if let Some(f) = o.get("formatter") {
+                let v = text(f.get("value"), name, "the value")?.unwrap_or_default();
+                Kind::Formatter(
+                    TextFormat::parse(&v)
+                        .map_err(|e| TagError::Formatter(name.clone(), e.to_string()))?,
+                )
             } else {
                 return Err(TagError::Shape(name.clone()));
             };
@@ -108,12 +116,15 @@ impl CustomTags {
         self.0.is_empty()
     }
 
-    /// The request headers the tags read.
-    pub fn headers(&self) -> impl Iterator<Item = &HeaderName> {
-        self.0.iter().filter_map(|t| match &t.kind {
-            Kind::Header { name, .. } => Some(name),
-            Kind::Fixed(_) => None,
-        })
+    /// The request and response headers the tags read.
+    pub fn headers(&self, req: &mut Vec<HeaderName>, resp: &mut Vec<HeaderName>) {
+        for t in &self.0 {
+            match &t.kind {
+                Kind::Header { name, .. } if !req.contains(name) => req.push(name.clone()),
+                Kind::Formatter(f) => f.headers(req, resp),
+                _ => {}
+            }
+        }
     }
 
     /// The tags' values for a request whose headers (those the tags read) are
@@ -122,9 +133,15 @@ impl CustomTags {
     pub fn values<'a>(
         &'a self,
         headers: &'a [(HeaderName, String)],
+        entry: Option<&'a Entry<'a>>,
     ) -> impl Iterator<Item = (String, String)> + 'a {
         self.0.iter().filter_map(move |t| {
             let v = match &t.kind {
+                Kind::Formatter(f) => entry.map(|e| {
+                    let mut s = String::new();
+                    f.render(e, &mut s);
+                    s
+                }),
                 Kind::Fixed(v) => v.clone(),
                 Kind::Header { name, default } => headers
                     .iter()
@@ -157,10 +174,12 @@ mod tests {
             "tier": {"header": {"name": "x-tier", "defaultValue": "free"}},
         });
         let tags = Arc::new(CustomTags::parse(&v, env).unwrap());
-        let names: Vec<&str> = tags.headers().map(HeaderName::as_str).collect();
+        let (mut req, mut resp) = (Vec::new(), Vec::new());
+        tags.headers(&mut req, &mut resp);
+        let names: Vec<&str> = req.iter().map(HeaderName::as_str).collect();
         assert_eq!(names, ["x-tier", "x-user"]);
         let headers = [(HeaderName::from_static("x-user"), "ann".to_string())];
-        let got: Vec<(String, String)> = tags.values(&headers).collect();
+        let got: Vec<(String, String)> = tags.values(&headers, None).collect();
         let want: Vec<(String, String)> = [
             ("pod", "waypoint-1"),
             ("team", "books"),
@@ -178,8 +197,8 @@ mod tests {
     fn bad_tags_are_refused_by_name() {
         for (v, want) in [
             (
-                serde_json::json!({"a": {"formatter": {"value": "%REQ(:PATH)%"}}}),
-                "a.formatter: not supported",
+                serde_json::json!({"a": {"formatter": {"value": "%NOPE%"}}}),
+                "a.formatter.value: %NOPE% is not supported",
             ),
             (serde_json::json!({"a": {}}), "a: not an object"),
             (
@@ -211,5 +230,42 @@ mod tests {
             CustomTags::parse(&Value::Object(many), env),
             Err(TagError::TooMany)
         );
+    }
+
+    #[test]
+    fn formatter_tags_render_envoys_format_for_the_request() {
+        let v = serde_json::json!({"route": {"formatter": {"value": "%REQ(:METHOD)% %REQ(:PATH)% %RESP(x-r)%"}}});
+        let tags = CustomTags::parse(&v, env).unwrap();
+        let (mut req, mut resp) = (Vec::new(), Vec::new());
+        tags.headers(&mut req, &mut resp);
+        assert_eq!(resp, [HeaderName::from_static("x-r")]);
+        let resp_h = [(HeaderName::from_static("x-r"), "r1".to_string())];
+        let e = Entry {
+            start: std::time::UNIX_EPOCH,
+            duration: std::time::Duration::ZERO,
+            method: "GET",
+            path: "/p?q=1",
+            authority: "echo",
+            protocol: "HTTP/1.1",
+            code: 200,
+            response_flags: "-",
+            code_details: None,
+            bytes_received: 0,
+            bytes_sent: 0,
+            request_headers: &[],
+            response_headers: &resp_h,
+            upstream: None,
+            upstream_cluster: None,
+            downstream_local: ([10, 96, 0, 10], 80).into(),
+            downstream_remote: ([10, 0, 0, 1], 4000).into(),
+            peer_uri_san: None,
+            route: None,
+            hostname: "h",
+            trace_id: None,
+            grpc_status: None,
+            attempts: 0,
+        };
+        let got: Vec<(String, String)> = tags.values(&[], Some(&e)).collect();
+        assert_eq!(got, [("route".to_string(), "GET /p?q=1 r1".to_string())]);
     }
 }

@@ -186,7 +186,7 @@ fn custom_tags_come_from_the_last_telemetry_that_sets_them() {
         let h = [(http::HeaderName::from_static("x-user"), "ann".to_string())];
         a.tags
             .as_ref()
-            .map(|t| t.values(&h).collect())
+            .map(|t| t.values(&h, None).collect())
             .unwrap_or_default()
     };
     let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
@@ -242,7 +242,7 @@ fn what_the_waypoint_cannot_do_is_refused_with_the_field_named() {
         ("metrics: [{overrides: [{tagOverrides: {request_host: {value: request.host}}}]}]", "metrics[0].overrides[0].tagOverrides.request_host.operation: UPSERT"),
         ("metrics: [{overrides: [{tagOverrides: {nope: {operation: REMOVE}}}]}]", "metrics[0].overrides[0].tagOverrides.nope: not a label"),
         ("tracing: [{providers: [{name: zipkin}]}]", "tracing[0].providers[0].name: \"zipkin\""),
-        ("tracing: [{customTags: {a: {formatter: {value: '%REQ(:PATH)%'}}}}]", "tracing[0].customTags.a.formatter: not supported"),
+        ("tracing: [{customTags: {a: {formatter: {value: '%NOPE%'}}}}]", "tracing[0].customTags.a.formatter.value: %NOPE% is not supported"),
         ("tracing: [{randomSamplingPercentage: 101}]", "tracing[0].randomSamplingPercentage"),
         ("targetRefs: [{kind: Pod, name: x}]", "targetRefs[0]: kind \"Pod\""),
     ] {

@@ -2,7 +2,7 @@
 //! CEL (the `cel` crate), Envoy's text and JSON access-log formats (meshConfig
 //! `accessLogFormat` / `accessLogEncoding`, `envoyFileAccessLog` providers writing to
 //! files), several providers each with its filter, and Telemetry `customTags` on the
-//! exported spans. Hostile expressions and formats are refused at load, named.
+//! exported spans (literal, environment, header, formatter). Hostile expressions and formats are refused at load, named.
 
 use std::time::Duration;
 
@@ -73,6 +73,7 @@ telemetries:
       team: {{header: {{name: x-team, defaultValue: none}}}}
       cluster: {{literal: {{value: east}}}}
       from_env: {{environment: {{name: WAYPOINT_TEAM_TAG}}}}
+      request: {{formatter: {{value: "%REQ(:METHOD)% %RESPONSE_CODE% %UPSTREAM_CLUSTER%"}}}}
 "#,
         text = text_log.display(),
         istio = istio_log.display(),
@@ -211,6 +212,10 @@ telemetries:
     assert_eq!(tag(quiet, "team").as_deref(), Some("eng-core"));
     assert_eq!(tag(quiet, "cluster").as_deref(), Some("east"));
     assert_eq!(tag(quiet, "from_env").as_deref(), Some("from-env"));
+    assert_eq!(
+        tag(quiet, "request").as_deref(),
+        Some("GET 200 inbound-vip|80|http|echo.default.svc.cluster.local")
+    );
     let other = attrs
         .iter()
         .find(|s| tag(s, "http.url").is_some_and(|u| u.ends_with("/status/404")))
