@@ -1,15 +1,12 @@
 //! Generates Envoy's ext_authz types and gRPC service (CUSTOM AuthorizationPolicies)
-//! and OpenTelemetry's OTLP trace export (request spans) from proto/: our own .proto
-//! files, written from their names and field numbers.
+//! from proto/: our own .proto files, written from their names and field numbers.
+//! (OpenTelemetry's OTLP messages come from the `opentelemetry-proto` crate.)
 //! google.rpc.Status is ztunnel's. protox parses in Rust, so no protoc is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
     let fds = protox::compile(
-        [
-            "proto/envoy/service/auth/v3/external_auth.proto",
-            "proto/opentelemetry/proto/collector/trace/v1/trace_service.proto",
-        ],
+        ["proto/envoy/service/auth/v3/external_auth.proto"],
         ["proto", "../ztunnel/proto"],
     )?;
     tonic_prost_build::configure()

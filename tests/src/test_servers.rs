@@ -238,11 +238,16 @@ where
 /// Spans an OTLP collector received: (trace id, span id, parent span id, name).
 pub type Spans = std::sync::Arc<std::sync::Mutex<Vec<(Vec<u8>, Vec<u8>, Vec<u8>, String)>>>;
 
+/// Each span's string attributes, by span name, as an OTLP collector received them.
+pub type SpanAttributes = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<(String, String)>)>>>;
+
 #[derive(Clone)]
-struct Collector(Spans);
+struct Collector(Spans, Option<SpanAttributes>);
 
 #[tonic::async_trait]
-impl waypoint::trace::proto::collector::trace_service_server::TraceService for Collector {
+impl opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceService
+    for Collector
+{
     async fn export(
         &self,
         req: tonic::Request<waypoint::trace::proto::collector::ExportTraceServiceRequest>,
@@ -254,6 +259,18 @@ impl waypoint::trace::proto::collector::trace_service_server::TraceService for C
         for rs in req.into_inner().resource_spans {
             for ss in rs.scope_spans {
                 for s in ss.spans {
+                    if let Some(attrs) = &self.1 {
+                        use waypoint::trace::proto::common::any_value::Value;
+                        let kv = s
+                            .attributes
+                            .iter()
+                            .filter_map(|a| match a.value.as_ref()?.value.as_ref()? {
+                                Value::StringValue(v) => Some((a.key.clone(), v.clone())),
+                                _ => None,
+                            })
+                            .collect();
+                        attrs.lock().unwrap().push((s.name.clone(), kv));
+                    }
                     seen.push((s.trace_id, s.span_id, s.parent_span_id, s.name));
                 }
             }
@@ -271,8 +288,88 @@ pub fn start_otlp_collector(
     serve_grpc(
         pod,
         port,
-        waypoint::trace::proto::collector::trace_service_server::TraceServiceServer::new(
-            Collector(spans),
+        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
+            Collector(spans, None),
+        ),
+    )
+}
+
+/// The same, keeping each span's string attributes too.
+pub fn start_otlp_collector_with_attributes(
+    pod: &Pod,
+    port: u16,
+    spans: Spans,
+    attributes: SpanAttributes,
+) -> Result<tokio::task::JoinHandle<()>> {
+    serve_grpc(
+        pod,
+        port,
+        opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::TraceServiceServer::new(
+            Collector(spans, Some(attributes)),
+        ),
+    )
+}
+
+/// Log records an OTLP logs collector received: (scope name, body, string and integer
+/// attributes as text).
+pub type LogRecords =
+    std::sync::Arc<std::sync::Mutex<Vec<(String, String, Vec<(String, String)>)>>>;
+
+#[derive(Clone)]
+struct LogsCollector(LogRecords);
+
+#[tonic::async_trait]
+impl opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsService
+    for LogsCollector
+{
+    async fn export(
+        &self,
+        req: tonic::Request<waypoint::trace::proto::logs_collector::ExportLogsServiceRequest>,
+    ) -> Result<
+        tonic::Response<waypoint::trace::proto::logs_collector::ExportLogsServiceResponse>,
+        tonic::Status,
+    > {
+        use waypoint::trace::proto::common::any_value::Value;
+        let text = |v: Option<&Value>| match v {
+            Some(Value::StringValue(s)) => Some(s.clone()),
+            Some(Value::IntValue(i)) => Some(i.to_string()),
+            Some(Value::BoolValue(b)) => Some(b.to_string()),
+            Some(Value::DoubleValue(d)) => Some(d.to_string()),
+            _ => None,
+        };
+        let mut seen = self.0.lock().unwrap();
+        for rl in req.into_inner().resource_logs {
+            for sl in rl.scope_logs {
+                let scope = sl.scope.map(|s| s.name).unwrap_or_default();
+                for r in sl.log_records {
+                    let body =
+                        text(r.body.as_ref().and_then(|b| b.value.as_ref())).unwrap_or_default();
+                    let attrs = r
+                        .attributes
+                        .iter()
+                        .filter_map(|a| {
+                            Some((a.key.clone(), text(a.value.as_ref()?.value.as_ref())?))
+                        })
+                        .collect();
+                    seen.push((scope.clone(), body, attrs));
+                }
+            }
+        }
+        Ok(tonic::Response::new(Default::default()))
+    }
+}
+
+/// An OpenTelemetry logs collector (OTLP/gRPC logs export, tonic) in the pod.
+pub fn start_otlp_logs_collector(
+    pod: &Pod,
+    port: u16,
+    records: LogRecords,
+) -> Result<tokio::task::JoinHandle<()>> {
+    serve_grpc(
+        pod,
+        port,
+        opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::LogsServiceServer::new(
+            LogsCollector(records),
         ),
     )
 }

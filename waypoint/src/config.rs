@@ -242,6 +242,9 @@ impl Config {
             l7.mesh_config.as_ref(),
             tracing.as_ref().map(|t| t.provider.as_str()),
         );
+        if let Some(e) = mesh_providers.errors().first() {
+            return Err(invalid(e.clone()));
+        }
         let mut telemetries = Vec::new();
         for (i, t) in l7.telemetries.iter().enumerate() {
             // A `selector` Telemetry is a workload proxy's, not the waypoint's.

@@ -42,6 +42,8 @@ pub struct Waypoint {
     pub jwks: Arc<JwksStore>,
     /// Finished request spans on their way to the tracing provider.
     pub spans: crate::trace::SpanQueue,
+    /// `envoyOtelAls` access-log records on their way to their collectors.
+    pub otel_logs: crate::telemetry::otel_log::LogQueue,
     /// Bounds mirrored requests in flight.
     pub mirror_slots: Arc<tokio::sync::Semaphore>,
     /// Resolves backends' endpoints known by hostname only (DNS ServiceEntries), as the

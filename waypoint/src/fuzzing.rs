@@ -146,6 +146,76 @@ pub fn http_authority(data: &[u8]) {
     assert_eq!(Authority::of_request(&req.into_parts().0).as_ref(), Ok(&a));
 }
 
+/// A Telemetry's access-log `filter.expression` and an access-log format, from the same
+/// text: what compiles is evaluated and rendered for a request; neither the compiler,
+/// the walk, the interpreter nor the formatter panics, and a refusal names a short
+/// reason (the panic guard in `Expr::matches` is not relied on: evaluation runs bare).
+pub fn telemetry_filter(data: &[u8]) {
+    use crate::telemetry::expr::{Attributes, Expr};
+    use crate::telemetry::format::{Entry, LogFormat};
+    let Ok(text) = std::str::from_utf8(&data[..data.len().min(MAX_INPUT)]) else {
+        return;
+    };
+    let headers = [(http::HeaderName::from_static("x-debug"), "on".to_string())];
+    let src: std::net::SocketAddr = ([10, 0, 0, 1], 40000).into();
+    let dst: std::net::SocketAddr = ([10, 96, 0, 10], 80).into();
+    match Expr::compile(text) {
+        Ok(e) => {
+            let a = Attributes {
+                code: 503,
+                grpc_status: Some("14"),
+                method: "GET",
+                path: "/a",
+                query: Some("b=1"),
+                host: "echo",
+                protocol: "HTTP/2",
+                headers: &headers,
+                source: src,
+                destination: dst,
+                upstream: Some(dst),
+                peer_san: "spiffe://cluster.local/ns/default/sa/client",
+                request_size: 1,
+                request_total_size: 100,
+                response_size: 7,
+            };
+            let _ = e.eval_bare(&a);
+        }
+        Err(e) => assert!(e.to_string().len() < 64 * 1024, "a long reason"),
+    }
+    let entry = Entry {
+        start: std::time::SystemTime::UNIX_EPOCH,
+        duration: std::time::Duration::from_millis(1),
+        method: "GET",
+        path: "/a?b=1",
+        authority: "echo",
+        protocol: "HTTP/1.1",
+        code: 200,
+        response_flags: "-",
+        code_details: None,
+        bytes_received: 0,
+        bytes_sent: 0,
+        request_headers: &headers,
+        response_headers: &[],
+        upstream: None,
+        upstream_cluster: None,
+        downstream_local: dst,
+        downstream_remote: src,
+        peer_uri_san: None,
+        route: None,
+        hostname: "h",
+        trace_id: None,
+        grpc_status: None,
+        attempts: 0,
+    };
+    if let Ok(f) = LogFormat::text(text) {
+        assert!(f.render(&entry).ends_with('\n'));
+    }
+    if let Ok(f) = LogFormat::json_text(text) {
+        let line = f.render(&entry);
+        serde_json::from_str::<serde_json::Value>(&line).expect("a JSON line");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The `config_yaml` target's committed inputs (`fuzz/corpus/config_yaml/`, and
@@ -168,6 +238,19 @@ mod tests {
         let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
         let target = "http_authority";
         let replayed = ztunnel::fuzzing::replay_committed(&fuzz, target, super::http_authority);
+        assert!(
+            replayed > 0,
+            "no committed {target} inputs under {}",
+            fuzz.display()
+        );
+    }
+
+    /// The `telemetry_filter` target's committed inputs pass its checks.
+    #[test]
+    fn committed_telemetry_filter_inputs_pass() {
+        let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+        let target = "telemetry_filter";
+        let replayed = ztunnel::fuzzing::replay_committed(&fuzz, target, super::telemetry_filter);
         assert!(
             replayed > 0,
             "no committed {target} inputs under {}",

@@ -13,6 +13,7 @@ mod forward;
 mod grpc;
 mod headers;
 mod log;
+pub mod log_export;
 mod mirror;
 mod plan;
 mod reply;

@@ -568,6 +568,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
     );
     let netns = InPodNetns::open(std::path::Path::new("/proc/self/ns/net"))?;
     let (spans, span_rx) = waypoint::trace::SpanQueue::new();
+    let (otel_logs, otel_log_rx) = waypoint::telemetry::otel_log::LogQueue::new();
     let dns_upstreams = if args.dns_upstream.is_empty() {
         ztunnel::dns::forwarder::read_resolv_conf(std::path::Path::new("/etc/resolv.conf")).unwrap_or_else(|e| {
             tracing::warn!(error = %e, "no DNS resolvers: backends' hostname endpoints cannot be resolved (set --dns-upstream)");
@@ -611,6 +612,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
         jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
         spans,
+        otel_logs,
         resolver,
         crls,
         certs: certs.clone(),
@@ -621,6 +623,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
         accept_http10: args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1"),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
+    tokio::spawn(http::log_export::run(wp.clone(), otel_log_rx));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

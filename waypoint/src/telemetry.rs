@@ -9,137 +9,33 @@
 //! when that is another, then the Telemetries of that last namespace whose `targetRefs`
 //! name the waypoint's Gateway or the Service. `selector` ones are the workloads' proxies'.
 //!
-//! Providers: the waypoint's access log (its `request complete` lines) is Istio's `envoy`
-//! provider or any `envoyFileAccessLog` one writing to stdout without a custom format; its
-//! metrics are `prometheus`; its tracing is the mesh config's default tracing provider.
-//! A Telemetry naming another provider, a custom metric, a tag UPSERT (CEL values), a
-//! `reportingInterval`, custom tracing tags or a filter the waypoint cannot evaluate is
-//! refused with the field named (the file; in a cluster it is logged and left out).
+//! Providers: the waypoint's access logs are Istio's `envoy` provider (its own `request
+//! complete` line, or Envoy's formats when the mesh config sets them) and
+//! `envoyFileAccessLog` ones (`providers.rs`, `format.rs`, `output.rs`); its metrics are
+//! `prometheus`; its tracing is the mesh config's default tracing provider, with the
+//! Telemetry's `customTags` (`tags.rs`). A Telemetry naming another provider, a custom
+//! metric, a tag UPSERT (CEL values), a `reportingInterval` or a filter the waypoint
+//! cannot evaluate is refused with the field named (the file; in a cluster it is logged
+//! and left out).
 
+mod api;
 pub mod expr;
+pub mod format;
+pub mod otel_log;
+pub mod output;
+mod providers;
+pub mod tags;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use serde::Deserialize;
-use serde_json::Value;
 use ztunnel::metrics::http::{is_label, HttpOverrides, MetricOverride};
 
 use crate::object::{attaches, ObjectName, ObjectRef, Target};
+pub use api::*;
 pub use expr::Expr;
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Telemetry {
-    pub name: String,
-    pub namespace: String,
-    /// A workload proxy's: the waypoint does not take it.
-    #[serde(default)]
-    pub selector: Option<Value>,
-    #[serde(default)]
-    pub target_refs: Vec<ObjectRef>,
-    #[serde(default)]
-    pub target_ref: Option<ObjectRef>,
-    #[serde(default)]
-    pub access_logging: Vec<AccessLogging>,
-    #[serde(default)]
-    pub metrics: Vec<Metrics>,
-    #[serde(default)]
-    pub tracing: Vec<Tracing>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProviderRef {
-    pub name: String,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ModeSelector {
-    #[serde(default)]
-    pub mode: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct AccessLogging {
-    #[serde(default)]
-    pub providers: Vec<ProviderRef>,
-    #[serde(default)]
-    pub disabled: Option<bool>,
-    #[serde(default)]
-    pub filter: Option<LogFilter>,
-    #[serde(default, rename = "match")]
-    pub mode: Option<ModeSelector>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogFilter {
-    pub expression: String,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Metrics {
-    #[serde(default)]
-    pub providers: Vec<ProviderRef>,
-    #[serde(default)]
-    pub overrides: Vec<MetricsOverrides>,
-    #[serde(default)]
-    pub reporting_interval: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MetricsOverrides {
-    #[serde(default, rename = "match")]
-    pub selector: Option<MetricSelector>,
-    #[serde(default)]
-    pub disabled: Option<bool>,
-    #[serde(default)]
-    pub tag_overrides: BTreeMap<String, TagOverride>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct MetricSelector {
-    #[serde(default)]
-    pub metric: Option<String>,
-    #[serde(default)]
-    pub custom_metric: Option<String>,
-    #[serde(default)]
-    pub mode: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TagOverride {
-    #[serde(default)]
-    pub operation: Option<String>,
-    #[serde(default)]
-    pub value: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Tracing {
-    #[serde(default)]
-    pub providers: Vec<ProviderRef>,
-    #[serde(default, rename = "match")]
-    pub mode: Option<ModeSelector>,
-    #[serde(default)]
-    pub random_sampling_percentage: Option<f64>,
-    #[serde(default)]
-    pub disable_span_reporting: Option<bool>,
-    #[serde(default)]
-    pub custom_tags: Option<Value>,
-    #[serde(default)]
-    pub use_request_id_for_trace_sampling: Option<bool>,
-    #[serde(default)]
-    pub enable_istio_tags: Option<bool>,
-}
+use output::Output;
+pub use providers::MeshProviders;
 
 /// The metrics a waypoint exports, by Istio's names: the HTTP four, then the TCP four.
 const METRICS: [&str; 8] = [
@@ -155,69 +51,6 @@ const METRICS: [&str; 8] = [
 /// Istio's gRPC message counts, which the waypoint does not export: overriding them
 /// changes nothing.
 const NOT_EXPORTED: [&str; 2] = ["GRPC_REQUEST_MESSAGES", "GRPC_RESPONSE_MESSAGES"];
-
-/// What the mesh config says about telemetry providers.
-#[derive(Clone, Debug, Default)]
-pub struct MeshProviders {
-    /// Providers the waypoint's access log is (`envoy`, stdout `envoyFileAccessLog`s).
-    access_logs: Vec<String>,
-    default_access_logging: Vec<String>,
-    /// Providers the waypoint's metrics are (`prometheus` and prometheus providers).
-    metrics: Vec<String>,
-    default_metrics: Vec<String>,
-    /// The tracing provider spans go to, if any.
-    tracing: Option<String>,
-}
-
-impl MeshProviders {
-    /// From the mesh config (`extensionProviders`, `defaultProviders`) and the tracing
-    /// provider in use. Istio's built-in `envoy` and `prometheus` are always there;
-    /// without `defaultProviders.metrics`, `prometheus` is the default, as in Istio.
-    pub fn from_mesh(mesh: Option<&Value>, tracing: Option<&str>) -> MeshProviders {
-        let strings = |v: Option<&Value>| {
-            v.and_then(Value::as_array).map(|a| {
-                a.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect::<Vec<_>>()
-            })
-        };
-        let mut p = MeshProviders {
-            access_logs: vec!["envoy".into()],
-            metrics: vec!["prometheus".into()],
-            tracing: tracing.map(str::to_string),
-            ..Default::default()
-        };
-        let providers = mesh
-            .and_then(|m| m.get("extensionProviders"))
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for e in &providers {
-            let Some(name) = e.get("name").and_then(Value::as_str) else {
-                continue;
-            };
-            if let Some(f) = e.get("envoyFileAccessLog") {
-                let path = f
-                    .get("path")
-                    .and_then(Value::as_str)
-                    .unwrap_or("/dev/stdout");
-                if path == "/dev/stdout" && f.get("logFormat").is_none() {
-                    p.access_logs.push(name.to_string());
-                }
-            }
-            if e.get("prometheus").is_some() {
-                p.metrics.push(name.to_string());
-            }
-        }
-        let defaults = mesh.and_then(|m| m.get("defaultProviders"));
-        p.default_access_logging =
-            strings(defaults.and_then(|d| d.get("accessLogging"))).unwrap_or_default();
-        p.default_metrics = strings(defaults.and_then(|d| d.get("metrics")))
-            .unwrap_or_else(|| vec!["prometheus".into()]);
-        p
-    }
-}
 
 /// One Telemetry, checked and compiled.
 #[derive(Clone, Debug)]
@@ -260,6 +93,7 @@ struct TracingEntry {
     server: bool,
     sampling: Option<f64>,
     disabled: Option<bool>,
+    tags: Option<Arc<tags::CustomTags>>,
 }
 
 /// Whether an entry with this `match.mode` applies to the waypoint (SERVER).
@@ -322,7 +156,12 @@ impl Telemetry {
         let mut logging = Vec::new();
         for (i, l) in self.access_logging.iter().enumerate() {
             let at = format!("accessLogging[{i}]");
-            let providers = ours(&mesh.access_logs, &l.providers, &at, "an access log this waypoint writes (envoy, or an envoyFileAccessLog provider to /dev/stdout without a logFormat)")?;
+            let providers = ours(
+                &mesh.access_log_names(),
+                &l.providers,
+                &at,
+                "an access log this waypoint writes (envoy, or an envoyFileAccessLog provider)",
+            )?;
             let filter = match &l.filter {
                 Some(f) => Some(Arc::new(
                     Expr::compile(&f.expression)
@@ -400,9 +239,13 @@ impl Telemetry {
             let at = format!("tracing[{i}]");
             let tracer = mesh.tracing.iter().cloned().collect::<Vec<_>>();
             ours(&tracer, &t.providers, &at, "the mesh config's tracing provider (defaultProviders.tracing), the one this waypoint exports to")?;
-            if t.custom_tags.is_some() {
-                return Err(format!("{at}.customTags: not supported"));
-            }
+            let tags = match &t.custom_tags {
+                Some(v) => Some(Arc::new(
+                    tags::CustomTags::parse(v, |n| std::env::var(n).ok())
+                        .map_err(|e| format!("{at}.customTags.{e}"))?,
+                )),
+                None => None,
+            };
             if let Some(p) = t.random_sampling_percentage {
                 if !(0.0..=100.0).contains(&p) {
                     return Err(format!(
@@ -417,6 +260,7 @@ impl Telemetry {
                 )?,
                 sampling: t.random_sampling_percentage,
                 disabled: t.disable_span_reporting,
+                tags,
             });
         }
         let targets = (!refs.is_empty()).then_some(refs);
@@ -434,12 +278,21 @@ impl Telemetry {
 /// How one request is logged.
 #[derive(Clone, Debug, Default)]
 pub enum LogPolicy {
-    /// No Telemetry access logging and no default provider: every request (as before).
+    /// No Telemetry access logging and no default provider: every request, to the
+    /// built-in `envoy` provider (as before).
     #[default]
     Always,
     Off,
-    /// On for requests any of these filters take (no filter: every request).
-    Filtered(Vec<Arc<Expr>>),
+    /// To each of these providers, when its filter takes the request (none: always).
+    Providers(Vec<ProviderLog>),
+}
+
+/// One access-log provider in force for a request.
+#[derive(Clone, Debug)]
+pub struct ProviderLog {
+    pub name: String,
+    pub output: Arc<Output>,
+    pub filter: Option<Arc<Expr>>,
 }
 
 /// What the Telemetries in force do to one request.
@@ -453,6 +306,8 @@ pub struct Applied {
     pub sampling: Option<f64>,
     /// `disableSpanReporting`.
     pub spans_off: bool,
+    /// `customTags` in force (the last Telemetry's that sets them).
+    pub tags: Option<Arc<tags::CustomTags>>,
 }
 
 impl Applied {
@@ -462,13 +317,13 @@ impl Applied {
         NONE.get_or_init(Arc::default).clone()
     }
 
-    /// The request headers a filter reads (kept for the log line).
-    pub fn filter_headers(&self) -> impl Iterator<Item = &http::HeaderName> {
-        let filters: &[Arc<Expr>] = match &self.log {
-            LogPolicy::Filtered(f) => f,
+    /// The filters in force.
+    pub fn filters(&self) -> impl Iterator<Item = &Arc<Expr>> {
+        let providers: &[ProviderLog] = match &self.log {
+            LogPolicy::Providers(p) => p,
             _ => &[],
         };
-        filters.iter().flat_map(|f| f.headers())
+        providers.iter().filter_map(|p| p.filter.as_ref())
     }
 }
 
@@ -490,8 +345,15 @@ impl Telemetries {
         }
     }
 
+    /// The built-in `envoy` provider's output.
+    pub fn envoy(&self) -> Arc<Output> {
+        self.mesh.envoy()
+    }
+
     pub fn is_empty(&self) -> bool {
-        self.list.is_empty() && self.mesh.default_access_logging.is_empty()
+        self.list.is_empty()
+            && self.mesh.default_access_logging.is_empty()
+            && self.mesh.default_tags.is_none()
     }
 
     /// What applies to a request to `target` (its Service, the waypoint's Gateway).
@@ -543,6 +405,8 @@ impl Telemetries {
         let tels = self.in_force(target);
         let mut a = Applied {
             log: self.logging(&tels),
+            // As istiod: the ProxyConfig's tags when no Telemetry sets any.
+            tags: self.mesh.default_tags.clone(),
             ..Applied::default()
         };
         self.metric_overrides(&tels, &mut a);
@@ -552,6 +416,9 @@ impl Telemetries {
             }
             if let Some(d) = t.disabled {
                 a.spans_off = d;
+            }
+            if let Some(tags) = &t.tags {
+                a.tags = Some(tags.clone());
             }
         }
         a
@@ -563,18 +430,23 @@ impl Telemetries {
         if tels.iter().all(|c| c.logging.is_empty()) && defaults.is_empty() {
             return LogPolicy::Always;
         }
-        let ours = |p: &String| {
-            self.mesh
-                .access_logs
-                .iter()
-                .any(|o| o.eq_ignore_ascii_case(p))
-        };
+        let output = |p: &String| self.mesh.access_log(p).cloned();
         if tels.iter().all(|c| c.logging.is_empty()) {
             // Only the default providers: on, unfiltered, when ours is among them.
-            return if defaults.iter().any(ours) {
-                LogPolicy::Filtered(Vec::new())
-            } else {
+            let on: Vec<ProviderLog> = defaults
+                .iter()
+                .filter_map(|p| {
+                    Some(ProviderLog {
+                        name: p.to_ascii_lowercase(),
+                        output: output(p)?,
+                        filter: None,
+                    })
+                })
+                .collect();
+            return if on.is_empty() {
                 LogPolicy::Off
+            } else {
+                LogPolicy::Providers(on)
             };
         }
         // In scope: the defaults, replaced by the providers each Telemetry's entries name.
@@ -615,17 +487,21 @@ impl Telemetries {
                 }
             }
         }
-        let on: Vec<Option<Arc<Expr>>> = state
+        let mut on: Vec<ProviderLog> = state
             .into_iter()
-            .filter(|(p, _)| ours(p))
-            .filter_map(|(_, v)| v)
+            .filter_map(|(p, v)| {
+                Some(ProviderLog {
+                    output: output(&p)?,
+                    filter: v?,
+                    name: p,
+                })
+            })
             .collect();
+        on.sort_by(|a, b| a.name.cmp(&b.name));
         if on.is_empty() {
             LogPolicy::Off
-        } else if on.iter().any(Option::is_none) {
-            LogPolicy::Filtered(Vec::new())
         } else {
-            LogPolicy::Filtered(on.into_iter().flatten().collect())
+            LogPolicy::Providers(on)
         }
     }
 

@@ -239,7 +239,8 @@ pub struct FinishedSpan {
     pub ctx: SpanContext,
     pub name: String,
     pub end: SystemTime,
-    pub attributes: Vec<(&'static str, String)>,
+    /// Envoy's attributes, then the Telemetry's custom tags.
+    pub attributes: Vec<(std::borrow::Cow<'static, str>, String)>,
     /// 5xx (or no response): the span's status is an error.
     pub error: bool,
 }
@@ -261,6 +262,7 @@ pub fn export_request(
         value: Some(AnyValue {
             value: Some(any_value::Value::StringValue(v)),
         }),
+        ..Default::default()
     };
     let spans = spans
         .into_iter()
@@ -273,24 +275,26 @@ pub fn export_request(
             kind: proto::trace::span::SpanKind::Server as i32,
             start_time_unix_nano: nanos(s.ctx.start),
             end_time_unix_nano: nanos(s.end),
-            attributes: s.attributes.into_iter().map(|(k, v)| kv(k, v)).collect(),
+            attributes: s.attributes.into_iter().map(|(k, v)| kv(&k, v)).collect(),
             dropped_attributes_count: 0,
             status: s.error.then(|| proto::trace::Status {
                 message: String::new(),
                 code: proto::trace::status::StatusCode::Error as i32,
             }),
+            ..Default::default()
         })
         .collect();
     proto::collector::ExportTraceServiceRequest {
         resource_spans: vec![proto::trace::ResourceSpans {
             resource: Some(proto::resource::Resource {
                 attributes: vec![kv("service.name", service_name.to_string())],
-                dropped_attributes_count: 0,
+                ..Default::default()
             }),
             scope_spans: vec![proto::trace::ScopeSpans {
                 scope: Some(InstrumentationScope {
                     name: "waypoint".into(),
                     version: env!("CARGO_PKG_VERSION").into(),
+                    ..Default::default()
                 }),
                 spans,
                 schema_url: String::new(),

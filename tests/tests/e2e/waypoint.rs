@@ -18,6 +18,7 @@ mod istio_shape;
 mod opaque;
 mod retries;
 mod stream_idle;
+mod telemetry;
 mod tenancy;
 mod trust_domain;
 mod virtual_service;

@@ -298,6 +298,7 @@ pub async fn forward(
                 return upgrade::relay(client, backend, rparts, ws, log, picked);
             }
             log.status = rparts.status.as_u16();
+            log.response_headers(&rparts.headers);
             if let Some(v) = rparts.headers.get("grpc-status") {
                 log.grpc_status = Some(grpc_status_label(v));
             }

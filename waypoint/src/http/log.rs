@@ -1,9 +1,10 @@
 //! One access log line and the Istio request metrics per request.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use http::header::HeaderValue;
 use http::Method;
@@ -18,6 +19,8 @@ use crate::config::Config;
 use crate::context::Waypoint;
 use crate::object::{ObjectName, Target};
 use crate::telemetry::expr::Attributes;
+use crate::telemetry::format::Entry;
+use crate::telemetry::output::Output;
 use crate::telemetry::{Applied, LogPolicy};
 use crate::trace::{FinishedSpan, SpanContext};
 
@@ -56,12 +59,17 @@ pub struct RequestLog {
     port: u16,
     /// What the Telemetries in force do to this request's log line and metrics.
     telemetry: Arc<Applied>,
-    /// For an access-log filter: the query, the HTTP version, the CONNECT target and
-    /// the request headers the filter reads.
+    /// For access-log filters and formats: the query, the HTTP version, the CONNECT
+    /// target, the request headers they read, the response headers the formats read.
     query: Option<String>,
     version: http::Version,
     target: SocketAddr,
     filter_headers: Vec<(http::HeaderName, String)>,
+    /// The built-in `envoy` provider's output, for `LogPolicy::Always`.
+    envoy: Arc<Output>,
+    start_time: SystemTime,
+    response_wanted: Vec<http::HeaderName>,
+    response_headers: Vec<(http::HeaderName, String)>,
 }
 
 impl RequestLog {
@@ -101,19 +109,6 @@ impl RequestLog {
                 port: tunnel.target.port(),
             })
         };
-        let filter_headers = telemetry
-            .filter_headers()
-            .filter_map(|name| {
-                Some((
-                    name.clone(),
-                    parts.headers.get(name)?.to_str().ok()?.to_string(),
-                ))
-            })
-            .collect();
-        // Only an access-log filter reads it.
-        let query = matches!(&telemetry.log, LogPolicy::Filtered(f) if !f.is_empty())
-            .then(|| parts.uri.query().map(str::to_string))
-            .flatten();
         let span = match cfg.tracing.as_ref().filter(|_| !telemetry.spans_off) {
             Some(t) => crate::trace::start(
                 &parts.headers,
@@ -122,6 +117,54 @@ impl RequestLog {
             ),
             None => None,
         };
+        let envoy = cfg.telemetry.envoy();
+        let outputs: Vec<&Arc<Output>> = match &telemetry.log {
+            LogPolicy::Always => vec![&envoy],
+            LogPolicy::Off => Vec::new(),
+            LogPolicy::Providers(p) => p.iter().map(|p| &p.output).collect(),
+        };
+        let formatted = outputs.iter().any(|o| !o.is_own_line());
+        // Formats and formatter tags read the start time.
+        let stamped = formatted || span.is_some();
+        let mut wanted: Vec<&http::HeaderName> =
+            telemetry.filters().flat_map(|f| f.headers()).collect();
+        let mut response_wanted = Vec::new();
+        for o in &outputs {
+            wanted.extend(&o.request_headers);
+            response_wanted.extend(o.response_headers.iter().cloned());
+        }
+        let mut tag_headers = Vec::new();
+        if let (Some(tags), Some(_)) = (&telemetry.tags, &span) {
+            tags.headers(&mut tag_headers, &mut response_wanted);
+        }
+        wanted.extend(&tag_headers);
+        wanted.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        wanted.dedup();
+        response_wanted.dedup();
+        let all_headers = telemetry.filters().any(|f| f.all_headers())
+            || outputs.iter().any(|o| o.all_request_headers);
+        let filter_headers = if all_headers {
+            parts
+                .headers
+                .iter()
+                .filter_map(|(n, v)| Some((n.clone(), v.to_str().ok()?.to_string())))
+                .collect()
+        } else {
+            wanted
+                .into_iter()
+                .flat_map(|name| {
+                    parts
+                        .headers
+                        .get_all(name)
+                        .iter()
+                        .filter_map(move |v| Some((name.clone(), v.to_str().ok()?.to_string())))
+                })
+                .collect()
+        };
+        // Only access-log filters and formats read it.
+        let query = (formatted || telemetry.filters().next().is_some())
+            .then(|| parts.uri.query().map(str::to_string))
+            .flatten();
         RequestLog {
             wp,
             start: Instant::now(),
@@ -154,6 +197,23 @@ impl RequestLog {
             version: parts.version,
             target: tunnel.target,
             filter_headers,
+            envoy,
+            start_time: if stamped {
+                SystemTime::now()
+            } else {
+                SystemTime::UNIX_EPOCH
+            },
+            response_wanted,
+            response_headers: Vec::new(),
+        }
+    }
+
+    /// The response's headers that access-log formats read (`%RESP(...)%`).
+    pub fn response_headers(&mut self, headers: &http::HeaderMap) {
+        for name in &self.response_wanted {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                self.response_headers.push((name.clone(), v.to_string()));
+            }
         }
     }
 
@@ -220,19 +280,18 @@ impl RequestLog {
                 response_bytes,
             ),
         }
-        if self.logged() {
-            self.log_line(request_bytes, response_bytes, duration);
-        }
-        self.export_span();
+        self.log(request_bytes, response_bytes, duration);
+        self.export_span(request_bytes, response_bytes, duration);
     }
 
-    /// Whether the Telemetries in force want this request's line.
-    fn logged(&self) -> bool {
-        let filters = match &self.telemetry.log {
-            LogPolicy::Always => return true,
-            LogPolicy::Off => return false,
-            LogPolicy::Filtered(f) if f.is_empty() => return true,
-            LogPolicy::Filtered(f) => f,
+    /// Writes the request's line to each access log in force whose filter takes it.
+    fn log(&self, request_bytes: u64, response_bytes: u64, duration: std::time::Duration) {
+        let providers = match &self.telemetry.log {
+            LogPolicy::Always => {
+                return self.write_to(&self.envoy, request_bytes, response_bytes, duration)
+            }
+            LogPolicy::Off => return,
+            LogPolicy::Providers(p) => p,
         };
         let san = self.src_identity.to_string();
         let a = Attributes {
@@ -242,18 +301,111 @@ impl RequestLog {
             path: &self.path,
             query: self.query.as_deref(),
             host: &self.host,
-            protocol: if self.version == http::Version::HTTP_2 {
-                "HTTP/2"
-            } else {
-                "HTTP/1.1"
-            },
+            protocol: self.http_version(),
             headers: &self.filter_headers,
             source: self.src_addr,
             destination: self.target,
             upstream: self.dst_addr,
             peer_san: &san,
+            request_size: request_bytes.saturating_sub(self.request_header_bytes),
+            request_total_size: request_bytes,
+            response_size: response_bytes,
         };
-        filters.iter().any(|f| f.matches(&a))
+        let mut own_line = false;
+        for p in providers {
+            if p.filter.as_ref().is_some_and(|f| !f.matches(&a)) {
+                continue;
+            }
+            // Two providers that are the waypoint's own line write it once.
+            if p.output.is_own_line() {
+                if own_line {
+                    continue;
+                }
+                own_line = true;
+            }
+            self.write_to(&p.output, request_bytes, response_bytes, duration);
+        }
+    }
+
+    fn http_version(&self) -> &'static str {
+        match self.version {
+            http::Version::HTTP_2 => "HTTP/2",
+            http::Version::HTTP_10 => "HTTP/1.0",
+            _ => "HTTP/1.1",
+        }
+    }
+
+    fn write_to(
+        &self,
+        output: &Output,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration: std::time::Duration,
+    ) {
+        if output.is_own_line() {
+            return self.log_line(request_bytes, response_bytes, duration);
+        }
+        let trace = self
+            .span
+            .as_ref()
+            .map(|s| (s.trace_id.to_vec(), s.span_id.to_vec()));
+        let record = self.with_entry(request_bytes, response_bytes, duration, |e| {
+            output.write(e, trace)
+        });
+        if let Some(r) = record {
+            self.wp.otel_logs.push(r);
+        }
+    }
+
+    /// The request as Envoy's format operators see it.
+    fn with_entry<R>(
+        &self,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration: std::time::Duration,
+        f: impl FnOnce(&Entry<'_>) -> R,
+    ) -> R {
+        let path = match &self.query {
+            Some(q) => format!("{}?{q}", self.path),
+            None => self.path.clone(),
+        };
+        let cluster = self
+            .dst_service
+            .as_ref()
+            .map(|s| format!("inbound-vip|{}|http|{}", self.port, s.hostname));
+        let san = self.src_identity.to_string();
+        let details = match (&self.denied_by, self.dst_addr) {
+            (Some(d), _) => Some(format!("rbac_access_denied_matched_policy[{d}]")),
+            (None, Some(_)) if self.status != 0 && self.response_flags == "-" => {
+                Some("via_upstream".to_string())
+            }
+            _ => None,
+        };
+        f(&Entry {
+            start: self.start_time,
+            duration,
+            method: self.method.as_str(),
+            path: &path,
+            authority: &self.host,
+            protocol: self.http_version(),
+            code: self.status,
+            response_flags: self.response_flags,
+            code_details: details.as_deref(),
+            bytes_received: request_bytes.saturating_sub(self.request_header_bytes),
+            bytes_sent: response_bytes,
+            request_headers: &self.filter_headers,
+            response_headers: &self.response_headers,
+            upstream: self.dst_addr,
+            upstream_cluster: cluster.as_deref(),
+            downstream_local: self.target,
+            downstream_remote: self.src_addr,
+            peer_uri_san: Some(&san),
+            route: self.route.as_deref(),
+            hostname: hostname(),
+            trace_id: self.span.as_ref().map(|s| s.trace_id_hex()),
+            grpc_status: self.grpc_status,
+            attempts: self.attempts,
+        })
     }
 
     fn log_line(&self, request_bytes: u64, response_bytes: u64, duration: std::time::Duration) {
@@ -285,14 +437,19 @@ impl RequestLog {
         );
     }
 
-    fn export_span(&mut self) {
+    fn export_span(
+        &mut self,
+        request_bytes: u64,
+        response_bytes: u64,
+        duration: std::time::Duration,
+    ) {
         let wp = &self.wp;
         if let Some(ctx) = self.span.take() {
             let host = self
                 .dst_service
                 .as_ref()
                 .map_or(self.host.as_str(), |s| s.hostname.as_str());
-            let mut attributes = vec![
+            let mut attributes: Vec<(Cow<'static, str>, String)> = [
                 ("component", "proxy".to_string()),
                 ("node_id", format!("waypoint~{}", wp.gateway.name)),
                 ("http.method", self.method.to_string()),
@@ -302,9 +459,19 @@ impl RequestLog {
                 ("response_flags", self.response_flags.to_string()),
                 ("downstream_address", self.src_addr.to_string()),
                 ("istio.source_principal", self.src_identity.to_string()),
-            ];
+            ]
+            .into_iter()
+            .map(|(k, v)| (Cow::Borrowed(k), v))
+            .collect();
             if let Some(a) = self.dst_addr {
-                attributes.push(("upstream_address", a.to_string()));
+                attributes.push(("upstream_address".into(), a.to_string()));
+            }
+            if let Some(tags) = &self.telemetry.tags {
+                let values: Vec<(String, String)> =
+                    self.with_entry(request_bytes, response_bytes, duration, |e| {
+                        tags.values(&self.filter_headers, Some(e)).collect()
+                    });
+                attributes.extend(values.into_iter().map(|(k, v)| (k.into(), v)));
             }
             wp.spans.push(FinishedSpan {
                 ctx,
@@ -315,6 +482,16 @@ impl RequestLog {
             });
         }
     }
+}
+
+/// This host's name (Envoy's `%HOSTNAME%`).
+fn hostname() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_else(|_| "-".into())
+    })
 }
 
 /// What the plan step learned about a request, for its log line.

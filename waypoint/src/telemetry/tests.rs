@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::Value;
 
 fn mesh(yaml: &str) -> MeshProviders {
     let v: Value = serde_yaml::from_str(yaml).expect("mesh yaml");
@@ -40,9 +41,23 @@ fn log_of(a: &Applied) -> String {
     match &a.log {
         LogPolicy::Always => "always".into(),
         LogPolicy::Off => "off".into(),
-        LogPolicy::Filtered(f) => format!(
+        // One provider's filter as before; several: `name=filter` each.
+        LogPolicy::Providers(p) if p.len() == 1 => format!(
             "on{:?}",
-            f.iter().map(|e| e.source().to_string()).collect::<Vec<_>>()
+            p[0].filter
+                .iter()
+                .map(|e| e.source().to_string())
+                .collect::<Vec<_>>()
+        ),
+        LogPolicy::Providers(p) => format!(
+            "on{:?}",
+            p.iter()
+                .map(|p| format!(
+                    "{}={}",
+                    p.name,
+                    p.filter.as_ref().map_or("", |e| e.source())
+                ))
+                .collect::<Vec<_>>()
         ),
     }
 }
@@ -155,13 +170,68 @@ fn tracing_overrides_sampling_and_span_reporting() {
     assert_eq!((a.sampling, a.spans_off), (Some(100.0), false));
     let a = applied(&t, Some(("shop", "cart")));
     assert_eq!((a.sampling, a.spans_off), (Some(100.0), true));
+    assert!(a.tags.is_none());
+}
+
+#[test]
+fn custom_tags_come_from_the_last_telemetry_that_sets_them() {
+    let m = mesh("{}");
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, tracing: [{customTags: {team: {literal: {value: mesh}}, user: {header: {name: x-user}}}}]}\n\
+         - {name: ns, namespace: shop, tracing: [{customTags: {team: {literal: {value: shop}}}}]}\n",
+        &m,
+    )
+    .unwrap();
+    let values = |a: &Applied| -> Vec<(String, String)> {
+        let h = [(http::HeaderName::from_static("x-user"), "ann".to_string())];
+        a.tags
+            .as_ref()
+            .map(|t| t.values(&h, None).collect())
+            .unwrap_or_default()
+    };
+    let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(
+        values(&applied(&t, Some(("books", "x")))),
+        [pair("team", "mesh"), pair("user", "ann")]
+    );
+    // istiod's merge is shallow: the namespace's tags replace the mesh's.
+    assert_eq!(
+        values(&applied(&t, Some(("shop", "cart")))),
+        [pair("team", "shop")]
+    );
+    // The ProxyConfig's tags (defaultConfig.tracing.custom_tags) when no Telemetry sets
+    // any, with no Telemetry at all too.
+    let m = mesh("{defaultConfig: {tracing: {custom_tags: {zone: {literal: {value: z1}}}}}}");
+    assert_eq!(
+        values(&applied(&telemetries("[]", &m).unwrap(), None)),
+        [pair("zone", "z1")]
+    );
+    let t = telemetries(
+        "- {name: ns, namespace: shop, tracing: [{customTags: {team: {literal: {value: shop}}}}]}\n",
+        &m,
+    )
+    .unwrap();
+    assert_eq!(
+        values(&applied(&t, Some(("books", "x")))),
+        [pair("zone", "z1")]
+    );
+    assert_eq!(
+        values(&applied(&t, Some(("shop", "cart")))),
+        [pair("team", "shop")]
+    );
+    let bad = mesh("{defaultConfig: {tracing: {customTags: {a: {nope: {}}}}}}");
+    assert!(
+        bad.errors()[0].starts_with("meshConfig.defaultConfig.tracing.customTags.a: not an object"),
+        "{:?}",
+        bad.errors()
+    );
 }
 
 #[test]
 fn what_the_waypoint_cannot_do_is_refused_with_the_field_named() {
-    let m = mesh("{extensionProviders: [{name: file, envoyFileAccessLog: {path: /var/log/access.log}}, {name: otel-logs, envoyOtelAls: {service: c, port: 4317}}]}");
+    let m = mesh("{extensionProviders: [{name: file, envoyFileAccessLog: {path: /var/log/access.log, omitEmptyValues: true}}, {name: http-als, envoyHttpAls: {service: c, port: 4317}}]}");
     for (yaml, want) in [
-        ("accessLogging: [{providers: [{name: otel-logs}]}]", "accessLogging[0].providers[0].name: \"otel-logs\" is not an access log this waypoint writes"),
+        ("accessLogging: [{providers: [{name: http-als}]}]", "accessLogging[0].providers[0].name: \"http-als\" is not an access log this waypoint writes"),
         ("accessLogging: [{providers: [{name: file}]}]", "accessLogging[0].providers[0].name: \"file\""),
         ("accessLogging: [{filter: {expression: 'xds.cluster_name == \"x\"'}}]", "accessLogging[0].filter.expression: the attribute xds.cluster_name is not supported"),
         ("accessLogging: [{match: {mode: BOTH}}]", "accessLogging[0].match.mode: \"BOTH\""),
@@ -172,11 +242,63 @@ fn what_the_waypoint_cannot_do_is_refused_with_the_field_named() {
         ("metrics: [{overrides: [{tagOverrides: {request_host: {value: request.host}}}]}]", "metrics[0].overrides[0].tagOverrides.request_host.operation: UPSERT"),
         ("metrics: [{overrides: [{tagOverrides: {nope: {operation: REMOVE}}}]}]", "metrics[0].overrides[0].tagOverrides.nope: not a label"),
         ("tracing: [{providers: [{name: zipkin}]}]", "tracing[0].providers[0].name: \"zipkin\""),
-        ("tracing: [{customTags: {a: {literal: {value: b}}}}]", "tracing[0].customTags"),
+        ("tracing: [{customTags: {a: {formatter: {value: '%NOPE%'}}}}]", "tracing[0].customTags.a.formatter.value: %NOPE% is not supported"),
         ("tracing: [{randomSamplingPercentage: 101}]", "tracing[0].randomSamplingPercentage"),
         ("targetRefs: [{kind: Pod, name: x}]", "targetRefs[0]: kind \"Pod\""),
     ] {
         let e = telemetries(&format!("- {{name: t, namespace: default, {yaml}}}\n"), &m).err().unwrap_or_else(|| panic!("accepted: {yaml}"));
         assert!(e.contains(want), "{yaml}\n  got: {e}\n  want: {want}");
     }
+}
+
+#[test]
+fn access_log_providers_and_formats_from_the_mesh_config() {
+    use super::format::LogFormat;
+    // Nothing about access logs in the mesh config: the waypoint's own line.
+    assert!(mesh("{}").envoy().is_own_line());
+    // accessLogFormat / accessLogEncoding / accessLogFile: Envoy's line.
+    assert!(matches!(
+        mesh("{accessLogEncoding: JSON, accessLogFile: /dev/null}")
+            .envoy()
+            .format(),
+        Some(LogFormat::Json(_))
+    ));
+    assert!(matches!(
+        mesh("{accessLogFormat: '%RESPONSE_CODE%'}")
+            .envoy()
+            .format(),
+        Some(LogFormat::Text(_))
+    ));
+    // JSON labels that are not JSON: Istio's default labels, as istiod does.
+    assert!(
+        mesh("{accessLogEncoding: JSON, accessLogFormat: 'not json'}")
+            .errors()
+            .is_empty()
+    );
+    for (y, want) in [
+        ("{accessLogFormat: '%NOPE%'}", "meshConfig.accessLogFormat: %NOPE% is not supported"),
+        ("{accessLogEncoding: XML}", "meshConfig.accessLogEncoding: \"XML\""),
+        (
+            "{extensionProviders: [{name: f, envoyFileAccessLog: {path: /dev/null, logFormat: {text: '%REQ%'}}}]}",
+            "meshConfig.extensionProviders[0].envoyFileAccessLog.logFormat.text: at byte 0",
+        ),
+        (
+            "{extensionProviders: [{name: f, envoyFileAccessLog: {path: /dev/null, logFormat: {labels: {a: '%X%'}}}}]}",
+            "meshConfig.extensionProviders[0].envoyFileAccessLog.logFormat.labels: a: %X% is not supported",
+        ),
+    ] {
+        let e = mesh(y).errors().join("; ");
+        assert!(e.contains(want), "{y}: {e}");
+    }
+    // Two providers in force, each with its filter; a file provider writes Envoy's line.
+    let m = mesh("{extensionProviders: [{name: json, envoyFileAccessLog: {path: /dev/null, logFormat: {labels: {code: '%RESPONSE_CODE%'}}}}]}");
+    assert!(matches!(
+        m.access_log("json").and_then(|o| o.format()),
+        Some(LogFormat::Json(_))
+    ));
+    let t = telemetries("- {name: mesh, namespace: istio-system, accessLogging: [{providers: [{name: envoy}], filter: {expression: 'response.code >= 500'}}, {providers: [{name: json}]}]}\n", &m).unwrap();
+    assert_eq!(
+        log_of(&applied(&t, None)),
+        "on[\"envoy=response.code >= 500\", \"json=\"]"
+    );
 }

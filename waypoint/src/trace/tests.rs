@@ -104,7 +104,7 @@ fn spans_export_as_otlp() {
             ctx: ctx.clone(),
             name: "echo:80/*".into(),
             end: std::time::SystemTime::now(),
-            attributes: vec![("http.status_code", "503".into())],
+            attributes: vec![("http.status_code".into(), "503".into())],
             error: true,
         }],
     );
