@@ -126,9 +126,15 @@ pub fn istioctl(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// `package` of the Go module built to `<target>/<profile>/<name>`, unless `var` names
+/// `package` of this Go module built to `<target>/<profile>/<name>`, unless `var` names
 /// a ready-built one.
 fn build(var: &str, name: &str, package: &str) -> Result<PathBuf> {
+    go_build(&module_dir(), var, name, package)
+}
+
+/// `package` of the Go module in `module` built to `<target>/<profile>/<name>`, unless
+/// `var` names a ready-built one (the harnesses of tests/istio and tests/kube).
+pub(crate) fn go_build(module: &Path, var: &str, name: &str, package: &str) -> Result<PathBuf> {
     // Built already (scripts/test.sh builds it beside the Rust build, not in the middle
     // of timing-sensitive tests): used as is.
     if let Some(p) = std::env::var_os(var) {
@@ -149,7 +155,7 @@ fn build(var: &str, name: &str, package: &str) -> Result<PathBuf> {
     let go = go_command();
     let started = Instant::now();
     let res = Command::new(&go)
-        .current_dir(module_dir())
+        .current_dir(module)
         // Not a VCS checkout of its own: no VCS stamping. The toolchain on the machine,
         // never one downloaded behind the test's back.
         .env("GOFLAGS", "-buildvcs=false")
@@ -162,15 +168,11 @@ fn build(var: &str, name: &str, package: &str) -> Result<PathBuf> {
     if !res.status.success() {
         bail!(
             "`go build {package}` in {} failed:\n{}",
-            module_dir().display(),
+            module.display(),
             String::from_utf8_lossy(&res.stderr)
         );
     }
-    eprintln!(
-        "istio_xds: built {} in {:.1?}",
-        out.display(),
-        started.elapsed()
-    );
+    eprintln!("built {} in {:.1?}", out.display(), started.elapsed());
     Ok(out)
 }
 

@@ -69,48 +69,12 @@ pub fn binary() -> Result<&'static Path> {
 }
 
 fn build() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("ZTUNNEL_TEST_KUBE_HARNESS") {
-        let p = PathBuf::from(p);
-        if !p.is_file() {
-            bail!(
-                "ZTUNNEL_TEST_KUBE_HARNESS names {}, which is not a file",
-                p.display()
-            );
-        }
-        return Ok(p);
-    }
-    let exe = std::env::current_exe().context("the test binary's own path")?;
-    let dir = exe.parent().context("test binary has no directory")?;
-    let dir = if dir.file_name().is_some_and(|n| n == "deps") {
-        dir.parent().context("deps has no parent")?
-    } else {
-        dir
-    };
-    let out = dir.join("kube-harness");
-    let go = crate::istio_xds::go_command();
-    let started = Instant::now();
-    let res = Command::new(&go)
-        .current_dir(module_dir())
-        .env("GOFLAGS", "-buildvcs=false")
-        .env("GOTOOLCHAIN", "local")
-        .args(["build", "-o"])
-        .arg(&out)
-        .arg("./cmd/kube-harness")
-        .output()
-        .with_context(|| format!("running `{go} build` (is Go 1.26 installed?)"))?;
-    if !res.status.success() {
-        bail!(
-            "`go build ./cmd/kube-harness` in {} failed:\n{}",
-            module_dir().display(),
-            String::from_utf8_lossy(&res.stderr)
-        );
-    }
-    eprintln!(
-        "kube_apiserver: built {} in {:.1?}",
-        out.display(),
-        started.elapsed()
-    );
-    Ok(out)
+    crate::istio_xds::go_build(
+        &module_dir(),
+        "ZTUNNEL_TEST_KUBE_HARNESS",
+        "kube-harness",
+        "./cmd/kube-harness",
+    )
 }
 
 /// A Go module's directory in the module cache, as tests/istio's build list has it.
