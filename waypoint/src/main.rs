@@ -177,6 +177,12 @@ fn mesh_config_map(args: &Args) -> String {
     }
 }
 
+/// PILOT_HTTP10 (`--http10`), or the proxy's ISTIO_META_HTTP10 "1", as istiod reads them
+/// for Istio's waypoint.
+fn accepts_http10(args: &Args) -> bool {
+    args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1")
+}
+
 /// Who this waypoint is and where its config comes from.
 struct Setup {
     config: Arc<ArcSwap<config::Config>>,
@@ -415,7 +421,7 @@ fn settings_dump(
         // The waypoint's own.
         "crlPath": args.crl_path,
         "idleTimeout": duration(Duration::from_secs(args.idle_timeout_seconds)),
-        "acceptHttp10": args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1"),
+        "acceptHttp10": accepts_http10(args),
         "localXdsPath": args.local_xds_path,
         "gatewayName": args.gateway_name,
         "rootNamespace": args.root_namespace,
@@ -620,7 +626,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
             .then(|| Duration::from_secs(args.idle_timeout_seconds)),
         stream_idle_timeout: (args.stream_idle_timeout_seconds > 0)
             .then(|| Duration::from_secs(args.stream_idle_timeout_seconds)),
-        accept_http10: args.http10 || std::env::var("ISTIO_META_HTTP10").is_ok_and(|v| v == "1"),
+        accept_http10: accepts_http10(&args),
     });
     tokio::spawn(http::trace_export::run(wp.clone(), span_rx));
     tokio::spawn(http::log_export::run(wp.clone(), otel_log_rx));
