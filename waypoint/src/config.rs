@@ -56,6 +56,9 @@ pub struct Config {
     /// meshConfig.defaultHttpRetryPolicy: the retry policy of routes that set none (None:
     /// Istio's own default, `http::forward`).
     pub default_retry: Option<MeshRetry>,
+    /// meshConfig.h2UpgradePolicy is UPGRADE: HTTP/1.1 ports get HTTP/2 upstream unless
+    /// a DestinationRule says otherwise.
+    pub h2_upgrade: bool,
     /// Workload labels (DestinationRule subsets): the file's, or the Pods' in a cluster.
     pub labels: Arc<Labels>,
     /// Telemetry API objects (access logging, metric and tracing overrides), compiled.
@@ -286,6 +289,7 @@ impl Config {
             providers: Arc::new(providers),
             tracing,
             default_retry,
+            h2_upgrade: crate::destination::connection::mesh_h2_upgrade(l7.mesh_config.as_ref()),
             labels: Arc::new(
                 Labels::from_file(text).map_err(|source| ConfigError::Parse {
                     path: path.to_path_buf(),
@@ -320,6 +324,7 @@ impl Config {
             providers: Providers::default(),
             tracing: None,
             default_retry: None,
+            h2_upgrade: false,
             labels: Arc::default(),
             telemetry: Arc::default(),
             dump: Arc::new(dump),
@@ -378,6 +383,7 @@ pub async fn combine(
             providers: l.providers.clone(),
             tracing: l.tracing.clone(),
             default_retry: l.default_retry.clone(),
+            h2_upgrade: l.h2_upgrade,
             labels: labels.clone(),
             telemetry: l.telemetry.clone(),
             dump,

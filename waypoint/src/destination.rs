@@ -22,179 +22,21 @@
 #[cfg(test)]
 mod tests;
 
+pub mod connection;
+pub mod spec;
 pub mod tls;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use ztunnel::state::Service;
 
 use crate::extauthz::provider::parse_duration;
+use crate::lb::OutlierConfig;
+pub use connection::{Reuse, UpstreamProtocol};
+pub use spec::*;
 pub use tls::{ClientTls, Origination, TlsTarget};
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DestinationRule {
-    pub name: String,
-    pub namespace: String,
-    pub host: String,
-    #[serde(default)]
-    pub traffic_policy: Option<TrafficPolicy>,
-    /// Named endpoint sets (by labels) that VirtualService destinations pick.
-    #[serde(default)]
-    pub subsets: Vec<Subset>,
-    /// The namespaces the rule is visible to: `.` its own, `*` all (also when empty,
-    /// Istio's default), or names.
-    #[serde(default)]
-    pub export_to: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TrafficPolicy {
-    #[serde(default)]
-    pub load_balancer: Option<LoadBalancer>,
-    #[serde(default)]
-    pub connection_pool: Option<ConnectionPool>,
-    #[serde(default)]
-    pub outlier_detection: Option<OutlierDetection>,
-    #[serde(default)]
-    pub tls: Option<ClientTls>,
-    /// Per service port: replaces the policy above whole for that port (Istio: fields
-    /// left out get their defaults, not the rule's).
-    #[serde(default)]
-    pub port_level_settings: Vec<PortTrafficPolicy>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PortTrafficPolicy {
-    pub port: PortSelector,
-    #[serde(default)]
-    pub load_balancer: Option<LoadBalancer>,
-    #[serde(default)]
-    pub connection_pool: Option<ConnectionPool>,
-    #[serde(default)]
-    pub outlier_detection: Option<OutlierDetection>,
-    #[serde(default)]
-    pub tls: Option<ClientTls>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PortSelector {
-    pub number: u16,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Subset {
-    pub name: String,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// Over the rule's policy, field by field (a port-level one replaces it whole).
-    #[serde(default)]
-    pub traffic_policy: Option<TrafficPolicy>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct LoadBalancer {
-    #[serde(default)]
-    pub simple: Option<String>,
-    #[serde(default)]
-    pub consistent_hash: Option<ConsistentHash>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ConsistentHash {
-    #[serde(default)]
-    pub http_header_name: Option<String>,
-    #[serde(default)]
-    pub http_cookie: Option<HttpCookie>,
-    #[serde(default)]
-    pub use_source_ip: Option<bool>,
-    #[serde(default)]
-    pub http_query_parameter_name: Option<String>,
-    /// Envoy's ring size: the waypoint hashes onto its endpoints directly (rendezvous), so
-    /// it is accepted and has nothing to tune.
-    #[serde(default)]
-    pub minimum_ring_size: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HttpCookie {
-    pub name: String,
-    #[serde(default)]
-    pub path: Option<String>,
-    /// Envoy generates the cookie when a TTL is set; the waypoint hashes only on a
-    /// cookie the client sends, so a TTL is refused.
-    #[serde(default)]
-    pub ttl: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ConnectionPool {
-    #[serde(default)]
-    pub tcp: Option<TcpSettings>,
-    #[serde(default)]
-    pub http: Option<HttpSettings>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct TcpSettings {
-    #[serde(default)]
-    pub max_connections: Option<u32>,
-    #[serde(default)]
-    pub connect_timeout: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct HttpSettings {
-    /// Requests waiting for one of the Service's HTTP/1.1 connections when
-    /// `tcp.maxConnections` are all in use; over it, 503 `UO`.
-    #[serde(default)]
-    pub http1_max_pending_requests: Option<u32>,
-    #[serde(default)]
-    pub http2_max_requests: Option<u32>,
-    #[serde(default)]
-    pub max_requests_per_connection: Option<u32>,
-    #[serde(default)]
-    pub max_retries: Option<u32>,
-    #[serde(default)]
-    pub idle_timeout: Option<String>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct OutlierDetection {
-    #[serde(default, rename = "consecutive5xxErrors")]
-    pub consecutive_5xx_errors: Option<u32>,
-    #[serde(default)]
-    pub consecutive_gateway_errors: Option<u32>,
-    #[serde(default)]
-    pub interval: Option<String>,
-    #[serde(default)]
-    pub base_ejection_time: Option<String>,
-    #[serde(default)]
-    pub max_ejection_percent: Option<u32>,
-}
-
-/// A DestinationRule's `connectionPool.http.maxRequestsPerConnection` (a connection
-/// takes no request past that many) and `idleTimeout` (a connection without a request in
-/// flight that long is closed; default: the waypoint's own limits).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Reuse {
-    pub max_requests: Option<u32>,
-    pub idle: Option<std::time::Duration>,
-}
 
 /// How endpoints are picked for one Service.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,23 +57,84 @@ pub enum Pick {
 pub struct Policy {
     /// None: the waypoint's `--lb-policy`.
     pub pick: Option<Pick>,
-    /// None: the waypoint's outlier flags. `Some(0, _)` turns ejection off.
-    pub outlier: Option<(u32, Duration)>,
+    /// None: the waypoint's outlier flags. A `consecutive_5xx` of 0 turns ejection off.
+    pub outlier: Option<OutlierConfig>,
     pub max_requests: Option<u32>,
     pub max_retries: Option<u32>,
+    /// `retryBudget`: retries in flight allowed, in place of `max_retries`.
+    pub retry_budget: Option<RetryShare>,
     pub max_connections: Option<u32>,
     /// Requests that may wait for one of `max_connections` HTTP/1.1 connections.
     pub max_pending: Option<u32>,
-    /// `http.maxRequestsPerConnection` and `http.idleTimeout`: how the Service's upstream
-    /// HTTP connections are reused.
+    /// How the Service's upstream connections are made and reused (`connection`).
     pub reuse: Reuse,
+    /// `h2UpgradePolicy` / `useClientProtocol`; None: the port's protocol (and the mesh's
+    /// `h2UpgradePolicy`).
+    pub protocol: Option<UpstreamProtocol>,
+    /// `consistentHash.httpCookie` with a `ttl`: the cookie given to a request without one.
+    pub cookie: Option<Arc<GeneratedCookie>>,
     /// TLS from the waypoint to the endpoint (SIMPLE or MUTUAL).
     pub tls: Option<Arc<Origination>>,
     /// The rule, `namespace/name`, for logs.
     pub rule: String,
-    /// Why the rule cannot be applied, when it asked for what must not be dropped (TLS
-    /// origination): traffic it covers fails rather than go out in plaintext.
+    /// Why the rule cannot be applied exactly: traffic it covers fails (503 `UF`) rather
+    /// than go out other than it asks.
     pub refused: Option<String>,
+}
+
+/// Envoy's retry budget: at any time, `max(min, percent% of the Service's requests in
+/// flight)` retries may be in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryShare {
+    /// Hundredths of a percent.
+    pub basis_points: u32,
+    pub min: u32,
+}
+
+impl RetryShare {
+    /// The retries allowed with `in_flight` requests to the Service.
+    pub fn allowed(&self, in_flight: usize) -> u32 {
+        let share = (in_flight as u64 * self.basis_points as u64) / 10_000;
+        (share.min(u32::MAX as u64) as u32).max(self.min)
+    }
+}
+
+/// The cookie Envoy generates for a consistent hash on a cookie with a TTL: its value
+/// names the client (a hash of its address), so the client's requests hash alike from
+/// then on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GeneratedCookie {
+    pub name: String,
+    pub path: Option<String>,
+    /// 0: a session cookie (no Max-Age).
+    pub ttl: Duration,
+    pub attributes: Vec<(String, Option<String>)>,
+}
+
+impl GeneratedCookie {
+    /// The cookie's value for a client at `client` (Envoy: the hash of its address, hex).
+    pub fn value_for(&self, client: std::net::SocketAddr) -> String {
+        format!("{:016x}", crate::lb::hash_of(client.to_string()))
+    }
+
+    /// The `Set-Cookie` value, as Envoy's `makeSetCookieValue` writes it.
+    pub fn set_cookie(&self, value: &str) -> String {
+        let mut out = format!("{}=\"{value}\"", self.name);
+        if !self.ttl.is_zero() {
+            out.push_str(&format!("; Max-Age={}", self.ttl.as_secs()));
+        }
+        if let Some(p) = self.path.as_deref().filter(|p| !p.is_empty()) {
+            out.push_str(&format!("; Path={p}"));
+        }
+        for (k, v) in &self.attributes {
+            match v.as_deref().filter(|v| !v.is_empty()) {
+                Some(v) => out.push_str(&format!("; {k}={v}")),
+                None => out.push_str(&format!("; {k}")),
+            }
+        }
+        out.push_str("; HttpOnly");
+        out
+    }
 }
 
 /// Everything one rule asks for, per port and subset, resolved when it loads.
@@ -297,6 +200,9 @@ struct Parts<'r> {
     connection_pool: Option<&'r ConnectionPool>,
     outlier_detection: Option<&'r OutlierDetection>,
     tls: Option<&'r ClientTls>,
+    /// Not port-level: a port's entry keeps the policy's (Istio's MergeTrafficPolicy).
+    retry_budget: Option<&'r RetryBudget>,
+    proxy_protocol: Option<&'r serde_json::Value>,
 }
 
 impl<'r> Parts<'r> {
@@ -310,6 +216,8 @@ impl<'r> Parts<'r> {
                 connection_pool: pl.connection_pool.as_ref(),
                 outlier_detection: pl.outlier_detection.as_ref(),
                 tls: pl.tls.as_ref(),
+                retry_budget: tp.retry_budget.as_ref(),
+                proxy_protocol: tp.proxy_protocol.as_ref(),
             };
             return (parts, true);
         }
@@ -318,6 +226,8 @@ impl<'r> Parts<'r> {
             connection_pool: tp.connection_pool.as_ref(),
             outlier_detection: tp.outlier_detection.as_ref(),
             tls: tp.tls.as_ref(),
+            retry_budget: tp.retry_budget.as_ref(),
+            proxy_protocol: tp.proxy_protocol.as_ref(),
         };
         (parts, false)
     }
@@ -345,6 +255,8 @@ impl<'r> Parts<'r> {
             } else {
                 self.tls
             },
+            retry_budget: over.retry_budget.or(self.retry_budget),
+            proxy_protocol: over.proxy_protocol.or(self.proxy_protocol),
         }
     }
 }
@@ -494,7 +406,11 @@ fn policy(
         ..Policy::default()
     };
     if let Some(lb) = parts.load_balancer {
-        p.pick = Some(lb.pick().map_err(|e| format!("loadBalancer.{e}"))?);
+        p.pick = lb.pick().map_err(|e| format!("loadBalancer.{e}"))?;
+        p.cookie = lb
+            .generated_cookie()
+            .map_err(|e| format!("loadBalancer.{e}"))?;
+        lb.unapplied().map_err(|e| format!("loadBalancer.{e}"))?;
     }
     if let Some(od) = parts.outlier_detection {
         p.outlier = Some(od.settings().map_err(|e| format!("outlierDetection.{e}"))?);
@@ -502,29 +418,24 @@ fn policy(
     if let Some(cp) = parts.connection_pool {
         if let Some(tcp) = &cp.tcp {
             p.max_connections = tcp.max_connections.filter(|n| *n > 0);
-            if let Some(t) = &tcp.connect_timeout {
-                parse_duration(t).map_err(|e| format!("connectionPool.tcp.connectTimeout: {e}"))?;
-            }
         }
         if let Some(http) = &cp.http {
             p.max_requests = http.http2_max_requests.filter(|n| *n > 0);
             p.max_retries = http.max_retries;
             p.max_pending = http.http1_max_pending_requests;
-            // Istio: 0 (or unset) is no limit.
-            p.reuse.max_requests = http.max_requests_per_connection.filter(|n| *n > 0);
-            if let Some(t) = &http.idle_timeout {
-                // Istio: 0s turns the idle timeout off.
-                let zero = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-                p.reuse.idle = if !zero.is_empty() && zero.chars().all(|c| c == '0' || c == '.') {
-                    None
-                } else {
-                    Some(
-                        parse_duration(t)
-                            .map_err(|e| format!("connectionPool.http.idleTimeout: {e}"))?,
-                    )
-                };
-            }
         }
+        (p.reuse, p.protocol) =
+            connection::settings(cp).map_err(|e| format!("connectionPool.{e}"))?;
+    }
+    if let Some(b) = parts.retry_budget {
+        p.retry_budget = Some(b.share().map_err(|e| format!("retryBudget.{e}"))?);
+    }
+    if parts.proxy_protocol.is_some() {
+        return Err(
+            "proxyProtocol: the waypoint does not send PROXY protocol headers to endpoints \
+                    (Istio's waypoint does); remove it to apply the rule"
+                .into(),
+        );
     }
     if let Some(tls) = parts.tls {
         let key = tls as *const ClientTls;
@@ -541,20 +452,118 @@ fn policy(
 }
 
 impl LoadBalancer {
-    fn pick(&self) -> Result<Pick, String> {
+    /// The way endpoints are picked; None: Istio's default (the waypoint's `--lb-policy`).
+    fn pick(&self) -> Result<Option<Pick>, String> {
         match (&self.simple, &self.consistent_hash) {
             (Some(_), Some(_)) => Err("simple: set either simple or consistentHash".into()),
             (Some(s), None) => match s.as_str() {
-                "ROUND_ROBIN" => Ok(Pick::RoundRobin),
-                "LEAST_REQUEST" | "LEAST_CONN" | "UNSPECIFIED" => Ok(Pick::LeastRequest),
-                "RANDOM" => Ok(Pick::Random),
+                "ROUND_ROBIN" => Ok(Some(Pick::RoundRobin)),
+                "LEAST_REQUEST" | "LEAST_CONN" => Ok(Some(Pick::LeastRequest)),
+                "UNSPECIFIED" => Ok(None),
+                "RANDOM" => Ok(Some(Pick::Random)),
+                // Envoy's ORIGINAL_DST: the waypoint would send to the address the client
+                // dialled, which for a Service is its VIP, not an endpoint.
+                "PASSTHROUGH" => Err("simple: PASSTHROUGH (send to the original destination) is not applied by \
+                                      the waypoint, which sends to the Service's endpoints; use a ServiceEntry with \
+                                      resolution NONE for traffic to pass through"
+                    .into()),
                 other => Err(format!(
-                    "simple: {other:?} is not supported (ROUND_ROBIN, LEAST_REQUEST, RANDOM)"
+                    "simple: {other:?} is not one of ROUND_ROBIN, LEAST_REQUEST, RANDOM, PASSTHROUGH"
                 )),
             },
-            (None, Some(h)) => h.pick().map_err(|e| format!("consistentHash.{e}")),
-            (None, None) => Err("simple: set either simple or consistentHash".into()),
+            (None, Some(h)) => h
+                .pick()
+                .map(Some)
+                .map_err(|e| format!("consistentHash.{e}")),
+            (None, None) => Ok(None),
         }
+    }
+
+    /// The cookie to give requests without one, for `consistentHash.httpCookie.ttl`.
+    fn generated_cookie(&self) -> Result<Option<Arc<GeneratedCookie>>, String> {
+        let Some(c) = self
+            .consistent_hash
+            .as_ref()
+            .and_then(|h| h.http_cookie.as_ref())
+        else {
+            return Ok(None);
+        };
+        let Some(ttl) = &c.ttl else { return Ok(None) };
+        let ttl = parse_duration(ttl).map_err(|e| format!("consistentHash.httpCookie.ttl: {e}"))?;
+        let token = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b))
+        };
+        let value_ok = |s: &str| s.bytes().all(|b| b.is_ascii_graphic() && b != b';');
+        if !token(&c.name) {
+            return Err(format!(
+                "consistentHash.httpCookie.name: {:?} is not a cookie name",
+                c.name
+            ));
+        }
+        if c.path.as_deref().is_some_and(|p| !value_ok(p)) {
+            return Err("consistentHash.httpCookie.path: not a cookie path".into());
+        }
+        let mut attributes = Vec::new();
+        for (i, a) in c.attributes.iter().enumerate() {
+            if !token(&a.name) || a.value.as_deref().is_some_and(|v| !value_ok(v)) {
+                return Err(format!(
+                    "consistentHash.httpCookie.attributes[{i}]: not a cookie attribute"
+                ));
+            }
+            attributes.push((a.name.clone(), a.value.clone()));
+        }
+        Ok(Some(Arc::new(GeneratedCookie {
+            name: c.name.clone(),
+            path: c.path.clone(),
+            ttl,
+            attributes,
+        })))
+    }
+
+    /// What Istio's waypoint applies and this one does not: its Service's traffic fails.
+    fn unapplied(&self) -> Result<(), String> {
+        let disabled =
+            |v: &serde_json::Value| v.get("enabled") == Some(&serde_json::Value::Bool(false));
+        if self
+            .locality_lb_setting
+            .as_ref()
+            .is_some_and(|v| !disabled(v))
+        {
+            return Err(
+                "localityLbSetting: locality weights and failover are not applied by the waypoint \
+                        (only `enabled: false`); remove it to apply the rule"
+                    .into(),
+            );
+        }
+        if self
+            .zone_aware_lb_setting
+            .as_ref()
+            .is_some_and(|v| !disabled(v))
+        {
+            return Err(
+                "zoneAwareLbSetting: not applied by the waypoint (only `enabled: false`); \
+                        remove it to apply the rule"
+                    .into(),
+            );
+        }
+        // Istio gives the slow start to ROUND_ROBIN and LEAST_REQUEST (its default) only.
+        let slow_start = matches!(
+            self.simple.as_deref(),
+            None | Some("ROUND_ROBIN" | "LEAST_REQUEST" | "LEAST_CONN" | "UNSPECIFIED")
+        ) && self.consistent_hash.is_none();
+        if slow_start && (self.warmup.is_some() || self.warmup_duration_secs.is_some()) {
+            let field = if self.warmup.is_some() {
+                "warmup"
+            } else {
+                "warmupDurationSecs"
+            };
+            return Err(format!(
+                "{field}: the slow start of new endpoints is not applied by the waypoint; remove it to apply the rule"
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -569,15 +578,15 @@ impl ConsistentHash {
         if set.iter().filter(|b| **b).count() != 1 {
             return Err("httpHeaderName: set exactly one of httpHeaderName, httpCookie, useSourceIp, httpQueryParameterName".into());
         }
+        if self.ring_hash.is_some() && self.maglev.is_some() {
+            return Err("ringHash: set either ringHash or maglev".into());
+        }
         if let Some(h) = &self.http_header_name {
             return http::HeaderName::from_bytes(h.as_bytes())
                 .map(Pick::HashHeader)
                 .map_err(|_| format!("httpHeaderName: {h:?} is not a header name"));
         }
         if let Some(c) = &self.http_cookie {
-            if c.ttl.is_some() {
-                return Err("httpCookie.ttl: the waypoint hashes on a cookie the client sends and does not set one".into());
-            }
             if c.name.is_empty() {
                 return Err("httpCookie.name: required".into());
             }
@@ -590,13 +599,32 @@ impl ConsistentHash {
     }
 }
 
+impl RetryBudget {
+    /// Istio's defaults: 20 %, at least 3.
+    fn share(&self) -> Result<RetryShare, String> {
+        let percent = self.percent.unwrap_or(20.0);
+        if !(0.0..=100.0).contains(&percent) {
+            return Err(format!("percent: {percent} is not between 0 and 100"));
+        }
+        if let Some(t) = &self.budget_interval {
+            parse_duration(t).map_err(|e| format!("budgetInterval: {e}"))?;
+        }
+        Ok(RetryShare {
+            basis_points: (percent * 100.0).round() as u32,
+            min: self.min_retry_concurrency.filter(|n| *n > 0).unwrap_or(3),
+        })
+    }
+}
+
 impl OutlierDetection {
-    /// (consecutive failures that eject, base ejection time). Istio's defaults: 5
-    /// consecutive 5xx, 30 s. Gateway errors (502-504) count with the 5xx ones.
-    fn settings(&self) -> Result<(u32, Duration), String> {
+    /// Istio's defaults: 5 consecutive 5xx, 30 s. Gateway errors (502-504) count with the
+    /// 5xx ones; with `splitExternalLocalOriginErrors`, connect failures, timeouts and
+    /// resets count apart (`consecutiveLocalOriginFailures`, default 5) and not as 5xx.
+    fn settings(&self) -> Result<OutlierConfig, String> {
         let n = self
             .consecutive_5xx_errors
             .or(self.consecutive_gateway_errors)
+            .or(self.consecutive_errors)
             .unwrap_or(5);
         let base = match &self.base_ejection_time {
             Some(t) => parse_duration(t).map_err(|e| format!("baseEjectionTime: {e}"))?,
@@ -608,7 +636,18 @@ impl OutlierDetection {
         if self.max_ejection_percent.is_some_and(|p| p > 100) {
             return Err("maxEjectionPercent: at most 100".into());
         }
-        Ok((n, base))
+        if self.min_health_percent.is_some_and(|p| p > 0) {
+            return Err("minHealthPercent: Envoy's panic threshold is not applied by the waypoint (it sends to \
+                        every endpoint only when all are ejected); remove it to apply the rule"
+                .into());
+        }
+        let local_origin = (self.split_external_local_origin_errors == Some(true))
+            .then(|| self.consecutive_local_origin_failures.unwrap_or(5));
+        Ok(OutlierConfig {
+            consecutive_5xx: n,
+            base_ejection: base,
+            local_origin,
+        })
     }
 }
 

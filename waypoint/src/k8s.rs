@@ -55,6 +55,8 @@ pub struct L7Config {
     pub tracing: Option<Arc<crate::trace::TraceSettings>>,
     /// Its defaultHttpRetryPolicy (None: Istio's own default).
     pub default_retry: Option<crate::route::MeshRetry>,
+    /// meshConfig.h2UpgradePolicy is UPGRADE.
+    pub h2_upgrade: bool,
     /// Telemetry API objects, compiled against the same mesh config.
     pub telemetry: Arc<crate::telemetry::Telemetries>,
     /// How many of `policies` (and `authentications`) are stand-ins in place of ones that did not convert.
@@ -202,9 +204,11 @@ fn flattened(obj: &DynamicObject) -> Result<Map<String, Value>, String> {
     Ok(spec)
 }
 
-/// For a DestinationRule that cannot be applied but asks for TLS origination (a `tls`
-/// with mode SIMPLE or MUTUAL anywhere in it): a rule for the same host whose traffic
-/// fails, since leaving it out would send in plaintext what was meant to be encrypted.
+/// For a DestinationRule that cannot be applied exactly (a field the waypoint does not
+/// apply, TLS origination it cannot make, a value it cannot read): a rule for the same
+/// host and `exportTo` whose traffic fails, since leaving it out would send the host's
+/// traffic other than the rule asks (in plaintext, past its limits). A rule without a
+/// host has no scope and does not apply.
 fn refusing_destination_rule(
     obj: &DynamicObject,
     error: &str,
@@ -214,35 +218,28 @@ fn refusing_destination_rule(
         crate::destination::Resolved,
     )>,
 > {
-    fn asks_tls(v: &Value) -> bool {
-        match v {
-            Value::Object(m) => {
-                let origination = m
-                    .get("tls")
-                    .and_then(|t| t.get("mode"))
-                    .and_then(Value::as_str)
-                    .is_some_and(|m| m == "SIMPLE" || m == "MUTUAL");
-                origination || m.values().any(asks_tls)
-            }
-            Value::Array(a) => a.iter().any(asks_tls),
-            _ => false,
-        }
-    }
     let spec = obj.data.get("spec")?;
     let host = spec
         .get("host")
         .and_then(Value::as_str)
         .filter(|h| !h.is_empty())?;
-    if !asks_tls(spec) {
-        return None;
-    }
+    let export_to = spec
+        .get("exportTo")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
     let d = crate::destination::DestinationRule {
         name: obj.metadata.name.clone().unwrap_or_default(),
         namespace: obj.metadata.namespace.clone().unwrap_or_default(),
         host: host.to_string(),
         traffic_policy: None,
         subsets: Vec::new(),
-        export_to: Vec::new(),
+        export_to,
     };
     let resolved = crate::destination::Resolved::refusing(d.key(), error.to_string());
     Some(Box::new((d, resolved)))
@@ -442,15 +439,19 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
     if kind == Kind::VirtualService && !exported_to(obj, &settings.gateway.namespace) {
         return false;
     }
+    // A DestinationRule with a `workloadSelector` is for the proxies of the workloads it
+    // selects, in any namespace (the waypoint's own labels are not matched against it).
+    if kind == Kind::DestinationRule && obj.data.pointer("/spec/workloadSelector").is_some() {
+        return false;
+    }
     if ns == settings.gateway.namespace {
         return true;
     }
     match kind {
         // Small, and any namespace may grant our routes its Services.
         Kind::ReferenceGrant => true,
-        // Applied to the Services the waypoint sends to, whichever namespace has them;
-        // a `workloadSelector` one is a workload proxy's.
-        Kind::DestinationRule => obj.data.pointer("/spec/workloadSelector").is_none(),
+        // Applied to the Services the waypoint sends to, whichever namespace has them.
+        Kind::DestinationRule => true,
         // One whose hosts name a Service that uses the waypoint.
         Kind::VirtualService => obj
             .data
@@ -500,8 +501,8 @@ type RuleAndPolicy = (
 enum Converted {
     Route(Result<HttpRoute, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
-    /// A rule that cannot be applied has the error and, when it asked for TLS origination,
-    /// a stand-in that fails its host's traffic.
+    /// A rule that cannot be applied has the error and, when it names a host, a stand-in
+    /// that fails that host's traffic.
     Destination(Result<Box<RuleAndPolicy>, (String, Option<Box<RuleAndPolicy>>)>),
     Policy(Result<Option<AuthorizationPolicy>, String>),
     Authentication(Result<Option<RequestAuthentication>, String>),
@@ -551,7 +552,7 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
                 let stand_in = refusing_destination_rule(obj, &e);
                 match &stand_in {
                     Some(_) => tracing::error!(kind = "DestinationRule", namespace = ns, name, error = %e,
-                        "DestinationRule asks for TLS origination and cannot be applied; traffic to its host fails instead"),
+                        "DestinationRule cannot be applied exactly; traffic to its host fails instead"),
                     None => tracing::warn!(kind = "DestinationRule", namespace = ns, name, error = %e, "object rejected; it does not apply"),
                 }
                 (e, stand_in)
@@ -855,6 +856,7 @@ impl Store {
             .trust_domain_bundle();
         let (default_retry, default_retry_dump) = mesh_default_retry(mesh_value.as_ref());
         cfg.default_retry = default_retry;
+        cfg.h2_upgrade = crate::destination::connection::mesh_h2_upgrade(mesh_value.as_ref());
         let (mut telemetries, mut telemetries_read) = (Vec::new(), Vec::new());
         let (mut routes, mut policies, mut authns, mut rejected) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -904,7 +906,7 @@ impl Store {
                         cfg.destination_rules.push((**d).clone());
                         cfg.unenforceable += 1;
                     }
-                    let effect = if stand_in.is_some() { "traffic to its host fails (it asked for TLS origination)" } else { "does not apply" };
+                    let effect = if stand_in.is_some() { "traffic to its host fails (the rule cannot be applied exactly)" } else { "does not apply" };
                     rejected.push(json!({"kind": "DestinationRule", "namespace": k.1, "name": k.2, "error": e, "effect": effect}));
                 }
                 Converted::Policy(Ok(Some(p))) => {

@@ -21,17 +21,33 @@ pub enum LbPolicy {
     LeastRequest,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutlierConfig {
     /// 0 disables ejection.
     pub consecutive_5xx: u32,
     pub base_ejection: Duration,
+    /// Envoy's `split_external_local_origin_errors`: connect failures, resets and
+    /// timeouts count apart from the answers' 5xx, ejecting after this many in a row.
+    /// None: they count as 5xx.
+    pub local_origin: Option<u32>,
+}
+
+/// How one attempt to an endpoint ended, for outlier detection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// An answer that is no 5xx.
+    Success,
+    /// A 5xx answer.
+    ServerError,
+    /// No answer: the connection failed or was reset, or the attempt timed out.
+    LocalFailure,
 }
 
 #[derive(Default)]
 struct EndpointStats {
     active: u32,
     consecutive_failures: u32,
+    consecutive_local_failures: u32,
     ejected_until: Option<Instant>,
     times_ejected: u32,
 }
@@ -68,30 +84,45 @@ impl Picked {
         self.slots.push(slot);
     }
 
-    /// Feeds the attempt's outcome to outlier detection (a 5xx or connect failure is a failure).
-    pub fn report(&self, success: bool) {
+    /// Feeds the attempt's outcome to outlier detection.
+    pub fn report(&self, outcome: Outcome) {
         let cfg = self.outlier;
         let mut stats = self.balancer.lock();
         let s = stats.entry(self.addr).or_default();
-        if success {
-            s.consecutive_failures = 0;
-            // Envoy's multiplier decay: each ejection-length of health after the last
-            // ejection ended takes one step off the next ejection's length.
-            if let Some(until) = s.ejected_until.filter(|_| s.times_ejected > 0) {
-                if until.elapsed() > cfg.base_ejection {
-                    s.times_ejected -= 1;
-                    s.ejected_until = (s.times_ejected > 0).then(Instant::now);
-                }
-            }
-            return;
+        // Split: an answer means the connection worked (Envoy's LOCAL_ORIGIN_CONNECT_SUCCESS).
+        if outcome != Outcome::LocalFailure {
+            s.consecutive_local_failures = 0;
         }
-        s.consecutive_failures += 1;
-        if cfg.consecutive_5xx > 0 && s.consecutive_failures >= cfg.consecutive_5xx {
+        let (count, limit) = match (outcome, cfg.local_origin) {
+            (Outcome::Success, _) => {
+                s.consecutive_failures = 0;
+                // Envoy's multiplier decay: each ejection-length of health after the last
+                // ejection ended takes one step off the next ejection's length.
+                if let Some(until) = s.ejected_until.filter(|_| s.times_ejected > 0) {
+                    if until.elapsed() > cfg.base_ejection {
+                        s.times_ejected -= 1;
+                        s.ejected_until = (s.times_ejected > 0).then(Instant::now);
+                    }
+                }
+                return;
+            }
+            (Outcome::LocalFailure, Some(n)) => {
+                s.consecutive_local_failures += 1;
+                (s.consecutive_local_failures, n)
+            }
+            (Outcome::ServerError | Outcome::LocalFailure, _) => {
+                s.consecutive_failures += 1;
+                (s.consecutive_failures, cfg.consecutive_5xx)
+            }
+        };
+        if limit > 0 && count >= limit {
             s.times_ejected = (s.times_ejected + 1).min(10);
             s.consecutive_failures = 0;
+            s.consecutive_local_failures = 0;
             let until = Instant::now() + cfg.base_ejection * s.times_ejected;
             s.ejected_until = Some(until);
             tracing::warn!(endpoint = %self.addr, workload = %self.workload.name, ejection_ms = (cfg.base_ejection * s.times_ejected).as_millis() as u64,
+                local_origin = outcome == Outcome::LocalFailure && cfg.local_origin.is_some(),
                 "endpoint ejected after consecutive failures");
         }
     }
@@ -105,6 +136,15 @@ impl Balancer {
             next: AtomicUsize::new(0),
             stats: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether `addr` is ejected now.
+    #[cfg(test)]
+    pub fn ejected(&self, addr: SocketAddr) -> bool {
+        self.lock()
+            .get(&addr)
+            .and_then(|s| s.ejected_until)
+            .is_some_and(|t| t > Instant::now())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, EndpointStats>> {
@@ -312,6 +352,13 @@ impl Circuits {
                 Err(now) => cur = now,
             }
         }
+    }
+
+    /// How many of `limit` to `service` are in flight now (0 when none is counted).
+    pub fn in_flight(&self, service: &str, limit: Limit) -> usize {
+        let m = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&(service.to_string(), limit))
+            .map_or(0, |c| c.load(Ordering::Acquire))
     }
 
     /// One of `service`'s HTTP/1.1 connections (DestinationRule `tcp.maxConnections`):

@@ -608,6 +608,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
             lb::OutlierConfig {
                 consecutive_5xx: args.outlier_consecutive_5xx,
                 base_ejection: Duration::from_millis(args.outlier_base_ejection_ms),
+                local_origin: None,
             },
         ),
         circuits: lb::Circuits::default(),

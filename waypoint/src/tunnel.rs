@@ -412,6 +412,8 @@ async fn relay(
         },
         _ => None,
     };
+    // The rule's connectTimeout and tcpKeepalive hold for opaque TCP too (Envoy's cluster).
+    let reuse = traffic.as_ref().map(|t| t.reuse).unwrap_or_default();
     if traffic.as_ref().is_some_and(|t| t.tls.is_some()) {
         let mut ep = crate::upstream::Endpoint::of(
             &cfg.state,
@@ -420,6 +422,7 @@ async fn relay(
             service.as_deref(),
         );
         ep.tls = backend.tls_target(None, ep_ip, false);
+        ep.reuse = reuse;
         ep.trace = tunnel.trace.child();
         return relay_tls(&wp, &tunnel, down_send, down_recv, first, ep, start).await;
     }
@@ -432,6 +435,7 @@ async fn relay(
             down_recv,
             first,
             upstream_target,
+            reuse,
             start,
         )
         .await;
@@ -480,7 +484,17 @@ async fn relay(
         service.as_deref(),
         true,
     ));
-    let (mut up_send, up_recv, guard) = match wp.pool.connect(&key, &wp.netns, up_req).await {
+    let connect = wp.pool.connect(&key, &wp.netns, up_req);
+    let connected = match reuse.connect_timeout {
+        Some(t) => tokio::time::timeout(t, connect).await.unwrap_or_else(|_| {
+            Err(hbone::HboneError::Timeout {
+                peer: upstream_target.to_string(),
+                after: t,
+            })
+        }),
+        None => connect.await,
+    };
+    let (mut up_send, up_recv, guard) = match connected {
         Ok(u) => u,
         Err(e) => {
             wp.metrics.failed(&labels, "CONNECT");
@@ -546,10 +560,19 @@ async fn relay_plaintext(
     down_recv: h2::RecvStream,
     first: Bytes,
     to: SocketAddr,
+    reuse: crate::destination::Reuse,
     start: Instant,
 ) {
-    let mut tcp = match wp.netns.connect(to, None, wp.pool.connect_timeout()).await {
-        Ok(t) => t,
+    let timeout = reuse
+        .connect_timeout
+        .unwrap_or_else(|| wp.pool.connect_timeout());
+    let mut tcp = match wp.netns.connect(to, None, timeout).await {
+        Ok(t) => {
+            if let Some(k) = &reuse.keepalive {
+                crate::upstream::set_keepalive(&t, k);
+            }
+            t
+        }
         Err(e) => {
             tracing::warn!(dst.addr = %to, error = %e, response_flags = "UF", "TCP connection to an endpoint outside the mesh failed");
             return down_send.send_reset(h2::Reason::REFUSED_STREAM);

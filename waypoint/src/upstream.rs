@@ -14,7 +14,7 @@ use http::{Method, Request, Response};
 use http_body_util::combinators::BoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tracing::Instrument;
 use ztunnel::hbone::{self, H2Stream, HboneError, Pool, PoolKey};
 
@@ -180,6 +180,8 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
 struct H1Conn {
     /// When it was last seen busy or handed out.
     since: Instant,
+    /// When it was made (DestinationRule maxConnectionDuration).
+    born: Instant,
     sender: http1::SendRequest<Body>,
     /// Requests it has carried.
     served: u32,
@@ -190,6 +192,8 @@ struct H1Conn {
 #[derive(Default)]
 struct H2Slot {
     conn: tokio::sync::Mutex<Option<http2::SendRequest<Body>>>,
+    /// When the current connection was made (DestinationRule maxConnectionDuration).
+    born: Mutex<Option<Instant>>,
     last_used: Mutex<Option<Instant>>,
     /// Requests the current connection has carried.
     served: Mutex<u32>,
@@ -206,13 +210,15 @@ pub struct Upstreams {
 
 /// Forgets kept HTTP/1.1 connections that closed or sat idle `idle` (dropping one closes
 /// it); a busy one counts as just used.
-fn prune_h1(list: &mut Vec<H1Conn>, idle: Duration) {
+/// One as old as `max_age` is forgotten too (it closes once its request is done).
+fn prune_h1(list: &mut Vec<H1Conn>, idle: Duration, max_age: Option<Duration>) {
     let now = Instant::now();
     list.retain_mut(|c| {
         if !c.sender.is_ready() && !c.sender.is_closed() {
             c.since = now;
         }
-        !c.sender.is_closed() && now.duration_since(c.since) < idle
+        let old = max_age.is_some_and(|m| now.duration_since(c.born) >= m);
+        !c.sender.is_closed() && now.duration_since(c.since) < idle && !old
     });
 }
 
@@ -295,12 +301,15 @@ impl Upstreams {
         let io: Box<dyn Io> = if ep.plaintext {
             let tcp = self
                 .netns
-                .connect(ep.addr, None, self.pool.connect_timeout())
+                .connect(ep.addr, None, self.connect_timeout(ep))
                 .await
                 .map_err(|source| UpstreamError::Tcp {
                     endpoint: ep.addr,
                     source,
                 })?;
+            if let Some(k) = &ep.reuse.keepalive {
+                set_keepalive(&tcp, k);
+            }
             Box::new(tcp)
         } else {
             Box::new(self.tunnel(ep).await?)
@@ -348,35 +357,47 @@ impl Upstreams {
             })
     }
 
-    fn idle_h1(&self, key: &ConnKey) -> Option<(http1::SendRequest<Body>, u32)> {
+    fn idle_h1(&self, key: &ConnKey) -> Option<(http1::SendRequest<Body>, u32, Instant)> {
         let mut all = lock(&self.h1);
         let list = all.get_mut(key)?;
-        prune_h1(list, key.reuse.idle.unwrap_or(H1_IDLE));
+        prune_h1(list, key.reuse.idle.unwrap_or(H1_IDLE), key.reuse.max_age);
         let i = list.iter().position(|c| c.sender.is_ready())?;
         let c = list.swap_remove(i);
-        Some((c.sender, c.served))
+        Some((c.sender, c.served, c.born))
     }
 
-    /// With a DestinationRule idleTimeout, a kept connection is closed once it has been
-    /// idle that long, whether or not another request comes.
-    fn close_when_idle(&self, key: ConnKey) {
-        let Some(idle) = key.reuse.idle else { return };
+    /// With a DestinationRule idleTimeout (or maxConnectionDuration), a kept connection
+    /// is closed once it has been idle (or open) that long, whether or not another
+    /// request comes.
+    fn close_when_idle(&self, key: ConnKey, born: Instant) {
+        let idle = key.reuse.idle;
+        let age_left = key.reuse.max_age.map(|m| m.saturating_sub(born.elapsed()));
+        let Some(after) = [idle, age_left].into_iter().flatten().min() else {
+            return;
+        };
         let h1 = Arc::downgrade(&self.h1);
         tokio::spawn(async move {
-            // A bit past the deadline, so the connection is idle long enough by then.
-            tokio::time::sleep(idle + Duration::from_millis(10)).await;
+            // A bit past the deadline, so the connection is idle (or old) enough by then.
+            tokio::time::sleep(after + Duration::from_millis(10)).await;
             if let Some(h1) = h1.upgrade() {
                 if let Some(list) = lock(&h1).get_mut(&key) {
-                    prune_h1(list, idle);
+                    prune_h1(list, idle.unwrap_or(H1_IDLE), key.reuse.max_age);
                 }
             }
         });
     }
 
+    /// The DestinationRule's `tcp.connectTimeout`, else the waypoint's.
+    fn connect_timeout(&self, ep: &Endpoint) -> Duration {
+        ep.reuse
+            .connect_timeout
+            .unwrap_or_else(|| self.pool.connect_timeout())
+    }
+
     /// Fails with the HBONE connect timeout: whatever part of a dial stalls, the request
     /// (and any waiting for the same connection) ends within it.
     fn dial_timeout(&self, ep: &Endpoint) -> UpstreamError {
-        let after = self.pool.connect_timeout();
+        let after = self.connect_timeout(ep);
         UpstreamError::Connect {
             endpoint: ep.addr,
             source: HboneError::Timeout {
@@ -402,7 +423,7 @@ impl Upstreams {
                     source,
                 })
         };
-        let (sender, conn) = tokio::time::timeout(self.pool.connect_timeout(), dial)
+        let (sender, conn) = tokio::time::timeout(self.connect_timeout(ep), dial)
             .await
             .map_err(|_| self.dial_timeout(ep))??;
         tokio::spawn(
@@ -429,9 +450,9 @@ impl Upstreams {
         let key = ConnKey::of(ep);
         let mut stale = 0;
         loop {
-            let (mut sender, served, reused) = match self.idle_h1(&key) {
-                Some((s, n)) if stale < H1_STALE_RETRIES => (s, n, true),
-                _ => (self.dial_h1(ep, false).await?, 0, false),
+            let (mut sender, served, born, reused) = match self.idle_h1(&key) {
+                Some((s, n, born)) if stale < H1_STALE_RETRIES => (s, n, born, true),
+                _ => (self.dial_h1(ep, false).await?, 0, Instant::now(), false),
             };
             match sender.try_send_request(req).await {
                 Ok(resp) => {
@@ -453,12 +474,13 @@ impl Upstreams {
                     if list.len() < H1_MAX_IDLE {
                         list.push(H1Conn {
                             since: Instant::now(),
+                            born,
                             sender,
                             served,
                         });
                     }
                     drop(all);
-                    self.close_when_idle(key);
+                    self.close_when_idle(key, born);
                     return Ok(resp);
                 }
                 Err(mut e) => match e.take_message() {
@@ -519,42 +541,62 @@ impl Upstreams {
             .reuse
             .idle
             .zip(was_used)
-            .is_some_and(|(idle, t)| t.elapsed() >= idle);
-        let checkout = async {
-            let mut conn = slot.conn.lock().await;
-            let spent = {
-                let mut served = lock(&slot.served);
-                *served += 1;
-                key.reuse.max_requests.is_some_and(|m| *served > m)
-            };
-            match conn.as_ref() {
-                Some(s) if !s.is_closed() && !expired && !spent => Ok(s.clone()),
-                _ => {
-                    *lock(&slot.served) = 1;
-                    let io = TokioIo::new(self.connect_io(ep).await?);
-                    let (sender, c) = http2::Builder::new(TokioExecutor::new())
-                        .initial_stream_window_size(hbone::h2_sizes().stream_window)
-                        .initial_connection_window_size(hbone::h2_sizes().connection_window)
-                        .handshake(io)
-                        .await
-                        .map_err(|source| UpstreamError::Handshake {
-                            endpoint: ep.addr,
-                            source,
-                        })?;
-                    tokio::spawn(
-                        async move {
-                            if let Err(e) = c.await {
-                                tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
-                            }
+            .is_some_and(|(idle, t)| t.elapsed() >= idle)
+            || key
+                .reuse
+                .max_age
+                .zip(*lock(&slot.born))
+                .is_some_and(|(max, t)| t.elapsed() >= max);
+        let checkout =
+            async {
+                let mut conn = slot.conn.lock().await;
+                let spent = {
+                    let mut served = lock(&slot.served);
+                    *served += 1;
+                    key.reuse.max_requests.is_some_and(|m| *served > m)
+                };
+                match conn.as_ref() {
+                    Some(s) if !s.is_closed() && !expired && !spent => Ok(s.clone()),
+                    _ => {
+                        *lock(&slot.served) = 1;
+                        let io = TokioIo::new(self.connect_io(ep).await?);
+                        let mut builder = http2::Builder::new(TokioExecutor::new());
+                        builder
+                            .initial_stream_window_size(hbone::h2_sizes().stream_window)
+                            .initial_connection_window_size(hbone::h2_sizes().connection_window);
+                        // DestinationRule http2KeepAlive: PINGs whether or not streams are open.
+                        if let Some((interval, timeout)) = key.reuse.h2_ping {
+                            builder
+                                .timer(TokioTimer::new())
+                                .keep_alive_interval(interval)
+                                .keep_alive_timeout(timeout)
+                                .keep_alive_while_idle(true);
                         }
-                        .in_current_span(),
-                    );
-                    *conn = Some(sender.clone());
-                    Ok::<_, UpstreamError>(sender)
+                        let (sender, c) = builder.handshake(io).await.map_err(|source| {
+                            UpstreamError::Handshake {
+                                endpoint: ep.addr,
+                                source,
+                            }
+                        })?;
+                        tokio::spawn(
+                            async move {
+                                if let Err(e) = c.await {
+                                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended");
+                                }
+                            }
+                            .in_current_span(),
+                        );
+                        *conn = Some(sender.clone());
+                        let born = Instant::now();
+                        *lock(&slot.born) = Some(born);
+                        if let Some(max) = key.reuse.max_age {
+                            close_when_old(&slot, born, max);
+                        }
+                        Ok::<_, UpstreamError>(sender)
+                    }
                 }
-            }
-        };
-        let mut sender = tokio::time::timeout(self.pool.connect_timeout(), checkout)
+            };
+        let mut sender = tokio::time::timeout(self.connect_timeout(ep), checkout)
             .await
             .map_err(|_| self.dial_timeout(ep))??;
         sender
@@ -571,6 +613,40 @@ impl Upstreams {
                 endpoint: ep.addr,
                 source,
             })
+    }
+}
+
+/// DestinationRule maxConnectionDuration on an HTTP/2 connection: once it is that old,
+/// the slot lets it go (if it still holds it: the one made at `born`), so it takes no new
+/// stream and closes when its streams are done (hyper sends GOAWAY once every sender is
+/// gone).
+fn close_when_old(slot: &Arc<H2Slot>, born: Instant, max: Duration) {
+    let slot = Arc::downgrade(slot);
+    tokio::spawn(async move {
+        tokio::time::sleep(max).await;
+        let Some(slot) = slot.upgrade() else { return };
+        let mut conn = slot.conn.lock().await;
+        if *lock(&slot.born) == Some(born) {
+            *conn = None;
+        }
+    });
+}
+
+/// TCP keep-alive as Envoy sets it from the rule: SO_KEEPALIVE, the kernel's values for
+/// what it leaves out. Best effort: a socket that refuses it still carries the request.
+pub fn set_keepalive(tcp: &tokio::net::TcpStream, k: &crate::destination::connection::Keepalive) {
+    let mut ka = socket2::TcpKeepalive::new();
+    if let Some(t) = k.time {
+        ka = ka.with_time(t);
+    }
+    if let Some(i) = k.interval {
+        ka = ka.with_interval(i);
+    }
+    if let Some(n) = k.probes {
+        ka = ka.with_retries(n);
+    }
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "TCP keep-alive not set");
     }
 }
 

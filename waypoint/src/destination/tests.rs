@@ -5,13 +5,23 @@ use std::time::Duration;
 use ztunnel::state::{Service, Workload};
 
 use super::*;
-use crate::lb::{Balancer, Choice, Circuits, LbPolicy, Limit, OutlierConfig};
+use crate::lb::{Balancer, Choice, Circuits, LbPolicy, Limit, Outcome, OutlierConfig};
 
 fn rules(yaml: &str) -> Result<Vec<(DestinationRule, Resolved)>, String> {
     let rs: Vec<DestinationRule> = serde_yaml::from_str(yaml).map_err(|e| e.to_string())?;
     rs.into_iter()
         .map(|r| r.resolve().map(|p| (r, p)))
         .collect()
+}
+
+/// Ejection after `n` consecutive 5xx for `secs` seconds, local-origin failures counted
+/// with them.
+fn od(n: u32, secs: u64) -> OutlierConfig {
+    OutlierConfig {
+        consecutive_5xx: n,
+        base_ejection: Duration::from_secs(secs),
+        local_origin: None,
+    }
 }
 
 /// The rule's policy for any port of the Service itself.
@@ -42,7 +52,7 @@ fn traffic_policies_parse_as_istio_writes_them() {
         (p.max_connections, p.max_requests, p.max_retries),
         (Some(10), Some(5), Some(1))
     );
-    assert_eq!(p.outlier, Some((2, Duration::from_secs(10))));
+    assert_eq!(p.outlier, Some(od(2, 10)));
     for (simple, want) in [
         ("ROUND_ROBIN", Pick::RoundRobin),
         ("LEAST_REQUEST", Pick::LeastRequest),
@@ -55,7 +65,7 @@ fn traffic_policies_parse_as_istio_writes_them() {
     let r =
         rules("- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: {}}}\n")
             .expect("defaults");
-    assert_eq!(base(&r[0].1).outlier, Some((5, Duration::from_secs(30))));
+    assert_eq!(base(&r[0].1).outlier, Some(od(5, 30)));
 }
 
 /// connectionPool.http maxRequestsPerConnection and idleTimeout: how the upstream HTTP
@@ -73,7 +83,8 @@ fn connection_reuse_limits_parse() {
         reuse("{maxRequestsPerConnection: 3, idleTimeout: 2s}"),
         Reuse {
             max_requests: Some(3),
-            idle: Some(Duration::from_secs(2))
+            idle: Some(Duration::from_secs(2)),
+            ..Reuse::default()
         }
     );
     assert_eq!(
@@ -87,10 +98,21 @@ fn connection_reuse_limits_parse() {
 #[test]
 fn what_cannot_be_applied_is_refused_with_the_field_named() {
     for (yaml, want) in [
-        ("trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}", "trafficPolicy.loadBalancer.simple: \"PASSTHROUGH\" is not supported"),
-        ("trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: s, ttl: 10s}}}}", "trafficPolicy.loadBalancer.consistentHash.httpCookie.ttl"),
+        ("trafficPolicy: {loadBalancer: {simple: PASSTHROUGH}}", "trafficPolicy.loadBalancer.simple: PASSTHROUGH (send to the original destination) is not applied"),
+        ("trafficPolicy: {loadBalancer: {simple: MAGIC}}", "trafficPolicy.loadBalancer.simple: \"MAGIC\" is not one of"),
+        ("trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: 'a b', ttl: 10s}}}}", "trafficPolicy.loadBalancer.consistentHash.httpCookie.name: \"a b\" is not a cookie name"),
+        ("trafficPolicy: {loadBalancer: {warmup: {duration: 10s}}}", "trafficPolicy.loadBalancer.warmup: the slow start"),
+        ("trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN, warmupDurationSecs: 10s}}", "trafficPolicy.loadBalancer.warmupDurationSecs"),
+        ("trafficPolicy: {loadBalancer: {zoneAwareLbSetting: {enabled: true}}}", "trafficPolicy.loadBalancer.zoneAwareLbSetting"),
+        ("trafficPolicy: {proxyProtocol: {version: V2}}", "trafficPolicy.proxyProtocol: the waypoint does not send PROXY protocol"),
+        ("subsets: [{name: v1, trafficPolicy: {proxyProtocol: {version: V1}}}]", "subsets[0].trafficPolicy.proxyProtocol"),
+        ("trafficPolicy: {outlierDetection: {minHealthPercent: 50}}", "trafficPolicy.outlierDetection.minHealthPercent"),
+        ("trafficPolicy: {retryBudget: {percent: 150}}", "trafficPolicy.retryBudget.percent: 150 is not between 0 and 100"),
+        ("trafficPolicy: {connectionPool: {http: {maxConcurrentStreams: 4}}}", "trafficPolicy.connectionPool.http.maxConcurrentStreams"),
+        ("trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x, ringHash: {}, maglev: {}}}}", "either ringHash or maglev"),
+        ("trafficPolicy: {sidecarOnly: true}", "unknown field `sidecarOnly`"),
         ("trafficPolicy: {loadBalancer: {consistentHash: {}}}", "set exactly one of"),
-        ("trafficPolicy: {loadBalancer: {localityLbSetting: {}}}", "unknown field `localityLbSetting`"),
+        ("trafficPolicy: {loadBalancer: {localityLbSetting: {}}}", "trafficPolicy.loadBalancer.localityLbSetting: locality weights"),
         ("trafficPolicy: {tls: {mode: STRICT}}", "trafficPolicy.tls.mode: \"STRICT\" is not one of"),
         ("trafficPolicy: {tls: {mode: SIMPLE, credentialName: egress-secret}}", "trafficPolicy.tls.credentialName: the waypoint has no SDS"),
         ("trafficPolicy: {tls: {mode: MUTUAL, caCertificates: /etc/ca.pem}}", "trafficPolicy.tls.clientCertificate: required for MUTUAL"),
@@ -254,13 +276,7 @@ fn endpoints(n: u8) -> Vec<(SocketAddr, Arc<Workload>)> {
 
 #[test]
 fn a_consistent_hash_keeps_a_key_on_its_endpoint() {
-    let b = Balancer::new(
-        LbPolicy::RoundRobin,
-        OutlierConfig {
-            consecutive_5xx: 0,
-            base_ejection: Duration::from_secs(1),
-        },
-    );
+    let b = Balancer::new(LbPolicy::RoundRobin, od(0, 1));
     let eps = endpoints(5);
     let hashed = |key: u64| Choice {
         pick: Some(Pick::HashSourceIp),
@@ -325,24 +341,15 @@ fn circuits_limit_what_is_in_flight() {
 #[test]
 fn a_rules_outlier_detection_replaces_the_waypoints() {
     // The waypoint's own flags: never eject. The rule's: eject after one failure.
-    let b = Balancer::new(
-        LbPolicy::RoundRobin,
-        OutlierConfig {
-            consecutive_5xx: 0,
-            base_ejection: Duration::from_secs(1),
-        },
-    );
+    let b = Balancer::new(LbPolicy::RoundRobin, od(0, 1));
     let eps = endpoints(2);
     let rule = Choice {
-        outlier: Some(OutlierConfig {
-            consecutive_5xx: 1,
-            base_ejection: Duration::from_secs(60),
-        }),
+        outlier: Some(od(1, 60)),
         ..Choice::default()
     };
     let bad = b.pick_with(&eps, &[], &rule).expect("pick");
     let bad_addr = bad.addr;
-    bad.report(false);
+    bad.report(Outcome::ServerError);
     drop(bad);
     for _ in 0..10 {
         assert_ne!(
@@ -352,16 +359,10 @@ fn a_rules_outlier_detection_replaces_the_waypoints() {
         );
     }
     // Without the rule the same failures never eject.
-    let b = Balancer::new(
-        LbPolicy::RoundRobin,
-        OutlierConfig {
-            consecutive_5xx: 0,
-            base_ejection: Duration::from_secs(1),
-        },
-    );
+    let b = Balancer::new(LbPolicy::RoundRobin, od(0, 1));
     let p = b.pick(&eps, &[]).expect("pick");
     let addr = p.addr;
-    p.report(false);
+    p.report(Outcome::ServerError);
     drop(p);
     assert!((0..10).any(|_| b.pick(&eps, &[]).map(|p| p.addr) == Some(addr)));
 }
@@ -412,7 +413,7 @@ fn port_level_settings_and_subsets_merge_as_istio_merges_them() {
     let v2 = at(Some("v2"), 80);
     assert_eq!(
         (v2.pick.clone(), v2.max_requests, v2.outlier),
-        (None, None, Some((5, Duration::from_secs(30))))
+        (None, None, Some(od(5, 30)))
     );
     assert_eq!(at(Some("v2"), 81).pick, Some(Pick::Random));
     assert!(
@@ -465,4 +466,115 @@ async fn requests_wait_for_a_connection_in_a_bounded_queue() {
         .expect("free again");
     assert!(c.connection("default/r", 1, Some(0)).await.is_err());
     assert!(c.connection("default/other", 1, Some(0)).await.is_ok());
+}
+
+/// Fields Istio's waypoint does not read, or reads to the same effect as ours, are
+/// accepted: the rule applies.
+#[test]
+fn what_istios_waypoint_ignores_is_accepted() {
+    for yaml in [
+        "trafficPolicy: {tunnel: {protocol: CONNECT, targetHost: egress.example, targetPort: 8443}}",
+        "trafficPolicy: {loadBalancer: {consistentHash: {httpHeaderName: x, ringHash: {minimumRingSize: 1024}}}}",
+        "trafficPolicy: {loadBalancer: {consistentHash: {useSourceIp: true, maglev: {tableSize: 65537}}}}",
+        "trafficPolicy: {loadBalancer: {localityLbSetting: {enabled: false}}}",
+        // Istio's slow start is for ROUND_ROBIN and LEAST_REQUEST only.
+        "trafficPolicy: {loadBalancer: {simple: RANDOM, warmup: {duration: 10s}}}",
+        "trafficPolicy: {outlierDetection: {consecutiveErrors: 3, minHealthPercent: 0}}",
+        "trafficPolicy: {connectionPool: {http: {maxConcurrentStreams: 0}}}",
+    ] {
+        let rs = rules(&format!("- name: a\n  namespace: default\n  host: a\n  {yaml}\n"));
+        assert!(rs.is_ok(), "{yaml}: {rs:?}");
+    }
+}
+
+/// `consistentHash.httpCookie.ttl`: the cookie Envoy gives a request without one, in
+/// Envoy's `Set-Cookie` form; its value names the client, so it hashes alike.
+#[test]
+fn a_cookie_with_a_ttl_is_generated_as_envoy_writes_it() {
+    let rs = rules(
+        "- {name: a, namespace: default, host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: \
+         {name: route, path: /shop, ttl: 90s, attributes: [{name: SameSite, value: Strict}, {name: Secure}]}}}}}\n",
+    )
+    .expect("valid");
+    let p = base(&rs[0].1);
+    assert_eq!(p.pick, Some(Pick::HashCookie("route".into())));
+    let c = p.cookie.as_ref().expect("a generated cookie");
+    let client: SocketAddr = "10.0.0.7:40000".parse().unwrap();
+    let v = c.value_for(client);
+    assert_eq!(v, c.value_for(client), "stable for a client");
+    assert_ne!(v, c.value_for("10.0.0.8:40000".parse().unwrap()));
+    assert_eq!(
+        c.set_cookie(&v),
+        format!("route=\"{v}\"; Max-Age=90; Path=/shop; SameSite=Strict; Secure; HttpOnly")
+    );
+    // Without a TTL the client's own cookie is hashed and none is given.
+    let rs = rules(
+        "- {name: a, namespace: default, host: a, trafficPolicy: {loadBalancer: {consistentHash: {httpCookie: {name: route}}}}}\n",
+    )
+    .expect("valid");
+    assert!(base(&rs[0].1).cookie.is_none());
+}
+
+/// `retryBudget`: Istio's defaults (20 %, at least 3), a share of the requests in flight.
+#[test]
+fn a_retry_budget_is_a_share_of_the_requests_in_flight() {
+    let share = |yaml: &str| {
+        let rs = rules(&format!(
+            "- {{name: a, namespace: default, host: a, trafficPolicy: {{retryBudget: {yaml}}}}}\n"
+        ))
+        .expect("valid");
+        base(&rs[0].1).retry_budget.expect("a budget")
+    };
+    let d = share("{}");
+    assert_eq!((d.allowed(0), d.allowed(10), d.allowed(100)), (3, 3, 20));
+    let s = share("{percent: 50, minRetryConcurrency: 1}");
+    assert_eq!((s.allowed(0), s.allowed(9)), (1, 4));
+    // A port's entry keeps the rule's budget (Istio's MergeTrafficPolicy).
+    let rs = rules(
+        "- {name: a, namespace: default, host: a, trafficPolicy: {retryBudget: {percent: 10}, \
+         portLevelSettings: [{port: {number: 80}, loadBalancer: {simple: RANDOM}}]}}\n",
+    )
+    .expect("valid");
+    assert!(rs[0].1.policy(None, 80).unwrap().retry_budget.is_some());
+}
+
+/// `splitExternalLocalOriginErrors`: connect failures eject after
+/// `consecutiveLocalOriginFailures` and do not count as 5xx; 5xx answers keep their own count.
+#[test]
+fn local_origin_failures_count_apart_when_split() {
+    let rs = rules(
+        "- {name: a, namespace: default, host: a, trafficPolicy: {outlierDetection: \
+         {consecutive5xxErrors: 3, splitExternalLocalOriginErrors: true, consecutiveLocalOriginFailures: 2, baseEjectionTime: 60s}}}\n",
+    )
+    .expect("valid");
+    let outlier = base(&rs[0].1).outlier.expect("outlier");
+    assert_eq!(outlier.local_origin, Some(2));
+    let b = Balancer::new(LbPolicy::RoundRobin, od(0, 1));
+    let eps = endpoints(1);
+    let rule = Choice {
+        outlier: Some(outlier),
+        ..Choice::default()
+    };
+    let report = |o: Outcome| b.pick_with(&eps, &[], &rule).expect("pick").report(o);
+    // Two 5xx and a local failure: neither count reaches its limit.
+    report(Outcome::ServerError);
+    report(Outcome::ServerError);
+    report(Outcome::LocalFailure);
+    let stats = |b: &Arc<Balancer>| b.ejected(eps[0].0);
+    assert!(!stats(&b), "2 of 3 5xx, 1 of 2 local failures");
+    // The local failure did not break the 5xx run; the 5xx answer (a connection that
+    // worked) starts the local count again.
+    report(Outcome::ServerError);
+    assert!(stats(&b), "the third 5xx in a row ejects");
+    let b = Balancer::new(LbPolicy::RoundRobin, od(0, 1));
+    let report = |o: Outcome| b.pick_with(&eps, &[], &rule).expect("pick").report(o);
+    report(Outcome::LocalFailure);
+    report(Outcome::ServerError);
+    report(Outcome::LocalFailure);
+    assert!(
+        !stats(&b),
+        "an answer between them starts the local count again"
+    );
+    report(Outcome::LocalFailure);
+    assert!(stats(&b), "two local failures in a row eject");
 }

@@ -22,7 +22,8 @@ use super::stream_idle::StreamIdle;
 use super::upgrade;
 use crate::config::Config;
 use crate::context::Waypoint;
-use crate::lb::{Choice, Limit, OutlierConfig, Picked};
+use crate::destination::RetryShare;
+use crate::lb::{Choice, Limit, Outcome as Attempt, Picked};
 use crate::upstream::{Body, BoxError, Endpoint};
 
 /// Request bodies up to this size are buffered when a retry or mirror needs a copy.
@@ -53,9 +54,11 @@ struct Attempts<'a> {
     per_try_timeout: Option<Duration>,
     /// How endpoints are picked (the backend Service's DestinationRule).
     choice: Choice,
-    /// The backend Service (`namespace/hostname`) and its DestinationRule's maxRetries.
+    /// The backend Service (`namespace/hostname`) and its DestinationRule's maxRetries
+    /// or retryBudget.
     service: String,
     max_retries: Option<u32>,
+    retry_budget: Option<RetryShare>,
 }
 
 /// Istio's retries when a route sets none (`route/retry/retry.go`): 2 more attempts on
@@ -86,15 +89,11 @@ impl<'a> Attempts<'a> {
                 prefer: plan.session.and_then(|(_, addr)| addr),
                 pick: traffic.and_then(|t| t.pick.clone()),
                 hash: plan.hash,
-                outlier: traffic
-                    .and_then(|t| t.outlier)
-                    .map(|(consecutive_5xx, base_ejection)| OutlierConfig {
-                        consecutive_5xx,
-                        base_ejection,
-                    }),
+                outlier: traffic.and_then(|t| t.outlier),
             },
             service,
             max_retries: traffic.and_then(|t| t.max_retries),
+            retry_budget: traffic.and_then(|t| t.retry_budget),
         }
     }
 }
@@ -178,13 +177,18 @@ pub async fn forward(
     let policy = plan.backend.policy.as_deref();
     // The circuits' key, only formatted when a limit needs it (not per request otherwise).
     let limited = policy.is_some_and(|t| {
-        t.max_requests.is_some() || t.max_connections.is_some() || t.max_retries.is_some()
+        t.max_requests.is_some()
+            || t.max_connections.is_some()
+            || t.max_retries.is_some()
+            || t.retry_budget.is_some()
     });
     let service_key = match plan.backend.service.as_deref() {
         Some(s) if limited => s.namespaced_hostname().to_string(),
         _ => String::new(),
     };
-    let request_slot = match policy.and_then(|t| t.max_requests) {
+    // A retry budget counts the Service's requests in flight, with or without a limit.
+    let counted = policy.and_then(|t| t.max_requests.or(t.retry_budget.map(|_| u32::MAX)));
+    let request_slot = match counted {
         Some(max) => match wp.circuits.take(&service_key, Limit::Requests, max) {
             Some(slot) => Some(slot),
             None => return overflow(log, grpc, policy),
@@ -392,6 +396,7 @@ async fn attempt_loop(
         ref choice,
         ref service,
         max_retries,
+        retry_budget,
     } = *attempts;
     let mut tried = Vec::new();
     let mut last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, "UH", "no healthy upstream");
@@ -406,6 +411,11 @@ async fn attempt_loop(
         .child();
     for attempt in 0..attempts.max(1) {
         // DestinationRule maxRetries: retries in flight to the Service; over it, no retry.
+        // A retryBudget replaces it (Envoy): a share of the requests in flight.
+        let max_retries = match retry_budget {
+            Some(b) => Some(b.allowed(wp.circuits.in_flight(service, Limit::Requests))),
+            None => max_retries,
+        };
         let _retry_slot = match (attempt > 0, max_retries) {
             (true, Some(max)) => match wp.circuits.take(service, Limit::Retries, max) {
                 Some(slot) => Some(slot),
@@ -451,7 +461,7 @@ async fn attempt_loop(
         let more = attempt + 1 < attempts;
         match r {
             None => {
-                picked.report(false);
+                picked.report(Attempt::LocalFailure);
                 last = LocalReply::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "UT",
@@ -462,7 +472,7 @@ async fn attempt_loop(
                 }
             }
             Some(Err(e)) => {
-                picked.report(false);
+                picked.report(Attempt::LocalFailure);
                 let flags = if e.is_connect() { "UF" } else { "UC" };
                 tracing::debug!(error = %e, attempt, "upstream attempt failed");
                 last = LocalReply::new(StatusCode::SERVICE_UNAVAILABLE, flags, e.to_string());
@@ -475,7 +485,11 @@ async fn attempt_loop(
             }
             Some(Ok(resp)) => {
                 let status = resp.status();
-                picked.report(!status.is_server_error());
+                picked.report(if status.is_server_error() {
+                    Attempt::ServerError
+                } else {
+                    Attempt::Success
+                });
                 if more
                     && (codes.contains(&status.as_u16()) || grpc_unavailable_or_cancelled(&resp))
                 {

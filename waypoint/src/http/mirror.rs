@@ -71,7 +71,12 @@ fn mirror(
         root_namespace: &wp.root_namespace,
     };
     let mut backend = Backend::service(cfg, &from, svc, m.backend_ref.port.unwrap_or(port), None);
-    let http2 = backend.http2.unwrap_or(client_http2);
+    let http2 = crate::destination::connection::upstream_http2(
+        backend.policy.as_ref().and_then(|p| p.protocol),
+        cfg.h2_upgrade,
+        backend.http2,
+        client_http2,
+    );
     let mut parts = clone_parts(parts);
     let shadow = format!("{host}-shadow");
     let pq = parts

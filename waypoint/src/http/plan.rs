@@ -104,6 +104,20 @@ fn cookie<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
         })
 }
 
+fn unquoted(v: &str) -> &str {
+    v.strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(v)
+}
+
+/// The key of a request that carries cookie value `v` (as `hash_key` makes it).
+fn cookie_key(v: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    unquoted(v).hash(&mut h);
+    h.finish()
+}
+
 /// The value that names `addr` as a session's endpoint.
 pub fn session_value(addr: std::net::SocketAddr) -> String {
     use base64::Engine;
@@ -129,7 +143,8 @@ fn hash_key(
             }
             any.then_some(())?
         }
-        Pick::HashCookie(name) => cookie(&parts.headers, name)?.hash(&mut h),
+        // Envoy hashes the cookie's value without its quotes.
+        Pick::HashCookie(name) => unquoted(cookie(&parts.headers, name)?).hash(&mut h),
         Pick::HashQuery(name) => {
             let value = query?.split('&').find_map(|kv| {
                 let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -422,7 +437,7 @@ fn plan_request<'c>(
         query,
         websocket,
         auth,
-        response_headers,
+        mut response_headers,
         ..
     } = admitted;
     let target = inb.target(
@@ -701,7 +716,13 @@ fn plan_request<'c>(
     };
     // The backend's HTTP version: its service port's protocol, else the client's.
     let client_http2 = inb.proto == Protocol::Http2;
-    let http2 = backend.http2.unwrap_or(client_http2);
+    // A DestinationRule's h2UpgradePolicy / useClientProtocol, or the mesh's upgrade.
+    let http2 = crate::destination::connection::upstream_http2(
+        backend.policy.as_ref().and_then(|p| p.protocol),
+        cfg.h2_upgrade,
+        backend.http2,
+        client_http2,
+    );
     // The client's authority, or the one a URLRewrite set (a hostname checked when the
     // config loaded).
     let up_authority = if up_host == authority.as_str() {
@@ -726,6 +747,25 @@ fn plan_request<'c>(
         query.as_deref(),
         tunnel.src_addr.ip(),
     );
+    // consistentHash.httpCookie with a ttl: a request without the cookie gets one that
+    // names its client, and is placed by it, so its next requests (with the cookie) go
+    // to the same endpoint (Envoy's generated cookie).
+    let policy = backend.policy.as_deref();
+    let hash = match (hash, policy.and_then(|p| p.cookie.as_ref())) {
+        (None, Some(c))
+            if matches!(
+                policy.and_then(|p| p.pick.as_ref()),
+                Some(Pick::HashCookie(_))
+            ) =>
+        {
+            let v = c.value_for(tunnel.src_addr);
+            if let Ok(set) = HeaderValue::from_str(&c.set_cookie(&v)) {
+                response_headers.push((header::SET_COOKIE, set));
+            }
+            Some(cookie_key(&v))
+        }
+        (h, _) => h,
+    };
 
     let rule = selected.as_ref().map(|s| s.rule);
     // The route's retry policy, else the mesh config's defaultHttpRetryPolicy (with its

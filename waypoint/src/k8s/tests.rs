@@ -237,7 +237,7 @@ fn traffic_objects_convert_from_kubernetes() {
             object(
                 "DestinationRule",
                 "bad",
-                json!({"host": "echo", "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}),
+                json!({"host": "legacy", "exportTo": ["."], "trafficPolicy": {"loadBalancer": {"simple": "PASSTHROUGH"}}}),
             ),
         ),
         (
@@ -290,29 +290,45 @@ fn traffic_objects_convert_from_kubernetes() {
             .iter()
             .map(|(d, _)| d.name.as_str())
             .collect::<Vec<_>>(),
-        ["dr", "tls"]
+        ["bad", "dr", "tls"]
     );
     assert_eq!(
-        cfg.destination_rules[0]
+        cfg.destination_rules[1]
             .1
             .policies()
             .next()
             .and_then(|p| p.pick.clone()),
         Some(crate::destination::Pick::Random)
     );
-    let refused = cfg.destination_rules[1]
-        .1
-        .policy(None, 443)
-        .and_then(|p| p.refused.clone())
-        .unwrap_or_default();
-    assert!(refused.contains("credentialName"), "{refused}");
-    assert_eq!(cfg.destination_rules[1].0.host, "api.example.com");
-    assert_eq!(cfg.unenforceable, 1);
+    let refused = |i: usize, port: u16| {
+        cfg.destination_rules[i]
+            .1
+            .policy(None, port)
+            .and_then(|p| p.refused.clone())
+            .unwrap_or_default()
+    };
+    assert!(
+        refused(2, 443).contains("credentialName"),
+        "{}",
+        refused(2, 443)
+    );
+    assert_eq!(cfg.destination_rules[2].0.host, "api.example.com");
+    // A field the waypoint does not apply fails the rule's host in the rule's scope
+    // (its exportTo kept), named.
+    assert!(refused(0, 80).contains("PASSTHROUGH"), "{}", refused(0, 80));
+    assert_eq!(
+        (
+            cfg.destination_rules[0].0.host.as_str(),
+            cfg.destination_rules[0].0.export_to.clone()
+        ),
+        ("legacy", vec![".".to_string()])
+    );
+    assert_eq!(cfg.unenforceable, 2);
     let rejected = cfg.dump["rejected"].as_array().unwrap();
     assert!(
         rejected.iter().any(|r| r["kind"] == "DestinationRule"
             && r["name"] == "bad"
-            && r["effect"] == "does not apply"),
+            && r["effect"].as_str().unwrap_or_default().contains("fails")),
         "{}",
         cfg.dump
     );
