@@ -14,184 +14,29 @@
 //! then those of the root namespace exported likewise; a rule of any other namespace
 //! never applies. Within a namespace the most specific `host` wins: the Service's
 //! hostname (or its short name, in the rule's namespace), else the longest matching `*.`
-//! wildcard; then the one listed first. Fields the
-//! waypoint cannot apply are refused when the rule loads (in a cluster the rule then does
-//! not apply, or, when it asked for TLS origination, its host's traffic fails rather than
-//! go out in plaintext; the file is refused), with the field named.
+//! wildcard; then the one listed first (`select`). Every field of Istio's proto is read
+//! (`spec`); one the waypoint does not apply is refused when the rule loads, named (the
+//! file is refused; in a cluster a stand-in fails the rule's host in its scope, `k8s`),
+//! and one Istio's waypoint ignores is ignored. Connection settings: `connection`.
 
 #[cfg(test)]
 mod tests;
 
 pub mod connection;
+mod policy;
+mod select;
 pub mod spec;
 pub mod tls;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ztunnel::state::Service;
-
 use crate::extauthz::provider::parse_duration;
-use crate::lb::OutlierConfig;
 pub use connection::{Reuse, UpstreamProtocol};
+pub use policy::{GeneratedCookie, OutlierConfig, Pick, Policy, Resolved, RetryShare};
+pub use select::{for_service, rule_for, Client};
 pub use spec::*;
 pub use tls::{ClientTls, Origination, TlsTarget};
-
-/// How endpoints are picked for one Service.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Pick {
-    RoundRobin,
-    LeastRequest,
-    Random,
-    /// The same key goes to the same endpoint while the endpoint set is the same.
-    HashHeader(http::HeaderName),
-    HashCookie(String),
-    HashQuery(String),
-    HashSourceIp,
-}
-
-/// What a rule asks of the traffic to one Service (one port, one subset), checked and
-/// resolved.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Policy {
-    /// None: the waypoint's `--lb-policy`.
-    pub pick: Option<Pick>,
-    /// None: the waypoint's outlier flags. A `consecutive_5xx` of 0 turns ejection off.
-    pub outlier: Option<OutlierConfig>,
-    pub max_requests: Option<u32>,
-    pub max_retries: Option<u32>,
-    /// `retryBudget`: retries in flight allowed, in place of `max_retries`.
-    pub retry_budget: Option<RetryShare>,
-    pub max_connections: Option<u32>,
-    /// Requests that may wait for one of `max_connections` HTTP/1.1 connections.
-    pub max_pending: Option<u32>,
-    /// How the Service's upstream connections are made and reused (`connection`).
-    pub reuse: Reuse,
-    /// `h2UpgradePolicy` / `useClientProtocol`; None: the port's protocol (and the mesh's
-    /// `h2UpgradePolicy`).
-    pub protocol: Option<UpstreamProtocol>,
-    /// `consistentHash.httpCookie` with a `ttl`: the cookie given to a request without one.
-    pub cookie: Option<Arc<GeneratedCookie>>,
-    /// TLS from the waypoint to the endpoint (SIMPLE or MUTUAL).
-    pub tls: Option<Arc<Origination>>,
-    /// The rule, `namespace/name`, for logs.
-    pub rule: String,
-    /// Why the rule cannot be applied exactly: traffic it covers fails (503 `UF`) rather
-    /// than go out other than it asks.
-    pub refused: Option<String>,
-}
-
-/// Envoy's retry budget: at any time, `max(min, percent% of the Service's requests in
-/// flight)` retries may be in flight.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryShare {
-    /// Hundredths of a percent.
-    pub basis_points: u32,
-    pub min: u32,
-}
-
-impl RetryShare {
-    /// The retries allowed with `in_flight` requests to the Service.
-    pub fn allowed(&self, in_flight: usize) -> u32 {
-        let share = (in_flight as u64 * self.basis_points as u64) / 10_000;
-        (share.min(u32::MAX as u64) as u32).max(self.min)
-    }
-}
-
-/// The cookie Envoy generates for a consistent hash on a cookie with a TTL: its value
-/// names the client (a hash of its address), so the client's requests hash alike from
-/// then on.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GeneratedCookie {
-    pub name: String,
-    pub path: Option<String>,
-    /// 0: a session cookie (no Max-Age).
-    pub ttl: Duration,
-    pub attributes: Vec<(String, Option<String>)>,
-}
-
-impl GeneratedCookie {
-    /// The cookie's value for a client at `client` (Envoy: the hash of its address, hex).
-    pub fn value_for(&self, client: std::net::SocketAddr) -> String {
-        format!("{:016x}", crate::lb::hash_of(client.to_string()))
-    }
-
-    /// The `Set-Cookie` value, as Envoy's `makeSetCookieValue` writes it.
-    pub fn set_cookie(&self, value: &str) -> String {
-        let mut out = format!("{}=\"{value}\"", self.name);
-        if !self.ttl.is_zero() {
-            out.push_str(&format!("; Max-Age={}", self.ttl.as_secs()));
-        }
-        if let Some(p) = self.path.as_deref().filter(|p| !p.is_empty()) {
-            out.push_str(&format!("; Path={p}"));
-        }
-        for (k, v) in &self.attributes {
-            match v.as_deref().filter(|v| !v.is_empty()) {
-                Some(v) => out.push_str(&format!("; {k}={v}")),
-                None => out.push_str(&format!("; {k}")),
-            }
-        }
-        out.push_str("; HttpOnly");
-        out
-    }
-}
-
-/// Everything one rule asks for, per port and subset, resolved when it loads.
-#[derive(Clone, Debug, Default)]
-pub struct Resolved {
-    /// (subset, port, policy): None for the Service itself or for any other port.
-    policies: Vec<(Option<String>, Option<u16>, Arc<Policy>)>,
-    /// The subsets' names and labels, in the rule's order.
-    pub subsets: Vec<(String, BTreeMap<String, String>)>,
-}
-
-impl Resolved {
-    /// The policy for `port` of the Service (`subset` None) or of one of its subsets;
-    /// None for a subset the rule does not define.
-    pub fn policy(&self, subset: Option<&str>, port: u16) -> Option<&Arc<Policy>> {
-        let of_subset = |p: &&(Option<String>, Option<u16>, Arc<Policy>)| p.0.as_deref() == subset;
-        let on_port = self
-            .policies
-            .iter()
-            .filter(of_subset)
-            .find(|p| p.1 == Some(port));
-        on_port
-            .or_else(|| {
-                self.policies
-                    .iter()
-                    .filter(of_subset)
-                    .find(|p| p.1.is_none())
-            })
-            .map(|p| &p.2)
-    }
-
-    /// The labels that make up `subset`.
-    pub fn subset(&self, name: &str) -> Option<&BTreeMap<String, String>> {
-        self.subsets.iter().find(|(n, _)| n == name).map(|(_, l)| l)
-    }
-
-    /// A rule that cannot be applied and must not be left out: its host's traffic fails.
-    pub fn refusing(rule: String, reason: String) -> Resolved {
-        Resolved {
-            policies: vec![(
-                None,
-                None,
-                Arc::new(Policy {
-                    rule,
-                    refused: Some(reason),
-                    ..Policy::default()
-                }),
-            )],
-            subsets: Vec::new(),
-        }
-    }
-
-    /// Whether the rule asks for anything on this Service at all.
-    pub fn policies(&self) -> impl Iterator<Item = &Arc<Policy>> {
-        self.policies.iter().map(|(_, _, p)| p)
-    }
-}
 
 /// One traffic policy's four parts, as they merge (Istio's MergeTrafficPolicy).
 #[derive(Clone, Copy, Default)]
@@ -264,32 +109,6 @@ impl<'r> Parts<'r> {
 impl DestinationRule {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace, self.name)
-    }
-
-    fn exports(&self, to: &str) -> bool {
-        self.export_to.iter().any(|e| e == to)
-    }
-
-    /// In Istio's namespace-local index: seen by a proxy of its own namespace.
-    fn visible_in_own_namespace(&self) -> bool {
-        self.export_to.is_empty()
-            || self.exports("*")
-            || self.exports(".")
-            || self.exports(&self.namespace)
-    }
-
-    /// Exported to its own namespace only (Istio's `isPrivateOnly`, the set of
-    /// `exportTo` values being `.` or the rule's namespace alone).
-    fn private_only(&self) -> bool {
-        let mut set: Vec<&str> = self.export_to.iter().map(String::as_str).collect();
-        set.sort_unstable();
-        set.dedup();
-        set.len() == 1 && (set[0] == "." || set[0] == self.namespace)
-    }
-
-    /// Exported to a proxy of namespace `ns` (a rule of another namespace).
-    fn exported_to(&self, ns: &str) -> bool {
-        self.export_to.is_empty() || self.exports("*") || self.exports(ns)
     }
 
     /// What the rule asks for on each port and subset, or what cannot be applied (the
@@ -370,27 +189,6 @@ impl DestinationRule {
             out.subsets.push((ss.name.clone(), ss.labels.clone()));
         }
         Ok(out)
-    }
-
-    /// How well `host` names the Service: 2 for its hostname (or short name in the
-    /// rule's namespace), 1 for a wildcard suffix (longer suffixes are compared by the
-    /// caller), None when it does not.
-    fn matches(&self, svc: &Service) -> Option<(u8, usize)> {
-        let host = self.host.to_ascii_lowercase();
-        let short = format!("{host}.{}.svc.", self.namespace);
-        if svc.hostname.eq_ignore_ascii_case(&host)
-            || (!host.contains('.') && svc.hostname.to_ascii_lowercase().starts_with(&short))
-        {
-            return Some((2, host.len()));
-        }
-        if host == "*" {
-            return Some((1, 0));
-        }
-        let suffix = host.strip_prefix('*')?;
-        svc.hostname
-            .to_ascii_lowercase()
-            .ends_with(suffix)
-            .then_some((1, suffix.len()))
     }
 }
 
@@ -649,89 +447,4 @@ impl OutlierDetection {
             local_origin,
         })
     }
-}
-
-/// Who looks a rule up: Istio's proxy `ConfigNamespace` (the waypoint's own namespace)
-/// and the mesh's root namespace.
-#[derive(Clone, Copy, Debug)]
-pub struct Client<'a> {
-    pub namespace: &'a str,
-    pub root_namespace: &'a str,
-}
-
-/// The rule for traffic from `client` to `svc`, as Istio's `PushContext.destinationRule`
-/// picks it (module docs): the client's namespace, then the Service's namespace for
-/// rules exported to the client, then the root namespace's likewise. A rule of any other
-/// namespace never applies, so one tenant cannot throttle or weaken another's traffic.
-pub fn rule_for<'r>(
-    rules: &'r [(DestinationRule, Resolved)],
-    client: Client<'_>,
-    svc: &Service,
-) -> Option<&'r Resolved> {
-    let in_ns = |ns: &str| -> Vec<&'r (DestinationRule, Resolved)> {
-        rules.iter().filter(|(r, _)| r.namespace == ns).collect()
-    };
-    // 1. The client's own namespace: every rule it can see there (Istio's namespace-local
-    // index; from the root namespace, only the root's private rules, as Istio does).
-    let own: Vec<_> = if client.namespace != client.root_namespace {
-        in_ns(client.namespace)
-            .into_iter()
-            .filter(|(r, _)| r.visible_in_own_namespace())
-            .collect()
-    } else {
-        in_ns(client.namespace)
-            .into_iter()
-            .filter(|(r, _)| r.private_only())
-            .collect()
-    };
-    if let Some(found) = most_specific(&own, svc).into_iter().next() {
-        return Some(&found.1);
-    }
-    // 2. and 3. The Service's namespace, then the root's: the most specific host among
-    // the rules they export, kept only when exported to the client.
-    for ns in [svc.namespace.as_str(), client.root_namespace] {
-        let exported: Vec<_> = in_ns(ns)
-            .into_iter()
-            .filter(|(r, _)| !r.private_only())
-            .collect();
-        let best = most_specific(&exported, svc);
-        if let Some(found) = best.into_iter().find(|r| r.0.exported_to(client.namespace)) {
-            return Some(&found.1);
-        }
-    }
-    None
-}
-
-/// How specifically a rule's host matches a service (greater: more specific).
-type HostRank = (u8, usize);
-
-/// The rules among `rules` for the most specific host that matches `svc` (an exact
-/// hostname over wildcards, a longer wildcard over a shorter one), in listed order.
-fn most_specific<'r>(
-    rules: &[&'r (DestinationRule, Resolved)],
-    svc: &Service,
-) -> Vec<&'r (DestinationRule, Resolved)> {
-    let ranked: Vec<(HostRank, &'r (DestinationRule, Resolved))> = rules
-        .iter()
-        .filter_map(|r| Some((r.0.matches(svc)?, *r)))
-        .collect();
-    let Some(best) = ranked.iter().map(|(rank, _)| *rank).max() else {
-        return Vec::new();
-    };
-    ranked
-        .into_iter()
-        .filter(|(rank, _)| *rank == best)
-        .map(|(_, r)| r)
-        .collect()
-}
-
-/// The policy for traffic from `client` to `port` of `svc` (or of its `subset`), if a rule has one.
-pub fn for_service<'r>(
-    rules: &'r [(DestinationRule, Resolved)],
-    client: Client<'_>,
-    svc: &Service,
-    port: u16,
-    subset: Option<&str>,
-) -> Option<&'r Arc<Policy>> {
-    rule_for(rules, client, svc)?.policy(subset, port)
 }

@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ztunnel::state::Workload;
 
+pub use crate::destination::OutlierConfig;
 use crate::destination::Pick;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -19,17 +20,6 @@ pub enum LbPolicy {
     RoundRobin,
     /// Envoy's: the less loaded of two random endpoints (Istio's default).
     LeastRequest,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OutlierConfig {
-    /// 0 disables ejection.
-    pub consecutive_5xx: u32,
-    pub base_ejection: Duration,
-    /// Envoy's `split_external_local_origin_errors`: connect failures, resets and
-    /// timeouts count apart from the answers' 5xx, ejecting after this many in a row.
-    /// None: they count as 5xx.
-    pub local_origin: Option<u32>,
 }
 
 /// How one attempt to an endpoint ended, for outlier detection.

@@ -434,8 +434,7 @@ async fn relay(
             down_send,
             down_recv,
             first,
-            upstream_target,
-            reuse,
+            (upstream_target, reuse),
             start,
         )
         .await;
@@ -559,8 +558,8 @@ async fn relay_plaintext(
     mut down_send: h2::SendStream<Bytes>,
     down_recv: h2::RecvStream,
     first: Bytes,
-    to: SocketAddr,
-    reuse: crate::destination::Reuse,
+    // The endpoint, and the DestinationRule's connection settings for it.
+    (to, reuse): (SocketAddr, crate::destination::Reuse),
     start: Instant,
 ) {
     let timeout = reuse

@@ -21,7 +21,7 @@ use super::upgrade::{self, WebSocket};
 use crate::authn;
 use crate::authz;
 use crate::config::Config;
-use crate::destination::{self, Pick};
+use crate::destination;
 use crate::detect::Protocol;
 use crate::extauthz;
 use crate::grant;
@@ -29,8 +29,13 @@ use crate::object::{ObjectName, ServiceKind, Target};
 use crate::path;
 use crate::route::{
     self, CorsOutcome, Filter, HeaderModifier, RequestMirror, Retry, RouteRequest, Selected,
-    SessionKind, SessionPersistence,
+    SessionPersistence,
 };
+
+mod affinity;
+
+pub use affinity::session_value;
+use affinity::{hash_key, session_endpoint};
 
 /// What the plan step reads: the waypoint's names, the tunnel, the config snapshot.
 pub struct Inbound<'a> {
@@ -71,91 +76,6 @@ pub struct Plan<'c> {
     pub fault_delay: Option<Duration>,
     /// The rule's session persistence, and the endpoint the request's session names.
     pub session: Option<(&'c SessionPersistence, Option<std::net::SocketAddr>)>,
-}
-
-/// The endpoint a session cookie or header names (the base64url of `ip:port` the
-/// waypoint set), if the request has a valid one.
-fn session_endpoint(
-    sp: &SessionPersistence,
-    headers: &http::HeaderMap,
-) -> Option<std::net::SocketAddr> {
-    use base64::Engine;
-    let name = sp.name();
-    let value = match sp.kind {
-        SessionKind::Header => headers.get(name)?.to_str().ok()?.trim(),
-        SessionKind::Cookie => cookie(headers, name)?,
-    };
-    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
-        .decode(value.as_bytes())
-        .ok()?;
-    std::str::from_utf8(&raw).ok()?.parse().ok()
-}
-
-/// The value of the request's cookie `name` (the first, in any `Cookie` header).
-fn cookie<'h>(headers: &'h http::HeaderMap, name: &str) -> Option<&'h str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|c| {
-            let (k, v) = c.trim().split_once('=')?;
-            (k == name).then_some(v)
-        })
-}
-
-fn unquoted(v: &str) -> &str {
-    v.strip_prefix('"')
-        .and_then(|v| v.strip_suffix('"'))
-        .unwrap_or(v)
-}
-
-/// The key of a request that carries cookie value `v` (as `hash_key` makes it).
-fn cookie_key(v: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    unquoted(v).hash(&mut h);
-    h.finish()
-}
-
-/// The value that names `addr` as a session's endpoint.
-pub fn session_value(addr: std::net::SocketAddr) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(addr.to_string())
-}
-
-/// The request's key for a consistent hash: the header's value (all of them), the
-/// cookie's, the query parameter's, or the client's address.
-fn hash_key(
-    pick: Option<&Pick>,
-    parts: &http::request::Parts,
-    query: Option<&str>,
-    src: std::net::IpAddr,
-) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    match pick? {
-        Pick::HashHeader(name) => {
-            let mut any = false;
-            for v in parts.headers.get_all(name) {
-                v.as_bytes().hash(&mut h);
-                any = true;
-            }
-            any.then_some(())?
-        }
-        // Envoy hashes the cookie's value without its quotes.
-        Pick::HashCookie(name) => unquoted(cookie(&parts.headers, name)?).hash(&mut h),
-        Pick::HashQuery(name) => {
-            let value = query?.split('&').find_map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                (k == name).then_some(v)
-            })?;
-            value.hash(&mut h)
-        }
-        Pick::HashSourceIp => src.hash(&mut h),
-        Pick::RoundRobin | Pick::LeastRequest | Pick::Random => return None,
-    }
-    Some(h.finish())
 }
 
 /// The route rule's timeouts (none without a route).
@@ -747,25 +667,12 @@ fn plan_request<'c>(
         query.as_deref(),
         tunnel.src_addr.ip(),
     );
-    // consistentHash.httpCookie with a ttl: a request without the cookie gets one that
-    // names its client, and is placed by it, so its next requests (with the cookie) go
-    // to the same endpoint (Envoy's generated cookie).
-    let policy = backend.policy.as_deref();
-    let hash = match (hash, policy.and_then(|p| p.cookie.as_ref())) {
-        (None, Some(c))
-            if matches!(
-                policy.and_then(|p| p.pick.as_ref()),
-                Some(Pick::HashCookie(_))
-            ) =>
-        {
-            let v = c.value_for(tunnel.src_addr);
-            if let Ok(set) = HeaderValue::from_str(&c.set_cookie(&v)) {
-                response_headers.push((header::SET_COOKIE, set));
-            }
-            Some(cookie_key(&v))
-        }
-        (h, _) => h,
-    };
+    let hash = affinity::generated_cookie(
+        hash,
+        backend.policy.as_deref(),
+        tunnel.src_addr,
+        &mut response_headers,
+    );
 
     let rule = selected.as_ref().map(|s| s.rule);
     // The route's retry policy, else the mesh config's defaultHttpRetryPolicy (with its
