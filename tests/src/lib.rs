@@ -15,3 +15,44 @@ pub mod jwt;
 pub mod kube_apiserver;
 pub mod netsim;
 pub mod test_servers;
+
+#[cfg(test)]
+mod tests {
+    /// Every e2e test's topology tag is its own (`netsim::prefix`): two tests with one tag
+    /// fail at random when they run side by side, the second refused while the first
+    /// lives. Found by reading the calls that take a tag as their first argument.
+    #[test]
+    fn e2e_topology_tags_are_unique() {
+        let re = regex::Regex::new(
+            r#"(?:::start|::start_with|prefix|Topology::build\w*)\(\s*(?:&prefix\(\s*)?"([A-Za-z0-9_-]+)""#,
+        )
+        .unwrap();
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
+        let mut files = vec![root];
+        let mut seen: std::collections::BTreeMap<String, String> = Default::default();
+        let mut dupes = Vec::new();
+        while let Some(p) = files.pop() {
+            if p.is_dir() {
+                files.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+                continue;
+            }
+            if p.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            for c in re.captures_iter(&text) {
+                let line = text[..c.get(0).unwrap().start()].matches('\n').count() + 1;
+                let at = format!("{}:{line}", p.display());
+                if let Some(first) = seen.insert(c[1].to_string(), at.clone()) {
+                    dupes.push(format!("{:?}: {first} and {at}", &c[1]));
+                }
+            }
+        }
+        assert!(
+            seen.len() > 50,
+            "found only {} tags: is the pattern stale?",
+            seen.len()
+        );
+        assert!(dupes.is_empty(), "tags used twice:\n{}", dupes.join("\n"));
+    }
+}

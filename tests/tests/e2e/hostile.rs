@@ -402,7 +402,7 @@ async fn lying_hbone_requests_are_refused() -> Result<()> {
 /// destination pod's own baggage (Istio's response baggage), whatever the request said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_baggage_is_bounded_and_never_fatal() -> Result<()> {
-    let h = Hostile::start("hb")?;
+    let h = Hostile::start("hbg")?;
     let n2p1 = hbone_peer::connect(
         h.attacker(),
         &h.ca,

@@ -3751,7 +3751,7 @@ async fn l7_egress_originates_tls_simple_and_mutual() -> Result<()> {
          - {{name: wrong, namespace: default, host: wrong.example.com, trafficPolicy: {{tls: {simple}}}}}\n\
          - {{name: tcp, namespace: default, host: tcp.example.com, trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: {ca}, sni: tcp.example.com, subjectAltNames: [tcp.example.com]}}}}}}\n"
     );
-    let m = L7Mesh::start_with("l7x", &l7, &[], workloads, &services).await?;
+    let m = L7Mesh::start_with("l7xt", &l7, &[], workloads, &services).await?;
     let node2 = m.mesh.topo.node(2);
     let (cert, key) = (pki.path("server.pem"), pki.path("server-key.pem"));
     let answer = "return 200 \"proto=$server_protocol tls=$ssl_protocol sni=$ssl_server_name alpn=$ssl_alpn_protocol client=$ssl_client_s_dn\\n\";";
@@ -3880,7 +3880,7 @@ async fn l7_hostname_endpoints_are_resolved_by_the_waypoint() -> Result<()> {
          - {{name: gone, namespace: default, hostname: gone.external.test, vips: [\"/10.96.0.61\"], ports: {{80: 8090}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
     );
     let m = L7Mesh::start_with(
-        "l7h",
+        "l7hn",
         "",
         &[("WAYPOINT_DNS_UPSTREAM", "10.0.0.2")],
         workloads,
@@ -4340,7 +4340,7 @@ fn trace_ids(log: &str, span: &str, needle: &str) -> Vec<String> {
 /// here.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ztunnel_joins_the_trace_of_the_connect() -> Result<()> {
-    let m = L7Mesh::start("l7j", "", &[]).await?;
+    let m = L7Mesh::start("l7zt", "", &[]).await?;
     let (node1, node2) = (&m.mesh.ztunnels[0], &m.mesh.ztunnels[1]);
     // Direct: n1p1 -> n2p1, no waypoint.
     let mut s = m.client().connect("10.10.2.11:9000".parse()?).await?;
