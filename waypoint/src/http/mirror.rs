@@ -70,7 +70,13 @@ fn mirror(
         target: Some(mirrors.target),
         root_namespace: &wp.root_namespace,
     };
-    let mut backend = Backend::service(cfg, &from, svc, m.backend_ref.port.unwrap_or(port), None);
+    let mut backend = Backend::service(
+        cfg,
+        &from,
+        svc,
+        m.backend_ref.port.unwrap_or(port),
+        m.subset.as_deref(),
+    );
     let http2 = crate::destination::connection::upstream_http2(
         backend.policy.as_ref().and_then(|p| p.protocol),
         cfg.h2_upgrade,

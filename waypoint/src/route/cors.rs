@@ -32,7 +32,22 @@ pub struct Cors {
     headers: Option<HeaderValue>,
     headers_any: bool,
     expose: Option<HeaderValue>,
-    max_age_value: HeaderValue,
+    /// None: no `Access-Control-Max-Age` (a VirtualService policy without `maxAge`).
+    max_age_value: Option<HeaderValue>,
+    /// Envoy's `forward_not_matching_preflights`: a preflight from an origin not allowed
+    /// goes to the backend (a VirtualService's default, `unmatchedPreflights: FORWARD`)
+    /// rather than being answered here (Gateway API's, IGNORE).
+    forward_unmatched_preflights: bool,
+    /// Made from a VirtualService `corsPolicy` (Gateway API's CRD rules do not apply).
+    pub virtual_service: bool,
+}
+
+/// One origin rule of a VirtualService `corsPolicy` (Istio's StringMatch).
+pub enum OriginRule {
+    Exact(String),
+    Prefix(String),
+    /// RE2, matching the whole origin.
+    Regex(String),
 }
 
 /// One `allowOrigins` entry, as istiod converts it.
@@ -46,6 +61,8 @@ enum OriginMatch {
         prefix: String,
         suffix: String,
     },
+    Prefix(String),
+    Regex(regex::Regex),
 }
 
 #[derive(Deserialize)]
@@ -96,13 +113,74 @@ impl<'de> Deserialize<'de> for Cors {
             },
             headers_any: any(&raw.allow_headers),
             expose: joined(&raw.expose_headers),
-            max_age_value: HeaderValue::from(max_age),
+            max_age_value: Some(HeaderValue::from(max_age)),
+            forward_unmatched_preflights: false,
+            virtual_service: false,
             allow_origins: raw.allow_origins,
             allow_credentials: raw.allow_credentials.unwrap_or(false),
             allow_methods: raw.allow_methods,
             allow_headers: raw.allow_headers,
             expose_headers: raw.expose_headers,
             max_age,
+        })
+    }
+}
+
+impl Cors {
+    /// A VirtualService `corsPolicy`, as Istio's `TranslateCORSPolicy` gives it to Envoy:
+    /// origins by StringMatch, the lists joined as written, `maxAge` in seconds (no
+    /// header without it), preflights from other origins forwarded unless
+    /// `unmatchedPreflights: IGNORE`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_virtual_service(
+        origins: Vec<OriginRule>,
+        allow_methods: Vec<String>,
+        allow_headers: Vec<String>,
+        expose_headers: Vec<String>,
+        max_age: Option<std::time::Duration>,
+        allow_credentials: bool,
+        forward_unmatched_preflights: bool,
+    ) -> Result<Cors, String> {
+        let joined = |field: &str, v: &[String]| -> Result<Option<HeaderValue>, String> {
+            if v.is_empty() {
+                return Ok(None);
+            }
+            HeaderValue::from_str(&v.join(","))
+                .map(Some)
+                .map_err(|_| format!("{field}: not a header value"))
+        };
+        let mut matchers = Vec::with_capacity(origins.len());
+        for (i, o) in origins.into_iter().enumerate() {
+            matchers.push(match o {
+                OriginRule::Exact(e) => OriginMatch::Exact(e),
+                OriginRule::Prefix(p) => OriginMatch::Prefix(p),
+                OriginRule::Regex(r) => OriginMatch::Regex(
+                    regex::RegexBuilder::new(&format!("^(?:{r})$"))
+                        .size_limit(1 << 20)
+                        .build()
+                        .map_err(|e| format!("allowOrigins[{i}].regex: {e}"))?,
+                ),
+            });
+        }
+        // `*` alone echoes what the browser asks for, as for Gateway API's policy.
+        let any = |v: &[String]| v.len() == 1 && v[0] == "*";
+        let max_age_secs = max_age.map(|d| d.as_secs() as i64);
+        Ok(Cors {
+            allow_origins: Vec::new(),
+            allow_credentials,
+            origins: matchers,
+            methods: joined("allowMethods", &allow_methods)?,
+            methods_any: any(&allow_methods),
+            headers: joined("allowHeaders", &allow_headers)?,
+            headers_any: any(&allow_headers),
+            expose: joined("exposeHeaders", &expose_headers)?,
+            max_age_value: max_age_secs.map(HeaderValue::from),
+            max_age: max_age_secs.unwrap_or(0),
+            allow_methods,
+            allow_headers,
+            expose_headers,
+            forward_unmatched_preflights,
+            virtual_service: true,
         })
     }
 }
@@ -130,6 +208,8 @@ impl OriginMatch {
                     && origin.starts_with(prefix.as_str())
                     && origin.ends_with(suffix.as_str())
             }
+            OriginMatch::Prefix(p) => origin.starts_with(p.as_str()),
+            OriginMatch::Regex(r) => r.is_match(origin),
         }
     }
 }
@@ -184,6 +264,10 @@ impl Cors {
                 HeaderValue::from_static("true"),
             );
         }
+        let preflight = request_method.is_some() && method == Method::OPTIONS;
+        if preflight && !allowed && self.forward_unmatched_preflights {
+            return CorsOutcome::NotCors;
+        }
         let Some(request_method) = request_method.filter(|_| method == Method::OPTIONS) else {
             if !allowed {
                 return CorsOutcome::NotCors;
@@ -210,7 +294,9 @@ impl Cors {
         } else if let Some(a) = &self.headers {
             h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, a.clone());
         }
-        h.insert(header::ACCESS_CONTROL_MAX_AGE, self.max_age_value.clone());
+        if let Some(v) = &self.max_age_value {
+            h.insert(header::ACCESS_CONTROL_MAX_AGE, v.clone());
+        }
         CorsOutcome::Preflight(h)
     }
 }

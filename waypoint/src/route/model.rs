@@ -528,6 +528,9 @@ pub struct RequestMirror {
     pub percent: Option<u32>,
     #[serde(default)]
     pub fraction: Option<Fraction>,
+    /// A VirtualService mirror's DestinationRule subset (Gateway API has none).
+    #[serde(skip)]
+    pub subset: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

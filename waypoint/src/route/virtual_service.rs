@@ -5,8 +5,9 @@
 //! weights, ports, subsets and their own `headers`, rule `headers`, `rewrite` (authority,
 //! `uri`, `uriRegexRewrite`), `redirect` and `directResponse` (`action`), `timeout`,
 //! `retries` (`retry`) and `fault`. A match with `sourceLabels` is dropped, as Istio's
-//! waypoint drops it. Valid fields the waypoint does not apply yet (`mirror`,
-//! `corsPolicy`, `delegate`, Envoy header substitutions) make their rule fail closed
+//! waypoint drops it. `mirror` / `mirrors` and `corsPolicy` become the rule's
+//! RequestMirror and CORS filters. Valid fields the waypoint does not apply yet
+//! (`delegate`, Envoy header substitutions) make their rule fail closed
 //! (`RouteRule::unenforceable`); invalid values refuse the object with the field named.
 
 use std::collections::BTreeMap;
@@ -15,10 +16,11 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::action::{self, Answer, UriRewrite};
+use super::cors::{Cors, OriginRule};
 use super::duration::GatewayDuration;
 use super::model::{
-    BackendRef, Fault, Filter, HeaderModifier, HttpHeader, HttpRoute, RouteKind, RouteMatch,
-    RouteRule, Timeouts, UrlRewrite, VsConditions,
+    BackendRef, Fault, Filter, Fraction, HeaderModifier, HttpHeader, HttpRoute, RequestMirror,
+    RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, VsConditions,
 };
 use crate::extauthz::provider::parse_duration;
 use crate::object::ObjectRef;
@@ -57,14 +59,38 @@ pub struct VsHttpRoute {
     pub headers: Option<VsHeaders>,
     pub redirect: Option<action::VsRedirect>,
     pub direct_response: Option<action::VsDirectResponse>,
-    // Accepted, and a rule using them fails closed (`RouteRule::unenforceable`), until
-    // the waypoint applies them.
-    pub mirror: Option<serde_json::Value>,
-    pub mirrors: Option<serde_json::Value>,
-    pub mirror_percentage: Option<serde_json::Value>,
-    pub mirror_percent: Option<serde_json::Value>,
-    pub cors_policy: Option<serde_json::Value>,
+    pub mirror: Option<VsDestination>,
+    pub mirrors: Vec<VsMirror>,
+    pub mirror_percentage: Option<Percent>,
+    /// Deprecated integer percent.
+    pub mirror_percent: Option<u32>,
+    pub cors_policy: Option<VsCorsPolicy>,
+    // Accepted, and a rule using it fails closed (`RouteRule::unenforceable`), until the
+    // waypoint applies it.
     pub delegate: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VsMirror {
+    pub destination: VsDestination,
+    #[serde(default)]
+    pub percentage: Option<Percent>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase", deny_unknown_fields)]
+pub struct VsCorsPolicy {
+    pub allow_origins: Vec<matching::StringMatch>,
+    /// Deprecated exact origins.
+    pub allow_origin: Vec<String>,
+    pub allow_methods: Vec<String>,
+    pub allow_headers: Vec<String>,
+    pub expose_headers: Vec<String>,
+    pub max_age: Option<String>,
+    pub allow_credentials: Option<bool>,
+    /// FORWARD (Istio's default) or IGNORE.
+    pub unmatched_preflights: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -280,7 +306,8 @@ impl VirtualService {
             kind: RouteKind::Virtual,
             export_to: self.export_to.clone(),
         };
-        // Checked as an HTTPRoute; a destination may leave out its port (the request's).
+        // Checked as an HTTPRoute; a destination or mirror may leave out its port (the
+        // request's).
         let mut check = route.clone();
         for b in check
             .rules
@@ -288,6 +315,11 @@ impl VirtualService {
             .flat_map(|r| r.backend_refs.iter_mut())
         {
             b.backend.port.get_or_insert(1);
+        }
+        for f in check.rules.iter_mut().flat_map(|r| r.filters.iter_mut()) {
+            if let Filter::RequestMirror(m) = f {
+                m.backend_ref.port.get_or_insert(1);
+            }
         }
         for p in &mut check.parent_refs {
             p.namespace = None;
@@ -475,17 +507,14 @@ impl VsHttpRoute {
         });
         // Valid fields the waypoint does not apply yet: the rule fails closed, named.
         unenforceable = unenforceable.or(unsupported);
-        for (set, field) in [
-            (self.mirror.is_some(), "mirror"),
-            (self.mirrors.is_some(), "mirrors"),
-            (self.mirror_percentage.is_some(), "mirrorPercentage"),
-            (self.mirror_percent.is_some(), "mirrorPercent"),
-            (self.cors_policy.is_some(), "corsPolicy"),
-            (self.delegate.is_some(), "delegate"),
-        ] {
-            if set && unenforceable.is_none() {
-                unenforceable = Some(format!("{field}: not supported by this waypoint yet"));
-            }
+        if self.delegate.is_some() && unenforceable.is_none() {
+            unenforceable = Some("delegate: not supported by this waypoint yet".into());
+        }
+        filters.extend(self.mirror_filters(ns)?);
+        if let Some(c) = &self.cors_policy {
+            filters.push(Filter::Cors(
+                c.compile().map_err(|e| format!("corsPolicy.{e}"))?,
+            ));
         }
         let fault = match &self.fault {
             None => None,
@@ -530,6 +559,93 @@ impl VsHttpRoute {
             answer,
             uri_rewrite,
         })
+    }
+}
+
+impl VsHttpRoute {
+    /// `mirror` (with `mirrorPercentage`, else the deprecated `mirrorPercent`, else all)
+    /// and each of `mirrors` (its own `percentage`, else all), as Istio's `TranslateRoute`
+    /// gives Envoy its request mirror policies.
+    fn mirror_filters(&self, ns: &str) -> Result<Vec<Filter>, String> {
+        let mut out = Vec::new();
+        let mut one = |d: &VsDestination, pct: f64, at: &str| -> Result<(), String> {
+            let (name, namespace) = service_ref(&d.host, ns)
+                .ok_or_else(|| format!("{at}.host: {:?} is not a Kubernetes Service", d.host))?;
+            if d.subset.as_deref() == Some("") {
+                return Err(format!("{at}.subset: must not be empty"));
+            }
+            out.push(Filter::RequestMirror(RequestMirror {
+                backend_ref: ObjectRef {
+                    name,
+                    namespace: (namespace != ns).then_some(namespace),
+                    port: d.port.as_ref().map(|p| p.number),
+                    ..ObjectRef::default()
+                },
+                percent: None,
+                // Envoy's runtime fraction, per million.
+                fraction: Some(Fraction {
+                    numerator: (pct * 10_000.0).round() as u32,
+                    denominator: 1_000_000,
+                }),
+                subset: d.subset.clone(),
+            }));
+            Ok(())
+        };
+        if let Some(m) = &self.mirror {
+            let pct = percent(&self.mirror_percentage, self.mirror_percent, "mirror")?;
+            one(m, pct, "mirror")?;
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            let at = format!("mirrors[{i}]");
+            let pct = percent(&m.percentage, None, &at)?;
+            one(&m.destination, pct, &format!("{at}.destination"))?;
+        }
+        Ok(out)
+    }
+}
+
+impl VsCorsPolicy {
+    fn compile(&self) -> Result<Cors, String> {
+        let mut origins = Vec::new();
+        if !self.allow_origins.is_empty() {
+            for (i, o) in self.allow_origins.iter().enumerate() {
+                origins.push(match (&o.exact, &o.prefix, &o.regex) {
+                    (Some(e), None, None) => OriginRule::Exact(e.clone()),
+                    (None, Some(p), None) => OriginRule::Prefix(p.clone()),
+                    (None, None, Some(r)) => OriginRule::Regex(r.clone()),
+                    _ => {
+                        return Err(format!(
+                            "allowOrigins[{i}]: set exactly one of exact, prefix, regex"
+                        ))
+                    }
+                });
+            }
+        } else {
+            origins.extend(self.allow_origin.iter().cloned().map(OriginRule::Exact));
+        }
+        let max_age = self
+            .max_age
+            .as_deref()
+            .map(|t| parse_duration(t).map_err(|e| format!("maxAge: {e}")))
+            .transpose()?;
+        let forward = match self.unmatched_preflights.as_deref() {
+            None | Some("UNSPECIFIED") | Some("FORWARD") => true,
+            Some("IGNORE") => false,
+            Some(other) => {
+                return Err(format!(
+                    "unmatchedPreflights: {other:?} is not FORWARD or IGNORE"
+                ))
+            }
+        };
+        Cors::from_virtual_service(
+            origins,
+            self.allow_methods.clone(),
+            self.allow_headers.clone(),
+            self.expose_headers.clone(),
+            max_age,
+            self.allow_credentials.unwrap_or(false),
+            forward,
+        )
     }
 }
 

@@ -2,7 +2,9 @@
 //! clients (curl over HTTP/1.1 and HTTP/2, h2load) against the echo pods: `redirect`,
 //! `directResponse`, `rewrite.uri` and `uriRegexRewrite`, rule `headers`, and the
 //! matches `withoutHeaders`, `ignoreUriCase`, `authority`, `sourceLabels` (dropped);
-//! rules in order; what the waypoint does not do yet (`mirror`) fails the rule closed.
+//! rules in order; `mirror` (the mirror's request seen by its backend) and `corsPolicy`
+//! (a curl preflight answered, another origin's forwarded, as Envoy's
+//! forward_not_matching_preflights).
 //! Hostile inputs: case and percent-encoding tricks against `ignoreUriCase`, CRLF in the
 //! query of a redirect, a Host that tries to reach another rule's `authority`.
 
@@ -39,6 +41,13 @@ const L7: &str = r#"virtualServices:
     route: [{destination: {host: echo-v2}}]
   - match: [{uri: {prefix: /mirror}}]
     mirror: {host: echo-v2}
+    mirrorPercentage: {value: 100}
+    route: [{destination: {host: echo-v1}}]
+  - match: [{uri: {prefix: /cors}}]
+    corsPolicy:
+      allowOrigins: [{prefix: "https://app."}]
+      allowMethods: [GET, PUT]
+      maxAge: 10m
     route: [{destination: {host: echo-v1}}]
   - route: [{destination: {host: echo-v1}}]
     headers:
@@ -150,10 +159,50 @@ async fn l7_virtual_service_redirects_answers_rewrites_and_matches() -> Result<(
         assert_ne!(pod(&out), "n1p3", "{host}: {out}");
     }
 
-    // mirror is not applied yet: the rule fails closed, named, not sent unmirrored.
-    let out = curl(&[&url("/mirror")])?;
-    assert_eq!(status(&out), "503", "{out}");
-    assert!(out.contains("cannot be applied: mirror"), "{out}");
+    // mirror: the answer is echo-v1's; echo-v2 (n1p3) gets the copy, its Host (curl's,
+    // the VIP) with `-shadow` (Envoy's).
+    let out = curl(&[&url("/mirror/1")])?;
+    assert_eq!(status(&out), "200", "{out}");
+    assert_ne!(header(&out, "x-pod"), "n1p3", "{out}");
+    let shadow = &m.apps["n1p3"];
+    mesh_tests::netsim::wait_for(
+        "the mirrored request",
+        std::time::Duration::from_secs(5),
+        || {
+            shadow.seen().iter().any(|r| {
+                r.path == "/mirror/1"
+                    && r.headers.get("host").and_then(|h| h.to_str().ok())
+                        == Some(format!("{ECHO_VIP}-shadow").as_str())
+            })
+        },
+    )
+    .with_context(|| m.log())?;
+
+    // corsPolicy: an allowed origin's preflight is answered here; another origin's goes
+    // on to the backend (Istio's default unmatchedPreflights: FORWARD).
+    let preflight = |origin: &str| {
+        curl(&[
+            "-X",
+            "OPTIONS",
+            "-H",
+            &format!("Origin: {origin}"),
+            "-H",
+            "Access-Control-Request-Method: PUT",
+            &url("/cors/items"),
+        ])
+    };
+    let out = preflight("https://app.example.com")?;
+    assert_eq!(status(&out), "200", "{out}");
+    assert_eq!(
+        header(&out, "access-control-allow-origin"),
+        "https://app.example.com"
+    );
+    assert_eq!(header(&out, "access-control-allow-methods"), "GET,PUT");
+    assert_eq!(header(&out, "access-control-max-age"), "600");
+    assert_eq!(header(&out, "x-pod"), "", "answered by the waypoint: {out}");
+    let out = preflight("https://evil.example.com")?;
+    assert_eq!(header(&out, "access-control-allow-origin"), "", "{out}");
+    assert_ne!(header(&out, "x-pod"), "", "forwarded to the backend: {out}");
 
     // h2load through the redirect and direct response rules: every answer the
     // waypoint's own.

@@ -343,7 +343,7 @@ fn virtual_service_actions_and_unenforceable_fields() {
         \x20 rewrite: {uri: /v2}\n\
         \x20 route: [{destination: {host: echo}}]\n\
         - match: [{uri: {prefix: /m}}]\n\
-        \x20 mirror: {host: echo}\n\
+        \x20 delegate: {name: child}\n\
         \x20 route: [{destination: {host: echo}}]\n\
         - match: [{uri: {prefix: /h}}]\n\
         \x20 headers: {request: {set: {host: rewritten.example, ':path': /x, x-a: '100%%'}, remove: [':authority', x-b]}}\n\
@@ -361,7 +361,7 @@ fn virtual_service_actions_and_unenforceable_fields() {
         r.rules[3]
             .unenforceable
             .as_deref()
-            .is_some_and(|u| u.starts_with("mirror:")),
+            .is_some_and(|u| u.starts_with("delegate:")),
         "{:?}",
         r.rules[3].unenforceable
     );
@@ -401,4 +401,127 @@ fn virtual_service_actions_and_unenforceable_fields() {
         .unenforceable
         .as_deref()
         .is_some_and(|u| u.contains("retryRemoteLocalities")));
+}
+
+/// `mirror` (percentage, deprecated integer percent, subset) and `mirrors` become the
+/// rule's RequestMirror filters, as Istio's `TranslateRoute` builds Envoy's mirror
+/// policies; `corsPolicy` its CORS filter with Istio's StringMatch origins.
+#[test]
+fn virtual_service_mirrors_and_cors_policy() {
+    let r = vs("http:\n\
+        - mirror: {host: echo-v2, subset: canary, port: {number: 8080}}\n\
+        \x20 mirrorPercentage: {value: 12.5}\n\
+        \x20 mirrors: [{destination: {host: shadow.other.svc.cluster.local}}, {destination: {host: echo}, percentage: {value: 0}}]\n\
+        \x20 corsPolicy: {allowOrigins: [{exact: 'https://a.example'}, {prefix: 'https://b.'}, {regex: 'https://.*[.]c[.]example'}], \
+             allowMethods: [GET, POST], maxAge: 24h, allowCredentials: true}\n\
+        \x20 route: [{destination: {host: echo}}]\n\
+        - mirror: {host: echo}\n\
+        \x20 mirrorPercent: 30\n\
+        \x20 route: [{destination: {host: echo}}]\n")
+    .expect("converts");
+    let mirrors = |i: usize| -> Vec<RequestMirror> {
+        r.rules[i]
+            .filters
+            .iter()
+            .filter_map(|f| match f {
+                Filter::RequestMirror(m) => Some(m.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let m = mirrors(0);
+    assert_eq!(m.len(), 3, "{m:?}");
+    assert_eq!(
+        (
+            m[0].backend_ref.name.as_str(),
+            m[0].backend_ref.port,
+            m[0].subset.as_deref()
+        ),
+        ("echo-v2", Some(8080), Some("canary"))
+    );
+    assert!(m[0].sampled(0.12) && !m[0].sampled(0.13), "12.5 %");
+    assert_eq!(m[1].backend_ref.namespace.as_deref(), Some("other"));
+    assert!(m[1].sampled(0.999), "all without a percentage");
+    assert!(!m[2].sampled(0.0), "0 %: none");
+    assert!(mirrors(1)[0].sampled(0.29) && !mirrors(1)[0].sampled(0.31));
+    assert!(r.rules[0].unenforceable.is_none());
+
+    let cors = r.rules[0].cors().expect("a CORS filter");
+    let preflight = |origin: &str| {
+        let mut h = http::HeaderMap::new();
+        h.insert("origin", origin.parse().unwrap());
+        h.insert("access-control-request-method", "POST".parse().unwrap());
+        cors.on_request(&http::Method::OPTIONS, &h)
+    };
+    for ok in [
+        "https://a.example",
+        "https://b.anything",
+        "https://x.c.example",
+    ] {
+        match preflight(ok) {
+            CorsOutcome::Preflight(h) => {
+                assert_eq!(h["access-control-allow-origin"], ok);
+                assert_eq!(h["access-control-allow-methods"], "GET,POST");
+                assert_eq!(h["access-control-max-age"], "86400");
+                assert_eq!(h["access-control-allow-credentials"], "true");
+            }
+            other => panic!("{ok}: {other:?}"),
+        }
+    }
+    // Istio's default for a VirtualService: a preflight of another origin goes on to the
+    // backend (Envoy's forward_not_matching_preflights).
+    for not in [
+        "https://a.example.evil",
+        "https://x.c.example.evil",
+        "http://b.x",
+    ] {
+        assert!(matches!(preflight(not), CorsOutcome::NotCors), "{not}");
+    }
+    let ignore = vs(
+        "http:\n- corsPolicy: {allowOrigin: ['https://a.example'], unmatchedPreflights: IGNORE}\n\
+                      \x20 route: [{destination: {host: echo}}]\n",
+    )
+    .expect("converts");
+    let mut h = http::HeaderMap::new();
+    h.insert("origin", "https://evil.example".parse().unwrap());
+    h.insert("access-control-request-method", "GET".parse().unwrap());
+    match ignore.rules[0]
+        .cors()
+        .unwrap()
+        .on_request(&http::Method::OPTIONS, &h)
+    {
+        CorsOutcome::Preflight(h) => {
+            assert!(h.get("access-control-allow-origin").is_none());
+            assert!(h.get("access-control-max-age").is_none(), "no maxAge: none");
+        }
+        other => panic!("answered here: {other:?}"),
+    }
+    for (yaml, want) in [
+        (
+            "corsPolicy: {allowOrigins: [{regex: '('}]}",
+            "corsPolicy.allowOrigins[0].regex",
+        ),
+        (
+            "corsPolicy: {allowOrigins: [{exact: a, prefix: b}]}",
+            "corsPolicy.allowOrigins[0]: set exactly one",
+        ),
+        (
+            "corsPolicy: {unmatchedPreflights: MAYBE}",
+            "corsPolicy.unmatchedPreflights",
+        ),
+        (
+            "mirror: {host: echo}\n  mirrorPercentage: {value: 101}",
+            "mirror.percentage.value",
+        ),
+        (
+            "mirrors: [{destination: {host: '*.example.com'}}]",
+            "mirrors[0].destination.host",
+        ),
+    ] {
+        let e = vs(&format!(
+            "http:\n- {yaml}\n  route: [{{destination: {{host: echo}}}}]\n"
+        ))
+        .expect_err(yaml);
+        assert!(e.contains(want), "{yaml}: {e}");
+    }
 }
