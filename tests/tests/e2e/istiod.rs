@@ -136,8 +136,9 @@ fn series(scrape: &str, name: &str, labels: &[&str]) -> Option<u64> {
 /// is ACKed; TCP from a pod on node 1 to Service echo's ClusterIP reaches the pod on node
 /// 2 over HBONE with both identities. Then, at run time: an AuthorizationPolicy denying
 /// port 8080 reaches node 2's ztunnel, which denies that port (its log and metrics say
-/// by which policy) and not the Service's other port; and a pod created for the Service
-/// (enrolled at node 2 before istiod knew it) gets its endpoint pushed and answers.
+/// by which policy) and not the Service's other port, until the policy is deleted; and a
+/// pod created for the Service (enrolled at node 2 before istiod knew it) gets its
+/// endpoint pushed and answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn istiod_on_a_real_api_server_serves_our_ztunnels() -> Result<()> {
     let started = Instant::now();
@@ -295,14 +296,11 @@ async fn istiod_on_a_real_api_server_serves_our_ztunnels() -> Result<()> {
     );
 
     // An AuthorizationPolicy created at run time: DENY to port 8080 of the echo pods.
-    c.kube
-        .apply(
-            &json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
-            "metadata": {"name": "deny-echo-8080", "namespace": "default"},
-            "spec": {"selector": {"matchLabels": {"app": "echo"}}, "action": "DENY",
-                     "rules": [{"to": [{"operation": {"ports": ["8080"]}}]}]}}),
-        )
-        .await?;
+    let policy = json!({"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "deny-echo-8080", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": {"app": "echo"}}, "action": "DENY",
+                 "rules": [{"to": [{"operation": {"ports": ["8080"]}}]}]}});
+    c.kube.apply(&policy).await?;
     let server_ztunnel = &c.mesh.ztunnels[1];
     wait_for(
         "the policy pushed to node2's ztunnel",
@@ -345,6 +343,24 @@ async fn istiod_on_a_real_api_server_serves_our_ztunnels() -> Result<()> {
         "{scrape}"
     );
     c.no_nacks()?;
+    // Deleted: the removal is pushed and port 8080 answers again.
+    c.kube.delete(&policy).await?;
+    wait_for(
+        "the policy's removal pushed to node2's ztunnel",
+        Duration::from_secs(30),
+        || {
+            server_ztunnel
+                .log_text()
+                .contains("kind=\"authorizations\" updated=0 removed=1")
+        },
+    )
+    .with_context(|| c.logs())?;
+    assert_eq!(
+        greeting(client, vip).await.as_deref(),
+        Some("n2p1"),
+        "{}",
+        c.logs()
+    );
 
     // A pod added at run time, as a kubelet and istio-cni bring it up: created, enrolled
     // over ZDS (node 2's ztunnel holds it Pending: istiod does not know it), then its
