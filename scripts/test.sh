@@ -134,17 +134,19 @@ stage "allocator features" bash -c "cargo clippy -p ztunnel --lib --bins --featu
 # ~40% of 2 cores) start as soon as what they run exists, while the compiler builds the
 # rest. First the binaries under test (the `cli` tests make cargo build them) and the
 # e2e and soak test binaries; their paths come from cargo's JSON messages.
-# Beside it, the Go programs the istio:: suite runs, from Istio's Go module pinned in
-# tests/istio: istio-xds (Istio's own discovery server and CA) and Istio's istioctl
-# (the go.mod's `tool` line). The first build fetches and compiles Istio's dependencies,
-# minutes (istioctl adds its own: docs/testing.md has the cold times); later ones come
-# from Go's cache. Built here, not by the first istio:: test in the middle of the
-# timing-sensitive suites.
+# Beside it, the Go programs the istio:: and istiod:: suites run, from Istio's Go module
+# pinned in tests/istio: istio-xds (Istio's own discovery server and CA), Istio's
+# istioctl and istiod itself, pilot-discovery (the go.mod's `tool` lines), in one `go
+# build` (their packages are nearly all shared; the links run side by side). The first
+# build fetches and compiles Istio's dependencies, minutes (docs/testing.md has the cold
+# times); later ones come from Go's cache. Built here, not by the first test in the
+# middle of the timing-sensitive suites.
 command -v go >/dev/null || export PATH="$PATH:/usr/local/go/bin"
 command -v go >/dev/null || { echo "go not found: install Go 1.26 (the istio:: tests run Istio's discovery server, tests/istio)" >&2; exit 1; }
 target_dir=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 export ZTUNNEL_TEST_ISTIO_XDS="$target_dir/debug/istio-xds"
 export ZTUNNEL_TEST_ISTIOCTL="$target_dir/debug/istioctl"
+export ZTUNNEL_TEST_PILOT_DISCOVERY="$target_dir/debug/pilot-discovery"
 # And after them (one Go build at a time on 2 cores), kube-apiserver, kube-controller-manager
 # and etcd for the kube_apiserver:: suite (tests/kube, one program; its own module: its
 # Kubernetes versions are not tests/istio's). Cold, it compiles most of Kubernetes: minutes.
@@ -154,8 +156,9 @@ export ZTUNNEL_TEST_KUBE_HARNESS="$target_dir/debug/kube-harness"
 CHECK_CHARTS_HELM_ONLY=1 bash scripts/check-charts.sh >/dev/null
 stage "build the binaries and the end-to-end tests" together \
   "cargo" "cargo test --workspace --no-run --test e2e --test soak --test cli --message-format=json-render-diagnostics >'$exes'" \
-  "Go harnesses: Istio's discovery server and CA, istioctl (tests/istio), kube-apiserver, kube-controller-manager and etcd (tests/kube)" "export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
-    t=\$SECONDS; (cd tests/istio && go build -o '$ZTUNNEL_TEST_ISTIO_XDS' ./cmd/istio-xds && go build -o '$ZTUNNEL_TEST_ISTIOCTL' istio.io/istio/istioctl/cmd/istioctl) || exit 1
+  "Go harnesses: Istio's discovery server and CA, istioctl, istiod (tests/istio), kube-apiserver, kube-controller-manager and etcd (tests/kube)" "export GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+    t=\$SECONDS; mkdir -p '$target_dir/debug'
+    (cd tests/istio && go build -o '$target_dir/debug/' ./cmd/istio-xds istio.io/istio/istioctl/cmd/istioctl istio.io/istio/pilot/cmd/pilot-discovery) || exit 1
     echo \"tests/istio built in \$((SECONDS - t))s\"; t=\$SECONDS
     (cd tests/kube && go build -o '$ZTUNNEL_TEST_KUBE_HARNESS' ./cmd/kube-harness) || exit 1
     echo \"tests/kube built in \$((SECONDS - t))s\""

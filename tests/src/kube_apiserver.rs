@@ -351,7 +351,7 @@ impl KubeApiServer {
     pub async fn start_controller_manager(&mut self) -> Result<()> {
         let bin = binary()?.display().to_string();
         let kubeconfig = self.dir.join("admin.kubeconfig");
-        self.write_kubeconfig(&kubeconfig, ADMIN_TOKEN)?;
+        self.write_admin_kubeconfig(&kubeconfig)?;
         let k = format!("{}", kubeconfig.display());
         let child = self.netns.spawn(
             &bin,
@@ -722,6 +722,11 @@ impl KubeApiServer {
             .as_str()
             .map(str::to_string)
             .context("TokenRequest answer without a token")
+    }
+
+    /// A kubeconfig for this server as the admin (`system:masters`).
+    pub fn write_admin_kubeconfig(&self, path: &Path) -> Result<()> {
+        self.write_kubeconfig(path, ADMIN_TOKEN)
     }
 
     /// A kubeconfig for this server with `token`.

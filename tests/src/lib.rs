@@ -10,6 +10,7 @@ pub mod h2_raw;
 pub mod hbone_peer;
 pub mod http_app;
 pub mod istio_xds;
+pub mod istiod;
 pub mod json_schema;
 pub mod jwt;
 pub mod kube_apiserver;

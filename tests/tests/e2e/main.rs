@@ -6,6 +6,7 @@ mod ebpf_maps;
 mod enrollment;
 mod hostile;
 mod istio;
+mod istiod;
 mod kube_apiserver;
 mod l4;
 mod waypoint;
