@@ -721,6 +721,9 @@ pub struct VsConditions {
     pub authority: Option<ValueMatch>,
     /// Against `:scheme`: `http` at the waypoint (plain HTTP inside the tunnel).
     pub scheme: Option<ValueMatch>,
+    /// A `method` prefix or regex (Istio: a `:method` header match); exact ones are
+    /// the route match's own.
+    pub method: Option<ValueMatch>,
     /// Each must not match: a missing header counts as the empty value, except for a
     /// presence-only match (`regex: ".*"`, `prefix: ""`...), which then matches only a
     /// request without the header (Envoy's `invert_match` with

@@ -149,6 +149,7 @@ pub struct RouteRequest<'a> {
 impl RouteRequest<'_> {
     fn vs<'t>(&'t self, target: &'t Target<'_>) -> VsRequest<'t> {
         VsRequest {
+            method: self.method.as_str(),
             authority: self.authority,
             port: target.port,
             headers: self.headers,

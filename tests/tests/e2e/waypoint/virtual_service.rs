@@ -2,7 +2,7 @@
 //! clients (curl over HTTP/1.1 and HTTP/2, h2load) against the echo pods: `redirect`,
 //! `directResponse`, `rewrite.uri` and `uriRegexRewrite`, rule `headers`, and the
 //! matches `withoutHeaders`, `ignoreUriCase`, `authority`, `sourceLabels` (dropped);
-//! rules in order; `mirror` (the mirror's request seen by its backend) and `corsPolicy`
+//! a `method` regex; rules in order; `mirror` (the mirror's request seen by its backend) and `corsPolicy`
 //! (a curl preflight answered, another origin's forwarded, as Envoy's
 //! forward_not_matching_preflights).
 //! Hostile inputs: case and percent-encoding tricks against `ignoreUriCase`, CRLF in the
@@ -43,6 +43,8 @@ const L7: &str = r#"virtualServices:
     mirror: {host: echo-v2}
     mirrorPercentage: {value: 100}
     route: [{destination: {host: echo-v1}}]
+  - match: [{uri: {prefix: /methods}, method: {regex: "P(UT|ATCH)"}}]
+    directResponse: {status: 202, body: {string: "a PUT or PATCH"}}
   - match: [{uri: {prefix: /cors}}]
     corsPolicy:
       allowOrigins: [{prefix: "https://app."}]
@@ -177,6 +179,12 @@ async fn l7_virtual_service_redirects_answers_rewrites_and_matches() -> Result<(
         },
     )
     .with_context(|| m.log())?;
+
+    // A method regex (Istio's `:method` header match): PUT and PATCH, not POST.
+    for (method, want) in [("PUT", "202"), ("PATCH", "202"), ("POST", "200")] {
+        let out = curl(&["-X", method, &url("/methods")])?;
+        assert_eq!(status(&out), want, "{method}: {out}");
+    }
 
     // corsPolicy: an allowed origin's preflight is answered here; another origin's goes
     // on to the backend (Istio's default unmatchedPreflights: FORWARD).

@@ -525,3 +525,31 @@ fn virtual_service_mirrors_and_cors_policy() {
         assert!(e.contains(want), "{yaml}: {e}");
     }
 }
+
+/// `method` as Istio matches it (the `:method` header): exact, and also prefix and regex.
+#[test]
+fn virtual_service_method_matches_prefix_and_regex() {
+    let rs = vec![vs("http:\n\
+        - match: [{method: {prefix: GE}}]\n\
+        \x20 route: [{destination: {host: echo}}]\n\
+        - match: [{method: {regex: 'P(UT|ATCH)'}}]\n\
+        \x20 route: [{destination: {host: echo}}]\n\
+        - match: [{method: {exact: DELETE}}]\n\
+        \x20 route: [{destination: {host: echo}}]\n")
+    .expect("converts")];
+    let pick = |m: Method| req("/").method(m).pick(&rs);
+    assert_eq!(pick(Method::GET).as_deref(), Some("v#0"));
+    assert_eq!(pick(Method::PUT).as_deref(), Some("v#1"));
+    assert_eq!(pick(Method::PATCH).as_deref(), Some("v#1"));
+    assert_eq!(pick(Method::DELETE).as_deref(), Some("v#2"));
+    // The regex matches the whole method; no prefix of it.
+    assert_eq!(
+        pick(Method::from_bytes(b"PUTX").unwrap()).as_deref(),
+        Some("404")
+    );
+    assert_eq!(pick(Method::POST).as_deref(), Some("404"));
+    let e =
+        vs("http:\n- match: [{method: {regex: '('}}]\n  route: [{destination: {host: echo}}]\n")
+            .expect_err("bad regex");
+    assert!(e.contains("match[0].method"), "{e}");
+}

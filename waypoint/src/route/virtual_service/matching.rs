@@ -68,6 +68,7 @@ impl StringMatch {
 
 /// What the conditions look at.
 pub struct VsRequest<'a> {
+    pub method: &'a str,
     pub authority: &'a str,
     pub port: u16,
     pub headers: &'a http::HeaderMap,
@@ -88,6 +89,10 @@ impl VsConditions {
                 .as_ref()
                 .is_none_or(|m| m.matches(req.authority.as_bytes()))
             && self.scheme.as_ref().is_none_or(|m| m.matches(b"http"))
+            && self
+                .method
+                .as_ref()
+                .is_none_or(|m| m.matches(req.method.as_bytes()))
             && self.without_headers.iter().all(|(h, presence)| {
                 let mut values = req.headers.get_all(&h.name).iter().peekable();
                 match (values.peek().is_none(), presence) {
@@ -139,17 +144,21 @@ impl VsMatch {
                 (Some(p.map_err(|e| format!("{at}.uri: {e}"))?), matched)
             }
         };
-        let method = match &m.method {
-            None => None,
+        // Istio matches `method` as the `:method` header: exact, prefix or regex.
+        let (method, method_value) = match &m.method {
+            None => (None, None),
             Some(StringMatch {
                 exact: Some(e),
                 prefix: None,
                 regex: None,
-            }) => Some(MethodMatch(
-                http::Method::from_bytes(e.as_bytes())
-                    .map_err(|_| format!("{at}.method: {e:?} is not a method"))?,
-            )),
-            Some(_) => return Err(format!("{at}.method: only exact")),
+            }) => (
+                Some(MethodMatch(
+                    http::Method::from_bytes(e.as_bytes())
+                        .map_err(|_| format!("{at}.method: {e:?} is not a method"))?,
+                )),
+                None,
+            ),
+            Some(s) => (None, Some(s.value(&format!("{at}.method"))?)),
         };
         let header = |k: &String, field: &str| {
             http::HeaderName::from_bytes(k.as_bytes())
@@ -199,6 +208,7 @@ impl VsMatch {
                 .as_ref()
                 .map(|a| a.value(&format!("{at}.scheme")))
                 .transpose()?,
+            method: method_value,
             without_headers,
             source_namespace: m.source_namespace.clone().filter(|s| !s.is_empty()),
             dropped: false,
