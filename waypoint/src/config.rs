@@ -161,8 +161,20 @@ impl Config {
             })?;
             l7.http_routes.push(r);
         }
-        // A VirtualService is applied as the HTTPRoute it amounts to, after the routes.
+        // A VirtualService is applied as the HTTPRoute it amounts to, after the routes;
+        // a delegate (no hosts) only through the roots that delegate to it.
         for (i, v) in l7.virtual_services.iter().enumerate() {
+            if v.is_delegate() {
+                continue;
+            }
+            let (v, dropped) = crate::route::delegate::merged(v, |ns, name| {
+                l7.virtual_services
+                    .iter()
+                    .find(|c| c.namespace == ns && c.name == name)
+            });
+            for why in dropped {
+                tracing::warn!(kind = "VirtualService", namespace = %v.namespace, name = %v.name, reason = %why, "delegate rule dropped");
+            }
             let r = v.to_http().map_err(|e| {
                 invalid(format!(
                     "virtualServices[{i}].{e} (VirtualService {}/{})",

@@ -252,11 +252,14 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     Ok(r)
 }
 
+/// A VirtualService as written (`route::VirtualService`).
+fn parse_virtual_service(obj: &DynamicObject) -> Result<crate::route::VirtualService, String> {
+    serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())
+}
+
 /// A VirtualService, as the HTTPRoute it amounts to (`route::VirtualService`).
 pub fn virtual_service(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    let v: crate::route::VirtualService =
-        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
-    v.to_http()
+    parse_virtual_service(obj)?.to_http()
 }
 
 /// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
@@ -436,6 +439,17 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
     // A VirtualService the waypoint's namespace cannot see (`exportTo`) is not in
     // Istio's waypoint's scope either. (A DestinationRule's `exportTo` is applied when
     // it is looked up, `destination::rule_for`.)
+    let hosts = || {
+        obj.data
+            .pointer("/spec/hosts")
+            .and_then(Value::as_array)
+            .filter(|h| !h.is_empty())
+    };
+    // A delegate (no hosts) is taken from any namespace; it applies only through a root
+    // it is exported to (`delegate::merged`).
+    if kind == Kind::VirtualService && hosts().is_none() {
+        return true;
+    }
     if kind == Kind::VirtualService && !exported_to(obj, &settings.gateway.namespace) {
         return false;
     }
@@ -500,6 +514,10 @@ type RuleAndPolicy = (
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
     Route(Result<HttpRoute, String>),
+    /// A VirtualService with `delegate` rules, merged with its delegates when published;
+    /// or a delegate (no `hosts`), applied only through its roots.
+    Delegating(Box<crate::route::VirtualService>),
+    Delegate,
     Grant(Result<crate::grant::ReferenceGrant, String>),
     /// A rule that cannot be applied has the error and, when it names a host, a stand-in
     /// that fails that host's traffic.
@@ -515,6 +533,19 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
         obj.metadata.namespace.as_deref().unwrap_or_default(),
         obj.metadata.name.as_deref().unwrap_or_default(),
     );
+    match kind {
+        Kind::VirtualService => match parse_virtual_service(obj) {
+            Ok(v) if v.is_delegate() => Converted::Delegate,
+            Ok(v) if v.http.iter().any(|r| r.delegate.is_some()) => {
+                Converted::Delegating(Box::new(v))
+            }
+            _ => convert_any(kind, obj, ns, name),
+        },
+        _ => convert_any(kind, obj, ns, name),
+    }
+}
+
+fn convert_any(kind: Kind, obj: &DynamicObject, ns: &str, name: &str) -> Converted {
     match kind {
         Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::VirtualService => {
             let r = match kind {
@@ -863,6 +894,22 @@ impl Store {
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut virtual_services = Vec::new();
+        // Delegate VirtualServices (no hosts), for the roots that name them: read as
+        // written each time (cheap), since a root's merge depends on them.
+        let delegates: HashMap<(String, String), crate::route::VirtualService> = taken
+            .iter()
+            .filter(|(k, obj)| {
+                k.0 == Kind::VirtualService
+                    && obj
+                        .data
+                        .pointer("/spec/hosts")
+                        .and_then(Value::as_array)
+                        .is_none_or(|h| h.is_empty())
+            })
+            .filter_map(|(k, obj)| {
+                Some(((k.1.clone(), k.2.clone()), parse_virtual_service(obj).ok()?))
+            })
+            .collect();
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -892,6 +939,27 @@ impl Store {
                     }
                 },
                 Converted::Route(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Delegate => virtual_services.push(as_read),
+                Converted::Delegating(root) => {
+                    let (merged, dropped) = crate::route::delegate::merged(root, |ns, name| delegates.get(&(ns.to_string(), name.to_string())));
+                    for why in &dropped {
+                        tracing::warn!(kind = "VirtualService", namespace = %k.1, name = %k.2, reason = %why, "delegate rule dropped");
+                    }
+                    match merged.to_http() {
+                        Ok(r) => {
+                            cfg.routes.push(r);
+                            let mut v = as_read;
+                            if !dropped.is_empty() {
+                                v["delegateRulesDropped"] = json!(dropped);
+                            }
+                            virtual_services.push(v);
+                        }
+                        Err(e) => {
+                            tracing::warn!(kind = "VirtualService", namespace = %k.1, name = %k.2, error = %e, "object rejected; it does not apply");
+                            rejected.push(json!({"kind": "VirtualService", "namespace": k.1, "name": k.2, "error": e}));
+                        }
+                    }
+                }
                 Converted::Grant(Ok(g)) => {
                     cfg.grants.push(g.clone());
                     grants.push(as_read);

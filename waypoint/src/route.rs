@@ -14,6 +14,7 @@
 
 mod action;
 mod cors;
+pub mod delegate;
 mod duration;
 mod filter;
 mod grpc;

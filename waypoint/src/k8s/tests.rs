@@ -392,6 +392,63 @@ fn virtual_services_honour_export_to() {
     assert_eq!(names, ["everyone", "to-us", "unset"], "{}", cfg.dump);
 }
 
+/// A root VirtualService's `delegate` rules take the delegate's (any namespace, no
+/// hosts) when it is exported to the root's namespace; a delegate is never applied on
+/// its own; one not exported to the root drops that rule only, shown in the dump.
+#[test]
+fn virtual_service_delegates_merge_across_namespaces() {
+    let root = object(
+        "VirtualService",
+        "root",
+        json!({"hosts": ["echo"], "http": [
+            {"match": [{"uri": {"prefix": "/team"}}], "delegate": {"name": "team", "namespace": "team"}},
+            {"match": [{"uri": {"prefix": "/hidden"}}], "delegate": {"name": "hidden", "namespace": "team"}},
+            {"route": [{"destination": {"host": "echo"}}]}]}),
+    );
+    let team = object_in(
+        "team",
+        "VirtualService",
+        "team",
+        json!({"exportTo": ["default"], "http": [{"route": [{"destination": {"host": "api"}}]}]}),
+    );
+    let hidden = object_in(
+        "team",
+        "VirtualService",
+        "hidden",
+        json!({"exportTo": ["."], "http": [{"route": [{"destination": {"host": "secret"}}]}]}),
+    );
+    let cfg = store(vec![
+        (Kind::VirtualService, root),
+        (Kind::VirtualService, team),
+        (Kind::VirtualService, hidden),
+    ])
+    .publish(&settings())
+    .unwrap();
+    assert_eq!(cfg.routes.len(), 1, "delegates are not routes of their own");
+    let r = &cfg.routes[0];
+    assert_eq!(r.rules.len(), 2, "{:?}", r.rules);
+    let b = &r.rules[0].backend_refs[0].backend;
+    assert_eq!(
+        (b.name.as_str(), b.namespace.as_deref()),
+        ("api", Some("team")),
+        "the delegate's short host is its own namespace's"
+    );
+    let root_dump = cfg.dump["virtualServices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "root")
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        root_dump["delegateRulesDropped"][0]
+            .as_str()
+            .is_some_and(|d| d.contains("team/hidden is not exported to default")),
+        "{}",
+        cfg.dump
+    );
+}
+
 #[test]
 fn routes_convert_from_kubernetes_objects() {
     // As the API server stores it, with Gateway API's defaults filled in.

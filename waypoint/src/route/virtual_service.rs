@@ -28,7 +28,7 @@ use crate::object::ObjectRef;
 mod matching;
 mod retry;
 
-pub use matching::{VsMatch, VsRequest};
+pub use matching::{StringMatch, VsMatch, VsRequest};
 pub use retry::{mesh_default, MeshRetry, VsRetries};
 
 #[derive(Clone, Debug, Deserialize)]
@@ -36,6 +36,8 @@ pub use retry::{mesh_default, MeshRetry, VsRetries};
 pub struct VirtualService {
     pub name: String,
     pub namespace: String,
+    /// Empty for a delegate (`is_delegate`).
+    #[serde(default)]
     pub hosts: Vec<String>,
     #[serde(default)]
     pub gateways: Vec<String>,
@@ -65,9 +67,17 @@ pub struct VsHttpRoute {
     /// Deprecated integer percent.
     pub mirror_percent: Option<u32>,
     pub cors_policy: Option<VsCorsPolicy>,
-    // Accepted, and a rule using it fails closed (`RouteRule::unenforceable`), until the
-    // waypoint applies it.
-    pub delegate: Option<serde_json::Value>,
+    /// Replaced by the delegate's rules (`delegate::merged`) before the VirtualService is
+    /// converted; one left (not merged) fails its rule closed.
+    pub delegate: Option<VsDelegate>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsDelegate {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -263,6 +273,11 @@ fn percent(p: &Option<Percent>, legacy: Option<u32>, field: &str) -> Result<f64,
 }
 
 impl VirtualService {
+    /// A delegate: rules for the roots that delegate to it, applied only through them.
+    pub fn is_delegate(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
     /// The HTTPRoute it amounts to; errors name the field.
     pub fn to_http(&self) -> Result<HttpRoute, String> {
         if let Some(g) = self.gateways.iter().find(|g| *g != "mesh") {
@@ -508,7 +523,7 @@ impl VsHttpRoute {
         // Valid fields the waypoint does not apply yet: the rule fails closed, named.
         unenforceable = unenforceable.or(unsupported);
         if self.delegate.is_some() && unenforceable.is_none() {
-            unenforceable = Some("delegate: not supported by this waypoint yet".into());
+            unenforceable = Some("delegate: the delegate VirtualService was not merged".into());
         }
         filters.extend(self.mirror_filters(ns)?);
         if let Some(c) = &self.cors_policy {

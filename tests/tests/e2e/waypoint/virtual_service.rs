@@ -2,7 +2,7 @@
 //! clients (curl over HTTP/1.1 and HTTP/2, h2load) against the echo pods: `redirect`,
 //! `directResponse`, `rewrite.uri` and `uriRegexRewrite`, rule `headers`, and the
 //! matches `withoutHeaders`, `ignoreUriCase`, `authority`, `sourceLabels` (dropped);
-//! a `method` regex; rules in order; `mirror` (the mirror's request seen by its backend) and `corsPolicy`
+//! a `method` regex; `delegate` (a delegate's rules merged under the root's); rules in order; `mirror` (the mirror's request seen by its backend) and `corsPolicy`
 //! (a curl preflight answered, another origin's forwarded, as Envoy's
 //! forward_not_matching_preflights).
 //! Hostile inputs: case and percent-encoding tricks against `ignoreUriCase`, CRLF in the
@@ -45,6 +45,9 @@ const L7: &str = r#"virtualServices:
     route: [{destination: {host: echo-v1}}]
   - match: [{uri: {prefix: /methods}, method: {regex: "P(UT|ATCH)"}}]
     directResponse: {status: 202, body: {string: "a PUT or PATCH"}}
+  - match: [{uri: {prefix: /team}}]
+    delegate: {name: team-routes}
+    headers: {response: {set: {x-delegated: "yes"}}}
   - match: [{uri: {prefix: /cors}}]
     corsPolicy:
       allowOrigins: [{prefix: "https://app."}]
@@ -55,6 +58,14 @@ const L7: &str = r#"virtualServices:
     headers:
       request: {set: {x-vs: applied}, remove: [x-drop]}
       response: {set: {x-resp: set-by-vs}}
+- name: team-routes
+  namespace: default
+  http:
+  - match: [{uri: {prefix: /team/v2}}]
+    route: [{destination: {host: echo-v2}}]
+  - match: [{uri: {prefix: /elsewhere}}]
+    route: [{destination: {host: echo-v2}}]
+  - route: [{destination: {host: echo-v1}}]
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,6 +190,31 @@ async fn l7_virtual_service_redirects_answers_rewrites_and_matches() -> Result<(
         },
     )
     .with_context(|| m.log())?;
+
+    // delegate: the delegate's rules under the root's /team match, the root's response
+    // headers inherited; its /elsewhere rule conflicts with /team and is dropped, so
+    // /elsewhere falls to the root's last rule.
+    let out = curl(&[&url("/team/v2/x")])?;
+    assert_eq!(
+        (
+            status(&out).as_str(),
+            header(&out, "x-pod").as_str(),
+            header(&out, "x-delegated").as_str()
+        ),
+        ("200", "n1p3", "yes"),
+        "{out}"
+    );
+    let out = curl(&[&url("/team/x")])?;
+    assert_ne!(header(&out, "x-pod"), "n1p3", "{out}");
+    assert_eq!(header(&out, "x-delegated"), "yes", "{out}");
+    let out = curl(&[&url("/elsewhere")])?;
+    assert_eq!(
+        header(&out, "x-resp"),
+        "set-by-vs",
+        "the root's last rule: {out}"
+    );
+    m.waypoint
+        .wait_log("delegate rule dropped", std::time::Duration::from_secs(5))?;
 
     // A method regex (Istio's `:method` header match): PUT and PATCH, not POST.
     for (method, want) in [("PUT", "202"), ("PATCH", "202"), ("POST", "200")] {
