@@ -31,7 +31,7 @@ use ztunnel::state::{MeshState, SharedState};
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
-use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
+use crate::route::{GrpcRoute, HttpRoute, L4Route, TcpRoute, TlsRoute};
 use mesh::{mesh_default_retry, mesh_providers, mesh_tracing};
 
 pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
@@ -42,6 +42,8 @@ pub struct L7Config {
     pub routes: Vec<HttpRoute>,
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
+    /// VirtualServices' `tls` and `tcp` rules and TLSRoutes (`route::l4`).
+    pub l4_routes: Vec<L4Route>,
     pub grants: Vec<crate::grant::ReferenceGrant>,
     pub destination_rules: Vec<(
         crate::destination::DestinationRule,
@@ -102,6 +104,7 @@ enum Kind {
     HttpRoute,
     GrpcRoute,
     TcpRoute,
+    TlsRoute,
     ReferenceGrant,
     DestinationRule,
     VirtualService,
@@ -115,13 +118,14 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 13] = [
+const KINDS: [Kind; 14] = [
     Kind::DestinationRule,
     Kind::VirtualService,
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
     Kind::TcpRoute,
+    Kind::TlsRoute,
     Kind::ReferenceGrant,
     Kind::AuthorizationPolicy,
     Kind::RequestAuthentication,
@@ -139,6 +143,9 @@ fn resource(kind: Kind) -> ApiResource {
         // `v1` since Gateway API v1.6.0 (standard channel); `v1alpha2` before (see
         // `versions`: the one served is watched).
         Kind::TcpRoute => (GATEWAY_GROUP, "v1", "TCPRoute", "tcproutes"),
+        // `v1` since Gateway API v1.5.0 (standard channel, and the only version it serves
+        // in v1.6.0); the experimental channel serves `v1alpha3` and `v1alpha2` too.
+        Kind::TlsRoute => (GATEWAY_GROUP, "v1", "TLSRoute", "tlsroutes"),
         Kind::ReferenceGrant => (
             GATEWAY_GROUP,
             "v1beta1",
@@ -252,11 +259,18 @@ pub fn route(obj: &DynamicObject) -> Result<HttpRoute, String> {
     Ok(r)
 }
 
-/// A VirtualService, as the HTTPRoute it amounts to (`route::VirtualService`).
-pub fn virtual_service(obj: &DynamicObject) -> Result<HttpRoute, String> {
+/// A VirtualService, as the HTTPRoute and L4 route it amounts to (`route::VirtualService`).
+pub fn virtual_service(obj: &DynamicObject) -> Result<crate::route::VsRoutes, String> {
     let v: crate::route::VirtualService =
         serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
-    v.to_http()
+    v.routes()
+}
+
+/// A TLSRoute, as its L4 rules (`route::TlsRoute`).
+pub fn tls_route(obj: &DynamicObject) -> Result<L4Route, String> {
+    let r: TlsRoute =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    r.to_l4()
 }
 
 /// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
@@ -372,6 +386,7 @@ fn route_kind_name(kind: Kind) -> &'static str {
         Kind::VirtualService => "VirtualService",
         Kind::GrpcRoute => "GRPCRoute",
         Kind::TcpRoute => "TCPRoute",
+        Kind::TlsRoute => "TLSRoute",
         _ => "HTTPRoute",
     }
 }
@@ -464,9 +479,11 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
                     .filter_map(|h| crate::route::host_service(h, ns))
                     .any(|s| s.namespace == ns && scope.uses(&s))
             }),
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs")
-            .into_iter()
-            .any(|r| names_used_service(r, ns, scope)),
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => {
+            refs(obj, "parentRefs")
+                .into_iter()
+                .any(|r| names_used_service(r, ns, scope))
+        }
         // The root namespace's (mesh-wide), and those of namespaces with Services that
         // use the waypoint (which of them apply is decided per request); `selector` ones
         // are the workloads' proxies'.
@@ -500,6 +517,8 @@ type RuleAndPolicy = (
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
     Route(Result<HttpRoute, String>),
+    /// A VirtualService (`http` and / or `tls` and `tcp` rules) or a TLSRoute.
+    Routes(Result<crate::route::VsRoutes, String>),
     Grant(Result<crate::grant::ReferenceGrant, String>),
     /// A rule that cannot be applied has the error and, when it names a host, a stand-in
     /// that fails that host's traffic.
@@ -516,11 +535,24 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
         obj.metadata.name.as_deref().unwrap_or_default(),
     );
     match kind {
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::VirtualService => {
+        Kind::VirtualService | Kind::TlsRoute => {
+            let r = match kind {
+                Kind::VirtualService => virtual_service(obj),
+                _ => tls_route(obj).map(|l4| crate::route::VsRoutes {
+                    http: None,
+                    l4: Some(l4),
+                }),
+            };
+            if let Err(e) = &r {
+                let k = route_kind_name(kind);
+                tracing::warn!(kind = k, namespace = ns, name, error = %e, "object rejected; it does not apply");
+            }
+            Converted::Routes(r)
+        }
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => {
             let r = match kind {
                 Kind::HttpRoute => route(obj),
                 Kind::GrpcRoute => grpc_route(obj),
-                Kind::VirtualService => virtual_service(obj),
                 _ => tcp_route(obj),
             };
             if let Err(e) = &r {
@@ -804,6 +836,7 @@ impl Store {
                     Kind::HttpRoute
                         | Kind::GrpcRoute
                         | Kind::TcpRoute
+                        | Kind::TlsRoute
                         | Kind::ReferenceGrant
                         | Kind::DestinationRule
                         | Kind::VirtualService
@@ -862,7 +895,7 @@ impl Store {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut virtual_services = Vec::new();
+        let (mut virtual_services, mut tls_routes) = (Vec::new(), Vec::new());
         for (k, obj) in &taken {
             let rv = version(obj);
             if !matches!(self.converted.get(*k), Some((v, _)) if *v == rv) {
@@ -882,16 +915,20 @@ impl Store {
                         cfg.routes.push(r.clone());
                         grpc_routes.push(as_read);
                     }
-                    Kind::VirtualService => {
-                        cfg.routes.push(r.clone());
-                        virtual_services.push(as_read);
-                    }
                     _ => {
                         cfg.routes.push(r.clone());
                         routes.push(as_read);
                     }
                 },
-                Converted::Route(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Routes(Ok(r)) => {
+                    cfg.routes.extend(r.http.clone());
+                    cfg.l4_routes.extend(r.l4.clone());
+                    match k.0 {
+                        Kind::TlsRoute => tls_routes.push(as_read),
+                        _ => virtual_services.push(as_read),
+                    }
+                }
+                Converted::Route(Err(e)) | Converted::Routes(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Grant(Ok(g)) => {
                     cfg.grants.push(g.clone());
                     grants.push(as_read);
@@ -989,6 +1026,7 @@ impl Store {
             "httpRoutes": routes,
             "grpcRoutes": grpc_routes,
             "tcpRoutes": tcp_routes,
+            "tlsRoutes": tls_routes,
             "referenceGrants": grants,
             "destinationRules": destination_rules,
             "virtualServices": virtual_services,
@@ -1041,6 +1079,7 @@ pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<Object
 fn versions(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::TcpRoute => &["v1", "v1alpha2"],
+        Kind::TlsRoute => &["v1", "v1alpha3", "v1alpha2"],
         Kind::ReferenceGrant => &["v1beta1", "v1"],
         _ => &[],
     }
