@@ -3,7 +3,7 @@
 //! target's L4 route if one applies (`route::l4`). On a TLS port the ClientHello is read
 //! first, as Istio's waypoint reads it (`client_hello`), and passed on untouched.
 
-mod client_hello;
+pub(crate) mod client_hello;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -139,6 +139,25 @@ fn classify(buf: &[u8]) -> Verdict {
     Inspector::default().advance(buf)
 }
 
+/// For `fuzzing::tls_client_hello`: `data` taken whole, and in two pieces split at
+/// `split` as a client's two writes would bring it; both must come to the same verdict
+/// (None: still waiting).
+pub(crate) fn verdicts(data: &[u8], split: usize) -> (Option<Hello>, Option<Hello>) {
+    let done = |v: Verdict| match v {
+        Verdict::Done(h) => Some(h),
+        Verdict::NeedMore => None,
+    };
+    let whole = done(Inspector::default().advance(data));
+    let mut pieces = Inspector::default();
+    let split = split.min(data.len());
+    let first = pieces.advance(&data[..split]);
+    let last = match first {
+        Verdict::Done(_) => first,
+        Verdict::NeedMore => pieces.advance(data),
+    };
+    (whole, done(last))
+}
+
 /// The handshake message's length, once its 4-byte header is there.
 fn message_len(handshake: &[u8]) -> Option<usize> {
     let h = handshake.get(..4)?;
