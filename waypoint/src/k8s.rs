@@ -1074,8 +1074,9 @@ pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<Object
 }
 
 /// The versions of `kind` the waypoint can read, in the order it prefers them: the first
-/// one the API server serves is watched (as Istio does, which reads TCPRoute at `v1`;
-/// Gateway API v1.6.0's standard channel no longer serves `v1alpha2`).
+/// one the API server serves is watched (as Istio does, which reads TCPRoute and TLSRoute
+/// at `v1`; Gateway API v1.6.0's standard channel serves only `v1` of both, its
+/// experimental channel `v1alpha2` too, and `v1alpha3` of TLSRoute).
 fn versions(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::TcpRoute => &["v1", "v1alpha2"],

@@ -203,7 +203,7 @@ async fn tls_passes_through_by_vs_tls_and_tls_routes_and_tcp_routes_by_port() ->
                     &format!("https://{name}/"),
                 ],
             )
-            .with_context(|| log())
+            .with_context(log)
     };
 
     // VS tls with the service's own sniHost: the backend's certificate, the SNI as sent,
