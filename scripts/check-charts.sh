@@ -407,7 +407,7 @@ else:
     (crole,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == crb.get("roleRef", {}).get("name")] or [{}]
     cgranted = {(g, r) for rule in crole.get("rules", []) for g in rule["apiGroups"] for r in rule["resources"]
                 if set(rule["verbs"]) == {"get", "list", "watch"}}
-    cneed = {("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes"), ("gateway.networking.k8s.io", "referencegrants"), ("networking.istio.io", "destinationrules"), ("networking.istio.io", "virtualservices"), ("security.istio.io", "authorizationpolicies"),
+    cneed = {("gateway.networking.k8s.io", "httproutes"), ("gateway.networking.k8s.io", "grpcroutes"), ("gateway.networking.k8s.io", "tcproutes"), ("gateway.networking.k8s.io", "tlsroutes"), ("gateway.networking.k8s.io", "referencegrants"), ("networking.istio.io", "destinationrules"), ("networking.istio.io", "virtualservices"), ("security.istio.io", "authorizationpolicies"),
              ("telemetry.istio.io", "telemetries"), ("", "services"), ("", "namespaces"), ("", "pods")}
     expect(cneed <= cgranted, f"ClusterRole must grant get/list/watch on {sorted(cneed - cgranted)}")
     expect(all(v in ("get", "list", "watch") for rule in crole.get("rules", []) for v in rule["verbs"]), "ClusterRole is read-only")

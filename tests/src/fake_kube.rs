@@ -282,6 +282,7 @@ const DISCOVERY: &[(&str, &str, &str)] = &[
     ("gateway.networking.k8s.io/v1", "httproutes", "HTTPRoute"),
     ("gateway.networking.k8s.io/v1", "grpcroutes", "GRPCRoute"),
     ("gateway.networking.k8s.io/v1", "tcproutes", "TCPRoute"),
+    ("gateway.networking.k8s.io/v1", "tlsroutes", "TLSRoute"),
     (
         "gateway.networking.k8s.io/v1beta1",
         "referencegrants",

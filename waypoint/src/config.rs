@@ -19,7 +19,7 @@ use crate::extauthz::{self, MeshConfig, Providers};
 use crate::grant::ReferenceGrant;
 use crate::k8s::L7Config;
 use crate::labels::Labels;
-use crate::route::{GrpcRoute, HttpRoute, MeshRetry, TcpRoute, VirtualService};
+use crate::route::{GrpcRoute, HttpRoute, L4Route, MeshRetry, TcpRoute, TlsRoute, VirtualService};
 use crate::telemetry::{MeshProviders, Telemetries, Telemetry};
 use crate::trace::TraceSettings;
 
@@ -43,6 +43,8 @@ pub struct Config {
     pub routes: Vec<HttpRoute>,
     /// TCPRoutes, each as an HTTPRoute with its one rule (`route::TcpRoute`).
     pub tcp_routes: Vec<HttpRoute>,
+    /// VirtualServices' `tls` and `tcp` rules and TLSRoutes (`route::l4`).
+    pub l4_routes: Vec<L4Route>,
     /// ReferenceGrants: which Services of other namespaces routes may send to.
     pub grants: Vec<ReferenceGrant>,
     /// DestinationRules with the policy each asks for (`destination`).
@@ -81,6 +83,8 @@ struct L7Lists {
     #[serde(default)]
     tcp_routes: Vec<TcpRoute>,
     #[serde(default)]
+    tls_routes: Vec<TlsRoute>,
+    #[serde(default)]
     reference_grants: Vec<ReferenceGrant>,
     #[serde(default)]
     destination_rules: Vec<DestinationRule>,
@@ -106,6 +110,8 @@ struct RawL7Lists {
     grpc_routes: Vec<serde_json::Value>,
     #[serde(default)]
     tcp_routes: Vec<serde_json::Value>,
+    #[serde(default)]
+    tls_routes: Vec<serde_json::Value>,
     #[serde(default)]
     reference_grants: Vec<serde_json::Value>,
     #[serde(default)]
@@ -161,8 +167,10 @@ impl Config {
             })?;
             l7.http_routes.push(r);
         }
-        // A VirtualService is applied as the HTTPRoute it amounts to, after the routes;
-        // a delegate (no hosts) only through the roots that delegate to it.
+        // A VirtualService is applied as the HTTPRoute it amounts to, after the routes,
+        // and its `tls` and `tcp` rules as an L4 route; a delegate (no hosts) only through
+        // the roots that delegate to it.
+        let mut l4_routes = Vec::new();
         for (i, v) in l7.virtual_services.iter().enumerate() {
             if v.is_delegate() {
                 continue;
@@ -175,13 +183,22 @@ impl Config {
             for why in dropped {
                 tracing::warn!(kind = "VirtualService", namespace = %v.namespace, name = %v.name, reason = %why, "delegate rule dropped");
             }
-            let r = v.to_http().map_err(|e| {
+            let r = v.routes().map_err(|e| {
                 invalid(format!(
                     "virtualServices[{i}].{e} (VirtualService {}/{})",
                     v.namespace, v.name
                 ))
             })?;
-            l7.http_routes.push(r);
+            l7.http_routes.extend(r.http);
+            l4_routes.extend(r.l4);
+        }
+        for (i, t) in l7.tls_routes.iter().enumerate() {
+            l4_routes.push(t.to_l4().map_err(|e| {
+                invalid(format!(
+                    "tlsRoutes[{i}].{e} (TLSRoute {}/{})",
+                    t.namespace, t.name
+                ))
+            })?);
         }
         let mut tcp_routes = Vec::with_capacity(l7.tcp_routes.len());
         for (i, t) in l7.tcp_routes.iter().enumerate() {
@@ -282,6 +299,7 @@ impl Config {
             "httpRoutes": raw.http_routes,
             "grpcRoutes": raw.grpc_routes,
             "tcpRoutes": raw.tcp_routes,
+            "tlsRoutes": raw.tls_routes,
             "referenceGrants": raw.reference_grants,
             "destinationRules": raw.destination_rules,
             "virtualServices": raw.virtual_services,
@@ -294,6 +312,7 @@ impl Config {
             state: Arc::new(mesh.into_state(path)?),
             routes: l7.http_routes,
             tcp_routes,
+            l4_routes,
             grants: l7.reference_grants,
             destination_rules,
             policies: l7.authorization_policies,
@@ -324,11 +343,12 @@ impl Config {
 
     /// In a cluster, before istiod and the Kubernetes API have said anything.
     pub fn empty(state: Arc<MeshState>) -> Config {
-        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [], "telemetries": [] });
+        let dump = serde_json::json!({ "source": "kubernetes", "httpRoutes": [], "grpcRoutes": [], "tcpRoutes": [], "tlsRoutes": [], "referenceGrants": [], "destinationRules": [], "virtualServices": [], "authorizationPolicies": [], "requestAuthentications": [], "telemetries": [] });
         Config {
             state,
             routes: Vec::new(),
             tcp_routes: Vec::new(),
+            l4_routes: Vec::new(),
             grants: Vec::new(),
             destination_rules: Vec::new(),
             policies: Vec::new(),
@@ -388,6 +408,7 @@ pub async fn combine(
             state: state.load_full(),
             routes: l.routes.clone(),
             tcp_routes: l.tcp_routes.clone(),
+            l4_routes: l.l4_routes.clone(),
             grants: l.grants.clone(),
             destination_rules: l.destination_rules.clone(),
             policies: l.policies.clone(),

@@ -43,6 +43,7 @@ pub fn config_dump(me: &Me, cfg: &Config, certs: &CertManager, settings: Value) 
     d["httpRoutes"] = l7.get("httpRoutes").cloned().unwrap_or_else(|| json!([]));
     d["grpcRoutes"] = l7.get("grpcRoutes").cloned().unwrap_or_else(|| json!([]));
     d["tcpRoutes"] = l7.get("tcpRoutes").cloned().unwrap_or_else(|| json!([]));
+    d["tlsRoutes"] = l7.get("tlsRoutes").cloned().unwrap_or_else(|| json!([]));
     d["referenceGrants"] = l7
         .get("referenceGrants")
         .cloned()

@@ -146,6 +146,24 @@ pub fn http_authority(data: &[u8]) {
     assert_eq!(Authority::of_request(&req.into_parts().0).as_ref(), Ok(&a));
 }
 
+/// A connection's first bytes on a TLS port, as the waypoint reads its ClientHello
+/// (`tunnel::client_hello`): the verdict does not depend on how the bytes were split
+/// (the first byte picks a split), a server name read is printable ASCII, and nothing
+/// panics.
+pub fn tls_client_hello(data: &[u8]) {
+    use crate::tunnel::client_hello::{verdicts, Hello};
+    let data = &data[..data.len().min(MAX_INPUT)];
+    let split = data.first().map_or(0, |b| usize::from(*b) * 7);
+    let (whole, pieces) = verdicts(data, split);
+    assert_eq!(whole, pieces, "the verdict depends on the split at {split}");
+    if let Some(Hello::Tls { sni: Some(name) }) = &whole {
+        assert!(
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic()),
+            "{name:?}"
+        );
+    }
+}
+
 /// A Telemetry's access-log `filter.expression` and an access-log format, from the same
 /// text: what compiles is evaluated and rendered for a request; neither the compiler,
 /// the walk, the interpreter nor the formatter panics, and a refusal names a short
@@ -238,6 +256,19 @@ mod tests {
         let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
         let target = "http_authority";
         let replayed = ztunnel::fuzzing::replay_committed(&fuzz, target, super::http_authority);
+        assert!(
+            replayed > 0,
+            "no committed {target} inputs under {}",
+            fuzz.display()
+        );
+    }
+
+    /// The `tls_client_hello` target's committed inputs pass its checks.
+    #[test]
+    fn committed_tls_client_hello_inputs_pass() {
+        let fuzz = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz");
+        let target = "tls_client_hello";
+        let replayed = ztunnel::fuzzing::replay_committed(&fuzz, target, super::tls_client_hello);
         assert!(
             replayed > 0,
             "no committed {target} inputs under {}",

@@ -31,7 +31,7 @@ use ztunnel::state::{MeshState, SharedState};
 use crate::authn::RequestAuthentication;
 use crate::authz::AuthorizationPolicy;
 use crate::object::{ObjectName, ObjectRef, GATEWAY_GROUP, WAYPOINT_CLASS};
-use crate::route::{GrpcRoute, HttpRoute, TcpRoute};
+use crate::route::{GrpcRoute, HttpRoute, L4Route, TcpRoute, TlsRoute};
 use mesh::{mesh_default_retry, mesh_providers, mesh_tracing};
 
 pub use scope::{AllowedNamespaces, LabelSelector, Scope, USE_WAYPOINT, USE_WAYPOINT_NAMESPACE};
@@ -42,6 +42,8 @@ pub struct L7Config {
     pub routes: Vec<HttpRoute>,
     /// TCPRoutes, as HTTPRoutes with their one rule.
     pub tcp_routes: Vec<HttpRoute>,
+    /// VirtualServices' `tls` and `tcp` rules and TLSRoutes (`route::l4`).
+    pub l4_routes: Vec<L4Route>,
     pub grants: Vec<crate::grant::ReferenceGrant>,
     pub destination_rules: Vec<(
         crate::destination::DestinationRule,
@@ -102,6 +104,7 @@ enum Kind {
     HttpRoute,
     GrpcRoute,
     TcpRoute,
+    TlsRoute,
     ReferenceGrant,
     DestinationRule,
     VirtualService,
@@ -115,13 +118,14 @@ enum Kind {
     MeshConfig,
 }
 
-const KINDS: [Kind; 13] = [
+const KINDS: [Kind; 14] = [
     Kind::DestinationRule,
     Kind::VirtualService,
     Kind::Gateway,
     Kind::HttpRoute,
     Kind::GrpcRoute,
     Kind::TcpRoute,
+    Kind::TlsRoute,
     Kind::ReferenceGrant,
     Kind::AuthorizationPolicy,
     Kind::RequestAuthentication,
@@ -139,6 +143,9 @@ fn resource(kind: Kind) -> ApiResource {
         // `v1` since Gateway API v1.6.0 (standard channel); `v1alpha2` before (see
         // `versions`: the one served is watched).
         Kind::TcpRoute => (GATEWAY_GROUP, "v1", "TCPRoute", "tcproutes"),
+        // `v1` since Gateway API v1.5.0 (standard channel, and the only version it serves
+        // in v1.6.0); the experimental channel serves `v1alpha3` and `v1alpha2` too.
+        Kind::TlsRoute => (GATEWAY_GROUP, "v1", "TLSRoute", "tlsroutes"),
         Kind::ReferenceGrant => (
             GATEWAY_GROUP,
             "v1beta1",
@@ -257,9 +264,16 @@ fn parse_virtual_service(obj: &DynamicObject) -> Result<crate::route::VirtualSer
     serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())
 }
 
-/// A VirtualService, as the HTTPRoute it amounts to (`route::VirtualService`).
-pub fn virtual_service(obj: &DynamicObject) -> Result<HttpRoute, String> {
-    parse_virtual_service(obj)?.to_http()
+/// A VirtualService, as the HTTPRoute and L4 route it amounts to (`route::VirtualService`).
+pub fn virtual_service(obj: &DynamicObject) -> Result<crate::route::VsRoutes, String> {
+    parse_virtual_service(obj)?.routes()
+}
+
+/// A TLSRoute, as its L4 rules (`route::TlsRoute`).
+pub fn tls_route(obj: &DynamicObject) -> Result<L4Route, String> {
+    let r: TlsRoute =
+        serde_json::from_value(Value::Object(flattened(obj)?)).map_err(|e| e.to_string())?;
+    r.to_l4()
 }
 
 /// A TCPRoute, as an HTTPRoute with its one rule (`route::TcpRoute`).
@@ -375,6 +389,7 @@ fn route_kind_name(kind: Kind) -> &'static str {
         Kind::VirtualService => "VirtualService",
         Kind::GrpcRoute => "GRPCRoute",
         Kind::TcpRoute => "TCPRoute",
+        Kind::TlsRoute => "TLSRoute",
         _ => "HTTPRoute",
     }
 }
@@ -478,9 +493,11 @@ fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings)
                     .filter_map(|h| crate::route::host_service(h, ns))
                     .any(|s| s.namespace == ns && scope.uses(&s))
             }),
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => refs(obj, "parentRefs")
-            .into_iter()
-            .any(|r| names_used_service(r, ns, scope)),
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::TlsRoute => {
+            refs(obj, "parentRefs")
+                .into_iter()
+                .any(|r| names_used_service(r, ns, scope))
+        }
         // The root namespace's (mesh-wide), and those of namespaces with Services that
         // use the waypoint (which of them apply is decided per request); `selector` ones
         // are the workloads' proxies'.
@@ -514,6 +531,8 @@ type RuleAndPolicy = (
 /// One object converted, at the resourceVersion it was converted for.
 enum Converted {
     Route(Result<HttpRoute, String>),
+    /// A VirtualService (`http` and / or `tls` and `tcp` rules) or a TLSRoute.
+    Routes(Result<crate::route::VsRoutes, String>),
     /// A VirtualService with `delegate` rules, merged with its delegates when published;
     /// or a delegate (no `hosts`), applied only through its roots.
     Delegating(Box<crate::route::VirtualService>),
@@ -547,11 +566,24 @@ fn convert(kind: Kind, obj: &DynamicObject) -> Converted {
 
 fn convert_any(kind: Kind, obj: &DynamicObject, ns: &str, name: &str) -> Converted {
     match kind {
-        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute | Kind::VirtualService => {
+        Kind::VirtualService | Kind::TlsRoute => {
+            let r = match kind {
+                Kind::VirtualService => virtual_service(obj),
+                _ => tls_route(obj).map(|l4| crate::route::VsRoutes {
+                    http: None,
+                    l4: Some(l4),
+                }),
+            };
+            if let Err(e) = &r {
+                let k = route_kind_name(kind);
+                tracing::warn!(kind = k, namespace = ns, name, error = %e, "object rejected; it does not apply");
+            }
+            Converted::Routes(r)
+        }
+        Kind::HttpRoute | Kind::GrpcRoute | Kind::TcpRoute => {
             let r = match kind {
                 Kind::HttpRoute => route(obj),
                 Kind::GrpcRoute => grpc_route(obj),
-                Kind::VirtualService => virtual_service(obj),
                 _ => tcp_route(obj),
             };
             if let Err(e) = &r {
@@ -835,6 +867,7 @@ impl Store {
                     Kind::HttpRoute
                         | Kind::GrpcRoute
                         | Kind::TcpRoute
+                        | Kind::TlsRoute
                         | Kind::ReferenceGrant
                         | Kind::DestinationRule
                         | Kind::VirtualService
@@ -893,7 +926,7 @@ impl Store {
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let mut virtual_services = Vec::new();
+        let (mut virtual_services, mut tls_routes) = (Vec::new(), Vec::new());
         // Delegate VirtualServices (no hosts), for the roots that name them: read as
         // written each time (cheap), since a root's merge depends on them.
         let delegates: HashMap<(String, String), crate::route::VirtualService> = taken
@@ -929,25 +962,30 @@ impl Store {
                         cfg.routes.push(r.clone());
                         grpc_routes.push(as_read);
                     }
-                    Kind::VirtualService => {
-                        cfg.routes.push(r.clone());
-                        virtual_services.push(as_read);
-                    }
                     _ => {
                         cfg.routes.push(r.clone());
                         routes.push(as_read);
                     }
                 },
-                Converted::Route(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
+                Converted::Routes(Ok(r)) => {
+                    cfg.routes.extend(r.http.clone());
+                    cfg.l4_routes.extend(r.l4.clone());
+                    match k.0 {
+                        Kind::TlsRoute => tls_routes.push(as_read),
+                        _ => virtual_services.push(as_read),
+                    }
+                }
+                Converted::Route(Err(e)) | Converted::Routes(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
                 Converted::Delegate => virtual_services.push(as_read),
                 Converted::Delegating(root) => {
                     let (merged, dropped) = crate::route::delegate::merged(root, |ns, name| delegates.get(&(ns.to_string(), name.to_string())));
                     for why in &dropped {
                         tracing::warn!(kind = "VirtualService", namespace = %k.1, name = %k.2, reason = %why, "delegate rule dropped");
                     }
-                    match merged.to_http() {
+                    match merged.routes() {
                         Ok(r) => {
-                            cfg.routes.push(r);
+                            cfg.routes.extend(r.http);
+                            cfg.l4_routes.extend(r.l4);
                             let mut v = as_read;
                             if !dropped.is_empty() {
                                 v["delegateRulesDropped"] = json!(dropped);
@@ -1057,6 +1095,7 @@ impl Store {
             "httpRoutes": routes,
             "grpcRoutes": grpc_routes,
             "tcpRoutes": tcp_routes,
+            "tlsRoutes": tls_routes,
             "referenceGrants": grants,
             "destinationRules": destination_rules,
             "virtualServices": virtual_services,
@@ -1104,11 +1143,13 @@ pub fn services_from_istiod(state: &MeshState, me: &Identity) -> BTreeSet<Object
 }
 
 /// The versions of `kind` the waypoint can read, in the order it prefers them: the first
-/// one the API server serves is watched (as Istio does, which reads TCPRoute at `v1`;
-/// Gateway API v1.6.0's standard channel no longer serves `v1alpha2`).
+/// one the API server serves is watched (as Istio does, which reads TCPRoute and TLSRoute
+/// at `v1`; Gateway API v1.6.0's standard channel serves only `v1` of both, its
+/// experimental channel `v1alpha2` too, and `v1alpha3` of TLSRoute).
 fn versions(kind: Kind) -> &'static [&'static str] {
     match kind {
         Kind::TcpRoute => &["v1", "v1alpha2"],
+        Kind::TlsRoute => &["v1", "v1alpha3", "v1alpha2"],
         Kind::ReferenceGrant => &["v1beta1", "v1"],
         _ => &[],
     }

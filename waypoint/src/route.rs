@@ -9,6 +9,9 @@
 //! over routes attached to the Gateway. When routes are attached but none matches, the
 //! waypoint answers 404 (as Gateway API requires).
 //!
+//! Connections the waypoint relays at L4 follow `l4`: a VirtualService's `tls` and `tcp`
+//! rules, TLSRoute and TCPRoute, chosen per service port as Istio's waypoint does.
+//!
 //! Everything is parsed and compiled when the config loads (regexes, header names and
 //! values, durations), so a request never meets a config error.
 
@@ -18,9 +21,11 @@ pub mod delegate;
 mod duration;
 mod filter;
 mod grpc;
+mod l4;
 mod model;
 mod select;
 mod tcp;
+mod tls;
 mod validate;
 mod virtual_service;
 
@@ -31,6 +36,7 @@ pub use action::{Answer, Matched, UriRewrite};
 pub use cors::{Cors, CorsOutcome};
 pub use duration::GatewayDuration;
 pub use grpc::GrpcRoute;
+pub use l4::{select_l4, L4Match, L4Route, L4Rule, L4Selected, SniHosts};
 pub use model::{
     BackendRef, Fault, Filter, Fraction, HeaderMatch, HeaderModifier, HttpHeader, HttpRoute,
     MethodMatch, PathMatch, PathModifier, QueryParamMatch, RequestMirror, RequestRedirect, Retry,
@@ -39,6 +45,7 @@ pub use model::{
 };
 pub use select::{select, RouteRequest, Selected, Selection};
 pub use tcp::TcpRoute;
+pub use tls::TlsRoute;
 pub use virtual_service::{
-    host_service, mesh_default as mesh_default_retry, MeshRetry, VirtualService,
+    host_service, mesh_default as mesh_default_retry, MeshRetry, VirtualService, VsRoutes,
 };

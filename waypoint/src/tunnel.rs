@@ -1,5 +1,12 @@
 //! One HBONE CONNECT stream into the waypoint: answered, sniffed, then served as HTTP
-//! (see `http`) or relayed at L4 to an endpoint of the target over pooled HBONE.
+//! (see `http`) or relayed at L4 to an endpoint of the target over pooled HBONE, by the
+//! target's L4 route if one applies (`route::l4`). On a TLS port the ClientHello is read
+//! first, as Istio's waypoint reads it (`client_hello`), and passed on untouched.
+
+pub(crate) mod client_hello;
+mod direct;
+
+use direct::{relay_plaintext, relay_tls};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -8,6 +15,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use h2::server::SendResponse;
 use http::{Method, Request, Response, StatusCode};
+use tracing::Instrument;
 use ztunnel::access_log::{ConnectionLog, Side};
 use ztunnel::hbone::{self, respond_status as respond, H2Stream, PoolKey};
 use ztunnel::identity::Identity;
@@ -22,17 +30,18 @@ use crate::extauthz;
 use crate::http::{Backend, Origin, Tunnel};
 use crate::network;
 use crate::object::{ObjectName, ServiceKind, Target};
-use crate::route::HttpRoute;
+use crate::route::{L4Selected, RouteKind};
 
 /// What a CONNECT target is relayed to at L4: the endpoints of the service with that VIP,
-/// or the workload with that address; with a TCPRoute, those of the backend Service it
-/// picks (by weight) on its port.
+/// or the workload with that address; with an L4 route, those of the destination its
+/// rule picks (by weight): the destination's port, else its Service's only port, else
+/// the target's (Istio's `getWaypointDestinationCluster`), and its subset.
 fn l4_backend(
     cfg: &Config,
     me: &Workload,
     root_namespace: &str,
     target: SocketAddr,
-    tcp_route: Option<&HttpRoute>,
+    l4_route: Option<L4Selected>,
 ) -> Option<Backend> {
     let state = &cfg.state;
     let from = Origin {
@@ -40,21 +49,36 @@ fn l4_backend(
         target: Some(target),
         root_namespace,
     };
-    if let Some(route) = tcp_route {
-        let b = route.rules.first()?.pick_backend(rand::random())?;
+    if let Some(sel) = l4_route {
+        let route = sel.route;
+        let b = sel.rule.pick_backend(rand::random())?;
         let name = b.service(&route.namespace);
-        if !crate::grant::permitted(&cfg.grants, route.kind.name(), &route.namespace, &name) {
-            tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), "TCPRoute backend in another namespace without a ReferenceGrant");
+        // A VirtualService may name any Service, as in Istio; Gateway API routes need a
+        // ReferenceGrant for another namespace's.
+        if route.kind != RouteKind::Virtual
+            && !crate::grant::permitted(&cfg.grants, route.kind.name(), &route.namespace, &name)
+        {
+            tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), kind = route.kind.name(),
+                "route backend in another namespace without a ReferenceGrant");
             return None;
         }
-        let svc = state.service_by_name(&name.namespace, &name.name)?;
-        return Some(Backend::service(
-            cfg,
-            &from,
-            svc,
-            b.backend.port.unwrap_or(target.port()),
-            None,
-        ));
+        let Some(svc) = state.service_by_name(&name.namespace, &name.name) else {
+            tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), "route backend service not found");
+            return None;
+        };
+        if let Some(ss) = b.subset.as_deref().filter(|ss| {
+            crate::destination::rule_for(&cfg.destination_rules, from.client(), svc)
+                .and_then(|r| r.subset(ss))
+                .is_none()
+        }) {
+            tracing::warn!(backend = %svc.hostname, subset = ss, "no DestinationRule defines the route's subset");
+            return None;
+        }
+        let only_port = (svc.ports.len() == 1)
+            .then(|| svc.ports.keys().next().copied())
+            .flatten();
+        let port = b.backend.port.or(only_port).unwrap_or(target.port());
+        return Some(Backend::service(cfg, &from, svc, port, b.subset.as_deref()));
     }
     if let Some(svc) = state.service_by_vip(network::get(), target.ip()) {
         return Some(Backend::service(cfg, &from, svc, target.port(), None));
@@ -148,7 +172,8 @@ pub async fn handle(
         .tcp_routes
         .iter()
         .any(|r| r.attaches_to(&l7_target(&wp, &cfg.state, target).as_target()));
-    let handling = handling(tcp_routed, port_protocol(&cfg.state, target));
+    let protocol = port_protocol(&cfg.state, target);
+    let handling = handling(tcp_routed, protocol);
     drop(cfg);
     // The tunnel must be open before its first bytes can tell HTTP from anything else.
     let ok = Response::builder()
@@ -167,6 +192,31 @@ pub async fn handle(
         trace,
     });
     let sniffed = match handling {
+        // A TLS port: the ClientHello first, as Envoy's tls_inspector reads it there.
+        Handling::Opaque if protocol == AppProtocol::Tls => {
+            let (hello, first) = match client_hello::read(&mut down_recv, client_hello::TIMEOUT)
+                .await
+            {
+                Ok(x) => x,
+                // A client that just opens and closes (a port check) is no news.
+                Err(e @ client_hello::HelloError::Ended) => {
+                    return tracing::debug!(src.identity = %tunnel.src_identity, dst.addr = %target, error = %e, "TLS port: no ClientHello")
+                }
+                Err(e) => {
+                    tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, error = %e, "TLS port: no ClientHello; tunnel closed");
+                    return down_send.send_reset(h2::Reason::CANCEL);
+                }
+            };
+            let span = match &hello {
+                client_hello::Hello::Tls { sni } => {
+                    tracing::info_span!("tls", sni = sni.as_deref().unwrap_or(""))
+                }
+                client_hello::Hello::NotTls => tracing::info_span!("tls", sni = "", not_tls = true),
+            };
+            return relay(wp, tunnel, down_send, down_recv, first, start)
+                .instrument(span)
+                .await;
+        }
         Handling::Opaque => {
             return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await
         }
@@ -338,10 +388,25 @@ async fn relay(
     let target = tunnel.target;
     let named = l7_target(&wp, &cfg.state, target);
     let l7_target = named.as_target();
-    let tcp_route = cfg.tcp_routes.iter().find(|r| r.attaches_to(&l7_target));
-    // Routes on the target mean it speaks HTTP: bytes that don't look like HTTP must not
-    // slip past the routes (and the trusted-header handling) as opaque TCP.
-    if tcp_route.is_none() && cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {
+    // The target's L4 route: by its service port and hostname, never the bytes.
+    let hostname = cfg
+        .state
+        .service_by_vip(network::get(), target.ip())
+        .map(|s| s.hostname.clone());
+    let l4_route = crate::route::select_l4(
+        &cfg.l4_routes,
+        &cfg.tcp_routes,
+        &l7_target,
+        hostname.as_deref(),
+    );
+    if let Some(sel) = &l4_route {
+        tracing::debug!(route = %format!("{}/{}", sel.route.namespace, sel.route.name), kind = sel.route.kind.name(),
+            rule = %format!("{}[{}]", if sel.tls { "tls" } else { "tcp" }, sel.index), "L4 route");
+    }
+    // HTTP routes on the target mean it speaks HTTP: bytes that don't look like HTTP
+    // must not slip past the routes (and the trusted-header handling) as opaque TCP,
+    // unless an L4 route says where they go.
+    if l4_route.is_none() && cfg.routes.iter().any(|r| r.attaches_to(&l7_target)) {
         tracing::warn!(src.identity = %tunnel.src_identity, dst.addr = %target, response_flags = "NR",
             "non-HTTP traffic to a target with HTTPRoutes; refused");
         down_send.send_reset(h2::Reason::REFUSED_STREAM);
@@ -359,7 +424,7 @@ async fn relay(
             return;
         }
     }
-    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, tcp_route)
+    let Some(mut backend) = l4_backend(&cfg, wp.me_in(&cfg), &wp.root_namespace, target, l4_route)
     else {
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
@@ -550,232 +615,5 @@ async fn relay(
     .write();
 }
 
-/// The L4 relay to an endpoint outside the mesh: a TCP connection from the waypoint's
-/// pod; the client's sniffed bytes go first.
-async fn relay_plaintext(
-    wp: &Waypoint,
-    tunnel: &Tunnel,
-    mut down_send: h2::SendStream<Bytes>,
-    down_recv: h2::RecvStream,
-    first: Bytes,
-    // The endpoint, and the DestinationRule's connection settings for it.
-    (to, reuse): (SocketAddr, crate::destination::Reuse),
-    start: Instant,
-) {
-    let timeout = reuse
-        .connect_timeout
-        .unwrap_or_else(|| wp.pool.connect_timeout());
-    let mut tcp = match wp.netns.connect(to, None, timeout).await {
-        Ok(t) => {
-            if let Some(k) = &reuse.keepalive {
-                crate::upstream::set_keepalive(&t, k);
-            }
-            t
-        }
-        Err(e) => {
-            tracing::warn!(dst.addr = %to, error = %e, response_flags = "UF", "TCP connection to an endpoint outside the mesh failed");
-            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
-        }
-    };
-    if !first.is_empty() {
-        use tokio::io::AsyncWriteExt;
-        if let Err(e) = tcp.write_all(&first).await {
-            tracing::debug!(error = %e, "endpoint closed before the first bytes");
-            return down_send.send_reset(h2::Reason::CONNECT_ERROR);
-        }
-    }
-    let r = ztunnel::relay::copy_tcp_h2(
-        &mut tcp,
-        down_send,
-        down_recv,
-        std::future::pending::<()>(),
-        wp.idle_timeout,
-    )
-    .await;
-    let (sent, received, err) = match r {
-        Ok(t) => (t.sent, t.received, None),
-        Err((e, t)) => (t.sent, t.received, Some(e.to_string())),
-    };
-    tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %to, bytes_sent = sent + first.len() as u64, bytes_recv = received,
-        duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete (plaintext endpoint)");
-}
-
-/// The L4 relay with TLS the waypoint originates (DestinationRule `tls`): the TLS runs
-/// inside the HBONE tunnel (or over TCP outside the mesh); the client's sniffed bytes
-/// go first, inside it.
-async fn relay_tls(
-    wp: &Waypoint,
-    tunnel: &Tunnel,
-    down_send: h2::SendStream<Bytes>,
-    down_recv: h2::RecvStream,
-    first: Bytes,
-    ep: crate::upstream::Endpoint,
-    start: Instant,
-) {
-    use tokio::io::AsyncWriteExt;
-    let mut down_send = down_send;
-    let mut up = match wp.upstreams.connect_io(&ep).await {
-        Ok(io) => io,
-        Err(e) => {
-            tracing::warn!(dst.addr = %ep.addr, error = %e, response_flags = "UF", "upstream connection failed");
-            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
-        }
-    };
-    if !first.is_empty() {
-        if let Err(e) = up.write_all(&first).await {
-            tracing::debug!(error = %e, "endpoint closed before the first bytes");
-            return down_send.send_reset(h2::Reason::CONNECT_ERROR);
-        }
-    }
-    let (mut down, activity) = crate::idle::Counted::new(H2Stream::new(down_send, down_recv, None));
-    let r = tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut down, &mut up) => r,
-        _ = activity.idle(wp.idle_timeout) => Err(std::io::Error::other(ztunnel::relay::CopyError::Idle.to_string())),
-    };
-    let (sent, received, err) = match r {
-        Ok((s, r)) => (s, r, None),
-        Err(e) => (0, 0, Some(e.to_string())),
-    };
-    tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %ep.addr, tls = "originated", bytes_sent = sent + first.len() as u64,
-        bytes_recv = received, duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete");
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn serves_what_names_it_as_primary_or_weighted_waypoint_and_nothing_else() {
-        let workloads: Vec<Workload> = serde_yaml::from_str(
-            "- {uid: wp, name: wp, namespace: default, serviceAccount: waypoint, workloadIps: [10.0.0.9], protocol: HBONE}
-- {uid: canary, name: canary, namespace: default, serviceAccount: canary, workloadIps: [10.0.0.8], protocol: HBONE}
-- {uid: db, name: db, namespace: default, workloadIps: [10.0.0.4], protocol: HBONE, waypoint: {destination: /10.0.0.9}}
-- {uid: plain, name: plain, namespace: default, workloadIps: [10.0.0.5], protocol: HBONE}",
-        )
-        .unwrap();
-        let services: Vec<ztunnel::state::Service> = serde_yaml::from_str(
-            "- {name: split, namespace: default, hostname: split.default.svc.cluster.local, vips: [/10.96.0.12], waypoint: {destination: /10.0.0.9},
-   weightedWaypoints: [{destination: {destination: /10.0.0.9}, weight: 9}, {destination: {destination: /10.0.0.8}, weight: 1}]}
-- {name: other, namespace: default, hostname: other.default.svc.cluster.local, vips: [/10.96.0.13]}",
-        )
-        .unwrap();
-        let st = MeshState::build(workloads, services, Vec::new()).unwrap();
-        let me = |uid: &str| {
-            st.workload_by_uid(&ztunnel::state::WorkloadUid(uid.into()))
-                .unwrap()
-                .clone()
-        };
-        let at = |s: &str| s.parse::<SocketAddr>().unwrap();
-        // Both of a weighted set serve the service, the canary named only in the set.
-        assert!(
-            serves(&st, &me("wp"), at("10.96.0.12:80"))
-                && serves(&st, &me("canary"), at("10.96.0.12:80"))
-        );
-        // A workload serves as waypoint only what names it; nobody serves itself.
-        assert!(serves(&st, &me("wp"), at("10.0.0.4:5432")));
-        assert!(!serves(&st, &me("canary"), at("10.0.0.4:5432")));
-        assert!(!serves(&st, &me("wp"), at("10.0.0.5:80")));
-        assert!(!serves(&st, &me("wp"), at("10.96.0.13:80")));
-        assert!(!serves(&st, &me("wp"), at("10.0.0.9:80")));
-    }
-
-    /// Only a port of unknown protocol is sniffed: an HTTP, HTTP2 or gRPC port is HTTP
-    /// only, a TCP or TLS port (or a TCPRoute's) opaque only, as Istio's waypoint chains.
-    #[test]
-    fn a_port_is_sniffed_only_when_its_protocol_is_unknown() {
-        let services: Vec<ztunnel::state::Service> = serde_yaml::from_str(
-            "- {name: web, namespace: default, hostname: web.default.svc.cluster.local, vips: [/10.96.0.12],
-   ports: {80: 8080, 81: 8080, 82: 8080, 83: 8080, 84: 8080, 85: 8080},
-   appProtocols: {80: HTTP11, 81: HTTP2, 82: GRPC, 83: TCP, 84: TLS}}",
-        )
-        .unwrap();
-        let st = MeshState::build(Vec::new(), services, Vec::new()).unwrap();
-        let at = |port: u16| {
-            handling(
-                false,
-                port_protocol(&st, SocketAddr::from(([10, 96, 0, 12], port))),
-            )
-        };
-        assert_eq!([at(80), at(81), at(82)], [Handling::Http; 3]);
-        assert_eq!([at(83), at(84)], [Handling::Opaque; 2]);
-        assert_eq!(at(85), Handling::Sniff, "a port istiod gave no protocol");
-        // A workload addressed directly has no service port to declare anything.
-        assert_eq!(
-            handling(false, port_protocol(&st, "10.0.0.4:80".parse().unwrap())),
-            Handling::Sniff
-        );
-        // A TCPRoute makes the port TCP, whatever it declares.
-        assert_eq!(handling(true, AppProtocol::Http11), Handling::Opaque);
-        assert_eq!(handling(true, AppProtocol::Unknown), Handling::Opaque);
-    }
-
-    /// An opaque connection in the scope of a CUSTOM policy is denied (an HTTP authorizer
-    /// cannot check it), with the policy named; out of its scope it passes.
-    #[test]
-    fn an_opaque_connection_under_a_custom_policy_is_denied() {
-        let providers: extauthz::Providers = Arc::new(
-            extauthz::provider::parse_all(&[serde_json::json!(
-                {"name": "http-authz", "envoyExtAuthzHttp": {"service": "default/authz.default.svc.cluster.local", "port": 8000}}
-            )])
-            .unwrap(),
-        );
-        let policy: authz::AuthorizationPolicy = serde_yaml::from_str(
-            "{name: ext, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: CUSTOM, provider: {name: http-authz},
-  rules: [{to: [{operation: {paths: [\"/private*\"], ports: [\"80\"]}}]}]}",
-        )
-        .unwrap();
-        policy.validate().unwrap();
-        let tunnel = |port: u16| Tunnel {
-            src_identity: Identity::new("cluster.local", "default", "client"),
-            src_addr: "10.0.0.1:40000".parse().unwrap(),
-            target: SocketAddr::from(([10, 96, 0, 12], port)),
-            trace: hbone::TraceParent::default(),
-        };
-        let why = l4_plan(&tunnel(80), &[&policy], &providers).unwrap_err();
-        assert!(
-            why.starts_with("denied by default/ext: ") && why.contains("http-authz"),
-            "{why}"
-        );
-        assert_eq!(
-            l4_plan(&tunnel(9000), &[&policy], &providers),
-            Ok(L4Plan {
-                check: None,
-                verdict: Ok(())
-            }),
-            "the policy's rule is for port 80 only"
-        );
-    }
-
-    /// With a gRPC provider the connection is checked (Envoy's network ext_authz) before
-    /// the DENY and ALLOW policies are applied; the plan keeps both.
-    #[test]
-    fn an_opaque_connection_under_a_grpc_custom_policy_is_checked() {
-        let providers: extauthz::Providers = Arc::new(
-            extauthz::provider::parse_all(&[serde_json::json!(
-                {"name": "grpc-authz", "envoyExtAuthzGrpc": {"service": "default/authz.default.svc.cluster.local", "port": 9000}}
-            )])
-            .unwrap(),
-        );
-        let policy = |yaml: &str| {
-            let p: authz::AuthorizationPolicy = serde_yaml::from_str(yaml).unwrap();
-            p.validate().unwrap();
-            p
-        };
-        let custom = policy("{name: ext, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: CUSTOM, provider: {name: grpc-authz}, rules: [{}]}");
-        let deny = policy("{name: no, namespace: default, targetRefs: [{kind: Service, group: \"\", name: web}], action: DENY, rules: [{to: [{operation: {ports: [\"81\"]}}]}]}");
-        let tunnel = |port: u16| Tunnel {
-            src_identity: Identity::new("cluster.local", "default", "client"),
-            src_addr: "10.0.0.1:40000".parse().unwrap(),
-            target: SocketAddr::from(([10, 96, 0, 12], port)),
-            trace: hbone::TraceParent::default(),
-        };
-        let plan = l4_plan(&tunnel(80), &[&custom, &deny], &providers).unwrap();
-        let (provider, name) = plan.check.expect("checked");
-        assert_eq!((provider.common.port, name.as_str()), (9000, "default/ext"));
-        assert_eq!(plan.verdict, Ok(()));
-        // Checked, and denied by the DENY policy whatever the check says.
-        let plan = l4_plan(&tunnel(81), &[&custom, &deny], &providers).unwrap();
-        assert!(plan.check.is_some());
-        assert_eq!(plan.verdict, Err("denied by default/no".into()));
-    }
-}
+mod tests;

@@ -56,6 +56,10 @@ pub struct LocalConfig {
     /// The waypoint's L4 routing (Gateway API TCPRoute); accepted and not interpreted.
     #[serde(default)]
     pub tcp_routes: Vec<serde_yaml::Value>,
+    /// The waypoint's TLS passthrough routing (Gateway API TLSRoute); accepted and not
+    /// interpreted.
+    #[serde(default)]
+    pub tls_routes: Vec<serde_yaml::Value>,
     /// Gateway API ReferenceGrants (the waypoint's cross-namespace backends); accepted
     /// and not interpreted.
     #[serde(default)]

@@ -263,10 +263,13 @@ async fn waypoint_with_its_charts_rbac_on_a_real_api_server() -> Result<()> {
         "every kind listed with the chart's RBAC: {w:?}\n{}",
         waypoint.log_text()
     );
-    assert!(
-        w.contains(&"TCPRoute=listed@gateway.networking.k8s.io/v1".to_string()),
-        "{w:?}"
-    );
+    // Both at v1, the only version Gateway API v1.6.0's standard channel serves of them.
+    for kind in ["TCPRoute", "TLSRoute"] {
+        assert!(
+            w.contains(&format!("{kind}=listed@gateway.networking.k8s.io/v1")),
+            "{w:?}"
+        );
+    }
     assert_eq!(names(&d, "httpRoutes"), ["default/echo"], "{d}");
     assert_eq!(
         names(&d, "authorizationPolicies"),

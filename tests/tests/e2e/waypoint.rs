@@ -21,6 +21,7 @@ mod retries;
 mod stream_idle;
 mod telemetry;
 mod tenancy;
+mod tls_routes;
 mod trust_domain;
 mod virtual_service;
 

@@ -274,6 +274,24 @@ fn traffic_objects_convert_from_kubernetes() {
                 json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 9000}]}]}),
             ),
         ),
+        // A TLSRoute (v1alpha2's shape: no hostnames) and a VirtualService with only
+        // L4 rules: L4 routes, no HTTP route.
+        (
+            Kind::TlsRoute,
+            object(
+                "TLSRoute",
+                "tls-route",
+                json!({"parentRefs": svc, "rules": [{"backendRefs": [{"name": "echo", "port": 443}]}]}),
+            ),
+        ),
+        (
+            Kind::VirtualService,
+            object(
+                "VirtualService",
+                "vs-l4",
+                json!({"hosts": ["echo.default.svc.cluster.local"], "tcp": [{"match": [{"port": 9000}], "route": [{"destination": {"host": "echo"}}]}]}),
+            ),
+        ),
         (
             Kind::ReferenceGrant,
             object_in(
@@ -341,10 +359,25 @@ fn traffic_objects_convert_from_kubernetes() {
         cfg.dump
     );
     assert_eq!(
-        (cfg.routes.len(), cfg.tcp_routes.len(), cfg.grants.len()),
-        (1, 1, 1)
+        (
+            cfg.routes.len(),
+            cfg.tcp_routes.len(),
+            cfg.l4_routes.len(),
+            cfg.grants.len()
+        ),
+        (1, 1, 2, 1)
     );
     assert_eq!(cfg.routes[0].kind, crate::route::RouteKind::Grpc);
+    assert_eq!(
+        cfg.dump["tlsRoutes"][0]["name"], "tls-route",
+        "{}",
+        cfg.dump
+    );
+    assert_eq!(
+        cfg.dump["virtualServices"][0]["name"], "vs-l4",
+        "{}",
+        cfg.dump
+    );
 }
 
 /// A VirtualService of a Service's namespace applies only when exported to the

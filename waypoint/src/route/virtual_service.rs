@@ -18,6 +18,7 @@ use serde::Deserialize;
 use super::action::{self, Answer, UriRewrite};
 use super::cors::{Cors, OriginRule};
 use super::duration::GatewayDuration;
+use super::l4::L4Route;
 use super::model::{
     BackendRef, Fault, Filter, Fraction, HeaderModifier, HttpHeader, HttpRoute, RequestMirror,
     RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, VsConditions,
@@ -25,8 +26,15 @@ use super::model::{
 use crate::extauthz::provider::parse_duration;
 use crate::object::ObjectRef;
 
+mod destination;
+mod l4;
 mod matching;
 mod retry;
+
+use destination::service_ref;
+pub use destination::VsDestination;
+
+pub use l4::{VsTcpRoute, VsTlsRoute};
 
 pub use matching::{StringMatch, VsMatch, VsRequest};
 pub use retry::{mesh_default, MeshRetry, VsRetries};
@@ -43,8 +51,21 @@ pub struct VirtualService {
     pub gateways: Vec<String>,
     #[serde(default)]
     pub http: Vec<VsHttpRoute>,
+    /// Passed through at L4, before any `tcp` rule (`route::l4`).
+    #[serde(default)]
+    pub tls: Vec<VsTlsRoute>,
+    #[serde(default)]
+    pub tcp: Vec<VsTcpRoute>,
     #[serde(default)]
     pub export_to: Vec<String>,
+}
+
+/// What a VirtualService amounts to: its `http` rules as an HTTP route, its `tls` and
+/// `tcp` rules as an L4 route; either may be absent.
+#[derive(Clone, Debug)]
+pub struct VsRoutes {
+    pub http: Option<HttpRoute>,
+    pub l4: Option<L4Route>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -113,22 +134,6 @@ pub struct VsDestinationWeight {
     pub headers: Option<VsHeaders>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct VsDestination {
-    pub host: String,
-    #[serde(default)]
-    pub subset: Option<String>,
-    #[serde(default)]
-    pub port: Option<VsPort>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VsPort {
-    pub number: u16,
-}
-
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
 pub struct VsRewrite {
@@ -184,17 +189,6 @@ pub struct VsHeaderOps {
 /// The Service a VirtualService host names (in namespace `ns`), if it is one.
 pub fn host_service(host: &str, ns: &str) -> Option<crate::object::ObjectName> {
     service_ref(host, ns).map(|(name, namespace)| crate::object::ObjectName { namespace, name })
-}
-
-/// `reviews` (in `ns`) or `reviews.<ns>.svc.<domain>`: the Service named, or None.
-fn service_ref(host: &str, ns: &str) -> Option<(String, String)> {
-    if !host.contains('.') {
-        return (!host.is_empty() && host != "*").then(|| (host.to_string(), ns.to_string()));
-    }
-    let mut labels = host.split('.');
-    let (name, svc_ns, svc) = (labels.next()?, labels.next()?, labels.next()?);
-    (svc == "svc" && !name.is_empty() && !svc_ns.is_empty())
-        .then(|| (name.to_string(), svc_ns.to_string()))
 }
 
 /// Header operations as Istio's `TranslateHeadersOperations` gives them to Envoy.
@@ -278,8 +272,16 @@ impl VirtualService {
         self.hosts.is_empty()
     }
 
-    /// The HTTPRoute it amounts to; errors name the field.
+    /// The HTTPRoute its `http` rules amount to; errors name the field.
     pub fn to_http(&self) -> Result<HttpRoute, String> {
+        self.routes()?
+            .http
+            .ok_or_else(|| "http: at least one route".into())
+    }
+
+    /// Its `http` rules as an HTTPRoute and its `tls` and `tcp` rules as an L4 route;
+    /// errors name the field.
+    pub fn routes(&self) -> Result<VsRoutes, String> {
         if let Some(g) = self.gateways.iter().find(|g| *g != "mesh") {
             return Err(format!(
                 "gateways: {g:?}: only `mesh` (the waypoint) is served here"
@@ -302,6 +304,9 @@ impl VirtualService {
         if parent_refs.is_empty() {
             return Err("hosts: required".into());
         }
+        if self.http.is_empty() && self.tls.is_empty() && self.tcp.is_empty() {
+            return Err("http, tcp or tls must be provided in virtual service".into());
+        }
         let mut rules = Vec::new();
         for (i, r) in self.http.iter().enumerate() {
             rules.push(
@@ -309,8 +314,19 @@ impl VirtualService {
                     .map_err(|e| format!("http[{i}].{e}"))?,
             );
         }
-        if rules.is_empty() {
-            return Err("http: at least one route".into());
+        let mut tls = Vec::with_capacity(self.tls.len());
+        for (i, r) in self.tls.iter().enumerate() {
+            tls.push(
+                l4::rule(&r.matches, &r.route, true, &self.hosts, &self.namespace)
+                    .map_err(|e| format!("tls[{i}].{e}"))?,
+            );
+        }
+        let mut tcp = Vec::with_capacity(self.tcp.len());
+        for (i, r) in self.tcp.iter().enumerate() {
+            tcp.push(
+                l4::rule(&r.matches, &r.route, false, &self.hosts, &self.namespace)
+                    .map_err(|e| format!("tcp[{i}].{e}"))?,
+            );
         }
         let route = HttpRoute {
             name: self.name.clone(),
@@ -321,9 +337,12 @@ impl VirtualService {
             kind: RouteKind::Virtual,
             export_to: self.export_to.clone(),
         };
+        // The L4 rules' destinations are checked as HTTP rules' are.
+        let l4_rules = tls.iter().chain(&tcp).map(|r| r.rule.clone());
         // Checked as an HTTPRoute; a destination or mirror may leave out its port (the
         // request's).
         let mut check = route.clone();
+        check.rules.extend(l4_rules);
         for b in check
             .rules
             .iter_mut()
@@ -340,7 +359,18 @@ impl VirtualService {
             p.namespace = None;
         }
         check.validate()?;
-        Ok(route)
+        let l4 = (!tls.is_empty() || !tcp.is_empty()).then(|| L4Route {
+            meta: HttpRoute {
+                rules: Vec::new(),
+                ..route.clone()
+            },
+            tls,
+            tcp,
+        });
+        Ok(VsRoutes {
+            http: (!route.rules.is_empty()).then_some(route),
+            l4,
+        })
     }
 }
 
