@@ -13,10 +13,10 @@
 //! complete` line, or Envoy's formats when the mesh config sets them) and
 //! `envoyFileAccessLog` ones (`providers.rs`, `format.rs`, `output.rs`); its metrics are
 //! `prometheus`; its tracing is the mesh config's default tracing provider, with the
-//! Telemetry's `customTags` (`tags.rs`). A Telemetry naming another provider, a custom
-//! metric, a tag UPSERT (CEL values), a `reportingInterval` or a filter the waypoint
-//! cannot evaluate is refused with the field named (the file; in a cluster it is logged
-//! and left out).
+//! Telemetry's `customTags` (`tags.rs`); `reportingInterval` paces the counting of open
+//! TCP connections' bytes (Istio's 5 s by default). A Telemetry naming another provider,
+//! a custom metric, a tag UPSERT (CEL values) or a filter the waypoint cannot evaluate is
+//! refused with the field named (the file; in a cluster it is logged and left out).
 
 mod api;
 pub mod expr;
@@ -76,6 +76,8 @@ struct LogEntry {
 #[derive(Clone, Debug)]
 struct MetricsEntry {
     providers: Vec<String>,
+    /// `reportingInterval`: how often open TCP connections' bytes are counted.
+    reporting_interval: Option<std::time::Duration>,
     overrides: Vec<OverrideEntry>,
 }
 
@@ -188,9 +190,14 @@ impl Telemetry {
                 &at,
                 "a metrics provider this waypoint exports (prometheus)",
             )?;
-            if m.reporting_interval.is_some() {
-                return Err(format!("{at}.reportingInterval: not supported (the waypoint reports TCP metrics when a connection opens and closes)"));
-            }
+            let reporting_interval = m
+                .reporting_interval
+                .as_deref()
+                .map(|t| {
+                    crate::extauthz::provider::parse_duration(t)
+                        .map_err(|e| format!("{at}.reportingInterval: {e}"))
+                })
+                .transpose()?;
             let mut overrides = Vec::new();
             for (j, o) in m.overrides.iter().enumerate() {
                 let oat = format!("{at}.overrides[{j}]");
@@ -230,6 +237,7 @@ impl Telemetry {
                 });
             }
             metrics.push(MetricsEntry {
+                reporting_interval,
                 providers,
                 overrides,
             });
@@ -295,6 +303,10 @@ pub struct ProviderLog {
     pub filter: Option<Arc<Expr>>,
 }
 
+/// Istio's default `reportingInterval`: open TCP connections' bytes are counted that
+/// often (Envoy's `tcp_reporting_duration`).
+pub const TCP_REPORTING: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What the Telemetries in force do to one request.
 #[derive(Clone, Debug, Default)]
 pub struct Applied {
@@ -302,6 +314,9 @@ pub struct Applied {
     /// None: the metrics as they are (the fast path).
     pub http: Option<HttpOverrides>,
     pub tcp: Option<[MetricOverride; 4]>,
+    /// `reportingInterval` of the Telemetry in force that sets one (the most specific);
+    /// None: Istio's default, [`TCP_REPORTING`].
+    pub tcp_reporting: Option<std::time::Duration>,
     /// `randomSamplingPercentage` in force, if any Telemetry sets it.
     pub sampling: Option<f64>,
     /// `disableSpanReporting`.
@@ -510,6 +525,10 @@ impl Telemetries {
         let entries: Vec<&MetricsEntry> = tels.iter().flat_map(|c| &c.metrics).collect();
         if entries.is_empty() {
             return;
+        }
+        // Istio: the last (most specific) Telemetry's interval for the provider wins.
+        if let Some(i) = entries.iter().rev().find_map(|m| m.reporting_interval) {
+            a.tcp_reporting = Some(i);
         }
         let ours = |p: &String| self.mesh.metrics.iter().any(|o| o.eq_ignore_ascii_case(p));
         let mut in_scope = self.mesh.default_metrics.clone();

@@ -568,7 +568,8 @@ async fn relay(
         }
     };
     // Telemetry metric overrides of the TCP metrics, when any are in force.
-    let conn = match cfg.telemetry.for_target(&l7_target).tcp.as_ref() {
+    let applied = cfg.telemetry.for_target(&l7_target);
+    let conn = match applied.tcp.as_ref() {
         None => wp.metrics.opened(&labels),
         Some(o) => wp.metrics.opened_overridden(&labels, o),
     };
@@ -581,8 +582,21 @@ async fn relay(
             return tracing::debug!(error = %e, "upstream stream failed");
         }
     }
-    let r =
-        ztunnel::relay::copy_h2_h2(down_send, down_recv, up_send, up_recv, wp.idle_timeout).await;
+    // The bytes of a long connection are counted as it goes (Telemetry
+    // reportingInterval, Istio's 5 s by default), not only when it ends.
+    let every = applied
+        .tcp_reporting
+        .unwrap_or(crate::telemetry::TCP_REPORTING);
+    let report = |sent: u64, received: u64| conn.report(sent + sniffed, received);
+    let r = ztunnel::relay::copy_h2_h2(
+        down_send,
+        down_recv,
+        up_send,
+        up_recv,
+        wp.idle_timeout,
+        Some((every, &report)),
+    )
+    .await;
     drop(guard);
     let (t, err) = match r {
         Ok(t) => (t, None),

@@ -486,21 +486,41 @@ impl TcpH2<'_> {
 /// the other. Credit is returned to each sender only once its bytes were sent on. With
 /// `idle`, no byte either way for that long resets both ([`CopyError::Idle`]'s
 /// reason, as h2's CANCEL).
+///
+/// With `report`, every period the bytes carried so far (sent, received) are given to
+/// it while the relay goes on (Envoy's periodic TCP metric reporting).
 pub async fn copy_h2_h2(
     down_send: SendStream<Bytes>,
     down_recv: RecvStream,
     up_send: SendStream<Bytes>,
     up_recv: RecvStream,
     idle: Option<Duration>,
+    report: Option<(Duration, &(dyn Fn(u64, u64) + Sync))>,
 ) -> Result<Transferred, (h2::Error, Transferred)> {
     let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let (mut ds, mut dr, mut us, mut ur) = (down_send, down_recv, up_send, up_recv);
+    let reporting = async {
+        let Some((every, f)) = report.filter(|(every, _)| !every.is_zero()) else {
+            return std::future::pending::<()>().await;
+        };
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            f(
+                sent.load(Ordering::Relaxed),
+                received.load(Ordering::Relaxed),
+            );
+        }
+    };
     let r = tokio::select! {
         r = async { tokio::try_join!(h2_to_h2(&mut dr, &mut us, &sent), h2_to_h2(&mut ur, &mut ds, &received)) } => r.map(|_| ()),
         _ = idle_watchdog([&sent, &received], idle) => {
             tracing::debug!("{}", CopyError::Idle);
             Err(h2::Error::from(h2::Reason::CANCEL))
         }
+        // Never ends: it reports until the relay does.
+        () = reporting => Ok(()),
     };
     let t = Transferred {
         sent: sent.into_inner(),

@@ -157,6 +157,30 @@ fn metric_overrides_remove_tags_and_drop_metrics() {
         .is_none());
 }
 
+/// `reportingInterval`: the most specific Telemetry's (Istio's merge); none, Istio's 5 s.
+#[test]
+fn tcp_reporting_interval_comes_from_the_most_specific_telemetry() {
+    let m = mesh("{}");
+    let t = telemetries(
+        "- {name: mesh, namespace: istio-system, metrics: [{reportingInterval: 30s}]}\n\
+         - {name: ns, namespace: shop, metrics: [{reportingInterval: 250ms}]}\n",
+        &m,
+    )
+    .unwrap();
+    let ms = std::time::Duration::from_millis;
+    assert_eq!(
+        applied(&t, Some(("books", "x"))).tcp_reporting,
+        Some(ms(30_000))
+    );
+    assert_eq!(
+        applied(&t, Some(("shop", "cart"))).tcp_reporting,
+        Some(ms(250))
+    );
+    let none = telemetries("[]", &m).unwrap();
+    assert_eq!(applied(&none, Some(("shop", "cart"))).tcp_reporting, None);
+    assert_eq!(TCP_REPORTING, ms(5_000));
+}
+
 #[test]
 fn tracing_overrides_sampling_and_span_reporting() {
     let m = mesh("{}");
@@ -236,7 +260,7 @@ fn what_the_waypoint_cannot_do_is_refused_with_the_field_named() {
         ("accessLogging: [{filter: {expression: 'xds.cluster_name == \"x\"'}}]", "accessLogging[0].filter.expression: the attribute xds.cluster_name is not supported"),
         ("accessLogging: [{match: {mode: BOTH}}]", "accessLogging[0].match.mode: \"BOTH\""),
         ("metrics: [{providers: [{name: stackdriver}]}]", "metrics[0].providers[0].name: \"stackdriver\" is not a metrics provider"),
-        ("metrics: [{reportingInterval: 10s}]", "metrics[0].reportingInterval"),
+        ("metrics: [{reportingInterval: soon}]", "metrics[0].reportingInterval"),
         ("metrics: [{overrides: [{match: {customMetric: my_metric}}]}]", "metrics[0].overrides[0].match.customMetric"),
         ("metrics: [{overrides: [{match: {metric: REQUEST_BYTES}}]}]", "metrics[0].overrides[0].match.metric: \"REQUEST_BYTES\""),
         ("metrics: [{overrides: [{tagOverrides: {request_host: {value: request.host}}}]}]", "metrics[0].overrides[0].tagOverrides.request_host.operation: UPSERT"),

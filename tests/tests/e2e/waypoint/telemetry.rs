@@ -281,3 +281,79 @@ async fn hostile_filters_and_formats_are_refused_at_load() -> Result<()> {
     })?;
     Ok(())
 }
+
+/// The sum of a metric's series in a Prometheus scrape (0 without any).
+fn metric_sum(scrape: &str, name: &str) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Telemetry `reportingInterval`: the bytes of an opaque TCP connection through the
+/// waypoint are counted while it is open (Envoy's periodic TCP reporting; Istio's
+/// default 5 s, here 200 ms), not only when it closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_tcp_connections_are_counted_every_reporting_interval() -> Result<()> {
+    let m = L7Mesh::start(
+        "l7ri",
+        "telemetries:\n- {name: t, namespace: istio-system, metrics: [{reportingInterval: 200ms}]}\n",
+        &[],
+    )
+    .await?;
+    let mut s = m
+        .client()
+        .connect(format!("{}:9000", super::ECHO_VIP).parse()?)
+        .await?;
+    let payload = b"counted while open";
+    // The echo server's greeting (its pod's name), then the echo; the connection stays
+    // open (no shutdown).
+    let pod = read_line(&mut s).await?;
+    {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(payload).await?;
+        let mut back = vec![0u8; payload.len()];
+        s.read_exact(&mut back).await?;
+        assert_eq!(back, payload, "echoed by {pod}");
+    }
+    // Wait for the report (an event in the scrape) while the connection stays open.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let scrape = loop {
+        let scrape = m.metrics().await?;
+        if metric_sum(&scrape, "istio_tcp_received_bytes_total") >= payload.len() as f64 {
+            break scrape;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no bytes counted while the connection is open:\n{scrape}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        metric_sum(&scrape, "istio_tcp_connections_closed_total"),
+        0.0,
+        "still open"
+    );
+    assert!(metric_sum(&scrape, "istio_tcp_sent_bytes_total") >= payload.len() as f64);
+    // Closed: counted once, the bytes not counted twice.
+    drop(s);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let scrape = m.metrics().await?;
+        if metric_sum(&scrape, "istio_tcp_connections_closed_total") >= 1.0 {
+            assert_eq!(
+                metric_sum(&scrape, "istio_tcp_received_bytes_total"),
+                payload.len() as f64,
+                "{scrape}"
+            );
+            break;
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "never closed:\n{scrape}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
