@@ -481,6 +481,9 @@ impl TcpH2<'_> {
     }
 }
 
+/// Called with the bytes carried so far (sent, received), see [`copy_h2_h2`].
+pub type Report<'a> = dyn Fn(u64, u64) + Sync + 'a;
+
 /// Relays between two HBONE streams (a waypoint's downstream and upstream) until both
 /// directions end: END_STREAM carries over as END_STREAM, a reset on one side resets
 /// the other. Credit is returned to each sender only once its bytes were sent on. With
@@ -495,7 +498,7 @@ pub async fn copy_h2_h2(
     up_send: SendStream<Bytes>,
     up_recv: RecvStream,
     idle: Option<Duration>,
-    report: Option<(Duration, &(dyn Fn(u64, u64) + Sync))>,
+    report: Option<(Duration, &Report<'_>)>,
 ) -> Result<Transferred, (h2::Error, Transferred)> {
     let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let (mut ds, mut dr, mut us, mut ur) = (down_send, down_recv, up_send, up_recv);
