@@ -195,6 +195,7 @@ pub fn telemetry_filter(data: &[u8]) {
                 request_size: 1,
                 request_total_size: 100,
                 response_size: 7,
+                response_flags: "UF,URX",
             };
             let _ = e.eval_bare(&a);
         }

@@ -310,6 +310,7 @@ impl RequestLog {
             request_size: request_bytes.saturating_sub(self.request_header_bytes),
             request_total_size: request_bytes,
             response_size: response_bytes,
+            response_flags: self.response_flags,
         };
         let mut own_line = false;
         for p in providers {

@@ -52,7 +52,7 @@ pub enum ExprError {
 }
 
 /// The attributes an expression may name, Envoy's names, and the roots they hang from.
-const ATTRIBUTES: [&str; 24] = [
+const ATTRIBUTES: [&str; 25] = [
     "request.path",
     "request.url_path",
     "request.host",
@@ -69,6 +69,7 @@ const ATTRIBUTES: [&str; 24] = [
     "response.code",
     "response.grpc_status",
     "response.size",
+    "response.flags",
     "source.address",
     "source.port",
     "destination.address",
@@ -103,7 +104,7 @@ const TYPES: [&str; 11] = [
     "dyn",
 ];
 const SUPPORTED: &str = "request.{path, url_path, host, scheme, method, headers, referer, useragent, id, query, protocol, size, total_size}, \
-    response.{code, grpc_status, size}, source.{address, port}, destination.{address, port}, upstream.{address, port}, \
+    response.{code, grpc_status, size, flags}, source.{address, port}, destination.{address, port}, upstream.{address, port}, \
     connection.{mtls, uri_san_peer_certificate}";
 
 /// A compiled filter expression.
@@ -145,6 +146,23 @@ pub struct Attributes<'a> {
     pub request_size: u64,
     pub request_total_size: u64,
     pub response_size: u64,
+    /// Envoy's response flags, as the log writes them (`-`, `UF`, `UF,URX`).
+    pub response_flags: &'a str,
+}
+
+/// Envoy's response flags as `response.flags` gives them: its legacy bit vector, one bit
+/// per flag in Envoy's order (`LH` 0x1, `UH` 0x2, ... `DR` 0x10000000).
+const FLAG_BITS: [&str; 29] = [
+    "LH", "UH", "UT", "LR", "UR", "UF", "UC", "UO", "NR", "DI", "FI", "RL", "UAEX", "RLSE", "DC",
+    "URX", "SI", "IH", "DPE", "UMSDR", "RFCF", "NFCF", "DT", "UPE", "NC", "OM", "DF", "DO", "DR",
+];
+
+/// The bit vector of flags written as `UF,URX` (`-`: none; unknown ones add nothing).
+pub fn flag_bits(flags: &str) -> u64 {
+    flags
+        .split(',')
+        .filter_map(|f| FLAG_BITS.iter().position(|b| *b == f.trim()))
+        .fold(0, |acc, i| acc | (1u64 << i))
 }
 
 /// CEL's standard environment, built once.
@@ -361,7 +379,11 @@ fn root_value(root: &str, a: &Attributes<'_>) -> Value {
             map(e)
         }
         "response" => {
-            let mut e = vec![("code", int(a.code)), ("size", size(a.response_size))];
+            let mut e = vec![
+                ("code", int(a.code)),
+                ("size", size(a.response_size)),
+                ("flags", Value::UInt(flag_bits(a.response_flags))),
+            ];
             if let Some(g) = a.grpc_status.and_then(|s| s.parse::<i64>().ok()) {
                 e.push(("grpc_status", int(g)));
             }

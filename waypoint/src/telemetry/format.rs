@@ -588,6 +588,7 @@ fn render_op(op: &Op, e: &Entry<'_>) -> Rendered {
                 request_size: e.bytes_received,
                 request_total_size: e.bytes_received,
                 response_size: e.bytes_sent,
+                response_flags: e.response_flags,
             };
             x.text(&a).map_or(Absent, Str)
         }

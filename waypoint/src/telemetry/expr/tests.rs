@@ -17,6 +17,7 @@ fn attrs<'a>(code: u16, headers: &'a [(HeaderName, String)]) -> Attributes<'a> {
         request_size: 0,
         request_total_size: 120,
         response_size: 2048,
+        response_flags: "-",
     }
 }
 
@@ -143,8 +144,8 @@ fn what_is_not_supported_is_refused_by_name() {
             "the attribute xds.cluster_name is not supported",
         ),
         (
-            "response.flags > 0",
-            "the attribute response.flags is not supported",
+            "response.code_details == 'x'",
+            "the attribute response.code_details is not supported",
         ),
         (
             "request.time > 0",
@@ -218,4 +219,30 @@ fn hostile_expressions_are_refused_at_load_without_a_panic() {
     ] {
         let _ = Expr::compile(text);
     }
+}
+
+/// `response.flags`: Envoy's legacy bit vector of the response flags.
+#[test]
+fn response_flags_are_envoys_bits() {
+    assert_eq!(flag_bits("-"), 0);
+    assert_eq!(flag_bits("UF"), 0x20);
+    assert_eq!(flag_bits("UF,URX"), 0x20 | 0x8000);
+    assert_eq!(
+        (flag_bits("UH"), flag_bits("NR"), flag_bits("DC")),
+        (0x2, 0x100, 0x4000)
+    );
+    assert_eq!((flag_bits("UAEX"), flag_bits("DR")), (0x1000, 0x10000000));
+    assert_eq!(flag_bits("NOPE"), 0);
+    let h = [];
+    let mut a = attrs(503, &h);
+    a.response_flags = "UF,URX";
+    for (text, want) in [
+        ("response.flags == 32800u", true),
+        ("response.flags != 0u", true),
+        ("response.flags == 0u", false),
+    ] {
+        assert_eq!(Expr::compile(text).unwrap().matches(&a), want, "{text}");
+    }
+    a.response_flags = "-";
+    assert!(Expr::compile("response.flags == 0u").unwrap().matches(&a));
 }
