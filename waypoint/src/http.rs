@@ -6,7 +6,7 @@
 //! (`mirror`). One access log line and the Istio request metrics per request (`log`).
 
 pub mod authority;
-mod backend;
+pub(crate) mod backend;
 mod body;
 pub mod ext_authz;
 mod forward;

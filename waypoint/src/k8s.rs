@@ -398,14 +398,17 @@ fn str_field<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
     v.get(k).and_then(Value::as_str)
 }
 
-/// A ref to a Service of `ns` (the object's own namespace: Istio's waypoints take a
-/// route or policy only from the Service's namespace or their own) that uses the waypoint.
+/// A route's parent ref to a Service or a ServiceEntry (the egress layout) of `ns` (the
+/// object's own namespace: Istio's waypoints take a route or policy only from the
+/// Service's namespace or their own) that uses the waypoint.
 fn names_used_service(r: &Value, ns: &str, scope: &Scope) -> bool {
-    let core = matches!(str_field(r, "group"), None | Some(""));
+    let group = str_field(r, "group");
+    let core = str_field(r, "kind") == Some("Service") && matches!(group, None | Some(""));
+    let service_entry = str_field(r, "kind") == Some("ServiceEntry")
+        && group == Some(crate::object::NETWORKING_GROUP);
     let same_ns = str_field(r, "namespace").is_none_or(|n| n == ns);
     let name = str_field(r, "name").unwrap_or_default();
-    str_field(r, "kind") == Some("Service")
-        && core
+    (core || service_entry)
         && same_ns
         && scope.uses(&ObjectName {
             namespace: ns.into(),

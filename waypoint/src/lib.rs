@@ -16,6 +16,7 @@ pub mod context;
 pub mod destination;
 pub mod detect;
 pub mod dump;
+pub mod egress;
 pub mod extauthz;
 #[doc(hidden)]
 pub mod fuzzing;

@@ -62,9 +62,12 @@ fn l4_backend(
                 "route backend in another namespace without a ReferenceGrant");
             return None;
         }
-        let Some(svc) = state.service_by_name(&name.namespace, &name.name) else {
-            tracing::warn!(backend = %format!("{}/{}", name.namespace, name.name), "route backend service not found");
-            return None;
+        let svc = match crate::egress::backend_service(state, &route.namespace, &b.backend) {
+            Ok(svc) => svc,
+            Err(e) => {
+                tracing::warn!(error = %e, "route backend service not found");
+                return None;
+            }
         };
         if let Some(ss) = b.subset.as_deref().filter(|ss| {
             crate::destination::rule_for(&cfg.destination_rules, from.client(), svc)

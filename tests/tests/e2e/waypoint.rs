@@ -13,6 +13,7 @@ use mesh_tests::{bins, fake_istiod, fake_kube, hbone_peer, http_app, netsim, tes
 mod connection_pool;
 mod crl;
 mod destination_rule;
+mod egress;
 mod http10;
 mod idle;
 mod istio_shape;

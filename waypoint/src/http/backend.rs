@@ -60,6 +60,10 @@ pub struct Backend {
     pub http2: Option<bool>,
     /// The DestinationRule policy for the Service's port, if one applies.
     pub policy: Option<Arc<Policy>>,
+    /// `unresolved` holds the request's own Host (a DYNAMIC_DNS ServiceEntry's, `egress`):
+    /// looked up without `istio_on_demand_dns_total`, whose `hostname` label must stay
+    /// bounded by the config, not by what clients send.
+    pub dynamic_dns: bool,
 }
 
 /// What a service port's protocol says about the upstream HTTP version: `http` ports
@@ -106,6 +110,7 @@ impl Backend {
             unresolved: Vec::new(),
             http2: port_speaks_http2(svc, port),
             policy,
+            dynamic_dns: false,
         };
         // PASSTHROUGH: no endpoint is picked; the original destination is where it goes
         // (Envoy's ORIGINAL_DST cluster, ztunnel's passthrough).
@@ -156,6 +161,7 @@ impl Backend {
             unresolved: Vec::new(),
             http2: None,
             policy: None,
+            dynamic_dns: false,
         }
     }
 
@@ -176,11 +182,14 @@ impl Backend {
             return Ok(());
         }
         let names = std::mem::take(&mut self.unresolved);
-        let lookups = futures_util::future::join_all(
-            names
-                .iter()
-                .map(|(w, _)| resolver.resolve_all(me, &w.hostname)),
-        )
+        let dynamic = self.dynamic_dns;
+        let lookups = futures_util::future::join_all(names.iter().map(|(w, _)| async move {
+            if dynamic {
+                resolver.addresses(&w.hostname).await
+            } else {
+                resolver.resolve_all(me, &w.hostname).await
+            }
+        }))
         .await;
         let mut failed = None;
         for ((w, port), found) in names.into_iter().zip(lookups) {

@@ -62,8 +62,13 @@ fn mirror(
     if !crate::grant::permitted(&cfg.grants, route_kind, route_ns.unwrap_or_default(), &name) {
         return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend in another namespace without a ReferenceGrant");
     }
-    let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
-        return tracing::debug!(backend = %format!("{}/{}", name.namespace, name.name), "mirror backend not found");
+    let svc = match crate::egress::backend_service(
+        &cfg.state,
+        route_ns.unwrap_or_default(),
+        &m.backend_ref,
+    ) {
+        Ok(svc) => svc,
+        Err(e) => return tracing::debug!(error = %e, "mirror backend not found"),
     };
     let from = Origin {
         me: wp.me_in(cfg),

@@ -23,6 +23,7 @@ use crate::authz;
 use crate::config::Config;
 use crate::destination;
 use crate::detect::Protocol;
+use crate::egress;
 use crate::extauthz;
 use crate::grant;
 use crate::object::{ObjectName, ServiceKind, Target};
@@ -387,6 +388,17 @@ fn plan_request<'c>(
             ));
         }
     }
+    // A DYNAMIC_DNS ServiceEntry (Envoy's dynamic forward proxy in Istio's waypoint):
+    // its virtual host's one domain is its wildcard, so a Host it does not cover has no
+    // route, after RBAC as in Envoy, and is never resolved.
+    if let Some(svc) = target_service
+        .as_deref()
+        .filter(|s| egress::is_dynamic_dns(&cfg.state, s))
+    {
+        if let Err(e) = egress::dynamic_host(&svc.hostname, &authority) {
+            return Err(LocalReply::new(StatusCode::NOT_FOUND, "NR", e.to_string()));
+        }
+    }
 
     let routes: Vec<&route::HttpRoute> = cfg.routes.iter().collect();
     let rreq = RouteRequest {
@@ -551,7 +563,7 @@ fn plan_request<'c>(
         target: Some(tunnel.target),
         root_namespace: inb.root_namespace,
     };
-    let backend = match selected.as_ref().zip(picked_ref) {
+    let mut backend = match selected.as_ref().zip(picked_ref) {
         Some((s, b)) => {
             let name = b.service(&s.route.namespace);
             if !grant::permitted(&cfg.grants, s.route.kind.name(), &s.route.namespace, &name) {
@@ -561,12 +573,15 @@ fn plan_request<'c>(
                     format!("backend {}/{} is in another namespace and no ReferenceGrant there allows it", name.namespace, name.name),
                 ));
             }
-            let Some(svc) = cfg.state.service_by_name(&name.namespace, &name.name) else {
-                return Err(LocalReply::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "NR",
-                    format!("backend service {}/{} not found", name.namespace, name.name),
-                ));
+            let svc = match egress::backend_service(&cfg.state, &s.route.namespace, &b.backend) {
+                Ok(svc) => svc,
+                Err(e) => {
+                    return Err(LocalReply::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        "NR",
+                        e.to_string(),
+                    ))
+                }
             };
             if let Some(ss) = b.subset.as_deref().filter(|ss| {
                 destination::rule_for(&cfg.destination_rules, from.client(), svc)
@@ -621,6 +636,24 @@ fn plan_request<'c>(
             format!("DestinationRule {} cannot be applied: {}", why.0, why.1),
         ));
     }
+    // The client's authority, or the one a URLRewrite set (a hostname checked when the
+    // config loaded).
+    let up_authority = if up_host == authority.as_str() {
+        authority
+    } else {
+        match Authority::parse(&up_host) {
+            Ok(a) => a,
+            Err(e) => {
+                let why = format!("the route's hostname rewrite {up_host:?} is no authority: {e}");
+                return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "-", why));
+            }
+        }
+    };
+    // A DYNAMIC_DNS backend goes to the Host the request carries upstream (a rewrite
+    // included, as Envoy's dynamic forward proxy reads it), if its wildcard covers it.
+    if let Err(e) = egress::send_to_host(&cfg.state, &mut backend, &up_authority) {
+        return Err(LocalReply::new(StatusCode::NOT_FOUND, "NR", e.to_string()));
+    }
     if backend.is_empty() {
         return Err(LocalReply::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -643,19 +676,6 @@ fn plan_request<'c>(
         backend.http2,
         client_http2,
     );
-    // The client's authority, or the one a URLRewrite set (a hostname checked when the
-    // config loaded).
-    let up_authority = if up_host == authority.as_str() {
-        authority
-    } else {
-        match Authority::parse(&up_host) {
-            Ok(a) => a,
-            Err(e) => {
-                let why = format!("the route's hostname rewrite {up_host:?} is no authority: {e}");
-                return Err(LocalReply::new(StatusCode::INTERNAL_SERVER_ERROR, "-", why));
-            }
-        }
-    };
     if let Err(e) = set_head_for(parts, &up_authority, &pq, http2) {
         let why = format!("request URI cannot be rebuilt: {e}");
         return Err(LocalReply::new(StatusCode::BAD_REQUEST, "-", why));

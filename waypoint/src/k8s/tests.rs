@@ -1012,3 +1012,5 @@ fn other_namespaces_and_the_root_namespace() {
         ["istio-system/mesh-deny", "shop/cart-deny"]
     );
 }
+
+mod egress;

@@ -482,6 +482,9 @@ impl RouteRule {
 /// How a route attaches to what a request is addressed to.
 pub(super) enum Attachment {
     Service,
+    /// A ServiceEntry: every one of its hosts (Istio's route conversion gives the route
+    /// the ServiceEntry's `hosts`).
+    ServiceEntry,
     Gateway,
 }
 
@@ -490,6 +493,7 @@ pub(super) enum Attachment {
 pub(super) fn parent_kind(r: &ObjectRef) -> Option<Attachment> {
     match (r.kind.as_deref().unwrap_or("Gateway"), r.group.as_deref()) {
         ("Service", Some("")) => Some(Attachment::Service),
+        ("ServiceEntry", Some(crate::object::NETWORKING_GROUP)) => Some(Attachment::ServiceEntry),
         ("Gateway", None | Some(GATEWAY_GROUP)) => Some(Attachment::Gateway),
         _ => None,
     }

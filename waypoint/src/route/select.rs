@@ -10,7 +10,7 @@ use super::model::{
     ValueMatch,
 };
 use super::virtual_service::VsRequest;
-use crate::object::Target;
+use crate::object::{ServiceKind, Target};
 
 impl PathMatch {
     fn matches(&self, path: &str) -> bool {
@@ -191,15 +191,22 @@ impl HttpRoute {
         for r in &self.parent_refs {
             let ns = r.namespace.as_deref().unwrap_or(&self.namespace);
             match parent_kind(r) {
-                Some(Attachment::Service) => {
+                Some(kind @ (Attachment::Service | Attachment::ServiceEntry)) => {
                     // Istio's waypoint: a VirtualService of the Service's namespace, or of
                     // the waypoint's own, may name it (`getVirtualServiceForWaypoint`).
                     if ns != self.namespace && target.gateway.namespace != self.namespace {
                         continue;
                     }
-                    let svc = target
-                        .service
-                        .is_some_and(|s| s.name == r.name && s.namespace == ns);
+                    // A Service parent is the Kubernetes Service's hostname, a ServiceEntry
+                    // parent its hosts: one never stands for the other of the same name.
+                    let registry = match kind {
+                        Attachment::ServiceEntry => ServiceKind::ServiceEntry,
+                        _ => ServiceKind::Kubernetes,
+                    };
+                    let svc = target.service_kind == registry
+                        && target
+                            .service
+                            .is_some_and(|s| s.name == r.name && s.namespace == ns);
                     if svc && r.port.is_none_or(|p| p == target.port) {
                         return Some(Attachment::Service);
                     }
@@ -250,7 +257,7 @@ pub fn select<'a>(routes: &[&'a HttpRoute], target: &Target, req: &RouteRequest)
         .iter()
         .any(|(_, a)| matches!(a, Attachment::Service));
     let applying = attached.into_iter().filter(|(route, att)| match att {
-        Attachment::Service => true,
+        Attachment::Service | Attachment::ServiceEntry => true,
         Attachment::Gateway => !service_routes && route.host_matches(req.host),
     });
     let (virtual_services, routes): (Vec<_>, Vec<_>) =

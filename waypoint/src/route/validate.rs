@@ -9,7 +9,7 @@ use super::model::{
     parent_kind, Attachment, Filter, HeaderModifier, HttpRoute, PathMatch, PathModifier,
     RequestMirror, RequestRedirect, RouteRule,
 };
-use crate::object::{ObjectRef, GATEWAY_GROUP};
+use crate::object::{ObjectRef, GATEWAY_GROUP, NETWORKING_GROUP};
 
 /// Gateway API's largest backend weight.
 const MAX_WEIGHT: u32 = 1_000_000;
@@ -32,8 +32,8 @@ impl HttpRoute {
             let at = format!("parentRefs[{i}]");
             let Some(kind) = parent_kind(r) else {
                 return Err(format!(
-                    "{at}: kind {:?} (group {:?}) is not supported; use kind Service with group \"\" or kind Gateway \
-                     with group {GATEWAY_GROUP}",
+                    "{at}: kind {:?} (group {:?}) is not supported; use kind Service with group \"\", kind \
+                     ServiceEntry with group {NETWORKING_GROUP} or kind Gateway with group {GATEWAY_GROUP}",
                     r.kind.as_deref().unwrap_or("Gateway"),
                     r.group.as_deref().unwrap_or(GATEWAY_GROUP)
                 ));
@@ -49,9 +49,9 @@ impl HttpRoute {
                 ));
             }
             match kind {
-                Attachment::Service if r.section_name.is_some() => {
+                Attachment::Service | Attachment::ServiceEntry if r.section_name.is_some() => {
                     return Err(format!(
-                        "{at}.sectionName: select a Service port with `port`"
+                        "{at}.sectionName: select a service port with `port`"
                     ))
                 }
                 Attachment::Gateway if r.port.is_some() => {
@@ -459,14 +459,43 @@ fn set_of(
     Ok(())
 }
 
-/// A backend (weighted or a mirror's): a Service, and its port. One in another namespace
-/// is resolved only with a ReferenceGrant there (checked per request, `grant`).
+/// A backend (weighted or a mirror's): a Service, or a ServiceEntry's host (Istio's
+/// `Hostname` kind), and its port. A Service in another namespace is resolved only with
+/// a ReferenceGrant there (checked per request, `grant`).
 fn validate_backend(at: &str, r: &ObjectRef, route_ns: &str) -> Result<(), String> {
+    if crate::egress::is_hostname_ref(r) {
+        // Istio: "namespace may not be set with Hostname type"; the host is looked up
+        // from the route's namespace (`egress::backend_service`).
+        if r.namespace.is_some() {
+            return Err(format!(
+                "{at}.namespace: a Hostname backend has no namespace; leave it out"
+            ));
+        }
+        if r.section_name.is_some() {
+            return Err(format!("{at}.sectionName: a backend reference has none"));
+        }
+        check_hostname(&r.name, true).map_err(|e| format!("{at}.name: {e}"))?;
+        return match r.port {
+            None | Some(0) => Err(format!(
+                "{at}.port: required for a Hostname backend (the service port to send to, 1-65535)"
+            )),
+            Some(_) => Ok(()),
+        };
+    }
+    if r.kind.as_deref() == Some("ServiceEntry") {
+        // Istio's route conversion has no ServiceEntry backend kind (it refuses it as an
+        // unsupported backendRef); a ServiceEntry is reached by one of its hosts.
+        return Err(format!(
+            "{at}: kind ServiceEntry cannot be a backend (Istio does not take it either); name one of its \
+             hosts: {{group: {NETWORKING_GROUP}, kind: Hostname, name: <host>, port: <port>}}"
+        ));
+    }
     if !matches!(r.group.as_deref(), None | Some(""))
         || !matches!(r.kind.as_deref(), None | Some("Service"))
     {
         return Err(format!(
-            "{at}: only Services (group \"\", kind Service) can be backends"
+            "{at}: only Services (group \"\", kind Service) and ServiceEntry hosts (group \
+             {NETWORKING_GROUP}, kind Hostname) can be backends"
         ));
     }
     if r.section_name.is_some() {

@@ -829,3 +829,5 @@ fn cors_runs_after_authorization_and_before_redirects() {
         Some("https://app.example.com")
     );
 }
+
+mod egress;
