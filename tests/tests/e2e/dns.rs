@@ -420,7 +420,7 @@ fn scrape_metrics(node: &Netns) -> Result<String> {
 
 #[test]
 fn pod_dns_is_answered_from_the_mesh_or_forwarded() -> Result<()> {
-    let (mesh, fake) = dns_mesh("d", &[])?;
+    let (mesh, fake) = dns_mesh("dd", &[])?;
     let client = mesh.topo.pod("n1p1");
     let server = upstream();
 
@@ -627,7 +627,7 @@ fn pod_dns_is_answered_from_the_mesh_or_forwarded() -> Result<()> {
 
 #[test]
 fn glibc_resolver_in_the_pod_uses_search_domains() -> Result<()> {
-    let (mesh, fake) = dns_mesh("g", &[])?;
+    let (mesh, fake) = dns_mesh("dg", &[])?;
     let client = mesh.topo.pod("n1p1");
     let _conf = PodResolvConf::write(
         client,
@@ -665,7 +665,7 @@ fn glibc_resolver_in_the_pod_uses_search_domains() -> Result<()> {
 
 #[test]
 fn dns_capture_off_leaves_port_53_alone() -> Result<()> {
-    let (mesh, fake) = dns_mesh("o", &[("ZTUNNEL_DNS_CAPTURE", "false")])?;
+    let (mesh, fake) = dns_mesh("dq", &[("ZTUNNEL_DNS_CAPTURE", "false")])?;
     let client = mesh.topo.pod("n1p1");
     let server = upstream();
     // Straight to the server: it does not know mesh names, and sees the pod itself.
@@ -718,7 +718,7 @@ async fn service_entry_hostname_endpoints_are_resolved_on_demand() -> Result<()>
 - {{name: gone, namespace: default, hostname: gone.external.example, vips: [\"/{GONE_VIP}\"], ports: {{80: 8080}}}}
 "
     );
-    let (mesh, fake) = dns_mesh_with("h", &[], workloads, &services)?;
+    let (mesh, fake) = dns_mesh_with("dh", &[], workloads, &services)?;
     let (client, ext) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&ext.netns, 8080, None)?;
     let roundtrip = |to: SocketAddr, data: &'static [u8]| async move {

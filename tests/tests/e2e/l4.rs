@@ -662,7 +662,7 @@ async fn open_concurrent(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_pooled_http2() -> Result<()> {
-    let mesh = client_server_mesh("c", &[("POOL_MAX_STREAMS_PER_CONNECTION", "200")])?;
+    let mesh = client_server_mesh("cq", &[("POOL_MAX_STREAMS_PER_CONNECTION", "200")])?;
     let (client, server) = (mesh.topo.pod("n1p1"), mesh.topo.pod("n2p1"));
     let echo = EchoServer::start(&server.netns, 8080, None)?;
     // A burst of 200 concurrent first connections: one TLS connection carries them all.

@@ -28,7 +28,7 @@ mod virtual_service;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_traffic_goes_through_the_waypoint() -> Result<()> {
-    let topo = Topology::build(&prefix("w"), &[2, 1])?;
+    let topo = Topology::build(&prefix("wb"), &[2, 1])?;
     let (wp_ip, server_ip) = (topo.pod("n1p2").ip, topo.pod("n2p1").ip);
     let svc = ", services: {default/echo.default.svc.cluster.local: {80: 8080}}";
     let cfg = format!(
@@ -1408,7 +1408,7 @@ async fn waypoint_in_a_cluster_follows_istiod_and_kubernetes() -> Result<()> {
     use fake_istiod::*;
     use serde_json::json;
     use ztunnel::xds::proto::istio::workload as pb;
-    let topo = Topology::build(&prefix("k"), &[3, 1])?;
+    let topo = Topology::build(&prefix("wk"), &[3, 1])?;
     let token = topo.dir.join("istio-token");
     std::fs::write(&token, TOKEN)?;
     let istiod = FakeIstiod::start(topo.node(1), "10.0.0.1:15012".parse()?, &topo.dir)?;
