@@ -62,7 +62,11 @@ mod tests {
                 }
             }
         }
-        assert!(seen.len() > 50, "found only {} tags: is the pattern stale?", seen.len());
+        assert!(
+            seen.len() > 50,
+            "found only {} tags: is the pattern stale?",
+            seen.len()
+        );
         assert!(dupes.is_empty(), "tags used twice:\n{}", dupes.join("\n"));
     }
 }

@@ -930,17 +930,38 @@ impl Store {
         let (mut grpc_routes, mut tcp_routes, mut grants, mut destination_rules) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut virtual_services, mut tls_routes) = (Vec::new(), Vec::new());
-        // Delegate VirtualServices (no hosts), for the roots that name them: read as
-        // written each time (cheap), since a root's merge depends on them.
+        // Delegate VirtualServices (no hosts) that a root taken here names: read as written
+        // each time, since a root's merge depends on them. Others (any namespace may make
+        // them) are neither kept nor shown.
+        let is_vs = |k: &&Key| k.0 == Kind::VirtualService;
+        let hostless = |obj: &DynamicObject| {
+            obj.data
+                .pointer("/spec/hosts")
+                .and_then(Value::as_array)
+                .is_none_or(|h| h.is_empty())
+        };
+        let referenced: BTreeSet<(String, String)> = taken
+            .iter()
+            .filter(|(k, obj)| is_vs(k) && !hostless(obj))
+            .flat_map(|(k, obj)| {
+                let rules = obj.data.pointer("/spec/http").and_then(Value::as_array);
+                rules.into_iter().flatten().filter_map(move |r| {
+                    let d = r.get("delegate")?;
+                    let ns = d
+                        .get("namespace")
+                        .and_then(Value::as_str)
+                        .filter(|n| !n.is_empty());
+                    Some((
+                        ns.unwrap_or(&k.1).to_string(),
+                        d.get("name")?.as_str()?.to_string(),
+                    ))
+                })
+            })
+            .collect();
         let delegates: HashMap<(String, String), crate::route::VirtualService> = taken
             .iter()
             .filter(|(k, obj)| {
-                k.0 == Kind::VirtualService
-                    && obj
-                        .data
-                        .pointer("/spec/hosts")
-                        .and_then(Value::as_array)
-                        .is_none_or(|h| h.is_empty())
+                is_vs(k) && hostless(obj) && referenced.contains(&(k.1.clone(), k.2.clone()))
             })
             .filter_map(|(k, obj)| {
                 Some(((k.1.clone(), k.2.clone()), parse_virtual_service(obj).ok()?))
@@ -979,7 +1000,11 @@ impl Store {
                     }
                 }
                 Converted::Route(Err(e)) | Converted::Routes(Err(e)) => rejected.push(json!({"kind": route_kind_name(k.0), "namespace": k.1, "name": k.2, "error": e})),
-                Converted::Delegate => virtual_services.push(as_read),
+                Converted::Delegate => {
+                    if delegates.contains_key(&(k.1.clone(), k.2.clone())) {
+                        virtual_services.push(as_read);
+                    }
+                }
                 Converted::Delegating(root) => {
                     let (merged, dropped) = crate::route::delegate::merged(root, |ns, name| delegates.get(&(ns.to_string(), name.to_string())));
                     for why in &dropped {

@@ -197,7 +197,9 @@ impl Telemetry {
                     crate::extauthz::provider::parse_duration(t)
                         .map_err(|e| format!("{at}.reportingInterval: {e}"))
                 })
-                .transpose()?;
+                .transpose()?
+                // Bounded: every open connection wakes this often.
+                .map(|d| d.max(MIN_TCP_REPORTING));
             let mut overrides = Vec::new();
             for (j, o) in m.overrides.iter().enumerate() {
                 let oat = format!("{at}.overrides[{j}]");
@@ -306,6 +308,10 @@ pub struct ProviderLog {
 /// Istio's default `reportingInterval`: open TCP connections' bytes are counted that
 /// often (Envoy's `tcp_reporting_duration`).
 pub const TCP_REPORTING: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The shortest `reportingInterval` applied (a shorter one is raised to it): each open
+/// TCP connection through the waypoint wakes once per interval.
+pub const MIN_TCP_REPORTING: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What the Telemetries in force do to one request.
 #[derive(Clone, Debug, Default)]

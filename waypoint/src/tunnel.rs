@@ -9,6 +9,7 @@ mod direct;
 use direct::{relay_plaintext, relay_tls};
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -439,7 +440,7 @@ async fn relay(
     let traffic = backend.policy.clone();
     if let Some(t) = traffic.as_deref().filter(|t| t.refused.is_some()) {
         tracing::warn!(dst.addr = %target, destination_rule = %t.rule, reason = t.refused.as_deref().unwrap_or_default(), response_flags = "UF",
-            "DestinationRule asks for TLS origination and cannot be applied; connection refused");
+            "DestinationRule cannot be applied exactly; connection refused");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     }
     // The DestinationRule's load balancing; of the consistent hashes only the source IP's
@@ -590,14 +591,23 @@ async fn relay(
     let every = applied
         .tcp_reporting
         .unwrap_or(crate::telemetry::TCP_REPORTING);
-    let report = |sent: u64, received: u64| conn.report(sent + sniffed, received);
+    // What has been counted so far (client to backend, back), so each report adds the
+    // new bytes only.
+    let counted = [AtomicU64::new(0), AtomicU64::new(0)];
+    let report = |sent: u64, received: u64| {
+        let up =
+            (sent + sniffed).saturating_sub(counted[0].swap(sent + sniffed, Ordering::Relaxed));
+        let down = received.saturating_sub(counted[1].swap(received, Ordering::Relaxed));
+        conn.count(up, down);
+    };
     let r = ztunnel::relay::copy_h2_h2(
         down_send,
         down_recv,
         up_send,
         up_recv,
-        wp.idle_timeout,
+        reuse.opaque_idle(wp.idle_timeout),
         Some((every, &report)),
+        reuse.max_age,
     )
     .await;
     drop(guard);
@@ -606,7 +616,11 @@ async fn relay(
         Err((e, t)) => (t, Some(e.to_string())),
     };
     // What the client sent (sniffed bytes included) went to the backend; the rest came back.
-    conn.closed(t.sent + sniffed, t.received);
+    let [up, down] = counted.map(AtomicU64::into_inner);
+    conn.closed(
+        (t.sent + sniffed).saturating_sub(up),
+        t.received.saturating_sub(down),
+    );
     ConnectionLog {
         direction: "waypoint",
         protocol: "TCP",

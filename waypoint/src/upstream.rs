@@ -4,7 +4,7 @@
 //! waypoint sends to such endpoints. HTTP/1.1 connections are kept for reuse (one request
 //! at a time each); one HTTP/2 connection per endpoint carries all of its requests.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -206,6 +206,9 @@ pub struct Upstreams {
     ip: IpAddr,
     h1: Arc<Mutex<HashMap<ConnKey, Vec<H1Conn>>>>,
     h2: Mutex<HashMap<ConnKey, Arc<H2Slot>>>,
+    /// Keys whose kept HTTP/1.1 connections a reaper task watches (`close_when_idle`):
+    /// one task per key, not one per request.
+    reaping: Arc<Mutex<HashSet<ConnKey>>>,
 }
 
 /// Forgets kept HTTP/1.1 connections that closed or sat idle `idle` (dropping one closes
@@ -264,6 +267,7 @@ impl Upstreams {
             ip,
             h1: Arc::default(),
             h2: Mutex::default(),
+            reaping: Arc::default(),
         }
     }
 
@@ -368,20 +372,40 @@ impl Upstreams {
 
     /// With a DestinationRule idleTimeout (or maxConnectionDuration), a kept connection
     /// is closed once it has been idle (or open) that long, whether or not another
-    /// request comes.
+    /// request comes: one reaper task per key wakes at the next deadline of its kept
+    /// connections and ends when none is left (called after a connection is kept).
     fn close_when_idle(&self, key: ConnKey, born: Instant) {
-        let idle = key.reuse.idle;
-        let age_left = key.reuse.max_age.map(|m| m.saturating_sub(born.elapsed()));
-        let Some(after) = [idle, age_left].into_iter().flatten().min() else {
+        let (idle, max_age) = (key.reuse.idle, key.reuse.max_age);
+        let deadline = move |since: Instant, born: Instant| {
+            let idle_left = idle.map(|i| i.saturating_sub(since.elapsed()));
+            let age_left = max_age.map(|m| m.saturating_sub(born.elapsed()));
+            [idle_left, age_left].into_iter().flatten().min()
+        };
+        let Some(mut after) = deadline(Instant::now(), born) else {
             return;
         };
-        let h1 = Arc::downgrade(&self.h1);
+        if !lock(&self.reaping).insert(key.clone()) {
+            return;
+        }
+        let (h1, reaping) = (Arc::downgrade(&self.h1), self.reaping.clone());
         tokio::spawn(async move {
-            // A bit past the deadline, so the connection is idle (or old) enough by then.
-            tokio::time::sleep(after + Duration::from_millis(10)).await;
-            if let Some(h1) = h1.upgrade() {
-                if let Some(list) = lock(&h1).get_mut(&key) {
-                    prune_h1(list, idle.unwrap_or(H1_IDLE), key.reuse.max_age);
+            loop {
+                // A bit past the deadline, so the connection is idle (or old) enough by then.
+                tokio::time::sleep(after + Duration::from_millis(10)).await;
+                let Some(h1) = h1.upgrade() else { return };
+                let mut all = lock(&h1);
+                let next = all.get_mut(&key).and_then(|list| {
+                    prune_h1(list, idle.unwrap_or(H1_IDLE), max_age);
+                    list.iter().filter_map(|c| deadline(c.since, c.born)).min()
+                });
+                match next {
+                    Some(n) => after = n,
+                    None => {
+                        // Decided under the connections' lock: a connection kept after
+                        // this finds the key free and starts a reaper of its own.
+                        lock(&reaping).remove(&key);
+                        return;
+                    }
                 }
             }
         });
@@ -541,22 +565,24 @@ impl Upstreams {
             .reuse
             .idle
             .zip(was_used)
-            .is_some_and(|(idle, t)| t.elapsed() >= idle)
-            || key
-                .reuse
-                .max_age
-                .zip(*lock(&slot.born))
-                .is_some_and(|(max, t)| t.elapsed() >= max);
+            .is_some_and(|(idle, t)| t.elapsed() >= idle);
         let checkout =
             async {
                 let mut conn = slot.conn.lock().await;
+                // maxConnectionDuration, decided under the lock against the connection
+                // held now, so requests queued behind a re-dial take the new one.
+                let old = key
+                    .reuse
+                    .max_age
+                    .zip(*lock(&slot.born))
+                    .is_some_and(|(max, t)| t.elapsed() >= max);
                 let spent = {
                     let mut served = lock(&slot.served);
                     *served += 1;
                     key.reuse.max_requests.is_some_and(|m| *served > m)
                 };
                 match conn.as_ref() {
-                    Some(s) if !s.is_closed() && !expired && !spent => Ok(s.clone()),
+                    Some(s) if !s.is_closed() && !expired && !spent && !old => Ok(s.clone()),
                     _ => {
                         *lock(&slot.served) = 1;
                         let io = TokioIo::new(self.connect_io(ep).await?);

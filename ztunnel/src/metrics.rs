@@ -183,7 +183,6 @@ impl Metrics {
             closed: self.closed.get_or_create(&l).clone(),
             received: self.received.get_or_create(&l).clone(),
             sent: self.sent.get_or_create(&l).clone(),
-            reported: Default::default(),
         }
     }
 
@@ -215,7 +214,6 @@ impl Metrics {
             closed: counter(&self.closed, &o[1]),
             received: counter(&self.received, &o[2]),
             sent: counter(&self.sent, &o[3]),
-            reported: Default::default(),
         }
     }
 
@@ -281,26 +279,23 @@ pub struct OpenConnection {
     closed: Counter,
     received: Counter,
     sent: Counter,
-    /// What [`OpenConnection::report`] has counted so far (received, sent).
-    reported: [std::sync::atomic::AtomicU64; 2],
 }
 
 impl OpenConnection {
-    /// The connection is still open and has carried `received` / `sent` bytes in all:
-    /// counts what is new since the last report (Envoy's periodic TCP reporting).
-    pub fn report(&self, received: u64, sent: u64) {
-        let [r, s] = &self.reported;
-        self.received
-            .inc_by(received.saturating_sub(r.swap(received, Ordering::AcqRel)));
-        self.sent
-            .inc_by(sent.saturating_sub(s.swap(sent, Ordering::AcqRel)));
+    /// The connection is still open: counts bytes it carried since the caller last
+    /// counted (Envoy's periodic TCP reporting; the caller keeps the totals, so that
+    /// this, held by every connection, stays small).
+    pub fn count(&self, received: u64, sent: u64) {
+        self.received.inc_by(received);
+        self.sent.inc_by(sent);
     }
 
     /// The connection ended; `received` is what its client sent, `sent` what it got back
-    /// (in all, reported bytes included).
+    /// (since the last [`OpenConnection::count`]).
     pub fn closed(self, received: u64, sent: u64) {
-        self.report(received, sent);
         self.closed.inc();
+        self.received.inc_by(received);
+        self.sent.inc_by(sent);
     }
 }
 

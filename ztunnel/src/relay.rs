@@ -47,6 +47,8 @@ pub enum CopyError {
     Revoked,
     #[error("closed: no bytes either way for longer than the idle timeout")]
     Idle,
+    #[error("closed: the connection lasted its maximum duration (DestinationRule maxConnectionDuration)")]
+    MaxDuration,
 }
 
 /// Completes once neither counter has moved for `timeout` (checked every `timeout`, so
@@ -491,7 +493,8 @@ pub type Report<'a> = dyn Fn(u64, u64) + Sync + 'a;
 /// reason, as h2's CANCEL).
 ///
 /// With `report`, every period the bytes carried so far (sent, received) are given to
-/// it while the relay goes on (Envoy's periodic TCP metric reporting).
+/// it while the relay goes on (Envoy's periodic TCP metric reporting). With `max`, the
+/// relay ends (both reset) once it has lasted that long ([`CopyError::MaxDuration`]).
 pub async fn copy_h2_h2(
     down_send: SendStream<Bytes>,
     down_recv: RecvStream,
@@ -499,6 +502,7 @@ pub async fn copy_h2_h2(
     up_recv: RecvStream,
     idle: Option<Duration>,
     report: Option<(Duration, &Report<'_>)>,
+    max: Option<Duration>,
 ) -> Result<Transferred, (h2::Error, Transferred)> {
     let (sent, received) = (AtomicU64::new(0), AtomicU64::new(0));
     let (mut ds, mut dr, mut us, mut ur) = (down_send, down_recv, up_send, up_recv);
@@ -524,6 +528,15 @@ pub async fn copy_h2_h2(
         }
         // Never ends: it reports until the relay does.
         () = reporting => Ok(()),
+        () = async {
+            match max {
+                Some(m) => tokio::time::sleep(m).await,
+                None => std::future::pending().await,
+            }
+        } => {
+            tracing::debug!("{}", CopyError::MaxDuration);
+            Err(h2::Error::from(h2::Reason::CANCEL))
+        }
     };
     let t = Transferred {
         sent: sent.into_inner(),

@@ -27,8 +27,13 @@ pub struct Reuse {
     /// `http.idleTimeout` (or `tcp.idleTimeout`): a connection without a request in
     /// flight that long is closed; default: the waypoint's own limits.
     pub idle: Option<Duration>,
-    /// `tcp.maxConnectionDuration`: a connection that old takes no new request.
+    /// `tcp.maxConnectionDuration`: an HTTP connection that old takes no new request; an
+    /// opaque TCP connection through the waypoint that old is closed (Envoy's tcp_proxy
+    /// `max_downstream_connection_duration`, as Istio's waypoint sets it).
     pub max_age: Option<Duration>,
+    /// `tcp.idleTimeout` for opaque TCP through the waypoint (Istio's tcp_proxy idle
+    /// timeout): `Some(ZERO)` turns it off; None: the waypoint's own.
+    pub tcp_idle: Option<Duration>,
     /// `tcp.connectTimeout`, in place of the waypoint's connect timeout.
     pub connect_timeout: Option<Duration>,
     /// `tcp.tcpKeepalive` on a TCP connection straight to the endpoint.
@@ -72,6 +77,17 @@ fn optional_duration(field: &str, v: &Option<String>) -> Result<Option<Duration>
     }
 }
 
+impl Reuse {
+    /// The idle timeout of opaque TCP relayed to the Service: the rule's, else `default`.
+    pub fn opaque_idle(&self, default: Option<Duration>) -> Option<Duration> {
+        match self.tcp_idle {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => default,
+        }
+    }
+}
+
 /// `0s`, `0ms`, `0.0s`...
 fn is_zero(t: &str) -> bool {
     let n = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
@@ -92,6 +108,9 @@ pub fn settings(cp: &ConnectionPool) -> Result<(Reuse, Option<UpstreamProtocol>)
         }
         r.max_age = optional_duration("tcp.maxConnectionDuration", &tcp.max_connection_duration)?;
         tcp_idle = optional_duration("tcp.idleTimeout", &tcp.idle_timeout)?;
+        if tcp.idle_timeout.is_some() {
+            r.tcp_idle = Some(tcp_idle.unwrap_or(Duration::ZERO));
+        }
         if let Some(k) = &tcp.tcp_keepalive {
             r.keepalive = Some(keepalive(k).map_err(|e| format!("tcp.tcpKeepalive.{e}"))?);
         }

@@ -90,7 +90,7 @@ pub fn rule_for<'r>(
             .filter(|(r, _)| r.private_only())
             .collect()
     };
-    if let Some(found) = most_specific(&own, svc).into_iter().next() {
+    if let Some(found) = first_refused_or_first(most_specific(&own, svc)) {
         return Some(&found.1);
     }
     // 2. and 3. The Service's namespace, then the root's: the most specific host among
@@ -101,11 +101,28 @@ pub fn rule_for<'r>(
             .filter(|(r, _)| !r.private_only())
             .collect();
         let best = most_specific(&exported, svc);
-        if let Some(found) = best.into_iter().find(|r| r.0.exported_to(client.namespace)) {
+        let exported: Vec<_> = best
+            .into_iter()
+            .filter(|r| r.0.exported_to(client.namespace))
+            .collect();
+        if let Some(found) = first_refused_or_first(exported) {
             return Some(&found.1);
         }
     }
     None
+}
+
+/// Among rules equally specific for a Service: one that cannot be applied (its host
+/// fails), else the first listed. Istio merges such rules; failing closed when any of
+/// them cannot be applied keeps the outcome from depending on the rules' names.
+fn first_refused_or_first(
+    rules: Vec<&(DestinationRule, Resolved)>,
+) -> Option<&(DestinationRule, Resolved)> {
+    let refused = rules
+        .iter()
+        .copied()
+        .find(|r| r.1.policies().any(|p| p.refused.is_some()));
+    refused.or(rules.first().copied())
 }
 
 /// How specifically a rule's host matches a service (greater: more specific).

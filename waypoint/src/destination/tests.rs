@@ -578,3 +578,26 @@ fn local_origin_failures_count_apart_when_split() {
     report(Outcome::LocalFailure);
     assert!(stats(&b), "two local failures in a row eject");
 }
+
+/// Two rules for one host in one namespace: when one cannot be applied, its host fails,
+/// whichever name sorts first (Istio merges them; the outcome does not hang on names).
+#[test]
+fn an_unappliable_rule_beside_a_valid_one_fails_the_host() {
+    let mut rs = rules(
+        "- {name: a-valid, namespace: default, host: reviews, trafficPolicy: {loadBalancer: {simple: RANDOM}}}\n",
+    )
+    .expect("valid");
+    let broken: DestinationRule =
+        serde_yaml::from_str("{name: b-broken, namespace: default, host: reviews}").unwrap();
+    let stand_in = Resolved::refusing(broken.key(), "warmup: not applied".into());
+    rs.push((broken, stand_in));
+    let client = Client {
+        namespace: "default",
+        root_namespace: "istio-system",
+    };
+    let p = for_service(&rs, client, &service("default", "reviews"), 80, None).expect("a rule");
+    assert_eq!(
+        (p.rule.as_str(), p.refused.as_deref()),
+        ("default/b-broken", Some("warmup: not applied"))
+    );
+}

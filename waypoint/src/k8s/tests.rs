@@ -450,10 +450,17 @@ fn virtual_service_delegates_merge_across_namespaces() {
         "hidden",
         json!({"exportTo": ["."], "http": [{"route": [{"destination": {"host": "secret"}}]}]}),
     );
+    let unused = object_in(
+        "anyone",
+        "VirtualService",
+        "unused",
+        json!({"http": [{"route": [{"destination": {"host": "x"}}]}]}),
+    );
     let cfg = store(vec![
         (Kind::VirtualService, root),
         (Kind::VirtualService, team),
         (Kind::VirtualService, hidden),
+        (Kind::VirtualService, unused),
     ])
     .publish(&settings())
     .unwrap();
@@ -465,6 +472,16 @@ fn virtual_service_delegates_merge_across_namespaces() {
         (b.name.as_str(), b.namespace.as_deref()),
         ("api", Some("team")),
         "the delegate's short host is its own namespace's"
+    );
+    let shown: Vec<&str> = cfg.dump["virtualServices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert!(
+        !shown.contains(&"unused"),
+        "a delegate no root names is not kept: {shown:?}"
     );
     let root_dump = cfg.dump["virtualServices"]
         .as_array()

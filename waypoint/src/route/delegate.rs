@@ -49,12 +49,30 @@ pub fn merged<'a>(
             continue;
         }
         for (j, sub) in child.http.iter().enumerate() {
-            match merge_rule(rule, sub, &child.namespace) {
-                Some(m) => out.http.push(m),
-                None => dropped.push(format!(
+            let Some(m) = merge_rule(rule, sub, &child.namespace) else {
+                dropped.push(format!(
                     "http[{i}].delegate: rule {j} of {ns}/{} conflicts with the root's matches",
                     d.name
-                )),
+                ));
+                continue;
+            };
+            // A delegated rule that does not convert fails closed on its own matches: the
+            // delegate's author cannot take the root's other rules down with it.
+            match m.to_rule(&root.namespace) {
+                Ok(_) => out.http.push(m),
+                Err(e) => {
+                    let why = format!("delegate {ns}/{} rule {j}: {e}", d.name);
+                    let closed = VsHttpRoute {
+                        name: m.name.clone(),
+                        matches: m.matches.clone(),
+                        refused: Some(why.clone()),
+                        ..VsHttpRoute::default()
+                    };
+                    if closed.to_rule(&root.namespace).is_ok() {
+                        out.http.push(closed);
+                    }
+                    dropped.push(format!("http[{i}].{why}"));
+                }
             }
         }
     }
@@ -98,6 +116,13 @@ fn merge_rule(root: &VsHttpRoute, sub: &VsHttpRoute, sub_ns: &str) -> Option<VsH
     );
     if m.mirrors.is_empty() {
         m.mirrors = root.mirrors.clone();
+    }
+    // Istio's TranslateRoute: a redirect, else a direct response, else the route.
+    if m.redirect.is_some() {
+        m.direct_response = None;
+        m.route.clear();
+    } else if m.direct_response.is_some() {
+        m.route.clear();
     }
     // One level: a delegate's delegate is not followed.
     m.delegate = None;
@@ -343,6 +368,48 @@ mod tests {
         assert_eq!(dropped.len(), 3, "{dropped:?}");
         assert!(dropped[0].contains("shop/gone not found"), "{dropped:?}");
         assert!(dropped[1].contains("not exported to shop"), "{dropped:?}");
+    }
+
+    /// A delegated rule that does not convert fails closed on its own matches; the root's
+    /// other rules stand. A root's directResponse beats a delegate's route (TranslateRoute).
+    #[test]
+    fn a_broken_delegate_rule_fails_closed_alone() {
+        let root = vs("{name: root, namespace: shop, hosts: [reviews], http: [\
+            {match: [{uri: {prefix: /team}}], delegate: {name: child, namespace: team}}, \
+            {match: [{uri: {prefix: /gone}}], delegate: {name: child, namespace: team}, \
+             directResponse: {status: 410}}, \
+            {route: [{destination: {host: reviews}}]}]}");
+        let child = vs("{name: child, namespace: team, http: [\
+            {match: [{uri: {prefix: /team/bad}}], rewrite: {uriRegexRewrite: {match: '(', rewrite: x}}, \
+             route: [{destination: {host: api}}]}, \
+            {route: [{destination: {host: api}}]}]}");
+        let (m, dropped) = merged(&root, |_, _| Some(&child));
+        let r = m.to_http().expect("the root converts");
+        // /team: the broken rule (closed), the good one; /gone: the broken rule matches
+        // nothing under /gone (conflict), the good one answers 410; the root's own rule.
+        assert_eq!(r.rules.len(), 4, "{:?}", r.rules);
+        assert!(
+            r.rules[0]
+                .unenforceable
+                .as_deref()
+                .is_some_and(|u| u.contains("delegate team/child rule 0: rewrite.uriRegexRewrite")),
+            "{:?}",
+            r.rules[0].unenforceable
+        );
+        assert!(r.rules[1].unenforceable.is_none());
+        assert!(
+            matches!(
+                r.rules[2].answer,
+                Some(super::super::action::Answer::Direct(_))
+            ),
+            "the root's directResponse wins over the delegate's route"
+        );
+        assert!(r.rules[2].backend_refs.is_empty());
+        assert!(r.rules[3].unenforceable.is_none());
+        assert!(
+            dropped.iter().any(|d| d.contains("rule 0: rewrite")),
+            "{dropped:?}"
+        );
     }
 
     #[test]

@@ -91,6 +91,10 @@ pub struct VsHttpRoute {
     /// Replaced by the delegate's rules (`delegate::merged`) before the VirtualService is
     /// converted; one left (not merged) fails its rule closed.
     pub delegate: Option<VsDelegate>,
+    /// A delegated rule that does not convert (`delegate::merged`): it stands, matching
+    /// as merged, and fails closed with this reason.
+    #[serde(skip)]
+    pub refused: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -378,7 +382,7 @@ impl VsHttpRoute {
     /// The rule it amounts to; when every match is one Istio's waypoint drops
     /// (`sourceLabels`, `gateways` without `mesh`) it matches nothing, as the rule does
     /// not exist there.
-    fn to_rule(&self, ns: &str) -> Result<RouteRule, String> {
+    pub(super) fn to_rule(&self, ns: &str) -> Result<RouteRule, String> {
         let mut matches = Vec::new();
         for (j, m) in self.matches.iter().enumerate() {
             let at = format!("match[{j}]");
@@ -545,7 +549,7 @@ impl VsHttpRoute {
             request,
             backend_request: per_try,
         });
-        let mut unenforceable = None;
+        let mut unenforceable = self.refused.clone();
         let retry = converted.map(|c| {
             unenforceable = c.unsupported.map(|u| format!("retries.{u}"));
             c.retry

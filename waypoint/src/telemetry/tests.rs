@@ -163,7 +163,8 @@ fn tcp_reporting_interval_comes_from_the_most_specific_telemetry() {
     let m = mesh("{}");
     let t = telemetries(
         "- {name: mesh, namespace: istio-system, metrics: [{reportingInterval: 30s}]}\n\
-         - {name: ns, namespace: shop, metrics: [{reportingInterval: 250ms}]}\n",
+         - {name: ns, namespace: shop, metrics: [{reportingInterval: 250ms}]}\n\
+         - {name: fast, namespace: blog, metrics: [{reportingInterval: 1ms}]}\n",
         &m,
     )
     .unwrap();
@@ -175,6 +176,11 @@ fn tcp_reporting_interval_comes_from_the_most_specific_telemetry() {
     assert_eq!(
         applied(&t, Some(("shop", "cart"))).tcp_reporting,
         Some(ms(250))
+    );
+    assert_eq!(
+        applied(&t, Some(("blog", "x"))).tcp_reporting,
+        Some(MIN_TCP_REPORTING),
+        "bounded"
     );
     let none = telemetries("[]", &m).unwrap();
     assert_eq!(applied(&none, Some(("shop", "cart"))).tcp_reporting, None);

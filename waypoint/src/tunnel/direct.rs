@@ -45,17 +45,21 @@ pub(super) async fn relay_plaintext(
             return down_send.send_reset(h2::Reason::CONNECT_ERROR);
         }
     }
-    let r = ztunnel::relay::copy_tcp_h2(
+    let relay = ztunnel::relay::copy_tcp_h2(
         &mut tcp,
         down_send,
         down_recv,
         std::future::pending::<()>(),
-        wp.idle_timeout,
-    )
-    .await;
-    let (sent, received, err) = match r {
-        Ok(t) => (t.sent, t.received, None),
-        Err((e, t)) => (t.sent, t.received, Some(e.to_string())),
+        reuse.opaque_idle(wp.idle_timeout),
+    );
+    let (sent, received, err) = match within(reuse.max_age, relay).await {
+        Some(Ok(t)) => (t.sent, t.received, None),
+        Some(Err((e, t))) => (t.sent, t.received, Some(e.to_string())),
+        None => (
+            0,
+            0,
+            Some(ztunnel::relay::CopyError::MaxDuration.to_string()),
+        ),
     };
     tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %to, bytes_sent = sent + first.len() as u64, bytes_recv = received,
         duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete (plaintext endpoint)");
@@ -89,14 +93,33 @@ pub(super) async fn relay_tls(
         }
     }
     let (mut down, activity) = crate::idle::Counted::new(H2Stream::new(down_send, down_recv, None));
-    let r = tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut down, &mut up) => r,
-        _ = activity.idle(wp.idle_timeout) => Err(std::io::Error::other(ztunnel::relay::CopyError::Idle.to_string())),
+    let idle = ep.reuse.opaque_idle(wp.idle_timeout);
+    let copy = async {
+        tokio::select! {
+            r = tokio::io::copy_bidirectional(&mut down, &mut up) => r,
+            _ = activity.idle(idle) => Err(std::io::Error::other(ztunnel::relay::CopyError::Idle.to_string())),
+        }
     };
+    let r = within(ep.reuse.max_age, copy).await.unwrap_or_else(|| {
+        Err(std::io::Error::other(
+            ztunnel::relay::CopyError::MaxDuration.to_string(),
+        ))
+    });
     let (sent, received, err) = match r {
         Ok((s, r)) => (s, r, None),
         Err(e) => (0, 0, Some(e.to_string())),
     };
     tracing::info!(src.identity = %tunnel.src_identity, dst.addr = %ep.addr, tls = "originated", bytes_sent = sent + first.len() as u64,
         bytes_recv = received, duration_ms = start.elapsed().as_millis() as u64, error = err, "connection complete");
+}
+
+/// `f`, ended after `max` if it lasts that long (DestinationRule maxConnectionDuration).
+async fn within<T>(
+    max: Option<std::time::Duration>,
+    f: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match max {
+        Some(m) => tokio::time::timeout(m, f).await.ok(),
+        None => Some(f.await),
+    }
 }
