@@ -38,6 +38,9 @@ pub struct Waypoint {
     pub metrics: Arc<ztunnel::metrics::Metrics>,
     pub drain: Arc<Drain>,
     pub detect_timeout: Duration,
+    /// `ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS`: TLS to a DYNAMIC_DNS wildcard
+    /// entry goes to the host its SNI names (`egress`).
+    pub wildcard_tls: bool,
     /// The key sets of the config's jwksUris, kept fresh in the background.
     pub jwks: Arc<JwksStore>,
     /// Finished request spans on their way to the tracing provider.

@@ -58,6 +58,11 @@ pub enum EgressError {
         pattern: String,
         why: &'static str,
     },
+    #[error(
+        "TLS to the DYNAMIC_DNS ServiceEntry host {pattern} without an SNI: the waypoint reaches only the host \
+         the ClientHello names"
+    )]
+    NoSni { pattern: String },
 }
 
 /// A backendRef naming a ServiceEntry's host (Istio's `Hostname` kind).
@@ -198,6 +203,37 @@ pub fn send_to_host(
     let host = dynamic_host(&svc.hostname, up)?;
     let tls = backend.policy.as_ref().is_some_and(|p| p.tls.is_some());
     backend.unresolved.push(dynamic_endpoint(&svc, &host, tls));
+    backend.dynamic_dns = true;
+    Ok(())
+}
+
+/// With `ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS`: points a TLS connection to a
+/// DYNAMIC_DNS `backend` at the host its ClientHello's SNI names, at `port` (the service
+/// port, as istiod sets Envoy's SNI dynamic forward proxy); any other backend is left as
+/// it is. Only a name the wildcard covers, as for a Host (`dynamic_host`): Istio's flag
+/// forwards any SNI (it warns of SNI spoofing); this waypoint does not.
+pub fn send_to_sni(
+    state: &MeshState,
+    backend: &mut Backend,
+    sni: Option<&str>,
+    port: u16,
+) -> Result<(), EgressError> {
+    let Some(svc) = backend.service.clone().filter(|s| is_dynamic_dns(state, s)) else {
+        return Ok(());
+    };
+    let Some(sni) = sni else {
+        return Err(EgressError::NoSni {
+            pattern: svc.hostname.clone(),
+        });
+    };
+    let authority = Authority::parse(sni).map_err(|_| EgressError::NotCovered {
+        host: sni.to_string(),
+        pattern: svc.hostname.clone(),
+        why: "no host name",
+    })?;
+    let host = dynamic_host(&svc.hostname, &authority)?;
+    let (wl, _) = dynamic_endpoint(&svc, &host, false);
+    backend.unresolved.push((wl, port));
     backend.dynamic_dns = true;
     Ok(())
 }

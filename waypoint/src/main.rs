@@ -102,6 +102,9 @@ struct Args {
     /// How long a tunnel to a port of unknown protocol may stay silent before it is relayed at L4 (server-first protocols); ports that declare HTTP never are.
     #[arg(long, env = "PROTOCOL_DETECTION_TIMEOUT_MS", default_value_t = 1000)]
     protocol_detection_timeout_ms: u64,
+    /// TLS to a DYNAMIC_DNS wildcard ServiceEntry's TLS port goes to the host its SNI names (istiod's opt-in of the same name, off by default: then such connections are reset). Only names the wildcard covers are resolved and reached.
+    #[arg(long, env = "ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS", default_value_t = false, action = clap::ArgAction::Set)]
+    enable_wildcard_host_service_entries_for_tls: bool,
     /// How an endpoint is picked among a backend's healthy ones.
     #[arg(
         long,
@@ -434,6 +437,7 @@ fn settings_dump(
         "dnsUpstream": args.dns_upstream,
         "outlierBaseEjection": duration(Duration::from_millis(args.outlier_base_ejection_ms)),
         "protocolDetectionTimeout": duration(Duration::from_millis(args.protocol_detection_timeout_ms)),
+        "enableWildcardHostServiceEntriesForTls": args.enable_wildcard_host_service_entries_for_tls,
         "hboneMaxHandshakes": args.hbone_max_handshakes,
         "hboneMaxHandshakesPerIp": args.hbone_max_handshakes_per_ip,
         "hboneIdleTimeout": duration(Duration::from_secs(args.hbone_idle_timeout_seconds)),
@@ -616,6 +620,7 @@ async fn run(mut args: Args, proxy: waypoint::proxy_config::ProxySettings) -> an
         metrics: metrics.clone(),
         drain: Arc::new(Drain::default()),
         detect_timeout: Duration::from_millis(args.protocol_detection_timeout_ms),
+        wildcard_tls: args.enable_wildcard_host_service_entries_for_tls,
         jwks,
         mirror_slots: Arc::new(tokio::sync::Semaphore::new(http::MAX_MIRRORS_IN_FLIGHT)),
         spans,

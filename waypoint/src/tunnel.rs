@@ -211,18 +211,29 @@ pub async fn handle(
                     return down_send.send_reset(h2::Reason::CANCEL);
                 }
             };
-            let span = match &hello {
-                client_hello::Hello::Tls { sni } => {
-                    tracing::info_span!("tls", sni = sni.as_deref().unwrap_or(""))
+            let (span, sni) = match hello {
+                client_hello::Hello::Tls { sni } => (
+                    tracing::info_span!("tls", sni = sni.as_deref().unwrap_or("")),
+                    sni,
+                ),
+                client_hello::Hello::NotTls => {
+                    (tracing::info_span!("tls", sni = "", not_tls = true), None)
                 }
-                client_hello::Hello::NotTls => tracing::info_span!("tls", sni = "", not_tls = true),
             };
-            return relay(wp, tunnel, down_send, down_recv, first, start)
+            return relay(wp, tunnel, down_send, down_recv, (first, sni), start)
                 .instrument(span)
                 .await;
         }
         Handling::Opaque => {
-            return relay(wp, tunnel, down_send, down_recv, Bytes::new(), start).await
+            return relay(
+                wp,
+                tunnel,
+                down_send,
+                down_recv,
+                (Bytes::new(), None),
+                start,
+            )
+            .await
         }
         Handling::Http => {
             detect::sniff(
@@ -250,7 +261,7 @@ pub async fn handle(
         io.unread(first);
         return crate::http::serve(wp, tunnel, io, proto).await;
     }
-    relay(wp, tunnel, down_send, down_recv, first, start).await
+    relay(wp, tunnel, down_send, down_recv, (first, None), start).await
 }
 
 /// The protocol the target's service port declares (Istio's, from the port's name or
@@ -385,7 +396,8 @@ async fn relay(
     tunnel: Arc<Tunnel>,
     mut down_send: h2::SendStream<Bytes>,
     down_recv: h2::RecvStream,
-    first: Bytes,
+    // The bytes already read, and the SNI of a TLS port's ClientHello.
+    (first, sni): (Bytes, Option<String>),
     start: Instant,
 ) {
     let cfg = wp.config.load_full();
@@ -433,6 +445,16 @@ async fn relay(
         tracing::warn!(dst.addr = %target, response_flags = "UH", "no healthy mesh endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);
     };
+    // A DYNAMIC_DNS wildcard entry's TLS port, with the opt-in: the SNI's host (one the
+    // wildcard covers), at the service port, as Envoy's SNI dynamic forward proxy.
+    if wp.wildcard_tls {
+        if let Err(why) =
+            crate::egress::send_to_sni(&cfg.state, &mut backend, sni.as_deref(), target.port())
+        {
+            tracing::warn!(dst.addr = %target, response_flags = "NR", error = %why, "TLS to a DYNAMIC_DNS entry refused");
+            return down_send.send_reset(h2::Reason::REFUSED_STREAM);
+        }
+    }
     if let Err(why) = backend.resolve(&wp.resolver, &wp.me).await {
         tracing::warn!(dst.addr = %target, response_flags = "UH", error = %why, "no endpoint for the target");
         return down_send.send_reset(h2::Reason::REFUSED_STREAM);

@@ -148,3 +148,42 @@ fn dynamic_endpoints_are_outside_the_mesh_on_80_or_443() {
     assert!(wl.workload_ips.is_empty());
     assert_eq!(dynamic_endpoint(&wild, "a.wild.test", true).1, 443);
 }
+
+/// ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS: TLS to a DYNAMIC_DNS entry goes to the
+/// SNI's host at the service port; an SNI the wildcard does not cover, or none, is
+/// refused (Istio's flag forwards any SNI); another backend is left alone.
+#[test]
+fn tls_goes_to_the_sni_the_wildcard_covers() {
+    let st = state(MESH);
+    let svc = |name: &str| st.service_by_name("egress", name).expect("service").clone();
+    let backend = |s: &Arc<Service>| Backend {
+        service: Some(s.clone()),
+        endpoints: Vec::new(),
+        unresolved: Vec::new(),
+        http2: None,
+        policy: None,
+        dynamic_dns: false,
+    };
+    let wild = svc("wild");
+    let mut b = backend(&wild);
+    send_to_sni(&st, &mut b, Some("a.wild.test"), 443).expect("covered");
+    assert_eq!(b.unresolved.len(), 1);
+    assert_eq!(
+        (b.unresolved[0].0.hostname.as_str(), b.unresolved[0].1),
+        ("a.wild.test", 443)
+    );
+    for sni in [
+        Some("evil.other.test"),
+        Some("wild.test"),
+        Some("10.0.0.2"),
+        None,
+    ] {
+        let mut b = backend(&wild);
+        let e = send_to_sni(&st, &mut b, sni, 443).expect_err("refused");
+        assert!(b.unresolved.is_empty(), "{sni:?}: {e}");
+    }
+    let api = svc("api");
+    let mut b = backend(&api);
+    send_to_sni(&st, &mut b, Some("evil.other.test"), 80).expect("not a DYNAMIC_DNS entry");
+    assert!(b.unresolved.is_empty());
+}

@@ -5,7 +5,8 @@
 //! HTTPRoute attached to the ServiceEntry sends to a `Hostname` backend; a DYNAMIC_DNS
 //! wildcard entry (`*.wild.test`) sends each request to its own Host, resolved by the
 //! waypoint (503 when it does not resolve), and refuses Hosts its wildcard does not
-//! cover without looking them up.
+//! cover without looking them up; with ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS, TLS
+//! to its TLS port goes to the host the SNI names (covered names only), not terminated.
 
 use std::time::Duration;
 
@@ -54,18 +55,20 @@ async fn l7_egress_through_service_entries_and_dynamic_dns() -> Result<()> {
                      hostname: api.external.test, protocol: TCP, services: {default/api.external.test: {80: 443}}}\n";
     let services = format!(
         "- {{name: api, namespace: default, hostname: api.external.test, vips: [\"/10.96.0.70\"], ports: {{80: 443}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n\
-         - {{name: wild, namespace: default, hostname: \"*.wild.test\", vips: [\"/10.96.0.71\"], ports: {{80: 80}}, appProtocols: {{80: HTTP11}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
+         - {{name: wild, namespace: default, hostname: \"*.wild.test\", vips: [\"/10.96.0.71\"], ports: {{80: 80, 443: 443}}, appProtocols: {{80: HTTP11, 443: TLS}}, waypoint: {{destination: \"/{wp_ip}\"}}}}\n"
     );
     let se = "{group: networking.istio.io, kind: ServiceEntry, name: api}";
+    // wild-no-admin names port 80: a DENY rule with only HTTP attributes would deny every
+    // TCP connection to the entry, its TLS port's too (Istio's TCP form of the policy).
     let l7 = format!(
         "destinationRules:\n\
          - {{name: api, namespace: default, host: api.external.test, trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: {ca}}}}}}}\n\
-         - {{name: wild, namespace: default, host: \"*.wild.test\", trafficPolicy: {{tls: {{mode: SIMPLE, caCertificates: {ca}}}}}}}\n\
+         - {{name: wild, namespace: default, host: \"*.wild.test\", trafficPolicy: {{portLevelSettings: [{{port: {{number: 80}}, tls: {{mode: SIMPLE, caCertificates: {ca}}}}}]}}}}\n\
          authorizationPolicies:\n\
          - {{name: api-paths, namespace: default, targetRefs: [{se}], action: ALLOW, rules: [{{to: [{{operation: {{paths: [\"/allowed*\", \"/to-wild*\"]}}}}]}}]}}\n\
          - {{name: tenant-allow-all, namespace: tenant, targetRefs: [{se}], action: ALLOW, rules: [{{}}]}}\n\
          - {{name: ghost-allow-all, namespace: default, targetRefs: [{{group: networking.istio.io, kind: ServiceEntry, name: ghost}}], action: ALLOW, rules: [{{}}]}}\n\
-         - {{name: wild-no-admin, namespace: default, targetRefs: [{{group: networking.istio.io, kind: ServiceEntry, name: wild}}], action: DENY, rules: [{{to: [{{operation: {{paths: [/admin]}}}}]}}]}}\n\
+         - {{name: wild-no-admin, namespace: default, targetRefs: [{{group: networking.istio.io, kind: ServiceEntry, name: wild}}], action: DENY, rules: [{{to: [{{operation: {{ports: [\"80\"], paths: [/admin]}}}}]}}]}}\n\
          httpRoutes:\n\
          - {{name: api, namespace: default, parentRefs: [{se}], rules: [\
              {{matches: [{{path: {{type: PathPrefix, value: /to-wild}}}}], filters: [{{type: URLRewrite, urlRewrite: {{hostname: b.wild.test}}}}], \
@@ -75,7 +78,10 @@ async fn l7_egress_through_service_entries_and_dynamic_dns() -> Result<()> {
     let m = L7Mesh::start_with(
         "l7se",
         &l7,
-        &[("WAYPOINT_DNS_UPSTREAM", "10.0.0.2")],
+        &[
+            ("WAYPOINT_DNS_UPSTREAM", "10.0.0.2"),
+            ("ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS", "true"),
+        ],
         workloads,
         &services,
     )
@@ -189,10 +195,48 @@ async fn l7_egress_through_service_entries_and_dynamic_dns() -> Result<()> {
         "{}",
         r.body
     );
+    // TLS to the wildcard's TLS port (the opt-in ENABLE_WILDCARD_HOST_SERVICE_ENTRIES_FOR_TLS):
+    // the waypoint reads the SNI, resolves it and relays the client's own TLS (not
+    // terminated: curl checks nginx's certificate and nginx sees the client's SNI).
+    let ca_arg = ca.clone();
+    let r = curl("https://a.wild.test/tls", &["--cacert", &ca_arg])?;
+    assert_eq!(
+        r.status,
+        200,
+        "{}
+{}",
+        r.body,
+        m.log()
+    );
+    assert_eq!(
+        r.body.trim(),
+        "host=a.wild.test sni=a.wild.test path=/tls x-egress=",
+        "{}",
+        m.log()
+    );
+    // An SNI the wildcard does not cover is not relayed, nor looked up.
+    let resolve = "evil.other.test:443:10.96.0.71";
+    let out = m.client().exec(
+        "curl",
+        &[
+            "-sS",
+            "--max-time",
+            "10",
+            "--cacert",
+            &ca_arg,
+            "--resolve",
+            resolve,
+            "https://evil.other.test/",
+        ],
+    );
+    assert!(out.is_err(), "relayed: {out:?}");
+    wait_for("the SNI refused", Duration::from_secs(5), || {
+        m.log().contains("TLS to a DYNAMIC_DNS entry refused")
+    })?;
     assert_eq!(
         dns.asked("evil.other.test"),
         0,
-        "a Host outside the wildcard is never resolved"
+        "a Host or SNI outside the wildcard is never resolved"
     );
     assert_eq!(dns.asked("wild.test"), 0);
     assert!(dns.asked("a.wild.test") >= 1 && dns.asked("api.external.test") >= 1);
