@@ -875,6 +875,28 @@ impl Drop for EchoServer {
     }
 }
 
+/// /etc/netns/<netns>/resolv.conf, which `ip netns exec` shows the pod's processes as
+/// /etc/resolv.conf (their resolver asks that nameserver; ztunnel's DNS proxy captures
+/// port 53 for the mesh's names); removed on drop.
+pub struct PodResolvConf(PathBuf);
+
+impl PodResolvConf {
+    pub fn write(netns: &Netns, text: &str) -> Result<PodResolvConf> {
+        let dir = Path::new("/etc/netns").join(&netns.name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let guard = PodResolvConf(dir.clone());
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("resolv.conf"), text)?;
+        Ok(guard)
+    }
+}
+
+impl Drop for PodResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A small authoritative DNS server in a netns (UDP port 53): A questions for the names
 /// it was given get their addresses (TTL 60), other names NXDOMAIN, other types an empty
 /// answer. It counts the questions per name, so a test can see what a cache saved.

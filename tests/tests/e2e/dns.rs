@@ -331,27 +331,6 @@ fn addresses(m: &Message) -> Vec<String> {
     v
 }
 
-/// /etc/netns/<pod netns>/resolv.conf, which `ip netns exec` shows the pod's processes as
-/// /etc/resolv.conf; removed on drop.
-struct PodResolvConf(std::path::PathBuf);
-
-impl PodResolvConf {
-    fn write(pod: &Pod, text: &str) -> Result<PodResolvConf> {
-        let dir = std::path::Path::new("/etc/netns").join(&pod.netns.name);
-        let _ = std::fs::remove_dir_all(&dir);
-        let guard = PodResolvConf(dir.clone());
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("resolv.conf"), text)?;
-        Ok(guard)
-    }
-}
-
-impl Drop for PodResolvConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// The mesh: n1p1 enrolled in `default` (canonical service `sleep`), service echo with
 /// VIP 10.96.0.10; n2p1 is not in the mesh. `env` is added to both ztunnels'.
 fn dns_mesh(tag: &str, env: &[(&str, &str)]) -> Result<(Mesh, FakeUpstream)> {
@@ -630,7 +609,7 @@ fn glibc_resolver_in_the_pod_uses_search_domains() -> Result<()> {
     let (mesh, fake) = dns_mesh("dg", &[])?;
     let client = mesh.topo.pod("n1p1");
     let _conf = PodResolvConf::write(
-        client,
+        &client.netns,
         "nameserver 10.10.2.11\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5 timeout:3 attempts:2\n",
     )?;
     let getent = |name: &str| client.netns.exec("getent", &["ahostsv4", name]);

@@ -412,9 +412,6 @@ impl VsHttpRoute {
         let mut dest_authority = None;
         for (k, d) in self.route.iter().enumerate() {
             let at = format!("route[{k}]");
-            if d.destination.subset.as_deref() == Some("") {
-                return Err(format!("{at}.destination.subset: must not be empty"));
-            }
             // Per-destination headers: the backend's own header modifiers (Istio's
             // weighted-cluster headers).
             let mut filters = Vec::new();
@@ -439,27 +436,13 @@ impl VsHttpRoute {
                     filters.push(Filter::ResponseHeaderModifier(o.modifier));
                 }
             }
-            let (name, namespace) = service_ref(&d.destination.host, ns).ok_or_else(|| {
-                format!(
-                    "{at}.destination.host: {:?} is not a Kubernetes Service",
-                    d.destination.host
-                )
-            })?;
-            let weight = match d.weight {
-                None | Some(0) if one => 1,
-                w => w.unwrap_or(0),
-            };
-            backend_refs.push(BackendRef {
-                backend: ObjectRef {
-                    name,
-                    namespace: (namespace != ns).then_some(namespace),
-                    port: d.destination.port.as_ref().map(|p| p.number),
-                    ..ObjectRef::default()
-                },
-                weight,
+            backend_refs.push(d.destination.backend_ref(
+                d.weight,
+                one,
+                ns,
+                &format!("{at}.destination"),
                 filters,
-                subset: d.destination.subset.clone(),
-            });
+            )?);
         }
         let mut filters = Vec::new();
         // The host rewrite: rewrite.authority, else the rule's headers', else the one

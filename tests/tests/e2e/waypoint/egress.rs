@@ -15,28 +15,6 @@ use mesh_tests::netsim::*;
 
 use super::{start_nginx_in, CurlReply, L7Mesh, TestPki};
 
-/// /etc/netns/<pod netns>/resolv.conf (what `ip netns exec` shows the pod's processes as
-/// /etc/resolv.conf), removed on drop: the pod's resolver asks a nameserver, whose port
-/// 53 ztunnel's DNS proxy captures and answers for the mesh's names.
-struct PodResolvConf(std::path::PathBuf);
-
-impl PodResolvConf {
-    fn write(netns: &Netns, text: &str) -> Result<PodResolvConf> {
-        let dir = std::path::Path::new("/etc/netns").join(&netns.name);
-        let _ = std::fs::remove_dir_all(&dir);
-        let guard = PodResolvConf(dir.clone());
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join("resolv.conf"), text)?;
-        Ok(guard)
-    }
-}
-
-impl Drop for PodResolvConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn l7_egress_through_service_entries_and_dynamic_dns() -> Result<()> {
     for tool in ["nginx", "curl"] {

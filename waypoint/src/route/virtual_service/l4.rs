@@ -151,32 +151,7 @@ pub(super) fn rule(
     let mut backend_refs = Vec::with_capacity(route.len());
     for (k, d) in route.iter().enumerate() {
         let at = format!("route[{k}].destination");
-        if d.destination.subset.as_deref() == Some("") {
-            return Err(format!("{at}.subset: must not be empty"));
-        }
-        let (name, namespace) = service_ref(&d.destination.host, ns).ok_or_else(|| {
-            format!(
-                "{at}.host: {:?} is not a Kubernetes Service",
-                d.destination.host
-            )
-        })?;
-        // Istio: the only destination takes every connection whatever its weight; of
-        // several, those of weight 0 take none.
-        let weight = match d.weight {
-            None | Some(0) if one => 1,
-            w => w.unwrap_or(0),
-        };
-        backend_refs.push(BackendRef {
-            backend: ObjectRef {
-                name,
-                namespace: (namespace != ns).then_some(namespace),
-                port: d.destination.port.as_ref().map(|p| p.number),
-                ..ObjectRef::default()
-            },
-            weight,
-            filters: Vec::new(),
-            subset: d.destination.subset.clone(),
-        });
+        backend_refs.push(d.destination.backend_ref(d.weight, one, ns, &at, Vec::new())?);
     }
     if backend_refs.iter().all(|b| b.weight == 0) {
         return Err("route: total destination weight = 0".into());
