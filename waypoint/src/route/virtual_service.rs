@@ -20,8 +20,8 @@ use super::cors::{Cors, OriginRule};
 use super::duration::GatewayDuration;
 use super::l4::L4Route;
 use super::model::{
-    BackendRef, Fault, Filter, Fraction, HeaderModifier, HttpHeader, HttpRoute, RequestMirror,
-    RouteKind, RouteMatch, RouteRule, Timeouts, UrlRewrite, VsConditions,
+    Fault, Filter, Fraction, HeaderModifier, HttpHeader, HttpRoute, RequestMirror, RouteKind,
+    RouteMatch, RouteRule, Timeouts, UrlRewrite, VsConditions,
 };
 use crate::extauthz::provider::parse_duration;
 use crate::object::ObjectRef;

@@ -10,9 +10,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::super::l4::{L4Match, L4Rule, SniHosts};
-use super::super::model::{BackendRef, RouteRule};
-use super::destination::{service_ref, VsDestination};
-use crate::object::ObjectRef;
+use super::super::model::RouteRule;
+use super::destination::VsDestination;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(default, rename_all = "camelCase", deny_unknown_fields)]
@@ -151,7 +150,10 @@ pub(super) fn rule(
     let mut backend_refs = Vec::with_capacity(route.len());
     for (k, d) in route.iter().enumerate() {
         let at = format!("route[{k}].destination");
-        backend_refs.push(d.destination.backend_ref(d.weight, one, ns, &at, Vec::new())?);
+        backend_refs.push(
+            d.destination
+                .backend_ref(d.weight, one, ns, &at, Vec::new())?,
+        );
     }
     if backend_refs.iter().all(|b| b.weight == 0) {
         return Err("route: total destination weight = 0".into());
