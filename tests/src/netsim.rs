@@ -1243,6 +1243,23 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// Fails naming the resource if a ztunnel NACKed anything its control plane sent (and
+    /// if one applied nothing): what the suites against Istio's istiod check.
+    pub fn no_nacks(&self) -> Result<()> {
+        for (n, z) in self.ztunnels.iter().enumerate() {
+            let log = z.log_text();
+            anyhow::ensure!(
+                log.contains("xDS update applied (ACK)"),
+                "node{}'s ztunnel applied no xDS update:\n{log}",
+                n + 1
+            );
+            if let Some(nack) = log.lines().find(|l| l.contains("(NACK)")) {
+                anyhow::bail!("node{}'s ztunnel NACKed what istiod sent: {nack}", n + 1);
+            }
+        }
+        Ok(())
+    }
+
     /// Starts ztunnel on each node, enrolling `enrolled` pods, all using `config`
     /// (unless a node-specific config is given in `per_node`).
     pub fn start(
