@@ -162,21 +162,24 @@ fn exported_to(obj: &DynamicObject, to: &str) -> bool {
     crate::object::exported_to(&list, own, to)
 }
 
+/// A VirtualService without `hosts`: a delegate, applied only through the roots that
+/// name it.
+fn hostless(obj: &DynamicObject) -> bool {
+    obj.data
+        .pointer("/spec/hosts")
+        .and_then(Value::as_array)
+        .is_none_or(|h| h.is_empty())
+}
+
 /// Whether this waypoint takes the route or policy (module docs).
 fn selected(kind: Kind, obj: &DynamicObject, scope: &Scope, settings: &Settings) -> bool {
     let ns = obj.metadata.namespace.as_deref().unwrap_or_default();
     // A VirtualService the waypoint's namespace cannot see (`exportTo`) is not in
     // Istio's waypoint's scope either. (A DestinationRule's `exportTo` is applied when
     // it is looked up, `destination::rule_for`.)
-    let hosts = || {
-        obj.data
-            .pointer("/spec/hosts")
-            .and_then(Value::as_array)
-            .filter(|h| !h.is_empty())
-    };
     // A delegate (no hosts) is taken from any namespace; it applies only through a root
     // it is exported to (`delegate::merged`).
-    if kind == Kind::VirtualService && hosts().is_none() {
+    if kind == Kind::VirtualService && hostless(obj) {
         return true;
     }
     if kind == Kind::VirtualService && !exported_to(obj, &settings.gateway.namespace) {
@@ -511,12 +514,6 @@ impl Store {
         // each time, since a root's merge depends on them. Others (any namespace may make
         // them) are neither kept nor shown.
         let is_vs = |k: &&Key| k.0 == Kind::VirtualService;
-        let hostless = |obj: &DynamicObject| {
-            obj.data
-                .pointer("/spec/hosts")
-                .and_then(Value::as_array)
-                .is_none_or(|h| h.is_empty())
-        };
         let referenced: BTreeSet<(String, String)> = taken
             .iter()
             .filter(|(k, obj)| is_vs(k) && !hostless(obj))
